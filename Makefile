@@ -1,0 +1,99 @@
+# llm8 build. `make train_gpt2_fp8` (GPU trainer), `make train_gpt2cpu` (CPU trainer),
+# `make test` (CPU tests + compile every CUDA target; what CI runs), `make gpucheck`
+# (GPU tests + short benchmark, on an H100/H200), `make bench`, `make env` (GPU machine facts).
+
+CC ?= gcc
+PYTHON ?= python3
+CFLAGS = -std=gnu11 -O2 -Wall -Wextra -I.
+BUILD = build
+
+# ---- CUDA toolkit ---------------------------------------------------------------------
+NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+GPU_ARCH ?= sm_90a
+NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -I. -Xcompiler -Wall --expt-relaxed-constexpr
+NVCC_LDFLAGS = -lcublasLt -lcublas
+
+# ---- cuDNN and its frontend headers: /usr/local/cuda, or Python's site-packages ---------
+PY_SITE := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null)
+CUDNN_PIP := $(firstword $(wildcard $(PY_SITE)/nvidia/cudnn))
+ifneq ($(wildcard $(CUDA_HOME)/include/cudnn.h),)
+  CUDNN_INCLUDE ?= $(CUDA_HOME)/include
+  CUDNN_LIB ?= $(CUDA_HOME)/lib64
+else ifneq ($(CUDNN_PIP),)
+  CUDNN_INCLUDE ?= $(CUDNN_PIP)/include
+  CUDNN_LIB ?= $(CUDNN_PIP)/lib
+endif
+CUDNN_FRONTEND_PATH ?= $(firstword $(patsubst %/cudnn_frontend.h,%,$(wildcard \
+    $(PY_SITE)/include/cudnn_frontend.h $(HOME)/cudnn-frontend/include/cudnn_frontend.h ./cudnn-frontend/include/cudnn_frontend.h)))
+
+ifeq ($(NO_CUDNN),1)
+  ATTENTION_OBJS =
+  ATTENTION_FLAGS = -DLLM8_NO_CUDNN
+  ATTENTION_LIBS =
+else
+  ATTENTION_OBJS = $(BUILD)/cudnn_att.o
+  ATTENTION_FLAGS = -I$(CUDNN_INCLUDE)
+  ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -lcudnn
+endif
+
+.PHONY: all test test-cpu test-python compile-cuda gpucheck bench env clean check-cuda check-cudnn
+
+all: train_gpt2_fp8 train_gpt2cpu
+
+check-cuda:
+	@test -x "$(NVCC)" || { echo "error: nvcc not found (looked on PATH and in /usr/local/cuda/bin); install the CUDA 13 toolkit or set NVCC=/path/to/nvcc" >&2; exit 1; }
+
+check-cudnn:
+ifneq ($(NO_CUDNN),1)
+	@test -n "$(CUDNN_INCLUDE)" || { echo "error: cuDNN not found in $(CUDA_HOME)/include or $(PY_SITE)/nvidia/cudnn; install cuDNN 9 (pip install nvidia-cudnn-cu13) or build with NO_CUDNN=1" >&2; exit 1; }
+	@test -n "$(CUDNN_FRONTEND_PATH)" || { echo "error: cuDNN frontend headers (cudnn_frontend.h) not found; run: pip install --no-deps nvidia-cudnn-frontend (or set CUDNN_FRONTEND_PATH, or build with NO_CUDNN=1)" >&2; exit 1; }
+endif
+
+$(BUILD):
+	@mkdir -p $(BUILD)
+
+$(BUILD)/cudnn_att.o: llmc/cudnn_att.cpp llmc/cudnn_att.h llmc/cuda_common.h | $(BUILD) check-cuda check-cudnn
+	$(NVCC) $(NVCC_FLAGS) -I$(CUDNN_INCLUDE) -I$(CUDNN_FRONTEND_PATH) -c $< -o $@
+
+LLMC_HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
+
+train_gpt2_fp8: train_gpt2_fp8.cu $(LLMC_HEADERS) $(ATTENTION_OBJS) | check-cuda check-cudnn
+	$(NVCC) $(NVCC_FLAGS) $(ATTENTION_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) -o $@
+
+train_gpt2cpu: test/train_gpt2cpu.c $(LLMC_HEADERS) test/gpt2_ref.h
+	$(CC) $(CFLAGS) -fopenmp $< -lm -o $@
+
+# ---- tests ------------------------------------------------------------------------------
+CPU_TESTS = $(patsubst test/%.c,$(BUILD)/%,$(wildcard test/test_*.c))
+GPU_TESTS = $(patsubst test/%.cu,$(BUILD)/%,$(wildcard test/test_*.cu))
+
+$(BUILD)/test_%: test/test_%.c $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD)
+	$(CC) $(CFLAGS) -fopenmp $< -lm -o $@
+
+$(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h) $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn
+	$(NVCC) $(NVCC_FLAGS) $(ATTENTION_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) -o $@
+
+test: test-cpu test-python compile-cuda
+	@echo "make test: all CPU tests passed and every CUDA target compiled for $(GPU_ARCH)"
+
+test-cpu: $(CPU_TESTS) train_gpt2cpu
+	@bash test/run_cpu_tests.sh $(CPU_TESTS)
+
+test-python: train_gpt2cpu
+	$(PYTHON) -m pytest -q test
+
+compile-cuda: train_gpt2_fp8 $(GPU_TESTS)
+
+gpucheck: train_gpt2_fp8 $(GPU_TESTS)
+	@bash test/run_gpu_tests.sh $(GPU_TESTS)
+	$(MAKE) bench BENCH_ARGS="--quick"
+
+bench: train_gpt2_fp8
+	$(PYTHON) dev/bench/bench.py $(BENCH_ARGS)
+
+env:
+	@bash dev/gpu_env.sh
+
+clean:
+	rm -rf $(BUILD) train_gpt2_fp8 train_gpt2cpu

@@ -1,0 +1,161 @@
+"""
+End-to-end training benchmark: runs ./train_gpt2_fp8 for each configuration on synthetic
+tokens, and writes doc/benchmarks/<date>-<gpu>.md and .json with the same figures (one
+record per configuration: model, precision, recipe, optimizer, B, T, tok/s, MFU, peak
+memory, device, commit, command) plus the per-kernel breakdown of each run (-kt 1).
+
+tok/s and MFU are medians over the timed steps; the first steps (cuDNN/cuBLAS plan
+building, allocator warm-up) are dropped. `make bench` runs the full set, `make gpucheck`
+the --quick one.
+
+Usage: python dev/bench/bench.py [--quick] [--steps N] [--only d12,d48] [--out doc/benchmarks]
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAINER = os.path.join(ROOT, "train_gpt2_fp8")
+
+# (model, B) at T=1024, the sizes DESIGN.md section 7 sets targets for
+FULL_CONFIGS = [("d12", 64), ("d24", 32), ("d36", 16), ("d48", 16)]
+QUICK_CONFIGS = [("d12", 64), ("d48", 16)]
+PRECISIONS = ["bf16"]  # fp8 recipes join here when the FP8 issue lands
+WARMUP_STEPS = 3
+
+STEP_RE = re.compile(r"^step\s+(\d+)/(\d+) \| loss ([-\d.naninf]+) \| .*? \| ([\d.]+) ms \| (\d+) tok/s \| MFU ([\d.]+%|n/a) \| ETA \S+ \| mem (\d+) MiB")
+
+
+def write_synthetic_shard(path, num_tokens, seed=1234):
+    if os.path.exists(path) and os.path.getsize(path) == 1024 + 2 * num_tokens:
+        return
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, num_tokens
+    tokens = np.random.default_rng(seed).integers(0, 50257, size=num_tokens, dtype=np.uint16)
+    with open(path + ".tmp", "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+    os.replace(path + ".tmp", path)
+
+
+def git_commit():
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except OSError:
+        return "unknown"
+
+
+def gpu_name():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown-gpu"
+
+
+def parse_run(stdout):
+    steps = []
+    for line in stdout.splitlines():
+        m = STEP_RE.match(line.strip())
+        if m:
+            mfu = m.group(6)
+            steps.append({"step": int(m.group(1)), "loss": float(m.group(3)), "ms": float(m.group(4)),
+                          "tok_s": int(m.group(5)), "mfu": None if mfu == "n/a" else float(mfu[:-1]) / 100.0,
+                          "mem_mib": int(m.group(7))})
+    breakdown = ""
+    if "kernel breakdown" in stdout:
+        breakdown = stdout[stdout.index("kernel breakdown"):]
+        breakdown = "\n".join(l for l in breakdown.splitlines() if l.startswith("|") or l.startswith("kernel breakdown"))
+    return steps, breakdown
+
+
+def run_config(model, B, T, precision, steps, data_path):
+    cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
+           "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", "0"]
+    print("running:", " ".join(cmd), flush=True)
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if result.returncode != 0:
+        print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
+        return {"command": " ".join(cmd[1:]), "error": (result.stderr.strip().splitlines() or ["exit %d" % result.returncode])[-1]}
+    step_records, breakdown = parse_run(result.stdout)
+    timed = [s for s in step_records if s["step"] > WARMUP_STEPS]
+    if not timed:
+        return {"command": " ".join(cmd[1:]), "error": "no step lines parsed"}
+    mfus = [s["mfu"] for s in timed if s["mfu"] is not None]
+    return {
+        "model": model, "precision": precision, "recipe": "-", "optimizer": "adamw",
+        "B": B, "T": T, "steps_timed": len(timed),
+        "tok_per_s": statistics.median(s["tok_s"] for s in timed),
+        "ms_per_step": statistics.median(s["ms"] for s in timed),
+        "mfu": statistics.median(mfus) if mfus else None,
+        "peak_mem_mib": max(s["mem_mib"] for s in step_records),
+        "final_loss": timed[-1]["loss"],
+        "command": "./train_gpt2_fp8 " + " ".join(cmd[1:]),
+        "kernel_breakdown": breakdown,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="d12 and d48 only, fewer steps (make gpucheck)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per configuration")
+    parser.add_argument("--only", default="", help="comma-separated models to run, e.g. d12,d48")
+    parser.add_argument("--out", default=os.path.join(ROOT, "doc", "benchmarks"))
+    args = parser.parse_args()
+    if not os.path.exists(TRAINER):
+        sys.exit("error: ./train_gpt2_fp8 is not built; run make train_gpt2_fp8 first")
+
+    configs = QUICK_CONFIGS if args.quick else FULL_CONFIGS
+    if args.only:
+        wanted = set(args.only.split(","))
+        configs = [c for c in configs if c[0] in wanted] or [(m, 16) for m in wanted]
+    steps = args.steps or (12 if args.quick else 30)
+    T = 1024
+    max_tokens = max(B * T for _, B in configs) * (steps + 2)
+    data_dir = os.path.join(ROOT, "build", "bench_data")
+    os.makedirs(data_dir, exist_ok=True)
+    data_path = os.path.join(data_dir, "bench_train_000000.bin")
+    write_synthetic_shard(data_path, max_tokens + 1)
+
+    device, commit = gpu_name(), git_commit()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    records = []
+    for model, B in configs:
+        for precision in PRECISIONS:
+            rec = run_config(model, B, T, precision, steps, data_path)
+            rec.update({"device": device, "commit": commit, "date": date})
+            records.append(rec)
+            print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
+    base = os.path.join(args.out, f"{date}-{slug}{'-quick' if args.quick else ''}")
+    with open(base + ".json", "w") as f:
+        json.dump(records, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(f"# Benchmark {date} on {device}\n\ncommit `{commit}`, command `python dev/bench/bench.py{' --quick' if args.quick else ''}`, "
+                f"synthetic tokens, T={T}, {steps} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
+        f.write("| model | precision | recipe | optimizer | B | T | tok/s | ms/step | MFU | peak mem MiB |\n|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in records:
+            if "error" in r:
+                f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | | | | | error: {r['error']} | | | |\n")
+                continue
+            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['B']} | {r['T']} | "
+                    f"{r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {mfu} | {r['peak_mem_mib']} |\n")
+        for r in records:
+            if r.get("kernel_breakdown"):
+                f.write(f"\n## {r['model']} {r['precision']} B={r['B']}: per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
+    print("wrote", base + ".md", "and", base + ".json")
+    if any("error" in r for r in records):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Prints what the GPU machine has that the build and tests use: GPU and driver, nvcc,
+# cuDNN (system and pip), the cuDNN frontend headers, NCCL, MPI, Python packages.
+# `make env` runs it; paste its output into doc/gpu-environment.md when it changes.
+set -u
+section() { printf '\n## %s\n' "$1"; }
+section "GPU and driver"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | head -5
+section "nvcc"
+command -v nvcc && nvcc --version | tail -2
+section "CUDA libraries"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do ls "$d" 2>/dev/null | grep -E 'cublasLt|cudnn\.so|nccl' | sed "s|^|$d/|"; done
+section "Python"
+python3 --version
+python3 - <<'PY'
+import importlib, os, sysconfig
+site = sysconfig.get_paths()["purelib"]
+print("site-packages:", site)
+for name in ["torch", "numpy", "tiktoken", "nvidia.cudnn", "nvidia.nccl", "cudnn", "matplotlib", "pytest"]:
+    try:
+        m = importlib.import_module(name)
+        where = getattr(m, "__file__", None) or list(getattr(m, "__path__", []))
+        print(f"{name}: {getattr(m, '__version__', '?')} at {where}")
+    except Exception as e:
+        print(f"{name}: not importable ({type(e).__name__})")
+try:
+    import torch
+    print("torch cuda:", torch.version.cuda, "cudnn:", torch.backends.cudnn.version(), "nccl:", torch.cuda.nccl.version())
+except Exception as e:
+    print("torch details unavailable:", e)
+for sub in ["nvidia/cudnn/include/cudnn_version.h", "include/cudnn_frontend.h", "nvidia/nccl/include/nccl.h"]:
+    p = os.path.join(site, sub)
+    print(sub, "->", p if os.path.exists(p) else "missing")
+PY
+section "cuDNN version header"
+for h in /usr/local/cuda/include/cudnn_version.h $(python3 -c "import sysconfig;print(sysconfig.get_paths()['purelib'])")/nvidia/cudnn/include/cudnn_version.h; do
+  [ -f "$h" ] && { echo "$h:"; grep -E '#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ' "$h"; }
+done
+section "NCCL and MPI"
+ls /usr/lib/x86_64-linux-gnu 2>/dev/null | grep -E '^libnccl' | head -3
+command -v mpirun && mpirun --version 2>&1 | head -1
+command -v nsys ncu 2>/dev/null

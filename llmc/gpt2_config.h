@@ -1,0 +1,157 @@
+/*
+gpt2_config.h: the GPT-2 shape (config), the 16 parameter tensors in llm.c's order, and
+llm.c-style random initialization.
+
+Why: the GPU trainer, the CPU reference, the checkpoint code and the tests must agree on
+one parameter layout, byte for byte, or checkpoints stop being interchangeable with
+llm.c. Keeping the layout and the init in one host-only header makes that a single fact.
+*/
+#ifndef LLMC_GPT2_CONFIG_H
+#define LLMC_GPT2_CONFIG_H
+
+#include <stddef.h>
+#include <string.h>
+#include <stdio.h>
+#include "utils.h"
+#include "rand.h"
+
+typedef struct {
+    int max_seq_len;        // maxT, 1024 for GPT-2
+    int vocab_size;         // V, 50257
+    int padded_vocab_size;  // Vp, V rounded up to a multiple of 128 (50304)
+    int num_layers;         // L
+    int num_heads;          // NH
+    int channels;           // C
+} GPT2Config;
+
+#define NUM_PARAMETER_TENSORS 16
+enum {
+    PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB,
+    PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_LN2W, PARAM_LN2B, PARAM_FCW, PARAM_FCB,
+    PARAM_FCPROJW, PARAM_FCPROJB, PARAM_LNFW, PARAM_LNFB
+};
+
+static const char* const PARAM_TENSOR_NAMES[NUM_PARAMETER_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"
+};
+
+#define GPT2_DEFAULT_VOCAB 50257
+#define GPT2_DEFAULT_MAXT 1024
+#define GPT2_INIT_SEED 42
+
+static inline int round_up_int(int x, int multiple) { return ((x + multiple - 1) / multiple) * multiple; }
+
+// element counts of the 16 tensors, all layers included (per-layer tensors are [L][...])
+static inline void gpt2_param_sizes(const GPT2Config* cfg, size_t sizes[NUM_PARAMETER_TENSORS]) {
+    size_t Vp = cfg->padded_vocab_size, C = cfg->channels, maxT = cfg->max_seq_len, L = cfg->num_layers;
+    sizes[PARAM_WTE] = Vp * C;
+    sizes[PARAM_WPE] = maxT * C;
+    sizes[PARAM_LN1W] = L * C;
+    sizes[PARAM_LN1B] = L * C;
+    sizes[PARAM_QKVW] = L * (3 * C) * C;
+    sizes[PARAM_QKVB] = L * (3 * C);
+    sizes[PARAM_ATTPROJW] = L * C * C;
+    sizes[PARAM_ATTPROJB] = L * C;
+    sizes[PARAM_LN2W] = L * C;
+    sizes[PARAM_LN2B] = L * C;
+    sizes[PARAM_FCW] = L * (4 * C) * C;
+    sizes[PARAM_FCB] = L * (4 * C);
+    sizes[PARAM_FCPROJW] = L * C * (4 * C);
+    sizes[PARAM_FCPROJB] = L * C;
+    sizes[PARAM_LNFW] = C;
+    sizes[PARAM_LNFB] = C;
+}
+
+static inline size_t gpt2_num_parameters(const GPT2Config* cfg) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_param_sizes(cfg, sizes);
+    size_t total = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { total += sizes[i]; }
+    return total;
+}
+
+// llm.c decays the 2D tensors (embeddings and matmul weights), not biases or layernorms
+static inline int gpt2_param_is_decayed(int tensor) {
+    return tensor == PARAM_WTE || tensor == PARAM_WPE || tensor == PARAM_QKVW ||
+           tensor == PARAM_ATTPROJW || tensor == PARAM_FCW || tensor == PARAM_FCPROJW;
+}
+
+// checks the invariants every kernel relies on; dies with a one-line message naming `source`
+static inline void gpt2_config_validate(const GPT2Config* cfg, const char* source) {
+    if (cfg->num_layers <= 0 || cfg->num_heads <= 0 || cfg->channels <= 0 ||
+        cfg->max_seq_len <= 0 || cfg->vocab_size <= 0) {
+        llm8_die("%s: invalid model shape L=%d NH=%d C=%d maxT=%d V=%d (all must be positive)", source,
+                 cfg->num_layers, cfg->num_heads, cfg->channels, cfg->max_seq_len, cfg->vocab_size);
+    }
+    if (cfg->channels % cfg->num_heads != 0) {
+        llm8_die("%s: channels C=%d is not a multiple of num_heads NH=%d", source, cfg->channels, cfg->num_heads);
+    }
+    if (cfg->padded_vocab_size < cfg->vocab_size) {
+        llm8_die("%s: padded vocab Vp=%d is smaller than vocab V=%d", source, cfg->padded_vocab_size, cfg->vocab_size);
+    }
+}
+
+static inline GPT2Config gpt2_config_make(int L, int NH, int C, int maxT, int V) {
+    GPT2Config cfg;
+    cfg.num_layers = L;
+    cfg.num_heads = NH;
+    cfg.channels = C;
+    cfg.max_seq_len = maxT;
+    cfg.vocab_size = V;
+    cfg.padded_vocab_size = round_up_int(V, 128);
+    return cfg;
+}
+
+// "d12" / "d24" / "d36" / "d48" (GPT-2 124M/350M/774M/1558M), "d6" and "tiny" for quick runs
+static inline GPT2Config gpt2_config_from_descriptor(const char* desc) {
+    static const struct { const char* name; int L, NH, C; } presets[] = {
+        {"tiny", 2, 4, 128}, {"d6", 6, 6, 384}, {"d12", 12, 12, 768},
+        {"d24", 24, 16, 1024}, {"d36", 36, 20, 1280}, {"d48", 48, 25, 1600},
+    };
+    for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
+        if (strcmp(desc, presets[i].name) == 0) {
+            return gpt2_config_make(presets[i].L, presets[i].NH, presets[i].C, GPT2_DEFAULT_MAXT, GPT2_DEFAULT_VOCAB);
+        }
+    }
+    llm8_die("model descriptor '%s' is unknown (expected tiny, d6, d12, d24, d36, d48, or a .bin checkpoint)", desc);
+    return gpt2_config_make(0, 0, 0, 0, 0); // unreachable
+}
+
+/*
+Random init in llm.c's order, so a given seed gives the same weights llm.c would:
+layernorm weights 1, biases 0, wte (first V rows only) / wpe / the four matmul weights
+N(0, 0.02), the two projections back into the residual (attproj, fcproj) scaled by
+1/sqrt(2L). Matmul weights are drawn one layer at a time, layer-major, tensor order within
+a layer, exactly as llm.c walks them. `params` holds gpt2_num_parameters(cfg) floats.
+*/
+static inline void gpt2_init_params_random(float* params, const GPT2Config* cfg, uint32_t seed) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_param_sizes(cfg, sizes);
+    size_t L = cfg->num_layers;
+    memset(params, 0, gpt2_num_parameters(cfg) * sizeof(float));
+    mt19937_state rng;
+    manual_seed(&rng, seed);
+    float residual_scale = 1.0f / sqrtf(2.0f * (float)L);
+    for (size_t l = 0; l < L; l++) {
+        size_t offset = 0;
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (l == 0 && (i == PARAM_LN1W || i == PARAM_LN2W || i == PARAM_LNFW)) {
+                for (size_t j = 0; j < sizes[i]; j++) { params[offset + j] = 1.0f; }
+            }
+            int is_embedding = (i == PARAM_WTE || i == PARAM_WPE);
+            int is_matmul = (i == PARAM_QKVW || i == PARAM_ATTPROJW || i == PARAM_FCW || i == PARAM_FCPROJW);
+            if ((l == 0 && is_embedding) || is_matmul) {
+                size_t n = sizes[i];
+                size_t layer_offset = 0;
+                if (i == PARAM_WTE) { n = (size_t)cfg->vocab_size * cfg->channels; }
+                if (is_matmul) { n = n / L; layer_offset = l * n; }
+                float std = (i == PARAM_ATTPROJW || i == PARAM_FCPROJW) ? 0.02f * residual_scale : 0.02f;
+                normal_(params + offset + layer_offset, n, 0.0f, std, &rng);
+            }
+            offset += sizes[i];
+        }
+    }
+}
+
+#endif // LLMC_GPT2_CONFIG_H

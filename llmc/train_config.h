@@ -1,0 +1,236 @@
+/*
+train_config.h: the trainers' command line: every flag, its default, its range and its help
+text, in ONE table.
+
+Why: llm.c users carry their command lines over, so the letters follow llm.c. Keeping the
+parser, the range checks and --help in a single table means a flag cannot exist without
+its help line and its range check, and the GPU trainer and the CPU trainer
+(train_gpt2cpu) share the same parsing, so the bad-input tests run without a GPU. All
+checks here happen before any GPU work starts: a bad command line fails in milliseconds
+with one line naming the flag, the value and what was expected.
+*/
+#ifndef LLMC_TRAIN_CONFIG_H
+#define LLMC_TRAIN_CONFIG_H
+
+#include <stddef.h>
+#include <string.h>
+#include <stdio.h>
+#include "utils.h"
+#include "gpt2_config.h"
+
+typedef struct {
+    const char* train_data_pattern;
+    const char* val_data_pattern;
+    const char* model;            // descriptor (d12...) or a model_*.bin checkpoint
+    const char* output_log_dir;   // NULL: no logs, no checkpoints
+    const char* tokenizer_path;
+    const char* precision;        // bf16 (fp8 lands with the FP8 issue)
+    const char* lr_schedule;
+    const char* attention;        // cudnn | fallback
+    int checkpoint_every;
+    int checkpoints_keep;
+    int resume;
+    int B;
+    int T;
+    int total_batch_size;
+    float learning_rate;
+    int warmup_iterations;
+    float final_lr_frac;
+    float weight_decay;
+    float grad_clip;
+    int max_steps;
+    int val_every;
+    int val_max_steps;
+    int sample_every;
+    int gen_tokens;
+    int hellaswag;
+    int overfit_single_batch;
+    int use_master_weights;
+    int recompute;
+    int gelu_fusion;
+    int zero_stage;
+    int shuffle;
+    int kernel_timing;
+} TrainConfig;
+
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_CHOICE } FlagKind;
+
+typedef struct {
+    const char* name;
+    FlagKind kind;
+    size_t offset;
+    double lo, hi;          // FLAG_INT / FLAG_FLOAT range
+    const char* choices;    // FLAG_CHOICE: space-separated list
+    const char* help;
+} FlagSpec;
+
+#define TC_OFF(field) offsetof(TrainConfig, field)
+#define INT_MAX_FLAG 2147483647.0
+
+static const FlagSpec TRAIN_FLAGS[] = {
+    {"-i", FLAG_STRING, TC_OFF(train_data_pattern), 0, 0, NULL, "train data shard glob"},
+    {"-j", FLAG_STRING, TC_OFF(val_data_pattern), 0, 0, NULL, "val data shard glob (\"\" disables val)"},
+    {"-e", FLAG_STRING, TC_OFF(model), 0, 0, NULL, "model: tiny|d6|d12|d24|d36|d48, or a model_*.bin checkpoint"},
+    {"-o", FLAG_STRING, TC_OFF(output_log_dir), 0, 0, NULL, "output dir for main.log, main.jsonl and checkpoints (\"\" = none)"},
+    {"-tk", FLAG_STRING, TC_OFF(tokenizer_path), 0, 0, NULL, "decode tokenizer file, for text samples"},
+    {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16", "matmul precision"},
+    {"-k", FLAG_CHOICE, TC_OFF(lr_schedule), 0, 0, "cosine linear constant wsd", "learning-rate schedule"},
+    {"-at", FLAG_CHOICE, TC_OFF(attention), 0, 0, "cudnn fallback", "attention kernels: cuDNN flash attention or llm8's own"},
+    {"-n", FLAG_INT, TC_OFF(checkpoint_every), 0, INT_MAX_FLAG, NULL, "write a checkpoint every N steps (0 = never)"},
+    {"-nk", FLAG_INT, TC_OFF(checkpoints_keep), 0, INT_MAX_FLAG, NULL, "keep only the newest N checkpoints (0 = keep all)"},
+    {"-y", FLAG_INT, TC_OFF(resume), 0, 1, NULL, "resume from the newest complete checkpoint in -o"},
+    {"-b", FLAG_INT, TC_OFF(B), 1, 65536, NULL, "micro-batch size per GPU (sequences)"},
+    {"-t", FLAG_INT, TC_OFF(T), 1, 1048576, NULL, "sequence length"},
+    {"-d", FLAG_INT, TC_OFF(total_batch_size), -1, INT_MAX_FLAG, NULL, "total batch in tokens, via gradient accumulation (-1 = B*T)"},
+    {"-l", FLAG_FLOAT, TC_OFF(learning_rate), 0.0, 10.0, NULL, "peak learning rate"},
+    {"-u", FLAG_INT, TC_OFF(warmup_iterations), 0, INT_MAX_FLAG, NULL, "learning-rate warmup steps"},
+    {"-q", FLAG_FLOAT, TC_OFF(final_lr_frac), 0.0, 1.0, NULL, "final learning rate as a fraction of the peak"},
+    {"-c", FLAG_FLOAT, TC_OFF(weight_decay), 0.0, 10.0, NULL, "AdamW weight decay (2D tensors only)"},
+    {"-gc", FLAG_FLOAT, TC_OFF(grad_clip), 0.0, 1e30, NULL, "clip the global gradient norm to this (0 = no clipping)"},
+    {"-x", FLAG_INT, TC_OFF(max_steps), -1, INT_MAX_FLAG, NULL, "number of optimizer steps (-1 = one epoch of the train data)"},
+    {"-v", FLAG_INT, TC_OFF(val_every), 0, INT_MAX_FLAG, NULL, "val loss every N steps (0 = never)"},
+    {"-m", FLAG_INT, TC_OFF(val_max_steps), 1, INT_MAX_FLAG, NULL, "val batches per evaluation"},
+    {"-s", FLAG_INT, TC_OFF(sample_every), 0, INT_MAX_FLAG, NULL, "text sample every N steps (0 = never)"},
+    {"-g", FLAG_INT, TC_OFF(gen_tokens), 1, INT_MAX_FLAG, NULL, "tokens per text sample"},
+    {"-h", FLAG_INT, TC_OFF(hellaswag), 0, 1, NULL, "HellaSwag accuracy at each val step"},
+    {"-a", FLAG_INT, TC_OFF(overfit_single_batch), 0, 1, NULL, "overfit a single batch (debugging)"},
+    {"-w", FLAG_INT, TC_OFF(use_master_weights), 0, 1, NULL, "keep fp32 master weights"},
+    {"-r", FLAG_INT, TC_OFF(recompute), 0, 2, NULL, "recompute in backward: 0 none, 1 GELU, 2 GELU+LayerNorm"},
+    {"-ge", FLAG_INT, TC_OFF(gelu_fusion), 0, 1, NULL, "fuse GELU into the cuBLASLt epilogues"},
+    {"-z", FLAG_INT, TC_OFF(zero_stage), 0, 0, NULL, "ZeRO stage (multi-GPU lands with the multi-GPU issue)"},
+    {"-sh", FLAG_INT, TC_OFF(shuffle), 0, 1, NULL, "shuffle shards and samples each epoch (deterministic)"},
+    {"-kt", FLAG_INT, TC_OFF(kernel_timing), 0, 1, NULL, "print a per-kernel time breakdown at the end (CUDA events)"},
+};
+#define NUM_TRAIN_FLAGS ((int)(sizeof(TRAIN_FLAGS) / sizeof(TRAIN_FLAGS[0])))
+
+static inline TrainConfig train_config_defaults(void) {
+    TrainConfig c;
+    memset(&c, 0, sizeof(c));
+    c.train_data_pattern = "dev/data/offline/offline_train_*.bin";
+    c.val_data_pattern = "dev/data/offline/offline_val_*.bin";
+    c.model = "d12";
+    c.output_log_dir = "";
+    c.tokenizer_path = "dev/data/gpt2_tokenizer.bin";
+    c.precision = "bf16";
+    c.lr_schedule = "cosine";
+    c.attention = "cudnn";
+    c.checkpoint_every = 0;
+    c.checkpoints_keep = 0;
+    c.resume = 0;
+    c.B = 4;
+    c.T = 1024;
+    c.total_batch_size = -1;
+    c.learning_rate = 3e-4f;
+    c.warmup_iterations = 0;
+    c.final_lr_frac = 1.0f;
+    c.weight_decay = 0.0f;
+    c.grad_clip = 1.0f;
+    c.max_steps = -1;
+    c.val_every = 20;
+    c.val_max_steps = 20;
+    c.sample_every = 20;
+    c.gen_tokens = 64;
+    c.hellaswag = 0;
+    c.overfit_single_batch = 0;
+    c.use_master_weights = 1;
+    c.recompute = 1;
+    c.gelu_fusion = 1;
+    c.zero_stage = 0;
+    c.shuffle = 1;
+    c.kernel_timing = 0;
+    return c;
+}
+
+static inline void flag_value_to_text(const FlagSpec* f, const TrainConfig* c, char* buf, size_t n) {
+    const char* base = (const char*)c;
+    switch (f->kind) {
+        case FLAG_INT: snprintf(buf, n, "%d", *(const int*)(base + f->offset)); break;
+        case FLAG_FLOAT: snprintf(buf, n, "%g", *(const float*)(base + f->offset)); break;
+        default: {
+            const char* s = *(const char* const*)(base + f->offset);
+            snprintf(buf, n, "\"%s\"", s ? s : "");
+        }
+    }
+}
+
+static inline void train_config_print_usage(FILE* out, const char* program) {
+    TrainConfig d = train_config_defaults();
+    fprintf(out, "Usage: %s [flags]   (flags take one value each, as in llm.c)\n", program);
+    for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
+        const FlagSpec* f = &TRAIN_FLAGS[i];
+        char value[512];
+        flag_value_to_text(f, &d, value, sizeof(value));
+        fprintf(out, "  %-4s %s (default %s", f->name, f->help, value);
+        if (f->kind == FLAG_CHOICE) { fprintf(out, "; one of: %s", f->choices); }
+        if (f->kind == FLAG_INT || f->kind == FLAG_FLOAT) { fprintf(out, "; range %g..%g", f->lo, f->hi); }
+        fprintf(out, ")\n");
+    }
+    fprintf(out, "  --help  print this and exit\n");
+}
+
+static inline int choice_is_valid(const char* choices, const char* value) {
+    size_t len = strlen(value);
+    const char* p = choices;
+    while (*p) {
+        const char* end = strchr(p, ' ');
+        size_t word = end ? (size_t)(end - p) : strlen(p);
+        if (word == len && strncmp(p, value, len) == 0) { return 1; }
+        if (!end) { break; }
+        p = end + 1;
+    }
+    return 0;
+}
+
+// parses argv into *c (which holds defaults); dies on any problem; --help prints and exits 0
+static inline void train_config_parse(TrainConfig* c, int argc, char** argv) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-help") == 0) {
+            train_config_print_usage(stdout, argv[0]);
+            exit(EXIT_SUCCESS);
+        }
+    }
+    for (int i = 1; i < argc; i += 2) {
+        const char* name = argv[i];
+        const FlagSpec* f = NULL;
+        for (int k = 0; k < NUM_TRAIN_FLAGS; k++) {
+            if (strcmp(TRAIN_FLAGS[k].name, name) == 0) { f = &TRAIN_FLAGS[k]; break; }
+        }
+        if (f == NULL) { llm8_die("unknown flag '%s' (see --help for the list)", name); }
+        if (i + 1 >= argc) { llm8_die("flag %s needs a value (see --help)", name); }
+        const char* text = argv[i + 1];
+        char* base = (char*)c;
+        switch (f->kind) {
+            case FLAG_INT: *(int*)(base + f->offset) = (int)parse_long_flag(name, text, (long)f->lo, (long)f->hi); break;
+            case FLAG_FLOAT: *(float*)(base + f->offset) = parse_float_flag(name, text, f->lo, f->hi); break;
+            case FLAG_CHOICE:
+                if (!choice_is_valid(f->choices, text)) {
+                    llm8_die("flag %s: '%s' is not one of: %s", name, text, f->choices);
+                }
+                *(const char**)(base + f->offset) = text;
+                break;
+            case FLAG_STRING: *(const char**)(base + f->offset) = text; break;
+        }
+    }
+    if (c->resume && c->output_log_dir[0] == '\0') {
+        llm8_die("flag -y 1 needs an output dir -o to resume from");
+    }
+    if (c->checkpoint_every > 0 && c->output_log_dir[0] == '\0') {
+        llm8_die("flag -n %d needs an output dir -o to write checkpoints into", c->checkpoint_every);
+    }
+}
+
+// the checks that need the model and the number of processes; returns grad_accum_steps
+static inline int train_config_check_batch(TrainConfig* c, const GPT2Config* model, int num_processes) {
+    if (c->T > model->max_seq_len) {
+        llm8_die("flag -t %d: sequence length exceeds the model's max_seq_len %d", c->T, model->max_seq_len);
+    }
+    int tokens_per_micro_step = c->B * c->T * num_processes;
+    if (c->total_batch_size == -1) { c->total_batch_size = tokens_per_micro_step; }
+    if (c->total_batch_size % tokens_per_micro_step != 0) {
+        llm8_die("flag -d %d: total batch must be a multiple of B*T*processes = %d*%d*%d = %d",
+                 c->total_batch_size, c->B, c->T, num_processes, tokens_per_micro_step);
+    }
+    return c->total_batch_size / tokens_per_micro_step;
+}
+
+#endif // LLMC_TRAIN_CONFIG_H

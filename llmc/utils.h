@@ -1,0 +1,147 @@
+/*
+utils.h: fail-fast host helpers shared by the GPU trainer, the CPU reference and the tests.
+
+Why: every bad input must end in ONE clear line naming the file, flag or value and what
+was expected, then a non-zero exit (DESIGN.md section 8). Routing every file operation and
+allocation through these helpers makes that the default instead of something each caller
+has to remember. Plain C that also compiles as C++ (nvcc, g++), host only.
+*/
+#ifndef LLMC_UTILS_H
+#define LLMC_UTILS_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdarg.h>
+#include <string.h>
+#include <errno.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+// print "error: <message>" as one line to stderr and exit(1)
+static inline void llm8_die(const char* fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    fflush(stdout);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, "\n");
+    va_end(args);
+    exit(EXIT_FAILURE);
+}
+
+static inline FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
+    FILE* fp = fopen(path, mode);
+    if (fp == NULL) {
+        const char* what = (mode[0] == 'r') ? "read" : "write";
+        llm8_die("cannot open '%s' to %s: %s (%s:%d)", path, what, strerror(errno), file, line);
+    }
+    return fp;
+}
+#define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
+
+// reads exactly nmemb items or dies; `what` names the file in the message
+static inline void fread_check(void* ptr, size_t size, size_t nmemb, FILE* stream, const char* file, int line) {
+    size_t got = fread(ptr, size, nmemb, stream);
+    if (got != nmemb) {
+        if (feof(stream)) {
+            llm8_die("unexpected end of file: wanted %zu items of %zu bytes, got %zu (file truncated?) (%s:%d)",
+                     nmemb, size, got, file, line);
+        }
+        llm8_die("read failed: %s (%s:%d)", strerror(errno), file, line);
+    }
+}
+#define freadCheck(ptr, size, nmemb, stream) fread_check(ptr, size, nmemb, stream, __FILE__, __LINE__)
+
+static inline void fwrite_check(const void* ptr, size_t size, size_t nmemb, FILE* stream, const char* file, int line) {
+    size_t put = fwrite(ptr, size, nmemb, stream);
+    if (put != nmemb) {
+        llm8_die("write failed after %zu of %zu items: %s (disk full?) (%s:%d)", put, nmemb, strerror(errno), file, line);
+    }
+}
+#define fwriteCheck(ptr, size, nmemb, stream) fwrite_check(ptr, size, nmemb, stream, __FILE__, __LINE__)
+
+static inline void fclose_check(FILE* fp, const char* file, int line) {
+    if (fclose(fp) != 0) {
+        llm8_die("close failed: %s (%s:%d)", strerror(errno), file, line);
+    }
+}
+#define fcloseCheck(fp) fclose_check(fp, __FILE__, __LINE__)
+
+static inline void fseek_check(FILE* fp, long off, int whence, const char* file, int line) {
+    if (fseek(fp, off, whence) != 0) {
+        llm8_die("seek to %ld failed: %s (%s:%d)", off, strerror(errno), file, line);
+    }
+}
+#define fseekCheck(fp, off, whence) fseek_check(fp, off, whence, __FILE__, __LINE__)
+
+static inline void* malloc_check(size_t size, const char* file, int line) {
+    void* ptr = malloc(size);
+    if (ptr == NULL && size > 0) {
+        llm8_die("host out of memory: could not allocate %.2f MiB (%s:%d)", size / 1048576.0, file, line);
+    }
+    return ptr;
+}
+#define mallocCheck(size) malloc_check(size, __FILE__, __LINE__)
+
+// size of an open file in bytes; leaves the position at the start
+static inline long file_size_bytes(FILE* fp) {
+    fseekCheck(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    fseekCheck(fp, 0, SEEK_SET);
+    return size;
+}
+
+static inline int file_exists(const char* path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+// creates dir (one level) if missing, and checks we can write into it
+static inline void ensure_writable_dir(const char* dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (mkdir(dir, 0755) != 0) {
+            llm8_die("cannot create output dir '%s': %s", dir, strerror(errno));
+        }
+    } else if (!S_ISDIR(st.st_mode)) {
+        llm8_die("output path '%s' exists and is not a directory", dir);
+    }
+    char probe[4096];
+    snprintf(probe, sizeof(probe), "%s/.llm8_write_probe", dir);
+    FILE* fp = fopen(probe, "wb");
+    if (fp == NULL) {
+        llm8_die("output dir '%s' is not writable: %s", dir, strerror(errno));
+    }
+    fclose(fp);
+    remove(probe);
+}
+
+// parse helpers for the CLI: each dies naming the flag and the expected range
+static inline long parse_long_flag(const char* flag, const char* text, long lo, long hi) {
+    char* end = NULL;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0') {
+        llm8_die("flag %s: '%s' is not an integer (expected %ld..%ld)", flag, text, lo, hi);
+    }
+    if (v < lo || v > hi) {
+        llm8_die("flag %s: %ld is out of range (expected %ld..%ld)", flag, v, lo, hi);
+    }
+    return v;
+}
+
+static inline float parse_float_flag(const char* flag, const char* text, double lo, double hi) {
+    char* end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || v != v) {
+        llm8_die("flag %s: '%s' is not a number (expected %g..%g)", flag, text, lo, hi);
+    }
+    if (v < lo || v > hi) {
+        llm8_die("flag %s: %g is out of range (expected %g..%g)", flag, v, lo, hi);
+    }
+    return (float)v;
+}
+
+#endif // LLMC_UTILS_H

@@ -1,0 +1,755 @@
+/*
+train_gpt2_fp8.cu: GPT-2 pretraining on one GPU, llm.c style: config, model (parameters,
+activations), forward, backward, update, main loop and CLI in one translation unit.
+
+Why one file: as in llm.c, the whole training step reads top to bottom in one place; the
+kernels live in llmc/, one module per concern. Precision is a run-time choice (-p), so one
+binary runs both sides of every bf16-vs-FP8 comparison on the same code path. This issue's
+baseline is bf16; FP8 adds quantized copies beside the bf16 tensors, it does not fork
+this file.
+
+Everything that can be checked without the GPU (flags, model file headers, data shards,
+output dir) is checked before the first CUDA call, so bad input fails fast with one line.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <unistd.h>
+#include "llmc/utils.h"            // fail-fast I/O, llm8_die, flag parsing helpers
+#include "llmc/rand.h"             // mt19937: init and sampling randomness
+#include "llmc/element_math.h"     // bf16 rounding, AdamW element update (shared with the CPU reference)
+#include "llmc/gpt2_config.h"      // GPT2Config, the 16 parameter tensors, random init
+#include "llmc/train_config.h"     // the command line (one table: flags, defaults, ranges, help)
+#include "llmc/dataloader.h"       // llm.c token shards
+#include "llmc/eval_loader.h"      // HellaSwag eval files
+#include "llmc/tokenizer.h"        // decoding samples
+#include "llmc/checkpoint.h"       // model/state files, atomic writes, DONE markers
+#include "llmc/schedulers.h"       // learning-rate schedules
+#include "llmc/logger.h"           // main.log (llm.c format) + main.jsonl
+#include "llmc/cuda_common.h"      // cudaCheck, floatX, allocation with OOM advice, device info
+#include "llmc/cuda_utils.cuh"     // reductions, device stochastic rounding
+#include "llmc/encoder.cuh"        // token + position embedding, forward/backward
+#include "llmc/layernorm.cuh"      // layernorm, fused residual+layernorm
+#include "llmc/gelu.cuh"           // GELU (when not fused into the matmul epilogue)
+#include "llmc/matmul.cuh"         // cuBLASLt GEMMs with bias/GELU epilogues
+#include "llmc/attention.cuh"      // causal attention: cuDNN flash attention or fallback
+#include "llmc/fused_classifier.cuh" // softmax + cross-entropy + dlogits
+#include "llmc/adamw.cuh"          // AdamW with fp32 master weights, stochastic rounding
+#include "llmc/global_norm.cuh"    // deterministic global gradient norm
+#include "llmc/profiler.h"         // per-kernel time breakdown (-kt 1)
+
+// ----------------------------------------------------------------------------
+// activations
+
+typedef struct {
+    floatX* encoded;      // [B][T][C]
+    floatX* ln1;          // [L][B][T][C] ([B][T][C] when recompute >= 2)
+    float* ln1_mean;      // [L][B][T]
+    float* ln1_rstd;      // [L][B][T]
+    floatX* qkv;          // [L][B][T][3C]
+    floatX* atty;         // [L][B][T][C]
+    float* att_stats;     // [L][B][NH][T] logsumexp per query row
+    floatX* residual2;    // [L][B][T][C]
+    floatX* ln2;          // [L][B][T][C] ([B][T][C] when recompute >= 2)
+    float* ln2_mean;      // [L][B][T]
+    float* ln2_rstd;      // [L][B][T]
+    floatX* fch;          // [L][B][T][4C] pre-GELU
+    floatX* fch_gelu;     // [L][B][T][4C] ([B][T][4C] when recompute >= 1)
+    floatX* residual3;    // [L][B][T][C]
+    floatX* lnf;          // [B][T][C]
+    float* lnf_mean;      // [B][T]
+    float* lnf_rstd;      // [B][T]
+    float* losses;        // [B][T], summed over micro-steps
+    floatX* output;       // [B][T][Vp] logits, then dlogits
+    floatX* scratch_btc;  // [B][T][C] matmul outputs before the residual add; dinp in backward
+    floatX* scratch_bt4c; // [B][T][4C] backward scratch (also dqkv)
+    floatX* dresidual;    // [B][T][C] gradient of the residual stream
+    float* scratch_f;     // dbias / layernorm / norm partial sums
+    size_t scratch_f_floats;
+} Activations;
+
+typedef struct {
+    GPT2Config config;
+    size_t param_sizes[NUM_PARAMETER_TENSORS];
+    size_t param_offsets[NUM_PARAMETER_TENSORS];
+    size_t num_parameters;
+    floatX* params;         // bf16 weights used by the kernels
+    floatX* grads;          // bf16 gradients, accumulated over micro-steps
+    float* master;          // fp32 master weights (NULL with -w 0)
+    float* adam_m;
+    float* adam_v;
+    float* norm_squared;    // [1] on the device
+    Activations acts;
+    int B, T;
+    int recompute;
+    int gelu_fusion;
+    EncoderBackwardScratch* encoder_scratch;
+    int* inputs;            // [B][T] device
+    int* targets;           // [B][T] device
+    int* inputs_cpu;        // copy of the last forward's inputs, for the encoder backward
+    float* losses_cpu;      // [B][T]
+    floatX* logits_row_cpu; // [Vp], for sampling
+} GPT2;
+
+// pointer to tensor i (all layers) in a bf16 buffer laid out like the parameters
+static floatX* param_tensor(const GPT2* model, floatX* base, int i) { return base + model->param_offsets[i]; }
+// pointer to layer l's slice of per-layer tensor i
+static floatX* layer_tensor(const GPT2* model, floatX* base, int i, int l) {
+    return base + model->param_offsets[i] + (size_t)l * (model->param_sizes[i] / model->config.num_layers);
+}
+
+static void gpt2_init_layout(GPT2* model, const GPT2Config* cfg) {
+    memset(model, 0, sizeof(*model));
+    model->config = *cfg;
+    gpt2_param_sizes(cfg, model->param_sizes);
+    size_t offset = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        model->param_offsets[i] = offset;
+        offset += model->param_sizes[i];
+    }
+    model->num_parameters = offset;
+}
+
+// uploads fp32 parameters: bf16 copy by round-to-nearest, and the fp32 master if kept
+static void gpt2_upload_params(GPT2* model, const float* params_cpu, int use_master_weights) {
+    size_t n = model->num_parameters;
+    uint16_t* bf16 = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) { bf16[i] = float_to_bf16_bits(params_cpu[i]); }
+    model->params = (floatX*)cuda_malloc_checked(n * sizeof(floatX), "parameters (bf16)");
+    cudaCheck(cudaMemcpy(model->params, bf16, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    free(bf16);
+    model->master = NULL;
+    if (use_master_weights) {
+        model->master = (float*)cuda_malloc_checked(n * sizeof(float), "fp32 master weights (-w 0 drops them)");
+        cudaCheck(cudaMemcpy(model->master, params_cpu, n * sizeof(float), cudaMemcpyHostToDevice));
+    }
+}
+
+static void gpt2_allocate_state(GPT2* model, int B, int T) {
+    const GPT2Config* cfg = &model->config;
+    size_t n = model->num_parameters;
+    model->grads = (floatX*)cuda_malloc_checked(n * sizeof(floatX), "gradients (bf16)");
+    cudaCheck(cudaMemset(model->grads, 0, n * sizeof(floatX)));
+    model->adam_m = (float*)cuda_malloc_checked(n * sizeof(float), "AdamW m");
+    model->adam_v = (float*)cuda_malloc_checked(n * sizeof(float), "AdamW v");
+    cudaCheck(cudaMemset(model->adam_m, 0, n * sizeof(float)));
+    cudaCheck(cudaMemset(model->adam_v, 0, n * sizeof(float)));
+    model->norm_squared = (float*)cuda_malloc_checked(sizeof(float), "gradient norm");
+
+    size_t L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    size_t ln_layers = model->recompute >= 2 ? 1 : L;
+    size_t gelu_layers = model->recompute >= 1 ? 1 : L;
+    Activations* a = &model->acts;
+    a->encoded = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "activations: encoded");
+    a->ln1 = (floatX*)cuda_malloc_checked(ln_layers * BT * C * sizeof(floatX), "activations: ln1 (-r 2 saves this)");
+    a->ln1_mean = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln1 mean");
+    a->ln1_rstd = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln1 rstd");
+    a->qkv = (floatX*)cuda_malloc_checked(L * BT * 3 * C * sizeof(floatX), "activations: qkv");
+    a->atty = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: attention output");
+    a->att_stats = (float*)cuda_malloc_checked(L * B * NH * T * sizeof(float), "activations: attention stats");
+    a->residual2 = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: residual2");
+    a->ln2 = (floatX*)cuda_malloc_checked(ln_layers * BT * C * sizeof(floatX), "activations: ln2 (-r 2 saves this)");
+    a->ln2_mean = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln2 mean");
+    a->ln2_rstd = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln2 rstd");
+    a->fch = (floatX*)cuda_malloc_checked(L * BT * 4 * C * sizeof(floatX), "activations: fc pre-GELU");
+    a->fch_gelu = (floatX*)cuda_malloc_checked(gelu_layers * BT * 4 * C * sizeof(floatX), "activations: GELU (-r 1 saves this)");
+    a->residual3 = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: residual3");
+    a->lnf = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "activations: lnf");
+    a->lnf_mean = (float*)cuda_malloc_checked(BT * sizeof(float), "activations: lnf mean");
+    a->lnf_rstd = (float*)cuda_malloc_checked(BT * sizeof(float), "activations: lnf rstd");
+    a->losses = (float*)cuda_malloc_checked(BT * sizeof(float), "activations: losses");
+    a->output = (floatX*)cuda_malloc_checked(BT * Vp * sizeof(floatX), "activations: logits");
+    a->scratch_btc = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "scratch (B*T*C)");
+    a->scratch_bt4c = (floatX*)cuda_malloc_checked(BT * 4 * C * sizeof(floatX), "scratch (B*T*4C)");
+    a->dresidual = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "residual gradient");
+    size_t scratch_floats = matmul_dbias_scratch_floats((int)BT, (int)Vp);
+    size_t ln_scratch = layernorm_backward_scratch_bytes((int)BT, (int)C) / sizeof(float) + 1;
+    if (ln_scratch > scratch_floats) { scratch_floats = ln_scratch; }
+    if (global_norm_scratch_floats() > scratch_floats) { scratch_floats = global_norm_scratch_floats(); }
+    a->scratch_f_floats = scratch_floats;
+    a->scratch_f = (float*)cuda_malloc_checked(scratch_floats * sizeof(float), "float scratch");
+
+    model->B = B;
+    model->T = T;
+    model->encoder_scratch = encoder_backward_scratch_create(B, T, (int)C);
+    model->inputs = (int*)cuda_malloc_checked(BT * sizeof(int), "input tokens");
+    model->targets = (int*)cuda_malloc_checked(BT * sizeof(int), "target tokens");
+    model->inputs_cpu = (int*)mallocCheck(BT * sizeof(int));
+    model->losses_cpu = (float*)mallocCheck(BT * sizeof(float));
+    model->logits_row_cpu = (floatX*)mallocCheck(Vp * sizeof(floatX));
+}
+
+// the model on the GPU, from fp32 parameters in llm.c order, sized for micro-batches of B x T
+static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_cpu, int use_master_weights,
+                       int B, int T, int recompute, int gelu_fusion) {
+    gpt2_init_layout(model, cfg);
+    model->recompute = recompute;
+    model->gelu_fusion = gelu_fusion;
+    gpt2_upload_params(model, params_cpu, use_master_weights);
+    gpt2_allocate_state(model, B, T);
+}
+
+// ----------------------------------------------------------------------------
+// forward / backward / update
+
+// Runs the network on inputs (and, with targets, the loss). With targets, losses[bt]
+// accumulates -log p and, if write_dlogits, the logits buffer holds dloss * dlogits.
+static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_cpu, float dloss,
+                         int write_dlogits, cudaStream_t stream) {
+    const GPT2Config* cfg = &model->config;
+    int B = model->B, T = model->T;
+    int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
+    int BT = B * T;
+    Activations* a = &model->acts;
+    floatX* p = model->params;
+
+    memcpy(model->inputs_cpu, inputs_cpu, (size_t)BT * sizeof(int));
+    cudaCheck(cudaMemcpyAsync(model->inputs, inputs_cpu, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    if (targets_cpu != NULL) {
+        cudaCheck(cudaMemcpyAsync(model->targets, targets_cpu, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, stream));
+    }
+
+    encoder_forward(a->encoded, model->inputs, param_tensor(model, p, PARAM_WTE), param_tensor(model, p, PARAM_WPE), B, T, C, stream);
+    profiler_mark("encoder fwd");
+    size_t ln_stride = model->recompute >= 2 ? 0 : (size_t)BT * C;
+    size_t gelu_stride = model->recompute >= 1 ? 0 : (size_t)BT * 4 * C;
+    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded,
+                      layer_tensor(model, p, PARAM_LN1W, 0), layer_tensor(model, p, PARAM_LN1B, 0), BT, C, stream);
+    profiler_mark("layernorm fwd");
+    for (int l = 0; l < L; l++) {
+        floatX* residual = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BT * C;
+        floatX* l_ln1 = a->ln1 + l * ln_stride;
+        floatX* l_qkv = a->qkv + (size_t)l * BT * 3 * C;
+        floatX* l_atty = a->atty + (size_t)l * BT * C;
+        float* l_stats = a->att_stats + (size_t)l * B * NH * T;
+        floatX* l_residual2 = a->residual2 + (size_t)l * BT * C;
+        floatX* l_ln2 = a->ln2 + l * ln_stride;
+        floatX* l_fch = a->fch + (size_t)l * BT * 4 * C;
+        floatX* l_fch_gelu = a->fch_gelu + l * gelu_stride;
+        floatX* l_residual3 = a->residual3 + (size_t)l * BT * C;
+
+        matmul_forward(l_qkv, l_ln1, layer_tensor(model, p, PARAM_QKVW, l), layer_tensor(model, p, PARAM_QKVB, l), BT, C, 3 * C, NULL, stream);
+        profiler_mark("matmul qkv fwd");
+        attention_forward(l_atty, l_stats, l_qkv, B, T, NH, C, stream);
+        profiler_mark("attention fwd");
+        matmul_forward(a->scratch_btc, l_atty, layer_tensor(model, p, PARAM_ATTPROJW, l), layer_tensor(model, p, PARAM_ATTPROJB, l), BT, C, C, NULL, stream);
+        profiler_mark("matmul attproj fwd");
+        fused_residual_layernorm_forward(l_residual2, l_ln2, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT,
+                                         residual, a->scratch_btc, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), BT, C, stream);
+        profiler_mark("residual+layernorm fwd");
+        if (model->gelu_fusion) {
+            matmul_forward(l_fch_gelu, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), BT, C, 4 * C, l_fch, stream);
+            profiler_mark("matmul fc+gelu fwd");
+        } else {
+            matmul_forward(l_fch, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), BT, C, 4 * C, NULL, stream);
+            profiler_mark("matmul fc fwd");
+            gelu_forward(l_fch_gelu, l_fch, BT * 4 * C, stream);
+            profiler_mark("gelu fwd");
+        }
+        matmul_forward(a->scratch_btc, l_fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), layer_tensor(model, p, PARAM_FCPROJB, l), BT, 4 * C, C, NULL, stream);
+        profiler_mark("matmul fcproj fwd");
+        if (l + 1 < L) {
+            fused_residual_layernorm_forward(l_residual3, a->ln1 + (l + 1) * ln_stride, a->ln1_mean + (size_t)(l + 1) * BT, a->ln1_rstd + (size_t)(l + 1) * BT,
+                                             l_residual2, a->scratch_btc, layer_tensor(model, p, PARAM_LN1W, l + 1), layer_tensor(model, p, PARAM_LN1B, l + 1), BT, C, stream);
+        } else {
+            fused_residual_layernorm_forward(l_residual3, a->lnf, a->lnf_mean, a->lnf_rstd,
+                                             l_residual2, a->scratch_btc, param_tensor(model, p, PARAM_LNFW), param_tensor(model, p, PARAM_LNFB), BT, C, stream);
+        }
+        profiler_mark("residual+layernorm fwd");
+    }
+    matmul_forward(a->output, a->lnf, param_tensor(model, p, PARAM_WTE), NULL, BT, C, Vp, NULL, stream);
+    profiler_mark("matmul lm_head fwd");
+    if (targets_cpu != NULL) {
+        fused_classifier(a->output, a->losses, dloss, model->targets, B, T, V, Vp, write_dlogits, stream);
+        profiler_mark("classifier");
+    }
+}
+
+// Backward of the last gpt2_forward (which must have written dlogits). Gradients add
+// into model->grads, so micro-steps accumulate.
+static void gpt2_backward(GPT2* model, cudaStream_t stream) {
+    const GPT2Config* cfg = &model->config;
+    int B = model->B, T = model->T;
+    int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
+    int BT = B * T;
+    Activations* a = &model->acts;
+    floatX* p = model->params;
+    floatX* g = model->grads;
+    size_t ln_stride = model->recompute >= 2 ? 0 : (size_t)BT * C;
+    size_t gelu_stride = model->recompute >= 1 ? 0 : (size_t)BT * 4 * C;
+
+    // lm_head (tied to wte) and the final layernorm
+    matmul_backward(a->scratch_btc, param_tensor(model, g, PARAM_WTE), NULL, a->output, a->lnf, param_tensor(model, p, PARAM_WTE),
+                    a->scratch_f, BT, C, Vp, NULL, stream);
+    profiler_mark("matmul lm_head bwd");
+    cudaCheck(cudaMemsetAsync(a->dresidual, 0, (size_t)BT * C * sizeof(floatX), stream));
+    layernorm_backward(a->dresidual, param_tensor(model, g, PARAM_LNFW), param_tensor(model, g, PARAM_LNFB), a->scratch_f, a->scratch_btc,
+                       a->residual3 + (size_t)(L - 1) * BT * C, param_tensor(model, p, PARAM_LNFW), a->lnf_mean, a->lnf_rstd, BT, C, stream);
+    profiler_mark("layernorm bwd");
+
+    for (int l = L - 1; l >= 0; l--) {
+        floatX* residual = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BT * C;
+        floatX* l_ln1 = a->ln1 + l * ln_stride;
+        floatX* l_qkv = a->qkv + (size_t)l * BT * 3 * C;
+        floatX* l_atty = a->atty + (size_t)l * BT * C;
+        float* l_stats = a->att_stats + (size_t)l * B * NH * T;
+        floatX* l_residual2 = a->residual2 + (size_t)l * BT * C;
+        floatX* l_ln2 = a->ln2 + l * ln_stride;
+        floatX* l_fch = a->fch + (size_t)l * BT * 4 * C;
+        floatX* l_fch_gelu = a->fch_gelu + l * gelu_stride;
+        floatX* dqkv = a->scratch_bt4c;  // 3C of the 4C scratch, free once the MLP backward is done
+
+        // MLP: dresidual holds d(residual3) = d(fcproj output)
+        if (model->recompute >= 1) { gelu_forward(l_fch_gelu, l_fch, BT * 4 * C, stream); profiler_mark("gelu recompute"); }
+        matmul_backward(a->scratch_bt4c, layer_tensor(model, g, PARAM_FCPROJW, l), layer_tensor(model, g, PARAM_FCPROJB, l), a->dresidual,
+                        l_fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), a->scratch_f, BT, 4 * C, C,
+                        model->gelu_fusion ? l_fch : NULL, stream);
+        profiler_mark("matmul fcproj bwd");
+        if (!model->gelu_fusion) { gelu_backward_inplace(a->scratch_bt4c, l_fch, BT * 4 * C, stream); profiler_mark("gelu bwd"); }
+        if (model->recompute >= 2) {
+            layernorm_forward(l_ln2, NULL, NULL, l_residual2, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), BT, C, stream);
+            profiler_mark("layernorm recompute");
+        }
+        matmul_backward(a->scratch_btc, layer_tensor(model, g, PARAM_FCW, l), layer_tensor(model, g, PARAM_FCB, l), a->scratch_bt4c,
+                        l_ln2, layer_tensor(model, p, PARAM_FCW, l), a->scratch_f, BT, C, 4 * C, NULL, stream);
+        profiler_mark("matmul fc bwd");
+        layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN2W, l), layer_tensor(model, g, PARAM_LN2B, l), a->scratch_f, a->scratch_btc,
+                           l_residual2, layer_tensor(model, p, PARAM_LN2W, l), a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, BT, C, stream);
+        profiler_mark("layernorm bwd");
+
+        // attention: dresidual now holds d(residual2) = d(attproj output)
+        matmul_backward(a->scratch_btc, layer_tensor(model, g, PARAM_ATTPROJW, l), layer_tensor(model, g, PARAM_ATTPROJB, l), a->dresidual,
+                        l_atty, layer_tensor(model, p, PARAM_ATTPROJW, l), a->scratch_f, BT, C, C, NULL, stream);
+        profiler_mark("matmul attproj bwd");
+        attention_backward(dqkv, a->scratch_btc, l_qkv, l_atty, l_stats, B, T, NH, C, stream);
+        profiler_mark("attention bwd");
+        if (model->recompute >= 2) {
+            layernorm_forward(l_ln1, NULL, NULL, residual, layer_tensor(model, p, PARAM_LN1W, l), layer_tensor(model, p, PARAM_LN1B, l), BT, C, stream);
+            profiler_mark("layernorm recompute");
+        }
+        matmul_backward(a->scratch_btc, layer_tensor(model, g, PARAM_QKVW, l), layer_tensor(model, g, PARAM_QKVB, l), dqkv,
+                        l_ln1, layer_tensor(model, p, PARAM_QKVW, l), a->scratch_f, BT, C, 3 * C, NULL, stream);
+        profiler_mark("matmul qkv bwd");
+        layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN1W, l), layer_tensor(model, g, PARAM_LN1B, l), a->scratch_f, a->scratch_btc,
+                           residual, layer_tensor(model, p, PARAM_LN1W, l), a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, C, stream);
+        profiler_mark("layernorm bwd");
+    }
+    encoder_backward(param_tensor(model, g, PARAM_WTE), param_tensor(model, g, PARAM_WPE), a->dresidual, model->inputs, model->inputs_cpu,
+                     B, T, C, model->encoder_scratch, stream);
+    profiler_mark("encoder bwd");
+}
+
+// global gradient norm (one host sync: the progress line and the skip decision need it)
+static float gpt2_grad_norm(GPT2* model, cudaStream_t stream) {
+    global_norm_squared(model->norm_squared, model->acts.scratch_f, model->grads, model->num_parameters, stream);
+    profiler_mark("grad norm");
+    float norm_squared;
+    cudaCheck(cudaMemcpyAsync(&norm_squared, model->norm_squared, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    return sqrtf(norm_squared);
+}
+
+// Seed of the stochastic rounding of tensor i at step t: a pure function of (t, i), so a
+// resumed run draws the same numbers as an uninterrupted one.
+static uint32_t update_seed(int step, int tensor) {
+    return random_u32(0x5eed1234u, (uint32_t)step * NUM_PARAMETER_TENSORS + (uint32_t)tensor);
+}
+
+static void gpt2_update(GPT2* model, float learning_rate, float beta1, float beta2, float eps, float weight_decay,
+                        float grad_scale, int step, cudaStream_t stream) {
+    int t = step + 1;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        AdamWElementParams hp;
+        hp.learning_rate = learning_rate;
+        hp.beta1 = beta1;
+        hp.beta2 = beta2;
+        hp.beta1_correction = 1.0f - powf(beta1, (float)t);
+        hp.beta2_correction = 1.0f - powf(beta2, (float)t);
+        hp.eps = eps;
+        hp.weight_decay = gpt2_param_is_decayed(i) ? weight_decay : 0.0f;
+        size_t off = model->param_offsets[i];
+        adamw_update(model->params + off, model->master ? model->master + off : NULL, model->grads + off,
+                     model->adam_m + off, model->adam_v + off, model->param_sizes[i], hp, grad_scale, update_seed(step, i), stream);
+    }
+    profiler_mark("adamw");
+}
+
+typedef struct {
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip;  // <= 0: no clipping
+} OptimizerConfig;
+
+typedef struct {
+    float loss;       // mean over the step's micro-batches
+    float grad_norm;  // before clipping
+    int skipped;      // non-finite loss or norm: the update did not run
+} StepResult;
+
+/*
+One optimizer step: zero the gradients, grad_accum_steps micro-steps of forward + backward
+on the loader's next batches (or, with reuse_batch, on its current batch), the global norm,
+then AdamW with clipping. A non-finite loss or norm skips the update, so nothing
+non-finite ever reaches the weights or the optimizer state.
+*/
+static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accum_steps, int reuse_batch,
+                                  const OptimizerConfig* opt, float learning_rate, int step, cudaStream_t stream) {
+    size_t BT = (size_t)model->B * model->T;
+    profiler_begin_step(stream);
+    cudaCheck(cudaMemsetAsync(model->grads, 0, model->num_parameters * sizeof(floatX), stream));
+    cudaCheck(cudaMemsetAsync(model->acts.losses, 0, BT * sizeof(float), stream));
+    profiler_mark("zero grads");
+    float dloss = 1.0f / (float)(BT * grad_accum_steps);
+    for (int micro = 0; micro < grad_accum_steps; micro++) {
+        if (!reuse_batch) { dataloader_next_batch(loader); }
+        gpt2_forward(model, loader->inputs, loader->targets, dloss, 1, stream);
+        gpt2_backward(model, stream);
+    }
+    StepResult r;
+    r.loss = gpt2_mean_loss(model, grad_accum_steps, stream);
+    r.grad_norm = gpt2_grad_norm(model, stream);
+    r.skipped = !isfinite(r.loss) || !isfinite(r.grad_norm);
+    if (!r.skipped) {
+        float grad_scale = (opt->grad_clip > 0.0f && r.grad_norm > opt->grad_clip) ? opt->grad_clip / r.grad_norm : 1.0f;
+        gpt2_update(model, learning_rate, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, grad_scale, step, stream);
+    }
+    return r;
+}
+
+static void gpt2_free(GPT2* model) {
+    Activations* a = &model->acts;
+    void* device_buffers[] = {
+        model->params, model->grads, model->master, model->adam_m, model->adam_v, model->norm_squared,
+        a->encoded, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att_stats, a->residual2, a->ln2,
+        a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->residual3, a->lnf, a->lnf_mean, a->lnf_rstd,
+        a->losses, a->output, a->scratch_btc, a->scratch_bt4c, a->dresidual, a->scratch_f,
+        model->inputs, model->targets,
+    };
+    for (size_t i = 0; i < sizeof(device_buffers) / sizeof(device_buffers[0]); i++) {
+        if (device_buffers[i] != NULL) { cudaCheck(cudaFree(device_buffers[i])); }
+    }
+    encoder_backward_scratch_free(model->encoder_scratch);
+    free(model->inputs_cpu);
+    free(model->losses_cpu);
+    free(model->logits_row_cpu);
+}
+
+// ----------------------------------------------------------------------------
+// host <-> device copies for checkpoints
+
+static float* gpt2_params_to_host_fp32(const GPT2* model) {
+    size_t n = model->num_parameters;
+    float* out = (float*)mallocCheck(n * sizeof(float));
+    uint16_t* bf16 = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
+    cudaCheck(cudaMemcpy(bf16, model->params, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) { out[i] = bf16_bits_to_float(bf16[i]); }
+    free(bf16);
+    return out;
+}
+
+static float* device_to_host_floats(const float* device, size_t n) {
+    float* host = (float*)mallocCheck(n * sizeof(float));
+    cudaCheck(cudaMemcpy(host, device, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+// mean of the losses accumulated over `micro_steps` forward passes
+static float gpt2_mean_loss(GPT2* model, int micro_steps, cudaStream_t stream) {
+    size_t BT = (size_t)model->B * model->T;
+    cudaCheck(cudaMemcpyAsync(model->losses_cpu, model->acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) { sum += model->losses_cpu[i]; }
+    return (float)(sum / ((double)BT * micro_steps));
+}
+
+// ----------------------------------------------------------------------------
+// evaluation and sampling
+
+static float evaluate_val_loss(GPT2* model, DataLoader* val_loader, int val_max_steps, cudaStream_t stream) {
+    dataloader_reset(val_loader);
+    size_t BT = (size_t)model->B * model->T;
+    cudaCheck(cudaMemsetAsync(model->acts.losses, 0, BT * sizeof(float), stream));
+    for (int i = 0; i < val_max_steps; i++) {
+        dataloader_next_batch(val_loader);
+        gpt2_forward(model, val_loader->inputs, val_loader->targets, 1.0f, 0, stream);
+    }
+    return gpt2_mean_loss(model, val_max_steps, stream);
+}
+
+static float evaluate_hellaswag(GPT2* model, EvalLoader* eval_loader, cudaStream_t stream) {
+    evalloader_reset(eval_loader);
+    size_t BT = (size_t)model->B * model->T;
+    int correct = 0, total = 0;
+    for (int i = 0; i < eval_loader->num_batches; i++) {
+        evalloader_next_batch(eval_loader);
+        cudaCheck(cudaMemsetAsync(model->acts.losses, 0, BT * sizeof(float), stream));
+        gpt2_forward(model, eval_loader->inputs, eval_loader->targets, 1.0f, 0, stream);
+        cudaCheck(cudaMemcpyAsync(model->losses_cpu, model->acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        correct += evalloader_stat_losses(eval_loader, model->losses_cpu);
+    }
+    total = eval_loader->end_example_index - eval_loader->start_example_index;
+    return total > 0 ? (float)correct / (float)total : 0.0f;
+}
+
+// samples gen_tokens tokens after an <|endoftext|> prompt, from row 0 of the batch
+static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, mt19937_state* rng, cudaStream_t stream) {
+    int B = model->B, T = model->T, V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
+    int eot = tokenizer->init_ok ? (int)tokenizer->eot_token : 50256;
+    if (eot >= V) { eot = 0; }
+    int* tokens = (int*)mallocCheck((size_t)B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) { tokens[i] = eot; }
+    if (gen_tokens > T - 1) { gen_tokens = T - 1; }
+    float* probs = (float*)mallocCheck((size_t)V * sizeof(float));
+    printf("generating:\n---\n");
+    for (int t = 1; t <= gen_tokens; t++) {
+        gpt2_forward(model, tokens, NULL, 1.0f, 0, stream);
+        cudaCheck(cudaMemcpyAsync(model->logits_row_cpu, model->acts.output + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
+                                  cudaMemcpyDeviceToHost, stream));
+        cudaCheck(cudaStreamSynchronize(stream));
+        const uint16_t* logits = (const uint16_t*)model->logits_row_cpu;
+        float max_logit = -INFINITY;
+        for (int v = 0; v < V; v++) { float x = bf16_bits_to_float(logits[v]); if (x > max_logit) { max_logit = x; } }
+        double sum = 0.0;
+        for (int v = 0; v < V; v++) { probs[v] = expf(bf16_bits_to_float(logits[v]) - max_logit); sum += probs[v]; }
+        float coin = randfloat32(rng) * (float)sum;
+        int next = V - 1;
+        double cdf = 0.0;
+        for (int v = 0; v < V; v++) { cdf += probs[v]; if (coin < cdf) { next = v; break; } }
+        tokens[t] = next;
+        if (tokenizer->init_ok) { safe_printf(tokenizer_decode(tokenizer, (uint32_t)next)); } else { printf("%d ", next); }
+        fflush(stdout);
+    }
+    printf("\n---\n");
+    free(probs);
+    free(tokens);
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints
+
+static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* dir, int step) {
+    char path[CHECKPOINT_PATH_MAX];
+    float* params = gpt2_params_to_host_fp32(model);
+    checkpoint_model_path(path, sizeof(path), dir, step);
+    model_file_write(path, &model->config, params, 5);  // the bf16 weights: llm.c's version 5, exact
+    free(params);
+
+    size_t n = model->num_parameters;
+    float* m = device_to_host_floats(model->adam_m, n);
+    float* v = device_to_host_floats(model->adam_v, n);
+    float* master = model->master ? device_to_host_floats(model->master, n) : NULL;
+    TrainState state = {step, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
+    StateBuffers buffers = {n, m, v, master, NULL, 0};
+    checkpoint_state_path(path, sizeof(path), dir, step, 0);
+    state_file_write(path, &state, &buffers, loader);
+    free(m);
+    free(v);
+    free(master);
+    checkpoint_write_done(dir, step);
+    printf("wrote checkpoint %s/model_%08d.bin (+ state, DONE)\n", dir, step);
+}
+
+// restores optimizer state, master weights and data position; returns the step to continue from
+static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step) {
+    char path[CHECKPOINT_PATH_MAX];
+    size_t n = model->num_parameters;
+    float* m = (float*)mallocCheck(n * sizeof(float));
+    float* v = (float*)mallocCheck(n * sizeof(float));
+    float* master = model->master ? (float*)mallocCheck(n * sizeof(float)) : NULL;
+    TrainState state;
+    StateBuffers buffers = {n, m, v, master, NULL, 0};
+    checkpoint_state_path(path, sizeof(path), dir, step, 0);
+    state_file_read(path, &state, &buffers, loader);
+    cudaCheck(cudaMemcpy(model->adam_m, m, n * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(model->adam_v, v, n * sizeof(float), cudaMemcpyHostToDevice));
+    if (master != NULL) { cudaCheck(cudaMemcpy(model->master, master, n * sizeof(float), cudaMemcpyHostToDevice)); }
+    free(m);
+    free(v);
+    free(master);
+    return state.step;
+}
+
+// with -nk K, keeps the newest K checkpoints: removes the one K intervals back
+static void remove_old_checkpoints(const char* dir, int newest_step, int every, int keep) {
+    if (keep <= 0) { return; }
+    int old_step = newest_step - keep * every;
+    if (old_step > 0) { checkpoint_remove(dir, old_step); }
+}
+
+// ----------------------------------------------------------------------------
+// progress reporting
+
+// training FLOPs per token: 6 per parameter (forward + backward of every weight, the
+// tied lm_head counted through wte) plus attention's 12*L*C*T (PaLM appendix B)
+static double flops_per_token(const GPT2Config* cfg, size_t num_parameters, int T) {
+    return 6.0 * (double)num_parameters + 12.0 * cfg->num_layers * (double)cfg->channels * T;
+}
+
+static void format_eta(char* buf, size_t n, double seconds) {
+    if (seconds < 0 || !isfinite(seconds)) { snprintf(buf, n, "?"); return; }
+    long s = (long)seconds;
+    snprintf(buf, n, "%ldh%02ldm%02lds", s / 3600, (s / 60) % 60, s % 60);
+}
+
+static double gpu_memory_used_mib(void) {
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return (double)(total_bytes - free_bytes) / 1048576.0;
+}
+
+// ----------------------------------------------------------------------------
+// main
+
+#ifndef LLM8_TESTING
+int main(int argc, char** argv) {
+    TrainConfig tc = train_config_defaults();
+    train_config_parse(&tc, argc, argv);
+    const char* out_dir = tc.output_log_dir[0] ? tc.output_log_dir : NULL;
+
+    // the model: a checkpoint to resume, a model file, or a descriptor
+    GPT2Config model_config;
+    int resume_step = -1;
+    char model_path[4096] = "";
+    if (out_dir != NULL) { ensure_writable_dir(out_dir); }
+    if (tc.resume) {
+        resume_step = checkpoint_find_latest(out_dir);
+        if (resume_step >= 0) { checkpoint_model_path(model_path, sizeof(model_path), out_dir, resume_step); }
+        else { printf("-y 1: no complete checkpoint in %s, starting from scratch\n", out_dir); }
+    }
+    if (model_path[0] == '\0' && strstr(tc.model, ".bin") != NULL) { snprintf(model_path, sizeof(model_path), "%s", tc.model); }
+    int model_version = 0;
+    if (model_path[0] != '\0') { model_file_read_header(model_path, &model_config, &model_version); }
+    else { model_config = gpt2_config_from_descriptor(tc.model); }
+    int grad_accum_steps = train_config_check_batch(&tc, &model_config, 1);
+
+    // data: validated before the GPU is touched
+    DataLoader train_loader, val_loader;
+    dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, 0, 1, tc.shuffle, model_config.vocab_size);
+    int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
+    if (run_val) { dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, 0, 1, 0, model_config.vocab_size); }
+    int train_num_batches = tc.max_steps;
+    if (train_num_batches == -1) {
+        train_num_batches = (int)(train_loader.num_tokens / (size_t)tc.total_batch_size);
+        if (train_num_batches < 1) { train_num_batches = 1; }
+    }
+    EvalLoader eval_loader;
+    if (tc.hellaswag) { evalloader_init(&eval_loader, "dev/data/hellaswag/hellaswag_val.bin", tc.B, tc.T, 0, 1); }
+    Tokenizer tokenizer;
+    tokenizer_init(&tokenizer, tc.tokenizer_path);
+    LearningRateScheduler lr_scheduler;
+    lr_scheduler_init(&lr_scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, train_num_batches, tc.final_lr_frac);
+
+    // the GPU
+    DeviceInfo device = device_info_query();
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreate(&stream));
+    matmul_setup();
+    attention_setup(strcmp(tc.attention, "cudnn") == 0 ? ATTENTION_CUDNN : ATTENTION_FALLBACK);
+    profiler_init(tc.kernel_timing);
+
+    GPT2 model;
+    float* params_cpu = (float*)mallocCheck(gpt2_num_parameters(&model_config) * sizeof(float));
+    if (model_path[0] != '\0') { model_file_read_params(model_path, &model_config, params_cpu); }
+    else { gpt2_init_params_random(params_cpu, &model_config, GPT2_INIT_SEED); }
+    gpt2_build(&model, &model_config, params_cpu, tc.use_master_weights, tc.B, tc.T, tc.recompute, tc.gelu_fusion);
+    free(params_cpu);
+    int start_step = 0;
+    if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step); }
+
+    Logger logger;
+    logger_init(&logger, out_dir, 0, resume_step >= 0);
+
+    const GPT2Config* c = &model_config;
+    printf("llm8 | device %s (%d SMs, bf16 peak %.0f TFLOP/s)\n", device.name, device.sm_count, device.bf16_peak_tflops);
+    printf("model | L=%d NH=%d C=%d maxT=%d V=%d Vp=%d | %zu parameters (%.1fM) | %s\n", c->num_layers, c->num_heads, c->channels,
+           c->max_seq_len, c->vocab_size, c->padded_vocab_size, model.num_parameters, model.num_parameters / 1e6,
+           model_path[0] ? model_path : tc.model);
+    printf("train | precision %s | B=%d T=%d | total batch %d tokens = %d micro-steps | %d steps | lr %g (%s, warmup %d, final frac %g) | wd %g | clip %g\n",
+           tc.precision, tc.B, tc.T, tc.total_batch_size, grad_accum_steps, train_num_batches, tc.learning_rate, tc.lr_schedule,
+           tc.warmup_iterations, tc.final_lr_frac, tc.weight_decay, tc.grad_clip);
+    printf("memory | persistent %.2f bytes/parameter (bf16 weights+grads, fp32 AdamW m+v%s) | GPU memory in use %.0f MiB\n",
+           (2.0 + 2.0 + 8.0 + (model.master ? 4.0 : 0.0)), model.master ? ", fp32 master" : "", gpu_memory_used_mib());
+    printf("data | train %zu tokens | attention %s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention, tc.recompute, tc.gelu_fusion);
+
+    mt19937_state sample_rng;
+    manual_seed(&sample_rng, 1337);
+    double flops_per_step = flops_per_token(c, model.num_parameters, tc.T) * tc.total_batch_size;
+    double ema_ms = -1.0;
+    int skipped_updates = 0;
+    cudaEvent_t start_event, end_event;
+    cudaCheck(cudaEventCreate(&start_event));
+    cudaCheck(cudaEventCreate(&end_event));
+    OptimizerConfig optimizer = {0.9f, 0.95f, 1e-8f, tc.weight_decay, tc.grad_clip};
+
+    for (int step = start_step; step <= train_num_batches; step++) {
+        int last_step = step == train_num_batches;
+        if (run_val && (step % tc.val_every == 0 || last_step)) {
+            float val_loss = evaluate_val_loss(&model, &val_loader, tc.val_max_steps, stream);
+            printf("val loss %f\n", val_loss);
+            logger_log_val(&logger, step, val_loss);
+        }
+        if (tc.hellaswag && (step % (tc.val_every > 0 ? tc.val_every : train_num_batches) == 0 || last_step)) {
+            float acc = evaluate_hellaswag(&model, &eval_loader, stream);
+            printf("HellaSwag: %.4f\n", acc);
+            logger_log_eval(&logger, step, acc);
+        }
+        if (tc.sample_every > 0 && (step > 0 && (step % tc.sample_every == 0 || last_step))) {
+            sample_text(&model, &tokenizer, tc.gen_tokens, &sample_rng, stream);
+        }
+        if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
+            save_checkpoint(&model, &train_loader, out_dir, step);
+            remove_old_checkpoints(out_dir, step, tc.checkpoint_every, tc.checkpoints_keep);
+        }
+        if (last_step) { break; }
+
+        cudaCheck(cudaEventRecord(start_event, stream));
+        float lr = get_learning_rate(&lr_scheduler, step);
+        int reuse_batch = tc.overfit_single_batch && step > 0;
+        StepResult r = gpt2_train_step(&model, &train_loader, grad_accum_steps, reuse_batch, &optimizer, lr, step, stream);
+        float loss = r.loss, grad_norm = r.grad_norm;
+        int skip = r.skipped;
+        if (skip) {
+            skipped_updates++;
+            printf("step %d: non-finite %s (loss %f, norm %f): update skipped (%d so far)\n", step + 1,
+                   isfinite(loss) ? "gradient norm" : "loss", loss, grad_norm, skipped_updates);
+        }
+        cudaCheck(cudaEventRecord(end_event, stream));
+        cudaCheck(cudaEventSynchronize(end_event));
+        if (step > start_step) { profiler_end_step(); }  // the first step includes one-time setup
+        float ms;
+        cudaCheck(cudaEventElapsedTime(&ms, start_event, end_event));
+        if (step > start_step) { ema_ms = ema_ms < 0 ? ms : 0.95 * ema_ms + 0.05 * ms; }
+        double step_ms = ema_ms > 0 ? ema_ms : ms;
+        double tok_per_s = tc.total_batch_size / (ms / 1000.0);
+        double mfu = device.bf16_peak_tflops > 0 ? flops_per_step / (ms / 1000.0) / (device.bf16_peak_tflops * 1e12) : -1.0;
+        char eta[64];
+        format_eta(eta, sizeof(eta), (train_num_batches - step - 1) * step_ms / 1000.0);
+        char mfu_text[32];
+        if (mfu >= 0) { snprintf(mfu_text, sizeof(mfu_text), "%.1f%%", 100.0 * mfu); } else { snprintf(mfu_text, sizeof(mfu_text), "n/a"); }
+        printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.2f ms | %.0f tok/s | MFU %s | ETA %s | mem %.0f MiB%s\n",
+               step + 1, train_num_batches, loss, grad_norm, lr, ms, tok_per_s, mfu_text, eta, gpu_memory_used_mib(),
+               skip ? " | SKIPPED" : "");
+        logger_log_train(&logger, step + 1, loss, lr, grad_norm, ms, (float)tok_per_s, (float)(mfu >= 0 ? mfu : 0.0), skip);
+    }
+    profiler_print(stdout);
+    if (skipped_updates > 0) { printf("%d updates were skipped for non-finite loss or gradient norm\n", skipped_updates); }
+
+    cudaCheck(cudaEventDestroy(start_event));
+    cudaCheck(cudaEventDestroy(end_event));
+    logger_free(&logger);
+    tokenizer_free(&tokenizer);
+    if (tc.hellaswag) { evalloader_free(&eval_loader); }
+    dataloader_free(&train_loader);
+    if (run_val) { dataloader_free(&val_loader); }
+    gpt2_free(&model);
+    profiler_free();
+    attention_teardown();
+    matmul_teardown();
+    cudaCheck(cudaStreamDestroy(stream));
+    return 0;
+}
+#endif // LLM8_TESTING
