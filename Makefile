@@ -12,7 +12,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 GPU_ARCH ?= sm_90a
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -I. -Xcompiler -Wall --expt-relaxed-constexpr
-NVCC_LDFLAGS = -lcublasLt -lcublas
+NVCC_LDFLAGS = -lcublasLt -lcublas -Xlinker -rpath,$(CUDA_HOME)/lib64
 
 # ---- cuDNN and its frontend headers: /usr/local/cuda, or Python's site-packages ---------
 PY_SITE := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null)
@@ -71,8 +71,9 @@ GPU_TESTS = $(patsubst test/%.cu,$(BUILD)/%,$(wildcard test/test_*.cu))
 $(BUILD)/test_%: test/test_%.c $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD)
 	$(CC) $(CFLAGS) -fopenmp $< -lm -o $@
 
-$(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h) $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn
-	$(NVCC) $(NVCC_FLAGS) $(ATTENTION_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) -o $@
+# GPU tests include the CPU reference, which parallelizes with OpenMP
+$(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(ATTENTION_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) -lgomp -o $@
 
 test: test-cpu test-python compile-cuda
 	@echo "make test: all CPU tests passed and every CUDA target compiled for $(GPU_ARCH)"

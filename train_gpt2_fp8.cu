@@ -174,7 +174,7 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
 
     model->B = B;
     model->T = T;
-    model->encoder_scratch = encoder_backward_scratch_create(B, T, (int)C);
+    model->encoder_scratch = encoder_backward_scratch_create(B, T, cfg->vocab_size);
     model->inputs = (int*)cuda_malloc_checked(BT * sizeof(int), "input tokens");
     model->targets = (int*)cuda_malloc_checked(BT * sizeof(int), "target tokens");
     model->inputs_cpu = (int*)mallocCheck(BT * sizeof(int));
@@ -337,7 +337,7 @@ static void gpt2_backward(GPT2* model, cudaStream_t stream) {
                            residual, layer_tensor(model, p, PARAM_LN1W, l), a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, C, stream);
         profiler_mark("layernorm bwd");
     }
-    encoder_backward(param_tensor(model, g, PARAM_WTE), param_tensor(model, g, PARAM_WPE), a->dresidual, model->inputs, model->inputs_cpu,
+    encoder_backward(param_tensor(model, g, PARAM_WTE), param_tensor(model, g, PARAM_WPE), a->dresidual, model->inputs_cpu,
                      B, T, C, model->encoder_scratch, stream);
     profiler_mark("encoder bwd");
 }
@@ -375,47 +375,6 @@ static void gpt2_update(GPT2* model, float learning_rate, float beta1, float bet
                      model->adam_m + off, model->adam_v + off, model->param_sizes[i], hp, grad_scale, update_seed(step, i), stream);
     }
     profiler_mark("adamw");
-}
-
-typedef struct {
-    float beta1, beta2, eps, weight_decay;
-    float grad_clip;  // <= 0: no clipping
-} OptimizerConfig;
-
-typedef struct {
-    float loss;       // mean over the step's micro-batches
-    float grad_norm;  // before clipping
-    int skipped;      // non-finite loss or norm: the update did not run
-} StepResult;
-
-/*
-One optimizer step: zero the gradients, grad_accum_steps micro-steps of forward + backward
-on the loader's next batches (or, with reuse_batch, on its current batch), the global norm,
-then AdamW with clipping. A non-finite loss or norm skips the update, so nothing
-non-finite ever reaches the weights or the optimizer state.
-*/
-static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accum_steps, int reuse_batch,
-                                  const OptimizerConfig* opt, float learning_rate, int step, cudaStream_t stream) {
-    size_t BT = (size_t)model->B * model->T;
-    profiler_begin_step(stream);
-    cudaCheck(cudaMemsetAsync(model->grads, 0, model->num_parameters * sizeof(floatX), stream));
-    cudaCheck(cudaMemsetAsync(model->acts.losses, 0, BT * sizeof(float), stream));
-    profiler_mark("zero grads");
-    float dloss = 1.0f / (float)(BT * grad_accum_steps);
-    for (int micro = 0; micro < grad_accum_steps; micro++) {
-        if (!reuse_batch) { dataloader_next_batch(loader); }
-        gpt2_forward(model, loader->inputs, loader->targets, dloss, 1, stream);
-        gpt2_backward(model, stream);
-    }
-    StepResult r;
-    r.loss = gpt2_mean_loss(model, grad_accum_steps, stream);
-    r.grad_norm = gpt2_grad_norm(model, stream);
-    r.skipped = !isfinite(r.loss) || !isfinite(r.grad_norm);
-    if (!r.skipped) {
-        float grad_scale = (opt->grad_clip > 0.0f && r.grad_norm > opt->grad_clip) ? opt->grad_clip / r.grad_norm : 1.0f;
-        gpt2_update(model, learning_rate, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, grad_scale, step, stream);
-    }
-    return r;
 }
 
 static void gpt2_free(GPT2* model) {
@@ -463,6 +422,47 @@ static float gpt2_mean_loss(GPT2* model, int micro_steps, cudaStream_t stream) {
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) { sum += model->losses_cpu[i]; }
     return (float)(sum / ((double)BT * micro_steps));
+}
+
+typedef struct {
+    float beta1, beta2, eps, weight_decay;
+    float grad_clip;  // <= 0: no clipping
+} OptimizerConfig;
+
+typedef struct {
+    float loss;       // mean over the step's micro-batches
+    float grad_norm;  // before clipping
+    int skipped;      // non-finite loss or norm: the update did not run
+} StepResult;
+
+/*
+One optimizer step: zero the gradients, grad_accum_steps micro-steps of forward + backward
+on the loader's next batches (or, with reuse_batch, on its current batch), the global norm,
+then AdamW with clipping. A non-finite loss or norm skips the update, so nothing
+non-finite ever reaches the weights or the optimizer state.
+*/
+static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accum_steps, int reuse_batch,
+                                  const OptimizerConfig* opt, float learning_rate, int step, cudaStream_t stream) {
+    size_t BT = (size_t)model->B * model->T;
+    profiler_begin_step(stream);
+    cudaCheck(cudaMemsetAsync(model->grads, 0, model->num_parameters * sizeof(floatX), stream));
+    cudaCheck(cudaMemsetAsync(model->acts.losses, 0, BT * sizeof(float), stream));
+    profiler_mark("zero grads");
+    float dloss = 1.0f / (float)(BT * grad_accum_steps);
+    for (int micro = 0; micro < grad_accum_steps; micro++) {
+        if (!reuse_batch) { dataloader_next_batch(loader); }
+        gpt2_forward(model, loader->inputs, loader->targets, dloss, 1, stream);
+        gpt2_backward(model, stream);
+    }
+    StepResult r;
+    r.loss = gpt2_mean_loss(model, grad_accum_steps, stream);
+    r.grad_norm = gpt2_grad_norm(model, stream);
+    r.skipped = !isfinite(r.loss) || !isfinite(r.grad_norm);
+    if (!r.skipped) {
+        float grad_scale = (opt->grad_clip > 0.0f && r.grad_norm > opt->grad_clip) ? opt->grad_clip / r.grad_norm : 1.0f;
+        gpt2_update(model, learning_rate, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, grad_scale, step, stream);
+    }
+    return r;
 }
 
 // ----------------------------------------------------------------------------

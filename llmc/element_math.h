@@ -125,7 +125,7 @@ LLMC_HD float adamw_element_update(float param, float grad, float* m, float* v, 
     float m_hat = m_new / p.beta1_correction;
     float v_hat = v_new / p.beta2_correction;
     float update = m_hat / (sqrtf(v_hat) + p.eps);
-    return param - p.learning_rate * fmaf(p.weight_decay, param, update);
+    return fmaf(-p.learning_rate, fmaf(p.weight_decay, param, update), param);
 }
 
 #endif // LLMC_ELEMENT_MATH_H

@@ -106,7 +106,7 @@ static inline GPT2Config gpt2_config_make(int L, int NH, int C, int maxT, int V)
 // "d12" / "d24" / "d36" / "d48" (GPT-2 124M/350M/774M/1558M), "d6" and "tiny" for quick runs
 static inline GPT2Config gpt2_config_from_descriptor(const char* desc) {
     static const struct { const char* name; int L, NH, C; } presets[] = {
-        {"tiny", 2, 4, 128}, {"d6", 6, 6, 384}, {"d12", 12, 12, 768},
+        {"tiny", 2, 2, 128}, {"d6", 6, 6, 384}, {"d12", 12, 12, 768},
         {"d24", 24, 16, 1024}, {"d36", 36, 20, 1280}, {"d48", 48, 25, 1600},
     };
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {

@@ -110,7 +110,7 @@ static inline TrainConfig train_config_defaults(void) {
     c.val_data_pattern = "dev/data/offline/offline_val_*.bin";
     c.model = "d12";
     c.output_log_dir = "";
-    c.tokenizer_path = "dev/data/gpt2_tokenizer.bin";
+    c.tokenizer_path = "dev/data/offline/gpt2_tokenizer.bin";
     c.precision = "bf16";
     c.lr_schedule = "cosine";
     c.attention = "cudnn";

@@ -1,0 +1,53 @@
+"""
+Downloads for the dataset scripts that need the internet (tinyshakespeare,
+hellaswag, fineweb).
+
+Why a module: an offline machine must get one clear line saying what could not
+be reached and what to use instead, never a urllib traceback; and an
+interrupted download must never leave a truncated file that a later run takes
+for complete. So a download goes to a temp file that is renamed when done.
+Only the standard library is used (urllib), so nothing beyond numpy and
+tiktoken has to be installed for these scripts.
+"""
+
+import os
+import shutil
+import sys
+import urllib.error
+import urllib.request
+
+TIMEOUT_SECONDS = 30
+OFFLINE_HINT = "without internet, build the offline corpus: python dev/data/offline_corpus.py"
+
+
+def die_unreachable(url, reason):
+    print(f"error: cannot reach {url} ({reason}); this script needs the internet; {OFFLINE_HINT}", file=sys.stderr)
+    sys.exit(1)
+
+
+def download_file(url, path):
+    """Downloads url to path unless path exists; exits 1 with one line if the url is unreachable."""
+    if os.path.exists(path):
+        print(f"{path} already exists, not downloading")
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    temp_path = path + ".part"
+    print(f"downloading {url} to {path}")
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as response, open(temp_path, "wb") as f:
+            shutil.copyfileobj(response, f)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        if os.path.exists(temp_path):
+            os.remove(temp_path)
+        die_unreachable(url, getattr(e, "reason", None) or e)
+    os.replace(temp_path, path)
+
+
+def check_reachable(url):
+    """Exits 1 with one line unless an HTTP(S) request to url gets any answer at all."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=TIMEOUT_SECONDS).close()
+    except urllib.error.HTTPError:
+        return  # the server answered (even 4xx): the network is there
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        die_unreachable(url, getattr(e, "reason", None) or e)

@@ -1,0 +1,63 @@
+"""
+FineWeb (or FineWeb-Edu) 10B / 100B-token samples as llm.c GPT-2 token shards.
+
+Needs the internet and the `datasets` package (pip install datasets). The
+sample is streamed from the Hugging Face hub (HF_ENDPOINT is honored), so no
+28 GB parquet cache is kept; documents keep the dataset's order, each prefixed
+with the EOT token.
+
+Shard names are llm.c's (fineweb_val_000000.bin, fineweb_train_000001.bin, ...,
+in dev/data/fineweb10B/ etc.), so llm.c's run commands find them. The split is
+llm8's: val is held out by document (a hash of the FineWeb document id picks
+about 1% of the 10B sample, 0.1% of the 100B one) and capped at one shard,
+about the 100M tokens llm.c's val shard has; llm.c instead takes the first
+100M tokens of the stream.
+
+Usage: python dev/data/fineweb.py --version 10B [--type edu] [--shard-size N]
+"""
+
+import argparse
+import os
+import sys
+
+from download import check_reachable
+from tokenize_folder import add_tokenize_arguments, check_tokenize_arguments, run_tokenize
+
+DATA_DIR = os.path.dirname(os.path.abspath(__file__))
+HUB_REPOS = {"classic": "HuggingFaceFW/fineweb", "edu": "HuggingFaceFW/fineweb-edu"}
+SAMPLE_NAMES = {"10B": "sample-10BT", "100B": "sample-100BT"}
+VAL_FRACTIONS = {"10B": 0.01, "100B": 0.001}
+NAME_PREFIXES = {"classic": "fineweb", "edu": "edu_fineweb"}
+
+
+def fineweb_documents(rows):
+    """(doc_id, get_text) from dataset rows with "id" and "text" fields."""
+    for row in rows:
+        yield row["id"], lambda text=row["text"]: text
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Download and tokenize a FineWeb sample (needs the internet)")
+    parser.add_argument("--type", choices=sorted(HUB_REPOS), default="classic", help="classic FineWeb or FineWeb-Edu")
+    parser.add_argument("--version", choices=sorted(SAMPLE_NAMES), default="10B", help="sample size in tokens")
+    add_tokenize_arguments(parser, default_prefix=None, default_out_dir=None)
+    parser.set_defaults(val_fraction=None, max_val_tokens=None)
+    args = parser.parse_args()
+    args.prefix = args.prefix or NAME_PREFIXES[args.type]
+    args.out_dir = args.out_dir or os.path.join(DATA_DIR, f"{NAME_PREFIXES[args.type]}{args.version}")
+    args.val_fraction = VAL_FRACTIONS[args.version] if args.val_fraction is None else args.val_fraction
+    args.max_val_tokens = args.shard_size if args.max_val_tokens is None else args.max_val_tokens
+    check_tokenize_arguments(args)
+
+    check_reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        import datasets
+    except ImportError:
+        print("error: fineweb.py needs the `datasets` package: pip install datasets", file=sys.stderr)
+        sys.exit(1)
+    rows = datasets.load_dataset(HUB_REPOS[args.type], name=SAMPLE_NAMES[args.version], split="train", streaming=True)
+    run_tokenize(args, fineweb_documents(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""
+Tokenize a folder (or a list of files) of text into llm.c token shards.
+
+Why it is shaped so: every dataset script of llm8 (offline corpus,
+tinyshakespeare, FineWeb) reduces to "a stream of documents -> GPT-2 tokens ->
+train/val shards", so that stream lives here once, in tokenize_documents().
+
+- Shard format (llm.c): 256 int32 header (magic 20240520, version 1,
+  [2] = token count), then the tokens as uint16.
+- Each document is prefixed with the EOT token 50256, as llm.c's scripts do,
+  and encoded with encode_ordinary (a literal "<|endoftext|>" in a text is text).
+- The val split is held out BY DOCUMENT: sha256 of the document id (the path
+  relative to the input folder) decides, so no document is in both splits, and
+  the split does not depend on where the folder lives or on the file order.
+- Shards of one split are exactly --shard-size tokens except the last one.
+  Names: <prefix>_val_000000.bin (val first, as llm.c's fineweb does), then
+  <prefix>_train_000001.bin, ...; old shards with the same prefix are removed
+  first, so a smaller rerun never leaves stale shards behind.
+- Deterministic: documents go in a fixed order through an order-preserving
+  thread pool (tiktoken releases the GIL while encoding), so two runs write
+  identical bytes whatever --workers is.
+
+Usage:
+  python dev/data/tokenize_folder.py INPUT [INPUT...] --out-dir DIR --prefix NAME
+"""
+
+import argparse
+import glob
+import gzip
+import hashlib
+import itertools
+import os
+import sys
+import zlib
+from multiprocessing.pool import ThreadPool
+
+import numpy as np
+
+from gpt2_bpe import EOT_TOKEN, add_bpe_argument, encoding_or_exit, write_tokenizer_file
+
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+HEADER_INTS = 256
+DEFAULT_SHARD_SIZE = 100_000_000
+DEFAULT_VAL_FRACTION = 0.05
+TOKENIZER_FILENAME = "gpt2_tokenizer.bin"
+
+
+def die(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def write_shard(path, tokens):
+    """Writes one token shard (header + uint16 tokens) through a temp file and a rename."""
+    header = np.zeros(HEADER_INTS, dtype=np.int32)
+    header[0] = SHARD_MAGIC
+    header[1] = SHARD_VERSION
+    header[2] = len(tokens)
+    temp_path = path + ".tmp"
+    with open(temp_path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
+    os.replace(temp_path, path)
+
+
+def read_shard(path):
+    """Reads a token shard back, checking magic, version and length."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < HEADER_INTS * 4:
+        raise ValueError(f"{path}: {len(data)} bytes, shorter than the 1024-byte header")
+    header = np.frombuffer(data[:HEADER_INTS * 4], dtype=np.int32)
+    if header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
+        raise ValueError(f"{path}: magic/version {header[0]}/{header[1]}, expected {SHARD_MAGIC}/{SHARD_VERSION}")
+    tokens = np.frombuffer(data[HEADER_INTS * 4:], dtype=np.uint16)
+    if len(tokens) != header[2]:
+        raise ValueError(f"{path}: header says {header[2]} tokens, file holds {len(tokens)}")
+    return tokens
+
+
+def shard_path(out_dir, prefix, split, index):
+    return os.path.join(out_dir, f"{prefix}_{split}_{index:06d}.bin")
+
+
+def is_val_document(doc_id, val_fraction):
+    """Deterministic by-document split: the first 8 bytes of sha256(doc_id) as a fraction of 2^64."""
+    digest = hashlib.sha256(doc_id.encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "big") < val_fraction * 2.0**64
+
+
+def read_text_file(path):
+    """A file's text, decompressing .gz; None for binaries (NUL bytes) and non-UTF-8 files."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if path.endswith(".gz"):
+            data = gzip.decompress(data)
+    except (OSError, EOFError, zlib.error):
+        return None
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def list_text_files(inputs):
+    """(doc_id, path) for every file under the inputs, sorted; doc_id is the path relative to
+    its input folder (the basename for a file given directly). Dies on a missing input."""
+    files = []
+    for input_path in inputs:
+        if os.path.isfile(input_path):
+            files.append((os.path.basename(input_path), input_path))
+        elif os.path.isdir(input_path):
+            for root, dirs, names in os.walk(input_path):
+                dirs.sort()
+                for name in sorted(names):
+                    path = os.path.join(root, name)
+                    if os.path.isfile(path):
+                        files.append((os.path.relpath(path, input_path), path))
+        else:
+            die(f"input {input_path} does not exist (expected a folder or a file of text)")
+    return files
+
+
+class ShardWriter:
+    """Collects one split's tokens into fixed-size shards; stops accepting at max_tokens."""
+
+    def __init__(self, out_dir, prefix, split, first_index, shard_size, max_tokens):
+        self.out_dir = out_dir
+        self.prefix = prefix
+        self.split = split
+        self.next_index = first_index
+        self.shard_size = shard_size
+        self.max_tokens = max_tokens
+        self.buffer = None
+        self.filled = 0
+        self.num_tokens = 0
+        self.num_documents = 0
+        self.paths = []
+
+    def is_full(self):
+        return self.max_tokens is not None and self.num_tokens >= self.max_tokens
+
+    def add(self, tokens):
+        """Appends one document's tokens (cut at max_tokens)."""
+        if self.max_tokens is not None:
+            tokens = tokens[:self.max_tokens - self.num_tokens]
+        self.num_documents += 1
+        self.num_tokens += len(tokens)
+        position = 0
+        while position < len(tokens):
+            if self.buffer is None:
+                self.buffer = np.empty(self.shard_size, dtype=np.uint16)
+            count = min(len(tokens) - position, self.shard_size - self.filled)
+            self.buffer[self.filled:self.filled + count] = tokens[position:position + count]
+            self.filled += count
+            position += count
+            if self.filled == self.shard_size:
+                self.flush()
+
+    def flush(self):
+        if self.filled == 0:
+            return
+        path = shard_path(self.out_dir, self.prefix, self.split, self.next_index)
+        write_shard(path, self.buffer[:self.filled])
+        print(f"wrote {self.filled:,} tokens to {path}")
+        self.paths.append(path)
+        self.next_index += 1
+        self.filled = 0
+
+
+def remove_old_shards(out_dir, prefix):
+    for split in ("train", "val"):
+        for path in sorted(glob.glob(os.path.join(glob.escape(out_dir), f"{glob.escape(prefix)}_{split}_*.bin"))):
+            os.remove(path)
+            print(f"removed old shard {path}")
+
+
+def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_SHARD_SIZE,
+                       val_fraction=DEFAULT_VAL_FRACTION, max_train_tokens=None, max_val_tokens=None,
+                       workers=1):
+    """
+    documents: iterable of (doc_id, get_text) in a fixed order; get_text() returns the
+    document's text, or None to skip it (binary, not UTF-8, empty).
+    Writes <prefix>_val_000000.bin, ... and <prefix>_train_000001.bin, ... into out_dir and
+    returns {"val": ShardWriter, "train": ShardWriter, "skipped": number of skipped documents}.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    remove_old_shards(out_dir, prefix)
+    writers = {
+        "val": ShardWriter(out_dir, prefix, "val", 0, shard_size, max_val_tokens),
+        "train": ShardWriter(out_dir, prefix, "train", 1, shard_size, max_train_tokens),
+    }
+
+    def encode_text(text):
+        tokens = encoding.encode_ordinary(text)
+        tokens.insert(0, EOT_TOKEN)
+        return tokens
+
+    # Texts are read in this thread, in order (get_text may keep state, e.g. de-duplication);
+    # only the encoding runs in the pool. One batch at a time bounds memory for streamed datasets.
+    skipped = 0
+    document_iterator = iter(documents)
+    with ThreadPool(workers) as pool:
+        while not (writers["val"].is_full() and writers["train"].is_full()):
+            batch = []
+            slice_of_documents = list(itertools.islice(document_iterator, 64 * workers))
+            if not slice_of_documents:
+                break
+            for doc_id, get_text in slice_of_documents:
+                split = "val" if is_val_document(doc_id, val_fraction) else "train"
+                if writers[split].is_full():
+                    continue
+                text = get_text()
+                if text:
+                    batch.append((split, text))
+                else:
+                    skipped += 1
+            for (split, _), tokens in zip(batch, pool.map(encode_text, [text for _, text in batch])):
+                if not writers[split].is_full():
+                    writers[split].add(tokens)
+    for writer in writers.values():
+        writer.flush()
+    if writers["val"].num_tokens == 0:
+        print(f"warning: no document fell into the val split (val fraction {val_fraction}); "
+              f"raise --val-fraction or add documents", file=sys.stderr)
+    return {"val": writers["val"], "train": writers["train"], "skipped": skipped}
+
+
+def print_summary(result):
+    for split in ("train", "val"):
+        writer = result[split]
+        print(f"{split}: {writer.num_tokens:,} tokens from {writer.num_documents:,} documents in {len(writer.paths)} shard(s)")
+    print(f"skipped {result['skipped']:,} documents (binary, not UTF-8, empty or duplicate)")
+
+
+def add_tokenize_arguments(parser, default_prefix, default_out_dir):
+    parser.add_argument("--out-dir", default=default_out_dir, help="where the shards and gpt2_tokenizer.bin go")
+    parser.add_argument("--prefix", default=default_prefix, help="shard name prefix: PREFIX_val_000000.bin, PREFIX_train_000001.bin")
+    parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="tokens per shard (default 100M, as llm.c)")
+    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
+                        help="fraction of documents held out for val, chosen by a hash of the document id")
+    parser.add_argument("--max-train-tokens", type=int, default=0, help="stop the train split at this many tokens (0 = no cap)")
+    parser.add_argument("--max-val-tokens", type=int, default=0, help="stop the val split at this many tokens (0 = no cap)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer threads")
+    add_bpe_argument(parser)
+
+
+def check_tokenize_arguments(args):
+    if args.shard_size < 1:
+        die(f"--shard-size {args.shard_size}: expected a positive number of tokens")
+    if not 0.0 <= args.val_fraction < 1.0:
+        die(f"--val-fraction {args.val_fraction}: expected a fraction in [0, 1)")
+    for flag, value in (("--max-train-tokens", args.max_train_tokens), ("--max-val-tokens", args.max_val_tokens)):
+        if value < 0:
+            die(f"{flag} {value}: expected a token count >= 0 (0 = no cap)")
+    if args.workers < 1:
+        die(f"--workers {args.workers}: expected at least 1")
+    if not args.prefix or os.sep in args.prefix:
+        die(f"--prefix '{args.prefix}': expected a non-empty name without '{os.sep}'")
+
+
+def run_tokenize(args, documents):
+    """The shared tail of the dataset scripts: encoding, shards, tokenizer file, summary."""
+    encoding = encoding_or_exit(args.bpe_file)
+    result = tokenize_documents(documents, encoding, args.out_dir, args.prefix, args.shard_size, args.val_fraction,
+                                args.max_train_tokens or None, args.max_val_tokens or None, args.workers)
+    write_tokenizer_file(encoding, os.path.join(args.out_dir, TOKENIZER_FILENAME))
+    print(f"wrote {os.path.join(args.out_dir, TOKENIZER_FILENAME)}")
+    print_summary(result)
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Tokenize folders/files of text into llm.c GPT-2 token shards")
+    parser.add_argument("inputs", nargs="+", help="folders (walked recursively) and/or text files; one file = one document")
+    add_tokenize_arguments(parser, default_prefix="data", default_out_dir="dev/data/tokenized")
+    args = parser.parse_args()
+    check_tokenize_arguments(args)
+    files = list_text_files(args.inputs)
+    if not files:
+        die(f"no files found under {' '.join(args.inputs)}")
+    documents = [(doc_id, lambda path=path: read_text_file(path)) for doc_id, path in files]
+    result = run_tokenize(args, documents)
+    if result["train"].num_tokens == 0:
+        die(f"no text found in {' '.join(args.inputs)} (every file was binary, not UTF-8, or empty)")
+
+
+if __name__ == "__main__":
+    main()

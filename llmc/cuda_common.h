@@ -1,0 +1,152 @@
+/*
+cuda_common.h: what every CUDA module needs: the cudaCheck macro, floatX, 128-bit vector
+loads/stores (Packed128), a cudaMalloc that explains an out-of-memory error, and a
+description of the device (for the MFU figure).
+
+Why: the non-matmul kernels are memory bound, and on Hopper a kernel only approaches the
+memory bandwidth when each thread moves 16 bytes per instruction. Packed128 makes that the
+easy way to write a kernel: load 8 bf16 (or 4 floats) at once, work on them as an array,
+store them at once. The cache-streaming variants (..cs) are for data that is read or
+written exactly once, so it does not evict what the next kernel will reuse from L2.
+An allocation failure must say what to change (DESIGN.md section 8), so every device
+allocation goes through cuda_malloc_checked with a description of what it is for.
+*/
+#ifndef LLMC_CUDA_COMMON_H
+#define LLMC_CUDA_COMMON_H
+
+#include <stdio.h>
+#include <string.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include "utils.h"
+
+// ----------------------------------------------------------------------------
+// error checking
+
+static inline void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) {
+        llm8_die("CUDA error %s: %s (%s:%d)", cudaGetErrorName(err), cudaGetErrorString(err), file, line);
+    }
+}
+#define cudaCheck(err) cuda_check((err), __FILE__, __LINE__)
+
+static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+static inline size_t ceil_div_size(size_t a, size_t b) { return (a + b - 1) / b; }
+
+// ----------------------------------------------------------------------------
+// the activation / weight / gradient type, bf16 in both precisions (FP8 copies live beside)
+
+typedef __nv_bfloat16 floatX;
+
+__device__ __forceinline__ floatX bf16_from_bits(uint16_t bits) {
+    __nv_bfloat16_raw raw;
+    raw.x = bits;
+    return floatX(raw);
+}
+
+// ----------------------------------------------------------------------------
+// Packed128: 16 bytes as an array of T (8 bf16 or 4 floats), loaded and stored in one
+// instruction. The address must be 16-byte aligned.
+
+template <class T>
+struct alignas(16) Packed128 {
+    static constexpr int size = (int)(sizeof(int4) / sizeof(T));
+    T payload[size];
+
+    Packed128() = default;
+    __device__ __forceinline__ explicit Packed128(int4 bits) { memcpy(payload, &bits, sizeof(bits)); }
+    __device__ __forceinline__ static Packed128 zeros() { return Packed128(make_int4(0, 0, 0, 0)); }
+    __device__ __forceinline__ T& operator[](int index) { return payload[index]; }
+    __device__ __forceinline__ const T& operator[](int index) const { return payload[index]; }
+    __device__ __forceinline__ int4 bits() const { int4 b; memcpy(&b, payload, sizeof(b)); return b; }
+};
+
+typedef Packed128<floatX> x128;  // 8 bf16
+typedef Packed128<float> f128;   // 4 floats
+
+// default caching: data that is read again soon (weights, a row read twice)
+template <class T>
+__device__ __forceinline__ Packed128<T> load128(const T* address) {
+    return Packed128<T>(*reinterpret_cast<const int4*>(address));
+}
+// cache streaming: data read once
+template <class T>
+__device__ __forceinline__ Packed128<T> load128cs(const T* address) {
+    return Packed128<T>(__ldcs(reinterpret_cast<const int4*>(address)));
+}
+template <class T>
+__device__ __forceinline__ void store128(T* address, Packed128<T> value) {
+    *reinterpret_cast<int4*>(address) = value.bits();
+}
+// cache streaming: data not read again by this kernel or the next
+template <class T>
+__device__ __forceinline__ void store128cs(T* address, Packed128<T> value) {
+    __stcs(reinterpret_cast<int4*>(address), value.bits());
+}
+
+// ----------------------------------------------------------------------------
+// device allocation that tells the user what to lower when the GPU is full
+
+static inline void* cuda_malloc_checked(size_t bytes, const char* what) {
+    void* ptr = NULL;
+    cudaError_t err = cudaMalloc(&ptr, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();  // reset the last-error state; the context is still usable
+        size_t free_bytes = 0, total_bytes = 0;
+        cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+        llm8_die("out of GPU memory: %.2f GiB requested for %s, %.2f GiB free of %.2f GiB; "
+                 "lower the batch size (-b), turn on activation recompute (-r), or use a higher ZeRO stage",
+                 bytes / 1073741824.0, what, free_bytes / 1073741824.0, total_bytes / 1073741824.0);
+    }
+    cudaCheck(err);
+    return ptr;
+}
+
+// ----------------------------------------------------------------------------
+// the device, and its bf16 dense tensor-core peak for MFU
+
+typedef struct {
+    char name[256];
+    int sm_count;
+    size_t total_memory_bytes;
+    int compute_major;
+    int compute_minor;
+    float bf16_peak_tflops;  // dense, no sparsity; 0 when the device is not in the table (MFU n/a)
+} DeviceInfo;
+
+/*
+Dense BF16 tensor-core peaks from NVIDIA's datasheets, which quote them "with sparsity"
+(twice the dense figure): H100 SXM 1,979 -> 989; H100 PCIe 1,513 -> 756; H100 NVL and
+H200 NVL 1,671 -> 835; H200 SXM 1,979 -> 989 (NVIDIA H100 and H200 product pages /
+datasheets). GH200 uses the SXM-class H100/H200 die at full clocks: 989.
+The more specific names are tested first ("H100 PCIe" before "H100").
+*/
+static inline float bf16_dense_peak_tflops(const char* device_name) {
+    static const struct { const char* name_part; float tflops; } peaks[] = {
+        {"H100 PCIe", 756.0f}, {"H100 NVL", 835.0f}, {"H200 NVL", 835.0f},
+        {"GH200", 989.0f}, {"H100", 989.0f}, {"H200", 989.0f},
+    };
+    for (size_t i = 0; i < sizeof(peaks) / sizeof(peaks[0]); i++) {
+        if (strstr(device_name, peaks[i].name_part) != NULL) { return peaks[i].tflops; }
+    }
+    return 0.0f;
+}
+
+// the current device (cudaSetDevice picks it)
+static inline DeviceInfo device_info_query(void) {
+    int device = 0;
+    cudaCheck(cudaGetDevice(&device));
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, device));
+    DeviceInfo info;
+    snprintf(info.name, sizeof(info.name), "%s", prop.name);
+    info.sm_count = prop.multiProcessorCount;
+    info.total_memory_bytes = prop.totalGlobalMem;
+    info.compute_major = prop.major;
+    info.compute_minor = prop.minor;
+    info.bf16_peak_tflops = bf16_dense_peak_tflops(prop.name);
+    return info;
+}
+
+#endif // LLMC_CUDA_COMMON_H

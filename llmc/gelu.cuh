@@ -1,0 +1,60 @@
+/*
+gelu.cuh: tanh-approximation GELU, forward and in-place backward.
+
+Why: both are pure streams over B*T*4C bf16 (the largest activations of the model), so each
+thread moves 16 bytes per load and store and uses the cache-streaming hints for what it
+reads once. The math is gelu_forward_element / gelu_backward_element from element_math.h,
+the same functions the CPU reference calls. The backward overwrites the incoming gradient
+in place: the fc output's gradient is never needed once it has been multiplied by GELU's
+derivative, so no extra buffer is needed.
+*/
+#ifndef LLMC_GELU_CUH
+#define LLMC_GELU_CUH
+
+#include "cuda_common.h"
+#include "element_math.h"
+
+static inline void gelu_check_count(int N, const char* who) {
+    if (N <= 0 || N % 8 != 0) {
+        llm8_die("%s: N=%d elements must be a positive multiple of 8 (16-byte vector access)", who, N);
+    }
+}
+
+__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, int N) {
+    int i = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= N) { return; }
+    x128 x = load128cs(inp + i);
+    x128 y;
+    for (int k = 0; k < x128::size; k++) {
+        y[k] = __float2bfloat16_rn(gelu_forward_element(__bfloat162float(x[k])));
+    }
+    store128(out + i, y);
+}
+
+void gelu_forward(floatX* out, const floatX* inp, int N, cudaStream_t stream) {
+    gelu_check_count(N, "gelu_forward");
+    const int block_size = 256;
+    gelu_forward_kernel<<<ceil_div(N / x128::size, block_size), block_size, 0, stream>>>(out, inp, N);
+    cudaCheck(cudaGetLastError());
+}
+
+// d_in_out: in, the gradient of GELU's output; out, the gradient of its input
+__global__ void gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* inp, int N) {
+    int i = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+    if (i >= N) { return; }
+    x128 d = load128cs(d_in_out + i);
+    x128 x = load128cs(inp + i);
+    for (int k = 0; k < x128::size; k++) {
+        d[k] = __float2bfloat16_rn(gelu_backward_element(__bfloat162float(x[k])) * __bfloat162float(d[k]));
+    }
+    store128(d_in_out + i, d);
+}
+
+void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, int N, cudaStream_t stream) {
+    gelu_check_count(N, "gelu_backward_inplace");
+    const int block_size = 256;
+    gelu_backward_inplace_kernel<<<ceil_div(N / x128::size, block_size), block_size, 0, stream>>>(d_in_out, inp, N);
+    cudaCheck(cudaGetLastError());
+}
+
+#endif // LLMC_GELU_CUH

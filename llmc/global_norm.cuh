@@ -1,0 +1,64 @@
+/*
+global_norm.cuh: the sum of squares of a bf16 tensor (the gradients), for the global
+gradient norm and clipping.
+
+Why: the norm decides the clipping factor of every weight, so it must be the same bits on
+every run. A fixed grid (GLOBAL_NORM_BLOCKS blocks, never derived from the device or the
+size) strides over the data with 16-byte loads; each block reduces its threads in a fixed
+order (block_reduce_sum) into one partial; a one-block second kernel adds the partials in
+block order. No atomics, so the result is deterministic. The caller takes the square root
+(and may add further tensors' results) on the device or the host.
+*/
+#ifndef LLMC_GLOBAL_NORM_CUH
+#define LLMC_GLOBAL_NORM_CUH
+
+#include "cuda_common.h"
+#include "cuda_utils.cuh"
+
+#define GLOBAL_NORM_BLOCKS 1024
+#define GLOBAL_NORM_BLOCK_SIZE 512
+
+// floats of the partials_scratch argument
+size_t global_norm_scratch_floats(void) { return GLOBAL_NORM_BLOCKS; }
+
+__global__ void global_norm_partials_kernel(float* partials, const floatX* values, size_t count) {
+    const size_t chunks = count / x128::size;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    float sum = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += stride) {
+        x128 x = load128cs(values + i * x128::size);
+        for (int k = 0; k < x128::size; k++) {
+            float value = __bfloat162float(x[k]);
+            sum += value * value;
+        }
+    }
+    // the count % 8 trailing elements, one per thread of the first block
+    if (blockIdx.x == 0 && threadIdx.x < count % x128::size) {
+        float value = __bfloat162float(values[chunks * x128::size + threadIdx.x]);
+        sum += value * value;
+    }
+    float block_sum = block_reduce_sum(sum);
+    if (threadIdx.x == 0) { partials[blockIdx.x] = block_sum; }
+}
+
+__global__ void global_norm_finish_kernel(float* out, const float* partials, int num_partials) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < num_partials; i += blockDim.x) { sum += partials[i]; }
+    float total = block_reduce_sum(sum);
+    if (threadIdx.x == 0) { out[0] = total; }
+}
+
+// out[0] = sum of values[i]^2 in fp32; values must be 16-byte aligned;
+// partials_scratch holds global_norm_scratch_floats() floats
+void global_norm_squared(float* out, float* partials_scratch, const floatX* values, size_t count,
+                         cudaStream_t stream) {
+    if (((uintptr_t)values) % 16 != 0) {
+        llm8_die("global_norm_squared: values pointer %p is not 16-byte aligned", (const void*)values);
+    }
+    global_norm_partials_kernel<<<GLOBAL_NORM_BLOCKS, GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(partials_scratch, values, count);
+    cudaCheck(cudaGetLastError());
+    global_norm_finish_kernel<<<1, 1024, 0, stream>>>(out, partials_scratch, GLOBAL_NORM_BLOCKS);
+    cudaCheck(cudaGetLastError());
+}
+
+#endif // LLMC_GLOBAL_NORM_CUH

@@ -1,0 +1,186 @@
+"""
+Plots train and val loss curves of several runs on one PNG and prints a table of
+final val losses with the relative gap to the first run (the baseline).
+
+    python scripts/plot.py log_bf16 log_fp8 [--labels bf16 fp8] [--ema 0.9] [--out loss.png]
+
+Each argument is a run's output directory (or a log file in it). Its main.log is
+read in llm.c's line format: "s:STEP trl:LOSS ..." (train), "s:STEP tel:LOSS"
+(val), "s:STEP eval:ACC" (HellaSwag); other key:value fields are ignored. Without
+main.log, main.jsonl is read: one JSON object per line with "step" and "type"
+(train/val with "loss", eval with "hellaswag_acc"), as llmc/logger.h writes it. When a
+step appears twice (a resumed run) the later line wins.
+
+The table compares runs at the last step for which every run has a val loss,
+so runs of different lengths are compared fairly; --ema smooths the plotted
+train curves only (a bias-corrected exponential moving average).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
+
+SERIES_KEYS = {
+    "train": ("trl", "train_loss"),
+    "val": ("tel", "val_loss"),
+    "hellaswag": ("eval", "hellaswag"),
+}
+
+
+def die(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def series_name(key):
+    for name, keys in SERIES_KEYS.items():
+        if key in keys:
+            return name
+    return None
+
+
+def parse_main_log(path):
+    """{series: {step: value}} from llm.c-format lines."""
+    series = {name: {} for name in SERIES_KEYS}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            fields = dict(field.split(":", 1) for field in line.split() if ":" in field)
+            if "s" not in fields:
+                continue
+            try:
+                step = int(fields["s"])
+                for key, value in fields.items():
+                    name = series_name(key)
+                    if name is not None:
+                        series[name][step] = float(value)
+            except ValueError:
+                continue
+    return series
+
+
+# main.jsonl as llmc/logger.h writes it: {"step":N,"type":"train"|"val"|"eval", ...}
+JSONL_VALUE_KEY = {"train": ("train", "loss"), "val": ("val", "loss"), "eval": ("hellaswag", "hellaswag_acc")}
+
+
+def parse_main_jsonl(path):
+    """{series: {step: value}} from llm8's main.jsonl."""
+    series = {name: {} for name in SERIES_KEYS}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(record, dict) or record.get("type") not in JSONL_VALUE_KEY:
+                continue
+            name, key = JSONL_VALUE_KEY[record["type"]]
+            if isinstance(record.get("step"), int) and isinstance(record.get(key), (int, float)):
+                series[name][record["step"]] = float(record[key])
+    return series
+
+
+def load_run(path):
+    """A run's series from a directory (main.log, else main.jsonl) or from a log file itself."""
+    if os.path.isdir(path):
+        for name, parse in (("main.log", parse_main_log), ("main.jsonl", parse_main_jsonl)):
+            log_path = os.path.join(path, name)
+            if os.path.isfile(log_path):
+                return parse(log_path)
+        die(f"{path}: no main.log or main.jsonl in this run directory")
+    if os.path.isfile(path):
+        return parse_main_jsonl(path) if path.endswith(".jsonl") else parse_main_log(path)
+    die(f"{path}: no such run directory or log file")
+
+
+def ema(values, beta):
+    """Bias-corrected exponential moving average (as in Adam's moments)."""
+    smoothed, average = [], 0.0
+    for i, value in enumerate(values):
+        average = beta * average + (1 - beta) * value
+        smoothed.append(average / (1 - beta ** (i + 1)))
+    return smoothed
+
+
+def comparison_step(runs):
+    """The last step with a val loss in every run, or None when the runs share none."""
+    common = set.intersection(*(set(series["val"]) for series in runs))
+    return max(common) if common else None
+
+
+def print_table(labels, runs):
+    step = comparison_step(runs)
+    print(f"val loss at step {step} (the last step every run evaluated)" if step is not None
+          else "val loss at each run's last evaluated step (the runs share no val step)")
+    print("| run | step | val loss | gap vs first |")
+    print("|---|---|---|---|")
+    baseline = None
+    for label, series in zip(labels, runs):
+        val = series["val"]
+        if not val:
+            print(f"| {label} | - | - | - |")
+            continue
+        run_step = step if step is not None else max(val)
+        loss = val[run_step]
+        if baseline is None:
+            baseline = loss
+        gap = 100.0 * (loss - baseline) / baseline
+        print(f"| {label} | {run_step} | {loss:.4f} | {gap:+.2f}% |")
+
+
+def plot_runs(labels, runs, beta, out_path, title):
+    panels = [name for name in SERIES_KEYS if any(series[name] for series in runs)]
+    figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for axis, name in zip(axes[0], panels):
+        for index, (label, series) in enumerate(zip(labels, runs)):
+            steps = sorted(series[name])
+            values = [series[name][step] for step in steps]
+            if not steps:
+                continue
+            color = f"C{index}"
+            if name == "train" and beta is not None:
+                axis.plot(steps, values, color=color, alpha=0.25, linewidth=0.8)
+                axis.plot(steps, ema(values, beta), color=color, label=f"{label} (ema {beta})")
+            else:
+                axis.plot(steps, values, color=color, label=label, marker="o" if len(steps) < 30 else None)
+        axis.set_xlabel("step")
+        axis.set_ylabel("accuracy" if name == "hellaswag" else "loss")
+        axis.set_title(f"{name} {'accuracy' if name == 'hellaswag' else 'loss'}")
+        axis.grid(alpha=0.3)
+        axis.legend()
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(out_path, dpi=120)
+    plt.close(figure)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Plot train/val loss of llm8 / llm.c runs and compare final val loss")
+    parser.add_argument("runs", nargs="+", help="run output directories (with main.log or main.jsonl) or log files")
+    parser.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
+    parser.add_argument("--ema", type=float, default=None, metavar="BETA", help="smooth train curves, e.g. 0.9")
+    parser.add_argument("--out", default="loss.png", help="PNG to write")
+    parser.add_argument("--title", default=None)
+    args = parser.parse_args()
+    if args.labels is not None and len(args.labels) != len(args.runs):
+        die(f"--labels has {len(args.labels)} names for {len(args.runs)} runs")
+    if args.ema is not None and not 0.0 <= args.ema < 1.0:
+        die(f"--ema {args.ema}: expected a smoothing factor in [0, 1)")
+    labels = args.labels or [os.path.basename(os.path.normpath(run)) for run in args.runs]
+    runs = [load_run(run) for run in args.runs]
+    for run, series in zip(args.runs, runs):
+        if not series["train"] and not series["val"]:
+            die(f"{run}: no train (trl) or val (tel) loss lines found")
+    plot_runs(labels, runs, args.ema, args.out, args.title)
+    print(f"wrote {args.out}")
+    print_table(labels, runs)
+
+
+if __name__ == "__main__":
+    main()

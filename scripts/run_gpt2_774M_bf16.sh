@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GPT-2 774M (d36) in BF16: 774M parameters on ~150B tokens of the FineWeb 100B-token sample (1.5 epochs).
+# The BF16 baseline that the FP8 run of the same size is measured against: same binary,
+# data and seed, only -p differs.
+#
+# Hyperparameters are llm.c's published ones, from
+#   llm.c scripts/run_gpt2_774M.sh: -b 32 -t 1024 -d 524288 -l 0.00025 -q 0.0 -u 700 -c 0.1 -z 1 -r 0
+#   -v 250 -s 300000 -g 144 -h 1 -n 4000 -x 286102 -y 1 -e d36 on fineweb100B.
+#
+# Data: python dev/data/fineweb.py --version 100B   (writes dev/data/fineweb100B/)
+#       python dev/data/hellaswag.py                  (for -h 1)
+# GPUs: NUM_GPUS=8 bash scripts/run_gpt2_774M_bf16.sh runs it under mpirun; the total batch
+#       (-d) stays the same and gradient accumulation adapts to the number of GPUs.
+# Extra arguments are passed to the trainer after these flags (later flags win).
+# A failed run resumes (-y 1) from its last complete checkpoint, up to 3 times.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out_dir="${OUT_DIR:-log_gpt2_774M_bf16}"
+num_gpus="${NUM_GPUS:-1}"
+# ZeRO-1 (-z 1, as llm.c) shards the optimizer state across GPUs; on one GPU it is the same as -z 0.
+launch=()
+zero_stage=0
+if (( num_gpus > 1 )); then launch=(mpirun -np "$num_gpus"); zero_stage=1; fi
+
+make train_gpt2_fp8
+for attempt in 1 2 3; do
+    "${launch[@]}" ./train_gpt2_fp8 -p bf16 \
+        -e d36 \
+        -i "dev/data/fineweb100B/fineweb_train_*.bin" \
+        -j "dev/data/fineweb100B/fineweb_val_*.bin" \
+        -o "$out_dir" \
+        -tk "dev/data/fineweb100B/gpt2_tokenizer.bin" \
+        -b 32 -t 1024 -d 524288 \
+        -l 0.00025 -q 0.0 -u 700 -c 0.1 \
+        -x 286102 \
+        -v 250 -s 300000 -g 144 -h 1 \
+        -n 4000 -y 1 \
+        -z "$zero_stage" -r 0 \
+        "$@" && exit 0
+    echo "run_gpt2_774M_bf16.sh: trainer failed (attempt $attempt of 3)" >&2
+done
+exit 1

@@ -1,0 +1,437 @@
+"""
+Tests of the Python data tools (dev/data/) and scripts/plot.py. No internet needed.
+
+Run: python -m pytest -q test/test_data_tools.py
+The GPT-2 rank file comes from scripts/setup_python.sh (or any source gpt2_bpe.py
+searches). Without one the BPE-dependent tests are skipped, unless LLM8_REQUIRE_BPE=1
+(CI), where they fail.
+"""
+
+import base64
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA_DIR = os.path.join(REPO, "dev", "data")
+sys.path.insert(0, DATA_DIR)
+
+import gpt2_bpe  # noqa: E402
+import hellaswag  # noqa: E402
+import tokenize_folder  # noqa: E402
+
+EOT = 50256
+
+
+@pytest.fixture(scope="module")
+def encoding():
+    try:
+        return gpt2_bpe.load_gpt2_encoding()
+    except gpt2_bpe.RankFileError as e:
+        if os.environ.get("LLM8_REQUIRE_BPE") == "1":
+            pytest.fail(f"LLM8_REQUIRE_BPE=1 but no GPT-2 rank file was found: {e}")
+        pytest.skip(f"no GPT-2 rank file here (run scripts/setup_python.sh): {e}")
+
+
+@pytest.fixture(scope="module")
+def rank_file_bytes(encoding):
+    """The gpt2.tiktoken bytes, rebuilt from the encoding through its public API."""
+    lines = [base64.b64encode(encoding.decode_single_token_bytes(rank)) + b" %d\n" % rank for rank in range(EOT)]
+    return b"".join(lines)
+
+
+def run_script(args, env=None, cwd=REPO):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
+
+
+def error_lines(result):
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def make_documents(folder, count):
+    """count small text files with distinct contents; returns {relative path: text}."""
+    texts = {}
+    for i in range(count):
+        relpath = os.path.join(f"part{i % 3}", f"doc_{i:03d}.txt")
+        text = f"Document number {i}. " + " ".join(f"word{(i * 7 + j) % 50}" for j in range(5 + i % 11)) + " café ☕\n"
+        os.makedirs(os.path.join(folder, os.path.dirname(relpath)), exist_ok=True)
+        with open(os.path.join(folder, relpath), "w", encoding="utf-8") as f:
+            f.write(text)
+        texts[relpath] = text
+    return texts
+
+
+def split_shards(out_dir, prefix, split):
+    names = sorted(name for name in os.listdir(out_dir) if name.startswith(f"{prefix}_{split}_"))
+    return [os.path.join(out_dir, name) for name in names]
+
+
+def documents_of(encoding, paths):
+    """Decodes the concatenated shards and splits at EOT: the list of document texts."""
+    tokens = np.concatenate([tokenize_folder.read_shard(path) for path in paths]).tolist()
+    assert tokens[0] == EOT, "every document starts with EOT"
+    documents, current = [], []
+    for token in tokens[1:] + [EOT]:
+        if token == EOT:
+            documents.append(encoding.decode(current))
+            current = []
+        else:
+            current.append(token)
+    return documents
+
+
+# --- GPT-2 BPE ----------------------------------------------------------------------------
+
+def test_known_encodings(encoding):
+    assert encoding.n_vocab == 50257
+    assert encoding.eot_token == EOT
+    assert encoding.encode("Hello world") == [15496, 995]
+    assert encoding.encode(" the") == [262]
+    assert encoding.encode("The") == [464]
+    assert encoding.encode("\n") == [198]
+    assert encoding.encode("!") == [0]
+    assert encoding.encode("<|endoftext|>", allowed_special="all") == [EOT]
+    assert EOT not in encoding.encode_ordinary("<|endoftext|>")
+    sample = "Naïve café — 東京 🙂 x = f(y)**2\n\n  tabs\tand   spaces "
+    assert encoding.decode(encoding.encode(sample)) == sample
+
+
+def test_rank_file_search_order(encoding, rank_file_bytes, tmp_path, monkeypatch):
+    assert hashlib.sha256(rank_file_bytes).hexdigest() == gpt2_bpe.RANK_FILE_SHA256
+    user_file = tmp_path / "my_gpt2.tiktoken"
+    user_file.write_bytes(rank_file_bytes)
+    cache_dir = tmp_path / "tiktoken_cache"
+    cache_dir.mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache_dir))
+
+    # (b) a user-given path, by flag or by environment variable
+    monkeypatch.delenv(gpt2_bpe.BPE_ENV_VAR, raising=False)
+    assert gpt2_bpe.find_rank_source(str(user_file))[1] == (str(user_file),)
+    monkeypatch.setenv(gpt2_bpe.BPE_ENV_VAR, str(user_file))
+    assert gpt2_bpe.find_rank_source()[1] == (str(user_file),)
+    assert gpt2_bpe.load_gpt2_encoding().encode("Hello world") == [15496, 995]
+
+    # (a) tiktoken's cache comes first: the file named by the sha1 of the r50k_base URL
+    cached = cache_dir / hashlib.sha1(gpt2_bpe.R50K_URL.encode()).hexdigest()
+    cached.write_bytes(rank_file_bytes)
+    kind, paths, description = gpt2_bpe.find_rank_source()
+    assert (kind, paths) == ("tiktoken", (str(cached),)) and "tiktoken cache" in description
+
+    # a user path that does not exist is an error even when the cache has the file
+    with pytest.raises(gpt2_bpe.RankFileError, match="no such file"):
+        gpt2_bpe.find_rank_source(str(tmp_path / "missing.tiktoken"))
+
+    # a file that is not GPT-2's rank file is refused, and a corrupt cache entry is passed over
+    wrong = tmp_path / "wrong.tiktoken"
+    wrong.write_bytes(rank_file_bytes.replace(b" 0\n", b" 1\n", 1))
+    with pytest.raises(gpt2_bpe.RankFileError, match="sha256"):
+        gpt2_bpe.read_tiktoken_ranks(str(wrong))
+    cached.write_bytes(wrong.read_bytes())
+    assert gpt2_bpe.find_rank_source()[1] == (str(user_file),)
+
+
+def test_missing_rank_file_is_one_clear_line(tmp_path):
+    """Scripts copied away from the repo (no dev/data/cache), empty tiktoken cache, no user path."""
+    if gpt2_bpe.whisper_rank_file() is not None:
+        pytest.skip("openai-whisper is installed here, so a rank file is always found")
+    for name in ("gpt2_bpe.py", "tokenize_folder.py"):
+        shutil.copy(os.path.join(DATA_DIR, name), tmp_path / name)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("some text")
+    env = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty_cache"), gpt2_bpe.BPE_ENV_VAR: ""}
+    result = run_script([str(tmp_path / "tokenize_folder.py"), str(tmp_path / "in"), "--out-dir", str(tmp_path / "out")],
+                        env=env, cwd=tmp_path)
+    assert result.returncode == 1
+    lines = error_lines(result)
+    assert len(lines) == 1, result.stderr
+    assert "gpt2.tiktoken" in lines[0] and "setup_python.sh" in lines[0] and "--bpe-file" in lines[0]
+    assert "tiktoken" in lines[0] and "Traceback" not in result.stderr
+
+    result = run_script([str(tmp_path / "gpt2_bpe.py"), "--bpe-file", str(tmp_path / "nope.tiktoken")],
+                        env=env, cwd=tmp_path)
+    assert result.returncode == 1
+    assert error_lines(result) == [f"error: --bpe-file={tmp_path / 'nope.tiktoken'}: no such file "
+                                   "(expected GPT-2's gpt2.tiktoken rank file)"]
+
+
+# --- formats ------------------------------------------------------------------------------
+
+def test_shard_layout_is_exact(tmp_path):
+    tokens = [EOT, 0, 1, 65535, 15496, 995, 50255]
+    path = str(tmp_path / "x_train_000001.bin")
+    tokenize_folder.write_shard(path, tokens)
+    data = open(path, "rb").read()
+    assert len(data) == 1024 + 2 * len(tokens)
+    header = struct.unpack("<256i", data[:1024])
+    assert header[:3] == (20240520, 1, len(tokens))
+    assert all(value == 0 for value in header[3:])
+    assert list(struct.unpack(f"<{len(tokens)}H", data[1024:])) == tokens
+    assert tokenize_folder.read_shard(path).tolist() == tokens
+
+    with open(path, "r+b") as f:
+        f.truncate(len(data) - 2)
+    with pytest.raises(ValueError, match="header says 7 tokens"):
+        tokenize_folder.read_shard(path)
+    with open(path, "r+b") as f:
+        f.write(struct.pack("<i", 20240521))
+    with pytest.raises(ValueError, match="magic"):
+        tokenize_folder.read_shard(path)
+
+
+def test_tokenizer_file_layout_and_decode(encoding, tmp_path):
+    path = str(tmp_path / "gpt2_tokenizer.bin")
+    gpt2_bpe.write_tokenizer_file(encoding, path)
+    data = open(path, "rb").read()
+    header = struct.unpack("<256i", data[:1024])
+    assert header[:4] == (20240328, 2, 50257, EOT) and not any(header[4:])
+    # walk the records by hand: uint8 length, then that many bytes, for all 50257 tokens
+    table, offset = [], 1024
+    while offset < len(data):
+        length = data[offset]
+        assert length > 0
+        table.append(data[offset + 1: offset + 1 + length])
+        offset += 1 + length
+    assert offset == len(data) and len(table) == 50257
+    assert table[EOT] == b"<|endoftext|>"
+    assert table[15496] == b"Hello" and table[995] == b" world"
+    assert gpt2_bpe.read_tokenizer_file(path) == table
+    sample = "The tokenizer file decodes: naïve café, 東京, emoji 🙂.\n"
+    assert b"".join(table[token] for token in encoding.encode(sample)) == sample.encode("utf-8")
+
+
+def read_eval_file(path):
+    """An independent reader of llm.c's eval file: (header, [(index, label, ctx, [endings])])."""
+    data = open(path, "rb").read()
+    header = struct.unpack("<256i", data[:1024])
+    stream = list(struct.unpack(f"<{(len(data) - 1024) // 2}H", data[1024:]))
+    examples, position = [], 0
+    while position < len(stream):
+        assert stream[position] == 65535
+        nbytes, index, label, num_completions, context_length = stream[position + 1: position + 6]
+        cursor = position + 6
+        context = stream[cursor: cursor + context_length]
+        cursor += context_length
+        endings = []
+        for _ in range(num_completions):
+            length = stream[cursor]
+            endings.append(stream[cursor + 1: cursor + 1 + length])
+            cursor += 1 + length
+        assert nbytes == 2 * (cursor - position)
+        examples.append((index, label, context, endings))
+        position = cursor
+    return header, examples
+
+
+def test_hellaswag_eval_file_layout(encoding, tmp_path):
+    raw = [
+        {"ind": 5, "ctx": "A man is sitting on a roof. he", "label": 3,
+         "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
+                     "is holding a rubik's cube.", "starts pulling up roofing on a roof."]},
+        {"ind": 9, "ctx": "Cooking: Put the pasta in water", "label": 0,
+         "endings": ["and boil it.", "x", "and then a much longer ending that goes on for a while, " * 3, "."]},
+    ]
+    examples = [hellaswag.tokenize_example(encoding, example) for example in raw]
+    for example, (label, context, endings) in zip(raw, examples):
+        assert label == example["label"]
+        assert context == encoding.encode(example["ctx"])
+        assert endings == [encoding.encode(" " + ending) for ending in example["endings"]]
+    path = str(tmp_path / "hellaswag_val.bin")
+    hellaswag.write_eval_file(path, examples)
+    header, read_back = read_eval_file(path)
+    assert header[:3] == (20240522, 1, 2) and not any(header[4:])
+    lengths = [2 * (6 + len(context) + sum(1 + len(e) for e in endings)) for _, context, endings in examples]
+    assert header[3] == max(lengths)
+    for index, ((label, context, endings), got) in enumerate(zip(examples, read_back)):
+        assert got == (index, label, context, endings)
+    with pytest.raises(ValueError, match="endings"):
+        hellaswag.tokenize_example(encoding, dict(raw[0], endings=["a", "b"]))
+
+
+# --- tokenize_folder ----------------------------------------------------------------------
+
+def test_tokenize_folder_splits_by_document_and_is_deterministic(encoding, tmp_path):
+    texts = make_documents(tmp_path / "in", 60)
+    (tmp_path / "in" / "binary.dat").write_bytes(b"\x00\x01\x02binary")
+    (tmp_path / "in" / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    args = ["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--prefix", "t", "--shard-size", "50",
+            "--val-fraction", "0.3"]
+    first = run_script(args + ["--out-dir", str(tmp_path / "out1"), "--workers", "1"])
+    assert first.returncode == 0, first.stderr
+    second = run_script(args + ["--out-dir", str(tmp_path / "out2"), "--workers", "3"])
+    assert second.returncode == 0, second.stderr
+    assert "skipped 2 documents" in first.stdout
+
+    names = sorted(os.listdir(tmp_path / "out1"))
+    assert names == sorted(os.listdir(tmp_path / "out2"))
+    for name in names:  # two runs (even with different thread counts) write identical bytes
+        assert (tmp_path / "out1" / name).read_bytes() == (tmp_path / "out2" / name).read_bytes(), name
+
+    out = str(tmp_path / "out1")
+    val_paths, train_paths = split_shards(out, "t", "val"), split_shards(out, "t", "train")
+    assert os.path.basename(val_paths[0]) == "t_val_000000.bin"
+    assert os.path.basename(train_paths[0]) == "t_train_000001.bin"
+    assert [os.path.basename(p) for p in train_paths] == [f"t_train_{i:06d}.bin" for i in range(1, len(train_paths) + 1)]
+    for paths in (val_paths, train_paths):  # every shard but the last is exactly --shard-size tokens
+        sizes = [len(tokenize_folder.read_shard(p)) for p in paths]
+        assert all(size == 50 for size in sizes[:-1]) and 0 < sizes[-1] <= 50
+
+    val_docs, train_docs = documents_of(encoding, val_paths), documents_of(encoding, train_paths)
+    assert val_docs and train_docs
+    assert not set(val_docs) & set(train_docs), "a document is in both splits"
+    assert sorted(val_docs + train_docs) == sorted(texts.values()), "every text document exactly once"
+    assert 0.1 < len(val_docs) / len(texts) < 0.5
+    # within a split, documents keep the sorted path order
+    order = [texts[relpath] for relpath in sorted(texts)]
+    assert train_docs == [text for text in order if text in set(train_docs)]
+
+    # the split depends on relative paths only: the same folder elsewhere splits the same way
+    shutil.copytree(tmp_path / "in", tmp_path / "moved" / "deeper")
+    moved = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "moved" / "deeper"), "--prefix", "t",
+                        "--shard-size", "50", "--val-fraction", "0.3", "--out-dir", str(tmp_path / "out3")])
+    assert moved.returncode == 0, moved.stderr
+    assert documents_of(encoding, split_shards(str(tmp_path / "out3"), "t", "val")) == val_docs
+
+    assert (tmp_path / "out1" / "gpt2_tokenizer.bin").is_file()
+
+
+def test_rerun_removes_stale_shards(encoding, tmp_path):
+    make_documents(tmp_path / "in", 30)
+    out = str(tmp_path / "out")
+    base = ["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--prefix", "t", "--out-dir", out]
+    assert run_script(base + ["--shard-size", "20"]).returncode == 0
+    many = len(split_shards(out, "t", "train"))
+    assert run_script(base + ["--shard-size", "100000"]).returncode == 0
+    assert many > 1 and [os.path.basename(p) for p in split_shards(out, "t", "train")] == ["t_train_000001.bin"]
+
+
+def test_tokenize_folder_bad_inputs(tmp_path):
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "no_such_folder"), "--out-dir", str(tmp_path)])
+    assert result.returncode == 1
+    assert error_lines(result) == [f"error: input {tmp_path / 'no_such_folder'} does not exist "
+                                   "(expected a folder or a file of text)"]
+    (tmp_path / "in").mkdir()
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--val-fraction", "1.5"])
+    assert result.returncode == 1
+    assert error_lines(result) == ["error: --val-fraction 1.5: expected a fraction in [0, 1)"]
+
+
+def test_offline_corpus_on_a_small_folder(encoding, tmp_path):
+    source = tmp_path / "docs"
+    texts = make_documents(source, 40)
+    (source / "pkg").mkdir()
+    gz_text = "A changelog that was gzipped.\n * fixed things\n"
+    (source / "pkg" / "changelog.gz").write_bytes(gzip.compress(gz_text.encode()))
+    (source / "pkg" / "copy_of_doc_000.txt").write_text(texts[os.path.join("part0", "doc_000.txt")], encoding="utf-8")
+    (source / "pkg" / "page.html").write_text("<html>markup is left out</html>")
+    (source / "pkg" / "manual.ps.gz").write_bytes(gzip.compress(b"%!PS-Adobe postscript is left out"))
+    (source / "pkg" / "image.bin").write_bytes(bytes(range(256)))
+    (source / "pkg" / "latin1").write_bytes("na\xefve".encode("latin-1"))
+    out = str(tmp_path / "out")
+    result = run_script(["dev/data/offline_corpus.py", "--source", str(source), "--out-dir", out,
+                         "--val-fraction", "0.25", "--max-train-tokens", "0", "--max-val-tokens", "0"])
+    assert result.returncode == 0, result.stderr
+    assert "source0" in result.stdout and "epochs" in result.stdout
+    val_docs = documents_of(encoding, split_shards(out, "offline", "val"))
+    train_docs = documents_of(encoding, split_shards(out, "offline", "train"))
+    everything = val_docs + train_docs
+    assert sorted(everything) == sorted(list(texts.values()) + [gz_text]), "text files once each, .gz decompressed"
+    assert not set(val_docs) & set(train_docs)
+    assert os.path.isfile(os.path.join(out, "gpt2_tokenizer.bin"))
+
+    # the cap cuts the train split at exactly that many tokens; a rerun gives the same bytes
+    capped = run_script(["dev/data/offline_corpus.py", "--source", str(source), "--out-dir", out,
+                         "--val-fraction", "0.25", "--max-train-tokens", "300", "--max-val-tokens", "0"])
+    assert capped.returncode == 0, capped.stderr
+    (train_path,) = split_shards(out, "offline", "train")
+    assert len(tokenize_folder.read_shard(train_path)) == 300
+    first_bytes = open(train_path, "rb").read()
+    again = run_script(["dev/data/offline_corpus.py", "--source", str(source), "--out-dir", out,
+                        "--val-fraction", "0.25", "--max-train-tokens", "300", "--max-val-tokens", "0"])
+    assert again.returncode == 0 and open(train_path, "rb").read() == first_bytes
+
+
+def test_offline_corpus_missing_source(tmp_path):
+    result = run_script(["dev/data/offline_corpus.py", "--source", str(tmp_path / "nothing"), "--out-dir", str(tmp_path)])
+    assert result.returncode == 1
+    assert error_lines(result) == [f"error: --source {tmp_path / 'nothing'}: no such folder"]
+
+
+def test_tinyshakespeare_from_a_local_url(encoding, tmp_path):
+    speeches = [f"SPEAKER{i}:\nLine {i} of the play, spoken aloud.\n\n" for i in range(80)] + ["THE END.\n"]
+    (tmp_path / "input.txt").write_text("".join(speeches), encoding="utf-8")
+    out = str(tmp_path / "ts")
+    result = run_script(["dev/data/tinyshakespeare.py", "--url", (tmp_path / "input.txt").as_uri(), "--out-dir", out])
+    assert result.returncode == 0, result.stderr
+    val_docs = documents_of(encoding, split_shards(out, "tiny_shakespeare", "val"))
+    train_docs = documents_of(encoding, split_shards(out, "tiny_shakespeare", "train"))
+    assert val_docs and train_docs and not set(val_docs) & set(train_docs)
+    assert sorted(val_docs + train_docs) == sorted(speeches), "each speech is one document"
+
+
+def test_unreachable_network_is_one_clear_line(encoding, tmp_path):
+    closed = "http://127.0.0.1:9"  # nothing listens on the discard port
+    checks = [
+        (["dev/data/hellaswag.py", "--url", closed + "/hellaswag_val.jsonl", "--out-dir", str(tmp_path / "hs")], {}),
+        (["dev/data/tinyshakespeare.py", "--url", closed + "/input.txt", "--out-dir", str(tmp_path / "ts")], {}),
+        (["dev/data/fineweb.py", "--out-dir", str(tmp_path / "fw")], {"HF_ENDPOINT": closed}),
+    ]
+    for args, env in checks:
+        result = run_script(args, env=env)
+        assert result.returncode == 1, (args, result.stderr)
+        lines = error_lines(result)
+        assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach {closed}"), (args, result.stderr)
+        assert "offline_corpus.py" in lines[0]
+    assert not (tmp_path / "hs" / "hellaswag_val.jsonl").exists()
+    assert not (tmp_path / "hs" / "hellaswag_val.jsonl.part").exists()
+
+
+# --- scripts/plot.py ----------------------------------------------------------------------
+
+def test_plot_writes_png_and_gap_table(tmp_path):
+    for name, offset in (("bf16", 0.0), ("fp8", 0.05)):
+        run = tmp_path / name
+        run.mkdir()
+        lines = []
+        for step in range(0, 101):
+            lines.append(f"s:{step} trl:{5.0 - step / 100 + offset:.4f} lr:0.000600 norm:1.0000")
+            if step % 20 == 0:
+                lines.append(f"s:{step} tel:{5.5 - step / 100 + offset:.4f}")
+        if name == "fp8":  # a resumed run repeats steps; the later line wins
+            lines.append(f"s:100 tel:{4.5 + 0.045:.4f}")
+        (run / "main.log").write_text("\n".join(lines) + "\n")
+    png = tmp_path / "loss.png"
+    result = run_script(["scripts/plot.py", str(tmp_path / "bf16"), str(tmp_path / "fp8"),
+                         "--labels", "base", "eight", "--ema", "0.9", "--out", str(png)])
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "| base | 100 | 4.5000 | +0.00% |" in result.stdout
+    assert "| eight | 100 | 4.5450 | +1.00% |" in result.stdout
+
+    result = run_script(["scripts/plot.py", str(tmp_path / "no_run")])
+    assert result.returncode == 1
+    assert error_lines(result) == [f"error: {tmp_path / 'no_run'}: no such run directory or log file"]
+
+
+def test_plot_reads_main_jsonl(tmp_path):
+    run = tmp_path / "jsonl_run"
+    run.mkdir()
+    # the records exactly as llmc/logger.h writes them
+    records = [{"step": step, "type": "train", "loss": 6.0 - step / 10, "lr": 1e-3, "norm": 1.0, "ms": 5.0,
+                "tok_per_s": 1.0e5, "mfu": 0.3, "skipped": 0} for step in range(10)]
+    records += [{"step": 0, "type": "val", "loss": 6.5}, {"step": 9, "type": "val", "loss": 5.25},
+                {"step": 9, "type": "eval", "hellaswag_acc": 0.25}]
+    (run / "main.jsonl").write_text("\n".join(json.dumps(record) for record in records) + "\nnot json\n")
+    result = run_script(["scripts/plot.py", str(run), "--out", str(tmp_path / "one.png")])
+    assert result.returncode == 0, result.stderr
+    assert "| jsonl_run | 9 | 5.2500 | +0.00% |" in result.stdout
+    assert (tmp_path / "one.png").stat().st_size > 10_000

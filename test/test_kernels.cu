@@ -1,0 +1,494 @@
+/*
+test_kernels.cu: every non-matmul kernel against the fp32 CPU reference (test/gpt2_ref.h),
+run twice for bitwise determinism, at a realistic shape (B=4, T=64, C=768, V=50257,
+Vp=50304) and an odd small one (B=3, T=5, C=40, V=97, Vp=104: C not a multiple of 64, a
+row shorter than a warp's reach, V not a multiple of 8). Needs a GPU (make gpucheck).
+
+Inputs are random bf16; the reference gets the same values converted to fp32. Tolerances,
+per element |gpu - ref| <= atol + rtol * |ref|, in the spirit of llm.c's bf16 checks
+(dev/cuda: about 1e-2 for bf16 outputs of size ~1):
+- bit-exact where the GPU computes the same single fp32 operation and rounds once:
+  encoder forward, residual forward, the fused residual sum: gpu == bf16_rne(ref);
+- GELU forward and backward: rtol 2^-7 (one bf16 ulp; tanhf may differ by an fp32 ulp and
+  flip a rounding), atol 1e-6;
+- layernorm forward: atol = rtol = 1e-2 (bf16 rounding of a value of size ~1 is 2^-9 and the
+  GPU's fp32 row statistics differ from the double reference by ~1e-6); mean and rstd
+  (fp32): rtol 1e-5, atol 1e-6;
+- layernorm backward (dinp += , dweight/dbias += sums over N rows): rtol 1e-2, atol 2e-2 for
+  dinp and atol 0.05 for the column sums (size ~sqrt(N));
+- encoder backward: rtol 1e-2, atol 0.05 (sums of up to ~50 values of size ~1, rounded once);
+- cross-entropy: loss (fp32 sum of 50k exps) atol 1e-4, rtol 1e-5; dlogits rtol 2^-7 and atol
+  1e-6 * dloss; padding columns exactly 0;
+- global norm: rtol 1e-5 against a double sum;
+- AdamW: bit-exact against a host loop of the same element_math.h functions.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include "llmc/cuda_common.h"
+#include "llmc/cuda_utils.cuh"
+#include "llmc/encoder.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/gelu.cuh"
+#include "llmc/fused_classifier.cuh"
+#include "llmc/adamw.cuh"
+#include "llmc/global_norm.cuh"
+#include "test/gpt2_ref.h"
+#include "test/test_harness.h"
+
+typedef struct { const char* name; int B, T, C, V, Vp; } Shape;
+
+// ----------------------------------------------------------------------------
+// host data helpers (bf16 as raw uint16 on the host)
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dULL;
+static float rand_uniform(float lo, float hi) {
+    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
+    return lo + (hi - lo) * (float)((rng_state >> 40) / 16777216.0);
+}
+
+static uint16_t* random_bf16(size_t n, float lo, float hi) {
+    uint16_t* h = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) { h[i] = float_to_bf16_bits(rand_uniform(lo, hi)); }
+    return h;
+}
+
+static float* bf16_to_floats(const uint16_t* h, size_t n) {
+    float* f = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { f[i] = bf16_bits_to_float(h[i]); }
+    return f;
+}
+
+static void* device_copy(const void* host, size_t bytes) {
+    void* d = cuda_malloc_checked(bytes, "a test tensor");
+    cudaCheck(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void* host_copy(const void* device, size_t bytes) {
+    void* h = mallocCheck(bytes);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(h, device, bytes, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+// ----------------------------------------------------------------------------
+// comparisons: one CHECK per tensor, naming the worst element
+
+static void check_bf16_close(const char* what, const Shape* s, const uint16_t* got, const float* expected, size_t n,
+                             double atol, double rtol) {
+    size_t bad = 0, worst = 0;
+    double worst_excess = -1.0;
+    for (size_t i = 0; i < n; i++) {
+        double g = bf16_bits_to_float(got[i]), e = expected[i];
+        double excess = fabs(g - e) - (atol + rtol * fabs(e));
+        if (!(excess <= 0.0)) { bad++; }  // NaN counts as bad
+        if (excess > worst_excess || excess != excess) { worst_excess = excess; worst = i; }
+    }
+    CHECK(bad == 0, "%s [%s]: %zu of %zu off (atol %g, rtol %g); worst [%zu] got %.6g expected %.6g", what, s->name,
+          bad, n, atol, rtol, worst, bf16_bits_to_float(got[worst]), expected[worst]);
+}
+
+static void check_float_close(const char* what, const Shape* s, const float* got, const float* expected, size_t n,
+                              double atol, double rtol) {
+    size_t bad = 0, worst = 0;
+    double worst_excess = -1.0;
+    for (size_t i = 0; i < n; i++) {
+        double excess = fabs((double)got[i] - expected[i]) - (atol + rtol * fabs((double)expected[i]));
+        if (!(excess <= 0.0)) { bad++; }
+        if (excess > worst_excess || excess != excess) { worst_excess = excess; worst = i; }
+    }
+    CHECK(bad == 0, "%s [%s]: %zu of %zu off (atol %g, rtol %g); worst [%zu] got %.9g expected %.9g", what, s->name,
+          bad, n, atol, rtol, worst, got[worst], expected[worst]);
+}
+
+// gpu == round-to-nearest-even(ref) for every element
+static void check_bf16_exact(const char* what, const Shape* s, const uint16_t* got, const float* expected, size_t n) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (got[i] != float_to_bf16_bits(expected[i])) { if (bad == 0) { first = i; } bad++; }
+    }
+    CHECK(bad == 0, "%s [%s]: %zu of %zu not bit-exact; first [%zu] got 0x%04x expected 0x%04x", what, s->name, bad, n,
+          first, got[first], float_to_bf16_bits(expected[first]));
+}
+
+static void check_bitwise_equal(const char* what, const Shape* s, const void* a, const void* b, size_t bytes) {
+    CHECK(memcmp(a, b, bytes) == 0, "%s [%s]: two runs differ bitwise", what, s->name);
+}
+
+// ----------------------------------------------------------------------------
+
+static void test_encoder(const Shape* s) {
+    const int B = s->B, T = s->T, C = s->C, BT = s->B * s->T;
+    const size_t wte_n = (size_t)s->Vp * C, wpe_n = (size_t)T * C, act_n = (size_t)BT * C;
+    int* tokens = (int*)mallocCheck(BT * sizeof(int));
+    for (int i = 0; i < BT; i++) {  // a fifth of the positions share one token: one large bucket
+        tokens[i] = (i % 5 == 0) ? s->V / 2 : (int)rand_uniform(0.0f, (float)s->V - 0.5f);
+    }
+    uint16_t* wte = random_bf16(wte_n, -1.0f, 1.0f);
+    uint16_t* wpe = random_bf16(wpe_n, -1.0f, 1.0f);
+    uint16_t* dout = random_bf16(act_n, -1.0f, 1.0f);
+    uint16_t* dwte0 = random_bf16(wte_n, -0.5f, 0.5f);
+    uint16_t* dwpe0 = random_bf16(wpe_n, -0.5f, 0.5f);
+    float* wte_f = bf16_to_floats(wte, wte_n);
+    float* wpe_f = bf16_to_floats(wpe, wpe_n);
+    float* dout_f = bf16_to_floats(dout, act_n);
+    float* ref_out = (float*)mallocCheck(act_n * sizeof(float));
+    float* ref_dwte = bf16_to_floats(dwte0, wte_n);
+    float* ref_dwpe = bf16_to_floats(dwpe0, wpe_n);
+    ref_encoder_forward(ref_out, tokens, wte_f, wpe_f, B, T, C);
+    ref_encoder_backward(ref_dwte, ref_dwpe, dout_f, tokens, B, T, C);
+
+    int* d_tokens = (int*)device_copy(tokens, BT * sizeof(int));
+    floatX* d_wte = (floatX*)device_copy(wte, wte_n * 2);
+    floatX* d_wpe = (floatX*)device_copy(wpe, wpe_n * 2);
+    floatX* d_dout = (floatX*)device_copy(dout, act_n * 2);
+    floatX* d_out = (floatX*)cuda_malloc_checked(act_n * 2, "encoder out");
+    floatX* d_dwte = (floatX*)cuda_malloc_checked(wte_n * 2, "dwte");
+    floatX* d_dwpe = (floatX*)cuda_malloc_checked(wpe_n * 2, "dwpe");
+    EncoderBackwardScratch* scratch = encoder_backward_scratch_create(B, T, s->V);
+
+    encoder_forward(d_out, d_tokens, d_wte, d_wpe, B, T, C, 0);
+    uint16_t* out = (uint16_t*)host_copy(d_out, act_n * 2);
+    check_bf16_exact("encoder_forward", s, out, ref_out, act_n);
+
+    uint16_t* runs_dwte[2];
+    uint16_t* runs_dwpe[2];
+    for (int run = 0; run < 2; run++) {
+        cudaCheck(cudaMemcpy(d_dwte, dwte0, wte_n * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_dwpe, dwpe0, wpe_n * 2, cudaMemcpyHostToDevice));
+        encoder_backward(d_dwte, d_dwpe, d_dout, tokens, B, T, C, scratch, 0);
+        runs_dwte[run] = (uint16_t*)host_copy(d_dwte, wte_n * 2);
+        runs_dwpe[run] = (uint16_t*)host_copy(d_dwpe, wpe_n * 2);
+    }
+    check_bf16_close("encoder_backward dwte", s, runs_dwte[0], ref_dwte, wte_n, 0.05, 1e-2);
+    check_bf16_close("encoder_backward dwpe", s, runs_dwpe[0], ref_dwpe, wpe_n, 0.05, 1e-2);
+    check_bitwise_equal("encoder_backward dwte", s, runs_dwte[0], runs_dwte[1], wte_n * 2);
+    check_bitwise_equal("encoder_backward dwpe", s, runs_dwpe[0], runs_dwpe[1], wpe_n * 2);
+
+    encoder_backward_scratch_free(scratch);
+    cudaCheck(cudaFree(d_tokens)); cudaCheck(cudaFree(d_wte)); cudaCheck(cudaFree(d_wpe)); cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_dwte)); cudaCheck(cudaFree(d_dwpe));
+    free(tokens); free(wte); free(wpe); free(dout); free(dwte0); free(dwpe0); free(wte_f); free(wpe_f); free(dout_f);
+    free(ref_out); free(ref_dwte); free(ref_dwpe); free(out);
+    for (int run = 0; run < 2; run++) { free(runs_dwte[run]); free(runs_dwpe[run]); }
+}
+
+static void test_layernorm(const Shape* s) {
+    const int N = s->B * s->T, C = s->C;
+    const size_t n = (size_t)N * C;
+    uint16_t* inp1 = random_bf16(n, -2.0f, 2.0f);
+    uint16_t* inp2 = random_bf16(n, -1.0f, 1.0f);
+    uint16_t* weight = random_bf16(C, 0.5f, 1.5f);
+    uint16_t* bias = random_bf16(C, -0.2f, 0.2f);
+    uint16_t* dout = random_bf16(n, -1.0f, 1.0f);
+    uint16_t* dinp0 = random_bf16(n, -0.5f, 0.5f);
+    uint16_t* dweight0 = random_bf16(C, -0.5f, 0.5f);
+    uint16_t* dbias0 = random_bf16(C, -0.5f, 0.5f);
+    float* inp1_f = bf16_to_floats(inp1, n);
+    float* inp2_f = bf16_to_floats(inp2, n);
+    float* weight_f = bf16_to_floats(weight, C);
+    float* bias_f = bf16_to_floats(bias, C);
+    float* dout_f = bf16_to_floats(dout, n);
+
+    floatX* d_inp1 = (floatX*)device_copy(inp1, n * 2);
+    floatX* d_inp2 = (floatX*)device_copy(inp2, n * 2);
+    floatX* d_weight = (floatX*)device_copy(weight, C * 2);
+    floatX* d_bias = (floatX*)device_copy(bias, C * 2);
+    floatX* d_dout = (floatX*)device_copy(dout, n * 2);
+    floatX* d_out = (floatX*)cuda_malloc_checked(n * 2, "ln out");
+    floatX* d_residual = (floatX*)cuda_malloc_checked(n * 2, "residual");
+    floatX* d_dinp = (floatX*)cuda_malloc_checked(n * 2, "ln dinp");
+    floatX* d_dweight = (floatX*)cuda_malloc_checked(C * 2, "ln dweight");
+    floatX* d_dbias = (floatX*)cuda_malloc_checked(C * 2, "ln dbias");
+    float* d_mean = (float*)cuda_malloc_checked(N * sizeof(float), "mean");
+    float* d_rstd = (float*)cuda_malloc_checked(N * sizeof(float), "rstd");
+    float* d_scratch = (float*)cuda_malloc_checked(layernorm_backward_scratch_bytes(N, C), "ln scratch");
+
+    // residual_forward: bit-exact
+    float* ref_sum = (float*)mallocCheck(n * sizeof(float));
+    ref_residual_forward(ref_sum, inp1_f, inp2_f, (int)n);
+    residual_forward(d_residual, d_inp1, d_inp2, (int)n, 0);
+    uint16_t* residual = (uint16_t*)host_copy(d_residual, n * 2);
+    check_bf16_exact("residual_forward", s, residual, ref_sum, n);
+
+    // layernorm_forward, twice
+    float* ref_out = (float*)mallocCheck(n * sizeof(float));
+    float* ref_mean = (float*)mallocCheck(N * sizeof(float));
+    float* ref_rstd = (float*)mallocCheck(N * sizeof(float));
+    ref_layernorm_forward(ref_out, ref_mean, ref_rstd, inp1_f, weight_f, bias_f, N, C);
+    uint16_t* outs[2];
+    float* means[2];
+    float* rstds[2];
+    for (int run = 0; run < 2; run++) {
+        layernorm_forward(d_out, d_mean, d_rstd, d_inp1, d_weight, d_bias, N, C, 0);
+        outs[run] = (uint16_t*)host_copy(d_out, n * 2);
+        means[run] = (float*)host_copy(d_mean, N * sizeof(float));
+        rstds[run] = (float*)host_copy(d_rstd, N * sizeof(float));
+    }
+    check_bf16_close("layernorm_forward out", s, outs[0], ref_out, n, 1e-2, 1e-2);
+    check_float_close("layernorm_forward mean", s, means[0], ref_mean, N, 1e-6, 1e-5);
+    check_float_close("layernorm_forward rstd", s, rstds[0], ref_rstd, N, 1e-6, 1e-5);
+    check_bitwise_equal("layernorm_forward out", s, outs[0], outs[1], n * 2);
+    check_bitwise_equal("layernorm_forward rstd", s, rstds[0], rstds[1], N * sizeof(float));
+    // mean/rstd are optional: the normalized output must not depend on whether they are written
+    layernorm_forward(d_out, NULL, NULL, d_inp1, d_weight, d_bias, N, C, 0);
+    uint16_t* out_no_stats = (uint16_t*)host_copy(d_out, n * 2);
+    check_bitwise_equal("layernorm_forward without mean/rstd", s, outs[0], out_no_stats, n * 2);
+
+    // fused residual + layernorm: residual bit-exact, then LN of the rounded residual
+    float* rounded_sum = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { rounded_sum[i] = bf16_bits_to_float(float_to_bf16_bits(ref_sum[i])); }
+    float* ref_fused = (float*)mallocCheck(n * sizeof(float));
+    ref_layernorm_forward(ref_fused, ref_mean, ref_rstd, rounded_sum, weight_f, bias_f, N, C);
+    fused_residual_layernorm_forward(d_residual, d_out, d_mean, d_rstd, d_inp1, d_inp2, d_weight, d_bias, N, C, 0);
+    uint16_t* fused_residual = (uint16_t*)host_copy(d_residual, n * 2);
+    uint16_t* fused_out = (uint16_t*)host_copy(d_out, n * 2);
+    float* fused_rstd = (float*)host_copy(d_rstd, N * sizeof(float));
+    check_bf16_exact("fused_residual_layernorm_forward residual", s, fused_residual, ref_sum, n);
+    check_bf16_close("fused_residual_layernorm_forward out", s, fused_out, ref_fused, n, 1e-2, 1e-2);
+    check_float_close("fused_residual_layernorm_forward rstd", s, fused_rstd, ref_rstd, N, 1e-6, 1e-5);
+
+    // layernorm_backward on inp1 with the reference statistics (so only the backward is tested)
+    ref_layernorm_forward(ref_out, ref_mean, ref_rstd, inp1_f, weight_f, bias_f, N, C);
+    float* ref_dinp = bf16_to_floats(dinp0, n);
+    float* ref_dweight = bf16_to_floats(dweight0, C);
+    float* ref_dbias = bf16_to_floats(dbias0, C);
+    ref_layernorm_backward(ref_dinp, ref_dweight, ref_dbias, dout_f, inp1_f, weight_f, ref_mean, ref_rstd, N, C);
+    cudaCheck(cudaMemcpy(d_mean, ref_mean, N * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_rstd, ref_rstd, N * sizeof(float), cudaMemcpyHostToDevice));
+    uint16_t* dinps[2];
+    uint16_t* dweights[2];
+    uint16_t* dbiases[2];
+    for (int run = 0; run < 2; run++) {
+        cudaCheck(cudaMemcpy(d_dinp, dinp0, n * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_dweight, dweight0, C * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_dbias, dbias0, C * 2, cudaMemcpyHostToDevice));
+        layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp1, d_weight, d_mean, d_rstd, N, C, 0);
+        dinps[run] = (uint16_t*)host_copy(d_dinp, n * 2);
+        dweights[run] = (uint16_t*)host_copy(d_dweight, C * 2);
+        dbiases[run] = (uint16_t*)host_copy(d_dbias, C * 2);
+    }
+    check_bf16_close("layernorm_backward dinp", s, dinps[0], ref_dinp, n, 2e-2, 1e-2);
+    check_bf16_close("layernorm_backward dweight", s, dweights[0], ref_dweight, C, 0.05, 1e-2);
+    check_bf16_close("layernorm_backward dbias", s, dbiases[0], ref_dbias, C, 0.05, 1e-2);
+    check_bitwise_equal("layernorm_backward dinp", s, dinps[0], dinps[1], n * 2);
+    check_bitwise_equal("layernorm_backward dweight", s, dweights[0], dweights[1], C * 2);
+    check_bitwise_equal("layernorm_backward dbias", s, dbiases[0], dbiases[1], C * 2);
+
+    cudaCheck(cudaFree(d_inp1)); cudaCheck(cudaFree(d_inp2)); cudaCheck(cudaFree(d_weight)); cudaCheck(cudaFree(d_bias));
+    cudaCheck(cudaFree(d_dout)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_residual)); cudaCheck(cudaFree(d_dinp));
+    cudaCheck(cudaFree(d_dweight)); cudaCheck(cudaFree(d_dbias)); cudaCheck(cudaFree(d_mean)); cudaCheck(cudaFree(d_rstd));
+    cudaCheck(cudaFree(d_scratch));
+    free(inp1); free(inp2); free(weight); free(bias); free(dout); free(dinp0); free(dweight0); free(dbias0);
+    free(inp1_f); free(inp2_f); free(weight_f); free(bias_f); free(dout_f); free(ref_sum); free(residual);
+    free(ref_out); free(ref_mean); free(ref_rstd); free(out_no_stats); free(rounded_sum); free(ref_fused);
+    free(fused_residual); free(fused_out); free(fused_rstd); free(ref_dinp); free(ref_dweight); free(ref_dbias);
+    for (int run = 0; run < 2; run++) {
+        free(outs[run]); free(means[run]); free(rstds[run]); free(dinps[run]); free(dweights[run]); free(dbiases[run]);
+    }
+}
+
+static void test_gelu(const Shape* s) {
+    const size_t n = (size_t)s->B * s->T * 4 * s->C;
+    uint16_t* inp = random_bf16(n, -6.0f, 6.0f);
+    uint16_t* dout = random_bf16(n, -1.0f, 1.0f);
+    float* inp_f = bf16_to_floats(inp, n);
+    float* dout_f = bf16_to_floats(dout, n);
+    float* ref_out = (float*)mallocCheck(n * sizeof(float));
+    float* ref_dinp = (float*)calloc(n, sizeof(float));
+    ref_gelu_forward(ref_out, inp_f, (int)n);
+    ref_gelu_backward(ref_dinp, inp_f, dout_f, (int)n);
+
+    floatX* d_inp = (floatX*)device_copy(inp, n * 2);
+    floatX* d_out = (floatX*)cuda_malloc_checked(n * 2, "gelu out");
+    floatX* d_grad = (floatX*)cuda_malloc_checked(n * 2, "gelu grad");
+    uint16_t* outs[2];
+    uint16_t* grads[2];
+    for (int run = 0; run < 2; run++) {
+        gelu_forward(d_out, d_inp, (int)n, 0);
+        cudaCheck(cudaMemcpy(d_grad, dout, n * 2, cudaMemcpyHostToDevice));
+        gelu_backward_inplace(d_grad, d_inp, (int)n, 0);
+        outs[run] = (uint16_t*)host_copy(d_out, n * 2);
+        grads[run] = (uint16_t*)host_copy(d_grad, n * 2);
+    }
+    const double one_bf16_ulp = 1.0 / 128.0;
+    check_bf16_close("gelu_forward", s, outs[0], ref_out, n, 1e-6, one_bf16_ulp);
+    check_bf16_close("gelu_backward_inplace", s, grads[0], ref_dinp, n, 1e-6, one_bf16_ulp);
+    check_bitwise_equal("gelu_forward", s, outs[0], outs[1], n * 2);
+    check_bitwise_equal("gelu_backward_inplace", s, grads[0], grads[1], n * 2);
+
+    cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_grad));
+    free(inp); free(dout); free(inp_f); free(dout_f); free(ref_out); free(ref_dinp);
+    for (int run = 0; run < 2; run++) { free(outs[run]); free(grads[run]); }
+}
+
+static void test_fused_classifier(const Shape* s) {
+    const int BT = s->B * s->T, V = s->V, Vp = s->Vp;
+    const size_t n = (size_t)BT * Vp;
+    const float dloss = 1.0f / (float)BT;
+    const float initial_loss = 0.25f;  // losses accumulate: start from a non-zero value
+    uint16_t* logits = random_bf16(n, -4.0f, 4.0f);
+    for (int bt = 0; bt < BT; bt++) {  // garbage in the padding, which must be ignored
+        for (int j = V; j < Vp; j++) { logits[(size_t)bt * Vp + j] = float_to_bf16_bits(100.0f); }
+    }
+    int* targets = (int*)mallocCheck(BT * sizeof(int));
+    for (int i = 0; i < BT; i++) { targets[i] = (i == 0) ? V - 1 : (int)rand_uniform(0.0f, (float)V - 0.5f); }
+    float* logits_f = bf16_to_floats(logits, n);
+    float* ref_losses = (float*)mallocCheck(BT * sizeof(float));
+    float* ref_dlogits = (float*)mallocCheck(n * sizeof(float));
+    ref_crossentropy_forward_backward(ref_losses, ref_dlogits, logits_f, targets, BT, V, Vp, dloss);
+    for (int i = 0; i < BT; i++) { ref_losses[i] += initial_loss; }
+
+    floatX* d_logits = (floatX*)cuda_malloc_checked(n * 2, "logits");
+    int* d_targets = (int*)device_copy(targets, BT * sizeof(int));
+    float* d_losses = (float*)cuda_malloc_checked(BT * sizeof(float), "losses");
+    float* initial_losses = (float*)mallocCheck(BT * sizeof(float));
+    for (int i = 0; i < BT; i++) { initial_losses[i] = initial_loss; }
+
+    // forward only: losses accumulate, logits untouched
+    cudaCheck(cudaMemcpy(d_logits, logits, n * 2, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_losses, initial_losses, BT * sizeof(float), cudaMemcpyHostToDevice));
+    fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 0, 0);
+    float* losses_forward = (float*)host_copy(d_losses, BT * sizeof(float));
+    uint16_t* logits_after = (uint16_t*)host_copy(d_logits, n * 2);
+    check_float_close("fused_classifier loss (forward only)", s, losses_forward, ref_losses, BT, 1e-4, 1e-5);
+    CHECK(memcmp(logits_after, logits, n * 2) == 0, "fused_classifier [%s]: write_dlogits=0 changed the logits", s->name);
+
+    uint16_t* dlogits[2];
+    float* losses[2];
+    for (int run = 0; run < 2; run++) {
+        cudaCheck(cudaMemcpy(d_logits, logits, n * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_losses, initial_losses, BT * sizeof(float), cudaMemcpyHostToDevice));
+        fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 1, 0);
+        dlogits[run] = (uint16_t*)host_copy(d_logits, n * 2);
+        losses[run] = (float*)host_copy(d_losses, BT * sizeof(float));
+    }
+    check_float_close("fused_classifier loss", s, losses[0], ref_losses, BT, 1e-4, 1e-5);
+    check_bf16_close("fused_classifier dlogits", s, dlogits[0], ref_dlogits, n, 1e-6 * dloss, 1.0 / 128.0);
+    size_t nonzero_padding = 0;
+    for (int bt = 0; bt < BT; bt++) {
+        for (int j = V; j < Vp; j++) { nonzero_padding += dlogits[0][(size_t)bt * Vp + j] != 0; }
+    }
+    CHECK(nonzero_padding == 0, "fused_classifier [%s]: %zu padding gradients are not +0", s->name, nonzero_padding);
+    check_bitwise_equal("fused_classifier dlogits", s, dlogits[0], dlogits[1], n * 2);
+    check_bitwise_equal("fused_classifier loss", s, losses[0], losses[1], BT * sizeof(float));
+
+    // an out-of-range target must give a NaN loss, not a silent number
+    int bad_target = V;
+    cudaCheck(cudaMemcpy(d_targets, &bad_target, sizeof(int), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d_logits, logits, n * 2, cudaMemcpyHostToDevice));
+    fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 0, 0);
+    float* losses_bad = (float*)host_copy(d_losses, BT * sizeof(float));
+    CHECK(isnan(losses_bad[0]), "fused_classifier [%s]: target %d >= V gave loss %g instead of NaN", s->name, V, losses_bad[0]);
+
+    cudaCheck(cudaFree(d_logits)); cudaCheck(cudaFree(d_targets)); cudaCheck(cudaFree(d_losses));
+    free(logits); free(targets); free(logits_f); free(ref_losses); free(ref_dlogits); free(initial_losses);
+    free(losses_forward); free(logits_after); free(losses_bad);
+    for (int run = 0; run < 2; run++) { free(dlogits[run]); free(losses[run]); }
+}
+
+static void test_global_norm(const Shape* s, size_t count) {
+    uint16_t* values = random_bf16(count, -0.01f, 0.01f);
+    double expected = 0.0;
+    for (size_t i = 0; i < count; i++) { double v = bf16_bits_to_float(values[i]); expected += v * v; }
+    floatX* d_values = (floatX*)device_copy(values, count * 2);
+    float* d_partials = (float*)cuda_malloc_checked(global_norm_scratch_floats() * sizeof(float), "norm partials");
+    float* d_out = (float*)cuda_malloc_checked(sizeof(float), "norm out");
+    float results[2];
+    for (int run = 0; run < 2; run++) {
+        global_norm_squared(d_out, d_partials, d_values, count, 0);
+        cudaCheck(cudaMemcpy(&results[run], d_out, sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    float expected_f = (float)expected;
+    check_float_close("global_norm_squared", s, &results[0], &expected_f, 1, 0.0, 1e-5);
+    check_bitwise_equal("global_norm_squared", s, &results[0], &results[1], sizeof(float));
+    cudaCheck(cudaFree(d_values)); cudaCheck(cudaFree(d_partials)); cudaCheck(cudaFree(d_out));
+    free(values);
+}
+
+// AdamW on the GPU vs the same element functions in a host loop: must be bit-identical
+static void test_adamw(const Shape* s, size_t n, int with_master) {
+    uint16_t* params = random_bf16(n, -0.1f, 0.1f);
+    uint16_t* grads = random_bf16(n, -0.05f, 0.05f);
+    float* master = bf16_to_floats(params, n);
+    for (size_t i = 0; i < n; i++) { master[i] += rand_uniform(-1e-4f, 1e-4f); }  // master != bf16 weight
+    float* m = (float*)mallocCheck(n * sizeof(float));
+    float* v = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { m[i] = rand_uniform(-1e-3f, 1e-3f); v[i] = rand_uniform(0.0f, 1e-5f); }
+    AdamWElementParams hp;
+    hp.learning_rate = 6e-4f; hp.beta1 = 0.9f; hp.beta2 = 0.95f;
+    hp.beta1_correction = 1.0f - powf(0.9f, 7.0f); hp.beta2_correction = 1.0f - powf(0.95f, 7.0f);
+    hp.eps = 1e-8f; hp.weight_decay = 0.1f;
+    const float grad_scale = 0.75f;
+    const uint32_t seed = 0x1234567u;
+
+    floatX* d_params = (floatX*)device_copy(params, n * 2);
+    float* d_master = with_master ? (float*)device_copy(master, n * sizeof(float)) : NULL;
+    floatX* d_grads = (floatX*)device_copy(grads, n * 2);
+    float* d_m = (float*)device_copy(m, n * sizeof(float));
+    float* d_v = (float*)device_copy(v, n * sizeof(float));
+    adamw_update(d_params, d_master, d_grads, d_m, d_v, n, hp, grad_scale, seed, 0);
+    uint16_t* got_params = (uint16_t*)host_copy(d_params, n * 2);
+    float* got_m = (float*)host_copy(d_m, n * sizeof(float));
+    float* got_v = (float*)host_copy(d_v, n * sizeof(float));
+    float* got_master = with_master ? (float*)host_copy(d_master, n * sizeof(float)) : NULL;
+
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++) {
+        float grad = bf16_bits_to_float(grads[i]) * grad_scale;
+        float param = with_master ? master[i] : bf16_bits_to_float(params[i]);
+        float m_i = m[i], v_i = v[i];
+        float new_param = adamw_element_update(param, grad, &m_i, &v_i, hp);
+        uint16_t new_bf16 = float_to_bf16_bits_stochastic(new_param, random_u32(seed, (uint32_t)i));
+        int same = got_params[i] == new_bf16 && float_as_bits(got_m[i]) == float_as_bits(m_i) &&
+                   float_as_bits(got_v[i]) == float_as_bits(v_i) &&
+                   (!with_master || float_as_bits(got_master[i]) == float_as_bits(new_param));
+        if (!same) { if (bad == 0) { first = i; } bad++; }
+    }
+    CHECK(bad == 0, "adamw_update [%s, %s master, n=%zu]: %zu elements not bit-identical to the host loop (first %zu)",
+          s->name, with_master ? "fp32" : "no", n, bad, first);
+
+    cudaCheck(cudaFree(d_params)); cudaCheck(cudaFree(d_grads)); cudaCheck(cudaFree(d_m)); cudaCheck(cudaFree(d_v));
+    if (with_master) { cudaCheck(cudaFree(d_master)); free(got_master); }
+    free(params); free(grads); free(master); free(m); free(v); free(got_params); free(got_m); free(got_v);
+}
+
+// the MFU denominator: datasheet names as cudaGetDeviceProperties reports them
+static void test_device_peaks(void) {
+    CHECK(bf16_dense_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0f, "H100 SXM peak");
+    CHECK(bf16_dense_peak_tflops("NVIDIA H100 PCIe") == 756.0f, "H100 PCIe peak");
+    CHECK(bf16_dense_peak_tflops("NVIDIA H100 NVL") == 835.0f, "H100 NVL peak");
+    CHECK(bf16_dense_peak_tflops("NVIDIA H200") == 989.0f, "H200 peak");
+    CHECK(bf16_dense_peak_tflops("NVIDIA A100-SXM4-80GB") == 0.0f, "unknown device has no peak");
+}
+
+int main(void) {
+    test_device_peaks();
+    int device_count = 0;
+    if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
+        llm8_die("test_kernels needs a CUDA GPU and found none (run it with make gpucheck on a GPU machine)");
+    }
+    DeviceInfo info = device_info_query();
+    printf("device: %s, %d SMs, %.1f GiB, bf16 peak %.0f TFLOP/s\n", info.name, info.sm_count,
+           info.total_memory_bytes / 1073741824.0, info.bf16_peak_tflops);
+    const Shape shapes[] = {
+        {"B=4 T=64 C=768 V=50257", 4, 64, 768, 50257, 50304},
+        {"B=3 T=5 C=40 V=97", 3, 5, 40, 97, 104},
+    };
+    for (int i = 0; i < 2; i++) {
+        const Shape* s = &shapes[i];
+        printf("shape %s\n", s->name);
+        test_encoder(s);
+        test_layernorm(s);
+        test_gelu(s);
+        test_fused_classifier(s);
+    }
+    test_global_norm(&shapes[0], (size_t)50 * 1000 * 1000 + 5);
+    test_global_norm(&shapes[1], 1003);
+    test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 1);
+    test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 0);
+    test_adamw(&shapes[1], 37, 1);
+    return test_summary("test_kernels");
+}
