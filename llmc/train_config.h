@@ -86,7 +86,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-u", FLAG_INT, TC_OFF(warmup_iterations), 0, INT_MAX_FLAG, NULL, "learning-rate warmup steps"},
     {"-q", FLAG_FLOAT, TC_OFF(final_lr_frac), 0.0, 1.0, NULL, "final learning rate as a fraction of the peak"},
     {"-c", FLAG_FLOAT, TC_OFF(weight_decay), 0.0, 10.0, NULL, "AdamW weight decay (2D tensors only)"},
-    {"-gc", FLAG_FLOAT, TC_OFF(grad_clip), 0.0, 1e30, NULL, "clip the global gradient norm to this (0 = no clipping)"},
+    {"-gc", FLAG_FLOAT, TC_OFF(grad_clip), 0.0, 1e6, NULL, "clip the global gradient norm to this (0 = no clipping)"},
     {"-x", FLAG_INT, TC_OFF(max_steps), -1, INT_MAX_FLAG, NULL, "number of optimizer steps (-1 = one epoch of the train data)"},
     {"-v", FLAG_INT, TC_OFF(val_every), 0, INT_MAX_FLAG, NULL, "val loss every N steps (0 = never)"},
     {"-m", FLAG_INT, TC_OFF(val_max_steps), 1, INT_MAX_FLAG, NULL, "val batches per evaluation"},
@@ -97,7 +97,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-w", FLAG_INT, TC_OFF(use_master_weights), 0, 1, NULL, "keep fp32 master weights"},
     {"-r", FLAG_INT, TC_OFF(recompute), 0, 2, NULL, "recompute in backward: 0 none, 1 GELU, 2 GELU+LayerNorm"},
     {"-ge", FLAG_INT, TC_OFF(gelu_fusion), 0, 1, NULL, "fuse GELU into the cuBLASLt epilogues"},
-    {"-z", FLAG_INT, TC_OFF(zero_stage), 0, 0, NULL, "ZeRO stage (multi-GPU lands with the multi-GPU issue)"},
+    {"-z", FLAG_INT, TC_OFF(zero_stage), 0, 1, NULL, "ZeRO stage; on one GPU 1 is the same as 0 (sharding lands with multi-GPU)"},
     {"-sh", FLAG_INT, TC_OFF(shuffle), 0, 1, NULL, "shuffle shards and samples each epoch (deterministic)"},
     {"-kt", FLAG_INT, TC_OFF(kernel_timing), 0, 1, NULL, "print a per-kernel time breakdown at the end (CUDA events)"},
 };
@@ -162,7 +162,9 @@ static inline void train_config_print_usage(FILE* out, const char* program) {
         flag_value_to_text(f, &d, value, sizeof(value));
         fprintf(out, "  %-4s %s (default %s", f->name, f->help, value);
         if (f->kind == FLAG_CHOICE) { fprintf(out, "; one of: %s", f->choices); }
-        if (f->kind == FLAG_INT || f->kind == FLAG_FLOAT) { fprintf(out, "; range %g..%g", f->lo, f->hi); }
+        if (f->kind == FLAG_INT && f->hi == INT_MAX_FLAG) { fprintf(out, "; >= %.0f", f->lo); }
+        else if (f->kind == FLAG_INT) { fprintf(out, "; range %.0f..%.0f", f->lo, f->hi); }
+        else if (f->kind == FLAG_FLOAT) { fprintf(out, "; range %g..%g", f->lo, f->hi); }
         fprintf(out, ")\n");
     }
     fprintf(out, "  --help  print this and exit\n");

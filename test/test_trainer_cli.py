@@ -186,3 +186,12 @@ def test_cpu_resume_is_bitwise_identical(data, tmp_path):
     la = [l for l in read_log(straight / "main.log") if " trl:" in l]
     lb = [l for l in read_log(split / "main.log") if " trl:" in l]
     assert la[3:] == lb[-3:], (la, lb)
+
+
+def test_readme_flag_table_matches_help():
+    """every flag in --help has a row in the README's flag table, and the table has no extra rows"""
+    help_flags = {line.split()[0] for line in run(CPU, ["--help"]).stdout.splitlines()
+                  if line.startswith("  -") and not line.strip().startswith("--help")}
+    with open(os.path.join(ROOT, "README.md")) as f:
+        table_flags = {line.split("`")[1] for line in f if line.startswith("| `-")}
+    assert help_flags == table_flags, (help_flags - table_flags, table_flags - help_flags)
