@@ -1,0 +1,448 @@
+/*
+checkpoint.h: model files, resume-state files, and making a checkpoint atomic.
+
+Why it is shaped this way:
+- Files stay byte-compatible with llm.c, so checkpoints move both ways:
+  model_XXXXXXXX.bin: 256 int32 header ([0] 20240326, [1] 3 = fp32 or 5 = bf16 params,
+  [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp), then all parameters in gpt2_config.h's
+  order. state_XXXXXXXX_RRRRR.bin (one per rank), version 1, is llm.c's layout exactly:
+  header [0] 20240527, [1] 1, [2] num_processes, [3] process_rank, [4] use_master_weights,
+  [5] should_shuffle, [10] step, uint64 at [20] rng_state and [22] rng_state_last_update,
+  uint64 (size_t) at [30] current_shard_idx and [32] current_sample_idx; then fp32 m, v and
+  (if used) master weights, shard_num_parameters each; then, when shuffling, the
+  dataloader's trailer (dataloader.h).
+- llm8 adds state llm.c does not have (FP8 scaling histories, 8-bit optimizer states). Those
+  go in version 2, which is version 1's layout with TAGGED SECTIONS appended after the
+  trailer: header [40] holds the section count, and each section is a 16-byte NUL-padded
+  ASCII tag, a uint64 byte count and the bytes. Header [6] = 1 says the body has no fp32
+  m and v (an 8-bit optimizer keeps its states in sections instead). New state is a new tag,
+  never a changed layout, so version 1 files (ours with nothing to add, and llm.c's) read
+  unchanged; a file whose sections do not match what the run asks for is refused by tag, since
+  silently dropping state would break bitwise resume. A file with no sections and fp32 m, v
+  is always written as version 1.
+- Atomic: every file is written to <path>.tmp, flushed, fsynced and renamed over <path>, so a
+  killed run leaves either the old file or the new one. After every file of a step is
+  complete (all ranks), rank 0 writes DONE_XXXXXXXX; checkpoint_find_latest only trusts steps
+  with that marker, so a checkpoint cut off half way is never resumed from. checkpoint_remove
+  deletes the marker first, so a removal cut off half way is never resumed from either.
+- Every read checks magic, version, shape and the exact file length up front, and names the
+  file in a one-line error, so a truncated or foreign file never becomes silent garbage.
+*/
+#ifndef LLMC_CHECKPOINT_H
+#define LLMC_CHECKPOINT_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+#include <string.h>
+#include <dirent.h>
+#include <unistd.h>
+#include "utils.h"
+#include "element_math.h"
+#include "gpt2_config.h"
+#include "dataloader.h"
+
+#define CHECKPOINT_HEADER_INTS 256
+#define CHECKPOINT_HEADER_BYTES (CHECKPOINT_HEADER_INTS * sizeof(int32_t))
+#define MODEL_FILE_MAGIC 20240326
+#define MODEL_VERSION_FP32 3
+#define MODEL_VERSION_BF16 5
+#define STATE_FILE_MAGIC 20240527
+#define STATE_VERSION_LLMC 1
+#define STATE_VERSION_SECTIONS 2
+#define STATE_SLOT_MOMENTS_IN_SECTIONS 6
+#define STATE_SLOT_NUM_SECTIONS 40
+#define STATE_SECTION_TAG_BYTES 16
+#define CHECKPOINT_PATH_MAX 4096
+#define CHECKPOINT_CHUNK_ELEMS ((size_t)1 << 20)
+
+// ----------------------------------------------------------------------------
+// paths and atomic writes
+
+static inline void checkpoint_format_path_(char* out, size_t out_size, const char* fmt, const char* dir, int step, int rank) {
+    int n = snprintf(out, out_size, fmt, dir, step, rank);
+    if (n < 0 || (size_t)n >= out_size) {
+        llm8_die("checkpoint path in dir '%s' for step %d is longer than %zu bytes", dir, step, out_size - 1);
+    }
+}
+
+static inline void checkpoint_model_path(char* out, size_t out_size, const char* dir, int step) {
+    checkpoint_format_path_(out, out_size, "%s/model_%08d.bin", dir, step, 0);
+}
+
+static inline void checkpoint_state_path(char* out, size_t out_size, const char* dir, int step, int rank) {
+    checkpoint_format_path_(out, out_size, "%s/state_%08d_%05d.bin", dir, step, rank);
+}
+
+static inline void checkpoint_done_path(char* out, size_t out_size, const char* dir, int step) {
+    checkpoint_format_path_(out, out_size, "%s/DONE_%08d", dir, step, 0);
+}
+
+// opens <path>.tmp for writing; tmp_path receives its name
+static inline FILE* checkpoint_open_tmp_(const char* path, char tmp_path[CHECKPOINT_PATH_MAX]) {
+    int n = snprintf(tmp_path, CHECKPOINT_PATH_MAX, "%s.tmp", path);
+    if (n < 0 || n >= CHECKPOINT_PATH_MAX) { llm8_die("checkpoint path '%s' is too long", path); }
+    return fopenCheck(tmp_path, "wb");
+}
+
+// makes the finished temp file durable and moves it over `path` in one step
+static inline void checkpoint_commit_tmp_(FILE* fp, const char* tmp_path, const char* path) {
+    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
+        llm8_die("cannot flush '%s' to disk: %s", tmp_path, strerror(errno));
+    }
+    fcloseCheck(fp);
+    if (rename(tmp_path, path) != 0) {
+        llm8_die("cannot rename '%s' to '%s': %s", tmp_path, path, strerror(errno));
+    }
+}
+
+// marks step complete; call once every file of the step (all ranks) is written
+static inline void checkpoint_write_done(const char* dir, int step) {
+    char path[CHECKPOINT_PATH_MAX], tmp_path[CHECKPOINT_PATH_MAX];
+    checkpoint_done_path(path, sizeof(path), dir, step);
+    FILE* fp = checkpoint_open_tmp_(path, tmp_path);
+    checkpoint_commit_tmp_(fp, tmp_path, path);
+}
+
+// the newest step in dir with a DONE marker, or -1 (also when dir does not exist)
+static inline int checkpoint_find_latest(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) { return -1; }
+    int latest = -1;
+    struct dirent* entry;
+    while ((entry = readdir(d)) != NULL) {
+        const char* name = entry->d_name;
+        if (strncmp(name, "DONE_", 5) != 0 || strlen(name) != 13) { continue; }
+        int step = 0;
+        int digits = 0;
+        for (const char* p = name + 5; *p >= '0' && *p <= '9'; p++) { step = step * 10 + (*p - '0'); digits++; }
+        if (digits == 8 && step > latest) { latest = step; }
+    }
+    closedir(d);
+    return latest;
+}
+
+// deletes every file of a step: the DONE marker first (so the step stops counting as
+// complete), then the model file and all ranks' state files, leftover .tmp files included
+static inline void checkpoint_remove(const char* dir, int step) {
+    char path[CHECKPOINT_PATH_MAX];
+    checkpoint_done_path(path, sizeof(path), dir, step);
+    if (remove(path) != 0 && errno != ENOENT) {
+        llm8_die("cannot remove '%s': %s", path, strerror(errno));
+    }
+    char model_prefix[32], state_prefix[32];
+    snprintf(model_prefix, sizeof(model_prefix), "model_%08d.bin", step);
+    snprintf(state_prefix, sizeof(state_prefix), "state_%08d_", step);
+    DIR* d = opendir(dir);
+    if (d == NULL) { return; }
+    struct dirent* entry;
+    while ((entry = readdir(d)) != NULL) {
+        const char* name = entry->d_name;
+        if (strncmp(name, model_prefix, strlen(model_prefix)) != 0 &&
+            strncmp(name, state_prefix, strlen(state_prefix)) != 0) { continue; }
+        int n = snprintf(path, sizeof(path), "%s/%s", dir, name);
+        if (n < 0 || n >= (int)sizeof(path) || remove(path) != 0) {
+            llm8_die("cannot remove checkpoint file '%s/%s': %s", dir, name, strerror(errno));
+        }
+    }
+    closedir(d);
+}
+
+// opens a checkpoint file for reading, checks its header magic, returns the header and size
+static inline FILE* checkpoint_open_read_(const char* path, const char* kind, int32_t magic,
+                                          int32_t header[CHECKPOINT_HEADER_INTS], long* file_bytes) {
+    FILE* fp = fopenCheck(path, "rb");
+    *file_bytes = file_size_bytes(fp);
+    if (*file_bytes < (long)CHECKPOINT_HEADER_BYTES) {
+        llm8_die("%s file '%s' is %ld bytes, shorter than its %zu-byte header", kind, path, *file_bytes,
+                 CHECKPOINT_HEADER_BYTES);
+    }
+    freadCheck(header, sizeof(int32_t), CHECKPOINT_HEADER_INTS, fp);
+    if (header[0] != magic) {
+        llm8_die("%s file '%s' has magic %d, expected %d", kind, path, header[0], magic);
+    }
+    return fp;
+}
+
+// ----------------------------------------------------------------------------
+// model files
+
+static inline size_t model_file_bytes_per_param_(int version) {
+    return version == MODEL_VERSION_BF16 ? sizeof(uint16_t) : sizeof(float);
+}
+
+// reads and checks the header and length of an open model file
+static inline FILE* model_file_open_(const char* path, GPT2Config* cfg, int* version) {
+    int32_t header[CHECKPOINT_HEADER_INTS];
+    long file_bytes;
+    FILE* fp = checkpoint_open_read_(path, "model", MODEL_FILE_MAGIC, header, &file_bytes);
+    if (header[1] != MODEL_VERSION_FP32 && header[1] != MODEL_VERSION_BF16) {
+        llm8_die("model file '%s' has version %d, expected %d (fp32) or %d (bf16)", path, header[1],
+                 MODEL_VERSION_FP32, MODEL_VERSION_BF16);
+    }
+    *version = header[1];
+    cfg->max_seq_len = header[2];
+    cfg->vocab_size = header[3];
+    cfg->num_layers = header[4];
+    cfg->num_heads = header[5];
+    cfg->channels = header[6];
+    cfg->padded_vocab_size = header[7];
+    char source[CHECKPOINT_PATH_MAX + 16];
+    snprintf(source, sizeof(source), "model file '%s'", path);
+    gpt2_config_validate(cfg, source);
+    long expected = (long)(CHECKPOINT_HEADER_BYTES + gpt2_num_parameters(cfg) * model_file_bytes_per_param_(*version));
+    if (file_bytes != expected) {
+        llm8_die("model file '%s' is %ld bytes but its header (L=%d NH=%d C=%d maxT=%d Vp=%d, version %d) needs %ld",
+                 path, file_bytes, cfg->num_layers, cfg->num_heads, cfg->channels, cfg->max_seq_len,
+                 cfg->padded_vocab_size, *version, expected);
+    }
+    return fp;
+}
+
+static inline void model_file_read_header(const char* path, GPT2Config* cfg, int* version) {
+    FILE* fp = model_file_open_(path, cfg, version);
+    fcloseCheck(fp);
+}
+
+// params holds gpt2_num_parameters(cfg) floats; bf16 files are widened exactly
+static inline void model_file_read_params(const char* path, const GPT2Config* cfg, float* params) {
+    GPT2Config file_cfg;
+    int version;
+    FILE* fp = model_file_open_(path, &file_cfg, &version);
+    if (memcmp(&file_cfg, cfg, sizeof(GPT2Config)) != 0) {
+        llm8_die("model file '%s' holds a different shape than the one asked for (L=%d NH=%d C=%d maxT=%d V=%d Vp=%d)",
+                 path, cfg->num_layers, cfg->num_heads, cfg->channels, cfg->max_seq_len, cfg->vocab_size,
+                 cfg->padded_vocab_size);
+    }
+    size_t n = gpt2_num_parameters(cfg);
+    if (version == MODEL_VERSION_FP32) {
+        freadCheck(params, sizeof(float), n, fp);
+    } else {
+        uint16_t* chunk = (uint16_t*)mallocCheck(CHECKPOINT_CHUNK_ELEMS * sizeof(uint16_t));
+        for (size_t start = 0; start < n; start += CHECKPOINT_CHUNK_ELEMS) {
+            size_t count = (n - start < CHECKPOINT_CHUNK_ELEMS) ? n - start : CHECKPOINT_CHUNK_ELEMS;
+            freadCheck(chunk, sizeof(uint16_t), count, fp);
+            for (size_t i = 0; i < count; i++) { params[start + i] = bf16_bits_to_float(chunk[i]); }
+        }
+        free(chunk);
+    }
+    fcloseCheck(fp);
+}
+
+// version 3 writes fp32; version 5 rounds to bf16 (nearest even), as llm.c's bf16 files
+static inline void model_file_write(const char* path, const GPT2Config* cfg, const float* params, int version) {
+    if (version != MODEL_VERSION_FP32 && version != MODEL_VERSION_BF16) {
+        llm8_die("model file '%s': cannot write version %d (expected %d or %d)", path, version,
+                 MODEL_VERSION_FP32, MODEL_VERSION_BF16);
+    }
+    int32_t header[CHECKPOINT_HEADER_INTS];
+    memset(header, 0, sizeof(header));
+    header[0] = MODEL_FILE_MAGIC;
+    header[1] = version;
+    header[2] = cfg->max_seq_len;
+    header[3] = cfg->vocab_size;
+    header[4] = cfg->num_layers;
+    header[5] = cfg->num_heads;
+    header[6] = cfg->channels;
+    header[7] = cfg->padded_vocab_size;
+    char tmp_path[CHECKPOINT_PATH_MAX];
+    FILE* fp = checkpoint_open_tmp_(path, tmp_path);
+    fwriteCheck(header, sizeof(int32_t), CHECKPOINT_HEADER_INTS, fp);
+    size_t n = gpt2_num_parameters(cfg);
+    if (version == MODEL_VERSION_FP32) {
+        fwriteCheck(params, sizeof(float), n, fp);
+    } else {
+        uint16_t* chunk = (uint16_t*)mallocCheck(CHECKPOINT_CHUNK_ELEMS * sizeof(uint16_t));
+        for (size_t start = 0; start < n; start += CHECKPOINT_CHUNK_ELEMS) {
+            size_t count = (n - start < CHECKPOINT_CHUNK_ELEMS) ? n - start : CHECKPOINT_CHUNK_ELEMS;
+            for (size_t i = 0; i < count; i++) { chunk[i] = float_to_bf16_bits(params[start + i]); }
+            fwriteCheck(chunk, sizeof(uint16_t), count, fp);
+        }
+        free(chunk);
+    }
+    checkpoint_commit_tmp_(fp, tmp_path, path);
+}
+
+// ----------------------------------------------------------------------------
+// state files
+
+typedef struct {
+    int step;
+    uint64_t rng_state;             // the trainer's stochastic-rounding seed state
+    uint64_t rng_state_last_update;
+} TrainState;
+
+// one llm8 addition to the state file (version 2); tag: up to 15 ASCII characters
+typedef struct {
+    const char* tag;
+    void* data;
+    size_t bytes;
+} StateSection;
+
+// this rank's optimizer state, and what else the run keeps
+typedef struct {
+    size_t shard_num_parameters;
+    float* m;                 // fp32 AdamW moments; both NULL when the optimizer keeps them in sections
+    float* v;
+    float* master_weights;    // NULL without fp32 master weights
+    const StateSection* sections;
+    int num_sections;
+} StateBuffers;
+
+static inline int state_buffers_fp32_moments_(const StateBuffers* buffers, const char* path) {
+    if ((buffers->m == NULL) != (buffers->v == NULL)) {
+        llm8_die("state file '%s': m and v must both be given or both be NULL", path);
+    }
+    return buffers->m != NULL;
+}
+
+static inline void state_section_tag_(char tag[STATE_SECTION_TAG_BYTES], const char* name, const char* path) {
+    size_t length = strlen(name);
+    if (length == 0 || length >= STATE_SECTION_TAG_BYTES) {
+        llm8_die("state file '%s': section tag '%s' must be 1..%d characters", path, name, STATE_SECTION_TAG_BYTES - 1);
+    }
+    memset(tag, 0, STATE_SECTION_TAG_BYTES);
+    memcpy(tag, name, length);
+}
+
+static inline void state_file_write(const char* path, const TrainState* state, const StateBuffers* buffers,
+                                    const DataLoader* loader) {
+    int fp32_moments = state_buffers_fp32_moments_(buffers, path);
+    int version = (fp32_moments && buffers->num_sections == 0) ? STATE_VERSION_LLMC : STATE_VERSION_SECTIONS;
+    int32_t header[CHECKPOINT_HEADER_INTS];
+    memset(header, 0, sizeof(header));
+    header[0] = STATE_FILE_MAGIC;
+    header[1] = version;
+    header[2] = loader->num_processes;
+    header[3] = loader->process_rank;
+    header[4] = buffers->master_weights != NULL;
+    header[5] = loader->should_shuffle;
+    header[STATE_SLOT_MOMENTS_IN_SECTIONS] = !fp32_moments;
+    header[10] = state->step;
+    uint64_t u64_fields[4] = { state->rng_state, state->rng_state_last_update,
+                               (uint64_t)loader->current_shard_idx, (uint64_t)loader->current_sample_idx };
+    memcpy(&header[20], &u64_fields[0], 2 * sizeof(uint64_t));
+    memcpy(&header[30], &u64_fields[2], 2 * sizeof(uint64_t));
+    header[STATE_SLOT_NUM_SECTIONS] = buffers->num_sections;
+
+    char tmp_path[CHECKPOINT_PATH_MAX];
+    FILE* fp = checkpoint_open_tmp_(path, tmp_path);
+    fwriteCheck(header, sizeof(int32_t), CHECKPOINT_HEADER_INTS, fp);
+    size_t n = buffers->shard_num_parameters;
+    if (fp32_moments) {
+        fwriteCheck(buffers->m, sizeof(float), n, fp);
+        fwriteCheck(buffers->v, sizeof(float), n, fp);
+    }
+    if (buffers->master_weights != NULL) { fwriteCheck(buffers->master_weights, sizeof(float), n, fp); }
+    dataloader_write_state(loader, fp);
+    for (int i = 0; i < buffers->num_sections; i++) {
+        char tag[STATE_SECTION_TAG_BYTES];
+        state_section_tag_(tag, buffers->sections[i].tag, path);
+        uint64_t bytes = buffers->sections[i].bytes;
+        fwriteCheck(tag, 1, STATE_SECTION_TAG_BYTES, fp);
+        fwriteCheck(&bytes, sizeof(bytes), 1, fp);
+        fwriteCheck(buffers->sections[i].data, 1, buffers->sections[i].bytes, fp);
+    }
+    checkpoint_commit_tmp_(fp, tmp_path, path);
+}
+
+// reads the tagged sections at the file position into the buffers' sections, matched by tag
+static inline void state_file_read_sections_(FILE* fp, const char* path, long file_bytes, int num_sections,
+                                             const StateBuffers* buffers) {
+    if (num_sections != buffers->num_sections) {
+        llm8_die("state file '%s' has %d llm8 sections, this run keeps %d (different precision or optimizer flags?)",
+                 path, num_sections, buffers->num_sections);
+    }
+    for (int i = 0; i < num_sections; i++) {
+        char tag[STATE_SECTION_TAG_BYTES];
+        uint64_t bytes;
+        if (file_bytes - ftell(fp) < (long)(STATE_SECTION_TAG_BYTES + sizeof(bytes))) {
+            llm8_die("state file '%s': truncated in section %d of %d", path, i, num_sections);
+        }
+        freadCheck(tag, 1, STATE_SECTION_TAG_BYTES, fp);
+        freadCheck(&bytes, sizeof(bytes), 1, fp);
+        tag[STATE_SECTION_TAG_BYTES - 1] = '\0';
+        const StateSection* match = NULL;
+        for (int j = 0; j < buffers->num_sections; j++) {
+            if (strcmp(buffers->sections[j].tag, tag) == 0) { match = &buffers->sections[j]; }
+        }
+        if (match == NULL) {
+            llm8_die("state file '%s' has a section '%s' this run does not keep (different precision or optimizer flags?)",
+                     path, tag);
+        }
+        if (bytes != match->bytes) {
+            llm8_die("state file '%s': section '%s' is %llu bytes, this run expects %zu", path, tag,
+                     (unsigned long long)bytes, match->bytes);
+        }
+        if ((uint64_t)(file_bytes - ftell(fp)) < bytes) {
+            llm8_die("state file '%s': section '%s' is truncated", path, tag);
+        }
+        freadCheck(match->data, 1, match->bytes, fp);
+    }
+}
+
+/*
+Restores a run: fills state and the buffers, and puts the loader at the saved position (with
+its shuffle state). The file must have been written by a run with the same ranks, shuffle
+flag, master-weights use and sections; anything else is a one-line error naming the file.
+*/
+static inline void state_file_read(const char* path, TrainState* state, const StateBuffers* buffers, DataLoader* loader) {
+    int32_t header[CHECKPOINT_HEADER_INTS];
+    long file_bytes;
+    FILE* fp = checkpoint_open_read_(path, "state", STATE_FILE_MAGIC, header, &file_bytes);
+    int version = header[1];
+    if (version != STATE_VERSION_LLMC && version != STATE_VERSION_SECTIONS) {
+        llm8_die("state file '%s' has version %d, expected %d or %d", path, version, STATE_VERSION_LLMC,
+                 STATE_VERSION_SECTIONS);
+    }
+    if (header[2] != loader->num_processes || header[3] != loader->process_rank) {
+        llm8_die("state file '%s' is rank %d of %d processes, this process is rank %d of %d", path, header[3], header[2],
+                 loader->process_rank, loader->num_processes);
+    }
+    if (header[4] != (buffers->master_weights != NULL)) {
+        llm8_die("state file '%s' was written with use_master_weights=%d, this run has %d", path, header[4],
+                 buffers->master_weights != NULL);
+    }
+    if (header[5] != loader->should_shuffle) {
+        llm8_die("state file '%s' was written with shuffling=%d, this run has %d", path, header[5], loader->should_shuffle);
+    }
+    int fp32_moments = state_buffers_fp32_moments_(buffers, path);
+    int file_fp32_moments = (version == STATE_VERSION_LLMC) || header[STATE_SLOT_MOMENTS_IN_SECTIONS] == 0;
+    if (file_fp32_moments != fp32_moments) {
+        llm8_die("state file '%s' %s fp32 AdamW moments, this run %s (different optimizer flag?)", path,
+                 file_fp32_moments ? "has" : "has no", fp32_moments ? "needs them" : "keeps 8-bit states");
+    }
+    int num_sections = (version == STATE_VERSION_LLMC) ? 0 : header[STATE_SLOT_NUM_SECTIONS];
+    size_t n = buffers->shard_num_parameters;
+    size_t num_arrays = (fp32_moments ? 2 : 0) + (buffers->master_weights != NULL ? 1 : 0);
+    long body_bytes = (long)(CHECKPOINT_HEADER_BYTES + num_arrays * n * sizeof(float));
+    if (file_bytes < body_bytes || (!loader->should_shuffle && num_sections == 0 && file_bytes != body_bytes)) {
+        llm8_die("state file '%s' is %ld bytes, expected %s%ld for %zu parameters per rank", path, file_bytes,
+                 (loader->should_shuffle || num_sections > 0) ? "at least " : "", body_bytes, n);
+    }
+    uint64_t u64_fields[4];
+    memcpy(&u64_fields[0], &header[20], 2 * sizeof(uint64_t));
+    memcpy(&u64_fields[2], &header[30], 2 * sizeof(uint64_t));
+    if (u64_fields[2] >= loader->num_shards) {
+        llm8_die("state file '%s' is at shard %llu, but only %zu shards match the data pattern", path,
+                 (unsigned long long)u64_fields[2], loader->num_shards);
+    }
+    state->step = header[10];
+    state->rng_state = u64_fields[0];
+    state->rng_state_last_update = u64_fields[1];
+    if (fp32_moments) {
+        freadCheck(buffers->m, sizeof(float), n, fp);
+        freadCheck(buffers->v, sizeof(float), n, fp);
+    }
+    if (buffers->master_weights != NULL) { freadCheck(buffers->master_weights, sizeof(float), n, fp); }
+    dataloader_read_state(loader, fp, path);
+    state_file_read_sections_(fp, path, file_bytes, num_sections, buffers);
+    long end = ftell(fp);
+    if (end != file_bytes) {
+        llm8_die("state file '%s' has %ld unexpected bytes after its contents", path, file_bytes - end);
+    }
+    fcloseCheck(fp);
+    dataloader_resume(loader, (size_t)u64_fields[2], (size_t)u64_fields[3]);
+}
+
+#endif // LLMC_CHECKPOINT_H

@@ -1,0 +1,481 @@
+/*
+test_dataloader.c: batch order, sharding across ranks, shuffling, resume, the HellaSwag eval
+loader, and one test per bad input.
+
+The shards written here hold token = shard * 1000 + position, so every token says where it
+came from and the expected order can be recomputed. Files from test/make_llmc_files.py
+(llm.c's layout, written by numpy) are read as well.
+Run from the repository root: build/test_dataloader
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "test/test_harness.h"
+#include "test/test_harness_fork.h"
+#include "llmc/utils.h"
+#include "llmc/dataloader.h"
+#include "llmc/eval_loader.h"
+
+#define NUM_SHARDS 3
+#define VOCAB 4000
+static const size_t SHARD_TOKENS[NUM_SHARDS] = {301, 250, 199};
+
+static char g_dir[256];
+static char g_py_dir[512];
+static char g_pattern[512];
+
+static const char* in_dir(const char* dir, const char* name) {
+    static char paths[8][1024];
+    static int next = 0;
+    char* path = paths[next];
+    next = (next + 1) % 8;
+    snprintf(path, 1024, "%s/%s", dir, name);
+    return path;
+}
+
+// writes a shard in llm.c's layout; header_tokens is what the header claims
+static void write_shard(const char* path, const uint16_t* tokens, size_t num_tokens, int32_t magic, int32_t version,
+                        int32_t header_tokens) {
+    int32_t header[256];
+    memset(header, 0, sizeof(header));
+    header[0] = magic;
+    header[1] = version;
+    header[2] = header_tokens;
+    FILE* fp = fopenCheck(path, "wb");
+    fwriteCheck(header, sizeof(header), 1, fp);
+    fwriteCheck(tokens, sizeof(uint16_t), num_tokens, fp);
+    fclose(fp);
+}
+
+static uint16_t* make_tokens(int shard, size_t n) {
+    uint16_t* tokens = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) { tokens[i] = (uint16_t)(shard * 1000 + i); }
+    return tokens;
+}
+
+static void write_good_shards(void) {
+    for (int s = 0; s < NUM_SHARDS; s++) {
+        char name[64];
+        snprintf(name, sizeof(name), "tiny_train_%06d.bin", s);
+        uint16_t* tokens = make_tokens(s, SHARD_TOKENS[s]);
+        write_shard(in_dir(g_dir, name), tokens, SHARD_TOKENS[s], 20240520, 1, (int32_t)SHARD_TOKENS[s]);
+        free(tokens);
+    }
+    snprintf(g_pattern, sizeof(g_pattern), "%s/tiny_train_*.bin", g_dir);
+}
+
+static size_t shard_samples(int shard, size_t B, size_t T, int num_processes) {
+    return (SHARD_TOKENS[shard] - 1) / (num_processes * B * T);
+}
+
+// each batch must be B*T consecutive tokens of one shard, and targets the inputs shifted by one
+static int batch_is_contiguous(const DataLoader* loader) {
+    size_t BT = loader->B * loader->T;
+    for (size_t i = 0; i < BT; i++) {
+        if (loader->inputs[i] != loader->inputs[0] + (int)i) { return 0; }
+        if (loader->targets[i] != loader->inputs[0] + (int)i + 1) { return 0; }
+    }
+    return 1;
+}
+
+static void test_unshuffled_order(void) {
+    size_t B = 2, T = 4, BT = B * T;
+    DataLoader loader;
+    dataloader_init(&loader, g_pattern, B, T, 0, 1, 0, VOCAB);
+    CHECK(loader.num_tokens == 301 + 250 + 199, "num_tokens %zu", loader.num_tokens);
+    CHECK(loader.num_shards == NUM_SHARDS, "num_shards %zu", loader.num_shards);
+    // one epoch: the token stream of each shard in order, cut into B*T pieces
+    int in_order = 1, contiguous = 1;
+    for (int s = 0; s < NUM_SHARDS; s++) {
+        for (size_t k = 0; k < shard_samples(s, B, T, 1); k++) {
+            dataloader_next_batch(&loader);
+            contiguous &= batch_is_contiguous(&loader);
+            in_order &= loader.inputs[0] == (int)(s * 1000 + k * BT);
+        }
+    }
+    CHECK(in_order && contiguous, "unshuffled epoch is not the token stream in order");
+    dataloader_next_batch(&loader);
+    CHECK(loader.inputs[0] == 0 && loader.current_shard_idx == 0, "no wrap to the start after an epoch (got %d)",
+          loader.inputs[0]);
+    dataloader_next_batch(&loader);
+    dataloader_reset(&loader);
+    dataloader_next_batch(&loader);
+    CHECK(loader.inputs[0] == 0, "reset does not restart at the first batch");
+    dataloader_free(&loader);
+
+    // two ranks: rank r reads the window at r*B*T of every sample of num_processes*B*T tokens
+    for (int rank = 0; rank < 2; rank++) {
+        dataloader_init(&loader, g_pattern, B, T, rank, 2, 0, VOCAB);
+        int ok = 1;
+        for (int s = 0; s < NUM_SHARDS; s++) {
+            for (size_t k = 0; k < shard_samples(s, B, T, 2); k++) {
+                dataloader_next_batch(&loader);
+                ok &= batch_is_contiguous(&loader) && loader.inputs[0] == (int)(s * 1000 + k * 2 * BT + rank * BT);
+            }
+        }
+        CHECK(ok, "rank %d of 2 does not read its interleaved windows", rank);
+        dataloader_free(&loader);
+    }
+}
+
+// one epoch of first tokens (each identifies its window) for a loader
+static size_t epoch_windows(DataLoader* loader, int* windows) {
+    size_t count = 0;
+    for (int s = 0; s < NUM_SHARDS; s++) {
+        size_t n = shard_samples(s, loader->B, loader->T, loader->num_processes);
+        for (size_t k = 0; k < n; k++) {
+            dataloader_next_batch(loader);
+            windows[count++] = batch_is_contiguous(loader) ? loader->inputs[0] : -1;
+        }
+    }
+    return count;
+}
+
+static int compare_ints(const void* a, const void* b) { return *(const int*)a - *(const int*)b; }
+
+static void test_shuffled_order(void) {
+    size_t B = 1, T = 4;
+    int plain[256], first[256], again[256], second_epoch[256], rank_windows[2][256], all[512];
+    DataLoader loader;
+    dataloader_init(&loader, g_pattern, B, T, 0, 1, 0, VOCAB);
+    size_t n = epoch_windows(&loader, plain);
+    dataloader_free(&loader);
+
+    dataloader_init(&loader, g_pattern, B, T, 0, 1, 1, VOCAB);
+    CHECK(epoch_windows(&loader, first) == n, "shuffled epoch length");
+    CHECK(epoch_windows(&loader, second_epoch) == n, "second epoch length");
+    dataloader_free(&loader);
+    dataloader_init(&loader, g_pattern, B, T, 0, 1, 1, VOCAB);
+    epoch_windows(&loader, again);
+    dataloader_free(&loader);
+
+    CHECK(memcmp(first, again, n * sizeof(int)) == 0, "shuffle is not deterministic for a fixed seed and rank");
+    CHECK(memcmp(first, plain, n * sizeof(int)) != 0, "shuffled order equals the unshuffled order");
+    CHECK(memcmp(first, second_epoch, n * sizeof(int)) != 0, "two epochs have the same shuffled order");
+    int sorted_first[256], sorted_second[256];
+    memcpy(sorted_first, first, n * sizeof(int));
+    memcpy(sorted_second, second_epoch, n * sizeof(int));
+    qsort(sorted_first, n, sizeof(int), compare_ints);
+    qsort(sorted_second, n, sizeof(int), compare_ints);
+    CHECK(memcmp(sorted_first, plain, n * sizeof(int)) == 0, "shuffled epoch is not a permutation of the samples");
+    CHECK(memcmp(sorted_second, plain, n * sizeof(int)) == 0, "second epoch is not a permutation of the samples");
+    // shards stay whole: within an epoch the windows of one shard come together, in shuffled order
+    int changes = 0, ascending_pairs = 0;
+    for (size_t i = 1; i < n; i++) {
+        int same_shard = first[i] / 1000 == first[i - 1] / 1000;
+        changes += !same_shard;
+        ascending_pairs += same_shard && first[i] > first[i - 1];
+    }
+    CHECK(changes == NUM_SHARDS - 1, "shuffled epoch interleaves shards (%d shard changes)", changes);
+    CHECK(ascending_pairs < (int)(n * 3 / 4), "samples within a shard are not shuffled (%d of %zu in order)",
+          ascending_pairs, n);
+
+    // two ranks: different orders, disjoint windows, together every window of the 2-rank split
+    size_t per_rank = 0;
+    for (int rank = 0; rank < 2; rank++) {
+        dataloader_init(&loader, g_pattern, B, T, rank, 2, 1, VOCAB);
+        per_rank = epoch_windows(&loader, rank_windows[rank]);
+        dataloader_free(&loader);
+    }
+    int same_order = 1;  // each rank has its own seed, so its own order
+    for (size_t i = 0; i < per_rank; i++) { same_order &= rank_windows[1][i] - (int)(B * T) == rank_windows[0][i]; }
+    CHECK(!same_order, "both ranks shuffle in the same order (seed must include the rank)");
+    memcpy(all, rank_windows[0], per_rank * sizeof(int));
+    memcpy(all + per_rank, rank_windows[1], per_rank * sizeof(int));
+    qsort(all, 2 * per_rank, sizeof(int), compare_ints);
+    int disjoint_and_complete = 1;
+    size_t idx = 0;
+    for (int s = 0; s < NUM_SHARDS; s++) {
+        for (size_t k = 0; k < shard_samples(s, B, T, 2) * 2; k++) {
+            disjoint_and_complete &= all[idx++] == (int)(s * 1000 + k * B * T);
+        }
+    }
+    CHECK(idx == 2 * per_rank && disjoint_and_complete, "ranks' shuffled windows are not disjoint and complete");
+}
+
+// runs `before` batches, saves the position and shuffle state, restores a new loader from it,
+// and checks the next two epochs of batches match the uninterrupted loader
+static void check_resume(int should_shuffle, int rank, int num_processes, int before) {
+    size_t B = 2, T = 3;
+    DataLoader loader, resumed;
+    dataloader_init(&loader, g_pattern, B, T, rank, num_processes, should_shuffle, VOCAB);
+    for (int i = 0; i < before; i++) { dataloader_next_batch(&loader); }
+    const char* path = in_dir(g_dir, "loader_state.bin");
+    FILE* fp = fopenCheck(path, "wb");
+    dataloader_write_state(&loader, fp);
+    fclose(fp);
+
+    dataloader_init(&resumed, g_pattern, B, T, rank, num_processes, should_shuffle, VOCAB);
+    dataloader_next_batch(&resumed);  // move it away from the start, so resume has to do the work
+    fp = fopenCheck(path, "rb");
+    dataloader_read_state(&resumed, fp, path);
+    fclose(fp);
+    dataloader_resume(&resumed, loader.current_shard_idx, loader.current_sample_idx);
+    int same = 1;
+    for (int i = 0; i < 2 * 120; i++) {
+        dataloader_next_batch(&loader);
+        dataloader_next_batch(&resumed);
+        same &= memcmp(loader.inputs, resumed.inputs, B * T * sizeof(int)) == 0 &&
+                memcmp(loader.targets, resumed.targets, B * T * sizeof(int)) == 0;
+    }
+    CHECK(same, "resume after %d batches (shuffle %d, rank %d of %d) diverges", before, should_shuffle, rank,
+          num_processes);
+    dataloader_free(&loader);
+    dataloader_free(&resumed);
+}
+
+static void test_resume(void) {
+    // B*T = 6: shard samples 50, 41, 33 for one rank; 25, 20, 16 for two
+    int points[] = {0, 1, 49, 50, 51, 123, 124, 125, 200};
+    for (size_t i = 0; i < sizeof(points) / sizeof(points[0]); i++) {
+        check_resume(0, 0, 1, points[i]);
+        check_resume(1, 0, 1, points[i]);
+        check_resume(1, 1, 2, points[i] / 2);
+    }
+    // without read_state, a shuffled loader cannot resume into a shard of another size
+    DataLoader loader;
+    dataloader_init(&loader, g_pattern, 2, 3, 0, 1, 1, VOCAB);
+    // epoch position 1 is another shard than position 0, and every shard has its own sample count
+    CHECK_DIES("resume: shuffle state missing", "shuffle state", dataloader_resume(&loader, 1, 0));
+    CHECK_DIES("resume: shard out of range", "shard index 3", dataloader_resume(&loader, 3, 0));
+    CHECK_DIES("resume: sample out of range", "sample index 99", dataloader_resume(&loader, 0, 99));
+    dataloader_free(&loader);
+}
+
+static void test_shards_from_llmc(void) {
+    DataLoader loader;
+    char pattern[600];
+    snprintf(pattern, sizeof(pattern), "%s/data_train_*.bin", g_py_dir);
+    size_t B = 4, T = 16;
+    dataloader_init(&loader, pattern, B, T, 0, 1, 0, 50257);
+    CHECK(loader.num_tokens == 1777, "llm.c shards: %zu tokens", loader.num_tokens);
+    int ok = 1;
+    size_t sizes[2] = {1000, 777};
+    for (int s = 0; s < 2; s++) {
+        for (size_t k = 0; k < (sizes[s] - 1) / (B * T); k++) {
+            dataloader_next_batch(&loader);
+            for (size_t i = 0; i < B * T; i++) {
+                size_t pos = k * B * T + i;
+                ok &= loader.inputs[i] == (int)((pos * 31 + s * 1000 + 7) % 50000);
+                ok &= loader.targets[i] == (int)(((pos + 1) * 31 + s * 1000 + 7) % 50000);
+            }
+        }
+    }
+    CHECK(ok, "llm.c shards do not read back as numpy wrote them");
+    dataloader_free(&loader);
+}
+
+static void test_dataloader_bad_inputs(void) {
+    DataLoader loader;
+    uint16_t* tokens = make_tokens(0, 100);
+    char pattern[600];
+    snprintf(pattern, sizeof(pattern), "%s/nothing_here_*.bin", g_dir);
+    CHECK_DIES("shards: no match", pattern, dataloader_init(&loader, pattern, 2, 4, 0, 1, 0, VOCAB));
+
+    const char* magic = in_dir(g_dir, "bad_magic.bin");
+    write_shard(magic, tokens, 100, 20240522, 1, 100);
+    CHECK_DIES("shards: wrong magic", magic, dataloader_init(&loader, magic, 2, 4, 0, 1, 0, VOCAB));
+    const char* version = in_dir(g_dir, "bad_version.bin");
+    write_shard(version, tokens, 100, 20240520, 2, 100);
+    CHECK_DIES("shards: wrong version", version, dataloader_init(&loader, version, 2, 4, 0, 1, 0, VOCAB));
+    const char* truncated = in_dir(g_dir, "truncated.bin");
+    write_shard(truncated, tokens, 90, 20240520, 1, 100);
+    CHECK_DIES("shards: truncated (file)", truncated, dataloader_init(&loader, truncated, 2, 4, 0, 1, 0, VOCAB));
+    CHECK_DIES("shards: truncated (lengths)", "1204 bytes", dataloader_init(&loader, truncated, 2, 4, 0, 1, 0, VOCAB));
+    CHECK_DIES("shards: truncated (expected)", "1224 bytes", dataloader_init(&loader, truncated, 2, 4, 0, 1, 0, VOCAB));
+    const char* header_only = in_dir(g_dir, "header_short.bin");
+    write_shard(header_only, tokens, 0, 20240520, 1, 100);
+    FILE* fp = fopenCheck(header_only, "wb");  // 10 bytes: not even a header
+    fwriteCheck(tokens, 1, 10, fp);
+    fclose(fp);
+    CHECK_DIES("shards: shorter than header", header_only, dataloader_init(&loader, header_only, 2, 4, 0, 1, 0, VOCAB));
+    const char* few = in_dir(g_dir, "few_tokens.bin");
+    write_shard(few, tokens, 8, 20240520, 1, 8);
+    CHECK_DIES("shards: fewer tokens than a batch", few, dataloader_init(&loader, few, 2, 4, 0, 1, 0, VOCAB));
+    tokens[57] = VOCAB - 1;  // the largest valid id loads
+    const char* edge_id = in_dir(g_dir, "edge_id.bin");
+    write_shard(edge_id, tokens, 100, 20240520, 1, 100);
+    dataloader_init(&loader, edge_id, 2, 4, 0, 1, 0, VOCAB);
+    for (int i = 0; i < 8; i++) { dataloader_next_batch(&loader); }
+    CHECK(loader.inputs[1] == VOCAB - 1, "a shard with token id V-1 must load and read back (got %d)", loader.inputs[1]);
+    dataloader_free(&loader);
+    tokens[57] = VOCAB;
+    const char* big_id = in_dir(g_dir, "big_id.bin");
+    write_shard(big_id, tokens, 100, 20240520, 1, 100);
+    CHECK_DIES("shards: token id >= V (file)", big_id, dataloader_init(&loader, big_id, 2, 4, 0, 1, 0, VOCAB));
+    CHECK_DIES("shards: token id >= V (position, id)", "token 57 has id 4000",
+               dataloader_init(&loader, big_id, 2, 4, 0, 1, 0, VOCAB));
+    // a bad token in a later shard is found when that shard is loaded
+    const char* later_dir_pattern = in_dir(g_dir, "later_*.bin");
+    uint16_t* good_tokens = make_tokens(0, 100);
+    write_shard(in_dir(g_dir, "later_0.bin"), good_tokens, 100, 20240520, 1, 100);
+    write_shard(in_dir(g_dir, "later_1.bin"), tokens, 100, 20240520, 1, 100);
+    dataloader_init(&loader, later_dir_pattern, 2, 4, 0, 1, 0, VOCAB);
+    for (int i = 0; i < 12; i++) { dataloader_next_batch(&loader); }  // all of later_0
+    CHECK_DIES("shards: bad token in the next shard", "later_1.bin", dataloader_next_batch(&loader));
+    dataloader_free(&loader);
+    CHECK_DIES("shards: rank out of range", "rank 2", dataloader_init(&loader, g_pattern, 2, 4, 2, 2, 0, VOCAB));
+    CHECK_DIES("shards: vocab too large", "vocab size", dataloader_init(&loader, g_pattern, 2, 4, 0, 1, 0, 70000));
+    free(tokens);
+    free(good_tokens);
+}
+
+// ----------------------------------------------------------------------------
+// HellaSwag eval loader (file from make_llmc_files.py: 10 examples)
+
+static int ex_label(int idx) { return (idx * 3) % 4; }
+static int ex_context_length(int idx) { return 2 + idx % 4; }
+static int ex_completion_length(int idx, int c) { return 1 + (idx + c) % 3; }
+
+static void test_eval_loader(void) {
+    EvalLoader loader;
+    size_t B = 8, T = 9;
+    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), B, T, 0, 1);
+    CHECK(loader.num_examples == 10 && loader.num_batches == 5, "examples %d batches %d", loader.num_examples,
+          loader.num_batches);
+    int content_ok = 1;
+    float* losses = (float*)mallocCheck(B * T * sizeof(float));
+    int total_correct = 0, expected_correct = 0;
+    for (int batch = 0; batch < loader.num_batches; batch++) {
+        evalloader_next_batch(&loader);
+        for (int e = 0; e < 2; e++) {
+            int idx = batch * 2 + e;
+            content_ok &= loader.label[e] == ex_label(idx);
+            int ctx = ex_context_length(idx);
+            for (int c = 0; c < 4; c++) {
+                size_t row = (size_t)(e * 4 + c) * T;
+                int len = ex_completion_length(idx, c);
+                for (int t = 0; t < (int)T; t++) {
+                    int want_input = t < ctx ? 100 + idx * 10 + t : t < ctx + len ? 5000 + idx * 100 + c * 10 + (t - ctx) : 0;
+                    int want_target = t + 1 < ctx ? 100 + idx * 10 + t + 1
+                                      : t + 1 < ctx + len ? 5000 + idx * 100 + c * 10 + (t + 1 - ctx) : 0;
+                    float want_mask = (t + 1 >= ctx && t + 1 < ctx + len) ? 1.0f : 0.0f;
+                    content_ok &= loader.inputs[row + t] == want_input && loader.targets[row + t] == want_target &&
+                                  loader.mask[row + t] == want_mask;
+                }
+            }
+            // losses: masked positions of completion c get 1 + c, except that completion
+            // (idx % 4) gets 0.5; in example 3 completion 3 only its last position is low
+            for (int c = 0; c < 4; c++) {
+                size_t row = (size_t)(e * 4 + c) * T;
+                for (int t = 0; t < (int)T; t++) {
+                    losses[row + t] = (c == idx % 4) ? 0.5f : 1.0f + (float)c;
+                    if (loader.mask[row + t] == 0.0f) { losses[row + t] = -100.0f; }  // must be ignored
+                }
+            }
+            expected_correct += (idx % 4) == ex_label(idx);
+        }
+        total_correct += evalloader_stat_losses(&loader, losses);
+    }
+    CHECK(content_ok, "eval batches differ from the examples written by hellaswag.py's layout");
+    CHECK(total_correct == expected_correct && expected_correct > 0 && expected_correct < 10,
+          "stat_losses counted %d correct, expected %d", total_correct, expected_correct);
+    evalloader_reset(&loader);
+    evalloader_next_batch(&loader);
+    CHECK(loader.label[0] == ex_label(0) && loader.inputs[0] == 100, "reset does not restart at example 0");
+    evalloader_free(&loader);
+
+    // the mean over the completion decides, not the sum: a long completion with a lower mean wins
+    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), 4, T, 0, 1);
+    evalloader_next_batch(&loader);  // example 0: label 0, completion lengths 1, 2, 3, 1
+    for (size_t i = 0; i < 4 * T; i++) { losses[i] = 0.0f; }
+    for (int c = 0; c < 4; c++) {
+        for (size_t t = 0; t < T; t++) {
+            if (loader.mask[c * T + t] != 0.0f) { losses[c * T + t] = (c == 2) ? 1.0f : 2.0f; }
+        }
+    }
+    CHECK(evalloader_stat_losses(&loader, losses) == 0, "completion 2 has the lowest mean; label 0 must be wrong");
+    for (size_t t = 0; t < T; t++) { if (loader.mask[t] != 0.0f) { losses[t] = 0.9f; } }
+    CHECK(evalloader_stat_losses(&loader, losses) == 1, "completion 0 has the lowest mean now");
+    evalloader_free(&loader);
+
+    // three ranks: ceil(10 / 3) = 4 examples each, the last rank gets 2 and padding rows
+    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), 8, T, 2, 3);
+    CHECK(loader.start_example_index == 8 && loader.end_example_index == 10 && loader.num_batches == 2,
+          "rank 2 of 3: [%d, %d) in %d batches", loader.start_example_index, loader.end_example_index, loader.num_batches);
+    evalloader_next_batch(&loader);
+    CHECK(loader.label[0] == ex_label(8) && loader.label[1] == ex_label(9), "rank 2 first batch labels");
+    evalloader_next_batch(&loader);
+    int empty = loader.label[0] == -1 && loader.label[1] == -1;
+    for (size_t i = 0; i < B * T; i++) { empty &= loader.mask[i] == 0.0f && loader.inputs[i] == 0; }
+    CHECK(empty, "past the rank's examples the batch must be empty");
+    CHECK(evalloader_stat_losses(&loader, losses) == 0, "an empty batch has no correct examples");
+    evalloader_free(&loader);
+    free(losses);
+}
+
+static void test_eval_bad_inputs(void) {
+    EvalLoader loader;
+    const char* good = in_dir(g_py_dir, "hellaswag.bin");
+    FILE* fp = fopenCheck(good, "rb");
+    long n = file_size_bytes(fp);
+    unsigned char* bytes = (unsigned char*)mallocCheck((size_t)n + 4);
+    freadCheck(bytes, 1, (size_t)n, fp);
+    fclose(fp);
+
+    CHECK_DIES("eval: B not a multiple of 4", "multiple of 4", evalloader_init(&loader, good, 6, 16, 0, 1));
+    const char* missing = in_dir(g_dir, "no_such_eval.bin");
+    CHECK_DIES("eval: missing file", missing, evalloader_init(&loader, missing, 4, 16, 0, 1));
+    CHECK_DIES("eval: completion longer than T", good, evalloader_init(&loader, good, 4, 4, 0, 1));
+    CHECK_DIES("eval: more processes than examples", good, evalloader_init(&loader, good, 4, 16, 0, 11));
+    // each variant: a copy of the good file, `length` bytes long, with the uint16 at `offset` set to `value`
+    // (offset 0 with value 0: no patch)
+    struct { const char* name; size_t offset; uint16_t value; long length; const char* what; } variants[] = {
+        {"eval_magic.bin", 0, 7, n, "wrong magic"},
+        {"eval_version.bin", 4, 2, n, "wrong version"},
+        {"eval_longest.bin", 12, 2, n, "longest example mismatch"},
+        {"eval_delimiter.bin", 1024, 65534, n, "bad delimiter"},
+        {"eval_index.bin", 1024 + 4, 3, n, "wrong example index"},
+        {"eval_label.bin", 1024 + 6, 4, n, "label out of range"},
+        {"eval_completions.bin", 1024 + 8, 5, n, "not 4 completions"},
+        {"eval_context.bin", 1024 + 10, 200, n, "context overruns"},
+        {"eval_truncated.bin", 0, 0, n - 2, "truncated"},
+        {"eval_trailing.bin", 0, 0, n + 2, "trailing bytes"},
+    };
+    for (size_t i = 0; i < sizeof(variants) / sizeof(variants[0]); i++) {
+        unsigned char* copy = (unsigned char*)mallocCheck((size_t)n + 4);
+        memcpy(copy, bytes, (size_t)n);
+        memset(copy + n, 0, 4);
+        if (variants[i].value != 0) { memcpy(copy + variants[i].offset, &variants[i].value, 2); }
+        const char* path = in_dir(g_dir, variants[i].name);
+        fp = fopenCheck(path, "wb");
+        fwriteCheck(copy, 1, (size_t)variants[i].length, fp);
+        fclose(fp);
+        free(copy);
+        CHECK_DIES(variants[i].what, path, evalloader_init(&loader, path, 4, 16, 0, 1));
+    }
+    // an example whose <EXAMPLE_BYTES> disagrees with its fields is named as such
+    uint16_t example_bytes;
+    memcpy(&example_bytes, bytes + 1024 + 2, 2);
+    example_bytes += 2;
+    memcpy(bytes + 1024 + 2, &example_bytes, 2);
+    const char* claims = in_dir(g_dir, "eval_claims.bin");
+    fp = fopenCheck(claims, "wb");
+    fwriteCheck(bytes, 1, (size_t)n, fp);
+    fclose(fp);
+    CHECK_DIES("eval: example bytes vs fields", "its fields take", evalloader_init(&loader, claims, 4, 16, 0, 1));
+    free(bytes);
+}
+
+int main(void) {
+    test_make_temp_dir(g_dir, sizeof(g_dir));
+    snprintf(g_py_dir, sizeof(g_py_dir), "%s/llmc", g_dir);
+    char command[1024];
+    snprintf(command, sizeof(command), "python3 test/make_llmc_files.py %s", g_py_dir);
+    int status = system(command);
+    CHECK(status == 0, "'%s' failed (run from the repository root; needs python3 with numpy)", command);
+    if (status != 0) { return test_summary("test_dataloader"); }
+    write_good_shards();
+
+    test_unshuffled_order();
+    test_shuffled_order();
+    test_resume();
+    test_shards_from_llmc();
+    test_dataloader_bad_inputs();
+    test_eval_loader();
+    test_eval_bad_inputs();
+
+    test_remove_dir(g_py_dir);
+    test_remove_dir(g_dir);
+    return test_summary("test_dataloader");
+}

@@ -1,0 +1,691 @@
+/*
+test_formats.c: model, state and tokenizer files, checkpoint atomicity and the logger.
+
+Files written by test/make_llmc_files.py (numpy, llm.c's layout, independent of our C) are
+read and compared with the values the script documents, and our writers must reproduce
+those files byte for byte. Our own files round-trip bit for bit. Every bad input ends the
+process with one `error:` line naming the file (test_harness_fork.h).
+Run from the repository root: build/test_formats
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "test/test_harness.h"
+#include "test/test_harness_fork.h"
+#include "llmc/utils.h"
+#include "llmc/gpt2_config.h"
+#include "llmc/dataloader.h"
+#include "llmc/checkpoint.h"
+#include "llmc/tokenizer.h"
+#include "llmc/logger.h"
+
+// the shapes make_llmc_files.py uses
+#define PY_STATE_NUM_PARAMS 100
+#define PY_STATE_B 2
+#define PY_STATE_T 8
+#define PY_SHARD1_TOKENS 777
+
+static char g_dir[256];     // scratch dir for our files
+static char g_py_dir[512];  // files from make_llmc_files.py
+
+static const char* in_dir(const char* dir, const char* name) {
+    static char paths[8][1024];
+    static int next = 0;
+    char* path = paths[next];
+    next = (next + 1) % 8;
+    snprintf(path, 1024, "%s/%s", dir, name);
+    return path;
+}
+
+static unsigned char* read_all(const char* path, size_t* length) {
+    FILE* fp = fopenCheck(path, "rb");
+    long n = file_size_bytes(fp);
+    unsigned char* bytes = (unsigned char*)mallocCheck((size_t)n + 1);
+    freadCheck(bytes, 1, (size_t)n, fp);
+    fclose(fp);
+    *length = (size_t)n;
+    return bytes;
+}
+
+static void write_all(const char* path, const void* bytes, size_t length) {
+    FILE* fp = fopenCheck(path, "wb");
+    fwriteCheck(bytes, 1, length, fp);
+    fclose(fp);
+}
+
+static int files_identical(const char* a, const char* b) {
+    size_t na, nb;
+    unsigned char* x = read_all(a, &na);
+    unsigned char* y = read_all(b, &nb);
+    int same = na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+// a copy of `src` with `length` bytes, and int32 header slot `slot` set to `value` (slot < 0: unchanged)
+static const char* write_variant(const char* src, const char* name, size_t length, int slot, int32_t value) {
+    size_t n;
+    unsigned char* bytes = read_all(src, &n);
+    bytes = (unsigned char*)realloc(bytes, length > n ? length : n);
+    if (length > n) { memset(bytes + n, 0, length - n); }
+    if (slot >= 0) { memcpy(bytes + 4 * slot, &value, 4); }
+    const char* path = in_dir(g_dir, name);
+    write_all(path, bytes, length);
+    free(bytes);
+    return path;
+}
+
+static size_t file_length(const char* path) {
+    size_t n;
+    free(read_all(path, &n));
+    return n;
+}
+
+static GPT2Config py_config(void) { return gpt2_config_make(2, 2, 16, 8, 60); }
+
+// ----------------------------------------------------------------------------
+// model files
+
+static void test_model_files_from_llmc(void) {
+    GPT2Config cfg;
+    int version = 0;
+    model_file_read_header(in_dir(g_py_dir, "model_v3.bin"), &cfg, &version);
+    GPT2Config want = py_config();
+    CHECK(version == 3, "model_v3.bin: version %d", version);
+    CHECK(memcmp(&cfg, &want, sizeof(cfg)) == 0, "model_v3.bin: config L=%d NH=%d C=%d maxT=%d V=%d Vp=%d",
+          cfg.num_layers, cfg.num_heads, cfg.channels, cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size);
+    size_t n = gpt2_num_parameters(&cfg);
+    size_t expected_bytes;
+    float* expected = (float*)read_all(in_dir(g_py_dir, "expected_params_f32.bin"), &expected_bytes);
+    CHECK(expected_bytes == n * sizeof(float), "expected_params_f32.bin has %zu bytes, %zu params", expected_bytes, n);
+    float* params = (float*)mallocCheck(n * sizeof(float));
+    model_file_read_params(in_dir(g_py_dir, "model_v3.bin"), &cfg, params);
+    CHECK(memcmp(params, expected, n * sizeof(float)) == 0, "model_v3.bin params differ from numpy's");
+
+    model_file_read_header(in_dir(g_py_dir, "model_v5.bin"), &cfg, &version);
+    CHECK(version == 5 && memcmp(&cfg, &want, sizeof(cfg)) == 0, "model_v5.bin: version %d or config wrong", version);
+    size_t bf16_bytes;
+    float* expected_bf16 = (float*)read_all(in_dir(g_py_dir, "expected_params_bf16.bin"), &bf16_bytes);
+    model_file_read_params(in_dir(g_py_dir, "model_v5.bin"), &cfg, params);
+    CHECK(memcmp(params, expected_bf16, n * sizeof(float)) == 0, "model_v5.bin params differ from numpy's bf16");
+    CHECK(params[0] == 1.0f && params[1] == 1.0f + 4.0f / 256.0f, "bf16 ties: %.9g %.9g", params[0], params[1]);
+
+    // our writer reproduces llm.c's files byte for byte from the same values
+    model_file_write(in_dir(g_dir, "ours_v3.bin"), &cfg, expected, 3);
+    model_file_write(in_dir(g_dir, "ours_v5.bin"), &cfg, expected, 5);
+    CHECK(files_identical(in_dir(g_dir, "ours_v3.bin"), in_dir(g_py_dir, "model_v3.bin")), "our v3 file != llm.c layout");
+    CHECK(files_identical(in_dir(g_dir, "ours_v5.bin"), in_dir(g_py_dir, "model_v5.bin")), "our v5 file != llm.c layout");
+    free(params);
+    free(expected);
+    free(expected_bf16);
+}
+
+static void test_model_round_trip(void) {
+    GPT2Config cfg = gpt2_config_make(3, 4, 32, 16, 200);
+    size_t n = gpt2_num_parameters(&cfg);
+    float* params = (float*)mallocCheck(n * sizeof(float));
+    float* back = (float*)mallocCheck(n * sizeof(float));
+    gpt2_init_params_random(params, &cfg, 7);
+    params[n - 1] = -0.0f;  // signs and odd values survive
+    params[n - 2] = 3.0e-40f;
+
+    const char* path3 = in_dir(g_dir, "rt_v3.bin");
+    model_file_write(path3, &cfg, params, 3);
+    CHECK(!file_exists(in_dir(g_dir, "rt_v3.bin.tmp")), "model write left its .tmp behind");
+    CHECK(file_length(path3) == 1024 + n * 4, "v3 length %zu", file_length(path3));
+    size_t raw_n;
+    int32_t* raw = (int32_t*)read_all(path3, &raw_n);
+    int32_t want_header[8] = {20240326, 3, 16, 200, 3, 4, 32, 256};
+    CHECK(memcmp(raw, want_header, sizeof(want_header)) == 0, "v3 header slots 0..7 not llm.c's");
+    int rest_zero = 1;
+    for (int i = 8; i < 256; i++) { rest_zero &= raw[i] == 0; }
+    CHECK(rest_zero, "v3 header slots 8..255 not zero");
+    free(raw);
+    GPT2Config got;
+    int version;
+    model_file_read_header(path3, &got, &version);
+    CHECK(version == 3 && memcmp(&got, &cfg, sizeof(cfg)) == 0, "v3 header round trip");
+    model_file_read_params(path3, &cfg, back);
+    CHECK(memcmp(back, params, n * sizeof(float)) == 0, "v3 params not bit-exact");
+
+    const char* path5 = in_dir(g_dir, "rt_v5.bin");
+    model_file_write(path5, &cfg, params, 5);
+    CHECK(file_length(path5) == 1024 + n * 2, "v5 length %zu", file_length(path5));
+    model_file_read_header(path5, &got, &version);
+    CHECK(version == 5, "v5 version %d", version);
+    model_file_read_params(path5, &cfg, back);
+    size_t mismatches = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = bf16_bits_to_float(float_to_bf16_bits(params[i]));
+        mismatches += memcmp(&want, &back[i], 4) != 0;
+    }
+    CHECK(mismatches == 0, "v5: %zu params differ from their bf16 rounding", mismatches);
+    // bf16 values are fixed points of the round trip: writing them again gives the same file
+    model_file_write(in_dir(g_dir, "rt_v5_again.bin"), &cfg, back, 5);
+    CHECK(files_identical(path5, in_dir(g_dir, "rt_v5_again.bin")), "v5 -> read -> v5 is not byte-identical");
+    free(params);
+    free(back);
+}
+
+static void test_model_bad_inputs(void) {
+    GPT2Config cfg;
+    int version;
+    const char* good = in_dir(g_py_dir, "model_v3.bin");
+    size_t n = file_length(good);
+    const char* missing = in_dir(g_dir, "no_such_model.bin");
+    CHECK_DIES("model: missing file", missing, model_file_read_header(missing, &cfg, &version));
+    const char* magic = write_variant(good, "model_magic.bin", n, 0, 20240327);
+    CHECK_DIES("model: wrong magic", magic, model_file_read_header(magic, &cfg, &version));
+    const char* ver = write_variant(good, "model_version.bin", n, 1, 4);
+    CHECK_DIES("model: wrong version", ver, model_file_read_header(ver, &cfg, &version));
+    const char* truncated = write_variant(good, "model_truncated.bin", n - 1, -1, 0);
+    CHECK_DIES("model: truncated", truncated, model_file_read_header(truncated, &cfg, &version));
+    const char* longer = write_variant(good, "model_longer.bin", n + 4, -1, 0);
+    CHECK_DIES("model: extra bytes", longer, model_file_read_header(longer, &cfg, &version));
+    const char* shape = write_variant(good, "model_shape.bin", n, 5, 3);  // NH=3 does not divide C=16
+    CHECK_DIES("model: bad shape", shape, model_file_read_header(shape, &cfg, &version));
+    const char* header_len = write_variant(good, "model_header_len.bin", 1000, -1, 0);
+    CHECK_DIES("model: shorter than header", header_len, model_file_read_header(header_len, &cfg, &version));
+    const char* layers = write_variant(good, "model_layers.bin", n, 4, 3);  // L=3: length no longer matches
+    CHECK_DIES("model: header/length mismatch", layers, model_file_read_header(layers, &cfg, &version));
+    GPT2Config other = gpt2_config_make(2, 2, 16, 8, 61);
+    float dummy[1];
+    CHECK_DIES("model: read with another shape", good, model_file_read_params(good, &other, dummy));
+    float params[1] = {0};
+    const char* out = in_dir(g_dir, "bad_version_out.bin");
+    GPT2Config small = gpt2_config_make(1, 1, 1, 1, 1);
+    CHECK_DIES("model: write version 4", out, model_file_write(out, &small, params, 4));
+}
+
+// ----------------------------------------------------------------------------
+// state files
+
+static void fill_arrays(float* m, float* v, float* master, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        m[i] = (float)i * 0.5f;
+        v[i] = (float)i * 0.25f + 1.0f;
+        master[i] = -(float)i / 8.0f;
+    }
+}
+
+static void py_loader_init(DataLoader* loader, int shuffle) {
+    dataloader_init(loader, in_dir(g_py_dir, "data_train_*.bin"), PY_STATE_B, PY_STATE_T, 0, 1, shuffle, 50257);
+}
+
+static void test_state_from_llmc(void) {
+    size_t n = PY_STATE_NUM_PARAMS;
+    float m[PY_STATE_NUM_PARAMS], v[PY_STATE_NUM_PARAMS], master[PY_STATE_NUM_PARAMS];
+    float want_m[PY_STATE_NUM_PARAMS], want_v[PY_STATE_NUM_PARAMS], want_master[PY_STATE_NUM_PARAMS];
+    fill_arrays(want_m, want_v, want_master, n);
+
+    // no shuffle, master weights
+    DataLoader loader;
+    py_loader_init(&loader, 0);
+    TrainState state;
+    memset(&state, 0, sizeof(state));
+    StateBuffers buffers = {n, m, v, master, NULL, 0};
+    state_file_read(in_dir(g_py_dir, "state_v1.bin"), &state, &buffers, &loader);
+    CHECK(state.step == 123, "state_v1 step %d", state.step);
+    CHECK(state.rng_state == 0x1122334455667788ull && state.rng_state_last_update == 987654321ull,
+          "state_v1 rng fields %llx %llu", (unsigned long long)state.rng_state,
+          (unsigned long long)state.rng_state_last_update);
+    CHECK(memcmp(m, want_m, sizeof(m)) == 0 && memcmp(v, want_v, sizeof(v)) == 0 &&
+          memcmp(master, want_master, sizeof(master)) == 0, "state_v1 m/v/master differ");
+    CHECK(loader.current_shard_idx == 1 && loader.current_sample_idx == 2, "state_v1 position %zu %zu",
+          loader.current_shard_idx, loader.current_sample_idx);
+    dataloader_next_batch(&loader);
+    // shard 1 token i = (i*31 + 1000 + 7) % 50000; sample 2 starts at token 2*B*T
+    size_t start = 2 * PY_STATE_B * PY_STATE_T;
+    CHECK(loader.inputs[0] == (int)(((start) * 31 + 1007) % 50000) &&
+          loader.targets[PY_STATE_B * PY_STATE_T - 1] == (int)(((start + 16) * 31 + 1007) % 50000),
+          "state_v1 resumed batch is not shard 1 sample 2");
+    // our writer, from the same state, reproduces the file byte for byte
+    dataloader_resume(&loader, 1, 2);
+    state_file_write(in_dir(g_dir, "ours_state_v1.bin"), &state, &buffers, &loader);
+    CHECK(files_identical(in_dir(g_dir, "ours_state_v1.bin"), in_dir(g_py_dir, "state_v1.bin")),
+          "our v1 state file != llm.c layout");
+    dataloader_free(&loader);
+
+    // shuffle trailer, no master weights
+    py_loader_init(&loader, 1);
+    StateBuffers shuffled = {n, m, v, NULL, NULL, 0};
+    state_file_read(in_dir(g_py_dir, "state_v1_shuffle.bin"), &state, &shuffled, &loader);
+    size_t shard_samples = (PY_SHARD1_TOKENS - 1) / (PY_STATE_B * PY_STATE_T);
+    CHECK(loader.shard_indices[0] == 1 && loader.shard_indices[1] == 0, "shuffle trailer: shard order");
+    int reversed = loader.num_intra_shard_indices == shard_samples;
+    for (size_t i = 0; reversed && i < shard_samples; i++) {
+        reversed = loader.intra_shard_indices[i] == (int)(shard_samples - 1 - i);
+    }
+    CHECK(reversed, "shuffle trailer: sample order not the reversed range of %zu", shard_samples);
+    mt19937_state want_rng;
+    manual_seed(&want_rng, 42);
+    CHECK(memcmp(loader.shuffle_rng.state, want_rng.state, sizeof(want_rng.state)) == 0 &&
+          loader.shuffle_rng.index == 7, "shuffle trailer: rng state (index %u)", loader.shuffle_rng.index);
+    CHECK(loader.current_shard_idx == 0 && loader.current_sample_idx == 5 && loader.loaded_shard == 1,
+          "shuffle trailer: position");
+    dataloader_next_batch(&loader);
+    size_t sample = shard_samples - 1 - 5;
+    CHECK(loader.inputs[0] == (int)((sample * 16 * 31 + 1007) % 50000), "shuffled resume: wrong first token %d",
+          loader.inputs[0]);
+    // llm.c's freshly seeded generator (left_ 1, next_ 0) twists on its next draw
+    size_t rng_offset = 1024 + 2 * n * 4 + 8 + 2 * 4 + 8 + shard_samples * 4;
+    write_variant(in_dir(g_py_dir, "state_v1_shuffle.bin"), "fresh_rng_a.bin", file_length(in_dir(g_py_dir, "state_v1_shuffle.bin")),
+                  (int)(rng_offset + 8) / 4, 1);
+    const char* fresh = write_variant(in_dir(g_dir, "fresh_rng_a.bin"), "fresh_rng.bin",
+                                      file_length(in_dir(g_dir, "fresh_rng_a.bin")), (int)(rng_offset + 12) / 4, 0);
+    DataLoader fresh_loader;
+    py_loader_init(&fresh_loader, 1);
+    state_file_read(fresh, &state, &shuffled, &fresh_loader);
+    CHECK(fresh_loader.shuffle_rng.index == MT19937_N, "llm.c's fresh rng state must map to index N, got %u",
+          fresh_loader.shuffle_rng.index);
+    dataloader_free(&fresh_loader);
+    // the state as read, written again, is the same file
+    dataloader_resume(&loader, 0, 5);
+    state_file_write(in_dir(g_dir, "ours_state_shuffle.bin"), &state, &shuffled, &loader);
+    CHECK(files_identical(in_dir(g_dir, "ours_state_shuffle.bin"), in_dir(g_py_dir, "state_v1_shuffle.bin")),
+          "our shuffled v1 state file != llm.c layout");
+    dataloader_free(&loader);
+}
+
+static void test_state_round_trip(void) {
+    size_t n = 1000;
+    float* m = (float*)mallocCheck(3 * n * sizeof(float));
+    float* v = m + n;
+    float* master = v + n;
+    float* back = (float*)mallocCheck(3 * n * sizeof(float));
+    mt19937_state rng;
+    manual_seed(&rng, 5);
+    normal_(m, 3 * n, 0.0f, 1.0f, &rng);
+    TrainState state = {4567, 0xdeadbeefcafef00dull, 4566};
+    StateBuffers with_master = {n, m, v, master, NULL, 0};
+    StateBuffers without_master = {n, m, v, NULL, NULL, 0};
+    StateBuffers into_with = {n, back, back + n, back + 2 * n, NULL, 0};
+    StateBuffers into_without = {n, back, back + n, NULL, NULL, 0};
+
+    for (int shuffle = 0; shuffle <= 1; shuffle++) {
+        for (int use_master = 0; use_master <= 1; use_master++) {
+            DataLoader loader;
+            py_loader_init(&loader, shuffle);
+            for (int i = 0; i < 70; i++) { dataloader_next_batch(&loader); }  // into the second shard
+            const char* path = in_dir(g_dir, "rt_state.bin");
+            state_file_write(path, &state, use_master ? &with_master : &without_master, &loader);
+            size_t raw_n;
+            int32_t* raw = (int32_t*)read_all(path, &raw_n);
+            uint64_t u64[4];
+            memcpy(u64, &raw[20], 16);
+            memcpy(u64 + 2, &raw[30], 16);
+            CHECK(raw[0] == 20240527 && raw[1] == 1 && raw[2] == 1 && raw[3] == 0 && raw[4] == use_master &&
+                  raw[5] == shuffle && raw[10] == 4567, "state header slots (shuffle %d master %d)", shuffle, use_master);
+            CHECK(u64[0] == state.rng_state && u64[1] == 4566 && u64[2] == loader.current_shard_idx &&
+                  u64[3] == loader.current_sample_idx, "state header uint64 slots");
+            size_t trailer = shuffle ? 8 + 2 * 4 + 8 + loader.num_intra_shard_indices * 4 + 2520 : 0;
+            CHECK(raw_n == 1024 + (2 + use_master) * n * 4 + trailer, "state length %zu (shuffle %d master %d)",
+                  raw_n, shuffle, use_master);
+            free(raw);
+
+            DataLoader resumed;
+            py_loader_init(&resumed, shuffle);
+            TrainState got;
+            memset(back, 0, 3 * n * sizeof(float));
+            state_file_read(path, &got, use_master ? &into_with : &into_without, &resumed);
+            CHECK(got.step == state.step && got.rng_state == state.rng_state &&
+                  got.rng_state_last_update == state.rng_state_last_update, "state fields round trip");
+            CHECK(memcmp(back, m, (2 + use_master) * n * sizeof(float)) == 0, "state arrays not bit-exact");
+            int same = 1;
+            for (int i = 0; i < 150; i++) {  // past the end of the epoch
+                dataloader_next_batch(&loader);
+                dataloader_next_batch(&resumed);
+                same &= memcmp(loader.inputs, resumed.inputs, PY_STATE_B * PY_STATE_T * sizeof(int)) == 0;
+            }
+            CHECK(same, "resumed loader diverges (shuffle %d)", shuffle);
+            dataloader_free(&loader);
+            dataloader_free(&resumed);
+        }
+    }
+    free(m);
+    free(back);
+}
+
+static void test_state_sections(void) {
+    size_t n = 64;
+    float m[64], v[64], master[64], back[3][64];
+    fill_arrays(m, v, master, n);
+    float amax_history[16 * 4];
+    uint8_t quantized[256];
+    for (int i = 0; i < 64; i++) { amax_history[i] = (float)i * 1.5f; }
+    for (int i = 0; i < 256; i++) { quantized[i] = (uint8_t)(255 - i); }
+    StateSection sections[2] = {{"fp8_amax_hist", amax_history, sizeof(amax_history)},
+                                {"adamw8_m", quantized, sizeof(quantized)}};
+    DataLoader loader;
+    py_loader_init(&loader, 1);
+    TrainState state = {9, 1, 2};
+    StateBuffers buffers = {n, m, v, master, sections, 2};
+    const char* path = in_dir(g_dir, "sections.bin");
+    state_file_write(path, &state, &buffers, &loader);
+    size_t raw_n;
+    int32_t* raw = (int32_t*)read_all(path, &raw_n);
+    CHECK(raw[1] == 2 && raw[40] == 2 && raw[6] == 0, "sections: version %d count %d", raw[1], raw[40]);
+    free(raw);
+
+    float amax_back[64];
+    uint8_t quantized_back[256];
+    StateSection into[2] = {{"adamw8_m", quantized_back, sizeof(quantized_back)},  // order does not matter
+                            {"fp8_amax_hist", amax_back, sizeof(amax_back)}};
+    StateBuffers into_buffers = {n, back[0], back[1], back[2], into, 2};
+    DataLoader resumed;
+    py_loader_init(&resumed, 1);
+    TrainState got;
+    state_file_read(path, &got, &into_buffers, &resumed);
+    CHECK(memcmp(amax_back, amax_history, sizeof(amax_back)) == 0 && memcmp(quantized_back, quantized, 256) == 0,
+          "sections do not round-trip");
+    CHECK(memcmp(back[2], master, sizeof(master)) == 0 && got.step == 9, "v2 body does not round-trip");
+
+    // 8-bit optimizer: no fp32 moments in the body
+    StateBuffers no_moments = {n, NULL, NULL, master, sections, 2};
+    const char* path8 = in_dir(g_dir, "sections8.bin");
+    state_file_write(path8, &state, &no_moments, &loader);
+    CHECK(file_length(path8) + 2 * n * 4 == file_length(path), "moments-in-sections file still has m and v");
+    StateBuffers into8 = {n, NULL, NULL, back[2], into, 2};
+    state_file_read(path8, &got, &into8, &resumed);
+    CHECK(memcmp(back[2], master, sizeof(master)) == 0, "v2 without moments does not round-trip");
+
+    StateSection wrong_tag[2] = {{"adamw8_m", quantized_back, 256}, {"fp8_scales", amax_back, sizeof(amax_back)}};
+    StateBuffers wrong_tag_buffers = {n, back[0], back[1], back[2], wrong_tag, 2};
+    CHECK_DIES("state: unknown section", "fp8_amax_hist", state_file_read(path, &got, &wrong_tag_buffers, &resumed));
+    StateSection wrong_size[2] = {{"adamw8_m", quantized_back, 128}, {"fp8_amax_hist", amax_back, sizeof(amax_back)}};
+    StateBuffers wrong_size_buffers = {n, back[0], back[1], back[2], wrong_size, 2};
+    CHECK_DIES("state: section size", "is 256 bytes", state_file_read(path, &got, &wrong_size_buffers, &resumed));
+    StateBuffers no_sections = {n, back[0], back[1], back[2], NULL, 0};
+    CHECK_DIES("state: sections not kept", path, state_file_read(path, &got, &no_sections, &resumed));
+    CHECK_DIES("state: moments expected", path8, state_file_read(path8, &got, &into_buffers, &resumed));
+    dataloader_free(&loader);
+    dataloader_free(&resumed);
+}
+
+static void test_state_bad_inputs(void) {
+    size_t n = PY_STATE_NUM_PARAMS;
+    float m[PY_STATE_NUM_PARAMS], v[PY_STATE_NUM_PARAMS], master[PY_STATE_NUM_PARAMS];
+    StateBuffers buffers = {n, m, v, master, NULL, 0};
+    StateBuffers no_master = {n, m, v, NULL, NULL, 0};
+    DataLoader loader;
+    py_loader_init(&loader, 0);
+    TrainState state;
+    const char* good = in_dir(g_py_dir, "state_v1.bin");
+    size_t length = file_length(good);
+    const char* missing = in_dir(g_dir, "no_such_state.bin");
+    CHECK_DIES("state: missing file", missing, state_file_read(missing, &state, &buffers, &loader));
+    const char* magic = write_variant(good, "state_magic.bin", length, 0, 20240326);
+    CHECK_DIES("state: wrong magic", magic, state_file_read(magic, &state, &buffers, &loader));
+    const char* ver = write_variant(good, "state_version.bin", length, 1, 3);
+    CHECK_DIES("state: wrong version", ver, state_file_read(ver, &state, &buffers, &loader));
+    const char* truncated = write_variant(good, "state_truncated.bin", length - 4, -1, 0);
+    CHECK_DIES("state: truncated", truncated, state_file_read(truncated, &state, &buffers, &loader));
+    const char* longer = write_variant(good, "state_longer.bin", length + 4, -1, 0);
+    CHECK_DIES("state: trailing bytes", longer, state_file_read(longer, &state, &buffers, &loader));
+    const char* rank = write_variant(good, "state_rank.bin", length, 3, 1);
+    CHECK_DIES("state: other rank", rank, state_file_read(rank, &state, &buffers, &loader));
+    CHECK_DIES("state: master weights mismatch", good, state_file_read(good, &state, &no_master, &loader));
+    const char* position = write_variant(good, "state_position.bin", length, 30, 2);  // shard 2 of 2
+    CHECK_DIES("state: shard index out of range", position, state_file_read(position, &state, &buffers, &loader));
+    const char* sample = write_variant(good, "state_sample.bin", length, 32, 1000);  // shard 1 has 48 samples
+    CHECK_DIES("state: sample index out of range", "sample index 1000", state_file_read(sample, &state, &buffers, &loader));
+    CHECK_DIES("state: shuffle mismatch", "shuffling", state_file_read(in_dir(g_py_dir, "state_v1_shuffle.bin"), &state,
+                                                                      &no_master, &loader));
+    dataloader_free(&loader);
+
+    DataLoader shuffled;
+    py_loader_init(&shuffled, 1);
+    const char* good_shuffle = in_dir(g_py_dir, "state_v1_shuffle.bin");
+    size_t shuffle_length = file_length(good_shuffle);
+    CHECK_DIES("state: shuffle flag mismatch", good, state_file_read(good, &state, &buffers, &shuffled));
+    const char* shuffle_longer = write_variant(good_shuffle, "state_shuffle_longer.bin", shuffle_length + 4, -1, 0);
+    CHECK_DIES("state: trailing bytes after trailer", shuffle_longer,
+               state_file_read(shuffle_longer, &state, &no_master, &shuffled));
+    const char* cut = write_variant(good_shuffle, "state_cut_trailer.bin", shuffle_length - 100, -1, 0);
+    CHECK_DIES("state: truncated trailer", cut, state_file_read(cut, &state, &no_master, &shuffled));
+    size_t body = 1024 + 2 * n * 4;
+    const char* order = write_variant(good_shuffle, "state_bad_order.bin", shuffle_length, (int)((body + 8) / 4), 7);
+    CHECK_DIES("state: shard order out of range", order, state_file_read(order, &state, &no_master, &shuffled));
+    dataloader_free(&shuffled);
+}
+
+// ----------------------------------------------------------------------------
+// tokenizer
+
+static void test_tokenizer(void) {
+    Tokenizer tokenizer;
+    tokenizer_init(&tokenizer, in_dir(g_py_dir, "tokenizer.bin"));
+    CHECK(tokenizer.init_ok == 1 && tokenizer.vocab_size == 260 && tokenizer.eot_token == 259,
+          "tokenizer header: ok %d V %u eot %u", tokenizer.init_ok, tokenizer.vocab_size, tokenizer.eot_token);
+    int bytes_ok = 1;
+    for (uint32_t i = 1; i < 256; i++) {
+        const char* piece = tokenizer_decode(&tokenizer, i);
+        bytes_ok &= piece != NULL && (unsigned char)piece[0] == i && piece[1] == '\0';
+    }
+    CHECK(bytes_ok, "single-byte tokens do not decode to themselves");
+    CHECK(strcmp(tokenizer_decode(&tokenizer, 256), "hello") == 0, "token 256");
+    CHECK(strcmp(tokenizer_decode(&tokenizer, 257), " world") == 0, "token 257");
+    CHECK(strcmp(tokenizer_decode(&tokenizer, 258), "\xe2\x82") == 0, "token 258");
+    CHECK(strcmp(tokenizer_decode(&tokenizer, 259), "<|endoftext|>") == 0, "token 259 (eot)");
+    CHECK(tokenizer_decode(&tokenizer, 260) == NULL, "out-of-range token must decode to NULL");
+    tokenizer_free(&tokenizer);
+
+    // missing file: a warning, decoding off, no exit
+    tokenizer_init(&tokenizer, in_dir(g_dir, "no_such_tokenizer.bin"));
+    CHECK(tokenizer.init_ok == 0 && tokenizer_decode(&tokenizer, 5) == NULL, "missing tokenizer must leave init_ok 0");
+    safe_printf(tokenizer_decode(&tokenizer, 5));  // NULL: prints nothing, must not crash
+
+    const char* good = in_dir(g_py_dir, "tokenizer.bin");
+    size_t length = file_length(good);
+    const char* magic = write_variant(good, "tok_magic.bin", length, 0, 1);
+    CHECK_DIES("tokenizer: wrong magic", magic, tokenizer_init(&tokenizer, magic));
+    const char* ver = write_variant(good, "tok_version.bin", length, 1, 1);
+    CHECK_DIES("tokenizer: wrong version", ver, tokenizer_init(&tokenizer, ver));
+    const char* truncated = write_variant(good, "tok_truncated.bin", length - 3, -1, 0);
+    CHECK_DIES("tokenizer: truncated", truncated, tokenizer_init(&tokenizer, truncated));
+    const char* longer = write_variant(good, "tok_longer.bin", length + 2, -1, 0);
+    CHECK_DIES("tokenizer: trailing bytes", longer, tokenizer_init(&tokenizer, longer));
+    const char* vocab = write_variant(good, "tok_vocab.bin", length, 2, 300);
+    CHECK_DIES("tokenizer: vocab size vs length", vocab, tokenizer_init(&tokenizer, vocab));
+}
+
+static void test_safe_printf(void) {
+    const char* path = in_dir(g_dir, "safe_printf.txt");
+    fflush(stdout);
+    int saved_fd = dup(STDOUT_FILENO);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, STDOUT_FILENO);
+    close(fd);
+    safe_printf("ab");
+    safe_printf("\x01");
+    safe_printf("\n");
+    safe_printf("\xe2");
+    safe_printf(NULL);
+    safe_printf("");
+    safe_printf("x");
+    fflush(stdout);
+    dup2(saved_fd, STDOUT_FILENO);
+    close(saved_fd);
+    size_t n;
+    char* text = (char*)read_all(path, &n);
+    text[n] = '\0';
+    CHECK(strcmp(text, "ab\nx") == 0, "safe_printf printed [%s]", text);
+    free(text);
+}
+
+// ----------------------------------------------------------------------------
+// checkpoint atomicity and paths
+
+static void touch(const char* path) { write_all(path, "", 0); }
+
+static void test_checkpoint_paths_and_latest(void) {
+    char path[CHECKPOINT_PATH_MAX];
+    checkpoint_model_path(path, sizeof(path), "out", 1500);
+    CHECK(strcmp(path, "out/model_00001500.bin") == 0, "model path %s", path);
+    checkpoint_state_path(path, sizeof(path), "out", 1500, 3);
+    CHECK(strcmp(path, "out/state_00001500_00003.bin") == 0, "state path %s", path);
+    checkpoint_done_path(path, sizeof(path), "out", 1500);
+    CHECK(strcmp(path, "out/DONE_00001500") == 0, "done path %s", path);
+    char tiny[8];
+    CHECK_DIES("checkpoint: path too long", "out", checkpoint_model_path(tiny, sizeof(tiny), "out", 1));
+
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    CHECK(checkpoint_find_latest(dir) == -1, "empty dir must give -1");
+    CHECK(checkpoint_find_latest(in_dir(dir, "missing_subdir")) == -1, "missing dir must give -1");
+
+    GPT2Config cfg = gpt2_config_make(1, 1, 4, 4, 8);
+    size_t n = gpt2_num_parameters(&cfg);
+    float* params = (float*)mallocCheck(n * sizeof(float));
+    float* back = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { params[i] = (float)i; }
+    for (int step = 10; step <= 20; step += 10) {
+        checkpoint_model_path(path, sizeof(path), dir, step);
+        model_file_write(path, &cfg, params, 3);
+        checkpoint_write_done(dir, step);
+    }
+    CHECK(checkpoint_find_latest(dir) == 20, "latest of 10, 20: %d", checkpoint_find_latest(dir));
+    CHECK(!file_exists(in_dir(dir, "DONE_00000020.tmp")), "DONE write left its .tmp behind");
+    // step 30: files complete but no DONE yet; step 40: killed while writing (only .tmp files)
+    checkpoint_model_path(path, sizeof(path), dir, 30);
+    model_file_write(path, &cfg, params, 3);
+    touch(in_dir(dir, "model_00000040.bin.tmp"));
+    touch(in_dir(dir, "DONE_00000040.tmp"));
+    touch(in_dir(dir, "DONE_0000005"));       // not 8 digits
+    touch(in_dir(dir, "DONE_00000060x"));     // trailing junk
+    touch(in_dir(dir, "xDONE_00000070"));
+    touch(in_dir(dir, "DONE_9999999x"));      // not all digits
+    CHECK(checkpoint_find_latest(dir) == 20, "latest must ignore steps without a DONE marker: %d",
+          checkpoint_find_latest(dir));
+    checkpoint_write_done(dir, 30);
+    CHECK(checkpoint_find_latest(dir) == 30, "latest after DONE 30: %d", checkpoint_find_latest(dir));
+
+    // removing a step deletes its marker, model, every rank's state and leftovers, nothing else
+    touch(in_dir(dir, "state_00000030_00000.bin"));
+    touch(in_dir(dir, "state_00000030_00001.bin"));
+    touch(in_dir(dir, "state_00000030_00001.bin.tmp"));
+    touch(in_dir(dir, "state_00000300_00000.bin"));
+    checkpoint_remove(dir, 30);
+    CHECK(checkpoint_find_latest(dir) == 20, "after removing 30 the latest is 20: %d", checkpoint_find_latest(dir));
+    CHECK(!file_exists(in_dir(dir, "model_00000030.bin")) && !file_exists(in_dir(dir, "state_00000030_00000.bin")) &&
+          !file_exists(in_dir(dir, "state_00000030_00001.bin")) && !file_exists(in_dir(dir, "state_00000030_00001.bin.tmp")),
+          "checkpoint_remove left files of step 30");
+    CHECK(file_exists(in_dir(dir, "state_00000300_00000.bin")) && file_exists(in_dir(dir, "model_00000020.bin")) &&
+          file_exists(in_dir(dir, "DONE_00000020")), "checkpoint_remove removed files of other steps");
+    checkpoint_remove(dir, 30);  // removing again is harmless
+
+    // a writer killed half way leaves the previous complete file readable
+    checkpoint_model_path(path, sizeof(path), dir, 20);
+    char tmp[CHECKPOINT_PATH_MAX + 8];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    write_all(tmp, "partial", 7);
+    model_file_read_params(path, &cfg, back);
+    CHECK(memcmp(back, params, n * sizeof(float)) == 0, "stale .tmp must not affect the complete file");
+    // rewriting replaces the file and consumes the stale .tmp
+    params[0] = 42.0f;
+    model_file_write(path, &cfg, params, 3);
+    model_file_read_params(path, &cfg, back);
+    CHECK(back[0] == 42.0f && !file_exists(tmp), "rewrite did not replace the file atomically");
+    free(params);
+    free(back);
+    test_remove_dir(dir);
+}
+
+// ----------------------------------------------------------------------------
+// logger
+
+static char* read_text(const char* path) {
+    size_t n;
+    char* text = (char*)read_all(path, &n);
+    text[n] = '\0';
+    return text;
+}
+
+static void test_logger(void) {
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    Logger logger;
+    logger_init(&logger, dir, 0, 0);
+    logger_log_train(&logger, 0, 10.98766f, 6e-5f, 3.14159f, 120.5f, 250000.0f, 0.381f, 0);
+    logger_log_val(&logger, 0, 10.5f);
+    logger_log_train(&logger, 1, NAN, 1.2e-4f, INFINITY, 99.0f, 300000.0f, 0.4f, 1);
+    logger_log_eval(&logger, 1, 0.2875f);
+    // lines are flushed as they are written, before logger_free
+    char* log = read_text(in_dir(dir, "main.log"));
+    const char* want_log =
+        "s:0 trl:10.9877 lr:0.000060 norm:3.14\n"
+        "s:0 tel:10.5000\n"
+        "s:1 trl:nan lr:0.000120 norm:inf\n"
+        "s:1 eval:0.2875\n";
+    CHECK(strcmp(log, want_log) == 0, "main.log is\n%s", log);
+    free(log);
+    char* jsonl = read_text(in_dir(dir, "main.jsonl"));
+    char want_jsonl[2048];
+    snprintf(want_jsonl, sizeof(want_jsonl),
+             "{\"step\":0,\"type\":\"train\",\"loss\":%.9g,\"lr\":%.9g,\"norm\":%.9g,\"ms\":120.5,\"tok_per_s\":250000,"
+             "\"mfu\":%.9g,\"skipped\":0}\n"
+             "{\"step\":0,\"type\":\"val\",\"loss\":10.5}\n"
+             "{\"step\":1,\"type\":\"train\",\"loss\":null,\"lr\":%.9g,\"norm\":null,\"ms\":99,\"tok_per_s\":300000,"
+             "\"mfu\":%.9g,\"skipped\":1}\n"
+             "{\"step\":1,\"type\":\"eval\",\"hellaswag_acc\":%.9g}\n",
+             (double)10.98766f, (double)6e-5f, (double)3.14159f, (double)0.381f, (double)1.2e-4f, (double)0.4f,
+             (double)0.2875f);
+    CHECK(strcmp(jsonl, want_jsonl) == 0, "main.jsonl is\n%s\nexpected\n%s", jsonl, want_jsonl);
+    free(jsonl);
+    logger_free(&logger);
+
+    // resume appends, a fresh run truncates
+    logger_init(&logger, dir, 0, 1);
+    logger_log_val(&logger, 2, 9.0f);
+    logger_free(&logger);
+    log = read_text(in_dir(dir, "main.log"));
+    CHECK(strstr(log, "s:0 tel:10.5000\n") != NULL && strstr(log, "s:2 tel:9.0000\n") != NULL, "resume must append");
+    free(log);
+    logger_init(&logger, dir, 0, 0);
+    logger_log_val(&logger, 3, 8.0f);
+    logger_free(&logger);
+    log = read_text(in_dir(dir, "main.log"));
+    CHECK(strcmp(log, "s:3 tel:8.0000\n") == 0, "fresh run must truncate: [%s]", log);
+    free(log);
+
+    // other ranks and no log dir write nothing
+    char dir2[256];
+    test_make_temp_dir(dir2, sizeof(dir2));
+    logger_init(&logger, dir2, 1, 0);
+    logger_log_val(&logger, 0, 1.0f);
+    logger_free(&logger);
+    CHECK(!file_exists(in_dir(dir2, "main.log")) && !file_exists(in_dir(dir2, "main.jsonl")), "rank 1 wrote a log");
+    logger_init(&logger, NULL, 0, 0);
+    logger_log_train(&logger, 0, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0);
+    logger_free(&logger);
+    CHECK(logger.log_file == NULL, "NULL log dir must not log");
+    test_remove_dir(dir2);
+    test_remove_dir(dir);
+}
+
+int main(void) {
+    test_make_temp_dir(g_dir, sizeof(g_dir));
+    snprintf(g_py_dir, sizeof(g_py_dir), "%s/llmc", g_dir);
+    char command[1024];
+    snprintf(command, sizeof(command), "python3 test/make_llmc_files.py %s", g_py_dir);
+    int status = system(command);
+    CHECK(status == 0, "'%s' failed (run from the repository root; needs python3 with numpy)", command);
+    if (status != 0) { return test_summary("test_formats"); }
+
+    test_model_files_from_llmc();
+    test_model_round_trip();
+    test_model_bad_inputs();
+    test_state_from_llmc();
+    test_state_round_trip();
+    test_state_sections();
+    test_state_bad_inputs();
+    test_tokenizer();
+    test_safe_printf();
+    test_checkpoint_paths_and_latest();
+    test_logger();
+
+    test_remove_dir(g_py_dir);
+    test_remove_dir(g_dir);
+    return test_summary("test_formats");
+}

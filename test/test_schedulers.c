@@ -1,0 +1,116 @@
+/*
+test_schedulers.c: learning-rate schedules at their key steps, computed independently here
+in double from the formulas documented in llmc/schedulers.h, plus bad arguments.
+*/
+#include <stdio.h>
+#include <math.h>
+#include "test/test_harness.h"
+#include "test/test_harness_fork.h"
+#include "llmc/schedulers.h"
+
+#define LR 6e-4
+#define WARMUP 10
+#define STEPS 100
+#define FRAC 0.1
+
+static double min_lr(void) { return LR * FRAC; }
+
+static void check_lr(const LearningRateScheduler* s, const char* type, int step, double want) {
+    char what[128];
+    snprintf(what, sizeof(what), "%s lr at step %d", type, step);
+    CHECK_CLOSE(get_learning_rate(s, step), want, 1e-9, 1e-5, what);
+}
+
+static void check_warmup(const LearningRateScheduler* s, const char* type) {
+    check_lr(s, type, 0, LR / WARMUP);           // step 0 already trains, at lr / warmup
+    check_lr(s, type, 4, LR * 5 / WARMUP);
+    check_lr(s, type, WARMUP - 1, LR);           // the last warmup step reaches lr
+}
+
+static void test_cosine(void) {
+    LearningRateScheduler s;
+    lr_scheduler_init(&s, "cosine", (float)LR, WARMUP, STEPS, (float)FRAC);
+    check_warmup(&s, "cosine");
+    check_lr(&s, "cosine", WARMUP, LR);
+    check_lr(&s, "cosine", 55, min_lr() + 0.5 * (LR - min_lr()));                          // half way: the middle
+    check_lr(&s, "cosine", 32, min_lr() + 0.5 * (1.0 + cos(M_PI * 22.0 / 90.0)) * (LR - min_lr()));
+    check_lr(&s, "cosine", STEPS, min_lr());
+    check_lr(&s, "cosine", STEPS + 50, min_lr());                                          // clamped past the end
+    int monotone = 1;
+    for (int step = WARMUP + 1; step <= STEPS; step++) {
+        monotone &= get_learning_rate(&s, step) <= get_learning_rate(&s, step - 1);
+    }
+    CHECK(monotone, "cosine must not increase after warmup");
+}
+
+static void test_linear(void) {
+    LearningRateScheduler s;
+    lr_scheduler_init(&s, "linear", (float)LR, WARMUP, STEPS, (float)FRAC);
+    check_warmup(&s, "linear");
+    check_lr(&s, "linear", WARMUP, LR);
+    check_lr(&s, "linear", 55, LR - 0.5 * (LR - min_lr()));
+    check_lr(&s, "linear", 28, LR - 0.2 * (LR - min_lr()));
+    check_lr(&s, "linear", STEPS, min_lr());
+    check_lr(&s, "linear", STEPS + 1, min_lr());
+}
+
+static void test_constant(void) {
+    LearningRateScheduler s;
+    lr_scheduler_init(&s, "constant", (float)LR, WARMUP, STEPS, (float)FRAC);
+    check_warmup(&s, "constant");
+    check_lr(&s, "constant", WARMUP, LR);
+    check_lr(&s, "constant", STEPS - 1, LR);
+    check_lr(&s, "constant", STEPS * 3, LR);
+}
+
+static void test_wsd(void) {
+    LearningRateScheduler s;
+    lr_scheduler_init(&s, "wsd", (float)LR, WARMUP, STEPS, (float)FRAC);
+    check_warmup(&s, "wsd");
+    check_lr(&s, "wsd", WARMUP, LR);
+    check_lr(&s, "wsd", 79, LR);                                                // stable until 80% of the steps
+    check_lr(&s, "wsd", 80, LR);                                                // decay starts at full lr
+    check_lr(&s, "wsd", 85, min_lr() + (1.0 - sqrt(0.25)) * (LR - min_lr()));
+    check_lr(&s, "wsd", 90, min_lr() + (1.0 - sqrt(0.5)) * (LR - min_lr()));
+    check_lr(&s, "wsd", STEPS, min_lr());
+    check_lr(&s, "wsd", STEPS + 7, min_lr());
+    // a warmup longer than the stable phase: decay starts right after warmup
+    LearningRateScheduler late;
+    lr_scheduler_init(&late, "wsd", (float)LR, 90, STEPS, 0.0f);
+    check_lr(&late, "wsd (warmup 90)", 89, LR);
+    check_lr(&late, "wsd (warmup 90)", 90, LR);
+    check_lr(&late, "wsd (warmup 90)", 95, (1.0 - sqrt(0.5)) * LR);
+}
+
+static void test_no_warmup(void) {
+    LearningRateScheduler s;
+    lr_scheduler_init(&s, "cosine", (float)LR, 0, STEPS, 0.0f);
+    check_lr(&s, "cosine (no warmup)", 0, LR);
+    check_lr(&s, "cosine (no warmup)", 50, 0.5 * LR);
+    check_lr(&s, "cosine (no warmup)", STEPS, 0.0);
+    lr_scheduler_init(&s, "linear", (float)LR, STEPS, STEPS, 0.0f);  // all warmup: never divides by zero
+    check_lr(&s, "linear (all warmup)", STEPS - 1, LR);
+    check_lr(&s, "linear (all warmup)", STEPS, 0.0);
+}
+
+static void test_bad_arguments(void) {
+    LearningRateScheduler s;
+    CHECK_DIES("unknown schedule (name)", "'cosin'", lr_scheduler_init(&s, "cosin", 1e-3f, 0, 10, 0.0f));
+    CHECK_DIES("unknown schedule (choices)", "cosine, linear, constant or wsd",
+               lr_scheduler_init(&s, "step", 1e-3f, 0, 10, 0.0f));
+    CHECK_DIES("warmup longer than the run", "warmup of 11", lr_scheduler_init(&s, "cosine", 1e-3f, 11, 10, 0.0f));
+    CHECK_DIES("negative warmup", "warmup of -1", lr_scheduler_init(&s, "cosine", 1e-3f, -1, 10, 0.0f));
+    CHECK_DIES("no steps", "positive number of steps", lr_scheduler_init(&s, "cosine", 1e-3f, 0, 0, 0.0f));
+    CHECK_DIES("final fraction above 1", "fraction 1.5", lr_scheduler_init(&s, "cosine", 1e-3f, 0, 10, 1.5f));
+    CHECK_DIES("negative learning rate", "learning rate -0.001", lr_scheduler_init(&s, "cosine", -1e-3f, 0, 10, 0.0f));
+}
+
+int main(void) {
+    test_cosine();
+    test_linear();
+    test_constant();
+    test_wsd();
+    test_no_warmup();
+    test_bad_arguments();
+    return test_summary("test_schedulers");
+}
