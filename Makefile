@@ -34,7 +34,7 @@ ifeq ($(NO_CUDNN),1)
 else
   ATTENTION_OBJS = $(BUILD)/cudnn_att.o
   ATTENTION_FLAGS = -I$(CUDNN_INCLUDE)
-  ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -lcudnn
+  ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -lcudnn -lnvrtc  # the frontend runtime-compiles some engines
 endif
 
 .PHONY: all test test-cpu test-python compile-cuda gpucheck bench env clean check-cuda check-cudnn
@@ -81,7 +81,7 @@ test: test-cpu test-python compile-cuda
 test-cpu: $(CPU_TESTS) train_gpt2cpu
 	@bash test/run_cpu_tests.sh $(CPU_TESTS)
 
-test-python: train_gpt2cpu
+test-python: train_gpt2cpu train_gpt2_fp8
 	$(PYTHON) -m pytest -q test
 
 compile-cuda: train_gpt2_fp8 $(GPU_TESTS)

@@ -1,0 +1,626 @@
+/*
+test_matmul_attention.cu: llmc/matmul.cuh and llmc/attention.cuh (both backends) against the
+CPU reference (test/gpt2_ref.h, double accumulation). Needs a GPU (make gpucheck); CI only
+compiles it, with and without -DLLM8_NO_CUDNN.
+
+Tolerances, per element |gpu - ref| <= atol + rtol * |ref|. The reference always gets the very
+bf16 values the GPU got, converted to fp32, so the GPU's only errors are its fp32 accumulation
+order (~1e-6 relative) and its roundings to bf16: at most half an ulp, 2^-8 relative (7
+stored mantissa bits).
+- matmul, exact: integer data in [-3, 3] (initial gradients in [-8, 8]) makes every bf16
+  product and every fp32 partial sum exact, so forward (with and without bias), dinp, dweight
+  and dbias must equal the exact sum rounded once to bf16, bit for bit. Backward runs twice:
+  dinp must be overwritten, dweight and dbias accumulated (+=) onto the bf16 they held.
+- matmul, Gaussian data at GPT-2 d12 shapes (N=256; C=768 to OC=2304 and 3072; fcproj's
+  C=3072 to OC=768): one rounding, rtol 2^-8 with atol 1e-3 for the accumulation order (values
+  are of size ~1, dweight ~16); GELU output rtol 2^-7, atol 2e-3 (cuBLASLt's tanh is not ours
+  to the ulp); dinp through gelu' rtol 2^-6 (two roundings: the dgrad, then the product).
+- determinism: each launcher twice from the same state, bitwise equal; the bias gradient also
+  at N=2056 (a partial row chunk) and OC=264 (a partial column block).
+- attention, B=2, NH=12, HS=64, T = 64, 128, 1024, and HS=128 at T=128. The backward is checked
+  against the reference backward fed with the same out and stats the GPU backward got.
+  fallback (fp32 throughout, one rounding): out rtol 2^-8, atol 1e-3; stats atol 1e-4 (lse
+  ~ log T in fp32); dq, dk, dv each atol 1e-2 * rms(ref), rtol 1e-2, relative L2 <= 5e-3
+  (rounding alone gives ~2e-3).
+  cuDNN (P and dS pass through bf16 inside the fused kernels): out atol = rtol = 1e-2; stats
+  atol 1e-3; dq, dk, dv atol 5e-2 * rms(ref), rtol 5e-2, relative L2 <= 2e-2. The same bounds
+  for cuDNN against the fallback, and the fallback backward fed with cuDNN's out and stats
+  must meet the fallback bounds (the two backends' stats are interchangeable).
+- bad input dies with one clear line: a dim not a multiple of 8, a misaligned pointer, a head
+  size the fallback lacks, cuDNN asked of a -DLLM8_NO_CUDNN build.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include "llmc/cuda_common.h"
+#include "llmc/matmul.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/rand.h"
+#include "test/gpt2_ref.h"
+#include "test/test_harness.h"
+#include "test/test_harness_fork.h"
+
+static mt19937_state test_rng;
+
+// ----------------------------------------------------------------------------
+// host tensors: bf16 as raw bits, with the same values as floats for the reference
+
+typedef struct {
+    size_t count;
+    uint16_t* bits;
+    float* values;
+} HostTensor;
+
+static HostTensor host_tensor_from_floats(const float* source, size_t count) {
+    HostTensor t;
+    t.count = count;
+    t.bits = (uint16_t*)mallocCheck(count * sizeof(uint16_t));
+    t.values = (float*)mallocCheck(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) {
+        t.bits[i] = float_to_bf16_bits(source[i]);
+        t.values[i] = bf16_bits_to_float(t.bits[i]);
+    }
+    return t;
+}
+
+static HostTensor host_tensor_normal(size_t count, float std) {
+    float* draws = (float*)mallocCheck(count * sizeof(float));
+    normal_(draws, count, 0.0f, std, &test_rng);
+    HostTensor t = host_tensor_from_floats(draws, count);
+    free(draws);
+    return t;
+}
+
+static HostTensor host_tensor_integers(size_t count, int lo, int hi) {
+    float* draws = (float*)mallocCheck(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) { draws[i] = (float)(lo + (int)(randint32(&test_rng) % (uint32_t)(hi - lo + 1))); }
+    HostTensor t = host_tensor_from_floats(draws, count);
+    free(draws);
+    return t;
+}
+
+static void host_tensor_free(HostTensor* t) {
+    free(t->bits);
+    free(t->values);
+}
+
+static floatX* device_bf16(const HostTensor* t) {
+    floatX* d = (floatX*)cuda_malloc_checked(t->count * sizeof(floatX), "a test tensor");
+    cudaCheck(cudaMemcpy(d, t->bits, t->count * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static floatX* device_bf16_empty(size_t count) {
+    floatX* d = (floatX*)cuda_malloc_checked(count * sizeof(floatX), "a test tensor");
+    cudaCheck(cudaMemset(d, 0xff, count * sizeof(floatX)));  // NaN bits: anything not written shows
+    return d;
+}
+
+static void device_bf16_set(floatX* d, const HostTensor* t) {
+    cudaCheck(cudaMemcpy(d, t->bits, t->count * sizeof(uint16_t), cudaMemcpyHostToDevice));
+}
+
+// synchronizes, then copies back the bf16 bits
+static uint16_t* download_bf16(const floatX* d, size_t count) {
+    uint16_t* h = (uint16_t*)mallocCheck(count * sizeof(uint16_t));
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(h, d, count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static float* download_floats(const float* d, size_t count) {
+    float* h = (float*)mallocCheck(count * sizeof(float));
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(h, d, count * sizeof(float), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static float* bits_to_floats(const uint16_t* bits, size_t count) {
+    float* f = (float*)mallocCheck(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) { f[i] = bf16_bits_to_float(bits[i]); }
+    return f;
+}
+
+// ----------------------------------------------------------------------------
+// comparisons: one CHECK per tensor, naming the worst element
+
+static void check_close(const char* what, const float* got, const float* expected, size_t count,
+                        double atol, double rtol) {
+    size_t worst = 0, bad = 0;
+    double worst_excess = -INFINITY;
+    for (size_t i = 0; i < count; i++) {
+        double error = fabs((double)got[i] - (double)expected[i]);
+        double excess = error - (atol + rtol * fabs((double)expected[i]));
+        if (!(excess <= 0.0)) { bad++; }  // NaN counts as bad
+        if (!(excess <= worst_excess)) { worst_excess = excess; worst = i; }
+    }
+    CHECK(bad == 0, "%s: %zu of %zu elements out of tolerance (atol %g, rtol %g); worst [%zu] got %.9g expected %.9g",
+          what, bad, count, atol, rtol, worst, (double)got[worst], (double)expected[worst]);
+}
+
+static void check_bf16_close(const char* what, const uint16_t* got_bits, const float* expected, size_t count,
+                             double atol, double rtol) {
+    float* got = bits_to_floats(got_bits, count);
+    check_close(what, got, expected, count, atol, rtol);
+    free(got);
+}
+
+// got must be exactly the bf16 rounding of the (exact) expected value
+static void check_bf16_exact(const char* what, const uint16_t* got_bits, const float* expected, size_t count) {
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (got_bits[i] != float_to_bf16_bits(expected[i])) {
+            if (bad == 0) { first = i; }
+            bad++;
+        }
+    }
+    CHECK(bad == 0, "%s: %zu of %zu elements differ from the exact result; first [%zu] got %.9g expected %.9g",
+          what, bad, count, first, (double)bf16_bits_to_float(got_bits[first]),
+          (double)bf16_bits_to_float(float_to_bf16_bits(expected[first])));
+}
+
+static void check_bitwise_equal(const char* what, const void* a, const void* b, size_t bytes) {
+    CHECK(memcmp(a, b, bytes) == 0, "%s: two runs differ", what);
+}
+
+static double root_mean_square(const float* x, size_t count) {
+    double sum = 0.0;
+    for (size_t i = 0; i < count; i++) { sum += (double)x[i] * x[i]; }
+    return sqrt(sum / (double)count);
+}
+
+// elementwise with atol relative to the reference's rms, plus the relative L2 error
+static void check_close_scaled(const char* what, const float* got, const float* expected, size_t count,
+                               double atol_of_rms, double rtol, double max_relative_l2) {
+    double rms = root_mean_square(expected, count);
+    check_close(what, got, expected, count, atol_of_rms * rms, rtol);
+    double error_sum = 0.0, norm_sum = 0.0;
+    for (size_t i = 0; i < count; i++) {
+        double e = (double)got[i] - (double)expected[i];
+        error_sum += e * e;
+        norm_sum += (double)expected[i] * expected[i];
+    }
+    double relative_l2 = sqrt(error_sum / norm_sum);
+    CHECK(relative_l2 <= max_relative_l2, "%s: relative L2 error %.3g > %.3g", what, relative_l2, max_relative_l2);
+}
+
+// ----------------------------------------------------------------------------
+// matmul: exact on small integers
+
+static float* host_matmul_exact(const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+    float* out = (float*)mallocCheck((size_t)N * OC * sizeof(float));
+    ref_matmul_forward(out, inp, weight, bias, N, C, OC);  // integer sums: exact in double and in fp32
+    return out;
+}
+
+static void test_matmul_exact(int N, int C, int OC) {
+    printf("matmul exact on integers: N=%d C=%d OC=%d\n", N, C, OC);
+    HostTensor inp = host_tensor_integers((size_t)N * C, -3, 3);
+    HostTensor weight = host_tensor_integers((size_t)OC * C, -3, 3);
+    HostTensor bias = host_tensor_integers((size_t)OC, -3, 3);
+    HostTensor dout = host_tensor_integers((size_t)N * OC, -3, 3);
+    HostTensor dweight_init = host_tensor_integers((size_t)OC * C, -8, 8);
+    HostTensor dbias_init = host_tensor_integers((size_t)OC, -8, 8);
+    floatX* d_inp = device_bf16(&inp);
+    floatX* d_weight = device_bf16(&weight);
+    floatX* d_bias = device_bf16(&bias);
+    floatX* d_dout = device_bf16(&dout);
+    floatX* d_dweight = device_bf16(&dweight_init);
+    floatX* d_dbias = device_bf16(&dbias_init);
+    floatX* d_out = device_bf16_empty((size_t)N * OC);
+    floatX* d_dinp = device_bf16_empty((size_t)N * C);
+    float* d_scratch = (float*)cuda_malloc_checked(matmul_dbias_scratch_floats(N, OC) * sizeof(float), "dbias scratch");
+
+    // forward, with and without bias
+    float* expected = host_matmul_exact(inp.values, weight.values, bias.values, N, C, OC);
+    matmul_forward(d_out, d_inp, d_weight, d_bias, N, C, OC, NULL, 0);
+    uint16_t* got = download_bf16(d_out, (size_t)N * OC);
+    check_bf16_exact("exact forward with bias", got, expected, (size_t)N * OC);
+    free(expected); free(got);
+    expected = host_matmul_exact(inp.values, weight.values, NULL, N, C, OC);
+    matmul_forward(d_out, d_inp, d_weight, NULL, N, C, OC, NULL, 0);
+    got = download_bf16(d_out, (size_t)N * OC);
+    check_bf16_exact("exact forward without bias", got, expected, (size_t)N * OC);
+    free(expected); free(got);
+
+    // backward twice: dinp overwritten, dweight and dbias accumulated
+    float* dinp_exact = (float*)calloc((size_t)N * C, sizeof(float));
+    float* dweight_sum = (float*)calloc((size_t)OC * C, sizeof(float));
+    float* dbias_sum = (float*)calloc((size_t)OC, sizeof(float));
+    ref_matmul_backward(dinp_exact, dweight_sum, dbias_sum, dout.values, inp.values, weight.values, N, C, OC);
+    float* dweight_expected = (float*)mallocCheck((size_t)OC * C * sizeof(float));
+    float* dbias_expected = (float*)mallocCheck((size_t)OC * sizeof(float));
+    for (size_t i = 0; i < (size_t)OC * C; i++) { dweight_expected[i] = dweight_init.values[i]; }
+    for (int o = 0; o < OC; o++) { dbias_expected[o] = dbias_init.values[o]; }
+    for (int round = 1; round <= 2; round++) {
+        matmul_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, d_scratch, N, C, OC, NULL, 0);
+        // what the GPU must hold after this round: the previous bf16 value plus the exact sum, rounded once
+        for (size_t i = 0; i < (size_t)OC * C; i++) {
+            dweight_expected[i] = bf16_bits_to_float(float_to_bf16_bits(dweight_expected[i])) + dweight_sum[i];
+        }
+        for (int o = 0; o < OC; o++) {
+            dbias_expected[o] = bf16_bits_to_float(float_to_bf16_bits(dbias_expected[o])) + dbias_sum[o];
+        }
+        char name[128];
+        uint16_t* dinp_got = download_bf16(d_dinp, (size_t)N * C);
+        snprintf(name, sizeof(name), "exact dinp (overwritten), backward #%d", round);
+        check_bf16_exact(name, dinp_got, dinp_exact, (size_t)N * C);
+        uint16_t* dweight_got = download_bf16(d_dweight, (size_t)OC * C);
+        snprintf(name, sizeof(name), "exact dweight (+=), backward #%d", round);
+        check_bf16_exact(name, dweight_got, dweight_expected, (size_t)OC * C);
+        uint16_t* dbias_got = download_bf16(d_dbias, (size_t)OC);
+        snprintf(name, sizeof(name), "exact dbias (+=), backward #%d", round);
+        check_bf16_exact(name, dbias_got, dbias_expected, (size_t)OC);
+        free(dinp_got); free(dweight_got); free(dbias_got);
+    }
+
+    free(dinp_exact); free(dweight_sum); free(dbias_sum); free(dweight_expected); free(dbias_expected);
+    host_tensor_free(&inp); host_tensor_free(&weight); host_tensor_free(&bias); host_tensor_free(&dout);
+    host_tensor_free(&dweight_init); host_tensor_free(&dbias_init);
+    cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_weight)); cudaCheck(cudaFree(d_bias)); cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_dweight)); cudaCheck(cudaFree(d_dbias)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_dinp));
+    cudaCheck(cudaFree(d_scratch));
+}
+
+// ----------------------------------------------------------------------------
+// matmul: Gaussian data, bias and GELU fusion, determinism
+
+#define MATMUL_RTOL (1.0 / 256.0)
+#define MATMUL_ATOL 1e-3
+#define GELU_RTOL (1.0 / 128.0)
+#define GELU_ATOL 2e-3
+#define DGELU_RTOL (1.0 / 64.0)
+
+static void test_matmul_forward_gaussian(int N, int C, int OC, bool with_bias, bool with_gelu) {
+    printf("matmul forward: N=%d C=%d OC=%d bias=%d gelu=%d\n", N, C, OC, (int)with_bias, (int)with_gelu);
+    HostTensor inp = host_tensor_normal((size_t)N * C, 1.0f);
+    HostTensor weight = host_tensor_normal((size_t)OC * C, 1.0f / sqrtf((float)C));
+    HostTensor bias = host_tensor_normal((size_t)OC, 0.5f);
+    floatX* d_inp = device_bf16(&inp);
+    floatX* d_weight = device_bf16(&weight);
+    floatX* d_bias = with_bias ? device_bf16(&bias) : NULL;
+    floatX* d_out = device_bf16_empty((size_t)N * OC);
+    floatX* d_pre = with_gelu ? device_bf16_empty((size_t)N * OC) : NULL;
+    size_t count = (size_t)N * OC;
+
+    float* pre_expected = (float*)mallocCheck(count * sizeof(float));
+    ref_matmul_forward(pre_expected, inp.values, weight.values, with_bias ? bias.values : NULL, N, C, OC);
+    matmul_forward(d_out, d_inp, d_weight, d_bias, N, C, OC, d_pre, 0);
+    uint16_t* out_first = download_bf16(d_out, count);
+    char name[160];
+    if (with_gelu) {
+        float* out_expected = (float*)mallocCheck(count * sizeof(float));
+        ref_gelu_forward(out_expected, pre_expected, (int)count);
+        uint16_t* pre_got = download_bf16(d_pre, count);
+        snprintf(name, sizeof(name), "forward pre-GELU N=%d C=%d OC=%d bias=%d", N, C, OC, (int)with_bias);
+        check_bf16_close(name, pre_got, pre_expected, count, MATMUL_ATOL, MATMUL_RTOL);
+        snprintf(name, sizeof(name), "forward GELU output N=%d C=%d OC=%d bias=%d", N, C, OC, (int)with_bias);
+        check_bf16_close(name, out_first, out_expected, count, GELU_ATOL, GELU_RTOL);
+        free(out_expected); free(pre_got);
+    } else {
+        snprintf(name, sizeof(name), "forward N=%d C=%d OC=%d bias=%d", N, C, OC, (int)with_bias);
+        check_bf16_close(name, out_first, pre_expected, count, MATMUL_ATOL, MATMUL_RTOL);
+    }
+    matmul_forward(d_out, d_inp, d_weight, d_bias, N, C, OC, d_pre, 0);
+    uint16_t* out_second = download_bf16(d_out, count);
+    snprintf(name, sizeof(name), "forward determinism N=%d C=%d OC=%d", N, C, OC);
+    check_bitwise_equal(name, out_first, out_second, count * sizeof(uint16_t));
+
+    free(pre_expected); free(out_first); free(out_second);
+    host_tensor_free(&inp); host_tensor_free(&weight); host_tensor_free(&bias);
+    cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_weight)); cudaCheck(cudaFree(d_out));
+    if (d_bias != NULL) { cudaCheck(cudaFree(d_bias)); }
+    if (d_pre != NULL) { cudaCheck(cudaFree(d_pre)); }
+}
+
+// runs matmul_backward from the initial gradients and downloads dinp, dweight, dbias
+static void run_matmul_backward(uint16_t** dinp, uint16_t** dweight, uint16_t** dbias,
+                                floatX* d_dinp, floatX* d_dweight, floatX* d_dbias, float* d_scratch,
+                                const HostTensor* dweight_init, const HostTensor* dbias_init,
+                                const floatX* d_dout, const floatX* d_inp, const floatX* d_weight,
+                                const floatX* d_pre, int N, int C, int OC) {
+    device_bf16_set(d_dweight, dweight_init);
+    if (d_dbias != NULL) { device_bf16_set(d_dbias, dbias_init); }
+    matmul_backward(d_dinp, d_dweight, d_dbias, d_dout, d_inp, d_weight, d_scratch, N, C, OC, d_pre, 0);
+    *dinp = download_bf16(d_dinp, (size_t)N * C);
+    *dweight = download_bf16(d_dweight, (size_t)OC * C);
+    *dbias = d_dbias != NULL ? download_bf16(d_dbias, (size_t)OC) : NULL;
+}
+
+static void test_matmul_backward_gaussian(int N, int C, int OC, bool with_bias, bool with_gelu) {
+    printf("matmul backward: N=%d C=%d OC=%d bias=%d gelu=%d\n", N, C, OC, (int)with_bias, (int)with_gelu);
+    HostTensor pre = host_tensor_normal((size_t)N * C, 1.0f);
+    float* gelu_of_pre = (float*)mallocCheck((size_t)N * C * sizeof(float));
+    ref_gelu_forward(gelu_of_pre, pre.values, N * C);
+    // the matmul's input: gelu(pre) when the GELU is fused, else independent Gaussian data
+    HostTensor inp = with_gelu ? host_tensor_from_floats(gelu_of_pre, (size_t)N * C) : host_tensor_normal((size_t)N * C, 1.0f);
+    HostTensor weight = host_tensor_normal((size_t)OC * C, 1.0f / sqrtf((float)OC));
+    HostTensor dout = host_tensor_normal((size_t)N * OC, 1.0f);
+    HostTensor dweight_init = host_tensor_normal((size_t)OC * C, 1.0f);
+    HostTensor dbias_init = host_tensor_normal((size_t)OC, 1.0f);
+    floatX* d_pre = with_gelu ? device_bf16(&pre) : NULL;
+    floatX* d_inp = device_bf16(&inp);
+    floatX* d_weight = device_bf16(&weight);
+    floatX* d_dout = device_bf16(&dout);
+    floatX* d_dinp = device_bf16_empty((size_t)N * C);
+    floatX* d_dweight = device_bf16_empty((size_t)OC * C);
+    floatX* d_dbias = with_bias ? device_bf16_empty((size_t)OC) : NULL;
+    float* d_scratch = with_bias ? (float*)cuda_malloc_checked(matmul_dbias_scratch_floats(N, OC) * sizeof(float), "dbias scratch") : NULL;
+
+    // reference: dinp from zero (then times gelu'), dweight and dbias from their initial values
+    float* dinp_expected = (float*)calloc((size_t)N * C, sizeof(float));
+    float* dweight_expected = (float*)mallocCheck((size_t)OC * C * sizeof(float));
+    float* dbias_expected = (float*)mallocCheck((size_t)OC * sizeof(float));
+    memcpy(dweight_expected, dweight_init.values, (size_t)OC * C * sizeof(float));
+    memcpy(dbias_expected, dbias_init.values, (size_t)OC * sizeof(float));
+    ref_matmul_backward(dinp_expected, dweight_expected, with_bias ? dbias_expected : NULL, dout.values, inp.values,
+                        weight.values, N, C, OC);
+    if (with_gelu) {
+        for (size_t i = 0; i < (size_t)N * C; i++) { dinp_expected[i] *= gelu_backward_element(pre.values[i]); }
+    }
+
+    uint16_t *dinp1, *dweight1, *dbias1, *dinp2, *dweight2, *dbias2;
+    run_matmul_backward(&dinp1, &dweight1, &dbias1, d_dinp, d_dweight, d_dbias, d_scratch, &dweight_init, &dbias_init,
+                        d_dout, d_inp, d_weight, d_pre, N, C, OC);
+    run_matmul_backward(&dinp2, &dweight2, &dbias2, d_dinp, d_dweight, d_dbias, d_scratch, &dweight_init, &dbias_init,
+                        d_dout, d_inp, d_weight, d_pre, N, C, OC);
+    char name[160];
+    snprintf(name, sizeof(name), "backward dinp N=%d C=%d OC=%d gelu=%d", N, C, OC, (int)with_gelu);
+    check_bf16_close(name, dinp1, dinp_expected, (size_t)N * C, MATMUL_ATOL, with_gelu ? DGELU_RTOL : MATMUL_RTOL);
+    snprintf(name, sizeof(name), "backward dweight (+=) N=%d C=%d OC=%d", N, C, OC);
+    check_bf16_close(name, dweight1, dweight_expected, (size_t)OC * C, MATMUL_ATOL, MATMUL_RTOL);
+    snprintf(name, sizeof(name), "backward determinism N=%d C=%d OC=%d", N, C, OC);
+    check_bitwise_equal(name, dinp1, dinp2, (size_t)N * C * sizeof(uint16_t));
+    check_bitwise_equal(name, dweight1, dweight2, (size_t)OC * C * sizeof(uint16_t));
+    if (with_bias) {
+        snprintf(name, sizeof(name), "backward dbias (+=) N=%d OC=%d", N, OC);
+        check_bf16_close(name, dbias1, dbias_expected, (size_t)OC, MATMUL_ATOL, MATMUL_RTOL);
+        snprintf(name, sizeof(name), "dbias determinism N=%d OC=%d", N, OC);
+        check_bitwise_equal(name, dbias1, dbias2, (size_t)OC * sizeof(uint16_t));
+        free(dbias1); free(dbias2);
+    }
+
+    free(dinp1); free(dweight1); free(dinp2); free(dweight2);
+    free(gelu_of_pre); free(dinp_expected); free(dweight_expected); free(dbias_expected);
+    host_tensor_free(&pre); host_tensor_free(&inp); host_tensor_free(&weight); host_tensor_free(&dout);
+    host_tensor_free(&dweight_init); host_tensor_free(&dbias_init);
+    cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_weight)); cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_dinp)); cudaCheck(cudaFree(d_dweight));
+    if (d_pre != NULL) { cudaCheck(cudaFree(d_pre)); }
+    if (d_dbias != NULL) { cudaCheck(cudaFree(d_dbias)); cudaCheck(cudaFree(d_scratch)); }
+}
+
+// ----------------------------------------------------------------------------
+// attention
+
+typedef struct {
+    int B, T, NH, C;
+    HostTensor qkv;
+    HostTensor dout;
+    float* out_ref;  // [B][T][C]
+    float* lse_ref;  // [B][NH][T]
+} AttentionCase;
+
+static AttentionCase attention_case_make(int B, int T, int NH, int C) {
+    AttentionCase c;
+    c.B = B; c.T = T; c.NH = NH; c.C = C;
+    c.qkv = host_tensor_normal((size_t)B * T * 3 * C, 1.5f);  // std 1.5: peaked rows as well as flat ones
+    c.dout = host_tensor_normal((size_t)B * T * C, 1.0f);
+    c.out_ref = (float*)mallocCheck((size_t)B * T * C * sizeof(float));
+    c.lse_ref = (float*)mallocCheck((size_t)B * NH * T * sizeof(float));
+    ref_attention_forward(c.out_ref, c.lse_ref, c.qkv.values, B, T, C, NH);
+    return c;
+}
+
+static void attention_case_free(AttentionCase* c) {
+    host_tensor_free(&c->qkv); host_tensor_free(&c->dout);
+    free(c->out_ref); free(c->lse_ref);
+}
+
+// what one backend produced for a case (host copies, out and dqkv converted to float), and
+// the reference backward computed from this very forward's out and stats (the backward's
+// inputs: a reference fed its own fp32 out would differ by the bf16 rounding of out, which
+// D = dout.out carries into dq and dk)
+typedef struct {
+    float* out;
+    float* stats;
+    float* dqkv;
+    float* dqkv_ref;
+} AttentionResult;
+
+typedef struct {
+    double out_atol, out_rtol, stats_atol, grad_atol_of_rms, grad_rtol, grad_relative_l2;
+} AttentionTolerance;
+
+static const AttentionTolerance FALLBACK_TOLERANCE = {1e-3, 1.0 / 256.0, 1e-4, 1e-2, 1e-2, 5e-3};
+#ifndef LLM8_NO_CUDNN
+static const AttentionTolerance CUDNN_TOLERANCE = {1e-2, 1e-2, 1e-3, 5e-2, 5e-2, 2e-2};
+#endif
+
+static void attention_result_free(AttentionResult* r) {
+    free(r->out); free(r->stats); free(r->dqkv); free(r->dqkv_ref);
+}
+
+static const char* backend_name(AttentionBackend backend) {
+    return backend == ATTENTION_CUDNN ? "cudnn" : "fallback";
+}
+
+// dq, dk or dv (part 0, 1, 2) of a [B*T][3][C] tensor
+static float* qkv_part(const float* dqkv, size_t rows, int C, int part) {
+    float* x = (float*)mallocCheck(rows * C * sizeof(float));
+    for (size_t r = 0; r < rows; r++) { memcpy(x + r * C, dqkv + (r * 3 + part) * C, C * sizeof(float)); }
+    return x;
+}
+
+static void check_attention_forward(const char* label, const AttentionCase* c, const float* out, const float* stats,
+                                    const float* out_expected, const float* stats_expected, AttentionTolerance tol) {
+    char name[200];
+    snprintf(name, sizeof(name), "%s T=%d HS=%d: out", label, c->T, c->C / c->NH);
+    check_close(name, out, out_expected, (size_t)c->B * c->T * c->C, tol.out_atol, tol.out_rtol);
+    snprintf(name, sizeof(name), "%s T=%d HS=%d: stats (lse)", label, c->T, c->C / c->NH);
+    check_close(name, stats, stats_expected, (size_t)c->B * c->NH * c->T, tol.stats_atol, 0.0);
+}
+
+static void check_attention_backward(const char* label, const AttentionCase* c, const float* dqkv,
+                                     const float* dqkv_expected, AttentionTolerance tol) {
+    size_t rows = (size_t)c->B * c->T;
+    const char* parts[3] = {"dq", "dk", "dv"};
+    for (int part = 0; part < 3; part++) {
+        float* got = qkv_part(dqkv, rows, c->C, part);
+        float* expected = qkv_part(dqkv_expected, rows, c->C, part);
+        char name[200];
+        snprintf(name, sizeof(name), "%s T=%d HS=%d: %s", label, c->T, c->C / c->NH, parts[part]);
+        check_close_scaled(name, got, expected, rows * c->C, tol.grad_atol_of_rms, tol.grad_rtol, tol.grad_relative_l2);
+        free(got); free(expected);
+    }
+}
+
+// device copies of a case's inputs and outputs
+typedef struct {
+    floatX* qkv;
+    floatX* dout;
+    floatX* out;
+    floatX* dqkv;
+    float* stats;
+} AttentionBuffers;
+
+static AttentionBuffers attention_buffers_make(const AttentionCase* c) {
+    AttentionBuffers d;
+    d.qkv = device_bf16(&c->qkv);
+    d.dout = device_bf16(&c->dout);
+    d.out = device_bf16_empty((size_t)c->B * c->T * c->C);
+    d.dqkv = device_bf16_empty((size_t)c->B * c->T * 3 * c->C);
+    d.stats = (float*)cuda_malloc_checked((size_t)c->B * c->NH * c->T * sizeof(float), "attention stats");
+    return d;
+}
+
+static void attention_buffers_free(AttentionBuffers* d) {
+    cudaCheck(cudaFree(d->qkv)); cudaCheck(cudaFree(d->dout)); cudaCheck(cudaFree(d->out));
+    cudaCheck(cudaFree(d->dqkv)); cudaCheck(cudaFree(d->stats));
+}
+
+// dqkv is filled with NaN bits first: the backward must overwrite every element
+static float* run_attention_backward(const AttentionCase* c, AttentionBuffers* d) {
+    size_t qkv_count = (size_t)c->B * c->T * 3 * c->C;
+    cudaCheck(cudaMemset(d->dqkv, 0xff, qkv_count * sizeof(floatX)));
+    attention_backward(d->dqkv, d->dout, d->qkv, d->out, d->stats, c->B, c->T, c->NH, c->C, 0);
+    uint16_t* bits = download_bf16(d->dqkv, qkv_count);
+    float* dqkv = bits_to_floats(bits, qkv_count);
+    free(bits);
+    return dqkv;
+}
+
+// forward and backward twice with one backend: checks the runs are bitwise equal, returns the first
+static AttentionResult run_attention(AttentionBackend backend, const AttentionCase* c) {
+    size_t out_count = (size_t)c->B * c->T * c->C, stats_count = (size_t)c->B * c->NH * c->T;
+    size_t qkv_count = out_count * 3;
+    AttentionBuffers d = attention_buffers_make(c);
+    attention_setup(backend);
+    AttentionResult runs[2];
+    for (int run = 0; run < 2; run++) {
+        attention_forward(d.out, d.stats, d.qkv, c->B, c->T, c->NH, c->C, 0);
+        uint16_t* out_bits = download_bf16(d.out, out_count);
+        runs[run].out = bits_to_floats(out_bits, out_count);
+        free(out_bits);
+        runs[run].stats = download_floats(d.stats, stats_count);
+        runs[run].dqkv = run_attention_backward(c, &d);
+        runs[run].dqkv_ref = NULL;
+    }
+    attention_teardown();
+    attention_buffers_free(&d);
+    char name[160];
+    snprintf(name, sizeof(name), "%s T=%d HS=%d determinism", backend_name(backend), c->T, c->C / c->NH);
+    check_bitwise_equal(name, runs[0].out, runs[1].out, out_count * sizeof(float));
+    check_bitwise_equal(name, runs[0].stats, runs[1].stats, stats_count * sizeof(float));
+    check_bitwise_equal(name, runs[0].dqkv, runs[1].dqkv, qkv_count * sizeof(float));
+    attention_result_free(&runs[1]);
+    runs[0].dqkv_ref = (float*)calloc(qkv_count, sizeof(float));
+    ref_attention_backward(runs[0].dqkv_ref, c->dout.values, c->qkv.values, runs[0].out, runs[0].stats,
+                           c->B, c->T, c->C, c->NH);
+    return runs[0];
+}
+
+#ifndef LLM8_NO_CUDNN
+// the fallback backward fed with another backend's forward (its out and stats)
+static float* run_fallback_backward_on(const AttentionCase* c, const AttentionResult* forward) {
+    size_t out_count = (size_t)c->B * c->T * c->C, stats_count = (size_t)c->B * c->NH * c->T;
+    AttentionBuffers d = attention_buffers_make(c);
+    HostTensor out = host_tensor_from_floats(forward->out, out_count);  // bf16 values: exact round trip
+    device_bf16_set(d.out, &out);
+    cudaCheck(cudaMemcpy(d.stats, forward->stats, stats_count * sizeof(float), cudaMemcpyHostToDevice));
+    attention_setup(ATTENTION_FALLBACK);
+    float* dqkv = run_attention_backward(c, &d);
+    attention_teardown();
+    host_tensor_free(&out);
+    attention_buffers_free(&d);
+    return dqkv;
+}
+#endif
+
+static void test_attention(int B, int T, int NH, int C) {
+    printf("attention: B=%d T=%d NH=%d HS=%d\n", B, T, NH, C / NH);
+    AttentionCase c = attention_case_make(B, T, NH, C);
+    AttentionResult fallback = run_attention(ATTENTION_FALLBACK, &c);
+    check_attention_forward("fallback vs reference", &c, fallback.out, fallback.stats, c.out_ref, c.lse_ref,
+                            FALLBACK_TOLERANCE);
+    check_attention_backward("fallback vs reference", &c, fallback.dqkv, fallback.dqkv_ref, FALLBACK_TOLERANCE);
+#ifndef LLM8_NO_CUDNN
+    AttentionResult cudnn = run_attention(ATTENTION_CUDNN, &c);
+    check_attention_forward("cudnn vs reference", &c, cudnn.out, cudnn.stats, c.out_ref, c.lse_ref, CUDNN_TOLERANCE);
+    check_attention_backward("cudnn vs reference", &c, cudnn.dqkv, cudnn.dqkv_ref, CUDNN_TOLERANCE);
+    check_attention_forward("cudnn vs fallback", &c, cudnn.out, cudnn.stats, fallback.out, fallback.stats,
+                            CUDNN_TOLERANCE);
+    check_attention_backward("cudnn vs fallback", &c, cudnn.dqkv, fallback.dqkv, CUDNN_TOLERANCE);
+    // the stats are interchangeable: the fallback backward on cuDNN's forward is as exact as on its own
+    float* mixed = run_fallback_backward_on(&c, &cudnn);
+    check_attention_backward("fallback backward on cudnn forward", &c, mixed, cudnn.dqkv_ref, FALLBACK_TOLERANCE);
+    free(mixed);
+    attention_result_free(&cudnn);
+#endif
+    attention_result_free(&fallback);
+    attention_case_free(&c);
+}
+
+// ----------------------------------------------------------------------------
+// bad input: each runs in a forked child before this process touches CUDA
+
+static void test_bad_input(void) {
+    floatX* fake = (floatX*)(uintptr_t)0x100000;  // aligned, never dereferenced: the checks come first
+    CHECK_DIES("matmul C not a multiple of 8", "multiple of 8",
+               matmul_forward(fake, fake, fake, NULL, 256, 770, 2304, NULL, 0));
+    CHECK_DIES("matmul misaligned pointer", "not 16-byte aligned",
+               matmul_forward(fake, fake + 1, fake, NULL, 256, 768, 2304, NULL, 0));
+    CHECK_DIES("fallback attention head size 96", "head size",
+               { attention_setup(ATTENTION_FALLBACK); attention_forward(fake, NULL, fake, 2, 64, 8, 768, 0); });
+#ifdef LLM8_NO_CUDNN
+    CHECK_DIES("cudnn attention in a build without cuDNN", "no cuDNN", attention_setup(ATTENTION_CUDNN));
+#endif
+}
+
+int main(void) {
+    manual_seed(&test_rng, 42);
+    test_bad_input();
+
+    int device_count = 0;
+    bool has_gpu = cudaGetDeviceCount(&device_count) == cudaSuccess && device_count > 0;
+    CHECK(has_gpu, "no CUDA GPU found: the GPU tests need one (make gpucheck on an H100/H200)");
+    if (!has_gpu) { return test_summary("test_matmul_attention"); }
+    matmul_setup();
+    test_matmul_exact(256, 768, 2304);
+    test_matmul_forward_gaussian(256, 768, 2304, true, false);   // qkv
+    test_matmul_forward_gaussian(256, 768, 3072, true, true);    // fc with GELU_AUX_BIAS
+    test_matmul_forward_gaussian(256, 768, 3072, false, true);   // GELU_AUX
+    test_matmul_forward_gaussian(256, 768, 2304, false, false);
+    test_matmul_backward_gaussian(256, 768, 2304, true, false);  // qkv
+    test_matmul_backward_gaussian(256, 3072, 768, true, true);   // fcproj: its input is gelu(fc)
+    test_matmul_backward_gaussian(256, 768, 3072, false, false); // no bias
+    test_matmul_backward_gaussian(2056, 64, 264, true, false);   // a partial dbias row chunk, OC not a multiple of 256
+    matmul_teardown();
+
+    test_attention(2, 64, 12, 768);
+    test_attention(2, 128, 12, 768);
+    test_attention(2, 1024, 12, 768);
+    test_attention(1, 128, 6, 768);  // HS=128
+    return test_summary("test_matmul_attention");
+}
