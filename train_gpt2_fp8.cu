@@ -362,14 +362,8 @@ static void gpt2_update(GPT2* model, float learning_rate, float beta1, float bet
                         float grad_scale, int step, cudaStream_t stream) {
     int t = step + 1;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        AdamWElementParams hp;
-        hp.learning_rate = learning_rate;
-        hp.beta1 = beta1;
-        hp.beta2 = beta2;
-        hp.beta1_correction = 1.0f - powf(beta1, (float)t);
-        hp.beta2_correction = 1.0f - powf(beta2, (float)t);
-        hp.eps = eps;
-        hp.weight_decay = gpt2_param_is_decayed(i) ? weight_decay : 0.0f;
+        AdamWElementParams hp = adamw_element_params(learning_rate, beta1, beta2, eps,
+                                                     gpt2_param_is_decayed(i) ? weight_decay : 0.0f, t);
         size_t off = model->param_offsets[i];
         adamw_update(model->params + off, model->master ? model->master + off : NULL, model->grads + off,
                      model->adam_m + off, model->adam_v + off, model->param_sizes[i], hp, grad_scale, update_seed(step, i), stream);

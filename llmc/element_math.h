@@ -117,6 +117,21 @@ typedef struct {
     float weight_decay;  // already 0 for tensors that are not decayed
 } AdamWElementParams;
 
+// the step-t hyperparameters (t counts from 1); weight_decay 0 for tensors that are not decayed.
+// Computed on the host once per tensor and step, so both sides use the same corrections.
+static inline AdamWElementParams adamw_element_params(float learning_rate, float beta1, float beta2, float eps,
+                                                      float weight_decay, int t) {
+    AdamWElementParams p;
+    p.learning_rate = learning_rate;
+    p.beta1 = beta1;
+    p.beta2 = beta2;
+    p.beta1_correction = 1.0f - powf(beta1, (float)t);
+    p.beta2_correction = 1.0f - powf(beta2, (float)t);
+    p.eps = eps;
+    p.weight_decay = weight_decay;
+    return p;
+}
+
 LLMC_HD float adamw_element_update(float param, float grad, float* m, float* v, AdamWElementParams p) {
     float m_new = fmaf(p.beta1, *m, (1.0f - p.beta1) * grad);
     float v_new = fmaf(p.beta2, *v, (1.0f - p.beta2) * (grad * grad));

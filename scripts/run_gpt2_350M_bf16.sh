@@ -12,32 +12,21 @@
 # GPUs: NUM_GPUS=8 bash scripts/run_gpt2_350M_bf16.sh runs it under mpirun; the total batch
 #       (-d) stays the same and gradient accumulation adapts to the number of GPUs.
 # Extra arguments are passed to the trainer after these flags (later flags win).
-# A failed run resumes (-y 1) from its last complete checkpoint, up to 3 times.
+# A failed run resumes (-y 1) from its last complete checkpoint, up to 3 times (scripts/run_common.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/run_common.sh
 
-out_dir="${OUT_DIR:-log_gpt2_350M_bf16}"
-num_gpus="${NUM_GPUS:-1}"
-# ZeRO-1 (-z 1, as llm.c) shards the optimizer state across GPUs; on one GPU it is the same as -z 0.
-launch=()
-zero_stage=0
-if (( num_gpus > 1 )); then launch=(mpirun -np "$num_gpus"); zero_stage=1; fi
-
-make train_gpt2_fp8
-for attempt in 1 2 3; do
-    "${launch[@]}" ./train_gpt2_fp8 -p bf16 \
-        -e d24 \
-        -i "dev/data/fineweb100B/fineweb_train_*.bin" \
-        -j "dev/data/fineweb100B/fineweb_val_*.bin" \
-        -o "$out_dir" \
-        -tk "dev/data/fineweb100B/gpt2_tokenizer.bin" \
-        -b 64 -t 1024 -d 524288 \
-        -l 0.0003 -q 0.0 -u 700 -c 0.1 \
-        -x 60000 \
-        -v 250 -s 100000 -g 144 -h 1 \
-        -n 2000 -y 1 \
-        -z "$zero_stage" -r 0 \
-        "$@" && exit 0
-    echo "run_gpt2_350M_bf16.sh: trainer failed (attempt $attempt of 3)" >&2
-done
-exit 1
+run_gpt2 log_gpt2_350M_bf16 \
+    -p bf16 \
+    -e d24 \
+    -i "dev/data/fineweb100B/fineweb_train_*.bin" \
+    -j "dev/data/fineweb100B/fineweb_val_*.bin" \
+    -tk "dev/data/fineweb100B/gpt2_tokenizer.bin" \
+    -b 64 -t 1024 -d 524288 \
+    -l 0.0003 -q 0.0 -u 700 -c 0.1 \
+    -x 60000 \
+    -v 250 -s 100000 -g 144 -h 1 \
+    -n 2000 \
+    -r 0 \
+    -- "$@"

@@ -599,16 +599,10 @@ static inline float gpt2ref_adamw_update(GPT2Ref* model, float learning_rate, fl
     float norm = gpt2ref_global_norm(model);
     if (!isfinite(norm)) { return norm; }
     float grad_scale = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
-    AdamWElementParams hp;
-    hp.learning_rate = learning_rate;
-    hp.beta1 = beta1;
-    hp.beta2 = beta2;
-    hp.beta1_correction = 1.0f - powf(beta1, (float)t);
-    hp.beta2_correction = 1.0f - powf(beta2, (float)t);
-    hp.eps = eps;
     size_t offset = 0;
     for (int tensor = 0; tensor < NUM_PARAMETER_TENSORS; tensor++) {
-        hp.weight_decay = gpt2_param_is_decayed(tensor) ? weight_decay : 0.0f;
+        AdamWElementParams hp = adamw_element_params(learning_rate, beta1, beta2, eps,
+                                                     gpt2_param_is_decayed(tensor) ? weight_decay : 0.0f, t);
         for (size_t i = offset; i < offset + model->param_sizes[tensor]; i++) {
             model->params[i] = adamw_element_update(model->params[i], model->grads[i] * grad_scale,
                                                     &model->adam_m[i], &model->adam_v[i], hp);

@@ -9,7 +9,8 @@ bitwise-reproducibility promises. Runs on an H100/H200 (make gpucheck).
    loss 2e-2 absolute at ln(V) ~ 10.8.
 2. 10 AdamW steps on d6 in lockstep with the CPU reference: each loss within 1e-2 relative.
 3. Determinism: two runs of 10 steps from the same init give bitwise equal losses and weights.
-4. Recompute (-r 0 and -r 2) changes memory, not results: bitwise equal.
+4. Recompute changes memory, not results: -r 1 and -r 2 bitwise equal, and -r 0 and -r 1
+   with -ge 0 (a fused-GELU forward uses cuBLASLt's GELU, the recompute llm8's kernel).
 5. Resume: 10 steps straight vs 5 steps, checkpoint, a fresh model loaded from it, 5 more
    steps: bitwise equal losses and weights.
 */
@@ -153,7 +154,8 @@ typedef struct {
 } RunRecord;
 
 // trains `steps` steps from a fresh d12 model (or from a checkpoint when resume_dir is set)
-static RunRecord train_run(int steps, int recompute, const char* checkpoint_dir, int checkpoint_step, int resume, cudaStream_t stream) {
+static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char* checkpoint_dir, int checkpoint_step, int resume,
+                           cudaStream_t stream) {
     GPT2Config cfg = gpt2_config_from_descriptor("d12");
     float* params = random_params(&cfg);
     char path[CHECKPOINT_PATH_MAX];
@@ -163,7 +165,7 @@ static RunRecord train_run(int steps, int recompute, const char* checkpoint_dir,
     }
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, recompute, 1);
+    gpt2_build(&model, &cfg, params, 1, B, T, recompute, gelu_fusion);
     DataLoader loader;
     dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     int start = resume ? load_state(&model, &loader, checkpoint_dir, checkpoint_step) : 0;
@@ -198,25 +200,31 @@ int main(void) {
     test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback", stream);
     test_training_trajectory_vs_reference(stream);
 
-    RunRecord a = train_run(10, 1, NULL, 0, 0, stream);
-    RunRecord b = train_run(10, 1, NULL, 0, 0, stream);
+    RunRecord a = train_run(10, 1, 1, NULL, 0, 0, stream);
+    RunRecord b = train_run(10, 1, 1, NULL, 0, 0, stream);
     CHECK(memcmp(a.losses, b.losses, sizeof(a.losses)) == 0, "two identical runs: losses differ");
     CHECK(same_bits(a.weights, b.weights, n), "two identical runs: final weights differ");
 
-    RunRecord r0 = train_run(3, 0, NULL, 0, 0, stream);
-    RunRecord r2 = train_run(3, 2, NULL, 0, 0, stream);
-    CHECK(memcmp(r0.losses, r2.losses, 3 * sizeof(float)) == 0, "-r 0 vs -r 2: losses differ");
-    CHECK(same_bits(r0.weights, r2.weights, n), "-r 0 vs -r 2: final weights differ");
+    // recompute reruns the forward's own kernels: -r 1 vs -r 2 always, -r 0 vs -r 1 with -ge 0
+    // (with -ge 1 the forward's GELU is cuBLASLt's epilogue, the recompute llm8's kernel)
+    RunRecord r1 = train_run(3, 1, 1, NULL, 0, 0, stream);
+    RunRecord r2 = train_run(3, 2, 1, NULL, 0, 0, stream);
+    CHECK(memcmp(r1.losses, r2.losses, 3 * sizeof(float)) == 0, "-r 1 vs -r 2: losses differ");
+    CHECK(same_bits(r1.weights, r2.weights, n), "-r 1 vs -r 2: final weights differ");
+    RunRecord r0_unfused = train_run(3, 0, 0, NULL, 0, 0, stream);
+    RunRecord r1_unfused = train_run(3, 1, 0, NULL, 0, 0, stream);
+    CHECK(memcmp(r0_unfused.losses, r1_unfused.losses, 3 * sizeof(float)) == 0, "-r 0 vs -r 1 (-ge 0): losses differ");
+    CHECK(same_bits(r0_unfused.weights, r1_unfused.weights, n), "-r 0 vs -r 1 (-ge 0): final weights differ");
 
     const char* dir = "build/test_gpt2_ckpt";
     ensure_writable_dir(dir);
-    RunRecord straight = train_run(10, 1, dir, 5, 0, stream);
-    RunRecord resumed = train_run(10, 1, dir, 5, 1, stream);
+    RunRecord straight = train_run(10, 1, 1, dir, 5, 0, stream);
+    RunRecord resumed = train_run(10, 1, 1, dir, 5, 1, stream);
     CHECK(memcmp(straight.losses + 5, resumed.losses + 5, 5 * sizeof(float)) == 0, "resume: losses of steps 6..10 differ");
     CHECK(same_bits(straight.weights, resumed.weights, n), "resume: final weights differ");
     CHECK(same_bits(straight.weights, a.weights, n), "the checkpointing run differs from a plain run");
 
-    free(a.weights); free(b.weights); free(r0.weights); free(r2.weights); free(straight.weights); free(resumed.weights);
+    free(a.weights); free(b.weights); free(r1.weights); free(r2.weights); free(r0_unfused.weights); free(r1_unfused.weights); free(straight.weights); free(resumed.weights);
     matmul_teardown();
     cudaCheck(cudaStreamDestroy(stream));
     return test_summary("test_gpt2");
