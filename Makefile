@@ -75,8 +75,8 @@ $(BUILD)/test_%: test/test_%.c $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD)
 $(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn
 	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(ATTENTION_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) -lgomp -o $@
 
-test: test-cpu test-python compile-cuda
-	@echo "make test: all CPU tests passed and every CUDA target compiled for $(GPU_ARCH)"
+# in this order, so the last line is pytest's summary; compile-cuda first fails fast on a build break
+test: compile-cuda test-cpu test-python
 
 test-cpu: $(CPU_TESTS) train_gpt2cpu
 	@bash test/run_cpu_tests.sh $(CPU_TESTS)

@@ -24,9 +24,10 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINER = os.path.join(ROOT, "train_gpt2_fp8")
 
-# (model, B) at T=1024, the sizes DESIGN.md section 7 sets targets for
-FULL_CONFIGS = [("d12", 64), ("d24", 32), ("d36", 16), ("d48", 16)]
-QUICK_CONFIGS = [("d12", 64), ("d48", 16)]
+# (model, B, recompute) at T=1024, the sizes DESIGN.md section 7 sets targets for; the large
+# models recompute GELU (-r 1) so that they fit in an H100's 80 GB
+FULL_CONFIGS = [("d12", 64, 0), ("d24", 32, 0), ("d36", 16, 1), ("d48", 16, 1)]
+QUICK_CONFIGS = [("d12", 64, 0), ("d48", 16, 1)]
 PRECISIONS = ["bf16"]  # fp8 recipes join here when the FP8 issue lands
 WARMUP_STEPS = 3
 
@@ -75,9 +76,9 @@ def parse_run(stdout):
     return steps, breakdown
 
 
-def run_config(model, B, T, precision, steps, data_path):
+def run_config(model, B, recompute, T, precision, steps, data_path):
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
-           "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", "0"]
+           "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute)]
     print("running:", " ".join(cmd), flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if result.returncode != 0:
@@ -90,7 +91,7 @@ def run_config(model, B, T, precision, steps, data_path):
     mfus = [s["mfu"] for s in timed if s["mfu"] is not None]
     return {
         "model": model, "precision": precision, "recipe": "-", "optimizer": "adamw",
-        "B": B, "T": T, "steps_timed": len(timed),
+        "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
         "tok_per_s": statistics.median(s["tok_s"] for s in timed),
         "ms_per_step": statistics.median(s["ms"] for s in timed),
         "mfu": statistics.median(mfus) if mfus else None,
@@ -114,10 +115,10 @@ def main():
     configs = QUICK_CONFIGS if args.quick else FULL_CONFIGS
     if args.only:
         wanted = set(args.only.split(","))
-        configs = [c for c in configs if c[0] in wanted] or [(m, 16) for m in wanted]
+        configs = [c for c in configs if c[0] in wanted] or [(m, 16, 1) for m in sorted(wanted)]
     steps = args.steps or (12 if args.quick else 30)
     T = 1024
-    max_tokens = max(B * T for _, B in configs) * (steps + 2)
+    max_tokens = max(B * T for _, B, _ in configs) * (steps + 2)
     data_dir = os.path.join(ROOT, "build", "bench_data")
     os.makedirs(data_dir, exist_ok=True)
     data_path = os.path.join(data_dir, "bench_train_000000.bin")
@@ -126,9 +127,9 @@ def main():
     device, commit = gpu_name(), git_commit()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     records = []
-    for model, B in configs:
+    for model, B, recompute in configs:
         for precision in PRECISIONS:
-            rec = run_config(model, B, T, precision, steps, data_path)
+            rec = run_config(model, B, recompute, T, precision, steps, data_path)
             rec.update({"device": device, "commit": commit, "date": date})
             records.append(rec)
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
