@@ -165,7 +165,7 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     a->scratch_btc = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "scratch (B*T*C)");
     a->scratch_bt4c = (floatX*)cuda_malloc_checked(BT * 4 * C * sizeof(floatX), "scratch (B*T*4C)");
     a->dresidual = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "residual gradient");
-    size_t scratch_floats = matmul_dbias_scratch_floats((int)BT, (int)Vp);
+    size_t scratch_floats = matmul_dbias_scratch_floats((int)BT, 4 * (int)C);  // the widest bias: fc (lm_head has none)
     size_t ln_scratch = layernorm_backward_scratch_bytes((int)BT, (int)C) / sizeof(float) + 1;
     if (ln_scratch > scratch_floats) { scratch_floats = ln_scratch; }
     if (global_norm_scratch_floats() > scratch_floats) { scratch_floats = global_norm_scratch_floats(); }
@@ -713,7 +713,7 @@ int main(int argc, char** argv) {
         }
         cudaCheck(cudaEventRecord(end_event, stream));
         cudaCheck(cudaEventSynchronize(end_event));
-        if (step > start_step) { profiler_end_step(); }  // the first step includes one-time setup
+        profiler_end_step(step > start_step);  // the first step includes one-time setup
         float ms;
         cudaCheck(cudaEventElapsedTime(&ms, start_event, end_event));
         if (step > start_step) { ema_ms = ema_ms < 0 ? ms : 0.95 * ema_ms + 0.05 * ms; }

@@ -98,6 +98,8 @@ static void layernorm_forward_launch(floatX* residual_out, floatX* normed_out, f
                                      int N, int C, cudaStream_t stream) {
     const int block_size = LAYERNORM_FORWARD_WARPS * WARP_SIZE;
     size_t shared_bytes = (size_t)LAYERNORM_FORWARD_WARPS * C * sizeof(floatX);
+    cudaCheck(cudaFuncSetAttribute(layernorm_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)shared_bytes));  // above 48 KB (C > 3072) needs the opt-in
     layernorm_forward_kernel<<<ceil_div(N, LAYERNORM_FORWARD_WARPS), block_size, shared_bytes, stream>>>(
         residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C);
     cudaCheck(cudaGetLastError());

@@ -136,6 +136,15 @@ static void matmul_check_spec(const MatmulSpec* spec) {
     if (matmul_cublaslt_handle == NULL) { llm8_die("matmul %s: called before matmul_setup", spec->name); }
 }
 
+// the largest power of two (16..256) dividing the address: cuBLASLt's heuristic assumes 256-byte
+// aligned operands unless told otherwise, and per-layer slices of the parameter and activation
+// buffers can be less aligned (e.g. C not a multiple of 128)
+static inline uint32_t matmul_pointer_alignment(const void* pointer) {
+    uint32_t alignment = 256;
+    while (alignment > 16 && ((uintptr_t)pointer) % alignment != 0) { alignment /= 2; }
+    return alignment;
+}
+
 static inline void matmul_desc_set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
                                    const void* value, size_t bytes) {
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes));
@@ -187,6 +196,15 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
                                                      &workspace_bytes, sizeof(workspace_bytes)));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                      &reduction_schemes, sizeof(reduction_schemes)));
+    const uint32_t alignments[4] = {matmul_pointer_alignment(spec->a), matmul_pointer_alignment(spec->b),
+                                    matmul_pointer_alignment(spec->d), matmul_pointer_alignment(spec->d)};
+    const cublasLtMatmulPreferenceAttributes_t alignment_attributes[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++) {
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i], &alignments[i],
+                                                         sizeof(alignments[i])));
+    }
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(matmul_cublaslt_handle, desc, layout_a, layout_b,

@@ -29,6 +29,8 @@ typedef struct {
     long calls[PROFILER_MAX_NAMES];
     int num_names;
     int steps;
+    int in_step;         // marks count only between profiler_begin_step and profiler_end_step
+    long dropped_marks;  // marks past PROFILER_MAX_MARKS in a step: their time goes to the next mark
 } KernelProfiler;
 
 static KernelProfiler g_profiler;
@@ -44,12 +46,14 @@ static void profiler_begin_step(cudaStream_t stream) {
     if (!g_profiler.enabled) { return; }
     g_profiler.stream = stream;
     g_profiler.num_marks = 0;
+    g_profiler.in_step = 1;
     cudaCheck(cudaEventRecord(g_profiler.events[0], stream));
 }
 
 // charges the stream time since the previous mark to `name` (a string literal)
 static void profiler_mark(const char* name) {
-    if (!g_profiler.enabled || g_profiler.num_marks >= PROFILER_MAX_MARKS) { return; }
+    if (!g_profiler.enabled || !g_profiler.in_step) { return; }
+    if (g_profiler.num_marks >= PROFILER_MAX_MARKS) { g_profiler.dropped_marks++; return; }
     int i = ++g_profiler.num_marks;
     g_profiler.mark_names[i] = name;
     cudaCheck(cudaEventRecord(g_profiler.events[i], g_profiler.stream));
@@ -64,8 +68,11 @@ static int profiler_name_slot(const char* name) {
     return g_profiler.num_names++;
 }
 
-static void profiler_end_step(void) {
-    if (!g_profiler.enabled || g_profiler.num_marks == 0) { return; }
+// record = 0 discards the step (e.g. the first one, which includes one-time setup)
+static void profiler_end_step(int record) {
+    if (!g_profiler.enabled) { return; }
+    g_profiler.in_step = 0;
+    if (!record || g_profiler.num_marks == 0) { return; }
     cudaCheck(cudaEventSynchronize(g_profiler.events[g_profiler.num_marks]));
     for (int i = 1; i <= g_profiler.num_marks; i++) {
         float ms;
@@ -96,6 +103,10 @@ static void profiler_print(FILE* out) {
                 100.0 * g_profiler.total_ms[i] / sum, g_profiler.calls[i] / g_profiler.steps);
     }
     fprintf(out, "| total | %.3f | 100%% | |\n", sum / g_profiler.steps);
+    if (g_profiler.dropped_marks > 0) {
+        fprintf(out, "(%ld marks beyond %d per step were dropped: the breakdown ends early in those steps)\n",
+                g_profiler.dropped_marks, PROFILER_MAX_MARKS);
+    }
 }
 
 static void profiler_free(void) {
