@@ -66,20 +66,25 @@ train_gpt2cpu: test/train_gpt2cpu.c $(LLMC_HEADERS) test/gpt2_ref.h
 
 # ---- tests ------------------------------------------------------------------------------
 CPU_TESTS = $(patsubst test/%.c,$(BUILD)/%,$(wildcard test/test_*.c))
+CPU_CXX_TESTS = $(patsubst test/%.cpp,$(BUILD)/%,$(wildcard test/test_*.cpp))
 GPU_TESTS = $(patsubst test/%.cu,$(BUILD)/%,$(wildcard test/test_*.cu))
 
 $(BUILD)/test_%: test/test_%.c $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD)
 	$(CC) $(CFLAGS) -fopenmp $< -lm -o $@
 
 # GPU tests include the CPU reference, which parallelizes with OpenMP
+# C++ CPU tests: they include CUDA's host-side headers (cuda_fp8.h) but need neither nvcc nor a GPU
+$(BUILD)/test_%: test/test_%.cpp $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD) check-cuda
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -I. -I$(CUDA_HOME)/include $< -lm -o $@
+
 $(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn
 	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(ATTENTION_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) -lgomp -o $@
 
 # in this order, so the last line is pytest's summary; compile-cuda first fails fast on a build break
 test: compile-cuda test-cpu test-python
 
-test-cpu: $(CPU_TESTS) train_gpt2cpu
-	@bash test/run_cpu_tests.sh $(CPU_TESTS)
+test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
+	@bash test/run_cpu_tests.sh $(CPU_TESTS) $(CPU_CXX_TESTS)
 
 test-python: train_gpt2cpu train_gpt2_fp8
 	$(PYTHON) -m pytest -q test

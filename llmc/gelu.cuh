@@ -7,12 +7,17 @@ reads once. The math is gelu_forward_element / gelu_backward_element from elemen
 the same functions the CPU reference calls. The backward overwrites the incoming gradient
 in place: the fc output's gradient is never needed once it has been multiplied by GELU's
 derivative, so no extra buffer is needed.
+The FP8 forward (gelu_forward_fp8) is fp8_cast.cuh's tile cast with GELU as the element
+transform: one read of the pre-activation gives the FP8 codes for fcproj's forward and
+their transpose for its wgrad, with no bf16 GELU output in between (cheaper than cuBLASLt's
+GELU epilogue followed by a cast, which writes and reads that bf16 tensor).
 */
 #ifndef LLMC_GELU_CUH
 #define LLMC_GELU_CUH
 
 #include "cuda_common.h"
 #include "element_math.h"
+#include "fp8_cast.cuh"
 
 static inline void gelu_check_count(int N, const char* who) {
     if (N <= 0 || N % 8 != 0) {
@@ -55,6 +60,30 @@ void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, int N, cudaStrea
     const int block_size = 256;
     gelu_backward_inplace_kernel<<<ceil_div(N / x128::size, block_size), block_size, 0, stream>>>(d_in_out, inp, N);
     cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// FP8: GELU fused into the cast of its output
+
+// the bf16 GELU output, as gelu_forward_kernel stores it (the tile cast rounds the result to bf16)
+struct Fp8GeluTransform {
+    __device__ __forceinline__ float operator()(float x) const { return gelu_forward_element(x); }
+};
+
+/*
+inp [rows][cols] pre-GELU -> fp8: the codes of GELU(inp) as stored in bf16, and/or their
+transpose. out (may be NULL) also receives the bf16 GELU output. Per tensor: the one-pass
+delayed cast (the state's scale, this use's amax recorded); block recipe: 1x128 tiles.
+*/
+void gelu_forward_fp8(const Fp8CastOutput* fp8, floatX* out, const floatX* inp, int rows, int cols, cudaStream_t stream) {
+    fp8_cast_transpose_with(fp8, out, inp, rows, cols, Fp8GeluTransform(), "gelu_forward_fp8", stream);
+}
+
+// the same with current scaling (amax of GELU(inp), the state update, then the cast): the
+// current recipe, and a delayed tensor's first use
+void gelu_forward_fp8_current(const Fp8CastOutput* fp8, floatX* out, const floatX* inp, int rows, int cols,
+                              cudaStream_t stream) {
+    fp8_cast_transpose_current_with(fp8, out, inp, rows, cols, false, Fp8GeluTransform(), "gelu_forward_fp8_current", stream);
 }
 
 #endif // LLMC_GELU_CUH

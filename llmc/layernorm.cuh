@@ -11,6 +11,10 @@ Why this shape:
 - The fused variant adds the residual branch first (rounded to bf16, as it is stored)
   and normalizes the stored bf16 value, so the recompute and backward passes, which read
   the stored residual, see exactly what the forward normalized.
+- The FP8 recipes need the normalized output as E4M3 codes and their transpose (wgrad's
+  x^T). Writing them from the kernel that produces the values saves a bf16 write and
+  read; the transpose needs a block barrier, so the FP8 variant gives each block 32 whole
+  rows and stages their codes in shared memory (details above the kernel).
 - The backward must produce dweight/dbias (column sums over all N rows) without float
   atomics. Each warp accumulates its rows' column sums in its own shared-memory slice; at
   the end the block adds its warps' slices in warp order and writes one partial row to the
@@ -23,6 +27,7 @@ Why this shape:
 
 #include "cuda_common.h"
 #include "cuda_utils.cuh"
+#include "fp8_cast.cuh"
 
 #define LAYERNORM_EPS 1e-5f
 #define LAYERNORM_FORWARD_WARPS 8
@@ -40,82 +45,175 @@ static inline void layernorm_check_shape(int N, int C, const char* who) {
 // ----------------------------------------------------------------------------
 // forward. inp2 == NULL: normalize inp1. inp2 != NULL: residual_out = bf16(inp1 + inp2),
 // then normalize that. mean_out/rstd_out may be NULL (recompute pass).
+//
+// FP8_OUT (the FP8 recipes' one-pass delayed cast of the normalized output x): each warp
+// normalizes LAYERNORM_FP8_ROWS_PER_WARP rows, so a block owns LAYERNORM_FP8_BLOCK_ROWS
+// consecutive rows. Each value is cast as stored in bf16 (so the codes are the cast of
+// the bf16 output the bf16 path would see) with the scale of fp8.state, the codes go to
+// fp8.codes row by row and into a shared [LAYERNORM_FP8_BLOCK_ROWS][C] staging tile; after
+// a block barrier each thread writes one column of the tile to x^T (fp8.codes_t, [C][N])
+// as two 16-byte stores, 32 consecutive tokens: whole 32-byte sectors. amax, counts and
+// the scale used go to fp8.record (one atomic per block and counter). normed_out may be
+// NULL then: the FP8 GEMMs read only the codes.
 
+#define LAYERNORM_FP8_ROWS_PER_WARP 4
+#define LAYERNORM_FP8_BLOCK_ROWS (LAYERNORM_FORWARD_WARPS * LAYERNORM_FP8_ROWS_PER_WARP)
+static_assert(LAYERNORM_FP8_BLOCK_ROWS == 32, "the x^T store packs 32 tokens per column");
+
+template <bool FP8_OUT>
 __global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_out, float* mean_out, float* rstd_out,
                                          const floatX* inp1, const floatX* inp2,
-                                         const floatX* weight, const floatX* bias, int N, int C) {
-    extern __shared__ x128 row_caches[];  // [LAYERNORM_FORWARD_WARPS][C / 8]
+                                         const floatX* weight, const floatX* bias, int N, int C, Fp8CastOutput fp8) {
+    extern __shared__ x128 row_caches[];  // [LAYERNORM_FORWARD_WARPS][C / 8], then FP8: codes [BLOCK_ROWS][C]
+    constexpr int rows_per_warp = FP8_OUT ? LAYERNORM_FP8_ROWS_PER_WARP : 1;
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
-    const int row = blockIdx.x * LAYERNORM_FORWARD_WARPS + warp;
-    if (row >= N) { return; }  // whole warps leave; the kernel has no block barrier
     const int chunks = C / x128::size;
     x128* cache = row_caches + warp * chunks;
-    const size_t row_offset = (size_t)row * C;
+    uint8_t* staged_codes = reinterpret_cast<uint8_t*>(row_caches + LAYERNORM_FORWARD_WARPS * chunks);
+    const int block_first_row = blockIdx.x * LAYERNORM_FORWARD_WARPS * rows_per_warp;
+    const float scale = FP8_OUT ? fp8.state->scale : 0.0f;
+    Fp8Tally tally = fp8_tally_zero();
 
-    float sum = 0.0f;
-    for (int i = lane; i < chunks; i += WARP_SIZE) {
-        x128 x = load128cs(inp1 + row_offset + i * x128::size);
-        if (inp2 != NULL) {
-            x128 branch = load128cs(inp2 + row_offset + i * x128::size);
-            for (int k = 0; k < x128::size; k++) {
-                x[k] = __float2bfloat16_rn(__bfloat162float(x[k]) + __bfloat162float(branch[k]));
+    for (int k = 0; k < rows_per_warp; k++) {
+        const int local_row = warp * rows_per_warp + k;
+        const int row = block_first_row + local_row;
+        if (row >= N) { break; }  // whole warps leave the loop; the FP8 barrier below is outside it
+        const size_t row_offset = (size_t)row * C;
+
+        float sum = 0.0f;
+        for (int i = lane; i < chunks; i += WARP_SIZE) {
+            x128 x = load128cs(inp1 + row_offset + i * x128::size);
+            if (inp2 != NULL) {
+                x128 branch = load128cs(inp2 + row_offset + i * x128::size);
+                for (int e = 0; e < x128::size; e++) {
+                    x[e] = __float2bfloat16_rn(__bfloat162float(x[e]) + __bfloat162float(branch[e]));
+                }
+                store128(residual_out + row_offset + i * x128::size, x);
             }
-            store128(residual_out + row_offset + i * x128::size, x);
+            cache[i] = x;
+            for (int e = 0; e < x128::size; e++) { sum += __bfloat162float(x[e]); }
         }
-        cache[i] = x;
-        for (int k = 0; k < x128::size; k++) { sum += __bfloat162float(x[k]); }
-    }
-    const float mean = warp_reduce_sum(sum) / C;
+        const float mean = warp_reduce_sum(sum) / C;
 
-    float squared_deviations = 0.0f;
-    for (int i = lane; i < chunks; i += WARP_SIZE) {
-        x128 x = cache[i];
-        for (int k = 0; k < x128::size; k++) {
-            float deviation = __bfloat162float(x[k]) - mean;
-            squared_deviations += deviation * deviation;
+        float squared_deviations = 0.0f;
+        for (int i = lane; i < chunks; i += WARP_SIZE) {
+            x128 x = cache[i];
+            for (int e = 0; e < x128::size; e++) {
+                float deviation = __bfloat162float(x[e]) - mean;
+                squared_deviations += deviation * deviation;
+            }
         }
-    }
-    const float rstd = 1.0f / sqrtf(warp_reduce_sum(squared_deviations) / C + LAYERNORM_EPS);
+        const float rstd = 1.0f / sqrtf(warp_reduce_sum(squared_deviations) / C + LAYERNORM_EPS);
 
-    for (int i = lane; i < chunks; i += WARP_SIZE) {
-        x128 x = cache[i];
-        x128 w = load128(weight + i * x128::size);
-        x128 b = load128(bias + i * x128::size);
-        x128 out;
-        for (int k = 0; k < x128::size; k++) {
-            float normalized = (__bfloat162float(x[k]) - mean) * rstd;
-            out[k] = __float2bfloat16_rn(normalized * __bfloat162float(w[k]) + __bfloat162float(b[k]));
+        for (int i = lane; i < chunks; i += WARP_SIZE) {
+            x128 x = cache[i];
+            x128 w = load128(weight + i * x128::size);
+            x128 b = load128(bias + i * x128::size);
+            x128 out;
+            for (int e = 0; e < x128::size; e++) {
+                float normalized = (__bfloat162float(x[e]) - mean) * rstd;
+                out[e] = __float2bfloat16_rn(normalized * __bfloat162float(w[e]) + __bfloat162float(b[e]));
+            }
+            if (normed_out != NULL) { store128(normed_out + row_offset + i * x128::size, out); }
+            if (FP8_OUT) {
+                uint8_t codes[x128::size];
+                for (int e = 0; e < x128::size; e++) {
+                    float value = __bfloat162float(out[e]);
+                    codes[e] = fp8_quantize(value, scale, fp8.format);
+                    fp8_tally_cast(&tally, value, scale, codes[e], fp8.format);
+                }
+                uint2 packed = fp8_pack8(codes);
+                if (fp8.codes != NULL) { *reinterpret_cast<uint2*>(fp8.codes + row_offset + i * x128::size) = packed; }
+                *reinterpret_cast<uint2*>(staged_codes + (size_t)local_row * C + i * x128::size) = packed;
+            }
         }
-        store128(normed_out + row_offset + i * x128::size, out);
+        if (lane == 0 && mean_out != NULL) { mean_out[row] = mean; }
+        if (lane == 0 && rstd_out != NULL) { rstd_out[row] = rstd; }
     }
-    if (lane == 0 && mean_out != NULL) { mean_out[row] = mean; }
-    if (lane == 0 && rstd_out != NULL) { rstd_out[row] = rstd; }
+
+    if (FP8_OUT) {
+        __syncthreads();
+        const int rows_here = min(LAYERNORM_FP8_BLOCK_ROWS, N - block_first_row);  // 16 or 32 (N % 16 == 0)
+        if (fp8.codes_t != NULL) {
+            for (int c = threadIdx.x; c < C; c += blockDim.x) {
+                uint8_t column[LAYERNORM_FP8_BLOCK_ROWS];
+                for (int r = 0; r < LAYERNORM_FP8_BLOCK_ROWS; r++) {
+                    column[r] = r < rows_here ? staged_codes[(size_t)r * C + c] : 0;
+                }
+                uint8_t* destination = fp8.codes_t + (size_t)c * N + block_first_row;
+                uint2 a = fp8_pack8(column), b = fp8_pack8(column + 8);
+                *reinterpret_cast<uint4*>(destination) = make_uint4(a.x, a.y, b.x, b.y);
+                if (rows_here > 16) {
+                    uint2 c8 = fp8_pack8(column + 16), d8 = fp8_pack8(column + 24);
+                    *reinterpret_cast<uint4*>(destination + 16) = make_uint4(c8.x, c8.y, d8.x, d8.y);
+                }
+            }
+        }
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            fp8.record->scale = scale;
+            fp8.record->scale_inv = fp8.state->scale_inv;
+        }
+        fp8_tally_commit(tally, fp8.record, true);
+    }
 }
 
+template <bool FP8_OUT>
 static void layernorm_forward_launch(floatX* residual_out, floatX* normed_out, float* mean, float* rstd,
                                      const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias,
-                                     int N, int C, cudaStream_t stream) {
+                                     int N, int C, const Fp8CastOutput* fp8, cudaStream_t stream) {
     const int block_size = LAYERNORM_FORWARD_WARPS * WARP_SIZE;
+    const int block_rows = FP8_OUT ? LAYERNORM_FP8_BLOCK_ROWS : LAYERNORM_FORWARD_WARPS;
     size_t shared_bytes = (size_t)LAYERNORM_FORWARD_WARPS * C * sizeof(floatX);
-    cudaCheck(cudaFuncSetAttribute(layernorm_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)shared_bytes));  // above 48 KB (C > 3072) needs the opt-in
-    layernorm_forward_kernel<<<ceil_div(N, LAYERNORM_FORWARD_WARPS), block_size, shared_bytes, stream>>>(
-        residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C);
+    if (FP8_OUT) { shared_bytes += (size_t)LAYERNORM_FP8_BLOCK_ROWS * C; }
+    cudaCheck(cudaFuncSetAttribute(layernorm_forward_kernel<FP8_OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)shared_bytes));  // above 48 KB (C > 3072; FP8: C > 1024) needs the opt-in
+    Fp8CastOutput fp8_out = {};
+    if (fp8 != NULL) { fp8_out = *fp8; }
+    layernorm_forward_kernel<FP8_OUT><<<ceil_div(N, block_rows), block_size, shared_bytes, stream>>>(
+        residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, fp8_out);
     cudaCheck(cudaGetLastError());
 }
 
 void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
                        const floatX* bias, int N, int C, cudaStream_t stream) {
     layernorm_check_shape(N, C, "layernorm_forward");
-    layernorm_forward_launch(NULL, out, mean, rstd, inp, NULL, weight, bias, N, C, stream);
+    layernorm_forward_launch<false>(NULL, out, mean, rstd, inp, NULL, weight, bias, N, C, NULL, stream);
 }
 
 void fused_residual_layernorm_forward(floatX* residual_out, floatX* normed_out, float* mean, float* rstd,
                                       const floatX* inp1, const floatX* inp2, const floatX* weight,
                                       const floatX* bias, int N, int C, cudaStream_t stream) {
     layernorm_check_shape(N, C, "fused_residual_layernorm_forward");
-    layernorm_forward_launch(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, stream);
+    layernorm_forward_launch<false>(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, NULL, stream);
+}
+
+static void layernorm_check_fp8(const Fp8CastOutput* fp8, int N, int C, const char* who) {
+    fp8_cast_check(fp8, N, C, who);
+    if (fp8->scaling != FP8_SCALING_TENSOR) {
+        llm8_die("%s: the fused cast is the per-tensor delayed one; the block recipe casts the bf16 output "
+                 "with fp8_cast_transpose", who);
+    }
+}
+
+/*
+The FP8 variants: as above, plus the one-pass delayed cast of the normalized output into
+fp8 (codes [N][C] and/or codes_t [C][N], the scale of fp8->state, this use's amax recorded
+for fp8_scaling_update_records). normed_out may be NULL. N and C multiples of 16.
+*/
+void layernorm_forward_fp8(floatX* out, float* mean, float* rstd, const Fp8CastOutput* fp8, const floatX* inp,
+                           const floatX* weight, const floatX* bias, int N, int C, cudaStream_t stream) {
+    layernorm_check_shape(N, C, "layernorm_forward_fp8");
+    layernorm_check_fp8(fp8, N, C, "layernorm_forward_fp8");
+    layernorm_forward_launch<true>(NULL, out, mean, rstd, inp, NULL, weight, bias, N, C, fp8, stream);
+}
+
+void fused_residual_layernorm_forward_fp8(floatX* residual_out, floatX* normed_out, float* mean, float* rstd,
+                                          const Fp8CastOutput* fp8, const floatX* inp1, const floatX* inp2,
+                                          const floatX* weight, const floatX* bias, int N, int C, cudaStream_t stream) {
+    layernorm_check_shape(N, C, "fused_residual_layernorm_forward_fp8");
+    layernorm_check_fp8(fp8, N, C, "fused_residual_layernorm_forward_fp8");
+    layernorm_forward_launch<true>(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, fp8, stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -26,6 +26,16 @@ Numerics and determinism:
   cuBLASLt's DGELU epilogue, so GPU and reference share the derivative's formula.
 Checks: every dimension must be a multiple of 16 bytes' worth of elements (8 for bf16, 16 for
 fp8) and every pointer 16-byte aligned; a violation is one clear line naming the GEMM.
+
+FP8 (DESIGN.md section 3): the three GEMMs of a linear all run TN from codes the casts wrote
+(fp8_cast.cuh): forward x . W^T from x and W; dgrad from dy and W^T; wgrad from x^T and dy^T.
+The A/B scale pointers take the casts' dequantization scales (1/scale: per tensor the
+Fp8CastRecord's scale_inv; the block recipe's VEC128 and BLK128x128 arrays, cuBLASLt 13's
+CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / _BLK128x128_32F). D stays bf16 (CUDA 13 refuses a
+D scale or amax pointer with a bf16 D, so no amax comes out of a GEMM); wgrad accumulates
+with beta = 1 into the bf16 gradient or an fp32 buffer. Fast accumulation only in the
+per-tensor forward. The dgrad of fcproj through GELU and the bias gradient move into the
+pass that casts dy (matmul_backward_fp8_dout), which reads dy anyway for its amax.
 */
 #ifndef LLMC_MATMUL_CUH
 #define LLMC_MATMUL_CUH
@@ -35,6 +45,7 @@ fp8) and every pointer 16-byte aligned; a violation is one clear line naming the
 #include <cublasLt.h>
 #include "cuda_common.h"
 #include "gelu.cuh"
+#include "fp8_cast.cuh"
 
 // ----------------------------------------------------------------------------
 // cuBLASLt state and errors
@@ -91,6 +102,8 @@ typedef struct {
     const float* a_scale;          // device scalar multiplying A (FP8 dequantization), or NULL
     const float* b_scale;          // device scalar multiplying B, or NULL
     bool fast_accumulate;          // FP8 forward only: no periodic promotion to fp32
+    cublasLtMatmulMatrixScale_t a_scale_mode; // SCALAR_32F (0, the default), or the block recipe's
+    cublasLtMatmulMatrixScale_t b_scale_mode; // VEC128_32F / BLK128x128_32F (a_scale/b_scale are then arrays)
 } MatmulSpec;
 
 static inline int cuda_data_type_bytes(cudaDataType_t type, const char* gemm_name) {
@@ -134,6 +147,24 @@ static void matmul_check_spec(const MatmulSpec* spec) {
     if (wants_bias) { matmul_check_aligned(spec->name, "bias", spec->bias); }
     if (wants_aux) { matmul_check_aligned(spec->name, "GELU pre-activation", spec->aux); }
     if (matmul_cublaslt_handle == NULL) { llm8_die("matmul %s: called before matmul_setup", spec->name); }
+    bool a_fp8 = spec->a_type == CUDA_R_8F_E4M3 || spec->a_type == CUDA_R_8F_E5M2;
+    bool b_fp8 = spec->b_type == CUDA_R_8F_E4M3 || spec->b_type == CUDA_R_8F_E5M2;
+    bool scalar = spec->a_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+               && spec->b_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    if (a_fp8 || b_fp8) {
+        if (!(a_fp8 && b_fp8)) { llm8_die("matmul %s: FP8 needs both operands in FP8", spec->name); }
+        if (spec->a_type == CUDA_R_8F_E5M2 && spec->b_type == CUDA_R_8F_E5M2) {
+            llm8_die("matmul %s: E5M2 x E5M2 is not supported by cuBLASLt", spec->name);
+        }
+        if (!spec->transpose_a || spec->transpose_b) {
+            llm8_die("matmul %s: FP8 needs both operands contiguous along K (the TN layout)", spec->name);
+        }
+        if (!scalar && (spec->fast_accumulate || spec->k % 128 != 0)) {
+            llm8_die("matmul %s: block scaling needs K=%d a multiple of 128 and no fast accumulation", spec->name, spec->k);
+        }
+    } else if (!scalar || spec->fast_accumulate || spec->a_scale != NULL || spec->b_scale != NULL) {
+        llm8_die("matmul %s: scale pointers, scale modes and fast accumulation are for FP8 operands", spec->name);
+    }
 }
 
 // the largest power of two (16..256) dividing the address: cuBLASLt's heuristic assumes 256-byte
@@ -150,11 +181,18 @@ static inline void matmul_desc_set(cublasLtMatmulDesc_t desc, cublasLtMatmulDesc
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes));
 }
 
-void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
-    matmul_check_spec(spec);
-
+// the cuBLASLt objects of one GEMM and the heuristic's first algorithm (found == 0: none)
+typedef struct {
     cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
+    cublasLtMatmulHeuristicResult_t heuristic;
+    cublasStatus_t status;
+    int found;
+} MatmulPlan;
+
+static void matmul_plan_create(MatmulPlan* plan, const MatmulSpec* spec) {
+    cublasCheck(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasLtMatmulDesc_t desc = plan->desc;
     cublasOperation_t op_a = spec->transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t op_b = spec->transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a));
@@ -168,6 +206,14 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
         matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &spec->aux, sizeof(spec->aux));
         matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld));
     }
+    if (spec->a_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+        int32_t mode = (int32_t)spec->a_scale_mode;
+        matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode));
+    }
+    if (spec->b_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+        int32_t mode = (int32_t)spec->b_scale_mode;
+        matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode));
+    }
     if (spec->a_scale != NULL) {
         matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &spec->a_scale, sizeof(spec->a_scale));
     }
@@ -179,14 +225,13 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
         matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
     }
 
-    cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
     int a_rows = spec->transpose_a ? spec->k : spec->m;
     int a_cols = spec->transpose_a ? spec->m : spec->k;
     int b_rows = spec->transpose_b ? spec->n : spec->k;
     int b_cols = spec->transpose_b ? spec->k : spec->n;
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_a, spec->a_type, a_rows, a_cols, a_rows));
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_b, spec->b_type, b_rows, b_cols, b_rows));
-    cublasCheck(cublasLtMatrixLayoutCreate(&layout_d, spec->d_type, spec->m, spec->n, spec->m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_a, spec->a_type, a_rows, a_cols, a_rows));
+    cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_b, spec->b_type, b_rows, b_cols, b_rows));
+    cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_d, spec->d_type, spec->m, spec->n, spec->m));
 
     cublasLtMatmulPreference_t preference;
     cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
@@ -205,28 +250,48 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
         cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i], &alignments[i],
                                                          sizeof(alignments[i])));
     }
-    cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(matmul_cublaslt_handle, desc, layout_a, layout_b,
-                                                           layout_d, layout_d, preference, 1, &heuristic, &found);
-    if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-        llm8_die("matmul %s: cuBLASLt has no algorithm for m=%d n=%d k=%d, types A=%d B=%d D=%d, "
-                 "transposes %d%d, epilogue %d (%s)", spec->name, spec->m, spec->n, spec->k,
-                 (int)spec->a_type, (int)spec->b_type, (int)spec->d_type, (int)spec->transpose_a,
-                 (int)spec->transpose_b, (int)spec->epilogue, cublasGetStatusName(status));
-    }
+    plan->found = 0;
+    plan->status = cublasLtMatmulAlgoGetHeuristic(matmul_cublaslt_handle, desc, plan->layout_a, plan->layout_b,
+                                                  plan->layout_d, plan->layout_d, preference, 1, &plan->heuristic,
+                                                  &plan->found);
+    cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
+}
 
+static void matmul_plan_destroy(MatmulPlan* plan) {
+    cublasCheck(cublasLtMatrixLayoutDestroy(plan->layout_a));
+    cublasCheck(cublasLtMatrixLayoutDestroy(plan->layout_b));
+    cublasCheck(cublasLtMatrixLayoutDestroy(plan->layout_d));
+    cublasCheck(cublasLtMatmulDescDestroy(plan->desc));
+}
+
+// whether cuBLASLt has an algorithm for the spec on this GPU (a startup probe: e.g. an
+// epilogue with FP8 operands); the spec must pass the same checks as for matmul_cublaslt
+bool matmul_cublaslt_supported(const MatmulSpec* spec) {
+    matmul_check_spec(spec);
+    MatmulPlan plan;
+    matmul_plan_create(&plan, spec);
+    bool supported = plan.status == CUBLAS_STATUS_SUCCESS && plan.found != 0;
+    matmul_plan_destroy(&plan);
+    return supported;
+}
+
+void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
+    matmul_check_spec(spec);
+    MatmulPlan plan;
+    matmul_plan_create(&plan, spec);
+    if (plan.status != CUBLAS_STATUS_SUCCESS || plan.found == 0) {
+        llm8_die("matmul %s: cuBLASLt has no algorithm for m=%d n=%d k=%d, types A=%d B=%d D=%d, "
+                 "transposes %d%d, epilogue %d, scale modes %d %d (%s)", spec->name, spec->m, spec->n, spec->k,
+                 (int)spec->a_type, (int)spec->b_type, (int)spec->d_type, (int)spec->transpose_a,
+                 (int)spec->transpose_b, (int)spec->epilogue, (int)spec->a_scale_mode, (int)spec->b_scale_mode,
+                 cublasGetStatusName(plan.status));
+    }
     const float alpha = 1.0f;
     const float beta = spec->accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasLtMatmul(matmul_cublaslt_handle, desc, &alpha, spec->a, layout_a, spec->b, layout_b,
-                               &beta, spec->d, layout_d, spec->d, layout_d, &heuristic.algo,
+    cublasCheck(cublasLtMatmul(matmul_cublaslt_handle, plan.desc, &alpha, spec->a, plan.layout_a, spec->b, plan.layout_b,
+                               &beta, spec->d, plan.layout_d, spec->d, plan.layout_d, &plan.heuristic.algo,
                                matmul_cublaslt_workspace, MATMUL_WORKSPACE_BYTES, stream));
-
-    cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
-    cublasCheck(cublasLtMatrixLayoutDestroy(layout_a));
-    cublasCheck(cublasLtMatrixLayoutDestroy(layout_b));
-    cublasCheck(cublasLtMatrixLayoutDestroy(layout_d));
-    cublasCheck(cublasLtMatmulDescDestroy(desc));
+    matmul_plan_destroy(&plan);
 }
 
 // ----------------------------------------------------------------------------
@@ -245,16 +310,32 @@ size_t matmul_dbias_scratch_floats(int N, int OC) {
     return (size_t)ceil_div(N, DBIAS_ROWS_PER_CHUNK) * (size_t)OC;
 }
 
-__global__ void matmul_dbias_partial_kernel(float* partial, const floatX* dout, int N, int OC) {
+// The FP8 backward's first pass over dout uses the same kernel: pre_gelu != NULL first
+// multiplies dout in place by gelu'(pre_gelu), rounded to bf16 exactly as
+// gelu_backward_inplace does; record != NULL also folds the block's amax of (that) dout
+// into record->amax_bits, for current scaling. Without them dout is only read.
+__global__ void matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
+                                            const floatX* pre_gelu, Fp8CastRecord* record) {
     __shared__ float lane_sums[DBIAS_ROW_LANES][DBIAS_BLOCK_COLUMNS];
     int first_column = blockIdx.x * DBIAS_BLOCK_COLUMNS;
     int column = first_column + threadIdx.x * x128::size;
     int row_end = min(N, (int)(blockIdx.y + 1) * DBIAS_ROWS_PER_CHUNK);
     float sums[x128::size] = {0.0f};
+    Fp8Tally tally = fp8_tally_zero();
     if (column < OC) {
         for (int row = blockIdx.y * DBIAS_ROWS_PER_CHUNK + threadIdx.y; row < row_end; row += DBIAS_ROW_LANES) {
             x128 grad = load128cs(dout + (size_t)row * OC + column);
-            for (int e = 0; e < x128::size; e++) { sums[e] += (float)grad[e]; }
+            if (pre_gelu != NULL) {
+                x128 x = load128cs(pre_gelu + (size_t)row * OC + column);
+                for (int e = 0; e < x128::size; e++) {
+                    grad[e] = __float2bfloat16_rn(gelu_backward_element(__bfloat162float(x[e])) * __bfloat162float(grad[e]));
+                }
+                store128(dout + (size_t)row * OC + column, grad);
+            }
+            for (int e = 0; e < x128::size; e++) {
+                sums[e] += (float)grad[e];
+                fp8_tally_amax(&tally, (float)grad[e]);
+            }
         }
     }
     for (int e = 0; e < x128::size; e++) { lane_sums[threadIdx.y][threadIdx.x * x128::size + e] = sums[e]; }
@@ -265,6 +346,7 @@ __global__ void matmul_dbias_partial_kernel(float* partial, const floatX* dout, 
         for (int lane = 0; lane < DBIAS_ROW_LANES; lane++) { total += lane_sums[lane][local_column]; }
         partial[(size_t)blockIdx.y * OC + first_column + local_column] = total;
     }
+    if (record != NULL) { fp8_tally_commit(tally, record, true); }
 }
 
 __global__ void matmul_dbias_finish_kernel(floatX* dbias, const float* partial, int chunks, int OC) {
@@ -273,6 +355,22 @@ __global__ void matmul_dbias_finish_kernel(floatX* dbias, const float* partial, 
     float total = 0.0f;
     for (int chunk = 0; chunk < chunks; chunk++) { total += partial[(size_t)chunk * OC + column]; }
     dbias[column] = (floatX)((float)dbias[column] + total);
+}
+
+// dbias += column sums of dout (when dbias != NULL); pre_gelu and record as in the partial kernel
+static void matmul_dbias_launch(floatX* dbias, float* dbias_scratch, floatX* dout, const floatX* pre_gelu,
+                                Fp8CastRecord* record, int N, int OC, cudaStream_t stream) {
+    if (dbias_scratch == NULL) { llm8_die("matmul backward: the bias gradient needs dbias_scratch"); }
+    int chunks = ceil_div(N, DBIAS_ROWS_PER_CHUNK);
+    dim3 grid(ceil_div(OC, DBIAS_BLOCK_COLUMNS), chunks);
+    dim3 block(32, DBIAS_ROW_LANES);
+    matmul_dbias_partial_kernel<<<grid, block, 0, stream>>>(dbias_scratch, dout, N, OC, pre_gelu, record);
+    cudaCheck(cudaGetLastError());
+    if (dbias != NULL) {
+        const int finish_block = 256;
+        matmul_dbias_finish_kernel<<<ceil_div(OC, finish_block), finish_block, 0, stream>>>(dbias, dbias_scratch, chunks, OC);
+        cudaCheck(cudaGetLastError());
+    }
 }
 
 // ----------------------------------------------------------------------------
@@ -331,15 +429,164 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX*
     wgrad.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     matmul_cublaslt(&wgrad, stream);
 
+    if (dbias != NULL) {  // dout is only read: no pre_gelu, no record
+        matmul_dbias_launch(dbias, dbias_scratch, const_cast<floatX*>(dout), NULL, NULL, N, OC, stream);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// FP8 launchers (row-major, the model's view; DESIGN.md section 3)
+
+static inline cudaDataType_t fp8_cuda_type(Fp8Format format) {
+    return format == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+static inline cublasLtMatmulMatrixScale_t fp8_cublaslt_scale_mode(Fp8Scaling scaling) {
+    switch (scaling) {
+        case FP8_SCALING_ROWS_1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        case FP8_SCALING_BLOCKS_128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+        default: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    }
+}
+
+static void matmul_fp8_set_operands(MatmulSpec* spec, Fp8Operand a, Fp8Operand b) {
+    if (a.codes == NULL || b.codes == NULL || a.scale_inv == NULL || b.scale_inv == NULL) {
+        llm8_die("matmul %s: an FP8 operand lacks its codes or its dequantization scale", spec->name);
+    }
+    if ((a.scaling == FP8_SCALING_TENSOR) != (b.scaling == FP8_SCALING_TENSOR)) {
+        llm8_die("matmul %s: both operands are scaled per tensor, or both per block", spec->name);
+    }
+    spec->a = a.codes; spec->a_type = fp8_cuda_type(a.format); spec->transpose_a = true;
+    spec->b = b.codes; spec->b_type = fp8_cuda_type(b.format); spec->transpose_b = false;
+    spec->a_scale = a.scale_inv; spec->a_scale_mode = fp8_cublaslt_scale_mode(a.scaling);
+    spec->b_scale = b.scale_inv; spec->b_scale_mode = fp8_cublaslt_scale_mode(b.scaling);
+}
+
+/*
+A startup check of one linear (N tokens, C in, OC out) against cuBLASLt FP8's rules, so a
+bad shape is one clear line before training starts, never a cuBLAS status. Every GEMM
+dimension (N, C, OC) must be a multiple of 16; the block recipe's tiles run along K, which
+is C (forward), OC (dgrad) and N (wgrad), so it needs all three multiples of 128.
+*/
+void matmul_fp8_check_shapes(const char* linear, int N, int C, int OC, bool block_recipe) {
+    const char* names[3] = {"B*T", "C (input width)", "OC (output width)"};
+    const int dims[3] = {N, C, OC};
+    for (int i = 0; i < 3; i++) {
+        if (dims[i] <= 0 || dims[i] % 16 != 0) {
+            llm8_die("fp8 %s linear: %s = %d must be a positive multiple of 16 for cuBLASLt FP8 GEMMs; "
+                     "change the model width or the batch, or run it with -p bf16", linear, names[i], dims[i]);
+        }
+        if (block_recipe && dims[i] % 128 != 0) {
+            llm8_die("fp8 %s linear: %s = %d is not a multiple of 128, which the block recipe's 1x128 and 128x128 "
+                     "scale tiles need along every GEMM's K; use the delayed or current recipe, or a width and a "
+                     "B*T that are multiples of 128 (d12, d24, d36; d48's C=1600 is not)", linear, names[i], dims[i]);
+        }
+    }
+}
+
+static MatmulSpec matmul_forward_fp8_spec(floatX* out, Fp8Operand inp, Fp8Operand weight, const floatX* bias,
+                                          int N, int C, int OC, floatX* pre_gelu) {
+    MatmulSpec spec = {};
+    spec.name = "fp8 forward (m=OC, n=N, k=C)";
+    spec.m = OC; spec.n = N; spec.k = C;
+    spec.d = out; spec.d_type = CUDA_R_16BF;
+    matmul_fp8_set_operands(&spec, weight, inp);
+    spec.fast_accumulate = inp.scaling == FP8_SCALING_TENSOR;  // the block modes take none
+    spec.bias = bias;
+    spec.aux = pre_gelu;
+    if (pre_gelu != NULL) {
+        spec.epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    } else {
+        spec.epilogue = bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    }
+    return spec;
+}
+
+/*
+out[N][OC] (bf16) = inp[N][C] weight[OC][C]^T (+ bias), from FP8 codes: inp E4M3 (or the
+block recipe's 1x128 tiles), weight E4M3 (per tensor, or 128x128 blocks); per-tensor
+scaling uses fast accumulation. pre_gelu != NULL: cuBLASLt's GELU epilogue as in
+matmul_forward; whether cuBLASLt has it with FP8 operands is matmul_forward_fp8_supported's
+to say at startup (the FP8 path needs it not: gelu_forward_fp8 fuses GELU into the cast).
+*/
+void matmul_forward_fp8(floatX* out, Fp8Operand inp, Fp8Operand weight, const floatX* bias,
+                        int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
+    MatmulSpec spec = matmul_forward_fp8_spec(out, inp, weight, bias, N, C, OC, pre_gelu);
+    matmul_cublaslt(&spec, stream);
+}
+
+bool matmul_forward_fp8_supported(floatX* out, Fp8Operand inp, Fp8Operand weight, const floatX* bias,
+                                  int N, int C, int OC, floatX* pre_gelu) {
+    MatmulSpec spec = matmul_forward_fp8_spec(out, inp, weight, bias, N, C, OC, pre_gelu);
+    return matmul_cublaslt_supported(&spec);
+}
+
+/*
+The FP8 backward GEMMs of one linear, once dout has been cast (matmul_backward_fp8_dout):
+dinp[N][C] = dout[N][OC] weight[OC][C]      (overwritten; dinp may be NULL: no dgrad)
+           from dout (E5M2, or E4M3 tiles) and weight_t = W^T [C][OC], both contiguous along K = OC;
+dweight[OC][C] += dout^T inp                 (accumulated; dweight may be NULL: no wgrad)
+           from inp_t = x^T [C][N] and dout_t = dy^T [OC][N], contiguous along K = N.
+dweight_type: CUDA_R_16BF (the gradient buffer, like the bf16 path) or CUDA_R_32F (an fp32
+accumulation buffer); cuBLASLt adds in fp32 and rounds once. No fast accumulation here.
+*/
+void matmul_backward_fp8(floatX* dinp, void* dweight, cudaDataType_t dweight_type, Fp8Operand dout,
+                         Fp8Operand dout_t, Fp8Operand weight_t, Fp8Operand inp_t, int N, int C, int OC,
+                         cudaStream_t stream) {
+    if (dinp != NULL) {
+        MatmulSpec dgrad = {};
+        dgrad.name = "fp8 backward dinp (m=C, n=N, k=OC)";
+        dgrad.m = C; dgrad.n = N; dgrad.k = OC;
+        dgrad.d = dinp; dgrad.d_type = CUDA_R_16BF;
+        matmul_fp8_set_operands(&dgrad, weight_t, dout);
+        dgrad.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+        matmul_cublaslt(&dgrad, stream);
+    }
+    if (dweight != NULL) {
+        if (dweight_type != CUDA_R_16BF && dweight_type != CUDA_R_32F) {
+            llm8_die("matmul fp8 backward: dweight type %d is neither bf16 nor fp32", (int)dweight_type);
+        }
+        MatmulSpec wgrad = {};
+        wgrad.name = "fp8 backward dweight (m=C, n=OC, k=N)";
+        wgrad.m = C; wgrad.n = OC; wgrad.k = N;
+        wgrad.d = dweight; wgrad.d_type = dweight_type;
+        matmul_fp8_set_operands(&wgrad, inp_t, dout_t);
+        wgrad.accumulate = true;
+        wgrad.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+        matmul_cublaslt(&wgrad, stream);
+    }
+}
+
+/*
+The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs:
+1. (pre_gelu != NULL) dout *= gelu'(pre_gelu) in place: fc's dout is fcproj's dgrad output;
+   dbias partial sums in fixed order (as matmul_backward), and for per-tensor (current)
+   scaling the amax, with one atomicMax per block: one read of dout (and pre_gelu),
+   plus the in-place write when GELU's derivative is applied;
+2. (per tensor) the state update: the scale from this amax (fp8_scaling_update_records);
+3. the cast to fp8 (E5M2 per tensor; E4M3 1x128 tiles in the block recipe) and its
+   transpose: the second read of dout, one byte written per element for each of dout and
+   dout^T; then the bias sums finish (dbias += , when dbias != NULL).
+Bytes per element: 2 (read) [+ 2 read + 2 written for GELU] + 2 (read) + 2 (written),
+against the bf16 path's 2 for the bias alone; current scaling cannot cast before the amax
+is known, and cuBLASLt cannot give the amax of a bf16 D (CUDA 13 refuses an amax pointer
+there), so the amax must be a pass of its own, and it rides on the bias pass.
+dbias_scratch holds matmul_dbias_scratch_floats(N, OC) floats (needed even without dbias).
+*/
+void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* dbias_scratch, floatX* dout,
+                              const floatX* pre_gelu, int N, int OC, cudaStream_t stream) {
+    fp8_cast_check(fp8, N, OC, "matmul_backward_fp8_dout");
+    bool per_tensor = fp8->scaling == FP8_SCALING_TENSOR;
+    if (fp8->scaling == FP8_SCALING_BLOCKS_128x128) { llm8_die("matmul_backward_fp8_dout: gradients are scaled per 1x128 tile in the block recipe"); }
+    if (per_tensor || pre_gelu != NULL || dbias != NULL) {
+        matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, per_tensor ? fp8->record : NULL, N, OC, stream);
+    }
+    if (per_tensor) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
+    fp8_cast_transpose_launch(fp8, (floatX*)NULL, dout, N, OC, false, Fp8Identity(), stream);
     if (dbias != NULL) {
-        if (dbias_scratch == NULL) { llm8_die("matmul backward: dbias given without dbias_scratch"); }
-        int chunks = ceil_div(N, DBIAS_ROWS_PER_CHUNK);
-        dim3 grid(ceil_div(OC, DBIAS_BLOCK_COLUMNS), chunks);
-        dim3 block(32, DBIAS_ROW_LANES);
-        matmul_dbias_partial_kernel<<<grid, block, 0, stream>>>(dbias_scratch, dout, N, OC);
-        cudaCheck(cudaGetLastError());
         const int finish_block = 256;
-        matmul_dbias_finish_kernel<<<ceil_div(OC, finish_block), finish_block, 0, stream>>>(dbias, dbias_scratch, chunks, OC);
+        matmul_dbias_finish_kernel<<<ceil_div(OC, finish_block), finish_block, 0, stream>>>(
+            dbias, dbias_scratch, ceil_div(N, DBIAS_ROWS_PER_CHUNK), OC);
         cudaCheck(cudaGetLastError());
     }
 }

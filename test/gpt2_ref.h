@@ -20,6 +20,10 @@ GPU. So it is written to be obviously right rather than fast:
   (the flash-attention identity D = dout . out), so T=1024 comparisons fit in memory;
 - the element math (GELU, the AdamW update) comes from llmc/element_math.h, the very code
   the kernels run.
+- FP8 emulation (off by default; gpt2ref_set_fp8_emulation turns it on): the linears
+  quantize-dequantize their GEMM operands at exactly the points the GPU casts to FP8, with
+  llmc/fp8.h's codec and llmc/fp8_scaling.h's scaling state machine, so it emulates what the
+  GPU computes; with it off every op is the plain fp32 one, bit for bit.
 Matmuls parallelize with OpenMP when built with -fopenmp (each thread owns whole output
 rows, so results do not depend on the thread count); without it the pragmas vanish.
 */
@@ -33,6 +37,7 @@ rows, so results do not depend on the thread count); without it the pragmas vani
 #include "llmc/utils.h"
 #include "llmc/element_math.h"
 #include "llmc/gpt2_config.h"
+#include "llmc/fp8_scaling.h"
 
 #ifdef _OPENMP
 #define REF_PARALLEL_FOR _Pragma("omp parallel for")
@@ -134,11 +139,8 @@ static inline void ref_matmul_forward(float* out, const float* inp, const float*
     }
 }
 
-// dinp[N][C] += dout . weight; dweight[OC][C] += dout^T . inp; dbias[OC] += column sums of
-// dout (dbias may be NULL for a matmul without bias). Unlike the GPU matmul, whose dinp is
-// overwritten, every output here is added to.
-static inline void ref_matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                const float* weight, int N, int C, int OC) {
+// dinp[N][C] += dout . weight (dgrad)
+static inline void ref_matmul_backward_dgrad(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
     REF_PARALLEL_FOR
     for (int n = 0; n < N; n++) {
         float* dx = dinp + (size_t)n * C;
@@ -148,18 +150,38 @@ static inline void ref_matmul_backward(float* dinp, float* dweight, float* dbias
             for (int c = 0; c < C; c++) { dx[c] += d * w[c]; }
         }
     }
+}
+
+// dweight[OC][C] += dout^T . inp (wgrad)
+static inline void ref_matmul_backward_wgrad(float* dweight, const float* dout, const float* inp, int N, int C, int OC) {
     REF_PARALLEL_FOR
     for (int o = 0; o < OC; o++) {
         float* dw = dweight + (size_t)o * C;
-        double bias_sum = 0.0;
         for (int n = 0; n < N; n++) {
             float d = dout[(size_t)n * OC + o];
             const float* x = inp + (size_t)n * C;
             for (int c = 0; c < C; c++) { dw[c] += d * x[c]; }
-            bias_sum += d;
         }
-        if (dbias != NULL) { dbias[o] += (float)bias_sum; }
     }
+}
+
+// dbias[OC] += column sums of dout
+static inline void ref_matmul_backward_bias(float* dbias, const float* dout, int N, int OC) {
+    for (int o = 0; o < OC; o++) {
+        double bias_sum = 0.0;
+        for (int n = 0; n < N; n++) { bias_sum += dout[(size_t)n * OC + o]; }
+        dbias[o] += (float)bias_sum;
+    }
+}
+
+// dinp[N][C] += dout . weight; dweight[OC][C] += dout^T . inp; dbias[OC] += column sums of
+// dout (dbias may be NULL for a matmul without bias). Unlike the GPU matmul, whose dinp is
+// overwritten, every output here is added to.
+static inline void ref_matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                const float* weight, int N, int C, int OC) {
+    ref_matmul_backward_dgrad(dinp, dout, weight, N, C, OC);
+    ref_matmul_backward_wgrad(dweight, dout, inp, N, C, OC);
+    if (dbias != NULL) { ref_matmul_backward_bias(dbias, dout, N, OC); }
 }
 
 // dot product of two fp32 vectors, accumulated in double
@@ -291,6 +313,246 @@ static inline void ref_crossentropy_forward_backward(float* losses, float* dlogi
 }
 
 // ----------------------------------------------------------------------------
+// FP8 emulation: the quantize-dequantize points of DESIGN.md section 3, in fp32
+
+/*
+A linear y = x . W^T (+ b), x [N][C], W [OC][C], runs in FP8 on the GPU as three GEMMs
+whose operands are cast to FP8 first. The reference emulates each cast as an element-wise
+quantize + dequantize (fp8.h, the kernels' code) and keeps the GEMMs themselves in fp32
+operands with double accumulation:
+    forward  y  = Q_e4m3(x) . Q_e4m3(W)^T + b
+    dgrad    dx = Q_e5m2(dy) . Q_e4m3(W)          (the same Q(W) as the forward)
+    wgrad    dW = Q_e5m2(dy)^T . Q_e4m3(x)        (the same Q(dy) as dgrad, Q(x) as the forward)
+    bias     db = column sums of dy, unquantized   (the fused bias-grad kernel reads bf16 dy)
+Scales, per recipe:
+- x: per tensor, DELAYED (history, first use seeded) or CURRENT, through fp8_scaling.h;
+- W: per tensor, current (the weight's own amax; cast once per optimizer step on the GPU,
+  which is the same thing as casting at each use from unchanged weights);
+- dy: per tensor, current, E5M2;
+- BLOCK: no state: every operand E4M3 with one scale per tile, amax/448 with no margin,
+  tiles along each GEMM's K: x and dy 1x128 along C / OC for forward and dgrad, and
+  128x1 (along N) for wgrad, where K is N (so x and dy are re-cast transposed, as the
+  cast-transpose kernels write them); W in 128x128 blocks, shared by forward and dgrad.
+  A K that is not a multiple of 128 gets a short last tile, which is exactly what
+  zero-padding K to a multiple of 128 gives (zeros change no tile amax and add nothing).
+Each per-tensor state is updated once per cast, in the order fp8_scaling.h prescribes,
+and the scale a cast used is kept, so the backward reuses the forward's Q(x) and Q(W)
+exactly. Each operand keeps the statistics of its last cast (amax, scale, fractions
+saturated and flushed) for cross-checking the GPU's numerics log.
+*/
+
+enum { FP8_PASS_FORWARD = 1, FP8_PASS_DGRAD = 2, FP8_PASS_WGRAD = 4, FP8_PASS_ALL = 7 };
+enum { FP8_LINEAR_QKV, FP8_LINEAR_ATTPROJ, FP8_LINEAR_FC, FP8_LINEAR_FCPROJ, FP8_LINEAR_LM_HEAD, FP8_NUM_LINEAR_KINDS };
+#define FP8_LINEARS_BLOCKS ((1 << FP8_LINEAR_QKV) | (1 << FP8_LINEAR_ATTPROJ) | (1 << FP8_LINEAR_FC) | (1 << FP8_LINEAR_FCPROJ))
+#define FP8_LINEARS_ALL (FP8_LINEARS_BLOCKS | (1 << FP8_LINEAR_LM_HEAD))
+static const char* const FP8_LINEAR_NAMES[FP8_NUM_LINEAR_KINDS] = {"qkv", "attproj", "fc", "fcproj", "lm_head"};
+
+typedef enum { FP8_EMULATE_DELAYED, FP8_EMULATE_CURRENT, FP8_EMULATE_BLOCK } Fp8EmulationRecipe;
+#define FP8_BLOCK_TILE 128
+
+typedef struct {
+    int recipe;       // Fp8EmulationRecipe: DELAYED / CURRENT say how x is scaled; BLOCK tiles everything
+    int passes;       // FP8_PASS_* bits
+    int linears;      // (1 << FP8_LINEAR_*) bits
+    int history_len;  // delayed amax history, 1..1024
+    int margin;       // delayed and current scales are divided by 2^margin
+} Fp8Emulation;
+
+// the default FP8 recipe: delayed activations, current gradients and weights, all three
+// passes of the four block linears, lm_head in bf16
+static inline Fp8Emulation fp8_emulation_default(void) {
+    Fp8Emulation e;
+    e.recipe = FP8_EMULATE_DELAYED;
+    e.passes = FP8_PASS_ALL;
+    e.linears = FP8_LINEARS_BLOCKS;
+    e.history_len = FP8_AMAX_HISTORY_DEFAULT;
+    e.margin = 0;
+    return e;
+}
+
+static inline void fp8_emulation_validate(const Fp8Emulation* e) {
+    if (e->recipe < FP8_EMULATE_DELAYED || e->recipe > FP8_EMULATE_BLOCK) {
+        llm8_die("fp8 emulation: recipe %d is unknown (expected delayed, current or block)", e->recipe);
+    }
+    if (e->passes & ~FP8_PASS_ALL) { llm8_die("fp8 emulation: passes 0x%x has unknown bits (expected within 0x7)", e->passes); }
+    if (e->linears & ~FP8_LINEARS_ALL) { llm8_die("fp8 emulation: linears 0x%x has unknown bits (expected within 0x1f)", e->linears); }
+    const char* error = fp8_scaling_config_error(e->history_len, e->margin);
+    if (error != NULL) { llm8_die("fp8 emulation: history %d, margin %d: %s", e->history_len, e->margin, error); }
+}
+
+enum { FP8_OPERAND_X, FP8_OPERAND_W, FP8_OPERAND_DY, FP8_NUM_OPERANDS };
+static const char* const FP8_OPERAND_NAMES[FP8_NUM_OPERANDS] = {"x", "w", "dy"};
+
+// the scale pair one cast used, so a later GEMM can re-create the same quantized tensor
+typedef struct { float scale; float scale_inv; } Fp8ScalePair;
+
+typedef struct {
+    Fp8TensorScaling scaling[FP8_NUM_OPERANDS]; // per-tensor recipes (unused by BLOCK)
+    Fp8CastStats stats[FP8_NUM_OPERANDS];       // of each operand's last cast
+    Fp8ScalePair forward_used[FP8_NUM_OPERANDS]; // x and W as the forward cast them
+} Fp8LinearState;
+
+static inline void fp8_linear_state_init(Fp8LinearState* q, const Fp8Emulation* e) {
+    memset(q, 0, sizeof(*q));
+    Fp8Recipe x_recipe = e->recipe == FP8_EMULATE_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
+    fp8_scaling_init(&q->scaling[FP8_OPERAND_X], x_recipe, FP8_E4M3, e->history_len, e->margin);
+    fp8_scaling_init(&q->scaling[FP8_OPERAND_W], FP8_RECIPE_CURRENT, FP8_E4M3, e->history_len, e->margin);
+    fp8_scaling_init(&q->scaling[FP8_OPERAND_DY], FP8_RECIPE_CURRENT, FP8_E5M2, e->history_len, e->margin);
+}
+
+// out = dequantize(quantize(x)) with one scale pair; stats (may be NULL) count the cast
+static inline void ref_fp8_qdq(float* out, const float* x, size_t n, Fp8ScalePair pair, Fp8Format format,
+                               Fp8CastStats* stats) {
+    for (size_t i = 0; i < n; i++) {
+        uint8_t code = fp8_quantize(x[i], pair.scale, format);
+        out[i] = fp8_dequantize(code, pair.scale_inv, format);
+        if (stats != NULL) { fp8_cast_stats_add(stats, x[i], fp8_classify(x[i], pair.scale, code, format)); }
+    }
+}
+
+static inline float ref_fp8_amax(const float* x, size_t n) {
+    uint32_t amax_bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = fp8_amax_bits(x[i]);
+        if (b > amax_bits) { amax_bits = b; }
+    }
+    return bits_as_float(amax_bits);
+}
+
+// a per-tensor cast following fp8_scaling.h's protocol (update before or after the cast);
+// returns the scale pair it used
+static inline Fp8ScalePair ref_fp8_cast_tensor(float* out, const float* x, size_t n, Fp8TensorScaling* s,
+                                               Fp8Format format, Fp8CastStats* stats) {
+    float amax = ref_fp8_amax(x, n);
+    int after = fp8_scaling_casts_after_update(s);
+    if (after) { fp8_scaling_update(s, amax); }
+    Fp8ScalePair pair = {s->scale, s->scale_inv};
+    memset(stats, 0, sizeof(*stats));
+    stats->scale = pair.scale;
+    ref_fp8_qdq(out, x, n, pair, format, stats);
+    if (!after) { fp8_scaling_update(s, amax); }
+    return pair;
+}
+
+// E4M3 with one current scale per tile of tile_rows x tile_cols over x [rows][cols]
+// (edge tiles are short); stats->scale is the smallest tile scale (the amax's tile)
+static inline void ref_fp8_cast_tiles(float* out, const float* x, int rows, int cols, int tile_rows, int tile_cols,
+                                      Fp8CastStats* stats) {
+    memset(stats, 0, sizeof(*stats));
+    stats->scale = INFINITY;
+    for (int r0 = 0; r0 < rows; r0 += tile_rows) {
+        int r1 = r0 + tile_rows < rows ? r0 + tile_rows : rows;
+        for (int c0 = 0; c0 < cols; c0 += tile_cols) {
+            int c1 = c0 + tile_cols < cols ? c0 + tile_cols : cols;
+            uint32_t amax_bits = 0;
+            for (int r = r0; r < r1; r++) {
+                for (int c = c0; c < c1; c++) {
+                    uint32_t b = fp8_amax_bits(x[(size_t)r * cols + c]);
+                    if (b > amax_bits) { amax_bits = b; }
+                }
+            }
+            Fp8ScalePair pair;
+            pair.scale = fp8_scale_from_amax(bits_as_float(amax_bits), FP8_E4M3_MAX, 0);
+            pair.scale_inv = fp8_reciprocal(pair.scale);
+            if (pair.scale < stats->scale) { stats->scale = pair.scale; }
+            for (int r = r0; r < r1; r++) {
+                size_t at = (size_t)r * cols + c0;
+                ref_fp8_qdq(out + at, x + at, (size_t)(c1 - c0), pair, FP8_E4M3, stats);
+            }
+        }
+    }
+}
+
+/*
+The FP8 forward of one linear: out[N][OC] = Q(inp) . Q(weight)^T + bias. q is the
+linear's state; with q NULL, or the forward pass not in e->passes, it is ref_matmul_forward.
+*/
+static inline void ref_fp8_linear_forward(Fp8LinearState* q, const Fp8Emulation* e, float* out, const float* inp,
+                                          const float* weight, const float* bias, int N, int C, int OC) {
+    if (q == NULL || !(e->passes & FP8_PASS_FORWARD)) {
+        ref_matmul_forward(out, inp, weight, bias, N, C, OC);
+        return;
+    }
+    float* inp_q = (float*)mallocCheck((size_t)N * C * sizeof(float));
+    float* weight_q = (float*)mallocCheck((size_t)OC * C * sizeof(float));
+    if (e->recipe == FP8_EMULATE_BLOCK) {
+        ref_fp8_cast_tiles(inp_q, inp, N, C, 1, FP8_BLOCK_TILE, &q->stats[FP8_OPERAND_X]);
+        ref_fp8_cast_tiles(weight_q, weight, OC, C, FP8_BLOCK_TILE, FP8_BLOCK_TILE, &q->stats[FP8_OPERAND_W]);
+    } else {
+        q->forward_used[FP8_OPERAND_X] = ref_fp8_cast_tensor(inp_q, inp, (size_t)N * C, &q->scaling[FP8_OPERAND_X],
+                                                             FP8_E4M3, &q->stats[FP8_OPERAND_X]);
+        q->forward_used[FP8_OPERAND_W] = ref_fp8_cast_tensor(weight_q, weight, (size_t)OC * C, &q->scaling[FP8_OPERAND_W],
+                                                             FP8_E4M3, &q->stats[FP8_OPERAND_W]);
+    }
+    ref_matmul_forward(out, inp_q, weight_q, bias, N, C, OC);
+    free(inp_q);
+    free(weight_q);
+}
+
+// Q(x) or Q(W) for a backward GEMM: the forward's cast when the forward ran in FP8
+// (same scale pair, so the same values), else a cast of its own (per-tensor recipes)
+static inline void ref_fp8_recast_operand(float* out, const float* x, size_t n, Fp8LinearState* q,
+                                          const Fp8Emulation* e, int operand) {
+    if (e->passes & FP8_PASS_FORWARD) {
+        ref_fp8_qdq(out, x, n, q->forward_used[operand], FP8_E4M3, NULL);
+    } else {
+        q->forward_used[operand] = ref_fp8_cast_tensor(out, x, n, &q->scaling[operand], FP8_E4M3, &q->stats[operand]);
+    }
+}
+
+/*
+The FP8 backward of one linear (call after its ref_fp8_linear_forward on the same inp and
+weight): dinp += Q(dout) . Q(weight), dweight += Q(dout)^T . Q(inp), dbias += column sums
+of dout, each GEMM in FP8 when its pass is in e->passes. Like ref_matmul_backward, every
+output is added to; dbias may be NULL.
+*/
+static inline void ref_fp8_linear_backward(Fp8LinearState* q, const Fp8Emulation* e, float* dinp, float* dweight,
+                                           float* dbias, const float* dout, const float* inp, const float* weight,
+                                           int N, int C, int OC) {
+    int dgrad_fp8 = q != NULL && (e->passes & FP8_PASS_DGRAD);
+    int wgrad_fp8 = q != NULL && (e->passes & FP8_PASS_WGRAD);
+    if (!dgrad_fp8 && !wgrad_fp8) {
+        ref_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+        return;
+    }
+    int block = e->recipe == FP8_EMULATE_BLOCK;
+    float* dout_q = (float*)mallocCheck((size_t)N * OC * sizeof(float));
+    float* operand_q = (float*)mallocCheck((size_t)(N > OC ? N : OC) * C * sizeof(float));
+    if (dbias != NULL) { ref_matmul_backward_bias(dbias, dout, N, OC); }
+    if (!block) {  // one per-tensor Q(dy) serves both GEMMs
+        ref_fp8_cast_tensor(dout_q, dout, (size_t)N * OC, &q->scaling[FP8_OPERAND_DY], FP8_E5M2, &q->stats[FP8_OPERAND_DY]);
+    }
+    if (dgrad_fp8) {
+        if (block) {
+            ref_fp8_cast_tiles(dout_q, dout, N, OC, 1, FP8_BLOCK_TILE, &q->stats[FP8_OPERAND_DY]);
+            Fp8CastStats weight_stats;  // the forward's blocks again; its statistics are the forward's
+            ref_fp8_cast_tiles(operand_q, weight, OC, C, FP8_BLOCK_TILE, FP8_BLOCK_TILE,
+                               (e->passes & FP8_PASS_FORWARD) ? &weight_stats : &q->stats[FP8_OPERAND_W]);
+        } else {
+            ref_fp8_recast_operand(operand_q, weight, (size_t)OC * C, q, e, FP8_OPERAND_W);
+        }
+        ref_matmul_backward_dgrad(dinp, dout_q, operand_q, N, C, OC);
+    } else {
+        ref_matmul_backward_dgrad(dinp, dout, weight, N, C, OC);
+    }
+    if (wgrad_fp8) {
+        if (block) {  // K = N: tiles run down the columns
+            Fp8CastStats transposed_stats;
+            ref_fp8_cast_tiles(dout_q, dout, N, OC, FP8_BLOCK_TILE, 1, dgrad_fp8 ? &transposed_stats : &q->stats[FP8_OPERAND_DY]);
+            ref_fp8_cast_tiles(operand_q, inp, N, C, FP8_BLOCK_TILE, 1,
+                               (e->passes & FP8_PASS_FORWARD) ? &transposed_stats : &q->stats[FP8_OPERAND_X]);
+        } else {
+            ref_fp8_recast_operand(operand_q, inp, (size_t)N * C, q, e, FP8_OPERAND_X);
+        }
+        ref_matmul_backward_wgrad(dweight, dout_q, operand_q, N, C, OC);
+    } else {
+        ref_matmul_backward_wgrad(dweight, dout, inp, N, C, OC);
+    }
+    free(dout_q);
+    free(operand_q);
+}
+
+// ----------------------------------------------------------------------------
 // the whole model
 
 // activations of one forward pass; per-layer tensors are [L][...]
@@ -354,6 +616,10 @@ typedef struct {
     int T;
     int has_targets;
     float mean_loss; // of the last forward, -1 when it had no targets
+    // FP8 emulation (gpt2ref_set_fp8_emulation): NULL runs in fp32, the default; else one
+    // state per linear, layer l's kind k at 4*l + k, lm_head at 4*L
+    Fp8Emulation fp8_config;
+    Fp8LinearState* fp8_linears;
 } GPT2Ref;
 
 static inline void gpt2ref_act_sizes(size_t sizes[GPT2REF_NUM_ACTS], const GPT2Config* cfg, int B, int T) {
@@ -431,6 +697,29 @@ static inline void gpt2ref_allocate_activations(GPT2Ref* model, int B, int T) {
     model->capacity_T = T;
 }
 
+/*
+Turns FP8 emulation on with `config` (validated; dies with a clear line when invalid), or
+off with NULL. Every scaling state starts fresh, so the next forward seeds the delayed
+histories. Call it after gpt2ref_init, before the forward passes it should affect.
+*/
+static inline void gpt2ref_set_fp8_emulation(GPT2Ref* model, const Fp8Emulation* config) {
+    free(model->fp8_linears);
+    model->fp8_linears = NULL;
+    if (config == NULL) { return; }
+    fp8_emulation_validate(config);
+    model->fp8_config = *config;
+    int count = 4 * model->config.num_layers + 1;
+    model->fp8_linears = (Fp8LinearState*)mallocCheck((size_t)count * sizeof(Fp8LinearState));
+    for (int i = 0; i < count; i++) { fp8_linear_state_init(&model->fp8_linears[i], config); }
+}
+
+// the FP8 state of one linear (layer is ignored for lm_head); NULL when it runs in fp32
+static inline Fp8LinearState* gpt2ref_fp8_linear(GPT2Ref* model, int layer, int kind) {
+    if (model->fp8_linears == NULL || !(model->fp8_config.linears & (1 << kind))) { return NULL; }
+    int index = kind == FP8_LINEAR_LM_HEAD ? 4 * model->config.num_layers : 4 * layer + kind;
+    return &model->fp8_linears[index];
+}
+
 static inline void gpt2ref_check_tokens(const int* tokens, int n, int V, const char* what) {
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= V) {
@@ -468,6 +757,7 @@ static inline float gpt2ref_forward(GPT2Ref* model, const int* inputs, const int
 
     float* const* p = model->param_tensors;
     GPT2RefActs* a = &model->acts;
+    const Fp8Emulation* fp8 = &model->fp8_config;
     size_t btc = (size_t)BT * C;
     ref_encoder_forward(a->encoded, inputs, p[PARAM_WTE], p[PARAM_WPE], B, T, C);
     const float* residual = a->encoded;
@@ -490,19 +780,24 @@ static inline float gpt2ref_forward(GPT2Ref* model, const int* inputs, const int
         size_t lc = (size_t)l * C;
 
         ref_layernorm_forward(ln1, ln1_mean, ln1_rstd, residual, p[PARAM_LN1W] + lc, p[PARAM_LN1B] + lc, BT, C);
-        ref_matmul_forward(qkv, ln1, p[PARAM_QKVW] + lc * 3 * C, p[PARAM_QKVB] + lc * 3, BT, C, 3 * C);
+        ref_fp8_linear_forward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_QKV), fp8, qkv, ln1, p[PARAM_QKVW] + lc * 3 * C,
+                               p[PARAM_QKVB] + lc * 3, BT, C, 3 * C);
         ref_attention_forward(atty, att_lse, qkv, B, T, C, NH);
-        ref_matmul_forward(attproj, atty, p[PARAM_ATTPROJW] + lc * C, p[PARAM_ATTPROJB] + lc, BT, C, C);
+        ref_fp8_linear_forward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_ATTPROJ), fp8, attproj, atty,
+                               p[PARAM_ATTPROJW] + lc * C, p[PARAM_ATTPROJB] + lc, BT, C, C);
         ref_residual_forward(residual2, residual, attproj, BT * C);
         ref_layernorm_forward(ln2, ln2_mean, ln2_rstd, residual2, p[PARAM_LN2W] + lc, p[PARAM_LN2B] + lc, BT, C);
-        ref_matmul_forward(fch, ln2, p[PARAM_FCW] + lc * 4 * C, p[PARAM_FCB] + lc * 4, BT, C, 4 * C);
+        ref_fp8_linear_forward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_FC), fp8, fch, ln2, p[PARAM_FCW] + lc * 4 * C,
+                               p[PARAM_FCB] + lc * 4, BT, C, 4 * C);
         ref_gelu_forward(fch_gelu, fch, BT * 4 * C);
-        ref_matmul_forward(fcproj, fch_gelu, p[PARAM_FCPROJW] + lc * 4 * C, p[PARAM_FCPROJB] + lc, BT, 4 * C, C);
+        ref_fp8_linear_forward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_FCPROJ), fp8, fcproj, fch_gelu,
+                               p[PARAM_FCPROJW] + lc * 4 * C, p[PARAM_FCPROJB] + lc, BT, 4 * C, C);
         ref_residual_forward(residual3, residual2, fcproj, BT * C);
         residual = residual3;
     }
     ref_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, residual, p[PARAM_LNFW], p[PARAM_LNFB], BT, C);
-    ref_matmul_forward(a->logits, a->lnf, p[PARAM_WTE], NULL, BT, C, Vp);
+    ref_fp8_linear_forward(gpt2ref_fp8_linear(model, 0, FP8_LINEAR_LM_HEAD), fp8, a->logits, a->lnf, p[PARAM_WTE], NULL,
+                           BT, C, Vp);
     if (targets == NULL) {
         model->mean_loss = -1.0f;
         return model->mean_loss;
@@ -539,12 +834,14 @@ static inline void gpt2ref_backward(GPT2Ref* model, int grad_accum_steps) {
     float* const* g = model->grad_tensors;
     GPT2RefActs* a = &model->acts;
     GPT2RefGradActs* d = &model->grad_acts;
+    const Fp8Emulation* fp8 = &model->fp8_config;
     size_t btc = (size_t)BT * C;
 
     float dloss = 1.0f / ((float)BT * grad_accum_steps);
     ref_crossentropy_forward_backward(a->losses, d->logits, a->logits, model->targets, BT, V, Vp, dloss);
     memset(d->ln, 0, btc * sizeof(float));
-    ref_matmul_backward(d->ln, g[PARAM_WTE], NULL, d->logits, a->lnf, p[PARAM_WTE], BT, C, Vp);
+    ref_fp8_linear_backward(gpt2ref_fp8_linear(model, 0, FP8_LINEAR_LM_HEAD), fp8, d->ln, g[PARAM_WTE], NULL, d->logits,
+                            a->lnf, p[PARAM_WTE], BT, C, Vp);
     const float* top_residual = a->residual3 + (L - 1) * btc;
     memset(d->residual, 0, btc * sizeof(float));
     ref_layernorm_backward(d->residual, g[PARAM_LNFW], g[PARAM_LNFB], d->ln, top_residual, p[PARAM_LNFW],
@@ -555,24 +852,27 @@ static inline void gpt2ref_backward(GPT2Ref* model, int grad_accum_steps) {
         const float* residual = l == 0 ? a->encoded : a->residual3 + (l - 1) * btc;
         size_t lc = (size_t)l * C;
         memset(d->fch_gelu, 0, 4 * btc * sizeof(float));
-        ref_matmul_backward(d->fch_gelu, g[PARAM_FCPROJW] + lc * 4 * C, g[PARAM_FCPROJB] + lc, d->residual,
-                            a->fch_gelu + l * 4 * btc, p[PARAM_FCPROJW] + lc * 4 * C, BT, 4 * C, C);
+        ref_fp8_linear_backward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_FCPROJ), fp8, d->fch_gelu,
+                                g[PARAM_FCPROJW] + lc * 4 * C, g[PARAM_FCPROJB] + lc, d->residual,
+                                a->fch_gelu + l * 4 * btc, p[PARAM_FCPROJW] + lc * 4 * C, BT, 4 * C, C);
         memset(d->fch, 0, 4 * btc * sizeof(float));
         ref_gelu_backward(d->fch, a->fch + l * 4 * btc, d->fch_gelu, BT * 4 * C);
         memset(d->ln, 0, btc * sizeof(float));
-        ref_matmul_backward(d->ln, g[PARAM_FCW] + lc * 4 * C, g[PARAM_FCB] + lc * 4, d->fch,
-                            a->ln2 + l * btc, p[PARAM_FCW] + lc * 4 * C, BT, C, 4 * C);
+        ref_fp8_linear_backward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_FC), fp8, d->ln, g[PARAM_FCW] + lc * 4 * C,
+                                g[PARAM_FCB] + lc * 4, d->fch, a->ln2 + l * btc, p[PARAM_FCW] + lc * 4 * C, BT, C, 4 * C);
         ref_layernorm_backward(d->residual, g[PARAM_LN2W] + lc, g[PARAM_LN2B] + lc, d->ln, a->residual2 + l * btc,
                                p[PARAM_LN2W] + lc, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, BT, C);
         memset(d->atty, 0, btc * sizeof(float));
-        ref_matmul_backward(d->atty, g[PARAM_ATTPROJW] + lc * C, g[PARAM_ATTPROJB] + lc, d->residual,
-                            a->atty + l * btc, p[PARAM_ATTPROJW] + lc * C, BT, C, C);
+        ref_fp8_linear_backward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_ATTPROJ), fp8, d->atty, g[PARAM_ATTPROJW] + lc * C,
+                                g[PARAM_ATTPROJB] + lc, d->residual, a->atty + l * btc, p[PARAM_ATTPROJW] + lc * C,
+                                BT, C, C);
         memset(d->qkv, 0, 3 * btc * sizeof(float));
         ref_attention_backward(d->qkv, d->atty, a->qkv + l * 3 * btc, a->atty + l * btc,
                                a->att_lse + (size_t)l * NH * BT, B, T, C, NH);
         memset(d->ln, 0, btc * sizeof(float));
-        ref_matmul_backward(d->ln, g[PARAM_QKVW] + lc * 3 * C, g[PARAM_QKVB] + lc * 3, d->qkv,
-                            a->ln1 + l * btc, p[PARAM_QKVW] + lc * 3 * C, BT, C, 3 * C);
+        ref_fp8_linear_backward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_QKV), fp8, d->ln, g[PARAM_QKVW] + lc * 3 * C,
+                                g[PARAM_QKVB] + lc * 3, d->qkv, a->ln1 + l * btc, p[PARAM_QKVW] + lc * 3 * C,
+                                BT, C, 3 * C);
         ref_layernorm_backward(d->residual, g[PARAM_LN1W] + lc, g[PARAM_LN1B] + lc, d->ln, residual,
                                p[PARAM_LN1W] + lc, a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, C);
     }
@@ -621,6 +921,7 @@ static inline void gpt2ref_free(GPT2Ref* model) {
     free(model->grad_acts_memory);
     free(model->inputs);
     free(model->targets);
+    free(model->fp8_linears);
     memset(model, 0, sizeof(*model));
 }
 

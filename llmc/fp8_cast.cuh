@@ -1,0 +1,400 @@
+/*
+fp8_cast.cuh: casts of bf16 (or fp32) tensors to FP8 for the cuBLASLt GEMMs, each writing
+the tensor and its transpose in one pass, plus the amax pass of current scaling.
+
+Why it is shaped so:
+- cuBLASLt's FP8 GEMMs on Hopper take both operands contiguous along K (DESIGN.md section
+  3). For y = x W^T that is x itself in the forward, but wgrad (dW = dy^T x, K = tokens)
+  needs x^T and dy^T, and dgrad needs W^T. So every cast that feeds a wgrad or a dgrad
+  writes the row-major codes and the transposed codes from one read of the input.
+- One tile kernel does every cast: a block stages a 128 x 128 tile in shared memory (after
+  an element transform: identity, or GELU in gelu.cuh), then writes the row-major codes
+  (16 bytes per thread, a warp covers 4 whole 128-byte tile rows) and the transposed
+  codes (a thread packs 32 rows of one column into two 16-byte stores: each store fills
+  a whole 32-byte sector of x^T; a warp reads 32 neighbouring columns of one staged row,
+  so shared memory has no bank conflicts). 128 x 128 is also exactly the tile of the block
+  recipe: in one tile the kernel finds the amax of every 1 x 128 row piece (x, dy in the
+  forward and dgrad), of every 128 x 1 column piece (x^T, dy^T in wgrad), and of the whole
+  128 x 128 block (weights), so the block recipe costs no extra pass.
+- Scales: the per-tensor recipes read the scale from the tensor's Fp8TensorScaling on the
+  device and record amax and counts in its Fp8CastRecord (fp8_scaling.cuh). Delayed: one
+  pass (cast with the history's scale, record this amax). Current (gradients, weights, and
+  a delayed tensor's first use): amax pass, update kernel, cast pass; the input is read
+  twice because the scale must be known before the first code is written.
+- Codes are fp8_quantize(value, scale) from fp8.h, where value is the tensor as stored in
+  bf16 (the rounded GELU or layernorm output, as the bf16 path sees it) or the fp32 weight:
+  bit-exact with the host encode the CPU reference and the tests use.
+Shapes: rows and cols are multiples of 16 (cuBLASLt FP8's rule for every GEMM dimension),
+so tile edges fall on 16-byte boundaries; the last tile in each direction may be short.
+*/
+#ifndef LLMC_FP8_CAST_CUH
+#define LLMC_FP8_CAST_CUH
+
+#include <stdint.h>
+#include "cuda_common.h"
+#include "cuda_utils.cuh"
+#include "fp8.h"
+#include "fp8_scaling.h"
+#include "fp8_scaling.cuh"
+
+#define FP8_TILE 128
+#define FP8_TILE_THREADS 256
+#define FP8_BLOCK_SCALE_ALIGN 4  // the 128x128 scale rows are padded to 16 bytes (4 floats)
+
+typedef enum {
+    FP8_SCALING_TENSOR = 0,     // one scale per tensor, from its Fp8TensorScaling (delayed or current)
+    FP8_SCALING_ROWS_1x128 = 1, // block recipe, activations and gradients: one scale per 1x128 piece along K
+    FP8_SCALING_BLOCKS_128x128 = 2, // block recipe, weights: one scale per 128x128 block
+} Fp8Scaling;
+
+/*
+Where one cast of a [rows][cols] tensor goes. codes [rows][cols] and codes_t [cols][rows]
+(either may be NULL). TENSOR: state gives the scale, record gets amax, counts and the scale
+used. Block recipes (no state): scale_inv / scale_inv_t receive the dequantization scales of
+codes / codes_t in cuBLASLt's layouts (fp8_block_scale_floats), and record the statistics.
+*/
+typedef struct {
+    Fp8Format format;
+    Fp8Scaling scaling;
+    uint8_t* codes;
+    uint8_t* codes_t;
+    Fp8TensorScaling* state;
+    Fp8CastRecord* record;
+    float* scale_inv;
+    float* scale_inv_t;
+} Fp8CastOutput;
+
+// floats per row of 128x128 block scales over a K of k elements: ceil(k / 128), padded to 16 bytes
+__host__ __device__ inline int fp8_block_scale_ld(int k) {
+    int blocks = (k + FP8_TILE - 1) / FP8_TILE;
+    return (blocks + FP8_BLOCK_SCALE_ALIGN - 1) / FP8_BLOCK_SCALE_ALIGN * FP8_BLOCK_SCALE_ALIGN;
+}
+
+/*
+Floats of the dequantization scales of codes [rows][cols] whose K is cols, as cuBLASLt
+reads them on Hopper:
+- ROWS_1x128 (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F): one per row per 128 columns,
+  rows fastest: scale_inv[(col / 128) * rows + row];
+- BLOCKS_128x128 (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F): one per 128x128 block,
+  K blocks fastest, each row of blocks padded to 4 floats (16 bytes):
+  scale_inv[(row / 128) * round_up(ceil(cols / 128), 4) + col / 128].
+(The layouts PyTorch's _scaled_mm hands to cuBLASLt for its 1x128 and 128x128 modes.)
+*/
+static inline size_t fp8_block_scale_floats(Fp8Scaling scaling, int rows, int cols) {
+    if (scaling == FP8_SCALING_ROWS_1x128) { return (size_t)ceil_div(cols, FP8_TILE) * (size_t)rows; }
+    if (scaling == FP8_SCALING_BLOCKS_128x128) {
+        return (size_t)ceil_div(rows, FP8_TILE) * (size_t)fp8_block_scale_ld(cols);
+    }
+    return 0;
+}
+
+static inline void fp8_cast_check(const Fp8CastOutput* out, int rows, int cols, const char* who) {
+    if (rows <= 0 || cols <= 0 || rows % 16 != 0 || cols % 16 != 0) {
+        llm8_die("%s: rows=%d, cols=%d: each must be a positive multiple of 16 (cuBLASLt FP8 GEMM dimensions)",
+                 who, rows, cols);
+    }
+    if (out->codes == NULL && out->codes_t == NULL) { llm8_die("%s: neither codes nor codes_t given", who); }
+    if (out->record == NULL) { llm8_die("%s: no Fp8CastRecord given", who); }
+    if (out->scaling == FP8_SCALING_TENSOR) {
+        if (out->state == NULL) { llm8_die("%s: per-tensor scaling without an Fp8TensorScaling state", who); }
+    } else {
+        if (out->format != FP8_E4M3) { llm8_die("%s: the block recipe is E4M3 throughout, got %s", who, fp8_format_name(out->format)); }
+        if ((out->codes != NULL && out->scale_inv == NULL) || (out->codes_t != NULL && out->scale_inv_t == NULL)) {
+            llm8_die("%s: the block recipe needs scale_inv for every code array it writes", who);
+        }
+    }
+    const void* pointers[2] = {out->codes, out->codes_t};
+    for (int i = 0; i < 2; i++) {
+        if (((uintptr_t)pointers[i]) % 16 != 0) { llm8_die("%s: code array %p is not 16-byte aligned", who, pointers[i]); }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// staging types: the tile holds the tensor as stored (bf16), or the fp32 master weight
+
+__device__ __forceinline__ float fp8_stage_to_float(floatX x) { return __bfloat162float(x); }
+__device__ __forceinline__ float fp8_stage_to_float(float x) { return x; }
+template <class T> __device__ __forceinline__ T fp8_stage_from_float(float x);
+template <> __device__ __forceinline__ floatX fp8_stage_from_float<floatX>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ float fp8_stage_from_float<float>(float x) { return x; }
+
+// the element transform of a plain cast
+struct Fp8Identity {
+    __device__ __forceinline__ float operator()(float x) const { return x; }
+};
+
+// 8 consecutive codes, packed little-endian (code i in byte i)
+__device__ __forceinline__ uint2 fp8_pack8(const uint8_t codes[8]) {
+    uint2 packed;
+    packed.x = (uint32_t)codes[0] | ((uint32_t)codes[1] << 8) | ((uint32_t)codes[2] << 16) | ((uint32_t)codes[3] << 24);
+    packed.y = (uint32_t)codes[4] | ((uint32_t)codes[5] << 8) | ((uint32_t)codes[6] << 16) | ((uint32_t)codes[7] << 24);
+    return packed;
+}
+
+// ----------------------------------------------------------------------------
+// the amax pass (current scaling): this use's amax into record->amax_bits
+
+template <class In, class Transform>
+__global__ void fp8_amax_kernel(Fp8CastRecord* record, const In* in, size_t n, Transform transform) {
+    constexpr int vector = (int)(16 / sizeof(In));
+    Fp8Tally tally = fp8_tally_zero();
+    size_t stride = (size_t)gridDim.x * blockDim.x * vector;
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * vector; i < n; i += stride) {
+        Packed128<In> packed = load128cs(in + i);
+        for (int k = 0; k < vector; k++) {
+            float value = fp8_stage_to_float(fp8_stage_from_float<In>(transform(fp8_stage_to_float(packed[k]))));
+            fp8_tally_amax(&tally, value);
+        }
+    }
+    fp8_tally_commit(tally, record, true);
+}
+
+template <class In, class Transform>
+void fp8_amax_launch(Fp8CastRecord* record, const In* in, size_t n, Transform transform, cudaStream_t stream) {
+    if (n == 0 || n % 16 != 0) { llm8_die("fp8 amax: %zu elements must be a positive multiple of 16", n); }
+    const int block_size = 256;
+    const size_t vectors = n / (16 / sizeof(In));
+    const int blocks = (int)(vectors / block_size + 1 < 2048 ? vectors / block_size + 1 : 2048);
+    fp8_amax_kernel<In, Transform><<<blocks, block_size, 0, stream>>>(record, in, n, transform);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// the tile cast
+
+/*
+One 128 x 128 tile per block (the last ones short), FP8_TILE_THREADS threads.
+transformed_out (bf16 staging only, may be NULL): also store the transformed tensor.
+record_amax: fold the tile's amax into record->amax_bits (the delayed one-pass cast).
+Statistics count the row-major codes when they are written, else the transposed ones.
+*/
+template <class In, class Transform>
+__global__ void __launch_bounds__(FP8_TILE_THREADS)
+fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, const In* in, int rows, int cols,
+                          bool record_amax, Transform transform) {
+    constexpr int vector = (int)(16 / sizeof(In));
+    constexpr int stride = FP8_TILE + vector;  // one 16-byte pad per staged row
+    extern __shared__ __align__(16) unsigned char fp8_tile_memory[];
+    In* tile = reinterpret_cast<In*>(fp8_tile_memory);  // [FP8_TILE][stride]
+    __shared__ float row_scales[FP8_TILE];
+    __shared__ float col_scales[FP8_TILE];
+    __shared__ uint32_t block_amax_bits;
+
+    const int r0 = blockIdx.y * FP8_TILE;
+    const int c0 = blockIdx.x * FP8_TILE;
+    const int rows_here = min(FP8_TILE, rows - r0);
+    const int cols_here = min(FP8_TILE, cols - c0);
+    const float fmax = fp8_max(out.format);
+    Fp8Tally tally = fp8_tally_zero();
+
+    // stage the transformed tile; the amax of TENSOR scaling is tallied here
+    for (int i = threadIdx.x; i < FP8_TILE * (FP8_TILE / vector); i += FP8_TILE_THREADS) {
+        int r = i / (FP8_TILE / vector);
+        int c = (i % (FP8_TILE / vector)) * vector;
+        if (r >= rows_here || c >= cols_here) { continue; }
+        size_t at = (size_t)(r0 + r) * cols + c0 + c;
+        Packed128<In> packed = load128cs(in + at);
+        for (int k = 0; k < vector; k++) {
+            packed[k] = fp8_stage_from_float<In>(transform(fp8_stage_to_float(packed[k])));
+            fp8_tally_amax(&tally, fp8_stage_to_float(packed[k]));
+        }
+        *reinterpret_cast<int4*>(tile + r * stride + c) = packed.bits();
+        if (transformed_out != NULL) { store128(transformed_out + at, packed); }
+    }
+    __syncthreads();
+
+    // block recipes: the amax of every row piece and column piece of the tile, two threads each
+    float tensor_scale = 0.0f;
+    float tile_scale = 0.0f;
+    if (out.scaling == FP8_SCALING_TENSOR) {
+        tensor_scale = out.state->scale;
+    } else {
+        const int line = threadIdx.x / 2, half = threadIdx.x % 2;
+        uint32_t row_bits = 0u, col_bits = 0u;
+        for (int j = half * (FP8_TILE / 2); j < (half + 1) * (FP8_TILE / 2); j++) {
+            if (line < rows_here && j < cols_here) { row_bits = max(row_bits, fp8_amax_bits(fp8_stage_to_float(tile[line * stride + j]))); }
+            if (line < cols_here && j < rows_here) { col_bits = max(col_bits, fp8_amax_bits(fp8_stage_to_float(tile[j * stride + line]))); }
+        }
+        row_bits = max(row_bits, __shfl_xor_sync(0xffffffffu, row_bits, 1));
+        col_bits = max(col_bits, __shfl_xor_sync(0xffffffffu, col_bits, 1));
+        if (threadIdx.x == 0) { block_amax_bits = 0u; }
+        __syncthreads();
+        if (half == 0) {
+            row_scales[line] = fp8_scale_from_amax(bits_as_float(row_bits), fmax, 0);
+            col_scales[line] = fp8_scale_from_amax(bits_as_float(col_bits), fmax, 0);
+            atomicMax(&block_amax_bits, row_bits);  // shared memory: the tile's amax, any order
+        }
+        __syncthreads();
+        tile_scale = fp8_scale_from_amax(bits_as_float(block_amax_bits), fmax, 0);
+        if (out.scaling == FP8_SCALING_ROWS_1x128) {
+            if (half == 0 && out.codes != NULL && line < rows_here) {
+                out.scale_inv[(size_t)(c0 / FP8_TILE) * rows + r0 + line] = fp8_reciprocal(row_scales[line]);
+            }
+            if (half == 0 && out.codes_t != NULL && line < cols_here) {
+                out.scale_inv_t[(size_t)(r0 / FP8_TILE) * cols + c0 + line] = fp8_reciprocal(col_scales[line]);
+            }
+        } else if (threadIdx.x == 0) {
+            float tile_scale_inv = fp8_reciprocal(tile_scale);
+            if (out.codes != NULL) { out.scale_inv[(size_t)(r0 / FP8_TILE) * fp8_block_scale_ld(cols) + c0 / FP8_TILE] = tile_scale_inv; }
+            if (out.codes_t != NULL) { out.scale_inv_t[(size_t)(c0 / FP8_TILE) * fp8_block_scale_ld(rows) + r0 / FP8_TILE] = tile_scale_inv; }
+        }
+    }
+
+    // row-major codes: 16 per thread, 8 threads per 128-byte tile row
+    const bool count_rows = out.codes != NULL;
+    if (out.codes != NULL) {
+        for (int i = threadIdx.x; i < FP8_TILE * (FP8_TILE / 16); i += FP8_TILE_THREADS) {
+            int r = i / (FP8_TILE / 16);
+            int c = (i % (FP8_TILE / 16)) * 16;
+            if (r >= rows_here || c >= cols_here) { continue; }
+            float scale = out.scaling == FP8_SCALING_TENSOR ? tensor_scale
+                        : out.scaling == FP8_SCALING_ROWS_1x128 ? row_scales[r] : tile_scale;
+            uint8_t codes[16];
+            for (int k = 0; k < 16; k++) {
+                float x = fp8_stage_to_float(tile[r * stride + c + k]);
+                codes[k] = fp8_quantize(x, scale, out.format);
+                fp8_tally_cast(&tally, x, scale, codes[k], out.format);
+            }
+            uint2 low = fp8_pack8(codes), high = fp8_pack8(codes + 8);
+            *reinterpret_cast<uint4*>(out.codes + (size_t)(r0 + r) * cols + c0 + c) = make_uint4(low.x, low.y, high.x, high.y);
+        }
+    }
+
+    // transposed codes: a thread packs 32 rows of one column (two 16-byte stores); a warp
+    // takes 32 neighbouring columns, so each staged row is read without bank conflicts
+    if (out.codes_t != NULL) {
+        for (int i = threadIdx.x; i < FP8_TILE * (FP8_TILE / 32); i += FP8_TILE_THREADS) {
+            int c = i % FP8_TILE;
+            int r = (i / FP8_TILE) * 32;
+            if (c >= cols_here || r >= rows_here) { continue; }
+            float scale = out.scaling == FP8_SCALING_TENSOR ? tensor_scale
+                        : out.scaling == FP8_SCALING_ROWS_1x128 ? col_scales[c] : tile_scale;
+            uint8_t codes[32];
+            for (int k = 0; k < 32; k++) {
+                codes[k] = 0;
+                if (r + k < rows_here) {
+                    float x = fp8_stage_to_float(tile[(r + k) * stride + c]);
+                    codes[k] = fp8_quantize(x, scale, out.format);
+                    if (!count_rows) { fp8_tally_cast(&tally, x, scale, codes[k], out.format); }
+                }
+            }
+            uint8_t* destination = out.codes_t + (size_t)(c0 + c) * rows + r0 + r;
+            uint2 a = fp8_pack8(codes), b = fp8_pack8(codes + 8);
+            *reinterpret_cast<uint4*>(destination) = make_uint4(a.x, a.y, b.x, b.y);
+            if (r + 16 < rows_here) {  // rows_here is a multiple of 16
+                uint2 c8 = fp8_pack8(codes + 16), d8 = fp8_pack8(codes + 24);
+                *reinterpret_cast<uint4*>(destination + 16) = make_uint4(c8.x, c8.y, d8.x, d8.y);
+            }
+        }
+    }
+
+    // per-tensor: the scale this cast used, for the GEMMs and the log (same value from every block)
+    if (out.scaling == FP8_SCALING_TENSOR && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        out.record->scale = tensor_scale;
+        out.record->scale_inv = out.state->scale_inv;
+    }
+    fp8_tally_commit(tally, out.record, record_amax && out.scaling == FP8_SCALING_TENSOR);
+}
+
+template <class In, class Transform>
+void fp8_cast_transpose_launch(const Fp8CastOutput* out, In* transformed_out, const In* in, int rows, int cols,
+                               bool record_amax, Transform transform, cudaStream_t stream) {
+    const int vector = (int)(16 / sizeof(In));
+    size_t shared_bytes = (size_t)FP8_TILE * (FP8_TILE + vector) * sizeof(In);
+    cudaCheck(cudaFuncSetAttribute(fp8_cast_transpose_kernel<In, Transform>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)shared_bytes));  // fp32 staging is 66 KB, above the 48 KB default
+    dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE));
+    fp8_cast_transpose_kernel<In, Transform><<<grid, FP8_TILE_THREADS, shared_bytes, stream>>>(
+        *out, transformed_out, in, rows, cols, record_amax, transform);
+    cudaCheck(cudaGetLastError());
+}
+
+/*
+The cast with a known scale: the per-tensor recipes' one-pass delayed cast (the state's
+scale, this use's amax recorded for fp8_scaling_update_records), or a block-recipe cast.
+*/
+template <class In, class Transform>
+void fp8_cast_transpose_with(const Fp8CastOutput* out, In* transformed_out, const In* in, int rows, int cols,
+                             Transform transform, const char* who, cudaStream_t stream) {
+    fp8_cast_check(out, rows, cols, who);
+    fp8_cast_transpose_launch(out, transformed_out, in, rows, cols, true, transform, stream);
+}
+
+/*
+Current scaling of one tensor (gradients, weights, and a delayed tensor's first use, see
+fp8_scaling_casts_after_update): amax pass, the state update, the cast with the new scale.
+amax_known: record->amax_bits already holds this use's amax (e.g. the optimizer wrote it).
+*/
+template <class In, class Transform>
+void fp8_cast_transpose_current_with(const Fp8CastOutput* out, In* transformed_out, const In* in, int rows, int cols,
+                                     bool amax_known, Transform transform, const char* who, cudaStream_t stream) {
+    fp8_cast_check(out, rows, cols, who);
+    if (out->scaling != FP8_SCALING_TENSOR) { llm8_die("%s: current scaling is per tensor; the block recipe casts per tile", who); }
+    if (!amax_known) { fp8_amax_launch(out->record, in, (size_t)rows * cols, transform, stream); }
+    fp8_scaling_update_records(out->state, out->record, 1, stream);
+    fp8_cast_transpose_launch(out, transformed_out, in, rows, cols, false, transform, stream);
+}
+
+// ----------------------------------------------------------------------------
+// launchers of the plain casts
+
+// bf16 in [rows][cols] -> out (delayed one-pass, or block recipe); e.g. the attention output
+void fp8_cast_transpose(const Fp8CastOutput* out, const floatX* in, int rows, int cols, cudaStream_t stream) {
+    fp8_cast_transpose_with(out, (floatX*)NULL, in, rows, cols, Fp8Identity(), "fp8_cast_transpose", stream);
+}
+
+// bf16 in [rows][cols] -> out with current scaling (amax, update, cast)
+void fp8_cast_transpose_current(const Fp8CastOutput* out, const floatX* in, int rows, int cols, cudaStream_t stream) {
+    fp8_cast_transpose_current_with(out, (floatX*)NULL, in, rows, cols, false, Fp8Identity(),
+                                    "fp8_cast_transpose_current", stream);
+}
+
+/*
+A matmul weight [OC][C] -> E4M3 W and W^T, once per optimizer step: from the fp32 master
+when master != NULL, else from the bf16 weight. Per tensor: current scaling from the
+weight's amax (computed here unless amax_known: the optimizer pass atomicMax'ed it into
+out->record->amax_bits). Block recipe: 128x128 blocks.
+*/
+void fp8_cast_weight(const Fp8CastOutput* out, const float* master, const floatX* weight, int OC, int C,
+                     bool amax_known, cudaStream_t stream) {
+    if ((master == NULL) == (weight == NULL)) { llm8_die("fp8_cast_weight: give exactly one of the fp32 master and the bf16 weight"); }
+    if (out->format != FP8_E4M3) { llm8_die("fp8_cast_weight: weights are E4M3, got %s", fp8_format_name(out->format)); }
+    if (out->scaling == FP8_SCALING_TENSOR) {
+        if (master != NULL) {
+            fp8_cast_transpose_current_with(out, (float*)NULL, master, OC, C, amax_known, Fp8Identity(), "fp8_cast_weight", stream);
+        } else {
+            fp8_cast_transpose_current_with(out, (floatX*)NULL, weight, OC, C, amax_known, Fp8Identity(), "fp8_cast_weight", stream);
+        }
+    } else {
+        if (out->scaling != FP8_SCALING_BLOCKS_128x128) { llm8_die("fp8_cast_weight: the block recipe scales weights per 128x128 block"); }
+        fp8_cast_check(out, OC, C, "fp8_cast_weight");
+        if (master != NULL) {
+            fp8_cast_transpose_launch(out, (float*)NULL, master, OC, C, false, Fp8Identity(), stream);
+        } else {
+            fp8_cast_transpose_launch(out, (floatX*)NULL, weight, OC, C, false, Fp8Identity(), stream);
+        }
+    }
+}
+
+// the GEMM operand a cast produced: its codes (transposed: codes_t) and their dequantization scales
+typedef struct {
+    const uint8_t* codes;   // row-major, contiguous along the GEMM's K
+    Fp8Format format;
+    Fp8Scaling scaling;
+    const float* scale_inv; // device: TENSOR one float (the record's), else the block-scale array
+} Fp8Operand;
+
+static inline Fp8Operand fp8_operand(const Fp8CastOutput* out, bool transposed) {
+    Fp8Operand operand;
+    operand.codes = transposed ? out->codes_t : out->codes;
+    operand.format = out->format;
+    operand.scaling = out->scaling;
+    if (out->scaling == FP8_SCALING_TENSOR) {
+        operand.scale_inv = &out->record->scale_inv;
+    } else {
+        operand.scale_inv = transposed ? out->scale_inv_t : out->scale_inv;
+    }
+    return operand;
+}
+
+#endif // LLMC_FP8_CAST_CUH

@@ -1,0 +1,197 @@
+/*
+fp8_scaling.cuh: the device side of FP8 scaling. Per FP8 tensor the trainer keeps one
+Fp8TensorScaling (llmc/fp8_scaling.h: the amax history and the scale) and one
+Fp8CastRecord (this file: what the casts of the tensor did). Casts read the state and
+write the record; one small kernel folds the records into the states; every N steps the
+host reads the records back for the numerics log.
+
+Why it is shaped so:
+- No host sync per step (DESIGN.md section 3). A cast kernel reads the scale from the
+  state on the device and writes this use's amax into the record with one atomicMax per
+  block; fp8_scaling_update_records (one thread per tensor, fp8_scaling_update from
+  fp8_scaling.h, the CPU reference's very code) turns it into the next scale. Integer
+  atomics (max of the float bits, add of counts) give the same result in any order, so
+  every bit stays deterministic.
+- The GEMMs never read the state: a delayed cast uses the scale from before its update,
+  and the backward GEMMs (wgrad reads x^T) run long after that update. So each per-tensor
+  cast copies the scale it used, and its inverse, into the record, and the GEMMs take
+  &record->scale_inv as cuBLASLt's dequantization scale. The record stays valid until the
+  tensor's next cast, which comes after its last GEMM of the micro-step.
+- The numerics log needs amax, scale and the fractions saturated and flushed to zero per
+  tensor (fp8_classify). Counting per element is a few integer ops in kernels that are
+  memory bound; each thread counts, the block reduces, and one atomicAdd per counter per
+  block lands in the record. The log reads the records every N steps (that read is the
+  one host sync, and only on those steps) and clears the interval counters.
+*/
+#ifndef LLMC_FP8_SCALING_CUH
+#define LLMC_FP8_SCALING_CUH
+
+#include <stdint.h>
+#include "cuda_common.h"
+#include "cuda_utils.cuh"
+#include "fp8.h"
+#include "fp8_scaling.h"
+
+// what the casts of one FP8 tensor did; zeroed by fp8_cast_records_init
+typedef struct {
+    float scale;                    // per-tensor casts: the scale the last cast used
+    float scale_inv;                // 1 / scale: the GEMMs' dequantization scale (A/B scale pointer)
+    uint32_t amax_bits;             // fp8_amax_bits of this use, folded and cleared by fp8_scaling_update_records
+    uint32_t interval_amax_bits;    // largest amax since the last fp8_cast_records_read
+    uint32_t interval_min_scale_bits; // smallest scale used since the last read (the block recipe: over tiles)
+    uint32_t unused_padding;
+    unsigned long long elements;    // since the last read
+    unsigned long long saturated;
+    unsigned long long flushed;
+} Fp8CastRecord;
+
+// ----------------------------------------------------------------------------
+// per-thread tally of a cast, committed once per block
+
+typedef struct {
+    uint32_t amax_bits;
+    uint32_t min_scale_bits;  // the smallest scale cast with (positive floats order as their bits)
+    uint32_t elements;
+    uint32_t saturated;
+    uint32_t flushed;
+} Fp8Tally;
+
+#define FP8_NO_SCALE_BITS 0x7f800000u  // +Inf: nothing cast yet
+
+__device__ __forceinline__ Fp8Tally fp8_tally_zero(void) {
+    Fp8Tally t = {0u, FP8_NO_SCALE_BITS, 0u, 0u, 0u};
+    return t;
+}
+
+__device__ __forceinline__ void fp8_tally_amax(Fp8Tally* t, float x) {
+    t->amax_bits = max(t->amax_bits, fp8_amax_bits(x));
+}
+
+// one element cast with `scale` into `code`: its amax and what the cast did to it
+__device__ __forceinline__ void fp8_tally_cast(Fp8Tally* t, float x, float scale, uint8_t code, Fp8Format format) {
+    fp8_tally_amax(t, x);
+    t->min_scale_bits = min(t->min_scale_bits, float_as_bits(scale));
+    Fp8ElementStatus status = fp8_classify(x, scale, code, format);
+    t->elements++;
+    t->saturated += status == FP8_ELEMENT_SATURATED;
+    t->flushed += status == FP8_ELEMENT_FLUSHED;
+}
+
+/*
+Reduces the tallies of the whole block and adds them to the record with one atomic per
+field. Every thread of the block must call it (it has block barriers); the block is
+blockDim.x * blockDim.y * blockDim.z threads, a multiple of 32. record_amax: also fold the
+amax into record->amax_bits (a use whose amax the next state update takes).
+*/
+__device__ void fp8_tally_commit(Fp8Tally t, Fp8CastRecord* record, bool record_amax) {
+    __shared__ uint32_t warp_values[5][WARP_SIZE];
+    const int thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const int threads = blockDim.x * blockDim.y * blockDim.z;
+    const int lane = thread % WARP_SIZE;
+    const int warp = thread / WARP_SIZE;
+    uint32_t amax_bits = __reduce_max_sync(0xffffffffu, t.amax_bits);
+    uint32_t min_scale_bits = __reduce_min_sync(0xffffffffu, t.min_scale_bits);
+    uint32_t elements = __reduce_add_sync(0xffffffffu, t.elements);
+    uint32_t saturated = __reduce_add_sync(0xffffffffu, t.saturated);
+    uint32_t flushed = __reduce_add_sync(0xffffffffu, t.flushed);
+    __syncthreads();  // warp_values may still be read by a previous call
+    if (lane == 0) {
+        warp_values[0][warp] = amax_bits;
+        warp_values[1][warp] = elements;
+        warp_values[2][warp] = saturated;
+        warp_values[3][warp] = flushed;
+        warp_values[4][warp] = min_scale_bits;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int warps = threads / WARP_SIZE;
+        bool valid = lane < warps;
+        amax_bits = __reduce_max_sync(0xffffffffu, valid ? warp_values[0][lane] : 0u);
+        elements = __reduce_add_sync(0xffffffffu, valid ? warp_values[1][lane] : 0u);
+        saturated = __reduce_add_sync(0xffffffffu, valid ? warp_values[2][lane] : 0u);
+        flushed = __reduce_add_sync(0xffffffffu, valid ? warp_values[3][lane] : 0u);
+        min_scale_bits = __reduce_min_sync(0xffffffffu, valid ? warp_values[4][lane] : FP8_NO_SCALE_BITS);
+        if (lane == 0) {
+            atomicMax(&record->interval_amax_bits, amax_bits);
+            if (record_amax) { atomicMax(&record->amax_bits, amax_bits); }
+            if (min_scale_bits != FP8_NO_SCALE_BITS) { atomicMin(&record->interval_min_scale_bits, min_scale_bits); }
+            if (elements != 0u) {
+                atomicAdd(&record->elements, (unsigned long long)elements);
+                atomicAdd(&record->saturated, (unsigned long long)saturated);
+                atomicAdd(&record->flushed, (unsigned long long)flushed);
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// state updates and the records' life cycle
+
+// one thread per tensor: fold this use's amax into the state, clear it for the next use
+__global__ void fp8_scaling_update_records_kernel(Fp8TensorScaling* states, Fp8CastRecord* records, int count) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) { return; }
+    fp8_scaling_update(&states[i], bits_as_float(records[i].amax_bits));
+    records[i].amax_bits = 0u;
+}
+
+// states[0..count) and records[0..count) side by side (pass &states[first], &records[first])
+void fp8_scaling_update_records(Fp8TensorScaling* states, Fp8CastRecord* records, int count, cudaStream_t stream) {
+    if (count <= 0) { llm8_die("fp8_scaling_update_records: count %d must be positive", count); }
+    const int block_size = 128;
+    fp8_scaling_update_records_kernel<<<ceil_div(count, block_size), block_size, 0, stream>>>(states, records, count);
+    cudaCheck(cudaGetLastError());
+}
+
+// clears the interval statistics (and, with everything, the pending amax and the scales)
+__global__ void fp8_cast_records_clear_kernel(Fp8CastRecord* records, int count, bool everything) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) { return; }
+    Fp8CastRecord* r = &records[i];
+    if (everything) {
+        r->scale = 1.0f;
+        r->scale_inv = 1.0f;
+        r->amax_bits = 0u;
+        r->unused_padding = 0u;
+    }
+    r->interval_amax_bits = 0u;
+    r->interval_min_scale_bits = FP8_NO_SCALE_BITS;
+    r->elements = 0ull;
+    r->saturated = 0ull;
+    r->flushed = 0ull;
+}
+
+static void fp8_cast_records_clear(Fp8CastRecord* records, int count, bool everything, cudaStream_t stream) {
+    if (count <= 0) { llm8_die("fp8_cast_records: count %d must be positive", count); }
+    const int block_size = 128;
+    fp8_cast_records_clear_kernel<<<ceil_div(count, block_size), block_size, 0, stream>>>(records, count, everything);
+    cudaCheck(cudaGetLastError());
+}
+
+// a fresh array of records (device memory from the caller)
+void fp8_cast_records_init(Fp8CastRecord* records, int count, cudaStream_t stream) {
+    fp8_cast_records_clear(records, count, true, stream);
+}
+
+/*
+The numerics log, every N steps: stats[i] = the interval of records[i] since the last read
+(amax: the largest seen; scale: the smallest used; element, saturated and flushed counts),
+then the interval counters are cleared. Synchronizes the stream: call it only on log steps.
+*/
+void fp8_cast_records_read(Fp8CastStats* stats, Fp8CastRecord* records, int count, cudaStream_t stream) {
+    if (count <= 0) { llm8_die("fp8_cast_records_read: count %d must be positive", count); }
+    Fp8CastRecord* host = (Fp8CastRecord*)mallocCheck((size_t)count * sizeof(Fp8CastRecord));
+    cudaCheck(cudaMemcpyAsync(host, records, (size_t)count * sizeof(Fp8CastRecord), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    for (int i = 0; i < count; i++) {
+        stats[i].amax = bits_as_float(host[i].interval_amax_bits);
+        stats[i].scale = bits_as_float(host[i].interval_min_scale_bits);
+        stats[i].elements = host[i].elements;
+        stats[i].saturated = host[i].saturated;
+        stats[i].flushed = host[i].flushed;
+    }
+    free(host);
+    fp8_cast_records_clear(records, count, false, stream);
+}
+
+#endif // LLMC_FP8_SCALING_CUH

@@ -1,0 +1,169 @@
+/*
+fp8_scaling.h: the per-tensor FP8 scaling state (amax history, scale and its inverse) and
+the state machine that moves it from step to step, for the delayed and current recipes.
+
+Why it is shaped so:
+- Scales live on the GPU and the step loop never waits for them (DESIGN.md section 3).
+  So the state is a flat POD struct (an array of them is one cudaMalloc, one memcpy into
+  a checkpoint), and every function is LLMC_HD: the trainer's tiny update kernel (one
+  thread per tensor) and the CPU reference run the same code, and the CPU tests check it.
+- One update per tensor per use, in both recipes: fp8_scaling_update(state, amax). What
+  differs is only whether the cast happens after the update (current scaling: the scale
+  comes from this use's own amax) or before it (delayed: the cast uses the scale the
+  history gave, then this use's amax is recorded for the next one).
+  fp8_scaling_casts_after_update() says which, and depends only on the recipe and on
+  whether the tensor was ever updated, which the host knows without reading the GPU
+  (fresh run: not before its first step; resumed run: restored with the state).
+- First-step seeding: a DELAYED tensor that was never updated is cast after its update,
+  exactly like CURRENT, so its first step uses its own amax and no step is wasted. On the
+  GPU that means the producer takes the two-pass path once (amax, update kernel, cast),
+  and the one-pass path (cast with the known scale and record amax) from then on.
+- Non-finite amax (Inf/NaN, from an overflow or a NaN upstream): it is NOT recorded (it
+  would poison the max of the history for history_len steps), the scale stays what it
+  was, and nonfinite_count counts it. A non-finite amax means non-finite values in the
+  tensor, so that step's loss or gradient norm is non-finite and the trainer skips the
+  update (section 3); the scales recover by themselves because nothing bad was recorded.
+- scale = fp8_max / max(amax, 1e-12) / 2^margin: one correctly rounded fp32 division
+  (__fdiv_rn on the device, so even --use_fast_math cannot change it) and an exact
+  multiplication by 2^-margin. The scale is not rounded to a power of two: an FP8 cast
+  loses nothing by a non-power-of-two scale, and it uses the whole range. scale_inv is
+  1/scale, also one correctly rounded division. Both sides therefore agree bit for bit.
+- amax = 0 (an all-zero tensor) is a finite amax: recorded, and the clamp to 1e-12 gives a
+  large finite scale (448e12 for E4M3); zeros encode to zero under any scale.
+- A jump above the history (delayed): this use saturates (the numerics log shows its
+  fraction saturated), its amax enters the history, and the next use's scale covers it.
+*/
+#ifndef LLMC_FP8_SCALING_H
+#define LLMC_FP8_SCALING_H
+
+#include <stdint.h>
+#include <math.h>
+#include "element_math.h"
+#include "fp8.h"
+
+#define FP8_AMAX_HISTORY_MAX 1024
+#define FP8_AMAX_HISTORY_DEFAULT 16
+#define FP8_AMAX_FLOOR 1e-12f
+#define FP8_MARGIN_MAX 16
+
+typedef enum { FP8_RECIPE_DELAYED = 0, FP8_RECIPE_CURRENT = 1 } Fp8Recipe;
+
+typedef struct {
+    float amax_history[FP8_AMAX_HISTORY_MAX]; // ring of the last history_len finite amaxes
+    float scale;          // multiplies into the FP8 range: code = encode(x * scale)
+    float scale_inv;      // 1 / scale, what cuBLASLt's A/B scale pointers take
+    float fp8_max;        // 448 (E4M3) or 57344 (E5M2)
+    float last_amax;      // the amax of the last update, finite or not (for the log)
+    int32_t recipe;       // Fp8Recipe
+    int32_t history_len;  // 1..FP8_AMAX_HISTORY_MAX
+    int32_t margin;       // scale is divided by 2^margin, 0..FP8_MARGIN_MAX
+    int32_t position;     // ring slot the next finite amax goes into
+    int32_t recorded;     // finite amaxes recorded so far (the ring holds min(recorded, history_len))
+    int32_t nonfinite_count; // updates whose amax was Inf/NaN, skipped
+} Fp8TensorScaling;
+
+// fp8_max / max(amax, 1e-12) / 2^margin, bit-identical on host and device
+LLMC_HD float fp8_scale_from_amax(float amax, float fp8_max, int margin) {
+    float clamped = amax > FP8_AMAX_FLOOR ? amax : FP8_AMAX_FLOOR;
+#ifdef __CUDA_ARCH__
+    float scale = __fdiv_rn(fp8_max, clamped);
+#else
+    float scale = fp8_max / clamped;
+#endif
+    return scale * bits_as_float((uint32_t)(127 - margin) << 23);  // * 2^-margin, exact
+}
+
+LLMC_HD float fp8_reciprocal(float scale) {
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(1.0f, scale);
+#else
+    return 1.0f / scale;
+#endif
+}
+
+// the caller validates history_len and margin first (fp8_scaling_config_error on the host)
+LLMC_HD void fp8_scaling_init(Fp8TensorScaling* s, Fp8Recipe recipe, Fp8Format format, int history_len, int margin) {
+    for (int i = 0; i < FP8_AMAX_HISTORY_MAX; i++) { s->amax_history[i] = 0.0f; }
+    s->scale = 1.0f;
+    s->scale_inv = 1.0f;
+    s->fp8_max = fp8_max(format);
+    s->last_amax = 0.0f;
+    s->recipe = (int32_t)recipe;
+    s->history_len = history_len;
+    s->margin = margin;
+    s->position = 0;
+    s->recorded = 0;
+    s->nonfinite_count = 0;
+}
+
+// NULL when the settings are valid, else what is wrong (for the caller's llm8_die line)
+static inline const char* fp8_scaling_config_error(int history_len, int margin) {
+    if (history_len < 1 || history_len > FP8_AMAX_HISTORY_MAX) { return "amax history length must be in 1..1024"; }
+    if (margin < 0 || margin > FP8_MARGIN_MAX) { return "margin must be in 0..16"; }
+    return NULL;
+}
+
+LLMC_HD int fp8_scaling_updates_seen(const Fp8TensorScaling* s) {
+    return s->recorded + s->nonfinite_count;
+}
+
+// 1: the producer computes amax, calls fp8_scaling_update, then casts with s->scale
+//    (current scaling, and the first use of a delayed tensor);
+// 0: the producer casts with s->scale and records amax, then fp8_scaling_update (delayed).
+LLMC_HD int fp8_scaling_casts_after_update(const Fp8TensorScaling* s) {
+    return s->recipe == FP8_RECIPE_CURRENT || fp8_scaling_updates_seen(s) == 0;
+}
+
+// max over the recorded part of the ring; 0 when nothing is recorded
+LLMC_HD float fp8_scaling_history_max(const Fp8TensorScaling* s) {
+    int valid = s->recorded < s->history_len ? s->recorded : s->history_len;
+    float history_max = 0.0f;
+    for (int i = 0; i < valid; i++) { history_max = fmaxf(history_max, s->amax_history[i]); }
+    return history_max;
+}
+
+/*
+One use of the tensor: record its amax and compute the scale for the next cast.
+CURRENT: the new scale comes from this amax alone. DELAYED: from the max of the history,
+this amax included. A non-finite amax changes nothing but the counters (see above).
+*/
+LLMC_HD void fp8_scaling_update(Fp8TensorScaling* s, float amax) {
+    s->last_amax = amax;
+    if (!isfinite(amax)) {
+        s->nonfinite_count++;
+        return;
+    }
+    s->amax_history[s->position] = amax;
+    s->position = s->position + 1 == s->history_len ? 0 : s->position + 1;
+    s->recorded++;
+    float scaling_amax = s->recipe == FP8_RECIPE_CURRENT ? amax : fp8_scaling_history_max(s);
+    s->scale = fp8_scale_from_amax(scaling_amax, s->fp8_max, s->margin);
+    s->scale_inv = fp8_reciprocal(s->scale);
+}
+
+/*
+What one cast did, for the numerics log: the amax seen, the scale used, and the fractions
+of elements saturated and flushed to zero (fp8_classify). Producers count with
+fp8_cast_stats_add (the GPU: per-block counts, then one atomicAdd per block).
+*/
+typedef struct {
+    float amax;
+    float scale;
+    uint64_t elements;
+    uint64_t saturated;
+    uint64_t flushed;
+} Fp8CastStats;
+
+// amax through fp8_amax_bits, so a NaN element shows as a NaN amax (fmaxf would hide it)
+LLMC_HD void fp8_cast_stats_add(Fp8CastStats* stats, float x, Fp8ElementStatus status) {
+    if (fp8_amax_bits(x) > fp8_amax_bits(stats->amax)) { stats->amax = bits_as_float(fp8_amax_bits(x)); }
+    stats->elements++;
+    stats->saturated += status == FP8_ELEMENT_SATURATED;
+    stats->flushed += status == FP8_ELEMENT_FLUSHED;
+}
+
+static inline double fp8_cast_stats_fraction(uint64_t count, uint64_t elements) {
+    return elements == 0 ? 0.0 : (double)count / (double)elements;
+}
+
+#endif // LLMC_FP8_SCALING_H

@@ -1,0 +1,988 @@
+/*
+test_fp8_kernels.cu: the FP8 kernels (llmc/fp8_cast.cuh, llmc/fp8_scaling.cuh, the FP8
+parts of llmc/layernorm.cuh, llmc/gelu.cuh and llmc/matmul.cuh) against the host: fp8.h's
+software encode, fp8_scaling.h's state machine, and exact or double-precision GEMMs.
+Needs a GPU (make gpucheck); CI only compiles it.
+- casts, bit for bit: every code (row-major and transposed) equals fp8_quantize on the host
+  of the value as stored (bf16, or the fp32 master weight), at shapes that are not
+  multiples of the 128 tile (80 x 208, 272 x 208) and at 256 x 384; amax exact; the
+  saturated / flushed / element counts equal fp8_classify's; the scale recorded; the block
+  recipe's scales and their cuBLASLt layouts (VEC128: [col/128][rows], BLK128x128:
+  [row/128][round_up(ceil(cols/128), 4)]).
+- the scaling state after fp8_scaling_update_records (and after the current-scaling casts)
+  equals the host state machine byte for byte; fp8_cast_records_read reports and clears.
+- layernorm (plain and fused residual) and GELU with the fused cast: their bf16 outputs equal
+  the plain kernels' bit for bit, and the codes are the cast of those outputs.
+- dy: the fused pass gives dout * gelu' equal to gelu_backward_inplace, the bias gradient
+  equal to the bf16 path's bit for bit (and within 1e-5 relative of a double sum), twice
+  the same bits, and codes cast with the host-updated scale.
+- FP8 GEMMs, exact: integer data (x, W in [-15, 15], dy in {0, +-1..8, +-12}: exact in E4M3
+  and E5M2) with power-of-two dequantization scales give exactly the integer sums rounded
+  once to bf16: forward with fast accumulation (K = 32, partial sums below 2^12), forward
+  without it and with the bias epilogue (K = 208), dgrad, wgrad accumulating into bf16 and
+  into fp32. The block recipe: data whose every tile amax is 14 * 2^-e (scales 32 * 2^e,
+  powers of two, different per tile) is exact too.
+- FP8 GEMMs on Gaussian data, each recipe, vs fp64 GEMMs of the unquantized bf16 data:
+  SQNR >= 25 dB forward, >= 24 dB with an E5M2 operand (E5M2's own ceiling is ~25 dB, see
+  test_fp8_emulation.c), >= 25 dB in the block recipe (E4M3 throughout).
+- bad shapes die with one clear line.
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include "llmc/cuda_common.h"
+#include "llmc/fp8.h"
+#include "llmc/fp8_scaling.h"
+#include "llmc/fp8_scaling.cuh"
+#include "llmc/fp8_cast.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/gelu.cuh"
+#include "llmc/matmul.cuh"
+#include "llmc/rand.h"
+#include "test/test_harness.h"
+#include "test/test_harness_fork.h"
+
+static mt19937_state test_rng;
+
+// ----------------------------------------------------------------------------
+// host and device buffers
+
+static float* host_floats(size_t n) { return (float*)mallocCheck(n * sizeof(float)); }
+
+// Gaussian values rounded to bf16 (returned as floats, exactly the bf16 values)
+static float* host_bf16_normal(size_t n, float std) {
+    float* x = host_floats(n);
+    normal_(x, n, 0.0f, std, &test_rng);
+    for (size_t i = 0; i < n; i++) { x[i] = bf16_bits_to_float(float_to_bf16_bits(x[i])); }
+    return x;
+}
+
+static float* host_integers(size_t n, int lo, int hi) {
+    float* x = host_floats(n);
+    for (size_t i = 0; i < n; i++) { x[i] = (float)(lo + (int)(randint32(&test_rng) % (uint32_t)(hi - lo + 1))); }
+    return x;
+}
+
+static void* device_alloc(size_t bytes) {
+    void* d = cuda_malloc_checked(bytes, "a test buffer");
+    cudaCheck(cudaMemset(d, 0xff, bytes));  // anything not written shows
+    return d;
+}
+
+static floatX* device_bf16_from(const float* x, size_t n) {
+    uint16_t* bits = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) { bits[i] = float_to_bf16_bits(x[i]); }
+    floatX* d = (floatX*)device_alloc(n * sizeof(floatX));
+    cudaCheck(cudaMemcpy(d, bits, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    free(bits);
+    return d;
+}
+
+static float* device_floats_from(const float* x, size_t n) {
+    float* d = (float*)device_alloc(n * sizeof(float));
+    cudaCheck(cudaMemcpy(d, x, n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void* download(const void* d, size_t bytes) {
+    void* h = mallocCheck(bytes);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static float* download_bf16_as_floats(const floatX* d, size_t n) {
+    uint16_t* bits = (uint16_t*)download(d, n * sizeof(uint16_t));
+    float* x = host_floats(n);
+    for (size_t i = 0; i < n; i++) { x[i] = bf16_bits_to_float(bits[i]); }
+    free(bits);
+    return x;
+}
+
+// counts the positions where two byte arrays differ, reporting the first
+static size_t count_code_mismatches(const uint8_t* got, const uint8_t* expected, size_t n, const char* what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (got[i] != expected[i]) {
+            if (bad == 0) { printf("  %s: first mismatch at %zu: got 0x%02x, expected 0x%02x\n", what, i, got[i], expected[i]); }
+            bad++;
+        }
+    }
+    return bad;
+}
+
+static size_t count_float_mismatches(const float* got, const float* expected, size_t n, const char* what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (float_as_bits(got[i]) != float_as_bits(expected[i])) {
+            if (bad == 0) { printf("  %s: first mismatch at %zu: got %.9g, expected %.9g\n", what, i, got[i], expected[i]); }
+            bad++;
+        }
+    }
+    return bad;
+}
+
+// ----------------------------------------------------------------------------
+// one FP8 tensor on the device: codes, transposed codes, state, record, block scales
+
+typedef struct {
+    Fp8CastOutput out;
+    int rows, cols;
+} DeviceFp8;
+
+static DeviceFp8 device_fp8_make(int rows, int cols, Fp8Format format, Fp8Scaling scaling, const Fp8TensorScaling* state) {
+    DeviceFp8 t;
+    memset(&t, 0, sizeof(t));
+    t.rows = rows;
+    t.cols = cols;
+    t.out.format = format;
+    t.out.scaling = scaling;
+    t.out.codes = (uint8_t*)device_alloc((size_t)rows * cols);
+    t.out.codes_t = (uint8_t*)device_alloc((size_t)rows * cols);
+    t.out.record = (Fp8CastRecord*)device_alloc(sizeof(Fp8CastRecord));
+    fp8_cast_records_init(t.out.record, 1, 0);
+    if (scaling == FP8_SCALING_TENSOR) {
+        t.out.state = (Fp8TensorScaling*)device_alloc(sizeof(Fp8TensorScaling));
+        cudaCheck(cudaMemcpy(t.out.state, state, sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice));
+    } else {
+        t.out.scale_inv = (float*)device_alloc(fp8_block_scale_floats(scaling, rows, cols) * sizeof(float));
+        t.out.scale_inv_t = (float*)device_alloc(fp8_block_scale_floats(scaling, cols, rows) * sizeof(float));
+    }
+    return t;
+}
+
+static void device_fp8_free(DeviceFp8* t) {
+    cudaCheck(cudaFree(t->out.codes));
+    cudaCheck(cudaFree(t->out.codes_t));
+    cudaCheck(cudaFree(t->out.record));
+    if (t->out.state != NULL) { cudaCheck(cudaFree(t->out.state)); }
+    if (t->out.scale_inv != NULL) { cudaCheck(cudaFree(t->out.scale_inv)); }
+    if (t->out.scale_inv_t != NULL) { cudaCheck(cudaFree(t->out.scale_inv_t)); }
+}
+
+static Fp8CastRecord download_record(const DeviceFp8* t) {
+    Fp8CastRecord r;
+    Fp8CastRecord* h = (Fp8CastRecord*)download(t->out.record, sizeof(Fp8CastRecord));
+    r = *h;
+    free(h);
+    return r;
+}
+
+static Fp8TensorScaling download_state(const DeviceFp8* t) {
+    Fp8TensorScaling s;
+    Fp8TensorScaling* h = (Fp8TensorScaling*)download(t->out.state, sizeof(Fp8TensorScaling));
+    s = *h;
+    free(h);
+    return s;
+}
+
+// the host's cast of x [rows][cols] with per-element scales: codes, codes^T and the statistics
+typedef struct {
+    uint8_t* codes;
+    uint8_t* codes_t;
+    Fp8CastStats stats;
+} HostCast;
+
+typedef float (*ScaleOf)(const void* context, int row, int col, int transposed);
+
+static HostCast host_cast(const float* x, int rows, int cols, Fp8Format format, ScaleOf scale_of, const void* context) {
+    HostCast h;
+    size_t n = (size_t)rows * cols;
+    h.codes = (uint8_t*)mallocCheck(n);
+    h.codes_t = (uint8_t*)mallocCheck(n);
+    memset(&h.stats, 0, sizeof(h.stats));
+    h.stats.scale = INFINITY;
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+            float value = x[(size_t)r * cols + c];
+            float scale = scale_of(context, r, c, 0);
+            uint8_t code = fp8_quantize(value, scale, format);
+            h.codes[(size_t)r * cols + c] = code;
+            fp8_cast_stats_add(&h.stats, value, fp8_classify(value, scale, code, format));
+            if (scale < h.stats.scale) { h.stats.scale = scale; }
+            h.codes_t[(size_t)c * rows + r] = fp8_quantize(value, scale_of(context, r, c, 1), format);
+        }
+    }
+    return h;
+}
+
+static void host_cast_free(HostCast* h) {
+    free(h->codes);
+    free(h->codes_t);
+}
+
+static float scale_of_tensor(const void* context, int row, int col, int transposed) {
+    (void)row; (void)col; (void)transposed;
+    return *(const float*)context;
+}
+
+// the block recipe's scales of x [rows][cols], precomputed: 1x128 pieces along the rows
+// (codes), 128x1 pieces along the columns (codes^T), and 128x128 blocks
+typedef struct {
+    int rows, cols;
+    Fp8Scaling scaling;
+    float* row_piece;  // [cols / 128][rows]
+    float* col_piece;  // [rows / 128][cols]
+    float* block;      // [rows / 128][cols / 128]
+} TileContext;
+
+static TileContext tile_context_make(const float* x, int rows, int cols, Fp8Scaling scaling) {
+    TileContext t;
+    t.rows = rows;
+    t.cols = cols;
+    t.scaling = scaling;
+    int row_blocks = ceil_div(rows, FP8_TILE), col_blocks = ceil_div(cols, FP8_TILE);
+    uint32_t* row_bits = (uint32_t*)calloc((size_t)col_blocks * rows, sizeof(uint32_t));
+    uint32_t* col_bits = (uint32_t*)calloc((size_t)row_blocks * cols, sizeof(uint32_t));
+    uint32_t* block_bits = (uint32_t*)calloc((size_t)row_blocks * col_blocks, sizeof(uint32_t));
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+            uint32_t b = fp8_amax_bits(x[(size_t)r * cols + c]);
+            uint32_t* targets[3] = {&row_bits[(size_t)(c / FP8_TILE) * rows + r], &col_bits[(size_t)(r / FP8_TILE) * cols + c],
+                                    &block_bits[(size_t)(r / FP8_TILE) * col_blocks + c / FP8_TILE]};
+            for (int k = 0; k < 3; k++) { if (b > *targets[k]) { *targets[k] = b; } }
+        }
+    }
+    size_t counts[3] = {(size_t)col_blocks * rows, (size_t)row_blocks * cols, (size_t)row_blocks * col_blocks};
+    uint32_t* bits[3] = {row_bits, col_bits, block_bits};
+    float** outputs[3] = {&t.row_piece, &t.col_piece, &t.block};
+    for (int k = 0; k < 3; k++) {
+        *outputs[k] = host_floats(counts[k]);
+        for (size_t i = 0; i < counts[k]; i++) {
+            (*outputs[k])[i] = fp8_scale_from_amax(bits_as_float(bits[k][i]), FP8_E4M3_MAX, 0);
+        }
+        free(bits[k]);
+    }
+    return t;
+}
+
+static void tile_context_free(TileContext* t) {
+    free(t->row_piece);
+    free(t->col_piece);
+    free(t->block);
+}
+
+// the block recipe's scale of element (row, col) in codes (transposed: in codes^T)
+static float scale_of_tile(const void* context, int row, int col, int transposed) {
+    const TileContext* t = (const TileContext*)context;
+    if (t->scaling == FP8_SCALING_BLOCKS_128x128) {
+        return t->block[(size_t)(row / FP8_TILE) * ceil_div(t->cols, FP8_TILE) + col / FP8_TILE];
+    }
+    return transposed ? t->col_piece[(size_t)(row / FP8_TILE) * t->cols + col]
+                      : t->row_piece[(size_t)(col / FP8_TILE) * t->rows + row];
+}
+
+static float host_amax(const float* x, size_t n) {
+    uint32_t bits = 0;
+    for (size_t i = 0; i < n; i++) { if (fp8_amax_bits(x[i]) > bits) { bits = fp8_amax_bits(x[i]); } }
+    return bits_as_float(bits);
+}
+
+// compares a device cast with the host's: codes, codes^T, counts, amax; returns the host cast
+static void check_cast(const DeviceFp8* t, const HostCast* h, bool transposed_only, const char* what) {
+    size_t n = (size_t)t->rows * t->cols;
+    char label[256];
+    if (!transposed_only) {
+        uint8_t* codes = (uint8_t*)download(t->out.codes, n);
+        snprintf(label, sizeof(label), "%s codes", what);
+        CHECK(count_code_mismatches(codes, h->codes, n, label) == 0, "%s: codes differ from the host encode", what);
+        free(codes);
+    }
+    uint8_t* codes_t = (uint8_t*)download(t->out.codes_t, n);
+    snprintf(label, sizeof(label), "%s codes_t", what);
+    CHECK(count_code_mismatches(codes_t, h->codes_t, n, label) == 0, "%s: transposed codes differ from the host encode", what);
+    free(codes_t);
+    Fp8CastRecord r = download_record(t);
+    CHECK(r.elements == h->stats.elements, "%s: %llu elements counted, expected %llu", what, r.elements,
+          (unsigned long long)h->stats.elements);
+    if (!transposed_only) {  // the block recipe's transposed cast has scales of its own; its counts are the row-major ones
+        CHECK(r.saturated == h->stats.saturated && r.flushed == h->stats.flushed,
+              "%s: saturated %llu flushed %llu, expected %llu %llu", what, r.saturated, r.flushed,
+              (unsigned long long)h->stats.saturated, (unsigned long long)h->stats.flushed);
+        CHECK(r.interval_min_scale_bits == float_as_bits(h->stats.scale), "%s: smallest scale %g, expected %g", what,
+              bits_as_float(r.interval_min_scale_bits), h->stats.scale);
+    }
+    CHECK(r.interval_amax_bits == float_as_bits(h->stats.amax), "%s: amax %g, expected %g", what,
+          bits_as_float(r.interval_amax_bits), h->stats.amax);
+}
+
+// ----------------------------------------------------------------------------
+// casts with per-tensor scaling
+
+static void test_cast_tensor(int rows, int cols, Fp8Format format) {
+    char what[128];
+    snprintf(what, sizeof(what), "fp8_cast_transpose %s %dx%d", fp8_format_name(format), rows, cols);
+    size_t n = (size_t)rows * cols;
+    float* x = host_bf16_normal(n, 1.0f);
+    x[3] = 0.0f;
+    x[5] = -1e-12f;  // flushed to zero at these scales
+    x[7] = bf16_bits_to_float(float_to_bf16_bits(-1e-6f));
+    // a delayed state whose history says amax 1.0: the Gaussian tail beyond it saturates
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, FP8_RECIPE_DELAYED, format, 4, 0);
+    fp8_scaling_update(&state, 1.0f);
+    DeviceFp8 t = device_fp8_make(rows, cols, format, FP8_SCALING_TENSOR, &state);
+    floatX* d_x = device_bf16_from(x, n);
+    fp8_cast_transpose(&t.out, d_x, rows, cols, 0);
+
+    HostCast h = host_cast(x, rows, cols, format, scale_of_tensor, &state.scale);
+    check_cast(&t, &h, false, what);
+    CHECK(format == FP8_E5M2 || h.stats.saturated > 0, "%s: the test data should saturate some elements", what);
+    CHECK(h.stats.flushed > 0, "%s: the test data should flush some elements", what);
+    Fp8CastRecord r = download_record(&t);
+    CHECK(r.scale == state.scale && r.scale_inv == state.scale_inv, "%s: recorded scale %g / %g, expected %g / %g",
+          what, r.scale, r.scale_inv, state.scale, state.scale_inv);
+    CHECK(r.amax_bits == float_as_bits(host_amax(x, n)), "%s: pending amax %g, expected %g", what,
+          bits_as_float(r.amax_bits), host_amax(x, n));
+
+    // the delayed update: the device state equals the host state machine's, byte for byte
+    fp8_scaling_update_records(t.out.state, t.out.record, 1, 0);
+    fp8_scaling_update(&state, host_amax(x, n));
+    Fp8TensorScaling device_state = download_state(&t);
+    CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state after the update differs from the host's", what);
+    CHECK(download_record(&t).amax_bits == 0u, "%s: the update must clear the pending amax", what);
+
+    // the log's read: the interval's statistics, then cleared
+    Fp8CastStats stats;
+    fp8_cast_records_read(&stats, t.out.record, 1, 0);
+    CHECK(stats.elements == n && stats.saturated == h.stats.saturated && stats.flushed == h.stats.flushed &&
+          float_as_bits(stats.amax) == float_as_bits(h.stats.amax), "%s: fp8_cast_records_read reports wrong statistics", what);
+    Fp8CastRecord cleared = download_record(&t);
+    CHECK(cleared.elements == 0 && cleared.saturated == 0 && cleared.flushed == 0 && cleared.interval_amax_bits == 0,
+          "%s: fp8_cast_records_read must clear the interval", what);
+
+    host_cast_free(&h);
+    device_fp8_free(&t);
+    cudaCheck(cudaFree(d_x));
+    free(x);
+}
+
+// current scaling (and a delayed tensor's first use): amax, update, cast with the new scale
+static void test_cast_current(int rows, int cols, Fp8Recipe recipe) {
+    char what[128];
+    snprintf(what, sizeof(what), "fp8_cast_transpose_current recipe %d %dx%d", (int)recipe, rows, cols);
+    size_t n = (size_t)rows * cols;
+    float* x = host_bf16_normal(n, 3.0f);
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, recipe, FP8_E4M3, 16, 1);
+    CHECK(fp8_scaling_casts_after_update(&state), "%s: a fresh state casts after its update", what);
+    DeviceFp8 t = device_fp8_make(rows, cols, FP8_E4M3, FP8_SCALING_TENSOR, &state);
+    floatX* d_x = device_bf16_from(x, n);
+    fp8_cast_transpose_current(&t.out, d_x, rows, cols, 0);
+    fp8_scaling_update(&state, host_amax(x, n));
+    Fp8TensorScaling device_state = download_state(&t);
+    CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
+    HostCast h = host_cast(x, rows, cols, FP8_E4M3, scale_of_tensor, &state.scale);
+    check_cast(&t, &h, false, what);
+    CHECK(download_record(&t).amax_bits == 0u, "%s: the cast after the update must not record amax again", what);
+    host_cast_free(&h);
+    device_fp8_free(&t);
+    cudaCheck(cudaFree(d_x));
+    free(x);
+}
+
+// ----------------------------------------------------------------------------
+// block recipe casts
+
+static void check_block_scales(const DeviceFp8* t, const TileContext* context, const char* what) {
+    int rows = t->rows, cols = t->cols;
+    Fp8Scaling scaling = context->scaling;
+    size_t floats = fp8_block_scale_floats(scaling, rows, cols);
+    size_t floats_t = fp8_block_scale_floats(scaling, cols, rows);
+    float* got = (float*)download(t->out.scale_inv, floats * sizeof(float));
+    float* got_t = (float*)download(t->out.scale_inv_t, floats_t * sizeof(float));
+    size_t bad = 0;
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+            float inv = fp8_reciprocal(scale_of_tile(context, r, c, 0));
+            float inv_t = fp8_reciprocal(scale_of_tile(context, r, c, 1));
+            size_t at, at_t;
+            if (scaling == FP8_SCALING_ROWS_1x128) {
+                at = (size_t)(c / FP8_TILE) * rows + r;
+                at_t = (size_t)(r / FP8_TILE) * cols + c;
+            } else {
+                at = (size_t)(r / FP8_TILE) * fp8_block_scale_ld(cols) + c / FP8_TILE;
+                at_t = (size_t)(c / FP8_TILE) * fp8_block_scale_ld(rows) + r / FP8_TILE;
+            }
+            bad += float_as_bits(got[at]) != float_as_bits(inv);
+            bad += float_as_bits(got_t[at_t]) != float_as_bits(inv_t);
+        }
+    }
+    CHECK(bad == 0, "%s: %zu dequantization scales differ from the host's (value or cuBLASLt layout)", what, bad);
+    free(got);
+    free(got_t);
+}
+
+static void test_cast_blocks(int rows, int cols) {
+    size_t n = (size_t)rows * cols;
+    float* x = host_bf16_normal(n, 1.0f);
+    for (size_t i = 0; i < n; i += 97) { x[i] *= 64.0f; }  // tiles of different amax
+    floatX* d_x = device_bf16_from(x, n);
+    char what[128];
+
+    // activations and gradients: 1x128 along the rows for codes, along the columns for codes^T
+    snprintf(what, sizeof(what), "block 1x128 cast %dx%d", rows, cols);
+    DeviceFp8 t = device_fp8_make(rows, cols, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL);
+    fp8_cast_transpose(&t.out, d_x, rows, cols, 0);
+    TileContext context = tile_context_make(x, rows, cols, FP8_SCALING_ROWS_1x128);
+    HostCast h = host_cast(x, rows, cols, FP8_E4M3, scale_of_tile, &context);
+    check_cast(&t, &h, false, what);
+    check_block_scales(&t, &context, what);
+    host_cast_free(&h);
+    tile_context_free(&context);
+    device_fp8_free(&t);
+
+    // weights: 128x128 blocks, from the bf16 weight and from the fp32 master
+    float* master = host_floats(n);
+    normal_(master, n, 0.0f, 0.02f, &test_rng);
+    float* d_master = device_floats_from(master, n);
+    for (int from_master = 0; from_master < 2; from_master++) {
+        snprintf(what, sizeof(what), "block 128x128 weight cast from %s %dx%d", from_master ? "fp32" : "bf16", rows, cols);
+        const float* source = from_master ? master : x;
+        DeviceFp8 w = device_fp8_make(rows, cols, FP8_E4M3, FP8_SCALING_BLOCKS_128x128, NULL);
+        fp8_cast_weight(&w.out, from_master ? d_master : NULL, from_master ? NULL : d_x, rows, cols, false, 0);
+        TileContext wc = tile_context_make(source, rows, cols, FP8_SCALING_BLOCKS_128x128);
+        HostCast hw = host_cast(source, rows, cols, FP8_E4M3, scale_of_tile, &wc);
+        check_cast(&w, &hw, false, what);
+        check_block_scales(&w, &wc, what);
+        host_cast_free(&hw);
+        tile_context_free(&wc);
+        device_fp8_free(&w);
+    }
+
+    // per-tensor weight cast from the fp32 master: current scaling, state as the host's
+    snprintf(what, sizeof(what), "per-tensor weight cast from fp32 %dx%d", rows, cols);
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, FP8_RECIPE_CURRENT, FP8_E4M3, 16, 0);
+    DeviceFp8 w = device_fp8_make(rows, cols, FP8_E4M3, FP8_SCALING_TENSOR, &state);
+    fp8_cast_weight(&w.out, d_master, NULL, rows, cols, false, 0);
+    fp8_scaling_update(&state, host_amax(master, n));
+    Fp8TensorScaling device_state = download_state(&w);
+    CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
+    HostCast hw = host_cast(master, rows, cols, FP8_E4M3, scale_of_tensor, &state.scale);
+    check_cast(&w, &hw, false, what);
+    host_cast_free(&hw);
+    device_fp8_free(&w);
+
+    cudaCheck(cudaFree(d_master));
+    cudaCheck(cudaFree(d_x));
+    free(master);
+    free(x);
+}
+
+// ----------------------------------------------------------------------------
+// layernorm and GELU with the fused cast
+
+static void test_layernorm_fp8(int N, int C, bool fused_residual) {
+    char what[128];
+    snprintf(what, sizeof(what), "%s fp8 N=%d C=%d", fused_residual ? "fused_residual_layernorm" : "layernorm", N, C);
+    size_t n = (size_t)N * C;
+    float* inp1 = host_bf16_normal(n, 1.0f);
+    float* inp2 = host_bf16_normal(n, 1.0f);
+    float* weight = host_bf16_normal(C, 1.0f);
+    float* bias = host_bf16_normal(C, 0.5f);
+    floatX *d_inp1 = device_bf16_from(inp1, n), *d_inp2 = device_bf16_from(inp2, n);
+    floatX *d_weight = device_bf16_from(weight, C), *d_bias = device_bf16_from(bias, C);
+    floatX *d_res_plain = (floatX*)device_alloc(n * 2), *d_res_fp8 = (floatX*)device_alloc(n * 2);
+    floatX *d_out_plain = (floatX*)device_alloc(n * 2), *d_out_fp8 = (floatX*)device_alloc(n * 2);
+    float* d_stats = (float*)device_alloc(4 * N * sizeof(float));
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+    fp8_scaling_update(&state, 3.0f);  // saturates the layernorm output's tail beyond 3
+    DeviceFp8 t = device_fp8_make(N, C, FP8_E4M3, FP8_SCALING_TENSOR, &state);
+    if (fused_residual) {
+        fused_residual_layernorm_forward(d_res_plain, d_out_plain, d_stats, d_stats + N, d_inp1, d_inp2, d_weight, d_bias, N, C, 0);
+        fused_residual_layernorm_forward_fp8(d_res_fp8, d_out_fp8, d_stats + 2 * N, d_stats + 3 * N, &t.out,
+                                             d_inp1, d_inp2, d_weight, d_bias, N, C, 0);
+    } else {
+        layernorm_forward(d_out_plain, d_stats, d_stats + N, d_inp1, d_weight, d_bias, N, C, 0);
+        layernorm_forward_fp8(d_out_fp8, d_stats + 2 * N, d_stats + 3 * N, &t.out, d_inp1, d_weight, d_bias, N, C, 0);
+    }
+    float* out_plain = download_bf16_as_floats(d_out_plain, n);
+    float* out_fp8 = download_bf16_as_floats(d_out_fp8, n);
+    CHECK(count_float_mismatches(out_fp8, out_plain, n, what) == 0, "%s: bf16 output differs from the plain kernel's", what);
+    float* stats = (float*)download(d_stats, 4 * N * sizeof(float));
+    CHECK(count_float_mismatches(stats + 2 * N, stats, 2 * N, what) == 0, "%s: mean/rstd differ from the plain kernel's", what);
+    if (fused_residual) {
+        float* res_plain = download_bf16_as_floats(d_res_plain, n);
+        float* res_fp8 = download_bf16_as_floats(d_res_fp8, n);
+        CHECK(count_float_mismatches(res_fp8, res_plain, n, what) == 0, "%s: residual differs from the plain kernel's", what);
+        free(res_plain);
+        free(res_fp8);
+    }
+    HostCast h = host_cast(out_plain, N, C, FP8_E4M3, scale_of_tensor, &state.scale);
+    check_cast(&t, &h, false, what);
+    CHECK(h.stats.saturated > 0, "%s: the test data should saturate some elements", what);
+    Fp8CastRecord r = download_record(&t);
+    CHECK(r.amax_bits == float_as_bits(h.stats.amax) && r.scale == state.scale && r.scale_inv == state.scale_inv,
+          "%s: the record's pending amax or scale is wrong", what);
+
+    // codes only (no bf16 output): the same codes
+    cudaCheck(cudaMemset(t.out.codes, 0, n));
+    cudaCheck(cudaMemset(t.out.codes_t, 0, n));
+    fp8_cast_records_init(t.out.record, 1, 0);
+    if (fused_residual) {
+        fused_residual_layernorm_forward_fp8(d_res_fp8, NULL, NULL, NULL, &t.out, d_inp1, d_inp2, d_weight, d_bias, N, C, 0);
+    } else {
+        layernorm_forward_fp8(NULL, NULL, NULL, &t.out, d_inp1, d_weight, d_bias, N, C, 0);
+    }
+    check_cast(&t, &h, false, what);
+
+    host_cast_free(&h);
+    device_fp8_free(&t);
+    free(stats); free(out_plain); free(out_fp8); free(inp1); free(inp2); free(weight); free(bias);
+    void* buffers[9] = {d_inp1, d_inp2, d_weight, d_bias, d_res_plain, d_res_fp8, d_out_plain, d_out_fp8, d_stats};
+    for (int i = 0; i < 9; i++) { cudaCheck(cudaFree(buffers[i])); }
+}
+
+static void test_gelu_fp8(int N, int C, bool current) {
+    char what[128];
+    snprintf(what, sizeof(what), "gelu_forward_fp8%s N=%d C=%d", current ? "_current" : "", N, C);
+    size_t n = (size_t)N * C;
+    float* pre = host_bf16_normal(n, 2.0f);
+    floatX* d_pre = device_bf16_from(pre, n);
+    floatX *d_plain = (floatX*)device_alloc(n * 2), *d_fused = (floatX*)device_alloc(n * 2);
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+    if (!current) { fp8_scaling_update(&state, 2.5f); }
+    DeviceFp8 t = device_fp8_make(N, C, FP8_E4M3, FP8_SCALING_TENSOR, &state);
+    gelu_forward(d_plain, d_pre, (int)n, 0);
+    if (current) {
+        gelu_forward_fp8_current(&t.out, d_fused, d_pre, N, C, 0);
+    } else {
+        gelu_forward_fp8(&t.out, d_fused, d_pre, N, C, 0);
+    }
+    float* plain = download_bf16_as_floats(d_plain, n);
+    float* fused = download_bf16_as_floats(d_fused, n);
+    CHECK(count_float_mismatches(fused, plain, n, what) == 0, "%s: bf16 GELU output differs from gelu_forward's", what);
+    if (current) {
+        fp8_scaling_update(&state, host_amax(plain, n));
+        Fp8TensorScaling device_state = download_state(&t);
+        CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
+    }
+    HostCast h = host_cast(plain, N, C, FP8_E4M3, scale_of_tensor, &state.scale);
+    check_cast(&t, &h, false, what);
+    host_cast_free(&h);
+    device_fp8_free(&t);
+    free(pre); free(plain); free(fused);
+    cudaCheck(cudaFree(d_pre)); cudaCheck(cudaFree(d_plain)); cudaCheck(cudaFree(d_fused));
+}
+
+// ----------------------------------------------------------------------------
+// the fused dy pass: (GELU backward) + bias gradient + amax + update + cast-transpose
+
+static void test_backward_dout(int N, int OC, bool with_gelu, bool block) {
+    char what[128];
+    snprintf(what, sizeof(what), "matmul_backward_fp8_dout%s%s N=%d OC=%d", with_gelu ? " gelu" : "", block ? " block" : "", N, OC);
+    size_t n = (size_t)N * OC;
+    float* dout = host_bf16_normal(n, 1e-3f);
+    float* pre = host_bf16_normal(n, 2.0f);
+    float* dbias0 = host_bf16_normal(OC, 0.1f);
+    floatX* d_dout = device_bf16_from(dout, n);
+    floatX* d_expected = device_bf16_from(dout, n);
+    floatX* d_pre = device_bf16_from(pre, n);
+    floatX* d_dbias = device_bf16_from(dbias0, OC);
+    floatX* d_dbias_expected = device_bf16_from(dbias0, OC);
+    float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
+    DeviceFp8 t = block ? device_fp8_make(N, OC, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL)
+                        : device_fp8_make(N, OC, FP8_E5M2, FP8_SCALING_TENSOR, &state);
+
+    // the expected dout and dbias through the bf16 path's kernels
+    if (with_gelu) { gelu_backward_inplace(d_expected, d_pre, (int)n, 0); }
+    matmul_dbias_launch(d_dbias_expected, d_scratch, d_expected, NULL, NULL, N, OC, 0);
+    matmul_backward_fp8_dout(&t.out, d_dbias, d_scratch, d_dout, with_gelu ? d_pre : NULL, N, OC, 0);
+
+    float* got = download_bf16_as_floats(d_dout, n);
+    float* expected = download_bf16_as_floats(d_expected, n);
+    CHECK(count_float_mismatches(got, expected, n, what) == 0, "%s: dout after the pass differs from the bf16 path's", what);
+    float* dbias = download_bf16_as_floats(d_dbias, OC);
+    float* dbias_expected = download_bf16_as_floats(d_dbias_expected, OC);
+    CHECK(count_float_mismatches(dbias, dbias_expected, OC, what) == 0, "%s: dbias differs from the bf16 path's bits", what);
+    size_t far = 0;
+    for (int c = 0; c < OC; c++) {
+        double sum = dbias0[c];
+        for (int r = 0; r < N; r++) { sum += expected[(size_t)r * OC + c]; }
+        far += fabs(dbias[c] - sum) > 1e-5 + 4e-3 * fabs(sum);  // one bf16 rounding
+    }
+    CHECK(far == 0, "%s: %zu dbias columns are off the double-precision sums", what, far);
+
+    if (block) {
+        TileContext context = tile_context_make(expected, N, OC, FP8_SCALING_ROWS_1x128);
+        HostCast h = host_cast(expected, N, OC, FP8_E4M3, scale_of_tile, &context);
+        check_cast(&t, &h, false, what);
+        check_block_scales(&t, &context, what);
+        host_cast_free(&h);
+        tile_context_free(&context);
+    } else {
+        fp8_scaling_update(&state, host_amax(expected, n));
+        Fp8TensorScaling device_state = download_state(&t);
+        CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
+        HostCast h = host_cast(expected, N, OC, FP8_E5M2, scale_of_tensor, &state.scale);
+        check_cast(&t, &h, false, what);
+        host_cast_free(&h);
+    }
+
+    // determinism: the same bias bits again
+    floatX* d_dbias2 = device_bf16_from(dbias0, OC);
+    floatX* d_dout2 = device_bf16_from(dout, n);
+    matmul_backward_fp8_dout(&t.out, d_dbias2, d_scratch, d_dout2, with_gelu ? d_pre : NULL, N, OC, 0);
+    float* dbias2 = download_bf16_as_floats(d_dbias2, OC);
+    CHECK(count_float_mismatches(dbias2, dbias, OC, what) == 0, "%s: the bias gradient is not bitwise deterministic", what);
+
+    free(dout); free(pre); free(dbias0); free(got); free(expected); free(dbias); free(dbias_expected); free(dbias2);
+    device_fp8_free(&t);
+    void* buffers[8] = {d_dout, d_expected, d_pre, d_dbias, d_dbias_expected, d_scratch, d_dbias2, d_dout2};
+    for (int i = 0; i < 8; i++) { cudaCheck(cudaFree(buffers[i])); }
+}
+
+// ----------------------------------------------------------------------------
+// FP8 GEMMs, exact
+
+typedef struct {
+    uint8_t* codes;     // device
+    float* scale_inv;   // device, one float
+    Fp8Operand operand;
+} ExactOperand;
+
+// codes of value * 2^scale_log2 (exact by construction), dequantized by 2^-scale_log2
+static ExactOperand exact_operand(const float* values, size_t n, Fp8Format format, int scale_log2) {
+    ExactOperand e;
+    uint8_t* codes = (uint8_t*)mallocCheck(n);
+    float scale = ldexpf(1.0f, scale_log2);
+    for (size_t i = 0; i < n; i++) {
+        codes[i] = fp8_quantize(values[i], scale, format);
+        if (fp8_decode(codes[i], format) != values[i] * scale) {
+            llm8_die("test data %g is not exact in %s at scale %g", values[i], fp8_format_name(format), scale);
+        }
+    }
+    e.codes = (uint8_t*)device_alloc(n);
+    cudaCheck(cudaMemcpy(e.codes, codes, n, cudaMemcpyHostToDevice));
+    float inv = ldexpf(1.0f, -scale_log2);
+    e.scale_inv = device_floats_from(&inv, 1);
+    e.operand.codes = e.codes;
+    e.operand.format = format;
+    e.operand.scaling = FP8_SCALING_TENSOR;
+    e.operand.scale_inv = e.scale_inv;
+    free(codes);
+    return e;
+}
+
+static void exact_operand_free(ExactOperand* e) {
+    cudaCheck(cudaFree(e->codes));
+    cudaCheck(cudaFree(e->scale_inv));
+}
+
+static float* transpose_host(const float* x, int rows, int cols) {
+    float* t = host_floats((size_t)rows * cols);
+    for (int r = 0; r < rows; r++) { for (int c = 0; c < cols; c++) { t[(size_t)c * rows + r] = x[(size_t)r * cols + c]; } }
+    return t;
+}
+
+// out[i][j] = init[i][j] + sum_k a[i][k] b[j][k] (double), both row-major along K
+static double* host_gemm_nt(const float* a, const float* b, const float* init, int rows, int cols, int K) {
+    double* out = (double*)mallocCheck((size_t)rows * cols * sizeof(double));
+    for (int i = 0; i < rows; i++) {
+        for (int j = 0; j < cols; j++) {
+            double sum = init != NULL ? init[(size_t)i * cols + j] : 0.0;
+            for (int k = 0; k < K; k++) { sum += (double)a[(size_t)i * K + k] * b[(size_t)j * K + k]; }
+            out[(size_t)i * cols + j] = sum;
+        }
+    }
+    return out;
+}
+
+static size_t count_bf16_inexact(const float* got, const double* exact, size_t n, const char* what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float expected = bf16_bits_to_float(float_to_bf16_bits((float)exact[i]));
+        if (float_as_bits(got[i]) != float_as_bits(expected)) {
+            if (bad == 0) { printf("  %s: first mismatch at %zu: got %.9g, expected %.9g\n", what, i, got[i], expected); }
+            bad++;
+        }
+    }
+    return bad;
+}
+
+static void test_gemm_exact(int N, int C, int OC) {
+    char what[160];
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float* x = host_integers(nx, -15, 15);
+    float* w = host_integers(nw, -15, 15);
+    float* dy = host_integers(ny, -8, 8);
+    for (size_t i = 0; i < ny; i += 7) { dy[i] = (i % 2) ? 12.0f : -12.0f; }
+    float* bias = host_integers(OC, -20, 20);
+    float* dw0 = host_integers(nw, -50, 50);
+    float* xt = transpose_host(x, N, C);
+    float* wt = transpose_host(w, OC, C);
+    float* dyt = transpose_host(dy, N, OC);
+    // x, W dequantized by 1/4 and 1/2; dy by 1/2: the GEMMs see x/4, w/2, dy/2 exactly
+    float* xq = host_floats(nx); for (size_t i = 0; i < nx; i++) { xq[i] = x[i] / 4.0f; }
+    float* wq = host_floats(nw); for (size_t i = 0; i < nw; i++) { wq[i] = w[i] / 2.0f; }
+    float* dyq = host_floats(ny); for (size_t i = 0; i < ny; i++) { dyq[i] = dy[i] / 2.0f; }
+    ExactOperand ex = exact_operand(xq, nx, FP8_E4M3, 2), ew = exact_operand(wq, nw, FP8_E4M3, 1);
+    float* xtq = transpose_host(xq, N, C); float* wtq = transpose_host(wq, OC, C); float* dytq = transpose_host(dyq, N, OC);
+    ExactOperand ext = exact_operand(xtq, nx, FP8_E4M3, 2), ewt = exact_operand(wtq, nw, FP8_E4M3, 1);
+    ExactOperand edy = exact_operand(dyq, ny, FP8_E5M2, 1), edyt = exact_operand(dytq, ny, FP8_E5M2, 1);
+    floatX* d_bias = device_bf16_from(bias, OC);
+    floatX* d_out = (floatX*)device_alloc(ny * 2);
+
+    // forward without fast accumulation and with the bias epilogue (K = C)
+    snprintf(what, sizeof(what), "fp8 forward exact N=%d C=%d OC=%d", N, C, OC);
+    MatmulSpec spec = matmul_forward_fp8_spec(d_out, ex.operand, ew.operand, d_bias, N, C, OC, NULL);
+    spec.fast_accumulate = false;
+    matmul_cublaslt(&spec, 0);
+    double* expected = host_gemm_nt(xq, wq, NULL, N, OC, C);
+    for (int i = 0; i < N; i++) { for (int j = 0; j < OC; j++) { expected[(size_t)i * OC + j] += bias[j]; } }
+    float* got = download_bf16_as_floats(d_out, ny);
+    CHECK(count_bf16_inexact(got, expected, ny, what) == 0, "%s: not the exact sums rounded once to bf16", what);
+    free(got);
+    free(expected);
+
+    // GELU epilogue with FP8 operands: cuBLASLt may lack it (the FP8 path does not need it)
+    floatX* d_pre = (floatX*)device_alloc(ny * 2);
+    if (matmul_forward_fp8_supported(d_out, ex.operand, ew.operand, d_bias, N, C, OC, d_pre)) {
+        matmul_forward_fp8(d_out, ex.operand, ew.operand, d_bias, N, C, OC, d_pre, 0);
+        float* pre = download_bf16_as_floats(d_pre, ny);
+        float* out = download_bf16_as_floats(d_out, ny);
+        size_t far = 0;
+        for (size_t i = 0; i < ny; i++) {
+            double g = gelu_forward_element(pre[i]);
+            far += fabs(out[i] - g) > 2e-3 + fabs(g) / 128.0;
+        }
+        CHECK(far == 0, "%s: %zu GELU epilogue outputs off gelu(pre-activation)", what, far);
+        printf("fp8 forward: cuBLASLt has the GELU_AUX_BIAS epilogue with FP8 operands\n");
+        free(pre);
+        free(out);
+    } else {
+        printf("fp8 forward: cuBLASLt has NO GELU_AUX_BIAS epilogue with FP8 operands (gelu_forward_fp8 does it)\n");
+    }
+    cudaCheck(cudaFree(d_pre));
+
+    // dgrad: dinp = dy W from dy (E5M2) and W^T (K = OC)
+    snprintf(what, sizeof(what), "fp8 dgrad exact N=%d C=%d OC=%d", N, C, OC);
+    floatX* d_dinp = (floatX*)device_alloc(nx * 2);
+    matmul_backward_fp8(d_dinp, NULL, CUDA_R_16BF, edy.operand, edyt.operand, ewt.operand, ext.operand, N, C, OC, 0);
+    expected = host_gemm_nt(dyq, wtq, NULL, N, C, OC);
+    got = download_bf16_as_floats(d_dinp, nx);
+    CHECK(count_bf16_inexact(got, expected, nx, what) == 0, "%s: not the exact sums rounded once to bf16", what);
+    free(got);
+    free(expected);
+
+    // wgrad: dW += dy^T x from dy^T (E5M2) and x^T (K = N), into bf16 and into fp32
+    for (int fp32 = 0; fp32 < 2; fp32++) {
+        snprintf(what, sizeof(what), "fp8 wgrad exact into %s N=%d C=%d OC=%d", fp32 ? "fp32" : "bf16", N, C, OC);
+        void* d_dw = fp32 ? (void*)device_floats_from(dw0, nw) : (void*)device_bf16_from(dw0, nw);
+        matmul_backward_fp8(NULL, d_dw, fp32 ? CUDA_R_32F : CUDA_R_16BF, edy.operand, edyt.operand, ewt.operand,
+                            ext.operand, N, C, OC, 0);
+        expected = host_gemm_nt(dytq, xtq, dw0, OC, C, N);
+        if (fp32) {
+            float* g = (float*)download(d_dw, nw * sizeof(float));
+            size_t bad = 0;
+            for (size_t i = 0; i < nw; i++) { bad += (double)g[i] != expected[i]; }
+            CHECK(bad == 0, "%s: %zu sums not exact", what, bad);
+            free(g);
+        } else {
+            got = download_bf16_as_floats((floatX*)d_dw, nw);
+            CHECK(count_bf16_inexact(got, expected, nw, what) == 0, "%s: not init + the exact sums rounded once", what);
+            free(got);
+        }
+        free(expected);
+        cudaCheck(cudaFree(d_dw));
+    }
+
+    free(x); free(w); free(dy); free(bias); free(dw0); free(xt); free(wt); free(dyt);
+    free(xq); free(wq); free(dyq); free(xtq); free(wtq); free(dytq);
+    ExactOperand* all[6] = {&ex, &ew, &ext, &ewt, &edy, &edyt};
+    for (int i = 0; i < 6; i++) { exact_operand_free(all[i]); }
+    cudaCheck(cudaFree(d_bias)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_dinp));
+}
+
+// the launcher's forward with fast accumulation: partial sums stay below 2^12, exact
+static void test_gemm_exact_fast_accumulate(int N, int C, int OC) {
+    char what[128];
+    snprintf(what, sizeof(what), "fp8 forward fast accumulation exact N=%d C=%d OC=%d", N, C, OC);
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float* x = host_integers(nx, -15, 15);
+    float* w = host_integers(nw, -7, 7);
+    ExactOperand ex = exact_operand(x, nx, FP8_E4M3, 0), ew = exact_operand(w, nw, FP8_E4M3, 0);
+    floatX* d_out = (floatX*)device_alloc(ny * 2);
+    matmul_forward_fp8(d_out, ex.operand, ew.operand, NULL, N, C, OC, NULL, 0);
+    double* expected = host_gemm_nt(x, w, NULL, N, OC, C);
+    float* got = download_bf16_as_floats(d_out, ny);
+    CHECK(count_bf16_inexact(got, expected, ny, what) == 0, "%s: not the exact sums rounded once to bf16", what);
+    free(x); free(w); free(expected); free(got);
+    exact_operand_free(&ex); exact_operand_free(&ew);
+    cudaCheck(cudaFree(d_out));
+}
+
+// block recipe: integers in [-14, 14] times 2^-e, e = (row / 128 + col / 128) % 3 per 128x128
+// block, and a +-14 * 2^-e in every row and column of every block: every tile amax is
+// 14 * 2^-e, every scale 32 * 2^e, so the casts and the GEMMs are exact
+static float* block_exact_data(int rows, int cols) {
+    float* x = host_integers((size_t)rows * cols, -13, 13);
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+            float* v = &x[(size_t)r * cols + c];
+            if (r % 16 == c % 16) { *v = (r + c) % 2 ? 14.0f : -14.0f; }
+            *v = ldexpf(*v, -((r / FP8_TILE + c / FP8_TILE) % 3));
+        }
+    }
+    return x;
+}
+
+static void test_gemm_block_exact(int N, int C, int OC) {
+    char what[160];
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float* x = block_exact_data(N, C);
+    float* w = block_exact_data(OC, C);
+    float* dy = block_exact_data(N, OC);
+    float* dw0 = host_integers(nw, -50, 50);
+    floatX *d_x = device_bf16_from(x, nx), *d_w = device_bf16_from(w, nw), *d_dy = device_bf16_from(dy, ny);
+    DeviceFp8 fx = device_fp8_make(N, C, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL);
+    DeviceFp8 fw = device_fp8_make(OC, C, FP8_E4M3, FP8_SCALING_BLOCKS_128x128, NULL);
+    DeviceFp8 fdy = device_fp8_make(N, OC, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL);
+    float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
+    fp8_cast_transpose(&fx.out, d_x, N, C, 0);
+    fp8_cast_weight(&fw.out, NULL, d_w, OC, C, false, 0);
+    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, 0);
+    float* xt = transpose_host(x, N, C); float* wt = transpose_host(w, OC, C); float* dyt = transpose_host(dy, N, OC);
+
+    snprintf(what, sizeof(what), "fp8 block forward exact N=%d C=%d OC=%d", N, C, OC);
+    floatX* d_out = (floatX*)device_alloc(ny * 2);
+    matmul_forward_fp8(d_out, fp8_operand(&fx.out, false), fp8_operand(&fw.out, false), NULL, N, C, OC, NULL, 0);
+    double* expected = host_gemm_nt(x, w, NULL, N, OC, C);
+    float* got = download_bf16_as_floats(d_out, ny);
+    CHECK(count_bf16_inexact(got, expected, ny, what) == 0, "%s: not the exact sums rounded once to bf16", what);
+    free(got); free(expected);
+
+    snprintf(what, sizeof(what), "fp8 block dgrad exact N=%d C=%d OC=%d", N, C, OC);
+    floatX* d_dinp = (floatX*)device_alloc(nx * 2);
+    matmul_backward_fp8(d_dinp, NULL, CUDA_R_16BF, fp8_operand(&fdy.out, false), fp8_operand(&fdy.out, true),
+                        fp8_operand(&fw.out, true), fp8_operand(&fx.out, true), N, C, OC, 0);
+    expected = host_gemm_nt(dy, wt, NULL, N, C, OC);
+    got = download_bf16_as_floats(d_dinp, nx);
+    CHECK(count_bf16_inexact(got, expected, nx, what) == 0, "%s: not the exact sums rounded once to bf16", what);
+    free(got); free(expected);
+
+    snprintf(what, sizeof(what), "fp8 block wgrad exact N=%d C=%d OC=%d", N, C, OC);
+    floatX* d_dw = device_bf16_from(dw0, nw);
+    matmul_backward_fp8(NULL, d_dw, CUDA_R_16BF, fp8_operand(&fdy.out, false), fp8_operand(&fdy.out, true),
+                        fp8_operand(&fw.out, true), fp8_operand(&fx.out, true), N, C, OC, 0);
+    expected = host_gemm_nt(dyt, xt, dw0, OC, C, N);
+    got = download_bf16_as_floats(d_dw, nw);
+    CHECK(count_bf16_inexact(got, expected, nw, what) == 0, "%s: not init + the exact sums rounded once", what);
+    free(got); free(expected);
+
+    free(x); free(w); free(dy); free(dw0); free(xt); free(wt); free(dyt);
+    device_fp8_free(&fx); device_fp8_free(&fw); device_fp8_free(&fdy);
+    void* buffers[7] = {d_x, d_w, d_dy, d_scratch, d_out, d_dinp, d_dw};
+    for (int i = 0; i < 7; i++) { cudaCheck(cudaFree(buffers[i])); }
+}
+
+// ----------------------------------------------------------------------------
+// FP8 GEMMs on Gaussian data: SQNR vs fp64 GEMMs of the bf16 data
+
+static double sqnr_db(const double* ref, const float* got, size_t n) {
+    double signal = 0.0, noise = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = ref[i] - got[i];
+        signal += ref[i] * ref[i];
+        noise += d * d;
+    }
+    return noise == 0.0 ? INFINITY : 10.0 * log10(signal / noise);
+}
+
+static void test_gemm_sqnr(int N, int C, int OC, bool block) {
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float* x = host_bf16_normal(nx, 1.0f);
+    float* w = host_bf16_normal(nw, 0.02f);
+    float* dy = host_bf16_normal(ny, 1e-4f);
+    float* zeros = host_floats(nw);
+    for (size_t i = 0; i < nw; i++) { zeros[i] = 0.0f; }
+    floatX *d_x = device_bf16_from(x, nx), *d_w = device_bf16_from(w, nw), *d_dy = device_bf16_from(dy, ny);
+    Fp8TensorScaling x_state, w_state, dy_state;
+    fp8_scaling_init(&x_state, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+    fp8_scaling_init(&w_state, FP8_RECIPE_CURRENT, FP8_E4M3, 16, 0);
+    fp8_scaling_init(&dy_state, FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
+    Fp8Scaling activations = block ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
+    DeviceFp8 fx = device_fp8_make(N, C, FP8_E4M3, activations, &x_state);
+    DeviceFp8 fw = device_fp8_make(OC, C, FP8_E4M3, block ? FP8_SCALING_BLOCKS_128x128 : FP8_SCALING_TENSOR, &w_state);
+    DeviceFp8 fdy = device_fp8_make(N, OC, block ? FP8_E4M3 : FP8_E5M2, activations, &dy_state);
+    float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
+    if (block) { fp8_cast_transpose(&fx.out, d_x, N, C, 0); } else { fp8_cast_transpose_current(&fx.out, d_x, N, C, 0); }
+    fp8_cast_weight(&fw.out, NULL, d_w, OC, C, false, 0);
+    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, 0);
+
+    floatX* d_out = (floatX*)device_alloc(ny * 2);
+    floatX* d_dinp = (floatX*)device_alloc(nx * 2);
+    floatX* d_dw = device_bf16_from(zeros, nw);
+    matmul_forward_fp8(d_out, fp8_operand(&fx.out, false), fp8_operand(&fw.out, false), NULL, N, C, OC, NULL, 0);
+    matmul_backward_fp8(d_dinp, d_dw, CUDA_R_16BF, fp8_operand(&fdy.out, false), fp8_operand(&fdy.out, true),
+                        fp8_operand(&fw.out, true), fp8_operand(&fx.out, true), N, C, OC, 0);
+    float* xt = transpose_host(x, N, C); float* wt = transpose_host(w, OC, C); float* dyt = transpose_host(dy, N, OC);
+    double* ref_out = host_gemm_nt(x, w, NULL, N, OC, C);
+    double* ref_dinp = host_gemm_nt(dy, wt, NULL, N, C, OC);
+    double* ref_dw = host_gemm_nt(dyt, xt, NULL, OC, C, N);
+    float* out = download_bf16_as_floats(d_out, ny);
+    float* dinp = download_bf16_as_floats(d_dinp, nx);
+    float* dw = download_bf16_as_floats(d_dw, nw);
+    double s_out = sqnr_db(ref_out, out, ny), s_dinp = sqnr_db(ref_dinp, dinp, nx), s_dw = sqnr_db(ref_dw, dw, nw);
+    printf("fp8 GEMM SQNR %s N=%d C=%d OC=%d: forward %.2f dB, dgrad %.2f dB, wgrad %.2f dB\n",
+           block ? "block " : "tensor", N, C, OC, s_out, s_dinp, s_dw);
+    double backward_floor = block ? 25.0 : 24.0;  // E5M2 x E4M3 tops out near 24.6 dB
+    CHECK(s_out >= 25.0, "%s forward SQNR %.2f dB < 25 dB", block ? "block" : "tensor", s_out);
+    CHECK(s_dinp >= backward_floor, "%s dgrad SQNR %.2f dB < %.0f dB", block ? "block" : "tensor", s_dinp, backward_floor);
+    CHECK(s_dw >= backward_floor, "%s wgrad SQNR %.2f dB < %.0f dB", block ? "block" : "tensor", s_dw, backward_floor);
+
+    free(x); free(w); free(dy); free(zeros); free(xt); free(wt); free(dyt);
+    free(ref_out); free(ref_dinp); free(ref_dw); free(out); free(dinp); free(dw);
+    device_fp8_free(&fx); device_fp8_free(&fw); device_fp8_free(&fdy);
+    void* buffers[7] = {d_x, d_w, d_dy, d_scratch, d_out, d_dinp, d_dw};
+    for (int i = 0; i < 7; i++) { cudaCheck(cudaFree(buffers[i])); }
+}
+
+// ----------------------------------------------------------------------------
+
+static void test_bad_input(void) {
+    CHECK_DIES("fp8 linear C not a multiple of 16", "multiple of 16", matmul_fp8_check_shapes("qkv", 1024, 100, 300, false));
+    CHECK_DIES("fp8 block recipe at C=1600", "multiple of 128", matmul_fp8_check_shapes("fc", 1024, 1600, 6400, true));
+    CHECK_DIES("fp8 block recipe at B*T=80", "B*T", matmul_fp8_check_shapes("fc", 80, 768, 3072, true));
+    Fp8CastOutput out;
+    memset(&out, 0, sizeof(out));
+    CHECK_DIES("fp8 cast of 40 x 24", "multiple of 16", fp8_cast_transpose(&out, NULL, 40, 24, 0));
+    CHECK_DIES("fp8 cast without outputs", "neither codes nor codes_t", fp8_cast_transpose(&out, NULL, 32, 32, 0));
+}
+
+int main(void) {
+    test_bad_input();  // forks before this process touches CUDA
+    manual_seed(&test_rng, 8128);
+    matmul_setup();
+
+    test_cast_tensor(80, 208, FP8_E4M3);
+    test_cast_tensor(80, 208, FP8_E5M2);
+    test_cast_tensor(256, 384, FP8_E4M3);
+    test_cast_current(80, 208, FP8_RECIPE_DELAYED);
+    test_cast_current(272, 208, FP8_RECIPE_CURRENT);
+    test_cast_blocks(80, 208);
+    test_cast_blocks(272, 208);
+    test_layernorm_fp8(80, 208, false);
+    test_layernorm_fp8(80, 208, true);
+    test_layernorm_fp8(256, 768, true);
+    test_gelu_fp8(80, 208, false);
+    test_gelu_fp8(272, 832, true);
+    test_backward_dout(80, 208, false, false);
+    test_backward_dout(272, 832, true, false);
+    test_backward_dout(272, 208, true, true);
+    test_gemm_exact(96, 208, 48);
+    test_gemm_exact(256, 768, 2304);
+    test_gemm_exact_fast_accumulate(96, 32, 48);
+    test_gemm_block_exact(256, 256, 384);
+    test_gemm_sqnr(256, 384, 512, false);
+    test_gemm_sqnr(256, 384, 512, true);
+
+    matmul_teardown();
+    return test_summary("test_fp8_kernels");
+}

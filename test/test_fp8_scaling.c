@@ -1,0 +1,217 @@
+/*
+test_fp8_scaling.c: the per-tensor scaling state machine of llmc/fp8_scaling.h, the code the
+GPU's scale-update kernel runs: the scale formula and its exactness, margin, amax = 0,
+Inf and NaN amax, first-step seeding, a jump above the history, ring wrap-around, both
+recipes, the cast protocol (update before or after the cast), the config checks, and the
+cast statistics.
+*/
+#include "test/test_harness.h"
+#include "llmc/fp8_scaling.h"
+#include "llmc/rand.h"
+
+// one producer use following the protocol of fp8_scaling.h: cast with the state's scale
+// (before or after the update, as fp8_scaling_casts_after_update says), count the statistics
+static Fp8CastStats produce(Fp8TensorScaling* s, const float* x, int n, Fp8Format format) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) { amax = fmaxf(amax, fabsf(x[i])); }
+    int after = fp8_scaling_casts_after_update(s);
+    if (after) { fp8_scaling_update(s, amax); }
+    Fp8CastStats stats = {0.0f, s->scale, 0, 0, 0};
+    for (int i = 0; i < n; i++) {
+        uint8_t code = fp8_quantize(x[i], s->scale, format);
+        fp8_cast_stats_add(&stats, x[i], fp8_classify(x[i], s->scale, code, format));
+    }
+    if (!after) { fp8_scaling_update(s, amax); }
+    return stats;
+}
+
+static void test_scale_formula(void) {
+    // power-of-two-free and exact: one correctly rounded division, then an exact 2^-margin
+    const float amaxes[] = {1.0f, 3.0f, 0.1f, 7.3e-5f, 1234.567f, 3.4e20f};
+    for (size_t i = 0; i < sizeof(amaxes) / sizeof(amaxes[0]); i++) {
+        float a = amaxes[i];
+        volatile float quotient = FP8_E4M3_MAX / a;  // volatile: the division done by itself
+        CHECK(fp8_scale_from_amax(a, FP8_E4M3_MAX, 0) == quotient, "scale(%g) is not 448/%g exactly", a, a);
+        for (int m = 1; m <= 4; m++) {
+            float scaled = fp8_scale_from_amax(a, FP8_E4M3_MAX, m);
+            CHECK(scaled == quotient / (float)(1 << m) && ldexpf(scaled, m) == quotient,
+                  "margin %d: scale(%g)=%.9g is not 448/%g/2^%d exactly", m, a, scaled, a, m);
+        }
+    }
+    CHECK(fp8_scale_from_amax(3.0f, FP8_E4M3_MAX, 0) != 128.0f && fp8_scale_from_amax(3.0f, FP8_E4M3_MAX, 0) != 256.0f,
+          "the scale was rounded to a power of two");
+    // amax = 0 and anything below the floor clamp to 1e-12: a large finite scale
+    float zero_scale = fp8_scale_from_amax(0.0f, FP8_E4M3_MAX, 0);
+    CHECK(isfinite(zero_scale) && zero_scale == FP8_E4M3_MAX / 1e-12f, "scale(0)=%g is not 448/1e-12", zero_scale);
+    CHECK(fp8_scale_from_amax(1e-30f, FP8_E5M2_MAX, 0) == FP8_E5M2_MAX / 1e-12f, "amax below the floor not clamped");
+    CHECK(isfinite(fp8_reciprocal(zero_scale)) && fp8_reciprocal(zero_scale) > 0.0f, "1/scale(0) is not a positive float");
+    // with the scale, the amax element itself lands on max (within rounding), never saturated
+    mt19937_state rng;
+    manual_seed(&rng, 5);
+    int saturated = 0;
+    for (int i = 0; i < 100000; i++) {
+        float a = bits_as_float(0x30000000u + randint32(&rng) % 0x1e000000u);  // 2^-31 .. 2^29
+        float s = fp8_scale_from_amax(a, FP8_E4M3_MAX, 0);
+        saturated += fp8_classify(a, s, fp8_quantize(a, s, FP8_E4M3), FP8_E4M3) != FP8_ELEMENT_REPRESENTED;
+        saturated += fp8_decode(fp8_quantize(a, s, FP8_E4M3), FP8_E4M3) != FP8_E4M3_MAX;
+    }
+    CHECK(saturated == 0, "%d amaxes did not land exactly on 448 under their own scale", saturated);
+}
+
+static void test_current_recipe(void) {
+    Fp8TensorScaling s;
+    fp8_scaling_init(&s, FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
+    CHECK(s.scale == 1.0f && s.scale_inv == 1.0f && s.fp8_max == FP8_E5M2_MAX, "init is not scale 1 with E5M2's max");
+    const float amaxes[] = {10.0f, 0.5f, 100.0f, 2.0f};
+    for (int i = 0; i < 4; i++) {
+        CHECK(fp8_scaling_casts_after_update(&s), "current recipe must cast after the update (use %d)", i);
+        fp8_scaling_update(&s, amaxes[i]);
+        CHECK(s.scale == fp8_scale_from_amax(amaxes[i], FP8_E5M2_MAX, 0), "current scale at use %d ignores the history?", i);
+        CHECK(s.scale_inv == 1.0f / s.scale, "scale_inv is not 1/scale");
+    }
+}
+
+static void test_delayed_seeding_and_history(void) {
+    Fp8TensorScaling s;
+    fp8_scaling_init(&s, FP8_RECIPE_DELAYED, FP8_E4M3, 4, 0);
+    CHECK(fp8_scaling_casts_after_update(&s), "a delayed tensor never updated must seed (cast after its update)");
+    fp8_scaling_update(&s, 8.0f);
+    CHECK(s.scale == FP8_E4M3_MAX / 8.0f, "seeding: the first scale %g is not from the first amax", s.scale);
+    CHECK(!fp8_scaling_casts_after_update(&s), "after seeding, a delayed tensor must cast before its update");
+    // history 4: 8 stays the max for 3 more updates, then falls out of the ring
+    const float next[] = {1.0f, 1.0f, 1.0f, 1.0f, 2.0f};
+    const float expected_max[] = {8.0f, 8.0f, 8.0f, 1.0f, 2.0f};
+    for (int i = 0; i < 5; i++) {
+        fp8_scaling_update(&s, next[i]);
+        CHECK(s.scale == FP8_E4M3_MAX / expected_max[i], "update %d: scale %g, expected 448/%g (ring of 4)", i + 1,
+              s.scale, expected_max[i]);
+    }
+    CHECK(s.recorded == 6 && s.position == 2, "ring bookkeeping: recorded %d position %d, expected 6 and 2",
+          s.recorded, s.position);
+    // a full ring wraps many times and stays bounded to its length
+    for (int i = 0; i < 1000; i++) { fp8_scaling_update(&s, (float)(i % 7) + 1.0f); }
+    // the last 4 amaxes were (996..999 % 7) + 1 = 3, 4, 5, 6
+    CHECK(fp8_scaling_history_max(&s) == 6.0f && s.position == (6 + 1000) % 4, "after 1000 updates: max %g position %d",
+          fp8_scaling_history_max(&s), s.position);
+    // history length 1: delayed = the previous use's amax
+    Fp8TensorScaling one;
+    fp8_scaling_init(&one, FP8_RECIPE_DELAYED, FP8_E4M3, 1, 0);
+    fp8_scaling_update(&one, 5.0f);
+    fp8_scaling_update(&one, 0.25f);
+    CHECK(one.scale == FP8_E4M3_MAX / 0.25f, "history of 1 does not forget the older amax");
+    // the longest history
+    Fp8TensorScaling longest;
+    fp8_scaling_init(&longest, FP8_RECIPE_DELAYED, FP8_E4M3, FP8_AMAX_HISTORY_MAX, 0);
+    fp8_scaling_update(&longest, 100.0f);
+    for (int i = 0; i < FP8_AMAX_HISTORY_MAX - 1; i++) { fp8_scaling_update(&longest, 1.0f); }
+    CHECK(longest.scale == FP8_E4M3_MAX / 100.0f, "history 1024 forgot its first amax too early");
+    fp8_scaling_update(&longest, 1.0f);
+    CHECK(longest.scale == FP8_E4M3_MAX, "history 1024 did not forget its first amax after 1024 more");
+}
+
+static void test_margin(void) {
+    Fp8TensorScaling a, b;
+    fp8_scaling_init(&a, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+    fp8_scaling_init(&b, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 2);
+    fp8_scaling_update(&a, 3.0f);
+    fp8_scaling_update(&b, 3.0f);
+    CHECK(b.scale * 4.0f == a.scale && b.scale_inv == a.scale_inv * 4.0f, "margin 2 does not divide the scale by 4 exactly");
+    // with margin 2 an amax 4x larger than the history still does not saturate
+    CHECK(fp8_classify(12.0f, b.scale, fp8_quantize(12.0f, b.scale, FP8_E4M3), FP8_E4M3) == FP8_ELEMENT_REPRESENTED,
+          "margin 2 saturates 4x the recorded amax");
+}
+
+static void test_nonfinite_amax(void) {
+    Fp8TensorScaling s;
+    fp8_scaling_init(&s, FP8_RECIPE_DELAYED, FP8_E4M3, 4, 0);
+    fp8_scaling_update(&s, 2.0f);
+    float scale_before = s.scale;
+    const float bad[] = {INFINITY, -INFINITY, NAN};
+    for (int i = 0; i < 3; i++) {
+        fp8_scaling_update(&s, bad[i]);
+        CHECK(s.scale == scale_before && s.scale_inv == 1.0f / scale_before, "non-finite amax %g changed the scale", bad[i]);
+        CHECK(isfinite(fp8_scaling_history_max(&s)), "non-finite amax %g entered the history", bad[i]);
+    }
+    CHECK(s.nonfinite_count == 3 && s.recorded == 1, "counters: nonfinite %d recorded %d, expected 3 and 1",
+          s.nonfinite_count, s.recorded);
+    CHECK(isnan(s.last_amax), "last_amax does not show the NaN for the log");
+    fp8_scaling_update(&s, 4.0f);
+    CHECK(s.scale == FP8_E4M3_MAX / 4.0f, "the scale did not recover after the non-finite amaxes");
+    // current recipe: same rule
+    Fp8TensorScaling c;
+    fp8_scaling_init(&c, FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
+    fp8_scaling_update(&c, 1.0f);
+    fp8_scaling_update(&c, NAN);
+    CHECK(c.scale == FP8_E5M2_MAX && c.nonfinite_count == 1, "current recipe: NaN amax changed the scale");
+    // a NaN on the very first use: the tensor counts as updated (the host's view), the scale stays 1
+    Fp8TensorScaling first;
+    fp8_scaling_init(&first, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+    fp8_scaling_update(&first, NAN);
+    CHECK(!fp8_scaling_casts_after_update(&first) && first.scale == 1.0f && fp8_scaling_history_max(&first) == 0.0f,
+          "a NaN first use: expected delayed from now on with the initial scale 1");
+    fp8_scaling_update(&first, 2.0f);
+    CHECK(first.scale == FP8_E4M3_MAX / 2.0f, "after a NaN first use the next finite amax does not set the scale");
+    // amax = 0 is finite: recorded, huge but finite scale
+    Fp8TensorScaling z;
+    fp8_scaling_init(&z, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+    fp8_scaling_update(&z, 0.0f);
+    CHECK(z.recorded == 1 && isfinite(z.scale) && z.scale == FP8_E4M3_MAX / 1e-12f && isfinite(z.scale_inv),
+          "amax 0: scale %g (expected 448/1e-12, finite)", z.scale);
+    CHECK(fp8_quantize(0.0f, z.scale, FP8_E4M3) == 0, "zero does not encode to zero under the amax-0 scale");
+}
+
+// the protocol end to end: seeding wastes no step, a jump saturates once and is adapted to
+static void test_protocol_jump(void) {
+    enum { N = 4096 };
+    static float x[N];
+    mt19937_state rng;
+    manual_seed(&rng, 11);
+    Fp8TensorScaling s;
+    fp8_scaling_init(&s, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+    double sat[8];
+    for (int step = 0; step < 8; step++) {
+        float sigma = step == 5 ? 20.0f : 1.0f;  // a 20x jump at step 5
+        normal_(x, N, 0.0f, sigma, &rng);
+        Fp8CastStats stats = produce(&s, x, N, FP8_E4M3);
+        sat[step] = fp8_cast_stats_fraction(stats.saturated, stats.elements);
+        if (step == 0) {
+            CHECK(stats.saturated == 0 && stats.scale == fp8_scale_from_amax(stats.amax, FP8_E4M3_MAX, 0),
+                  "step 0 was not current-scaled (seeding): %llu saturated", (unsigned long long)stats.saturated);
+        }
+    }
+    printf("protocol: fraction saturated per step %.4f %.4f %.4f %.4f %.4f %.4f %.4f %.4f\n", sat[0], sat[1], sat[2],
+           sat[3], sat[4], sat[5], sat[6], sat[7]);
+    CHECK(sat[5] > 0.5, "the 20x jump saturated only %.3f of the tensor", sat[5]);
+    CHECK(sat[6] == 0.0 && sat[7] == 0.0, "the scale did not adapt after the jump (%.3f, %.3f saturated)", sat[6], sat[7]);
+    CHECK(sat[1] < 0.01 && sat[4] < 0.01, "steady state saturates (%.4f, %.4f)", sat[1], sat[4]);
+    // the same data under current scaling never saturates
+    Fp8TensorScaling c;
+    fp8_scaling_init(&c, FP8_RECIPE_CURRENT, FP8_E4M3, 16, 0);
+    normal_(x, N, 0.0f, 20.0f, &rng);
+    CHECK(produce(&c, x, N, FP8_E4M3).saturated == 0, "current scaling saturated");
+    // cast statistics: flushes, and a NaN element shows in the amax
+    Fp8CastStats stats = {0.0f, 1.0f, 0, 0, 0};
+    fp8_cast_stats_add(&stats, 1e-4f, fp8_classify(1e-4f, 1.0f, fp8_quantize(1e-4f, 1.0f, FP8_E4M3), FP8_E4M3));
+    fp8_cast_stats_add(&stats, NAN, fp8_classify(NAN, 1.0f, fp8_quantize(NAN, 1.0f, FP8_E4M3), FP8_E4M3));
+    fp8_cast_stats_add(&stats, 3.0f, FP8_ELEMENT_REPRESENTED);
+    CHECK(stats.flushed == 1 && stats.elements == 3 && isnan(stats.amax), "stats: flushed %llu amax %g",
+          (unsigned long long)stats.flushed, stats.amax);
+}
+
+static void test_config_errors(void) {
+    CHECK(fp8_scaling_config_error(16, 0) == NULL, "the defaults are rejected");
+    CHECK(fp8_scaling_config_error(1024, 16) == NULL && fp8_scaling_config_error(1, 0) == NULL, "the bounds are rejected");
+    CHECK(fp8_scaling_config_error(0, 0) != NULL && fp8_scaling_config_error(1025, 0) != NULL, "bad history length accepted");
+    CHECK(fp8_scaling_config_error(16, -1) != NULL && fp8_scaling_config_error(16, 17) != NULL, "bad margin accepted");
+}
+
+int main(void) {
+    test_scale_formula();
+    test_current_recipe();
+    test_delayed_seeding_and_history();
+    test_margin();
+    test_nonfinite_amax();
+    test_protocol_jump();
+    test_config_errors();
+    return test_summary("test_fp8_scaling");
+}
