@@ -1,0 +1,244 @@
+/*
+adamw8.cuh: the 8-bit AdamW step (quant8.h) on the GPU, one fused pass per element.
+
+Why: the update is memory-bound, so each element is read and written once: its bf16 gradient,
+its m and v codes, its parameter (fp32 master, or the bf16 weight with no master), and the
+block's two absmaxes. One warp owns one 256-element quantization block, 8 elements a lane,
+so every load is one instruction (16 bytes of bf16 or fp32, 8 bytes of codes) and the block's
+new absmax is a warp butterfly max with no shared memory and no atomics: deterministic, and
+max is exact, so the codes equal the host reference's bit for bit. The maps (2 KB) are copied
+into shared memory once per thread block, where the binary search of each encode reads them.
+The per-element arithmetic is quant8.h's __host__ __device__ code; the new bf16 weight is
+rounded stochastically with random_u32(seed, element index), as llmc/adamw.cuh does. A block
+whose update is not finite somewhere is not written at all. The optional amax output (for the
+next step's FP8 weight cast) is max |new bf16 weight| over the tensor: a warp max per block,
+then one atomicMax on the float's bits (non-negative floats order like their bits; max is
+order-independent, so the result is deterministic).
+*/
+#ifndef LLMC_ADAMW8_CUH
+#define LLMC_ADAMW8_CUH
+
+#include <stdint.h>
+#include "cuda_common.h"
+#include "cuda_utils.cuh"
+#include "element_math.h"
+#include "quant8.h"
+#include "adamw.cuh"
+
+#define ADAMW8_WARPS_PER_BLOCK 8
+#define ADAMW8_ELEMENTS_PER_LANE (QUANT8_BLOCK / WARP_SIZE)  // 8
+
+__global__ void __launch_bounds__(ADAMW8_WARPS_PER_BLOCK * WARP_SIZE)
+adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
+                     const Quant8Maps* maps, AdamWElementParams hp, float grad_scale, uint32_t seed,
+                     unsigned int* amax_bits) {
+    __shared__ Quant8Maps shared_maps;
+    for (int i = threadIdx.x; i < QUANT8_CODES; i += blockDim.x) {
+        shared_maps.signed_values[i] = maps->signed_values[i];
+        shared_maps.unsigned_values[i] = maps->unsigned_values[i];
+    }
+    __syncthreads();
+    const int lane = threadIdx.x % WARP_SIZE;
+    const size_t block = (size_t)blockIdx.x * ADAMW8_WARPS_PER_BLOCK + threadIdx.x / WARP_SIZE;
+    if (block * QUANT8_BLOCK >= n) { return; }  // the whole warp: no warp-wide op below misses a lane
+    const size_t start = block * QUANT8_BLOCK + (size_t)lane * ADAMW8_ELEMENTS_PER_LANE;
+    const int count = start >= n ? 0 : (n - start < ADAMW8_ELEMENTS_PER_LANE ? (int)(n - start) : ADAMW8_ELEMENTS_PER_LANE);
+    const int vector = count == ADAMW8_ELEMENTS_PER_LANE;
+
+    // load: 8 elements per lane, one instruction per array when the lane's 8 are all in the tensor
+    float param[ADAMW8_ELEMENTS_PER_LANE], grad[ADAMW8_ELEMENTS_PER_LANE];
+    int8_t m_code[ADAMW8_ELEMENTS_PER_LANE];
+    uint8_t v_code[ADAMW8_ELEMENTS_PER_LANE];
+    if (vector) {
+        x128 g = load128cs(grads + start);
+        uint2 mc = *reinterpret_cast<const uint2*>(st.m_codes + start);
+        uint2 vc = *reinterpret_cast<const uint2*>(st.v_codes + start);
+        memcpy(m_code, &mc, sizeof(mc));
+        memcpy(v_code, &vc, sizeof(vc));
+        if (master != NULL) {
+            f128 lo = load128cs(master + start), hi = load128cs(master + start + 4);
+            for (int k = 0; k < 4; k++) { param[k] = lo[k]; param[4 + k] = hi[k]; }
+        } else {
+            x128 p = load128cs(params + start);
+            #pragma unroll
+            for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) { param[k] = __bfloat162float(p[k]); }
+        }
+        for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) { grad[k] = __bfloat162float(g[k]); }
+    } else {
+        #pragma unroll
+        for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
+            if (k >= count) { break; }
+            grad[k] = __bfloat162float(grads[start + k]);
+            m_code[k] = st.m_codes[start + k];
+            v_code[k] = st.v_codes[start + k];
+            param[k] = master != NULL ? master[start + k] : __bfloat162float(params[start + k]);
+        }
+    }
+
+    // phase 1: dequantize, fp32 AdamW; the block's new absmaxes and whether all is finite
+    const float m_absmax_old = st.m_absmax[block], v_absmax_old = st.v_absmax[block];
+    float m[ADAMW8_ELEMENTS_PER_LANE], v[ADAMW8_ELEMENTS_PER_LANE];
+    float m_max = 0.0f, v_max = 0.0f;
+    int finite = 1;
+    #pragma unroll
+    for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
+        if (k >= count) { break; }
+        param[k] = adamw8_element_update(param[k], grad[k] * grad_scale, m_code[k], v_code[k], m_absmax_old, v_absmax_old,
+                                         &shared_maps, hp, &m[k], &v[k]);
+        finite = finite && adamw8_element_is_finite(param[k], m[k], v[k]);
+        m_max = fmaxf(m_max, fabsf(m[k]));
+        v_max = fmaxf(v_max, fabsf(v[k]));
+    }
+    if (!__all_sync(0xffffffffu, finite)) { return; }  // leave the whole block as it was
+    m_max = warp_reduce_max(m_max);
+    v_max = warp_reduce_max(v_max);
+
+    // phase 2: requantize with the new absmaxes, write the parameter
+    float weight_max = 0.0f;
+    floatX weight[ADAMW8_ELEMENTS_PER_LANE];
+    #pragma unroll
+    for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
+        if (k >= count) { break; }
+        m_code[k] = quant8_encode_signed(m[k], m_max, shared_maps.signed_values);
+        v_code[k] = quant8_encode_unsigned(v[k], v_max, shared_maps.unsigned_values);
+        weight[k] = stochastic_round_bf16(param[k], seed, (uint32_t)(start + k));
+        weight_max = fmaxf(weight_max, fabsf(__bfloat162float(weight[k])));
+    }
+    if (vector) {
+        uint2 mc, vc;
+        memcpy(&mc, m_code, sizeof(mc));
+        memcpy(&vc, v_code, sizeof(vc));
+        *reinterpret_cast<uint2*>(st.m_codes + start) = mc;
+        *reinterpret_cast<uint2*>(st.v_codes + start) = vc;
+        if (master != NULL) {
+            f128 lo, hi;
+            for (int k = 0; k < 4; k++) { lo[k] = param[k]; hi[k] = param[4 + k]; }
+            store128(master + start, lo);
+            store128(master + start + 4, hi);
+        }
+        x128 p;
+        for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) { p[k] = weight[k]; }
+        store128(params + start, p);
+    } else {
+        #pragma unroll
+        for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
+            if (k >= count) { break; }
+            st.m_codes[start + k] = m_code[k];
+            st.v_codes[start + k] = v_code[k];
+            if (master != NULL) { master[start + k] = param[k]; }
+            params[start + k] = weight[k];
+        }
+    }
+    if (lane == 0) {
+        st.m_absmax[block] = m_max;
+        st.v_absmax[block] = v_max;
+    }
+    if (amax_bits != NULL) {
+        weight_max = warp_reduce_max(weight_max);
+        if (lane == 0) { atomicMax(amax_bits, __float_as_uint(weight_max)); }
+    }
+}
+
+static inline void adamw8_check_aligned_(const void* ptr, const char* what) {
+    if (ptr != NULL && ((uintptr_t)ptr % 16) != 0) {
+        llm8_die("adamw8_update: %s at %p is not 16-byte aligned (tensor offsets must be multiples of 8 elements)", what, ptr);
+    }
+}
+
+/*
+One 8-bit AdamW step of an n-element tensor. master may be NULL (the bf16 weights are the
+parameters); amax_bits (nullable) receives max(*amax_bits, |new bf16 weight| bits): zero it
+before the tensor's update. params, grads and master must be 16-byte aligned and the state
+slice must start on a 256-element block (adamw8_tensor_states gives such slices).
+*/
+void adamw8_update(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
+                   const Quant8Maps* maps_device, AdamWElementParams hp, float grad_scale, uint32_t seed,
+                   unsigned int* amax_bits, cudaStream_t stream) {
+    if (n > (size_t)UINT32_MAX) {
+        llm8_die("adamw8_update: %zu elements in one call; the rounding index is 32-bit, split the call", n);
+    }
+    if (n == 0) { return; }
+    adamw8_check_aligned_(params, "the bf16 weights");
+    adamw8_check_aligned_(grads, "the gradients");
+    adamw8_check_aligned_(master, "the fp32 master weights");
+    adamw8_check_aligned_(st.m_codes, "the m codes");
+    adamw8_check_aligned_(st.v_codes, "the v codes");
+    size_t blocks = ceil_div_size(n, QUANT8_BLOCK);
+    unsigned int grid = (unsigned int)ceil_div_size(blocks, ADAMW8_WARPS_PER_BLOCK);
+    adamw8_update_kernel<<<grid, ADAMW8_WARPS_PER_BLOCK * WARP_SIZE, 0, stream>>>(
+        params, master, grads, st, n, maps_device, hp, grad_scale, seed, amax_bits);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// the whole model's states on the device
+
+// the generated maps, on the device
+static Quant8Maps* adamw8_maps_upload(void) {
+    Quant8Maps host;
+    quant8_maps_init(&host);
+    Quant8Maps* device = (Quant8Maps*)cuda_malloc_checked(sizeof(Quant8Maps), "adamw8 quantization maps");
+    cudaCheck(cudaMemcpy(device, &host, sizeof(Quant8Maps), cudaMemcpyHostToDevice));
+    return device;
+}
+
+// a zeroed device buffer (none for 0 bytes: e.g. no 32-bit tensors with -qs all)
+static void* adamw8_device_zeros_(size_t bytes, const char* what) {
+    if (bytes == 0) { return NULL; }
+    void* ptr = cuda_malloc_checked(bytes, what);
+    cudaCheck(cudaMemset(ptr, 0, bytes));
+    return ptr;
+}
+
+static void adamw8_copy_(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    if (bytes > 0) { cudaCheck(cudaMemcpy(dst, src, bytes, kind)); }
+}
+
+// zeroed device states (every moment 0)
+static void adamw8_states_alloc_device(Adamw8States* states, const Adamw8Layout* layout) {
+    states->m_codes = (int8_t*)adamw8_device_zeros_(layout->num_codes, "adamw8 m (8-bit)");
+    states->v_codes = (uint8_t*)adamw8_device_zeros_(layout->num_codes, "adamw8 v (8-bit)");
+    states->m_absmax = (float*)adamw8_device_zeros_(layout->num_blocks * sizeof(float), "adamw8 m absmax");
+    states->v_absmax = (float*)adamw8_device_zeros_(layout->num_blocks * sizeof(float), "adamw8 v absmax");
+    states->m32 = (float*)adamw8_device_zeros_(layout->num_fp32 * sizeof(float), "adamw8 m (32-bit tensors)");
+    states->v32 = (float*)adamw8_device_zeros_(layout->num_fp32 * sizeof(float), "adamw8 v (32-bit tensors)");
+}
+
+static void adamw8_states_free_device(Adamw8States* states) {
+    void* buffers[] = {states->m_codes, states->v_codes, states->m_absmax, states->v_absmax, states->m32, states->v32};
+    for (size_t i = 0; i < sizeof(buffers) / sizeof(buffers[0]); i++) {
+        if (buffers[i] != NULL) { cudaCheck(cudaFree(buffers[i])); }
+    }
+    memset(states, 0, sizeof(*states));
+}
+
+// copies every state array between host and device (kind: cudaMemcpyHostToDevice or DeviceToHost)
+static void adamw8_states_copy(Adamw8States* dst, const Adamw8States* src, const Adamw8Layout* layout, cudaMemcpyKind kind) {
+    adamw8_copy_(dst->m_codes, src->m_codes, layout->num_codes, kind);
+    adamw8_copy_(dst->v_codes, src->v_codes, layout->num_codes, kind);
+    adamw8_copy_(dst->m_absmax, src->m_absmax, layout->num_blocks * sizeof(float), kind);
+    adamw8_copy_(dst->v_absmax, src->v_absmax, layout->num_blocks * sizeof(float), kind);
+    adamw8_copy_(dst->m32, src->m32, layout->num_fp32 * sizeof(float), kind);
+    adamw8_copy_(dst->v32, src->v32, layout->num_fp32 * sizeof(float), kind);
+}
+
+/*
+The step of parameter tensor i of the model: 8-bit tensors through adamw8_update, 32-bit ones
+through adamw_update on the layout's m32/v32. params, master (nullable) and grads point at the
+tensor's first element. amax_bits (nullable) is written for 8-bit tensors only: adamw_update
+computes no amax (the FP8 issue adds it there for 32-bit matmul weights, e.g. with -qs none).
+*/
+static void adamw8_update_tensor(const Adamw8Layout* layout, const Adamw8States* states, const Quant8Maps* maps_device,
+                                 int tensor, floatX* params, float* master, const floatX* grads, AdamWElementParams hp,
+                                 float grad_scale, uint32_t seed, unsigned int* amax_bits, cudaStream_t stream) {
+    size_t n = layout->sizes[tensor];
+    if (layout->bits[tensor] == 8) {
+        adamw8_update(params, master, grads, adamw8_tensor_states(layout, states, tensor), n, maps_device, hp, grad_scale,
+                      seed, amax_bits, stream);
+    } else {
+        size_t off = layout->fp32_offsets[tensor];
+        adamw_update(params, master, grads, states->m32 + off, states->v32 + off, n, hp, grad_scale, seed, stream);
+    }
+}
+
+#endif // LLMC_ADAMW8_CUH

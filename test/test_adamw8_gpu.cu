@@ -1,0 +1,209 @@
+/*
+test_adamw8_gpu.cu: the 8-bit AdamW kernel (llmc/adamw8.cuh) against its host reference
+(adamw8_update_bf16_ref in llmc/quant8.h), bit for bit: bf16 weights, fp32 master, m and v
+codes, both absmaxes and the weight amax, over three steps from random states. Sizes: one
+d12 layer's fc weight (768 x 3072) and an odd size (9999: a short last block and a lane with
+fewer than 8 elements). With and without the fp32 master; with a NaN gradient in one block
+(that block must stay untouched); and adamw8_update_tensor over all 16 tensors of a small
+model, which sends the 32-bit tensors through adamw_update. Needs a GPU (make gpucheck).
+*/
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include "llmc/cuda_common.h"
+#include "llmc/adamw8.cuh"
+#include "test/test_harness.h"
+
+static float uniform01(uint32_t seed, uint32_t index) {
+    return ((float)(random_u32(seed, index) >> 8) + 0.5f) / 16777216.0f;
+}
+
+static float gaussian(uint32_t seed, uint32_t index) {
+    float u1 = uniform01(seed, 2 * index), u2 = uniform01(seed, 2 * index + 1);
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+
+static void* device_copy(const void* host, size_t bytes) {
+    void* d = cuda_malloc_checked(bytes, "a test tensor");
+    cudaCheck(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static int device_equals(const void* device, const void* host, size_t bytes) {
+    void* back = mallocCheck(bytes);
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemcpy(back, device, bytes, cudaMemcpyDeviceToHost));
+    int same = memcmp(back, host, bytes) == 0;
+    free(back);
+    return same;
+}
+
+// one tensor: host reference state and device copies
+typedef struct {
+    size_t n, blocks;
+    uint16_t *params, *grads;
+    float *master, *m_absmax, *v_absmax;
+    int8_t* m_codes;
+    uint8_t* v_codes;
+    floatX *d_params, *d_grads;
+    float *d_master, *d_m_absmax, *d_v_absmax;
+    int8_t* d_m_codes;
+    uint8_t* d_v_codes;
+} Case;
+
+static void case_init(Case* c, size_t n, const Quant8Maps* maps) {
+    c->n = n;
+    c->blocks = ceil_div_size(n, QUANT8_BLOCK);
+    c->params = (uint16_t*)mallocCheck(n * 2);
+    c->grads = (uint16_t*)mallocCheck(n * 2);
+    c->master = (float*)mallocCheck(n * 4);
+    c->m_codes = (int8_t*)mallocCheck(n);
+    c->v_codes = (uint8_t*)mallocCheck(n);
+    c->m_absmax = (float*)mallocCheck(c->blocks * 4);
+    c->v_absmax = (float*)mallocCheck(c->blocks * 4);
+    float m[QUANT8_BLOCK], v[QUANT8_BLOCK];
+    for (size_t b = 0; b < c->blocks; b++) {
+        int count = quant8_block_count(n, b);
+        for (int k = 0; k < count; k++) {
+            uint32_t i = (uint32_t)(b * QUANT8_BLOCK + k);
+            float scale = 1e-3f * powf(10.0f, -2.0f * uniform01(3, i));
+            m[k] = 0.3f * scale * gaussian(4, i);
+            v[k] = scale * scale * (0.5f + uniform01(5, i));
+            c->master[i] = 0.02f * gaussian(1, i);
+            c->params[i] = float_to_bf16_bits(c->master[i]);
+        }
+        quant8_quantize_block_signed(m, count, maps->signed_values, c->m_codes + b * QUANT8_BLOCK, c->m_absmax + b);
+        quant8_quantize_block_unsigned(v, count, maps->unsigned_values, c->v_codes + b * QUANT8_BLOCK, c->v_absmax + b);
+    }
+    c->d_params = (floatX*)device_copy(c->params, n * 2);
+    c->d_grads = (floatX*)cuda_malloc_checked(n * 2, "grads");
+    c->d_master = (float*)device_copy(c->master, n * 4);
+    c->d_m_codes = (int8_t*)device_copy(c->m_codes, n);
+    c->d_v_codes = (uint8_t*)device_copy(c->v_codes, n);
+    c->d_m_absmax = (float*)device_copy(c->m_absmax, c->blocks * 4);
+    c->d_v_absmax = (float*)device_copy(c->v_absmax, c->blocks * 4);
+}
+
+static void case_free(Case* c) {
+    free(c->params); free(c->grads); free(c->master); free(c->m_codes); free(c->v_codes); free(c->m_absmax); free(c->v_absmax);
+    void* d[] = {c->d_params, c->d_grads, c->d_master, c->d_m_codes, c->d_v_codes, c->d_m_absmax, c->d_v_absmax};
+    for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++) { cudaCheck(cudaFree(d[i])); }
+}
+
+static void test_kernel(size_t n, int with_master, int nan_block, const Quant8Maps* maps, const Quant8Maps* d_maps) {
+    Case c;
+    case_init(&c, n, maps);
+    unsigned int* d_amax = (unsigned int*)cuda_malloc_checked(sizeof(unsigned int), "amax");
+    const char* mode = with_master ? "master" : "bf16 only";
+    for (int step = 1; step <= 3; step++) {
+        for (size_t i = 0; i < n; i++) {
+            float g = 1e-3f * gaussian(100 + step, (uint32_t)i);
+            if (nan_block >= 0 && i == (size_t)nan_block * QUANT8_BLOCK + 5 && step == 2) { g = NAN; }
+            c.grads[i] = float_to_bf16_bits(g);
+        }
+        cudaCheck(cudaMemcpy(c.d_grads, c.grads, n * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemset(d_amax, 0, sizeof(unsigned int)));
+        AdamWElementParams hp = adamw_element_params(6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+        uint32_t seed = random_u32(0x5eed, (uint32_t)step);
+        float grad_scale = 0.8f;
+        Quant8TensorStates d_st = {c.d_m_codes, c.d_v_codes, c.d_m_absmax, c.d_v_absmax};
+        adamw8_update(c.d_params, with_master ? c.d_master : NULL, c.d_grads, d_st, n, d_maps, hp, grad_scale, seed, d_amax, 0);
+
+        uint16_t* before = (uint16_t*)mallocCheck(n * 2);
+        memcpy(before, c.params, n * 2);
+        float amax = 0.0f;
+        Quant8TensorStates st = {c.m_codes, c.v_codes, c.m_absmax, c.v_absmax};
+        adamw8_update_bf16_ref(c.params, with_master ? c.master : NULL, c.grads, n, st, maps, hp, grad_scale, seed, &amax);
+        unsigned int amax_bits = float_as_bits(amax);
+        CHECK(device_equals(c.d_params, c.params, n * 2), "n=%zu %s step %d: bf16 weights differ", n, mode, step);
+        if (with_master) { CHECK(device_equals(c.d_master, c.master, n * 4), "n=%zu %s step %d: master differs", n, mode, step); }
+        CHECK(device_equals(c.d_m_codes, c.m_codes, n) && device_equals(c.d_v_codes, c.v_codes, n),
+              "n=%zu %s step %d: m or v codes differ", n, mode, step);
+        CHECK(device_equals(c.d_m_absmax, c.m_absmax, c.blocks * 4) && device_equals(c.d_v_absmax, c.v_absmax, c.blocks * 4),
+              "n=%zu %s step %d: absmaxes differ", n, mode, step);
+        CHECK(device_equals(d_amax, &amax_bits, 4), "n=%zu %s step %d: amax differs (host %.9g)", n, mode, step, amax);
+        if (nan_block >= 0 && step == 2) {
+            size_t start = (size_t)nan_block * QUANT8_BLOCK;
+            CHECK(memcmp(before + start, c.params + start, QUANT8_BLOCK * 2) == 0, "n=%zu: the NaN block changed", n);
+        }
+        free(before);
+    }
+    cudaCheck(cudaFree(d_amax));
+    case_free(&c);
+}
+
+// all 16 tensors of a small model through adamw8_update_tensor, 8-bit and 32-bit ones
+static void test_update_tensor(Adamw8Selection selection, const Quant8Maps* maps, const Quant8Maps* d_maps) {
+    GPT2Config cfg = gpt2_config_make(2, 2, 128, 64, 200);  // ln/bias tensors < 4096 per layer: 32-bit by default
+    Adamw8Layout layout;
+    adamw8_layout_init(&layout, &cfg, selection);
+    size_t n = layout.num_parameters;
+    uint16_t* params = (uint16_t*)mallocCheck(n * 2);
+    uint16_t* grads = (uint16_t*)mallocCheck(n * 2);
+    float* master = (float*)mallocCheck(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        master[i] = 0.02f * gaussian(40, (uint32_t)i);
+        params[i] = float_to_bf16_bits(master[i]);
+        grads[i] = float_to_bf16_bits(1e-2f * gaussian(41, (uint32_t)i));
+    }
+    Adamw8States host, device;
+    adamw8_states_alloc_host(&host, &layout);
+    adamw8_states_alloc_device(&device, &layout);
+    floatX* d_params = (floatX*)device_copy(params, n * 2);
+    floatX* d_grads = (floatX*)device_copy(grads, n * 2);
+    float* d_master = (float*)device_copy(master, n * 4);
+    for (int step = 1; step <= 2; step++) {
+        for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+            AdamWElementParams hp = adamw_element_params(1e-3f, 0.9f, 0.95f, 1e-8f, gpt2_param_is_decayed(t) ? 0.1f : 0.0f, step);
+            uint32_t seed = random_u32(7, (uint32_t)(step * 16 + t));
+            size_t off = layout.param_offsets[t], count = layout.sizes[t];
+            adamw8_update_tensor(&layout, &device, d_maps, t, d_params + off, d_master + off, d_grads + off, hp, 1.0f, seed,
+                                 NULL, 0);
+            if (layout.bits[t] == 8) {
+                adamw8_update_bf16_ref(params + off, master + off, grads + off, count, adamw8_tensor_states(&layout, &host, t),
+                                       maps, hp, 1.0f, seed, NULL);
+            } else {
+                float* m = host.m32 + layout.fp32_offsets[t];
+                float* v = host.v32 + layout.fp32_offsets[t];
+                for (size_t k = 0; k < count; k++) {
+                    master[off + k] = adamw_element_update(master[off + k], bf16_bits_to_float(grads[off + k]), &m[k], &v[k], hp);
+                    params[off + k] = float_to_bf16_bits_stochastic(master[off + k], random_u32(seed, (uint32_t)k));
+                }
+            }
+        }
+    }
+    Adamw8States back;
+    adamw8_states_alloc_host(&back, &layout);
+    adamw8_states_copy(&back, &device, &layout, cudaMemcpyDeviceToHost);
+    int same_states = memcmp(back.m_codes, host.m_codes, layout.num_codes) == 0 &&
+                      memcmp(back.v_codes, host.v_codes, layout.num_codes) == 0 &&
+                      memcmp(back.m_absmax, host.m_absmax, layout.num_blocks * 4) == 0 &&
+                      memcmp(back.v_absmax, host.v_absmax, layout.num_blocks * 4) == 0 &&
+                      memcmp(back.m32, host.m32, layout.num_fp32 * 4) == 0 && memcmp(back.v32, host.v32, layout.num_fp32 * 4) == 0;
+    CHECK(same_states, "adamw8_update_tensor (selection %d): device states differ from the host's", (int)selection);
+    CHECK(device_equals(d_params, params, n * 2) && device_equals(d_master, master, n * 4),
+          "adamw8_update_tensor (selection %d): weights differ from the host's", (int)selection);
+    adamw8_states_free_host(&back);
+    adamw8_states_free_host(&host);
+    adamw8_states_free_device(&device);
+    cudaCheck(cudaFree(d_params));
+    cudaCheck(cudaFree(d_grads));
+    cudaCheck(cudaFree(d_master));
+    free(params); free(grads); free(master);
+}
+
+int main(void) {
+    Quant8Maps maps;
+    quant8_maps_init(&maps);
+    Quant8Maps* d_maps = adamw8_maps_upload();
+    const size_t d12_fc = (size_t)768 * 3072;
+    test_kernel(d12_fc, 1, -1, &maps, d_maps);
+    test_kernel(d12_fc, 0, -1, &maps, d_maps);
+    test_kernel(9999, 1, 17, &maps, d_maps);
+    test_kernel(9999, 0, 39, &maps, d_maps);  // the last, short block
+    test_update_tensor(ADAMW8_SELECT_DEFAULT, &maps, d_maps);
+    test_update_tensor(ADAMW8_SELECT_ALL, &maps, d_maps);  // no 32-bit tensors: empty m32/v32
+    cudaCheck(cudaFree(d_maps));
+    return test_summary("test_adamw8_gpu");
+}
