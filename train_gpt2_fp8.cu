@@ -4,9 +4,11 @@ activations), forward, backward, update, main loop and CLI in one translation un
 
 Why one file: as in llm.c, the whole training step reads top to bottom in one place; the
 kernels live in llmc/, one module per concern. Precision is a run-time choice (-p), so one
-binary runs both sides of every bf16-vs-FP8 comparison on the same code path. This issue's
-baseline is bf16; FP8 adds quantized copies beside the bf16 tensors, it does not fork
-this file.
+binary runs both sides of every bf16-vs-FP8 comparison on the same code path. FP8 adds
+quantized copies beside the bf16 tensors (llmc/fp8_model.cuh), it does not fork this file:
+each linear goes through gpt2_linear_forward / gpt2_linear_backward, which run its GEMMs in
+FP8 or bf16, and the producers of a linear's input (layernorm, attention, GELU) also write
+its FP8 codes when it takes them.
 
 Everything that can be checked without the GPU (flags, model file headers, data shards,
 output dir) is checked before the first CUDA call, so bad input fails fast with one line.
@@ -39,6 +41,8 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 #include "llmc/adamw.cuh"          // AdamW with fp32 master weights, stochastic rounding
 #include "llmc/global_norm.cuh"    // deterministic global gradient norm
 #include "llmc/profiler.h"         // per-kernel time breakdown (-kt 1)
+#include "llmc/fp8_recipe.h"       // what -p fp8 quantizes: recipe, linears, passes
+#include "llmc/fp8_model.cuh"      // FP8 codes, scaling states, weight casts, numerics log
 
 // ----------------------------------------------------------------------------
 // activations
@@ -86,6 +90,7 @@ typedef struct {
     int recompute;
     int gelu_fusion;
     EncoderBackwardScratch* encoder_scratch;
+    Fp8Model fp8;           // the FP8 linears' codes and scaling (nothing in a bf16 run)
     int* inputs;            // [B][T] device
     int* targets;           // [B][T] device
     int* inputs_cpu;        // copy of the last forward's inputs, for the encoder backward
@@ -165,7 +170,9 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     a->scratch_btc = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "scratch (B*T*C)");
     a->scratch_bt4c = (floatX*)cuda_malloc_checked(BT * 4 * C * sizeof(floatX), "scratch (B*T*4C)");
     a->dresidual = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "residual gradient");
-    size_t scratch_floats = matmul_dbias_scratch_floats((int)BT, 4 * (int)C);  // the widest bias: fc (lm_head has none)
+    // the widest bias: fc; lm_head has none, but its FP8 dy pass sums columns all the same
+    int widest_dout = fp8_model_linear(&model->fp8, -1, LINEAR_LM_HEAD) >= 0 && Vp > 4 * C ? (int)Vp : 4 * (int)C;
+    size_t scratch_floats = matmul_dbias_scratch_floats((int)BT, widest_dout);
     size_t ln_scratch = layernorm_backward_scratch_bytes((int)BT, (int)C) / sizeof(float) + 1;
     if (ln_scratch > scratch_floats) { scratch_floats = ln_scratch; }
     if (global_norm_scratch_floats() > scratch_floats) { scratch_floats = global_norm_scratch_floats(); }
@@ -182,14 +189,103 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     model->logits_row_cpu = (floatX*)mallocCheck(Vp * sizeof(floatX));
 }
 
-// the model on the GPU, from fp32 parameters in llm.c order, sized for micro-batches of B x T
+// the model on the GPU, from fp32 parameters in llm.c order, sized for micro-batches of B x T;
+// fp8: what runs in FP8 (NULL or not enabled: everything in bf16)
 static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_cpu, int use_master_weights,
-                       int B, int T, int recompute, int gelu_fusion) {
+                       int B, int T, int recompute, int gelu_fusion, const Fp8Settings* fp8, cudaStream_t stream) {
     gpt2_init_layout(model, cfg);
     model->recompute = recompute;
     model->gelu_fusion = gelu_fusion;
+    Fp8Settings bf16_only = {};
+    fp8_model_create(&model->fp8, fp8 != NULL ? fp8 : &bf16_only, cfg, B * T, model->param_offsets, model->param_sizes, stream);
     gpt2_upload_params(model, params_cpu, use_master_weights);
     gpt2_allocate_state(model, B, T);
+    fp8_model_cast_weights(&model->fp8, model->master, model->params, stream);
+}
+
+// ----------------------------------------------------------------------------
+// linears: FP8 or bf16 per linear and pass (llmc/fp8_model.cuh decides)
+
+static void gpt2_linear_shape(const GPT2* model, int kind, int* K, int* OC) {
+    fp8_linear_shape((LinearKind)kind, model->config.channels, model->config.padded_vocab_size, K, OC);
+}
+
+// out[BT][OC] = inp[BT][K] weight^T + bias (pre_gelu: cuBLASLt's GELU epilogue, bf16 only).
+// In FP8 the producer of inp has already written its codes.
+static void gpt2_linear_forward(GPT2* model, int layer, int kind, floatX* out, const floatX* inp, const floatX* weight,
+                                const floatX* bias, floatX* pre_gelu, cudaStream_t stream) {
+    const Fp8Model* fp8 = &model->fp8;
+    int i = fp8_model_linear(fp8, layer, kind);
+    int K, OC;
+    gpt2_linear_shape(model, kind, &K, &OC);
+    if (fp8_model_runs(fp8, i, FP8_FWD)) {
+        if (pre_gelu != NULL) { llm8_die("gpt2_linear_forward: the FP8 path fuses GELU into the next cast, not the epilogue"); }
+        Fp8CastOutput x = fp8_model_x(fp8, i), w = fp8_model_w(fp8, i);
+        matmul_forward_fp8(out, fp8_operand(&x, false), fp8_operand(&w, false), bias, model->B * model->T, K, OC, NULL, stream);
+    } else {
+        matmul_forward(out, inp, weight, bias, model->B * model->T, K, OC, pre_gelu, stream);
+    }
+}
+
+/*
+The backward of one linear: dinp = dout weight (overwritten), dweight += dout^T inp,
+dbias += column sums of dout. pre_gelu != NULL: dout is the gradient of GELU's output and is
+first multiplied in place by gelu'(pre_gelu) (fc, whose output went through GELU). In FP8
+that happens in the pass that casts dout (matmul_backward_fp8_dout), and the GEMMs read the
+codes the forward and the weight cast wrote; inp and weight are then not read.
+*/
+static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp, floatX* dweight, floatX* dbias,
+                                 floatX* dout, const floatX* inp, const floatX* weight, const floatX* pre_gelu,
+                                 cudaStream_t stream) {
+    const Fp8Model* fp8 = &model->fp8;
+    int i = fp8_model_linear(fp8, layer, kind);
+    int BT = model->B * model->T, K, OC;
+    gpt2_linear_shape(model, kind, &K, &OC);
+    if (fp8_model_runs(fp8, i, FP8_DGRAD)) {  // dgrad and wgrad are FP8 together (fp8_recipe.h)
+        Fp8CastOutput dy = fp8_model_dy(fp8, i), x = fp8_model_x(fp8, i), w = fp8_model_w(fp8, i);
+        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, stream);
+        matmul_backward_fp8(dinp, dweight, CUDA_R_16BF, fp8_operand(&dy, false), fp8_operand(&dy, true),
+                            fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC, stream);
+    } else {
+        if (pre_gelu != NULL) { gelu_backward_inplace(dout, pre_gelu, BT * OC, stream); profiler_mark("gelu bwd"); }
+        matmul_backward(dinp, dweight, dbias, dout, inp, weight, model->acts.scratch_f, BT, K, OC, NULL, stream);
+    }
+}
+
+// whether linear (layer, kind) reads the bf16 copy of its input in `pass` (FP8_FWD: the
+// forward GEMM, FP8_WGRAD: the backward's)
+static int gpt2_reads_bf16_input(const GPT2* model, int layer, int kind, Fp8Pass pass) {
+    return !fp8_model_runs(&model->fp8, fp8_model_linear(&model->fp8, layer, kind), pass);
+}
+
+// whether the forward must store that bf16 copy at all (an all-FP8 linear reads only codes)
+static int gpt2_stores_bf16_input(const GPT2* model, int layer, int kind) {
+    return gpt2_reads_bf16_input(model, layer, kind, FP8_FWD) || gpt2_reads_bf16_input(model, layer, kind, FP8_WGRAD);
+}
+
+/*
+The layernorm in front of linear (layer, kind) (layer -1: lnf before lm_head): normalizes
+inp1, or with inp2 the residual sum residual_out = inp1 + inp2, into normed_out, and casts
+the result to FP8 when the linear takes FP8 input: in the layernorm kernel itself where the
+recipe casts in one pass (then normed_out is written only if some bf16 GEMM reads it), else
+with a cast after it.
+*/
+static void gpt2_layernorm_forward(GPT2* model, int layer, int kind, floatX* residual_out, floatX* normed_out, float* mean,
+                                   float* rstd, const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias,
+                                   cudaStream_t stream) {
+    const Fp8Model* fp8 = &model->fp8;
+    int BT = model->B * model->T, C = model->config.channels;
+    int i = fp8_model_linear(fp8, layer, kind);
+    if (i >= 0 && fp8_model_fused_cast(fp8)) {
+        Fp8CastOutput x = fp8_model_x(fp8, i);
+        floatX* normed = gpt2_stores_bf16_input(model, layer, kind) ? normed_out : NULL;
+        if (inp2 == NULL) { layernorm_forward_fp8(normed, mean, rstd, &x, inp1, weight, bias, BT, C, stream); }
+        else { fused_residual_layernorm_forward_fp8(residual_out, normed, mean, rstd, &x, inp1, inp2, weight, bias, BT, C, stream); }
+        return;
+    }
+    if (inp2 == NULL) { layernorm_forward(normed_out, mean, rstd, inp1, weight, bias, BT, C, stream); }
+    else { fused_residual_layernorm_forward(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, BT, C, stream); }
+    if (i >= 0) { fp8_model_cast_activation(fp8, i, normed_out, stream); }
 }
 
 // ----------------------------------------------------------------------------
@@ -197,6 +293,8 @@ static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_c
 
 // Runs the network on inputs (and, with targets, the loss). With targets, losses[bt]
 // accumulates -log p and, if write_dlogits, the logits buffer holds dloss * dlogits.
+// In FP8 every forward is a use of the activations' scaling; evaluations put it back
+// (fp8_model_begin_eval / fp8_model_end_eval).
 static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_cpu, float dloss,
                          int write_dlogits, cudaStream_t stream) {
     const GPT2Config* cfg = &model->config;
@@ -205,6 +303,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
     int BT = B * T;
     Activations* a = &model->acts;
     floatX* p = model->params;
+    Fp8Model* fp8 = &model->fp8;
 
     memcpy(model->inputs_cpu, inputs_cpu, (size_t)BT * sizeof(int));
     cudaCheck(cudaMemcpyAsync(model->inputs, inputs_cpu, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, stream));
@@ -216,8 +315,8 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
     profiler_mark("encoder fwd");
     size_t ln_stride = model->recompute >= 2 ? 0 : (size_t)BT * C;
     size_t gelu_stride = model->recompute >= 1 ? 0 : (size_t)BT * 4 * C;
-    layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded,
-                      layer_tensor(model, p, PARAM_LN1W, 0), layer_tensor(model, p, PARAM_LN1B, 0), BT, C, stream);
+    gpt2_layernorm_forward(model, 0, LINEAR_QKV, NULL, a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, NULL,
+                           layer_tensor(model, p, PARAM_LN1W, 0), layer_tensor(model, p, PARAM_LN1B, 0), stream);
     profiler_mark("layernorm fwd");
     for (int l = 0; l < L; l++) {
         floatX* residual = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BT * C;
@@ -231,37 +330,47 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
         floatX* l_fch_gelu = a->fch_gelu + l * gelu_stride;
         floatX* l_residual3 = a->residual3 + (size_t)l * BT * C;
 
-        matmul_forward(l_qkv, l_ln1, layer_tensor(model, p, PARAM_QKVW, l), layer_tensor(model, p, PARAM_QKVB, l), BT, C, 3 * C, NULL, stream);
+        gpt2_linear_forward(model, l, LINEAR_QKV, l_qkv, l_ln1, layer_tensor(model, p, PARAM_QKVW, l), layer_tensor(model, p, PARAM_QKVB, l), NULL, stream);
         profiler_mark("matmul qkv fwd");
         attention_forward(l_atty, l_stats, l_qkv, B, T, NH, C, stream);
         profiler_mark("attention fwd");
-        matmul_forward(a->scratch_btc, l_atty, layer_tensor(model, p, PARAM_ATTPROJW, l), layer_tensor(model, p, PARAM_ATTPROJB, l), BT, C, C, NULL, stream);
+        int attproj = fp8_model_linear(fp8, l, LINEAR_ATTPROJ);
+        if (attproj >= 0) { fp8_model_cast_activation(fp8, attproj, l_atty, stream); profiler_mark("fp8 cast attention out"); }
+        gpt2_linear_forward(model, l, LINEAR_ATTPROJ, a->scratch_btc, l_atty, layer_tensor(model, p, PARAM_ATTPROJW, l), layer_tensor(model, p, PARAM_ATTPROJB, l), NULL, stream);
         profiler_mark("matmul attproj fwd");
-        fused_residual_layernorm_forward(l_residual2, l_ln2, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT,
-                                         residual, a->scratch_btc, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), BT, C, stream);
+        gpt2_layernorm_forward(model, l, LINEAR_FC, l_residual2, l_ln2, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT,
+                               residual, a->scratch_btc, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), stream);
         profiler_mark("residual+layernorm fwd");
-        if (model->gelu_fusion) {
-            matmul_forward(l_fch_gelu, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), BT, C, 4 * C, l_fch, stream);
+        int fcproj = fp8_model_linear(fp8, l, LINEAR_FCPROJ);
+        if (fcproj >= 0) {  // GELU is the element transform of fcproj's input cast
+            gpt2_linear_forward(model, l, LINEAR_FC, l_fch, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
+            profiler_mark("matmul fc fwd");
+            fp8_model_gelu_forward(fp8, fcproj, gpt2_stores_bf16_input(model, l, LINEAR_FCPROJ) ? l_fch_gelu : NULL, l_fch, stream);
+            profiler_mark("gelu+fp8 cast fwd");
+        } else if (model->gelu_fusion && gpt2_reads_bf16_input(model, l, LINEAR_FC, FP8_FWD)) {
+            gpt2_linear_forward(model, l, LINEAR_FC, l_fch_gelu, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), l_fch, stream);
             profiler_mark("matmul fc+gelu fwd");
         } else {
-            matmul_forward(l_fch, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), BT, C, 4 * C, NULL, stream);
+            gpt2_linear_forward(model, l, LINEAR_FC, l_fch, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
             profiler_mark("matmul fc fwd");
             gelu_forward(l_fch_gelu, l_fch, BT * 4 * C, stream);
             profiler_mark("gelu fwd");
         }
-        matmul_forward(a->scratch_btc, l_fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), layer_tensor(model, p, PARAM_FCPROJB, l), BT, 4 * C, C, NULL, stream);
+        gpt2_linear_forward(model, l, LINEAR_FCPROJ, a->scratch_btc, l_fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), layer_tensor(model, p, PARAM_FCPROJB, l), NULL, stream);
         profiler_mark("matmul fcproj fwd");
         if (l + 1 < L) {
-            fused_residual_layernorm_forward(l_residual3, a->ln1 + (l + 1) * ln_stride, a->ln1_mean + (size_t)(l + 1) * BT, a->ln1_rstd + (size_t)(l + 1) * BT,
-                                             l_residual2, a->scratch_btc, layer_tensor(model, p, PARAM_LN1W, l + 1), layer_tensor(model, p, PARAM_LN1B, l + 1), BT, C, stream);
+            gpt2_layernorm_forward(model, l + 1, LINEAR_QKV, l_residual3, a->ln1 + (l + 1) * ln_stride, a->ln1_mean + (size_t)(l + 1) * BT,
+                                   a->ln1_rstd + (size_t)(l + 1) * BT, l_residual2, a->scratch_btc,
+                                   layer_tensor(model, p, PARAM_LN1W, l + 1), layer_tensor(model, p, PARAM_LN1B, l + 1), stream);
         } else {
-            fused_residual_layernorm_forward(l_residual3, a->lnf, a->lnf_mean, a->lnf_rstd,
-                                             l_residual2, a->scratch_btc, param_tensor(model, p, PARAM_LNFW), param_tensor(model, p, PARAM_LNFB), BT, C, stream);
+            gpt2_layernorm_forward(model, -1, LINEAR_LM_HEAD, l_residual3, a->lnf, a->lnf_mean, a->lnf_rstd, l_residual2, a->scratch_btc,
+                                   param_tensor(model, p, PARAM_LNFW), param_tensor(model, p, PARAM_LNFB), stream);
         }
         profiler_mark("residual+layernorm fwd");
     }
-    matmul_forward(a->output, a->lnf, param_tensor(model, p, PARAM_WTE), NULL, BT, C, Vp, NULL, stream);
+    gpt2_linear_forward(model, -1, LINEAR_LM_HEAD, a->output, a->lnf, param_tensor(model, p, PARAM_WTE), NULL, NULL, stream);
     profiler_mark("matmul lm_head fwd");
+    fp8_model_end_forward(fp8, stream);
     if (targets_cpu != NULL) {
         fused_classifier(a->output, a->losses, dloss, model->targets, B, T, V, Vp, write_dlogits, stream);
         profiler_mark("classifier");
@@ -273,7 +382,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
 static void gpt2_backward(GPT2* model, cudaStream_t stream) {
     const GPT2Config* cfg = &model->config;
     int B = model->B, T = model->T;
-    int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
+    int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
     int BT = B * T;
     Activations* a = &model->acts;
     floatX* p = model->params;
@@ -282,8 +391,8 @@ static void gpt2_backward(GPT2* model, cudaStream_t stream) {
     size_t gelu_stride = model->recompute >= 1 ? 0 : (size_t)BT * 4 * C;
 
     // lm_head (tied to wte) and the final layernorm
-    matmul_backward(a->scratch_btc, param_tensor(model, g, PARAM_WTE), NULL, a->output, a->lnf, param_tensor(model, p, PARAM_WTE),
-                    a->scratch_f, BT, C, Vp, NULL, stream);
+    gpt2_linear_backward(model, -1, LINEAR_LM_HEAD, a->scratch_btc, param_tensor(model, g, PARAM_WTE), NULL, a->output, a->lnf,
+                         param_tensor(model, p, PARAM_WTE), NULL, stream);
     profiler_mark("matmul lm_head bwd");
     cudaCheck(cudaMemsetAsync(a->dresidual, 0, (size_t)BT * C * sizeof(floatX), stream));
     layernorm_backward(a->dresidual, param_tensor(model, g, PARAM_LNFW), param_tensor(model, g, PARAM_LNFB), a->scratch_f, a->scratch_btc,
@@ -302,36 +411,37 @@ static void gpt2_backward(GPT2* model, cudaStream_t stream) {
         floatX* l_fch_gelu = a->fch_gelu + l * gelu_stride;
         floatX* dqkv = a->scratch_bt4c;  // 3C of the 4C scratch, free once the MLP backward is done
 
-        // MLP: dresidual holds d(residual3) = d(fcproj output)
-        if (model->recompute >= 1) { gelu_forward(l_fch_gelu, l_fch, BT * 4 * C, stream); profiler_mark("gelu recompute"); }
-        matmul_backward(a->scratch_bt4c, layer_tensor(model, g, PARAM_FCPROJW, l), layer_tensor(model, g, PARAM_FCPROJB, l), a->dresidual,
-                        l_fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), a->scratch_f, BT, 4 * C, C,
-                        model->gelu_fusion ? l_fch : NULL, stream);
+        // MLP: dresidual holds d(residual3) = d(fcproj output); scratch_bt4c gets d(GELU output)
+        if (model->recompute >= 1 && gpt2_reads_bf16_input(model, l, LINEAR_FCPROJ, FP8_WGRAD)) {
+            gelu_forward(l_fch_gelu, l_fch, BT * 4 * C, stream);
+            profiler_mark("gelu recompute");
+        }
+        gpt2_linear_backward(model, l, LINEAR_FCPROJ, a->scratch_bt4c, layer_tensor(model, g, PARAM_FCPROJW, l), layer_tensor(model, g, PARAM_FCPROJB, l),
+                             a->dresidual, l_fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), NULL, stream);
         profiler_mark("matmul fcproj bwd");
-        if (!model->gelu_fusion) { gelu_backward_inplace(a->scratch_bt4c, l_fch, BT * 4 * C, stream); profiler_mark("gelu bwd"); }
-        if (model->recompute >= 2) {
+        if (model->recompute >= 2 && gpt2_reads_bf16_input(model, l, LINEAR_FC, FP8_WGRAD)) {
             layernorm_forward(l_ln2, NULL, NULL, l_residual2, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), BT, C, stream);
             profiler_mark("layernorm recompute");
         }
-        matmul_backward(a->scratch_btc, layer_tensor(model, g, PARAM_FCW, l), layer_tensor(model, g, PARAM_FCB, l), a->scratch_bt4c,
-                        l_ln2, layer_tensor(model, p, PARAM_FCW, l), a->scratch_f, BT, C, 4 * C, NULL, stream);
+        gpt2_linear_backward(model, l, LINEAR_FC, a->scratch_btc, layer_tensor(model, g, PARAM_FCW, l), layer_tensor(model, g, PARAM_FCB, l),
+                             a->scratch_bt4c, l_ln2, layer_tensor(model, p, PARAM_FCW, l), l_fch, stream);
         profiler_mark("matmul fc bwd");
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN2W, l), layer_tensor(model, g, PARAM_LN2B, l), a->scratch_f, a->scratch_btc,
                            l_residual2, layer_tensor(model, p, PARAM_LN2W, l), a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, BT, C, stream);
         profiler_mark("layernorm bwd");
 
         // attention: dresidual now holds d(residual2) = d(attproj output)
-        matmul_backward(a->scratch_btc, layer_tensor(model, g, PARAM_ATTPROJW, l), layer_tensor(model, g, PARAM_ATTPROJB, l), a->dresidual,
-                        l_atty, layer_tensor(model, p, PARAM_ATTPROJW, l), a->scratch_f, BT, C, C, NULL, stream);
+        gpt2_linear_backward(model, l, LINEAR_ATTPROJ, a->scratch_btc, layer_tensor(model, g, PARAM_ATTPROJW, l), layer_tensor(model, g, PARAM_ATTPROJB, l),
+                             a->dresidual, l_atty, layer_tensor(model, p, PARAM_ATTPROJW, l), NULL, stream);
         profiler_mark("matmul attproj bwd");
         attention_backward(dqkv, a->scratch_btc, l_qkv, l_atty, l_stats, B, T, NH, C, stream);
         profiler_mark("attention bwd");
-        if (model->recompute >= 2) {
+        if (model->recompute >= 2 && gpt2_reads_bf16_input(model, l, LINEAR_QKV, FP8_WGRAD)) {
             layernorm_forward(l_ln1, NULL, NULL, residual, layer_tensor(model, p, PARAM_LN1W, l), layer_tensor(model, p, PARAM_LN1B, l), BT, C, stream);
             profiler_mark("layernorm recompute");
         }
-        matmul_backward(a->scratch_btc, layer_tensor(model, g, PARAM_QKVW, l), layer_tensor(model, g, PARAM_QKVB, l), dqkv,
-                        l_ln1, layer_tensor(model, p, PARAM_QKVW, l), a->scratch_f, BT, C, 3 * C, NULL, stream);
+        gpt2_linear_backward(model, l, LINEAR_QKV, a->scratch_btc, layer_tensor(model, g, PARAM_QKVW, l), layer_tensor(model, g, PARAM_QKVB, l),
+                             dqkv, l_ln1, layer_tensor(model, p, PARAM_QKVW, l), NULL, stream);
         profiler_mark("matmul qkv bwd");
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN1W, l), layer_tensor(model, g, PARAM_LN1B, l), a->scratch_f, a->scratch_btc,
                            residual, layer_tensor(model, p, PARAM_LN1W, l), a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, C, stream);
@@ -384,6 +494,7 @@ static void gpt2_free(GPT2* model) {
         if (device_buffers[i] != NULL) { cudaCheck(cudaFree(device_buffers[i])); }
     }
     encoder_backward_scratch_free(model->encoder_scratch);
+    fp8_model_free(&model->fp8);
     free(model->inputs_cpu);
     free(model->losses_cpu);
     free(model->logits_row_cpu);
@@ -455,21 +566,26 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
     if (!r.skipped) {
         float grad_scale = (opt->grad_clip > 0.0f && r.grad_norm > opt->grad_clip) ? opt->grad_clip / r.grad_norm : 1.0f;
         gpt2_update(model, learning_rate, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, grad_scale, step, stream);
+        fp8_model_cast_weights(&model->fp8, model->master, model->params, stream);  // FP8 weights follow the update
+        profiler_mark("fp8 weight casts");
     }
     return r;
 }
 
 // ----------------------------------------------------------------------------
-// evaluation and sampling
+// evaluation and sampling: in FP8 they run the FP8 forward, with the scaling states and
+// records put back afterwards (fp8_model_begin_eval), so evaluating never changes training
 
 static float evaluate_val_loss(GPT2* model, DataLoader* val_loader, int val_max_steps, cudaStream_t stream) {
     dataloader_reset(val_loader);
     size_t BT = (size_t)model->B * model->T;
+    fp8_model_begin_eval(&model->fp8, stream);
     cudaCheck(cudaMemsetAsync(model->acts.losses, 0, BT * sizeof(float), stream));
     for (int i = 0; i < val_max_steps; i++) {
         dataloader_next_batch(val_loader);
         gpt2_forward(model, val_loader->inputs, val_loader->targets, 1.0f, 0, stream);
     }
+    fp8_model_end_eval(&model->fp8, stream);
     return gpt2_mean_loss(model, val_max_steps, stream);
 }
 
@@ -477,6 +593,7 @@ static float evaluate_hellaswag(GPT2* model, EvalLoader* eval_loader, cudaStream
     evalloader_reset(eval_loader);
     size_t BT = (size_t)model->B * model->T;
     int correct = 0, total = 0;
+    fp8_model_begin_eval(&model->fp8, stream);
     for (int i = 0; i < eval_loader->num_batches; i++) {
         evalloader_next_batch(eval_loader);
         cudaCheck(cudaMemsetAsync(model->acts.losses, 0, BT * sizeof(float), stream));
@@ -485,6 +602,7 @@ static float evaluate_hellaswag(GPT2* model, EvalLoader* eval_loader, cudaStream
         cudaCheck(cudaStreamSynchronize(stream));
         correct += evalloader_stat_losses(eval_loader, model->losses_cpu);
     }
+    fp8_model_end_eval(&model->fp8, stream);
     total = eval_loader->end_example_index - eval_loader->start_example_index;
     return total > 0 ? (float)correct / (float)total : 0.0f;
 }
@@ -499,6 +617,7 @@ static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, mt199
     if (gen_tokens > T - 1) { gen_tokens = T - 1; }
     float* probs = (float*)mallocCheck((size_t)V * sizeof(float));
     printf("generating:\n---\n");
+    fp8_model_begin_eval(&model->fp8, stream);
     for (int t = 1; t <= gen_tokens; t++) {
         gpt2_forward(model, tokens, NULL, 1.0f, 0, stream);
         cudaCheck(cudaMemcpyAsync(model->logits_row_cpu, model->acts.output + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
@@ -517,6 +636,7 @@ static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, mt199
         if (tokenizer->init_ok) { safe_printf(tokenizer_decode(tokenizer, (uint32_t)next)); } else { printf("%d ", next); }
         fflush(stdout);
     }
+    fp8_model_end_eval(&model->fp8, stream);
     printf("\n---\n");
     free(probs);
     free(tokens);
@@ -537,9 +657,14 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* d
     float* v = device_to_host_floats(model->adam_v, n);
     float* master = model->master ? device_to_host_floats(model->master, n) : NULL;
     TrainState state = {step, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
-    StateBuffers buffers = {n, m, v, master, NULL, 0};
+    Fp8HostState fp8;
+    StateSection sections[FP8_STATE_SECTIONS];
+    int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
+    fp8_model_download(&model->fp8, &fp8, 0);
+    StateBuffers buffers = {n, m, v, master, sections, num_sections};
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
     state_file_write(path, &state, &buffers, loader);
+    fp8_host_state_free(&fp8);
     free(m);
     free(v);
     free(master);
@@ -555,12 +680,19 @@ static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step
     float* v = (float*)mallocCheck(n * sizeof(float));
     float* master = model->master ? (float*)mallocCheck(n * sizeof(float)) : NULL;
     TrainState state;
-    StateBuffers buffers = {n, m, v, master, NULL, 0};
+    Fp8HostState fp8;
+    StateSection sections[FP8_STATE_SECTIONS];
+    int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
+    StateBuffers buffers = {n, m, v, master, sections, num_sections};
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
     state_file_read(path, &state, &buffers, loader);
     cudaCheck(cudaMemcpy(model->adam_m, m, n * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(model->adam_v, v, n * sizeof(float), cudaMemcpyHostToDevice));
     if (master != NULL) { cudaCheck(cudaMemcpy(model->master, master, n * sizeof(float), cudaMemcpyHostToDevice)); }
+    // the FP8 weights from the restored master, then the saved scaling over what that cast changed
+    fp8_model_cast_weights(&model->fp8, model->master, model->params, 0);
+    fp8_model_upload(&model->fp8, &fp8, path, 0);
+    fp8_host_state_free(&fp8);
     free(m);
     free(v);
     free(master);
@@ -619,6 +751,8 @@ int main(int argc, char** argv) {
     if (model_path[0] != '\0') { model_file_read_header(model_path, &model_config, &model_version); }
     else { model_config = gpt2_config_from_descriptor(tc.model); }
     int grad_accum_steps = train_config_check_batch(&tc, &model_config, 1);
+    Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
+    fp8_model_check_shapes(&fp8_settings, &model_config, tc.B * tc.T);  // e.g. the block recipe on d48: one line, no GPU touched
 
     // data: validated before the GPU is touched
     DataLoader train_loader, val_loader;
@@ -649,13 +783,15 @@ int main(int argc, char** argv) {
     float* params_cpu = (float*)mallocCheck(gpt2_num_parameters(&model_config) * sizeof(float));
     if (model_path[0] != '\0') { model_file_read_params(model_path, &model_config, params_cpu); }
     else { gpt2_init_params_random(params_cpu, &model_config, GPT2_INIT_SEED); }
-    gpt2_build(&model, &model_config, params_cpu, tc.use_master_weights, tc.B, tc.T, tc.recompute, tc.gelu_fusion);
+    gpt2_build(&model, &model_config, params_cpu, tc.use_master_weights, tc.B, tc.T, tc.recompute, tc.gelu_fusion,
+               &fp8_settings, stream);
     free(params_cpu);
     int start_step = 0;
     if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step); }
 
     Logger logger;
     logger_init(&logger, out_dir, 0, resume_step >= 0);
+    fp8_model_open_numerics_log(&model.fp8, out_dir, resume_step >= 0);
 
     const GPT2Config* c = &model_config;
     printf("llm8 | device %s (%d SMs, bf16 peak %.0f TFLOP/s)\n", device.name, device.sm_count, device.bf16_peak_tflops);
@@ -667,6 +803,15 @@ int main(int argc, char** argv) {
            tc.warmup_iterations, tc.final_lr_frac, tc.weight_decay, tc.grad_clip);
     printf("memory | persistent %.2f bytes/parameter (bf16 weights+grads, fp32 AdamW m+v%s) | GPU memory in use %.0f MiB\n",
            (2.0 + 2.0 + 8.0 + (model.master ? 4.0 : 0.0)), model.master ? ", fp32 master" : "", gpu_memory_used_mib());
+    if (fp8_settings.enabled) {
+        char linears[128], passes[64];
+        fp8_names_from_bits(linears, sizeof(linears), fp8_settings.linears, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);
+        fp8_names_from_bits(passes, sizeof(passes), fp8_settings.passes, FP8_PASS_NAMES, NUM_FP8_PASSES);
+        printf("fp8 | recipe %s (history %d, margin %d) | linears %s | passes %s | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+               FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe], fp8_settings.history_len, fp8_settings.margin, linears, passes,
+               model.fp8.num_linears, model.fp8.bytes / 1048576.0,
+               model.fp8.numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
+    }
     printf("data | train %zu tokens | attention %s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention, tc.recompute, tc.gelu_fusion);
 
     mt19937_state sample_rng;
@@ -728,6 +873,7 @@ int main(int argc, char** argv) {
                step + 1, train_num_batches, loss, grad_norm, lr, ms, tok_per_s, mfu_text, eta, gpu_memory_used_mib(),
                skip ? " | SKIPPED" : "");
         logger_log_train(&logger, step + 1, loss, lr, grad_norm, ms, (float)tok_per_s, (float)(mfu >= 0 ? mfu : 0.0), skip);
+        fp8_model_log_numerics(&model.fp8, step + 1, stream);
     }
     profiler_print(stdout);
     if (skipped_updates > 0) { printf("%d updates were skipped for non-finite loss or gradient norm\n", skipped_updates); }

@@ -17,6 +17,7 @@ with one line naming the flag, the value and what was expected.
 #include <stdio.h>
 #include "utils.h"
 #include "gpt2_config.h"
+#include "fp8_recipe.h"
 
 typedef struct {
     const char* train_data_pattern;
@@ -24,9 +25,15 @@ typedef struct {
     const char* model;            // descriptor (d12...) or a model_*.bin checkpoint
     const char* output_log_dir;   // NULL: no logs, no checkpoints
     const char* tokenizer_path;
-    const char* precision;        // bf16 (fp8 lands with the FP8 issue)
+    const char* precision;        // bf16 | fp8
     const char* lr_schedule;
     const char* attention;        // cudnn | fallback
+    const char* fp8_recipe;       // delayed | current | block
+    const char* fp8_linears;      // comma list of LINEAR_KIND_NAMES, or all
+    const char* fp8_passes;       // comma list of FP8_PASS_NAMES, or all
+    int fp8_history;
+    int fp8_margin;
+    int fp8_numerics_every;
     int checkpoint_every;
     int checkpoints_keep;
     int resume;
@@ -73,7 +80,14 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-e", FLAG_STRING, TC_OFF(model), 0, 0, NULL, "model: tiny|d6|d12|d24|d36|d48, or a model_*.bin checkpoint"},
     {"-o", FLAG_STRING, TC_OFF(output_log_dir), 0, 0, NULL, "output dir for main.log, main.jsonl and checkpoints (\"\" = none)"},
     {"-tk", FLAG_STRING, TC_OFF(tokenizer_path), 0, 0, NULL, "decode tokenizer file, for text samples"},
-    {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16", "matmul precision"},
+    {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16 fp8", "matmul precision (the -f flags below apply to fp8)"},
+    {"-fr", FLAG_CHOICE, TC_OFF(fp8_recipe), 0, 0, "delayed current block",
+     "fp8 scaling: delayed (activations from an amax history; gradients, weights current), current, or block (1x128/128x128 tiles, C a multiple of 128)"},
+    {"-fh", FLAG_INT, TC_OFF(fp8_history), 1, FP8_AMAX_HISTORY_MAX, NULL, "fp8 delayed recipe: amax history length in steps"},
+    {"-fm", FLAG_INT, TC_OFF(fp8_margin), 0, FP8_MARGIN_MAX, NULL, "fp8 scale margin: per-tensor scales are divided by 2^margin"},
+    {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8, a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
+    {"-f8p", FLAG_STRING, TC_OFF(fp8_passes), 0, 0, NULL, "fp8: GEMM passes in FP8: fwd, dgrad,wgrad, or fwd,dgrad,wgrad (all); the rest stay bf16"},
+    {"-fn", FLAG_INT, TC_OFF(fp8_numerics_every), 0, INT_MAX_FLAG, NULL, "fp8: numerics log (numerics.jsonl in -o) every N steps (0 = never)"},
     {"-k", FLAG_CHOICE, TC_OFF(lr_schedule), 0, 0, "cosine linear constant wsd", "learning-rate schedule"},
     {"-at", FLAG_CHOICE, TC_OFF(attention), 0, 0, "cudnn fallback", "attention kernels: cuDNN flash attention or llm8's own"},
     {"-n", FLAG_INT, TC_OFF(checkpoint_every), 0, INT_MAX_FLAG, NULL, "write a checkpoint every N steps (0 = never)"},
@@ -114,6 +128,12 @@ static inline TrainConfig train_config_defaults(void) {
     c.precision = "bf16";
     c.lr_schedule = "cosine";
     c.attention = "cudnn";
+    c.fp8_recipe = "delayed";
+    c.fp8_linears = "qkv,attproj,fc,fcproj";
+    c.fp8_passes = "fwd,dgrad,wgrad";
+    c.fp8_history = FP8_AMAX_HISTORY_DEFAULT;
+    c.fp8_margin = 0;
+    c.fp8_numerics_every = 100;
     c.checkpoint_every = 0;
     c.checkpoints_keep = 0;
     c.resume = 0;
@@ -183,6 +203,19 @@ static inline int choice_is_valid(const char* choices, const char* value) {
     return 0;
 }
 
+// the FP8 settings of the command line (the lists are parsed here; a bad one dies naming its flag)
+static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
+    Fp8Settings s;
+    s.enabled = strcmp(c->precision, "fp8") == 0;
+    s.recipe = fp8_model_recipe_from_name(c->fp8_recipe);
+    s.history_len = c->fp8_history;
+    s.margin = c->fp8_margin;
+    s.linears = fp8_parse_linears("-f8", c->fp8_linears);
+    s.passes = fp8_parse_passes("-f8p", c->fp8_passes);
+    s.numerics_every = c->fp8_numerics_every;
+    return s;
+}
+
 // parses argv into *c (which holds defaults); dies on any problem; --help prints and exits 0
 static inline void train_config_parse(TrainConfig* c, int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
@@ -219,6 +252,7 @@ static inline void train_config_parse(TrainConfig* c, int argc, char** argv) {
     if (c->checkpoint_every > 0 && c->output_log_dir[0] == '\0') {
         llm8_die("flag -n %d needs an output dir -o to write checkpoints into", c->checkpoint_every);
     }
+    train_config_fp8_settings(c);  // the -f8 / -f8p lists: checked here, before any GPU work
 }
 
 // the checks that need the model and the number of processes; returns grad_accum_steps

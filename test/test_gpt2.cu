@@ -13,6 +13,26 @@ bitwise-reproducibility promises. Runs on an H100/H200 (make gpucheck).
    with -ge 0 (a fused-GELU forward uses cuBLASLt's GELU, the recompute llm8's kernel).
 5. Resume: 10 steps straight vs 5 steps, checkpoint, a fresh model loaded from it, 5 more
    steps: bitwise equal losses and weights.
+FP8 (-p fp8), against the reference with FP8 emulation (gpt2ref_set_fp8_emulation, the same
+recipe, linears and quantization points):
+6. One forward + backward after two warm-up micro-steps (so delayed scales come from a
+   history), for delayed on d12, and current and block with lm_head in FP8 on d6. The GPU
+   casts bf16-rounded activations where the reference casts fp32 ones, so some codes round
+   the other way. For a quantizer of step D, a perturbation d << D flips a rounding with
+   probability ~|d|/D and each flip moves the value by D: the difference has variance
+   ~E|d| D, against D^2/12 for the quantization noise itself. With d a bf16 rounding
+   (E|d| ~ 2^-9 relative) that is 12 * 2^-9 / 2^-3 = 0.19 of E4M3's noise variance (0.09 for
+   E5M2): an amplitude of ~0.45 of the FP8 noise. So, per tensor, with e_q the emulation's
+   own error against the fp32 reference (measured here): |GPU - emulation| <= the bf16
+   test's tolerance + 0.75 e_q. And the GPU must really quantize like the emulation:
+   over the logits and over all gradients, |GPU - emulation| < 0.8 |GPU - fp32 reference|
+   (a GPU that skipped a cast would sit near the fp32 side). The scaling protocol is
+   checked exactly: the same number of updates of every activation and gradient state
+   (evaluation forwards put the scaling back), and the activation scales within 10% (amaxes
+   of bf16 vs fp32 activations).
+7. 10 FP8 AdamW steps on d6 in lockstep with the emulating reference: losses within 1e-2.
+8. FP8 determinism, FP8 resume (delayed; block with lm_head), and an evaluation forward in
+   the middle of a run changes nothing: all bitwise.
 */
 #define LLM8_TESTING
 #include "train_gpt2_fp8.cu"
@@ -64,12 +84,45 @@ static float* random_params(const GPT2Config* cfg) {
     return params;
 }
 
+// ----------------------------------------------------------------------------
+// FP8
+
+#define FP8_TEST_BLOCK_LINEARS ((1 << LINEAR_QKV) | (1 << LINEAR_ATTPROJ) | (1 << LINEAR_FC) | (1 << LINEAR_FCPROJ))
+static_assert((int)LINEAR_QKV == (int)FP8_LINEAR_QKV && (int)LINEAR_ATTPROJ == (int)FP8_LINEAR_ATTPROJ && (int)LINEAR_FC == (int)FP8_LINEAR_FC &&
+              (int)LINEAR_FCPROJ == (int)FP8_LINEAR_FCPROJ && (int)LINEAR_LM_HEAD == (int)FP8_LINEAR_LM_HEAD,
+              "the trainer's linear bits are the reference's");
+static_assert((int)FP8_FWD == (int)FP8_PASS_FORWARD && (int)FP8_DGRAD == (int)FP8_PASS_DGRAD && (int)FP8_WGRAD == (int)FP8_PASS_WGRAD,
+              "the trainer's pass bits are the reference's");
+
+static Fp8Settings fp8_settings_of(int recipe, int linears) {
+    Fp8Settings s;
+    memset(&s, 0, sizeof(s));
+    s.enabled = 1;
+    s.recipe = recipe;
+    s.history_len = FP8_AMAX_HISTORY_DEFAULT;
+    s.margin = 0;
+    s.linears = linears;
+    s.passes = FP8_FWD | FP8_DGRAD | FP8_WGRAD;
+    s.numerics_every = 0;
+    return s;
+}
+
+static Fp8Emulation fp8_emulation_of(const Fp8Settings* s) {
+    Fp8Emulation e = fp8_emulation_default();
+    e.recipe = s->recipe == FP8_MODEL_DELAYED ? FP8_EMULATE_DELAYED : s->recipe == FP8_MODEL_CURRENT ? FP8_EMULATE_CURRENT : FP8_EMULATE_BLOCK;
+    e.passes = s->passes;
+    e.linears = s->linears;
+    e.history_len = s->history_len;
+    e.margin = s->margin;
+    return e;
+}
+
 static void test_forward_backward_vs_reference(AttentionBackend backend, const char* backend_name, cudaStream_t stream) {
     GPT2Config cfg = gpt2_config_from_descriptor("d12");
     float* params = random_params(&cfg);
     attention_setup(backend);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, NULL, stream);
     GPT2Ref ref;
     gpt2ref_init(&ref, &cfg, params);
     DataLoader loader;
@@ -117,14 +170,17 @@ static void test_forward_backward_vs_reference(AttentionBackend backend, const c
     attention_teardown();
 }
 
-static void test_training_trajectory_vs_reference(cudaStream_t stream) {
+// fp8: NULL trains in bf16 against the fp32 reference, else in FP8 against the emulating one
+static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaStream_t stream) {
     GPT2Config cfg = gpt2_config_from_descriptor("d6");
     float* params = random_params(&cfg);
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, fp8, stream);
     GPT2Ref ref;
     gpt2ref_init(&ref, &cfg, params);
+    Fp8Emulation emulation;
+    if (fp8 != NULL) { emulation = fp8_emulation_of(fp8); gpt2ref_set_fp8_emulation(&ref, &emulation); }
     DataLoader loader, ref_loader;
     dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     dataloader_init(&ref_loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
@@ -137,8 +193,8 @@ static void test_training_trajectory_vs_reference(cudaStream_t stream) {
         gpt2ref_zero_grad(&ref);
         gpt2ref_backward(&ref, 1);
         gpt2ref_adamw_update(&ref, lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step + 1, opt.grad_clip);
-        printf("step %d: loss gpu %.6f ref %.6f\n", step + 1, r.loss, ref_loss);
-        CHECK_CLOSE(r.loss, ref_loss, 0.0, 1e-2, "10-step trajectory loss");
+        printf("%s step %d: loss gpu %.6f ref %.6f\n", fp8 != NULL ? "fp8" : "bf16", step + 1, r.loss, ref_loss);
+        CHECK_CLOSE(r.loss, ref_loss, 0.0, 1e-2, fp8 != NULL ? "fp8 10-step trajectory loss" : "10-step trajectory loss");
     }
     free(params);
     dataloader_free(&loader);
@@ -148,14 +204,128 @@ static void test_training_trajectory_vs_reference(cudaStream_t stream) {
     attention_teardown();
 }
 
+// relative L2 error of got against want over the first V of every Vp columns (logits)
+static double logits_error(const float* got, const float* want, size_t rows, size_t V, size_t Vp) {
+    double diff = 0.0, norm = 0.0;
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t v = 0; v < V; v++) {
+            double d = (double)got[r * Vp + v] - want[r * Vp + v];
+            diff += d * d;
+            norm += (double)want[r * Vp + v] * want[r * Vp + v];
+        }
+    }
+    return sqrt(diff / (norm > 0 ? norm : 1.0));
+}
+
+static void ref_forward_backward(GPT2Ref* ref, const DataLoader* loader) {
+    gpt2ref_forward(ref, loader->inputs, loader->targets, B, T);
+    gpt2ref_zero_grad(ref);
+    gpt2ref_backward(ref, 1);
+}
+
+static void test_fp8_forward_backward_vs_reference(const char* descriptor, const Fp8Settings* fp8, const char* name,
+                                                   cudaStream_t stream) {
+    GPT2Config cfg = gpt2_config_from_descriptor(descriptor);
+    float* params = random_params(&cfg);
+    attention_setup(ATTENTION_CUDNN);
+    GPT2 model;
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, fp8, stream);
+    GPT2Ref emulated, fp32;
+    gpt2ref_init(&emulated, &cfg, params);
+    gpt2ref_init(&fp32, &cfg, params);
+    Fp8Emulation emulation = fp8_emulation_of(fp8);
+    gpt2ref_set_fp8_emulation(&emulated, &emulation);
+    DataLoader loader;
+    dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
+    size_t BT = (size_t)B * T, Vp = cfg.padded_vocab_size, V = cfg.vocab_size;
+
+    for (int warmup = 0; warmup < 2; warmup++) {
+        dataloader_next_batch(&loader);
+        gpt2_forward(&model, loader.inputs, loader.targets, 1.0f / (float)BT, 1, stream);
+        gpt2_backward(&model, stream);
+        ref_forward_backward(&emulated, &loader);
+    }
+    dataloader_next_batch(&loader);
+    fp8_model_begin_eval(&model.fp8, stream);  // the logits come from an evaluation forward: not a use
+    gpt2_forward(&model, loader.inputs, NULL, 1.0f, 0, stream);
+    fp8_model_end_eval(&model.fp8, stream);
+    cudaCheck(cudaStreamSynchronize(stream));
+    float* logits = bf16_device_to_float(model.acts.output, BT * Vp);
+    ref_forward_backward(&emulated, &loader);
+    ref_forward_backward(&fp32, &loader);
+    cudaCheck(cudaMemsetAsync(model.grads, 0, model.num_parameters * sizeof(floatX), stream));
+    cudaCheck(cudaMemsetAsync(model.acts.losses, 0, BT * sizeof(float), stream));
+    gpt2_forward(&model, loader.inputs, loader.targets, 1.0f / (float)BT, 1, stream);
+    gpt2_backward(&model, stream);
+    float loss = gpt2_mean_loss(&model, 1, stream);
+
+    double e_emulated = logits_error(logits, emulated.acts.logits, BT, V, Vp);
+    double e_fp32 = logits_error(logits, fp32.acts.logits, BT, V, Vp);
+    double e_q = logits_error(emulated.acts.logits, fp32.acts.logits, BT, V, Vp);
+    printf("[%s] logits: |gpu-emulated| %.3e, |gpu-fp32| %.3e, |emulated-fp32| %.3e\n", name, e_emulated, e_fp32, e_q);
+    CHECK(e_emulated <= 2e-2 + 0.75 * e_q, "[%s] logits vs emulation %.3e > 2e-2 + 0.75 * %.3e", name, e_emulated, e_q);
+    CHECK(e_emulated < 0.8 * e_fp32, "[%s] logits: %.3e from the emulation is not clearly closer than %.3e from fp32", name, e_emulated, e_fp32);
+    double loss_q = fabs(emulated.mean_loss - fp32.mean_loss);
+    printf("[%s] loss gpu %.6f emulated %.6f fp32 %.6f\n", name, loss, emulated.mean_loss, fp32.mean_loss);
+    CHECK(fabs(loss - emulated.mean_loss) <= 2e-2 + 0.75 * loss_q, "[%s] loss %.6f vs emulated %.6f", name, loss, emulated.mean_loss);
+
+    float* grads = bf16_device_to_float(model.grads, model.num_parameters);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t off = model.param_offsets[i], count = model.param_sizes[i];
+        double err = relative_l2_error(grads + off, emulated.grads + off, count);
+        double err_q = relative_l2_error(emulated.grads + off, fp32.grads + off, count);
+        printf("[%s] grad %-9s |gpu-emulated| %.3e |emulated-fp32| %.3e\n", name, PARAM_TENSOR_NAMES[i], err, err_q);
+        CHECK(err <= 5e-2 + 0.75 * err_q, "[%s] grad of %s vs emulation %.3e > 5e-2 + 0.75 * %.3e", name, PARAM_TENSOR_NAMES[i], err, err_q);
+    }
+    double all_emulated = relative_l2_error(grads, emulated.grads, model.num_parameters);
+    double all_fp32 = relative_l2_error(grads, fp32.grads, model.num_parameters);
+    printf("[%s] all grads: |gpu-emulated| %.3e |gpu-fp32| %.3e\n", name, all_emulated, all_fp32);
+    CHECK(all_emulated < 0.8 * all_fp32, "[%s] grads: %.3e from the emulation is not clearly closer than %.3e from fp32", name, all_emulated, all_fp32);
+
+    // the scaling protocol: the same uses of every per-tensor state as the reference
+    if (fp8->recipe != FP8_MODEL_BLOCK) {
+        int n = model.fp8.num_linears;
+        Fp8TensorScaling* states = (Fp8TensorScaling*)mallocCheck((size_t)3 * n * sizeof(Fp8TensorScaling));
+        cudaCheck(cudaMemcpy(states, model.fp8.states, (size_t)3 * n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToHost));
+        for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+            for (int l = 0; l < cfg.num_layers; l++) {
+                int i = fp8_model_linear(&model.fp8, l, kind);
+                Fp8LinearState* q = gpt2ref_fp8_linear(&emulated, l, kind);
+                CHECK((i >= 0) == (q != NULL), "[%s] L%d %s: FP8 on one side only", name, l, LINEAR_KIND_NAMES[kind]);
+                if (i < 0 || q == NULL) { continue; }
+                const Fp8TensorScaling* x = &states[i];
+                const Fp8TensorScaling* dy = &states[n + i];
+                CHECK(fp8_scaling_updates_seen(x) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]),
+                      "[%s] L%d %s x: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
+                      fp8_scaling_updates_seen(x), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]));
+                CHECK(fp8_scaling_updates_seen(dy) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]),
+                      "[%s] L%d %s dy: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
+                      fp8_scaling_updates_seen(dy), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]));
+                CHECK_CLOSE(x->scale, q->scaling[FP8_OPERAND_X].scale, 0.0, 0.1, "activation scale vs the reference's");
+                if (kind == LINEAR_LM_HEAD) { break; }  // one lm_head, whatever the layer
+            }
+        }
+        free(states);
+    }
+    free(grads);
+    free(logits);
+    free(params);
+    dataloader_free(&loader);
+    gpt2ref_free(&emulated);
+    gpt2ref_free(&fp32);
+    gpt2_free(&model);
+    attention_teardown();
+}
+
 typedef struct {
     float losses[10];
     float* weights;  // final bf16 weights as floats
 } RunRecord;
 
-// trains `steps` steps from a fresh d12 model (or from a checkpoint when resume_dir is set)
+// trains `steps` steps from a fresh d12 model (or from a checkpoint when resume_dir is set);
+// fp8: NULL for bf16; eval_at: a val-loss evaluation before that step (-1: none)
 static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char* checkpoint_dir, int checkpoint_step, int resume,
-                           cudaStream_t stream) {
+                           const Fp8Settings* fp8, int eval_at, cudaStream_t stream) {
     GPT2Config cfg = gpt2_config_from_descriptor("d12");
     float* params = random_params(&cfg);
     char path[CHECKPOINT_PATH_MAX];
@@ -165,14 +335,16 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
     }
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, recompute, gelu_fusion);
-    DataLoader loader;
+    gpt2_build(&model, &cfg, params, 1, B, T, recompute, gelu_fusion, fp8, stream);
+    DataLoader loader, val_loader;
     dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
+    dataloader_init(&val_loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     int start = resume ? load_state(&model, &loader, checkpoint_dir, checkpoint_step) : 0;
     OptimizerConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     RunRecord rec;
     memset(&rec, 0, sizeof(rec));
     for (int step = start; step < steps; step++) {
+        if (step == eval_at) { printf("eval at step %d: val loss %f\n", step, evaluate_val_loss(&model, &val_loader, 2, stream)); }
         rec.losses[step] = gpt2_train_step(&model, &loader, 1, 0, &opt, 6e-4f, step, stream).loss;
         if (!resume && checkpoint_dir != NULL && step + 1 == checkpoint_step) { save_checkpoint(&model, &loader, checkpoint_dir, step + 1); }
     }
@@ -180,6 +352,7 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
     rec.weights = bf16_device_to_float(model.params, model.num_parameters);
     free(params);
     dataloader_free(&loader);
+    dataloader_free(&val_loader);
     gpt2_free(&model);
     attention_teardown();
     return rec;
@@ -198,33 +371,64 @@ int main(void) {
 
     test_forward_backward_vs_reference(ATTENTION_CUDNN, "cudnn", stream);
     test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback", stream);
-    test_training_trajectory_vs_reference(stream);
+    test_training_trajectory_vs_reference(NULL, stream);
 
-    RunRecord a = train_run(10, 1, 1, NULL, 0, 0, stream);
-    RunRecord b = train_run(10, 1, 1, NULL, 0, 0, stream);
+    RunRecord a = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, stream);
+    RunRecord b = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, stream);
     CHECK(memcmp(a.losses, b.losses, sizeof(a.losses)) == 0, "two identical runs: losses differ");
     CHECK(same_bits(a.weights, b.weights, n), "two identical runs: final weights differ");
 
     // recompute reruns the forward's own kernels: -r 1 vs -r 2 always, -r 0 vs -r 1 with -ge 0
     // (with -ge 1 the forward's GELU is cuBLASLt's epilogue, the recompute llm8's kernel)
-    RunRecord r1 = train_run(3, 1, 1, NULL, 0, 0, stream);
-    RunRecord r2 = train_run(3, 2, 1, NULL, 0, 0, stream);
+    RunRecord r1 = train_run(3, 1, 1, NULL, 0, 0, NULL, -1, stream);
+    RunRecord r2 = train_run(3, 2, 1, NULL, 0, 0, NULL, -1, stream);
     CHECK(memcmp(r1.losses, r2.losses, 3 * sizeof(float)) == 0, "-r 1 vs -r 2: losses differ");
     CHECK(same_bits(r1.weights, r2.weights, n), "-r 1 vs -r 2: final weights differ");
-    RunRecord r0_unfused = train_run(3, 0, 0, NULL, 0, 0, stream);
-    RunRecord r1_unfused = train_run(3, 1, 0, NULL, 0, 0, stream);
+    RunRecord r0_unfused = train_run(3, 0, 0, NULL, 0, 0, NULL, -1, stream);
+    RunRecord r1_unfused = train_run(3, 1, 0, NULL, 0, 0, NULL, -1, stream);
     CHECK(memcmp(r0_unfused.losses, r1_unfused.losses, 3 * sizeof(float)) == 0, "-r 0 vs -r 1 (-ge 0): losses differ");
     CHECK(same_bits(r0_unfused.weights, r1_unfused.weights, n), "-r 0 vs -r 1 (-ge 0): final weights differ");
 
     const char* dir = "build/test_gpt2_ckpt";
     ensure_writable_dir(dir);
-    RunRecord straight = train_run(10, 1, 1, dir, 5, 0, stream);
-    RunRecord resumed = train_run(10, 1, 1, dir, 5, 1, stream);
+    RunRecord straight = train_run(10, 1, 1, dir, 5, 0, NULL, -1, stream);
+    RunRecord resumed = train_run(10, 1, 1, dir, 5, 1, NULL, -1, stream);
     CHECK(memcmp(straight.losses + 5, resumed.losses + 5, 5 * sizeof(float)) == 0, "resume: losses of steps 6..10 differ");
     CHECK(same_bits(straight.weights, resumed.weights, n), "resume: final weights differ");
     CHECK(same_bits(straight.weights, a.weights, n), "the checkpointing run differs from a plain run");
 
-    free(a.weights); free(b.weights); free(r1.weights); free(r2.weights); free(r0_unfused.weights); free(r1_unfused.weights); free(straight.weights); free(resumed.weights);
+    free(b.weights); free(r1.weights); free(r2.weights); free(r0_unfused.weights); free(r1_unfused.weights); free(straight.weights); free(resumed.weights);
+
+    // FP8
+    Fp8Settings delayed = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS);
+    Fp8Settings current_lm_head = fp8_settings_of(FP8_MODEL_CURRENT, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
+    Fp8Settings block_lm_head = fp8_settings_of(FP8_MODEL_BLOCK, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
+    test_fp8_forward_backward_vs_reference("d12", &delayed, "fp8 delayed", stream);
+    test_fp8_forward_backward_vs_reference("d6", &current_lm_head, "fp8 current+lm_head", stream);
+    test_fp8_forward_backward_vs_reference("d6", &block_lm_head, "fp8 block+lm_head", stream);
+    test_training_trajectory_vs_reference(&delayed, stream);
+    const Fp8Settings* resumable[2] = {&delayed, &block_lm_head};
+    const char* resumable_names[2] = {"fp8 delayed", "fp8 block+lm_head"};
+    for (int k = 0; k < 2; k++) {
+        const char* name = resumable_names[k];
+        const char* fp8_dir = k == 0 ? "build/test_gpt2_ckpt_fp8_delayed" : "build/test_gpt2_ckpt_fp8_block";
+        ensure_writable_dir(fp8_dir);
+        RunRecord fa = train_run(10, 1, 1, NULL, 0, 0, resumable[k], -1, stream);
+        RunRecord fb = train_run(10, 1, 1, NULL, 0, 0, resumable[k], -1, stream);
+        CHECK(memcmp(fa.losses, fb.losses, sizeof(fa.losses)) == 0, "[%s] two identical runs: losses differ", name);
+        CHECK(same_bits(fa.weights, fb.weights, n), "[%s] two identical runs: final weights differ", name);
+        CHECK(!same_bits(fa.weights, a.weights, n), "[%s] the FP8 run's weights equal the bf16 run's: FP8 never ran", name);
+        RunRecord evaluated = train_run(10, 1, 1, NULL, 0, 0, resumable[k], 3, stream);
+        CHECK(memcmp(fa.losses, evaluated.losses, sizeof(fa.losses)) == 0, "[%s] an evaluation changed the losses", name);
+        CHECK(same_bits(fa.weights, evaluated.weights, n), "[%s] an evaluation changed the weights", name);
+        RunRecord fstraight = train_run(10, 1, 1, fp8_dir, 5, 0, resumable[k], 5, stream);
+        RunRecord fresumed = train_run(10, 1, 1, fp8_dir, 5, 1, resumable[k], 5, stream);
+        CHECK(memcmp(fstraight.losses + 5, fresumed.losses + 5, 5 * sizeof(float)) == 0, "[%s] resume: losses of steps 6..10 differ", name);
+        CHECK(same_bits(fstraight.weights, fresumed.weights, n), "[%s] resume: final weights differ", name);
+        CHECK(same_bits(fstraight.weights, fa.weights, n), "[%s] the checkpointing run differs from a plain run", name);
+        free(fa.weights); free(fb.weights); free(evaluated.weights); free(fstraight.weights); free(fresumed.weights);
+    }
+    free(a.weights);
     matmul_teardown();
     cudaCheck(cudaStreamDestroy(stream));
     return test_summary("test_gpt2");

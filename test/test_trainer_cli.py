@@ -136,12 +136,65 @@ class TestBadInput:
     def test_resume_without_output_dir(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-y", 1])), "-y", "-o")
 
+    # FP8 flags: checked by the shared flag table before any GPU work
+    def test_fp8_unknown_precision(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp4"])), "-p", "fp4", "bf16 fp8")
+
+    def test_fp8_unknown_recipe(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fr", "tensorwise"])), "-fr", "tensorwise", "delayed current block")
+
+    @pytest.mark.parametrize("value", [0, 1025])
+    def test_fp8_history_out_of_range(self, binary, data, value):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fh", value])), "-fh", str(value), "1..1024")
+
+    @pytest.mark.parametrize("value", [-1, 17])
+    def test_fp8_margin_out_of_range(self, binary, data, value):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fm", value])), "-fm", str(value), "0..16")
+
+    def test_fp8_numerics_interval_negative(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fn", -5])), "-fn", "-5")
+
+    @pytest.mark.parametrize("value,fragment", [("qkv,mlp", "'mlp'"), ("", "''"), ("qkv,", "''"), ("fc,fc", "twice")])
+    def test_fp8_bad_linear_list(self, binary, data, value, fragment):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-f8", value])), "-f8", fragment)
+
+    @pytest.mark.parametrize("value,fragment", [("fwd,bwd", "'bwd'"), ("dgrad", "together"), ("fwd,wgrad", "together")])
+    def test_fp8_bad_pass_list(self, binary, data, value, fragment):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-f8p", value])), "-f8p", fragment)
+
+
+# the FP8 shape rules are the GPU trainer's (cuBLASLt FP8), checked before its first CUDA call
+def test_fp8_block_recipe_refuses_d48_naming_the_remedy(data):
+    result = run(GPU, base_args(data, ["-p", "fp8", "-fr", "block", "-e", "d48", "-b", 4, "-t", 32]))
+    assert_one_line_error(result, "block recipe", "1600", "multiple of 128", "delayed or current recipe")
+
+
+def test_fp8_block_recipe_refuses_tokens_not_multiple_of_128(data):
+    assert_one_line_error(run(GPU, base_args(data, ["-p", "fp8", "-fr", "block", "-b", 1, "-t", 32])), "B*T", "32", "128")
+
+
+def test_fp8_tokens_not_multiple_of_16(data):
+    assert_one_line_error(run(GPU, base_args(data, ["-p", "fp8", "-b", 1, "-t", 24])), "B*T", "24", "multiple of 16")
+
+
+def test_fp8_lm_head_shape_checked_only_when_in_fp8(data):
+    """d48 with the block recipe fails on qkv; listing only lm_head moves the failure to lm_head (C=1600 again)"""
+    result = run(GPU, base_args(data, ["-p", "fp8", "-fr", "block", "-e", "d48", "-b", 4, "-t", 32, "-f8", "lm_head"]))
+    assert_one_line_error(result, "lm_head", "1600")
+
+
+def test_fp8_good_flags_accepted(data, tmp_path):
+    """every FP8 flag with a valid value passes the shared parser: the CPU trainer, which shares it, trains"""
+    extra = ["-p", "fp8", "-fr", "block", "-fh", 1024, "-fm", 16, "-f8", "all", "-f8p", "dgrad,wgrad", "-fn", 0, "-x", 1]
+    result = run(CPU, base_args(data, extra), timeout=300)
+    assert result.returncode == 0, result.stderr
+
 
 @pytest.mark.parametrize("binary", TRAINERS, ids=["cpu", "gpu"])
 def test_help_lists_every_flag_with_default(binary):
     result = run(binary, ["--help"])
     assert result.returncode == 0
-    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
+    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-f8", "-f8p", "-fn", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt"]
     lines = result.stdout.splitlines()
     for flag in flags:

@@ -1,0 +1,498 @@
+/*
+fp8_model.cuh: the FP8 side of the model for -p fp8: per FP8 linear its scaling states and
+cast records, the code buffers the casts write and the GEMMs read, the weight casts after
+each optimizer step, evaluation without touching the scaling histories, the state file
+sections, and the numerics log.
+
+Why it is shaped so:
+- The trainer's forward and backward stay one code path for both precisions: they ask this
+  module whether a linear runs in FP8 (fp8_model_linear) and for the Fp8CastOutput of each
+  operand, and call the kernels' FP8 launchers with it. Everything FP8 owns lives in one
+  struct and one device allocation, so its size is one number printed at startup.
+- Tensors: an FP8 linear is one of qkv, attproj, fc, fcproj in each layer (those -f8
+  lists) and lm_head; linear i has three per-tensor states, ordered as whole groups
+  [0, n) activations x, [n, 2n) output gradients dy, [2n, 3n) weights W, so the delayed
+  update of all activations is one kernel over the first group.
+- Buffers, per DESIGN.md section 3: x codes [BT][K] are a scratch read at once by the
+  forward GEMM; x^T [K][BT] is kept per linear until its wgrad; dy and dy^T are scratch,
+  reused linear after linear; W [OC][K] and W^T [K][OC] are kept per linear, cast once per
+  optimizer step. The block recipe adds the tile scales of each (fp8_block_scale_floats).
+- Activation scaling (doc/fp8-numerics.md, the cast protocol): a delayed activation that
+  was never updated takes the current path once (first-step seeding); afterwards its
+  producer casts in one pass and fp8_model_end_forward folds every activation's amax into
+  its state with one kernel after each forward. The cast copied the scale it used into its
+  record, which the backward GEMMs read, so updating right after the forward is exact. The
+  host knows which path to take without reading the GPU: x_seeded flips after the first
+  forward, and is read from the states on resume.
+- Evaluation (val loss, HellaSwag, samples) runs the FP8 forward but must not change
+  training: fp8_model_begin_eval snapshots the states and records on the device and
+  fp8_model_end_eval puts them back, so the histories and the numerics log see training
+  forwards only, a run's trajectory does not depend on -v or -s, and a resumed run (whose
+  checkpoint step may also be a val step) stays bitwise identical.
+*/
+#ifndef LLMC_FP8_MODEL_CUH
+#define LLMC_FP8_MODEL_CUH
+
+#include <stdio.h>
+#include <stdint.h>
+#include <string.h>
+#include "cuda_common.h"
+#include "gpt2_config.h"
+#include "checkpoint.h"
+#include "fp8_recipe.h"
+#include "fp8_scaling.h"
+#include "fp8_scaling.cuh"
+#include "fp8_cast.cuh"
+#include "gelu.cuh"
+#include "matmul.cuh"
+
+typedef struct {
+    int kind;                 // LinearKind
+    int layer;                // -1 for lm_head
+    int K, OC;                // y[BT][OC] = x[BT][K] W[OC][K]^T
+    size_t weight_offset;     // the weight's first element in the parameter buffers
+    uint8_t* x_codes_t;       // [K][BT], from the forward's cast to the wgrad (FP8 wgrad only)
+    float* x_scale_inv_t;     // block recipe: its 128x1 tile scales
+    uint8_t* w_codes;         // [OC][K] (FP8 forward only)
+    uint8_t* w_codes_t;       // [K][OC] (FP8 dgrad only)
+    float* w_scale_inv;       // block recipe: 128x128 block scales of w_codes and w_codes_t
+    float* w_scale_inv_t;
+} Fp8Linear;
+
+typedef struct {
+    Fp8Settings settings;
+    int BT;
+    int num_linears;                     // 0 when the run is bf16
+    int rank_in_layer[NUM_LINEAR_KINDS]; // a block kind's index within its layer, -1: bf16
+    int per_layer;                       // FP8 block linears per layer
+    int lm_head;                         // lm_head's linear index, -1: bf16
+    Fp8Linear* linears;                  // host [num_linears]
+    Fp8TensorScaling* states;            // device [3 * num_linears]: x, dy, W
+    Fp8CastRecord* records;              // device, beside the states
+    Fp8TensorScaling* saved_states;      // the snapshot of fp8_model_begin_eval
+    Fp8CastRecord* saved_records;
+    int x_seeded;                        // every activation state has been updated (host mirror)
+    int saved_x_seeded;
+    uint8_t* x_codes;                    // [BT][widest K] scratch
+    float* x_scale_inv;
+    uint8_t* dy_codes;                   // [BT][widest OC] scratch
+    uint8_t* dy_codes_t;                 // [widest OC][BT] scratch
+    float* dy_scale_inv;
+    float* dy_scale_inv_t;
+    void* memory;                        // one allocation holds every buffer above
+    size_t bytes;
+    FILE* numerics_file;                 // numerics.jsonl, NULL: not logging
+} Fp8Model;
+
+// what a state file records about the FP8 settings, so a resume with other settings is refused
+typedef struct {
+    int32_t recipe, linears, passes, history_len, margin, num_linears;
+} Fp8SavedSettings;
+
+#define FP8_STATE_SECTIONS 3
+
+static inline void fp8_linear_shape(LinearKind kind, int C, int Vp, int* K, int* OC) {
+    switch (kind) {
+        case LINEAR_QKV: *K = C; *OC = 3 * C; break;
+        case LINEAR_ATTPROJ: *K = C; *OC = C; break;
+        case LINEAR_FC: *K = C; *OC = 4 * C; break;
+        case LINEAR_FCPROJ: *K = 4 * C; *OC = C; break;
+        default: *K = C; *OC = Vp; break;
+    }
+}
+
+/*
+Host-only, before any CUDA work: every FP8 linear's shape against cuBLASLt FP8's rules
+(multiples of 16; of 128 in the block recipe), one line naming the linear and the remedy.
+*/
+void fp8_model_check_shapes(const Fp8Settings* s, const GPT2Config* cfg, int BT) {
+    if (!s->enabled) { return; }
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+        if (!(s->linears & (1 << kind))) { continue; }
+        int K, OC;
+        fp8_linear_shape((LinearKind)kind, cfg->channels, cfg->padded_vocab_size, &K, &OC);
+        matmul_fp8_check_shapes(LINEAR_KIND_NAMES[kind], BT, K, OC, s->recipe == FP8_MODEL_BLOCK);
+    }
+}
+
+// linear (layer, kind)'s FP8 index, or -1 when it runs in bf16 (or the run is bf16)
+static inline int fp8_model_linear(const Fp8Model* fp8, int layer, int kind) {
+    if (fp8->num_linears == 0) { return -1; }
+    if (kind == LINEAR_LM_HEAD) { return fp8->lm_head; }
+    int rank = fp8->rank_in_layer[kind];
+    return rank < 0 ? -1 : layer * fp8->per_layer + rank;
+}
+
+// whether linear i (from fp8_model_linear) runs `pass` in FP8
+static inline bool fp8_model_runs(const Fp8Model* fp8, int i, Fp8Pass pass) {
+    return i >= 0 && (fp8->settings.passes & pass) != 0;
+}
+
+static inline bool fp8_model_block(const Fp8Model* fp8) { return fp8->settings.recipe == FP8_MODEL_BLOCK; }
+
+// the cast of linear i's input x: codes for an FP8 forward, x^T for an FP8 wgrad
+static inline Fp8CastOutput fp8_model_x(const Fp8Model* fp8, int i) {
+    const Fp8Linear* lin = &fp8->linears[i];
+    Fp8CastOutput out = {};
+    out.format = FP8_E4M3;
+    out.scaling = fp8_model_block(fp8) ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
+    out.codes = fp8_model_runs(fp8, i, FP8_FWD) ? fp8->x_codes : NULL;
+    out.codes_t = lin->x_codes_t;
+    out.state = &fp8->states[i];
+    out.record = &fp8->records[i];
+    out.scale_inv = out.codes != NULL ? fp8->x_scale_inv : NULL;
+    out.scale_inv_t = lin->x_scale_inv_t;
+    return out;
+}
+
+// the cast of linear i's output gradient: E5M2 per tensor (E4M3 1x128 tiles in the block recipe)
+static inline Fp8CastOutput fp8_model_dy(const Fp8Model* fp8, int i) {
+    Fp8CastOutput out = {};
+    bool block = fp8_model_block(fp8);
+    out.format = block ? FP8_E4M3 : FP8_E5M2;
+    out.scaling = block ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
+    out.codes = fp8->dy_codes;
+    out.codes_t = fp8->dy_codes_t;
+    out.state = &fp8->states[fp8->num_linears + i];
+    out.record = &fp8->records[fp8->num_linears + i];
+    out.scale_inv = fp8->dy_scale_inv;
+    out.scale_inv_t = fp8->dy_scale_inv_t;
+    return out;
+}
+
+// the cast of linear i's weight: W for an FP8 forward, W^T for an FP8 dgrad
+static inline Fp8CastOutput fp8_model_w(const Fp8Model* fp8, int i) {
+    const Fp8Linear* lin = &fp8->linears[i];
+    Fp8CastOutput out = {};
+    out.format = FP8_E4M3;
+    out.scaling = fp8_model_block(fp8) ? FP8_SCALING_BLOCKS_128x128 : FP8_SCALING_TENSOR;
+    out.codes = lin->w_codes;
+    out.codes_t = lin->w_codes_t;
+    out.state = &fp8->states[2 * fp8->num_linears + i];
+    out.record = &fp8->records[2 * fp8->num_linears + i];
+    out.scale_inv = lin->w_scale_inv;
+    out.scale_inv_t = lin->w_scale_inv_t;
+    return out;
+}
+
+// ----------------------------------------------------------------------------
+// setup
+
+// the next 256-byte aligned piece of `bytes` from base (base NULL: only counts)
+static void* fp8_model_carve(char* base, size_t* offset, size_t bytes) {
+    if (bytes == 0) { return NULL; }
+    size_t at = (*offset + 255) / 256 * 256;
+    *offset = at + bytes;
+    return base == NULL ? NULL : (void*)(base + at);
+}
+
+// lays every buffer out from base (NULL: only sizes it); returns the bytes
+static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
+    size_t offset = 0;
+    int states = 3 * fp8->num_linears;
+    bool block = fp8_model_block(fp8);
+    bool forward = (fp8->settings.passes & FP8_FWD) != 0, backward = (fp8->settings.passes & FP8_WGRAD) != 0;
+    int widest_k = 0, widest_oc = 0;
+    size_t bt = (size_t)fp8->BT;
+    fp8->states = (Fp8TensorScaling*)fp8_model_carve(base, &offset, states * sizeof(Fp8TensorScaling));
+    fp8->records = (Fp8CastRecord*)fp8_model_carve(base, &offset, states * sizeof(Fp8CastRecord));
+    fp8->saved_states = (Fp8TensorScaling*)fp8_model_carve(base, &offset, states * sizeof(Fp8TensorScaling));
+    fp8->saved_records = (Fp8CastRecord*)fp8_model_carve(base, &offset, states * sizeof(Fp8CastRecord));
+    for (int i = 0; i < fp8->num_linears; i++) {
+        Fp8Linear* lin = &fp8->linears[i];
+        size_t K = (size_t)lin->K, OC = (size_t)lin->OC;
+        if (lin->K > widest_k) { widest_k = lin->K; }
+        if (lin->OC > widest_oc) { widest_oc = lin->OC; }
+        lin->x_codes_t = (uint8_t*)fp8_model_carve(base, &offset, backward ? K * bt : 0);
+        lin->w_codes = (uint8_t*)fp8_model_carve(base, &offset, forward ? OC * K : 0);
+        lin->w_codes_t = (uint8_t*)fp8_model_carve(base, &offset, backward ? K * OC : 0);
+        size_t x_t_scales = backward ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, lin->K, fp8->BT) : 0;
+        size_t w_scales = forward ? fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->OC, lin->K) : 0;
+        size_t w_t_scales = backward ? fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->K, lin->OC) : 0;
+        lin->x_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? x_t_scales * sizeof(float) : 0);
+        lin->w_scale_inv = (float*)fp8_model_carve(base, &offset, block ? w_scales * sizeof(float) : 0);
+        lin->w_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? w_t_scales * sizeof(float) : 0);
+    }
+    fp8->x_codes = (uint8_t*)fp8_model_carve(base, &offset, forward ? bt * widest_k : 0);
+    fp8->dy_codes = (uint8_t*)fp8_model_carve(base, &offset, backward ? bt * widest_oc : 0);
+    fp8->dy_codes_t = (uint8_t*)fp8_model_carve(base, &offset, backward ? bt * widest_oc : 0);
+    size_t x_scales = forward ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, fp8->BT, widest_k) : 0;
+    size_t dy_scales = backward ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, fp8->BT, widest_oc) : 0;
+    size_t dy_t_scales = backward ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, widest_oc, fp8->BT) : 0;
+    fp8->x_scale_inv = (float*)fp8_model_carve(base, &offset, block ? x_scales * sizeof(float) : 0);
+    fp8->dy_scale_inv = (float*)fp8_model_carve(base, &offset, block ? dy_scales * sizeof(float) : 0);
+    fp8->dy_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? dy_t_scales * sizeof(float) : 0);
+    return offset;
+}
+
+// host states, fresh: activations by the recipe, gradients and weights current
+static void fp8_model_init_states(const Fp8Model* fp8, Fp8TensorScaling* host) {
+    const Fp8Settings* s = &fp8->settings;
+    int n = fp8->num_linears;
+    for (int i = 0; i < n; i++) {
+        fp8_scaling_init(&host[i], fp8_activation_recipe(s), FP8_E4M3, s->history_len, s->margin);
+        fp8_scaling_init(&host[n + i], FP8_RECIPE_CURRENT, FP8_E5M2, s->history_len, s->margin);
+        fp8_scaling_init(&host[2 * n + i], FP8_RECIPE_CURRENT, FP8_E4M3, s->history_len, s->margin);
+    }
+}
+
+/*
+The FP8 model for micro-batches of BT tokens (nothing when settings->enabled is 0). Weight
+i's slices come from param_offsets / param_sizes (gpt2_config.h's order); the weights are
+not cast yet: fp8_model_cast_weights does that once the parameters are on the GPU.
+*/
+void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Config* cfg, int BT,
+                      const size_t* param_offsets, const size_t* param_sizes, cudaStream_t stream) {
+    memset(fp8, 0, sizeof(*fp8));
+    fp8->settings = *settings;
+    fp8->BT = BT;
+    fp8->lm_head = -1;
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { fp8->rank_in_layer[kind] = -1; }
+    if (!settings->enabled) { return; }
+    const int weight_tensor[LINEAR_KINDS_PER_LAYER] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+        if (settings->linears & (1 << kind)) { fp8->rank_in_layer[kind] = fp8->per_layer++; }
+    }
+    int L = cfg->num_layers;
+    int lm_head = (settings->linears & (1 << LINEAR_LM_HEAD)) != 0;
+    fp8->num_linears = L * fp8->per_layer + lm_head;
+    fp8->linears = (Fp8Linear*)mallocCheck((size_t)(fp8->num_linears > 0 ? fp8->num_linears : 1) * sizeof(Fp8Linear));
+    for (int l = 0; l < L; l++) {
+        for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+            int i = fp8_model_linear(fp8, l, kind);
+            if (i < 0) { continue; }
+            Fp8Linear* lin = &fp8->linears[i];
+            memset(lin, 0, sizeof(*lin));
+            lin->kind = kind;
+            lin->layer = l;
+            fp8_linear_shape((LinearKind)kind, cfg->channels, cfg->padded_vocab_size, &lin->K, &lin->OC);
+            lin->weight_offset = param_offsets[weight_tensor[kind]] + (size_t)l * (param_sizes[weight_tensor[kind]] / L);
+        }
+    }
+    if (lm_head) {
+        fp8->lm_head = L * fp8->per_layer;
+        Fp8Linear* lin = &fp8->linears[fp8->lm_head];
+        memset(lin, 0, sizeof(*lin));
+        lin->kind = LINEAR_LM_HEAD;
+        lin->layer = -1;
+        fp8_linear_shape(LINEAR_LM_HEAD, cfg->channels, cfg->padded_vocab_size, &lin->K, &lin->OC);
+        lin->weight_offset = param_offsets[PARAM_WTE];  // tied: wte [Vp][C] is lm_head's weight
+    }
+    fp8->bytes = fp8_model_layout(fp8, NULL);
+    fp8->memory = cuda_malloc_checked(fp8->bytes, "FP8 buffers (codes, transposes, scaling states; -f8 lists fewer linears)");
+    fp8_model_layout(fp8, (char*)fp8->memory);
+
+    int states = 3 * fp8->num_linears;
+    Fp8TensorScaling* host = (Fp8TensorScaling*)mallocCheck((size_t)states * sizeof(Fp8TensorScaling));
+    fp8_model_init_states(fp8, host);
+    cudaCheck(cudaMemcpyAsync(fp8->states, host, (size_t)states * sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaStreamSynchronize(stream));  // host is freed next
+    free(host);
+    fp8_cast_records_init(fp8->records, states, stream);
+    fp8->x_seeded = 0;
+}
+
+void fp8_model_free(Fp8Model* fp8) {
+    if (fp8->memory != NULL) { cudaCheck(cudaFree(fp8->memory)); }
+    if (fp8->numerics_file != NULL) { fcloseCheck(fp8->numerics_file); }
+    free(fp8->linears);
+    memset(fp8, 0, sizeof(*fp8));
+}
+
+// ----------------------------------------------------------------------------
+// casts
+
+/*
+Casts linear i's input x (bf16 [BT][K], as stored) with the recipe's path: the block
+recipe's tiles; current scaling (the current recipe, and a delayed activation's first use);
+or the delayed one-pass cast. Producers that fuse the cast (layernorm, GELU) call their
+own launchers instead when fp8_model_fused_cast says so.
+*/
+void fp8_model_cast_activation(const Fp8Model* fp8, int i, const floatX* x, cudaStream_t stream) {
+    Fp8CastOutput out = fp8_model_x(fp8, i);
+    if (fp8_model_block(fp8) || (fp8->settings.recipe == FP8_MODEL_DELAYED && fp8->x_seeded)) {
+        fp8_cast_transpose(&out, x, fp8->BT, fp8->linears[i].K, stream);
+    } else {
+        fp8_cast_transpose_current(&out, x, fp8->BT, fp8->linears[i].K, stream);
+    }
+}
+
+// whether a producer may cast in its own pass: the delayed recipe after the seeding step
+static inline bool fp8_model_fused_cast(const Fp8Model* fp8) {
+    return fp8->settings.recipe == FP8_MODEL_DELAYED && fp8->x_seeded;
+}
+
+// linear i's x = GELU(pre_gelu) straight into FP8 (and into out, bf16, unless out is NULL)
+void fp8_model_gelu_forward(const Fp8Model* fp8, int i, floatX* out, const floatX* pre_gelu, cudaStream_t stream) {
+    Fp8CastOutput x = fp8_model_x(fp8, i);
+    if (fp8_model_block(fp8) || fp8_model_fused_cast(fp8)) {
+        gelu_forward_fp8(&x, out, pre_gelu, fp8->BT, fp8->linears[i].K, stream);
+    } else {
+        gelu_forward_fp8_current(&x, out, pre_gelu, fp8->BT, fp8->linears[i].K, stream);
+    }
+}
+
+// after every forward: the delayed activations' amaxes into their states (one kernel)
+void fp8_model_end_forward(Fp8Model* fp8, cudaStream_t stream) {
+    if (fp8->num_linears == 0) { return; }
+    if (fp8_model_fused_cast(fp8)) { fp8_scaling_update_records(fp8->states, fp8->records, fp8->num_linears, stream); }
+    fp8->x_seeded = 1;
+}
+
+// every FP8 weight (and its transpose) from the fp32 master when there is one, else the bf16
+// weights: once at the start, after loading a checkpoint, and after each optimizer step
+void fp8_model_cast_weights(const Fp8Model* fp8, const float* master, const floatX* params, cudaStream_t stream) {
+    for (int i = 0; i < fp8->num_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        Fp8CastOutput w = fp8_model_w(fp8, i);
+        fp8_cast_weight(&w, master != NULL ? master + lin->weight_offset : NULL,
+                        master != NULL ? NULL : params + lin->weight_offset, lin->OC, lin->K, false, stream);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// evaluation leaves the scaling untouched
+
+void fp8_model_begin_eval(Fp8Model* fp8, cudaStream_t stream) {
+    size_t n = (size_t)3 * fp8->num_linears;
+    if (n == 0) { return; }
+    cudaCheck(cudaMemcpyAsync(fp8->saved_states, fp8->states, n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToDevice, stream));
+    cudaCheck(cudaMemcpyAsync(fp8->saved_records, fp8->records, n * sizeof(Fp8CastRecord), cudaMemcpyDeviceToDevice, stream));
+    fp8->saved_x_seeded = fp8->x_seeded;
+}
+
+void fp8_model_end_eval(Fp8Model* fp8, cudaStream_t stream) {
+    size_t n = (size_t)3 * fp8->num_linears;
+    if (n == 0) { return; }
+    cudaCheck(cudaMemcpyAsync(fp8->states, fp8->saved_states, n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToDevice, stream));
+    cudaCheck(cudaMemcpyAsync(fp8->records, fp8->saved_records, n * sizeof(Fp8CastRecord), cudaMemcpyDeviceToDevice, stream));
+    fp8->x_seeded = fp8->saved_x_seeded;
+}
+
+// ----------------------------------------------------------------------------
+// state files: the settings, the states and the records (so the numerics log resumes too)
+
+typedef struct {
+    Fp8SavedSettings settings;
+    Fp8TensorScaling* states;  // host copies
+    Fp8CastRecord* records;
+} Fp8HostState;
+
+static Fp8SavedSettings fp8_model_saved_settings(const Fp8Model* fp8) {
+    Fp8SavedSettings s = {fp8->settings.recipe, fp8->settings.linears, fp8->settings.passes,
+                          fp8->settings.history_len, fp8->settings.margin, fp8->num_linears};
+    return s;
+}
+
+// host buffers for the state file, and its sections (returns how many: 0 for a bf16 run)
+int fp8_model_state_sections(const Fp8Model* fp8, Fp8HostState* host, StateSection sections[FP8_STATE_SECTIONS]) {
+    size_t n = (size_t)3 * fp8->num_linears;
+    memset(host, 0, sizeof(*host));
+    if (n == 0) { return 0; }
+    host->settings = fp8_model_saved_settings(fp8);
+    host->states = (Fp8TensorScaling*)mallocCheck(n * sizeof(Fp8TensorScaling));
+    host->records = (Fp8CastRecord*)mallocCheck(n * sizeof(Fp8CastRecord));
+    sections[0].tag = "fp8_settings";
+    sections[0].data = &host->settings;
+    sections[0].bytes = sizeof(host->settings);
+    sections[1].tag = "fp8_scaling";
+    sections[1].data = host->states;
+    sections[1].bytes = n * sizeof(Fp8TensorScaling);
+    sections[2].tag = "fp8_records";
+    sections[2].data = host->records;
+    sections[2].bytes = n * sizeof(Fp8CastRecord);
+    return FP8_STATE_SECTIONS;
+}
+
+void fp8_host_state_free(Fp8HostState* host) {
+    free(host->states);
+    free(host->records);
+    memset(host, 0, sizeof(*host));
+}
+
+// the device state into host (call fp8_model_state_sections first)
+void fp8_model_download(const Fp8Model* fp8, Fp8HostState* host, cudaStream_t stream) {
+    size_t n = (size_t)3 * fp8->num_linears;
+    if (n == 0) { return; }
+    cudaCheck(cudaMemcpyAsync(host->states, fp8->states, n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaMemcpyAsync(host->records, fp8->records, n * sizeof(Fp8CastRecord), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+}
+
+/*
+A state read from `path` back onto the device. Call after fp8_model_cast_weights on the
+restored weights: that cast rebuilt the weight codes (the same bytes as before the save) but
+also counted as a use, which the saved states and records now overwrite.
+*/
+void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path, cudaStream_t stream) {
+    size_t n = (size_t)3 * fp8->num_linears;
+    if (n == 0) { return; }
+    Fp8SavedSettings want = fp8_model_saved_settings(fp8);
+    const Fp8SavedSettings* got = &host->settings;
+    if (memcmp(got, &want, sizeof(want)) != 0) {
+        llm8_die("state file '%s' was written with fp8 recipe %d, linears 0x%x, passes 0x%x, history %d, margin %d "
+                 "(%d linears); this run has %d, 0x%x, 0x%x, %d, %d (%d): resume with the same -fr -f8 -f8p -fh -fm",
+                 path, got->recipe, got->linears, got->passes, got->history_len, got->margin, got->num_linears,
+                 want.recipe, want.linears, want.passes, want.history_len, want.margin, want.num_linears);
+    }
+    cudaCheck(cudaMemcpyAsync(fp8->states, host->states, n * sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaMemcpyAsync(fp8->records, host->records, n * sizeof(Fp8CastRecord), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaStreamSynchronize(stream));  // host is the caller's to free
+    fp8->x_seeded = 1;
+    for (int i = 0; i < fp8->num_linears; i++) {
+        if (fp8_scaling_updates_seen(&host->states[i]) == 0) { fp8->x_seeded = 0; }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// the numerics log: numerics.jsonl, one line per FP8 tensor every N steps
+
+void fp8_model_open_numerics_log(Fp8Model* fp8, const char* dir, int resume) {
+    if (fp8->num_linears == 0 || dir == NULL || fp8->settings.numerics_every == 0) { return; }
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/numerics.jsonl", dir);
+    fp8->numerics_file = fopenCheck(path, resume ? "a" : "w");
+}
+
+static void fp8_json_number(FILE* fp, const char* key, double value) {
+    if (isfinite(value)) { fprintf(fp, ",\"%s\":%.9g", key, value); } else { fprintf(fp, ",\"%s\":null", key); }
+}
+
+/*
+At the end of step `step` (1-based, as the progress line counts), when it is a multiple of
+the interval: per tensor the interval's largest amax, the smallest scale a cast used,
+the fractions of elements saturated and flushed to zero (fp8_classify), and, per-tensor
+recipes, how many amaxes were non-finite so far. Reads the GPU (one sync), on log steps only.
+*/
+void fp8_model_log_numerics(Fp8Model* fp8, int step, cudaStream_t stream) {
+    if (fp8->numerics_file == NULL || step % fp8->settings.numerics_every != 0) { return; }
+    int n = fp8->num_linears;
+    Fp8CastStats* stats = (Fp8CastStats*)mallocCheck((size_t)3 * n * sizeof(Fp8CastStats));
+    Fp8TensorScaling* states = (Fp8TensorScaling*)mallocCheck((size_t)3 * n * sizeof(Fp8TensorScaling));
+    cudaCheck(cudaMemcpyAsync(states, fp8->states, (size_t)3 * n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToHost, stream));
+    fp8_cast_records_read(stats, fp8->records, 3 * n, stream);  // synchronizes the stream
+    const char* operands[3] = {"x", "dy", "w"};
+    for (int t = 0; t < 3 * n; t++) {
+        const Fp8Linear* lin = &fp8->linears[t % n];
+        const Fp8CastStats* s = &stats[t];
+        if (s->elements == 0) { continue; }  // not cast in this interval (e.g. no FP8 forward: no W codes)
+        char name[64];
+        if (lin->layer >= 0) { snprintf(name, sizeof(name), "L%d.%s.%s", lin->layer, LINEAR_KIND_NAMES[lin->kind], operands[t / n]); }
+        else { snprintf(name, sizeof(name), "%s.%s", LINEAR_KIND_NAMES[lin->kind], operands[t / n]); }
+        Fp8Format format = (t / n == 1 && !fp8_model_block(fp8)) ? FP8_E5M2 : FP8_E4M3;
+        fprintf(fp8->numerics_file, "{\"step\":%d,\"tensor\":\"%s\",\"layer\":%d,\"linear\":\"%s\",\"operand\":\"%s\",\"format\":\"%s\"",
+                step, name, lin->layer, LINEAR_KIND_NAMES[lin->kind], operands[t / n], fp8_format_name(format));
+        fp8_json_number(fp8->numerics_file, "amax", s->amax);
+        fp8_json_number(fp8->numerics_file, "scale", s->scale);
+        fp8_json_number(fp8->numerics_file, "frac_saturated", fp8_cast_stats_fraction(s->saturated, s->elements));
+        fp8_json_number(fp8->numerics_file, "frac_flushed", fp8_cast_stats_fraction(s->flushed, s->elements));
+        fprintf(fp8->numerics_file, ",\"elements\":%llu", (unsigned long long)s->elements);
+        if (!fp8_model_block(fp8)) { fprintf(fp8->numerics_file, ",\"nonfinite\":%d", states[t].nonfinite_count); }
+        fprintf(fp8->numerics_file, "}\n");
+    }
+    fflush(fp8->numerics_file);
+    free(stats);
+    free(states);
+}
+
+#endif // LLMC_FP8_MODEL_CUH
