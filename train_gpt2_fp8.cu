@@ -8,7 +8,9 @@ binary runs both sides of every bf16-vs-FP8 comparison on the same code path. FP
 quantized copies beside the bf16 tensors (llmc/fp8_model.cuh), it does not fork this file:
 each linear goes through gpt2_linear_forward / gpt2_linear_backward, which run its GEMMs in
 FP8 or bf16, and the producers of a linear's input (layernorm, attention, GELU) also write
-its FP8 codes when it takes them.
+its FP8 codes when it takes them. The optimizer is a run-time choice too (-opt adamw |
+adamw8): the 8-bit states replace the fp32 m and v in place (llmc/adamw8.cuh), and a
+checkpoint of either optimizer resumes under both.
 
 Everything that can be checked without the GPU (flags, model file headers, data shards,
 output dir) is checked before the first CUDA call, so bad input fails fast with one line.
@@ -28,6 +30,7 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 #include "llmc/eval_loader.h"      // HellaSwag eval files
 #include "llmc/tokenizer.h"        // decoding samples
 #include "llmc/checkpoint.h"       // model/state files, atomic writes, DONE markers
+#include "llmc/train_state.h"      // resume into either optimizer, converting fp32 <-> 8-bit states
 #include "llmc/schedulers.h"       // learning-rate schedules
 #include "llmc/logger.h"           // main.log (llm.c format) + main.jsonl
 #include "llmc/cuda_common.h"      // cudaCheck, floatX, allocation with OOM advice, device info
@@ -39,6 +42,7 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 #include "llmc/attention.cuh"      // causal attention: cuDNN flash attention or fallback
 #include "llmc/fused_classifier.cuh" // softmax + cross-entropy + dlogits
 #include "llmc/adamw.cuh"          // AdamW with fp32 master weights, stochastic rounding
+#include "llmc/adamw8.cuh"         // 8-bit AdamW (-opt adamw8): fused kernel, device states
 #include "llmc/global_norm.cuh"    // deterministic global gradient norm
 #include "llmc/profiler.h"         // per-kernel time breakdown (-kt 1)
 #include "llmc/fp8_recipe.h"       // what -p fp8 quantizes: recipe, linears, passes
@@ -82,8 +86,13 @@ typedef struct {
     floatX* params;         // bf16 weights used by the kernels
     floatX* grads;          // bf16 gradients, accumulated over micro-steps
     float* master;          // fp32 master weights (NULL with -w 0)
-    float* adam_m;
+    float* adam_m;          // fp32 AdamW moments (NULL with -opt adamw8)
     float* adam_v;
+    int use_adamw8;                // -opt adamw8: 8-bit m and v (doc/adamw8.md)
+    Adamw8Selection adamw8_selection;
+    Adamw8Layout adamw8_layout;    // set for both optimizers: load_state converts either kind of state file
+    Adamw8States adamw8_states;    // device, -opt adamw8 only
+    Quant8Maps* adamw8_maps;       // device, -opt adamw8 only
     float* norm_squared;    // [1] on the device
     Activations acts;
     int B, T;
@@ -137,10 +146,15 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     size_t n = model->num_parameters;
     model->grads = (floatX*)cuda_malloc_checked(n * sizeof(floatX), "gradients (bf16)");
     cudaCheck(cudaMemset(model->grads, 0, n * sizeof(floatX)));
-    model->adam_m = (float*)cuda_malloc_checked(n * sizeof(float), "AdamW m");
-    model->adam_v = (float*)cuda_malloc_checked(n * sizeof(float), "AdamW v");
-    cudaCheck(cudaMemset(model->adam_m, 0, n * sizeof(float)));
-    cudaCheck(cudaMemset(model->adam_v, 0, n * sizeof(float)));
+    if (model->use_adamw8) {  // either the 8-bit states or the fp32 moments, never both
+        adamw8_states_alloc_device(&model->adamw8_states, &model->adamw8_layout);
+        model->adamw8_maps = adamw8_maps_upload();
+    } else {
+        model->adam_m = (float*)cuda_malloc_checked(n * sizeof(float), "AdamW m (-opt adamw8 keeps it in 8 bits)");
+        model->adam_v = (float*)cuda_malloc_checked(n * sizeof(float), "AdamW v (-opt adamw8 keeps it in 8 bits)");
+        cudaCheck(cudaMemset(model->adam_m, 0, n * sizeof(float)));
+        cudaCheck(cudaMemset(model->adam_v, 0, n * sizeof(float)));
+    }
     model->norm_squared = (float*)cuda_malloc_checked(sizeof(float), "gradient norm");
 
     size_t L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
@@ -190,12 +204,17 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
 }
 
 // the model on the GPU, from fp32 parameters in llm.c order, sized for micro-batches of B x T;
+// use_adamw8: 8-bit AdamW states for the tensors adamw8_selection picks (-opt adamw8 -qs);
 // fp8: what runs in FP8 (NULL or not enabled: everything in bf16)
 static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_cpu, int use_master_weights,
-                       int B, int T, int recompute, int gelu_fusion, const Fp8Settings* fp8, cudaStream_t stream) {
+                       int B, int T, int recompute, int gelu_fusion, int use_adamw8, Adamw8Selection adamw8_selection,
+                       const Fp8Settings* fp8, cudaStream_t stream) {
     gpt2_init_layout(model, cfg);
     model->recompute = recompute;
     model->gelu_fusion = gelu_fusion;
+    model->use_adamw8 = use_adamw8;
+    model->adamw8_selection = adamw8_selection;
+    adamw8_layout_init(&model->adamw8_layout, cfg, adamw8_selection);
     Fp8Settings bf16_only = {};
     fp8_model_create(&model->fp8, fp8 != NULL ? fp8 : &bf16_only, cfg, B * T, model->param_offsets, model->param_sizes, stream);
     gpt2_upload_params(model, params_cpu, use_master_weights);
@@ -475,10 +494,16 @@ static void gpt2_update(GPT2* model, float learning_rate, float beta1, float bet
         AdamWElementParams hp = adamw_element_params(learning_rate, beta1, beta2, eps,
                                                      gpt2_param_is_decayed(i) ? weight_decay : 0.0f, t);
         size_t off = model->param_offsets[i];
-        adamw_update(model->params + off, model->master ? model->master + off : NULL, model->grads + off,
-                     model->adam_m + off, model->adam_v + off, model->param_sizes[i], hp, grad_scale, update_seed(step, i), stream);
+        float* master = model->master ? model->master + off : NULL;
+        if (model->use_adamw8) {  // 32-bit tensors go to adamw_update on the layout's m32/v32
+            adamw8_update_tensor(&model->adamw8_layout, &model->adamw8_states, model->adamw8_maps, i, model->params + off,
+                                 master, model->grads + off, hp, grad_scale, update_seed(step, i), NULL, stream);
+        } else {
+            adamw_update(model->params + off, master, model->grads + off, model->adam_m + off, model->adam_v + off,
+                         model->param_sizes[i], hp, grad_scale, update_seed(step, i), stream);
+        }
     }
-    profiler_mark("adamw");
+    profiler_mark(model->use_adamw8 ? "adamw8" : "adamw");  // the optimizer step alone, for the benchmark
 }
 
 static void gpt2_free(GPT2* model) {
@@ -492,6 +517,10 @@ static void gpt2_free(GPT2* model) {
     };
     for (size_t i = 0; i < sizeof(device_buffers) / sizeof(device_buffers[0]); i++) {
         if (device_buffers[i] != NULL) { cudaCheck(cudaFree(device_buffers[i])); }
+    }
+    if (model->use_adamw8) {
+        adamw8_states_free_device(&model->adamw8_states);
+        cudaCheck(cudaFree(model->adamw8_maps));
     }
     encoder_backward_scratch_free(model->encoder_scratch);
     fp8_model_free(&model->fp8);
@@ -653,41 +682,65 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* d
     free(params);
 
     size_t n = model->num_parameters;
-    float* m = device_to_host_floats(model->adam_m, n);
-    float* v = device_to_host_floats(model->adam_v, n);
     float* master = model->master ? device_to_host_floats(model->master, n) : NULL;
     TrainState state = {step, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
     Fp8HostState fp8;
-    StateSection sections[FP8_STATE_SECTIONS];
+    StateSection sections[FP8_STATE_SECTIONS + ADAMW8_NUM_SECTIONS];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
     fp8_model_download(&model->fp8, &fp8, 0);
-    StateBuffers buffers = {n, m, v, master, sections, num_sections};
+    StateBuffers buffers = {n, NULL, NULL, master, sections, num_sections};
+    Adamw8States adamw8;  // host copy of the 8-bit states: tagged sections, no fp32 m and v (doc/adamw8.md)
+    int32_t adamw8_bits[NUM_PARAMETER_TENSORS];
+    if (model->use_adamw8) {
+        adamw8_states_alloc_host(&adamw8, &model->adamw8_layout);
+        adamw8_states_copy(&adamw8, &model->adamw8_states, &model->adamw8_layout, cudaMemcpyDeviceToHost);
+        buffers.num_sections += adamw8_state_sections(sections + num_sections, &model->adamw8_layout, &adamw8, adamw8_bits);
+    } else {
+        buffers.m = device_to_host_floats(model->adam_m, n);
+        buffers.v = device_to_host_floats(model->adam_v, n);
+    }
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
     state_file_write(path, &state, &buffers, loader);
+    if (model->use_adamw8) { adamw8_states_free_host(&adamw8); }
     fp8_host_state_free(&fp8);
-    free(m);
-    free(v);
+    free(buffers.m);
+    free(buffers.v);
     free(master);
     checkpoint_write_done(dir, step);
     printf("wrote checkpoint %s/model_%08d.bin (+ state, DONE)\n", dir, step);
 }
 
-// restores optimizer state, master weights and data position; returns the step to continue from
+/*
+Restores optimizer state, master weights, FP8 scaling and data position; returns the step to
+continue from. A state file of the other optimizer is converted (train_state_read): plain
+AdamW's (or llm.c's) fp32 moments resume an adamw8 run, and adamw8's states a plain one.
+*/
 static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step) {
     char path[CHECKPOINT_PATH_MAX];
     size_t n = model->num_parameters;
-    float* m = (float*)mallocCheck(n * sizeof(float));
-    float* v = (float*)mallocCheck(n * sizeof(float));
+    float* m = NULL;
+    float* v = NULL;
+    Adamw8States adamw8;
+    memset(&adamw8, 0, sizeof(adamw8));
+    if (model->use_adamw8) { adamw8_states_alloc_host(&adamw8, &model->adamw8_layout); }
+    else {
+        m = (float*)mallocCheck(n * sizeof(float));
+        v = (float*)mallocCheck(n * sizeof(float));
+    }
     float* master = model->master ? (float*)mallocCheck(n * sizeof(float)) : NULL;
-    TrainState state;
     Fp8HostState fp8;
     StateSection sections[FP8_STATE_SECTIONS];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
-    StateBuffers buffers = {n, m, v, master, sections, num_sections};
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
-    state_file_read(path, &state, &buffers, loader);
-    cudaCheck(cudaMemcpy(model->adam_m, m, n * sizeof(float), cudaMemcpyHostToDevice));
-    cudaCheck(cudaMemcpy(model->adam_v, v, n * sizeof(float), cudaMemcpyHostToDevice));
+    int resumed_step = train_state_read(path, loader, &model->config, model->use_adamw8, model->adamw8_selection, m, v,
+                                        &adamw8, master, sections, num_sections);
+    if (model->use_adamw8) {
+        adamw8_states_copy(&model->adamw8_states, &adamw8, &model->adamw8_layout, cudaMemcpyHostToDevice);
+        adamw8_states_free_host(&adamw8);
+    } else {
+        cudaCheck(cudaMemcpy(model->adam_m, m, n * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(model->adam_v, v, n * sizeof(float), cudaMemcpyHostToDevice));
+    }
     if (master != NULL) { cudaCheck(cudaMemcpy(model->master, master, n * sizeof(float), cudaMemcpyHostToDevice)); }
     // the FP8 weights from the restored master, then the saved scaling over what that cast changed
     fp8_model_cast_weights(&model->fp8, model->master, model->params, 0);
@@ -696,7 +749,7 @@ static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step
     free(m);
     free(v);
     free(master);
-    return state.step;
+    return resumed_step;
 }
 
 // with -nk K, keeps the newest K checkpoints: removes the one K intervals back
@@ -719,6 +772,14 @@ static void format_eta(char* buf, size_t n, double seconds) {
     if (seconds < 0 || !isfinite(seconds)) { snprintf(buf, n, "?"); return; }
     long s = (long)seconds;
     snprintf(buf, n, "%ldh%02ldm%02lds", s / 3600, (s / 60) % 60, s % 60);
+}
+
+// bytes of the optimizer's moments on the GPU: fp32 m and v, or adamw8's codes, absmaxes and
+// the 32-bit tensors' m32/v32
+static size_t gpt2_optimizer_state_bytes(const GPT2* model) {
+    const Adamw8Layout* l = &model->adamw8_layout;
+    if (!model->use_adamw8) { return 2 * model->num_parameters * sizeof(float); }
+    return 2 * l->num_codes + 2 * l->num_blocks * sizeof(float) + 2 * l->num_fp32 * sizeof(float);
 }
 
 static double gpu_memory_used_mib(void) {
@@ -784,7 +845,7 @@ int main(int argc, char** argv) {
     if (model_path[0] != '\0') { model_file_read_params(model_path, &model_config, params_cpu); }
     else { gpt2_init_params_random(params_cpu, &model_config, GPT2_INIT_SEED); }
     gpt2_build(&model, &model_config, params_cpu, tc.use_master_weights, tc.B, tc.T, tc.recompute, tc.gelu_fusion,
-               &fp8_settings, stream);
+               train_config_uses_adamw8(&tc), adamw8_selection_from_name(tc.adamw8_states, "-qs"), &fp8_settings, stream);
     free(params_cpu);
     int start_step = 0;
     if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step); }
@@ -801,8 +862,18 @@ int main(int argc, char** argv) {
     printf("train | precision %s | B=%d T=%d | total batch %d tokens = %d micro-steps | %d steps | lr %g (%s, warmup %d, final frac %g) | wd %g | clip %g\n",
            tc.precision, tc.B, tc.T, tc.total_batch_size, grad_accum_steps, train_num_batches, tc.learning_rate, tc.lr_schedule,
            tc.warmup_iterations, tc.final_lr_frac, tc.weight_decay, tc.grad_clip);
-    printf("memory | persistent %.2f bytes/parameter (bf16 weights+grads, fp32 AdamW m+v%s) | GPU memory in use %.0f MiB\n",
-           (2.0 + 2.0 + 8.0 + (model.master ? 4.0 : 0.0)), model.master ? ", fp32 master" : "", gpu_memory_used_mib());
+    // persistent bytes per parameter (DESIGN.md section 4): plain AdamW is a layout with no 8-bit tensor
+    Adamw8Layout fp32_states;
+    adamw8_layout_init(&fp32_states, c, ADAMW8_SELECT_NONE);
+    Adamw8BytesPerParam bytes = adamw8_bytes_per_param(model.use_adamw8 ? &model.adamw8_layout : &fp32_states, model.master != NULL);
+    char eight_bit[160] = "";
+    if (model.use_adamw8) {
+        snprintf(eight_bit, sizeof(eight_bit), "; %.3f for the %.1f%% of parameters with 8-bit states, -qs %s", bytes.eight_bit,
+                 100.0 * bytes.eight_bit_params / model.num_parameters, tc.adamw8_states);
+    }
+    printf("memory | persistent %.3f bytes/parameter (bf16 weights+grads%s, %s m+v%s) | optimizer %s m+v %.2f GiB | GPU memory in use %.0f MiB\n",
+           bytes.model, model.master ? ", fp32 master" : "", model.use_adamw8 ? "8-bit" : "fp32", eight_bit, tc.optimizer,
+           gpt2_optimizer_state_bytes(&model) / 1073741824.0, gpu_memory_used_mib());
     if (fp8_settings.enabled) {
         char linears[128], passes[64];
         fp8_names_from_bits(linears, sizeof(linears), fp8_settings.linears, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);

@@ -8,6 +8,11 @@ its help line and its range check, and the GPU trainer and the CPU trainer
 (train_gpt2cpu) share the same parsing, so the bad-input tests run without a GPU. All
 checks here happen before any GPU work starts: a bad command line fails in milliseconds
 with one line naming the flag, the value and what was expected.
+
+The one piece of resume logic both trainers share also lives here, because it is about
+the flags: reading a state file's optimizer state in the form -opt asks for (converting
+between fp32 and 8-bit moments), and refusing, by naming -qs, a file whose 8-bit states
+were kept for other tensors.
 */
 #ifndef LLMC_TRAIN_CONFIG_H
 #define LLMC_TRAIN_CONFIG_H
@@ -18,6 +23,7 @@ with one line naming the flag, the value and what was expected.
 #include "utils.h"
 #include "gpt2_config.h"
 #include "fp8_recipe.h"
+#include "quant8.h"
 
 typedef struct {
     const char* train_data_pattern;
@@ -31,6 +37,8 @@ typedef struct {
     const char* fp8_recipe;       // delayed | current | block
     const char* fp8_linears;      // comma list of LINEAR_KIND_NAMES, or all
     const char* fp8_passes;       // comma list of FP8_PASS_NAMES, or all
+    const char* optimizer;        // adamw | adamw8
+    const char* adamw8_states;    // which tensors keep 8-bit states: default | all | none (quant8.h)
     int fp8_history;
     int fp8_margin;
     int fp8_numerics_every;
@@ -88,6 +96,10 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8, a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
     {"-f8p", FLAG_STRING, TC_OFF(fp8_passes), 0, 0, NULL, "fp8: GEMM passes in FP8: fwd, dgrad,wgrad, or fwd,dgrad,wgrad (all); the rest stay bf16"},
     {"-fn", FLAG_INT, TC_OFF(fp8_numerics_every), 0, INT_MAX_FLAG, NULL, "fp8: numerics log (numerics.jsonl in -o) every N steps (0 = never)"},
+    {"-opt", FLAG_CHOICE, TC_OFF(optimizer), 0, 0, "adamw adamw8",
+     "optimizer: AdamW with fp32 m and v, or adamw8 with 8-bit m and v (doc/adamw8.md); a checkpoint of either resumes under both"},
+    {"-qs", FLAG_CHOICE, TC_OFF(adamw8_states), 0, 0, "default all none",
+     "adamw8: tensors with 8-bit states: default (>= 4096 elements per layer, not wte/wpe: the matmul weights), all, none; resume with the -qs the checkpoint was written with"},
     {"-k", FLAG_CHOICE, TC_OFF(lr_schedule), 0, 0, "cosine linear constant wsd", "learning-rate schedule"},
     {"-at", FLAG_CHOICE, TC_OFF(attention), 0, 0, "cudnn fallback", "attention kernels: cuDNN flash attention or llm8's own"},
     {"-n", FLAG_INT, TC_OFF(checkpoint_every), 0, INT_MAX_FLAG, NULL, "write a checkpoint every N steps (0 = never)"},
@@ -134,6 +146,8 @@ static inline TrainConfig train_config_defaults(void) {
     c.fp8_history = FP8_AMAX_HISTORY_DEFAULT;
     c.fp8_margin = 0;
     c.fp8_numerics_every = 100;
+    c.optimizer = "adamw";
+    c.adamw8_states = "default";
     c.checkpoint_every = 0;
     c.checkpoints_keep = 0;
     c.resume = 0;
@@ -268,5 +282,7 @@ static inline int train_config_check_batch(TrainConfig* c, const GPT2Config* mod
     }
     return c->total_batch_size / tokens_per_micro_step;
 }
+
+static inline int train_config_uses_adamw8(const TrainConfig* c) { return strcmp(c->optimizer, "adamw8") == 0; }
 
 #endif // LLMC_TRAIN_CONFIG_H

@@ -33,6 +33,12 @@ recipe, linears and quantization points):
 7. 10 FP8 AdamW steps on d6 in lockstep with the emulating reference: losses within 1e-2.
 8. FP8 determinism, FP8 resume (delayed; block with lm_head), and an evaluation forward in
    the middle of a run changes nothing: all bitwise.
+8-bit AdamW (-opt adamw8, d12 as in 3 and 5):
+9. 10 steps track the fp32-AdamW run: each loss within 1% relative. Two runs are bitwise
+   equal, and resume is bitwise. -qs none (every tensor keeps fp32 states) is plain AdamW bit
+   for bit, through adamw8_update_tensor's 32-bit path. Conversions: the plain AdamW
+   checkpoint of 5 resumes under adamw8 and the adamw8 checkpoint under plain AdamW, each
+   within 1% of the run it left. FP8 (delayed) with adamw8 tracks FP8 with AdamW within 1%.
 */
 #define LLM8_TESTING
 #include "train_gpt2_fp8.cu"
@@ -122,7 +128,7 @@ static void test_forward_backward_vs_reference(AttentionBackend backend, const c
     float* params = random_params(&cfg);
     attention_setup(backend);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, NULL, stream);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, NULL, stream);
     GPT2Ref ref;
     gpt2ref_init(&ref, &cfg, params);
     DataLoader loader;
@@ -176,7 +182,7 @@ static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaSt
     float* params = random_params(&cfg);
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, fp8, stream);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, stream);
     GPT2Ref ref;
     gpt2ref_init(&ref, &cfg, params);
     Fp8Emulation emulation;
@@ -229,7 +235,7 @@ static void test_fp8_forward_backward_vs_reference(const char* descriptor, const
     float* params = random_params(&cfg);
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, fp8, stream);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, stream);
     GPT2Ref emulated, fp32;
     gpt2ref_init(&emulated, &cfg, params);
     gpt2ref_init(&fp32, &cfg, params);
@@ -322,10 +328,19 @@ typedef struct {
     float* weights;  // final bf16 weights as floats
 } RunRecord;
 
-// trains `steps` steps from a fresh d12 model (or from a checkpoint when resume_dir is set);
+// the optimizer of a run: plain AdamW, or adamw8 with a -qs selection
+typedef struct {
+    int use_adamw8;
+    Adamw8Selection selection;
+} RunOptimizer;
+static const RunOptimizer ADAMW = {0, ADAMW8_SELECT_DEFAULT};
+static const RunOptimizer ADAMW8 = {1, ADAMW8_SELECT_DEFAULT};
+static const RunOptimizer ADAMW8_NO_8BIT = {1, ADAMW8_SELECT_NONE};
+
+// trains `steps` steps from a fresh d12 model (or from a checkpoint when resume is set);
 // fp8: NULL for bf16; eval_at: a val-loss evaluation before that step (-1: none)
 static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char* checkpoint_dir, int checkpoint_step, int resume,
-                           const Fp8Settings* fp8, int eval_at, cudaStream_t stream) {
+                           const Fp8Settings* fp8, int eval_at, const RunOptimizer* optimizer, cudaStream_t stream) {
     GPT2Config cfg = gpt2_config_from_descriptor("d12");
     float* params = random_params(&cfg);
     char path[CHECKPOINT_PATH_MAX];
@@ -335,7 +350,7 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
     }
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, recompute, gelu_fusion, fp8, stream);
+    gpt2_build(&model, &cfg, params, 1, B, T, recompute, gelu_fusion, optimizer->use_adamw8, optimizer->selection, fp8, stream);
     DataLoader loader, val_loader;
     dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     dataloader_init(&val_loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
@@ -360,6 +375,51 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
 
 static int same_bits(const float* a, const float* b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
 
+// losses of steps [from, 10) within 1% relative of the run they should track
+static void check_losses_track(const RunRecord* got, const RunRecord* want, int from, const char* what) {
+    for (int step = from; step < 10; step++) {
+        printf("%s step %d: loss %.6f, tracked run %.6f\n", what, step + 1, got->losses[step], want->losses[step]);
+        CHECK_CLOSE(got->losses[step], want->losses[step], 0.0, 1e-2, what);
+    }
+}
+
+/*
+-opt adamw8 on d12. a: the plain AdamW run of 10 steps; adamw_dir: its checkpoint at step 5
+(straight: that run). fp8_adamw: the FP8 delayed run with plain AdamW.
+*/
+static void test_adamw8_runs(const RunRecord* a, const char* adamw_dir, const RunRecord* straight, const Fp8Settings* delayed,
+                             const RunRecord* fp8_adamw, size_t n, cudaStream_t stream) {
+    RunRecord q = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW8, stream);
+    check_losses_track(&q, a, 0, "adamw8 vs adamw");
+    CHECK(!same_bits(q.weights, a->weights, n), "adamw8: the weights equal plain AdamW's: the 8-bit path never ran");
+    RunRecord q2 = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW8, stream);
+    CHECK(memcmp(q.losses, q2.losses, sizeof(q.losses)) == 0, "adamw8: two identical runs: losses differ");
+    CHECK(same_bits(q.weights, q2.weights, n), "adamw8: two identical runs: final weights differ");
+
+    RunRecord none = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW8_NO_8BIT, stream);
+    CHECK(memcmp(none.losses, a->losses, sizeof(none.losses)) == 0, "adamw8 -qs none: losses differ from plain AdamW");
+    CHECK(same_bits(none.weights, a->weights, n), "adamw8 -qs none: weights differ from plain AdamW");
+
+    const char* dir = "build/test_gpt2_ckpt_adamw8";
+    ensure_writable_dir(dir);
+    RunRecord qstraight = train_run(10, 1, 1, dir, 5, 0, NULL, -1, &ADAMW8, stream);
+    RunRecord qresumed = train_run(10, 1, 1, dir, 5, 1, NULL, -1, &ADAMW8, stream);
+    CHECK(memcmp(qstraight.losses + 5, qresumed.losses + 5, 5 * sizeof(float)) == 0, "adamw8 resume: losses of steps 6..10 differ");
+    CHECK(same_bits(qstraight.weights, qresumed.weights, n), "adamw8 resume: final weights differ");
+    CHECK(same_bits(qstraight.weights, q.weights, n), "adamw8: the checkpointing run differs from a plain run");
+
+    // conversions: fp32 moments quantized into an adamw8 run, 8-bit states dequantized into a plain one
+    RunRecord to8 = train_run(10, 1, 1, adamw_dir, 5, 1, NULL, -1, &ADAMW8, stream);
+    check_losses_track(&to8, straight, 5, "adamw checkpoint resumed by adamw8");
+    RunRecord to32 = train_run(10, 1, 1, dir, 5, 1, NULL, -1, &ADAMW, stream);
+    check_losses_track(&to32, &qstraight, 5, "adamw8 checkpoint resumed by adamw");
+
+    RunRecord fq = train_run(10, 1, 1, NULL, 0, 0, delayed, -1, &ADAMW8, stream);
+    check_losses_track(&fq, fp8_adamw, 0, "fp8 delayed: adamw8 vs adamw");
+    free(q.weights); free(q2.weights); free(none.weights); free(qstraight.weights); free(qresumed.weights);
+    free(to8.weights); free(to32.weights); free(fq.weights);
+}
+
 int main(void) {
     ensure_writable_dir("build");
     GPT2Config d12 = gpt2_config_from_descriptor("d12");
@@ -373,31 +433,31 @@ int main(void) {
     test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback", stream);
     test_training_trajectory_vs_reference(NULL, stream);
 
-    RunRecord a = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, stream);
-    RunRecord b = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, stream);
+    RunRecord a = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);
+    RunRecord b = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);
     CHECK(memcmp(a.losses, b.losses, sizeof(a.losses)) == 0, "two identical runs: losses differ");
     CHECK(same_bits(a.weights, b.weights, n), "two identical runs: final weights differ");
 
     // recompute reruns the forward's own kernels: -r 1 vs -r 2 always, -r 0 vs -r 1 with -ge 0
     // (with -ge 1 the forward's GELU is cuBLASLt's epilogue, the recompute llm8's kernel)
-    RunRecord r1 = train_run(3, 1, 1, NULL, 0, 0, NULL, -1, stream);
-    RunRecord r2 = train_run(3, 2, 1, NULL, 0, 0, NULL, -1, stream);
+    RunRecord r1 = train_run(3, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);
+    RunRecord r2 = train_run(3, 2, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);
     CHECK(memcmp(r1.losses, r2.losses, 3 * sizeof(float)) == 0, "-r 1 vs -r 2: losses differ");
     CHECK(same_bits(r1.weights, r2.weights, n), "-r 1 vs -r 2: final weights differ");
-    RunRecord r0_unfused = train_run(3, 0, 0, NULL, 0, 0, NULL, -1, stream);
-    RunRecord r1_unfused = train_run(3, 1, 0, NULL, 0, 0, NULL, -1, stream);
+    RunRecord r0_unfused = train_run(3, 0, 0, NULL, 0, 0, NULL, -1, &ADAMW, stream);
+    RunRecord r1_unfused = train_run(3, 1, 0, NULL, 0, 0, NULL, -1, &ADAMW, stream);
     CHECK(memcmp(r0_unfused.losses, r1_unfused.losses, 3 * sizeof(float)) == 0, "-r 0 vs -r 1 (-ge 0): losses differ");
     CHECK(same_bits(r0_unfused.weights, r1_unfused.weights, n), "-r 0 vs -r 1 (-ge 0): final weights differ");
 
     const char* dir = "build/test_gpt2_ckpt";
     ensure_writable_dir(dir);
-    RunRecord straight = train_run(10, 1, 1, dir, 5, 0, NULL, -1, stream);
-    RunRecord resumed = train_run(10, 1, 1, dir, 5, 1, NULL, -1, stream);
+    RunRecord straight = train_run(10, 1, 1, dir, 5, 0, NULL, -1, &ADAMW, stream);
+    RunRecord resumed = train_run(10, 1, 1, dir, 5, 1, NULL, -1, &ADAMW, stream);
     CHECK(memcmp(straight.losses + 5, resumed.losses + 5, 5 * sizeof(float)) == 0, "resume: losses of steps 6..10 differ");
     CHECK(same_bits(straight.weights, resumed.weights, n), "resume: final weights differ");
     CHECK(same_bits(straight.weights, a.weights, n), "the checkpointing run differs from a plain run");
 
-    free(b.weights); free(r1.weights); free(r2.weights); free(r0_unfused.weights); free(r1_unfused.weights); free(straight.weights); free(resumed.weights);
+    free(b.weights); free(r1.weights); free(r2.weights); free(r0_unfused.weights); free(r1_unfused.weights); free(resumed.weights);
 
     // FP8
     Fp8Settings delayed = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS);
@@ -409,25 +469,32 @@ int main(void) {
     test_training_trajectory_vs_reference(&delayed, stream);
     const Fp8Settings* resumable[2] = {&delayed, &block_lm_head};
     const char* resumable_names[2] = {"fp8 delayed", "fp8 block+lm_head"};
+    RunRecord fp8_delayed_adamw;  // kept for the adamw8 comparison
+    memset(&fp8_delayed_adamw, 0, sizeof(fp8_delayed_adamw));
     for (int k = 0; k < 2; k++) {
         const char* name = resumable_names[k];
         const char* fp8_dir = k == 0 ? "build/test_gpt2_ckpt_fp8_delayed" : "build/test_gpt2_ckpt_fp8_block";
         ensure_writable_dir(fp8_dir);
-        RunRecord fa = train_run(10, 1, 1, NULL, 0, 0, resumable[k], -1, stream);
-        RunRecord fb = train_run(10, 1, 1, NULL, 0, 0, resumable[k], -1, stream);
+        RunRecord fa = train_run(10, 1, 1, NULL, 0, 0, resumable[k], -1, &ADAMW, stream);
+        RunRecord fb = train_run(10, 1, 1, NULL, 0, 0, resumable[k], -1, &ADAMW, stream);
         CHECK(memcmp(fa.losses, fb.losses, sizeof(fa.losses)) == 0, "[%s] two identical runs: losses differ", name);
         CHECK(same_bits(fa.weights, fb.weights, n), "[%s] two identical runs: final weights differ", name);
         CHECK(!same_bits(fa.weights, a.weights, n), "[%s] the FP8 run's weights equal the bf16 run's: FP8 never ran", name);
-        RunRecord evaluated = train_run(10, 1, 1, NULL, 0, 0, resumable[k], 3, stream);
+        RunRecord evaluated = train_run(10, 1, 1, NULL, 0, 0, resumable[k], 3, &ADAMW, stream);
         CHECK(memcmp(fa.losses, evaluated.losses, sizeof(fa.losses)) == 0, "[%s] an evaluation changed the losses", name);
         CHECK(same_bits(fa.weights, evaluated.weights, n), "[%s] an evaluation changed the weights", name);
-        RunRecord fstraight = train_run(10, 1, 1, fp8_dir, 5, 0, resumable[k], 5, stream);
-        RunRecord fresumed = train_run(10, 1, 1, fp8_dir, 5, 1, resumable[k], 5, stream);
+        RunRecord fstraight = train_run(10, 1, 1, fp8_dir, 5, 0, resumable[k], 5, &ADAMW, stream);
+        RunRecord fresumed = train_run(10, 1, 1, fp8_dir, 5, 1, resumable[k], 5, &ADAMW, stream);
         CHECK(memcmp(fstraight.losses + 5, fresumed.losses + 5, 5 * sizeof(float)) == 0, "[%s] resume: losses of steps 6..10 differ", name);
         CHECK(same_bits(fstraight.weights, fresumed.weights, n), "[%s] resume: final weights differ", name);
         CHECK(same_bits(fstraight.weights, fa.weights, n), "[%s] the checkpointing run differs from a plain run", name);
-        free(fa.weights); free(fb.weights); free(evaluated.weights); free(fstraight.weights); free(fresumed.weights);
+        if (k == 0) { fp8_delayed_adamw = fa; } else { free(fa.weights); }
+        free(fb.weights); free(evaluated.weights); free(fstraight.weights); free(fresumed.weights);
     }
+
+    test_adamw8_runs(&a, dir, &straight, &delayed, &fp8_delayed_adamw, n, stream);
+    free(fp8_delayed_adamw.weights);
+    free(straight.weights);
     free(a.weights);
     matmul_teardown();
     cudaCheck(cudaStreamDestroy(stream));

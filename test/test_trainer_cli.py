@@ -6,7 +6,9 @@ naming the flag, file or value, and a non-zero exit: never a crash, a hang or a 
 messages. The GPU trainer checks flags, model files and data before its first CUDA call,
 so these tests run it on CI machines without a GPU too. The CPU trainer (train_gpt2cpu)
 shares the flag table, the data loader and the checkpoint code, and also trains end to end
-here: loss goes down, and a resumed run is bitwise identical to an uninterrupted one.
+here: loss goes down, and a resumed run is bitwise identical to an uninterrupted one, with
+either optimizer (-opt adamw | adamw8), across optimizers (a checkpoint of one resumes under
+the other), and in FP8 (-p fp8, the CPU reference's emulation).
 """
 import os
 import struct
@@ -162,6 +164,21 @@ class TestBadInput:
     def test_fp8_bad_pass_list(self, binary, data, value, fragment):
         assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-f8p", value])), "-f8p", fragment)
 
+    # optimizer flags
+    @pytest.mark.parametrize("value", ["sgd", "adam", "ADAMW8", ""])
+    def test_unknown_optimizer(self, binary, data, value):
+        assert_one_line_error(run(binary, base_args(data, ["-opt", value])), "-opt", f"'{value}'", "adamw adamw8")
+
+    @pytest.mark.parametrize("value", ["some", "8bit", ""])
+    def test_unknown_adamw8_state_selection(self, binary, data, value):
+        assert_one_line_error(run(binary, base_args(data, ["-opt", "adamw8", "-qs", value])), "-qs", f"'{value}'", "default all none")
+
+    @pytest.mark.parametrize("opt,qs", [("adamw", "default"), ("adamw8", "default"), ("adamw8", "all"), ("adamw8", "none"), ("adamw", "all")])
+    def test_optimizer_flags_accepted(self, binary, data, opt, qs):
+        """valid values pass the shared parser: the run gets as far as the data (missing here), on both trainers"""
+        result = run(binary, base_args(data, ["-opt", opt, "-qs", qs, "-i", data / "nothing_train_*.bin"]))
+        assert_one_line_error(result, "nothing_train_")
+
 
 # the FP8 shape rules are the GPU trainer's (cuBLASLt FP8), checked before its first CUDA call
 def test_fp8_block_recipe_refuses_d48_naming_the_remedy(data):
@@ -194,7 +211,7 @@ def test_fp8_good_flags_accepted(data, tmp_path):
 def test_help_lists_every_flag_with_default(binary):
     result = run(binary, ["--help"])
     assert result.returncode == 0
-    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-f8", "-f8p", "-fn", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
+    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt"]
     lines = result.stdout.splitlines()
     for flag in flags:
@@ -239,6 +256,111 @@ def test_cpu_resume_is_bitwise_identical(data, tmp_path):
     la = [l for l in read_log(straight / "main.log") if " trl:" in l]
     lb = [l for l in read_log(split / "main.log") if " trl:" in l]
     assert la[3:] == lb[-3:], (la, lb)
+
+
+def train_losses(out):
+    return [float(l.split("trl:")[1].split()[0]) for l in read_log(out / "main.log") if " trl:" in l]
+
+
+def test_cpu_adamw8_training_reduces_loss(data, tmp_path):
+    out = tmp_path / "run"
+    result = run(CPU, base_args(data, ["-x", 30, "-l", 3e-3, "-o", out, "-opt", "adamw8"]), timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "optimizer adamw8 (-qs default: 8-bit states for 4 of 16 tensors)" in result.stdout
+    losses = train_losses(out)
+    assert len(losses) == 30
+    assert losses[-1] < losses[0] - 0.5, (losses[0], losses[-1])
+
+
+def run_split(data, out, first, second, steps=6, half=3):
+    """`half` steps with the `first` flags, checkpoint, then resume to `steps` with the `second` ones"""
+    common = ["-l", 1e-3, "-k", "constant", "-n", half, "-v", 0, "-o", out]
+    r1 = run(CPU, base_args(data, common + ["-x", half] + first), timeout=600)
+    assert r1.returncode == 0, r1.stderr
+    r2 = run(CPU, base_args(data, common + ["-x", steps, "-y", 1] + second), timeout=600)
+    return r2
+
+
+def run_straight(data, out, flags, steps=6):
+    result = run(CPU, base_args(data, ["-l", 1e-3, "-k", "constant", "-v", 0, "-o", out, "-x", steps, "-n", steps] + flags), timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def final_model(out, step=6):
+    return (out / f"model_{step:08d}.bin").read_bytes()
+
+
+def test_cpu_adamw8_resume_is_bitwise_identical(data, tmp_path):
+    flags = ["-opt", "adamw8"]
+    run_straight(data, tmp_path / "straight", flags)
+    r = run_split(data, tmp_path / "split", flags, flags)
+    assert r.returncode == 0, r.stderr
+    assert final_model(tmp_path / "straight") == final_model(tmp_path / "split")
+    assert train_losses(tmp_path / "straight")[3:] == train_losses(tmp_path / "split")[-3:]
+    # and the 8-bit run is not plain AdamW in disguise
+    run_straight(data, tmp_path / "adamw", ["-opt", "adamw"])
+    assert final_model(tmp_path / "adamw") != final_model(tmp_path / "straight")
+
+
+def test_cpu_adamw8_without_8bit_tensors_is_adamw_bitwise(data, tmp_path):
+    """-qs none keeps every tensor in fp32 states: plain AdamW's arithmetic, so the same bits"""
+    run_straight(data, tmp_path / "adamw", ["-opt", "adamw"])
+    run_straight(data, tmp_path / "none", ["-opt", "adamw8", "-qs", "none"])
+    assert final_model(tmp_path / "adamw") == final_model(tmp_path / "none")
+
+
+@pytest.mark.parametrize("first,second", [("adamw", "adamw8"), ("adamw8", "adamw")])
+def test_cpu_checkpoint_converts_between_optimizers_bitwise(data, tmp_path, first, second):
+    """with -qs none the conversion is a copy of fp32 moments, so switching optimizer mid-run is exact"""
+    run_straight(data, tmp_path / "straight", ["-opt", "adamw"])
+    r = run_split(data, tmp_path / "split", ["-opt", first, "-qs", "none"], ["-opt", second, "-qs", "none"])
+    assert r.returncode == 0, r.stderr
+    assert ("quantized into 8-bit states" if second == "adamw8" else "dequantized into fp32 moments") in r.stdout
+    assert final_model(tmp_path / "straight") == final_model(tmp_path / "split")
+
+
+@pytest.mark.parametrize("first,second", [("adamw", "adamw8"), ("adamw8", "adamw")])
+def test_cpu_checkpoint_converts_between_optimizers(data, tmp_path, first, second):
+    """8-bit states for the matmul weights: the resumed run continues within 1% of an uninterrupted run of the new optimizer"""
+    run_straight(data, tmp_path / "straight", ["-opt", second])
+    r = run_split(data, tmp_path / "split", ["-opt", first], ["-opt", second])
+    assert r.returncode == 0, r.stderr
+    assert ("quantized into 8-bit states" if second == "adamw8" else "dequantized into fp32 moments") in r.stdout
+    assert final_model(tmp_path / "straight") != final_model(tmp_path / "split"), "the first half's optimizer left no trace"
+    want, got = train_losses(tmp_path / "straight")[3:], train_losses(tmp_path / "split")[-3:]
+    assert np.allclose(got, want, rtol=1e-2, atol=0), (got, want)
+
+
+@pytest.mark.parametrize("second", [["-opt", "adamw8"], ["-opt", "adamw"], ["-opt", "adamw8", "-qs", "none"]])
+def test_cpu_resume_with_other_adamw8_state_selection_refused(data, tmp_path, second):
+    r = run_split(data, tmp_path / "split", ["-opt", "adamw8", "-qs", "all"], second)
+    assert_one_line_error(r, "state_00000003_00000.bin", "-qs all", "resume with -qs all")
+
+
+def test_cpu_fp8_is_honoured(data, tmp_path):
+    """-p fp8 trains through the reference's FP8 emulation: close to fp32, but not the same bits"""
+    fp32 = run_straight(data, tmp_path / "fp32", [])
+    fp8 = run_straight(data, tmp_path / "fp8", ["-p", "fp8"])
+    assert "precision fp8 emulated, recipe delayed" in fp8.stdout
+    assert "precision fp32" in fp32.stdout
+    assert final_model(tmp_path / "fp32") != final_model(tmp_path / "fp8"), "-p fp8 trained exactly like fp32: FP8 ignored"
+    assert np.allclose(train_losses(tmp_path / "fp8"), train_losses(tmp_path / "fp32"), rtol=2e-2)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "block"])
+def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, recipe):
+    """the scaling states go into the state file, and val evaluations put them back"""
+    flags = ["-p", "fp8", "-fr", recipe, "-opt", "adamw8", "-f8", "all"]
+    run_straight(data, tmp_path / "straight", flags)
+    r = run_split(data, tmp_path / "split", flags + ["-v", 1, "-m", 1], flags + ["-v", 1, "-m", 1])
+    assert r.returncode == 0, r.stderr
+    assert final_model(tmp_path / "straight") == final_model(tmp_path / "split")
+
+
+def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path):
+    r = run_split(data, tmp_path / "split", ["-p", "fp8"], ["-p", "fp8", "-fr", "current"])
+    assert_one_line_error(r, "state_00000003_00000.bin", "-fr")
 
 
 def test_readme_flag_table_matches_help():

@@ -4,9 +4,14 @@ train_gpt2cpu.c: trains GPT-2 on the CPU with the fp32 reference model (test/gpt
 Why: a machine without a GPU (CI, a laptop) can still run the whole pipeline end to end:
 the same flag table, data loader, learning-rate schedules, logs and checkpoint/resume code
 as train_gpt2_fp8, on a tiny model. It is the README's first command where no GPU is found,
-and the end-to-end tests drive it. Flags that only mean something on a GPU (-p, -at, -r,
--ge, -kt) are accepted and have no effect here; the model trains in fp32 and checkpoints
-as llm.c's fp32 model files (version 3).
+and the end-to-end tests drive it. The numerical choices run through the reference's own
+versions of them: -p fp8 through its FP8 emulation (quantize-dequantize at the points the
+GPU casts, with the -fr -fh -fm -f8 -f8p settings; the scaling states go into the state
+file, and evaluation puts them back, as on the GPU), and -opt adamw8 through the 8-bit
+AdamW host reference (llmc/quant8.h) with the GPU trainer's state-file sections and
+conversions. Flags that only mean something on a GPU (-at, -r, -ge, -kt, -z, -fn) are
+accepted and have no effect here; weights are fp32 and checkpoints are llm.c's fp32 model
+files (version 3).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,12 +20,14 @@ as llm.c's fp32 model files (version 3).
 #include <time.h>
 #include "llmc/utils.h"          // fail-fast I/O
 #include "llmc/gpt2_config.h"    // config, parameter layout, random init
-#include "llmc/train_config.h"   // the command line shared with train_gpt2_fp8
+#include "llmc/train_config.h"   // the command line shared with train_gpt2_fp8, resume of either optimizer's state
 #include "llmc/dataloader.h"     // llm.c token shards
 #include "llmc/checkpoint.h"     // model/state files, DONE markers
+#include "llmc/train_state.h"    // resume into either optimizer
 #include "llmc/schedulers.h"     // learning-rate schedules
 #include "llmc/logger.h"         // main.log + main.jsonl
-#include "test/gpt2_ref.h"       // the fp32 CPU model
+#include "llmc/quant8.h"         // 8-bit AdamW (-opt adamw8), host reference
+#include "test/gpt2_ref.h"       // the fp32 CPU model, with FP8 emulation
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -28,25 +35,134 @@ static double now_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+// ----------------------------------------------------------------------------
+// FP8 (-p fp8): the reference's emulation, with the flags' settings
+
+// the number of FP8 states gpt2ref_set_fp8_emulation keeps: 4 linears a layer and lm_head
+static size_t cpu_fp8_num_linears(const GPT2Ref* model) { return 4 * (size_t)model->config.num_layers + 1; }
+
+static Fp8Emulation cpu_fp8_emulation(const Fp8Settings* s) {
+    Fp8Emulation e = fp8_emulation_default();
+    e.recipe = s->recipe == FP8_MODEL_DELAYED ? FP8_EMULATE_DELAYED : s->recipe == FP8_MODEL_CURRENT ? FP8_EMULATE_CURRENT
+                                                                                                      : FP8_EMULATE_BLOCK;
+    e.passes = s->passes;    // fp8_recipe.h's bits are the emulation's
+    e.linears = s->linears;
+    e.history_len = s->history_len;
+    e.margin = s->margin;
+    return e;
+}
+
+#define CPU_FP8_SECTIONS 2
+
+// the state-file sections of the FP8 emulation: its settings and every linear's scaling
+// (0 sections in an fp32 run); config receives the file's settings on read
+static int cpu_fp8_state_sections(GPT2Ref* model, Fp8Emulation* config, StateSection sections[CPU_FP8_SECTIONS]) {
+    if (model->fp8_linears == NULL) { return 0; }
+    *config = model->fp8_config;
+    sections[0].tag = "fp8emu_config";
+    sections[0].data = config;
+    sections[0].bytes = sizeof(*config);
+    sections[1].tag = "fp8emu_linears";
+    sections[1].data = model->fp8_linears;
+    sections[1].bytes = cpu_fp8_num_linears(model) * sizeof(Fp8LinearState);
+    return CPU_FP8_SECTIONS;
+}
+
+// val loss; with FP8 emulation the scaling states are put back afterwards, so evaluating
+// never changes training (as fp8_model_begin_eval / end_eval do on the GPU)
 static float cpu_val_loss(GPT2Ref* model, DataLoader* loader, int batches, int B, int T) {
+    size_t fp8_bytes = model->fp8_linears != NULL ? cpu_fp8_num_linears(model) * sizeof(Fp8LinearState) : 0;
+    Fp8LinearState* saved = NULL;
+    if (fp8_bytes > 0) {
+        saved = (Fp8LinearState*)mallocCheck(fp8_bytes);
+        memcpy(saved, model->fp8_linears, fp8_bytes);
+    }
     dataloader_reset(loader);
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         dataloader_next_batch(loader);
         sum += gpt2ref_forward(model, loader->inputs, loader->targets, B, T);
     }
+    if (fp8_bytes > 0) {
+        memcpy(model->fp8_linears, saved, fp8_bytes);
+        free(saved);
+    }
     return (float)(sum / batches);
 }
 
-static void cpu_save_checkpoint(const GPT2Ref* model, const DataLoader* loader, const char* dir, int step) {
+// ----------------------------------------------------------------------------
+// the optimizer: fp32 AdamW in the model (adam_m, adam_v), or adamw8's host states
+
+typedef struct {
+    int use_adamw8;
+    Adamw8Selection selection;
+    Adamw8Layout layout;
+    Adamw8States states;  // allocated with -opt adamw8 only
+    Quant8Maps maps;
+} CpuOptimizer;
+
+static void cpu_optimizer_init(CpuOptimizer* opt, const GPT2Config* cfg, const TrainConfig* tc) {
+    memset(opt, 0, sizeof(*opt));
+    opt->use_adamw8 = train_config_uses_adamw8(tc);
+    opt->selection = adamw8_selection_from_name(tc->adamw8_states, "-qs");
+    adamw8_layout_init(&opt->layout, cfg, opt->selection);
+    if (opt->use_adamw8) { adamw8_states_alloc_host(&opt->states, &opt->layout); }
+    quant8_maps_init(&opt->maps);
+}
+
+static void cpu_optimizer_free(CpuOptimizer* opt) {
+    if (opt->use_adamw8) { adamw8_states_free_host(&opt->states); }
+}
+
+// one step with llm.c's clipping; returns the global norm (not finite: nothing was updated)
+static float cpu_optimizer_step(CpuOptimizer* opt, GPT2Ref* model, float lr, float weight_decay, int t, float grad_clip) {
+    const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+    if (!opt->use_adamw8) { return gpt2ref_adamw_update(model, lr, beta1, beta2, eps, weight_decay, t, grad_clip); }
+    float norm = gpt2ref_global_norm(model);
+    if (!isfinite(norm)) { return norm; }
+    float grad_scale = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
+    adamw8_model_update_fp32(&opt->layout, &opt->states, &opt->maps, model->params, model->grads, lr, beta1, beta2, eps,
+                             weight_decay, t, grad_scale);
+    return norm;
+}
+
+// ----------------------------------------------------------------------------
+// checkpoints: the GPU trainer's state-file sections for the optimizer, and the emulation's
+
+static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoader* loader, const char* dir, int step) {
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_model_path(path, sizeof(path), dir, step);
     model_file_write(path, &model->config, model->params, 3);
     TrainState state = {step, 0, 0};
-    StateBuffers buffers = {model->num_parameters, model->adam_m, model->adam_v, NULL, NULL, 0};
+    StateSection sections[CPU_FP8_SECTIONS + ADAMW8_NUM_SECTIONS];
+    Fp8Emulation fp8_config;
+    int num_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
+    int32_t bits[NUM_PARAMETER_TENSORS];
+    StateBuffers buffers = {model->num_parameters, model->adam_m, model->adam_v, NULL, sections, num_sections};
+    if (opt->use_adamw8) {  // 8-bit states in sections, no fp32 m and v (doc/adamw8.md)
+        buffers.m = buffers.v = NULL;
+        buffers.num_sections += adamw8_state_sections(sections + num_sections, &opt->layout, &opt->states, bits);
+    }
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
     state_file_write(path, &state, &buffers, loader);
     checkpoint_write_done(dir, step);
+}
+
+// restores the optimizer (converting a file of the other optimizer), the FP8 scaling and the
+// data position; returns the step
+static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader, const char* path) {
+    StateSection sections[CPU_FP8_SECTIONS];
+    Fp8Emulation fp8_config;
+    memset(&fp8_config, 0, sizeof(fp8_config));
+    int num_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
+    int step = train_state_read(path, loader, &model->config, opt->use_adamw8, opt->selection, model->adam_m, model->adam_v,
+                                &opt->states, NULL, sections, num_sections);
+    if (num_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
+        llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes 0x%x, linears 0x%x, history %d, "
+                 "margin %d): resume with the same -fr -f8p -f8 -fh -fm", path, fp8_config.recipe, fp8_config.passes,
+                 fp8_config.linears, fp8_config.history_len, fp8_config.margin);
+    }
+    return step;
 }
 
 int main(int argc, char** argv) {
@@ -65,6 +181,7 @@ int main(int argc, char** argv) {
     if (model_path[0]) { model_file_read_header(model_path, &cfg, &model_version); }
     else { cfg = gpt2_config_from_descriptor(tc.model); }
     int grad_accum_steps = train_config_check_batch(&tc, &cfg, 1);
+    Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
 
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, 0, 1, tc.shuffle, cfg.vocab_size);
@@ -85,14 +202,17 @@ int main(int argc, char** argv) {
     GPT2Ref model;
     gpt2ref_init(&model, &cfg, params);
     free(params);
+    if (fp8_settings.enabled) {
+        Fp8Emulation emulation = cpu_fp8_emulation(&fp8_settings);
+        gpt2ref_set_fp8_emulation(&model, &emulation);
+    }
+    CpuOptimizer optimizer;
+    cpu_optimizer_init(&optimizer, &cfg, &tc);
     int start_step = 0;
     if (resume_step >= 0) {
         char state_path[CHECKPOINT_PATH_MAX];
         checkpoint_state_path(state_path, sizeof(state_path), out_dir, resume_step, 0);
-        TrainState state;
-        StateBuffers buffers = {model.num_parameters, model.adam_m, model.adam_v, NULL, NULL, 0};
-        state_file_read(state_path, &state, &buffers, &train_loader);
-        start_step = state.step;
+        start_step = cpu_load_state(&model, &optimizer, &train_loader, state_path);
         printf("resumed from %s at step %d\n", model_path, start_step);
     }
     Logger logger;
@@ -101,6 +221,14 @@ int main(int argc, char** argv) {
     printf("train_gpt2cpu | L=%d NH=%d C=%d V=%d | %zu parameters | B=%d T=%d, %d micro-steps | %d steps | lr %g (%s)\n",
            cfg.num_layers, cfg.num_heads, cfg.channels, cfg.vocab_size, n, tc.B, tc.T, grad_accum_steps, num_steps,
            tc.learning_rate, tc.lr_schedule);
+    int eight_bit_tensors = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { eight_bit_tensors += optimizer.layout.bits[i] == 8; }
+    printf("precision %s%s | optimizer %s", fp8_settings.enabled ? "fp8 emulated, recipe " : "fp32",
+           fp8_settings.enabled ? FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe] : "", tc.optimizer);
+    if (optimizer.use_adamw8) {
+        printf(" (-qs %s: 8-bit states for %d of %d tensors)", tc.adamw8_states, eight_bit_tensors, NUM_PARAMETER_TENSORS);
+    }
+    printf("\n");
 
     for (int step = start_step; step <= num_steps; step++) {
         int last_step = step == num_steps;
@@ -110,7 +238,7 @@ int main(int argc, char** argv) {
             logger_log_val(&logger, step, val_loss);
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
-            cpu_save_checkpoint(&model, &train_loader, out_dir, step);
+            cpu_save_checkpoint(&model, &optimizer, &train_loader, out_dir, step);
         }
         if (last_step) { break; }
 
@@ -125,7 +253,7 @@ int main(int argc, char** argv) {
         float loss = (float)(loss_sum / grad_accum_steps);
         float lr = get_learning_rate(&scheduler, step);
         int skipped = !isfinite(loss);
-        float norm = skipped ? NAN : gpt2ref_adamw_update(&model, lr, 0.9f, 0.95f, 1e-8f, tc.weight_decay, step + 1, tc.grad_clip);
+        float norm = skipped ? NAN : cpu_optimizer_step(&optimizer, &model, lr, tc.weight_decay, step + 1, tc.grad_clip);
         skipped = skipped || !isfinite(norm);
         double ms = (now_seconds() - t0) * 1000.0;
         double tok_per_s = tc.total_batch_size / (ms / 1000.0);
@@ -134,6 +262,7 @@ int main(int argc, char** argv) {
         logger_log_train(&logger, step + 1, loss, lr, norm, (float)ms, (float)tok_per_s, 0.0f, skipped);
     }
     logger_free(&logger);
+    cpu_optimizer_free(&optimizer);
     gpt2ref_free(&model);
     dataloader_free(&train_loader);
     if (run_val) { dataloader_free(&val_loader); }

@@ -2,7 +2,8 @@
 End-to-end training benchmark: runs ./train_gpt2_fp8 for each configuration on synthetic
 tokens, and writes doc/benchmarks/<date>-<gpu>.md and .json with the same figures (one
 record per configuration: model, precision, recipe, optimizer, B, T, tok/s, MFU, peak
-memory, device, commit, command) plus the per-kernel breakdown of each run (-kt 1).
+memory, the optimizer step's time, device, commit, command) plus the per-kernel breakdown
+of each run (-kt 1).
 
 tok/s and MFU are medians over the timed steps; the first steps (cuDNN/cuBLAS plan
 building, allocator warm-up) are dropped. `make bench` runs the full set, `make gpucheck`
@@ -28,8 +29,11 @@ TRAINER = os.path.join(ROOT, "train_gpt2_fp8")
 # models recompute GELU (-r 1) so that they fit in an H100's 80 GB
 FULL_CONFIGS = [("d12", 64, 0), ("d24", 32, 0), ("d36", 16, 1), ("d48", 16, 1)]
 QUICK_CONFIGS = [("d12", 64, 0), ("d48", 16, 1)]
-# (precision, FP8 recipe): each FP8 recipe is its own record; lm_head stays bf16 (the default)
-PRECISIONS = [("bf16", "-"), ("fp8", "delayed"), ("fp8", "current"), ("fp8", "block")]
+# (precision, FP8 recipe, optimizer): each is its own record; lm_head stays bf16 (the default)
+RUNS = [("bf16", "-", "adamw"), ("fp8", "delayed", "adamw"), ("fp8", "current", "adamw"), ("fp8", "block", "adamw"),
+        ("bf16", "-", "adamw8"), ("fp8", "delayed", "adamw8")]
+# the 8-bit AdamW is measured at the smallest and the largest size (DESIGN.md section 4's memory figures)
+ADAMW8_MODELS = {"d12", "d48"}
 # the block recipe's tiles need C % 128 == 0, which d48 (C=1600) does not have: the trainer refuses it
 BLOCK_RECIPE_EXCLUDED = {"d48"}
 WARMUP_STEPS = 3
@@ -79,29 +83,40 @@ def parse_run(stdout):
     return steps, breakdown
 
 
-def run_config(model, B, recompute, T, precision, recipe, steps, data_path):
+def optimizer_ms(breakdown, optimizer):
+    """ms per step of the optimizer's own profiler mark ("adamw" or "adamw8") in a -kt 1 breakdown"""
+    for line in breakdown.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0] == optimizer:
+            return float(cells[1])
+    return None
+
+
+def run_config(model, B, recompute, T, precision, recipe, optimizer, steps, data_path):
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
-           "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute)]
+           "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute), "-opt", optimizer]
     if precision == "fp8":
         cmd += ["-fr", recipe, "-fn", "0"]
     print("running:", " ".join(cmd), flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "command": " ".join(cmd[1:])}
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
-        return {"model": model, "precision": precision, "recipe": recipe, "command": " ".join(cmd[1:]), "error": (result.stderr.strip().splitlines() or ["exit %d" % result.returncode])[-1]}
+        return dict(failed, error=(result.stderr.strip().splitlines() or ["exit %d" % result.returncode])[-1])
     step_records, breakdown = parse_run(result.stdout)
     timed = [s for s in step_records if s["step"] > WARMUP_STEPS]
     if not timed:
-        return {"model": model, "precision": precision, "recipe": recipe, "command": " ".join(cmd[1:]), "error": "no step lines parsed"}
+        return dict(failed, error="no step lines parsed")
     mfus = [s["mfu"] for s in timed if s["mfu"] is not None]
     return {
-        "model": model, "precision": precision, "recipe": recipe, "optimizer": "adamw",
+        "model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer,
         "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
         "tok_per_s": statistics.median(s["tok_s"] for s in timed),
         "ms_per_step": statistics.median(s["ms"] for s in timed),
         "mfu": statistics.median(mfus) if mfus else None,
         "peak_mem_mib": max(s["mem_mib"] for s in step_records),
         "final_loss": timed[-1]["loss"],
+        "optimizer_ms": optimizer_ms(breakdown, optimizer),
         "command": "./train_gpt2_fp8 " + " ".join(cmd[1:]),
         "kernel_breakdown": breakdown,
     }
@@ -133,13 +148,17 @@ def main():
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     records = []
     for model, B, recompute in configs:
-        for precision, recipe in PRECISIONS:
+        for precision, recipe, optimizer in RUNS:
             if recipe == "block" and model in BLOCK_RECIPE_EXCLUDED:
                 continue
-            rec = run_config(model, B, recompute, T, precision, recipe, steps, data_path)
+            if optimizer == "adamw8" and model not in ADAMW8_MODELS:
+                continue
+            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, steps, data_path)
             rec.update({"device": device, "commit": commit, "date": date})
             records.append(rec)
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
+            if rec.get("optimizer_ms") is not None:
+                print(f"{model} {precision} {recipe} {optimizer}: optimizer step {rec['optimizer_ms']:.3f} ms", flush=True)
 
     os.makedirs(args.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
@@ -149,17 +168,19 @@ def main():
     with open(base + ".md", "w") as f:
         f.write(f"# Benchmark {date} on {device}\n\ncommit `{commit}`, command `python dev/bench/bench.py{' --quick' if args.quick else ''}`, "
                 f"synthetic tokens, T={T}, {steps} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
-        f.write("| model | precision | recipe | optimizer | B | T | tok/s | ms/step | MFU | peak mem MiB |\n|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| model | precision | recipe | optimizer | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in records:
             if "error" in r:
-                f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | | | | error: {r['error']} | | | |\n")
+                f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | | | error: {r['error']} | | | | |\n")
                 continue
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+            opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
             f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['B']} | {r['T']} | "
-                    f"{r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {mfu} | {r['peak_mem_mib']} |\n")
+                    f"{r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
         for r in records:
             if r.get("kernel_breakdown"):
-                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} B={r['B']}: per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
+                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} B={r['B']}: per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
     print("wrote", base + ".md", "and", base + ".json")
     if any("error" in r for r in records):
         sys.exit(1)
