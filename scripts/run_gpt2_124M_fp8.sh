@@ -1,33 +1,8 @@
 #!/usr/bin/env bash
-# GPT-2 124M (d12) in FP8 (-p fp8, the default delayed recipe): 124M parameters on the FineWeb 10B-token sample (one epoch).
-# The FP8 side of run_gpt2_124M_bf16.sh: the same binary, data, seed and hyperparameters,
-# only -p differs (the FP8 numerics log, numerics.jsonl, is written every 100 steps by default).
-#
-# Hyperparameters are llm.c's published ones, from
-#   llm.c scripts/run_gpt2_124M.sh: -b 64 -t 1024 -d 524288 -l 0.0006 -q 0.0 -u 700 -c 0.1 -z 1 -r 0
-#   -v 250 -s 20000 -g 144 -h 1 -n 5000 -y 1 -e d12 on fineweb10B; llm.c sets no -x there and
-#   runs one epoch of the 10B sample, which is the 18,865 steps of its DONE_00018865 marker.
-#
-# Data: python dev/data/fineweb.py --version 10B   (writes dev/data/fineweb10B/)
-#       python dev/data/hellaswag.py                  (for -h 1)
-# GPUs: NUM_GPUS=8 bash scripts/run_gpt2_124M_bf16.sh runs it under mpirun; the total batch
-#       (-d) stays the same and gradient accumulation adapts to the number of GPUs.
-# Extra arguments are passed to the trainer after these flags (later flags win).
-# A failed run resumes (-y 1) from its last complete checkpoint, up to 3 times (scripts/run_common.sh).
+# GPT-2 124M in FP8: the FP8 side of run_gpt2_124M_bf16.sh, with the same binary, data,
+# seed and hyperparameters; only -p differs (the default delayed recipe; the FP8 numerics log,
+# numerics.jsonl, is written every 100 steps). Output goes to log_gpt2_124M_fp8 (OUT_DIR
+# overrides). Extra arguments go to the trainer after these flags (later flags win), e.g. -fr current.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/run_common.sh
-
-run_gpt2 log_gpt2_124M_fp8 \
-    -p fp8 \
-    -e d12 \
-    -i "dev/data/fineweb10B/fineweb_train_*.bin" \
-    -j "dev/data/fineweb10B/fineweb_val_*.bin" \
-    -tk "dev/data/fineweb10B/gpt2_tokenizer.bin" \
-    -b 64 -t 1024 -d 524288 \
-    -l 0.0006 -q 0.0 -u 700 -c 0.1 \
-    -x 18865 \
-    -v 250 -s 20000 -g 144 -h 1 \
-    -n 5000 \
-    -r 0 \
-    -- "$@"
+OUT_DIR="${OUT_DIR:-log_gpt2_124M_fp8}" exec bash scripts/run_gpt2_124M_bf16.sh -p fp8 "$@"

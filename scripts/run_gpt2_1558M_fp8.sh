@@ -1,34 +1,8 @@
 #!/usr/bin/env bash
-# GPT-2 1558M (d48) in FP8 (-p fp8, the default delayed recipe): 1558M parameters on ~33.5B tokens of the FineWeb-Edu 100B-token sample.
-# The FP8 side of run_gpt2_1558M_bf16.sh: the same binary, data, seed and hyperparameters,
-# only -p differs; d48's C=1600 is not a multiple of 128, so the block recipe (-fr block)
-# refuses it (the FP8 numerics log, numerics.jsonl, is written every 100 steps by default).
-#
-# Hyperparameters are llm.c's published ones, from
-#   llm.c scripts/run_gpt2_1558M.sh: -b 16 -t 1024 -d 1048576 -l 0.0006 -q 0.1 -k cosine -u 700 -c 0.1
-#   -z 1 -r 0 -v 250 -s 300000 -g 384 -h 1 -n 2000 -x 32000 -y 1 -e d48 on edu_fineweb100B
-#   (llm.c's -ge 1, GELU fused into the matmul epilogue, is llm8's default).
-#
-# Data: python dev/data/fineweb.py --type edu --version 100B   (writes dev/data/edu_fineweb100B/)
-#       python dev/data/hellaswag.py                  (for -h 1)
-# GPUs: NUM_GPUS=8 bash scripts/run_gpt2_1558M_bf16.sh runs it under mpirun; the total batch
-#       (-d) stays the same and gradient accumulation adapts to the number of GPUs.
-# Extra arguments are passed to the trainer after these flags (later flags win).
-# A failed run resumes (-y 1) from its last complete checkpoint, up to 3 times (scripts/run_common.sh).
+# GPT-2 1558M in FP8: the FP8 side of run_gpt2_1558M_bf16.sh, with the same binary, data,
+# seed and hyperparameters; only -p differs (the default delayed recipe; the FP8 numerics log,
+# numerics.jsonl, is written every 100 steps). Output goes to log_gpt2_1558M_fp8 (OUT_DIR
+# overrides). Extra arguments go to the trainer after these flags (later flags win), e.g. -fr current.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/run_common.sh
-
-run_gpt2 log_gpt2_1558M_fp8 \
-    -p fp8 \
-    -e d48 \
-    -i "dev/data/edu_fineweb100B/edu_fineweb_train_*.bin" \
-    -j "dev/data/edu_fineweb100B/edu_fineweb_val_*.bin" \
-    -tk "dev/data/edu_fineweb100B/gpt2_tokenizer.bin" \
-    -b 16 -t 1024 -d 1048576 \
-    -l 0.0006 -q 0.1 -u 700 -c 0.1 -k cosine \
-    -x 32000 \
-    -v 250 -s 300000 -g 384 -h 1 \
-    -n 2000 \
-    -r 0 \
-    -- "$@"
+OUT_DIR="${OUT_DIR:-log_gpt2_1558M_fp8}" exec bash scripts/run_gpt2_1558M_bf16.sh -p fp8 "$@"

@@ -1,32 +1,8 @@
 #!/usr/bin/env bash
-# GPT-2 350M (d24) in FP8 (-p fp8, the default delayed recipe): 350M parameters on ~31.5B tokens of the FineWeb 100B-token sample.
-# The FP8 side of run_gpt2_350M_bf16.sh: the same binary, data, seed and hyperparameters,
-# only -p differs (the FP8 numerics log, numerics.jsonl, is written every 100 steps by default).
-#
-# Hyperparameters are llm.c's published ones, from
-#   llm.c scripts/run_gpt2_350M.sh: -b 64 -t 1024 -d 524288 -l 0.0003 -q 0.0 -u 700 -c 0.1 -z 1 -r 0
-#   -v 250 -s 100000 -g 144 -h 1 -n 2000 -x 60000 -y 1 -e d24 on fineweb100B.
-#
-# Data: python dev/data/fineweb.py --version 100B   (writes dev/data/fineweb100B/)
-#       python dev/data/hellaswag.py                  (for -h 1)
-# GPUs: NUM_GPUS=8 bash scripts/run_gpt2_350M_bf16.sh runs it under mpirun; the total batch
-#       (-d) stays the same and gradient accumulation adapts to the number of GPUs.
-# Extra arguments are passed to the trainer after these flags (later flags win).
-# A failed run resumes (-y 1) from its last complete checkpoint, up to 3 times (scripts/run_common.sh).
+# GPT-2 350M in FP8: the FP8 side of run_gpt2_350M_bf16.sh, with the same binary, data,
+# seed and hyperparameters; only -p differs (the default delayed recipe; the FP8 numerics log,
+# numerics.jsonl, is written every 100 steps). Output goes to log_gpt2_350M_fp8 (OUT_DIR
+# overrides). Extra arguments go to the trainer after these flags (later flags win), e.g. -fr current.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/run_common.sh
-
-run_gpt2 log_gpt2_350M_fp8 \
-    -p fp8 \
-    -e d24 \
-    -i "dev/data/fineweb100B/fineweb_train_*.bin" \
-    -j "dev/data/fineweb100B/fineweb_val_*.bin" \
-    -tk "dev/data/fineweb100B/gpt2_tokenizer.bin" \
-    -b 64 -t 1024 -d 524288 \
-    -l 0.0003 -q 0.0 -u 700 -c 0.1 \
-    -x 60000 \
-    -v 250 -s 100000 -g 144 -h 1 \
-    -n 2000 \
-    -r 0 \
-    -- "$@"
+OUT_DIR="${OUT_DIR:-log_gpt2_350M_fp8}" exec bash scripts/run_gpt2_350M_bf16.sh -p fp8 "$@"
