@@ -37,12 +37,38 @@ else
   ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -lcudnn -lnvrtc  # the frontend runtime-compiles some engines
 endif
 
-.PHONY: all test test-cpu test-python compile-cuda gpucheck bench env clean check-cuda check-cudnn
+# ---- NCCL (multi-GPU): /usr/local/cuda, or pip's nvidia-nccl-cu13 in site-packages ---------
+NCCL_PIP := $(firstword $(wildcard $(PY_SITE)/nvidia/nccl))
+ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+  NCCL_INCLUDE ?= $(CUDA_HOME)/include
+  NCCL_LIB ?= $(CUDA_HOME)/lib64
+else ifneq ($(NCCL_PIP),)
+  NCCL_INCLUDE ?= $(NCCL_PIP)/include
+  NCCL_LIB ?= $(NCCL_PIP)/lib
+endif
+# pip ships only libnccl.so.2 (no libnccl.so link), so name the file
+NCCL_FLAGS = -I$(NCCL_INCLUDE)
+NCCL_LIBS = -L$(NCCL_LIB) -Xlinker -rpath,$(NCCL_LIB) -l:libnccl.so.2
+
+# ---- OpenMPI (optional: -pi mpi); without it -pi fs|tcp still launch multi-GPU runs -------
+OPENMPI_DIR ?= /usr/lib/x86_64-linux-gnu/openmpi
+ifeq ($(NO_USE_MPI),1)
+  MPI_FLAGS =
+  MPI_LIBS =
+else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
+  MPI_FLAGS = -DUSE_MPI -I$(OPENMPI_DIR)/include
+  MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath,$(OPENMPI_DIR)/lib -lmpi
+endif
+
+.PHONY: all test test-cpu test-python compile-cuda gpucheck bench env clean check-cuda check-cudnn check-nccl
 
 all: train_gpt2_fp8 train_gpt2cpu
 
 check-cuda:
 	@test -x "$(NVCC)" || { echo "error: nvcc not found (looked on PATH and in /usr/local/cuda/bin); install the CUDA 13 toolkit or set NVCC=/path/to/nvcc" >&2; exit 1; }
+
+check-nccl:
+	@test -n "$(NCCL_INCLUDE)" || { echo "error: NCCL not found in $(CUDA_HOME)/include or $(PY_SITE)/nvidia/nccl; install NCCL 2 (pip install nvidia-nccl-cu13) or set NCCL_INCLUDE and NCCL_LIB" >&2; exit 1; }
 
 check-cudnn:
 ifneq ($(NO_CUDNN),1)
@@ -77,8 +103,8 @@ $(BUILD)/test_%: test/test_%.c $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD)
 $(BUILD)/test_%: test/test_%.cpp $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD) check-cuda
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -I. -I$(CUDA_HOME)/include $< -lm -o $@
 
-$(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn
-	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(ATTENTION_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) -lgomp -o $@
+$(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn check-nccl
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(ATTENTION_FLAGS) $(NCCL_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(NCCL_LIBS) $(MPI_LIBS) -lgomp -o $@
 
 # in this order, so the last line is pytest's summary; compile-cuda first fails fast on a build break
 test: compile-cuda test-cpu test-python

@@ -1,0 +1,389 @@
+/*
+multi_gpu.h: one process per GPU, an NCCL communicator between them, and collectives that
+never hang (DESIGN.md section 5). Host code for nvcc (it includes nccl.h).
+
+Why it is shaped so:
+- The flags are llm.c's (-pn processes, -pr rank, -pg GPUs per node, -pi mpi|fs|tcp, -pf
+  directory, -ps server), so llm.c launch scripts carry over. Only rank 0 creates the NCCL
+  id; the three ways of getting it to the others cover mpirun (MPI, compiled in only with
+  -DUSE_MPI), Slurm without PMIx (a shared directory) and bare machines (one TCP server).
+  Each way waits at most the timeout, then dies naming what it waited for.
+- The communicator is created NONBLOCKING (ncclConfig_t.blocking = 0): every NCCL call
+  returns at once, ncclInProgress included, and multi_gpu_nccl_settle polls
+  ncclCommGetAsyncError until the call has settled, up to a deadline. So even the
+  communicator's creation is bounded when a peer never shows up.
+- A peer that dies in the middle of a collective leaves this rank's NCCL kernel waiting on
+  the GPU forever, which no error code reports. multi_gpu_wait is where the host waits for
+  a stream that ran collectives: it polls an event and the async error with the deadline
+  (-pt, default 300 s), and on an error or the deadline calls ncclCommAbort (which stops
+  the kernels) and dies with one line naming the rank and the collective.
+- With one process nothing touches NCCL: no communicator, the float all-reduce returns
+  its input, multi_gpu_wait is a stream synchronize.
+*/
+#ifndef LLMC_MULTI_GPU_H
+#define LLMC_MULTI_GPU_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <errno.h>
+#include <poll.h>
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#ifdef USE_MPI
+#include <mpi.h>
+#endif
+#include "utils.h"
+#include "cuda_common.h"
+
+#define MULTI_GPU_DEFAULT_TIMEOUT_S 300
+#define MULTI_GPU_DEFAULT_PORT 12345
+#define MULTI_GPU_POLL_US 1000
+#define MULTI_GPU_ID_FILE "llm8_nccl_id.bin"
+
+typedef enum { MULTI_GPU_INIT_MPI, MULTI_GPU_INIT_FS, MULTI_GPU_INIT_TCP } MultiGpuInitMethod;
+
+// what the command line says (-pn -pr -pg -pi -pf -ps -pt)
+typedef struct {
+    int num_processes;          // -pn, 1: no NCCL
+    int process_rank;           // -pr (fs, tcp); MPI gives its own
+    int gpus_per_node;          // -pg, 0: every visible GPU
+    MultiGpuInitMethod init_method;  // -pi
+    const char* fs_path;        // -pf: directory shared by all ranks
+    const char* server;         // -ps: rank 0's address, "ip" or "ip:port"
+    int timeout_s;              // -pt: the longest any rank waits for the others
+} MultiGpuOptions;
+
+typedef struct {
+    int process_rank;
+    int num_processes;
+    int local_device_idx;       // the GPU this process uses
+    int timeout_s;
+    ncclComm_t nccl_comm;       // NULL with one process
+    cudaStream_t nccl_stream;   // collectives overlapped with compute run here
+    float* scalar_device;       // [1], for multi_gpu_all_reduce_float
+    int uses_mpi;
+} MultiGpuConfig;
+
+static inline MultiGpuOptions multi_gpu_options_default(void) {
+    MultiGpuOptions opts;
+    opts.num_processes = 1;
+    opts.process_rank = 0;
+    opts.gpus_per_node = 0;
+#ifdef USE_MPI
+    opts.init_method = MULTI_GPU_INIT_MPI;
+#else
+    opts.init_method = MULTI_GPU_INIT_FS;
+#endif
+    opts.fs_path = NULL;
+    opts.server = NULL;
+    opts.timeout_s = MULTI_GPU_DEFAULT_TIMEOUT_S;
+    return opts;
+}
+
+// -pi's value
+static inline MultiGpuInitMethod multi_gpu_init_method_from_name(const char* name) {
+    if (strcmp(name, "mpi") == 0) { return MULTI_GPU_INIT_MPI; }
+    if (strcmp(name, "fs") == 0) { return MULTI_GPU_INIT_FS; }
+    if (strcmp(name, "tcp") == 0) { return MULTI_GPU_INIT_TCP; }
+    llm8_die("flag -pi: '%s' is not an init method (expected mpi, fs or tcp)", name);
+    return MULTI_GPU_INIT_FS;  // unreachable
+}
+
+static inline double multi_gpu_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ----------------------------------------------------------------------------
+// failure handling
+
+static inline void multi_gpu_abort_and_die(const MultiGpuConfig* cfg, const char* what, const char* reason) {
+    if (cfg->nccl_comm != NULL) { ncclCommAbort(cfg->nccl_comm); }
+    llm8_die("rank %d of %d: NCCL %s: %s", cfg->process_rank, cfg->num_processes, what, reason);
+}
+
+// waits until an NCCL call (nonblocking communicator) has settled; dies on error or deadline
+static inline void multi_gpu_nccl_settle(const MultiGpuConfig* cfg, ncclResult_t result, const char* what) {
+    double deadline = multi_gpu_now_s() + cfg->timeout_s;
+    while (result == ncclInProgress) {
+        if (multi_gpu_now_s() > deadline) {
+            char reason[128];
+            snprintf(reason, sizeof(reason), "still in progress after %d s (a peer died or hangs?)", cfg->timeout_s);
+            multi_gpu_abort_and_die(cfg, what, reason);
+        }
+        usleep(MULTI_GPU_POLL_US);
+        if (ncclCommGetAsyncError(cfg->nccl_comm, &result) != ncclSuccess) { result = ncclInternalError; }
+    }
+    if (result != ncclSuccess) {
+        char reason[512];
+        snprintf(reason, sizeof(reason), "%s (%s)", ncclGetErrorString(result), ncclGetLastError(cfg->nccl_comm));
+        multi_gpu_abort_and_die(cfg, what, reason);
+    }
+}
+
+/*
+Waits for everything enqueued on `stream` so far (collectives included), polling the
+communicator's async error; after timeout_s: ncclCommAbort and one line naming the rank
+and `what`. The trainer calls it where it already waits (reading the loss, the norm).
+*/
+static inline void multi_gpu_wait(const MultiGpuConfig* cfg, cudaStream_t stream, const char* what) {
+    if (cfg->nccl_comm == NULL) {
+        cudaCheck(cudaStreamSynchronize(stream));
+        return;
+    }
+    cudaEvent_t done;
+    cudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    cudaCheck(cudaEventRecord(done, stream));
+    double deadline = multi_gpu_now_s() + cfg->timeout_s;
+    for (;;) {
+        cudaError_t status = cudaEventQuery(done);
+        if (status == cudaSuccess) { break; }
+        if (status != cudaErrorNotReady) { cudaCheck(status); }
+        ncclResult_t async_error = ncclSuccess;
+        ncclCommGetAsyncError(cfg->nccl_comm, &async_error);
+        if (async_error != ncclSuccess && async_error != ncclInProgress) {
+            multi_gpu_abort_and_die(cfg, what, ncclGetErrorString(async_error));
+        }
+        if (multi_gpu_now_s() > deadline) {
+            char reason[128];
+            snprintf(reason, sizeof(reason), "did not complete within %d s (a peer died or hangs?)", cfg->timeout_s);
+            multi_gpu_abort_and_die(cfg, what, reason);
+        }
+        usleep(MULTI_GPU_POLL_US);
+    }
+    cudaCheck(cudaEventDestroy(done));
+}
+
+// all-reduces one float across the ranks (the loss, a norm) and returns it; `what` names it in errors
+static inline float multi_gpu_all_reduce_float(const MultiGpuConfig* cfg, float value, ncclRedOp_t op,
+                                               cudaStream_t stream, const char* what) {
+    if (cfg->nccl_comm == NULL) { return value; }
+    cudaCheck(cudaMemcpyAsync(cfg->scalar_device, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
+    multi_gpu_nccl_settle(cfg, ncclAllReduce(cfg->scalar_device, cfg->scalar_device, 1, ncclFloat, op,
+                                             cfg->nccl_comm, stream), what);
+    cudaCheck(cudaMemcpyAsync(&value, cfg->scalar_device, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    multi_gpu_wait(cfg, stream, what);
+    return value;
+}
+
+// ----------------------------------------------------------------------------
+// getting rank 0's ncclUniqueId to every rank
+
+// fs: rank 0 writes the id atomically (a temporary file renamed); the others poll for it
+static inline void multi_gpu_id_exchange_fs(ncclUniqueId* id, const MultiGpuOptions* opts) {
+    if (opts->fs_path == NULL) { llm8_die("flag -pi fs needs -pf <directory shared by all ranks>"); }
+    char path[4096], temp_path[4200];
+    snprintf(path, sizeof(path), "%s/%s", opts->fs_path, MULTI_GPU_ID_FILE);
+    if (opts->process_rank == 0) {
+        snprintf(temp_path, sizeof(temp_path), "%s.tmp.%d", path, (int)getpid());
+        FILE* fp = fopenCheck(temp_path, "wb");
+        fwriteCheck(id, sizeof(*id), 1, fp);
+        fcloseCheck(fp);
+        if (rename(temp_path, path) != 0) {
+            llm8_die("-pf %s: cannot rename %s to %s: %s", opts->fs_path, temp_path, path, strerror(errno));
+        }
+        return;
+    }
+    double deadline = multi_gpu_now_s() + opts->timeout_s;
+    for (;;) {
+        FILE* fp = fopen(path, "rb");
+        if (fp != NULL) {
+            size_t got = fread(id, 1, sizeof(*id), fp);
+            fclose(fp);
+            if (got == sizeof(*id)) { return; }
+        }
+        if (multi_gpu_now_s() > deadline) {
+            llm8_die("rank %d: no NCCL id from rank 0 in '%s' after %d s (is -pf shared by all ranks, is rank 0 up?)",
+                     opts->process_rank, path, opts->timeout_s);
+        }
+        usleep(100 * MULTI_GPU_POLL_US);
+    }
+}
+
+// splits "ip" or "ip:port" into an IPv4 socket address
+static inline struct sockaddr_in multi_gpu_parse_server(const char* server) {
+    if (server == NULL) { llm8_die("flag -pi tcp needs -ps <rank 0's IPv4 address>[:port]"); }
+    char host[256];
+    int port = MULTI_GPU_DEFAULT_PORT;
+    snprintf(host, sizeof(host), "%s", server);
+    char* colon = strchr(host, ':');
+    if (colon != NULL) {
+        *colon = '\0';
+        port = (int)parse_long_flag("-ps (port)", colon + 1, 1, 65535);
+    }
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof(addr));
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
+        llm8_die("flag -ps: '%s' is not an IPv4 address (expected a.b.c.d or a.b.c.d:port)", server);
+    }
+    return addr;
+}
+
+// waits until fd is readable (events POLLIN) or writable (POLLOUT); 0 on timeout
+static inline int multi_gpu_poll_fd(int fd, short events, double deadline) {
+    int remaining_ms = (int)((deadline - multi_gpu_now_s()) * 1000.0);
+    if (remaining_ms <= 0) { return 0; }
+    struct pollfd p;
+    p.fd = fd;
+    p.events = events;
+    p.revents = 0;
+    return poll(&p, 1, remaining_ms) > 0;
+}
+
+// tcp: rank 0 serves the id to the other num_processes - 1 ranks; they connect and read it
+static inline void multi_gpu_id_exchange_tcp(ncclUniqueId* id, const MultiGpuOptions* opts) {
+    struct sockaddr_in addr = multi_gpu_parse_server(opts->server);
+    double deadline = multi_gpu_now_s() + opts->timeout_s;
+    if (opts->process_rank == 0) {
+        int server_fd = socket(AF_INET, SOCK_STREAM, 0);
+        int one = 1;
+        setsockopt(server_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (server_fd < 0 || bind(server_fd, (struct sockaddr*)&addr, sizeof(addr)) != 0 ||
+            listen(server_fd, opts->num_processes) != 0) {
+            llm8_die("-ps %s: rank 0 cannot listen there: %s", opts->server, strerror(errno));
+        }
+        for (int served = 1; served < opts->num_processes; served++) {
+            if (!multi_gpu_poll_fd(server_fd, POLLIN, deadline)) {
+                llm8_die("rank 0: only %d of %d ranks connected to %s within %d s", served, opts->num_processes,
+                         opts->server, opts->timeout_s);
+            }
+            int client_fd = accept(server_fd, NULL, NULL);
+            if (client_fd < 0 || send(client_fd, id, sizeof(*id), MSG_NOSIGNAL) != (ssize_t)sizeof(*id)) {
+                llm8_die("rank 0: sending the NCCL id over %s failed: %s", opts->server, strerror(errno));
+            }
+            close(client_fd);
+        }
+        close(server_fd);
+        return;
+    }
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd >= 0 && connect(fd, (struct sockaddr*)&addr, sizeof(addr)) == 0) {
+            size_t got = 0;
+            while (got < sizeof(*id) && multi_gpu_poll_fd(fd, POLLIN, deadline)) {
+                ssize_t n = recv(fd, (char*)id + got, sizeof(*id) - got, 0);
+                if (n <= 0) { break; }
+                got += (size_t)n;
+            }
+            close(fd);
+            if (got == sizeof(*id)) { return; }
+        } else if (fd >= 0) {
+            close(fd);
+        }
+        if (multi_gpu_now_s() > deadline) {
+            llm8_die("rank %d: no NCCL id from rank 0 at %s after %d s (is rank 0 up, is the port open?)",
+                     opts->process_rank, opts->server, opts->timeout_s);
+        }
+        usleep(100 * MULTI_GPU_POLL_US);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// setup and teardown
+
+static inline void multi_gpu_options_check(const MultiGpuOptions* opts) {
+    if (opts->num_processes < 1) { llm8_die("flag -pn: %d processes (expected >= 1)", opts->num_processes); }
+    if (opts->process_rank < 0 || opts->process_rank >= opts->num_processes) {
+        llm8_die("flag -pr: rank %d (expected 0..%d for -pn %d)", opts->process_rank, opts->num_processes - 1,
+                 opts->num_processes);
+    }
+    if (opts->gpus_per_node < 0) { llm8_die("flag -pg: %d GPUs per node (expected >= 1, or 0 for all)", opts->gpus_per_node); }
+    if (opts->timeout_s < 1) { llm8_die("flag -pt: %d s (expected >= 1)", opts->timeout_s); }
+#ifndef USE_MPI
+    if (opts->init_method == MULTI_GPU_INIT_MPI && opts->num_processes > 1) {
+        llm8_die("flag -pi mpi: this binary was built without MPI (the Makefile found no OpenMPI); use -pi fs or -pi tcp");
+    }
+#endif
+}
+
+/*
+Rank, device and communicator. With -pi mpi the rank, the process count and the local GPU
+come from MPI; otherwise from -pr, -pn and rank % GPUs per node. One process: no NCCL.
+`force_communicator` makes a one-rank communicator anyway (the tests use it).
+*/
+static inline MultiGpuConfig multi_gpu_config_init(const MultiGpuOptions* options, int force_communicator) {
+    MultiGpuOptions opts = *options;
+    MultiGpuConfig cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    int local_rank = -1;
+#ifdef USE_MPI
+    if (opts.init_method == MULTI_GPU_INIT_MPI) {
+        if (MPI_Init(NULL, NULL) != MPI_SUCCESS) { llm8_die("-pi mpi: MPI_Init failed (launched by mpirun?)"); }
+        MPI_Comm_rank(MPI_COMM_WORLD, &opts.process_rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &opts.num_processes);
+        MPI_Comm node_comm;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, opts.process_rank, MPI_INFO_NULL, &node_comm);
+        MPI_Comm_rank(node_comm, &local_rank);
+        MPI_Comm_free(&node_comm);
+        cfg.uses_mpi = 1;
+    }
+#endif
+    multi_gpu_options_check(&opts);
+    cfg.process_rank = opts.process_rank;
+    cfg.num_processes = opts.num_processes;
+    cfg.timeout_s = opts.timeout_s;
+    int device_count = 0;
+    cudaCheck(cudaGetDeviceCount(&device_count));
+    int gpus_per_node = opts.gpus_per_node > 0 ? opts.gpus_per_node : device_count;
+    cfg.local_device_idx = (local_rank >= 0 ? local_rank : opts.process_rank) % gpus_per_node;
+    if (cfg.local_device_idx >= device_count) {
+        llm8_die("rank %d: GPU %d of this node wanted (-pg %d) but only %d are visible", cfg.process_rank,
+                 cfg.local_device_idx, gpus_per_node, device_count);
+    }
+    cudaCheck(cudaSetDevice(cfg.local_device_idx));
+    cudaCheck(cudaStreamCreateWithFlags(&cfg.nccl_stream, cudaStreamNonBlocking));
+    if (cfg.num_processes == 1 && !force_communicator) { return cfg; }
+
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (cfg.process_rank == 0) {
+        MultiGpuConfig no_comm = cfg;
+        multi_gpu_nccl_settle(&no_comm, ncclGetUniqueId(&id), "ncclGetUniqueId");
+    }
+    if (opts.init_method == MULTI_GPU_INIT_FS) {
+        multi_gpu_id_exchange_fs(&id, &opts);
+    } else if (opts.init_method == MULTI_GPU_INIT_TCP) {
+        multi_gpu_id_exchange_tcp(&id, &opts);
+    } else {
+#ifdef USE_MPI
+        MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+#endif
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t result = ncclCommInitRankConfig(&cfg.nccl_comm, cfg.num_processes, id, cfg.process_rank, &config);
+    multi_gpu_nccl_settle(&cfg, result, "communicator creation (ncclCommInitRankConfig)");
+    if (opts.init_method == MULTI_GPU_INIT_FS && cfg.process_rank == 0) {
+        // every rank has joined, so none still needs the file; a stale one would mislead the next run
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", opts.fs_path, MULTI_GPU_ID_FILE);
+        remove(path);
+    }
+    cudaCheck(cudaMalloc((void**)&cfg.scalar_device, sizeof(float)));
+    return cfg;
+}
+
+static inline void multi_gpu_config_free(MultiGpuConfig* cfg) {
+    if (cfg->nccl_comm != NULL) {
+        multi_gpu_nccl_settle(cfg, ncclCommFinalize(cfg->nccl_comm), "ncclCommFinalize");
+        ncclCommDestroy(cfg->nccl_comm);
+        cudaCheck(cudaFree(cfg->scalar_device));
+    }
+    cudaCheck(cudaStreamDestroy(cfg->nccl_stream));
+#ifdef USE_MPI
+    if (cfg->uses_mpi) { MPI_Finalize(); }
+#endif
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+#endif // LLMC_MULTI_GPU_H

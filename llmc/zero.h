@@ -1,0 +1,282 @@
+/*
+zero.h: who owns which parameters under ZeRO sharding (DESIGN.md section 5), as host-only
+arithmetic: the trainer, the CPU tests and the docs' byte counts all use these functions.
+
+Why it is shaped so:
+- Rank r of N owns ONE contiguous range of the flat parameter vector (llm.c order, the
+  trainer's buffers unchanged): [r * S, (r + 1) * S), S the same for every rank, so the
+  weights' all-gather is one ncclAllGather of S elements per rank, in place. The vector is
+  padded at its end to N * S; S is the smallest multiple of 256 with N * S >= the number of
+  parameters, so the padding is minimal under that rule.
+- S is a multiple of 256 (QUANT8_BLOCK): in every GPT-2 shape whose channels are a
+  multiple of 256 (d12, d24, d36) every tensor starts at a multiple of 256, so no 8-bit
+  AdamW block straddles two ranks. Otherwise (d48: C = 1600) only lnfb starts off the grid;
+  zero_tensor_part says so through `block_aligned`, and a rank quantizes its part in blocks
+  counted from the part's start (blocks never straddle ranks either way; only the 8-bit
+  codes of that one tensor differ from a single-rank run's).
+- The optimizer works per tensor, so zero_tensor_part gives the piece of tensor i a rank
+  owns, in the tensor's own coordinates, and where it sits in the rank's shard.
+- Gradients are reduced per layer while the backward pass goes on: chunk l (l < L) holds
+  layer l's twelve slices, complete as soon as layer l's backward is done; chunk L holds
+  wte, wpe, lnfw, lnfb, complete at the end. A contiguous rank range does not cut a chunk
+  into N equal parts, so a chunk is reduced as pieces, each a contiguous run of one slice
+  owned by one rank, with one ncclReduce per piece to its owner in one NCCL group (a
+  reduce-scatter with unequal counts; each rank still sends about what a ring
+  reduce-scatter sends). zero_chunk_pieces lists them.
+- FP8 weights (the matmul weight slices qkvw/attprojw/fcw/fcprojw per layer, and wte as
+  lm_head): a rank's amax of its part, a MAX all-reduce over ranks, one scale from the
+  global amax, each rank casts its part: since max is exact and order free, and the cast
+  is elementwise, the gathered codes equal a single rank's cast bit for bit.
+  zero_simulate_fp8_weight_gather does exactly that with simulated ranks, for the tests.
+Plain C that also compiles as C++.
+*/
+#ifndef LLMC_ZERO_H
+#define LLMC_ZERO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include "utils.h"
+#include "gpt2_config.h"
+#include "fp8.h"
+#include "fp8_scaling.h"
+#include "quant8.h"
+
+#define ZERO_ALIGN QUANT8_BLOCK          // shard boundaries are multiples of this many elements
+#define ZERO_MAX_RANKS 4096
+#define ZERO_LAYER_TENSORS 12            // per-layer tensors: ln1w .. fcprojb
+#define ZERO_MATMUL_KINDS 4              // qkvw, attprojw, fcw, fcprojw
+
+typedef struct {
+    int num_ranks;
+    int num_layers;
+    size_t num_parameters;                        // real elements
+    size_t shard_size;                            // S: elements per rank, a multiple of ZERO_ALIGN
+    size_t padded_total;                          // N * S
+    size_t tensor_sizes[NUM_PARAMETER_TENSORS];
+    size_t tensor_offsets[NUM_PARAMETER_TENSORS]; // into the flat vector
+} ZeroLayout;
+
+// a half-open range of flat elements [begin, end)
+typedef struct {
+    size_t begin;
+    size_t end;
+} ZeroRange;
+
+// the part of one tensor a rank owns
+typedef struct {
+    size_t begin;          // in the tensor's own coordinates
+    size_t end;
+    size_t shard_offset;   // where `begin` sits in the rank's shard (0..S)
+    int block_aligned;     // begin is on the tensor's own 256-element block grid
+} ZeroPart;
+
+// one contiguous run of one slice owned by one rank: one ncclReduce (gradients) or one cast unit
+typedef struct {
+    int tensor;
+    int layer;             // -1 for wte, wpe, lnfw, lnfb
+    size_t begin;          // flat
+    size_t end;
+    int owner;
+} ZeroPiece;
+
+static inline int zero_tensor_is_per_layer(int tensor) {
+    return tensor != PARAM_WTE && tensor != PARAM_WPE && tensor != PARAM_LNFW && tensor != PARAM_LNFB;
+}
+
+static inline void zero_layout_init(ZeroLayout* layout, const GPT2Config* cfg, int num_ranks) {
+    if (num_ranks < 1 || num_ranks > ZERO_MAX_RANKS) {
+        llm8_die("ZeRO sharding: %d ranks (expected 1..%d)", num_ranks, ZERO_MAX_RANKS);
+    }
+    memset(layout, 0, sizeof(*layout));
+    layout->num_ranks = num_ranks;
+    layout->num_layers = cfg->num_layers;
+    gpt2_param_sizes(cfg, layout->tensor_sizes);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        layout->tensor_offsets[i] = layout->num_parameters;
+        layout->num_parameters += layout->tensor_sizes[i];
+    }
+    size_t unit = (size_t)num_ranks * ZERO_ALIGN;
+    size_t units = (layout->num_parameters + unit - 1) / unit;
+    layout->shard_size = units * ZERO_ALIGN;
+    layout->padded_total = layout->shard_size * (size_t)num_ranks;
+}
+
+// the real elements rank r owns (the padding excluded; empty when r holds only padding)
+static inline ZeroRange zero_rank_range(const ZeroLayout* layout, int rank) {
+    ZeroRange range;
+    size_t begin = (size_t)rank * layout->shard_size;
+    size_t end = begin + layout->shard_size;
+    range.begin = begin < layout->num_parameters ? begin : layout->num_parameters;
+    range.end = end < layout->num_parameters ? end : layout->num_parameters;
+    return range;
+}
+
+// the rank that owns flat element `index` (index < padded_total)
+static inline int zero_owner(const ZeroLayout* layout, size_t index) {
+    return (int)(index / layout->shard_size);
+}
+
+// 1 and the part when rank r owns some of tensor i, else 0
+static inline int zero_tensor_part(const ZeroLayout* layout, int rank, int tensor, ZeroPart* part) {
+    ZeroRange range = zero_rank_range(layout, rank);
+    size_t tensor_begin = layout->tensor_offsets[tensor];
+    size_t tensor_end = tensor_begin + layout->tensor_sizes[tensor];
+    size_t begin = range.begin > tensor_begin ? range.begin : tensor_begin;
+    size_t end = range.end < tensor_end ? range.end : tensor_end;
+    if (begin >= end) { return 0; }
+    part->begin = begin - tensor_begin;
+    part->end = end - tensor_begin;
+    part->shard_offset = begin - (size_t)rank * layout->shard_size;
+    part->block_aligned = part->begin % QUANT8_BLOCK == 0;
+    return 1;
+}
+
+// ----------------------------------------------------------------------------
+// chunks: the units of the gradient reduction, in the order backward completes them
+
+static inline int zero_num_chunks(const ZeroLayout* layout) { return layout->num_layers + 1; }
+
+// the most pieces one chunk can have: each boundary inside the chunk adds one
+static inline int zero_chunk_max_pieces(const ZeroLayout* layout) {
+    return ZERO_LAYER_TENSORS + layout->num_ranks - 1;
+}
+
+// the flat range of slice (tensor, layer); layer -1 for the whole tensor
+static inline ZeroRange zero_slice_range(const ZeroLayout* layout, int tensor, int layer) {
+    ZeroRange range;
+    size_t n = layout->tensor_sizes[tensor];
+    range.begin = layout->tensor_offsets[tensor];
+    if (layer >= 0) {
+        n /= (size_t)layout->num_layers;
+        range.begin += (size_t)layer * n;
+    }
+    range.end = range.begin + n;
+    return range;
+}
+
+// appends the owner-pieces of one slice to `pieces`; returns the new count
+static inline int zero_slice_pieces(const ZeroLayout* layout, int tensor, int layer, ZeroPiece* pieces, int count) {
+    ZeroRange slice = zero_slice_range(layout, tensor, layer);
+    size_t at = slice.begin;
+    while (at < slice.end) {
+        int owner = zero_owner(layout, at);
+        size_t owner_end = (size_t)(owner + 1) * layout->shard_size;
+        ZeroPiece piece;
+        piece.tensor = tensor;
+        piece.layer = layer;
+        piece.begin = at;
+        piece.end = owner_end < slice.end ? owner_end : slice.end;
+        piece.owner = owner;
+        pieces[count++] = piece;
+        at = piece.end;
+    }
+    return count;
+}
+
+/*
+The pieces of chunk c (c < L: layer c's twelve slices; c == L: wte, wpe, lnfw, lnfb), in
+tensor order. `pieces` holds zero_chunk_max_pieces(layout) entries. Returns the count.
+*/
+static inline int zero_chunk_pieces(const ZeroLayout* layout, int chunk, ZeroPiece* pieces) {
+    if (chunk < 0 || chunk > layout->num_layers) {
+        llm8_die("ZeRO: chunk %d out of range (expected 0..%d)", chunk, layout->num_layers);
+    }
+    int count = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        int per_layer = zero_tensor_is_per_layer(i);
+        if (chunk < layout->num_layers && per_layer) {
+            count = zero_slice_pieces(layout, i, chunk, pieces, count);
+        } else if (chunk == layout->num_layers && !per_layer) {
+            count = zero_slice_pieces(layout, i, -1, pieces, count);
+        }
+    }
+    return count;
+}
+
+// elements of chunk c that rank r receives (reduces into its shard); rank -1: all of them
+static inline size_t zero_chunk_elements(const ZeroLayout* layout, int chunk, int rank) {
+    ZeroPiece* pieces = (ZeroPiece*)mallocCheck((size_t)zero_chunk_max_pieces(layout) * sizeof(ZeroPiece));
+    int count = zero_chunk_pieces(layout, chunk, pieces);
+    size_t total = 0;
+    for (int p = 0; p < count; p++) {
+        if (rank < 0 || pieces[p].owner == rank) { total += pieces[p].end - pieces[p].begin; }
+    }
+    free(pieces);
+    return total;
+}
+
+// ----------------------------------------------------------------------------
+// the FP8 weight all-gather
+
+// the FP8 weight slices in Fp8 linear order: per layer qkvw, attprojw, fcw, fcprojw, then wte
+// (lm_head); `slices` holds 4 L + 1 entries (begin/end flat, owner unused). Returns the count.
+static inline int zero_fp8_weight_slices(const ZeroLayout* layout, ZeroPiece* slices) {
+    static const int matmul_tensors[ZERO_MATMUL_KINDS] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
+    int count = 0;
+    for (int l = 0; l <= layout->num_layers; l++) {
+        int kinds = l < layout->num_layers ? ZERO_MATMUL_KINDS : 1;
+        for (int k = 0; k < kinds; k++) {
+            int tensor = l < layout->num_layers ? matmul_tensors[k] : PARAM_WTE;
+            int layer = l < layout->num_layers ? l : -1;
+            ZeroRange range = zero_slice_range(layout, tensor, layer);
+            slices[count].tensor = tensor;
+            slices[count].layer = layer;
+            slices[count].begin = range.begin;
+            slices[count].end = range.end;
+            slices[count].owner = -1;
+            count++;
+        }
+    }
+    return count;
+}
+
+// amax of params[begin, end) (0 for an empty range), as each rank computes it for its part
+static inline float zero_range_amax(const float* params, size_t begin, size_t end) {
+    float amax = 0.0f;
+    for (size_t j = begin; j < end; j++) {
+        if (fp8_amax_bits(params[j]) > fp8_amax_bits(amax)) { amax = bits_as_float(fp8_amax_bits(params[j])); }
+    }
+    return amax;
+}
+
+/*
+The ZeRO-1 FP8 weight gather with `layout->num_ranks` simulated ranks, in the order the GPU
+does it: (1) each rank the amax of its part of every slice, (2) the MAX over ranks (the
+all-reduce), (3) scale = fp8_scale_from_amax(global amax), (4) each rank casts its part,
+(5) the parts land at their flat positions in `codes` (the all-gather; codes holds
+num_parameters bytes, only the slices' bytes are written). `scales` gets one per slice.
+`params` is the full flat fp32 vector (in the trainer each rank reads only its range).
+*/
+static inline void zero_simulate_fp8_weight_gather(const ZeroLayout* layout, const float* params,
+                                                   const ZeroPiece* slices, int num_slices, Fp8Format format,
+                                                   int margin, float* scales, uint8_t* codes) {
+    float* rank_amax = (float*)mallocCheck((size_t)layout->num_ranks * num_slices * sizeof(float));
+    for (int r = 0; r < layout->num_ranks; r++) {
+        ZeroRange range = zero_rank_range(layout, r);
+        for (int s = 0; s < num_slices; s++) {
+            size_t begin = slices[s].begin > range.begin ? slices[s].begin : range.begin;
+            size_t end = slices[s].end < range.end ? slices[s].end : range.end;
+            rank_amax[(size_t)r * num_slices + s] = begin < end ? zero_range_amax(params, begin, end) : 0.0f;
+        }
+    }
+    for (int s = 0; s < num_slices; s++) {
+        float global_amax = 0.0f;
+        for (int r = 0; r < layout->num_ranks; r++) {
+            float amax = rank_amax[(size_t)r * num_slices + s];
+            if (fp8_amax_bits(amax) > fp8_amax_bits(global_amax)) { global_amax = amax; }
+        }
+        scales[s] = fp8_scale_from_amax(global_amax, fp8_max(format), margin);
+    }
+    for (int r = 0; r < layout->num_ranks; r++) {
+        ZeroRange range = zero_rank_range(layout, r);
+        for (int s = 0; s < num_slices; s++) {
+            size_t begin = slices[s].begin > range.begin ? slices[s].begin : range.begin;
+            size_t end = slices[s].end < range.end ? slices[s].end : range.end;
+            for (size_t j = begin; j < end; j++) { codes[j] = fp8_quantize(params[j], scales[s], format); }
+        }
+    }
+    free(rank_amax);
+}
+
+#endif // LLMC_ZERO_H

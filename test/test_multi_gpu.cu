@@ -1,0 +1,312 @@
+/*
+test_multi_gpu.cu: the NCCL side of llmc/multi_gpu.h and the ZeRO collectives of llmc/zero.h
+on one GPU.
+- one rank (a one-rank communicator through -pi fs): all-reduce MAX of amaxes, reduce-scatter
+  and all-gather of bf16 and of FP8 bytes, the float all-reduce: the API end to end;
+- two ranks on the one GPU (two processes forked before any CUDA call, NCCL 2.30+ with
+  NCCL_MULTI_RANK_GPU_ENABLE=1): the same collectives with real data from both, the per-layer
+  gradient reduction as zero_chunk_pieces plans it, the FP8 weight gather (amax on the GPU,
+  MAX all-reduce, cast with the hardware conversion, all-gather) equal to the single-rank
+  host cast bit for bit, and a dead peer ending the other rank with one error line in
+  bounded time.
+*/
+#include <sys/wait.h>
+#include "llmc/multi_gpu.h"
+#include "llmc/zero.h"
+#include "test/test_harness.h"
+#include "test/test_harness_fork.h"
+
+#define TWO_RANK_MIN_NCCL NCCL_VERSION(2, 30, 0)
+#define RANK_TIMEOUT_S 60
+#define DEAD_PEER_TIMEOUT_S 5
+#define NUM_AMAXES 5
+
+// per slice: the amax of the elements of [begin, end) that fall in this rank's shard
+__global__ void slice_amax_kernel(const float* shard, size_t shard_begin, size_t shard_size, const ZeroPiece* slices,
+                                  unsigned int* amax_bits) {
+    ZeroPiece slice = slices[blockIdx.x];
+    size_t begin = slice.begin > shard_begin ? slice.begin : shard_begin;
+    size_t end = slice.end < shard_begin + shard_size ? slice.end : shard_begin + shard_size;
+    unsigned int local = 0;
+    for (size_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+        unsigned int bits = fp8_amax_bits(shard[j - shard_begin]);
+        local = bits > local ? bits : local;
+    }
+    atomicMax(&amax_bits[blockIdx.x], local);
+}
+
+// casts this rank's part of every slice with the scale from the global amax
+__global__ void slice_cast_kernel(const float* shard, size_t shard_begin, size_t shard_size, const ZeroPiece* slices,
+                                  const float* global_amax, Fp8Format format, uint8_t* codes) {
+    ZeroPiece slice = slices[blockIdx.x];
+    float scale = fp8_scale_from_amax(global_amax[blockIdx.x], fp8_max(format), 0);
+    size_t begin = slice.begin > shard_begin ? slice.begin : shard_begin;
+    size_t end = slice.end < shard_begin + shard_size ? slice.end : shard_begin + shard_size;
+    for (size_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+        codes[j - shard_begin] = fp8_quantize(shard[j - shard_begin], scale, format);
+    }
+}
+
+static void* device_upload(const void* host, size_t bytes) {
+    void* device = NULL;
+    cudaCheck(cudaMalloc(&device, bytes));
+    cudaCheck(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+    return device;
+}
+
+static uint16_t bf16_of(float x) { return float_to_bf16_bits(x); }
+
+// the value rank r contributes at element j in the sum tests: small integers, exact in bf16 sums
+static float contribution(int rank, size_t j) { return (float)((int)(j % 13) - 6 + 3 * rank); }
+
+static void test_basic_collectives(const MultiGpuConfig* mg, const char* who) {
+    int n = mg->num_processes, r = mg->process_rank;
+    cudaStream_t s = mg->nccl_stream;
+    // all-reduce MAX of per-rank amaxes
+    float amaxes[NUM_AMAXES], expected[NUM_AMAXES];
+    for (int i = 0; i < NUM_AMAXES; i++) {
+        amaxes[i] = (float)((i + 1) * (r + 1) % 7) + 0.25f * (float)i;
+        expected[i] = 0.0f;
+        for (int q = 0; q < n; q++) { expected[i] = fmaxf(expected[i], (float)((i + 1) * (q + 1) % 7) + 0.25f * (float)i); }
+    }
+    float* d_amax = (float*)device_upload(amaxes, sizeof(amaxes));
+    multi_gpu_nccl_settle(mg, ncclAllReduce(d_amax, d_amax, NUM_AMAXES, ncclFloat, ncclMax, mg->nccl_comm, s), "amax all-reduce");
+    multi_gpu_wait(mg, s, "amax all-reduce");
+    cudaCheck(cudaMemcpy(amaxes, d_amax, sizeof(amaxes), cudaMemcpyDeviceToHost));
+    CHECK(memcmp(amaxes, expected, sizeof(amaxes)) == 0, "%s: MAX all-reduce of amaxes wrong (got %g, expected %g)",
+          who, amaxes[0], expected[0]);
+    // reduce-scatter bf16 (sum) and all-gather bf16 and bytes
+    const size_t count = 4096 + 256;
+    uint16_t* send = (uint16_t*)mallocCheck(count * n * sizeof(uint16_t));
+    for (size_t j = 0; j < count * n; j++) { send[j] = bf16_of(contribution(r, j)); }
+    uint16_t* d_send = (uint16_t*)device_upload(send, count * n * sizeof(uint16_t));
+    uint16_t* d_recv = NULL;
+    cudaCheck(cudaMalloc((void**)&d_recv, count * n * sizeof(uint16_t)));
+    multi_gpu_nccl_settle(mg, ncclReduceScatter(d_send, d_recv, count, ncclBfloat16, ncclSum, mg->nccl_comm, s), "bf16 reduce-scatter");
+    uint16_t* got = (uint16_t*)mallocCheck(count * n * sizeof(uint16_t));
+    multi_gpu_wait(mg, s, "bf16 reduce-scatter");
+    cudaCheck(cudaMemcpy(got, d_recv, count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    size_t wrong = 0;
+    for (size_t j = 0; j < count; j++) {
+        float sum = 0.0f;
+        for (int q = 0; q < n; q++) { sum += contribution(q, (size_t)r * count + j); }
+        wrong += got[j] != bf16_of(sum);
+    }
+    CHECK(wrong == 0, "%s: bf16 reduce-scatter: %zu of %zu elements wrong", who, wrong, count);
+    // all-gather, in place: this rank's part sits at rank * count
+    cudaCheck(cudaMemcpy(d_recv + (size_t)r * count, d_send, count * sizeof(uint16_t), cudaMemcpyDeviceToDevice));
+    multi_gpu_nccl_settle(mg, ncclAllGather(d_recv + (size_t)r * count, d_recv, count, ncclBfloat16, mg->nccl_comm, s), "bf16 all-gather");
+    multi_gpu_wait(mg, s, "bf16 all-gather");
+    cudaCheck(cudaMemcpy(got, d_recv, count * n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    wrong = 0;
+    for (int q = 0; q < n; q++) {
+        for (size_t j = 0; j < count; j++) { wrong += got[(size_t)q * count + j] != bf16_of(contribution(q, j)); }
+    }
+    CHECK(wrong == 0, "%s: bf16 all-gather: %zu elements wrong", who, wrong);
+    uint8_t* bytes = (uint8_t*)mallocCheck(count * n);
+    for (size_t j = 0; j < count; j++) { bytes[j] = (uint8_t)(j * 31 + (size_t)r * 101); }
+    uint8_t* d_bytes = NULL;
+    cudaCheck(cudaMalloc((void**)&d_bytes, count * n));
+    cudaCheck(cudaMemcpy(d_bytes + (size_t)r * count, bytes, count, cudaMemcpyHostToDevice));
+    multi_gpu_nccl_settle(mg, ncclAllGather(d_bytes + (size_t)r * count, d_bytes, count, ncclUint8, mg->nccl_comm, s), "fp8 all-gather");
+    multi_gpu_wait(mg, s, "fp8 all-gather");
+    cudaCheck(cudaMemcpy(bytes, d_bytes, count * n, cudaMemcpyDeviceToHost));
+    wrong = 0;
+    for (int q = 0; q < n; q++) {
+        for (size_t j = 0; j < count; j++) { wrong += bytes[(size_t)q * count + j] != (uint8_t)(j * 31 + (size_t)q * 101); }
+    }
+    CHECK(wrong == 0, "%s: uint8 all-gather: %zu bytes wrong", who, wrong);
+    float total = multi_gpu_all_reduce_float(mg, (float)(r + 1), ncclSum, s, "loss all-reduce");
+    CHECK(total == (float)(n * (n + 1) / 2), "%s: float all-reduce gave %g", who, total);
+    cudaCheck(cudaFree(d_amax)); cudaCheck(cudaFree(d_send)); cudaCheck(cudaFree(d_recv)); cudaCheck(cudaFree(d_bytes));
+    free(send); free(got); free(bytes);
+}
+
+// the gradient reduction as zero.h plans it: per chunk, one ncclReduce per piece to its owner, in one group
+static void test_chunk_reduction(const MultiGpuConfig* mg, const ZeroLayout* z, const char* who) {
+    int r = mg->process_rank;
+    cudaStream_t s = mg->nccl_stream;
+    uint16_t* grads = (uint16_t*)mallocCheck(z->num_parameters * sizeof(uint16_t));
+    for (size_t j = 0; j < z->num_parameters; j++) { grads[j] = bf16_of(contribution(r, j)); }
+    uint16_t* d_grads = (uint16_t*)device_upload(grads, z->num_parameters * sizeof(uint16_t));
+    ZeroPiece* pieces = (ZeroPiece*)mallocCheck((size_t)zero_chunk_max_pieces(z) * sizeof(ZeroPiece));
+    for (int k = 0; k < zero_num_chunks(z); k++) {  // in backward order: layers L-1 .. 0, then wte/wpe/lnf
+        int chunk = k < z->num_layers ? z->num_layers - 1 - k : z->num_layers;
+        int count = zero_chunk_pieces(z, chunk, pieces);
+        multi_gpu_nccl_settle(mg, ncclGroupStart(), "group start");
+        for (int p = 0; p < count; p++) {
+            uint16_t* at = d_grads + pieces[p].begin;
+            multi_gpu_nccl_settle(mg, ncclReduce(at, at, pieces[p].end - pieces[p].begin, ncclBfloat16, ncclSum,
+                                                 pieces[p].owner, mg->nccl_comm, s), "chunk reduce");
+        }
+        multi_gpu_nccl_settle(mg, ncclGroupEnd(), "chunk reduce group");
+    }
+    multi_gpu_wait(mg, s, "chunk reduce");
+    cudaCheck(cudaMemcpy(grads, d_grads, z->num_parameters * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    ZeroRange mine = zero_rank_range(z, r);
+    size_t wrong = 0;
+    for (size_t j = mine.begin; j < mine.end; j++) {
+        float sum = 0.0f;
+        for (int q = 0; q < mg->num_processes; q++) { sum += contribution(q, j); }
+        wrong += grads[j] != bf16_of(sum);
+    }
+    CHECK(wrong == 0, "%s: per-chunk reduction: %zu of %zu owned gradients wrong", who, wrong, mine.end - mine.begin);
+    cudaCheck(cudaFree(d_grads));
+    free(grads); free(pieces);
+}
+
+// the ZeRO-1 FP8 weight gather on the GPU against the single-rank host cast, bit for bit
+static void test_fp8_weight_gather(const MultiGpuConfig* mg, const GPT2Config* model, Fp8Format format, const char* who) {
+    int n = mg->num_processes, r = mg->process_rank;
+    cudaStream_t s = mg->nccl_stream;
+    ZeroLayout z, single;
+    zero_layout_init(&z, model, n);
+    zero_layout_init(&single, model, 1);
+    float* params = (float*)mallocCheck(z.padded_total * sizeof(float));
+    memset(params, 0, z.padded_total * sizeof(float));
+    gpt2_init_params_random(params, model, GPT2_INIT_SEED);
+    ZeroPiece* slices = (ZeroPiece*)mallocCheck((size_t)(ZERO_MATMUL_KINDS * model->num_layers + 1) * sizeof(ZeroPiece));
+    int num_slices = zero_fp8_weight_slices(&z, slices);
+    float* ref_scales = (float*)mallocCheck((size_t)num_slices * sizeof(float));
+    uint8_t* ref_codes = (uint8_t*)mallocCheck(z.padded_total);
+    memset(ref_codes, 0, z.padded_total);
+    zero_simulate_fp8_weight_gather(&single, params, slices, num_slices, format, 0, ref_scales, ref_codes);
+
+    size_t shard_begin = (size_t)r * z.shard_size;
+    float* d_shard = (float*)device_upload(params + shard_begin, z.shard_size * sizeof(float));
+    ZeroPiece* d_slices = (ZeroPiece*)device_upload(slices, (size_t)num_slices * sizeof(ZeroPiece));
+    unsigned int* d_amax = NULL;
+    uint8_t* d_codes = NULL;
+    cudaCheck(cudaMalloc((void**)&d_amax, (size_t)num_slices * sizeof(unsigned int)));
+    cudaCheck(cudaMalloc((void**)&d_codes, z.padded_total));
+    cudaCheck(cudaMemsetAsync(d_amax, 0, (size_t)num_slices * sizeof(unsigned int), s));
+    cudaCheck(cudaMemsetAsync(d_codes, 0, z.padded_total, s));
+    slice_amax_kernel<<<num_slices, 256, 0, s>>>(d_shard, shard_begin, z.shard_size, d_slices, d_amax);
+    cudaCheck(cudaGetLastError());
+    // amax bits of non-negative floats order like the floats, so MAX on floats is the global amax
+    multi_gpu_nccl_settle(mg, ncclAllReduce(d_amax, d_amax, num_slices, ncclFloat, ncclMax, mg->nccl_comm, s), "weight amax all-reduce");
+    uint8_t* d_my_codes = d_codes + shard_begin;
+    slice_cast_kernel<<<num_slices, 256, 0, s>>>(d_shard, shard_begin, z.shard_size, d_slices, (const float*)d_amax, format, d_my_codes);
+    cudaCheck(cudaGetLastError());
+    multi_gpu_nccl_settle(mg, ncclAllGather(d_my_codes, d_codes, z.shard_size, ncclUint8, mg->nccl_comm, s), "fp8 weight all-gather");
+    multi_gpu_wait(mg, s, "fp8 weight all-gather");
+    uint8_t* codes = (uint8_t*)mallocCheck(z.padded_total);
+    cudaCheck(cudaMemcpy(codes, d_codes, z.padded_total, cudaMemcpyDeviceToHost));
+    size_t wrong = 0;
+    for (size_t j = 0; j < z.num_parameters; j++) { wrong += codes[j] != ref_codes[j]; }
+    CHECK(wrong == 0, "%s %s: gathered FP8 weights differ from the single-rank cast in %zu of %zu bytes", who,
+          fp8_format_name(format), wrong, z.num_parameters);
+    cudaCheck(cudaFree(d_shard)); cudaCheck(cudaFree(d_slices)); cudaCheck(cudaFree(d_amax)); cudaCheck(cudaFree(d_codes));
+    free(params); free(slices); free(ref_scales); free(ref_codes); free(codes);
+}
+
+static MultiGpuOptions fs_options(int num_processes, int rank, const char* dir, int timeout_s) {
+    MultiGpuOptions opts = multi_gpu_options_default();
+    opts.num_processes = num_processes;
+    opts.process_rank = rank;
+    opts.gpus_per_node = 1;
+    opts.init_method = MULTI_GPU_INIT_FS;
+    opts.fs_path = dir;
+    opts.timeout_s = timeout_s;
+    return opts;
+}
+
+// one rank of the two-rank run, in a forked child; its exit status is its failure count
+static int run_rank(int rank, const char* dir) {
+    alarm(CHILD_TIME_LIMIT_S * 3);
+    MultiGpuOptions opts = fs_options(2, rank, dir, RANK_TIMEOUT_S);
+    MultiGpuConfig mg = multi_gpu_config_init(&opts, 0);
+    char who[32];
+    snprintf(who, sizeof(who), "rank %d of 2", rank);
+    GPT2Config tiny = gpt2_config_from_descriptor("tiny");
+    ZeroLayout z;
+    zero_layout_init(&z, &tiny, 2);
+    test_basic_collectives(&mg, who);
+    test_chunk_reduction(&mg, &z, who);
+    test_fp8_weight_gather(&mg, &tiny, FP8_E4M3, who);
+    test_fp8_weight_gather(&mg, &tiny, FP8_E5M2, who);
+    multi_gpu_config_free(&mg);
+    test_summary(who);
+    return g_tests_failed > 0 ? 1 : 0;
+}
+
+// waits for a child at most limit_s; kills it after that
+static int wait_child(pid_t pid, int limit_s) {
+    double deadline = multi_gpu_now_s() + limit_s;
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (multi_gpu_now_s() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        usleep(10000);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_two_ranks(void) {
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    pid_t pids[2];
+    for (int rank = 0; rank < 2; rank++) {
+        fflush(stdout);
+        pids[rank] = fork();
+        if (pids[rank] == 0) { _exit(run_rank(rank, dir)); }
+    }
+    for (int rank = 0; rank < 2; rank++) {
+        int status = wait_child(pids[rank], CHILD_TIME_LIMIT_S * 3);
+        CHECK(status == 0, "two ranks: rank %d exited with %d (failures above; -1: crash or hang)", rank, status);
+    }
+    test_remove_dir(dir);
+
+    // rank 1 dies after joining; rank 0's next collective must end it with one line, in bounded time
+    test_make_temp_dir(dir, sizeof(dir));
+    pid_t peer = fork();
+    if (peer == 0) {
+        MultiGpuOptions opts = fs_options(2, 1, dir, RANK_TIMEOUT_S);
+        multi_gpu_config_init(&opts, 0);
+        _exit(0);
+    }
+    double start = multi_gpu_now_s();
+    CHECK_DIES("dead peer", "rank 0 of 2", {
+        MultiGpuOptions opts = fs_options(2, 0, dir, DEAD_PEER_TIMEOUT_S);
+        MultiGpuConfig mg = multi_gpu_config_init(&opts, 0);
+        sleep(1);
+        multi_gpu_all_reduce_float(&mg, 1.0f, ncclSum, mg.nccl_stream, "loss all-reduce");
+    });
+    CHECK(multi_gpu_now_s() - start < 4 * DEAD_PEER_TIMEOUT_S + 30, "dead peer: took %.0f s", multi_gpu_now_s() - start);
+    wait_child(peer, 10);
+    test_remove_dir(dir);
+}
+
+int main(void) {
+    int version = 0;
+    ncclGetVersion(&version);
+    printf("NCCL runtime %d, headers %d\n", version, NCCL_VERSION_CODE);
+    // NCCL before 2.30 refuses two ranks on one GPU; the two processes must fork before CUDA starts here
+    if (version >= TWO_RANK_MIN_NCCL) {
+        setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+        test_two_ranks();
+    } else {
+        printf("SKIP two ranks on one GPU: NCCL %d is older than 2.30 (needs NCCL_MULTI_RANK_GPU_ENABLE=1 support)\n",
+               version);
+    }
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    MultiGpuOptions opts = fs_options(1, 0, dir, RANK_TIMEOUT_S);
+    MultiGpuConfig mg = multi_gpu_config_init(&opts, 1);
+    CHECK(mg.nccl_comm != NULL, "one rank: no communicator");
+    test_basic_collectives(&mg, "one rank");
+    multi_gpu_config_free(&mg);
+    MultiGpuOptions single = fs_options(1, 0, dir, RANK_TIMEOUT_S);
+    MultiGpuConfig plain = multi_gpu_config_init(&single, 0);
+    CHECK(plain.nccl_comm == NULL, "one process without -pi: a communicator was made");
+    CHECK(multi_gpu_all_reduce_float(&plain, 2.5f, ncclSum, plain.nccl_stream, "loss") == 2.5f, "one process: all-reduce changed the value");
+    multi_gpu_config_free(&plain);
+    test_remove_dir(dir);
+    CHECK_DIES("bad rank", "-pr", { MultiGpuOptions o = fs_options(2, 2, "/tmp", 5); multi_gpu_options_check(&o); });
+    CHECK_DIES("bad method", "-pi", { multi_gpu_init_method_from_name("slurm"); });
+    CHECK_DIES("bad server", "-ps", { multi_gpu_parse_server("not-an-ip"); });
+    return test_summary("test_multi_gpu");
+}
