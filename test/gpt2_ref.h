@@ -38,6 +38,7 @@ rows, so results do not depend on the thread count); without it the pragmas vani
 #include "llmc/element_math.h"
 #include "llmc/gpt2_config.h"
 #include "llmc/fp8_scaling.h"
+#include "llmc/fp8_recipe.h"
 
 #ifdef _OPENMP
 #define REF_PARALLEL_FOR _Pragma("omp parallel for")
@@ -367,6 +368,19 @@ static inline Fp8Emulation fp8_emulation_default(void) {
     e.linears = FP8_LINEARS_BLOCKS;
     e.history_len = FP8_AMAX_HISTORY_DEFAULT;
     e.margin = 0;
+    return e;
+}
+
+// the emulation of what a trainer's FP8 flags select (llmc/fp8_recipe.h's pass and linear
+// bits are the emulation's own)
+static inline Fp8Emulation fp8_emulation_from_settings(const Fp8Settings* s) {
+    Fp8Emulation e = fp8_emulation_default();
+    e.recipe = s->recipe == FP8_MODEL_DELAYED ? FP8_EMULATE_DELAYED
+             : s->recipe == FP8_MODEL_CURRENT ? FP8_EMULATE_CURRENT : FP8_EMULATE_BLOCK;
+    e.passes = s->passes;
+    e.linears = s->linears;
+    e.history_len = s->history_len;
+    e.margin = s->margin;
     return e;
 }
 

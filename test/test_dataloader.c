@@ -459,12 +459,7 @@ static void test_eval_bad_inputs(void) {
 
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
-    snprintf(g_py_dir, sizeof(g_py_dir), "%s/llmc", g_dir);
-    char command[1024];
-    snprintf(command, sizeof(command), "python3 test/make_llmc_files.py %s", g_py_dir);
-    int status = system(command);
-    CHECK(status == 0, "'%s' failed (run from the repository root; needs python3 with numpy)", command);
-    if (status != 0) { return test_summary("test_dataloader"); }
+    if (!test_make_llmc_files(g_dir, g_py_dir, sizeof(g_py_dir))) { return test_summary("test_dataloader"); }
     write_good_shards();
 
     test_unshuffled_order();

@@ -666,12 +666,7 @@ static void test_logger(void) {
 
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
-    snprintf(g_py_dir, sizeof(g_py_dir), "%s/llmc", g_dir);
-    char command[1024];
-    snprintf(command, sizeof(command), "python3 test/make_llmc_files.py %s", g_py_dir);
-    int status = system(command);
-    CHECK(status == 0, "'%s' failed (run from the repository root; needs python3 with numpy)", command);
-    if (status != 0) { return test_summary("test_formats"); }
+    if (!test_make_llmc_files(g_dir, g_py_dir, sizeof(g_py_dir))) { return test_summary("test_formats"); }
 
     test_model_files_from_llmc();
     test_model_round_trip();

@@ -113,16 +113,6 @@ static Fp8Settings fp8_settings_of(int recipe, int linears) {
     return s;
 }
 
-static Fp8Emulation fp8_emulation_of(const Fp8Settings* s) {
-    Fp8Emulation e = fp8_emulation_default();
-    e.recipe = s->recipe == FP8_MODEL_DELAYED ? FP8_EMULATE_DELAYED : s->recipe == FP8_MODEL_CURRENT ? FP8_EMULATE_CURRENT : FP8_EMULATE_BLOCK;
-    e.passes = s->passes;
-    e.linears = s->linears;
-    e.history_len = s->history_len;
-    e.margin = s->margin;
-    return e;
-}
-
 static void test_forward_backward_vs_reference(AttentionBackend backend, const char* backend_name, cudaStream_t stream) {
     GPT2Config cfg = gpt2_config_from_descriptor("d12");
     float* params = random_params(&cfg);
@@ -186,7 +176,7 @@ static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaSt
     GPT2Ref ref;
     gpt2ref_init(&ref, &cfg, params);
     Fp8Emulation emulation;
-    if (fp8 != NULL) { emulation = fp8_emulation_of(fp8); gpt2ref_set_fp8_emulation(&ref, &emulation); }
+    if (fp8 != NULL) { emulation = fp8_emulation_from_settings(fp8); gpt2ref_set_fp8_emulation(&ref, &emulation); }
     DataLoader loader, ref_loader;
     dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     dataloader_init(&ref_loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
@@ -239,7 +229,7 @@ static void test_fp8_forward_backward_vs_reference(const char* descriptor, const
     GPT2Ref emulated, fp32;
     gpt2ref_init(&emulated, &cfg, params);
     gpt2ref_init(&fp32, &cfg, params);
-    Fp8Emulation emulation = fp8_emulation_of(fp8);
+    Fp8Emulation emulation = fp8_emulation_from_settings(fp8);
     gpt2ref_set_fp8_emulation(&emulated, &emulation);
     DataLoader loader;
     dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);

@@ -103,4 +103,15 @@ static inline void test_remove_dir(const char* dir) {
     rmdir(dir);
 }
 
+// writes files laid out exactly as llm.c writes them (test/make_llmc_files.py) into
+// <dir>/llmc, whose path goes to py_dir; returns 1 on success (a failed CHECK otherwise)
+static inline int test_make_llmc_files(const char* dir, char* py_dir, size_t py_dir_size) {
+    snprintf(py_dir, py_dir_size, "%s/llmc", dir);
+    char command[1024];
+    snprintf(command, sizeof(command), "python3 test/make_llmc_files.py %s", py_dir);
+    int status = system(command);
+    CHECK(status == 0, "'%s' failed (run from the repository root; needs python3 with numpy)", command);
+    return status == 0;
+}
+
 #endif // TEST_HARNESS_FORK_H

@@ -41,17 +41,6 @@ static double now_seconds(void) {
 // the number of FP8 states gpt2ref_set_fp8_emulation keeps: 4 linears a layer and lm_head
 static size_t cpu_fp8_num_linears(const GPT2Ref* model) { return 4 * (size_t)model->config.num_layers + 1; }
 
-static Fp8Emulation cpu_fp8_emulation(const Fp8Settings* s) {
-    Fp8Emulation e = fp8_emulation_default();
-    e.recipe = s->recipe == FP8_MODEL_DELAYED ? FP8_EMULATE_DELAYED : s->recipe == FP8_MODEL_CURRENT ? FP8_EMULATE_CURRENT
-                                                                                                      : FP8_EMULATE_BLOCK;
-    e.passes = s->passes;    // fp8_recipe.h's bits are the emulation's
-    e.linears = s->linears;
-    e.history_len = s->history_len;
-    e.margin = s->margin;
-    return e;
-}
-
 #define CPU_FP8_SECTIONS 2
 
 // the state-file sections of the FP8 emulation: its settings and every linear's scaling
@@ -203,7 +192,7 @@ int main(int argc, char** argv) {
     gpt2ref_init(&model, &cfg, params);
     free(params);
     if (fp8_settings.enabled) {
-        Fp8Emulation emulation = cpu_fp8_emulation(&fp8_settings);
+        Fp8Emulation emulation = fp8_emulation_from_settings(&fp8_settings);
         gpt2ref_set_fp8_emulation(&model, &emulation);
     }
     CpuOptimizer optimizer;
