@@ -84,8 +84,12 @@ $(BUILD)/cudnn_att.o: llmc/cudnn_att.cpp llmc/cudnn_att.h llmc/cuda_common.h | $
 
 LLMC_HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 
-train_gpt2_fp8: train_gpt2_fp8.cu $(LLMC_HEADERS) $(ATTENTION_OBJS) | check-cuda check-cudnn
-	$(NVCC) $(NVCC_FLAGS) $(ATTENTION_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) -o $@
+train_gpt2_fp8: train_gpt2_fp8.cu $(LLMC_HEADERS) $(ATTENTION_OBJS) | check-cuda check-cudnn check-nccl
+	$(NVCC) $(NVCC_FLAGS) $(ATTENTION_FLAGS) $(NCCL_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(NCCL_LIBS) $(MPI_LIBS) -o $@
+
+# the per-GEMM FP8 vs bf16 benchmark (dev/bench/bench_gemm.cu): cuBLASLt only, no cuDNN
+bench_gemm: dev/bench/bench_gemm.cu $(LLMC_HEADERS) | check-cuda
+	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDFLAGS) -o $@
 
 train_gpt2cpu: test/train_gpt2cpu.c $(LLMC_HEADERS) test/gpt2_ref.h
 	$(CC) $(CFLAGS) -fopenmp $< -lm -o $@
@@ -112,20 +116,20 @@ test: compile-cuda test-cpu test-python
 test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 	@bash test/run_cpu_tests.sh $(CPU_TESTS) $(CPU_CXX_TESTS)
 
-test-python: train_gpt2cpu train_gpt2_fp8
+test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm
 	$(PYTHON) -m pytest -q test
 
-compile-cuda: train_gpt2_fp8 $(GPU_TESTS)
+compile-cuda: train_gpt2_fp8 bench_gemm $(GPU_TESTS)
 
 gpucheck: train_gpt2_fp8 $(GPU_TESTS)
-	@bash test/run_gpu_tests.sh $(GPU_TESTS)
+	@PYTHON=$(PYTHON) bash test/run_gpu_tests.sh $(GPU_TESTS)
 	$(MAKE) bench BENCH_ARGS="--quick"
 
-bench: train_gpt2_fp8
+bench: train_gpt2_fp8 bench_gemm
 	$(PYTHON) dev/bench/bench.py $(BENCH_ARGS)
 
 env:
 	@bash dev/gpu_env.sh
 
 clean:
-	rm -rf $(BUILD) train_gpt2_fp8 train_gpt2cpu
+	rm -rf $(BUILD) train_gpt2_fp8 train_gpt2cpu bench_gemm

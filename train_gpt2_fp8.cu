@@ -10,7 +10,11 @@ each linear goes through gpt2_linear_forward / gpt2_linear_backward, which run i
 FP8 or bf16, and the producers of a linear's input (layernorm, attention, GELU) also write
 its FP8 codes when it takes them. The optimizer is a run-time choice too (-opt adamw |
 adamw8): the 8-bit states replace the fp32 m and v in place (llmc/adamw8.cuh), and a
-checkpoint of either optimizer resumes under both.
+checkpoint of either optimizer resumes under both. Several GPUs (-pn, mpirun) run ZeRO-1:
+each rank keeps the optimizer state of its range of the parameters only (llmc/zero.h), the
+backward reduces each layer's gradients to their owners as it goes, and after the update the
+weights are gathered back, the FP8 matmul weights as FP8 (llmc/zero_comm.cuh). One GPU is the
+one-rank case of the same code: it owns everything and nothing is communicated.
 
 Everything that can be checked without the GPU (flags, model file headers, data shards,
 output dir) is checked before the first CUDA call, so bad input fails fast with one line.
@@ -47,6 +51,9 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 #include "llmc/profiler.h"         // per-kernel time breakdown (-kt 1)
 #include "llmc/fp8_recipe.h"       // what -p fp8 quantizes: recipe, linears, passes
 #include "llmc/fp8_model.cuh"      // FP8 codes, scaling states, weight casts, numerics log
+#include "llmc/multi_gpu.h"        // one process per GPU: NCCL communicator, bounded waits
+#include "llmc/zero.h"             // ZeRO: which rank owns which parameters
+#include "llmc/zero_comm.cuh"      // ZeRO-1's collectives: gradient reduce, weight gather (bf16 / FP8)
 
 // ----------------------------------------------------------------------------
 // activations
@@ -83,16 +90,18 @@ typedef struct {
     size_t param_sizes[NUM_PARAMETER_TENSORS];
     size_t param_offsets[NUM_PARAMETER_TENSORS];
     size_t num_parameters;
-    floatX* params;         // bf16 weights used by the kernels
-    floatX* grads;          // bf16 gradients, accumulated over micro-steps
-    float* master;          // fp32 master weights (NULL with -w 0)
-    float* adam_m;          // fp32 AdamW moments (NULL with -opt adamw8)
-    float* adam_v;
-    int use_adamw8;                // -opt adamw8: 8-bit m and v (doc/adamw8.md)
+    floatX* params;         // bf16 weights used by the kernels, all of them (padded to the ZeRO layout)
+    floatX* grads;          // bf16 gradients, accumulated over micro-steps (same size)
+    ZeroLayout zero;        // which rank owns which parameters (one GPU: rank 0 owns all)
+    int rank;
+    ZeroRange owned;        // this rank's flat parameters: the optimizer updates these only
+    ZeroComm* comm;         // the collectives (NULL on one GPU)
+    float* master;          // fp32 master weights of the owned range (NULL with -w 0)
+    int use_adamw8;                // -opt adamw8: 8-bit m and v (doc/adamw8.md); else fp32 m and v
     Adamw8Selection adamw8_selection;
-    Adamw8Layout adamw8_layout;    // set for both optimizers: load_state converts either kind of state file
-    Adamw8States adamw8_states;    // device, -opt adamw8 only
-    Quant8Maps* adamw8_maps;       // device, -opt adamw8 only
+    Adamw8Layout opt_layout;       // the owned range's optimizer states (plain AdamW: no 8-bit tensor)
+    Adamw8States opt_states;       // device
+    Quant8Maps* opt_maps;          // device, -opt adamw8 only
     float* norm_squared;    // [1] on the device
     Activations acts;
     int B, T;
@@ -126,35 +135,30 @@ static void gpt2_init_layout(GPT2* model, const GPT2Config* cfg) {
     model->num_parameters = offset;
 }
 
-// uploads fp32 parameters: bf16 copy by round-to-nearest, and the fp32 master if kept
+// uploads fp32 parameters: bf16 copy by round-to-nearest (all), and the fp32 master (owned range) if kept
 static void gpt2_upload_params(GPT2* model, const float* params_cpu, int use_master_weights) {
-    size_t n = model->num_parameters;
+    size_t n = model->num_parameters, padded = model->zero.padded_total;
     uint16_t* bf16 = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
     for (size_t i = 0; i < n; i++) { bf16[i] = float_to_bf16_bits(params_cpu[i]); }
-    model->params = (floatX*)cuda_malloc_checked(n * sizeof(floatX), "parameters (bf16)");
+    model->params = (floatX*)cuda_malloc_checked(padded * sizeof(floatX), "parameters (bf16)");
+    cudaCheck(cudaMemset(model->params, 0, padded * sizeof(floatX)));
     cudaCheck(cudaMemcpy(model->params, bf16, n * sizeof(floatX), cudaMemcpyHostToDevice));
     free(bf16);
     model->master = NULL;
-    if (use_master_weights) {
-        model->master = (float*)cuda_malloc_checked(n * sizeof(float), "fp32 master weights (-w 0 drops them)");
-        cudaCheck(cudaMemcpy(model->master, params_cpu, n * sizeof(float), cudaMemcpyHostToDevice));
+    size_t owned = model->owned.end - model->owned.begin;
+    if (use_master_weights && owned > 0) {
+        model->master = (float*)cuda_malloc_checked(owned * sizeof(float), "fp32 master weights (-w 0 drops them)");
+        cudaCheck(cudaMemcpy(model->master, params_cpu + model->owned.begin, owned * sizeof(float), cudaMemcpyHostToDevice));
     }
 }
 
 static void gpt2_allocate_state(GPT2* model, int B, int T) {
     const GPT2Config* cfg = &model->config;
-    size_t n = model->num_parameters;
-    model->grads = (floatX*)cuda_malloc_checked(n * sizeof(floatX), "gradients (bf16)");
-    cudaCheck(cudaMemset(model->grads, 0, n * sizeof(floatX)));
-    if (model->use_adamw8) {  // either the 8-bit states or the fp32 moments, never both
-        adamw8_states_alloc_device(&model->adamw8_states, &model->adamw8_layout);
-        model->adamw8_maps = adamw8_maps_upload();
-    } else {
-        model->adam_m = (float*)cuda_malloc_checked(n * sizeof(float), "AdamW m (-opt adamw8 keeps it in 8 bits)");
-        model->adam_v = (float*)cuda_malloc_checked(n * sizeof(float), "AdamW v (-opt adamw8 keeps it in 8 bits)");
-        cudaCheck(cudaMemset(model->adam_m, 0, n * sizeof(float)));
-        cudaCheck(cudaMemset(model->adam_v, 0, n * sizeof(float)));
-    }
+    size_t padded = model->zero.padded_total;
+    model->grads = (floatX*)cuda_malloc_checked(padded * sizeof(floatX), "gradients (bf16)");
+    cudaCheck(cudaMemset(model->grads, 0, padded * sizeof(floatX)));
+    adamw8_states_alloc_device(&model->opt_states, &model->opt_layout);  // fp32 m and v are its m32, v32
+    if (model->use_adamw8) { model->opt_maps = adamw8_maps_upload(); }
     model->norm_squared = (float*)cuda_malloc_checked(sizeof(float), "gradient norm");
 
     size_t L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
@@ -203,23 +207,43 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     model->logits_row_cpu = (floatX*)mallocCheck(Vp * sizeof(floatX));
 }
 
-// the model on the GPU, from fp32 parameters in llm.c order, sized for micro-batches of B x T;
-// use_adamw8: 8-bit AdamW states for the tensors adamw8_selection picks (-opt adamw8 -qs);
-// fp8: what runs in FP8 (NULL or not enabled: everything in bf16)
+// the FP8 weights from the weights as they are (at the start, after a resume): on one GPU from
+// the master; with several ranks each casts its parts and the codes are gathered
+static void gpt2_cast_weights(GPT2* model, cudaStream_t stream) {
+    if (model->comm != NULL) { zero_comm_refresh_weights(model->comm, &model->fp8, model->params, model->master, stream); }
+    else { fp8_model_cast_weights(&model->fp8, model->master, model->params, false, stream); }
+}
+
+/*
+The model on the GPU, from fp32 parameters in llm.c order, sized for micro-batches of B x T;
+use_adamw8: 8-bit AdamW states for the tensors adamw8_selection picks (-opt adamw8 -qs);
+fp8: what runs in FP8 (NULL or not enabled: everything in bf16); multi_gpu: the ranks (NULL
+or one process: one GPU). Every rank holds all weights; the optimizer state is its range's.
+*/
 static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_cpu, int use_master_weights,
                        int B, int T, int recompute, int gelu_fusion, int use_adamw8, Adamw8Selection adamw8_selection,
-                       const Fp8Settings* fp8, cudaStream_t stream) {
+                       const Fp8Settings* fp8, const MultiGpuConfig* multi_gpu, cudaStream_t stream) {
     gpt2_init_layout(model, cfg);
     model->recompute = recompute;
     model->gelu_fusion = gelu_fusion;
     model->use_adamw8 = use_adamw8;
     model->adamw8_selection = adamw8_selection;
-    adamw8_layout_init(&model->adamw8_layout, cfg, adamw8_selection);
+    int num_ranks = multi_gpu != NULL ? multi_gpu->num_processes : 1;
+    model->rank = multi_gpu != NULL ? multi_gpu->process_rank : 0;
+    zero_layout_init(&model->zero, cfg, num_ranks);
+    model->owned = zero_rank_range(&model->zero, model->rank);
+    Adamw8Layout whole;  // plain AdamW: the same layout with every tensor 32-bit
+    adamw8_layout_init(&whole, cfg, use_adamw8 ? adamw8_selection : ADAMW8_SELECT_NONE);
+    adamw8_layout_window(&model->opt_layout, &whole, model->owned.begin, model->owned.end);
     Fp8Settings bf16_only = {};
     fp8_model_create(&model->fp8, fp8 != NULL ? fp8 : &bf16_only, cfg, B * T, model->param_offsets, model->param_sizes, stream);
     gpt2_upload_params(model, params_cpu, use_master_weights);
     gpt2_allocate_state(model, B, T);
-    fp8_model_cast_weights(&model->fp8, model->master, model->params, stream);
+    if (num_ranks > 1) {
+        model->comm = (ZeroComm*)mallocCheck(sizeof(ZeroComm));
+        zero_comm_create(model->comm, multi_gpu, cfg, &model->fp8);
+    }
+    gpt2_cast_weights(model, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -397,8 +421,9 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
 }
 
 // Backward of the last gpt2_forward (which must have written dlogits). Gradients add
-// into model->grads, so micro-steps accumulate.
-static void gpt2_backward(GPT2* model, cudaStream_t stream) {
+// into model->grads, so micro-steps accumulate. With several ranks and reduce set (the last
+// micro-step), each layer's gradients go to their owners as soon as they are complete.
+static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
     const GPT2Config* cfg = &model->config;
     int B = model->B, T = model->T;
     int L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads;
@@ -465,20 +490,45 @@ static void gpt2_backward(GPT2* model, cudaStream_t stream) {
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN1W, l), layer_tensor(model, g, PARAM_LN1B, l), a->scratch_f, a->scratch_btc,
                            residual, layer_tensor(model, p, PARAM_LN1W, l), a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, C, stream);
         profiler_mark("layernorm bwd");
+        if (reduce && model->comm != NULL) { zero_comm_reduce_chunk(model->comm, g, l, stream); }
     }
     encoder_backward(param_tensor(model, g, PARAM_WTE), param_tensor(model, g, PARAM_WPE), a->dresidual, model->inputs_cpu,
                      B, T, C, model->encoder_scratch, stream);
     profiler_mark("encoder bwd");
+    if (reduce && model->comm != NULL) {
+        zero_comm_reduce_chunk(model->comm, g, L, stream);  // wte (lm_head and encoder), wpe, lnf
+        zero_comm_wait_reduced(model->comm, stream);
+        profiler_mark("gradient reduce (exposed)");
+    }
 }
 
-// global gradient norm (one host sync: the progress line and the skip decision need it)
+// the multi-GPU setup the model was built with (NULL: one GPU)
+static const MultiGpuConfig* gpt2_multi_gpu(const GPT2* model) { return model->comm != NULL ? model->comm->multi_gpu : NULL; }
+
+// the host waits for `stream`; with several ranks in bounded time (a dead peer leaves its
+// collectives spinning: multi_gpu_wait aborts them after -pt s and names `what`)
+static void gpt2_wait(const GPT2* model, cudaStream_t stream, const char* what) {
+    const MultiGpuConfig* multi_gpu = gpt2_multi_gpu(model);
+    if (multi_gpu != NULL) { multi_gpu_wait(multi_gpu, stream, what); }
+    else { cudaCheck(cudaStreamSynchronize(stream)); }
+}
+
+// one float summed (or averaged, op) over the ranks; on one GPU the value itself
+static float gpt2_all_reduce(const GPT2* model, float value, ncclRedOp_t op, cudaStream_t stream, const char* what) {
+    const MultiGpuConfig* multi_gpu = gpt2_multi_gpu(model);
+    return multi_gpu != NULL ? multi_gpu_all_reduce_float(multi_gpu, value, op, stream, what) : value;
+}
+
+// global gradient norm over the owned (reduced) gradients of every rank; one host sync: the
+// progress line and the skip decision need it
 static float gpt2_grad_norm(GPT2* model, cudaStream_t stream) {
-    global_norm_squared(model->norm_squared, model->acts.scratch_f, model->grads, model->num_parameters, stream);
+    global_norm_squared(model->norm_squared, model->acts.scratch_f, model->grads + model->owned.begin,
+                        model->owned.end - model->owned.begin, stream);
     profiler_mark("grad norm");
     float norm_squared;
     cudaCheck(cudaMemcpyAsync(&norm_squared, model->norm_squared, sizeof(float), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
-    return sqrtf(norm_squared);
+    gpt2_wait(model, stream, "gradient reduce (waiting for the gradient norm)");
+    return sqrtf(gpt2_all_reduce(model, norm_squared, ncclSum, stream, "gradient norm all-reduce"));
 }
 
 // Seed of the stochastic rounding of tensor i at step t: a pure function of (t, i), so a
@@ -487,29 +537,46 @@ static uint32_t update_seed(int step, int tensor) {
     return random_u32(0x5eed1234u, (uint32_t)step * NUM_PARAMETER_TENSORS + (uint32_t)tensor);
 }
 
+/*
+Where the optimizer pass puts the new amax of FP8 weight (tensor, layer) (NULL: none is
+wanted): the per-tensor cast after the update reads it instead of its own amax pass. With
+several ranks only the weights gathered as FP8 take it (zero_comm.cuh): the others are cast
+from the gathered bf16 weights, which the cast itself scans.
+*/
+static unsigned int* gpt2_weight_amax_slot(const GPT2* model, int tensor, int layer) {
+    int kind = tensor == PARAM_WTE ? LINEAR_LM_HEAD : tensor == PARAM_QKVW ? LINEAR_QKV : tensor == PARAM_ATTPROJW ? LINEAR_ATTPROJ
+             : tensor == PARAM_FCW ? LINEAR_FC : tensor == PARAM_FCPROJW ? LINEAR_FCPROJ : -1;
+    if (kind < 0) { return NULL; }
+    if (model->comm != NULL && (!model->comm->fp8_gather || kind == LINEAR_LM_HEAD)) { return NULL; }
+    return fp8_model_weight_amax_slot(&model->fp8, fp8_model_linear(&model->fp8, layer, kind));
+}
+
+// AdamW (fp32 or 8-bit states) on the owned range, tensor part by part (zero_update_ranges)
 static void gpt2_update(GPT2* model, float learning_rate, float beta1, float beta2, float eps, float weight_decay,
                         float grad_scale, int step, cudaStream_t stream) {
     int t = step + 1;
+    ZeroUpdateRange* ranges = (ZeroUpdateRange*)mallocCheck((size_t)model->config.num_layers * sizeof(ZeroUpdateRange));
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         AdamWElementParams hp = adamw_element_params(learning_rate, beta1, beta2, eps,
                                                      gpt2_param_is_decayed(i) ? weight_decay : 0.0f, t);
-        size_t off = model->param_offsets[i];
-        float* master = model->master ? model->master + off : NULL;
-        if (model->use_adamw8) {  // 32-bit tensors go to adamw_update on the layout's m32/v32
-            adamw8_update_tensor(&model->adamw8_layout, &model->adamw8_states, model->adamw8_maps, i, model->params + off,
-                                 master, model->grads + off, hp, grad_scale, update_seed(step, i), NULL, stream);
-        } else {
-            adamw_update(model->params + off, master, model->grads + off, model->adam_m + off, model->adam_v + off,
-                         model->param_sizes[i], hp, grad_scale, update_seed(step, i), stream);
+        int count = zero_update_ranges(&model->zero, model->rank, i, ranges);
+        size_t part = model->owned.begin + model->opt_layout.param_offsets[i];  // flat
+        for (int r = 0; r < count; r++) {
+            size_t flat = part + ranges[r].offset;
+            float* master = model->master ? model->master + (flat - model->owned.begin) : NULL;
+            adamw8_update_range(&model->opt_layout, &model->opt_states, model->opt_maps, i, ranges[r].offset, ranges[r].n,
+                                model->params + flat, master, model->grads + flat, hp, grad_scale, update_seed(step, i),
+                                gpt2_weight_amax_slot(model, i, ranges[r].layer), stream);
         }
     }
+    free(ranges);
     profiler_mark(model->use_adamw8 ? "adamw8" : "adamw");  // the optimizer step alone, for the benchmark
 }
 
 static void gpt2_free(GPT2* model) {
     Activations* a = &model->acts;
     void* device_buffers[] = {
-        model->params, model->grads, model->master, model->adam_m, model->adam_v, model->norm_squared,
+        model->params, model->grads, model->master, model->norm_squared,
         a->encoded, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att_stats, a->residual2, a->ln2,
         a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->residual3, a->lnf, a->lnf_mean, a->lnf_rstd,
         a->losses, a->output, a->scratch_btc, a->scratch_bt4c, a->dresidual, a->scratch_f,
@@ -518,9 +585,11 @@ static void gpt2_free(GPT2* model) {
     for (size_t i = 0; i < sizeof(device_buffers) / sizeof(device_buffers[0]); i++) {
         if (device_buffers[i] != NULL) { cudaCheck(cudaFree(device_buffers[i])); }
     }
-    if (model->use_adamw8) {
-        adamw8_states_free_device(&model->adamw8_states);
-        cudaCheck(cudaFree(model->adamw8_maps));
+    adamw8_states_free_device(&model->opt_states);
+    if (model->opt_maps != NULL) { cudaCheck(cudaFree(model->opt_maps)); }
+    if (model->comm != NULL) {
+        zero_comm_free(model->comm);
+        free(model->comm);
     }
     encoder_backward_scratch_free(model->encoder_scratch);
     fp8_model_free(&model->fp8);
@@ -548,14 +617,14 @@ static float* device_to_host_floats(const float* device, size_t n) {
     return host;
 }
 
-// mean of the losses accumulated over `micro_steps` forward passes
+// mean of the losses accumulated over `micro_steps` forward passes, over all ranks
 static float gpt2_mean_loss(GPT2* model, int micro_steps, cudaStream_t stream) {
     size_t BT = (size_t)model->B * model->T;
     cudaCheck(cudaMemcpyAsync(model->losses_cpu, model->acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    cudaCheck(cudaStreamSynchronize(stream));
+    gpt2_wait(model, stream, "gradient reduce (waiting for the loss)");
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) { sum += model->losses_cpu[i]; }
-    return (float)(sum / ((double)BT * micro_steps));
+    return gpt2_all_reduce(model, (float)(sum / ((double)BT * micro_steps)), ncclAvg, stream, "loss all-reduce");
 }
 
 typedef struct {
@@ -586,7 +655,7 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
     for (int micro = 0; micro < grad_accum_steps; micro++) {
         if (!reuse_batch) { dataloader_next_batch(loader); }
         gpt2_forward(model, loader->inputs, loader->targets, dloss, 1, stream);
-        gpt2_backward(model, stream);
+        gpt2_backward(model, micro == grad_accum_steps - 1, stream);
     }
     StepResult r;
     r.loss = gpt2_mean_loss(model, grad_accum_steps, stream);
@@ -595,8 +664,13 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
     if (!r.skipped) {
         float grad_scale = (opt->grad_clip > 0.0f && r.grad_norm > opt->grad_clip) ? opt->grad_clip / r.grad_norm : 1.0f;
         gpt2_update(model, learning_rate, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, grad_scale, step, stream);
-        fp8_model_cast_weights(&model->fp8, model->master, model->params, stream);  // FP8 weights follow the update
-        profiler_mark("fp8 weight casts");
+        if (model->comm != NULL) {  // the weights whole again on every rank, FP8 ones cast with the global amax
+            zero_comm_gather_weights(model->comm, &model->fp8, model->params, model->master, stream);
+            profiler_mark("weight gather + fp8 weight casts");
+        } else {
+            fp8_model_cast_weights(&model->fp8, model->master, model->params, true, stream);  // FP8 weights follow the update
+            profiler_mark("fp8 weight casts");
+        }
     }
     return r;
 }
@@ -632,8 +706,10 @@ static float evaluate_hellaswag(GPT2* model, EvalLoader* eval_loader, cudaStream
         correct += evalloader_stat_losses(eval_loader, model->losses_cpu);
     }
     fp8_model_end_eval(&model->fp8, stream);
-    total = eval_loader->end_example_index - eval_loader->start_example_index;
-    return total > 0 ? (float)correct / (float)total : 0.0f;
+    total = eval_loader->end_example_index - eval_loader->start_example_index;  // this rank's share
+    float all_correct = gpt2_all_reduce(model, (float)correct, ncclSum, stream, "HellaSwag all-reduce");
+    float all_total = gpt2_all_reduce(model, (float)total, ncclSum, stream, "HellaSwag all-reduce");
+    return all_total > 0 ? all_correct / all_total : 0.0f;
 }
 
 // samples gen_tokens tokens after an <|endoftext|> prompt, from row 0 of the batch
@@ -674,14 +750,24 @@ static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, mt199
 // ----------------------------------------------------------------------------
 // checkpoints
 
-static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* dir, int step) {
+/*
+A checkpoint of step `step`: rank 0 writes the model file (every rank's weights, gathered
+first), each rank its state file (llm.c's state_<step>_<rank>.bin: its range's master and
+optimizer state, its data position, its FP8 scaling), and once all are written rank 0
+writes DONE. Every rank calls this. With several ranks `dir` must be shared by all.
+*/
+static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* dir, int step, cudaStream_t stream) {
     char path[CHECKPOINT_PATH_MAX];
-    float* params = gpt2_params_to_host_fp32(model);
-    checkpoint_model_path(path, sizeof(path), dir, step);
-    model_file_write(path, &model->config, params, 5);  // the bf16 weights: llm.c's version 5, exact
-    free(params);
+    if (model->comm != NULL) { zero_comm_all_gather_bf16(model->comm, model->params, stream); }
+    gpt2_wait(model, stream, "bf16 weight all-gather (checkpoint)");
+    if (model->rank == 0) {
+        float* params = gpt2_params_to_host_fp32(model);
+        checkpoint_model_path(path, sizeof(path), dir, step);
+        model_file_write(path, &model->config, params, 5);  // the bf16 weights: llm.c's version 5, exact
+        free(params);
+    }
 
-    size_t n = model->num_parameters;
+    size_t n = model->owned.end - model->owned.begin;
     float* master = model->master ? device_to_host_floats(model->master, n) : NULL;
     TrainState state = {step, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
     Fp8HostState fp8;
@@ -689,65 +775,56 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* d
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
     fp8_model_download(&model->fp8, &fp8, 0);
     StateBuffers buffers = {n, NULL, NULL, master, sections, num_sections};
-    Adamw8States adamw8;  // host copy of the 8-bit states: tagged sections, no fp32 m and v (doc/adamw8.md)
+    Adamw8States opt;  // host copy; adamw8's go in tagged sections, plain AdamW's m32/v32 are llm.c's m and v
+    adamw8_states_alloc_host(&opt, &model->opt_layout);
+    adamw8_states_copy(&opt, &model->opt_states, &model->opt_layout, cudaMemcpyDeviceToHost);
     int32_t adamw8_bits[NUM_PARAMETER_TENSORS];
     if (model->use_adamw8) {
-        adamw8_states_alloc_host(&adamw8, &model->adamw8_layout);
-        adamw8_states_copy(&adamw8, &model->adamw8_states, &model->adamw8_layout, cudaMemcpyDeviceToHost);
-        buffers.num_sections += adamw8_state_sections(sections + num_sections, &model->adamw8_layout, &adamw8, adamw8_bits);
+        buffers.num_sections += adamw8_state_sections(sections + num_sections, &model->opt_layout, &opt, adamw8_bits);
     } else {
-        buffers.m = device_to_host_floats(model->adam_m, n);
-        buffers.v = device_to_host_floats(model->adam_v, n);
+        buffers.m = opt.m32;
+        buffers.v = opt.v32;
     }
-    checkpoint_state_path(path, sizeof(path), dir, step, 0);
+    checkpoint_state_path(path, sizeof(path), dir, step, model->rank);
     state_file_write(path, &state, &buffers, loader);
-    if (model->use_adamw8) { adamw8_states_free_host(&adamw8); }
+    adamw8_states_free_host(&opt);
     fp8_host_state_free(&fp8);
-    free(buffers.m);
-    free(buffers.v);
     free(master);
-    checkpoint_write_done(dir, step);
-    printf("wrote checkpoint %s/model_%08d.bin (+ state, DONE)\n", dir, step);
+    gpt2_all_reduce(model, 0.0f, ncclSum, stream, "checkpoint barrier");  // every rank's file is complete
+    if (model->rank == 0) {
+        checkpoint_write_done(dir, step);
+        printf("wrote checkpoint %s/model_%08d.bin (+ %d state file%s, DONE)\n", dir, step, model->zero.num_ranks,
+               model->zero.num_ranks > 1 ? "s" : "");
+    }
 }
 
 /*
-Restores optimizer state, master weights, FP8 scaling and data position; returns the step to
-continue from. A state file of the other optimizer is converted (train_state_read): plain
-AdamW's (or llm.c's) fp32 moments resume an adamw8 run, and adamw8's states a plain one.
+Restores this rank's optimizer state, master weights, FP8 scaling and data position from
+its state file; returns the step to continue from. A state file of the other optimizer is
+converted (train_state_read): plain AdamW's (or llm.c's) fp32 moments resume an adamw8 run,
+and adamw8's states a plain one. The files must come from the same number of ranks.
 */
-static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step) {
+static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step, cudaStream_t stream) {
     char path[CHECKPOINT_PATH_MAX];
-    size_t n = model->num_parameters;
-    float* m = NULL;
-    float* v = NULL;
-    Adamw8States adamw8;
-    memset(&adamw8, 0, sizeof(adamw8));
-    if (model->use_adamw8) { adamw8_states_alloc_host(&adamw8, &model->adamw8_layout); }
-    else {
-        m = (float*)mallocCheck(n * sizeof(float));
-        v = (float*)mallocCheck(n * sizeof(float));
-    }
+    size_t n = model->owned.end - model->owned.begin;
+    Adamw8States opt;
+    adamw8_states_alloc_host(&opt, &model->opt_layout);
     float* master = model->master ? (float*)mallocCheck(n * sizeof(float)) : NULL;
     Fp8HostState fp8;
     StateSection sections[FP8_STATE_SECTIONS];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
-    checkpoint_state_path(path, sizeof(path), dir, step, 0);
-    int resumed_step = train_state_read(path, loader, &model->config, model->use_adamw8, model->adamw8_selection, m, v,
-                                        &adamw8, master, sections, num_sections);
-    if (model->use_adamw8) {
-        adamw8_states_copy(&model->adamw8_states, &adamw8, &model->adamw8_layout, cudaMemcpyHostToDevice);
-        adamw8_states_free_host(&adamw8);
-    } else {
-        cudaCheck(cudaMemcpy(model->adam_m, m, n * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(model->adam_v, v, n * sizeof(float), cudaMemcpyHostToDevice));
-    }
+    checkpoint_state_path(path, sizeof(path), dir, step, model->rank);
+    int resumed_step = train_state_read(path, loader, &model->config, model->use_adamw8, model->adamw8_selection,
+                                        model->owned.begin, model->owned.end, model->use_adamw8 ? NULL : opt.m32,
+                                        model->use_adamw8 ? NULL : opt.v32, &opt, master, sections, num_sections);
+    adamw8_states_copy(&model->opt_states, &opt, &model->opt_layout, cudaMemcpyHostToDevice);
+    adamw8_states_free_host(&opt);
     if (master != NULL) { cudaCheck(cudaMemcpy(model->master, master, n * sizeof(float), cudaMemcpyHostToDevice)); }
     // the FP8 weights from the restored master, then the saved scaling over what that cast changed
-    fp8_model_cast_weights(&model->fp8, model->master, model->params, 0);
+    gpt2_cast_weights(model, stream);
+    gpt2_wait(model, stream, "weight gather (resume)");
     fp8_model_upload(&model->fp8, &fp8, path, 0);
     fp8_host_state_free(&fp8);
-    free(m);
-    free(v);
     free(master);
     return resumed_step;
 }
@@ -777,8 +854,7 @@ static void format_eta(char* buf, size_t n, double seconds) {
 // bytes of the optimizer's moments on the GPU: fp32 m and v, or adamw8's codes, absmaxes and
 // the 32-bit tensors' m32/v32
 static size_t gpt2_optimizer_state_bytes(const GPT2* model) {
-    const Adamw8Layout* l = &model->adamw8_layout;
-    if (!model->use_adamw8) { return 2 * model->num_parameters * sizeof(float); }
+    const Adamw8Layout* l = &model->opt_layout;
     return 2 * l->num_codes + 2 * l->num_blocks * sizeof(float) + 2 * l->num_fp32 * sizeof(float);
 }
 
@@ -791,11 +867,55 @@ static double gpu_memory_used_mib(void) {
 // ----------------------------------------------------------------------------
 // main
 
+// -pn -pr -pg -pi -pf -ps -pt as multi_gpu.h takes them; -pi auto is MPI when mpirun started
+// this process (and the binary has MPI), else the shared-directory exchange
+static MultiGpuOptions multi_gpu_options_from_flags(const TrainConfig* tc) {
+    MultiGpuOptions opts = multi_gpu_options_default();
+    opts.num_processes = tc->num_processes;
+    opts.process_rank = tc->process_rank;
+    opts.gpus_per_node = tc->gpus_per_node;
+    opts.fs_path = tc->nccl_fs_path[0] ? tc->nccl_fs_path : NULL;
+    opts.server = tc->nccl_server[0] ? tc->nccl_server : NULL;
+    opts.timeout_s = tc->nccl_timeout_s;
+    if (strcmp(tc->nccl_init, "auto") != 0) { opts.init_method = multi_gpu_init_method_from_name(tc->nccl_init); }
+    else {
+#ifdef USE_MPI
+        int under_mpirun = getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL;
+#else
+        int under_mpirun = 0;
+#endif
+        opts.init_method = under_mpirun ? MULTI_GPU_INIT_MPI : MULTI_GPU_INIT_FS;
+    }
+    return opts;
+}
+
+// dies on every rank when the ranks were launched with different flags, models or checkpoints
+static void check_same_config_on_all_ranks(const MultiGpuConfig* multi_gpu, uint32_t fingerprint, cudaStream_t stream) {
+    if (multi_gpu->num_processes == 1) { return; }
+    float halves[2] = {(float)(fingerprint >> 16), (float)(fingerprint & 0xffffu)};  // exact in a float
+    for (int h = 0; h < 2; h++) {
+        float lo = multi_gpu_all_reduce_float(multi_gpu, halves[h], ncclMin, stream, "startup config check");
+        float hi = multi_gpu_all_reduce_float(multi_gpu, halves[h], ncclMax, stream, "startup config check");
+        if (lo != hi) {
+            llm8_die("rank %d of %d: the ranks were started with different flags, models or checkpoints "
+                     "(launch every rank with the same command line and -o)", multi_gpu->process_rank, multi_gpu->num_processes);
+        }
+    }
+}
+
 #ifndef LLM8_TESTING
 int main(int argc, char** argv) {
     TrainConfig tc = train_config_defaults();
     train_config_parse(&tc, argc, argv);
     const char* out_dir = tc.output_log_dir[0] ? tc.output_log_dir : NULL;
+    // the processes (MPI or the flags): the rank is known before the data is checked, no GPU touched yet
+    MultiGpuOptions multi_gpu_options = multi_gpu_options_from_flags(&tc);
+    MultiGpuConfig multi_gpu = multi_gpu_process_init(&multi_gpu_options);
+    int rank = multi_gpu.process_rank, num_ranks = multi_gpu.num_processes;
+    if (num_ranks > 1 && tc.zero_stage != 1) { llm8_die("flag -z %d: with %d GPUs the stage is 1 (ZeRO-1)", tc.zero_stage, num_ranks); }
+    if (rank != 0) {  // rank 0 reports; the others print only their errors (stderr)
+        if (freopen("/dev/null", "w", stdout) == NULL) { llm8_die("rank %d: cannot silence stdout", rank); }
+    }
 
     // the model: a checkpoint to resume, a model file, or a descriptor
     GPT2Config model_config;
@@ -811,31 +931,33 @@ int main(int argc, char** argv) {
     int model_version = 0;
     if (model_path[0] != '\0') { model_file_read_header(model_path, &model_config, &model_version); }
     else { model_config = gpt2_config_from_descriptor(tc.model); }
-    int grad_accum_steps = train_config_check_batch(&tc, &model_config, 1);
+    int grad_accum_steps = train_config_check_batch(&tc, &model_config, num_ranks);
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
     fp8_model_check_shapes(&fp8_settings, &model_config, tc.B * tc.T);  // e.g. the block recipe on d48: one line, no GPU touched
 
     // data: validated before the GPU is touched
     DataLoader train_loader, val_loader;
-    dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, 0, 1, tc.shuffle, model_config.vocab_size);
+    dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, rank, num_ranks, tc.shuffle, model_config.vocab_size);
     int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
-    if (run_val) { dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, 0, 1, 0, model_config.vocab_size); }
+    if (run_val) { dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, rank, num_ranks, 0, model_config.vocab_size); }
     int train_num_batches = tc.max_steps;
     if (train_num_batches == -1) {
         train_num_batches = (int)(train_loader.num_tokens / (size_t)tc.total_batch_size);
         if (train_num_batches < 1) { train_num_batches = 1; }
     }
     EvalLoader eval_loader;
-    if (tc.hellaswag) { evalloader_init(&eval_loader, "dev/data/hellaswag/hellaswag_val.bin", tc.B, tc.T, 0, 1); }
+    if (tc.hellaswag) { evalloader_init(&eval_loader, "dev/data/hellaswag/hellaswag_val.bin", tc.B, tc.T, rank, num_ranks); }
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tc.tokenizer_path);
     LearningRateScheduler lr_scheduler;
     lr_scheduler_init(&lr_scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, train_num_batches, tc.final_lr_frac);
 
-    // the GPU
+    // the GPU, the communicator, and the ranks' agreement on what they run
+    multi_gpu_device_init(&multi_gpu, &multi_gpu_options, 0);
     DeviceInfo device = device_info_query();
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
+    check_same_config_on_all_ranks(&multi_gpu, train_config_fingerprint(&tc, &model_config, resume_step), stream);
     matmul_setup();
     attention_setup(strcmp(tc.attention, "cudnn") == 0 ? ATTENTION_CUDNN : ATTENTION_FALLBACK);
     profiler_init(tc.kernel_timing);
@@ -845,14 +967,15 @@ int main(int argc, char** argv) {
     if (model_path[0] != '\0') { model_file_read_params(model_path, &model_config, params_cpu); }
     else { gpt2_init_params_random(params_cpu, &model_config, GPT2_INIT_SEED); }
     gpt2_build(&model, &model_config, params_cpu, tc.use_master_weights, tc.B, tc.T, tc.recompute, tc.gelu_fusion,
-               train_config_uses_adamw8(&tc), adamw8_selection_from_name(tc.adamw8_states, "-qs"), &fp8_settings, stream);
+               train_config_uses_adamw8(&tc), adamw8_selection_from_name(tc.adamw8_states, "-qs"), &fp8_settings, &multi_gpu,
+               stream);
     free(params_cpu);
     int start_step = 0;
-    if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step); }
+    if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step, stream); }
 
-    Logger logger;
-    logger_init(&logger, out_dir, 0, resume_step >= 0);
-    fp8_model_open_numerics_log(&model.fp8, out_dir, resume_step >= 0);
+    Logger logger;  // rank 0 writes the logs
+    logger_init(&logger, out_dir, rank, resume_step >= 0);
+    fp8_model_open_numerics_log(&model.fp8, rank == 0 ? out_dir : NULL, resume_step >= 0);
 
     const GPT2Config* c = &model_config;
     printf("llm8 | device %s (%d SMs, bf16 peak %.0f TFLOP/s)\n", device.name, device.sm_count, device.bf16_peak_tflops);
@@ -863,17 +986,26 @@ int main(int argc, char** argv) {
            tc.precision, tc.B, tc.T, tc.total_batch_size, grad_accum_steps, train_num_batches, tc.learning_rate, tc.lr_schedule,
            tc.warmup_iterations, tc.final_lr_frac, tc.weight_decay, tc.grad_clip);
     // persistent bytes per parameter (DESIGN.md section 4): plain AdamW is a layout with no 8-bit tensor
-    Adamw8Layout fp32_states;
-    adamw8_layout_init(&fp32_states, c, ADAMW8_SELECT_NONE);
-    Adamw8BytesPerParam bytes = adamw8_bytes_per_param(model.use_adamw8 ? &model.adamw8_layout : &fp32_states, model.master != NULL);
+    Adamw8Layout whole_model_states;
+    adamw8_layout_init(&whole_model_states, c, model.use_adamw8 ? model.adamw8_selection : ADAMW8_SELECT_NONE);
+    Adamw8BytesPerParam bytes = adamw8_bytes_per_param(&whole_model_states, model.master != NULL);
     char eight_bit[160] = "";
     if (model.use_adamw8) {
         snprintf(eight_bit, sizeof(eight_bit), "; %.3f for the %.1f%% of parameters with 8-bit states, -qs %s", bytes.eight_bit,
                  100.0 * bytes.eight_bit_params / model.num_parameters, tc.adamw8_states);
     }
-    printf("memory | persistent %.3f bytes/parameter (bf16 weights+grads%s, %s m+v%s) | optimizer %s m+v %.2f GiB | GPU memory in use %.0f MiB\n",
+    printf("memory | persistent %.3f bytes/parameter on one GPU (bf16 weights+grads%s, %s m+v%s) | optimizer %s m+v %.2f GiB%s | GPU memory in use %.0f MiB\n",
            bytes.model, model.master ? ", fp32 master" : "", model.use_adamw8 ? "8-bit" : "fp32", eight_bit, tc.optimizer,
-           gpt2_optimizer_state_bytes(&model) / 1073741824.0, gpu_memory_used_mib());
+           gpt2_optimizer_state_bytes(&model) / 1073741824.0, num_ranks > 1 ? " on this rank" : "", gpu_memory_used_mib());
+    if (model.comm != NULL) {
+        const ZeroComm* z = model.comm;
+        printf("zero | ZeRO-1 over %d ranks (-pi %s) | %zu parameters per rank (%zu padding) | weights gathered per step: "
+               "%.1f MB as FP8 + %.1f MB as bf16 (all bf16: %.1f MB) | gradients reduced per step: %.1f MB bf16\n",
+               num_ranks, tc.nccl_init, z->layout.shard_size, z->layout.padded_total - z->layout.num_parameters,
+               z->gathered_bytes_fp8 / 1e6, z->gathered_bytes_bf16 / 1e6,
+               zero_comm_received_bytes(&z->layout, rank, 0, z->layout.num_parameters, 2) / 1e6,
+               2.0 * z->layout.num_parameters / 1e6);
+    }
     if (fp8_settings.enabled) {
         char linears[128], passes[64];
         fp8_names_from_bits(linears, sizeof(linears), fp8_settings.linears, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);
@@ -907,12 +1039,12 @@ int main(int argc, char** argv) {
             printf("HellaSwag: %.4f\n", acc);
             logger_log_eval(&logger, step, acc);
         }
-        if (tc.sample_every > 0 && (step > 0 && (step % tc.sample_every == 0 || last_step))) {
-            sample_text(&model, &tokenizer, tc.gen_tokens, &sample_rng, stream);
+        if (rank == 0 && tc.sample_every > 0 && (step > 0 && (step % tc.sample_every == 0 || last_step))) {
+            sample_text(&model, &tokenizer, tc.gen_tokens, &sample_rng, stream);  // ZeRO-1's forward is local
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
-            save_checkpoint(&model, &train_loader, out_dir, step);
-            remove_old_checkpoints(out_dir, step, tc.checkpoint_every, tc.checkpoints_keep);
+            save_checkpoint(&model, &train_loader, out_dir, step, stream);
+            if (rank == 0) { remove_old_checkpoints(out_dir, step, tc.checkpoint_every, tc.checkpoints_keep); }
         }
         if (last_step) { break; }
 
@@ -935,7 +1067,7 @@ int main(int argc, char** argv) {
         if (step > start_step) { ema_ms = ema_ms < 0 ? ms : 0.95 * ema_ms + 0.05 * ms; }
         double step_ms = ema_ms > 0 ? ema_ms : ms;
         double tok_per_s = tc.total_batch_size / (ms / 1000.0);
-        double mfu = device.bf16_peak_tflops > 0 ? flops_per_step / (ms / 1000.0) / (device.bf16_peak_tflops * 1e12) : -1.0;
+        double mfu = device.bf16_peak_tflops > 0 ? flops_per_step / num_ranks / (ms / 1000.0) / (device.bf16_peak_tflops * 1e12) : -1.0;
         char eta[64];
         format_eta(eta, sizeof(eta), (train_num_batches - step - 1) * step_ms / 1000.0);
         char mfu_text[32];
@@ -961,6 +1093,7 @@ int main(int argc, char** argv) {
     attention_teardown();
     matmul_teardown();
     cudaCheck(cudaStreamDestroy(stream));
+    multi_gpu_config_free(&multi_gpu);
     return 0;
 }
 #endif // LLM8_TESTING

@@ -9,11 +9,13 @@ new absmax is a warp butterfly max with no shared memory and no atomics: determi
 max is exact, so the codes equal the host reference's bit for bit. The maps (2 KB) are copied
 into shared memory once per thread block, where the binary search of each encode reads them.
 The per-element arithmetic is quant8.h's __host__ __device__ code; the new bf16 weight is
-rounded stochastically with random_u32(seed, element index), as llmc/adamw.cuh does. A block
-whose update is not finite somewhere is not written at all. The optional amax output (for the
-next step's FP8 weight cast) is max |new bf16 weight| over the tensor: a warp max per block,
-then one atomicMax on the float's bits (non-negative floats order like their bits; max is
-order-independent, so the result is deterministic).
+rounded stochastically with random_u32(seed, element index counted from the tensor's start),
+as llmc/adamw.cuh does. A block whose update is not finite somewhere is not written at all.
+The optional amax output (for the FP8 weight cast that follows) is max |value the cast
+reads| (the master when there is one, else the bf16 weight) over the call's elements, old
+values of a skipped block included: a warp max per block, then one atomicMax on the float's
+bits (non-negative floats order like their bits; max is order-independent, so the result
+is deterministic).
 */
 #ifndef LLMC_ADAMW8_CUH
 #define LLMC_ADAMW8_CUH
@@ -31,7 +33,7 @@ order-independent, so the result is deterministic).
 __global__ void __launch_bounds__(ADAMW8_WARPS_PER_BLOCK * WARP_SIZE)
 adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
                      const Quant8Maps* maps, AdamWElementParams hp, float grad_scale, uint32_t seed,
-                     unsigned int* amax_bits) {
+                     uint32_t first_index, unsigned int* amax_bits) {
     __shared__ Quant8Maps shared_maps;
     for (int i = threadIdx.x; i < QUANT8_CODES; i += blockDim.x) {
         shared_maps.signed_values[i] = maps->signed_values[i];
@@ -78,18 +80,25 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
     // phase 1: dequantize, fp32 AdamW; the block's new absmaxes and whether all is finite
     const float m_absmax_old = st.m_absmax[block], v_absmax_old = st.v_absmax[block];
     float m[ADAMW8_ELEMENTS_PER_LANE], v[ADAMW8_ELEMENTS_PER_LANE];
-    float m_max = 0.0f, v_max = 0.0f;
+    float m_max = 0.0f, v_max = 0.0f, old_max = 0.0f;
     int finite = 1;
     #pragma unroll
     for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
         if (k >= count) { break; }
+        old_max = fmaxf(old_max, fabsf(param[k]));  // what the cast reads if the block is skipped
         param[k] = adamw8_element_update(param[k], grad[k] * grad_scale, m_code[k], v_code[k], m_absmax_old, v_absmax_old,
                                          &shared_maps, hp, &m[k], &v[k]);
         finite = finite && adamw8_element_is_finite(param[k], m[k], v[k]);
         m_max = fmaxf(m_max, fabsf(m[k]));
         v_max = fmaxf(v_max, fabsf(v[k]));
     }
-    if (!__all_sync(0xffffffffu, finite)) { return; }  // leave the whole block as it was
+    if (!__all_sync(0xffffffffu, finite)) {  // leave the whole block as it was
+        if (amax_bits != NULL) {
+            old_max = warp_reduce_max(old_max);
+            if (lane == 0) { atomicMax(amax_bits, __float_as_uint(old_max)); }
+        }
+        return;
+    }
     m_max = warp_reduce_max(m_max);
     v_max = warp_reduce_max(v_max);
 
@@ -101,8 +110,8 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
         if (k >= count) { break; }
         m_code[k] = quant8_encode_signed(m[k], m_max, shared_maps.signed_values);
         v_code[k] = quant8_encode_unsigned(v[k], v_max, shared_maps.unsigned_values);
-        weight[k] = stochastic_round_bf16(param[k], seed, (uint32_t)(start + k));
-        weight_max = fmaxf(weight_max, fabsf(__bfloat162float(weight[k])));
+        weight[k] = stochastic_round_bf16(param[k], seed, first_index + (uint32_t)(start + k));
+        weight_max = fmaxf(weight_max, fabsf(master != NULL ? param[k] : __bfloat162float(weight[k])));
     }
     if (vector) {
         uint2 mc, vc;
@@ -146,16 +155,20 @@ static inline void adamw8_check_aligned_(const void* ptr, const char* what) {
 }
 
 /*
-One 8-bit AdamW step of an n-element tensor. master may be NULL (the bf16 weights are the
-parameters); amax_bits (nullable) receives max(*amax_bits, |new bf16 weight| bits): zero it
-before the tensor's update. params, grads and master must be 16-byte aligned and the state
-slice must start on a 256-element block (adamw8_tensor_states gives such slices).
+One 8-bit AdamW step of n elements of a tensor, starting at its element first_index (a
+multiple of 256: a ZeRO rank's part). master may be NULL (the bf16 weights are the
+parameters); amax_bits (nullable) receives max(*amax_bits, bits of |value the FP8 cast
+reads|): zero it before the tensor's update. params, grads and master must be 16-byte
+aligned and the state slice must start on a 256-element block (adamw8_part_states).
 */
 void adamw8_update(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
                    const Quant8Maps* maps_device, AdamWElementParams hp, float grad_scale, uint32_t seed,
-                   unsigned int* amax_bits, cudaStream_t stream) {
-    if (n > (size_t)UINT32_MAX) {
-        llm8_die("adamw8_update: %zu elements in one call; the rounding index is 32-bit, split the call", n);
+                   uint32_t first_index, unsigned int* amax_bits, cudaStream_t stream) {
+    if (n > (size_t)UINT32_MAX - first_index) {
+        llm8_die("adamw8_update: %zu elements from element %u of a tensor; the rounding index is 32-bit", n, first_index);
+    }
+    if (first_index % QUANT8_BLOCK != 0) {
+        llm8_die("adamw8_update: a part starting at element %u is off the %d-element block grid", first_index, QUANT8_BLOCK);
     }
     if (n == 0) { return; }
     adamw8_check_aligned_(params, "the bf16 weights");
@@ -166,7 +179,7 @@ void adamw8_update(floatX* params, float* master, const floatX* grads, Quant8Ten
     size_t blocks = ceil_div_size(n, QUANT8_BLOCK);
     unsigned int grid = (unsigned int)ceil_div_size(blocks, ADAMW8_WARPS_PER_BLOCK);
     adamw8_update_kernel<<<grid, ADAMW8_WARPS_PER_BLOCK * WARP_SIZE, 0, stream>>>(
-        params, master, grads, st, n, maps_device, hp, grad_scale, seed, amax_bits);
+        params, master, grads, st, n, maps_device, hp, grad_scale, seed, first_index, amax_bits);
     cudaCheck(cudaGetLastError());
 }
 
@@ -223,21 +236,33 @@ static void adamw8_states_copy(Adamw8States* dst, const Adamw8States* src, const
 }
 
 /*
-The step of parameter tensor i of the model: 8-bit tensors through adamw8_update, 32-bit ones
-through adamw_update on the layout's m32/v32. params, master (nullable) and grads point at the
-tensor's first element. amax_bits (nullable) is written for 8-bit tensors only: adamw_update
-computes no amax (the FP8 issue adds it there for 32-bit matmul weights, e.g. with -qs none).
+The step of elements [offset, offset + n) of tensor t's part in `layout` (the whole model's
+layout, or a ZeRO rank's window: adamw8_layout_window): 8-bit tensors through adamw8_update
+(offset a multiple of 256), 32-bit ones through adamw_update on the layout's m32/v32. Plain
+AdamW is the layout with no 8-bit tensor. params, master (nullable) and grads point at the
+range's first element; amax_bits (nullable) gets the range's amax for the FP8 weight cast.
+Callers split a tensor into ranges where each FP8 weight (one layer's slice) needs its own amax.
 */
-static void adamw8_update_tensor(const Adamw8Layout* layout, const Adamw8States* states, const Quant8Maps* maps_device,
-                                 int tensor, floatX* params, float* master, const floatX* grads, AdamWElementParams hp,
-                                 float grad_scale, uint32_t seed, unsigned int* amax_bits, cudaStream_t stream) {
-    size_t n = layout->sizes[tensor];
+static void adamw8_update_range(const Adamw8Layout* layout, const Adamw8States* states, const Quant8Maps* maps_device,
+                                int tensor, size_t offset, size_t n, floatX* params, float* master, const floatX* grads,
+                                AdamWElementParams hp, float grad_scale, uint32_t seed, unsigned int* amax_bits,
+                                cudaStream_t stream) {
+    if (offset + n > layout->sizes[tensor]) {
+        llm8_die("adamw8_update_range: elements %zu..%zu of %s, whose part has %zu", offset, offset + n,
+                 PARAM_TENSOR_NAMES[tensor], layout->sizes[tensor]);
+    }
+    uint32_t first_index = (uint32_t)(layout->part_begins[tensor] + offset);
     if (layout->bits[tensor] == 8) {
-        adamw8_update(params, master, grads, adamw8_tensor_states(layout, states, tensor), n, maps_device, hp, grad_scale,
-                      seed, amax_bits, stream);
+        Quant8TensorStates st = adamw8_tensor_states(layout, states, tensor);
+        st.m_codes += offset;
+        st.v_codes += offset;
+        st.m_absmax += offset / QUANT8_BLOCK;
+        st.v_absmax += offset / QUANT8_BLOCK;
+        adamw8_update(params, master, grads, st, n, maps_device, hp, grad_scale, seed, first_index, amax_bits, stream);
     } else {
-        size_t off = layout->fp32_offsets[tensor];
-        adamw_update(params, master, grads, states->m32 + off, states->v32 + off, n, hp, grad_scale, seed, stream);
+        size_t at = layout->fp32_offsets[tensor] + offset;
+        adamw_update(params, master, grads, states->m32 + at, states->v32 + at, n, hp, grad_scale, seed, first_index,
+                     amax_bits, stream);
     }
 }
 

@@ -376,6 +376,62 @@ void fp8_cast_weight(const Fp8CastOutput* out, const float* master, const floatX
     }
 }
 
+// ----------------------------------------------------------------------------
+// the sharded weight cast (ZeRO, llmc/zero_comm.cuh): each rank casts the part it updated,
+// the codes are all-gathered, and each rank builds W^T from the gathered W
+
+template <class In>
+__global__ void fp8_cast_part_kernel(Fp8CastOutput out, const In* in, size_t first, size_t n) {
+    const float scale = out.state->scale;
+    Fp8Tally tally = fp8_tally_zero();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = fp8_stage_to_float(in[i]);
+        uint8_t code = fp8_quantize(x, scale, out.format);
+        fp8_tally_cast(&tally, x, scale, code, out.format);
+        out.codes[first + i] = code;
+    }
+    fp8_tally_commit(tally, out.record, false);
+}
+
+/*
+Elements [first, first + n) of a per-tensor-scaled weight [OC][C] (row-major) into
+out->codes + first, with the scale already in out->state (updated from the all-reduced
+amax): the same codes a whole-tensor cast writes there. in points at element first of the
+fp32 master or of the bf16 weight. The GEMMs' scale comes from fp8_scaling_publish_scales.
+*/
+template <class In>
+void fp8_cast_weight_part(const Fp8CastOutput* out, const In* in, size_t first, size_t n, cudaStream_t stream) {
+    if (out->scaling != FP8_SCALING_TENSOR || out->codes == NULL || out->state == NULL || out->record == NULL) {
+        llm8_die("fp8_cast_weight_part: needs per-tensor scaling with codes, state and record");
+    }
+    if (n == 0) { return; }
+    const int block_size = 256;
+    size_t blocks = ceil_div_size(n, block_size);
+    fp8_cast_part_kernel<In><<<(unsigned int)(blocks < 1024 ? blocks : 1024), block_size, 0, stream>>>(*out, in, first, n);
+    cudaCheck(cudaGetLastError());
+}
+
+// codes_t [cols][rows] = codes [rows][cols]^T, through 32 x 32 tiles in shared memory
+__global__ void fp8_transpose_codes_kernel(const uint8_t* codes, uint8_t* codes_t, int rows, int cols) {
+    __shared__ uint8_t tile[32][33];  // one pad column: the transposed read hits 32 banks
+    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+        int r = r0 + j, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) { tile[j][threadIdx.x] = codes[(size_t)r * cols + c]; }
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+        int c = c0 + j, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) { codes_t[(size_t)c * rows + r] = tile[threadIdx.x][j]; }
+    }
+}
+
+void fp8_transpose_codes(const uint8_t* codes, uint8_t* codes_t, int rows, int cols, cudaStream_t stream) {
+    dim3 grid(ceil_div(cols, 32), ceil_div(rows, 32)), block(32, 8);
+    fp8_transpose_codes_kernel<<<grid, block, 0, stream>>>(codes, codes_t, rows, cols);
+    cudaCheck(cudaGetLastError());
+}
+
 // the GEMM operand a cast produced: its codes (transposed: codes_t) and their dequantization scales
 typedef struct {
     const uint8_t* codes;   // row-major, contiguous along the GEMM's K

@@ -339,15 +339,27 @@ void fp8_model_end_forward(Fp8Model* fp8, cudaStream_t stream) {
     fp8->x_seeded = 1;
 }
 
-// every FP8 weight (and its transpose) from the fp32 master when there is one, else the bf16
-// weights: once at the start, after loading a checkpoint, and after each optimizer step
-void fp8_model_cast_weights(const Fp8Model* fp8, const float* master, const floatX* params, cudaStream_t stream) {
+/*
+Every FP8 weight (and its transpose) from the fp32 master when there is one (all of it: one
+GPU), else the bf16 weights: once at the start, after loading a checkpoint, and after each
+optimizer step. amax_known: the optimizer pass has written each weight's amax into its
+record (fp8_model_weight_amax_slot), so the per-tensor cast skips its amax pass.
+*/
+void fp8_model_cast_weights(const Fp8Model* fp8, const float* master, const floatX* params, bool amax_known,
+                            cudaStream_t stream) {
     for (int i = 0; i < fp8->num_linears; i++) {
         const Fp8Linear* lin = &fp8->linears[i];
         Fp8CastOutput w = fp8_model_w(fp8, i);
         fp8_cast_weight(&w, master != NULL ? master + lin->weight_offset : NULL,
-                        master != NULL ? NULL : params + lin->weight_offset, lin->OC, lin->K, false, stream);
+                        master != NULL ? NULL : params + lin->weight_offset, lin->OC, lin->K, amax_known, stream);
     }
+}
+
+// where the optimizer pass puts FP8 linear i's new weight amax for the per-tensor weight cast
+// (NULL: i is -1, or the block recipe, whose cast finds every 128x128 block's amax itself)
+static inline unsigned int* fp8_model_weight_amax_slot(const Fp8Model* fp8, int i) {
+    if (i < 0 || fp8_model_block(fp8)) { return NULL; }
+    return &fp8->records[2 * fp8->num_linears + i].amax_bits;
 }
 
 // ----------------------------------------------------------------------------

@@ -143,6 +143,22 @@ void fp8_scaling_update_records(Fp8TensorScaling* states, Fp8CastRecord* records
     cudaCheck(cudaGetLastError());
 }
 
+// records[i] takes states[i]'s scale as the one its GEMMs use: for a cast done in parts
+// (fp8_cast_weight_part, one ZeRO rank's part each), where no single cast kernel owns the tensor
+__global__ void fp8_scaling_publish_scales_kernel(const Fp8TensorScaling* states, Fp8CastRecord* records, int count) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) { return; }
+    records[i].scale = states[i].scale;
+    records[i].scale_inv = states[i].scale_inv;
+}
+
+void fp8_scaling_publish_scales(const Fp8TensorScaling* states, Fp8CastRecord* records, int count, cudaStream_t stream) {
+    if (count <= 0) { llm8_die("fp8_scaling_publish_scales: count %d must be positive", count); }
+    const int block_size = 128;
+    fp8_scaling_publish_scales_kernel<<<ceil_div(count, block_size), block_size, 0, stream>>>(states, records, count);
+    cudaCheck(cudaGetLastError());
+}
+
 // clears the interval statistics (and, with everything, the pending amax and the scales)
 __global__ void fp8_cast_records_clear_kernel(Fp8CastRecord* records, int count, bool everything) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

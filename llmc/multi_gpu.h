@@ -307,53 +307,64 @@ static inline void multi_gpu_options_check(const MultiGpuOptions* opts) {
 }
 
 /*
-Rank, device and communicator. With -pi mpi the rank, the process count and the local GPU
-come from MPI; otherwise from -pr, -pn and rank % GPUs per node. One process: no NCCL.
-`force_communicator` makes a one-rank communicator anyway (the tests use it).
+Step 1, no GPU touched: the rank and the process count. With -pi mpi they come from MPI
+(MPI_Init here), otherwise from -pr and -pn. The trainer checks its data between the two
+steps, knowing its rank, so bad input still fails before any CUDA call.
 */
-static inline MultiGpuConfig multi_gpu_config_init(const MultiGpuOptions* options, int force_communicator) {
-    MultiGpuOptions opts = *options;
+static inline MultiGpuConfig multi_gpu_process_init(MultiGpuOptions* opts) {
     MultiGpuConfig cfg;
     memset(&cfg, 0, sizeof(cfg));
-    int local_rank = -1;
+    cfg.local_device_idx = -1;
 #ifdef USE_MPI
-    if (opts.init_method == MULTI_GPU_INIT_MPI) {
+    if (opts->init_method == MULTI_GPU_INIT_MPI) {
         if (MPI_Init(NULL, NULL) != MPI_SUCCESS) { llm8_die("-pi mpi: MPI_Init failed (launched by mpirun?)"); }
-        MPI_Comm_rank(MPI_COMM_WORLD, &opts.process_rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &opts.num_processes);
+        MPI_Comm_rank(MPI_COMM_WORLD, &opts->process_rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &opts->num_processes);
         MPI_Comm node_comm;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, opts.process_rank, MPI_INFO_NULL, &node_comm);
-        MPI_Comm_rank(node_comm, &local_rank);
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, opts->process_rank, MPI_INFO_NULL, &node_comm);
+        MPI_Comm_rank(node_comm, &cfg.local_device_idx);  // the node-local rank, made a GPU index in step 2
         MPI_Comm_free(&node_comm);
         cfg.uses_mpi = 1;
     }
 #endif
-    multi_gpu_options_check(&opts);
-    cfg.process_rank = opts.process_rank;
-    cfg.num_processes = opts.num_processes;
-    cfg.timeout_s = opts.timeout_s;
+    multi_gpu_options_check(opts);
+    cfg.process_rank = opts->process_rank;
+    cfg.num_processes = opts->num_processes;
+    cfg.timeout_s = opts->timeout_s;
+    return cfg;
+}
+
+/*
+Step 2: the GPU (MPI's node-local rank, else rank % GPUs per node) and the communicator.
+One process: no NCCL. `force_communicator` makes a one-rank communicator anyway (the tests
+use it).
+*/
+static inline void multi_gpu_device_init(MultiGpuConfig* cfg, const MultiGpuOptions* opts, int force_communicator) {
     int device_count = 0;
     cudaCheck(cudaGetDeviceCount(&device_count));
-    int gpus_per_node = opts.gpus_per_node > 0 ? opts.gpus_per_node : device_count;
-    cfg.local_device_idx = (local_rank >= 0 ? local_rank : opts.process_rank) % gpus_per_node;
-    if (cfg.local_device_idx >= device_count) {
-        llm8_die("rank %d: GPU %d of this node wanted (-pg %d) but only %d are visible", cfg.process_rank,
-                 cfg.local_device_idx, gpus_per_node, device_count);
+    int gpus_per_node = opts->gpus_per_node > 0 ? opts->gpus_per_node : device_count;
+    cfg->local_device_idx = (cfg->local_device_idx >= 0 ? cfg->local_device_idx : cfg->process_rank) % gpus_per_node;
+    if (cfg->local_device_idx >= device_count) {
+        llm8_die("rank %d: GPU %d of this node wanted (-pg %d) but only %d are visible", cfg->process_rank,
+                 cfg->local_device_idx, gpus_per_node, device_count);
     }
-    cudaCheck(cudaSetDevice(cfg.local_device_idx));
-    cudaCheck(cudaStreamCreateWithFlags(&cfg.nccl_stream, cudaStreamNonBlocking));
-    if (cfg.num_processes == 1 && !force_communicator) { return cfg; }
+    cudaCheck(cudaSetDevice(cfg->local_device_idx));
+    cudaCheck(cudaStreamCreateWithFlags(&cfg->nccl_stream, cudaStreamNonBlocking));
+    if (cfg->num_processes == 1 && !force_communicator) { return; }
 
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
-    if (cfg.process_rank == 0) {
-        MultiGpuConfig no_comm = cfg;
+    if (cfg->process_rank == 0) {
+        MultiGpuConfig no_comm = *cfg;
         multi_gpu_nccl_settle(&no_comm, ncclGetUniqueId(&id), "ncclGetUniqueId");
     }
-    if (opts.init_method == MULTI_GPU_INIT_FS) {
-        multi_gpu_id_exchange_fs(&id, &opts);
-    } else if (opts.init_method == MULTI_GPU_INIT_TCP) {
-        multi_gpu_id_exchange_tcp(&id, &opts);
+    MultiGpuOptions exchange = *opts;  // with MPI the rank and count came from MPI, not the flags
+    exchange.process_rank = cfg->process_rank;
+    exchange.num_processes = cfg->num_processes;
+    if (opts->init_method == MULTI_GPU_INIT_FS) {
+        multi_gpu_id_exchange_fs(&id, &exchange);
+    } else if (opts->init_method == MULTI_GPU_INIT_TCP) {
+        multi_gpu_id_exchange_tcp(&id, &exchange);
     } else {
 #ifdef USE_MPI
         MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
@@ -361,15 +372,22 @@ static inline MultiGpuConfig multi_gpu_config_init(const MultiGpuOptions* option
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclResult_t result = ncclCommInitRankConfig(&cfg.nccl_comm, cfg.num_processes, id, cfg.process_rank, &config);
-    multi_gpu_nccl_settle(&cfg, result, "communicator creation (ncclCommInitRankConfig)");
-    if (opts.init_method == MULTI_GPU_INIT_FS && cfg.process_rank == 0) {
+    ncclResult_t result = ncclCommInitRankConfig(&cfg->nccl_comm, cfg->num_processes, id, cfg->process_rank, &config);
+    multi_gpu_nccl_settle(cfg, result, "communicator creation (ncclCommInitRankConfig)");
+    if (opts->init_method == MULTI_GPU_INIT_FS && cfg->process_rank == 0) {
         // every rank has joined, so none still needs the file; a stale one would mislead the next run
         char path[4096];
-        snprintf(path, sizeof(path), "%s/%s", opts.fs_path, MULTI_GPU_ID_FILE);
+        snprintf(path, sizeof(path), "%s/%s", opts->fs_path, MULTI_GPU_ID_FILE);
         remove(path);
     }
-    cudaCheck(cudaMalloc((void**)&cfg.scalar_device, sizeof(float)));
+    cudaCheck(cudaMalloc((void**)&cfg->scalar_device, sizeof(float)));
+}
+
+// both steps at once
+static inline MultiGpuConfig multi_gpu_config_init(const MultiGpuOptions* options, int force_communicator) {
+    MultiGpuOptions opts = *options;
+    MultiGpuConfig cfg = multi_gpu_process_init(&opts);
+    multi_gpu_device_init(&cfg, &opts, force_communicator);
     return cfg;
 }
 

@@ -218,14 +218,16 @@ static inline size_t adamw8_update_fp32(float* params, const float* grads, size_
 }
 
 /*
-What the GPU kernel (adamw8.cuh) computes, on the host: bf16 parameters (raw bits) with an
-optional fp32 master (NULL: the bf16 weights are the parameters), bf16 gradients. The new
-parameter goes to the master and, by stochastic rounding with random_u32(seed, i), to bf16.
-amax (nullable) becomes max(amax, |new bf16 weight|) over the updated blocks.
+What the GPU kernel (adamw8.cuh) computes, on the host: n elements of a tensor from its
+element first_index, bf16 parameters (raw bits) with an optional fp32 master (NULL: the bf16
+weights are the parameters), bf16 gradients. The new parameter goes to the master and, by
+stochastic rounding with random_u32(seed, first_index + i), to bf16. amax (nullable) becomes
+max(amax, |value the FP8 weight cast reads|): the master if given, else the bf16 weight, over
+every element (a skipped block's unchanged values included).
 */
 static inline void adamw8_update_bf16_ref(uint16_t* params, float* master, const uint16_t* grads, size_t n,
                                           Quant8TensorStates st, const Quant8Maps* maps, AdamWElementParams hp,
-                                          float grad_scale, uint32_t seed, float* amax) {
+                                          float grad_scale, uint32_t seed, uint32_t first_index, float* amax) {
     float block_params[QUANT8_BLOCK], block_grads[QUANT8_BLOCK];
     for (size_t b = 0; b * QUANT8_BLOCK < n; b++) {
         size_t start = b * QUANT8_BLOCK;
@@ -234,13 +236,16 @@ static inline void adamw8_update_bf16_ref(uint16_t* params, float* master, const
             block_params[k] = master != NULL ? master[start + k] : bf16_bits_to_float(params[start + k]);
             block_grads[k] = bf16_bits_to_float(grads[start + k]);
         }
-        if (!adamw8_block_update(block_params, block_grads, grad_scale, count, st.m_codes + start, st.v_codes + start,
-                                 st.m_absmax + b, st.v_absmax + b, maps, hp)) { continue; }
+        int updated = adamw8_block_update(block_params, block_grads, grad_scale, count, st.m_codes + start,
+                                          st.v_codes + start, st.m_absmax + b, st.v_absmax + b, maps, hp);
         for (int k = 0; k < count; k++) {
             size_t i = start + k;
-            if (master != NULL) { master[i] = block_params[k]; }
-            params[i] = float_to_bf16_bits_stochastic(block_params[k], random_u32(seed, (uint32_t)i));
-            if (amax != NULL) { *amax = fmaxf(*amax, fabsf(bf16_bits_to_float(params[i]))); }
+            if (updated) {
+                if (master != NULL) { master[i] = block_params[k]; }
+                params[i] = float_to_bf16_bits_stochastic(block_params[k], random_u32(seed, first_index + (uint32_t)i));
+            }
+            float cast_input = master != NULL ? master[i] : bf16_bits_to_float(params[i]);  // what the FP8 cast reads
+            if (amax != NULL) { *amax = fmaxf(*amax, fabsf(cast_input)); }
         }
     }
 }
@@ -279,10 +284,19 @@ static inline int adamw8_tensor_is_8bit(const GPT2Config* cfg, int tensor, Adamw
     return gpt2_param_layer_elements(cfg, tensor) >= ADAMW8_MIN_8BIT_ELEMENTS;
 }
 
+/*
+Where the states of each tensor live. The whole model's layout (adamw8_layout_init), or a
+window of it (adamw8_layout_window): the states of one ZeRO rank's range of the flat
+parameters only, laid out the same way, so a rank's arrays are slices of the single-GPU
+arrays and every function taking a layout works on either.
+*/
 typedef struct {
     size_t num_parameters;
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    size_t param_offsets[NUM_PARAMETER_TENSORS];  // into the flat parameter buffer (llm.c order)
+    size_t sizes[NUM_PARAMETER_TENSORS];          // elements (a window: of the tensor's part, 0 for none)
+    size_t param_offsets[NUM_PARAMETER_TENSORS];  // into the flat parameter buffer (llm.c order; a window: into its range)
+    size_t part_begins[NUM_PARAMETER_TENSORS];    // a window: the part's first element within its tensor (else 0)
+    size_t flat_begin;                            // a window: its first flat parameter (else 0)
+    size_t codes_begin, blocks_begin, fp32_begin; // a window: where its arrays start in the model's (else 0)
     int32_t bits[NUM_PARAMETER_TENSORS];          // 8 or 32
     size_t code_offsets[NUM_PARAMETER_TENSORS];   // 8-bit tensors: first code (a multiple of 256)
     size_t block_offsets[NUM_PARAMETER_TENSORS];  // 8-bit tensors: first absmax
@@ -311,6 +325,67 @@ static inline void adamw8_layout_init(Adamw8Layout* layout, const GPT2Config* cf
             layout->num_fp32 += n;
         }
     }
+}
+
+/*
+The layout of the states of flat parameters [begin, end) of `model` (a ZeRO rank's range).
+Each tensor's part keeps its place: codes, absmaxes and fp32 moments are the contiguous
+ranges of the whole model's arrays that the parts cover (padding after a tensor's last
+block included), so the window's states are the single-GPU states' slice, bit for bit.
+An 8-bit tensor's part must start on its 256-element block grid (zero.h's shard boundaries
+guarantee it wherever a tensor starts on the grid); otherwise this dies naming the tensor.
+*/
+static inline void adamw8_layout_window(Adamw8Layout* window, const Adamw8Layout* model, size_t begin, size_t end) {
+    memset(window, 0, sizeof(*window));
+    memcpy(window->bits, model->bits, sizeof(model->bits));
+    window->flat_begin = begin;
+    window->num_parameters = end - begin;
+    size_t codes_begin = SIZE_MAX, blocks_begin = SIZE_MAX, fp32_begin = SIZE_MAX;
+    size_t codes_end = 0, blocks_end = 0, fp32_end = 0;
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {  // pass 1: the ranges, in the model's coordinates
+        size_t tensor_begin = model->param_offsets[t], n = model->sizes[t];
+        size_t lo = begin > tensor_begin ? begin : tensor_begin;
+        size_t hi = end < tensor_begin + n ? end : tensor_begin + n;
+        if (lo >= hi) { continue; }
+        size_t part_begin = lo - tensor_begin, part_end = hi - tensor_begin;
+        window->sizes[t] = hi - lo;
+        window->param_offsets[t] = lo - begin;
+        window->part_begins[t] = part_begin;
+        if (model->bits[t] == 8) {
+            if (part_begin % QUANT8_BLOCK != 0) {
+                llm8_die("8-bit AdamW states of %s: a shard starts at its element %zu, inside a %d-element block "
+                         "(use -qs default, which keeps this tensor in 32 bits, or another number of GPUs)",
+                         PARAM_TENSOR_NAMES[t], part_begin, QUANT8_BLOCK);
+            }
+            size_t padded_end = part_end == n ? (n + QUANT8_BLOCK - 1) / QUANT8_BLOCK * QUANT8_BLOCK : part_end;
+            window->code_offsets[t] = model->code_offsets[t] + part_begin;  // made relative in pass 2
+            window->block_offsets[t] = model->block_offsets[t] + part_begin / QUANT8_BLOCK;
+            if (window->code_offsets[t] < codes_begin) { codes_begin = window->code_offsets[t]; }
+            if (window->block_offsets[t] < blocks_begin) { blocks_begin = window->block_offsets[t]; }
+            if (model->code_offsets[t] + padded_end > codes_end) { codes_end = model->code_offsets[t] + padded_end; }
+            size_t block_end = model->block_offsets[t] + (part_end + QUANT8_BLOCK - 1) / QUANT8_BLOCK;
+            if (block_end > blocks_end) { blocks_end = block_end; }
+        } else {
+            window->fp32_offsets[t] = model->fp32_offsets[t] + part_begin;
+            if (window->fp32_offsets[t] < fp32_begin) { fp32_begin = window->fp32_offsets[t]; }
+            if (model->fp32_offsets[t] + part_end > fp32_end) { fp32_end = model->fp32_offsets[t] + part_end; }
+        }
+    }
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {  // pass 2: into the window's own arrays
+        if (window->sizes[t] == 0) { continue; }
+        if (window->bits[t] == 8) {
+            window->code_offsets[t] -= codes_begin;
+            window->block_offsets[t] -= blocks_begin;
+        } else {
+            window->fp32_offsets[t] -= fp32_begin;
+        }
+    }
+    window->codes_begin = codes_end > 0 ? codes_begin : 0;
+    window->blocks_begin = blocks_end > 0 ? blocks_begin : 0;
+    window->fp32_begin = fp32_end > 0 ? fp32_begin : 0;
+    window->num_codes = codes_end > 0 ? codes_end - codes_begin : 0;
+    window->num_blocks = blocks_end > 0 ? blocks_end - blocks_begin : 0;
+    window->num_fp32 = fp32_end > 0 ? fp32_end - fp32_begin : 0;
 }
 
 typedef struct {

@@ -18,6 +18,7 @@ were kept for other tensors.
 #define LLMC_TRAIN_CONFIG_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 #include <stdio.h>
 #include "utils.h"
@@ -66,6 +67,13 @@ typedef struct {
     int zero_stage;
     int shuffle;
     int kernel_timing;
+    int num_processes;            // -pn (mpirun: from MPI)
+    int process_rank;             // -pr
+    int gpus_per_node;            // -pg, 0: all visible
+    const char* nccl_init;        // -pi: auto | mpi | fs | tcp
+    const char* nccl_fs_path;     // -pf
+    const char* nccl_server;      // -ps
+    int nccl_timeout_s;           // -pt
 } TrainConfig;
 
 typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_CHOICE } FlagKind;
@@ -123,9 +131,17 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-w", FLAG_INT, TC_OFF(use_master_weights), 0, 1, NULL, "keep fp32 master weights"},
     {"-r", FLAG_INT, TC_OFF(recompute), 0, 2, NULL, "recompute in backward: 0 none, 1 GELU, 2 GELU+LayerNorm"},
     {"-ge", FLAG_INT, TC_OFF(gelu_fusion), 0, 1, NULL, "fuse GELU into the cuBLASLt epilogues"},
-    {"-z", FLAG_INT, TC_OFF(zero_stage), 0, 1, NULL, "ZeRO stage; on one GPU 1 is the same as 0 (sharding lands with multi-GPU)"},
+    {"-z", FLAG_INT, TC_OFF(zero_stage), 0, 1, NULL, "ZeRO stage: 1 shards the optimizer state over the GPUs (the only stage with several GPUs; on one GPU 0 and 1 are the same)"},
     {"-sh", FLAG_INT, TC_OFF(shuffle), 0, 1, NULL, "shuffle shards and samples each epoch (deterministic)"},
     {"-kt", FLAG_INT, TC_OFF(kernel_timing), 0, 1, NULL, "print a per-kernel time breakdown at the end (CUDA events)"},
+    {"-pn", FLAG_INT, TC_OFF(num_processes), 1, 4096, NULL, "number of processes, one per GPU (under mpirun: from MPI)"},
+    {"-pr", FLAG_INT, TC_OFF(process_rank), 0, 4095, NULL, "this process's rank, 0..-pn minus 1 (under mpirun: from MPI)"},
+    {"-pg", FLAG_INT, TC_OFF(gpus_per_node), 0, 1024, NULL, "GPUs per node: rank r uses GPU r % -pg (0 = all visible GPUs)"},
+    {"-pi", FLAG_CHOICE, TC_OFF(nccl_init), 0, 0, "auto mpi fs tcp",
+     "how ranks share the NCCL id: mpi, fs (a file in -pf), tcp (rank 0 at -ps); auto = mpi under mpirun, else fs"},
+    {"-pf", FLAG_STRING, TC_OFF(nccl_fs_path), 0, 0, NULL, "-pi fs: a directory every rank sees"},
+    {"-ps", FLAG_STRING, TC_OFF(nccl_server), 0, 0, NULL, "-pi tcp: rank 0's IPv4 address, a.b.c.d or a.b.c.d:port (port 12345)"},
+    {"-pt", FLAG_INT, TC_OFF(nccl_timeout_s), 1, INT_MAX_FLAG, NULL, "seconds any rank waits for the others before it exits with an error"},
 };
 #define NUM_TRAIN_FLAGS ((int)(sizeof(TRAIN_FLAGS) / sizeof(TRAIN_FLAGS[0])))
 
@@ -169,9 +185,16 @@ static inline TrainConfig train_config_defaults(void) {
     c.use_master_weights = 1;
     c.recompute = 1;
     c.gelu_fusion = 1;
-    c.zero_stage = 0;
+    c.zero_stage = 1;
     c.shuffle = 1;
     c.kernel_timing = 0;
+    c.num_processes = 1;
+    c.process_rank = 0;
+    c.gpus_per_node = 0;
+    c.nccl_init = "auto";
+    c.nccl_fs_path = "";
+    c.nccl_server = "";
+    c.nccl_timeout_s = 300;
     return c;
 }
 
@@ -267,6 +290,9 @@ static inline void train_config_parse(TrainConfig* c, int argc, char** argv) {
         llm8_die("flag -n %d needs an output dir -o to write checkpoints into", c->checkpoint_every);
     }
     train_config_fp8_settings(c);  // the -f8 / -f8p lists: checked here, before any GPU work
+    if (c->process_rank >= c->num_processes) {
+        llm8_die("flag -pr %d: rank must be below -pn %d", c->process_rank, c->num_processes);
+    }
 }
 
 // the checks that need the model and the number of processes; returns grad_accum_steps
@@ -284,5 +310,31 @@ static inline int train_config_check_batch(TrainConfig* c, const GPT2Config* mod
 }
 
 static inline int train_config_uses_adamw8(const TrainConfig* c) { return strcmp(c->optimizer, "adamw8") == 0; }
+
+static inline uint32_t fingerprint_add(uint32_t hash, const void* data, size_t bytes) {  // FNV-1a
+    const unsigned char* p = (const unsigned char*)data;
+    for (size_t i = 0; i < bytes; i++) { hash = (hash ^ p[i]) * 16777619u; }
+    return hash;
+}
+
+/*
+What every rank of a multi-GPU run must agree on, as one number: every flag but the rank's
+own (-pr), the model's shape and the step it resumes from. The ranks compare it at startup,
+so mismatched launches (another -b, -p, model or checkpoint) fail at once, not in a hang.
+*/
+static inline uint32_t train_config_fingerprint(const TrainConfig* c, const GPT2Config* model, int resume_step) {
+    uint32_t hash = 2166136261u;
+    for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
+        if (strcmp(TRAIN_FLAGS[i].name, "-pr") == 0) { continue; }
+        char value[4200];
+        flag_value_to_text(&TRAIN_FLAGS[i], c, value, sizeof(value));
+        hash = fingerprint_add(hash, TRAIN_FLAGS[i].name, strlen(TRAIN_FLAGS[i].name) + 1);
+        hash = fingerprint_add(hash, value, strlen(value) + 1);
+    }
+    int shape[6] = {model->max_seq_len, model->vocab_size, model->padded_vocab_size, model->num_layers, model->num_heads,
+                    model->channels};
+    hash = fingerprint_add(hash, shape, sizeof(shape));
+    return fingerprint_add(hash, &resume_step, sizeof(resume_step));
+}
 
 #endif // LLMC_TRAIN_CONFIG_H

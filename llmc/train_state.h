@@ -86,18 +86,20 @@ static inline void state_file_check_adamw8_selection(const char* path, const int
 /*
 Reads state file `path` with the caller's other sections (extra, e.g. FP8's) and leaves the
 optimizer state in the form this run keeps: fp32 moments in m and v (use_adamw8 0), or adamw8
-states in the host states8 laid out for `selection` (use_adamw8 1). A file written by the other
+states in the host states8 laid out for `selection` (use_adamw8 1), for the flat parameters
+[flat_begin, flat_end) (all of them on one GPU; a ZeRO rank's range: its own state file). A file written by the other
 optimizer is converted (doc/adamw8.md): its fp32 moments quantized, or its 8-bit states
 dequantized, which needs the -qs it was written with. Returns the step to continue from.
 */
 static inline int train_state_read(const char* path, DataLoader* loader, const GPT2Config* cfg, int use_adamw8,
-                                   Adamw8Selection selection, float* m, float* v, Adamw8States* states8, float* master,
-                                   const StateSection* extra, int num_extra) {
+                                   Adamw8Selection selection, size_t flat_begin, size_t flat_end, float* m, float* v,
+                                   Adamw8States* states8, float* master, const StateSection* extra, int num_extra) {
     if (num_extra > TRAIN_STATE_MAX_EXTRA_SECTIONS) {
         llm8_die("train_state_read: %d extra sections, at most %d", num_extra, TRAIN_STATE_MAX_EXTRA_SECTIONS);
     }
-    Adamw8Layout layout;
-    adamw8_layout_init(&layout, cfg, selection);
+    Adamw8Layout model_layout, layout;  // this process's window: the whole model, or its ZeRO range
+    adamw8_layout_init(&model_layout, cfg, selection);
+    adamw8_layout_window(&layout, &model_layout, flat_begin, flat_end);
     size_t n = layout.num_parameters;
     int file_fp32 = state_file_has_fp32_moments(path);
     int32_t file_bits[NUM_PARAMETER_TENSORS];

@@ -10,12 +10,14 @@ Why it is shaped so:
   parameters, so the padding is minimal under that rule.
 - S is a multiple of 256 (QUANT8_BLOCK): in every GPT-2 shape whose channels are a
   multiple of 256 (d12, d24, d36) every tensor starts at a multiple of 256, so no 8-bit
-  AdamW block straddles two ranks. Otherwise (d48: C = 1600) only lnfb starts off the grid;
-  zero_tensor_part says so through `block_aligned`, and a rank quantizes its part in blocks
-  counted from the part's start (blocks never straddle ranks either way; only the 8-bit
-  codes of that one tensor differ from a single-rank run's).
+  AdamW block straddles two ranks, and a rank's 8-bit states are a slice of the single-GPU
+  states (quant8.h's adamw8_layout_window). Otherwise (d48: C = 1600) only lnfb starts off
+  the grid; zero_tensor_part says so through `block_aligned`. lnfb keeps 32-bit states by
+  default; with -qs all a shard boundary inside it is refused by adamw8_layout_window.
 - The optimizer works per tensor, so zero_tensor_part gives the piece of tensor i a rank
-  owns, in the tensor's own coordinates, and where it sits in the rank's shard.
+  owns, in the tensor's own coordinates, and where it sits in the rank's shard;
+  zero_update_ranges cuts it into the optimizer's calls: one per layer slice of a matmul
+  weight, since each slice is its own FP8 tensor whose amax the optimizer pass computes.
 - Gradients are reduced per layer while the backward pass goes on: chunk l (l < L) holds
   layer l's twelve slices, complete as soon as layer l's backward is done; chunk L holds
   wte, wpe, lnfw, lnfb, complete at the end. A contiguous rank range does not cut a chunk
@@ -130,6 +132,56 @@ static inline int zero_tensor_part(const ZeroLayout* layout, int rank, int tenso
     part->shard_offset = begin - (size_t)rank * layout->shard_size;
     part->block_aligned = part->begin % QUANT8_BLOCK == 0;
     return 1;
+}
+
+// ----------------------------------------------------------------------------
+// the optimizer's calls
+
+// tensors whose per-layer slices are FP8 weights (qkvw, attprojw, fcw, fcprojw)
+static inline int zero_tensor_is_matmul_weight(int tensor) {
+    return tensor == PARAM_QKVW || tensor == PARAM_ATTPROJW || tensor == PARAM_FCW || tensor == PARAM_FCPROJW;
+}
+
+// one optimizer call: elements [offset, offset + n) of a rank's part of `tensor` (offset in
+// the part's coordinates), all in layer `layer`'s slice (-1: a whole-model tensor)
+typedef struct {
+    int tensor;
+    int layer;
+    size_t offset;
+    size_t n;
+} ZeroUpdateRange;
+
+/*
+The calls that update rank r's part of `tensor`: the part itself, cut at layer boundaries for
+a matmul weight (each layer's slice is its own FP8 tensor, with its own amax); other per-layer
+tensors are one call with layer set to the part's first layer. `ranges` holds L entries.
+Returns the count (0 when the rank owns none of the tensor).
+*/
+static inline int zero_update_ranges(const ZeroLayout* layout, int rank, int tensor, ZeroUpdateRange* ranges) {
+    ZeroPart part;
+    if (!zero_tensor_part(layout, rank, tensor, &part)) { return 0; }
+    if (!zero_tensor_is_per_layer(tensor)) {
+        ranges[0].tensor = tensor;
+        ranges[0].layer = -1;
+        ranges[0].offset = 0;
+        ranges[0].n = part.end - part.begin;
+        return 1;
+    }
+    size_t slice = layout->tensor_sizes[tensor] / (size_t)layout->num_layers;
+    int count = 0;
+    size_t at = part.begin;
+    while (at < part.end) {
+        int layer = (int)(at / slice);
+        size_t end = zero_tensor_is_matmul_weight(tensor) && (size_t)(layer + 1) * slice < part.end ? (size_t)(layer + 1) * slice
+                                                                                                        : part.end;
+        ranges[count].tensor = tensor;
+        ranges[count].layer = layer;
+        ranges[count].offset = at - part.begin;
+        ranges[count].n = end - at;
+        count++;
+        at = end;
+    }
+    return count;
 }
 
 // ----------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 # Sourced by scripts/run_gpt2_<size>_<precision>.sh: what every run script does the same way.
 #   run_gpt2 DEFAULT_OUT_DIR TRAINER_FLAGS... -- EXTRA_USER_FLAGS...
-# - OUT_DIR overrides the output dir; NUM_GPUS > 1 launches under mpirun with ZeRO-1 (-z 1,
-#   as llm.c; on one GPU -z 0, which is the same thing);
+# - OUT_DIR overrides the output dir; NUM_GPUS > 1 starts that many ranks with ZeRO-1 (-z 1,
+#   as llm.c; on one GPU -z 0, which is the same thing) through $LLM8_LAUNCHER -n NUM_GPUS --
+#   (default scripts/launch_one_node.sh: mpirun where it exists, else -pi fs; Slurm jobs set it
+#   to scripts/slurm_gpt2.sbatch);
 # - builds train_gpt2_fp8, then runs it; a failed run resumes (-y 1) from its last complete
 #   checkpoint, up to 3 attempts. The user's extra flags come last, so they win.
 run_gpt2() {
@@ -13,7 +15,10 @@ run_gpt2() {
     local num_gpus="${NUM_GPUS:-1}"
     local launch=()
     local zero_stage=0
-    if (( num_gpus > 1 )); then launch=(mpirun -np "$num_gpus"); zero_stage=1; fi
+    if (( num_gpus > 1 )); then
+        launch=(bash "${LLM8_LAUNCHER:-scripts/launch_one_node.sh}" -n "$num_gpus" --)
+        zero_stage=1
+    fi
     make train_gpt2_fp8
     for attempt in 1 2 3; do
         "${launch[@]}" ./train_gpt2_fp8 "${flags[@]}" -o "$out_dir" -y 1 -z "$zero_stage" "$@" && return 0

@@ -9,7 +9,7 @@
 #
 # Data: python dev/data/fineweb.py --version 100B   (writes dev/data/fineweb100B/)
 #       python dev/data/hellaswag.py                  (for -h 1)
-# GPUs: NUM_GPUS=8 bash scripts/run_gpt2_774M_bf16.sh runs it under mpirun; the total batch
+# GPUs: NUM_GPUS=8 bash scripts/run_gpt2_774M_bf16.sh runs it on 8 GPUs (scripts/launch_one_node.sh: mpirun, else -pi fs); the total batch
 #       (-d) stays the same and gradient accumulation adapts to the number of GPUs.
 # Extra arguments are passed to the trainer after these flags (later flags win).
 # A failed run resumes (-y 1) from its last complete checkpoint, up to 3 times (scripts/run_common.sh).

@@ -4,7 +4,7 @@ test_adamw8_gpu.cu: the 8-bit AdamW kernel (llmc/adamw8.cuh) against its host re
 codes, both absmaxes and the weight amax, over three steps from random states. Sizes: one
 d12 layer's fc weight (768 x 3072) and an odd size (9999: a short last block and a lane with
 fewer than 8 elements). With and without the fp32 master; with a NaN gradient in one block
-(that block must stay untouched); and adamw8_update_tensor over all 16 tensors of a small
+(that block must stay untouched); and adamw8_update_range over all 16 tensors of a small
 model, which sends the 32-bit tensors through adamw_update. Needs a GPU (make gpucheck).
 */
 #include <stdio.h>
@@ -108,13 +108,13 @@ static void test_kernel(size_t n, int with_master, int nan_block, const Quant8Ma
         uint32_t seed = random_u32(0x5eed, (uint32_t)step);
         float grad_scale = 0.8f;
         Quant8TensorStates d_st = {c.d_m_codes, c.d_v_codes, c.d_m_absmax, c.d_v_absmax};
-        adamw8_update(c.d_params, with_master ? c.d_master : NULL, c.d_grads, d_st, n, d_maps, hp, grad_scale, seed, d_amax, 0);
+        adamw8_update(c.d_params, with_master ? c.d_master : NULL, c.d_grads, d_st, n, d_maps, hp, grad_scale, seed, 512, d_amax, 0);  // as the part of a tensor from its element 512
 
         uint16_t* before = (uint16_t*)mallocCheck(n * 2);
         memcpy(before, c.params, n * 2);
         float amax = 0.0f;
         Quant8TensorStates st = {c.m_codes, c.v_codes, c.m_absmax, c.v_absmax};
-        adamw8_update_bf16_ref(c.params, with_master ? c.master : NULL, c.grads, n, st, maps, hp, grad_scale, seed, &amax);
+        adamw8_update_bf16_ref(c.params, with_master ? c.master : NULL, c.grads, n, st, maps, hp, grad_scale, seed, 512, &amax);
         unsigned int amax_bits = float_as_bits(amax);
         CHECK(device_equals(c.d_params, c.params, n * 2), "n=%zu %s step %d: bf16 weights differ", n, mode, step);
         if (with_master) { CHECK(device_equals(c.d_master, c.master, n * 4), "n=%zu %s step %d: master differs", n, mode, step); }
@@ -133,7 +133,7 @@ static void test_kernel(size_t n, int with_master, int nan_block, const Quant8Ma
     case_free(&c);
 }
 
-// all 16 tensors of a small model through adamw8_update_tensor, 8-bit and 32-bit ones
+// all 16 tensors of a small model through adamw8_update_range, 8-bit and 32-bit ones
 static void test_update_tensor(Adamw8Selection selection, const Quant8Maps* maps, const Quant8Maps* d_maps) {
     GPT2Config cfg = gpt2_config_make(2, 2, 128, 64, 200);  // ln/bias tensors < 4096 per layer: 32-bit by default
     Adamw8Layout layout;
@@ -158,11 +158,11 @@ static void test_update_tensor(Adamw8Selection selection, const Quant8Maps* maps
             AdamWElementParams hp = adamw_element_params(1e-3f, 0.9f, 0.95f, 1e-8f, gpt2_param_is_decayed(t) ? 0.1f : 0.0f, step);
             uint32_t seed = random_u32(7, (uint32_t)(step * 16 + t));
             size_t off = layout.param_offsets[t], count = layout.sizes[t];
-            adamw8_update_tensor(&layout, &device, d_maps, t, d_params + off, d_master + off, d_grads + off, hp, 1.0f, seed,
-                                 NULL, 0);
+            adamw8_update_range(&layout, &device, d_maps, t, 0, count, d_params + off, d_master + off, d_grads + off, hp, 1.0f,
+                                seed, NULL, 0);
             if (layout.bits[t] == 8) {
                 adamw8_update_bf16_ref(params + off, master + off, grads + off, count, adamw8_tensor_states(&layout, &host, t),
-                                       maps, hp, 1.0f, seed, NULL);
+                                       maps, hp, 1.0f, seed, 0, NULL);
             } else {
                 float* m = host.m32 + layout.fp32_offsets[t];
                 float* v = host.v32 + layout.fp32_offsets[t];
@@ -181,9 +181,9 @@ static void test_update_tensor(Adamw8Selection selection, const Quant8Maps* maps
                       memcmp(back.m_absmax, host.m_absmax, layout.num_blocks * 4) == 0 &&
                       memcmp(back.v_absmax, host.v_absmax, layout.num_blocks * 4) == 0 &&
                       memcmp(back.m32, host.m32, layout.num_fp32 * 4) == 0 && memcmp(back.v32, host.v32, layout.num_fp32 * 4) == 0;
-    CHECK(same_states, "adamw8_update_tensor (selection %d): device states differ from the host's", (int)selection);
+    CHECK(same_states, "adamw8_update_range (selection %d): device states differ from the host's", (int)selection);
     CHECK(device_equals(d_params, params, n * 2) && device_equals(d_master, master, n * 4),
-          "adamw8_update_tensor (selection %d): weights differ from the host's", (int)selection);
+          "adamw8_update_range (selection %d): weights differ from the host's", (int)selection);
     adamw8_states_free_host(&back);
     adamw8_states_free_host(&host);
     adamw8_states_free_device(&device);

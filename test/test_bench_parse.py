@@ -1,20 +1,29 @@
 """
-dev/bench/bench.py reads the trainer's progress lines. This test takes the progress line's
-printf format straight from train_gpt2_fp8.cu, fills it in, and checks that the bench
-parses every field back, so a change to the line cannot silently break the benchmark.
+dev/bench/bench.py reads the trainer's progress lines and ./bench_gemm's output. The first
+test takes the progress line's printf format straight from train_gpt2_fp8.cu, fills it in,
+and checks that the bench parses every field back, so a change to the line cannot silently
+break the benchmark. The others check the per-GEMM side without a GPU: every field the bench
+requires of a bench_gemm JSON record is one dev/bench/bench_gemm.cu writes; synthetic JSON
+lines (random times and ratios, d48 without the block recipe) give a summary that takes
+each model's whole-model fwd+bwd ratios and nothing else, in the markdown next to DESIGN.md's
+targets; malformed lines are refused naming the line; and ./bench_gemm's bad flags end with
+one "error:" line before any CUDA call.
 """
-import importlib.util
+import json
 import os
+import random
 import re
+import subprocess
+
+import pytest
+
+from dev_modules import load_dev_bench_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench", os.path.join(ROOT, "dev", "bench", "bench.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_dev_bench_module("bench")
 
 
 def progress_format():
@@ -35,3 +44,114 @@ def test_bench_parses_the_trainer_progress_line():
     assert steps[0] == {"step": 1, "loss": 10.4, "ms": 141.0, "tok_s": 468001, "mfu": 0.382, "mem_mib": 61234}
     assert steps[3]["mfu"] is None
     assert breakdown.startswith("kernel breakdown")
+
+
+GEMM_SOURCE = os.path.join(ROOT, "dev", "bench", "bench_gemm.cu")
+GEMM_BINARY = os.path.join(ROOT, "bench_gemm")
+LINEARS = ["qkv", "attproj", "fc", "fcproj", "lm_head", "total"]
+
+
+def test_every_required_gemm_field_is_written_by_bench_gemm():
+    bench = load_bench()
+    source = open(GEMM_SOURCE).read()
+    for kind, fields in bench.GEMM_RECORD_FIELDS.items():
+        for field in ("record",) + fields:
+            assert f'\\"{field}\\":' in source, f"bench.py requires {field!r} of {kind} records; bench_gemm.cu never writes it"
+
+
+def synthetic_gemm_json(rng):
+    """bench_gemm-shaped JSON lines with random figures, and the whole-model fwd+bwd ratios in them"""
+    lines = [{"record": "run", "device": "Fake GPU", "cublaslt_version": 1, "iters": 5, "warmup": 2, "repeats": 5, "T": 1024}]
+    expected = {}
+    for model, B, has_block in (("d12", 64, True), ("d48", 16, False)):
+        variants = ["bf16", "fp8", "fp8+cast"] + (["block", "block+cast"] if has_block else [])
+        for linear in LINEARS:
+            for p in ("fwd", "bwd", "fwd+bwd"):
+                for v in variants:
+                    lines.append({"record": "time", "model": model, "linear": linear, "B": B, "T": 1024, "pass": p,
+                                  "variant": v, "derived": linear == "total", "ms": rng.uniform(0.1, 5.0),
+                                  "tflops": rng.uniform(100, 1500)})
+                for v in variants[1:]:
+                    ratio = rng.uniform(0.5, 2.5)
+                    lines.append({"record": "ratio", "model": model, "linear": linear, "B": B, "T": 1024, "pass": p,
+                                  "variant": v, "ratio": ratio})
+                    if linear == "total" and p == "fwd+bwd":
+                        expected[(model, v)] = ratio
+        if not has_block:
+            lines.append({"record": "skip", "model": model, "variant": "block", "reason": "C=1600 is not a multiple of 128"})
+    return "\n".join(json.dumps(line) for line in lines) + "\n", expected
+
+
+def test_gemm_summary_takes_the_whole_model_fwd_bwd_ratios():
+    bench = load_bench()
+    text, expected = synthetic_gemm_json(random.Random(7))
+    records = bench.parse_gemm_json(text)
+    assert len(records) == len(text.strip().splitlines())
+    summary = bench.gemm_summary(records)
+    assert [row["model"] for row in summary] == ["d12", "d48"]
+    assert [row["B"] for row in summary] == [64, 16]
+    for row in summary:
+        for v in bench.GEMM_FP8_VARIANTS:
+            assert row["ratios"][v] == expected.get((row["model"], v)), (row["model"], v)
+    assert summary[1]["ratios"]["block"] is None and summary[1]["ratios"]["fp8+cast"] is not None
+
+    tables = "### d12: fake table\n\n| linear | pass |\n|---|---|\n| qkv | fwd |"
+    markdown = bench.gemm_markdown(records, tables, "./bench_gemm --models d12,d48", "Fake GPU", "abc123")
+    assert markdown.startswith("## Per-GEMM FP8 vs bf16")
+    assert "Fake GPU" in markdown and "`abc123`" in markdown and "`./bench_gemm --models d12,d48`" in markdown
+    for model, B in (("d12", 64), ("d48", 16)):
+        cells = [f"{expected[(model, v)]:.2f}x" if (model, v) in expected else "n/a" for v in bench.GEMM_FP8_VARIANTS]
+        row = f"| {model} | {B} | " + " | ".join(cells) + f" | >= {bench.GEMM_TARGETS[model]:.2f}x |"
+        assert row in markdown.splitlines(), row
+    assert markdown.rstrip().endswith(tables)
+
+
+def test_gemm_tables_start_at_the_first_model_heading():
+    bench = load_bench()
+    stdout = "bench_gemm on Fake GPU, cuBLASLt 1: ...\n\n### d12: L=12\n\n| a | b |\n|---|---|\n\n### d48: L=48\n\nd48: block recipe not measured\n"
+    tables = bench.gemm_tables(stdout)
+    assert tables.startswith("### d12") and tables.endswith("d48: block recipe not measured")
+    assert "bench_gemm on" not in tables
+    assert bench.gemm_tables("no tables here\n") == ""
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", "line 2"),
+    ('{"record": "speed", "model": "d12"}', "'speed' is not one of"),
+    ('["time"]', "None is not one of"),
+    ('{"record": "ratio", "model": "d12", "linear": "qkv", "B": 64, "T": 1024, "pass": "fwd", "variant": "fp8"}', "lacks ratio"),
+])
+def test_parse_gemm_json_refuses_malformed_lines(line, message):
+    bench = load_bench()
+    good = '{"record": "skip", "model": "d48", "variant": "block", "reason": "C=1600"}'
+    with pytest.raises(ValueError, match=re.escape(message)):
+        bench.parse_gemm_json(good + "\n" + line + "\n")
+
+
+def run_bench_gemm(args):
+    if not os.path.exists(GEMM_BINARY):
+        pytest.fail(f"{GEMM_BINARY} is not built (make bench_gemm)")
+    return subprocess.run([GEMM_BINARY] + args, capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--bogus"], "--bogus"),
+    (["--iters"], "--iters"),
+    (["--iters", "0"], "--iters"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--models", "d13"], "d13"),
+    (["--models", "d12,d12"], "listed twice"),
+    (["--json", "/nonexistent-dir/x.jsonl"], "/nonexistent-dir/x.jsonl"),
+])
+def test_bench_gemm_bad_flags_die_with_one_line(args, names):
+    result = run_bench_gemm(args)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and names in lines[0], result.stderr
+
+
+def test_bench_gemm_help_lists_its_flags():
+    result = run_bench_gemm(["--help"])
+    assert result.returncode == 0
+    for flag in ("--models", "--iters", "--warmup", "--json"):
+        assert flag in result.stdout

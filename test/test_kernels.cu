@@ -429,7 +429,14 @@ static void test_adamw(const Shape* s, size_t n, int with_master) {
     floatX* d_grads = (floatX*)device_copy(grads, n * 2);
     float* d_m = (float*)device_copy(m, n * sizeof(float));
     float* d_v = (float*)device_copy(v, n * sizeof(float));
-    adamw_update(d_params, d_master, d_grads, d_m, d_v, n, hp, grad_scale, seed, 0);
+    const uint32_t first_index = 1000;  // as the part of a tensor from its element 1000
+    unsigned int* d_amax = (unsigned int*)cuda_malloc_checked(sizeof(unsigned int), "amax");
+    cudaCheck(cudaMemset(d_amax, 0, sizeof(unsigned int)));
+    adamw_update(d_params, d_master, d_grads, d_m, d_v, n, hp, grad_scale, seed, first_index, d_amax, 0);
+    unsigned int got_amax_bits;
+    cudaCheck(cudaMemcpy(&got_amax_bits, d_amax, sizeof(got_amax_bits), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(d_amax));
+    float amax = 0.0f;
     uint16_t* got_params = (uint16_t*)host_copy(d_params, n * 2);
     float* got_m = (float*)host_copy(d_m, n * sizeof(float));
     float* got_v = (float*)host_copy(d_v, n * sizeof(float));
@@ -441,7 +448,8 @@ static void test_adamw(const Shape* s, size_t n, int with_master) {
         float param = with_master ? master[i] : bf16_bits_to_float(params[i]);
         float m_i = m[i], v_i = v[i];
         float new_param = adamw_element_update(param, grad, &m_i, &v_i, hp);
-        uint16_t new_bf16 = float_to_bf16_bits_stochastic(new_param, random_u32(seed, (uint32_t)i));
+        uint16_t new_bf16 = float_to_bf16_bits_stochastic(new_param, random_u32(seed, first_index + (uint32_t)i));
+        amax = fmaxf(amax, fabsf(with_master ? new_param : bf16_bits_to_float(new_bf16)));  // what the FP8 cast reads
         int same = got_params[i] == new_bf16 && float_as_bits(got_m[i]) == float_as_bits(m_i) &&
                    float_as_bits(got_v[i]) == float_as_bits(v_i) &&
                    (!with_master || float_as_bits(got_master[i]) == float_as_bits(new_param));
@@ -449,6 +457,8 @@ static void test_adamw(const Shape* s, size_t n, int with_master) {
     }
     CHECK(bad == 0, "adamw_update [%s, %s master, n=%zu]: %zu elements not bit-identical to the host loop (first %zu)",
           s->name, with_master ? "fp32" : "no", n, bad, first);
+    CHECK(got_amax_bits == float_as_bits(amax), "adamw_update [%s, %s master, n=%zu]: amax %.9g, host %.9g", s->name,
+          with_master ? "fp32" : "no", n, bits_as_float(got_amax_bits), amax);
 
     cudaCheck(cudaFree(d_params)); cudaCheck(cudaFree(d_grads)); cudaCheck(cudaFree(d_m)); cudaCheck(cudaFree(d_v));
     if (with_master) { cudaCheck(cudaFree(d_master)); free(got_master); }

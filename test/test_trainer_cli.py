@@ -180,6 +180,38 @@ class TestBadInput:
         assert_one_line_error(result, "nothing_train_")
 
 
+    def test_rank_not_below_process_count(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-pn", 2, "-pr", 2])), "-pr 2", "-pn 2")
+
+    def test_unknown_nccl_init_method(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-pi", "carrier-pigeon"])), "-pi", "carrier-pigeon", "fs")
+
+    @pytest.mark.parametrize("flag,value", [("-pn", 0), ("-pt", 0), ("-pg", -1)])
+    def test_multi_gpu_flag_out_of_range(self, binary, data, flag, value):
+        assert_one_line_error(run(binary, base_args(data, [flag, value])), flag, str(value))
+
+
+def test_cpu_trainer_refuses_several_processes(data):
+    assert_one_line_error(run(CPU, base_args(data, ["-pn", 2])), "-pn 2", "one process")
+
+
+# multi-GPU launch checks of the GPU trainer that happen before its first CUDA call (no NCCL either)
+def test_zero_stage_0_refused_with_several_gpus(data):
+    assert_one_line_error(run(GPU, base_args(data, ["-pn", 2, "-z", 0])), "-z 0", "2 GPUs")
+
+
+def test_total_batch_counts_every_process(data):
+    """-d is global: 2 ranks x B=2 x T=32 = 128 tokens per micro-step, so -d 64 is refused"""
+    assert_one_line_error(run(GPU, base_args(data, ["-pn", 2, "-pr", 1, "-d", 64])), "-d 64", "processes", "128")
+
+
+def test_each_rank_checks_its_data_before_the_gpu(data):
+    """rank 1 of 2 validates the shards too; its stdout is silenced, its error is one stderr line"""
+    result = run(GPU, base_args(data, ["-pn", 2, "-pr", 1, "-i", data / "missing_*.bin"]))
+    assert_one_line_error(result, "missing_")
+    assert result.stdout == ""
+
+
 # the FP8 shape rules are the GPU trainer's (cuBLASLt FP8), checked before its first CUDA call
 def test_fp8_block_recipe_refuses_d48_naming_the_remedy(data):
     result = run(GPU, base_args(data, ["-p", "fp8", "-fr", "block", "-e", "d48", "-b", 4, "-t", 32]))
@@ -212,7 +244,8 @@ def test_help_lists_every_flag_with_default(binary):
     result = run(binary, ["--help"])
     assert result.returncode == 0
     flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
-             "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt"]
+             "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt",
+             "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pt"]
     lines = result.stdout.splitlines()
     for flag in flags:
         matching = [l for l in lines if l.strip().startswith(flag + " ")]

@@ -1,6 +1,7 @@
 // test_zero.c: the ZeRO shard layout (llmc/zero.h) with simulated ranks, on the CPU.
 #include <stdlib.h>
 #include "llmc/zero.h"
+#include "llmc/train_config.h"
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 
@@ -197,6 +198,210 @@ static void test_fp8_gather(const GPT2Config* cfg, Fp8Format format, int margin)
     free(params); free(slices); free(ref_scales); free(ref_codes); free(scales); free(codes);
 }
 
+// ----------------------------------------------------------------------------
+// the sharded optimizer step: each simulated rank updates its window, split as the trainer
+// splits it (zero_update_ranges), against one whole-model step: bit for bit
+
+// plain AdamW on a run of a tensor from its element first_index, as adamw_update_kernel does it
+static void adamw_ref_range(uint16_t* params, float* master, const uint16_t* grads, float* m, float* v, size_t n,
+                            AdamWElementParams hp, uint32_t seed, uint32_t first_index, float* amax) {
+    for (size_t i = 0; i < n; i++) {
+        float new_param = adamw_element_update(master[i], bf16_bits_to_float(grads[i]), &m[i], &v[i], hp);
+        master[i] = new_param;
+        params[i] = float_to_bf16_bits_stochastic(new_param, random_u32(seed, first_index + (uint32_t)i));
+        if (amax != NULL) { *amax = fmaxf(*amax, fabsf(new_param)); }
+    }
+}
+
+typedef struct {
+    uint16_t* params;
+    float* master;
+    Adamw8States states;
+} OptimizerCopy;
+
+static void optimizer_copy_init(OptimizerCopy* c, const OptimizerCopy* from, const Adamw8Layout* layout) {
+    size_t n = layout->num_parameters;
+    c->params = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
+    c->master = (float*)mallocCheck(n * sizeof(float));
+    adamw8_states_alloc_host(&c->states, layout);
+    if (from == NULL) { return; }
+    memcpy(c->params, from->params, n * sizeof(uint16_t));
+    memcpy(c->master, from->master, n * sizeof(float));
+    memcpy(c->states.m_codes, from->states.m_codes, layout->num_codes);
+    memcpy(c->states.v_codes, from->states.v_codes, layout->num_codes);
+    memcpy(c->states.m_absmax, from->states.m_absmax, layout->num_blocks * sizeof(float));
+    memcpy(c->states.v_absmax, from->states.v_absmax, layout->num_blocks * sizeof(float));
+    memcpy(c->states.m32, from->states.m32, layout->num_fp32 * sizeof(float));
+    memcpy(c->states.v32, from->states.v32, layout->num_fp32 * sizeof(float));
+}
+
+static void optimizer_copy_free(OptimizerCopy* c) {
+    free(c->params);
+    free(c->master);
+    adamw8_states_free_host(&c->states);
+}
+
+// one step of elements [offset, offset + n) of tensor t's part in `layout` (params, master, grads at the part's start)
+static void update_range_ref(const Adamw8Layout* layout, Adamw8States* states, const Quant8Maps* maps, int t, size_t offset,
+                             size_t n, uint16_t* params, float* master, const uint16_t* grads, AdamWElementParams hp,
+                             uint32_t seed, float* amax) {
+    uint32_t first_index = (uint32_t)(layout->part_begins[t] + offset);
+    if (layout->bits[t] == 8) {
+        Quant8TensorStates st = adamw8_tensor_states(layout, states, t);
+        st.m_codes += offset; st.v_codes += offset;
+        st.m_absmax += offset / QUANT8_BLOCK; st.v_absmax += offset / QUANT8_BLOCK;
+        adamw8_update_bf16_ref(params + offset, master + offset, grads + offset, n, st, maps, hp, 1.0f, seed, first_index, amax);
+    } else {
+        size_t at = layout->fp32_offsets[t] + offset;
+        adamw_ref_range(params + offset, master + offset, grads + offset, states->m32 + at, states->v32 + at, n, hp, seed,
+                        first_index, amax);
+    }
+}
+
+static void test_sharded_update(const GPT2Config* cfg, Adamw8Selection selection, const char* name) {
+    Quant8Maps maps;
+    quant8_maps_init(&maps);
+    Adamw8Layout model;
+    adamw8_layout_init(&model, cfg, selection);
+    size_t n = model.num_parameters;
+    Adamw8Layout all;
+    adamw8_layout_window(&all, &model, 0, n);
+    CHECK(all.num_codes == model.num_codes && all.num_blocks == model.num_blocks && all.num_fp32 == model.num_fp32 &&
+          memcmp(all.code_offsets, model.code_offsets, sizeof(model.code_offsets)) == 0 &&
+          memcmp(all.fp32_offsets, model.fp32_offsets, sizeof(model.fp32_offsets)) == 0,
+          "%s: the whole-model window is not the model's layout", name);
+
+    // the starting point: random weights, gradients and moments (quantized by the 8-bit path)
+    OptimizerCopy start;
+    optimizer_copy_init(&start, NULL, &model);
+    uint16_t* grads = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
+    float* m = (float*)mallocCheck(n * sizeof(float));
+    float* v = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        start.master[i] = 0.02f * (2.0f * bits_as_float(0x3f800000u | (random_u32(1u, (uint32_t)i) >> 9)) - 3.0f);
+        start.params[i] = float_to_bf16_bits(start.master[i]);
+        grads[i] = float_to_bf16_bits(1e-3f * (2.0f * bits_as_float(0x3f800000u | (random_u32(2u, (uint32_t)i) >> 9)) - 3.0f));
+        m[i] = 1e-4f * (2.0f * bits_as_float(0x3f800000u | (random_u32(3u, (uint32_t)i) >> 9)) - 3.0f);
+        v[i] = 1e-8f * bits_as_float(0x3f800000u | (random_u32(4u, (uint32_t)i) >> 9));
+    }
+    adamw8_states_from_fp32(&model, &maps, m, v, &start.states);
+    AdamWElementParams hp = adamw_element_params(6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5);
+    int slots = ZERO_MATMUL_KINDS * cfg->num_layers;
+
+    // one rank: whole tensors, the amax of each matmul weight slice from its new master
+    OptimizerCopy ref;
+    optimizer_copy_init(&ref, &start, &model);
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        size_t off = model.param_offsets[t];
+        update_range_ref(&model, &ref.states, &maps, t, 0, model.sizes[t], ref.params + off, ref.master + off, grads + off,
+                         hp, 100u + (uint32_t)t, NULL);
+    }
+    float* ref_amax = (float*)calloc((size_t)slots, sizeof(float));
+    ZeroLayout one;
+    zero_layout_init(&one, cfg, 1);
+    for (int t = 0, kind = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        if (!zero_tensor_is_matmul_weight(t)) { continue; }
+        for (int l = 0; l < cfg->num_layers; l++) {
+            ZeroRange slice = zero_slice_range(&one, t, l);
+            ref_amax[kind * cfg->num_layers + l] = zero_range_amax(ref.master, slice.begin, slice.end);
+        }
+        kind++;
+    }
+
+    for (int k = 1; k < NUM_RANK_COUNTS; k++) {
+        ZeroLayout z;
+        zero_layout_init(&z, cfg, RANK_COUNTS[k]);
+        OptimizerCopy sharded;
+        optimizer_copy_init(&sharded, &start, &model);
+        float* amax = (float*)calloc((size_t)slots, sizeof(float));
+        size_t codes_covered = 0, blocks_covered = 0, fp32_covered = 0;
+        for (int r = 0; r < z.num_ranks; r++) {
+            ZeroRange range = zero_rank_range(&z, r);
+            Adamw8Layout window;
+            adamw8_layout_window(&window, &model, range.begin, range.end);
+            // the rank's states: its slice of the starting states, in arrays of its own
+            OptimizerCopy rank;
+            optimizer_copy_init(&rank, NULL, &window);
+            memcpy(rank.states.m_codes, start.states.m_codes + window.codes_begin, window.num_codes);
+            memcpy(rank.states.v_codes, start.states.v_codes + window.codes_begin, window.num_codes);
+            memcpy(rank.states.m_absmax, start.states.m_absmax + window.blocks_begin, window.num_blocks * sizeof(float));
+            memcpy(rank.states.v_absmax, start.states.v_absmax + window.blocks_begin, window.num_blocks * sizeof(float));
+            memcpy(rank.states.m32, start.states.m32 + window.fp32_begin, window.num_fp32 * sizeof(float));
+            memcpy(rank.states.v32, start.states.v32 + window.fp32_begin, window.num_fp32 * sizeof(float));
+            for (int t = 0, kind = 0; t < NUM_PARAMETER_TENSORS; t++) {
+                ZeroUpdateRange ranges[64];
+                int count = zero_update_ranges(&z, r, t, ranges);
+                size_t part = range.begin + window.param_offsets[t];
+                size_t done = 0;
+                for (int i = 0; i < count; i++) {
+                    CHECK(ranges[i].offset == done, "%s N=%d rank %d %s: ranges not contiguous", name, z.num_ranks, r,
+                          PARAM_TENSOR_NAMES[t]);
+                    done += ranges[i].n;
+                    float local = 0.0f;
+                    update_range_ref(&window, &rank.states, &maps, t, ranges[i].offset, ranges[i].n, sharded.params + part,
+                                     sharded.master + part, grads + part, hp, 100u + (uint32_t)t, &local);
+                    if (zero_tensor_is_matmul_weight(t)) {
+                        float* slot = &amax[kind * cfg->num_layers + ranges[i].layer];
+                        *slot = fmaxf(*slot, local);  // the all-reduce(MAX)
+                    }
+                }
+                CHECK(done == window.sizes[t], "%s N=%d rank %d %s: ranges cover %zu of %zu", name, z.num_ranks, r,
+                      PARAM_TENSOR_NAMES[t], done, window.sizes[t]);
+                kind += zero_tensor_is_matmul_weight(t);
+            }
+            // the rank's states back at their place in the whole model's arrays
+            memcpy(sharded.states.m_codes + window.codes_begin, rank.states.m_codes, window.num_codes);
+            memcpy(sharded.states.v_codes + window.codes_begin, rank.states.v_codes, window.num_codes);
+            memcpy(sharded.states.m_absmax + window.blocks_begin, rank.states.m_absmax, window.num_blocks * sizeof(float));
+            memcpy(sharded.states.v_absmax + window.blocks_begin, rank.states.v_absmax, window.num_blocks * sizeof(float));
+            memcpy(sharded.states.m32 + window.fp32_begin, rank.states.m32, window.num_fp32 * sizeof(float));
+            memcpy(sharded.states.v32 + window.fp32_begin, rank.states.v32, window.num_fp32 * sizeof(float));
+            codes_covered += window.num_codes;
+            blocks_covered += window.num_blocks;
+            fp32_covered += window.num_fp32;
+            optimizer_copy_free(&rank);
+        }
+        CHECK(codes_covered == model.num_codes && blocks_covered == model.num_blocks && fp32_covered == model.num_fp32,
+              "%s N=%d: the windows cover %zu codes, %zu blocks, %zu fp32 moments of %zu, %zu, %zu", name, z.num_ranks,
+              codes_covered, blocks_covered, fp32_covered, model.num_codes, model.num_blocks, model.num_fp32);
+        CHECK(memcmp(sharded.params, ref.params, n * sizeof(uint16_t)) == 0 && memcmp(sharded.master, ref.master, n * sizeof(float)) == 0,
+              "%s N=%d: sharded weights differ from the one-rank step", name, z.num_ranks);
+        CHECK(memcmp(sharded.states.m_codes, ref.states.m_codes, model.num_codes) == 0 &&
+              memcmp(sharded.states.v_codes, ref.states.v_codes, model.num_codes) == 0 &&
+              memcmp(sharded.states.m_absmax, ref.states.m_absmax, model.num_blocks * sizeof(float)) == 0 &&
+              memcmp(sharded.states.v_absmax, ref.states.v_absmax, model.num_blocks * sizeof(float)) == 0 &&
+              memcmp(sharded.states.m32, ref.states.m32, model.num_fp32 * sizeof(float)) == 0 &&
+              memcmp(sharded.states.v32, ref.states.v32, model.num_fp32 * sizeof(float)) == 0,
+              "%s N=%d: sharded optimizer states differ from the one-rank step", name, z.num_ranks);
+        CHECK(memcmp(amax, ref_amax, (size_t)slots * sizeof(float)) == 0,
+              "%s N=%d: all-reduced per-slice amaxes differ from the one-rank amaxes", name, z.num_ranks);
+        free(amax);
+        optimizer_copy_free(&sharded);
+    }
+    free(ref_amax);
+    optimizer_copy_free(&ref);
+    optimizer_copy_free(&start);
+    free(grads); free(m); free(v);
+}
+
+// the multi-GPU startup check: what must agree across ranks changes the fingerprint, the rank does not
+static void test_config_fingerprint(void) {
+    GPT2Config d12 = gpt2_config_from_descriptor("d12"), d24 = gpt2_config_from_descriptor("d24");
+    TrainConfig base = train_config_defaults();
+    uint32_t reference = train_config_fingerprint(&base, &d12, -1);
+    TrainConfig other_rank = base;
+    other_rank.process_rank = 3;
+    CHECK(train_config_fingerprint(&other_rank, &d12, -1) == reference, "the rank (-pr) changed the fingerprint");
+    TrainConfig other_batch = base;
+    other_batch.B = base.B + 1;
+    CHECK(train_config_fingerprint(&other_batch, &d12, -1) != reference, "-b did not change the fingerprint");
+    TrainConfig other_precision = base;
+    other_precision.precision = "fp8";
+    CHECK(train_config_fingerprint(&other_precision, &d12, -1) != reference, "-p did not change the fingerprint");
+    CHECK(train_config_fingerprint(&base, &d24, -1) != reference, "the model did not change the fingerprint");
+    CHECK(train_config_fingerprint(&base, &d12, 100) != reference, "the resume step did not change the fingerprint");
+}
+
 int main(void) {
     const char* names[] = {"tiny", "d12", "d48"};
     for (int m = 0; m < 3; m++) {
@@ -218,7 +423,24 @@ int main(void) {
     zero_layout_init(&d12_8, &d12, 8);
     CHECK(d12_8.shard_size == 15559680 && d12_8.padded_total == 124477440,
           "d12 N=8: shard %zu, padded %zu", d12_8.shard_size, d12_8.padded_total);
+    test_config_fingerprint();
     test_fp8_gather(&tiny, FP8_E4M3, 0);
+    // a small model whose tensors all start on the 256 grid (C = 256), in every state selection
+    GPT2Config small = tiny;
+    small.channels = 256;
+    small.num_heads = 4;
+    test_sharded_update(&small, ADAMW8_SELECT_DEFAULT, "C=256 -qs default");
+    test_sharded_update(&small, ADAMW8_SELECT_ALL, "C=256 -qs all");
+    test_sharded_update(&small, ADAMW8_SELECT_NONE, "C=256 plain AdamW");
+    test_sharded_update(&tiny, ADAMW8_SELECT_DEFAULT, "tiny -qs default");
+    // tiny's lnfb (C = 128) starts off the grid: 8-bit states for it cannot be cut there
+    CHECK_DIES("8-bit part off the block grid", "inside a 256-element block", {
+        Adamw8Layout model;
+        Adamw8Layout window;
+        adamw8_layout_init(&model, &tiny, ADAMW8_SELECT_ALL);
+        size_t lnfb = model.param_offsets[PARAM_LNFB];
+        adamw8_layout_window(&window, &model, lnfb + 64, model.num_parameters);
+    });
     test_fp8_gather(&tiny, FP8_E5M2, 1);
     CHECK_DIES("zero ranks", "ranks", { ZeroLayout z; zero_layout_init(&z, &tiny, 0); });
     CHECK_DIES("bad chunk", "chunk", {

@@ -144,8 +144,8 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
     Fp8Emulation fp8_config;
     memset(&fp8_config, 0, sizeof(fp8_config));
     int num_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
-    int step = train_state_read(path, loader, &model->config, opt->use_adamw8, opt->selection, model->adam_m, model->adam_v,
-                                &opt->states, NULL, sections, num_sections);
+    int step = train_state_read(path, loader, &model->config, opt->use_adamw8, opt->selection, 0, model->num_parameters,
+                                model->adam_m, model->adam_v, &opt->states, NULL, sections, num_sections);
     if (num_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
         llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes 0x%x, linears 0x%x, history %d, "
                  "margin %d): resume with the same -fr -f8p -f8 -fh -fm", path, fp8_config.recipe, fp8_config.passes,
@@ -158,6 +158,7 @@ int main(int argc, char** argv) {
     TrainConfig tc = train_config_defaults();
     tc.model = "tiny";
     train_config_parse(&tc, argc, argv);
+    if (tc.num_processes > 1) { llm8_die("flag -pn %d: the CPU trainer runs one process (several GPUs: train_gpt2_fp8)", tc.num_processes); }
     const char* out_dir = tc.output_log_dir[0] ? tc.output_log_dir : NULL;
     if (out_dir != NULL) { ensure_writable_dir(out_dir); }
 

@@ -3,7 +3,11 @@ End-to-end training benchmark: runs ./train_gpt2_fp8 for each configuration on s
 tokens, and writes doc/benchmarks/<date>-<gpu>.md and .json with the same figures (one
 record per configuration: model, precision, recipe, optimizer, B, T, tok/s, MFU, peak
 memory, the optimizer step's time, device, commit, command) plus the per-kernel breakdown
-of each run (-kt 1).
+of each run (-kt 1). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
+in bf16 and in FP8, with and without the casts around them, for the same model sizes; its
+tables and a summary against DESIGN.md section 7's "FP8 GEMMs incl. casts over bf16 GEMMs"
+targets go into a "Per-GEMM FP8 vs bf16" section of the markdown, and its JSON lines into
+the JSON (records with "benchmark": "gemm"; the end-to-end ones have "benchmark": "train").
 
 tok/s and MFU are medians over the timed steps; the first steps (cuDNN/cuBLAS plan
 building, allocator warm-up) are dropped. `make bench` runs the full set, `make gpucheck`
@@ -24,6 +28,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINER = os.path.join(ROOT, "train_gpt2_fp8")
+GEMM_BENCH = os.path.join(ROOT, "bench_gemm")
 
 # (model, B, recompute) at T=1024, the sizes DESIGN.md section 7 sets targets for; the large
 # models recompute GELU (-r 1) so that they fit in an H100's 80 GB
@@ -37,6 +42,18 @@ ADAMW8_MODELS = {"d12", "d48"}
 # the block recipe's tiles need C % 128 == 0, which d48 (C=1600) does not have: the trainer refuses it
 BLOCK_RECIPE_EXCLUDED = {"d48"}
 WARMUP_STEPS = 3
+# the sizes ./bench_gemm measures, and DESIGN.md section 7's "FP8 GEMMs incl. casts over bf16 GEMMs" targets
+GEMM_TARGETS = {"d12": 1.3, "d24": 1.45, "d36": 1.55, "d48": 1.6}
+GEMM_FP8_VARIANTS = ["fp8", "fp8+cast", "block", "block+cast"]
+# (iters, warmup) of ./bench_gemm: full and --quick
+GEMM_ITERS = {False: (20, 5), True: (5, 2)}
+# the fields each kind of ./bench_gemm JSON line must have
+GEMM_RECORD_FIELDS = {
+    "run": ("device", "iters", "warmup", "repeats", "T"),
+    "time": ("model", "linear", "B", "T", "pass", "variant", "derived", "ms", "tflops"),
+    "ratio": ("model", "linear", "B", "T", "pass", "variant", "ratio"),
+    "skip": ("model", "variant", "reason"),
+}
 
 STEP_RE = re.compile(r"^step\s+(\d+)/(\d+) \| loss ([-\d.naninf]+) \| .*? \| ([\d.]+) ms \| (\d+) tok/s \| MFU ([\d.]+%|n/a) \| ETA \S+ \| mem (\d+) MiB")
 
@@ -122,15 +139,104 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, steps, data
     }
 
 
+def parse_gemm_json(text):
+    """./bench_gemm --json's lines as dicts; a line that is not one of its records raises ValueError naming it"""
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"bench_gemm JSON line {number}: {e}") from None
+        kind = record.get("record") if isinstance(record, dict) else None
+        if kind not in GEMM_RECORD_FIELDS:
+            raise ValueError(f"bench_gemm JSON line {number}: record {kind!r} is not one of {', '.join(GEMM_RECORD_FIELDS)}")
+        missing = [k for k in GEMM_RECORD_FIELDS[kind] if k not in record]
+        if missing:
+            raise ValueError(f"bench_gemm JSON line {number}: {kind} record lacks {', '.join(missing)}")
+        records.append(record)
+    return records
+
+
+def gemm_tables(stdout):
+    """the per-model markdown tables ./bench_gemm prints, from the first model heading on"""
+    lines = stdout.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith("### ")), len(lines))
+    return "\n".join(lines[first:]).strip()
+
+
+def gemm_summary(records):
+    """per model, in the order measured: B, the whole model's fwd+bwd ratio of each FP8 variant
+    (None: not measured) and the DESIGN.md target"""
+    rows = {}
+    for r in records:
+        if r["record"] == "time" and r["model"] not in rows:
+            rows[r["model"]] = {"model": r["model"], "B": r["B"], "target": GEMM_TARGETS.get(r["model"]),
+                                "ratios": {v: None for v in GEMM_FP8_VARIANTS}}
+    for r in records:
+        if r["record"] == "ratio" and r["linear"] == "total" and r["pass"] == "fwd+bwd" and r["variant"] in GEMM_FP8_VARIANTS:
+            rows[r["model"]]["ratios"][r["variant"]] = r["ratio"]
+    return list(rows.values())
+
+
+def gemm_markdown(records, tables, command, device, commit, error=None):
+    """the "Per-GEMM FP8 vs bf16" section of the benchmark's markdown"""
+    out = ["## Per-GEMM FP8 vs bf16", "", f"device {device}, commit `{commit}`, command `{command}`"]
+    if error is not None:
+        return "\n".join(out + ["", f"error: {error}", ""])
+    out += ["", "Ratios are bf16 time over FP8 time (above 1: FP8 is faster), for the whole model's linears: "
+            "L x (qkv + attproj + fc + fcproj) + lm_head, forward + backward. fp8 is the GEMMs alone (the delayed and "
+            "current recipes run the same GEMMs); +cast adds a standalone cast-transpose of x before the forward (the "
+            "trainer fuses it into layernorm and GELU, except attproj's: an upper bound) and the dy pass (bias gradient, "
+            "amax, cast, transpose) before the backward; block is the 1x128 / 128x128 block recipe. The per-linear "
+            "tables below also give wcast, the weight cast once per optimizer step.", "",
+            "| model | B | fp8 | fp8+cast | block | block+cast | target incl. casts (DESIGN.md section 7) |",
+            "|---|---|---|---|---|---|---|"]
+    for row in gemm_summary(records):
+        cells = [f"{row['ratios'][v]:.2f}x" if row["ratios"][v] is not None else "n/a" for v in GEMM_FP8_VARIANTS]
+        target = f">= {row['target']:.2f}x" if row["target"] is not None else "-"
+        out.append(f"| {row['model']} | {row['B']} | " + " | ".join(cells) + f" | {target} |")
+    return "\n".join(out + ["", tables, ""])
+
+
+def run_gemm(models, quick, device, commit):
+    """runs ./bench_gemm; returns (records, markdown section), or an error record and section"""
+    iters, warmup = GEMM_ITERS[quick]
+    json_path = os.path.join("build", "bench_gemm.jsonl")  # relative to ROOT, so the command is the one to type
+    cmd = [GEMM_BENCH, "--models", ",".join(models), "--iters", str(iters), "--warmup", str(warmup), "--json", json_path]
+    command = "./bench_gemm " + " ".join(cmd[1:])
+    print("running:", command, flush=True)
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    print(result.stdout, flush=True)
+    error = None
+    if result.returncode != 0:
+        print(result.stderr[-3000:], file=sys.stderr)
+        error = (result.stderr.strip().splitlines() or ["exit %d" % result.returncode])[-1]
+    else:
+        try:
+            with open(os.path.join(ROOT, json_path)) as f:
+                records = parse_gemm_json(f.read())
+        except (OSError, ValueError) as e:
+            error = str(e)
+    if error is not None:
+        return [{"benchmark": "gemm", "error": error, "command": command}], gemm_markdown([], "", command, device, commit, error)
+    for r in records:
+        r.update({"benchmark": "gemm", "command": command})
+    return records, gemm_markdown(records, gemm_tables(result.stdout), command, device, commit)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="d12 and d48 only, fewer steps (make gpucheck)")
+    parser.add_argument("--quick", action="store_true", help="d12 and d48 only, fewer steps and GEMM launches (make gpucheck)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per configuration")
     parser.add_argument("--only", default="", help="comma-separated models to run, e.g. d12,d48")
     parser.add_argument("--out", default=os.path.join(ROOT, "doc", "benchmarks"))
     args = parser.parse_args()
-    if not os.path.exists(TRAINER):
-        sys.exit("error: ./train_gpt2_fp8 is not built; run make train_gpt2_fp8 first")
+    for binary in (TRAINER, GEMM_BENCH):
+        if not os.path.exists(binary):
+            name = os.path.basename(binary)
+            sys.exit(f"error: ./{name} is not built; run make {name} first")
 
     configs = QUICK_CONFIGS if args.quick else FULL_CONFIGS
     if args.only:
@@ -154,11 +260,19 @@ def main():
             if optimizer == "adamw8" and model not in ADAMW8_MODELS:
                 continue
             rec = run_config(model, B, recompute, T, precision, recipe, optimizer, steps, data_path)
-            rec.update({"device": device, "commit": commit, "date": date})
+            rec.update({"benchmark": "train", "device": device, "commit": commit, "date": date})
             records.append(rec)
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
             if rec.get("optimizer_ms") is not None:
                 print(f"{model} {precision} {recipe} {optimizer}: optimizer step {rec['optimizer_ms']:.3f} ms", flush=True)
+
+    gemm_models = [model for model, _, _ in configs if model in GEMM_TARGETS]
+    gemm_section = ""
+    if gemm_models:
+        gemm_records, gemm_section = run_gemm(gemm_models, args.quick, device, commit)
+        for rec in gemm_records:
+            rec.update({"device": device, "commit": commit, "date": date})
+        records += gemm_records
 
     os.makedirs(args.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
@@ -171,6 +285,8 @@ def main():
         f.write("| model | precision | recipe | optimizer | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in records:
+            if r["benchmark"] != "train":
+                continue
             if "error" in r:
                 f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | | | error: {r['error']} | | | | |\n")
                 continue
@@ -178,6 +294,8 @@ def main():
             opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
             f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['B']} | {r['T']} | "
                     f"{r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
+        if gemm_section:
+            f.write(f"\n{gemm_section}")
         for r in records:
             if r.get("kernel_breakdown"):
                 f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} B={r['B']}: per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")

@@ -1,0 +1,591 @@
+"""
+scaling_model.py: the analytic multi-GPU scaling model behind doc/scaling.md. Given a model
+size, N GPUs, the precision, the ZeRO stage, one GPU's measured (or target) time per step
+and the link bandwidths, it prints the expected step time as a markdown table: compute
+(the same per-GPU batch as on one GPU) plus the communication that compute does not hide,
+with the bytes each collective moves per optimizer step.
+
+Why it is shaped so:
+- The parameter layout is re-derived here exactly as llmc/gpt2_config.h and llmc/zero.h do
+  it (the 16 tensors, Vp = 50257 rounded up to a multiple of 128, shards of S elements, S a
+  multiple of 256, per-layer gradient chunks), and test/test_scaling_model.py checks it
+  against zero.h compiled, so the byte counts are the trainer's, not a textbook's.
+- Each collective is priced alpha + bytes x factor / bus bandwidth, the nccl-tests
+  convention, and factor is derived from the layout, not assumed: every piece goes to
+  (gradients: ncclReduce) or comes from (weights: ncclBroadcast, ncclAllGather) its owner,
+  so each rank sends or receives the whole buffer but its own part, and the busiest rank
+  carries 1 - the smallest share any rank owns. A whole shard per rank gives the ring's
+  (N-1)/N; a buffer that some rank owns none of (a layer's slices at large N, the matmul
+  weights for the ranks that hold wte) gives 1.
+- Overlap is decided by simulating one stream of compute and one NCCL stream in program
+  order, with the compute time split over layers by FLOPs: a collective starts when its
+  data is ready and the NCCL stream is free; compute waits only for ZeRO-3's layer gathers.
+  So "the last gradient chunk is exposed" and "the NCCL stream falls behind" both come out
+  of one rule instead of two special cases.
+- Multi-node bandwidth: NCCL builds one ring per NIC (rail-optimized H100 nodes have one
+  400 Gb/s NIC per GPU) and each ring leaves the node through a different NIC, so a ring's
+  bus bandwidth across nodes is min(NVLink bus bandwidth, NICs per node x NIC bandwidth).
+  --nics-per-node 1 gives the pessimistic "slowest link" reading.
+- One GPU's time comes from one of: the DESIGN.md section 7 targets (--targets), a
+  dev/bench/bench.py JSON (--bench), or figures given on the command line (--compute).
+  Bad arguments end the program with one line naming the argument and what was expected.
+
+Usage: python dev/bench/scaling_model.py --targets --models d12 d48 --gpus 1 8 64
+       python dev/bench/scaling_model.py --bench doc/benchmarks/DATE-GPU.json --gpus 8 64
+       python dev/bench/scaling_model.py --compute d12:bf16:65536:139.4 --gpus 8
+"""
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+VOCAB = 50257
+VOCAB_PAD_MULTIPLE = 128
+MAX_SEQ_LEN = 1024
+ZERO_ALIGN = 256  # QUANT8_BLOCK: shard boundaries are multiples of this many elements
+PRESETS = {"d12": (12, 768), "d24": (24, 1024), "d36": (36, 1280), "d48": (48, 1600)}  # L, C (gpt2_config.h)
+WHOLE_MODEL_TENSORS = ("wte", "wpe", "lnfw", "lnfb")  # the last gradient chunk; the rest are per layer
+MATMUL_TENSORS = ("qkvw", "attprojw", "fcw", "fcprojw")  # cast to FP8 per layer; wte stays bf16 (encoder, lm_head)
+PRECISIONS = ("bf16", "fp8")
+ZERO_STAGES = (1, 3)
+FP8_CODE_GATHERS = ("whole", "matmul")
+MB = 1e6
+
+# DESIGN.md section 7, one H100, T=1024: TARGETS, not measurements. (micro-batch B, bf16 tok/s,
+# FP8 end-to-end speed-up over bf16)
+DESIGN_TARGETS = {"d12": (64, 470_000, 1.15), "d48": (16, 50_000, 1.45)}
+
+
+class CliError(Exception):
+    """a bad argument or input file: main prints it as one line and exits 2"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    name: str
+    num_layers: int
+    channels: int
+    padded_vocab: int
+    tensor_sizes: dict  # name -> elements, all layers included, in llm.c's order (gpt2_param_sizes)
+
+    @property
+    def num_parameters(self):
+        return sum(self.tensor_sizes.values())
+
+    def slice_range(self, tensor, layer=None):
+        """flat [begin, end) of one layer's slice of a tensor (layer None: all of it), as zero_slice_range"""
+        names = list(self.tensor_sizes)
+        begin = sum(self.tensor_sizes[name] for name in names[:names.index(tensor)])
+        n = self.tensor_sizes[tensor]
+        if layer is not None:
+            n //= self.num_layers
+            begin += layer * n
+        return begin, begin + n
+
+    @property
+    def layer_chunk_elements(self):
+        """one layer's twelve slices: gradient chunk l < L"""
+        per_layer = sum(n for name, n in self.tensor_sizes.items() if name not in WHOLE_MODEL_TENSORS)
+        return per_layer // self.num_layers
+
+    @property
+    def last_chunk_elements(self):
+        """wte + wpe + lnfw + lnfb: gradient chunk L, complete at the end of backward"""
+        return sum(self.tensor_sizes[name] for name in WHOLE_MODEL_TENSORS)
+
+    @property
+    def matmul_elements(self):
+        """the 4 L FP8 weight slices (qkvw, attprojw, fcw, fcprojw of every layer)"""
+        return sum(self.tensor_sizes[name] for name in MATMUL_TENSORS)
+
+    @property
+    def layer_matmul_elements(self):
+        return self.matmul_elements // self.num_layers
+
+    @property
+    def bf16_rest_elements(self):
+        """what is not FP8-cast and must still reach every rank in bf16: wte (the encoder reads
+        its rows; lm_head is bf16 by default), wpe, layernorms, biases"""
+        return self.num_parameters - self.matmul_elements
+
+
+def model_shape(name):
+    if name not in PRESETS:
+        raise CliError(f"model '{name}' is unknown (expected one of {', '.join(PRESETS)})")
+    L, C = PRESETS[name]
+    Vp = (VOCAB + VOCAB_PAD_MULTIPLE - 1) // VOCAB_PAD_MULTIPLE * VOCAB_PAD_MULTIPLE
+    sizes = {
+        "wte": Vp * C, "wpe": MAX_SEQ_LEN * C, "ln1w": L * C, "ln1b": L * C,
+        "qkvw": L * 3 * C * C, "qkvb": L * 3 * C, "attprojw": L * C * C, "attprojb": L * C,
+        "ln2w": L * C, "ln2b": L * C, "fcw": L * 4 * C * C, "fcb": L * 4 * C,
+        "fcprojw": L * C * 4 * C, "fcprojb": L * C, "lnfw": C, "lnfb": C,
+    }
+    return Shape(name, L, C, Vp, sizes)
+
+
+def shard_size(num_parameters, num_ranks):
+    """zero_layout_init's S: the smallest multiple of ZERO_ALIGN with num_ranks x S >= P"""
+    unit = num_ranks * ZERO_ALIGN
+    return (num_parameters + unit - 1) // unit * ZERO_ALIGN
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    gpus_per_node: int = 8
+    intra_bw_gbs: float = 450.0     # NVLink all-gather / reduce-scatter bus bandwidth, H100 SXM
+    nic_bw_gbs: float = 50.0        # one 400 Gb/s InfiniBand NIC
+    nics_per_node: int = 8          # rail-optimized: one NIC per GPU
+    intra_latency_us: float = 10.0  # one NCCL collective (or group) on one node
+    inter_latency_us: float = 20.0  # the same across nodes
+
+    def bus_bandwidth(self, num_gpus):
+        """bytes/s a ring achieves: NVLink on one node; across nodes each ring leaves a node
+        through its own NIC, so the node's NICs together, capped by NVLink"""
+        if num_gpus <= self.gpus_per_node:
+            return self.intra_bw_gbs * 1e9
+        return min(self.intra_bw_gbs, self.nics_per_node * self.nic_bw_gbs) * 1e9
+
+    def latency_s(self, num_gpus):
+        return (self.intra_latency_us if num_gpus <= self.gpus_per_node else self.inter_latency_us) * 1e-6
+
+
+def busiest_rank_factor(shape, num_gpus, ranges):
+    """
+    The share of a collective's buffer (the flat `ranges` together) that the busiest rank sends
+    or receives when every piece goes to or comes from its owner (zero_owner): each rank moves
+    all of it but what it owns itself, so 1 - the smallest share one rank owns.
+    """
+    S = shard_size(shape.num_parameters, num_gpus)
+    owned = [0] * num_gpus
+    total = 0
+    for begin, end in ranges:
+        total += end - begin
+        at = begin
+        while at < end:
+            rank = at // S
+            stop = min(end, (rank + 1) * S)
+            owned[rank] += stop - at
+            at = stop
+    return 1.0 - min(owned) / total
+
+
+def all_reduce_factor(num_gpus):
+    """a ring all-reduce: a reduce-scatter and an all-gather"""
+    return 2 * (num_gpus - 1) / num_gpus
+
+
+def collective_ms(net, num_gpus, nbytes, factor):
+    """one collective (or NCCL group) among num_gpus > 1 ranks: alpha + nbytes x factor / bus bandwidth"""
+    return 1e3 * (net.latency_s(num_gpus) + nbytes * factor / net.bus_bandwidth(num_gpus))
+
+
+@dataclasses.dataclass(frozen=True)
+class Compute:
+    """one GPU's step: tokens (B x T) and ms per step, of which optimizer_ms is the update"""
+    tokens: int
+    ms_per_step: float
+    optimizer_ms: float = 0.0
+    seq_len: int = MAX_SEQ_LEN
+    source: str = ""
+
+    @property
+    def micro_ms(self):
+        return self.ms_per_step - self.optimizer_ms
+
+
+def compute_split(shape, compute):
+    """(forward ms of one layer, backward ms of one layer, lm_head forward + backward ms) of one
+    micro-step: the time split by forward FLOPs per token (a layer: 2 x 12 C^2 for its matmuls
+    + 4 T C for attention; lm_head: 2 Vp C), backward twice forward"""
+    C = shape.channels
+    layer_flops = 24 * C * C + 4 * compute.seq_len * C
+    head_flops = 2 * shape.padded_vocab * C
+    ms_per_flop = compute.micro_ms / (3 * (shape.num_layers * layer_flops + head_flops))
+    return layer_flops * ms_per_flop, 2 * layer_flops * ms_per_flop, 3 * head_flops * ms_per_flop
+
+
+class NcclStream:
+    """collectives run one at a time in the order they are issued, each once its data is ready"""
+
+    def __init__(self):
+        self.free_at = 0.0
+
+    def run(self, ready, duration):
+        self.free_at = max(ready, self.free_at) + duration
+        return self.free_at
+
+
+def simulate_micro_step(shape, split, layer_gather_ms, chunk_reduce_ms):
+    """
+    One micro-step on one compute stream and one NCCL stream. layer_gather_ms: ZeRO-3's gather
+    of each layer's matmul weights (None: weights are whole), in forward and again in backward,
+    one layer ahead into a double buffer: the next layer's gather runs while a layer computes,
+    and the one after starts when that layer is done with its buffer. chunk_reduce_ms:
+    ([each layer's chunk], last chunk) gradient reduces issued as backward completes them
+    (None: not the last micro-step).
+    Returns (ms compute waited for gathers, ms the NCCL stream runs past the end of compute).
+    """
+    fwd_ms, bwd_ms, head_ms = split
+    L = shape.num_layers
+    nccl = NcclStream()
+    t, stall = 0.0, 0.0
+
+    def compute_layer(gathered, layer, duration):
+        nonlocal t, stall
+        ready = gathered.get(layer, t)
+        stall += max(0.0, ready - t)
+        t = max(t, ready) + duration
+
+    gathered = {}
+    if layer_gather_ms is not None:
+        for layer in range(min(2, L)):
+            gathered[layer] = nccl.run(t, layer_gather_ms[layer])
+    for layer in range(L):
+        compute_layer(gathered, layer, fwd_ms)
+        if layer_gather_ms is not None and layer + 2 < L:
+            gathered[layer + 2] = nccl.run(t, layer_gather_ms[layer + 2])
+    gathered = {}
+    if layer_gather_ms is not None:
+        for layer in range(L - 1, max(L - 3, -1), -1):
+            gathered[layer] = nccl.run(t, layer_gather_ms[layer])
+    t += head_ms
+    for layer in range(L - 1, -1, -1):
+        compute_layer(gathered, layer, bwd_ms)
+        if layer_gather_ms is not None and layer - 2 >= 0:
+            gathered[layer - 2] = nccl.run(t, layer_gather_ms[layer - 2])
+        if chunk_reduce_ms is not None:
+            nccl.run(t, chunk_reduce_ms[0][layer])
+    if chunk_reduce_ms is not None:
+        nccl.run(t, chunk_reduce_ms[1])
+    return stall, max(0.0, nccl.free_at - t)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    num_gpus: int
+    tokens_per_step: int
+    compute_ms: float          # A micro-steps + the optimizer on 1/N of the parameters
+    grad_bytes: int            # reduced per optimizer step
+    gather_bytes: int          # weights gathered per optimizer step (ZeRO-3: the per-layer gathers included)
+    exposed_grad_ms: float     # gradient reduces not hidden behind backward
+    exposed_gather_ms: float   # weight gathers compute waited for
+    small_all_reduce_ms: float  # loss, gradient norm, FP8 amax
+    step_ms: float
+    single_gpu_step_ms: float  # the same micro-steps on one GPU
+
+    @property
+    def tok_per_s(self):
+        return self.tokens_per_step / self.step_ms * 1e3
+
+    @property
+    def vs_linear(self):
+        """tok/s over N x one GPU's tok/s at the same per-GPU batch"""
+        return self.single_gpu_step_ms / self.step_ms
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    nbytes: int
+    factor: float  # the share of nbytes the busiest rank sends or receives
+
+
+NO_COLLECTIVE = Collective(0, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Collectives:
+    """the collectives of one optimizer step on N GPUs"""
+    grad_layers: tuple       # per layer: its gradients to their owners, during the last backward
+    grad_last: Collective    # wte + wpe + lnf's gradients, at the end of backward
+    gather_fp8: Collective   # after the update: FP8 codes (ZeRO-1, fp8)
+    gather_bf16: Collective  # after the update: what travels in bf16
+    zero3_layers: tuple      # ZeRO-3, per layer: its matmul weights, in forward and again in backward
+    amax_all_reduce: int     # FP8: one float per FP8 weight slice (4 L + 1); bf16: none
+
+
+def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_codes="matmul"):
+    """
+    What each collective moves, by doc/multi-gpu.md and llmc/zero_comm.cuh: gradients in bf16
+    (fp32 as an option), one group per layer chunk; after the update ZeRO-1 gathers every
+    weight: bf16 as one ncclAllGather of S elements per rank; FP8 as the matmul weights' codes
+    (fp8_codes "matmul": grouped broadcasts from the owners, zero_comm.cuh) or one ncclAllGather
+    of every rank's S bytes of codes ("whole", doc/multi-gpu.md), plus in bf16 what the GEMMs do
+    not read in FP8 (wte: the encoder reads its rows and lm_head is bf16 by default; wpe,
+    layernorms, biases). ZeRO-3 gathers the matmul weights per layer in their GEMM format.
+    """
+    L = shape.num_layers
+
+    def collective(ranges, bytes_per_element):
+        elements = sum(end - begin for begin, end in ranges)
+        return Collective(elements * bytes_per_element, busiest_rank_factor(shape, num_gpus, ranges))
+
+    grad_bytes = 4 if grad_fp32 else 2
+    weight_bytes = 1 if precision == "fp8" else 2
+    layer_tensors = [t for t in shape.tensor_sizes if t not in WHOLE_MODEL_TENSORS]
+    matmul = [shape.slice_range(t) for t in MATMUL_TENSORS]
+    rest = [shape.slice_range(t) for t in shape.tensor_sizes if t not in MATMUL_TENSORS]
+    whole = [(0, num_gpus * shard_size(shape.num_parameters, num_gpus))]
+    if zero_stage == 3:
+        gather_fp8, gather_bf16 = NO_COLLECTIVE, collective(rest, 2)
+    elif precision == "bf16":
+        gather_fp8, gather_bf16 = NO_COLLECTIVE, collective(whole, 2)
+    else:
+        gather_fp8, gather_bf16 = collective(whole if fp8_codes == "whole" else matmul, 1), collective(rest, 2)
+    zero3_layers = ()
+    if zero_stage == 3:
+        zero3_layers = tuple(collective([shape.slice_range(t, l) for t in MATMUL_TENSORS], weight_bytes) for l in range(L))
+    return Collectives(
+        grad_layers=tuple(collective([shape.slice_range(t, l) for t in layer_tensors], grad_bytes) for l in range(L)),
+        grad_last=collective([shape.slice_range(t) for t in WHOLE_MODEL_TENSORS], grad_bytes),
+        gather_fp8=gather_fp8,
+        gather_bf16=gather_bf16,
+        zero3_layers=zero3_layers,
+        amax_all_reduce=4 * (4 * L + 1) if precision == "fp8" else 0,
+    )
+
+
+def estimate_step(shape, precision, zero_stage, num_gpus, compute, net, grad_accum=1, grad_fp32=False,
+                  fp8_codes="matmul"):
+    """the expected optimizer step on num_gpus GPUs, each running compute's micro-batch grad_accum times"""
+    compute_ms = grad_accum * compute.micro_ms + compute.optimizer_ms / num_gpus
+    single_gpu_step_ms = grad_accum * compute.micro_ms + compute.optimizer_ms
+    if num_gpus == 1:  # no NCCL at all
+        return Estimate(1, grad_accum * compute.tokens, compute_ms, 0, 0, 0.0, 0.0, 0.0, compute_ms, single_gpu_step_ms)
+    c = collectives(shape, precision, zero_stage, num_gpus, grad_fp32, fp8_codes)
+
+    def ms(collective):
+        return collective_ms(net, num_gpus, collective.nbytes, collective.factor)
+
+    layer_gather_ms = [ms(layer) for layer in c.zero3_layers] or None
+    chunk_reduce_ms = ([ms(layer) for layer in c.grad_layers], ms(c.grad_last))
+    split = compute_split(shape, compute)
+    stall_ms, exposed_grad_ms = simulate_micro_step(shape, split, layer_gather_ms, chunk_reduce_ms)
+    if grad_accum > 1:
+        stall, tail = simulate_micro_step(shape, split, layer_gather_ms, None)
+        stall_ms += (grad_accum - 1) * (stall + tail)
+    stall_ms += sum(ms(gather) for gather in (c.gather_fp8, c.gather_bf16) if gather.nbytes)
+    small_ms = 2 * collective_ms(net, num_gpus, 4, all_reduce_factor(num_gpus))  # loss and gradient norm
+    if c.amax_all_reduce:
+        small_ms += collective_ms(net, num_gpus, c.amax_all_reduce, all_reduce_factor(num_gpus))
+    per_layer_gathers = 2 * grad_accum * sum(layer.nbytes for layer in c.zero3_layers)
+    return Estimate(
+        num_gpus=num_gpus,
+        tokens_per_step=num_gpus * grad_accum * compute.tokens,
+        compute_ms=compute_ms,
+        grad_bytes=sum(layer.nbytes for layer in c.grad_layers) + c.grad_last.nbytes,
+        gather_bytes=c.gather_fp8.nbytes + c.gather_bf16.nbytes + per_layer_gathers,
+        exposed_grad_ms=exposed_grad_ms,
+        exposed_gather_ms=stall_ms,
+        small_all_reduce_ms=small_ms,
+        step_ms=compute_ms + exposed_grad_ms + stall_ms + small_ms,
+        single_gpu_step_ms=single_gpu_step_ms,
+    )
+
+
+# ----------------------------------------------------------------------------
+# one GPU's time per step: targets, a bench JSON, or the command line
+
+def compute_from_targets(seq_len):
+    table = {}
+    for model, (batch, bf16_tok_s, fp8_speedup) in DESIGN_TARGETS.items():
+        tokens = batch * seq_len
+        for precision, tok_s in (("bf16", bf16_tok_s), ("fp8", bf16_tok_s * fp8_speedup)):
+            table[(model, precision)] = Compute(tokens, tokens / tok_s * 1e3, 0.0, seq_len,
+                                                f"DESIGN.md section 7 target: B={batch}, {tok_s:,.0f} tok/s")
+    return table
+
+
+def compute_from_bench(path, recipe, optimizer):
+    try:
+        with open(path) as f:
+            records = json.load(f)
+    except OSError as e:
+        raise CliError(f"--bench {path}: cannot read it ({e.strerror})")
+    except json.JSONDecodeError as e:
+        raise CliError(f"--bench {path}: not JSON ({e.msg} at line {e.lineno})")
+    if not isinstance(records, list):
+        raise CliError(f"--bench {path}: expected a list of records as dev/bench/bench.py writes")
+    table = {}
+    for rec in records:
+        if not isinstance(rec, dict) or "error" in rec or rec.get("optimizer") != optimizer:
+            continue
+        if rec.get("precision") == "fp8" and rec.get("recipe") != recipe:
+            continue
+        try:
+            tokens, ms = int(rec["B"]) * int(rec["T"]), float(rec["ms_per_step"])
+            opt_ms = float(rec["optimizer_ms"]) if rec.get("optimizer_ms") is not None else 0.0
+            key = (rec["model"], rec["precision"])
+        except (KeyError, TypeError, ValueError):
+            raise CliError(f"--bench {path}: a record lacks B, T, ms_per_step, model or precision: {str(rec)[:120]}")
+        table[key] = Compute(tokens, ms, opt_ms, int(rec["T"]),
+                             f"{os.path.basename(path)}: {rec.get('device', '?')}, B={rec['B']}, {rec.get('tok_per_s', 0):,.0f} tok/s")
+    return table
+
+
+def parse_compute_spec(spec, seq_len):
+    """MODEL:PRECISION:TOKENS:MS[:OPTIMIZER_MS]"""
+    parts = spec.split(":")
+    expected = "expected MODEL:PRECISION:TOKENS_PER_STEP:MS_PER_STEP[:OPTIMIZER_MS], e.g. d12:bf16:65536:139.4"
+    if len(parts) not in (4, 5):
+        raise CliError(f"--compute {spec}: {expected}")
+    model, precision = parts[0], parts[1]
+    model_shape(model)
+    if precision not in PRECISIONS:
+        raise CliError(f"--compute {spec}: precision '{precision}' (expected bf16 or fp8)")
+    try:
+        tokens, ms = int(parts[2]), float(parts[3])
+        opt_ms = float(parts[4]) if len(parts) == 5 else 0.0
+    except ValueError:
+        raise CliError(f"--compute {spec}: {expected}")
+    if tokens <= 0 or not ms > 0 or not 0 <= opt_ms < ms:
+        raise CliError(f"--compute {spec}: need TOKENS > 0, MS > 0 and 0 <= OPTIMIZER_MS < MS")
+    return (model, precision), Compute(tokens, ms, opt_ms, seq_len, f"--compute {spec}")
+
+
+# ----------------------------------------------------------------------------
+# the table
+
+def format_table(rows):
+    header = ("| model | precision | ZeRO | GPUs | bus GB/s | grads reduced MB | weights gathered MB | compute ms "
+              "| exposed grads ms | exposed gathers ms | small all-reduces ms | step ms | tok/s | vs linear |")
+    lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
+    for model, precision, zero_stage, net, est in rows:
+        bus = f"{net.bus_bandwidth(est.num_gpus) / 1e9:.0f}" if est.num_gpus > 1 else "-"
+        lines.append(f"| {model} | {precision} | {zero_stage} | {est.num_gpus} | {bus} | {est.grad_bytes / MB:.1f} "
+                     f"| {est.gather_bytes / MB:.1f} | {est.compute_ms:.2f} | {est.exposed_grad_ms:.2f} "
+                     f"| {est.exposed_gather_ms:.2f} | {est.small_all_reduce_ms:.3f} | {est.step_ms:.2f} "
+                     f"| {est.tok_per_s:,.0f} | {100 * est.vs_linear:.1f}% |")
+    return "\n".join(lines)
+
+
+def format_collective(group):
+    """'MB xfactor' of one collective, or of per-layer ones (equal bytes, a range of factors)"""
+    group = group if isinstance(group, tuple) else (group,)
+    if not group or not group[0].nbytes:
+        return "-"
+    low, high = min(c.factor for c in group), max(c.factor for c in group)
+    factor = f"{low:.2f}" if high - low < 0.005 else f"{low:.2f}-{high:.2f}"
+    return f"{group[0].nbytes / MB:.1f} x{factor}"
+
+
+def format_bytes_table(rows):
+    """rows: (model, precision, ZeRO stage, Collectives)"""
+    lines = ["| model | precision | ZeRO | grads: each layer's chunk (L per step) | grads: last chunk "
+             "| weights: FP8 codes | weights: bf16 | ZeRO-3: each layer's gather (2 L per micro-step) "
+             "| FP8 amax all-reduce bytes |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for model, precision, zero_stage, c in rows:
+        cells = [format_collective(x) for x in (c.grad_layers, c.grad_last, c.gather_fp8, c.gather_bf16, c.zero3_layers)]
+        lines.append(f"| {model} | {precision} | {zero_stage} | " + " | ".join(cells) + f" | {c.amax_all_reduce} |")
+    return "\n".join(lines)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise CliError(message)
+
+
+def positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a {'whole ' if kind is int else ''}number")
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"'{text}' must be > 0")
+        return value
+    return parse
+
+
+def non_negative(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"'{text}' must be >= 0")
+    return value
+
+
+def build_parser():
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--targets", action="store_true", help="one GPU's time from DESIGN.md section 7's targets")
+    source.add_argument("--bench", metavar="JSON", help="one GPU's time from a dev/bench/bench.py JSON")
+    source.add_argument("--compute", metavar="SPEC", action="append",
+                        help="MODEL:PRECISION:TOKENS_PER_STEP:MS_PER_STEP[:OPTIMIZER_MS], repeatable")
+    p.add_argument("--bench-recipe", default="delayed", help="FP8 recipe of the bench records to use (default delayed)")
+    p.add_argument("--bench-optimizer", default="adamw", help="optimizer of the bench records to use (default adamw)")
+    p.add_argument("--models", nargs="+", default=None, help="default: every model the time source has")
+    p.add_argument("--gpus", nargs="+", type=positive(int), default=[1, 8, 64])
+    p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    p.add_argument("--zero", nargs="+", type=int, choices=ZERO_STAGES, default=list(ZERO_STAGES))
+    p.add_argument("--grad-accum", type=positive(int), default=1, help="micro-steps per optimizer step (default 1)")
+    p.add_argument("--grad-fp32", action="store_true", help="reduce gradients in fp32 (4 bytes) instead of bf16")
+    p.add_argument("--fp8-codes", choices=FP8_CODE_GATHERS, default="matmul",
+                   help="ZeRO-1 FP8 gather: the matmul weights' codes from their owners (matmul, "
+                        "llmc/zero_comm.cuh) or one ncclAllGather of every rank's whole shard of codes (whole)")
+    p.add_argument("--seq-len", type=positive(int), default=MAX_SEQ_LEN, help="T, for --targets and --compute")
+    p.add_argument("--gpus-per-node", type=positive(int), default=Network.gpus_per_node)
+    p.add_argument("--intra-bw", type=positive(float), default=Network.intra_bw_gbs, help="NVLink bus GB/s")
+    p.add_argument("--nic-bw", type=positive(float), default=Network.nic_bw_gbs, help="GB/s of one NIC")
+    p.add_argument("--nics-per-node", type=positive(int), default=Network.nics_per_node)
+    p.add_argument("--intra-latency-us", type=non_negative, default=Network.intra_latency_us)
+    p.add_argument("--inter-latency-us", type=non_negative, default=Network.inter_latency_us)
+    return p
+
+
+def run(argv):
+    args = build_parser().parse_args(argv)
+    if args.targets:
+        table = compute_from_targets(args.seq_len)
+    elif args.bench:
+        table = compute_from_bench(args.bench, args.bench_recipe, args.bench_optimizer)
+    else:
+        table = dict(parse_compute_spec(spec, args.seq_len) for spec in args.compute)
+    models = args.models or sorted({m for m, _ in table if m in PRESETS}, key=lambda m: PRESETS[m][1])
+    for n in args.gpus:
+        if n > args.gpus_per_node and n % args.gpus_per_node:
+            raise CliError(f"--gpus {n}: more than one node must be whole nodes (a multiple of --gpus-per-node {args.gpus_per_node})")
+    net = Network(args.gpus_per_node, args.intra_bw, args.nic_bw, args.nics_per_node,
+                  args.intra_latency_us, args.inter_latency_us)
+    rows, byte_rows, sources = [], [], []
+    for model in models:
+        shape = model_shape(model)
+        for precision in args.precisions:
+            if (model, precision) not in table:
+                raise CliError(f"no single-GPU time for {model} {precision} in the chosen source "
+                               f"(have: {', '.join(f'{m} {p}' for m, p in sorted(table)) or 'none'})")
+            compute = table[(model, precision)]
+            sources.append(f"- {model} {precision}: {compute.ms_per_step:.2f} ms per step of {compute.tokens} tokens "
+                           f"(optimizer {compute.optimizer_ms:.2f} ms) from {compute.source}")
+            for zero_stage in args.zero:
+                byte_rows.append((model, precision, zero_stage, collectives(shape, precision, zero_stage, max(args.gpus), args.grad_fp32, args.fp8_codes)))
+                for n in args.gpus:
+                    est = estimate_step(shape, precision, zero_stage, n, compute, net, args.grad_accum,
+                                        args.grad_fp32, args.fp8_codes)
+                    rows.append((model, precision, zero_stage, net, est))
+    print("One GPU's time per step:")
+    print("\n".join(sources))
+    print(f"\nNetwork: NVLink bus {net.intra_bw_gbs:g} GB/s, {net.nics_per_node} x {net.nic_bw_gbs:g} GB/s NICs per "
+          f"{net.gpus_per_node}-GPU node, latency {net.intra_latency_us:g} us (one node) / {net.inter_latency_us:g} us "
+          f"(across nodes); {args.grad_accum} micro-step(s) per optimizer step; gradients in "
+          f"{'fp32' if args.grad_fp32 else 'bf16'}; FP8 codes gathered: {args.fp8_codes}.\n")
+    print(format_table(rows))
+    print(f"\nBytes per collective, MB x the share the busiest rank sends or receives, for N = {max(args.gpus)} "
+          f"(latency-bound, not listed: the loss and gradient-norm all-reduces, 4 bytes each):\n")
+    print(format_bytes_table(byte_rows))
+
+
+def main(argv=None):
+    try:
+        run(sys.argv[1:] if argv is None else argv)
+    except CliError as e:
+        print(f"scaling_model.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+/*
+zero_comm.cuh: the collectives of a ZeRO-1 training step (DESIGN.md section 5,
+doc/multi-gpu.md): gradients reduced to their owners layer by layer during the backward,
+and after the update the weights gathered back, the FP8 matmul weights as FP8 codes.
+
+Why it is shaped so:
+- Ownership is zero.h's (one contiguous range of the flat parameters per rank), so the
+  trainer's buffers keep llm.c's layout and every kernel is unchanged; only the optimizer
+  runs on the owned range, and this module moves bytes between ranks.
+- Gradients: chunk l is layer l's slices, complete when layer l's backward is done. The
+  compute stream records an event there and the communication stream (multi_gpu.h's
+  nccl_stream) waits for it, then runs one NCCL group of ncclReduce(ncclAvg) per owner
+  piece, in place: the backward of layer l - 1 overlaps the reduction of layer l. Each
+  rank's gradients are a mean over its tokens, so the average over ranks is the global
+  mean. bf16 on the wire; never FP8 (NCCL re-rounds at every hop).
+- Weights after the update, per-tensor FP8 recipes with every GEMM of the block linears in
+  FP8 (-f8p all): the optimizer pass has put each rank's amax of its part of every FP8
+  weight into the weight's cast record; one all-reduce(MAX) of those amaxes gives every
+  rank the single-GPU amax (max is exact and order free), the scale follows on the device,
+  each rank casts its part (fp8_cast_weight_part), one NCCL group of ncclBroadcast from
+  each piece's owner gathers the codes (1 byte per weight instead of 2), and each rank
+  builds W^T locally. The rest (layernorms, biases, embeddings, and every matmul weight
+  some bf16 GEMM reads) is gathered in bf16 the same way, or with one ncclAllGather when
+  nothing goes as FP8. Matmul weights gathered as FP8 leave the bf16 copies of the other
+  ranks' parts stale: nothing reads them, and zero_comm_all_gather_bf16 refreshes all of
+  them before a checkpoint writes the model file.
+- Every NCCL call goes through multi_gpu_nccl_settle, and the host waits only through
+  multi_gpu_wait, so a dead peer ends the run with one line in bounded time.
+*/
+#ifndef LLMC_ZERO_COMM_CUH
+#define LLMC_ZERO_COMM_CUH
+
+#include <nccl.h>
+#include "cuda_common.h"
+#include "multi_gpu.h"
+#include "zero.h"
+#include "fp8_model.cuh"
+
+typedef struct {
+    const MultiGpuConfig* multi_gpu;
+    ZeroLayout layout;
+    int rank;
+    ZeroPiece* pieces;          // [chunk][max_pieces]: the gradient reduction's pieces
+    int* num_pieces;            // [chunk]
+    int max_pieces;
+    cudaEvent_t* chunk_ready;   // [chunk], recorded on the compute stream when its gradients are complete
+    cudaEvent_t reduced;        // on the communication stream, after the last chunk
+    cudaEvent_t updated;        // on the compute stream, after the update: the gathers wait for it
+    cudaEvent_t gathered;       // on the communication stream, after the gathers
+    int fp8_gather;             // the block linears' weights travel as FP8 (zero_comm_fp8_gather)
+    int fp8_tensor[NUM_PARAMETER_TENSORS]; // the tensors that go as FP8 codes when fp8_gather
+    uint32_t* amax_bits;        // device [FP8 block linears]: the weights' amaxes, all-reduced
+    size_t gathered_bytes_fp8;  // bytes this rank receives per step, by kind
+    size_t gathered_bytes_bf16;
+} ZeroComm;
+
+// the per-tensor recipes with FP8 in every pass gather the block linears' weights as FP8;
+// otherwise some bf16 GEMM reads the bf16 weight, or (block recipe) the scales are per
+// 128x128 block and the weights go in bf16, each rank casting locally
+static inline int zero_comm_fp8_gather(const Fp8Model* fp8) {
+    const Fp8Settings* s = &fp8->settings;
+    int all_passes = (s->passes & (FP8_FWD | FP8_DGRAD | FP8_WGRAD)) == (FP8_FWD | FP8_DGRAD | FP8_WGRAD);
+    return fp8->num_linears > 0 && fp8->per_layer > 0 && all_passes && s->recipe != FP8_MODEL_BLOCK;
+}
+
+// FP8 linear index -> its weight tensor, for the four block kinds
+static inline int zero_comm_weight_tensor(int kind) {
+    static const int tensors[LINEAR_KINDS_PER_LAYER] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
+    return tensors[kind];
+}
+
+// bytes this rank receives when every piece of flat [begin, end) comes from its owner
+static inline size_t zero_comm_received_bytes(const ZeroLayout* layout, int rank, size_t begin, size_t end, size_t bytes) {
+    ZeroRange own = zero_rank_range(layout, rank);
+    size_t lo = begin > own.begin ? begin : own.begin, hi = end < own.end ? end : own.end;
+    return ((end - begin) - (lo < hi ? hi - lo : 0)) * bytes;
+}
+
+void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT2Config* cfg, const Fp8Model* fp8) {
+    memset(comm, 0, sizeof(*comm));
+    comm->multi_gpu = multi_gpu;
+    comm->rank = multi_gpu->process_rank;
+    zero_layout_init(&comm->layout, cfg, multi_gpu->num_processes);
+    int chunks = zero_num_chunks(&comm->layout);
+    comm->max_pieces = zero_chunk_max_pieces(&comm->layout);
+    comm->pieces = (ZeroPiece*)mallocCheck((size_t)chunks * comm->max_pieces * sizeof(ZeroPiece));
+    comm->num_pieces = (int*)mallocCheck((size_t)chunks * sizeof(int));
+    comm->chunk_ready = (cudaEvent_t*)mallocCheck((size_t)chunks * sizeof(cudaEvent_t));
+    for (int c = 0; c < chunks; c++) {
+        comm->num_pieces[c] = zero_chunk_pieces(&comm->layout, c, comm->pieces + (size_t)c * comm->max_pieces);
+        cudaCheck(cudaEventCreateWithFlags(&comm->chunk_ready[c], cudaEventDisableTiming));
+    }
+    cudaCheck(cudaEventCreateWithFlags(&comm->reduced, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&comm->updated, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&comm->gathered, cudaEventDisableTiming));
+
+    comm->fp8_gather = zero_comm_fp8_gather(fp8);
+    if (comm->fp8_gather) {
+        for (int k = 0; k < LINEAR_KINDS_PER_LAYER; k++) {
+            comm->fp8_tensor[zero_comm_weight_tensor(k)] = fp8->rank_in_layer[k] >= 0;
+        }
+        int block_linears = fp8->per_layer * cfg->num_layers;
+        comm->amax_bits = (uint32_t*)cuda_malloc_checked((size_t)block_linears * sizeof(uint32_t), "ZeRO weight amaxes");
+    }
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        size_t begin = comm->layout.tensor_offsets[t], end = begin + comm->layout.tensor_sizes[t];
+        size_t bytes = zero_comm_received_bytes(&comm->layout, comm->rank, begin, end, comm->fp8_tensor[t] ? 1 : 2);
+        if (comm->fp8_tensor[t]) { comm->gathered_bytes_fp8 += bytes; } else { comm->gathered_bytes_bf16 += bytes; }
+    }
+}
+
+void zero_comm_free(ZeroComm* comm) {
+    for (int c = 0; c < zero_num_chunks(&comm->layout); c++) { cudaCheck(cudaEventDestroy(comm->chunk_ready[c])); }
+    cudaCheck(cudaEventDestroy(comm->reduced));
+    cudaCheck(cudaEventDestroy(comm->updated));
+    cudaCheck(cudaEventDestroy(comm->gathered));
+    if (comm->amax_bits != NULL) { cudaCheck(cudaFree(comm->amax_bits)); }
+    free(comm->pieces);
+    free(comm->num_pieces);
+    free(comm->chunk_ready);
+    memset(comm, 0, sizeof(*comm));
+}
+
+static inline void zero_comm_settle(const ZeroComm* comm, ncclResult_t result, const char* what) {
+    multi_gpu_nccl_settle(comm->multi_gpu, result, what);
+}
+
+// ----------------------------------------------------------------------------
+// gradients
+
+// chunk's gradients are complete on the compute stream: reduce them to their owners, overlapped
+void zero_comm_reduce_chunk(ZeroComm* comm, floatX* grads, int chunk, cudaStream_t compute) {
+    cudaStream_t nccl_stream = comm->multi_gpu->nccl_stream;
+    cudaCheck(cudaEventRecord(comm->chunk_ready[chunk], compute));
+    cudaCheck(cudaStreamWaitEvent(nccl_stream, comm->chunk_ready[chunk], 0));
+    const ZeroPiece* pieces = comm->pieces + (size_t)chunk * comm->max_pieces;
+    ncclComm_t nccl = comm->multi_gpu->nccl_comm;
+    zero_comm_settle(comm, ncclGroupStart(), "gradient reduce (group start)");
+    for (int p = 0; p < comm->num_pieces[chunk]; p++) {
+        floatX* at = grads + pieces[p].begin;
+        zero_comm_settle(comm, ncclReduce(at, at, pieces[p].end - pieces[p].begin, ncclBfloat16, ncclAvg, pieces[p].owner, nccl,
+                                          nccl_stream), "gradient reduce (ncclReduce)");
+    }
+    zero_comm_settle(comm, ncclGroupEnd(), "gradient reduce");
+    if (chunk == zero_num_chunks(&comm->layout) - 1) { cudaCheck(cudaEventRecord(comm->reduced, nccl_stream)); }
+}
+
+// the compute stream waits until every chunk has been reduced (before the norm and the update)
+void zero_comm_wait_reduced(const ZeroComm* comm, cudaStream_t compute) {
+    cudaCheck(cudaStreamWaitEvent(compute, comm->reduced, 0));
+}
+
+// ----------------------------------------------------------------------------
+// weights
+
+// inside an NCCL group: every owner broadcasts its piece of flat [begin, end); base holds
+// element `begin` (so the codes of one linear, or the bf16 parameters at their offset)
+static void zero_comm_broadcast_range(const ZeroComm* comm, void* base, size_t begin, size_t end, ncclDataType_t type,
+                                      size_t element_bytes, const char* what) {
+    size_t at = begin;
+    while (at < end) {
+        int owner = zero_owner(&comm->layout, at);
+        size_t owner_end = (size_t)(owner + 1) * comm->layout.shard_size;
+        size_t piece_end = owner_end < end ? owner_end : end;
+        char* piece = (char*)base + (at - begin) * element_bytes;
+        zero_comm_settle(comm, ncclBroadcast(piece, piece, piece_end - at, type, owner, comm->multi_gpu->nccl_comm,
+                                             comm->multi_gpu->nccl_stream), what);
+        at = piece_end;
+    }
+}
+
+// every rank's bf16 parameters whole (one ncclAllGather, in place); waits on `stream`'s work so far
+void zero_comm_all_gather_bf16(ZeroComm* comm, floatX* params, cudaStream_t stream) {
+    cudaCheck(cudaEventRecord(comm->updated, stream));
+    cudaCheck(cudaStreamWaitEvent(comm->multi_gpu->nccl_stream, comm->updated, 0));
+    size_t S = comm->layout.shard_size;
+    zero_comm_settle(comm, ncclAllGather(params + (size_t)comm->rank * S, params, S, ncclBfloat16, comm->multi_gpu->nccl_comm,
+                                         comm->multi_gpu->nccl_stream), "bf16 weight all-gather");
+    cudaCheck(cudaEventRecord(comm->gathered, comm->multi_gpu->nccl_stream));
+    cudaCheck(cudaStreamWaitEvent(stream, comm->gathered, 0));
+}
+
+/*
+After the update of the owned range (params, and master: the owned range only, NULL with
+-w 0): every rank's weights whole again, bf16 and FP8 (see the top comment). The FP8
+weights' records hold this rank's amax of its parts (the optimizer pass wrote them).
+*/
+void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, cudaStream_t stream) {
+    if (!comm->fp8_gather) {
+        zero_comm_all_gather_bf16(comm, params, stream);
+        fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
+        return;
+    }
+    cudaStream_t nccl_stream = comm->multi_gpu->nccl_stream;
+    ZeroRange own = zero_rank_range(&comm->layout, comm->rank);
+    int block_linears = fp8->per_layer * comm->layout.num_layers;
+    Fp8TensorScaling* w_states = fp8->states + 2 * fp8->num_linears;
+    Fp8CastRecord* w_records = fp8->records + 2 * fp8->num_linears;
+
+    // (1) the amaxes of every block linear's weight, MAX over ranks, then the scales
+    cudaCheck(cudaMemcpy2DAsync(comm->amax_bits, sizeof(uint32_t), &w_records[0].amax_bits, sizeof(Fp8CastRecord),
+                                sizeof(uint32_t), (size_t)block_linears, cudaMemcpyDeviceToDevice, stream));
+    cudaCheck(cudaEventRecord(comm->updated, stream));
+    cudaCheck(cudaStreamWaitEvent(nccl_stream, comm->updated, 0));
+    zero_comm_settle(comm, ncclAllReduce(comm->amax_bits, comm->amax_bits, (size_t)block_linears, ncclUint32, ncclMax,
+                                         comm->multi_gpu->nccl_comm, nccl_stream), "FP8 weight amax all-reduce");
+    cudaCheck(cudaEventRecord(comm->gathered, nccl_stream));
+    cudaCheck(cudaStreamWaitEvent(stream, comm->gathered, 0));
+    cudaCheck(cudaMemcpy2DAsync(&w_records[0].amax_bits, sizeof(Fp8CastRecord), comm->amax_bits, sizeof(uint32_t),
+                                sizeof(uint32_t), (size_t)block_linears, cudaMemcpyDeviceToDevice, stream));
+    fp8_scaling_update_records(w_states, w_records, block_linears, stream);
+    fp8_scaling_publish_scales(w_states, w_records, block_linears, stream);
+
+    // (2) each rank casts its parts with the global scale
+    for (int i = 0; i < block_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        size_t begin = lin->weight_offset, end = begin + (size_t)lin->OC * lin->K;
+        size_t lo = begin > own.begin ? begin : own.begin, hi = end < own.end ? end : own.end;
+        if (lo >= hi) { continue; }
+        Fp8CastOutput w = fp8_model_w(fp8, i);
+        if (master != NULL) { fp8_cast_weight_part(&w, master + (lo - own.begin), lo - begin, hi - lo, stream); }
+        else { fp8_cast_weight_part(&w, params + lo, lo - begin, hi - lo, stream); }
+    }
+
+    // (3) one group: FP8 codes of the block linears, bf16 of everything else
+    cudaCheck(cudaEventRecord(comm->updated, stream));
+    cudaCheck(cudaStreamWaitEvent(nccl_stream, comm->updated, 0));
+    zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
+    for (int i = 0; i < block_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        zero_comm_broadcast_range(comm, lin->w_codes, lin->weight_offset, lin->weight_offset + (size_t)lin->OC * lin->K,
+                                  ncclUint8, 1, "FP8 weight gather (ncclBroadcast)");
+    }
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        if (comm->fp8_tensor[t]) { continue; }
+        size_t begin = comm->layout.tensor_offsets[t];
+        zero_comm_broadcast_range(comm, params + begin, begin, begin + comm->layout.tensor_sizes[t], ncclBfloat16,
+                                  sizeof(floatX), "bf16 weight gather (ncclBroadcast)");
+    }
+    zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
+    cudaCheck(cudaEventRecord(comm->gathered, nccl_stream));
+    cudaCheck(cudaStreamWaitEvent(stream, comm->gathered, 0));
+
+    // (4) W^T from the gathered W; lm_head (after the block linears) casts from the gathered bf16 wte
+    for (int i = 0; i < block_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        fp8_transpose_codes(lin->w_codes, lin->w_codes_t, lin->OC, lin->K, stream);
+    }
+    for (int i = block_linears; i < fp8->num_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        Fp8CastOutput w = fp8_model_w(fp8, i);
+        fp8_cast_weight(&w, NULL, params + lin->weight_offset, lin->OC, lin->K, false, stream);
+    }
+}
+
+// the same with no optimizer pass before it (at the start, after a resume): each rank finds
+// the amax of its parts of the FP8 weights itself, so the codes are those training would have
+void zero_comm_refresh_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, cudaStream_t stream) {
+    if (comm->fp8_gather) {
+        ZeroRange own = zero_rank_range(&comm->layout, comm->rank);
+        for (int i = 0; i < fp8->per_layer * comm->layout.num_layers; i++) {
+            const Fp8Linear* lin = &fp8->linears[i];
+            size_t begin = lin->weight_offset, end = begin + (size_t)lin->OC * lin->K;
+            size_t lo = begin > own.begin ? begin : own.begin, hi = end < own.end ? end : own.end;
+            if (lo >= hi) { continue; }
+            Fp8CastOutput w = fp8_model_w(fp8, i);
+            if (master != NULL) { fp8_amax_launch(w.record, master + (lo - own.begin), hi - lo, Fp8Identity(), stream); }
+            else { fp8_amax_launch(w.record, params + lo, hi - lo, Fp8Identity(), stream); }
+        }
+    }
+    zero_comm_gather_weights(comm, fp8, params, master, stream);
+}
+
+#endif // LLMC_ZERO_COMM_CUH

@@ -1,0 +1,130 @@
+"""
+The multi-GPU trainer on one GPU (make gpucheck; NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1
+runs two ranks on one device): ./train_gpt2_fp8 with -pn 2 against -pn 1 on the same global
+batches, a 2-rank resume, and a killed rank.
+
+- Trajectories: 2 ranks x -b 4 read exactly the sequences 1 rank x -b 8 reads (a sample is
+  N*B*T tokens, rank r takes its r-th B*T), so the losses agree within bf16/FP8 rounding:
+  the gradient average over ranks and the sharded optimizer are the only differences.
+- Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses.
+- A killed rank: the survivor exits non-zero within -pt seconds with the error line naming
+  its rank and the collective.
+Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAINER = os.path.join(ROOT, "train_gpt2_fp8")
+STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
+FAILURES = []
+
+
+def check(condition, message):
+    print(("ok   " if condition else "FAIL ") + message, flush=True)
+    if not condition:
+        FAILURES.append(message)
+
+
+def write_shard(path, num_tokens, seed):
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, num_tokens
+    tokens = np.random.default_rng(seed).integers(0, 50257, size=num_tokens, dtype=np.uint16)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+
+
+def launch(ranks, args, workdir, timeout_s=60):
+    """starts `ranks` processes of the trainer (fs id exchange in workdir); returns the Popen list"""
+    env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
+    procs = []
+    for r in range(ranks):
+        cmd = [TRAINER] + [str(a) for a in args] + ["-pn", ranks, "-pr", r, "-pg", 1, "-pi", "fs", "-pf", workdir,
+                                                   "-pt", timeout_s]
+        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      cwd=ROOT, env=env))
+    return procs
+
+
+def run(ranks, args, workdir):
+    procs = launch(ranks, args, workdir)
+    outs = [p.communicate(timeout=900) for p in procs]
+    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
+        if p.returncode != 0:
+            print(f"rank {r} of {ranks} failed ({p.returncode}):\n{out[-2000:]}\n{err[-2000:]}", flush=True)
+    return [p.returncode for p in procs], outs[0][0]
+
+
+def losses(stdout):
+    return {int(s): float(l) for s, l in STEP_RE.findall(stdout)}
+
+
+def main():
+    if not os.path.exists(TRAINER):
+        sys.exit("error: build ./train_gpt2_fp8 first (make train_gpt2_fp8)")
+    tmp = tempfile.mkdtemp(prefix="llm8_ranks_")
+    write_shard(os.path.join(tmp, "r_train_000001.bin"), 400_000, 1)
+    common = ["-e", "d6", "-t", 256, "-x", 8, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-i", os.path.join(tmp, "r_train_*.bin"),
+              "-j", "", "-d", 4096]
+    configs = [("bf16 adamw", ["-p", "bf16"], 1e-2), ("fp8 delayed adamw", ["-p", "fp8"], 2e-2),
+               ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2)]
+    for name, extra, tolerance in configs:
+        codes1, out1 = run(1, common + extra + ["-b", 8], tmp)
+        codes2, out2 = run(2, common + extra + ["-b", 4], tmp)
+        one, two = losses(out1), losses(out2)
+        check(codes1 == [0] and codes2 == [0, 0], f"{name}: 1-rank and 2-rank runs exit 0")
+        check(len(one) == 8 and sorted(one) == sorted(two), f"{name}: both print 8 steps")
+        if len(one) == 8 and sorted(one) == sorted(two):
+            worst = max(abs(one[s] - two[s]) / abs(one[s]) for s in one)
+            check(worst < tolerance, f"{name}: 2-rank losses within {tolerance:g} of 1-rank (worst {worst:.2e})")
+        check("zero | ZeRO-1 over 2 ranks" in out2, f"{name}: the startup line reports ZeRO-1")
+        if "fp8 delayed adamw" == name:
+            gathered = re.search(r"weights gathered per step: ([\d.]+) MB as FP8 \+ ([\d.]+) MB as bf16 \(all bf16: ([\d.]+) MB\)", out2)
+            check(gathered is not None and float(gathered.group(1)) > 0, f"{name}: matmul weights gathered as FP8")
+
+    # resume with 2 ranks: bitwise
+    out_dir = os.path.join(tmp, "ckpt")
+    args = common + ["-p", "fp8", "-opt", "adamw8", "-b", 4, "-o", out_dir, "-n", 4]
+    codes, straight = run(2, args, tmp)
+    check(codes == [0, 0], "resume: the straight 2-rank run exits 0")
+    for step in (4, 8):
+        for r in range(2):
+            check(os.path.exists(os.path.join(out_dir, f"state_{step:08d}_{r:05d}.bin")), f"resume: state file of rank {r} at step {step}")
+    os.remove(os.path.join(out_dir, "DONE_00000008"))
+    codes, resumed = run(2, args + ["-y", 1], tmp)
+    a, b = losses(straight), losses(resumed)
+    check(codes == [0, 0] and sorted(b) == [5, 6, 7, 8], "resume: the resumed run continues at step 5")
+    check(all(a.get(s) == b.get(s) for s in (5, 6, 7, 8)), "resume: steps 5..8 bitwise equal to the uninterrupted run")
+
+    # a killed rank: the survivor stops within -pt with one line naming its rank and the collective
+    procs = launch(2, common + ["-b", 4, "-x", 100000], tmp, timeout_s=20)
+    deadline = time.time() + 300
+    line = ""
+    while time.time() < deadline and "step" not in line:
+        line = procs[0].stdout.readline()
+    procs[1].send_signal(signal.SIGKILL)
+    start = time.time()
+    try:
+        _, err = procs[0].communicate(timeout=120)
+        elapsed = time.time() - start
+        check(procs[0].returncode != 0 and "error: rank 0 of 2: NCCL" in err,
+              f"killed rank: rank 0 exits with the NCCL error line (exit {procs[0].returncode}: {err.strip()[-300:]!r})")
+        check(elapsed < 60, f"killed rank: rank 0 exited {elapsed:.0f} s after the kill (-pt 20)")
+    except subprocess.TimeoutExpired:
+        procs[0].kill()
+        check(False, "killed rank: rank 0 still running 120 s after its peer died")
+
+    print(f"gpu_trainer_ranks: {len(FAILURES)} failed", flush=True)
+    sys.exit(1 if FAILURES else 0)
+
+
+if __name__ == "__main__":
+    main()
