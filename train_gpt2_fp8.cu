@@ -544,8 +544,8 @@ several ranks only the weights gathered as FP8 take it (zero_comm.cuh): the othe
 from the gathered bf16 weights, which the cast itself scans.
 */
 static unsigned int* gpt2_weight_amax_slot(const GPT2* model, int tensor, int layer) {
-    int kind = tensor == PARAM_WTE ? LINEAR_LM_HEAD : tensor == PARAM_QKVW ? LINEAR_QKV : tensor == PARAM_ATTPROJW ? LINEAR_ATTPROJ
-             : tensor == PARAM_FCW ? LINEAR_FC : tensor == PARAM_FCPROJW ? LINEAR_FCPROJ : -1;
+    int kind = tensor == PARAM_WTE ? LINEAR_LM_HEAD : -1;
+    for (int k = 0; k < LINEAR_KINDS_PER_LAYER; k++) { kind = zero_comm_weight_tensor(k) == tensor ? k : kind; }
     if (kind < 0) { return NULL; }
     if (model->comm != NULL && (!model->comm->fp8_gather || kind == LINEAR_LM_HEAD)) { return NULL; }
     return fp8_model_weight_amax_slot(&model->fp8, fp8_model_linear(&model->fp8, layer, kind));

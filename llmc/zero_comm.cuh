@@ -125,13 +125,25 @@ static inline void zero_comm_settle(const ZeroComm* comm, ncclResult_t result, c
     multi_gpu_nccl_settle(comm->multi_gpu, result, what);
 }
 
+// the communication stream waits for what `stream` has enqueued so far
+static inline void zero_comm_follow(ZeroComm* comm, cudaStream_t stream) {
+    cudaCheck(cudaEventRecord(comm->updated, stream));
+    cudaCheck(cudaStreamWaitEvent(comm->multi_gpu->nccl_stream, comm->updated, 0));
+}
+
+// `stream` waits for what the communication stream has enqueued so far
+static inline void zero_comm_join(ZeroComm* comm, cudaStream_t stream) {
+    cudaCheck(cudaEventRecord(comm->gathered, comm->multi_gpu->nccl_stream));
+    cudaCheck(cudaStreamWaitEvent(stream, comm->gathered, 0));
+}
+
 // ----------------------------------------------------------------------------
 // gradients
 
 // chunk's gradients are complete on the compute stream: reduce them to their owners, overlapped
 void zero_comm_reduce_chunk(ZeroComm* comm, floatX* grads, int chunk, cudaStream_t compute) {
     cudaStream_t nccl_stream = comm->multi_gpu->nccl_stream;
-    cudaCheck(cudaEventRecord(comm->chunk_ready[chunk], compute));
+    cudaCheck(cudaEventRecord(comm->chunk_ready[chunk], compute));  // one event per chunk: the reduces queue up
     cudaCheck(cudaStreamWaitEvent(nccl_stream, comm->chunk_ready[chunk], 0));
     const ZeroPiece* pieces = comm->pieces + (size_t)chunk * comm->max_pieces;
     ncclComm_t nccl = comm->multi_gpu->nccl_comm;
@@ -171,13 +183,11 @@ static void zero_comm_broadcast_range(const ZeroComm* comm, void* base, size_t b
 
 // every rank's bf16 parameters whole (one ncclAllGather, in place); waits on `stream`'s work so far
 void zero_comm_all_gather_bf16(ZeroComm* comm, floatX* params, cudaStream_t stream) {
-    cudaCheck(cudaEventRecord(comm->updated, stream));
-    cudaCheck(cudaStreamWaitEvent(comm->multi_gpu->nccl_stream, comm->updated, 0));
+    zero_comm_follow(comm, stream);
     size_t S = comm->layout.shard_size;
     zero_comm_settle(comm, ncclAllGather(params + (size_t)comm->rank * S, params, S, ncclBfloat16, comm->multi_gpu->nccl_comm,
                                          comm->multi_gpu->nccl_stream), "bf16 weight all-gather");
-    cudaCheck(cudaEventRecord(comm->gathered, comm->multi_gpu->nccl_stream));
-    cudaCheck(cudaStreamWaitEvent(stream, comm->gathered, 0));
+    zero_comm_join(comm, stream);
 }
 
 /*
@@ -200,12 +210,10 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
     // (1) the amaxes of every block linear's weight, MAX over ranks, then the scales
     cudaCheck(cudaMemcpy2DAsync(comm->amax_bits, sizeof(uint32_t), &w_records[0].amax_bits, sizeof(Fp8CastRecord),
                                 sizeof(uint32_t), (size_t)block_linears, cudaMemcpyDeviceToDevice, stream));
-    cudaCheck(cudaEventRecord(comm->updated, stream));
-    cudaCheck(cudaStreamWaitEvent(nccl_stream, comm->updated, 0));
+    zero_comm_follow(comm, stream);
     zero_comm_settle(comm, ncclAllReduce(comm->amax_bits, comm->amax_bits, (size_t)block_linears, ncclUint32, ncclMax,
                                          comm->multi_gpu->nccl_comm, nccl_stream), "FP8 weight amax all-reduce");
-    cudaCheck(cudaEventRecord(comm->gathered, nccl_stream));
-    cudaCheck(cudaStreamWaitEvent(stream, comm->gathered, 0));
+    zero_comm_join(comm, stream);
     cudaCheck(cudaMemcpy2DAsync(&w_records[0].amax_bits, sizeof(Fp8CastRecord), comm->amax_bits, sizeof(uint32_t),
                                 sizeof(uint32_t), (size_t)block_linears, cudaMemcpyDeviceToDevice, stream));
     fp8_scaling_update_records(w_states, w_records, block_linears, stream);
@@ -223,8 +231,7 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
     }
 
     // (3) one group: FP8 codes of the block linears, bf16 of everything else
-    cudaCheck(cudaEventRecord(comm->updated, stream));
-    cudaCheck(cudaStreamWaitEvent(nccl_stream, comm->updated, 0));
+    zero_comm_follow(comm, stream);
     zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
     for (int i = 0; i < block_linears; i++) {
         const Fp8Linear* lin = &fp8->linears[i];
@@ -238,8 +245,7 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
                                   sizeof(floatX), "bf16 weight gather (ncclBroadcast)");
     }
     zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
-    cudaCheck(cudaEventRecord(comm->gathered, nccl_stream));
-    cudaCheck(cudaStreamWaitEvent(stream, comm->gathered, 0));
+    zero_comm_join(comm, stream);
 
     // (4) W^T from the gathered W; lm_head (after the block linears) casts from the gathered bf16 wte
     for (int i = 0; i < block_linears; i++) {
