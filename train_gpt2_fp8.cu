@@ -218,11 +218,12 @@ static void gpt2_cast_weights(GPT2* model, cudaStream_t stream) {
 The model on the GPU, from fp32 parameters in llm.c order, sized for micro-batches of B x T;
 use_adamw8: 8-bit AdamW states for the tensors adamw8_selection picks (-opt adamw8 -qs);
 fp8: what runs in FP8 (NULL or not enabled: everything in bf16); multi_gpu: the ranks (NULL
-or one process: one GPU). Every rank holds all weights; the optimizer state is its range's.
+or one process: one GPU), reduce_fp32 its gradient reduce in fp32 (-pa). Every rank holds
+all weights; the optimizer state is its range's.
 */
 static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_cpu, int use_master_weights,
                        int B, int T, int recompute, int gelu_fusion, int use_adamw8, Adamw8Selection adamw8_selection,
-                       const Fp8Settings* fp8, const MultiGpuConfig* multi_gpu, cudaStream_t stream) {
+                       const Fp8Settings* fp8, const MultiGpuConfig* multi_gpu, int reduce_fp32, cudaStream_t stream) {
     gpt2_init_layout(model, cfg);
     model->recompute = recompute;
     model->gelu_fusion = gelu_fusion;
@@ -241,7 +242,7 @@ static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_c
     gpt2_allocate_state(model, B, T);
     if (num_ranks > 1) {
         model->comm = (ZeroComm*)mallocCheck(sizeof(ZeroComm));
-        zero_comm_create(model->comm, multi_gpu, cfg, &model->fp8);
+        zero_comm_create(model->comm, multi_gpu, cfg, &model->fp8, reduce_fp32);
     }
     gpt2_cast_weights(model, stream);
 }
@@ -968,7 +969,7 @@ int main(int argc, char** argv) {
     else { gpt2_init_params_random(params_cpu, &model_config, GPT2_INIT_SEED); }
     gpt2_build(&model, &model_config, params_cpu, tc.use_master_weights, tc.B, tc.T, tc.recompute, tc.gelu_fusion,
                train_config_uses_adamw8(&tc), adamw8_selection_from_name(tc.adamw8_states, "-qs"), &fp8_settings, &multi_gpu,
-               stream);
+               strcmp(tc.grad_reduce, "fp32") == 0, stream);
     free(params_cpu);
     int start_step = 0;
     if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step, stream); }
@@ -999,12 +1000,14 @@ int main(int argc, char** argv) {
            gpt2_optimizer_state_bytes(&model) / 1073741824.0, num_ranks > 1 ? " on this rank" : "", gpu_memory_used_mib());
     if (model.comm != NULL) {
         const ZeroComm* z = model.comm;
+        char fp32_scratch[64] = "";
+        if (z->reduce_fp32) { snprintf(fp32_scratch, sizeof(fp32_scratch), " (fp32 scratch %.1f MiB)", z->reduce_scratch_elements * 4.0 / 1048576.0); }
         printf("zero | ZeRO-1 over %d ranks (-pi %s) | %zu parameters per rank (%zu padding) | weights gathered per step: "
-               "%.1f MB as FP8 + %.1f MB as bf16 (all bf16: %.1f MB) | gradients reduced per step: %.1f MB bf16\n",
+               "%.1f MB as FP8 + %.1f MB as bf16 (all bf16: %.1f MB) | gradients reduced per step: %.1f MB %s%s\n",
                num_ranks, tc.nccl_init, z->layout.shard_size, z->layout.padded_total - z->layout.num_parameters,
                z->gathered_bytes_fp8 / 1e6, z->gathered_bytes_bf16 / 1e6,
                zero_comm_received_bytes(&z->layout, rank, 0, z->layout.num_parameters, 2) / 1e6,
-               2.0 * z->layout.num_parameters / 1e6);
+               (z->reduce_fp32 ? 4.0 : 2.0) * z->layout.num_parameters / 1e6, tc.grad_reduce, fp32_scratch);
     }
     if (fp8_settings.enabled) {
         char linears[128], passes[64];
@@ -1051,7 +1054,10 @@ int main(int argc, char** argv) {
         cudaCheck(cudaEventRecord(start_event, stream));
         float lr = get_learning_rate(&lr_scheduler, step);
         int reuse_batch = tc.overfit_single_batch && step > 0;
+        uint64_t traffic_before[ZERO_TRAFFIC_KINDS];
+        if (model.comm != NULL) { memcpy(traffic_before, model.comm->traffic, sizeof(traffic_before)); }
         StepResult r = gpt2_train_step(&model, &train_loader, grad_accum_steps, reuse_batch, &optimizer, lr, step, stream);
+        if (model.comm != NULL && step == start_step) { zero_comm_print_traffic(model.comm, traffic_before, step + 1); }
         float loss = r.loss, grad_norm = r.grad_norm;
         int skip = r.skipped;
         if (skip) {

@@ -71,6 +71,7 @@ typedef struct {
     int process_rank;             // -pr
     int gpus_per_node;            // -pg, 0: all visible
     const char* nccl_init;        // -pi: auto | mpi | fs | tcp
+    const char* grad_reduce;      // -pa: bf16 | fp32, the gradients' type in the reduce across GPUs
     const char* nccl_fs_path;     // -pf
     const char* nccl_server;      // -ps
     int nccl_timeout_s;           // -pt
@@ -141,6 +142,8 @@ static const FlagSpec TRAIN_FLAGS[] = {
      "how ranks share the NCCL id: mpi, fs (a file in -pf), tcp (rank 0 at -ps); auto = mpi under mpirun, else fs"},
     {"-pf", FLAG_STRING, TC_OFF(nccl_fs_path), 0, 0, NULL, "-pi fs: a directory every rank sees"},
     {"-ps", FLAG_STRING, TC_OFF(nccl_server), 0, 0, NULL, "-pi tcp: rank 0's IPv4 address, a.b.c.d or a.b.c.d:port (port 12345)"},
+    {"-pa", FLAG_CHOICE, TC_OFF(grad_reduce), 0, 0, "bf16 fp32",
+     "gradient reduce across GPUs: bf16 on the wire, or fp32 (widened, summed in fp32, rounded to bf16 once; twice the bytes)"},
     {"-pt", FLAG_INT, TC_OFF(nccl_timeout_s), 1, INT_MAX_FLAG, NULL, "seconds any rank waits for the others before it exits with an error"},
 };
 #define NUM_TRAIN_FLAGS ((int)(sizeof(TRAIN_FLAGS) / sizeof(TRAIN_FLAGS[0])))
@@ -192,6 +195,7 @@ static inline TrainConfig train_config_defaults(void) {
     c.process_rank = 0;
     c.gpus_per_node = 0;
     c.nccl_init = "auto";
+    c.grad_reduce = "bf16";
     c.nccl_fs_path = "";
     c.nccl_server = "";
     c.nccl_timeout_s = 300;

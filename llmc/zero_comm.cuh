@@ -12,7 +12,11 @@ Why it is shaped so:
   nccl_stream) waits for it, then runs one NCCL group of ncclReduce(ncclAvg) per owner
   piece, in place: the backward of layer l - 1 overlaps the reduction of layer l. Each
   rank's gradients are a mean over its tokens, so the average over ranks is the global
-  mean. bf16 on the wire; never FP8 (NCCL re-rounds at every hop).
+  mean. bf16 on the wire by default; never FP8 (NCCL re-rounds at every hop). With -pa fp32
+  the chunk's pieces are first widened into an fp32 scratch (on the communication stream,
+  so it still overlaps the backward), reduced in fp32 and rounded to bf16 once, on the
+  owner, into its gradients: twice the bytes, and the sum of N ranks no longer collects N
+  bf16 roundings. The scratch holds the largest chunk (wte, wpe, lnf), printed at startup.
 - Weights after the update, per-tensor FP8 recipes with every GEMM of the block linears in
   FP8 (-f8p all): the optimizer pass has put each rank's amax of its part of every FP8
   weight into the weight's cast record; one all-reduce(MAX) of those amaxes gives every
@@ -24,6 +28,10 @@ Why it is shaped so:
   nothing goes as FP8. Matmul weights gathered as FP8 leave the bf16 copies of the other
   ranks' parts stale: nothing reads them, and zero_comm_all_gather_bf16 refreshes all of
   them before a checkpoint writes the model file.
+- Every collective adds its payload (count x element size, what NCCL is handed, as
+  nccl-tests counts "size") to a per-kind counter, so the trainer prints what a step
+  actually sent, not what the layout predicts: the check that FP8 halves the matmul
+  weights' gather is made on the calls that ran.
 - Every NCCL call goes through multi_gpu_nccl_settle, and the host waits only through
   multi_gpu_wait, so a dead peer ends the run with one line in bounded time.
 */
@@ -36,6 +44,12 @@ Why it is shaped so:
 #include "zero.h"
 #include "fp8_model.cuh"
 
+// the collectives of a step, by kind, for the traffic counters
+typedef enum { ZERO_TRAFFIC_GRAD_REDUCE, ZERO_TRAFFIC_AMAX_ALL_REDUCE, ZERO_TRAFFIC_FP8_GATHER, ZERO_TRAFFIC_BF16_GATHER,
+               ZERO_TRAFFIC_KINDS } ZeroTrafficKind;
+static const char* const ZERO_TRAFFIC_NAMES[ZERO_TRAFFIC_KINDS] = {"gradient reduce", "FP8 weight amax all-reduce",
+                                                                  "FP8 weight gather", "bf16 weight gather"};
+
 typedef struct {
     const MultiGpuConfig* multi_gpu;
     ZeroLayout layout;
@@ -44,6 +58,11 @@ typedef struct {
     int* num_pieces;            // [chunk]
     int max_pieces;
     cudaEvent_t* chunk_ready;   // [chunk], recorded on the compute stream when its gradients are complete
+    int reduce_fp32;            // -pa fp32: gradients reduced in fp32 through reduce_scratch
+    float* reduce_scratch;      // device [largest chunk], -pa fp32 only
+    size_t reduce_scratch_elements;
+    ZeroPiece* pieces_device;   // the pieces again, for the widen/narrow kernels (-pa fp32 only)
+    size_t* scratch_offsets;    // device [chunk][max_pieces]: where each piece sits in the scratch
     cudaEvent_t reduced;        // on the communication stream, after the last chunk
     cudaEvent_t updated;        // on the compute stream, after the update: the gathers wait for it
     cudaEvent_t gathered;       // on the communication stream, after the gathers
@@ -52,6 +71,7 @@ typedef struct {
     uint32_t* amax_bits;        // device [FP8 block linears]: the weights' amaxes, all-reduced
     size_t gathered_bytes_fp8;  // bytes this rank receives per step, by kind
     size_t gathered_bytes_bf16;
+    uint64_t traffic[ZERO_TRAFFIC_KINDS]; // payload bytes of the collectives issued so far, by kind
 } ZeroComm;
 
 // the per-tensor recipes with FP8 in every pass gather the block linears' weights as FP8;
@@ -76,7 +96,31 @@ static inline size_t zero_comm_received_bytes(const ZeroLayout* layout, int rank
     return ((end - begin) - (lo < hi ? hi - lo : 0)) * bytes;
 }
 
-void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT2Config* cfg, const Fp8Model* fp8) {
+// the fp32 reduce's device tables: each chunk's pieces back to back in the scratch
+static void zero_comm_create_fp32_reduce(ZeroComm* comm) {
+    int chunks = zero_num_chunks(&comm->layout);
+    size_t table = (size_t)chunks * comm->max_pieces;
+    size_t* offsets = (size_t*)mallocCheck(table * sizeof(size_t));
+    for (int c = 0; c < chunks; c++) {
+        size_t at = 0;
+        for (int p = 0; p < comm->num_pieces[c]; p++) {
+            const ZeroPiece* piece = &comm->pieces[(size_t)c * comm->max_pieces + p];
+            offsets[(size_t)c * comm->max_pieces + p] = at;
+            at += piece->end - piece->begin;
+        }
+        if (at > comm->reduce_scratch_elements) { comm->reduce_scratch_elements = at; }
+    }
+    comm->reduce_scratch = (float*)cuda_malloc_checked(comm->reduce_scratch_elements * sizeof(float),
+                                                       "fp32 gradient reduce scratch (-pa fp32; -pa bf16 needs none)");
+    comm->pieces_device = (ZeroPiece*)cuda_malloc_checked(table * sizeof(ZeroPiece), "fp32 gradient reduce pieces");
+    comm->scratch_offsets = (size_t*)cuda_malloc_checked(table * sizeof(size_t), "fp32 gradient reduce offsets");
+    cudaCheck(cudaMemcpy(comm->pieces_device, comm->pieces, table * sizeof(ZeroPiece), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(comm->scratch_offsets, offsets, table * sizeof(size_t), cudaMemcpyHostToDevice));
+    free(offsets);
+}
+
+void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT2Config* cfg, const Fp8Model* fp8,
+                      int reduce_fp32) {
     memset(comm, 0, sizeof(*comm));
     comm->multi_gpu = multi_gpu;
     comm->rank = multi_gpu->process_rank;
@@ -90,6 +134,8 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
         comm->num_pieces[c] = zero_chunk_pieces(&comm->layout, c, comm->pieces + (size_t)c * comm->max_pieces);
         cudaCheck(cudaEventCreateWithFlags(&comm->chunk_ready[c], cudaEventDisableTiming));
     }
+    comm->reduce_fp32 = reduce_fp32;
+    if (reduce_fp32) { zero_comm_create_fp32_reduce(comm); }
     cudaCheck(cudaEventCreateWithFlags(&comm->reduced, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&comm->updated, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&comm->gathered, cudaEventDisableTiming));
@@ -115,10 +161,28 @@ void zero_comm_free(ZeroComm* comm) {
     cudaCheck(cudaEventDestroy(comm->updated));
     cudaCheck(cudaEventDestroy(comm->gathered));
     if (comm->amax_bits != NULL) { cudaCheck(cudaFree(comm->amax_bits)); }
+    if (comm->reduce_fp32) {
+        cudaCheck(cudaFree(comm->reduce_scratch));
+        cudaCheck(cudaFree(comm->pieces_device));
+        cudaCheck(cudaFree(comm->scratch_offsets));
+    }
     free(comm->pieces);
     free(comm->num_pieces);
     free(comm->chunk_ready);
     memset(comm, 0, sizeof(*comm));
+}
+
+// one line: the payload of the collectives issued since the `before` snapshot of traffic, by kind
+static void zero_comm_print_traffic(const ZeroComm* comm, const uint64_t before[ZERO_TRAFFIC_KINDS], int step) {
+    uint64_t total = 0;
+    printf("comm | step %d, payload by collective:", step);
+    for (int k = 0; k < ZERO_TRAFFIC_KINDS; k++) {
+        uint64_t bytes = comm->traffic[k] - before[k];
+        total += bytes;
+        printf("%s %s %.3f MB", k == 0 ? "" : ",", ZERO_TRAFFIC_NAMES[k], bytes / 1e6);
+        if (k == ZERO_TRAFFIC_GRAD_REDUCE) { printf(" (%s)", comm->reduce_fp32 ? "fp32" : "bf16"); }
+    }
+    printf(" | total %.3f MB, plus two float all-reduces (loss, norm)\n", total / 1e6);
 }
 
 static inline void zero_comm_settle(const ZeroComm* comm, ncclResult_t result, const char* what) {
@@ -140,20 +204,61 @@ static inline void zero_comm_join(ZeroComm* comm, cudaStream_t stream) {
 // ----------------------------------------------------------------------------
 // gradients
 
+/*
+-pa fp32: between the gradients' pieces and the fp32 scratch, one launch per chunk. Block
+row y handles piece y; widen copies every piece into the scratch, narrow rounds back (to
+nearest even) only the pieces `rank` owns, the only ones the reduce left meaningful.
+*/
+__global__ void zero_widen_pieces_kernel(float* scratch, const floatX* grads, const ZeroPiece* pieces,
+                                         const size_t* offsets) {
+    const ZeroPiece piece = pieces[blockIdx.y];
+    float* out = scratch + offsets[blockIdx.y];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < piece.end - piece.begin; i += (size_t)gridDim.x * blockDim.x) {
+        out[i] = (float)grads[piece.begin + i];
+    }
+}
+
+__global__ void zero_narrow_pieces_kernel(floatX* grads, const float* scratch, const ZeroPiece* pieces, const size_t* offsets,
+                                          int rank) {
+    const ZeroPiece piece = pieces[blockIdx.y];
+    if (piece.owner != rank) { return; }
+    const float* in = scratch + offsets[blockIdx.y];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < piece.end - piece.begin; i += (size_t)gridDim.x * blockDim.x) {
+        grads[piece.begin + i] = (floatX)in[i];
+    }
+}
+
 // chunk's gradients are complete on the compute stream: reduce them to their owners, overlapped
 void zero_comm_reduce_chunk(ZeroComm* comm, floatX* grads, int chunk, cudaStream_t compute) {
     cudaStream_t nccl_stream = comm->multi_gpu->nccl_stream;
     cudaCheck(cudaEventRecord(comm->chunk_ready[chunk], compute));  // one event per chunk: the reduces queue up
     cudaCheck(cudaStreamWaitEvent(nccl_stream, comm->chunk_ready[chunk], 0));
-    const ZeroPiece* pieces = comm->pieces + (size_t)chunk * comm->max_pieces;
+    size_t table_at = (size_t)chunk * comm->max_pieces;
+    const ZeroPiece* pieces = comm->pieces + table_at;
+    int num_pieces = comm->num_pieces[chunk];
+    dim3 grid(256, (unsigned)num_pieces);
+    if (comm->reduce_fp32) {
+        zero_widen_pieces_kernel<<<grid, 256, 0, nccl_stream>>>(comm->reduce_scratch, grads, comm->pieces_device + table_at,
+                                                                comm->scratch_offsets + table_at);
+        cudaCheck(cudaGetLastError());
+    }
     ncclComm_t nccl = comm->multi_gpu->nccl_comm;
     zero_comm_settle(comm, ncclGroupStart(), "gradient reduce (group start)");
-    for (int p = 0; p < comm->num_pieces[chunk]; p++) {
-        floatX* at = grads + pieces[p].begin;
-        zero_comm_settle(comm, ncclReduce(at, at, pieces[p].end - pieces[p].begin, ncclBfloat16, ncclAvg, pieces[p].owner, nccl,
-                                          nccl_stream), "gradient reduce (ncclReduce)");
+    size_t scratch_at = 0;
+    for (int p = 0; p < num_pieces; p++) {
+        size_t count = pieces[p].end - pieces[p].begin;
+        void* at = comm->reduce_fp32 ? (void*)(comm->reduce_scratch + scratch_at) : (void*)(grads + pieces[p].begin);
+        zero_comm_settle(comm, ncclReduce(at, at, count, comm->reduce_fp32 ? ncclFloat32 : ncclBfloat16, ncclAvg,
+                                          pieces[p].owner, nccl, nccl_stream), "gradient reduce (ncclReduce)");
+        comm->traffic[ZERO_TRAFFIC_GRAD_REDUCE] += count * (comm->reduce_fp32 ? sizeof(float) : sizeof(floatX));
+        scratch_at += count;
     }
     zero_comm_settle(comm, ncclGroupEnd(), "gradient reduce");
+    if (comm->reduce_fp32) {
+        zero_narrow_pieces_kernel<<<grid, 256, 0, nccl_stream>>>(grads, comm->reduce_scratch, comm->pieces_device + table_at,
+                                                                 comm->scratch_offsets + table_at, comm->rank);
+        cudaCheck(cudaGetLastError());
+    }
     if (chunk == zero_num_chunks(&comm->layout) - 1) { cudaCheck(cudaEventRecord(comm->reduced, nccl_stream)); }
 }
 
@@ -167,7 +272,7 @@ void zero_comm_wait_reduced(const ZeroComm* comm, cudaStream_t compute) {
 
 // inside an NCCL group: every owner broadcasts its piece of flat [begin, end); base holds
 // element `begin` (so the codes of one linear, or the bf16 parameters at their offset)
-static void zero_comm_broadcast_range(const ZeroComm* comm, void* base, size_t begin, size_t end, ncclDataType_t type,
+static void zero_comm_broadcast_range(ZeroComm* comm, void* base, size_t begin, size_t end, ncclDataType_t type,
                                       size_t element_bytes, const char* what) {
     size_t at = begin;
     while (at < end) {
@@ -177,6 +282,7 @@ static void zero_comm_broadcast_range(const ZeroComm* comm, void* base, size_t b
         char* piece = (char*)base + (at - begin) * element_bytes;
         zero_comm_settle(comm, ncclBroadcast(piece, piece, piece_end - at, type, owner, comm->multi_gpu->nccl_comm,
                                              comm->multi_gpu->nccl_stream), what);
+        comm->traffic[type == ncclUint8 ? ZERO_TRAFFIC_FP8_GATHER : ZERO_TRAFFIC_BF16_GATHER] += (piece_end - at) * element_bytes;
         at = piece_end;
     }
 }
@@ -187,6 +293,7 @@ void zero_comm_all_gather_bf16(ZeroComm* comm, floatX* params, cudaStream_t stre
     size_t S = comm->layout.shard_size;
     zero_comm_settle(comm, ncclAllGather(params + (size_t)comm->rank * S, params, S, ncclBfloat16, comm->multi_gpu->nccl_comm,
                                          comm->multi_gpu->nccl_stream), "bf16 weight all-gather");
+    comm->traffic[ZERO_TRAFFIC_BF16_GATHER] += comm->layout.padded_total * sizeof(floatX);
     zero_comm_join(comm, stream);
 }
 
@@ -213,6 +320,7 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
     zero_comm_follow(comm, stream);
     zero_comm_settle(comm, ncclAllReduce(comm->amax_bits, comm->amax_bits, (size_t)block_linears, ncclUint32, ncclMax,
                                          comm->multi_gpu->nccl_comm, nccl_stream), "FP8 weight amax all-reduce");
+    comm->traffic[ZERO_TRAFFIC_AMAX_ALL_REDUCE] += (size_t)block_linears * sizeof(uint32_t);
     zero_comm_join(comm, stream);
     cudaCheck(cudaMemcpy2DAsync(&w_records[0].amax_bits, sizeof(Fp8CastRecord), comm->amax_bits, sizeof(uint32_t),
                                 sizeof(uint32_t), (size_t)block_linears, cudaMemcpyDeviceToDevice, stream));

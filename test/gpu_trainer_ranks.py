@@ -6,6 +6,9 @@ batches, a 2-rank resume, and a killed rank.
 - Trajectories: 2 ranks x -b 4 read exactly the sequences 1 rank x -b 8 reads (a sample is
   N*B*T tokens, rank r takes its r-th B*T), so the losses agree within bf16/FP8 rounding:
   the gradient average over ranks and the sharded optimizer are the only differences.
+- Traffic: the `comm |` line counts the payload of the collectives the first step issued;
+  the FP8 run gathers exactly d6's 12 L C^2 matmul weight elements as 1-byte codes (half
+  their bf16 bytes), and the rest in bf16.
 - Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses.
 - A killed rank: the survivor exits non-zero within -pt seconds with the error line naming
   its rank and the collective.
@@ -21,9 +24,12 @@ import time
 
 import numpy as np
 
+from dev_modules import load_dev_bench_module
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.path.join(ROOT, "train_gpt2_fp8")
 STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
+D6_LAYERS, D6_CHANNELS = 6, 384
 FAILURES = []
 
 
@@ -67,6 +73,9 @@ def losses(stdout):
     return {int(s): float(l) for s, l in STEP_RE.findall(stdout)}
 
 
+parse_traffic = load_dev_bench_module("bench").parse_traffic  # the `comm |` line, as the benchmark reads it
+
+
 def main():
     if not os.path.exists(TRAINER):
         sys.exit("error: build ./train_gpt2_fp8 first (make train_gpt2_fp8)")
@@ -75,10 +84,13 @@ def main():
     common = ["-e", "d6", "-t", 256, "-x", 8, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-i", os.path.join(tmp, "r_train_*.bin"),
               "-j", "", "-d", 4096]
     configs = [("bf16 adamw", ["-p", "bf16"], 1e-2), ("fp8 delayed adamw", ["-p", "fp8"], 2e-2),
-               ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2)]
+               ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2),
+               ("bf16 adamw, fp32 gradient reduce", ["-p", "bf16", "-pa", "fp32"], 1e-2)]
+    two_rank_traffic = {}
     for name, extra, tolerance in configs:
         codes1, out1 = run(1, common + extra + ["-b", 8], tmp)
         codes2, out2 = run(2, common + extra + ["-b", 4], tmp)
+        two_rank_traffic[name] = parse_traffic(out2)
         one, two = losses(out1), losses(out2)
         check(codes1 == [0] and codes2 == [0, 0], f"{name}: 1-rank and 2-rank runs exit 0")
         check(len(one) == 8 and sorted(one) == sorted(two), f"{name}: both print 8 steps")
@@ -86,9 +98,21 @@ def main():
             worst = max(abs(one[s] - two[s]) / abs(one[s]) for s in one)
             check(worst < tolerance, f"{name}: 2-rank losses within {tolerance:g} of 1-rank (worst {worst:.2e})")
         check("zero | ZeRO-1 over 2 ranks" in out2, f"{name}: the startup line reports ZeRO-1")
+        if "-pa" in extra:
+            check(re.search(r"gradients reduced per step: [\d.]+ MB fp32 \(fp32 scratch", out2),
+                  f"{name}: the startup line reports the fp32 reduce and its scratch")
         if "fp8 delayed adamw" == name:
             gathered = re.search(r"weights gathered per step: ([\d.]+) MB as FP8 \+ ([\d.]+) MB as bf16 \(all bf16: ([\d.]+) MB\)", out2)
             check(gathered is not None and float(gathered.group(1)) > 0, f"{name}: matmul weights gathered as FP8")
+
+    matmul_elements = 12 * D6_LAYERS * D6_CHANNELS ** 2
+    fp8, bf16 = two_rank_traffic.get("fp8 delayed adamw", {}), two_rank_traffic.get("bf16 adamw", {})
+    check(abs(fp8.get("FP8 weight gather", -1e9) - matmul_elements) <= 500,
+          f"traffic: the FP8 run gathers {matmul_elements} matmul weight bytes as FP8 (got {fp8})")
+    check(bf16.get("FP8 weight gather", -1) == 0 and bf16.get("bf16 weight gather", 0) >= 2 * matmul_elements,
+          f"traffic: the bf16 run gathers everything in bf16, matmul weights at 2 bytes (got {bf16})")
+    check(abs(fp8.get("gradient reduce", -1e9) - bf16.get("gradient reduce", 1e9)) <= 500,
+          "traffic: gradients travel in bf16 in both runs")
 
     # resume with 2 ranks: bitwise
     out_dir = os.path.join(tmp, "ckpt")

@@ -155,3 +155,40 @@ def test_bench_gemm_help_lists_its_flags():
     assert result.returncode == 0
     for flag in ("--models", "--iters", "--warmup", "--json"):
         assert flag in result.stdout
+
+
+def comm_line(values_mb, reduce_type):
+    """the trainer's `comm |` line, built from zero_comm_print_traffic's own formats and names"""
+    source = open(os.path.join(ROOT, "llmc", "zero_comm.cuh")).read()
+    body = source[source.index("static void zero_comm_print_traffic"):]
+    body = body[:body.index("\n}\n")]
+    names = re.findall(r'"([^"]+)"', re.search(r"ZERO_TRAFFIC_NAMES\[ZERO_TRAFFIC_KINDS\] = \{([^}]*)\}", source, re.S).group(1))
+    head, item, reduce_note, tail = re.findall(r'printf\("((?:[^"\\]|\\.)*)"', body)
+    assert len(names) == len(values_mb) == 4, names
+    line = head % 1
+    for k, (name, mb) in enumerate(zip(names, values_mb)):
+        line += item % ("" if k == 0 else ",", name, mb)
+        if k == 0:
+            line += reduce_note % reduce_type
+    return line + tail.replace("\\n", "\n") % sum(values_mb), names
+
+
+@pytest.mark.parametrize("reduce_type", ["bf16", "fp32"])
+def test_bench_parses_the_trainer_traffic_line(reduce_type):
+    bench = load_bench()
+    values = [248.9, 0.0001, 10.617, 59.0]
+    line, names = comm_line(values, reduce_type)
+    parsed = bench.parse_traffic("step 1/8 | loss 1.0\n" + line)
+    assert parsed == {name: pytest.approx(round(mb, 3) * 1e6) for name, mb in zip(names, values)}
+
+
+def test_ranks_markdown_reports_overhead_against_one_rank():
+    bench = load_bench()
+    traffic = {"gradient reduce": 248.9e6, "FP8 weight amax all-reduce": 192.0, "FP8 weight gather": 42.5e6, "bf16 weight gather": 79.3e6}
+    records = [{"precision": "fp8", "ranks": 1, "ms_per_step": 100.0, "tok_per_s": 300000},
+               {"precision": "fp8", "ranks": 2, "ms_per_step": 112.5, "tok_per_s": 266666, "traffic_bytes": traffic},
+               {"precision": "bf16", "ranks": 2, "error": "NCCL has no multi-rank-per-GPU support"}]
+    md = bench.ranks_markdown(records)
+    row = [l for l in md.splitlines() if l.startswith("| fp8 | 2 |")][0]
+    assert "1.125x" in row and "42.500" in row and "248.900" in row, row
+    assert "error: NCCL has no multi-rank-per-GPU support" in md

@@ -186,6 +186,10 @@ class TestBadInput:
     def test_unknown_nccl_init_method(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-pi", "carrier-pigeon"])), "-pi", "carrier-pigeon", "fs")
 
+    @pytest.mark.parametrize("value", ["fp16", "fp8", ""])
+    def test_unknown_gradient_reduce_type(self, binary, data, value):
+        assert_one_line_error(run(binary, base_args(data, ["-pa", value])), "-pa", f"'{value}'", "bf16 fp32")
+
     @pytest.mark.parametrize("flag,value", [("-pn", 0), ("-pt", 0), ("-pg", -1)])
     def test_multi_gpu_flag_out_of_range(self, binary, data, flag, value):
         assert_one_line_error(run(binary, base_args(data, [flag, value])), flag, str(value))
@@ -245,7 +249,7 @@ def test_help_lists_every_flag_with_default(binary):
     assert result.returncode == 0
     flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt",
-             "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pt"]
+             "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pa", "-pt"]
     lines = result.stdout.splitlines()
     for flag in flags:
         matching = [l for l in lines if l.strip().startswith(flag + " ")]

@@ -8,6 +8,12 @@ in bf16 and in FP8, with and without the casts around them, for the same model s
 tables and a summary against DESIGN.md section 7's "FP8 GEMMs incl. casts over bf16 GEMMs"
 targets go into a "Per-GEMM FP8 vs bf16" section of the markdown, and its JSON lines into
 the JSON (records with "benchmark": "gemm"; the end-to-end ones have "benchmark": "train").
+Last, the multi-GPU records ("benchmark": "ranks"): d12 in bf16 and FP8 with 2 ranks on the
+one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, -pi fs) against 1 rank on the same global batch:
+the payload of each collective in the first step (the trainer's `comm |` line: counted on
+the calls that ran) and the 2-rank overhead, ms/step with 2 ranks over ms/step with 1. Two
+ranks share the GPU's compute, so the overhead is the collectives, the synchronization and
+the sharing itself; doc/scaling.md turns the payloads into times on real interconnects.
 
 tok/s and MFU are medians over the timed steps; the first steps (cuDNN/cuBLAS plan
 building, allocator warm-up) are dropped. `make bench` runs the full set, `make gpucheck`
@@ -23,6 +29,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -55,6 +62,9 @@ GEMM_RECORD_FIELDS = {
     "skip": ("model", "variant", "reason"),
 }
 
+# d12's global batch for the rank records: 1 rank x B or 2 ranks x B/2
+RANKS_MODEL, RANKS_B = "d12", 32
+TRAFFIC_RE = re.compile(r"^comm \| step \d+, payload by collective: (.*) \| total", re.M)
 STEP_RE = re.compile(r"^step\s+(\d+)/(\d+) \| loss ([-\d.naninf]+) \| .*? \| ([\d.]+) ms \| (\d+) tok/s \| MFU ([\d.]+%|n/a) \| ETA \S+ \| mem (\d+) MiB")
 
 
@@ -100,6 +110,14 @@ def parse_run(stdout):
     return steps, breakdown
 
 
+def parse_traffic(stdout):
+    """the trainer's `comm |` line: {collective: payload bytes} (MB printed with 3 decimals)"""
+    m = TRAFFIC_RE.search(stdout)
+    if m is None:
+        return {}
+    return {name.strip(): float(mb) * 1e6 for name, mb in re.findall(r"([A-Za-z0-9 -]+?) ([\d.]+) MB", m.group(1))}
+
+
 def optimizer_ms(breakdown, optimizer):
     """ms per step of the optimizer's own profiler mark ("adamw" or "adamw8") in a -kt 1 breakdown"""
     for line in breakdown.splitlines():
@@ -137,6 +155,52 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, steps, data
         "command": "./train_gpt2_fp8 " + " ".join(cmd[1:]),
         "kernel_breakdown": breakdown,
     }
+
+
+def run_ranks(ranks, precision, steps, data_path, T):
+    """d12 with `ranks` processes on this GPU (same global batch): median ms/step and the traffic"""
+    B = RANKS_B // ranks
+    cmd = [TRAINER, "-e", RANKS_MODEL, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps), "-i", data_path,
+           "-j", "", "-v", "0", "-s", "0", "-fn", "0", "-d", str(RANKS_B * T)]
+    record = {"model": RANKS_MODEL, "precision": precision, "ranks": ranks, "B": B, "T": T,
+              "command": ("NCCL_MULTI_RANK_GPU_ENABLE=1 " if ranks > 1 else "") + " ".join(cmd[1:]) + (f" -pn {ranks} -pr R -pi fs -pf DIR" if ranks > 1 else "")}
+    env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
+    with tempfile.TemporaryDirectory(prefix="llm8_bench_ranks_") as fs_dir:
+        rank_cmds = [cmd + (["-pn", str(ranks), "-pr", str(r), "-pi", "fs", "-pf", fs_dir] if ranks > 1 else []) for r in range(ranks)]
+        print("running:", record["command"], flush=True)
+        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env) for c in rank_cmds]
+        outputs = [p.communicate() for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        errors = [err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}" for p, (_, err) in zip(procs, outputs) if p.returncode != 0]
+        return dict(record, error="; ".join(errors))
+    steps_parsed, _ = parse_run(outputs[0][0])
+    timed = [s for s in steps_parsed if s["step"] > WARMUP_STEPS]
+    if not timed:
+        return dict(record, error="no step lines parsed")
+    record.update({"ms_per_step": statistics.median(s["ms"] for s in timed), "tok_per_s": statistics.median(s["tok_s"] for s in timed),
+                   "traffic_bytes": parse_traffic(outputs[0][0])})
+    return record
+
+
+def ranks_markdown(records):
+    """the multi-GPU section: payload per collective and the 2-rank overhead, bf16 vs FP8"""
+    out = ["## Multi-GPU: 2 ranks on one GPU vs 1 rank\n",
+           f"{RANKS_MODEL}, global batch {RANKS_B} x T, ZeRO-1. Payload = what the first step handed NCCL, by collective "
+           "(the trainer's `comm |` line). Overhead = ms/step with 2 ranks / ms/step with 1 rank.\n",
+           "| precision | ranks | ms/step | tok/s | overhead | gradient reduce MB | amax all-reduce MB | FP8 weight gather MB | bf16 weight gather MB |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    one_rank = {r["precision"]: r for r in records if r.get("ranks") == 1 and "error" not in r}
+    for r in records:
+        if "error" in r:
+            out.append(f"| {r['precision']} | {r['ranks']} | error: {r['error']} | | | | | | |")
+            continue
+        base = one_rank.get(r["precision"])
+        overhead = f"{r['ms_per_step'] / base['ms_per_step']:.3f}x" if base and r["ranks"] > 1 else ""
+        t = r.get("traffic_bytes", {})
+        cells = [f"{t[k] / 1e6:.3f}" if k in t else "" for k in
+                 ("gradient reduce", "FP8 weight amax all-reduce", "FP8 weight gather", "bf16 weight gather")]
+        out.append(f"| {r['precision']} | {r['ranks']} | {r['ms_per_step']:.2f} | {r['tok_per_s']:.0f} | {overhead} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
 
 
 def parse_gemm_json(text):
@@ -244,7 +308,7 @@ def main():
         configs = [c for c in configs if c[0] in wanted] or [(m, 16, 1) for m in sorted(wanted)]
     steps = args.steps or (12 if args.quick else 30)
     T = 1024
-    max_tokens = max(B * T for _, B, _ in configs) * (steps + 2)
+    max_tokens = max([B * T for _, B, _ in configs] + [RANKS_B * T]) * (steps + 2)
     data_dir = os.path.join(ROOT, "build", "bench_data")
     os.makedirs(data_dir, exist_ok=True)
     data_path = os.path.join(data_dir, "bench_train_000000.bin")
@@ -274,6 +338,15 @@ def main():
             rec.update({"device": device, "commit": commit, "date": date})
         records += gemm_records
 
+    ranks_records = []
+    for precision in (("bf16", "fp8") if any(model == RANKS_MODEL for model, _, _ in configs) else ()):
+        for ranks in (1, 2):
+            rec = run_ranks(ranks, precision, steps, data_path, T)
+            rec.update({"benchmark": "ranks", "device": device, "commit": commit, "date": date})
+            ranks_records.append(rec)
+            print(json.dumps(rec), flush=True)
+    records += ranks_records
+
     os.makedirs(args.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
     base = os.path.join(args.out, f"{date}-{slug}{'-quick' if args.quick else ''}")
@@ -296,6 +369,8 @@ def main():
                     f"{r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
         if gemm_section:
             f.write(f"\n{gemm_section}")
+        if ranks_records:
+            f.write("\n" + ranks_markdown(ranks_records))
         for r in records:
             if r.get("kernel_breakdown"):
                 f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} B={r['B']}: per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
