@@ -189,7 +189,8 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     a->scratch_bt4c = (floatX*)cuda_malloc_checked(BT * 4 * C * sizeof(floatX), "scratch (B*T*4C)");
     a->dresidual = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "residual gradient");
     // the widest bias: fc; lm_head has none, but its FP8 dy pass sums columns all the same
-    int widest_dout = fp8_model_linear(&model->fp8, -1, LINEAR_LM_HEAD) >= 0 && Vp > 4 * C ? (int)Vp : 4 * (int)C;
+    int lm_head_casts_dy = fp8_model_casts_dy(&model->fp8, fp8_model_linear(&model->fp8, -1, LINEAR_LM_HEAD));
+    int widest_dout = lm_head_casts_dy && Vp > 4 * C ? (int)Vp : 4 * (int)C;
     size_t scratch_floats = matmul_dbias_scratch_floats((int)BT, widest_dout);
     size_t ln_scratch = layernorm_backward_scratch_bytes((int)BT, (int)C) / sizeof(float) + 1;
     if (ln_scratch > scratch_floats) { scratch_floats = ln_scratch; }
@@ -274,9 +275,12 @@ static void gpt2_linear_forward(GPT2* model, int layer, int kind, floatX* out, c
 /*
 The backward of one linear: dinp = dout weight (overwritten), dweight += dout^T inp,
 dbias += column sums of dout. pre_gelu != NULL: dout is the gradient of GELU's output and is
-first multiplied in place by gelu'(pre_gelu) (fc, whose output went through GELU). In FP8
-that happens in the pass that casts dout (matmul_backward_fp8_dout), and the GEMMs read the
-codes the forward and the weight cast wrote; inp and weight are then not read.
+first multiplied in place by gelu'(pre_gelu) (fc, whose output went through GELU). dgrad and
+wgrad are FP8 or bf16 each on its own (-f8p). With either in FP8, the pass that casts dout
+(matmul_backward_fp8_dout) also applies GELU's derivative in place and sums the bias, and
+writes the codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad); the FP8 GEMMs read those
+and the codes of the forward's and the weight's casts, and a bf16 GEMM of the other pass
+reads dout as that pass left it (multiplied), with inp or weight.
 */
 static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp, floatX* dweight, floatX* dbias,
                                  floatX* dout, const floatX* inp, const floatX* weight, const floatX* pre_gelu,
@@ -285,11 +289,16 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
     int i = fp8_model_linear(fp8, layer, kind);
     int BT = model->B * model->T, K, OC;
     gpt2_linear_shape(model, kind, &K, &OC);
-    if (fp8_model_runs(fp8, i, FP8_DGRAD)) {  // dgrad and wgrad are FP8 together (fp8_recipe.h)
+    bool dgrad_fp8 = fp8_model_runs(fp8, i, FP8_DGRAD), wgrad_fp8 = fp8_model_runs(fp8, i, FP8_WGRAD);
+    if (dgrad_fp8 || wgrad_fp8) {
         Fp8CastOutput dy = fp8_model_dy(fp8, i), x = fp8_model_x(fp8, i), w = fp8_model_w(fp8, i);
         matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, stream);
-        matmul_backward_fp8(dinp, dweight, CUDA_R_16BF, fp8_operand(&dy, false), fp8_operand(&dy, true),
-                            fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC, stream);
+        matmul_backward_fp8(dgrad_fp8 ? dinp : NULL, wgrad_fp8 ? dweight : NULL, CUDA_R_16BF, fp8_operand(&dy, false),
+                            fp8_operand(&dy, true), fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC, stream);
+        if (!dgrad_fp8 || !wgrad_fp8) {  // the bias is summed already
+            matmul_backward(dgrad_fp8 ? NULL : dinp, wgrad_fp8 ? NULL : dweight, NULL, dout, inp, weight, NULL, BT, K, OC,
+                            NULL, stream);
+        }
     } else {
         if (pre_gelu != NULL) { gelu_backward_inplace(dout, pre_gelu, BT * OC, stream); profiler_mark("gelu bwd"); }
         matmul_backward(dinp, dweight, dbias, dout, inp, weight, model->acts.scratch_f, BT, K, OC, NULL, stream);
@@ -297,7 +306,8 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
 }
 
 // whether linear (layer, kind) reads the bf16 copy of its input in `pass` (FP8_FWD: the
-// forward GEMM, FP8_WGRAD: the backward's)
+// forward GEMM, FP8_WGRAD: the weight gradient's; dgrad never reads the input), which it
+// does unless that pass of that linear runs in FP8
 static int gpt2_reads_bf16_input(const GPT2* model, int layer, int kind, Fp8Pass pass) {
     return !fp8_model_runs(&model->fp8, fp8_model_linear(&model->fp8, layer, kind), pass);
 }
@@ -310,9 +320,9 @@ static int gpt2_stores_bf16_input(const GPT2* model, int layer, int kind) {
 /*
 The layernorm in front of linear (layer, kind) (layer -1: lnf before lm_head): normalizes
 inp1, or with inp2 the residual sum residual_out = inp1 + inp2, into normed_out, and casts
-the result to FP8 when the linear takes FP8 input: in the layernorm kernel itself where the
-recipe casts in one pass (then normed_out is written only if some bf16 GEMM reads it), else
-with a cast after it.
+the result to FP8 when the linear takes FP8 input (an FP8 forward or wgrad): in the
+layernorm kernel itself where the recipe casts in one pass (then normed_out is written only
+if some bf16 GEMM reads it), else with a cast after it.
 */
 static void gpt2_layernorm_forward(GPT2* model, int layer, int kind, floatX* residual_out, floatX* normed_out, float* mean,
                                    float* rstd, const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias,
@@ -320,7 +330,8 @@ static void gpt2_layernorm_forward(GPT2* model, int layer, int kind, floatX* res
     const Fp8Model* fp8 = &model->fp8;
     int BT = model->B * model->T, C = model->config.channels;
     int i = fp8_model_linear(fp8, layer, kind);
-    if (i >= 0 && fp8_model_fused_cast(fp8)) {
+    bool cast = fp8_model_casts_x(fp8, i);
+    if (cast && fp8_model_fused_cast(fp8)) {
         Fp8CastOutput x = fp8_model_x(fp8, i);
         floatX* normed = gpt2_stores_bf16_input(model, layer, kind) ? normed_out : NULL;
         if (inp2 == NULL) { layernorm_forward_fp8(normed, mean, rstd, &x, inp1, weight, bias, BT, C, stream); }
@@ -329,7 +340,7 @@ static void gpt2_layernorm_forward(GPT2* model, int layer, int kind, floatX* res
     }
     if (inp2 == NULL) { layernorm_forward(normed_out, mean, rstd, inp1, weight, bias, BT, C, stream); }
     else { fused_residual_layernorm_forward(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, BT, C, stream); }
-    if (i >= 0) { fp8_model_cast_activation(fp8, i, normed_out, stream); }
+    if (cast) { fp8_model_cast_activation(fp8, i, normed_out, stream); }
 }
 
 // ----------------------------------------------------------------------------
@@ -379,14 +390,17 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
         attention_forward(l_atty, l_stats, l_qkv, B, T, NH, C, stream);
         profiler_mark("attention fwd");
         int attproj = fp8_model_linear(fp8, l, LINEAR_ATTPROJ);
-        if (attproj >= 0) { fp8_model_cast_activation(fp8, attproj, l_atty, stream); profiler_mark("fp8 cast attention out"); }
+        if (fp8_model_casts_x(fp8, attproj)) {
+            fp8_model_cast_activation(fp8, attproj, l_atty, stream);
+            profiler_mark("fp8 cast attention out");
+        }
         gpt2_linear_forward(model, l, LINEAR_ATTPROJ, a->scratch_btc, l_atty, layer_tensor(model, p, PARAM_ATTPROJW, l), layer_tensor(model, p, PARAM_ATTPROJB, l), NULL, stream);
         profiler_mark("matmul attproj fwd");
         gpt2_layernorm_forward(model, l, LINEAR_FC, l_residual2, l_ln2, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT,
                                residual, a->scratch_btc, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), stream);
         profiler_mark("residual+layernorm fwd");
         int fcproj = fp8_model_linear(fp8, l, LINEAR_FCPROJ);
-        if (fcproj >= 0) {  // GELU is the element transform of fcproj's input cast
+        if (fp8_model_casts_x(fp8, fcproj)) {  // GELU is the element transform of fcproj's input cast
             gpt2_linear_forward(model, l, LINEAR_FC, l_fch, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
             profiler_mark("matmul fc fwd");
             fp8_model_gelu_forward(fp8, fcproj, gpt2_stores_bf16_input(model, l, LINEAR_FCPROJ) ? l_fch_gelu : NULL, l_fch, stream);
@@ -1010,11 +1024,10 @@ int main(int argc, char** argv) {
                (z->reduce_fp32 ? 4.0 : 2.0) * z->layout.num_parameters / 1e6, tc.grad_reduce, fp32_scratch);
     }
     if (fp8_settings.enabled) {
-        char linears[128], passes[64];
-        fp8_names_from_bits(linears, sizeof(linears), fp8_settings.linears, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);
-        fp8_names_from_bits(passes, sizeof(passes), fp8_settings.passes, FP8_PASS_NAMES, NUM_FP8_PASSES);
-        printf("fp8 | recipe %s (history %d, margin %d) | linears %s | passes %s | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
-               FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe], fp8_settings.history_len, fp8_settings.margin, linears, passes,
+        char passes[256];
+        fp8_passes_text(passes, sizeof(passes), fp8_settings.passes);
+        printf("fp8 | recipe %s (history %d, margin %d) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+               FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe], fp8_settings.history_len, fp8_settings.margin, passes,
                model.fp8.num_linears, model.fp8.bytes / 1048576.0,
                model.fp8.numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
     }

@@ -9,14 +9,19 @@ Why it is shaped so:
   module whether a linear runs in FP8 (fp8_model_linear) and for the Fp8CastOutput of each
   operand, and call the kernels' FP8 launchers with it. Everything FP8 owns lives in one
   struct and one device allocation, so its size is one number printed at startup.
-- Tensors: an FP8 linear is one of qkv, attproj, fc, fcproj in each layer (those -f8
-  lists) and lm_head; linear i has three per-tensor states, ordered as whole groups
-  [0, n) activations x, [n, 2n) output gradients dy, [2n, 3n) weights W, so the delayed
-  update of all activations is one kernel over the first group.
-- Buffers, per DESIGN.md section 3: x codes [BT][K] are a scratch read at once by the
-  forward GEMM; x^T [K][BT] is kept per linear until its wgrad; dy and dy^T are scratch,
-  reused linear after linear; W [OC][K] and W^T [K][OC] are kept per linear, cast once per
-  optimizer step. The block recipe adds the tile scales of each (fp8_block_scale_floats).
+- Tensors: an FP8 linear is one of qkv, attproj, fc, fcproj in each layer and lm_head,
+  with at least one pass in FP8 (Fp8Settings.passes[kind], from -f8 and -f8p); linear i has
+  three per-tensor states, ordered as whole groups [0, n) activations x, [n, 2n) output
+  gradients dy, [2n, 3n) weights W, so the delayed update of all activations is one kernel
+  over the first group (a state whose tensor is never cast, e.g. x of a linear with only
+  dgrad in FP8, then records amax 0 and is never read).
+- Buffers, per DESIGN.md section 3, each only where a pass of its linear reads it: x codes
+  [BT][K] (FP8 forward) are a scratch read at once by the forward GEMM; x^T [K][BT] (FP8
+  wgrad) is kept per linear until its wgrad; dy (FP8 dgrad) and dy^T (FP8 wgrad) are
+  scratch, reused linear after linear; W [OC][K] (FP8 forward) and W^T [K][OC] (FP8 dgrad)
+  are kept per linear, cast once per optimizer step. The block recipe adds the tile scales
+  of each (fp8_block_scale_floats). So x is cast for an FP8 forward or wgrad, dy for an FP8
+  dgrad or wgrad, W for an FP8 forward or dgrad (fp8_model_casts_x / _dy / _w).
 - Activation scaling (doc/fp8-numerics.md, the cast protocol): a delayed activation that
   was never updated takes the current path once (first-step seeding); afterwards its
   producer casts in one pass and fp8_model_end_forward folds every activation's amax into
@@ -71,12 +76,12 @@ typedef struct {
     Fp8CastRecord* records;              // device, beside the states
     Fp8TensorScaling* saved_states;      // the snapshot of fp8_model_begin_eval
     Fp8CastRecord* saved_records;
-    int x_seeded;                        // every activation state has been updated (host mirror)
+    int x_seeded;                        // every state of a cast activation has been updated (host mirror)
     int saved_x_seeded;
-    uint8_t* x_codes;                    // [BT][widest K] scratch
+    uint8_t* x_codes;                    // [BT][widest K of an FP8 forward] scratch
     float* x_scale_inv;
-    uint8_t* dy_codes;                   // [BT][widest OC] scratch
-    uint8_t* dy_codes_t;                 // [widest OC][BT] scratch
+    uint8_t* dy_codes;                   // [BT][widest OC of an FP8 dgrad] scratch
+    uint8_t* dy_codes_t;                 // [widest OC of an FP8 wgrad][BT] scratch
     float* dy_scale_inv;
     float* dy_scale_inv_t;
     void* memory;                        // one allocation holds every buffer above
@@ -86,7 +91,7 @@ typedef struct {
 
 // what a state file records about the FP8 settings, so a resume with other settings is refused
 typedef struct {
-    int32_t recipe, linears, passes, history_len, margin, num_linears;
+    int32_t recipe, passes[NUM_LINEAR_KINDS], history_len, margin, num_linears;
 } Fp8SavedSettings;
 
 #define FP8_STATE_SECTIONS 3
@@ -108,7 +113,7 @@ Host-only, before any CUDA work: every FP8 linear's shape against cuBLASLt FP8's
 void fp8_model_check_shapes(const Fp8Settings* s, const GPT2Config* cfg, int BT) {
     if (!s->enabled) { return; }
     for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
-        if (!(s->linears & (1 << kind))) { continue; }
+        if (s->passes[kind] == 0) { continue; }
         int K, OC;
         fp8_linear_shape((LinearKind)kind, cfg->channels, cfg->padded_vocab_size, &K, &OC);
         matmul_fp8_check_shapes(LINEAR_KIND_NAMES[kind], BT, K, OC, s->recipe == FP8_MODEL_BLOCK);
@@ -125,7 +130,22 @@ static inline int fp8_model_linear(const Fp8Model* fp8, int layer, int kind) {
 
 // whether linear i (from fp8_model_linear) runs `pass` in FP8
 static inline bool fp8_model_runs(const Fp8Model* fp8, int i, Fp8Pass pass) {
-    return i >= 0 && (fp8->settings.passes & pass) != 0;
+    return i >= 0 && (fp8->settings.passes[fp8->linears[i].kind] & pass) != 0;
+}
+
+// whether linear i's input x is cast (for an FP8 forward or an FP8 wgrad)
+static inline bool fp8_model_casts_x(const Fp8Model* fp8, int i) {
+    return fp8_model_runs(fp8, i, FP8_FWD) || fp8_model_runs(fp8, i, FP8_WGRAD);
+}
+
+// whether linear i's output gradient dy is cast (for an FP8 dgrad or an FP8 wgrad)
+static inline bool fp8_model_casts_dy(const Fp8Model* fp8, int i) {
+    return fp8_model_runs(fp8, i, FP8_DGRAD) || fp8_model_runs(fp8, i, FP8_WGRAD);
+}
+
+// whether linear i's weight W is cast (for an FP8 forward or an FP8 dgrad)
+static inline bool fp8_model_casts_w(const Fp8Model* fp8, int i) {
+    return fp8_model_runs(fp8, i, FP8_FWD) || fp8_model_runs(fp8, i, FP8_DGRAD);
 }
 
 static inline bool fp8_model_block(const Fp8Model* fp8) { return fp8->settings.recipe == FP8_MODEL_BLOCK; }
@@ -145,18 +165,20 @@ static inline Fp8CastOutput fp8_model_x(const Fp8Model* fp8, int i) {
     return out;
 }
 
-// the cast of linear i's output gradient: E5M2 per tensor (E4M3 1x128 tiles in the block recipe)
+// the cast of linear i's output gradient: E5M2 per tensor (E4M3 1x128 tiles in the block
+// recipe); codes for an FP8 dgrad, dy^T for an FP8 wgrad
 static inline Fp8CastOutput fp8_model_dy(const Fp8Model* fp8, int i) {
     Fp8CastOutput out = {};
     bool block = fp8_model_block(fp8);
+    bool dgrad = fp8_model_runs(fp8, i, FP8_DGRAD), wgrad = fp8_model_runs(fp8, i, FP8_WGRAD);
     out.format = block ? FP8_E4M3 : FP8_E5M2;
     out.scaling = block ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
-    out.codes = fp8->dy_codes;
-    out.codes_t = fp8->dy_codes_t;
+    out.codes = dgrad ? fp8->dy_codes : NULL;
+    out.codes_t = wgrad ? fp8->dy_codes_t : NULL;
     out.state = &fp8->states[fp8->num_linears + i];
     out.record = &fp8->records[fp8->num_linears + i];
-    out.scale_inv = fp8->dy_scale_inv;
-    out.scale_inv_t = fp8->dy_scale_inv_t;
+    out.scale_inv = dgrad ? fp8->dy_scale_inv : NULL;
+    out.scale_inv_t = wgrad ? fp8->dy_scale_inv_t : NULL;
     return out;
 }
 
@@ -186,13 +208,14 @@ static void* fp8_model_carve(char* base, size_t* offset, size_t bytes) {
     return base == NULL ? NULL : (void*)(base + at);
 }
 
-// lays every buffer out from base (NULL: only sizes it); returns the bytes
+// lays every buffer out from base (NULL: only sizes it); returns the bytes. Each buffer is
+// there only where a pass of its linear reads it (the top comment); the scratches are as
+// wide as the widest linear that uses them.
 static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     size_t offset = 0;
     int states = 3 * fp8->num_linears;
     bool block = fp8_model_block(fp8);
-    bool forward = (fp8->settings.passes & FP8_FWD) != 0, backward = (fp8->settings.passes & FP8_WGRAD) != 0;
-    int widest_k = 0, widest_oc = 0;
+    int forward_k = 0, dgrad_oc = 0, wgrad_oc = 0;
     size_t bt = (size_t)fp8->BT;
     fp8->states = (Fp8TensorScaling*)fp8_model_carve(base, &offset, states * sizeof(Fp8TensorScaling));
     fp8->records = (Fp8CastRecord*)fp8_model_carve(base, &offset, states * sizeof(Fp8CastRecord));
@@ -201,24 +224,27 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     for (int i = 0; i < fp8->num_linears; i++) {
         Fp8Linear* lin = &fp8->linears[i];
         size_t K = (size_t)lin->K, OC = (size_t)lin->OC;
-        if (lin->K > widest_k) { widest_k = lin->K; }
-        if (lin->OC > widest_oc) { widest_oc = lin->OC; }
-        lin->x_codes_t = (uint8_t*)fp8_model_carve(base, &offset, backward ? K * bt : 0);
+        bool forward = fp8_model_runs(fp8, i, FP8_FWD), dgrad = fp8_model_runs(fp8, i, FP8_DGRAD);
+        bool wgrad = fp8_model_runs(fp8, i, FP8_WGRAD);
+        if (forward && lin->K > forward_k) { forward_k = lin->K; }
+        if (dgrad && lin->OC > dgrad_oc) { dgrad_oc = lin->OC; }
+        if (wgrad && lin->OC > wgrad_oc) { wgrad_oc = lin->OC; }
+        lin->x_codes_t = (uint8_t*)fp8_model_carve(base, &offset, wgrad ? K * bt : 0);
         lin->w_codes = (uint8_t*)fp8_model_carve(base, &offset, forward ? OC * K : 0);
-        lin->w_codes_t = (uint8_t*)fp8_model_carve(base, &offset, backward ? K * OC : 0);
-        size_t x_t_scales = backward ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, lin->K, fp8->BT) : 0;
+        lin->w_codes_t = (uint8_t*)fp8_model_carve(base, &offset, dgrad ? K * OC : 0);
+        size_t x_t_scales = wgrad ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, lin->K, fp8->BT) : 0;
         size_t w_scales = forward ? fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->OC, lin->K) : 0;
-        size_t w_t_scales = backward ? fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->K, lin->OC) : 0;
+        size_t w_t_scales = dgrad ? fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->K, lin->OC) : 0;
         lin->x_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? x_t_scales * sizeof(float) : 0);
         lin->w_scale_inv = (float*)fp8_model_carve(base, &offset, block ? w_scales * sizeof(float) : 0);
         lin->w_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? w_t_scales * sizeof(float) : 0);
     }
-    fp8->x_codes = (uint8_t*)fp8_model_carve(base, &offset, forward ? bt * widest_k : 0);
-    fp8->dy_codes = (uint8_t*)fp8_model_carve(base, &offset, backward ? bt * widest_oc : 0);
-    fp8->dy_codes_t = (uint8_t*)fp8_model_carve(base, &offset, backward ? bt * widest_oc : 0);
-    size_t x_scales = forward ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, fp8->BT, widest_k) : 0;
-    size_t dy_scales = backward ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, fp8->BT, widest_oc) : 0;
-    size_t dy_t_scales = backward ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, widest_oc, fp8->BT) : 0;
+    fp8->x_codes = (uint8_t*)fp8_model_carve(base, &offset, bt * forward_k);
+    fp8->dy_codes = (uint8_t*)fp8_model_carve(base, &offset, bt * dgrad_oc);
+    fp8->dy_codes_t = (uint8_t*)fp8_model_carve(base, &offset, bt * wgrad_oc);
+    size_t x_scales = forward_k > 0 ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, fp8->BT, forward_k) : 0;
+    size_t dy_scales = dgrad_oc > 0 ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, fp8->BT, dgrad_oc) : 0;
+    size_t dy_t_scales = wgrad_oc > 0 ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, wgrad_oc, fp8->BT) : 0;
     fp8->x_scale_inv = (float*)fp8_model_carve(base, &offset, block ? x_scales * sizeof(float) : 0);
     fp8->dy_scale_inv = (float*)fp8_model_carve(base, &offset, block ? dy_scales * sizeof(float) : 0);
     fp8->dy_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? dy_t_scales * sizeof(float) : 0);
@@ -251,10 +277,10 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
     if (!settings->enabled) { return; }
     const int weight_tensor[LINEAR_KINDS_PER_LAYER] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
-        if (settings->linears & (1 << kind)) { fp8->rank_in_layer[kind] = fp8->per_layer++; }
+        if (settings->passes[kind] != 0) { fp8->rank_in_layer[kind] = fp8->per_layer++; }
     }
     int L = cfg->num_layers;
-    int lm_head = (settings->linears & (1 << LINEAR_LM_HEAD)) != 0;
+    int lm_head = settings->passes[LINEAR_LM_HEAD] != 0;
     fp8->num_linears = L * fp8->per_layer + lm_head;
     fp8->linears = (Fp8Linear*)mallocCheck((size_t)(fp8->num_linears > 0 ? fp8->num_linears : 1) * sizeof(Fp8Linear));
     for (int l = 0; l < L; l++) {
@@ -340,25 +366,32 @@ void fp8_model_end_forward(Fp8Model* fp8, cudaStream_t stream) {
 }
 
 /*
-Every FP8 weight (and its transpose) from the fp32 master when there is one (all of it: one
-GPU), else the bf16 weights: once at the start, after loading a checkpoint, and after each
-optimizer step. amax_known: the optimizer pass has written each weight's amax into its
+FP8 linear i's weight W (for an FP8 forward) and W^T (for an FP8 dgrad), from the fp32
+master when master != NULL (all of it: one GPU), else from the bf16 weights; nothing when
+neither pass is FP8. amax_known: the optimizer pass has written the weight's amax into its
 record (fp8_model_weight_amax_slot), so the per-tensor cast skips its amax pass.
 */
+void fp8_model_cast_weight(const Fp8Model* fp8, int i, const float* master, const floatX* params, bool amax_known,
+                           cudaStream_t stream) {
+    if (!fp8_model_casts_w(fp8, i)) { return; }
+    const Fp8Linear* lin = &fp8->linears[i];
+    Fp8CastOutput w = fp8_model_w(fp8, i);
+    fp8_cast_weight(&w, master != NULL ? master + lin->weight_offset : NULL,
+                    master != NULL ? NULL : params + lin->weight_offset, lin->OC, lin->K, amax_known, stream);
+}
+
+// every FP8 weight as fp8_model_cast_weight casts it: once at the start, after loading a
+// checkpoint, and after each optimizer step
 void fp8_model_cast_weights(const Fp8Model* fp8, const float* master, const floatX* params, bool amax_known,
                             cudaStream_t stream) {
-    for (int i = 0; i < fp8->num_linears; i++) {
-        const Fp8Linear* lin = &fp8->linears[i];
-        Fp8CastOutput w = fp8_model_w(fp8, i);
-        fp8_cast_weight(&w, master != NULL ? master + lin->weight_offset : NULL,
-                        master != NULL ? NULL : params + lin->weight_offset, lin->OC, lin->K, amax_known, stream);
-    }
+    for (int i = 0; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, master, params, amax_known, stream); }
 }
 
 // where the optimizer pass puts FP8 linear i's new weight amax for the per-tensor weight cast
-// (NULL: i is -1, or the block recipe, whose cast finds every 128x128 block's amax itself)
+// (NULL: i is -1, W is not cast (no FP8 forward or dgrad), or the block recipe, whose cast
+// finds every 128x128 block's amax itself)
 static inline unsigned int* fp8_model_weight_amax_slot(const Fp8Model* fp8, int i) {
-    if (i < 0 || fp8_model_block(fp8)) { return NULL; }
+    if (!fp8_model_casts_w(fp8, i) || fp8_model_block(fp8)) { return NULL; }
     return &fp8->records[2 * fp8->num_linears + i].amax_bits;
 }
 
@@ -391,8 +424,13 @@ typedef struct {
 } Fp8HostState;
 
 static Fp8SavedSettings fp8_model_saved_settings(const Fp8Model* fp8) {
-    Fp8SavedSettings s = {fp8->settings.recipe, fp8->settings.linears, fp8->settings.passes,
-                          fp8->settings.history_len, fp8->settings.margin, fp8->num_linears};
+    Fp8SavedSettings s;
+    memset(&s, 0, sizeof(s));
+    s.recipe = fp8->settings.recipe;
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { s.passes[kind] = fp8->settings.passes[kind]; }
+    s.history_len = fp8->settings.history_len;
+    s.margin = fp8->settings.margin;
+    s.num_linears = fp8->num_linears;
     return s;
 }
 
@@ -442,17 +480,22 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
     Fp8SavedSettings want = fp8_model_saved_settings(fp8);
     const Fp8SavedSettings* got = &host->settings;
     if (memcmp(got, &want, sizeof(want)) != 0) {
-        llm8_die("state file '%s' was written with fp8 recipe %d, linears 0x%x, passes 0x%x, history %d, margin %d "
-                 "(%d linears); this run has %d, 0x%x, 0x%x, %d, %d (%d): resume with the same -fr -f8 -f8p -fh -fm",
-                 path, got->recipe, got->linears, got->passes, got->history_len, got->margin, got->num_linears,
-                 want.recipe, want.linears, want.passes, want.history_len, want.margin, want.num_linears);
+        int got_passes[NUM_LINEAR_KINDS], want_passes[NUM_LINEAR_KINDS];
+        for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { got_passes[kind] = got->passes[kind]; want_passes[kind] = want.passes[kind]; }
+        char got_text[256], want_text[256];
+        fp8_passes_text(got_text, sizeof(got_text), got_passes);
+        fp8_passes_text(want_text, sizeof(want_text), want_passes);
+        llm8_die("state file '%s' was written with fp8 recipe %d, passes %s, history %d, margin %d (%d linears); this "
+                 "run has %d, %s, %d, %d (%d): resume with the same -fr -f8 -f8p -fh -fm", path, got->recipe, got_text,
+                 got->history_len, got->margin, got->num_linears, want.recipe, want_text, want.history_len, want.margin,
+                 want.num_linears);
     }
     cudaCheck(cudaMemcpyAsync(fp8->states, host->states, n * sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaMemcpyAsync(fp8->records, host->records, n * sizeof(Fp8CastRecord), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaStreamSynchronize(stream));  // host is the caller's to free
     fp8->x_seeded = 1;
-    for (int i = 0; i < fp8->num_linears; i++) {
-        if (fp8_scaling_updates_seen(&host->states[i]) == 0) { fp8->x_seeded = 0; }
+    for (int i = 0; i < fp8->num_linears; i++) {  // an x that is never cast says nothing
+        if (fp8_model_casts_x(fp8, i) && fp8_scaling_updates_seen(&host->states[i]) == 0) { fp8->x_seeded = 0; }
     }
 }
 

@@ -1,7 +1,7 @@
 /*
 fp8_recipe.h: what a -p fp8 run quantizes and how: the scaling recipe, the amax history and
-margin, which linears and which of their GEMMs run in FP8, and the numerics-log interval;
-the linears' and passes' names, and parsing the comma lists the flags take.
+margin, which GEMMs of which linears run in FP8, and the numerics-log interval; the linears'
+and passes' names, and parsing the comma lists the flags take.
 
 Why it is shaped so:
 - It is host-only C with no CUDA type, so the command line (train_config.h, shared with the
@@ -10,9 +10,12 @@ Why it is shaped so:
 - The bits follow the CPU reference's FP8 emulation (test/gpt2_ref.h: linear kinds
   qkv=0 .. lm_head=4, passes forward=1, dgrad=2, wgrad=4), so a test maps one onto the other
   by value; the names differ from the reference's only because both are included together.
-- dgrad and wgrad go together: both read the one cast of dy (E5M2 codes and their
-  transpose, DESIGN.md section 3), and the bf16 matmul_backward runs both GEMMs at once, so
-  a split would waste a bf16 GEMM. So the valid pass sets are fwd, dgrad+wgrad, and all.
+- Passes are chosen per linear kind (Fp8Settings.passes[kind]), so a user can find where FP8
+  pays and where it does not: -f8 lists the linears that may run in FP8, and -f8p the passes,
+  each item a pass for every one of them (fwd), a pass of one linear (fc.wgrad), or all.
+  dgrad and wgrad are independent: both read a cast of dy (E5M2 codes for dgrad, their
+  transpose for wgrad, DESIGN.md section 3), but the one fused pass over dy writes only the
+  codes an FP8 GEMM reads, and the bf16 GEMM of the other pass reads dy as stored in bf16.
 */
 #ifndef LLMC_FP8_RECIPE_H
 #define LLMC_FP8_RECIPE_H
@@ -33,15 +36,46 @@ static const char* const FP8_PASS_NAMES[NUM_FP8_PASSES] = {"fwd", "dgrad", "wgra
 typedef enum { FP8_MODEL_DELAYED, FP8_MODEL_CURRENT, FP8_MODEL_BLOCK } Fp8ModelRecipe;
 static const char* const FP8_MODEL_RECIPE_NAMES[3] = {"delayed", "current", "block"};
 
+#define FP8_ALL_PASSES (FP8_FWD | FP8_DGRAD | FP8_WGRAD)
+
 typedef struct {
-    int enabled;        // -p fp8
-    int recipe;         // Fp8ModelRecipe
-    int history_len;    // delayed activations: amax history length, 1..1024
-    int margin;         // scales divided by 2^margin, 0..16 (per-tensor recipes)
-    int linears;        // (1 << LinearKind) bits
-    int passes;         // Fp8Pass bits
-    int numerics_every; // numerics log interval in steps (0 = never)
+    int enabled;                  // -p fp8
+    int recipe;                   // Fp8ModelRecipe
+    int history_len;              // delayed activations: amax history length, 1..1024
+    int margin;                   // scales divided by 2^margin, 0..16 (per-tensor recipes)
+    int passes[NUM_LINEAR_KINDS]; // per LinearKind its Fp8Pass bits; 0: that linear runs in bf16
+    int numerics_every;           // numerics log interval in steps (0 = never)
 } Fp8Settings;
+
+// "qkv,attproj,fc,fcproj" from bits (for the startup line and the errors)
+static inline void fp8_names_from_bits(char* out, size_t n, int bits, const char* const* names, int count) {
+    out[0] = '\0';
+    for (int i = 0; i < count; i++) {
+        if (!(bits & (1 << i))) { continue; }
+        if (out[0] != '\0') { strncat(out, ",", n - strlen(out) - 1); }
+        strncat(out, names[i], n - strlen(out) - 1);
+    }
+}
+
+// "qkv=fwd,dgrad,wgrad fc=fwd": each FP8 linear's passes (for the startup line and the errors)
+static inline void fp8_passes_text(char* out, size_t n, const int passes[NUM_LINEAR_KINDS]) {
+    out[0] = '\0';
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+        if (passes[kind] == 0) { continue; }
+        char names[64];
+        fp8_names_from_bits(names, sizeof(names), passes[kind], FP8_PASS_NAMES, NUM_FP8_PASSES);
+        snprintf(out + strlen(out), n - strlen(out), "%s%s=%s", out[0] != '\0' ? " " : "", LINEAR_KIND_NAMES[kind], names);
+    }
+    if (out[0] == '\0') { snprintf(out, n, "none"); }
+}
+
+// the index of the name text[0..length) in names[0..count), or -1
+static inline int fp8_find_name(const char* text, size_t length, const char* const* names, int count) {
+    for (int i = 0; i < count; i++) {
+        if (strlen(names[i]) == length && strncmp(names[i], text, length) == 0) { return i; }
+    }
+    return -1;
+}
 
 /*
 Parses a comma list of names (each an index into names[0..count)) into bits, dying with one
@@ -55,16 +89,10 @@ static inline int fp8_parse_name_list(const char* flag, const char* text, const 
     while (1) {
         const char* end = strchr(p, ',');
         size_t length = end ? (size_t)(end - p) : strlen(p);
-        int found = -1;
-        for (int i = 0; i < count; i++) {
-            if (strlen(names[i]) == length && strncmp(names[i], p, length) == 0) { found = i; }
-        }
+        int found = fp8_find_name(p, length, names, count);
         if (found < 0) {
-            char expected[256] = "";
-            for (int i = 0; i < count; i++) {
-                strncat(expected, names[i], sizeof(expected) - strlen(expected) - 1);
-                strncat(expected, i + 1 < count ? "," : "", sizeof(expected) - strlen(expected) - 1);
-            }
+            char expected[256];
+            fp8_names_from_bits(expected, sizeof(expected), (1 << count) - 1, names, count);
             llm8_die("flag %s: '%.*s' in '%s' is not one of %s (a comma list, or all)", flag, (int)length, p, text, expected);
         }
         if (bits & (1 << found)) { llm8_die("flag %s: '%s' is listed twice in '%s'", flag, names[found], text); }
@@ -79,13 +107,79 @@ static inline int fp8_parse_linears(const char* flag, const char* text) {
     return fp8_parse_name_list(flag, text, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);
 }
 
-static inline int fp8_parse_passes(const char* flag, const char* text) {
-    int passes = fp8_parse_name_list(flag, text, FP8_PASS_NAMES, NUM_FP8_PASSES);
-    if (((passes & FP8_DGRAD) != 0) != ((passes & FP8_WGRAD) != 0)) {
-        llm8_die("flag %s '%s': dgrad and wgrad run in FP8 together (they share the one cast of dy); "
-                 "use fwd, dgrad,wgrad or fwd,dgrad,wgrad", flag, text);
+// whether the item p[0..length) of the comma list `text` is also an earlier item of it
+static inline int fp8_item_listed_before(const char* text, const char* p, size_t length) {
+    for (const char* q = text; q < p;) {
+        const char* end = strchr(q, ',');
+        if ((size_t)(end - q) == length && strncmp(q, p, length) == 0) { return 1; }
+        q = end + 1;  // q < p: an item follows, so there is a comma
     }
-    return passes;
+    return 0;
+}
+
+// one -f8p item p[0..length) of `text` (see fp8_parse_passes): its Fp8Pass bits, with *kind
+// the linear it is for, -1 for every linear of -f8 (bits `linears`)
+static inline int fp8_parse_pass_item(const char* flag, const char* text, const char* p, int length, int linears, int* kind) {
+    *kind = -1;
+    if (length == 3 && strncmp(p, "all", 3) == 0) { return FP8_ALL_PASSES; }
+    char pass_names[64];
+    fp8_names_from_bits(pass_names, sizeof(pass_names), FP8_ALL_PASSES, FP8_PASS_NAMES, NUM_FP8_PASSES);
+    const char* dot = (const char*)memchr(p, '.', (size_t)length);
+    if (dot == NULL) {
+        int pass = fp8_find_name(p, (size_t)length, FP8_PASS_NAMES, NUM_FP8_PASSES);
+        if (pass < 0) {
+            llm8_die("flag %s: '%.*s' in '%s' is not a pass (one of %s), a <linear>.<pass> (e.g. fc.wgrad) or all",
+                     flag, length, p, text, pass_names);
+        }
+        return 1 << pass;
+    }
+    int linear_length = (int)(dot - p), pass_length = length - linear_length - 1;
+    *kind = fp8_find_name(p, (size_t)linear_length, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);
+    if (*kind < 0) {
+        char linear_names[128];
+        fp8_names_from_bits(linear_names, sizeof(linear_names), (1 << NUM_LINEAR_KINDS) - 1, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);
+        llm8_die("flag %s: '%.*s' in '%s': '%.*s' is not a linear (one of %s)", flag, length, p, text, linear_length, p,
+                 linear_names);
+    }
+    if (!(linears & (1 << *kind))) {
+        char f8[128];
+        fp8_names_from_bits(f8, sizeof(f8), linears, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);
+        llm8_die("flag %s: '%.*s' in '%s' is for %s, which -f8 does not list (-f8 %s): add it to -f8, or drop the item",
+                 flag, length, p, text, LINEAR_KIND_NAMES[*kind], f8);
+    }
+    int pass = fp8_find_name(dot + 1, (size_t)pass_length, FP8_PASS_NAMES, NUM_FP8_PASSES);
+    if (pass < 0) {
+        llm8_die("flag %s: '%.*s' in '%s': '%.*s' is not a pass (one of %s)", flag, length, p, text, pass_length, dot + 1,
+                 pass_names);
+    }
+    return 1 << pass;
+}
+
+/*
+Parses the -f8p list into passes[kind], for the linears `linears` (-f8's bits). Each item is
+a pass name (that pass for every linear in `linears`), <linear>.<pass> (that pass of that
+linear only, e.g. fc.wgrad), or all (every pass of every linear in `linears`); passes[kind]
+is the union of what the items give that linear, 0 when none reaches it (it runs in bf16).
+Dies with one line naming the flag on an empty or unknown item, an item listed twice, or
+a <linear>.<pass> whose linear -f8 does not list.
+*/
+static inline void fp8_parse_passes(const char* flag, const char* text, int linears, int passes[NUM_LINEAR_KINDS]) {
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { passes[kind] = 0; }
+    const char* p = text;
+    while (1) {
+        const char* end = strchr(p, ',');
+        int length = (int)(end ? (size_t)(end - p) : strlen(p));
+        int kind;
+        int pass_bits = fp8_parse_pass_item(flag, text, p, length, linears, &kind);
+        if (fp8_item_listed_before(text, p, (size_t)length)) {
+            llm8_die("flag %s: '%.*s' is listed twice in '%s'", flag, length, p, text);
+        }
+        for (int k = 0; k < NUM_LINEAR_KINDS; k++) {
+            if ((linears & (1 << k)) && (kind < 0 || k == kind)) { passes[k] |= pass_bits; }
+        }
+        if (end == NULL) { break; }
+        p = end + 1;
+    }
 }
 
 static inline int fp8_model_recipe_from_name(const char* name) {
@@ -99,16 +193,6 @@ static inline int fp8_model_recipe_from_name(const char* name) {
 // the per-tensor state recipe of activations (dy and W are always current)
 static inline Fp8Recipe fp8_activation_recipe(const Fp8Settings* s) {
     return s->recipe == FP8_MODEL_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
-}
-
-// "qkv,attproj,fc,fcproj" from bits (for the startup line)
-static inline void fp8_names_from_bits(char* out, size_t n, int bits, const char* const* names, int count) {
-    out[0] = '\0';
-    for (int i = 0; i < count; i++) {
-        if (!(bits & (1 << i))) { continue; }
-        if (out[0] != '\0') { strncat(out, ",", n - strlen(out) - 1); }
-        strncat(out, names[i], n - strlen(out) - 1);
-    }
 }
 
 #endif // LLMC_FP8_RECIPE_H

@@ -35,7 +35,9 @@ CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / _BLK128x128_32F). D stays bf16 (CUDA 1
 D scale or amax pointer with a bf16 D, so no amax comes out of a GEMM); wgrad accumulates
 with beta = 1 into the bf16 gradient or an fp32 buffer. Fast accumulation only in the
 per-tensor forward. The dgrad of fcproj through GELU and the bias gradient move into the
-pass that casts dy (matmul_backward_fp8_dout), which reads dy anyway for its amax.
+pass that casts dy (matmul_backward_fp8_dout), which reads dy anyway for its amax. dgrad and
+wgrad are FP8 or bf16 each on its own: the cast writes only the codes an FP8 GEMM reads,
+and matmul_backward runs the bf16 one alone (NULL for the other's output).
 */
 #ifndef LLMC_MATMUL_CUH
 #define LLMC_MATMUL_CUH
@@ -395,16 +397,9 @@ void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const 
     matmul_cublaslt(&spec, stream);
 }
 
-/*
-dinp[N][C] = dout[N][OC] weight[OC][C]          (overwritten; times gelu'(pre_gelu) when given,
-                                                  pre_gelu [N][C] being this matmul's input before GELU)
-dweight[OC][C] += dout^T inp[N][C]              (accumulated)
-dbias[OC] += column sums of dout                (accumulated, when dbias is not NULL;
-                                                  dbias_scratch holds matmul_dbias_scratch_floats(N, OC))
-*/
-void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
-                     const floatX* weight, float* dbias_scratch, int N, int C, int OC,
-                     const floatX* pre_gelu, cudaStream_t stream) {
+// dinp[N][C] = dout[N][OC] weight[OC][C] (overwritten), times gelu'(pre_gelu) when given
+static void matmul_backward_dgrad(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC,
+                                  const floatX* pre_gelu, cudaStream_t stream) {
     MatmulSpec dgrad = {};
     dgrad.name = "backward dinp (m=C, n=N, k=OC)";
     dgrad.m = C; dgrad.n = N; dgrad.k = OC;
@@ -418,7 +413,11 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX*
         if ((size_t)N * C > (size_t)INT_MAX) { llm8_die("matmul backward: N*C = %zu elements is too many for the GELU backward", (size_t)N * C); }
         gelu_backward_inplace(dinp, pre_gelu, N * C, stream);
     }
+}
 
+// dweight[OC][C] += dout[N][OC]^T inp[N][C] (accumulated)
+static void matmul_backward_wgrad(floatX* dweight, const floatX* dout, const floatX* inp, int N, int C, int OC,
+                                  cudaStream_t stream) {
     MatmulSpec wgrad = {};
     wgrad.name = "backward dweight (m=C, n=OC, k=N)";
     wgrad.m = C; wgrad.n = OC; wgrad.k = N;
@@ -428,7 +427,23 @@ void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX*
     wgrad.accumulate = true;
     wgrad.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     matmul_cublaslt(&wgrad, stream);
+}
 
+/*
+dinp[N][C] = dout[N][OC] weight[OC][C]          (overwritten; times gelu'(pre_gelu) when given,
+                                                  pre_gelu [N][C] being this matmul's input before GELU;
+                                                  dinp NULL: no dgrad)
+dweight[OC][C] += dout^T inp[N][C]              (accumulated; dweight NULL: no wgrad)
+dbias[OC] += column sums of dout                (accumulated, when dbias is not NULL;
+                                                  dbias_scratch holds matmul_dbias_scratch_floats(N, OC))
+A linear whose other GEMM runs in FP8 passes NULL for that one's output (and for dbias: the
+FP8 pass over dout sums the bias), so every GEMM and the bias run exactly once.
+*/
+void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+                     const floatX* weight, float* dbias_scratch, int N, int C, int OC,
+                     const floatX* pre_gelu, cudaStream_t stream) {
+    if (dinp != NULL) { matmul_backward_dgrad(dinp, dout, weight, N, C, OC, pre_gelu, stream); }
+    if (dweight != NULL) { matmul_backward_wgrad(dweight, dout, inp, N, C, OC, stream); }
     if (dbias != NULL) {  // dout is only read: no pre_gelu, no record
         matmul_dbias_launch(dbias, dbias_scratch, const_cast<floatX*>(dout), NULL, NULL, N, OC, stream);
     }
@@ -562,11 +577,13 @@ The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs
 1. (pre_gelu != NULL) dout *= gelu'(pre_gelu) in place: fc's dout is fcproj's dgrad output;
    dbias partial sums in fixed order (as matmul_backward), and for per-tensor (current)
    scaling the amax, with one atomicMax per block: one read of dout (and pre_gelu),
-   plus the in-place write when GELU's derivative is applied;
+   plus the in-place write when GELU's derivative is applied (so a bf16 GEMM of the other
+   pass, when only one of dgrad and wgrad is FP8, reads the multiplied dout afterwards);
 2. (per tensor) the state update: the scale from this amax (fp8_scaling_update_records);
-3. the cast to fp8 (E5M2 per tensor; E4M3 1x128 tiles in the block recipe) and its
-   transpose: the second read of dout, one byte written per element for each of dout and
-   dout^T; then the bias sums finish (dbias += , when dbias != NULL).
+3. the cast to fp8 (E5M2 per tensor; E4M3 1x128 tiles in the block recipe): the codes for
+   an FP8 dgrad (fp8->codes) and the transpose for an FP8 wgrad (fp8->codes_t), either one
+   NULL when its GEMM runs in bf16: the second read of dout, one byte written per element
+   for each code array; then the bias sums finish (dbias += , when dbias != NULL).
 Bytes per element: 2 (read) [+ 2 read + 2 written for GELU] + 2 (read) + 2 (written),
 against the bf16 path's 2 for the bias alone; current scaling cannot cast before the amax
 is known, and cuBLASLt cannot give the amax of a bf16 D (CUDA 13 refuses an amax pointer

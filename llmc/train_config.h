@@ -37,7 +37,7 @@ typedef struct {
     const char* attention;        // cudnn | fallback
     const char* fp8_recipe;       // delayed | current | block
     const char* fp8_linears;      // comma list of LINEAR_KIND_NAMES, or all
-    const char* fp8_passes;       // comma list of FP8_PASS_NAMES, or all
+    const char* fp8_passes;       // comma list of FP8_PASS_NAMES, <linear>.<pass> items, or all (fp8_parse_passes)
     const char* optimizer;        // adamw | adamw8
     const char* adamw8_states;    // which tensors keep 8-bit states: default | all | none (quant8.h)
     int fp8_history;
@@ -102,8 +102,8 @@ static const FlagSpec TRAIN_FLAGS[] = {
      "fp8 scaling: delayed (activations from an amax history; gradients, weights current), current, or block (1x128/128x128 tiles, C a multiple of 128)"},
     {"-fh", FLAG_INT, TC_OFF(fp8_history), 1, FP8_AMAX_HISTORY_MAX, NULL, "fp8 delayed recipe: amax history length in steps"},
     {"-fm", FLAG_INT, TC_OFF(fp8_margin), 0, FP8_MARGIN_MAX, NULL, "fp8 scale margin: per-tensor scales are divided by 2^margin"},
-    {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8, a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
-    {"-f8p", FLAG_STRING, TC_OFF(fp8_passes), 0, 0, NULL, "fp8: GEMM passes in FP8: fwd, dgrad,wgrad, or fwd,dgrad,wgrad (all); the rest stay bf16"},
+    {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8 (in the passes -f8p gives them), a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
+    {"-f8p", FLAG_STRING, TC_OFF(fp8_passes), 0, 0, NULL, "fp8: GEMM passes in FP8, a comma list of fwd,dgrad,wgrad (for every -f8 linear), <linear>.<pass> (e.g. fc.wgrad: that linear only), or all; the union runs in FP8, the rest in bf16"},
     {"-fn", FLAG_INT, TC_OFF(fp8_numerics_every), 0, INT_MAX_FLAG, NULL, "fp8: numerics log (numerics.jsonl in -o) every N steps (0 = never)"},
     {"-opt", FLAG_CHOICE, TC_OFF(optimizer), 0, 0, "adamw adamw8",
      "optimizer: AdamW with fp32 m and v, or adamw8 with 8-bit m and v (doc/adamw8.md); a checkpoint of either resumes under both"},
@@ -251,8 +251,7 @@ static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
     s.recipe = fp8_model_recipe_from_name(c->fp8_recipe);
     s.history_len = c->fp8_history;
     s.margin = c->fp8_margin;
-    s.linears = fp8_parse_linears("-f8", c->fp8_linears);
-    s.passes = fp8_parse_passes("-f8p", c->fp8_passes);
+    fp8_parse_passes("-f8p", c->fp8_passes, fp8_parse_linears("-f8", c->fp8_linears), s.passes);
     s.numerics_every = c->fp8_numerics_every;
     return s;
 }

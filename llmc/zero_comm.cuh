@@ -17,9 +17,10 @@ Why it is shaped so:
   so it still overlaps the backward), reduced in fp32 and rounded to bf16 once, on the
   owner, into its gradients: twice the bytes, and the sum of N ranks no longer collects N
   bf16 roundings. The scratch holds the largest chunk (wte, wpe, lnf), printed at startup.
-- Weights after the update, per-tensor FP8 recipes with every GEMM of the block linears in
-  FP8 (-f8p all): the optimizer pass has put each rank's amax of its part of every FP8
-  weight into the weight's cast record; one all-reduce(MAX) of those amaxes gives every
+- Weights after the update, per-tensor FP8 recipes where every FP8 block linear runs all
+  three GEMMs in FP8 (-f8p all, the default; lm_head's passes do not count): the optimizer
+  pass has put each rank's amax of its part of every FP8 weight into the weight's cast
+  record; one all-reduce(MAX) of those amaxes gives every
   rank the single-GPU amax (max is exact and order free), the scale follows on the device,
   each rank casts its part (fp8_cast_weight_part), one NCCL group of ncclBroadcast from
   each piece's owner gathers the codes (1 byte per weight instead of 2), and each rank
@@ -74,12 +75,17 @@ typedef struct {
     uint64_t traffic[ZERO_TRAFFIC_KINDS]; // payload bytes of the collectives issued so far, by kind
 } ZeroComm;
 
-// the per-tensor recipes with FP8 in every pass gather the block linears' weights as FP8;
+// the per-tensor recipes gather the block linears' weights as FP8 when every FP8 block linear
+// runs all three passes in FP8 (so no bf16 GEMM reads its weight, and both W and W^T exist);
 // otherwise some bf16 GEMM reads the bf16 weight, or (block recipe) the scales are per
-// 128x128 block and the weights go in bf16, each rank casting locally
+// 128x128 block, and the weights go in bf16, each rank casting locally. lm_head is cast
+// from the gathered bf16 wte either way, so its passes do not count.
 static inline int zero_comm_fp8_gather(const Fp8Model* fp8) {
     const Fp8Settings* s = &fp8->settings;
-    int all_passes = (s->passes & (FP8_FWD | FP8_DGRAD | FP8_WGRAD)) == (FP8_FWD | FP8_DGRAD | FP8_WGRAD);
+    int all_passes = 1;
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+        if (s->passes[kind] != 0 && s->passes[kind] != FP8_ALL_PASSES) { all_passes = 0; }
+    }
     return fp8->num_linears > 0 && fp8->per_layer > 0 && all_passes && s->recipe != FP8_MODEL_BLOCK;
 }
 
@@ -360,11 +366,7 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
         const Fp8Linear* lin = &fp8->linears[i];
         fp8_transpose_codes(lin->w_codes, lin->w_codes_t, lin->OC, lin->K, stream);
     }
-    for (int i = block_linears; i < fp8->num_linears; i++) {
-        const Fp8Linear* lin = &fp8->linears[i];
-        Fp8CastOutput w = fp8_model_w(fp8, i);
-        fp8_cast_weight(&w, NULL, params + lin->weight_offset, lin->OC, lin->K, false, stream);
-    }
+    for (int i = block_linears; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
 }
 
 // the same with no optimizer pass before it (at the start, after a resume): each rank finds

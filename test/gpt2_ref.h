@@ -339,24 +339,24 @@ Scales, per recipe:
 Each per-tensor state is updated once per cast, in the order fp8_scaling.h prescribes,
 and the scale a cast used is kept, so the backward reuses the forward's Q(x) and Q(W)
 exactly. Each operand keeps the statistics of its last cast (amax, scale, fractions
-saturated and flushed) for cross-checking the GPU's numerics log.
+saturated and flushed) for cross-checking the GPU's numerics log. Passes are chosen per
+linear kind (Fp8Emulation.passes[kind], as -f8p does on the GPU), each of the three on its
+own: a GEMM not in FP8 reads its operands unquantized, and an operand no FP8 GEMM reads is
+never cast (its state stays untouched).
 */
 
 enum { FP8_PASS_FORWARD = 1, FP8_PASS_DGRAD = 2, FP8_PASS_WGRAD = 4, FP8_PASS_ALL = 7 };
 enum { FP8_LINEAR_QKV, FP8_LINEAR_ATTPROJ, FP8_LINEAR_FC, FP8_LINEAR_FCPROJ, FP8_LINEAR_LM_HEAD, FP8_NUM_LINEAR_KINDS };
-#define FP8_LINEARS_BLOCKS ((1 << FP8_LINEAR_QKV) | (1 << FP8_LINEAR_ATTPROJ) | (1 << FP8_LINEAR_FC) | (1 << FP8_LINEAR_FCPROJ))
-#define FP8_LINEARS_ALL (FP8_LINEARS_BLOCKS | (1 << FP8_LINEAR_LM_HEAD))
 static const char* const FP8_LINEAR_NAMES[FP8_NUM_LINEAR_KINDS] = {"qkv", "attproj", "fc", "fcproj", "lm_head"};
 
 typedef enum { FP8_EMULATE_DELAYED, FP8_EMULATE_CURRENT, FP8_EMULATE_BLOCK } Fp8EmulationRecipe;
 #define FP8_BLOCK_TILE 128
 
 typedef struct {
-    int recipe;       // Fp8EmulationRecipe: DELAYED / CURRENT say how x is scaled; BLOCK tiles everything
-    int passes;       // FP8_PASS_* bits
-    int linears;      // (1 << FP8_LINEAR_*) bits
-    int history_len;  // delayed amax history, 1..1024
-    int margin;       // delayed and current scales are divided by 2^margin
+    int recipe;                        // Fp8EmulationRecipe: DELAYED / CURRENT say how x is scaled; BLOCK tiles everything
+    int passes[FP8_NUM_LINEAR_KINDS];  // per FP8_LINEAR_* kind its FP8_PASS_* bits; 0: that linear runs in fp32
+    int history_len;                   // delayed amax history, 1..1024
+    int margin;                        // delayed and current scales are divided by 2^margin
 } Fp8Emulation;
 
 // the default FP8 recipe: delayed activations, current gradients and weights, all three
@@ -364,21 +364,19 @@ typedef struct {
 static inline Fp8Emulation fp8_emulation_default(void) {
     Fp8Emulation e;
     e.recipe = FP8_EMULATE_DELAYED;
-    e.passes = FP8_PASS_ALL;
-    e.linears = FP8_LINEARS_BLOCKS;
+    for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) { e.passes[kind] = kind == FP8_LINEAR_LM_HEAD ? 0 : FP8_PASS_ALL; }
     e.history_len = FP8_AMAX_HISTORY_DEFAULT;
     e.margin = 0;
     return e;
 }
 
-// the emulation of what a trainer's FP8 flags select (llmc/fp8_recipe.h's pass and linear
-// bits are the emulation's own)
+// the emulation of what a trainer's FP8 flags select (llmc/fp8_recipe.h's pass bits and
+// linear kinds are the emulation's own)
 static inline Fp8Emulation fp8_emulation_from_settings(const Fp8Settings* s) {
     Fp8Emulation e = fp8_emulation_default();
     e.recipe = s->recipe == FP8_MODEL_DELAYED ? FP8_EMULATE_DELAYED
              : s->recipe == FP8_MODEL_CURRENT ? FP8_EMULATE_CURRENT : FP8_EMULATE_BLOCK;
-    e.passes = s->passes;
-    e.linears = s->linears;
+    for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) { e.passes[kind] = s->passes[kind]; }
     e.history_len = s->history_len;
     e.margin = s->margin;
     return e;
@@ -388,8 +386,11 @@ static inline void fp8_emulation_validate(const Fp8Emulation* e) {
     if (e->recipe < FP8_EMULATE_DELAYED || e->recipe > FP8_EMULATE_BLOCK) {
         llm8_die("fp8 emulation: recipe %d is unknown (expected delayed, current or block)", e->recipe);
     }
-    if (e->passes & ~FP8_PASS_ALL) { llm8_die("fp8 emulation: passes 0x%x has unknown bits (expected within 0x7)", e->passes); }
-    if (e->linears & ~FP8_LINEARS_ALL) { llm8_die("fp8 emulation: linears 0x%x has unknown bits (expected within 0x1f)", e->linears); }
+    for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) {
+        if (e->passes[kind] & ~FP8_PASS_ALL) {
+            llm8_die("fp8 emulation: %s passes 0x%x has unknown bits (expected within 0x7)", FP8_LINEAR_NAMES[kind], e->passes[kind]);
+        }
+    }
     const char* error = fp8_scaling_config_error(e->history_len, e->margin);
     if (error != NULL) { llm8_die("fp8 emulation: history %d, margin %d: %s", e->history_len, e->margin, error); }
 }
@@ -401,13 +402,16 @@ static const char* const FP8_OPERAND_NAMES[FP8_NUM_OPERANDS] = {"x", "w", "dy"};
 typedef struct { float scale; float scale_inv; } Fp8ScalePair;
 
 typedef struct {
+    int passes;                                 // this linear's FP8_PASS_* bits (Fp8Emulation.passes[kind])
     Fp8TensorScaling scaling[FP8_NUM_OPERANDS]; // per-tensor recipes (unused by BLOCK)
     Fp8CastStats stats[FP8_NUM_OPERANDS];       // of each operand's last cast
     Fp8ScalePair forward_used[FP8_NUM_OPERANDS]; // x and W as the forward cast them
 } Fp8LinearState;
 
-static inline void fp8_linear_state_init(Fp8LinearState* q, const Fp8Emulation* e) {
+// the state of a linear of kind `kind` (FP8_LINEAR_*) under e
+static inline void fp8_linear_state_init(Fp8LinearState* q, const Fp8Emulation* e, int kind) {
     memset(q, 0, sizeof(*q));
+    q->passes = e->passes[kind];
     Fp8Recipe x_recipe = e->recipe == FP8_EMULATE_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
     fp8_scaling_init(&q->scaling[FP8_OPERAND_X], x_recipe, FP8_E4M3, e->history_len, e->margin);
     fp8_scaling_init(&q->scaling[FP8_OPERAND_W], FP8_RECIPE_CURRENT, FP8_E4M3, e->history_len, e->margin);
@@ -479,11 +483,11 @@ static inline void ref_fp8_cast_tiles(float* out, const float* x, int rows, int 
 
 /*
 The FP8 forward of one linear: out[N][OC] = Q(inp) . Q(weight)^T + bias. q is the
-linear's state; with q NULL, or the forward pass not in e->passes, it is ref_matmul_forward.
+linear's state; with q NULL, or the forward pass not in q->passes, it is ref_matmul_forward.
 */
 static inline void ref_fp8_linear_forward(Fp8LinearState* q, const Fp8Emulation* e, float* out, const float* inp,
                                           const float* weight, const float* bias, int N, int C, int OC) {
-    if (q == NULL || !(e->passes & FP8_PASS_FORWARD)) {
+    if (q == NULL || !(q->passes & FP8_PASS_FORWARD)) {
         ref_matmul_forward(out, inp, weight, bias, N, C, OC);
         return;
     }
@@ -505,9 +509,8 @@ static inline void ref_fp8_linear_forward(Fp8LinearState* q, const Fp8Emulation*
 
 // Q(x) or Q(W) for a backward GEMM: the forward's cast when the forward ran in FP8
 // (same scale pair, so the same values), else a cast of its own (per-tensor recipes)
-static inline void ref_fp8_recast_operand(float* out, const float* x, size_t n, Fp8LinearState* q,
-                                          const Fp8Emulation* e, int operand) {
-    if (e->passes & FP8_PASS_FORWARD) {
+static inline void ref_fp8_recast_operand(float* out, const float* x, size_t n, Fp8LinearState* q, int operand) {
+    if (q->passes & FP8_PASS_FORWARD) {
         ref_fp8_qdq(out, x, n, q->forward_used[operand], FP8_E4M3, NULL);
     } else {
         q->forward_used[operand] = ref_fp8_cast_tensor(out, x, n, &q->scaling[operand], FP8_E4M3, &q->stats[operand]);
@@ -517,14 +520,14 @@ static inline void ref_fp8_recast_operand(float* out, const float* x, size_t n, 
 /*
 The FP8 backward of one linear (call after its ref_fp8_linear_forward on the same inp and
 weight): dinp += Q(dout) . Q(weight), dweight += Q(dout)^T . Q(inp), dbias += column sums
-of dout, each GEMM in FP8 when its pass is in e->passes. Like ref_matmul_backward, every
+of dout, each GEMM in FP8 when its pass is in q->passes. Like ref_matmul_backward, every
 output is added to; dbias may be NULL.
 */
 static inline void ref_fp8_linear_backward(Fp8LinearState* q, const Fp8Emulation* e, float* dinp, float* dweight,
                                            float* dbias, const float* dout, const float* inp, const float* weight,
                                            int N, int C, int OC) {
-    int dgrad_fp8 = q != NULL && (e->passes & FP8_PASS_DGRAD);
-    int wgrad_fp8 = q != NULL && (e->passes & FP8_PASS_WGRAD);
+    int dgrad_fp8 = q != NULL && (q->passes & FP8_PASS_DGRAD);
+    int wgrad_fp8 = q != NULL && (q->passes & FP8_PASS_WGRAD);
     if (!dgrad_fp8 && !wgrad_fp8) {
         ref_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
         return;
@@ -541,9 +544,9 @@ static inline void ref_fp8_linear_backward(Fp8LinearState* q, const Fp8Emulation
             ref_fp8_cast_tiles(dout_q, dout, N, OC, 1, FP8_BLOCK_TILE, &q->stats[FP8_OPERAND_DY]);
             Fp8CastStats weight_stats;  // the forward's blocks again; its statistics are the forward's
             ref_fp8_cast_tiles(operand_q, weight, OC, C, FP8_BLOCK_TILE, FP8_BLOCK_TILE,
-                               (e->passes & FP8_PASS_FORWARD) ? &weight_stats : &q->stats[FP8_OPERAND_W]);
+                               (q->passes & FP8_PASS_FORWARD) ? &weight_stats : &q->stats[FP8_OPERAND_W]);
         } else {
-            ref_fp8_recast_operand(operand_q, weight, (size_t)OC * C, q, e, FP8_OPERAND_W);
+            ref_fp8_recast_operand(operand_q, weight, (size_t)OC * C, q, FP8_OPERAND_W);
         }
         ref_matmul_backward_dgrad(dinp, dout_q, operand_q, N, C, OC);
     } else {
@@ -554,9 +557,9 @@ static inline void ref_fp8_linear_backward(Fp8LinearState* q, const Fp8Emulation
             Fp8CastStats transposed_stats;
             ref_fp8_cast_tiles(dout_q, dout, N, OC, FP8_BLOCK_TILE, 1, dgrad_fp8 ? &transposed_stats : &q->stats[FP8_OPERAND_DY]);
             ref_fp8_cast_tiles(operand_q, inp, N, C, FP8_BLOCK_TILE, 1,
-                               (e->passes & FP8_PASS_FORWARD) ? &transposed_stats : &q->stats[FP8_OPERAND_X]);
+                               (q->passes & FP8_PASS_FORWARD) ? &transposed_stats : &q->stats[FP8_OPERAND_X]);
         } else {
-            ref_fp8_recast_operand(operand_q, inp, (size_t)N * C, q, e, FP8_OPERAND_X);
+            ref_fp8_recast_operand(operand_q, inp, (size_t)N * C, q, FP8_OPERAND_X);
         }
         ref_matmul_backward_wgrad(dweight, dout_q, operand_q, N, C, OC);
     } else {
@@ -724,12 +727,14 @@ static inline void gpt2ref_set_fp8_emulation(GPT2Ref* model, const Fp8Emulation*
     model->fp8_config = *config;
     int count = 4 * model->config.num_layers + 1;
     model->fp8_linears = (Fp8LinearState*)mallocCheck((size_t)count * sizeof(Fp8LinearState));
-    for (int i = 0; i < count; i++) { fp8_linear_state_init(&model->fp8_linears[i], config); }
+    for (int i = 0; i < count; i++) {
+        fp8_linear_state_init(&model->fp8_linears[i], config, i == count - 1 ? FP8_LINEAR_LM_HEAD : i % 4);
+    }
 }
 
 // the FP8 state of one linear (layer is ignored for lm_head); NULL when it runs in fp32
 static inline Fp8LinearState* gpt2ref_fp8_linear(GPT2Ref* model, int layer, int kind) {
-    if (model->fp8_linears == NULL || !(model->fp8_config.linears & (1 << kind))) { return NULL; }
+    if (model->fp8_linears == NULL || model->fp8_config.passes[kind] == 0) { return NULL; }
     int index = kind == FP8_LINEAR_LM_HEAD ? 4 * model->config.num_layers : 4 * layer + kind;
     return &model->fp8_linears[index];
 }

@@ -5,7 +5,10 @@ what the GPU's FP8 path is checked against, checked itself against fp32:
   current, block), SQNR vs fp32 (SQNR = 10 log10(sum ref^2 / sum (ref - got)^2));
 - the exact case: integer data whose amax makes every scale a power of two is exact in FP8,
   so the emulated GEMMs equal fp32 bit for bit (per-tensor and block recipes);
-- pass and linear selection: what is not selected is untouched fp32;
+- pass and linear selection: what is not selected is untouched fp32, for one linear and for
+  the whole model with each linear kind alone in FP8 under every set of passes (dgrad and
+  wgrad each on its own included);
+- the -f8 / -f8p flags: the per-linear passes they give, and each refusal;
 - the whole model: logits and every parameter gradient vs fp32, per recipe, lm_head too;
 - training: a tiny model, 200 AdamW steps in emulated FP8 (default recipe) vs fp32, on a
   fixed corpus with structure, final losses within 2%;
@@ -15,6 +18,7 @@ Thresholds and the measured values are in doc/fp8-numerics.md.
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 #include "test/gpt2_ref.h"
+#include "llmc/train_config.h"
 
 static const char* const RECIPE_NAMES[3] = {"delayed", "current", "block"};
 
@@ -41,11 +45,11 @@ static float* gaussian(size_t n, float std, mt19937_state* rng) {
     return p;
 }
 
-static Fp8Emulation emulation_with(int recipe, int passes, int linears) {
+// `recipe` with `passes` on every linear kind (lm_head too)
+static Fp8Emulation emulation_with(int recipe, int passes) {
     Fp8Emulation e = fp8_emulation_default();
     e.recipe = recipe;
-    e.passes = passes;
-    e.linears = linears;
+    for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) { e.passes[kind] = passes; }
     return e;
 }
 
@@ -62,7 +66,7 @@ static PassSqnr linear_sqnr(const Fp8Emulation* e, int N, int C, int OC, int ste
     mt19937_state rng;
     manual_seed(&rng, seed);
     Fp8LinearState q;
-    fp8_linear_state_init(&q, e);
+    fp8_linear_state_init(&q, e, FP8_LINEAR_FC);
     float* weight = gaussian((size_t)OC * C, 0.02f, &rng);
     float* bias = gaussian(OC, 0.02f, &rng);
     float *out[2], *dinp[2], *dweight[2], *dbias[2];
@@ -113,7 +117,7 @@ static PassSqnr linear_sqnr(const Fp8Emulation* e, int N, int C, int OC, int ste
 
 static void test_gemm_sqnr(void) {
     for (int recipe = 0; recipe < 3; recipe++) {
-        Fp8Emulation e = emulation_with(recipe, FP8_PASS_ALL, FP8_LINEARS_ALL);
+        Fp8Emulation e = emulation_with(recipe, FP8_PASS_ALL);
         // K = C = 320 and OC = 192 are not multiples of 128: the block recipe's short tiles
         const int shapes[2][3] = {{256, 384, 512}, {192, 320, 192}};
         for (int s = 0; s < 2; s++) {
@@ -179,7 +183,7 @@ static void test_exact_integers(void) {
     mt19937_state rng;
     manual_seed(&rng, 17);
     for (int recipe = 0; recipe < 3; recipe++) {
-        Fp8Emulation e = emulation_with(recipe, FP8_PASS_ALL, FP8_LINEARS_ALL);
+        Fp8Emulation e = emulation_with(recipe, FP8_PASS_ALL);
         int block = recipe == FP8_EMULATE_BLOCK;
         // block: E4M3 everywhere, amax 7 in every tile (scale 64); per tensor: amax 14 (E4M3, scale 32),
         // dy amax 7 (E5M2, scale 8192)
@@ -192,7 +196,7 @@ static void test_exact_integers(void) {
         float *out[2], *dinp[2], *dweight[2];
         for (int k = 0; k < 2; k++) { out[k] = zeros((size_t)N * OC); dinp[k] = zeros((size_t)N * C); dweight[k] = zeros((size_t)OC * C); }
         Fp8LinearState q;
-        fp8_linear_state_init(&q, &e);
+        fp8_linear_state_init(&q, &e, FP8_LINEAR_FC);
         ref_matmul_forward(out[0], inp, weight, NULL, N, C, OC);
         ref_matmul_backward(dinp[0], dweight[0], NULL, dout, inp, weight, N, C, OC);
         for (int use = 0; use < 2; use++) {  // the second use runs delayed on its history
@@ -244,10 +248,10 @@ static void test_quantization_points(void) {
     float *dy_q = zeros((size_t)N * OC), *dy_qt = zeros((size_t)N * OC);
     for (int recipe = 0; recipe < 3; recipe++) {
         for (int margin = 0; margin <= 1; margin++) {
-            Fp8Emulation e = emulation_with(recipe, FP8_PASS_ALL, FP8_LINEARS_ALL);
+            Fp8Emulation e = emulation_with(recipe, FP8_PASS_ALL);
             e.margin = margin;
             Fp8LinearState q;
-            fp8_linear_state_init(&q, &e);
+            fp8_linear_state_init(&q, &e, FP8_LINEAR_FC);
             float* out = zeros((size_t)N * OC);
             ref_fp8_linear_forward(&q, &e, out, inp_first, weight, NULL, N, C, OC);  // the first use seeds x
             float* dinp = zeros((size_t)N * C);
@@ -297,44 +301,8 @@ static void test_quantization_points(void) {
     free(x_q); free(x_qt); free(w_q); free(dy_q); free(dy_qt);
 }
 
-// what the config does not select stays fp32, bit for bit
-static void test_pass_selection(void) {
-    const int N = 64, C = 128, OC = 128;
-    mt19937_state rng;
-    manual_seed(&rng, 23);
-    float* inp = gaussian((size_t)N * C, 1.0f, &rng);
-    float* weight = gaussian((size_t)OC * C, 0.02f, &rng);
-    float* dout = gaussian((size_t)N * OC, 1e-3f, &rng);
-    float* ref_out = zeros((size_t)N * OC);
-    float* ref_dinp = zeros((size_t)N * C);
-    float* ref_dweight = zeros((size_t)OC * C);
-    ref_matmul_forward(ref_out, inp, weight, NULL, N, C, OC);
-    ref_matmul_backward(ref_dinp, ref_dweight, NULL, dout, inp, weight, N, C, OC);
-    for (int passes = 1; passes <= FP8_PASS_ALL; passes++) {
-        for (int recipe = 0; recipe < 3; recipe++) {
-            Fp8Emulation e = emulation_with(recipe, passes, FP8_LINEARS_ALL);
-            Fp8LinearState q;
-            fp8_linear_state_init(&q, &e);
-            float* out = zeros((size_t)N * OC);
-            float* dinp = zeros((size_t)N * C);
-            float* dweight = zeros((size_t)OC * C);
-            ref_fp8_linear_forward(&q, &e, out, inp, weight, NULL, N, C, OC);
-            ref_fp8_linear_backward(&q, &e, dinp, dweight, NULL, dout, inp, weight, N, C, OC);
-            int same[3] = {memcmp(out, ref_out, (size_t)N * OC * sizeof(float)) == 0,
-                           memcmp(dinp, ref_dinp, (size_t)N * C * sizeof(float)) == 0,
-                           memcmp(dweight, ref_dweight, (size_t)OC * C * sizeof(float)) == 0};
-            for (int p = 0; p < 3; p++) {
-                int in_fp8 = (passes >> p) & 1;
-                CHECK(same[p] != in_fp8, "%s passes 0x%x: pass %d is %s", RECIPE_NAMES[recipe], passes, p,
-                      in_fp8 ? "fp32 but should be FP8" : "changed but should be fp32");
-            }
-            free(out); free(dinp); free(dweight);
-        }
-    }
-    free(inp); free(weight); free(dout); free(ref_out); free(ref_dinp); free(ref_dweight);
-}
 // ----------------------------------------------------------------------------
-// the whole model
+// whole models
 
 static GPT2Ref* model_new(const GPT2Config* cfg, const Fp8Emulation* e) {
     float* params = (float*)mallocCheck(gpt2_num_parameters(cfg) * sizeof(float));
@@ -354,6 +322,136 @@ static void model_delete(GPT2Ref* model) {
 static void random_tokens(int* tokens, int n, int V, mt19937_state* rng) {
     for (int i = 0; i < n; i++) { tokens[i] = (int)(randint32(rng) % (uint32_t)V); }
 }
+
+// ----------------------------------------------------------------------------
+// pass selection: what the config does not select stays fp32, bit for bit
+
+// the weight tensor of linear `kind` (lm_head's is the tied wte)
+static int kind_weight_tensor(int kind) {
+    const int tensors[FP8_NUM_LINEAR_KINDS] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW, PARAM_WTE};
+    return tensors[kind];
+}
+
+// where a layer's tensor falls in that layer's backward (fcproj first, ln1 last); -1: not a
+// layer's tensor (wte, wpe, lnf)
+static int layer_backward_rank(int tensor) {
+    switch (tensor) {
+        case PARAM_FCPROJW: case PARAM_FCPROJB: return 0;
+        case PARAM_FCW: case PARAM_FCB: return 1;
+        case PARAM_LN2W: case PARAM_LN2B: return 2;
+        case PARAM_ATTPROJW: case PARAM_ATTPROJB: return 3;
+        case PARAM_QKVW: case PARAM_QKVB: return 4;
+        case PARAM_LN1W: case PARAM_LN1B: return 5;
+        default: return -1;
+    }
+}
+
+/*
+Whether the gradient of `tensor` (its slice of layer `layer` for a layer's tensor) stays the
+fp32 one bit for bit when only linear `kind` runs the backward `passes` (no forward) in FP8:
+an FP8 wgrad changes that linear's weight gradient alone; an FP8 dgrad changes every
+gradient the backward computes from that linear's dinp: in the top layer what comes after
+the linear, and everything below it (wte through the encoder, wpe, every lower layer), and
+with it the lower layers' weight gradients of the linear itself.
+*/
+static int gradient_unchanged(int kind, int passes, int tensor, int layer, int top_layer) {
+    int own_weight = tensor == kind_weight_tensor(kind);
+    if ((passes & FP8_PASS_WGRAD) && own_weight) { return 0; }
+    if (!(passes & FP8_PASS_DGRAD)) { return 1; }
+    if (kind == FP8_LINEAR_LM_HEAD) { return 0; }  // the first linear of the backward: everything follows it
+    if (tensor == PARAM_LNFW || tensor == PARAM_LNFB) { return 1; }
+    int rank = layer_backward_rank(tensor);
+    return rank >= 0 && layer == top_layer && rank <= layer_backward_rank(kind_weight_tensor(kind));
+}
+
+// one linear: each pass in FP8 exactly when selected
+static void check_linear_passes(int recipe, int passes, const float* inp, const float* weight, const float* dout,
+                                const float* ref_out, const float* ref_dinp, const float* ref_dweight, int N, int C, int OC) {
+    Fp8Emulation e = emulation_with(recipe, passes);
+    Fp8LinearState q;
+    fp8_linear_state_init(&q, &e, FP8_LINEAR_FC);
+    float* out = zeros((size_t)N * OC);
+    float* dinp = zeros((size_t)N * C);
+    float* dweight = zeros((size_t)OC * C);
+    ref_fp8_linear_forward(&q, &e, out, inp, weight, NULL, N, C, OC);
+    ref_fp8_linear_backward(&q, &e, dinp, dweight, NULL, dout, inp, weight, N, C, OC);
+    int same[3] = {memcmp(out, ref_out, (size_t)N * OC * sizeof(float)) == 0,
+                   memcmp(dinp, ref_dinp, (size_t)N * C * sizeof(float)) == 0,
+                   memcmp(dweight, ref_dweight, (size_t)OC * C * sizeof(float)) == 0};
+    for (int p = 0; p < 3; p++) {
+        int in_fp8 = (passes >> p) & 1;
+        CHECK(same[p] != in_fp8, "%s passes 0x%x: pass %d is %s", RECIPE_NAMES[recipe], passes, p,
+              in_fp8 ? "fp32 but should be FP8" : "changed but should be fp32");
+    }
+    CHECK((q.stats[FP8_OPERAND_X].elements == 0) == !(passes & (FP8_PASS_FORWARD | FP8_PASS_WGRAD)) &&
+          (q.stats[FP8_OPERAND_DY].elements == 0) == !(passes & (FP8_PASS_DGRAD | FP8_PASS_WGRAD)) &&
+          (q.stats[FP8_OPERAND_W].elements == 0) == !(passes & (FP8_PASS_FORWARD | FP8_PASS_DGRAD)),
+          "%s passes 0x%x: an operand is cast though no FP8 GEMM reads it, or not cast though one does",
+          RECIPE_NAMES[recipe], passes);
+    free(out); free(dinp); free(dweight);
+}
+
+// the whole model with linear `kind` alone in FP8: logits change with an FP8 forward only,
+// and with the backward passes alone each gradient as gradient_unchanged says
+static void check_model_passes(const GPT2Ref* fp32, const int* tokens, int B, int T, int recipe, int kind, int passes) {
+    Fp8Emulation e = emulation_with(recipe, 0);
+    e.passes[kind] = passes;
+    GPT2Ref* emu = model_new(&fp32->config, &e);
+    gpt2ref_forward(emu, tokens, tokens + 1, B, T);
+    gpt2ref_zero_grad(emu);
+    gpt2ref_backward(emu, 1);
+    const GPT2Config* cfg = &fp32->config;
+    int L = cfg->num_layers;
+    int forward = (passes & FP8_PASS_FORWARD) != 0;
+    int same_logits = memcmp(emu->acts.logits, fp32->acts.logits, (size_t)B * T * cfg->padded_vocab_size * sizeof(float)) == 0;
+    CHECK(same_logits != forward, "%s %s passes 0x%x: logits %s", RECIPE_NAMES[recipe], FP8_LINEAR_NAMES[kind], passes,
+          forward ? "are fp32 though the forward is FP8" : "changed though the forward is fp32");
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        int layers = layer_backward_rank(t) >= 0 ? L : 1;
+        size_t n = fp32->param_sizes[t] / layers;
+        for (int l = 0; l < layers; l++) {
+            int same = memcmp(emu->grad_tensors[t] + l * n, fp32->grad_tensors[t] + l * n, n * sizeof(float)) == 0;
+            int want_same = !forward && gradient_unchanged(kind, passes, t, layers > 1 ? l : -1, L - 1);
+            CHECK(same == want_same, "%s %s passes 0x%x: gradient of %s (slice %d) %s", RECIPE_NAMES[recipe],
+                  FP8_LINEAR_NAMES[kind], passes, PARAM_TENSOR_NAMES[t], l,
+                  want_same ? "changed but should be fp32" : "is fp32 but FP8 should reach it");
+        }
+    }
+    model_delete(emu);
+}
+
+static void test_pass_selection(void) {
+    const int N = 64, C = 128, OC = 128;
+    mt19937_state rng;
+    manual_seed(&rng, 23);
+    float* inp = gaussian((size_t)N * C, 1.0f, &rng);
+    float* weight = gaussian((size_t)OC * C, 0.02f, &rng);
+    float* dout = gaussian((size_t)N * OC, 1e-3f, &rng);
+    float* ref_out = zeros((size_t)N * OC);
+    float* ref_dinp = zeros((size_t)N * C);
+    float* ref_dweight = zeros((size_t)OC * C);
+    ref_matmul_forward(ref_out, inp, weight, NULL, N, C, OC);
+    ref_matmul_backward(ref_dinp, ref_dweight, NULL, dout, inp, weight, N, C, OC);
+    enum { B = 2, T = 16 };
+    GPT2Config cfg = gpt2_config_make(2, 2, 64, T, 128);  // two layers: dgrad reaches a lower one
+    GPT2Ref* fp32 = model_new(&cfg, NULL);
+    int tokens[B * T + 1];
+    random_tokens(tokens, B * T + 1, cfg.vocab_size, &rng);
+    gpt2ref_forward(fp32, tokens, tokens + 1, B, T);
+    gpt2ref_zero_grad(fp32);
+    gpt2ref_backward(fp32, 1);
+    for (int passes = 1; passes <= FP8_PASS_ALL; passes++) {
+        for (int recipe = 0; recipe < 3; recipe++) {
+            check_linear_passes(recipe, passes, inp, weight, dout, ref_out, ref_dinp, ref_dweight, N, C, OC);
+            for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) { check_model_passes(fp32, tokens, B, T, recipe, kind, passes); }
+        }
+    }
+    model_delete(fp32);
+    free(inp); free(weight); free(dout); free(ref_out); free(ref_dinp); free(ref_dweight);
+}
+
+// ----------------------------------------------------------------------------
+// the whole model's accuracy
 
 // the model of the SQNR checks, and the batches it sees: `warmup` forward+backward uses on
 // other batches first, so delayed scales come from a history, not from seeding
@@ -414,7 +512,7 @@ static void model_sqnr(GPT2Ref* ref, const Fp8Emulation* e, const char* what, do
               "%s: fc's states saw %d/%d updates, expected %d", what, fc->scaling[FP8_OPERAND_X].recorded,
               fc->scaling[FP8_OPERAND_DY].recorded, SQNR_WARMUP + 1);
     }
-    int lm_head_fp8 = (e->linears >> FP8_LINEAR_LM_HEAD) & 1;
+    int lm_head_fp8 = e->passes[FP8_LINEAR_LM_HEAD] != 0;
     CHECK((gpt2ref_fp8_linear(emu, 0, FP8_LINEAR_LM_HEAD) != NULL) == lm_head_fp8, "%s: lm_head selection", what);
     model_delete(emu);
 }
@@ -429,7 +527,7 @@ static void test_model_sqnr(void) {
     e.history_len = 4;
     model_sqnr(ref, &e, "delayed, margin 2", 14.0);
     for (int recipe = 0; recipe < 3; recipe++) {
-        e = emulation_with(recipe, FP8_PASS_ALL, FP8_LINEARS_ALL);
+        e = emulation_with(recipe, FP8_PASS_ALL);
         char what[64];
         snprintf(what, sizeof(what), "%s + lm_head", RECIPE_NAMES[recipe]);
         model_sqnr(ref, &e, what, recipe == FP8_EMULATE_BLOCK ? 20.0 : 14.0);
@@ -526,6 +624,66 @@ static void test_training(void) {
     free(corpus);
 }
 
+// ----------------------------------------------------------------------------
+// the flags: -f8 and -f8p into per-linear passes, and what the emulation makes of them
+
+static Fp8Settings settings_of(const char* linears, const char* passes) {
+    TrainConfig c = train_config_defaults();
+    c.precision = "fp8";
+    c.fp8_linears = linears;
+    c.fp8_passes = passes;
+    return train_config_fp8_settings(&c);
+}
+
+// passes[kind] for qkv, attproj, fc, fcproj, lm_head
+static void check_passes(const char* linears, const char* passes, const int want[FP8_NUM_LINEAR_KINDS]) {
+    Fp8Settings s = settings_of(linears, passes);
+    Fp8Emulation e = fp8_emulation_from_settings(&s);
+    for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) {
+        CHECK(s.passes[kind] == want[kind] && e.passes[kind] == want[kind], "-f8 %s -f8p %s: %s passes 0x%x (emulated 0x%x), "
+              "expected 0x%x", linears, passes, FP8_LINEAR_NAMES[kind], s.passes[kind], e.passes[kind], want[kind]);
+    }
+}
+
+static void test_pass_flags(void) {
+    enum { F = FP8_PASS_FORWARD, D = FP8_PASS_DGRAD, W = FP8_PASS_WGRAD, A = FP8_PASS_ALL };
+    TrainConfig defaults = train_config_defaults();
+    const int default_passes[FP8_NUM_LINEAR_KINDS] = {A, A, A, A, 0};
+    check_passes(defaults.fp8_linears, defaults.fp8_passes, default_passes);
+    const int mixed[FP8_NUM_LINEAR_KINDS] = {F, F, A, F, 0};
+    check_passes("qkv,attproj,fc,fcproj", "fwd,fc.dgrad,fc.wgrad", mixed);
+    const int dgrad_only[FP8_NUM_LINEAR_KINDS] = {D, D, D, D, 0};
+    check_passes("qkv,attproj,fc,fcproj", "dgrad", dgrad_only);
+    const int wgrad_only[FP8_NUM_LINEAR_KINDS] = {W, W, W, W, 0};
+    check_passes("qkv,attproj,fc,fcproj", "wgrad", wgrad_only);
+    const int everything[FP8_NUM_LINEAR_KINDS] = {A, A, A, A, A};
+    check_passes("all", "all", everything);
+    check_passes("all", "fwd,dgrad,wgrad", everything);
+    const int only_fc_forward[FP8_NUM_LINEAR_KINDS] = {0, 0, F, 0, 0};  // the other -f8 linears run in bf16
+    check_passes("qkv,fc", "fc.fwd", only_fc_forward);
+    const int overlapping[FP8_NUM_LINEAR_KINDS] = {F, 0, F, 0, F | W};
+    check_passes("lm_head,qkv,fc", "lm_head.wgrad,fwd,fc.fwd", overlapping);
+    const int per_linear[FP8_NUM_LINEAR_KINDS] = {F, 0, D, W, 0};  // the GPU test's mixed configuration
+    check_passes("all", "qkv.fwd,fc.dgrad,fcproj.wgrad", per_linear);
+    Fp8Settings s = settings_of("all", "qkv.fwd,fc.dgrad,fcproj.wgrad");
+    char text[256];
+    fp8_passes_text(text, sizeof(text), s.passes);
+    CHECK(strcmp(text, "qkv=fwd fc=dgrad fcproj=wgrad") == 0, "passes text '%s'", text);
+
+    CHECK_DIES("-f8p fc.bogus", "flag -f8p: 'fc.bogus' in 'fc.bogus': 'bogus' is not a pass", settings_of("all", "fc.bogus"));
+    CHECK_DIES("-f8p fc.all", "'all' is not a pass", settings_of("all", "fc.all"));
+    CHECK_DIES("-f8p mlp.fwd", "flag -f8p: 'mlp.fwd' in 'fwd,mlp.fwd': 'mlp' is not a linear", settings_of("all", "fwd,mlp.fwd"));
+    CHECK_DIES("-f8p fwd,bwd", "flag -f8p: 'bwd' in 'fwd,bwd' is not a pass", settings_of("all", "fwd,bwd"));
+    CHECK_DIES("-f8p empty", "flag -f8p: '' in ''", settings_of("all", ""));
+    CHECK_DIES("-f8p trailing comma", "flag -f8p: '' in 'fwd,'", settings_of("all", "fwd,"));
+    CHECK_DIES("-f8p fwd,fwd", "flag -f8p: 'fwd' is listed twice", settings_of("all", "fwd,fwd"));
+    CHECK_DIES("-f8p fc.wgrad twice", "flag -f8p: 'fc.wgrad' is listed twice", settings_of("all", "fc.wgrad,dgrad,fc.wgrad"));
+    CHECK_DIES("-f8p all,all", "flag -f8p: 'all' is listed twice", settings_of("all", "all,all"));
+    CHECK_DIES("-f8p lm_head.fwd without lm_head in -f8", "flag -f8p: 'lm_head.fwd' in 'fwd,lm_head.fwd' is for lm_head, which -f8 does not list",
+               settings_of("qkv,attproj,fc,fcproj", "fwd,lm_head.fwd"));
+    CHECK_DIES("-f8 bad", "flag -f8: 'mlp'", settings_of("qkv,mlp", "fwd"));
+}
+
 static void test_config_errors(void) {
     Fp8Emulation e = fp8_emulation_default();
     e.history_len = 0;
@@ -537,11 +695,8 @@ static void test_config_errors(void) {
     e.recipe = 7;
     CHECK_DIES("recipe 7", "recipe", fp8_emulation_validate(&e));
     e = fp8_emulation_default();
-    e.passes = 8;
-    CHECK_DIES("passes 8", "passes", fp8_emulation_validate(&e));
-    e = fp8_emulation_default();
-    e.linears = 1 << 5;
-    CHECK_DIES("linears 0x20", "linears", fp8_emulation_validate(&e));
+    e.passes[FP8_LINEAR_ATTPROJ] = 8;
+    CHECK_DIES("attproj passes 8", "attproj passes 0x8", fp8_emulation_validate(&e));
 }
 
 int main(void) {
@@ -553,6 +708,7 @@ int main(void) {
     test_model_sqnr();
     test_emulation_off();
     test_training();
+    test_pass_flags();
     test_config_errors();
     return test_summary("test_fp8_emulation");
 }

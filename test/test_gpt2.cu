@@ -16,7 +16,9 @@ bitwise-reproducibility promises. Runs on an H100/H200 (make gpucheck).
 FP8 (-p fp8), against the reference with FP8 emulation (gpt2ref_set_fp8_emulation, the same
 recipe, linears and quantization points):
 6. One forward + backward after two warm-up micro-steps (so delayed scales come from a
-   history), for delayed on d12, and current and block with lm_head in FP8 on d6. The GPU
+   history), for delayed on d12, current and block with lm_head in FP8 on d6, and delayed
+   and block on d6 with the passes chosen per linear (fp8_settings_per_linear: forward
+   alone, dgrad alone, wgrad alone, both backward GEMMs without the forward). The GPU
    casts bf16-rounded activations where the reference casts fp32 ones, so some codes round
    the other way. For a quantizer of step D, a perturbation d << D flips a rounding with
    probability ~|d|/D and each flip moves the value by D: the difference has variance
@@ -27,9 +29,9 @@ recipe, linears and quantization points):
    test's tolerance + 0.75 e_q. And the GPU must really quantize like the emulation:
    over the logits and over all gradients, |GPU - emulation| < 0.8 |GPU - fp32 reference|
    (a GPU that skipped a cast would sit near the fp32 side). The scaling protocol is
-   checked exactly: the same number of updates of every activation and gradient state
-   (evaluation forwards put the scaling back), and the activation scales within 10% (amaxes
-   of bf16 vs fp32 activations).
+   checked exactly: the same number of updates of every activation and gradient state that
+   an FP8 GEMM reads (evaluation forwards put the scaling back), none of a gradient no FP8
+   GEMM reads, and the activation scales within 10% (amaxes of bf16 vs fp32 activations).
 7. 10 FP8 AdamW steps on d6 in lockstep with the emulating reference: losses within 1e-2.
 8. FP8 determinism, FP8 resume (delayed; block with lm_head), and an evaluation forward in
    the middle of a run changes nothing: all bitwise.
@@ -100,6 +102,7 @@ static_assert((int)LINEAR_QKV == (int)FP8_LINEAR_QKV && (int)LINEAR_ATTPROJ == (
 static_assert((int)FP8_FWD == (int)FP8_PASS_FORWARD && (int)FP8_DGRAD == (int)FP8_PASS_DGRAD && (int)FP8_WGRAD == (int)FP8_PASS_WGRAD,
               "the trainer's pass bits are the reference's");
 
+// every pass of the linears `linears` ((1 << LinearKind) bits) in FP8
 static Fp8Settings fp8_settings_of(int recipe, int linears) {
     Fp8Settings s;
     memset(&s, 0, sizeof(s));
@@ -107,9 +110,23 @@ static Fp8Settings fp8_settings_of(int recipe, int linears) {
     s.recipe = recipe;
     s.history_len = FP8_AMAX_HISTORY_DEFAULT;
     s.margin = 0;
-    s.linears = linears;
-    s.passes = FP8_FWD | FP8_DGRAD | FP8_WGRAD;
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { s.passes[kind] = (linears & (1 << kind)) ? FP8_ALL_PASSES : 0; }
     s.numerics_every = 0;
+    return s;
+}
+
+// passes chosen per linear, each split the GPU runs: qkv forward only (its x cast without
+// x^T), attproj both backward GEMMs without the forward (x cast for wgrad alone, W^T without
+// W), fc dgrad alone (GELU's derivative in the dy pass, whose bf16 result the bf16 wgrad
+// reads), fcproj wgrad alone (GELU's output cast to x^T only, beside the bf16 one the forward
+// reads), lm_head forward and dgrad (W and W^T, dy codes without dy^T)
+static Fp8Settings fp8_settings_per_linear(int recipe) {
+    Fp8Settings s = fp8_settings_of(recipe, 0);
+    s.passes[LINEAR_QKV] = FP8_FWD;
+    s.passes[LINEAR_ATTPROJ] = FP8_DGRAD | FP8_WGRAD;
+    s.passes[LINEAR_FC] = FP8_DGRAD;
+    s.passes[LINEAR_FCPROJ] = FP8_WGRAD;
+    s.passes[LINEAR_LM_HEAD] = FP8_FWD | FP8_DGRAD;
     return s;
 }
 
@@ -291,13 +308,22 @@ static void test_fp8_forward_backward_vs_reference(const char* descriptor, const
                 if (i < 0 || q == NULL) { continue; }
                 const Fp8TensorScaling* x = &states[i];
                 const Fp8TensorScaling* dy = &states[n + i];
-                CHECK(fp8_scaling_updates_seen(x) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]),
-                      "[%s] L%d %s x: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
-                      fp8_scaling_updates_seen(x), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]));
-                CHECK(fp8_scaling_updates_seen(dy) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]),
-                      "[%s] L%d %s dy: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
-                      fp8_scaling_updates_seen(dy), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]));
-                CHECK_CLOSE(x->scale, q->scaling[FP8_OPERAND_X].scale, 0.0, 0.1, "activation scale vs the reference's");
+                // an operand no FP8 GEMM of this linear reads is never cast (its GPU state may
+                // still take the delayed update's amax 0; nothing reads it)
+                if (fp8_model_casts_x(&model.fp8, i)) {
+                    CHECK(fp8_scaling_updates_seen(x) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]),
+                          "[%s] L%d %s x: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
+                          fp8_scaling_updates_seen(x), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]));
+                    CHECK_CLOSE(x->scale, q->scaling[FP8_OPERAND_X].scale, 0.0, 0.1, "activation scale vs the reference's");
+                }
+                if (fp8_model_casts_dy(&model.fp8, i)) {
+                    CHECK(fp8_scaling_updates_seen(dy) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]),
+                          "[%s] L%d %s dy: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
+                          fp8_scaling_updates_seen(dy), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]));
+                } else {
+                    CHECK(fp8_scaling_updates_seen(dy) == 0 && fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]) == 0,
+                          "[%s] L%d %s dy is updated without an FP8 backward GEMM", name, l, LINEAR_KIND_NAMES[kind]);
+                }
                 if (kind == LINEAR_LM_HEAD) { break; }  // one lm_head, whatever the layer
             }
         }
@@ -457,6 +483,10 @@ int main(void) {
     test_fp8_forward_backward_vs_reference("d12", &delayed, "fp8 delayed", stream);
     test_fp8_forward_backward_vs_reference("d6", &current_lm_head, "fp8 current+lm_head", stream);
     test_fp8_forward_backward_vs_reference("d6", &block_lm_head, "fp8 block+lm_head", stream);
+    Fp8Settings delayed_per_linear = fp8_settings_per_linear(FP8_MODEL_DELAYED);
+    Fp8Settings block_per_linear = fp8_settings_per_linear(FP8_MODEL_BLOCK);
+    test_fp8_forward_backward_vs_reference("d6", &delayed_per_linear, "fp8 delayed, passes per linear", stream);
+    test_fp8_forward_backward_vs_reference("d6", &block_per_linear, "fp8 block, passes per linear", stream);
     test_training_trajectory_vs_reference(&delayed, stream);
     const Fp8Settings* resumable[2] = {&delayed, &block_lm_head};
     const char* resumable_names[2] = {"fp8 delayed", "fp8 block+lm_head"};

@@ -160,9 +160,17 @@ class TestBadInput:
     def test_fp8_bad_linear_list(self, binary, data, value, fragment):
         assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-f8", value])), "-f8", fragment)
 
-    @pytest.mark.parametrize("value,fragment", [("fwd,bwd", "'bwd'"), ("dgrad", "together"), ("fwd,wgrad", "together")])
+    @pytest.mark.parametrize("value,fragment", [("fwd,bwd", "'bwd'"), ("fc.bogus", "'bogus' is not a pass"),
+                                                ("mlp.wgrad", "'mlp' is not a linear"), ("fwd,fwd", "twice"),
+                                                ("fc.dgrad,fc.dgrad", "twice"), ("", "''"),
+                                                ("lm_head.fwd", "lm_head, which -f8 does not list")])
     def test_fp8_bad_pass_list(self, binary, data, value, fragment):
-        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-f8p", value])), "-f8p", fragment)
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-f8p", value])), "-f8p", f"'{value}'", fragment)
+
+    def test_fp8_pass_for_a_linear_outside_f8(self, binary, data):
+        """<linear>.<pass> needs its linear in -f8: fc.wgrad with -f8 qkv is refused, naming both lists"""
+        result = run(binary, base_args(data, ["-p", "fp8", "-f8", "qkv", "-f8p", "fwd,fc.wgrad"]))
+        assert_one_line_error(result, "-f8p", "'fc.wgrad'", "-f8 qkv")
 
     # optimizer flags
     @pytest.mark.parametrize("value", ["sgd", "adam", "ADAMW8", ""])
@@ -385,10 +393,12 @@ def test_cpu_fp8_is_honoured(data, tmp_path):
     assert np.allclose(train_losses(tmp_path / "fp8"), train_losses(tmp_path / "fp32"), rtol=2e-2)
 
 
-@pytest.mark.parametrize("recipe", ["delayed", "block"])
-def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, recipe):
+@pytest.mark.parametrize("fp8_flags", [["-fr", "delayed", "-f8", "all"], ["-fr", "block", "-f8", "all"],
+                                       ["-fr", "delayed", "-f8", "all", "-f8p", "qkv.fwd,fc.dgrad,fcproj.wgrad,lm_head.fwd"]],
+                         ids=["delayed", "block", "per-linear passes"])
+def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, fp8_flags):
     """the scaling states go into the state file, and val evaluations put them back"""
-    flags = ["-p", "fp8", "-fr", recipe, "-opt", "adamw8", "-f8", "all"]
+    flags = ["-p", "fp8", "-opt", "adamw8"] + fp8_flags
     run_straight(data, tmp_path / "straight", flags)
     r = run_split(data, tmp_path / "split", flags + ["-v", 1, "-m", 1], flags + ["-v", 1, "-m", 1])
     assert r.returncode == 0, r.stderr
@@ -398,6 +408,28 @@ def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, recipe):
 def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path):
     r = run_split(data, tmp_path / "split", ["-p", "fp8"], ["-p", "fp8", "-fr", "current"])
     assert_one_line_error(r, "state_00000003_00000.bin", "-fr")
+
+
+def test_cpu_fp8_resume_with_other_passes_refused(data, tmp_path):
+    """the state file records each linear's passes: a resume that moves one pass of one linear is refused"""
+    r = run_split(data, tmp_path / "split", ["-p", "fp8", "-f8p", "fwd,fc.dgrad,fc.wgrad"], ["-p", "fp8", "-f8p", "fwd,fc.dgrad"])
+    assert_one_line_error(r, "state_00000003_00000.bin", "passes qkv=fwd attproj=fwd fc=fwd,dgrad,wgrad fcproj=fwd", "-f8p")
+
+
+@pytest.mark.parametrize("passes,shown", [("fwd,fc.dgrad,fc.wgrad", "passes qkv=fwd attproj=fwd fc=fwd,dgrad,wgrad fcproj=fwd"),
+                                          ("dgrad", "passes qkv=dgrad attproj=dgrad fc=dgrad fcproj=dgrad"),
+                                          ("wgrad", "passes qkv=wgrad attproj=wgrad fc=wgrad fcproj=wgrad")])
+def test_cpu_fp8_per_linear_passes_train(data, tmp_path, passes, shown):
+    """per-linear passes, and dgrad and wgrad each without the other, train through the emulation: each set
+    of passes is a model of its own, between fp32 and every pass in FP8"""
+    result = run_straight(data, tmp_path / "chosen", ["-p", "fp8", "-f8p", passes])
+    assert shown in result.stdout
+    run_straight(data, tmp_path / "fp32", [])
+    run_straight(data, tmp_path / "all", ["-p", "fp8"])
+    chosen = final_model(tmp_path / "chosen")
+    assert chosen != final_model(tmp_path / "fp32"), f"-f8p {passes} trained exactly like fp32"
+    assert chosen != final_model(tmp_path / "all"), f"-f8p {passes} trained exactly like every pass in FP8"
+    assert np.allclose(train_losses(tmp_path / "chosen"), train_losses(tmp_path / "fp32"), rtol=2e-2)
 
 
 def test_readme_flag_table_matches_help():

@@ -147,9 +147,11 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
     int step = train_state_read(path, loader, &model->config, opt->use_adamw8, opt->selection, 0, model->num_parameters,
                                 model->adam_m, model->adam_v, &opt->states, NULL, sections, num_sections);
     if (num_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
-        llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes 0x%x, linears 0x%x, history %d, "
-                 "margin %d): resume with the same -fr -f8p -f8 -fh -fm", path, fp8_config.recipe, fp8_config.passes,
-                 fp8_config.linears, fp8_config.history_len, fp8_config.margin);
+        char passes[256];
+        fp8_passes_text(passes, sizeof(passes), fp8_config.passes);
+        llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes %s, history %d, margin %d): "
+                 "resume with the same -fr -f8p -f8 -fh -fm", path, fp8_config.recipe, passes, fp8_config.history_len,
+                 fp8_config.margin);
     }
     return step;
 }
@@ -213,8 +215,13 @@ int main(int argc, char** argv) {
            tc.learning_rate, tc.lr_schedule);
     int eight_bit_tensors = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { eight_bit_tensors += optimizer.layout.bits[i] == 8; }
-    printf("precision %s%s | optimizer %s", fp8_settings.enabled ? "fp8 emulated, recipe " : "fp32",
-           fp8_settings.enabled ? FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe] : "", tc.optimizer);
+    char fp8_passes[256] = "";
+    if (fp8_settings.enabled) {
+        snprintf(fp8_passes, sizeof(fp8_passes), ", passes ");
+        fp8_passes_text(fp8_passes + strlen(fp8_passes), sizeof(fp8_passes) - strlen(fp8_passes), fp8_settings.passes);
+    }
+    printf("precision %s%s%s | optimizer %s", fp8_settings.enabled ? "fp8 emulated, recipe " : "fp32",
+           fp8_settings.enabled ? FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe] : "", fp8_passes, tc.optimizer);
     if (optimizer.use_adamw8) {
         printf(" (-qs %s: 8-bit states for %d of %d tensors)", tc.adamw8_states, eight_bit_tensors, NUM_PARAMETER_TENSORS);
     }
