@@ -60,18 +60,18 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 
 typedef struct {
     floatX* encoded;      // [B][T][C]
-    floatX* ln1;          // [L][B][T][C] ([B][T][C] when recompute >= 2)
+    floatX* ln1;          // [L][B][T][C] ([B][T][C] when one layer's buffer serves all: ln1_stride 0)
     float* ln1_mean;      // [L][B][T]
     float* ln1_rstd;      // [L][B][T]
     floatX* qkv;          // [L][B][T][3C]
     floatX* atty;         // [L][B][T][C]
     float* att_stats;     // [L][B][NH][T] logsumexp per query row
     floatX* residual2;    // [L][B][T][C]
-    floatX* ln2;          // [L][B][T][C] ([B][T][C] when recompute >= 2)
+    floatX* ln2;          // [L][B][T][C] (or one layer's, ln2_stride 0)
     float* ln2_mean;      // [L][B][T]
     float* ln2_rstd;      // [L][B][T]
     floatX* fch;          // [L][B][T][4C] pre-GELU
-    floatX* fch_gelu;     // [L][B][T][4C] ([B][T][4C] when recompute >= 1)
+    floatX* fch_gelu;     // [L][B][T][4C] (or one layer's, fch_gelu_stride 0)
     floatX* residual3;    // [L][B][T][C]
     floatX* lnf;          // [B][T][C]
     float* lnf_mean;      // [B][T]
@@ -83,7 +83,26 @@ typedef struct {
     floatX* dresidual;    // [B][T][C] gradient of the residual stream
     float* scratch_f;     // dbias / layernorm / norm partial sums
     size_t scratch_f_floats;
+    size_t ln1_stride, ln2_stride, fch_gelu_stride; // elements from one layer's copy to the next (0: one shared buffer)
 } Activations;
+
+// one layer's slices of the activations
+typedef struct {
+    floatX* residual;     // the layer's input: encoded, or the previous layer's residual3
+    floatX* ln1;
+    float* ln1_mean;
+    float* ln1_rstd;
+    floatX* qkv;
+    floatX* atty;
+    float* att_stats;
+    floatX* residual2;
+    floatX* ln2;
+    float* ln2_mean;
+    float* ln2_rstd;
+    floatX* fch;
+    floatX* fch_gelu;
+    floatX* residual3;
+} LayerActivations;
 
 typedef struct {
     GPT2Config config;
@@ -152,6 +171,18 @@ static void gpt2_upload_params(GPT2* model, const float* params_cpu, int use_mas
     }
 }
 
+// whether linear (layer, kind) reads the bf16 copy of its input in `pass` (FP8_FWD: the
+// forward GEMM, FP8_WGRAD: the weight gradient's; dgrad never reads the input), which it
+// does unless that pass of that linear runs in FP8
+static int gpt2_reads_bf16_input(const GPT2* model, int layer, int kind, Fp8Pass pass) {
+    return !fp8_model_runs(&model->fp8, fp8_model_linear(&model->fp8, layer, kind), pass);
+}
+
+// whether the forward must store that bf16 copy at all (an all-FP8 linear reads only codes)
+static int gpt2_stores_bf16_input(const GPT2* model, int layer, int kind) {
+    return gpt2_reads_bf16_input(model, layer, kind, FP8_FWD) || gpt2_reads_bf16_input(model, layer, kind, FP8_WGRAD);
+}
+
 static void gpt2_allocate_state(GPT2* model, int B, int T) {
     const GPT2Config* cfg = &model->config;
     size_t padded = model->zero.padded_total;
@@ -163,18 +194,24 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
 
     size_t L = cfg->num_layers, C = cfg->channels, NH = cfg->num_heads, Vp = cfg->padded_vocab_size;
     size_t BT = (size_t)B * T;
-    size_t ln_layers = model->recompute >= 2 ? 1 : L;
-    size_t gelu_layers = model->recompute >= 1 ? 1 : L;
+    // a layer's bf16 layernorm or GELU output is kept for the backward only when a bf16 GEMM
+    // reads it there (and -r does not recompute it); else one layer's buffer serves every
+    // layer: the forward writes it and its consumers read it right away (or, in all-FP8
+    // linears, only its FP8 cast does)
     Activations* a = &model->acts;
+    a->ln1_stride = model->recompute < 2 && gpt2_stores_bf16_input(model, 0, LINEAR_QKV) ? BT * C : 0;
+    a->ln2_stride = model->recompute < 2 && gpt2_stores_bf16_input(model, 0, LINEAR_FC) ? BT * C : 0;
+    a->fch_gelu_stride = model->recompute < 1 && gpt2_stores_bf16_input(model, 0, LINEAR_FCPROJ) ? BT * 4 * C : 0;
+    size_t ln1_layers = a->ln1_stride ? L : 1, ln2_layers = a->ln2_stride ? L : 1, gelu_layers = a->fch_gelu_stride ? L : 1;
     a->encoded = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "activations: encoded");
-    a->ln1 = (floatX*)cuda_malloc_checked(ln_layers * BT * C * sizeof(floatX), "activations: ln1 (-r 2 saves this)");
+    a->ln1 = (floatX*)cuda_malloc_checked(ln1_layers * BT * C * sizeof(floatX), "activations: ln1 (-r 2 saves this)");
     a->ln1_mean = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln1 mean");
     a->ln1_rstd = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln1 rstd");
     a->qkv = (floatX*)cuda_malloc_checked(L * BT * 3 * C * sizeof(floatX), "activations: qkv");
     a->atty = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: attention output");
     a->att_stats = (float*)cuda_malloc_checked(L * B * NH * T * sizeof(float), "activations: attention stats");
     a->residual2 = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: residual2");
-    a->ln2 = (floatX*)cuda_malloc_checked(ln_layers * BT * C * sizeof(floatX), "activations: ln2 (-r 2 saves this)");
+    a->ln2 = (floatX*)cuda_malloc_checked(ln2_layers * BT * C * sizeof(floatX), "activations: ln2 (-r 2 saves this)");
     a->ln2_mean = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln2 mean");
     a->ln2_rstd = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln2 rstd");
     a->fch = (floatX*)cuda_malloc_checked(L * BT * 4 * C * sizeof(floatX), "activations: fc pre-GELU");
@@ -305,18 +342,6 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
     }
 }
 
-// whether linear (layer, kind) reads the bf16 copy of its input in `pass` (FP8_FWD: the
-// forward GEMM, FP8_WGRAD: the weight gradient's; dgrad never reads the input), which it
-// does unless that pass of that linear runs in FP8
-static int gpt2_reads_bf16_input(const GPT2* model, int layer, int kind, Fp8Pass pass) {
-    return !fp8_model_runs(&model->fp8, fp8_model_linear(&model->fp8, layer, kind), pass);
-}
-
-// whether the forward must store that bf16 copy at all (an all-FP8 linear reads only codes)
-static int gpt2_stores_bf16_input(const GPT2* model, int layer, int kind) {
-    return gpt2_reads_bf16_input(model, layer, kind, FP8_FWD) || gpt2_reads_bf16_input(model, layer, kind, FP8_WGRAD);
-}
-
 /*
 The layernorm in front of linear (layer, kind) (layer -1: lnf before lm_head): normalizes
 inp1, or with inp2 the residual sum residual_out = inp1 + inp2, into normed_out, and casts
@@ -341,6 +366,28 @@ static void gpt2_layernorm_forward(GPT2* model, int layer, int kind, floatX* res
     if (inp2 == NULL) { layernorm_forward(normed_out, mean, rstd, inp1, weight, bias, BT, C, stream); }
     else { fused_residual_layernorm_forward(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, BT, C, stream); }
     if (cast) { fp8_model_cast_activation(fp8, i, normed_out, stream); }
+}
+
+// layer l's slices of the activations
+static LayerActivations gpt2_layer_activations(const GPT2* model, int l) {
+    const Activations* a = &model->acts;
+    size_t BT = (size_t)model->B * model->T, C = model->config.channels, NH = model->config.num_heads;
+    LayerActivations la;
+    la.residual = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BT * C;
+    la.ln1 = a->ln1 + l * a->ln1_stride;
+    la.ln1_mean = a->ln1_mean + l * BT;
+    la.ln1_rstd = a->ln1_rstd + l * BT;
+    la.qkv = a->qkv + l * BT * 3 * C;
+    la.atty = a->atty + l * BT * C;
+    la.att_stats = a->att_stats + l * BT * NH;
+    la.residual2 = a->residual2 + l * BT * C;
+    la.ln2 = a->ln2 + l * a->ln2_stride;
+    la.ln2_mean = a->ln2_mean + l * BT;
+    la.ln2_rstd = a->ln2_rstd + l * BT;
+    la.fch = a->fch + l * BT * 4 * C;
+    la.fch_gelu = a->fch_gelu + l * a->fch_gelu_stride;
+    la.residual3 = a->residual3 + l * BT * C;
+    return la;
 }
 
 // ----------------------------------------------------------------------------
@@ -368,60 +415,49 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
 
     encoder_forward(a->encoded, model->inputs, param_tensor(model, p, PARAM_WTE), param_tensor(model, p, PARAM_WPE), B, T, C, stream);
     profiler_mark("encoder fwd");
-    size_t ln_stride = model->recompute >= 2 ? 0 : (size_t)BT * C;
-    size_t gelu_stride = model->recompute >= 1 ? 0 : (size_t)BT * 4 * C;
     gpt2_layernorm_forward(model, 0, LINEAR_QKV, NULL, a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, NULL,
                            layer_tensor(model, p, PARAM_LN1W, 0), layer_tensor(model, p, PARAM_LN1B, 0), stream);
     profiler_mark("layernorm fwd");
     for (int l = 0; l < L; l++) {
-        floatX* residual = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BT * C;
-        floatX* l_ln1 = a->ln1 + l * ln_stride;
-        floatX* l_qkv = a->qkv + (size_t)l * BT * 3 * C;
-        floatX* l_atty = a->atty + (size_t)l * BT * C;
-        float* l_stats = a->att_stats + (size_t)l * B * NH * T;
-        floatX* l_residual2 = a->residual2 + (size_t)l * BT * C;
-        floatX* l_ln2 = a->ln2 + l * ln_stride;
-        floatX* l_fch = a->fch + (size_t)l * BT * 4 * C;
-        floatX* l_fch_gelu = a->fch_gelu + l * gelu_stride;
-        floatX* l_residual3 = a->residual3 + (size_t)l * BT * C;
+        LayerActivations la = gpt2_layer_activations(model, l);
 
-        gpt2_linear_forward(model, l, LINEAR_QKV, l_qkv, l_ln1, layer_tensor(model, p, PARAM_QKVW, l), layer_tensor(model, p, PARAM_QKVB, l), NULL, stream);
+        gpt2_linear_forward(model, l, LINEAR_QKV, la.qkv, la.ln1, layer_tensor(model, p, PARAM_QKVW, l), layer_tensor(model, p, PARAM_QKVB, l), NULL, stream);
         profiler_mark("matmul qkv fwd");
-        attention_forward(l_atty, l_stats, l_qkv, B, T, NH, C, stream);
+        attention_forward(la.atty, la.att_stats, la.qkv, B, T, NH, C, stream);
         profiler_mark("attention fwd");
         int attproj = fp8_model_linear(fp8, l, LINEAR_ATTPROJ);
         if (fp8_model_casts_x(fp8, attproj)) {
-            fp8_model_cast_activation(fp8, attproj, l_atty, stream);
+            fp8_model_cast_activation(fp8, attproj, la.atty, stream);
             profiler_mark("fp8 cast attention out");
         }
-        gpt2_linear_forward(model, l, LINEAR_ATTPROJ, a->scratch_btc, l_atty, layer_tensor(model, p, PARAM_ATTPROJW, l), layer_tensor(model, p, PARAM_ATTPROJB, l), NULL, stream);
+        gpt2_linear_forward(model, l, LINEAR_ATTPROJ, a->scratch_btc, la.atty, layer_tensor(model, p, PARAM_ATTPROJW, l), layer_tensor(model, p, PARAM_ATTPROJB, l), NULL, stream);
         profiler_mark("matmul attproj fwd");
-        gpt2_layernorm_forward(model, l, LINEAR_FC, l_residual2, l_ln2, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT,
-                               residual, a->scratch_btc, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), stream);
+        gpt2_layernorm_forward(model, l, LINEAR_FC, la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd,
+                               la.residual, a->scratch_btc, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), stream);
         profiler_mark("residual+layernorm fwd");
         int fcproj = fp8_model_linear(fp8, l, LINEAR_FCPROJ);
         if (fp8_model_casts_x(fp8, fcproj)) {  // GELU is the element transform of fcproj's input cast
-            gpt2_linear_forward(model, l, LINEAR_FC, l_fch, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
+            gpt2_linear_forward(model, l, LINEAR_FC, la.fch, la.ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
             profiler_mark("matmul fc fwd");
-            fp8_model_gelu_forward(fp8, fcproj, gpt2_stores_bf16_input(model, l, LINEAR_FCPROJ) ? l_fch_gelu : NULL, l_fch, stream);
+            fp8_model_gelu_forward(fp8, fcproj, gpt2_stores_bf16_input(model, l, LINEAR_FCPROJ) ? la.fch_gelu : NULL, la.fch, stream);
             profiler_mark("gelu+fp8 cast fwd");
         } else if (model->gelu_fusion && gpt2_reads_bf16_input(model, l, LINEAR_FC, FP8_FWD)) {
-            gpt2_linear_forward(model, l, LINEAR_FC, l_fch_gelu, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), l_fch, stream);
+            gpt2_linear_forward(model, l, LINEAR_FC, la.fch_gelu, la.ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), la.fch, stream);
             profiler_mark("matmul fc+gelu fwd");
         } else {
-            gpt2_linear_forward(model, l, LINEAR_FC, l_fch, l_ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
+            gpt2_linear_forward(model, l, LINEAR_FC, la.fch, la.ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
             profiler_mark("matmul fc fwd");
-            gelu_forward(l_fch_gelu, l_fch, BT * 4 * C, stream);
+            gelu_forward(la.fch_gelu, la.fch, BT * 4 * C, stream);
             profiler_mark("gelu fwd");
         }
-        gpt2_linear_forward(model, l, LINEAR_FCPROJ, a->scratch_btc, l_fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), layer_tensor(model, p, PARAM_FCPROJB, l), NULL, stream);
+        gpt2_linear_forward(model, l, LINEAR_FCPROJ, a->scratch_btc, la.fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), layer_tensor(model, p, PARAM_FCPROJB, l), NULL, stream);
         profiler_mark("matmul fcproj fwd");
         if (l + 1 < L) {
-            gpt2_layernorm_forward(model, l + 1, LINEAR_QKV, l_residual3, a->ln1 + (l + 1) * ln_stride, a->ln1_mean + (size_t)(l + 1) * BT,
-                                   a->ln1_rstd + (size_t)(l + 1) * BT, l_residual2, a->scratch_btc,
+            LayerActivations next = gpt2_layer_activations(model, l + 1);
+            gpt2_layernorm_forward(model, l + 1, LINEAR_QKV, la.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, la.residual2, a->scratch_btc,
                                    layer_tensor(model, p, PARAM_LN1W, l + 1), layer_tensor(model, p, PARAM_LN1B, l + 1), stream);
         } else {
-            gpt2_layernorm_forward(model, -1, LINEAR_LM_HEAD, l_residual3, a->lnf, a->lnf_mean, a->lnf_rstd, l_residual2, a->scratch_btc,
+            gpt2_layernorm_forward(model, -1, LINEAR_LM_HEAD, la.residual3, a->lnf, a->lnf_mean, a->lnf_rstd, la.residual2, a->scratch_btc,
                                    param_tensor(model, p, PARAM_LNFW), param_tensor(model, p, PARAM_LNFB), stream);
         }
         profiler_mark("residual+layernorm fwd");
@@ -446,8 +482,6 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
     Activations* a = &model->acts;
     floatX* p = model->params;
     floatX* g = model->grads;
-    size_t ln_stride = model->recompute >= 2 ? 0 : (size_t)BT * C;
-    size_t gelu_stride = model->recompute >= 1 ? 0 : (size_t)BT * 4 * C;
 
     // lm_head (tied to wte) and the final layernorm
     gpt2_linear_backward(model, -1, LINEAR_LM_HEAD, a->scratch_btc, param_tensor(model, g, PARAM_WTE), NULL, a->output, a->lnf,
@@ -459,51 +493,43 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
     profiler_mark("layernorm bwd");
 
     for (int l = L - 1; l >= 0; l--) {
-        floatX* residual = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BT * C;
-        floatX* l_ln1 = a->ln1 + l * ln_stride;
-        floatX* l_qkv = a->qkv + (size_t)l * BT * 3 * C;
-        floatX* l_atty = a->atty + (size_t)l * BT * C;
-        float* l_stats = a->att_stats + (size_t)l * B * NH * T;
-        floatX* l_residual2 = a->residual2 + (size_t)l * BT * C;
-        floatX* l_ln2 = a->ln2 + l * ln_stride;
-        floatX* l_fch = a->fch + (size_t)l * BT * 4 * C;
-        floatX* l_fch_gelu = a->fch_gelu + l * gelu_stride;
+        LayerActivations la = gpt2_layer_activations(model, l);
         floatX* dqkv = a->scratch_bt4c;  // 3C of the 4C scratch, free once the MLP backward is done
 
         // MLP: dresidual holds d(residual3) = d(fcproj output); scratch_bt4c gets d(GELU output)
         if (model->recompute >= 1 && gpt2_reads_bf16_input(model, l, LINEAR_FCPROJ, FP8_WGRAD)) {
-            gelu_forward(l_fch_gelu, l_fch, BT * 4 * C, stream);
+            gelu_forward(la.fch_gelu, la.fch, BT * 4 * C, stream);
             profiler_mark("gelu recompute");
         }
         gpt2_linear_backward(model, l, LINEAR_FCPROJ, a->scratch_bt4c, layer_tensor(model, g, PARAM_FCPROJW, l), layer_tensor(model, g, PARAM_FCPROJB, l),
-                             a->dresidual, l_fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), NULL, stream);
+                             a->dresidual, la.fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), NULL, stream);
         profiler_mark("matmul fcproj bwd");
         if (model->recompute >= 2 && gpt2_reads_bf16_input(model, l, LINEAR_FC, FP8_WGRAD)) {
-            layernorm_forward(l_ln2, NULL, NULL, l_residual2, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), BT, C, stream);
+            layernorm_forward(la.ln2, NULL, NULL, la.residual2, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), BT, C, stream);
             profiler_mark("layernorm recompute");
         }
         gpt2_linear_backward(model, l, LINEAR_FC, a->scratch_btc, layer_tensor(model, g, PARAM_FCW, l), layer_tensor(model, g, PARAM_FCB, l),
-                             a->scratch_bt4c, l_ln2, layer_tensor(model, p, PARAM_FCW, l), l_fch, stream);
+                             a->scratch_bt4c, la.ln2, layer_tensor(model, p, PARAM_FCW, l), la.fch, stream);
         profiler_mark("matmul fc bwd");
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN2W, l), layer_tensor(model, g, PARAM_LN2B, l), a->scratch_f, a->scratch_btc,
-                           l_residual2, layer_tensor(model, p, PARAM_LN2W, l), a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, BT, C, stream);
+                           la.residual2, layer_tensor(model, p, PARAM_LN2W, l), la.ln2_mean, la.ln2_rstd, BT, C, stream);
         profiler_mark("layernorm bwd");
 
         // attention: dresidual now holds d(residual2) = d(attproj output)
         gpt2_linear_backward(model, l, LINEAR_ATTPROJ, a->scratch_btc, layer_tensor(model, g, PARAM_ATTPROJW, l), layer_tensor(model, g, PARAM_ATTPROJB, l),
-                             a->dresidual, l_atty, layer_tensor(model, p, PARAM_ATTPROJW, l), NULL, stream);
+                             a->dresidual, la.atty, layer_tensor(model, p, PARAM_ATTPROJW, l), NULL, stream);
         profiler_mark("matmul attproj bwd");
-        attention_backward(dqkv, a->scratch_btc, l_qkv, l_atty, l_stats, B, T, NH, C, stream);
+        attention_backward(dqkv, a->scratch_btc, la.qkv, la.atty, la.att_stats, B, T, NH, C, stream);
         profiler_mark("attention bwd");
         if (model->recompute >= 2 && gpt2_reads_bf16_input(model, l, LINEAR_QKV, FP8_WGRAD)) {
-            layernorm_forward(l_ln1, NULL, NULL, residual, layer_tensor(model, p, PARAM_LN1W, l), layer_tensor(model, p, PARAM_LN1B, l), BT, C, stream);
+            layernorm_forward(la.ln1, NULL, NULL, la.residual, layer_tensor(model, p, PARAM_LN1W, l), layer_tensor(model, p, PARAM_LN1B, l), BT, C, stream);
             profiler_mark("layernorm recompute");
         }
         gpt2_linear_backward(model, l, LINEAR_QKV, a->scratch_btc, layer_tensor(model, g, PARAM_QKVW, l), layer_tensor(model, g, PARAM_QKVB, l),
-                             dqkv, l_ln1, layer_tensor(model, p, PARAM_QKVW, l), NULL, stream);
+                             dqkv, la.ln1, layer_tensor(model, p, PARAM_QKVW, l), NULL, stream);
         profiler_mark("matmul qkv bwd");
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN1W, l), layer_tensor(model, g, PARAM_LN1B, l), a->scratch_f, a->scratch_btc,
-                           residual, layer_tensor(model, p, PARAM_LN1W, l), a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, C, stream);
+                           la.residual, layer_tensor(model, p, PARAM_LN1W, l), la.ln1_mean, la.ln1_rstd, BT, C, stream);
         profiler_mark("layernorm bwd");
         if (reduce && model->comm != NULL) { zero_comm_reduce_chunk(model->comm, g, l, stream); }
     }
