@@ -35,6 +35,7 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 #include "llmc/tokenizer.h"        // decoding samples
 #include "llmc/checkpoint.h"       // model/state files, atomic writes, DONE markers
 #include "llmc/train_state.h"      // resume into either optimizer, converting fp32 <-> 8-bit states
+#include "llmc/state_reshard.h"    // resume a checkpoint of N ranks on M: optimizer state resharded
 #include "llmc/schedulers.h"       // learning-rate schedules
 #include "llmc/logger.h"           // main.log (llm.c format) + main.jsonl
 #include "llmc/cuda_common.h"      // cudaCheck, floatX, allocation with OOM advice, device info
@@ -810,24 +811,16 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* d
 
     size_t n = model->owned.end - model->owned.begin;
     float* master = model->master ? device_to_host_floats(model->master, n) : NULL;
-    TrainState state = {step, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
     Fp8HostState fp8;
-    StateSection sections[FP8_STATE_SECTIONS + ADAMW8_NUM_SECTIONS];
+    StateSection sections[FP8_STATE_SECTIONS];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
     fp8_model_download(&model->fp8, &fp8, 0);
-    StateBuffers buffers = {n, NULL, NULL, master, sections, num_sections};
     Adamw8States opt;  // host copy; adamw8's go in tagged sections, plain AdamW's m32/v32 are llm.c's m and v
     adamw8_states_alloc_host(&opt, &model->opt_layout);
     adamw8_states_copy(&opt, &model->opt_states, &model->opt_layout, cudaMemcpyDeviceToHost);
-    int32_t adamw8_bits[NUM_PARAMETER_TENSORS];
-    if (model->use_adamw8) {
-        buffers.num_sections += adamw8_state_sections(sections + num_sections, &model->opt_layout, &opt, adamw8_bits);
-    } else {
-        buffers.m = opt.m32;
-        buffers.v = opt.v32;
-    }
     checkpoint_state_path(path, sizeof(path), dir, step, model->rank);
-    state_file_write(path, &state, &buffers, loader);
+    train_state_write(path, step, loader, &model->opt_layout, model->use_adamw8, opt.m32, opt.v32, &opt, master, sections,
+                      num_sections);
     adamw8_states_free_host(&opt);
     fp8_host_state_free(&fp8);
     free(master);
@@ -843,9 +836,11 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* d
 Restores this rank's optimizer state, master weights, FP8 scaling and data position from
 its state file; returns the step to continue from. A state file of the other optimizer is
 converted (train_state_read): plain AdamW's (or llm.c's) fp32 moments resume an adamw8 run,
-and adamw8's states a plain one. The files must come from the same number of ranks.
+and adamw8's states a plain one. A checkpoint written with another number of ranks is
+resharded (state_reshard.h): the rank's window assembled from the old files, the FP8 scaling
+of old rank r % N, the loader replayed by step * grad_accum_steps batches.
 */
-static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step, cudaStream_t stream) {
+static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step, int grad_accum_steps, cudaStream_t stream) {
     char path[CHECKPOINT_PATH_MAX];
     size_t n = model->owned.end - model->owned.begin;
     Adamw8States opt;
@@ -854,10 +849,10 @@ static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step
     Fp8HostState fp8;
     StateSection sections[FP8_STATE_SECTIONS];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
-    checkpoint_state_path(path, sizeof(path), dir, step, model->rank);
-    int resumed_step = train_state_read(path, loader, &model->config, model->use_adamw8, model->adamw8_selection,
-                                        model->owned.begin, model->owned.end, model->use_adamw8 ? NULL : opt.m32,
-                                        model->use_adamw8 ? NULL : opt.v32, &opt, master, sections, num_sections);
+    int resumed_step = train_state_read_checkpoint(dir, step, (size_t)grad_accum_steps, loader, &model->config,
+                                                   model->use_adamw8, model->adamw8_selection,
+                                                   model->use_adamw8 ? NULL : opt.m32, model->use_adamw8 ? NULL : opt.v32,
+                                                   &opt, master, sections, num_sections, path);
     adamw8_states_copy(&model->opt_states, &opt, &model->opt_layout, cudaMemcpyHostToDevice);
     adamw8_states_free_host(&opt);
     if (master != NULL) { cudaCheck(cudaMemcpy(model->master, master, n * sizeof(float), cudaMemcpyHostToDevice)); }
@@ -1012,7 +1007,7 @@ int main(int argc, char** argv) {
                strcmp(tc.grad_reduce, "fp32") == 0, stream);
     free(params_cpu);
     int start_step = 0;
-    if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step, stream); }
+    if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step, grad_accum_steps, stream); }
 
     Logger logger;  // rank 0 writes the logs
     logger_init(&logger, out_dir, rank, resume_step >= 0);

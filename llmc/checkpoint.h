@@ -27,6 +27,9 @@ Why it is shaped this way:
   deletes the marker first, so a removal cut off half way is never resumed from either.
 - Every read checks magic, version, shape and the exact file length up front, and names the
   file in a one-line error, so a truncated or foreign file never becomes silent garbage.
+- state_file_index maps a state file (header fields, where the body's arrays and each
+  section lie) without reading its arrays, for a reader that takes pieces of several files:
+  resuming with another number of ranks (state_reshard.h).
 */
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
@@ -381,6 +384,124 @@ static inline void state_file_read_sections_(FILE* fp, const char* path, long fi
     }
 }
 
+// ----------------------------------------------------------------------------
+// a state file's map, for readers that take pieces of several files (state_reshard.h)
+
+#define STATE_FILE_MAX_SECTIONS 64
+
+typedef struct {
+    char tag[STATE_SECTION_TAG_BYTES];  // NUL-terminated
+    long offset;                        // of the section's bytes in the file
+    uint64_t bytes;
+} StateSectionPlace;
+
+typedef struct {
+    int version;
+    int num_processes;
+    int process_rank;
+    int has_master;
+    int should_shuffle;
+    int fp32_moments;                   // the body holds fp32 m and v (version 1, or header [6] = 0)
+    int step;
+    size_t current_shard_idx;
+    size_t current_sample_idx;
+    int num_sections;
+    long m_offset, v_offset;            // fp32_moments: shard_num_parameters floats each
+    long master_offset;                 // has_master: shard_num_parameters floats
+    long trailer_offset;                // should_shuffle: the loader's trailer
+    StateSectionPlace sections[STATE_FILE_MAX_SECTIONS];
+} StateFileIndex;
+
+// the header's fields (the offsets stay 0); dies on a version this reader does not know
+static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEADER_INTS], const char* path,
+                                             StateFileIndex* index) {
+    memset(index, 0, sizeof(*index));
+    index->version = header[1];
+    if (index->version != STATE_VERSION_LLMC && index->version != STATE_VERSION_SECTIONS) {
+        llm8_die("state file '%s' has version %d, expected %d or %d", path, index->version, STATE_VERSION_LLMC,
+                 STATE_VERSION_SECTIONS);
+    }
+    index->num_processes = header[2];
+    index->process_rank = header[3];
+    index->has_master = header[4];
+    index->should_shuffle = header[5];
+    index->fp32_moments = index->version == STATE_VERSION_LLMC || header[STATE_SLOT_MOMENTS_IN_SECTIONS] == 0;
+    index->step = header[10];
+    uint64_t position[2];
+    memcpy(position, &header[30], sizeof(position));
+    index->current_shard_idx = (size_t)position[0];
+    index->current_sample_idx = (size_t)position[1];
+    index->num_sections = index->version == STATE_VERSION_LLMC ? 0 : header[STATE_SLOT_NUM_SECTIONS];
+}
+
+static inline void state_file_read_header(const char* path, StateFileIndex* index) {
+    int32_t header[CHECKPOINT_HEADER_INTS];
+    long file_bytes;
+    FILE* fp = checkpoint_open_read_(path, "state", STATE_FILE_MAGIC, header, &file_bytes);
+    fcloseCheck(fp);
+    state_file_decode_header_(header, path, index);
+}
+
+/*
+The header and where everything is, for a file whose body arrays hold shard_num_parameters
+floats each: the body, the shuffle trailer (skipped), every section's tag, place and size.
+The walk must end exactly at the end of the file; a truncated or overlong file dies naming it.
+*/
+static inline void state_file_index(const char* path, size_t shard_num_parameters, StateFileIndex* index) {
+    int32_t header[CHECKPOINT_HEADER_INTS];
+    long file_bytes;
+    FILE* fp = checkpoint_open_read_(path, "state", STATE_FILE_MAGIC, header, &file_bytes);
+    state_file_decode_header_(header, path, index);
+    if (index->num_sections < 0 || index->num_sections > STATE_FILE_MAX_SECTIONS) {
+        llm8_die("state file '%s' claims %d sections, expected 0..%d", path, index->num_sections, STATE_FILE_MAX_SECTIONS);
+    }
+    long array_bytes = (long)(shard_num_parameters * sizeof(float));
+    long at = (long)CHECKPOINT_HEADER_BYTES;
+    if (index->fp32_moments) {
+        index->m_offset = at;
+        index->v_offset = at + array_bytes;
+        at += 2 * array_bytes;
+    }
+    if (index->has_master) {
+        index->master_offset = at;
+        at += array_bytes;
+    }
+    if (file_bytes < at) {
+        llm8_die("state file '%s' is %ld bytes, expected at least %ld for %zu parameters per rank", path, file_bytes, at,
+                 shard_num_parameters);
+    }
+    fseekCheck(fp, at, SEEK_SET);
+    index->trailer_offset = at;
+    if (index->should_shuffle) { dataloader_skip_state(fp, path); }
+    for (int i = 0; i < index->num_sections; i++) {
+        StateSectionPlace* place = &index->sections[i];
+        if (file_bytes - ftell(fp) < (long)(STATE_SECTION_TAG_BYTES + sizeof(place->bytes))) {
+            llm8_die("state file '%s': truncated in section %d of %d", path, i, index->num_sections);
+        }
+        freadCheck(place->tag, 1, STATE_SECTION_TAG_BYTES, fp);
+        freadCheck(&place->bytes, sizeof(place->bytes), 1, fp);
+        place->tag[STATE_SECTION_TAG_BYTES - 1] = '\0';
+        place->offset = ftell(fp);
+        if ((uint64_t)(file_bytes - place->offset) < place->bytes) {
+            llm8_die("state file '%s': section '%s' is truncated", path, place->tag);
+        }
+        fseekCheck(fp, (long)place->bytes, SEEK_CUR);
+    }
+    long end = ftell(fp);
+    if (end != file_bytes) {
+        llm8_die("state file '%s' has %ld unexpected bytes after its contents", path, file_bytes - end);
+    }
+    fcloseCheck(fp);
+}
+
+// the section tagged `tag` in an indexed file, or NULL
+static inline const StateSectionPlace* state_file_find_section(const StateFileIndex* index, const char* tag) {
+    for (int i = 0; i < index->num_sections; i++) {
+        if (strcmp(index->sections[i].tag, tag) == 0) { return &index->sections[i]; }
+    }
+    return NULL;
+}
+
 /*
 Restores a run: fills state and the buffers, and puts the loader at the saved position (with
 its shuffle state). The file must have been written by a run with the same ranks, shuffle
@@ -390,11 +511,8 @@ static inline void state_file_read(const char* path, TrainState* state, const St
     int32_t header[CHECKPOINT_HEADER_INTS];
     long file_bytes;
     FILE* fp = checkpoint_open_read_(path, "state", STATE_FILE_MAGIC, header, &file_bytes);
-    int version = header[1];
-    if (version != STATE_VERSION_LLMC && version != STATE_VERSION_SECTIONS) {
-        llm8_die("state file '%s' has version %d, expected %d or %d", path, version, STATE_VERSION_LLMC,
-                 STATE_VERSION_SECTIONS);
-    }
+    StateFileIndex fields;
+    state_file_decode_header_(header, path, &fields);
     if (header[2] != loader->num_processes || header[3] != loader->process_rank) {
         llm8_die("state file '%s' is rank %d of %d processes, this process is rank %d of %d", path, header[3], header[2],
                  loader->process_rank, loader->num_processes);
@@ -407,12 +525,12 @@ static inline void state_file_read(const char* path, TrainState* state, const St
         llm8_die("state file '%s' was written with shuffling=%d, this run has %d", path, header[5], loader->should_shuffle);
     }
     int fp32_moments = state_buffers_fp32_moments_(buffers, path);
-    int file_fp32_moments = (version == STATE_VERSION_LLMC) || header[STATE_SLOT_MOMENTS_IN_SECTIONS] == 0;
+    int file_fp32_moments = fields.fp32_moments;
     if (file_fp32_moments != fp32_moments) {
         llm8_die("state file '%s' %s fp32 AdamW moments, this run %s (different optimizer flag?)", path,
                  file_fp32_moments ? "has" : "has no", fp32_moments ? "needs them" : "keeps 8-bit states");
     }
-    int num_sections = (version == STATE_VERSION_LLMC) ? 0 : header[STATE_SLOT_NUM_SECTIONS];
+    int num_sections = fields.num_sections;
     size_t n = buffers->shard_num_parameters;
     size_t num_arrays = (fp32_moments ? 2 : 0) + (buffers->master_weights != NULL ? 1 : 0);
     long body_bytes = (long)(CHECKPOINT_HEADER_BYTES + num_arrays * n * sizeof(float));

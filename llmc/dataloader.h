@@ -19,6 +19,12 @@ Why it is shaped this way:
   file trailer via dataloader_write_state / dataloader_read_state. The rng is written in
   llm.c's struct layout (seed_, left_, next_, state_[624], MATRIX_A[2]) so the trailer is
   byte-compatible with llm.c's.
+- A checkpoint written with another number of ranks holds positions and permutations of
+  another sample size, which map to nothing in this run. The loader's walk is a function of
+  the batch count alone (shard sizes, num_processes*B*T, the rng seeded per rank), so
+  dataloader_seek_batches replays it from the shard headers (no tokens are read; the
+  shuffle rng makes exactly the draws the batches would have made) and lands where a run
+  with this loader's ranks, B and T is after that many batches: doc/multi-gpu.md.
 */
 #ifndef LLMC_DATALOADER_H
 #define LLMC_DATALOADER_H
@@ -49,6 +55,7 @@ typedef struct {
     glob_t glob_result;
     size_t num_shards;
     size_t num_tokens;          // total over all shards
+    size_t* file_num_tokens;    // num_shards entries: each shard's token count (glob order)
     // the shard in memory
     int loaded_shard;           // index into glob_result, -1 when none
     uint16_t* shard_tokens;
@@ -95,11 +102,21 @@ static inline size_t dataloader_read_shard_header_(const char* path) {
     return num_tokens;
 }
 
+// samples of num_processes*B*T tokens in shard `file_index`; one token more than a sample
+// is read (the last target), hence the -1
+static inline size_t dataloader_file_samples_(const DataLoader* loader, int file_index) {
+    return (loader->file_num_tokens[file_index] - 1) / ((size_t)loader->num_processes * loader->B * loader->T);
+}
+
 // loads shard `file_index` (an index into glob_result) into memory and checks every token id
 static inline void dataloader_load_shard_file_(DataLoader* loader, int file_index) {
     if (loader->loaded_shard == file_index) { return; }
     const char* path = loader->glob_result.gl_pathv[file_index];
     size_t num_tokens = dataloader_read_shard_header_(path);
+    if (num_tokens != loader->file_num_tokens[file_index]) {
+        llm8_die("token shard '%s' has %zu tokens now, %zu when the run started (changed during the run?)", path,
+                 num_tokens, loader->file_num_tokens[file_index]);
+    }
     free(loader->shard_tokens);
     loader->shard_tokens = (uint16_t*)mallocCheck(num_tokens * sizeof(uint16_t));
     FILE* fp = fopenCheck(path, "rb");
@@ -114,43 +131,49 @@ static inline void dataloader_load_shard_file_(DataLoader* loader, int file_inde
     }
     loader->loaded_shard = file_index;
     loader->shard_num_tokens = num_tokens;
-    // one token more than a sample is read (the last target), hence the -1
-    loader->shard_num_samples = (num_tokens - 1) / ((size_t)loader->num_processes * loader->B * loader->T);
+    loader->shard_num_samples = dataloader_file_samples_(loader, file_index);
+}
+
+// the shard file at epoch position shard_idx
+static inline int dataloader_file_index_(const DataLoader* loader, size_t shard_idx) {
+    return loader->should_shuffle ? loader->shard_indices[shard_idx] : (int)shard_idx;
 }
 
 // makes the shard at epoch position shard_idx the one in memory
 static inline void dataloader_load_shard_(DataLoader* loader, size_t shard_idx) {
-    int file_index = loader->should_shuffle ? loader->shard_indices[shard_idx] : (int)shard_idx;
-    dataloader_load_shard_file_(loader, file_index);
+    dataloader_load_shard_file_(loader, dataloader_file_index_(loader, shard_idx));
 }
 
+// when shuffling, draws the sample order of the shard at the current epoch position
 static inline void dataloader_shuffle_samples_(DataLoader* loader) {
+    if (!loader->should_shuffle) { return; }
+    size_t num_samples = dataloader_file_samples_(loader, dataloader_file_index_(loader, loader->current_shard_idx));
     free(loader->intra_shard_indices);
-    loader->num_intra_shard_indices = loader->shard_num_samples;
-    loader->intra_shard_indices = (int*)mallocCheck(loader->shard_num_samples * sizeof(int));
-    random_permutation(loader->intra_shard_indices, (int)loader->shard_num_samples, &loader->shuffle_rng);
+    loader->num_intra_shard_indices = num_samples;
+    loader->intra_shard_indices = (int*)mallocCheck(num_samples * sizeof(int));
+    random_permutation(loader->intra_shard_indices, (int)num_samples, &loader->shuffle_rng);
+}
+
+// moves to the next epoch position, first sample, drawing the orders a shuffled run draws
+// there; loads nothing (dataloader_seek_batches walks with it)
+static inline void dataloader_step_shard_(DataLoader* loader, int new_epoch) {
+    loader->current_shard_idx = new_epoch ? 0 : loader->current_shard_idx + 1;
+    loader->current_sample_idx = 0;
+    if (new_epoch && loader->should_shuffle) {
+        random_permutation(loader->shard_indices, (int)loader->num_shards, &loader->shuffle_rng);
+    }
+    dataloader_shuffle_samples_(loader);
 }
 
 // starts an epoch: first shard, first sample (a new shard and sample order when shuffling)
 static inline void dataloader_reset(DataLoader* loader) {
-    loader->current_shard_idx = 0;
-    loader->current_sample_idx = 0;
-    if (loader->should_shuffle) {
-        random_permutation(loader->shard_indices, (int)loader->num_shards, &loader->shuffle_rng);
-    }
+    dataloader_step_shard_(loader, 1);
     dataloader_load_shard_(loader, 0);
-    if (loader->should_shuffle) { dataloader_shuffle_samples_(loader); }
 }
 
 static inline void dataloader_advance_(DataLoader* loader) {
-    if (loader->current_shard_idx == loader->num_shards - 1) {
-        dataloader_reset(loader);
-        return;
-    }
-    loader->current_shard_idx++;
-    loader->current_sample_idx = 0;
+    dataloader_step_shard_(loader, loader->current_shard_idx == loader->num_shards - 1);
     dataloader_load_shard_(loader, loader->current_shard_idx);
-    if (loader->should_shuffle) { dataloader_shuffle_samples_(loader); }
 }
 
 static inline void dataloader_init(DataLoader* loader, const char* filename_pattern, size_t B, size_t T,
@@ -179,6 +202,7 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
 
     // check every shard up front, so a bad one fails now rather than hours into a run
     size_t tokens_per_step = (size_t)num_processes * B * T;
+    loader->file_num_tokens = (size_t*)mallocCheck(loader->num_shards * sizeof(size_t));
     for (size_t i = 0; i < loader->num_shards; i++) {
         const char* path = loader->glob_result.gl_pathv[i];
         size_t shard_tokens = dataloader_read_shard_header_(path);
@@ -186,6 +210,7 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
             llm8_die("token shard '%s' has %zu tokens, fewer than one batch needs (num_processes*B*T+1 = %zu)",
                      path, shard_tokens, tokens_per_step + 1);
         }
+        loader->file_num_tokens[i] = shard_tokens;
         loader->num_tokens += shard_tokens;
     }
 
@@ -231,6 +256,28 @@ static inline void dataloader_resume(DataLoader* loader, size_t current_shard_id
     }
     loader->current_shard_idx = current_shard_idx;
     loader->current_sample_idx = current_sample_idx;
+}
+
+/*
+On a loader fresh from dataloader_init: the position (and, shuffling, the orders and rng) it
+would have after `num_batches` calls of dataloader_next_batch, found from the shard sizes
+alone; the shard it lands in is loaded. Resuming a checkpoint of another rank count puts
+each rank where a run with this loader's ranks, B and T is after that many batches.
+*/
+static inline void dataloader_seek_batches(DataLoader* loader, size_t num_batches) {
+    if (loader->current_shard_idx != 0 || loader->current_sample_idx != 0) {
+        llm8_die("dataloader_seek_batches: the loader has read batches already (shard %zu, sample %zu)",
+                 loader->current_shard_idx, loader->current_sample_idx);
+    }
+    size_t left = num_batches;
+    for (;;) {
+        size_t shard_samples = dataloader_file_samples_(loader, dataloader_file_index_(loader, loader->current_shard_idx));
+        if (left <= shard_samples - loader->current_sample_idx) { break; }
+        left -= shard_samples - loader->current_sample_idx;
+        dataloader_step_shard_(loader, loader->current_shard_idx == loader->num_shards - 1);
+    }
+    loader->current_sample_idx += left;
+    dataloader_load_shard_(loader, loader->current_shard_idx);
 }
 
 // ----------------------------------------------------------------------------
@@ -325,8 +372,31 @@ static inline void dataloader_read_state(DataLoader* loader, FILE* fp, const cha
     loader->shuffle_rng.index = (rng.left <= 1) ? MT19937_N : rng.next;
 }
 
+// moves past a trailer dataloader_write_state wrote, whatever run wrote it (its counts are
+// checked against the file's length only): for a reader that takes no position from it
+static inline void dataloader_skip_state(FILE* fp, const char* source) {
+    long here = ftell(fp);
+    fseekCheck(fp, 0, SEEK_END);
+    long bytes_left = ftell(fp) - here;
+    fseekCheck(fp, here, SEEK_SET);
+    const char* what[2] = {"shard order", "sample order"};
+    for (int i = 0; i < 2; i++) {
+        uint64_t count = dataloader_read_count_(fp, &bytes_left, source, what[i]);
+        if (count > (uint64_t)bytes_left / sizeof(int)) {
+            llm8_die("state file '%s': truncated in the shuffle trailer (%s)", source, what[i]);
+        }
+        fseekCheck(fp, (long)(count * sizeof(int)), SEEK_CUR);
+        bytes_left -= (long)(count * sizeof(int));
+    }
+    if (bytes_left < (long)sizeof(LlmcRngLayout)) {
+        llm8_die("state file '%s': truncated in the shuffle trailer (rng state)", source);
+    }
+    fseekCheck(fp, (long)sizeof(LlmcRngLayout), SEEK_CUR);
+}
+
 static inline void dataloader_free(DataLoader* loader) {
     globfree(&loader->glob_result);
+    free(loader->file_num_tokens);
     free(loader->shard_tokens);
     free(loader->shard_indices);
     free(loader->intra_shard_indices);

@@ -575,6 +575,19 @@ static inline int adamw8_state_sections(StateSection sections[ADAMW8_NUM_SECTION
     return ADAMW8_NUM_SECTIONS;
 }
 
+/*
+Where each of adamw8_state_sections's sections of a window starts within the same section of
+the whole model, in bytes: a window's arrays are slices of the model's (adamw8_layout_window),
+so consecutive windows' sections tile the model's. The bits section is no slice (every window
+has all of it): 0.
+*/
+static inline void adamw8_state_section_origins(const Adamw8Layout* layout, size_t origins[ADAMW8_NUM_SECTIONS]) {
+    size_t list[ADAMW8_NUM_SECTIONS] = {0, layout->codes_begin, layout->codes_begin,
+                                        layout->blocks_begin * sizeof(float), layout->blocks_begin * sizeof(float),
+                                        layout->fp32_begin * sizeof(float), layout->fp32_begin * sizeof(float)};
+    memcpy(origins, list, sizeof(list));
+}
+
 // after a read: the file's per-tensor selection must be this run's
 static inline void adamw8_check_bits(const Adamw8Layout* layout, const int32_t bits_buffer[NUM_PARAMETER_TENSORS],
                                      const char* path) {
@@ -588,11 +601,9 @@ static inline void adamw8_check_bits(const Adamw8Layout* layout, const int32_t b
 
 // 1 when the state file holds plain fp32 AdamW moments in its body (llm.c's, or llm8's plain AdamW)
 static inline int state_file_has_fp32_moments(const char* path) {
-    int32_t header[CHECKPOINT_HEADER_INTS];
-    long file_bytes;
-    FILE* fp = checkpoint_open_read_(path, "state", STATE_FILE_MAGIC, header, &file_bytes);
-    fcloseCheck(fp);
-    return header[1] == STATE_VERSION_LLMC || header[STATE_SLOT_MOMENTS_IN_SECTIONS] == 0;
+    StateFileIndex header;
+    state_file_read_header(path, &header);
+    return header.fp32_moments;
 }
 
 #endif // LLMC_QUANT8_H

@@ -1,11 +1,14 @@
 /*
-train_state.h: resuming a run's optimizer state, whichever optimizer wrote it.
+train_state.h: writing a run's optimizer state, and resuming it whichever optimizer wrote it.
 
 Why: a checkpoint written with fp32 AdamW must resume under 8-bit AdamW and the reverse
 (DESIGN.md section 4), and both trainers must do it the same way. checkpoint.h knows the
 file layout, quant8.h the 8-bit states and their conversions; this module puts the two
-together: it reads a state file into the form this run keeps, converting when the file's
-optimizer differs, and names the -qs flag when the 8-bit tensor selection does not match.
+together: train_state_write lays a window's optimizer state out as both trainers write it
+(so the tests write files exactly as the trainers do), and train_state_read reads a state
+file into the form this run keeps, converting when the file's optimizer differs, and names
+the -qs flag when the 8-bit tensor selection does not match. state_reshard.h does the same
+across the files of a checkpoint written with another number of ranks.
 */
 #ifndef LLMC_TRAIN_STATE_H
 #define LLMC_TRAIN_STATE_H
@@ -70,6 +73,28 @@ static inline int state_file_find_adamw8_bits(const char* path, DataLoader* load
     return found;
 }
 
+/*
+Writes state file `path` for step `step` as the trainers do: the optimizer state of `layout`
+(the whole model, or a ZeRO rank's window) as adamw8's sections after the caller's extra ones
+(use_adamw8: states8), or as llm.c's fp32 m and v in the body (else: m and v, layout's
+num_parameters each); the fp32 master (NULL: none) and the loader's position and shuffle state.
+*/
+static inline void train_state_write(const char* path, int step, const DataLoader* loader, const Adamw8Layout* layout,
+                                     int use_adamw8, float* m, float* v, Adamw8States* states8, float* master,
+                                     const StateSection* extra, int num_extra) {
+    if (num_extra > TRAIN_STATE_MAX_EXTRA_SECTIONS) {
+        llm8_die("train_state_write: %d extra sections, at most %d", num_extra, TRAIN_STATE_MAX_EXTRA_SECTIONS);
+    }
+    StateSection sections[TRAIN_STATE_MAX_EXTRA_SECTIONS + ADAMW8_NUM_SECTIONS];
+    memcpy(sections, extra, (size_t)num_extra * sizeof(StateSection));
+    int32_t bits[NUM_PARAMETER_TENSORS];
+    int num_sections = num_extra + (use_adamw8 ? adamw8_state_sections(sections + num_extra, layout, states8, bits) : 0);
+    TrainState state = {step, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
+    StateBuffers buffers = {layout->num_parameters, use_adamw8 ? NULL : m, use_adamw8 ? NULL : v, master, sections,
+                            num_sections};
+    state_file_write(path, &state, &buffers, loader);
+}
+
 // dies, naming -qs, when a file's 8-bit states were kept for the tensors of another -qs
 static inline void state_file_check_adamw8_selection(const char* path, const int32_t file_bits[NUM_PARAMETER_TENSORS],
                                                      const GPT2Config* cfg, Adamw8Selection selection) {
@@ -81,6 +106,62 @@ static inline void state_file_check_adamw8_selection(const char* path, const int
                      path, ADAMW8_SELECTION_NAMES[s], ADAMW8_SELECTION_NAMES[selection], ADAMW8_SELECTION_NAMES[s]);
         }
     }
+}
+
+// what a state file holds, in the run's buffers or, when the file's optimizer is the other one,
+// in temporary ones (train_state_file_form_init_), until train_state_file_form_finish_
+typedef struct {
+    int fp32;             // fp32 moments (else 8-bit states)
+    float* m;             // fp32: the window's num_parameters each
+    float* v;
+    Adamw8States states;  // 8-bit: laid out as the window
+} TrainStateFileForm;
+
+static inline TrainStateFileForm train_state_file_form_init_(int file_fp32, const Adamw8Layout* layout, int use_adamw8,
+                                                             float* m, float* v, Adamw8States* states8) {
+    TrainStateFileForm form;
+    memset(&form, 0, sizeof(form));
+    form.fp32 = file_fp32;
+    form.m = m;
+    form.v = v;
+    if (use_adamw8) { form.states = *states8; }
+    if (file_fp32 && use_adamw8) {
+        form.m = (float*)mallocCheck(layout->num_parameters * sizeof(float));
+        form.v = (float*)mallocCheck(layout->num_parameters * sizeof(float));
+    }
+    if (!file_fp32 && !use_adamw8) { adamw8_states_alloc_host(&form.states, layout); }
+    return form;
+}
+
+// into the run's form: fp32 moments quantized, or 8-bit states dequantized, when the optimizers differ
+static inline void train_state_file_form_finish_(TrainStateFileForm* form, const char* source, const Adamw8Layout* layout,
+                                                 Adamw8Selection selection, int use_adamw8, float* m, float* v,
+                                                 Adamw8States* states8) {
+    if (form->fp32 == !use_adamw8) { return; }
+    Quant8Maps maps;
+    quant8_maps_init(&maps);
+    if (use_adamw8) {
+        adamw8_states_from_fp32(layout, &maps, form->m, form->v, states8);
+        printf("%s: fp32 AdamW moments quantized into 8-bit states (-opt adamw8 -qs %s)\n", source, ADAMW8_SELECTION_NAMES[selection]);
+        free(form->m);
+        free(form->v);
+    } else {
+        adamw8_states_to_fp32(layout, &maps, &form->states, m, v);
+        printf("%s: 8-bit AdamW states dequantized into fp32 moments (-opt adamw)\n", source);
+        adamw8_states_free_host(&form->states);
+    }
+}
+
+/*
+The layout of flat parameters [flat_begin, flat_end) in which the states are read: -qs's
+selection when the file or the run keeps 8-bit states, else every tensor 32-bit (plain AdamW
+in and out needs no 8-bit block grid, whatever -qs says).
+*/
+static inline void train_state_window_(Adamw8Layout* window, const GPT2Config* cfg, Adamw8Selection selection,
+                                       int use_adamw8, int file_fp32, size_t flat_begin, size_t flat_end) {
+    Adamw8Layout model;
+    adamw8_layout_init(&model, cfg, use_adamw8 || !file_fp32 ? selection : ADAMW8_SELECT_NONE);
+    adamw8_layout_window(window, &model, flat_begin, flat_end);
 }
 
 /*
@@ -97,51 +178,25 @@ static inline int train_state_read(const char* path, DataLoader* loader, const G
     if (num_extra > TRAIN_STATE_MAX_EXTRA_SECTIONS) {
         llm8_die("train_state_read: %d extra sections, at most %d", num_extra, TRAIN_STATE_MAX_EXTRA_SECTIONS);
     }
-    Adamw8Layout model_layout, layout;  // this process's window: the whole model, or its ZeRO range
-    adamw8_layout_init(&model_layout, cfg, selection);
-    adamw8_layout_window(&layout, &model_layout, flat_begin, flat_end);
-    size_t n = layout.num_parameters;
     int file_fp32 = state_file_has_fp32_moments(path);
+    Adamw8Layout layout;  // this process's window: the whole model, or its ZeRO range
+    train_state_window_(&layout, cfg, selection, use_adamw8, file_fp32, flat_begin, flat_end);
+    size_t n = layout.num_parameters;
     int32_t file_bits[NUM_PARAMETER_TENSORS];
     if (!file_fp32 && state_file_find_adamw8_bits(path, loader, &layout, master != NULL, file_bits)) {
         state_file_check_adamw8_selection(path, file_bits, cfg, selection);
     }
-    // what the file holds, in this run's buffers or, when converting, in temporary ones
-    float* file_m = m;
-    float* file_v = v;
-    Adamw8States file_states;
-    memset(&file_states, 0, sizeof(file_states));
-    if (use_adamw8) { file_states = *states8; }
-    if (file_fp32 && use_adamw8) {
-        file_m = (float*)mallocCheck(n * sizeof(float));
-        file_v = (float*)mallocCheck(n * sizeof(float));
-    }
-    if (!file_fp32 && !use_adamw8) { adamw8_states_alloc_host(&file_states, &layout); }
-
+    TrainStateFileForm form = train_state_file_form_init_(file_fp32, &layout, use_adamw8, m, v, states8);
     StateSection sections[TRAIN_STATE_MAX_EXTRA_SECTIONS + ADAMW8_NUM_SECTIONS];
     memcpy(sections, extra, (size_t)num_extra * sizeof(StateSection));
     int num_sections = num_extra;
     int32_t bits[NUM_PARAMETER_TENSORS];
-    if (!file_fp32) { num_sections += adamw8_state_sections(sections + num_extra, &layout, &file_states, bits); }
-    StateBuffers buffers = {n, file_fp32 ? file_m : NULL, file_fp32 ? file_v : NULL, master, sections, num_sections};
+    if (!file_fp32) { num_sections += adamw8_state_sections(sections + num_extra, &layout, &form.states, bits); }
+    StateBuffers buffers = {n, file_fp32 ? form.m : NULL, file_fp32 ? form.v : NULL, master, sections, num_sections};
     TrainState state;
     state_file_read(path, &state, &buffers, loader);
     if (!file_fp32) { adamw8_check_bits(&layout, bits, path); }
-
-    if (file_fp32 != !use_adamw8) {
-        Quant8Maps maps;
-        quant8_maps_init(&maps);
-        if (use_adamw8) {
-            adamw8_states_from_fp32(&layout, &maps, file_m, file_v, states8);
-            printf("%s: fp32 AdamW moments quantized into 8-bit states (-opt adamw8 -qs %s)\n", path, ADAMW8_SELECTION_NAMES[selection]);
-            free(file_m);
-            free(file_v);
-        } else {
-            adamw8_states_to_fp32(&layout, &maps, &file_states, m, v);
-            printf("%s: 8-bit AdamW states dequantized into fp32 moments (-opt adamw)\n", path);
-            adamw8_states_free_host(&file_states);
-        }
-    }
+    train_state_file_form_finish_(&form, path, &layout, selection, use_adamw8, m, v, states8);
     return state.step;
 }
 

@@ -10,6 +10,9 @@ batches, a 2-rank resume, and a killed rank.
   the FP8 run gathers exactly d6's 12 L C^2 matmul weight elements as 1-byte codes (half
   their bf16 bytes), and the rest in bf16.
 - Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses.
+- Resume with another number of ranks (1 -> 2 and 2 -> 1, -b so the global batch stays): the
+  optimizer state resharded and the loader replayed, steps 5..8 within the 2-rank vs 1-rank
+  tolerance of the uninterrupted run.
 - A killed rank: the survivor exits non-zero within -pt seconds with the error line naming
   its rank and the collective.
 Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries.
@@ -127,6 +130,23 @@ def main():
     a, b = losses(straight), losses(resumed)
     check(codes == [0, 0] and sorted(b) == [5, 6, 7, 8], "resume: the resumed run continues at step 5")
     check(all(a.get(s) == b.get(s) for s in (5, 6, 7, 8)), "resume: steps 5..8 bitwise equal to the uninterrupted run")
+
+    # resume with another number of ranks: the same global batch, within the 2-rank vs 1-rank tolerance
+    tolerance = {name: tol for name, _, tol in configs}["fp8 delayed adamw8"]
+    for first, second in ((1, 2), (2, 1)):
+        name = f"reshard {first} -> {second} ranks"
+        reshard_dir = os.path.join(tmp, f"ckpt_{first}_to_{second}")
+        reshard_args = common + ["-p", "fp8", "-opt", "adamw8", "-o", reshard_dir, "-n", 4]
+        codes, straight = run(first, reshard_args + ["-b", 8 // first], tmp)
+        check(codes == [0] * first, f"{name}: the uninterrupted {first}-rank run exits 0")
+        os.remove(os.path.join(reshard_dir, "DONE_00000008"))
+        codes, resumed = run(second, reshard_args + ["-b", 8 // second, "-y", 1], tmp)
+        a, b = losses(straight), losses(resumed)
+        check(codes == [0] * second and sorted(b) == [5, 6, 7, 8], f"{name}: the resumed run continues at step 5")
+        check(f"resumed a checkpoint of {first} ranks" in resumed, f"{name}: the resumed run says it resharded")
+        if sorted(b) == [5, 6, 7, 8] and all(step in a for step in b):
+            worst = max(abs(a[step] - b[step]) / abs(a[step]) for step in b)
+            check(worst < tolerance, f"{name}: steps 5..8 within {tolerance:g} of the uninterrupted run (worst {worst:.2e})")
 
     # a killed rank: the survivor stops within -pt with one line naming its rank and the collective
     procs = launch(2, common + ["-b", 4, "-x", 100000], tmp, timeout_s=20)

@@ -371,7 +371,7 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
     DataLoader loader, val_loader;
     dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     dataloader_init(&val_loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
-    int start = resume ? load_state(&model, &loader, checkpoint_dir, checkpoint_step, stream) : 0;
+    int start = resume ? load_state(&model, &loader, checkpoint_dir, checkpoint_step, 1, stream) : 0;
     OptimizerConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     RunRecord rec;
     memset(&rec, 0, sizeof(rec));

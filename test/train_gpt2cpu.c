@@ -122,18 +122,13 @@ static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoa
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_model_path(path, sizeof(path), dir, step);
     model_file_write(path, &model->config, model->params, 3);
-    TrainState state = {step, 0, 0};
-    StateSection sections[CPU_FP8_SECTIONS + ADAMW8_NUM_SECTIONS];
+    StateSection sections[CPU_FP8_SECTIONS];
     Fp8Emulation fp8_config;
     int num_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
-    int32_t bits[NUM_PARAMETER_TENSORS];
-    StateBuffers buffers = {model->num_parameters, model->adam_m, model->adam_v, NULL, sections, num_sections};
-    if (opt->use_adamw8) {  // 8-bit states in sections, no fp32 m and v (doc/adamw8.md)
-        buffers.m = buffers.v = NULL;
-        buffers.num_sections += adamw8_state_sections(sections + num_sections, &opt->layout, &opt->states, bits);
-    }
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
-    state_file_write(path, &state, &buffers, loader);
+    // 8-bit states in sections, no fp32 m and v (doc/adamw8.md); plain AdamW: llm.c's m and v
+    train_state_write(path, step, loader, &opt->layout, opt->use_adamw8, model->adam_m, model->adam_v, &opt->states, NULL,
+                      sections, num_sections);
     checkpoint_write_done(dir, step);
 }
 

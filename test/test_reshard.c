@@ -1,0 +1,484 @@
+/*
+test_reshard.c: resuming a checkpoint written with N ranks on M ranks (llmc/state_reshard.h),
+on the CPU. The N state files are written with the trainers' writer (train_state_write) from
+one one-rank state; every rank of M reads its window back through the trainer's entry
+(train_state_read_checkpoint), which must equal the slice of the one-rank state bit for bit
+(or, converting, the slice of the one-rank conversion), for N, M in {1, 2, 3, 8}, a d12-like
+shape and one with C off the 256 grid, fp32 AdamW and every -qs, with and without master.
+Also: the per-rank extra section comes from old rank r % N, the loader lands exactly where
+an M-rank loader is after the same batches (shuffled too), and broken checkpoints (a missing
+file, a file of another step or rank count, another -qs) die with one line naming them.
+*/
+#include <stdlib.h>
+#include <sys/stat.h>
+#include "llmc/state_reshard.h"
+#include "test/test_harness.h"
+#include "test/test_harness_fork.h"
+
+static const int RANK_COUNTS[] = {1, 2, 3, 8};
+#define NUM_RANK_COUNTS (int)(sizeof(RANK_COUNTS) / sizeof(RANK_COUNTS[0]))
+#define TEST_B 2
+#define TEST_T 8
+#define TEST_VOCAB 300
+#define BATCHES_PER_STEP_ONE_RANK 24   // the global batch: 24 B*T sequences, so 24 / N per rank
+#define TEST_STEP 5
+#define EXTRA_BYTES 64
+
+static char g_dir[256];
+static char g_pattern[300];
+
+static const char* in_dir(const char* dir, const char* name) {
+    static char paths[4][512];
+    static int next = 0;
+    char* out = paths[next++ % 4];
+    snprintf(out, sizeof(paths[0]), "%s/%s", dir, name);
+    return out;
+}
+
+// two token shards of different lengths (the steps below run past both: a new epoch)
+static void write_shards(void) {
+    const size_t lengths[2] = {700, 905};
+    for (int s = 0; s < 2; s++) {
+        char name[64];
+        snprintf(name, sizeof(name), "tokens_%03d.bin", s);
+        FILE* fp = fopenCheck(in_dir(g_dir, name), "wb");
+        int32_t header[DATA_HEADER_INTS];
+        memset(header, 0, sizeof(header));
+        header[0] = DATA_SHARD_MAGIC;
+        header[1] = DATA_SHARD_VERSION;
+        header[2] = (int32_t)lengths[s];
+        fwriteCheck(header, sizeof(int32_t), DATA_HEADER_INTS, fp);
+        for (size_t i = 0; i < lengths[s]; i++) {
+            uint16_t token = (uint16_t)((i * 7 + (size_t)s * 101) % TEST_VOCAB);
+            fwriteCheck(&token, sizeof(token), 1, fp);
+        }
+        fcloseCheck(fp);
+    }
+    snprintf(g_pattern, sizeof(g_pattern), "%s/tokens_*.bin", g_dir);
+}
+
+static void loader_init(DataLoader* loader, int rank, int num_ranks, int shuffle) {
+    dataloader_init(loader, g_pattern, TEST_B, TEST_T, rank, num_ranks, shuffle, TEST_VOCAB);
+}
+
+static size_t batches_per_step(int num_ranks) { return BATCHES_PER_STEP_ONE_RANK / (size_t)num_ranks; }
+
+// a loader of rank r of M after `step` steps of real batches: what the resharded loader must equal
+static void loader_after_steps(DataLoader* loader, int rank, int num_ranks, int shuffle, int step) {
+    loader_init(loader, rank, num_ranks, shuffle);
+    for (size_t b = 0; b < (size_t)step * batches_per_step(num_ranks); b++) { dataloader_next_batch(loader); }
+}
+
+// ----------------------------------------------------------------------------
+// the one-rank state, and which rank counts a run could use with it
+
+typedef struct {
+    GPT2Config cfg;
+    const char* name;
+    int eight_bit;                 // the files keep 8-bit states (else fp32 AdamW moments)
+    Adamw8Selection selection;     // the 8-bit files' -qs
+    Adamw8Layout model;            // for selection (fp32 files: every tensor 32-bit)
+    float* m;                      // the fp32 moments of every parameter (fp32 files)
+    float* v;
+    float* master;
+    Adamw8States states;           // the 8-bit states of the whole model: m and v quantized (8-bit files)
+    float* dequantized_m;          // states dequantized: what a plain AdamW run reads from 8-bit files
+    float* dequantized_v;
+} OneRank;
+
+static float uniform_pm1(uint32_t stream, size_t i) {  // in [-1, 1)
+    return 2.0f * bits_as_float(0x3f800000u | (random_u32(stream, (uint32_t)i) >> 9)) - 3.0f;
+}
+
+static void one_rank_init(OneRank* s, const GPT2Config* cfg, const char* name, int eight_bit, Adamw8Selection selection) {
+    memset(s, 0, sizeof(*s));
+    s->cfg = *cfg;
+    s->name = name;
+    s->eight_bit = eight_bit;
+    s->selection = selection;
+    adamw8_layout_init(&s->model, cfg, eight_bit ? selection : ADAMW8_SELECT_NONE);
+    size_t n = s->model.num_parameters;
+    s->m = (float*)mallocCheck(n * sizeof(float));
+    s->v = (float*)mallocCheck(n * sizeof(float));
+    s->master = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        s->m[i] = 1e-4f * uniform_pm1(11u, i);
+        s->v[i] = 1e-8f * (1.0f + uniform_pm1(12u, i));
+        s->master[i] = 0.02f * uniform_pm1(13u, i);
+    }
+    Quant8Maps maps;
+    quant8_maps_init(&maps);
+    Adamw8Layout converted;  // the layout conversions use: the run's -qs
+    adamw8_layout_init(&converted, cfg, selection);
+    adamw8_states_alloc_host(&s->states, &converted);
+    adamw8_states_from_fp32(&converted, &maps, s->m, s->v, &s->states);
+    s->dequantized_m = (float*)mallocCheck(n * sizeof(float));
+    s->dequantized_v = (float*)mallocCheck(n * sizeof(float));
+    adamw8_states_to_fp32(&converted, &maps, &s->states, s->dequantized_m, s->dequantized_v);
+}
+
+static void one_rank_free(OneRank* s) {
+    free(s->m); free(s->v); free(s->master); free(s->dequantized_m); free(s->dequantized_v);
+    adamw8_states_free_host(&s->states);
+}
+
+// 0 when some rank of N would cut an 8-bit tensor of `selection` off its block grid (the trainer refuses that at startup)
+static int ranks_can_run(const GPT2Config* cfg, Adamw8Selection selection, int num_ranks) {
+    ZeroLayout z;
+    zero_layout_init(&z, cfg, num_ranks);
+    for (int r = 0; r < num_ranks; r++) {
+        for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+            ZeroPart part;
+            if (adamw8_tensor_is_8bit(cfg, t, selection) && zero_tensor_part(&z, r, t, &part) && !part.block_aligned) { return 0; }
+        }
+    }
+    return 1;
+}
+
+// the window's slice of whole-model states (pointers into them: a window's arrays are slices)
+static Adamw8States states_slice(const Adamw8States* whole, const Adamw8Layout* window) {
+    Adamw8States slice;
+    slice.m_codes = whole->m_codes + window->codes_begin;
+    slice.v_codes = whole->v_codes + window->codes_begin;
+    slice.m_absmax = whole->m_absmax + window->blocks_begin;
+    slice.v_absmax = whole->v_absmax + window->blocks_begin;
+    slice.m32 = whole->m32 + window->fp32_begin;
+    slice.v32 = whole->v32 + window->fp32_begin;
+    return slice;
+}
+
+static void fill_extra(unsigned char* extra, int rank) {
+    for (int i = 0; i < EXTRA_BYTES; i++) { extra[i] = (unsigned char)(rank * 37 + i); }
+}
+
+// checkpoint `step` of `s` written by N ranks into dir, each rank's file by the trainers' writer
+static void write_checkpoint(const OneRank* s, const char* dir, int step, int num_ranks, int with_master, int shuffle) {
+    ZeroLayout z;
+    zero_layout_init(&z, &s->cfg, num_ranks);
+    for (int q = 0; q < num_ranks; q++) {
+        ZeroRange range = zero_rank_range(&z, q);
+        Adamw8Layout window;
+        adamw8_layout_window(&window, &s->model, range.begin, range.end);
+        Adamw8States states = states_slice(&s->states, &window);
+        DataLoader loader;
+        loader_after_steps(&loader, q, num_ranks, shuffle, step);
+        unsigned char extra_bytes[EXTRA_BYTES];
+        fill_extra(extra_bytes, q);
+        StateSection extra = {"test.per_rank", extra_bytes, EXTRA_BYTES};
+        char path[CHECKPOINT_PATH_MAX];
+        checkpoint_state_path(path, sizeof(path), dir, step, q);
+        train_state_write(path, step, &loader, &window, s->eight_bit, s->m + range.begin, s->v + range.begin, &states,
+                          with_master ? s->master + range.begin : NULL, &extra, 1);
+        dataloader_free(&loader);
+    }
+}
+
+// what one rank of M reads back
+typedef struct {
+    Adamw8Layout window;    // the run's layout for its range
+    ZeroRange range;
+    float* m;
+    float* v;
+    Adamw8States states;
+    float* master;
+    unsigned char extra[EXTRA_BYTES];
+    char extra_path[CHECKPOINT_PATH_MAX];
+    DataLoader loader;
+    int step;
+} RankResume;
+
+static void rank_resume(RankResume* out, const OneRank* s, const char* dir, int rank, int num_ranks, int use_adamw8,
+                        Adamw8Selection selection, int with_master, int shuffle) {
+    ZeroLayout z;
+    zero_layout_init(&z, &s->cfg, num_ranks);
+    out->range = zero_rank_range(&z, rank);
+    Adamw8Layout model;
+    adamw8_layout_init(&model, &s->cfg, use_adamw8 ? selection : ADAMW8_SELECT_NONE);
+    adamw8_layout_window(&out->window, &model, out->range.begin, out->range.end);
+    size_t n = out->range.end - out->range.begin;
+    out->m = (float*)mallocCheck(n * sizeof(float));
+    out->v = (float*)mallocCheck(n * sizeof(float));
+    out->master = with_master ? (float*)mallocCheck(n * sizeof(float)) : NULL;
+    adamw8_states_alloc_host(&out->states, &out->window);
+    memset(out->extra, 0, sizeof(out->extra));
+    StateSection extra = {"test.per_rank", out->extra, EXTRA_BYTES};
+    loader_init(&out->loader, rank, num_ranks, shuffle);
+    out->step = train_state_read_checkpoint(dir, TEST_STEP, batches_per_step(num_ranks), &out->loader, &s->cfg, use_adamw8,
+                                            selection, use_adamw8 ? NULL : out->m, use_adamw8 ? NULL : out->v,
+                                            &out->states, out->master, &extra, 1, out->extra_path);
+}
+
+static void rank_resume_free(RankResume* r) {
+    free(r->m); free(r->v); free(r->master);
+    adamw8_states_free_host(&r->states);
+    dataloader_free(&r->loader);
+}
+
+// the loader of a resumed rank against a loader that read the batches itself: position, orders, rng, next batch
+static int same_loader(DataLoader* got, DataLoader* want) {
+    int same = got->current_shard_idx == want->current_shard_idx && got->current_sample_idx == want->current_sample_idx &&
+               got->loaded_shard == want->loaded_shard;
+    if (same && want->should_shuffle) {
+        same = memcmp(got->shard_indices, want->shard_indices, want->num_shards * sizeof(int)) == 0 &&
+               got->num_intra_shard_indices == want->num_intra_shard_indices &&
+               memcmp(got->intra_shard_indices, want->intra_shard_indices, want->num_intra_shard_indices * sizeof(int)) == 0 &&
+               memcmp(&got->shuffle_rng, &want->shuffle_rng, sizeof(want->shuffle_rng)) == 0;
+    }
+    for (int b = 0; same && b < 40; b++) {  // on into the next shards and epochs
+        dataloader_next_batch(got);
+        dataloader_next_batch(want);
+        same = memcmp(got->inputs, want->inputs, TEST_B * TEST_T * sizeof(int)) == 0 &&
+               memcmp(got->targets, want->targets, TEST_B * TEST_T * sizeof(int)) == 0;
+    }
+    return same;
+}
+
+/*
+Rank r of M against the one-rank state: the run's form of the file's optimizer state, sliced
+(converted first when the run's optimizer is the other one), the master slice, old rank
+r % N's extra section, the step, and the loader of an M-rank run.
+*/
+static void check_rank(const OneRank* s, RankResume* got, int rank, int file_ranks, int num_ranks, int use_adamw8,
+                       int with_master, int shuffle, const char* what) {
+    size_t b = got->range.begin, n = got->range.end - got->range.begin;
+    CHECK(got->step == TEST_STEP, "%s rank %d: step %d", what, rank, got->step);
+    if (use_adamw8) {
+        Adamw8States want = states_slice(&s->states, &got->window);
+        const Adamw8Layout* w = &got->window;
+        CHECK(memcmp(got->states.m_codes, want.m_codes, w->num_codes) == 0 &&
+              memcmp(got->states.v_codes, want.v_codes, w->num_codes) == 0 &&
+              memcmp(got->states.m_absmax, want.m_absmax, w->num_blocks * sizeof(float)) == 0 &&
+              memcmp(got->states.v_absmax, want.v_absmax, w->num_blocks * sizeof(float)) == 0 &&
+              memcmp(got->states.m32, want.m32, w->num_fp32 * sizeof(float)) == 0 &&
+              memcmp(got->states.v32, want.v32, w->num_fp32 * sizeof(float)) == 0,
+              "%s rank %d: 8-bit states differ from the one-rank slice", what, rank);
+    } else {
+        const float* want_m = s->eight_bit ? s->dequantized_m : s->m;
+        const float* want_v = s->eight_bit ? s->dequantized_v : s->v;
+        CHECK(memcmp(got->m, want_m + b, n * sizeof(float)) == 0 && memcmp(got->v, want_v + b, n * sizeof(float)) == 0,
+              "%s rank %d: fp32 moments differ from the one-rank slice", what, rank);
+    }
+    if (with_master) {
+        CHECK(memcmp(got->master, s->master + b, n * sizeof(float)) == 0, "%s rank %d: master differs from the one-rank slice",
+              what, rank);
+    }
+    unsigned char want_extra[EXTRA_BYTES];
+    fill_extra(want_extra, rank % file_ranks);
+    CHECK(memcmp(got->extra, want_extra, EXTRA_BYTES) == 0, "%s rank %d: the extra section is not old rank %d's", what,
+          rank, rank % file_ranks);
+    char want_path[CHECKPOINT_PATH_MAX];
+    checkpoint_state_path(want_path, sizeof(want_path), g_dir, TEST_STEP, rank % file_ranks);
+    CHECK(strcmp(got->extra_path, want_path) == 0, "%s rank %d: extra path '%s'", what, rank, got->extra_path);
+    DataLoader want_loader;
+    loader_after_steps(&want_loader, rank, num_ranks, shuffle, TEST_STEP);
+    CHECK(same_loader(&got->loader, &want_loader), "%s rank %d: the loader is not where an %d-rank run's is", what, rank,
+          num_ranks);
+    dataloader_free(&want_loader);
+}
+
+/*
+Files of `s` written by every N that can run, read by every M that can run, with the run's
+optimizer use_adamw8 (-qs run_selection): the pairs and the ranks checked.
+*/
+static void test_reshard_pairs(const OneRank* s, int use_adamw8, Adamw8Selection run_selection, int with_master) {
+    char what[160];
+    int pairs = 0;
+    for (int i = 0; i < NUM_RANK_COUNTS; i++) {
+        int file_ranks = RANK_COUNTS[i];
+        if (s->eight_bit && !ranks_can_run(&s->cfg, s->selection, file_ranks)) { continue; }
+        write_checkpoint(s, g_dir, TEST_STEP, file_ranks, with_master, 0);
+        for (int j = 0; j < NUM_RANK_COUNTS; j++) {
+            int num_ranks = RANK_COUNTS[j];
+            // 8-bit states, or states becoming 8-bit, need the run's block grid (a conversion's too)
+            if ((use_adamw8 || s->eight_bit) && !ranks_can_run(&s->cfg, run_selection, num_ranks)) { continue; }
+            snprintf(what, sizeof(what), "%s, %s files -> %s run, master %d, N=%d M=%d", s->name,
+                     s->eight_bit ? ADAMW8_SELECTION_NAMES[s->selection] : "fp32", use_adamw8 ? "adamw8" : "adamw",
+                     with_master, file_ranks, num_ranks);
+            for (int r = 0; r < num_ranks; r++) {
+                RankResume got;
+                rank_resume(&got, s, g_dir, r, num_ranks, use_adamw8, run_selection, with_master, 0);
+                check_rank(s, &got, r, file_ranks, num_ranks, use_adamw8, with_master, 0, what);
+                rank_resume_free(&got);
+            }
+            pairs++;
+        }
+        checkpoint_remove(g_dir, TEST_STEP);
+    }
+    printf("%s, %s files -> %s run, master %d: %d (N, M) pairs\n", s->name,
+           s->eight_bit ? ADAMW8_SELECTION_NAMES[s->selection] : "fp32", use_adamw8 ? "adamw8" : "adamw", with_master, pairs);
+    CHECK(pairs > 0, "%s: no (N, M) pair could run", s->name);
+}
+
+static void test_shape(const GPT2Config* cfg, const char* name) {
+    for (int with_master = 0; with_master <= 1; with_master++) {
+        OneRank fp32_files;
+        one_rank_init(&fp32_files, cfg, name, 0, ADAMW8_SELECT_DEFAULT);
+        test_reshard_pairs(&fp32_files, 0, ADAMW8_SELECT_DEFAULT, with_master);
+        test_reshard_pairs(&fp32_files, 1, ADAMW8_SELECT_DEFAULT, with_master);  // quantized while resharding
+        one_rank_free(&fp32_files);
+        for (int sel = 0; sel < ADAMW8_NUM_SELECTIONS; sel++) {
+            OneRank eight_bit_files;
+            one_rank_init(&eight_bit_files, cfg, name, 1, (Adamw8Selection)sel);
+            test_reshard_pairs(&eight_bit_files, 1, (Adamw8Selection)sel, with_master);
+            if (sel == ADAMW8_SELECT_DEFAULT) { test_reshard_pairs(&eight_bit_files, 0, ADAMW8_SELECT_DEFAULT, with_master); }
+            one_rank_free(&eight_bit_files);
+        }
+    }
+}
+
+// shuffled data: the resumed loaders are those of an M-rank run (orders, rng, position), old ranks' orders notwithstanding
+static void test_shuffled(const GPT2Config* cfg) {
+    OneRank s;
+    one_rank_init(&s, cfg, "small shuffled", 0, ADAMW8_SELECT_DEFAULT);
+    const int pairs[3][2] = {{2, 3}, {1, 8}, {8, 1}};
+    for (int p = 0; p < 3; p++) {
+        write_checkpoint(&s, g_dir, TEST_STEP, pairs[p][0], 1, 1);
+        for (int r = 0; r < pairs[p][1]; r++) {
+            char what[96];
+            snprintf(what, sizeof(what), "shuffled N=%d M=%d", pairs[p][0], pairs[p][1]);
+            RankResume got;
+            rank_resume(&got, &s, g_dir, r, pairs[p][1], 0, ADAMW8_SELECT_DEFAULT, 1, 1);
+            check_rank(&s, &got, r, pairs[p][0], pairs[p][1], 0, 1, 1, what);
+            rank_resume_free(&got);
+        }
+        checkpoint_remove(g_dir, TEST_STEP);
+    }
+    one_rank_free(&s);
+}
+
+// replaying a loader is reading its batches: every count up to three epochs, both shuffle modes
+static void test_seek_batches(void) {
+    for (int shuffle = 0; shuffle <= 1; shuffle++) {
+        for (int num_ranks = 1; num_ranks <= 3; num_ranks += 2) {
+            DataLoader reading;
+            loader_init(&reading, num_ranks - 1, num_ranks, shuffle);
+            int mismatches = 0;
+            for (size_t batches = 0; batches < 3 * (1605 / (TEST_B * TEST_T * (size_t)num_ranks)); batches++) {
+                DataLoader seeking;
+                loader_init(&seeking, num_ranks - 1, num_ranks, shuffle);
+                dataloader_seek_batches(&seeking, batches);
+                mismatches += !same_loader(&seeking, &reading) ? 1 : 0;
+                dataloader_free(&seeking);
+                dataloader_free(&reading);
+                loader_init(&reading, num_ranks - 1, num_ranks, shuffle);
+                for (size_t b = 0; b <= batches; b++) { dataloader_next_batch(&reading); }
+            }
+            CHECK(mismatches == 0, "dataloader_seek_batches (shuffle %d, %d ranks): %d batch counts land elsewhere than "
+                  "reading the batches", shuffle, num_ranks, mismatches);
+            dataloader_free(&reading);
+        }
+    }
+    CHECK_DIES("seek on a used loader", "has read batches", {
+        DataLoader loader;
+        loader_init(&loader, 0, 1, 0);
+        dataloader_next_batch(&loader);
+        dataloader_seek_batches(&loader, 3);
+    });
+}
+
+// broken checkpoints: one line naming the file (and, for another selection, the flag)
+static void test_broken_checkpoints(const GPT2Config* cfg) {
+    OneRank s;
+    one_rank_init(&s, cfg, "small", 0, ADAMW8_SELECT_DEFAULT);
+    char other_dir[300];
+    snprintf(other_dir, sizeof(other_dir), "%s/other", g_dir);
+    if (mkdir(other_dir, 0755) != 0) { perror("mkdir"); exit(2); }
+    write_checkpoint(&s, g_dir, TEST_STEP, 2, 1, 0);
+    write_checkpoint(&s, g_dir, TEST_STEP + 1, 2, 1, 0);   // another step
+    write_checkpoint(&s, other_dir, TEST_STEP, 3, 1, 0);   // another rank count
+    char rank1[CHECKPOINT_PATH_MAX], saved[CHECKPOINT_PATH_MAX + 8], command[3 * CHECKPOINT_PATH_MAX];
+    checkpoint_state_path(rank1, sizeof(rank1), g_dir, TEST_STEP, 1);
+    snprintf(saved, sizeof(saved), "%s.saved", rank1);
+    if (rename(rank1, saved) != 0) { perror("rename"); exit(2); }
+    CHECK_DIES("reshard: a missing file", rank1, {
+        RankResume got;
+        rank_resume(&got, &s, g_dir, 0, 1, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+    });
+    CHECK_DIES("reshard: a missing file, said so", "missing", {
+        RankResume got;
+        rank_resume(&got, &s, g_dir, 0, 3, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+    });
+    char step6[CHECKPOINT_PATH_MAX];
+    checkpoint_state_path(step6, sizeof(step6), g_dir, TEST_STEP + 1, 1);
+    snprintf(command, sizeof(command), "cp '%s' '%s'", step6, rank1);
+    CHECK(system(command) == 0, "%s", command);
+    CHECK_DIES("reshard: a file of another step", "at step 6", {
+        RankResume got;
+        rank_resume(&got, &s, g_dir, 0, 1, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+    });
+    CHECK_DIES("reshard: a file of another step, named", rank1, {
+        RankResume got;
+        rank_resume(&got, &s, g_dir, 0, 1, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+    });
+    char three_ranks[CHECKPOINT_PATH_MAX];
+    checkpoint_state_path(three_ranks, sizeof(three_ranks), other_dir, TEST_STEP, 1);
+    snprintf(command, sizeof(command), "cp '%s' '%s'", three_ranks, rank1);
+    CHECK(system(command) == 0, "%s", command);
+    CHECK_DIES("reshard: a file of another rank count", "rank 1 of 3", {
+        RankResume got;
+        rank_resume(&got, &s, g_dir, 0, 3, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+    });
+    if (rename(saved, rank1) != 0) { perror("rename"); exit(2); }
+    CHECK_DIES("reshard: master weights the run does not keep", "use_master_weights", {
+        RankResume got;
+        rank_resume(&got, &s, g_dir, 0, 3, 0, ADAMW8_SELECT_DEFAULT, 0, 0);
+    });
+    CHECK_DIES("reshard: shuffling the run does not do", "shuffling", {
+        RankResume got;
+        rank_resume(&got, &s, g_dir, 0, 3, 0, ADAMW8_SELECT_DEFAULT, 1, 1);
+    });
+    CHECK_DIES("reshard: sections the run does not keep", "sections", {
+        DataLoader loader;
+        loader_init(&loader, 0, 3, 0);
+        float m[1];
+        float v[1];
+        float master[1];
+        char path[CHECKPOINT_PATH_MAX];
+        train_state_read_checkpoint(g_dir, TEST_STEP, 8, &loader, &s.cfg, 0, ADAMW8_SELECT_DEFAULT, m, v, NULL, master,
+                                    NULL, 0, path);
+    });
+    char rank0[CHECKPOINT_PATH_MAX];
+    checkpoint_state_path(rank0, sizeof(rank0), g_dir, TEST_STEP, 0);
+    remove(rank0);
+    CHECK_DIES("reshard: no rank 0 file", rank0, {
+        RankResume got;
+        rank_resume(&got, &s, g_dir, 0, 3, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+    });
+    checkpoint_remove(g_dir, TEST_STEP);
+    checkpoint_remove(g_dir, TEST_STEP + 1);
+    test_remove_dir(other_dir);
+    one_rank_free(&s);
+
+    // 8-bit files of -qs default read by a run with -qs all: the flag is named
+    OneRank eight_bit;
+    one_rank_init(&eight_bit, cfg, "small", 1, ADAMW8_SELECT_DEFAULT);
+    write_checkpoint(&eight_bit, g_dir, TEST_STEP, 2, 0, 0);
+    CHECK_DIES("reshard: another -qs", "-qs default", {
+        RankResume got;
+        rank_resume(&got, &eight_bit, g_dir, 0, 3, 1, ADAMW8_SELECT_ALL, 0, 0);
+    });
+    CHECK_DIES("reshard: another -qs, converting", "-qs default", {
+        RankResume got;
+        rank_resume(&got, &eight_bit, g_dir, 1, 3, 0, ADAMW8_SELECT_ALL, 0, 0);
+    });
+    checkpoint_remove(g_dir, TEST_STEP);
+    one_rank_free(&eight_bit);
+}
+
+int main(void) {
+    test_make_temp_dir(g_dir, sizeof(g_dir));
+    write_shards();
+    test_seek_batches();
+    // every tensor on the 256 grid (C = 256): every -qs runs on every rank count
+    GPT2Config small = gpt2_config_make(2, 4, 256, 32, TEST_VOCAB);
+    test_broken_checkpoints(&small);
+    test_shuffled(&small);
+    // C = 192: tensors start off the 256 grid; only the rank counts that can run are paired
+    GPT2Config odd = gpt2_config_make(2, 3, 192, 32, TEST_VOCAB);
+    test_shape(&odd, "C=192");
+    // d12's width and heads (one layer, a small vocabulary, to stay fast)
+    GPT2Config d12_like = gpt2_config_make(1, 12, 768, 64, 1000);
+    test_shape(&d12_like, "d12 L=1");
+    test_remove_dir(g_dir);
+    return test_summary("test_reshard");
+}
