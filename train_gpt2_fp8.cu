@@ -538,17 +538,20 @@ static uint32_t update_seed(int step, int tensor) {
 }
 
 /*
-Where the optimizer pass puts the new amax of FP8 weight (tensor, layer) (NULL: none is
-wanted): the per-tensor cast after the update reads it instead of its own amax pass. With
-several ranks only the weights gathered as FP8 take it (zero_comm.cuh): the others are cast
-from the gathered bf16 weights, which the cast itself scans.
+What the optimizer call that updates FP8 weight (tensor, layer) from flat element `flat` on
+writes for the weight's cast (zeroed: none is wanted): the new amax, and under -fw delayed the
+codes (fp8_model_weight_update). With several ranks only the weights gathered as FP8 take it
+(zero_comm.cuh): the others are cast from the gathered bf16 weights, which the cast itself scans.
 */
-static unsigned int* gpt2_weight_amax_slot(const GPT2* model, int tensor, int layer) {
+static Fp8WeightUpdate gpt2_weight_update(const GPT2* model, int tensor, int layer, size_t flat) {
+    Fp8WeightUpdate none = {};
     int kind = tensor == PARAM_WTE ? LINEAR_LM_HEAD : -1;
     for (int k = 0; k < LINEAR_KINDS_PER_LAYER; k++) { kind = zero_comm_weight_tensor(k) == tensor ? k : kind; }
-    if (kind < 0) { return NULL; }
-    if (model->comm != NULL && (!model->comm->fp8_gather || kind == LINEAR_LM_HEAD)) { return NULL; }
-    return fp8_model_weight_amax_slot(&model->fp8, fp8_model_linear(&model->fp8, layer, kind));
+    if (kind < 0) { return none; }
+    if (model->comm != NULL && (!model->comm->fp8_gather || kind == LINEAR_LM_HEAD)) { return none; }
+    int i = fp8_model_linear(&model->fp8, layer, kind);
+    if (i < 0) { return none; }
+    return fp8_model_weight_update(&model->fp8, i, flat - model->fp8.linears[i].weight_offset);
 }
 
 // AdamW (fp32 or 8-bit states) on the owned range, tensor part by part (zero_update_ranges)
@@ -566,7 +569,7 @@ static void gpt2_update(GPT2* model, float learning_rate, float beta1, float bet
             float* master = model->master ? model->master + (flat - model->owned.begin) : NULL;
             adamw8_update_range(&model->opt_layout, &model->opt_states, model->opt_maps, i, ranges[r].offset, ranges[r].n,
                                 model->params + flat, master, model->grads + flat, hp, grad_scale, update_seed(step, i),
-                                gpt2_weight_amax_slot(model, i, ranges[r].layer), stream);
+                                gpt2_weight_update(model, i, ranges[r].layer, flat), stream);
         }
     }
     free(ranges);
@@ -668,7 +671,7 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
             zero_comm_gather_weights(model->comm, &model->fp8, model->params, model->master, stream);
             profiler_mark("weight gather + fp8 weight casts");
         } else {
-            fp8_model_cast_weights(&model->fp8, model->master, model->params, true, stream);  // FP8 weights follow the update
+            fp8_model_weights_after_update(&model->fp8, model->master, model->params, stream);  // FP8 weights follow the update
             profiler_mark("fp8 weight casts");
         }
     }
@@ -829,6 +832,18 @@ static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step
     return resumed_step;
 }
 
+/*
+Resumes from the checkpoint of `step` in dir: load_state, then, under -fw delayed, the FP8
+weight codes rebuilt with the scale the optimizer pass wrote them with (load_state's start
+cast used the current one; fp8_model_restore_weight_codes). Returns the step to continue from.
+*/
+static int gpt2_resume(GPT2* model, DataLoader* loader, const char* dir, int step, cudaStream_t stream) {
+    int resumed_step = load_state(model, loader, dir, step, stream);
+    if (model->comm != NULL) { zero_comm_restore_weight_codes(model->comm, &model->fp8, model->params, model->master, stream); }
+    else { fp8_model_restore_weight_codes(&model->fp8, model->master, model->params, stream); }
+    return resumed_step;
+}
+
 // with -nk K, keeps the newest K checkpoints: removes the one K intervals back
 static void remove_old_checkpoints(const char* dir, int newest_step, int every, int keep) {
     if (keep <= 0) { return; }
@@ -971,7 +986,7 @@ int main(int argc, char** argv) {
                stream);
     free(params_cpu);
     int start_step = 0;
-    if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step, stream); }
+    if (resume_step >= 0) { start_step = gpt2_resume(&model, &train_loader, out_dir, resume_step, stream); }
 
     Logger logger;  // rank 0 writes the logs
     logger_init(&logger, out_dir, rank, resume_step >= 0);
@@ -1010,8 +1025,10 @@ int main(int argc, char** argv) {
         char linears[128], passes[64];
         fp8_names_from_bits(linears, sizeof(linears), fp8_settings.linears, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);
         fp8_names_from_bits(passes, sizeof(passes), fp8_settings.passes, FP8_PASS_NAMES, NUM_FP8_PASSES);
-        printf("fp8 | recipe %s (history %d, margin %d) | linears %s | passes %s | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
-               FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe], fp8_settings.history_len, fp8_settings.margin, linears, passes,
+        printf("fp8 | recipe %s (history %d, margin %d, weights %s) | linears %s | passes %s | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+               FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe], fp8_settings.history_len, fp8_settings.margin,
+               fp8_settings.recipe == FP8_MODEL_BLOCK ? "128x128 blocks" : FP8_WEIGHT_SCALING_NAMES[fp8_settings.weight_scaling],
+               linears, passes,
                model.fp8.num_linears, model.fp8.bytes / 1048576.0,
                model.fp8.numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
     }

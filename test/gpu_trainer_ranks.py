@@ -6,7 +6,8 @@ batches, a 2-rank resume, and a killed rank.
 - Trajectories: 2 ranks x -b 4 read exactly the sequences 1 rank x -b 8 reads (a sample is
   N*B*T tokens, rank r takes its r-th B*T), so the losses agree within bf16/FP8 rounding:
   the gradient average over ranks and the sharded optimizer are the only differences.
-- Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses.
+- Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses, with
+  -fw current and -fw delayed.
 - A killed rank: the survivor exits non-zero within -pt seconds with the error line naming
   its rank and the collective.
 Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries.
@@ -75,7 +76,8 @@ def main():
     common = ["-e", "d6", "-t", 256, "-x", 8, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-i", os.path.join(tmp, "r_train_*.bin"),
               "-j", "", "-d", 4096]
     configs = [("bf16 adamw", ["-p", "bf16"], 1e-2), ("fp8 delayed adamw", ["-p", "fp8"], 2e-2),
-               ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2)]
+               ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2),
+               ("fp8 -fw delayed adamw8 (codes from the optimizer pass)", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], 2e-2)]
     for name, extra, tolerance in configs:
         codes1, out1 = run(1, common + extra + ["-b", 8], tmp)
         codes2, out2 = run(2, common + extra + ["-b", 4], tmp)
@@ -90,19 +92,22 @@ def main():
             gathered = re.search(r"weights gathered per step: ([\d.]+) MB as FP8 \+ ([\d.]+) MB as bf16 \(all bf16: ([\d.]+) MB\)", out2)
             check(gathered is not None and float(gathered.group(1)) > 0, f"{name}: matmul weights gathered as FP8")
 
-    # resume with 2 ranks: bitwise
-    out_dir = os.path.join(tmp, "ckpt")
-    args = common + ["-p", "fp8", "-opt", "adamw8", "-b", 4, "-o", out_dir, "-n", 4]
-    codes, straight = run(2, args, tmp)
-    check(codes == [0, 0], "resume: the straight 2-rank run exits 0")
-    for step in (4, 8):
-        for r in range(2):
-            check(os.path.exists(os.path.join(out_dir, f"state_{step:08d}_{r:05d}.bin")), f"resume: state file of rank {r} at step {step}")
-    os.remove(os.path.join(out_dir, "DONE_00000008"))
-    codes, resumed = run(2, args + ["-y", 1], tmp)
-    a, b = losses(straight), losses(resumed)
-    check(codes == [0, 0] and sorted(b) == [5, 6, 7, 8], "resume: the resumed run continues at step 5")
-    check(all(a.get(s) == b.get(s) for s in (5, 6, 7, 8)), "resume: steps 5..8 bitwise equal to the uninterrupted run")
+    # resume with 2 ranks: bitwise (-fw delayed: each rank rebuilds its codes with the saved scale, then they are gathered)
+    for weights in ("current", "delayed"):
+        out_dir = os.path.join(tmp, "ckpt_" + weights)
+        args = common + ["-p", "fp8", "-fw", weights, "-opt", "adamw8", "-b", 4, "-o", out_dir, "-n", 4]
+        codes, straight = run(2, args, tmp)
+        check(codes == [0, 0], f"resume -fw {weights}: the straight 2-rank run exits 0")
+        for step in (4, 8):
+            for r in range(2):
+                check(os.path.exists(os.path.join(out_dir, f"state_{step:08d}_{r:05d}.bin")),
+                      f"resume -fw {weights}: state file of rank {r} at step {step}")
+        os.remove(os.path.join(out_dir, "DONE_00000008"))
+        codes, resumed = run(2, args + ["-y", 1], tmp)
+        a, b = losses(straight), losses(resumed)
+        check(codes == [0, 0] and sorted(b) == [5, 6, 7, 8], f"resume -fw {weights}: the resumed run continues at step 5")
+        check(all(a.get(s) == b.get(s) for s in (5, 6, 7, 8)),
+              f"resume -fw {weights}: steps 5..8 bitwise equal to the uninterrupted run")
 
     # a killed rank: the survivor stops within -pt with one line naming its rank and the collective
     procs = launch(2, common + ["-b", 4, "-x", 100000], tmp, timeout_s=20)

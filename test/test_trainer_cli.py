@@ -164,6 +164,18 @@ class TestBadInput:
     def test_fp8_bad_pass_list(self, binary, data, value, fragment):
         assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-f8p", value])), "-f8p", fragment)
 
+    def test_fp8_unknown_weight_scaling(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fw", "lazy"])), "-fw", "lazy", "current delayed")
+
+    def test_fp8_delayed_weights_refused_with_block_recipe(self, binary, data):
+        """block scales come from each 128x128 block's own amax: there is no per-tensor scale to delay"""
+        r = run(binary, base_args(data, ["-p", "fp8", "-fr", "block", "-fw", "delayed"]))
+        assert_one_line_error(r, "-fw delayed", "-fr block", "-fw current")
+
+    def test_fp8_delayed_weights_need_an_fp8_forward(self, binary, data):
+        r = run(binary, base_args(data, ["-p", "fp8", "-f8p", "dgrad,wgrad", "-fw", "delayed"]))
+        assert_one_line_error(r, "-fw delayed", "-f8p dgrad,wgrad", "fwd")
+
     # optimizer flags
     @pytest.mark.parametrize("value", ["sgd", "adam", "ADAMW8", ""])
     def test_unknown_optimizer(self, binary, data, value):
@@ -243,7 +255,7 @@ def test_fp8_good_flags_accepted(data, tmp_path):
 def test_help_lists_every_flag_with_default(binary):
     result = run(binary, ["--help"])
     assert result.returncode == 0
-    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
+    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt",
              "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pt"]
     lines = result.stdout.splitlines()
@@ -336,10 +348,12 @@ def test_cpu_adamw8_resume_is_bitwise_identical(data, tmp_path):
     assert final_model(tmp_path / "adamw") != final_model(tmp_path / "straight")
 
 
-def test_cpu_adamw8_without_8bit_tensors_is_adamw_bitwise(data, tmp_path):
-    """-qs none keeps every tensor in fp32 states: plain AdamW's arithmetic, so the same bits"""
-    run_straight(data, tmp_path / "adamw", ["-opt", "adamw"])
-    run_straight(data, tmp_path / "none", ["-opt", "adamw8", "-qs", "none"])
+@pytest.mark.parametrize("fp8", [[], ["-p", "fp8", "-fw", "delayed"]], ids=["fp32", "fp8-delayed-weights"])
+def test_cpu_adamw8_without_8bit_tensors_is_adamw_bitwise(data, tmp_path, fp8):
+    """-qs none keeps every tensor in fp32 states: plain AdamW's arithmetic, so the same bits
+    (with -fw delayed, both optimizers also do the FP8 weights' part of the step)"""
+    run_straight(data, tmp_path / "adamw", ["-opt", "adamw"] + fp8)
+    run_straight(data, tmp_path / "none", ["-opt", "adamw8", "-qs", "none"] + fp8)
     assert final_model(tmp_path / "adamw") == final_model(tmp_path / "none")
 
 
@@ -381,19 +395,30 @@ def test_cpu_fp8_is_honoured(data, tmp_path):
     assert np.allclose(train_losses(tmp_path / "fp8"), train_losses(tmp_path / "fp32"), rtol=2e-2)
 
 
-@pytest.mark.parametrize("recipe", ["delayed", "block"])
-def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, recipe):
-    """the scaling states go into the state file, and val evaluations put them back"""
-    flags = ["-p", "fp8", "-fr", recipe, "-opt", "adamw8", "-f8", "all"]
+@pytest.mark.parametrize("recipe,weights", [("delayed", "current"), ("block", "current"), ("delayed", "delayed")])
+def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, recipe, weights):
+    """the scaling states go into the state file (with -fw delayed the weights' too: the scale
+    the forwards use is the previous step's), and val evaluations put them back"""
+    flags = ["-p", "fp8", "-fr", recipe, "-fw", weights, "-opt", "adamw8", "-f8", "all"]
     run_straight(data, tmp_path / "straight", flags)
     r = run_split(data, tmp_path / "split", flags + ["-v", 1, "-m", 1], flags + ["-v", 1, "-m", 1])
     assert r.returncode == 0, r.stderr
     assert final_model(tmp_path / "straight") == final_model(tmp_path / "split")
 
 
-def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path):
-    r = run_split(data, tmp_path / "split", ["-p", "fp8"], ["-p", "fp8", "-fr", "current"])
-    assert_one_line_error(r, "state_00000003_00000.bin", "-fr")
+def test_cpu_fp8_delayed_weights_are_honoured(data, tmp_path):
+    """-fw delayed trains through the emulation's delayed weight cast: the same first step, then other bits"""
+    current = run_straight(data, tmp_path / "current", ["-p", "fp8"])
+    delayed = run_straight(data, tmp_path / "delayed", ["-p", "fp8", "-fw", "delayed"])
+    assert "recipe delayed, weights delayed" in delayed.stdout and "recipe delayed, weights current" in current.stdout
+    assert train_losses(tmp_path / "delayed")[0] == train_losses(tmp_path / "current")[0]
+    assert final_model(tmp_path / "delayed") != final_model(tmp_path / "current"), "-fw delayed trained like -fw current"
+
+
+@pytest.mark.parametrize("second,flag", [(["-p", "fp8", "-fr", "current"], "-fr"), (["-p", "fp8", "-fw", "delayed"], "-fw")])
+def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path, second, flag):
+    r = run_split(data, tmp_path / "split", ["-p", "fp8"], second)
+    assert_one_line_error(r, "state_00000003_00000.bin", flag)
 
 
 def test_readme_flag_table_matches_help():
