@@ -107,7 +107,7 @@ $(BUILD)/test_%: test/test_%.c $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD)
 $(BUILD)/test_%: test/test_%.cpp $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD) check-cuda
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -I. -I$(CUDA_HOME)/include $< -lm -o $@
 
-$(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn check-nccl
+$(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn check-nccl
 	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(ATTENTION_FLAGS) $(NCCL_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(NCCL_LIBS) $(MPI_LIBS) -lgomp -o $@
 
 # in this order, so the last line is pytest's summary; compile-cuda first fails fast on a build break

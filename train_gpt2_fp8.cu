@@ -580,17 +580,20 @@ static uint32_t update_seed(int step, int tensor) {
 }
 
 /*
-Where the optimizer pass puts the new amax of FP8 weight (tensor, layer) (NULL: none is
-wanted): the per-tensor cast after the update reads it instead of its own amax pass. With
-several ranks only the weights gathered as FP8 take it (zero_comm.cuh): the others are cast
-from the gathered bf16 weights, which the cast itself scans.
+What the optimizer call that updates FP8 weight (tensor, layer) from flat element `flat` on
+writes for the weight's cast (zeroed: none is wanted): the new amax, and under -fw delayed the
+codes (fp8_model_weight_update). With several ranks only the weights gathered as FP8 take it
+(zero_comm.cuh): the others are cast from the gathered bf16 weights, which the cast itself scans.
 */
-static unsigned int* gpt2_weight_amax_slot(const GPT2* model, int tensor, int layer) {
+static Fp8WeightUpdate gpt2_weight_update(const GPT2* model, int tensor, int layer, size_t flat) {
+    Fp8WeightUpdate none = {};
     int kind = tensor == PARAM_WTE ? LINEAR_LM_HEAD : -1;
     for (int k = 0; k < LINEAR_KINDS_PER_LAYER; k++) { kind = zero_comm_weight_tensor(k) == tensor ? k : kind; }
-    if (kind < 0) { return NULL; }
-    if (model->comm != NULL && (!model->comm->fp8_gather || kind == LINEAR_LM_HEAD)) { return NULL; }
-    return fp8_model_weight_amax_slot(&model->fp8, fp8_model_linear(&model->fp8, layer, kind));
+    if (kind < 0) { return none; }
+    if (model->comm != NULL && (!model->comm->fp8_gather || kind == LINEAR_LM_HEAD)) { return none; }
+    int i = fp8_model_linear(&model->fp8, layer, kind);
+    if (i < 0) { return none; }
+    return fp8_model_weight_update(&model->fp8, i, flat - model->fp8.linears[i].weight_offset);
 }
 
 // AdamW (fp32 or 8-bit states) on the owned range, tensor part by part (zero_update_ranges)
@@ -608,7 +611,7 @@ static void gpt2_update(GPT2* model, float learning_rate, float beta1, float bet
             float* master = model->master ? model->master + (flat - model->owned.begin) : NULL;
             adamw8_update_range(&model->opt_layout, &model->opt_states, model->opt_maps, i, ranges[r].offset, ranges[r].n,
                                 model->params + flat, master, model->grads + flat, hp, grad_scale, update_seed(step, i),
-                                gpt2_weight_amax_slot(model, i, ranges[r].layer), stream);
+                                gpt2_weight_update(model, i, ranges[r].layer, flat), stream);
         }
     }
     free(ranges);
@@ -710,7 +713,7 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
             zero_comm_gather_weights(model->comm, &model->fp8, model->params, model->master, stream);
             profiler_mark("weight gather + fp8 weight casts");
         } else {
-            fp8_model_cast_weights(&model->fp8, model->master, model->params, true, stream);  // FP8 weights follow the update
+            fp8_model_weights_after_update(&model->fp8, model->master, model->params, stream);  // FP8 weights follow the update
             profiler_mark("fp8 weight casts");
         }
     }
@@ -838,7 +841,9 @@ its state file; returns the step to continue from. A state file of the other opt
 converted (train_state_read): plain AdamW's (or llm.c's) fp32 moments resume an adamw8 run,
 and adamw8's states a plain one. A checkpoint written with another number of ranks is
 resharded (state_reshard.h): the rank's window assembled from the old files, the FP8 scaling
-of old rank r % N, the loader replayed by step * grad_accum_steps batches.
+of old rank r % N, the loader replayed by step * grad_accum_steps batches. Under -fw delayed
+the FP8 weight codes are then rebuilt with the scale the optimizer pass wrote them with (the
+start cast here used the current one; fp8_model_restore_weight_codes).
 */
 static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step, int grad_accum_steps, cudaStream_t stream) {
     char path[CHECKPOINT_PATH_MAX];
@@ -860,6 +865,8 @@ static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step
     gpt2_cast_weights(model, stream);
     gpt2_wait(model, stream, "weight gather (resume)");
     fp8_model_upload(&model->fp8, &fp8, path, 0);
+    if (model->comm != NULL) { zero_comm_restore_weight_codes(model->comm, &model->fp8, model->params, model->master, stream); }
+    else { fp8_model_restore_weight_codes(&model->fp8, model->master, model->params, stream); }
     fp8_host_state_free(&fp8);
     free(master);
     return resumed_step;
@@ -1047,8 +1054,9 @@ int main(int argc, char** argv) {
     if (fp8_settings.enabled) {
         char passes[256];
         fp8_passes_text(passes, sizeof(passes), fp8_settings.passes);
-        printf("fp8 | recipe %s (history %d, margin %d) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
-               FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe], fp8_settings.history_len, fp8_settings.margin, passes,
+        printf("fp8 | recipe %s (history %d, margin %d, weights %s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+               FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe], fp8_settings.history_len, fp8_settings.margin,
+               fp8_settings.recipe == FP8_MODEL_BLOCK ? "128x128 blocks" : FP8_WEIGHT_SCALING_NAMES[fp8_settings.weight_scaling], passes,
                model.fp8.num_linears, model.fp8.bytes / 1048576.0,
                model.fp8.numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
     }

@@ -11,10 +11,12 @@ into shared memory once per thread block, where the binary search of each encode
 The per-element arithmetic is quant8.h's __host__ __device__ code; the new bf16 weight is
 rounded stochastically with random_u32(seed, element index counted from the tensor's start),
 as llmc/adamw.cuh does. A block whose update is not finite somewhere is not written at all.
-The optional amax output (for the FP8 weight cast that follows) is max |value the cast
-reads| (the master when there is one, else the bf16 weight) over the call's elements, old
-values of a skipped block included: a warp max per block, then one atomicMax on the float's
-bits (non-negative floats order like their bits; max is order-independent, so the result
+The optional FP8 weight outputs (Fp8WeightUpdate, fp8_scaling.cuh; DESIGN.md section 3) are
+those of llmc/adamw.cuh, through the same element function (fp8_weight_element): the amax of
+the value the cast reads (the master when there is one, else the bf16 weight) and, with the
+delayed weight cast, its E4M3 codes, 8 bytes a lane in one store. A skipped block's unchanged
+values count too, and their codes are rewritten: this step's codes all share one scale. Each
+warp commits its tally with one atomic per field (a max and integer counts, so the result
 is deterministic).
 */
 #ifndef LLMC_ADAMW8_CUH
@@ -25,6 +27,7 @@ is deterministic).
 #include "cuda_utils.cuh"
 #include "element_math.h"
 #include "quant8.h"
+#include "fp8_scaling.cuh"
 #include "adamw.cuh"
 
 #define ADAMW8_WARPS_PER_BLOCK 8
@@ -33,7 +36,7 @@ is deterministic).
 __global__ void __launch_bounds__(ADAMW8_WARPS_PER_BLOCK * WARP_SIZE)
 adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
                      const Quant8Maps* maps, AdamWElementParams hp, float grad_scale, uint32_t seed,
-                     uint32_t first_index, unsigned int* amax_bits) {
+                     uint32_t first_index, Fp8WeightUpdate fp8) {
     __shared__ Quant8Maps shared_maps;
     for (int i = threadIdx.x; i < QUANT8_CODES; i += blockDim.x) {
         shared_maps.signed_values[i] = maps->signed_values[i];
@@ -80,30 +83,37 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
     // phase 1: dequantize, fp32 AdamW; the block's new absmaxes and whether all is finite
     const float m_absmax_old = st.m_absmax[block], v_absmax_old = st.v_absmax[block];
     float m[ADAMW8_ELEMENTS_PER_LANE], v[ADAMW8_ELEMENTS_PER_LANE];
-    float m_max = 0.0f, v_max = 0.0f, old_max = 0.0f;
+    float m_max = 0.0f, v_max = 0.0f;
     int finite = 1;
     #pragma unroll
     for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
         if (k >= count) { break; }
-        old_max = fmaxf(old_max, fabsf(param[k]));  // what the cast reads if the block is skipped
         param[k] = adamw8_element_update(param[k], grad[k] * grad_scale, m_code[k], v_code[k], m_absmax_old, v_absmax_old,
                                          &shared_maps, hp, &m[k], &v[k]);
         finite = finite && adamw8_element_is_finite(param[k], m[k], v[k]);
         m_max = fmaxf(m_max, fabsf(m[k]));
         v_max = fmaxf(v_max, fabsf(v[k]));
     }
-    if (!__all_sync(0xffffffffu, finite)) {  // leave the whole block as it was
-        if (amax_bits != NULL) {
-            old_max = warp_reduce_max(old_max);
-            if (lane == 0) { atomicMax(amax_bits, __float_as_uint(old_max)); }
+    const float fp8_scale = fp8_weight_update_scale(fp8);
+    Fp8Tally tally = fp8_tally_zero();
+    uint8_t fp8_code[ADAMW8_ELEMENTS_PER_LANE];
+    if (!__all_sync(0xffffffffu, finite)) {  // leave the whole block as it was; its FP8 side still counts
+        if (fp8.record != NULL) {
+            #pragma unroll
+            for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
+                if (k >= count) { break; }
+                float old_master = master != NULL ? master[start + k] : 0.0f;
+                fp8_code[k] = fp8_weight_update_element(fp8, fp8_scale, master != NULL, old_master, params[start + k], &tally);
+                if (fp8.codes != NULL) { fp8.codes[start + k] = fp8_code[k]; }
+            }
+            fp8_tally_commit_warp(tally, fp8.record, true);
         }
         return;
     }
     m_max = warp_reduce_max(m_max);
     v_max = warp_reduce_max(v_max);
 
-    // phase 2: requantize with the new absmaxes, write the parameter
-    float weight_max = 0.0f;
+    // phase 2: requantize with the new absmaxes, write the parameter (and its FP8 side)
     floatX weight[ADAMW8_ELEMENTS_PER_LANE];
     #pragma unroll
     for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
@@ -111,7 +121,9 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
         m_code[k] = quant8_encode_signed(m[k], m_max, shared_maps.signed_values);
         v_code[k] = quant8_encode_unsigned(v[k], v_max, shared_maps.unsigned_values);
         weight[k] = stochastic_round_bf16(param[k], seed, first_index + (uint32_t)(start + k));
-        weight_max = fmaxf(weight_max, fabsf(master != NULL ? param[k] : __bfloat162float(weight[k])));
+        if (fp8.record != NULL) {
+            fp8_code[k] = fp8_weight_update_element(fp8, fp8_scale, master != NULL, param[k], weight[k], &tally);
+        }
     }
     if (vector) {
         uint2 mc, vc;
@@ -128,6 +140,11 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
         x128 p;
         for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) { p[k] = weight[k]; }
         store128(params + start, p);
+        if (fp8.codes != NULL) {
+            uint2 codes;
+            memcpy(&codes, fp8_code, sizeof(codes));
+            *reinterpret_cast<uint2*>(fp8.codes + start) = codes;
+        }
     } else {
         #pragma unroll
         for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
@@ -136,16 +153,14 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
             st.v_codes[start + k] = v_code[k];
             if (master != NULL) { master[start + k] = param[k]; }
             params[start + k] = weight[k];
+            if (fp8.codes != NULL) { fp8.codes[start + k] = fp8_code[k]; }
         }
     }
     if (lane == 0) {
         st.m_absmax[block] = m_max;
         st.v_absmax[block] = v_max;
     }
-    if (amax_bits != NULL) {
-        weight_max = warp_reduce_max(weight_max);
-        if (lane == 0) { atomicMax(amax_bits, __float_as_uint(weight_max)); }
-    }
+    if (fp8.record != NULL) { fp8_tally_commit_warp(tally, fp8.record, true); }
 }
 
 static inline void adamw8_check_aligned_(const void* ptr, const char* what) {
@@ -157,13 +172,14 @@ static inline void adamw8_check_aligned_(const void* ptr, const char* what) {
 /*
 One 8-bit AdamW step of n elements of a tensor, starting at its element first_index (a
 multiple of 256: a ZeRO rank's part). master may be NULL (the bf16 weights are the
-parameters); amax_bits (nullable) receives max(*amax_bits, bits of |value the FP8 cast
-reads|): zero it before the tensor's update. params, grads and master must be 16-byte
-aligned and the state slice must start on a 256-element block (adamw8_part_states).
+parameters); fp8: the FP8 weight outputs (see above; zeroed: none), codes pointing at this
+run's first element; the record's amax_bits takes a max over the weight's calls (the state
+update after them clears it). params, grads and master must be 16-byte aligned, the codes 8-byte aligned, and
+the state slice must start on a 256-element block (adamw8_part_states).
 */
 void adamw8_update(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
                    const Quant8Maps* maps_device, AdamWElementParams hp, float grad_scale, uint32_t seed,
-                   uint32_t first_index, unsigned int* amax_bits, cudaStream_t stream) {
+                   uint32_t first_index, Fp8WeightUpdate fp8, cudaStream_t stream) {
     if (n > (size_t)UINT32_MAX - first_index) {
         llm8_die("adamw8_update: %zu elements from element %u of a tensor; the rounding index is 32-bit", n, first_index);
     }
@@ -176,10 +192,13 @@ void adamw8_update(floatX* params, float* master, const floatX* grads, Quant8Ten
     adamw8_check_aligned_(master, "the fp32 master weights");
     adamw8_check_aligned_(st.m_codes, "the m codes");
     adamw8_check_aligned_(st.v_codes, "the v codes");
+    if (((uintptr_t)fp8.codes) % 8 != 0) {
+        llm8_die("adamw8_update: the FP8 weight codes at %p are not 8-byte aligned", (void*)fp8.codes);
+    }
     size_t blocks = ceil_div_size(n, QUANT8_BLOCK);
     unsigned int grid = (unsigned int)ceil_div_size(blocks, ADAMW8_WARPS_PER_BLOCK);
     adamw8_update_kernel<<<grid, ADAMW8_WARPS_PER_BLOCK * WARP_SIZE, 0, stream>>>(
-        params, master, grads, st, n, maps_device, hp, grad_scale, seed, first_index, amax_bits);
+        params, master, grads, st, n, maps_device, hp, grad_scale, seed, first_index, fp8);
     cudaCheck(cudaGetLastError());
 }
 
@@ -240,12 +259,13 @@ The step of elements [offset, offset + n) of tensor t's part in `layout` (the wh
 layout, or a ZeRO rank's window: adamw8_layout_window): 8-bit tensors through adamw8_update
 (offset a multiple of 256), 32-bit ones through adamw_update on the layout's m32/v32. Plain
 AdamW is the layout with no 8-bit tensor. params, master (nullable) and grads point at the
-range's first element; amax_bits (nullable) gets the range's amax for the FP8 weight cast.
-Callers split a tensor into ranges where each FP8 weight (one layer's slice) needs its own amax.
+range's first element; fp8 gets the range's FP8 weight outputs (its codes pointer also at the
+range's first element; zeroed: none). Callers split a tensor into ranges where each FP8 weight
+(one layer's slice) needs its own.
 */
 static void adamw8_update_range(const Adamw8Layout* layout, const Adamw8States* states, const Quant8Maps* maps_device,
                                 int tensor, size_t offset, size_t n, floatX* params, float* master, const floatX* grads,
-                                AdamWElementParams hp, float grad_scale, uint32_t seed, unsigned int* amax_bits,
+                                AdamWElementParams hp, float grad_scale, uint32_t seed, Fp8WeightUpdate fp8,
                                 cudaStream_t stream) {
     if (offset + n > layout->sizes[tensor]) {
         llm8_die("adamw8_update_range: elements %zu..%zu of %s, whose part has %zu", offset, offset + n,
@@ -258,11 +278,11 @@ static void adamw8_update_range(const Adamw8Layout* layout, const Adamw8States* 
         st.v_codes += offset;
         st.m_absmax += offset / QUANT8_BLOCK;
         st.v_absmax += offset / QUANT8_BLOCK;
-        adamw8_update(params, master, grads, st, n, maps_device, hp, grad_scale, seed, first_index, amax_bits, stream);
+        adamw8_update(params, master, grads, st, n, maps_device, hp, grad_scale, seed, first_index, fp8, stream);
     } else {
         size_t at = layout->fp32_offsets[tensor] + offset;
         adamw_update(params, master, grads, states->m32 + at, states->v32 + at, n, hp, grad_scale, seed, first_index,
-                     amax_bits, stream);
+                     fp8, stream);
     }
 }
 

@@ -1,7 +1,8 @@
 /*
 fp8.h: the two FP8 formats (E4M3 and E5M2) as raw uint8_t codes: encode with round to
-nearest even and SATFINITE saturation, decode, scaled quantize/dequantize, and the
-per-element classification (saturated, flushed to zero) behind the numerics log.
+nearest even and SATFINITE saturation, decode, scaled quantize/dequantize, the per-element
+classification (saturated, flushed to zero) behind the numerics log, and the FP8 side of a
+weight element an optimizer step writes (the value its cast reads, and its code).
 
 Why it is shaped so:
 - One definition of FP8 for the GPU kernels and the CPU reference (DESIGN.md section 6):
@@ -31,6 +32,7 @@ Decode: E4M3 has no Inf, NaN is 0x7f/0xff; E5M2 Inf is 0x7c/0xfc, NaN 0x7d-0x7f/
 #define LLMC_FP8_H
 
 #include <stdint.h>
+#include <stddef.h>
 #include <math.h>
 #include "element_math.h"
 #ifdef __CUDACC__
@@ -154,6 +156,48 @@ LLMC_HD Fp8ElementStatus fp8_classify(float x, float scale, uint8_t code, Fp8For
 // was present and Inf when an Inf was (fp8_scaling.h then refuses to record it)
 LLMC_HD uint32_t fp8_amax_bits(float x) {
     return float_as_bits(x) & 0x7fffffffu;
+}
+
+/*
+The FP8 side of one weight element an optimizer step has just written (DESIGN.md section 3),
+shared by both optimizer kernels (llmc/adamw.cuh, llmc/adamw8.cuh) and their host references
+(llmc/quant8.h): the value the weight's FP8 cast reads, the new fp32 master when there is one,
+else the new bf16 weight (its bits), whose amax the step reports; and that value's E4M3 code
+under `scale` (SATFINITE), which the delayed weight cast writes with the scale of the previous
+step's amax. The current weight cast later reads the same value, so both scalings quantize
+the same number.
+*/
+typedef struct {
+    float value;
+    uint8_t code;
+} Fp8WeightElement;
+
+LLMC_HD Fp8WeightElement fp8_weight_element(int has_master, float new_master, uint16_t new_weight_bits, float scale) {
+    Fp8WeightElement e;
+    e.value = has_master ? new_master : bf16_bits_to_float(new_weight_bits);
+    e.code = fp8_quantize(e.value, scale, FP8_E4M3);
+    return e;
+}
+
+/*
+What a host reference of an optimizer step writes for the FP8 cast of the weight it updates
+(the kernels' Fp8WeightUpdate, llmc/fp8_scaling.cuh): *amax (amax NULL: none) becomes the max
+of |value| over the call's elements; codes (NULL: current scaling, no codes) get each
+element's code under `scale`, from the call's first element on.
+*/
+typedef struct {
+    float* amax;
+    uint8_t* codes;
+    float scale;
+} Fp8WeightRef;
+
+// element i of the call, just written; out may be NULL (the weight is not FP8)
+static inline void fp8_weight_ref_add(const Fp8WeightRef* out, size_t i, int has_master, float new_master,
+                                      uint16_t new_weight_bits) {
+    if (out == NULL) { return; }
+    Fp8WeightElement e = fp8_weight_element(has_master, new_master, new_weight_bits, out->scale);
+    if (out->amax != NULL && fp8_amax_bits(e.value) > fp8_amax_bits(*out->amax)) { *out->amax = bits_as_float(fp8_amax_bits(e.value)); }
+    if (out->codes != NULL) { out->codes[i] = e.code; }
 }
 
 #endif // LLMC_FP8_H

@@ -24,6 +24,9 @@ Why it is shaped so:
 - Codes are fp8_quantize(value, scale) from fp8.h, where value is the tensor as stored in
   bf16 (the rounded GELU or layernorm output, as the bf16 path sees it) or the fp32 weight:
   bit-exact with the host encode the CPU reference and the tests use.
+- The delayed weight cast (-fw delayed) writes W's codes inside the optimizer pass
+  (llmc/adamw.cuh, adamw8.cuh); here it takes only W^T from them (fp8_transpose_codes, a byte
+  per element) and, after a resume, the codes rebuilt with their saved scale (fp8_weight_codes).
 Shapes: rows and cols are multiples of 16 (cuBLASLt FP8's rule for every GEMM dimension),
 so tile edges fall on 16-byte boundaries; the last tile in each direction may be short.
 */
@@ -408,6 +411,36 @@ void fp8_cast_weight_part(const Fp8CastOutput* out, const In* in, size_t first, 
     const int block_size = 256;
     size_t blocks = ceil_div_size(n, block_size);
     fp8_cast_part_kernel<In><<<(unsigned int)(blocks < 1024 ? blocks : 1024), block_size, 0, stream>>>(*out, in, first, n);
+    cudaCheck(cudaGetLastError());
+}
+
+// the E4M3 code of a weight element under `scale`, as the optimizer pass writes it (fp8_weight_element)
+__device__ __forceinline__ uint8_t fp8_weight_code_of(float master, float scale) {
+    return fp8_weight_element(1, master, 0, scale).code;
+}
+__device__ __forceinline__ uint8_t fp8_weight_code_of(floatX weight, float scale) {
+    return fp8_weight_element(0, 0.0f, __bfloat16_as_ushort(weight), scale).code;
+}
+
+template <class In>
+__global__ void fp8_weight_codes_kernel(uint8_t* codes, const In* in, size_t n, const Fp8CastRecord* record) {
+    const float scale = record->scale;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        codes[i] = fp8_weight_code_of(in[i], scale);
+    }
+}
+
+/*
+codes[0, n) = the codes the delayed weight cast's optimizer pass wrote for in[0, n) (the fp32
+master or the bf16 weight), under record->scale, the scale they were written with: to rebuild
+them after a resume. Not a use of the tensor: no state, amax or statistic changes.
+*/
+template <class In>
+void fp8_weight_codes(uint8_t* codes, const In* in, size_t n, const Fp8CastRecord* record, cudaStream_t stream) {
+    if (n == 0) { return; }
+    const int block_size = 256;
+    size_t blocks = ceil_div_size(n, block_size);
+    fp8_weight_codes_kernel<In><<<(unsigned int)(blocks < 1024 ? blocks : 1024), block_size, 0, stream>>>(codes, in, n, record);
     cudaCheck(cudaGetLastError());
 }
 

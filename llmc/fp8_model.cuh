@@ -29,6 +29,14 @@ Why it is shaped so:
   record, which the backward GEMMs read, so updating right after the forward is exact. The
   host knows which path to take without reading the GPU: x_seeded flips after the first
   forward, and is read from the states on resume.
+- Weights (-fw, DESIGN.md section 3), per-tensor recipes: the optimizer pass writes each
+  weight's new amax into its record (fp8_model_weight_update). current: the cast follows the
+  pass with that amax (fp8_model_cast_weights). delayed: the pass itself writes W's codes
+  with the weight state's scale (the previous step's amax, history 1, fp8_scaling.h), then
+  fp8_model_weights_after_update copies that scale into the record for the GEMMs, folds the
+  new amax into the state for the next step, and makes W^T from the codes (a byte per
+  element, no re-read of the weights). The start cast seeds it (current), and a resume
+  rebuilds the codes with the scale the saved records hold (fp8_model_restore_weight_codes).
 - Evaluation (val loss, HellaSwag, samples) runs the FP8 forward but must not change
   training: fp8_model_begin_eval snapshots the states and records on the device and
   fp8_model_end_eval puts them back, so the histories and the numerics log see training
@@ -251,14 +259,14 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     return offset;
 }
 
-// host states, fresh: activations by the recipe, gradients and weights current
+// host states, fresh: activations by the recipe, gradients current, weights as -fw says
 static void fp8_model_init_states(const Fp8Model* fp8, Fp8TensorScaling* host) {
     const Fp8Settings* s = &fp8->settings;
     int n = fp8->num_linears;
     for (int i = 0; i < n; i++) {
         fp8_scaling_init(&host[i], fp8_activation_recipe(s), FP8_E4M3, s->history_len, s->margin);
         fp8_scaling_init(&host[n + i], FP8_RECIPE_CURRENT, FP8_E5M2, s->history_len, s->margin);
-        fp8_scaling_init(&host[2 * n + i], FP8_RECIPE_CURRENT, FP8_E4M3, s->history_len, s->margin);
+        fp8_scaling_init_weight(&host[2 * n + i], s->weight_scaling == FP8_WEIGHTS_DELAYED, s->history_len, s->margin);
     }
 }
 
@@ -275,6 +283,12 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
     fp8->lm_head = -1;
     for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { fp8->rank_in_layer[kind] = -1; }
     if (!settings->enabled) { return; }
+    for (int kind = 0; kind < NUM_LINEAR_KINDS && settings->weight_scaling == FP8_WEIGHTS_DELAYED; kind++) {
+        if (settings->recipe == FP8_MODEL_BLOCK || ((settings->passes[kind] & FP8_DGRAD) && !(settings->passes[kind] & FP8_FWD))) {
+            llm8_die("fp8_model_create: delayed weight scaling needs a per-tensor recipe, and an FP8 forward wherever dgrad is "
+                     "FP8 (train_config_fp8_settings)");
+        }
+    }
     const int weight_tensor[LINEAR_KINDS_PER_LAYER] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
         if (settings->passes[kind] != 0) { fp8->rank_in_layer[kind] = fp8->per_layer++; }
@@ -367,9 +381,11 @@ void fp8_model_end_forward(Fp8Model* fp8, cudaStream_t stream) {
 
 /*
 FP8 linear i's weight W (for an FP8 forward) and W^T (for an FP8 dgrad), from the fp32
-master when master != NULL (all of it: one GPU), else from the bf16 weights; nothing when
-neither pass is FP8. amax_known: the optimizer pass has written the weight's amax into its
-record (fp8_model_weight_amax_slot), so the per-tensor cast skips its amax pass.
+master when master != NULL (all of it: one GPU), else from the bf16 weights, with current
+scaling; nothing when neither pass is FP8. At the start (seeding a delayed weight's state),
+after loading a checkpoint, and after each optimizer step under -fw current. amax_known: the
+optimizer pass has written the weight's amax into its record (fp8_model_weight_update), so
+the per-tensor cast skips its amax pass.
 */
 void fp8_model_cast_weight(const Fp8Model* fp8, int i, const float* master, const floatX* params, bool amax_known,
                            cudaStream_t stream) {
@@ -387,12 +403,73 @@ void fp8_model_cast_weights(const Fp8Model* fp8, const float* master, const floa
     for (int i = 0; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, master, params, amax_known, stream); }
 }
 
-// where the optimizer pass puts FP8 linear i's new weight amax for the per-tensor weight cast
-// (NULL: i is -1, W is not cast (no FP8 forward or dgrad), or the block recipe, whose cast
-// finds every 128x128 block's amax itself)
-static inline unsigned int* fp8_model_weight_amax_slot(const Fp8Model* fp8, int i) {
-    if (!fp8_model_casts_w(fp8, i) || fp8_model_block(fp8)) { return NULL; }
-    return &fp8->records[2 * fp8->num_linears + i].amax_bits;
+// -fw delayed: the optimizer pass writes the FP8 weights' codes (DESIGN.md section 3)
+static inline bool fp8_model_delayed_weights(const Fp8Model* fp8) {
+    return fp8->num_linears > 0 && fp8->settings.weight_scaling == FP8_WEIGHTS_DELAYED;
+}
+
+/*
+What the optimizer call that updates FP8 linear i's weight from its element `first` on writes
+for the weight's cast (zeroed: i is -1, W is not cast (no FP8 forward or dgrad), or the block
+recipe, whose cast finds every 128x128 block's amax itself): the new amax into the weight's record, and under -fw delayed the codes
+from W's element `first` on, with the weight state's scale.
+*/
+static inline Fp8WeightUpdate fp8_model_weight_update(const Fp8Model* fp8, int i, size_t first) {
+    Fp8WeightUpdate update = {};
+    if (!fp8_model_casts_w(fp8, i) || fp8_model_block(fp8)) { return update; }
+    Fp8CastOutput w = fp8_model_w(fp8, i);
+    update.record = w.record;
+    if (fp8_model_delayed_weights(fp8)) {
+        update.codes = w.codes + first;
+        update.state = w.state;
+    }
+    return update;
+}
+
+// W^T from the W codes of FP8 linears [first, last) (the ones whose dgrad runs in FP8)
+void fp8_model_transpose_weights(const Fp8Model* fp8, int first, int last, cudaStream_t stream) {
+    for (int i = first; i < last; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        if (lin->w_codes_t != NULL) { fp8_transpose_codes(lin->w_codes, lin->w_codes_t, lin->OC, lin->K, stream); }
+    }
+}
+
+/*
+After each optimizer step on one GPU (zero_comm_gather_weights with several): the FP8 weights
+follow the update. -fw current: the casts, from the amaxes the pass wrote. -fw delayed: the
+pass wrote W's codes with the states' scales, which become the records' (what the GEMMs
+read), then the pass's amaxes update the states (the next step's scales), as a delayed
+activation's cast does; W^T is the codes' transpose.
+*/
+void fp8_model_weights_after_update(const Fp8Model* fp8, const float* master, const floatX* params, cudaStream_t stream) {
+    if (fp8->num_linears == 0) { return; }
+    if (!fp8_model_delayed_weights(fp8)) {
+        fp8_model_cast_weights(fp8, master, params, true, stream);
+        return;
+    }
+    int n = fp8->num_linears;
+    fp8_scaling_publish_scales(&fp8->states[2 * n], &fp8->records[2 * n], n, stream);
+    fp8_scaling_update_records(&fp8->states[2 * n], &fp8->records[2 * n], n, stream);
+    fp8_model_transpose_weights(fp8, 0, n, stream);
+}
+
+/*
+After a resume under -fw delayed on one GPU (zero_comm_restore_weight_codes with several):
+the start cast before fp8_model_upload wrote every weight with current scaling, but the run's
+codes were written in the optimizer pass with the previous step's scale, which the restored
+records hold. W and W^T are rebuilt with it; nothing else changes (not a use of the tensors).
+*/
+void fp8_model_restore_weight_codes(const Fp8Model* fp8, const float* master, const floatX* params, cudaStream_t stream) {
+    if (!fp8_model_delayed_weights(fp8)) { return; }
+    for (int i = 0; i < fp8->num_linears; i++) {
+        if (!fp8_model_casts_w(fp8, i)) { continue; }
+        const Fp8Linear* lin = &fp8->linears[i];
+        Fp8CastOutput w = fp8_model_w(fp8, i);
+        size_t n = (size_t)lin->OC * lin->K;
+        if (master != NULL) { fp8_weight_codes(lin->w_codes, master + lin->weight_offset, n, w.record, stream); }
+        else { fp8_weight_codes(lin->w_codes, params + lin->weight_offset, n, w.record, stream); }
+    }
+    fp8_model_transpose_weights(fp8, 0, fp8->num_linears, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -470,9 +547,11 @@ void fp8_model_download(const Fp8Model* fp8, Fp8HostState* host, cudaStream_t st
 }
 
 /*
-A state read from `path` back onto the device. Call after fp8_model_cast_weights on the
-restored weights: that cast rebuilt the weight codes (the same bytes as before the save) but
-also counted as a use, which the saved states and records now overwrite.
+A state read from `path` back onto the device (refused, naming the flags, when it was
+written with other FP8 settings). Call after fp8_model_cast_weights on the restored weights:
+that cast rebuilt the weight codes (under -fw current the same bytes as before the save; under
+-fw delayed fp8_model_restore_weight_codes comes next) but also counted as a use, which the
+saved states and records now overwrite.
 */
 void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path, cudaStream_t stream) {
     size_t n = (size_t)3 * fp8->num_linears;
@@ -489,6 +568,14 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
                  "run has %d, %s, %d, %d (%d): resume with the same -fr -f8 -f8p -fh -fm", path, got->recipe, got_text,
                  got->history_len, got->margin, got->num_linears, want.recipe, want_text, want.history_len, want.margin,
                  want.num_linears);
+    }
+    Fp8TensorScaling fresh_weight;  // the weight scaling (-fw) is in the weights' states: the recipe they were made with
+    fp8_scaling_init_weight(&fresh_weight, fp8_model_delayed_weights(fp8), want.history_len, want.margin);
+    const Fp8TensorScaling* saved_weight = &host->states[2 * fp8->num_linears];
+    if (fp8->settings.recipe != FP8_MODEL_BLOCK && saved_weight->recipe != fresh_weight.recipe) {
+        llm8_die("state file '%s' was written with -fw %s; this run has -fw %s: resume with the same -fw", path,
+                 saved_weight->recipe == FP8_RECIPE_DELAYED ? "delayed" : "current",
+                 fp8_model_delayed_weights(fp8) ? "delayed" : "current");
     }
     cudaCheck(cudaMemcpyAsync(fp8->states, host->states, n * sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaMemcpyAsync(fp8->records, host->records, n * sizeof(Fp8CastRecord), cudaMemcpyHostToDevice, stream));

@@ -1,7 +1,8 @@
 /*
 fp8_recipe.h: what a -p fp8 run quantizes and how: the scaling recipe, the amax history and
-margin, which GEMMs of which linears run in FP8, and the numerics-log interval; the linears'
-and passes' names, and parsing the comma lists the flags take.
+margin, how the weights are scaled (-fw), which GEMMs of which linears run in FP8, and the
+numerics-log interval; the linears' and passes' names, and parsing the comma lists the flags
+take.
 
 Why it is shaped so:
 - It is host-only C with no CUDA type, so the command line (train_config.h, shared with the
@@ -38,11 +39,17 @@ static const char* const FP8_MODEL_RECIPE_NAMES[3] = {"delayed", "current", "blo
 
 #define FP8_ALL_PASSES (FP8_FWD | FP8_DGRAD | FP8_WGRAD)
 
+// how the per-tensor recipes scale the weights (-fw): cast after the optimizer pass with the new
+// amax, or inside it with the previous step's (DESIGN.md section 3; fp8_scaling_init_weight)
+typedef enum { FP8_WEIGHTS_CURRENT, FP8_WEIGHTS_DELAYED } Fp8WeightScaling;
+static const char* const FP8_WEIGHT_SCALING_NAMES[2] = {"current", "delayed"};
+
 typedef struct {
     int enabled;                  // -p fp8
     int recipe;                   // Fp8ModelRecipe
     int history_len;              // delayed activations: amax history length, 1..1024
     int margin;                   // scales divided by 2^margin, 0..16 (per-tensor recipes)
+    int weight_scaling;           // Fp8WeightScaling (per-tensor recipes)
     int passes[NUM_LINEAR_KINDS]; // per LinearKind its Fp8Pass bits; 0: that linear runs in bf16
     int numerics_every;           // numerics log interval in steps (0 = never)
 } Fp8Settings;
@@ -190,7 +197,15 @@ static inline int fp8_model_recipe_from_name(const char* name) {
     return -1;
 }
 
-// the per-tensor state recipe of activations (dy and W are always current)
+static inline int fp8_weight_scaling_from_name(const char* name) {
+    for (int i = 0; i < 2; i++) {
+        if (strcmp(name, FP8_WEIGHT_SCALING_NAMES[i]) == 0) { return i; }
+    }
+    llm8_die("fp8 weight scaling '%s' is not one of current, delayed", name);
+    return -1;
+}
+
+// the per-tensor state recipe of activations (dy is always current, W as -fw says)
 static inline Fp8Recipe fp8_activation_recipe(const Fp8Settings* s) {
     return s->recipe == FP8_MODEL_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
 }

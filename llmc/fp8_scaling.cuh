@@ -22,6 +22,9 @@ Why it is shaped so:
   memory bound; each thread counts, the block reduces, and one atomicAdd per counter per
   block lands in the record. The log reads the records every N steps (that read is the
   one host sync, and only on those steps) and clears the interval counters.
+- The optimizer pass is a weight's producer (DESIGN.md section 3): Fp8WeightUpdate says
+  where it puts the weight's new amax and, for the delayed weight cast, its codes; it tallies
+  like a cast, so the numerics log reads a weight's record the same in both weight scalings.
 */
 #ifndef LLMC_FP8_SCALING_CUH
 #define LLMC_FP8_SCALING_CUH
@@ -77,11 +80,32 @@ __device__ __forceinline__ void fp8_tally_cast(Fp8Tally* t, float x, float scale
     t->flushed += status == FP8_ELEMENT_FLUSHED;
 }
 
+// the tally of the whole warp, in every lane (all 32 lanes call it)
+__device__ __forceinline__ Fp8Tally fp8_tally_warp_reduce(Fp8Tally t) {
+    Fp8Tally w;
+    w.amax_bits = __reduce_max_sync(0xffffffffu, t.amax_bits);
+    w.min_scale_bits = __reduce_min_sync(0xffffffffu, t.min_scale_bits);
+    w.elements = __reduce_add_sync(0xffffffffu, t.elements);
+    w.saturated = __reduce_add_sync(0xffffffffu, t.saturated);
+    w.flushed = __reduce_add_sync(0xffffffffu, t.flushed);
+    return w;
+}
+
+// a reduced tally into the record, one atomic per field it changes; record_amax: also fold
+// the amax into record->amax_bits (a use whose amax the next state update takes)
+__device__ __forceinline__ void fp8_tally_add(Fp8Tally t, Fp8CastRecord* record, bool record_amax) {
+    atomicMax(&record->interval_amax_bits, t.amax_bits);
+    if (record_amax) { atomicMax(&record->amax_bits, t.amax_bits); }
+    if (t.min_scale_bits != FP8_NO_SCALE_BITS) { atomicMin(&record->interval_min_scale_bits, t.min_scale_bits); }
+    if (t.elements != 0u) { atomicAdd(&record->elements, (unsigned long long)t.elements); }
+    if (t.saturated != 0u) { atomicAdd(&record->saturated, (unsigned long long)t.saturated); }
+    if (t.flushed != 0u) { atomicAdd(&record->flushed, (unsigned long long)t.flushed); }
+}
+
 /*
-Reduces the tallies of the whole block and adds them to the record with one atomic per
-field. Every thread of the block must call it (it has block barriers); the block is
-blockDim.x * blockDim.y * blockDim.z threads, a multiple of 32. record_amax: also fold the
-amax into record->amax_bits (a use whose amax the next state update takes).
+Reduces the tallies of the whole block and adds them to the record (fp8_tally_add). Every
+thread of the block must call it (it has block barriers); the block is
+blockDim.x * blockDim.y * blockDim.z threads, a multiple of 32.
 */
 __device__ void fp8_tally_commit(Fp8Tally t, Fp8CastRecord* record, bool record_amax) {
     __shared__ uint32_t warp_values[5][WARP_SIZE];
@@ -89,39 +113,66 @@ __device__ void fp8_tally_commit(Fp8Tally t, Fp8CastRecord* record, bool record_
     const int threads = blockDim.x * blockDim.y * blockDim.z;
     const int lane = thread % WARP_SIZE;
     const int warp = thread / WARP_SIZE;
-    uint32_t amax_bits = __reduce_max_sync(0xffffffffu, t.amax_bits);
-    uint32_t min_scale_bits = __reduce_min_sync(0xffffffffu, t.min_scale_bits);
-    uint32_t elements = __reduce_add_sync(0xffffffffu, t.elements);
-    uint32_t saturated = __reduce_add_sync(0xffffffffu, t.saturated);
-    uint32_t flushed = __reduce_add_sync(0xffffffffu, t.flushed);
+    Fp8Tally w = fp8_tally_warp_reduce(t);
     __syncthreads();  // warp_values may still be read by a previous call
     if (lane == 0) {
-        warp_values[0][warp] = amax_bits;
-        warp_values[1][warp] = elements;
-        warp_values[2][warp] = saturated;
-        warp_values[3][warp] = flushed;
-        warp_values[4][warp] = min_scale_bits;
+        warp_values[0][warp] = w.amax_bits;
+        warp_values[1][warp] = w.elements;
+        warp_values[2][warp] = w.saturated;
+        warp_values[3][warp] = w.flushed;
+        warp_values[4][warp] = w.min_scale_bits;
     }
     __syncthreads();
     if (warp == 0) {
         const int warps = threads / WARP_SIZE;
         bool valid = lane < warps;
-        amax_bits = __reduce_max_sync(0xffffffffu, valid ? warp_values[0][lane] : 0u);
-        elements = __reduce_add_sync(0xffffffffu, valid ? warp_values[1][lane] : 0u);
-        saturated = __reduce_add_sync(0xffffffffu, valid ? warp_values[2][lane] : 0u);
-        flushed = __reduce_add_sync(0xffffffffu, valid ? warp_values[3][lane] : 0u);
-        min_scale_bits = __reduce_min_sync(0xffffffffu, valid ? warp_values[4][lane] : FP8_NO_SCALE_BITS);
-        if (lane == 0) {
-            atomicMax(&record->interval_amax_bits, amax_bits);
-            if (record_amax) { atomicMax(&record->amax_bits, amax_bits); }
-            if (min_scale_bits != FP8_NO_SCALE_BITS) { atomicMin(&record->interval_min_scale_bits, min_scale_bits); }
-            if (elements != 0u) {
-                atomicAdd(&record->elements, (unsigned long long)elements);
-                atomicAdd(&record->saturated, (unsigned long long)saturated);
-                atomicAdd(&record->flushed, (unsigned long long)flushed);
-            }
-        }
+        Fp8Tally b;
+        b.amax_bits = valid ? warp_values[0][lane] : 0u;
+        b.elements = valid ? warp_values[1][lane] : 0u;
+        b.saturated = valid ? warp_values[2][lane] : 0u;
+        b.flushed = valid ? warp_values[3][lane] : 0u;
+        b.min_scale_bits = valid ? warp_values[4][lane] : FP8_NO_SCALE_BITS;
+        b = fp8_tally_warp_reduce(b);
+        if (lane == 0) { fp8_tally_add(b, record, record_amax); }
     }
+}
+
+// the same for one warp on its own, in kernels whose warps finish independently (adamw8.cuh)
+__device__ __forceinline__ void fp8_tally_commit_warp(Fp8Tally t, Fp8CastRecord* record, bool record_amax) {
+    Fp8Tally w = fp8_tally_warp_reduce(t);
+    if (threadIdx.x % WARP_SIZE == 0) { fp8_tally_add(w, record, record_amax); }
+}
+
+// ----------------------------------------------------------------------------
+// the FP8 weight outputs of an optimizer pass (DESIGN.md section 3)
+
+/*
+What one optimizer call (llmc/adamw.cuh, llmc/adamw8.cuh: a layer's slice of a weight, or a
+ZeRO rank's part of one) writes for the FP8 cast of the weight it updates; all NULL: the
+weight is not FP8 here. record: the weight's cast record; record->amax_bits receives the new
+values' amax. codes (the delayed weight cast; NULL: current, the cast follows the pass): the
+E4M3 codes of the new values, from the call's first element on, under state->scale (from the
+previous step's amax), counted in the record's statistics like any cast. Values are
+fp8_weight_element's (llmc/fp8.h), as the host references' (Fp8WeightRef).
+*/
+typedef struct {
+    Fp8CastRecord* record;
+    uint8_t* codes;
+    const Fp8TensorScaling* state;
+} Fp8WeightUpdate;
+
+// the scale a pass writes its codes with (read once per thread; unused without codes)
+__device__ __forceinline__ float fp8_weight_update_scale(const Fp8WeightUpdate& w) {
+    return w.codes != NULL ? w.state->scale : 1.0f;
+}
+
+// one element the pass has just written into the thread's tally; returns its code (meaningful with codes)
+__device__ __forceinline__ uint8_t fp8_weight_update_element(const Fp8WeightUpdate& w, float scale, int has_master,
+                                                             float new_master, floatX new_weight, Fp8Tally* tally) {
+    Fp8WeightElement e = fp8_weight_element(has_master, new_master, __bfloat16_as_ushort(new_weight), scale);
+    if (w.codes != NULL) { fp8_tally_cast(tally, e.value, scale, e.code, FP8_E4M3); }
+    else { fp8_tally_amax(tally, e.value); }
+    return e.code;
 }
 
 // ----------------------------------------------------------------------------

@@ -32,6 +32,9 @@ Why it is shaped so:
   large finite scale (448e12 for E4M3); zeros encode to zero under any scale.
 - A jump above the history (delayed): this use saturates (the numerics log shows its
   fraction saturated), its amax enters the history, and the next use's scale covers it.
+- Weights (fp8_scaling_init_weight) run the same machine, one use per optimizer step: current
+  (the cast follows the optimizer pass, with the new amax), or delayed with a history of one
+  step (the optimizer pass casts with the previous step's amax and records the new one).
 */
 #ifndef LLMC_FP8_SCALING_H
 #define LLMC_FP8_SCALING_H
@@ -94,6 +97,19 @@ LLMC_HD void fp8_scaling_init(Fp8TensorScaling* s, Fp8Recipe recipe, Fp8Format f
     s->position = 0;
     s->recorded = 0;
     s->nonfinite_count = 0;
+}
+
+/*
+A weight's state (-fw, DESIGN.md section 3). current: CURRENT (history_len is unused).
+delayed: DELAYED with a history of one step, so a cast's scale comes from the previous
+step's amax (and the margin): the optimizer pass casts the new values with it and records
+their amax for the next step. Its first use (the start cast) is seeded like any delayed
+tensor's, with its own amax; and a delayed weight whose cast follows its update (with several
+ranks, the weights gathered in bf16) is current-scaled, since one step of history makes the
+scale that amax's.
+*/
+LLMC_HD void fp8_scaling_init_weight(Fp8TensorScaling* s, int delayed, int history_len, int margin) {
+    fp8_scaling_init(s, delayed ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT, FP8_E4M3, delayed ? 1 : history_len, margin);
 }
 
 // NULL when the settings are valid, else what is wrong (for the caller's llm8_die line)

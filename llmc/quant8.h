@@ -1,9 +1,10 @@
 /*
 quant8.h: blockwise 8-bit quantization of the AdamW moments (DESIGN.md section 4), and
 everything about adamw8 that is not a kernel: the maps, the per-element step shared with
-the GPU, a host reference of the whole step, which tensors get 8-bit states, the state
-layout, the persistent-memory figure, the state-file sections and the conversions to and
-from fp32 moments.
+the GPU, host references of the kernels' step (the 8-bit one, and the fp32 AdamW that the
+32-bit tensors take), with the FP8 weight outputs both kernels write (fp8.h), which tensors
+get 8-bit states, the state layout, the persistent-memory figure, the state-file sections
+and the conversions to and from fp32 moments.
 
 Why it is shaped this way:
 - Dettmers' dynamic tree quantization, generated here (not pasted): after an optional sign
@@ -43,6 +44,7 @@ Host code here is C that also compiles as C++; the element functions are __host_
 #include <string.h>
 #include <math.h>
 #include "element_math.h"
+#include "fp8.h"
 #include "utils.h"
 #include "gpt2_config.h"
 #include "checkpoint.h"
@@ -221,13 +223,14 @@ static inline size_t adamw8_update_fp32(float* params, const float* grads, size_
 What the GPU kernel (adamw8.cuh) computes, on the host: n elements of a tensor from its
 element first_index, bf16 parameters (raw bits) with an optional fp32 master (NULL: the bf16
 weights are the parameters), bf16 gradients. The new parameter goes to the master and, by
-stochastic rounding with random_u32(seed, first_index + i), to bf16. amax (nullable) becomes
-max(amax, |value the FP8 weight cast reads|): the master if given, else the bf16 weight, over
-every element (a skipped block's unchanged values included).
+stochastic rounding with random_u32(seed, first_index + i), to bf16. fp8 (nullable) gets the
+FP8 weight outputs (fp8.h's Fp8WeightRef: the amax of the value the cast reads, the master if
+given, else the bf16 weight, and the delayed cast's codes) of every element, a skipped
+block's unchanged values included.
 */
 static inline void adamw8_update_bf16_ref(uint16_t* params, float* master, const uint16_t* grads, size_t n,
                                           Quant8TensorStates st, const Quant8Maps* maps, AdamWElementParams hp,
-                                          float grad_scale, uint32_t seed, uint32_t first_index, float* amax) {
+                                          float grad_scale, uint32_t seed, uint32_t first_index, const Fp8WeightRef* fp8) {
     float block_params[QUANT8_BLOCK], block_grads[QUANT8_BLOCK];
     for (size_t b = 0; b * QUANT8_BLOCK < n; b++) {
         size_t start = b * QUANT8_BLOCK;
@@ -244,9 +247,24 @@ static inline void adamw8_update_bf16_ref(uint16_t* params, float* master, const
                 if (master != NULL) { master[i] = block_params[k]; }
                 params[i] = float_to_bf16_bits_stochastic(block_params[k], random_u32(seed, first_index + (uint32_t)i));
             }
-            float cast_input = master != NULL ? master[i] : bf16_bits_to_float(params[i]);  // what the FP8 cast reads
-            if (amax != NULL) { *amax = fmaxf(*amax, fabsf(cast_input)); }
+            fp8_weight_ref_add(fp8, i, master != NULL, master != NULL ? master[i] : 0.0f, params[i]);
         }
+    }
+}
+
+/*
+What llmc/adamw.cuh's kernel computes (plain AdamW, and adamw8's 32-bit tensors), on the host,
+with the same arguments as adamw8_update_bf16_ref but fp32 moments m, v [n].
+*/
+static inline void adamw_update_bf16_ref(uint16_t* params, float* master, const uint16_t* grads, float* m, float* v,
+                                         size_t n, AdamWElementParams hp, float grad_scale, uint32_t seed,
+                                         uint32_t first_index, const Fp8WeightRef* fp8) {
+    for (size_t i = 0; i < n; i++) {
+        float param = master != NULL ? master[i] : bf16_bits_to_float(params[i]);
+        float new_param = adamw_element_update(param, bf16_bits_to_float(grads[i]) * grad_scale, &m[i], &v[i], hp);
+        if (master != NULL) { master[i] = new_param; }
+        params[i] = float_to_bf16_bits_stochastic(new_param, random_u32(seed, first_index + (uint32_t)i));
+        fp8_weight_ref_add(fp8, i, master != NULL, new_param, params[i]);
     }
 }
 

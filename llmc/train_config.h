@@ -38,6 +38,7 @@ typedef struct {
     const char* fp8_recipe;       // delayed | current | block
     const char* fp8_linears;      // comma list of LINEAR_KIND_NAMES, or all
     const char* fp8_passes;       // comma list of FP8_PASS_NAMES, <linear>.<pass> items, or all (fp8_parse_passes)
+    const char* fp8_weight_scaling; // current | delayed (fp8_recipe.h)
     const char* optimizer;        // adamw | adamw8
     const char* adamw8_states;    // which tensors keep 8-bit states: default | all | none (quant8.h)
     int fp8_history;
@@ -99,9 +100,11 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-tk", FLAG_STRING, TC_OFF(tokenizer_path), 0, 0, NULL, "decode tokenizer file, for text samples"},
     {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16 fp8", "matmul precision (the -f flags below apply to fp8)"},
     {"-fr", FLAG_CHOICE, TC_OFF(fp8_recipe), 0, 0, "delayed current block",
-     "fp8 scaling: delayed (activations from an amax history; gradients, weights current), current, or block (1x128/128x128 tiles, C a multiple of 128)"},
+     "fp8 scaling: delayed (activations from an amax history; gradients current, weights as -fw says), current, or block (1x128/128x128 tiles, C a multiple of 128)"},
     {"-fh", FLAG_INT, TC_OFF(fp8_history), 1, FP8_AMAX_HISTORY_MAX, NULL, "fp8 delayed recipe: amax history length in steps"},
     {"-fm", FLAG_INT, TC_OFF(fp8_margin), 0, FP8_MARGIN_MAX, NULL, "fp8 scale margin: per-tensor scales are divided by 2^margin"},
+    {"-fw", FLAG_CHOICE, TC_OFF(fp8_weight_scaling), 0, 0, "current delayed",
+     "fp8 weight scaling (-fr delayed|current): current (cast after the optimizer step, with the new amax) or delayed (cast inside it, with the previous step's amax and the -fm margin)"},
     {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8 (in the passes -f8p gives them), a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
     {"-f8p", FLAG_STRING, TC_OFF(fp8_passes), 0, 0, NULL, "fp8: GEMM passes in FP8, a comma list of fwd,dgrad,wgrad (for every -f8 linear), <linear>.<pass> (e.g. fc.wgrad: that linear only), or all; the union runs in FP8, the rest in bf16"},
     {"-fn", FLAG_INT, TC_OFF(fp8_numerics_every), 0, INT_MAX_FLAG, NULL, "fp8: numerics log (numerics.jsonl in -o) every N steps (0 = never)"},
@@ -162,6 +165,7 @@ static inline TrainConfig train_config_defaults(void) {
     c.fp8_recipe = "delayed";
     c.fp8_linears = "qkv,attproj,fc,fcproj";
     c.fp8_passes = "fwd,dgrad,wgrad";
+    c.fp8_weight_scaling = "current";
     c.fp8_history = FP8_AMAX_HISTORY_DEFAULT;
     c.fp8_margin = 0;
     c.fp8_numerics_every = 100;
@@ -244,15 +248,32 @@ static inline int choice_is_valid(const char* choices, const char* value) {
     return 0;
 }
 
-// the FP8 settings of the command line (the lists are parsed here; a bad one dies naming its flag)
+/*
+The FP8 settings of the command line (the lists are parsed here; a bad one dies naming its
+flag). -fw delayed needs a per-tensor recipe (the block recipe scales weights per 128x128
+block, from the block's own amax) and an FP8 forward (the optimizer writes the forward's W
+codes; dgrad's W^T is their transpose).
+*/
 static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
     Fp8Settings s;
     s.enabled = strcmp(c->precision, "fp8") == 0;
     s.recipe = fp8_model_recipe_from_name(c->fp8_recipe);
     s.history_len = c->fp8_history;
     s.margin = c->fp8_margin;
+    s.weight_scaling = fp8_weight_scaling_from_name(c->fp8_weight_scaling);
     fp8_parse_passes("-f8p", c->fp8_passes, fp8_parse_linears("-f8", c->fp8_linears), s.passes);
     s.numerics_every = c->fp8_numerics_every;
+    if (s.weight_scaling == FP8_WEIGHTS_DELAYED && s.recipe == FP8_MODEL_BLOCK) {
+        llm8_die("flag -fw delayed: -fr block scales each 128x128 weight block by its own amax; "
+                 "use -fw current with -fr block, or -fr delayed|current");
+    }
+    for (int kind = 0; kind < NUM_LINEAR_KINDS && s.weight_scaling == FP8_WEIGHTS_DELAYED; kind++) {
+        if ((s.passes[kind] & FP8_DGRAD) && !(s.passes[kind] & FP8_FWD)) {
+            llm8_die("flag -fw delayed: the optimizer writes the FP8 forward's weight codes (dgrad's W^T is their transpose), "
+                     "and -f8p %s gives %s an FP8 dgrad without an FP8 forward; use -fw current, or add %s.fwd to -f8p",
+                     c->fp8_passes, LINEAR_KIND_NAMES[kind], LINEAR_KIND_NAMES[kind]);
+        }
+    }
     return s;
 }
 
@@ -292,7 +313,7 @@ static inline void train_config_parse(TrainConfig* c, int argc, char** argv) {
     if (c->checkpoint_every > 0 && c->output_log_dir[0] == '\0') {
         llm8_die("flag -n %d needs an output dir -o to write checkpoints into", c->checkpoint_every);
     }
-    train_config_fp8_settings(c);  // the -f8 / -f8p lists: checked here, before any GPU work
+    train_config_fp8_settings(c);  // the -f8 / -f8p lists and -fw: checked here, before any GPU work
     if (c->process_rank >= c->num_processes) {
         llm8_die("flag -pr %d: rank must be below -pn %d", c->process_rank, c->num_processes);
     }

@@ -24,11 +24,15 @@ Why it is shaped so:
   rank the single-GPU amax (max is exact and order free), the scale follows on the device,
   each rank casts its part (fp8_cast_weight_part), one NCCL group of ncclBroadcast from
   each piece's owner gathers the codes (1 byte per weight instead of 2), and each rank
-  builds W^T locally. The rest (layernorms, biases, embeddings, and every matmul weight
-  some bf16 GEMM reads) is gathered in bf16 the same way, or with one ncclAllGather when
-  nothing goes as FP8. Matmul weights gathered as FP8 leave the bf16 copies of the other
-  ranks' parts stale: nothing reads them, and zero_comm_all_gather_bf16 refreshes all of
-  them before a checkpoint writes the model file.
+  builds W^T locally. Under -fw delayed the optimizer pass has already written each rank's
+  codes with the previous step's scale: no cast runs, that scale becomes the records' (the
+  GEMMs'), and the all-reduced amax only updates the states for the next step. A resume
+  rebuilds those codes with the saved scale the same way (zero_comm_restore_weight_codes).
+  The rest (layernorms, biases, embeddings, and every matmul weight some bf16 GEMM reads) is
+  gathered in bf16 the same way, or with one ncclAllGather when nothing goes as FP8. Matmul
+  weights gathered as FP8 leave the bf16 copies of the other ranks' parts stale: nothing
+  reads them, and zero_comm_all_gather_bf16 refreshes all of them before a checkpoint
+  writes the model file.
 - Every collective adds its payload (count x element size, what NCCL is handed, as
   nccl-tests counts "size") to a per-kind counter, so the trainer prints what a step
   actually sent, not what the layout predicts: the check that FP8 halves the matmul
@@ -303,12 +307,31 @@ void zero_comm_all_gather_bf16(ZeroComm* comm, floatX* params, cudaStream_t stre
     zero_comm_join(comm, stream);
 }
 
+// the part of FP8 linear lin's weight this rank owns, flat [*lo, *hi); 0 when it owns none
+static inline int zero_comm_owned_weight_part(const ZeroComm* comm, const Fp8Linear* lin, size_t* lo, size_t* hi) {
+    ZeroRange own = zero_rank_range(&comm->layout, comm->rank);
+    size_t begin = lin->weight_offset, end = begin + (size_t)lin->OC * lin->K;
+    *lo = begin > own.begin ? begin : own.begin;
+    *hi = end < own.end ? end : own.end;
+    return *lo < *hi;
+}
+
+// inside an NCCL group: the block linears' W codes, every piece from its owner
+static void zero_comm_broadcast_weight_codes(ZeroComm* comm, const Fp8Model* fp8, int block_linears) {
+    for (int i = 0; i < block_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        zero_comm_broadcast_range(comm, lin->w_codes, lin->weight_offset, lin->weight_offset + (size_t)lin->OC * lin->K,
+                                  ncclUint8, 1, "FP8 weight gather (ncclBroadcast)");
+    }
+}
+
 /*
-After the update of the owned range (params, and master: the owned range only, NULL with
--w 0): every rank's weights whole again, bf16 and FP8 (see the top comment). The FP8
-weights' records hold this rank's amax of its parts (the optimizer pass wrote them).
+Every rank's weights whole again, bf16 and FP8 (see the top comment), params and master (the
+owned range only, NULL with -w 0) as they are now. The FP8 weights' records hold this rank's
+amax of its parts. codes_written: the optimizer pass wrote this rank's codes (-fw delayed).
 */
-void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, cudaStream_t stream) {
+static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, bool codes_written,
+                             cudaStream_t stream) {
     if (!comm->fp8_gather) {
         zero_comm_all_gather_bf16(comm, params, stream);
         fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
@@ -320,7 +343,9 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
     Fp8TensorScaling* w_states = fp8->states + 2 * fp8->num_linears;
     Fp8CastRecord* w_records = fp8->records + 2 * fp8->num_linears;
 
-    // (1) the amaxes of every block linear's weight, MAX over ranks, then the scales
+    // (1) the amaxes of every block linear's weight, MAX over ranks, then the scales (written
+    // codes: the scales they used go to the records first; the new ones are the next step's)
+    if (codes_written) { fp8_scaling_publish_scales(w_states, w_records, block_linears, stream); }
     cudaCheck(cudaMemcpy2DAsync(comm->amax_bits, sizeof(uint32_t), &w_records[0].amax_bits, sizeof(Fp8CastRecord),
                                 sizeof(uint32_t), (size_t)block_linears, cudaMemcpyDeviceToDevice, stream));
     zero_comm_follow(comm, stream);
@@ -331,27 +356,24 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
     cudaCheck(cudaMemcpy2DAsync(&w_records[0].amax_bits, sizeof(Fp8CastRecord), comm->amax_bits, sizeof(uint32_t),
                                 sizeof(uint32_t), (size_t)block_linears, cudaMemcpyDeviceToDevice, stream));
     fp8_scaling_update_records(w_states, w_records, block_linears, stream);
-    fp8_scaling_publish_scales(w_states, w_records, block_linears, stream);
 
-    // (2) each rank casts its parts with the global scale
-    for (int i = 0; i < block_linears; i++) {
-        const Fp8Linear* lin = &fp8->linears[i];
-        size_t begin = lin->weight_offset, end = begin + (size_t)lin->OC * lin->K;
-        size_t lo = begin > own.begin ? begin : own.begin, hi = end < own.end ? end : own.end;
-        if (lo >= hi) { continue; }
-        Fp8CastOutput w = fp8_model_w(fp8, i);
-        if (master != NULL) { fp8_cast_weight_part(&w, master + (lo - own.begin), lo - begin, hi - lo, stream); }
-        else { fp8_cast_weight_part(&w, params + lo, lo - begin, hi - lo, stream); }
+    // (2) unless the codes are written, each rank casts its parts with the global scale
+    if (!codes_written) {
+        fp8_scaling_publish_scales(w_states, w_records, block_linears, stream);
+        for (int i = 0; i < block_linears; i++) {
+            const Fp8Linear* lin = &fp8->linears[i];
+            size_t lo, hi;
+            if (!zero_comm_owned_weight_part(comm, lin, &lo, &hi)) { continue; }
+            Fp8CastOutput w = fp8_model_w(fp8, i);
+            if (master != NULL) { fp8_cast_weight_part(&w, master + (lo - own.begin), lo - lin->weight_offset, hi - lo, stream); }
+            else { fp8_cast_weight_part(&w, params + lo, lo - lin->weight_offset, hi - lo, stream); }
+        }
     }
 
     // (3) one group: FP8 codes of the block linears, bf16 of everything else
     zero_comm_follow(comm, stream);
     zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
-    for (int i = 0; i < block_linears; i++) {
-        const Fp8Linear* lin = &fp8->linears[i];
-        zero_comm_broadcast_range(comm, lin->w_codes, lin->weight_offset, lin->weight_offset + (size_t)lin->OC * lin->K,
-                                  ncclUint8, 1, "FP8 weight gather (ncclBroadcast)");
-    }
+    zero_comm_broadcast_weight_codes(comm, fp8, block_linears);
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         if (comm->fp8_tensor[t]) { continue; }
         size_t begin = comm->layout.tensor_offsets[t];
@@ -362,29 +384,61 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
     zero_comm_join(comm, stream);
 
     // (4) W^T from the gathered W; lm_head (after the block linears) casts from the gathered bf16 wte
-    for (int i = 0; i < block_linears; i++) {
-        const Fp8Linear* lin = &fp8->linears[i];
-        fp8_transpose_codes(lin->w_codes, lin->w_codes_t, lin->OC, lin->K, stream);
-    }
+    fp8_model_transpose_weights(fp8, 0, block_linears, stream);
     for (int i = block_linears; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
 }
 
+// after the update of the owned range: the optimizer pass wrote the FP8 weights' amaxes, and
+// under -fw delayed this rank's codes of the weights gathered as FP8 (gpt2_update decides which)
+void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, cudaStream_t stream) {
+    zero_comm_gather(comm, fp8, params, master, fp8_model_delayed_weights(fp8), stream);
+}
+
 // the same with no optimizer pass before it (at the start, after a resume): each rank finds
-// the amax of its parts of the FP8 weights itself, so the codes are those training would have
+// the amax of its parts of the FP8 weights itself and casts them (current scaling, which also
+// seeds a delayed weight), so the codes are those training would have
 void zero_comm_refresh_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, cudaStream_t stream) {
     if (comm->fp8_gather) {
         ZeroRange own = zero_rank_range(&comm->layout, comm->rank);
         for (int i = 0; i < fp8->per_layer * comm->layout.num_layers; i++) {
             const Fp8Linear* lin = &fp8->linears[i];
-            size_t begin = lin->weight_offset, end = begin + (size_t)lin->OC * lin->K;
-            size_t lo = begin > own.begin ? begin : own.begin, hi = end < own.end ? end : own.end;
-            if (lo >= hi) { continue; }
+            size_t lo, hi;
+            if (!zero_comm_owned_weight_part(comm, lin, &lo, &hi)) { continue; }
             Fp8CastOutput w = fp8_model_w(fp8, i);
             if (master != NULL) { fp8_amax_launch(w.record, master + (lo - own.begin), hi - lo, Fp8Identity(), stream); }
             else { fp8_amax_launch(w.record, params + lo, hi - lo, Fp8Identity(), stream); }
         }
     }
-    zero_comm_gather_weights(comm, fp8, params, master, stream);
+    zero_comm_gather(comm, fp8, params, master, false, stream);
+}
+
+/*
+After a resume under -fw delayed (fp8_model_restore_weight_codes on one GPU): the weights
+gathered as FP8 get back the codes the optimizer pass wrote, each rank rebuilding its parts
+with the restored records' scales, then the gather and W^T as after an update. The others
+(the bf16-gathered weights, lm_head) were cast after the gather in the run too: the refresh
+before the restore already gave them their codes. Not a use: no state or record changes.
+*/
+void zero_comm_restore_weight_codes(ZeroComm* comm, Fp8Model* fp8, const floatX* params, const float* master,
+                                    cudaStream_t stream) {
+    if (!comm->fp8_gather || !fp8_model_delayed_weights(fp8)) { return; }
+    ZeroRange own = zero_rank_range(&comm->layout, comm->rank);
+    int block_linears = fp8->per_layer * comm->layout.num_layers;
+    for (int i = 0; i < block_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        size_t lo, hi;
+        if (!zero_comm_owned_weight_part(comm, lin, &lo, &hi)) { continue; }
+        const Fp8CastRecord* record = fp8_model_w(fp8, i).record;
+        uint8_t* codes = lin->w_codes + (lo - lin->weight_offset);
+        if (master != NULL) { fp8_weight_codes(codes, master + (lo - own.begin), hi - lo, record, stream); }
+        else { fp8_weight_codes(codes, params + lo, hi - lo, record, stream); }
+    }
+    zero_comm_follow(comm, stream);
+    zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
+    zero_comm_broadcast_weight_codes(comm, fp8, block_linears);
+    zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
+    zero_comm_join(comm, stream);
+    fp8_model_transpose_weights(fp8, 0, block_linears, stream);
 }
 
 #endif // LLMC_ZERO_COMM_CUH

@@ -327,8 +327,12 @@ operands with double accumulation:
     bias     db = column sums of dy, unquantized   (the fused bias-grad kernel reads bf16 dy)
 Scales, per recipe:
 - x: per tensor, DELAYED (history, first use seeded) or CURRENT, through fp8_scaling.h;
-- W: per tensor, current (the weight's own amax; cast once per optimizer step on the GPU,
-  which is the same thing as casting at each use from unchanged weights);
+- W: per tensor. Current (-fw current): the weight's own amax; cast once per optimizer step
+  on the GPU, which is the same thing as casting at each use from unchanged weights. Delayed
+  (-fw delayed): the GPU's optimizer pass writes the codes with the previous step's amax;
+  here gpt2ref_fp8_weights_updated does that step's part after each optimizer step (the scale
+  pair into forward_used[W], the new amax into the state) and the forwards quantize with
+  the pair; the first forward seeds the state with a current cast, as the GPU's start cast;
 - dy: per tensor, current, E5M2;
 - BLOCK: no state: every operand E4M3 with one scale per tile, amax/448 with no margin,
   tiles along each GEMM's K: x and dy 1x128 along C / OC for forward and dgrad, and
@@ -357,6 +361,7 @@ typedef struct {
     int passes[FP8_NUM_LINEAR_KINDS];  // per FP8_LINEAR_* kind its FP8_PASS_* bits; 0: that linear runs in fp32
     int history_len;                   // delayed amax history, 1..1024
     int margin;                        // delayed and current scales are divided by 2^margin
+    int weight_scaling;                // Fp8WeightScaling (fp8_recipe.h): W current, or delayed (per-tensor recipes)
 } Fp8Emulation;
 
 // the default FP8 recipe: delayed activations, current gradients and weights, all three
@@ -367,6 +372,7 @@ static inline Fp8Emulation fp8_emulation_default(void) {
     for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) { e.passes[kind] = kind == FP8_LINEAR_LM_HEAD ? 0 : FP8_PASS_ALL; }
     e.history_len = FP8_AMAX_HISTORY_DEFAULT;
     e.margin = 0;
+    e.weight_scaling = FP8_WEIGHTS_CURRENT;
     return e;
 }
 
@@ -379,6 +385,7 @@ static inline Fp8Emulation fp8_emulation_from_settings(const Fp8Settings* s) {
     for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) { e.passes[kind] = s->passes[kind]; }
     e.history_len = s->history_len;
     e.margin = s->margin;
+    e.weight_scaling = s->weight_scaling;
     return e;
 }
 
@@ -393,6 +400,18 @@ static inline void fp8_emulation_validate(const Fp8Emulation* e) {
     }
     const char* error = fp8_scaling_config_error(e->history_len, e->margin);
     if (error != NULL) { llm8_die("fp8 emulation: history %d, margin %d: %s", e->history_len, e->margin, error); }
+    if (e->weight_scaling != FP8_WEIGHTS_CURRENT && e->weight_scaling != FP8_WEIGHTS_DELAYED) {
+        llm8_die("fp8 emulation: weight scaling %d is unknown (expected current or delayed)", e->weight_scaling);
+    }
+    if (e->weight_scaling == FP8_WEIGHTS_DELAYED && e->recipe == FP8_EMULATE_BLOCK) {
+        llm8_die("fp8 emulation: delayed weight scaling needs a per-tensor recipe");
+    }
+    for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS && e->weight_scaling == FP8_WEIGHTS_DELAYED; kind++) {
+        if ((e->passes[kind] & FP8_PASS_DGRAD) && !(e->passes[kind] & FP8_PASS_FORWARD)) {
+            llm8_die("fp8 emulation: delayed weight scaling writes the forward's W, and %s has an FP8 dgrad without an FP8 forward",
+                     FP8_LINEAR_NAMES[kind]);
+        }
+    }
 }
 
 enum { FP8_OPERAND_X, FP8_OPERAND_W, FP8_OPERAND_DY, FP8_NUM_OPERANDS };
@@ -405,7 +424,7 @@ typedef struct {
     int passes;                                 // this linear's FP8_PASS_* bits (Fp8Emulation.passes[kind])
     Fp8TensorScaling scaling[FP8_NUM_OPERANDS]; // per-tensor recipes (unused by BLOCK)
     Fp8CastStats stats[FP8_NUM_OPERANDS];       // of each operand's last cast
-    Fp8ScalePair forward_used[FP8_NUM_OPERANDS]; // x and W as the forward cast them
+    Fp8ScalePair forward_used[FP8_NUM_OPERANDS]; // x and W as the forward cast them (delayed W: as the step wrote it)
 } Fp8LinearState;
 
 // the state of a linear of kind `kind` (FP8_LINEAR_*) under e
@@ -414,7 +433,7 @@ static inline void fp8_linear_state_init(Fp8LinearState* q, const Fp8Emulation* 
     q->passes = e->passes[kind];
     Fp8Recipe x_recipe = e->recipe == FP8_EMULATE_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
     fp8_scaling_init(&q->scaling[FP8_OPERAND_X], x_recipe, FP8_E4M3, e->history_len, e->margin);
-    fp8_scaling_init(&q->scaling[FP8_OPERAND_W], FP8_RECIPE_CURRENT, FP8_E4M3, e->history_len, e->margin);
+    fp8_scaling_init_weight(&q->scaling[FP8_OPERAND_W], e->weight_scaling == FP8_WEIGHTS_DELAYED, e->history_len, e->margin);
     fp8_scaling_init(&q->scaling[FP8_OPERAND_DY], FP8_RECIPE_CURRENT, FP8_E5M2, e->history_len, e->margin);
 }
 
@@ -482,6 +501,23 @@ static inline void ref_fp8_cast_tiles(float* out, const float* x, int rows, int 
 }
 
 /*
+Q(W) for a forward (per-tensor recipes); returns the scale pair. A cast after the update
+(fp8_scaling_casts_after_update: current weights, and a delayed weight's first use, the
+seeding) is a current cast of the weight as it is. A delayed weight's codes are the ones its
+last optimizer step wrote, with the pair gpt2ref_fp8_weights_updated kept in forward_used[W].
+*/
+static inline Fp8ScalePair ref_fp8_cast_weight(Fp8LinearState* q, float* out, const float* weight, size_t n) {
+    Fp8TensorScaling* s = &q->scaling[FP8_OPERAND_W];
+    Fp8CastStats* stats = &q->stats[FP8_OPERAND_W];
+    if (fp8_scaling_casts_after_update(s)) { return ref_fp8_cast_tensor(out, weight, n, s, FP8_E4M3, stats); }
+    Fp8ScalePair pair = q->forward_used[FP8_OPERAND_W];
+    memset(stats, 0, sizeof(*stats));
+    stats->scale = pair.scale;
+    ref_fp8_qdq(out, weight, n, pair, FP8_E4M3, stats);
+    return pair;
+}
+
+/*
 The FP8 forward of one linear: out[N][OC] = Q(inp) . Q(weight)^T + bias. q is the
 linear's state; with q NULL, or the forward pass not in q->passes, it is ref_matmul_forward.
 */
@@ -499,8 +535,7 @@ static inline void ref_fp8_linear_forward(Fp8LinearState* q, const Fp8Emulation*
     } else {
         q->forward_used[FP8_OPERAND_X] = ref_fp8_cast_tensor(inp_q, inp, (size_t)N * C, &q->scaling[FP8_OPERAND_X],
                                                              FP8_E4M3, &q->stats[FP8_OPERAND_X]);
-        q->forward_used[FP8_OPERAND_W] = ref_fp8_cast_tensor(weight_q, weight, (size_t)OC * C, &q->scaling[FP8_OPERAND_W],
-                                                             FP8_E4M3, &q->stats[FP8_OPERAND_W]);
+        q->forward_used[FP8_OPERAND_W] = ref_fp8_cast_weight(q, weight_q, weight, (size_t)OC * C);
     }
     ref_matmul_forward(out, inp_q, weight_q, bias, N, C, OC);
     free(inp_q);
@@ -739,6 +774,44 @@ static inline Fp8LinearState* gpt2ref_fp8_linear(GPT2Ref* model, int layer, int 
     return &model->fp8_linears[index];
 }
 
+// the weight of FP8 linear (layer, kind) in the parameters, and its element count
+static inline float* gpt2ref_fp8_weight(GPT2Ref* model, int layer, int kind, size_t* n) {
+    size_t C = (size_t)model->config.channels, lc = (size_t)layer * C;
+    float* const* p = model->param_tensors;
+    switch (kind) {
+        case FP8_LINEAR_QKV: *n = 3 * C * C; return p[PARAM_QKVW] + lc * 3 * C;
+        case FP8_LINEAR_ATTPROJ: *n = C * C; return p[PARAM_ATTPROJW] + lc * C;
+        case FP8_LINEAR_FC: *n = 4 * C * C; return p[PARAM_FCW] + lc * 4 * C;
+        case FP8_LINEAR_FCPROJ: *n = 4 * C * C; return p[PARAM_FCPROJW] + lc * 4 * C;
+        default: *n = (size_t)model->config.padded_vocab_size * C; return p[PARAM_WTE];
+    }
+}
+
+/*
+The FP8 side of an optimizer step under delayed weight scaling (-fw delayed): call it after
+every step that changed the parameters (gpt2ref_adamw_update does). As the GPU's optimizer
+pass, each FP8 weight's new codes take its state's scale (the previous step's amax), kept in
+forward_used[W] for the forwards until the next step, and the new weights' amax updates the
+state. A state never used (no forward yet) is left to its first forward's seeding. Current
+weights need nothing: their forwards cast from the weights as they are.
+*/
+static inline void gpt2ref_fp8_weights_updated(GPT2Ref* model) {
+    if (model->fp8_linears == NULL || model->fp8_config.weight_scaling != FP8_WEIGHTS_DELAYED) { return; }
+    for (int layer = 0; layer < model->config.num_layers; layer++) {
+        for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) {
+            if (kind == FP8_LINEAR_LM_HEAD && layer > 0) { continue; }  // lm_head once
+            Fp8LinearState* q = gpt2ref_fp8_linear(model, layer, kind);
+            if (q == NULL || fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_W]) == 0) { continue; }
+            Fp8TensorScaling* s = &q->scaling[FP8_OPERAND_W];
+            Fp8ScalePair pair = {s->scale, s->scale_inv};
+            q->forward_used[FP8_OPERAND_W] = pair;
+            size_t n;
+            const float* weight = gpt2ref_fp8_weight(model, layer, kind, &n);
+            fp8_scaling_update(s, ref_fp8_amax(weight, n));
+        }
+    }
+}
+
 static inline void gpt2ref_check_tokens(const int* tokens, int n, int V, const char* what) {
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= V) {
@@ -909,8 +982,9 @@ static inline float gpt2ref_global_norm(GPT2Ref* model) {
 One AdamW step (t counts from 1) with llm.c's clipping: the gradients are multiplied by
 grad_clip / norm when the global norm exceeds grad_clip (grad_clip <= 0 disables clipping).
 Weight decay applies only to the tensors gpt2_param_is_decayed marks. Each element goes
-through adamw_element_update, the code the GPU optimizer runs. Returns the global norm
-before clipping; when it is not finite the parameters and moments are left untouched.
+through adamw_element_update, the code the GPU optimizer runs; then the FP8 weights' part of
+the step (gpt2ref_fp8_weights_updated). Returns the global norm before clipping; when it is
+not finite the parameters, moments and FP8 states are left untouched.
 */
 static inline float gpt2ref_adamw_update(GPT2Ref* model, float learning_rate, float beta1, float beta2, float eps,
                                   float weight_decay, int t, float grad_clip) {
@@ -928,6 +1002,7 @@ static inline float gpt2ref_adamw_update(GPT2Ref* model, float learning_rate, fl
         }
         offset += model->param_sizes[tensor];
     }
+    gpt2ref_fp8_weights_updated(model);
     return norm;
 }
 

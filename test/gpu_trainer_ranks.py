@@ -9,7 +9,8 @@ batches, a 2-rank resume, and a killed rank.
 - Traffic: the `comm |` line counts the payload of the collectives the first step issued;
   the FP8 run gathers exactly d6's 12 L C^2 matmul weight elements as 1-byte codes (half
   their bf16 bytes), and the rest in bf16.
-- Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses.
+- Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses, with
+  -fw current and -fw delayed.
 - Resume with another number of ranks (1 -> 2 and 2 -> 1, -b so the global batch stays): the
   optimizer state resharded and the loader replayed, steps 5..8 within the 2-rank vs 1-rank
   tolerance of the uninterrupted run.
@@ -88,7 +89,8 @@ def main():
               "-j", "", "-d", 4096]
     configs = [("bf16 adamw", ["-p", "bf16"], 1e-2), ("fp8 delayed adamw", ["-p", "fp8"], 2e-2),
                ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2),
-               ("bf16 adamw, fp32 gradient reduce", ["-p", "bf16", "-pa", "fp32"], 1e-2)]
+                ("bf16 adamw, fp32 gradient reduce", ["-p", "bf16", "-pa", "fp32"], 1e-2),
+               ("fp8 -fw delayed adamw8 (codes from the optimizer pass)", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], 2e-2)]
     two_rank_traffic = {}
     for name, extra, tolerance in configs:
         codes1, out1 = run(1, common + extra + ["-b", 8], tmp)
@@ -117,19 +119,22 @@ def main():
     check(abs(fp8.get("gradient reduce", -1e9) - bf16.get("gradient reduce", 1e9)) <= 500,
           "traffic: gradients travel in bf16 in both runs")
 
-    # resume with 2 ranks: bitwise
-    out_dir = os.path.join(tmp, "ckpt")
-    args = common + ["-p", "fp8", "-opt", "adamw8", "-b", 4, "-o", out_dir, "-n", 4]
-    codes, straight = run(2, args, tmp)
-    check(codes == [0, 0], "resume: the straight 2-rank run exits 0")
-    for step in (4, 8):
-        for r in range(2):
-            check(os.path.exists(os.path.join(out_dir, f"state_{step:08d}_{r:05d}.bin")), f"resume: state file of rank {r} at step {step}")
-    os.remove(os.path.join(out_dir, "DONE_00000008"))
-    codes, resumed = run(2, args + ["-y", 1], tmp)
-    a, b = losses(straight), losses(resumed)
-    check(codes == [0, 0] and sorted(b) == [5, 6, 7, 8], "resume: the resumed run continues at step 5")
-    check(all(a.get(s) == b.get(s) for s in (5, 6, 7, 8)), "resume: steps 5..8 bitwise equal to the uninterrupted run")
+    # resume with 2 ranks: bitwise (-fw delayed: each rank rebuilds its codes with the saved scale, then they are gathered)
+    for weights in ("current", "delayed"):
+        out_dir = os.path.join(tmp, "ckpt_" + weights)
+        args = common + ["-p", "fp8", "-fw", weights, "-opt", "adamw8", "-b", 4, "-o", out_dir, "-n", 4]
+        codes, straight = run(2, args, tmp)
+        check(codes == [0, 0], f"resume -fw {weights}: the straight 2-rank run exits 0")
+        for step in (4, 8):
+            for r in range(2):
+                check(os.path.exists(os.path.join(out_dir, f"state_{step:08d}_{r:05d}.bin")),
+                      f"resume -fw {weights}: state file of rank {r} at step {step}")
+        os.remove(os.path.join(out_dir, "DONE_00000008"))
+        codes, resumed = run(2, args + ["-y", 1], tmp)
+        a, b = losses(straight), losses(resumed)
+        check(codes == [0, 0] and sorted(b) == [5, 6, 7, 8], f"resume -fw {weights}: the resumed run continues at step 5")
+        check(all(a.get(s) == b.get(s) for s in (5, 6, 7, 8)),
+              f"resume -fw {weights}: steps 5..8 bitwise equal to the uninterrupted run")
 
     # resume with another number of ranks: the same global batch, within the 2-rank vs 1-rank tolerance
     tolerance = {name: tol for name, _, tol in configs}["fp8 delayed adamw8"]

@@ -11,6 +11,9 @@ element functions; test_adamw8_gpu.cu checks it bit for bit against adamw8_updat
   derived from the state error of fp32 AdamW run on the original states;
 - 500 steps of a noisy quadratic (fp32 master and bf16-only) and of the tiny CPU GPT-2, 8-bit
   against fp32 AdamW: final loss within 1%; "none" selection bit-identical to plain AdamW;
+- the delayed FP8 weight cast against the current one on a slowly moving weight: the same
+  codes while the amax stands still, half an E4M3 step (or the amax's growth, saturated)
+  apart when it moves;
 - non-finite updates leave the block untouched; states through the state file bit for bit;
   fp32 <-> 8-bit conversions; which tensors are 8-bit; the persistent bytes per parameter.
 */
@@ -300,13 +303,106 @@ static void test_non_finite_bf16(void) {
     Quant8TensorStates st = {mc, vc, ma, va};
     AdamWElementParams hp = adamw_element_params(1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);
     float amax = 0.0f;
-    adamw8_update_bf16_ref(params, master, grads, n, st, &g_maps, hp, 1.0f, 1234u, 0, &amax);
+    Fp8WeightRef fp8 = {&amax, NULL, 1.0f};
+    adamw8_update_bf16_ref(params, master, grads, n, st, &g_maps, hp, 1.0f, 1234u, 0, &fp8);
     CHECK(memcmp(params + 256, before + 256, 512) == 0 && memcmp(master + 256, master_before + 256, 1024) == 0 &&
           ma[1] == 0.0f && va[1] == 0.0f, "bf16 non-finite: the NaN block was modified");
     float master_max = 0.0f;
     for (size_t i = 0; i < n; i++) { master_max = fmaxf(master_max, fabsf(master[i])); }
     CHECK(memcmp(params, before, 512) != 0 && amax == master_max && amax > 0.0f,
           "bf16 non-finite: amax %.9g is not the max |master| %.9g over both blocks", amax, master_max);
+}
+
+// ----------------------------------------------------------------------------
+// the delayed FP8 weight cast (-fw delayed) against the current one, on a slowly moving weight
+
+#define MOVING_N 4096
+#define MOVING_STEPS 30
+
+// |x - decode(code) / scale| is at most half an E4M3 step: 2^-4 |x| for normals, 2^-10 / scale below
+static int within_half_step(float x, uint8_t code, float scale) {
+    float error = fabsf(x - fp8_decode(code, FP8_E4M3) / scale);
+    return error <= fmaxf(0.0625f * fabsf(x), 0.0009765625f / scale) * 1.0001f;
+}
+
+/*
+30 steps of a weight (fp32 AdamW states, or 8-bit) from its optimizer's host reference: the
+delayed codes (written in the step, under the scale of the previous step's amax, as
+fp8_scaling_init_weight's delayed state gives it) against the current ones (the same new
+values under the scale of their own amax). The largest element has no gradient for 15
+steps (the amax stands still), then grows every step, by ~10% (lr 1e-2) so that some
+delayed codes saturate. Where the two scales are equal the
+codes are equal byte for byte; where they differ each code is within half an E4M3 step of
+its value, except a delayed code that saturated: it is the previous amax, below its value by
+at most the amax's growth over the step.
+*/
+static void test_delayed_weight_codes(int eight_bit) {
+    const char* name = eight_bit ? "adamw8" : "adamw";
+    uint16_t* params = (uint16_t*)mallocCheck(MOVING_N * sizeof(uint16_t));
+    uint16_t* grads = (uint16_t*)mallocCheck(MOVING_N * sizeof(uint16_t));
+    float* master = (float*)mallocCheck(MOVING_N * sizeof(float));
+    float* m = (float*)calloc(MOVING_N, sizeof(float));
+    float* v = (float*)calloc(MOVING_N, sizeof(float));
+    int8_t* m_codes = (int8_t*)calloc(MOVING_N, 1);
+    uint8_t* v_codes = (uint8_t*)calloc(MOVING_N, 1);
+    float* m_absmax = (float*)calloc(MOVING_N / QUANT8_BLOCK, sizeof(float));
+    float* v_absmax = (float*)calloc(MOVING_N / QUANT8_BLOCK, sizeof(float));
+    uint8_t* delayed = (uint8_t*)mallocCheck(MOVING_N);
+    for (size_t i = 0; i < MOVING_N; i++) {
+        master[i] = i == 0 ? 0.1f : 0.02f * gaussian(50, (uint32_t)i);
+        params[i] = float_to_bf16_bits(master[i]);
+    }
+    Fp8TensorScaling state;  // seeded by the start cast: its own amax
+    fp8_scaling_init_weight(&state, 1, FP8_AMAX_HISTORY_DEFAULT, 0);
+    CHECK(fp8_scaling_casts_after_update(&state), "%s: a fresh delayed weight is not seeded by a current cast", name);
+    fp8_scaling_update(&state, 0.1f);
+    CHECK(!fp8_scaling_casts_after_update(&state), "%s: a seeded delayed weight still casts after its update", name);
+    int same_scale_steps = 0, other_scale_steps = 0, saturated = 0;
+    for (int step = 1; step <= MOVING_STEPS; step++) {
+        for (size_t i = 0; i < MOVING_N; i++) {
+            float g = i == 0 ? (step > 15 ? -1.0f : 0.0f) : 1e-2f * gaussian(60 + (uint32_t)step, (uint32_t)i);
+            grads[i] = float_to_bf16_bits(g);
+        }
+        AdamWElementParams hp = adamw_element_params(step > 15 ? 1e-2f : 1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, step);
+        float previous_amax = state.amax_history[0], previous_scale = state.scale, amax = 0.0f;
+        Fp8WeightRef fp8 = {&amax, delayed, previous_scale};
+        if (eight_bit) {
+            Quant8TensorStates st = {m_codes, v_codes, m_absmax, v_absmax};
+            adamw8_update_bf16_ref(params, master, grads, MOVING_N, st, &g_maps, hp, 1.0f, (uint32_t)step, 0, &fp8);
+        } else {
+            adamw_update_bf16_ref(params, master, grads, m, v, MOVING_N, hp, 1.0f, (uint32_t)step, 0, &fp8);
+        }
+        fp8_scaling_update(&state, amax);  // the next step's scale: what the current cast uses now
+        int mismatched = 0, out_of_bounds = 0;
+        for (size_t i = 0; i < MOVING_N; i++) {
+            uint8_t current = fp8_quantize(master[i], state.scale, FP8_E4M3);
+            mismatched += current != delayed[i];
+            if (!within_half_step(master[i], current, state.scale)) { out_of_bounds++; }
+            if (fp8_classify(master[i], previous_scale, delayed[i], FP8_E4M3) == FP8_ELEMENT_SATURATED) {
+                saturated++;
+                float gap = fabsf(master[i]) - fp8_decode(delayed[i], FP8_E4M3) / previous_scale;
+                if (!(gap > 0.0f && gap <= (amax - previous_amax) * 1.0001f)) { out_of_bounds++; }
+            } else if (!within_half_step(master[i], delayed[i], previous_scale)) {
+                out_of_bounds++;
+            }
+        }
+        if (state.scale == previous_scale) {
+            same_scale_steps++;
+            CHECK(mismatched == 0, "%s step %d: the scale stood still, yet %d delayed codes differ from the current ones", name,
+                  step, mismatched);
+        } else {
+            other_scale_steps++;
+        }
+        CHECK(out_of_bounds == 0, "%s step %d: %d codes beyond half an E4M3 step of their value (or a saturated one beyond "
+              "the amax's growth %.3g)", name, step, out_of_bounds, amax - previous_amax);
+    }
+    CHECK(same_scale_steps >= 10 && other_scale_steps >= 10 && saturated >= 10,
+          "%s: %d steps with the scale unchanged, %d changed, %d saturated codes: the case does not exercise both", name,
+          same_scale_steps, other_scale_steps, saturated);
+    printf("delayed weight codes (%s): %d steps with the previous scale equal to the new one (codes equal), %d with "
+           "it below (%d codes saturated)\n", name, same_scale_steps, other_scale_steps, saturated);
+    free(params); free(grads); free(master); free(m); free(v); free(m_codes); free(v_codes); free(m_absmax); free(v_absmax);
+    free(delayed);
 }
 
 // ----------------------------------------------------------------------------
@@ -355,15 +451,13 @@ static double quad_run(QuadMode mode) {
             for (size_t i = 0; i < n; i++) { w[i] = adamw_element_update(w[i], grads[i], &m[i], &v[i], hp); }
         } else if (mode == QUAD_8BIT_MASTER) {
             adamw8_update_fp32(w, grads, n, st, &g_maps, hp, 1.0f);
-        } else if (mode == QUAD_FP32_BF16_ONLY) {  // what llmc/adamw.cuh does with no master
-            for (size_t i = 0; i < n; i++) {
-                float wi = adamw_element_update(bf16_bits_to_float(w_bf16[i]), bf16_bits_to_float(float_to_bf16_bits(grads[i])),
-                                                &m[i], &v[i], hp);
-                w_bf16[i] = float_to_bf16_bits_stochastic(wi, random_u32((uint32_t)step, (uint32_t)i));
-            }
         } else {
             for (size_t i = 0; i < n; i++) { g_bf16[i] = float_to_bf16_bits(grads[i]); }
-            adamw8_update_bf16_ref(w_bf16, NULL, g_bf16, n, st, &g_maps, hp, 1.0f, (uint32_t)step, 0, NULL);
+            if (mode == QUAD_FP32_BF16_ONLY) {  // what llmc/adamw.cuh does with no master
+                adamw_update_bf16_ref(w_bf16, NULL, g_bf16, m, v, n, hp, 1.0f, (uint32_t)step, 0, NULL);
+            } else {
+                adamw8_update_bf16_ref(w_bf16, NULL, g_bf16, n, st, &g_maps, hp, 1.0f, (uint32_t)step, 0, NULL);
+            }
         }
     }
     if (bf16_only) { for (size_t i = 0; i < n; i++) { w[i] = bf16_bits_to_float(w_bf16[i]); } }
@@ -671,6 +765,8 @@ int main(void) {
     test_one_step();
     test_non_finite();
     test_non_finite_bf16();
+    test_delayed_weight_codes(0);
+    test_delayed_weight_codes(1);
     test_selection();
     test_bytes_per_param();
     test_state_files();

@@ -1,11 +1,13 @@
 /*
 test_adamw8_gpu.cu: the 8-bit AdamW kernel (llmc/adamw8.cuh) against its host reference
 (adamw8_update_bf16_ref in llmc/quant8.h), bit for bit: bf16 weights, fp32 master, m and v
-codes, both absmaxes and the weight amax, over three steps from random states. Sizes: one
-d12 layer's fc weight (768 x 3072) and an odd size (9999: a short last block and a lane with
-fewer than 8 elements). With and without the fp32 master; with a NaN gradient in one block
-(that block must stay untouched); and adamw8_update_range over all 16 tensors of a small
-model, which sends the 32-bit tensors through adamw_update. Needs a GPU (make gpucheck).
+codes, both absmaxes and the FP8 weight outputs (the amax; with the delayed weight cast also
+the E4M3 codes, some saturated), over three steps from random states. Sizes: one d12 layer's
+fc weight (768 x 3072) and an odd size (9999: a short last block and a lane with fewer than
+8 elements). With and without the fp32 master; with a NaN gradient in one block (that block
+must stay untouched, its codes rewritten with the step's scale); and adamw8_update_range over
+all 16 tensors of a small model, which sends the 32-bit tensors through adamw_update (against
+adamw_update_bf16_ref). Each case in both weight scalings. Needs a GPU (make gpucheck).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@ model, which sends the 32-bit tensors through adamw_update. Needs a GPU (make gp
 #include "llmc/cuda_common.h"
 #include "llmc/adamw8.cuh"
 #include "test/test_harness.h"
+#include "test/fp8_weight_outputs.cuh"
 
 static float uniform01(uint32_t seed, uint32_t index) {
     return ((float)(random_u32(seed, index) >> 8) + 0.5f) / 16777216.0f;
@@ -91,11 +94,13 @@ static void case_free(Case* c) {
     for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++) { cudaCheck(cudaFree(d[i])); }
 }
 
-static void test_kernel(size_t n, int with_master, int nan_block, const Quant8Maps* maps, const Quant8Maps* d_maps) {
+static void test_kernel(size_t n, int with_master, int nan_block, int delayed, const Quant8Maps* maps, const Quant8Maps* d_maps) {
     Case c;
     case_init(&c, n, maps);
-    unsigned int* d_amax = (unsigned int*)cuda_malloc_checked(sizeof(unsigned int), "amax");
-    const char* mode = with_master ? "master" : "bf16 only";
+    Fp8WeightOutputs fp8;
+    fp8_weight_outputs_init(&fp8, n, delayed, 0.04f);  // the previous step's amax: below the weights' (0.02 * gaussian)
+    char mode[64];
+    snprintf(mode, sizeof(mode), "%s, %s weights", with_master ? "master" : "bf16 only", delayed ? "delayed" : "current");
     for (int step = 1; step <= 3; step++) {
         for (size_t i = 0; i < n; i++) {
             float g = 1e-3f * gaussian(100 + step, (uint32_t)i);
@@ -103,38 +108,40 @@ static void test_kernel(size_t n, int with_master, int nan_block, const Quant8Ma
             c.grads[i] = float_to_bf16_bits(g);
         }
         cudaCheck(cudaMemcpy(c.d_grads, c.grads, n * 2, cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemset(d_amax, 0, sizeof(unsigned int)));
+        fp8_weight_outputs_clear(&fp8);
         AdamWElementParams hp = adamw_element_params(6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
         uint32_t seed = random_u32(0x5eed, (uint32_t)step);
         float grad_scale = 0.8f;
         Quant8TensorStates d_st = {c.d_m_codes, c.d_v_codes, c.d_m_absmax, c.d_v_absmax};
-        adamw8_update(c.d_params, with_master ? c.d_master : NULL, c.d_grads, d_st, n, d_maps, hp, grad_scale, seed, 512, d_amax, 0);  // as the part of a tensor from its element 512
+        adamw8_update(c.d_params, with_master ? c.d_master : NULL, c.d_grads, d_st, n, d_maps, hp, grad_scale, seed, 512,
+                      fp8_weight_outputs_device(&fp8, 0), 0);  // as the part of a tensor from its element 512
 
         uint16_t* before = (uint16_t*)mallocCheck(n * 2);
         memcpy(before, c.params, n * 2);
-        float amax = 0.0f;
         Quant8TensorStates st = {c.m_codes, c.v_codes, c.m_absmax, c.v_absmax};
-        adamw8_update_bf16_ref(c.params, with_master ? c.master : NULL, c.grads, n, st, maps, hp, grad_scale, seed, 512, &amax);
-        unsigned int amax_bits = float_as_bits(amax);
+        Fp8WeightRef fp8_ref = fp8_weight_outputs_host(&fp8, 0);
+        adamw8_update_bf16_ref(c.params, with_master ? c.master : NULL, c.grads, n, st, maps, hp, grad_scale, seed, 512, &fp8_ref);
         CHECK(device_equals(c.d_params, c.params, n * 2), "n=%zu %s step %d: bf16 weights differ", n, mode, step);
         if (with_master) { CHECK(device_equals(c.d_master, c.master, n * 4), "n=%zu %s step %d: master differs", n, mode, step); }
         CHECK(device_equals(c.d_m_codes, c.m_codes, n) && device_equals(c.d_v_codes, c.v_codes, n),
               "n=%zu %s step %d: m or v codes differ", n, mode, step);
         CHECK(device_equals(c.d_m_absmax, c.m_absmax, c.blocks * 4) && device_equals(c.d_v_absmax, c.v_absmax, c.blocks * 4),
               "n=%zu %s step %d: absmaxes differ", n, mode, step);
-        CHECK(device_equals(d_amax, &amax_bits, 4), "n=%zu %s step %d: amax differs (host %.9g)", n, mode, step, amax);
+        char what[128];
+        snprintf(what, sizeof(what), "n=%zu %s step %d", n, mode, step);
+        fp8_weight_outputs_check(&fp8, n, what);
         if (nan_block >= 0 && step == 2) {
             size_t start = (size_t)nan_block * QUANT8_BLOCK;
             CHECK(memcmp(before + start, c.params + start, QUANT8_BLOCK * 2) == 0, "n=%zu: the NaN block changed", n);
         }
         free(before);
     }
-    cudaCheck(cudaFree(d_amax));
+    fp8_weight_outputs_free(&fp8);
     case_free(&c);
 }
 
 // all 16 tensors of a small model through adamw8_update_range, 8-bit and 32-bit ones
-static void test_update_tensor(Adamw8Selection selection, const Quant8Maps* maps, const Quant8Maps* d_maps) {
+static void test_update_tensor(Adamw8Selection selection, int delayed, const Quant8Maps* maps, const Quant8Maps* d_maps) {
     GPT2Config cfg = gpt2_config_make(2, 2, 128, 64, 200);  // ln/bias tensors < 4096 per layer: 32-bit by default
     Adamw8Layout layout;
     adamw8_layout_init(&layout, &cfg, selection);
@@ -153,26 +160,31 @@ static void test_update_tensor(Adamw8Selection selection, const Quant8Maps* maps
     floatX* d_params = (floatX*)device_copy(params, n * 2);
     floatX* d_grads = (floatX*)device_copy(grads, n * 2);
     float* d_master = (float*)device_copy(master, n * 4);
+    Fp8WeightOutputs fp8;  // every tensor as if it were an FP8 weight, codes at its parameters' offsets
+    fp8_weight_outputs_init(&fp8, n, delayed, 0.02f);
     for (int step = 1; step <= 2; step++) {
         for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
             AdamWElementParams hp = adamw_element_params(1e-3f, 0.9f, 0.95f, 1e-8f, gpt2_param_is_decayed(t) ? 0.1f : 0.0f, step);
             uint32_t seed = random_u32(7, (uint32_t)(step * 16 + t));
             size_t off = layout.param_offsets[t], count = layout.sizes[t];
+            fp8_weight_outputs_clear(&fp8);
             adamw8_update_range(&layout, &device, d_maps, t, 0, count, d_params + off, d_master + off, d_grads + off, hp, 1.0f,
-                                seed, NULL, 0);
+                                seed, fp8_weight_outputs_device(&fp8, off), 0);
+            Fp8WeightRef fp8_ref = fp8_weight_outputs_host(&fp8, off);
             if (layout.bits[t] == 8) {
                 adamw8_update_bf16_ref(params + off, master + off, grads + off, count, adamw8_tensor_states(&layout, &host, t),
-                                       maps, hp, 1.0f, seed, 0, NULL);
+                                       maps, hp, 1.0f, seed, 0, &fp8_ref);
             } else {
-                float* m = host.m32 + layout.fp32_offsets[t];
-                float* v = host.v32 + layout.fp32_offsets[t];
-                for (size_t k = 0; k < count; k++) {
-                    master[off + k] = adamw_element_update(master[off + k], bf16_bits_to_float(grads[off + k]), &m[k], &v[k], hp);
-                    params[off + k] = float_to_bf16_bits_stochastic(master[off + k], random_u32(seed, (uint32_t)k));
-                }
+                adamw_update_bf16_ref(params + off, master + off, grads + off, host.m32 + layout.fp32_offsets[t],
+                                      host.v32 + layout.fp32_offsets[t], count, hp, 1.0f, seed, 0, &fp8_ref);
             }
+            char what[128];
+            snprintf(what, sizeof(what), "adamw8_update_range (selection %d, %s weights) step %d %s", (int)selection,
+                     delayed ? "delayed" : "current", step, PARAM_TENSOR_NAMES[t]);
+            fp8_weight_outputs_check(&fp8, count, what);
         }
     }
+    fp8_weight_outputs_free(&fp8);
     Adamw8States back;
     adamw8_states_alloc_host(&back, &layout);
     adamw8_states_copy(&back, &device, &layout, cudaMemcpyDeviceToHost);
@@ -198,12 +210,14 @@ int main(void) {
     quant8_maps_init(&maps);
     Quant8Maps* d_maps = adamw8_maps_upload();
     const size_t d12_fc = (size_t)768 * 3072;
-    test_kernel(d12_fc, 1, -1, &maps, d_maps);
-    test_kernel(d12_fc, 0, -1, &maps, d_maps);
-    test_kernel(9999, 1, 17, &maps, d_maps);
-    test_kernel(9999, 0, 39, &maps, d_maps);  // the last, short block
-    test_update_tensor(ADAMW8_SELECT_DEFAULT, &maps, d_maps);
-    test_update_tensor(ADAMW8_SELECT_ALL, &maps, d_maps);  // no 32-bit tensors: empty m32/v32
+    for (int delayed = 0; delayed < 2; delayed++) {
+        test_kernel(d12_fc, 1, -1, delayed, &maps, d_maps);
+        test_kernel(d12_fc, 0, -1, delayed, &maps, d_maps);
+        test_kernel(9999, 1, 17, delayed, &maps, d_maps);
+        test_kernel(9999, 0, 39, delayed, &maps, d_maps);  // the last, short block
+        test_update_tensor(ADAMW8_SELECT_DEFAULT, delayed, &maps, d_maps);
+        test_update_tensor(ADAMW8_SELECT_ALL, delayed, &maps, d_maps);  // no 32-bit tensors: empty m32/v32
+    }
     cudaCheck(cudaFree(d_maps));
     return test_summary("test_adamw8_gpu");
 }

@@ -2,7 +2,9 @@
 dev/bench/bench.py reads the trainer's progress lines and ./bench_gemm's output. The first
 test takes the progress line's printf format straight from train_gpt2_fp8.cu, fills it in,
 and checks that the bench parses every field back, so a change to the line cannot silently
-break the benchmark. The others check the per-GEMM side without a GPU: every field the bench
+break the benchmark. The -fw current vs delayed comparison reads the optimizer step and the
+weight-cast rows of the -kt 1 breakdown (in llmc/profiler.h's format, rows the trainer
+marks) and pairs the two runs of each model and optimizer. The others check the per-GEMM side without a GPU: every field the bench
 requires of a bench_gemm JSON record is one dev/bench/bench_gemm.cu writes; synthetic JSON
 lines (random times and ratios, d48 without the block recipe) give a summary that takes
 each model's whole-model fwd+bwd ratios and nothing else, in the markdown next to DESIGN.md's
@@ -44,6 +46,67 @@ def test_bench_parses_the_trainer_progress_line():
     assert steps[0] == {"step": 1, "loss": 10.4, "ms": 141.0, "tok_s": 468001, "mfu": 0.382, "mem_mib": 61234}
     assert steps[3]["mfu"] is None
     assert breakdown.startswith("kernel breakdown")
+
+
+def breakdown_text(rows):
+    """a -kt 1 breakdown in llmc/profiler.h's format (its fprintf formats, filled in)"""
+    source = open(os.path.join(ROOT, "llmc", "profiler.h")).read()
+    row_format = re.search(r'fprintf\(out, "(\| %s \| %\.3f \| %\.1f%% \| %ld \|)\\n"', source)
+    assert row_format, "the breakdown's row fprintf not found in llmc/profiler.h"
+    lines = ["kernel breakdown over 8 steps (ms per step):", "| kernel | ms/step | share | calls/step |", "|---|---|---|---|"]
+    lines += [row_format.group(1) % (name, ms, 10.0, 1) for name, ms in rows]
+    return "\n".join(lines)
+
+
+def test_optimizer_and_weight_cast_time_from_the_breakdown():
+    """-fw current vs delayed is judged on the optimizer step plus the weight casts after it: both rows must exist"""
+    bench = load_bench()
+    source = open(os.path.join(ROOT, "train_gpt2_fp8.cu")).read()
+    for row in ("adamw8", "adamw", bench.WEIGHT_CAST_ROW):
+        assert f'profiler_mark("{row}")' in source or f'"{row}"' in source, f"the trainer never marks {row!r}"
+    breakdown = breakdown_text([("encoder fwd", 0.5), ("adamw8", 1.25), (bench.WEIGHT_CAST_ROW, 0.375), ("adamw", 9.0)])
+    assert bench.optimizer_ms(breakdown, "adamw8") == 1.25
+    assert bench.optimizer_and_weight_cast_ms(breakdown, "adamw8") == 1.625
+    assert bench.optimizer_and_weight_cast_ms(breakdown_text([("adamw", 2.0)]), "adamw") is None  # a bf16 run: no casts
+
+
+def train_record(model, optimizer, weights, tok_s, cast_ms, loss, recipe="delayed"):
+    return {"benchmark": "train", "model": model, "precision": "fp8", "recipe": recipe, "optimizer": optimizer,
+            "weight_scaling": weights, "tok_per_s": tok_s, "optimizer_weight_cast_ms": cast_ms, "final_loss": loss}
+
+
+def test_weight_cast_comparison_pairs_current_and_delayed_runs():
+    bench = load_bench()
+    records = [
+        train_record("d12", "adamw", "current", 500000.0, 2.0, 7.25),
+        {"benchmark": "train", "model": "d12", "precision": "bf16", "recipe": "-", "optimizer": "adamw", "weight_scaling": "-",
+         "tok_per_s": 450000.0, "optimizer_weight_cast_ms": None, "final_loss": 7.2},
+        train_record("d12", "adamw", "delayed", 510000.0, 1.5, 7.26),
+        train_record("d12", "adamw8", "current", 490000.0, None, 7.3),
+        train_record("d12", "adamw8", "delayed", 495000.0, 1.25, 7.31),
+        train_record("d48", "adamw", "current", 50000.0, 20.0, 7.0),  # its delayed run failed: no pair
+        {"benchmark": "train", "model": "d48", "recipe": "delayed", "optimizer": "adamw", "weight_scaling": "delayed", "error": "OOM"},
+        train_record("d12", "adamw", "current", 1.0, 1.0, 1.0, recipe="block"),  # unpaired recipe
+        {"benchmark": "gemm", "record": "time"},
+    ]
+    rows = bench.weight_cast_comparison(records)
+    assert [(r["model"], r["optimizer"]) for r in rows] == [("d12", "adamw"), ("d12", "adamw8")]
+    assert rows[0]["tok_per_s"] == (500000.0, 510000.0) and abs(rows[0]["speedup"] - 1.02) < 1e-12
+    assert rows[0]["optimizer_weight_cast_ms"] == (2.0, 1.5) and rows[0]["cast_ms_saved"] == 0.5
+    assert rows[0]["final_loss"] == (7.25, 7.26)
+    assert rows[1]["cast_ms_saved"] is None
+    markdown = bench.weight_cast_markdown(rows).splitlines()
+    assert markdown[0] == "## FP8 weight cast: -fw current vs delayed"
+    assert "| d12 | delayed | adamw | 500000 | 510000 | 1.020x | 2.000 | 1.500 | 0.500 | 7.2500 | 7.2600 |" in markdown
+    assert "| d12 | delayed | adamw8 | 490000 | 495000 | 1.010x | n/a | 1.250 | n/a | 7.3000 | 7.3100 |" in markdown
+
+
+def test_bench_runs_both_weight_scalings():
+    """the default recipe is timed under both -fw values, with either optimizer"""
+    bench = load_bench()
+    fp8 = [(recipe, optimizer, weights) for precision, recipe, optimizer, weights in bench.RUNS if precision == "fp8"]
+    assert {(optimizer, weights) for recipe, optimizer, weights in fp8 if recipe == "delayed"} == {
+        ("adamw", "current"), ("adamw", "delayed"), ("adamw8", "current"), ("adamw8", "delayed")}
 
 
 GEMM_SOURCE = os.path.join(ROOT, "dev", "bench", "bench_gemm.cu")

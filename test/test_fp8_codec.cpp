@@ -8,6 +8,9 @@ no GPU needed:
 What is covered:
 - decode: all 256 codes of each format, against __nv_cvt_fp8_to_halfraw (widened to float)
   bit for bit (NaN codes: both NaN);
+- the optimizer's weight element (fp8_weight_element): the value a weight's FP8 cast reads
+  and its code, the encode of value * scale, over every bf16 pattern and Gaussian masters
+  under several scales, saturation included;
 - encode with SATFINITE: every float32 bit pattern within 2 ulps of every code's value and
   of every midpoint between neighbouring codes (where rounding decides), both signs; the
   neighbourhoods of 0, the float denormals, max, the overflow bound, FLT_MAX, Inf and NaN;
@@ -21,6 +24,7 @@ Each sweep counts as one check (so make test's total stays readable); the first 
 #include <float.h>
 #include "test/test_harness.h"
 #include "llmc/fp8.h"
+#include "llmc/fp8_scaling.h"
 #include "llmc/rand.h"
 
 static const Fp8Format FORMATS[2] = {FP8_E4M3, FP8_E5M2};
@@ -217,7 +221,59 @@ static void test_classify(void) {
           fp8_amax_bits(-2.0f) > fp8_amax_bits(1.5f), "amax bits do not order NaN > Inf > finite magnitudes");
 }
 
+/*
+The optimizer's weight element (fp8_weight_element): the value is the written weight (the
+master when there is one, else the bf16 weight) and the code is cuda_fp8.h's SATFINITE E4M3
+encode of value * scale. Every bf16 bit pattern (the no-master case, exhaustively) and a
+million Gaussian masters at magnitudes around the scale's range, under scales from amaxes
+at and below the values' (delayed: the previous step's amax), so a share saturate.
+*/
+static void test_weight_element(void) {
+    const float amaxes[] = {1e-3f, 0.02f, 0.05f, 1.0f, 3.0f, 448.0f, 1e4f};
+    const int margins[] = {0, 0, 1, 0, 2, 0, 0};
+    long long checks = 0, failures = 0, saturated = 0;
+    for (size_t a = 0; a < sizeof(amaxes) / sizeof(amaxes[0]); a++) {
+        float scale = fp8_scale_from_amax(amaxes[a], FP8_E4M3_MAX, margins[a]);
+        for (uint32_t bits = 0; bits < 65536u; bits++) {  // no master: the bf16 weight is what the cast reads
+            float weight = bf16_bits_to_float((uint16_t)bits);
+            Fp8WeightElement e = fp8_weight_element(0, 12345.0f, (uint16_t)bits, scale);
+            uint8_t expected = (uint8_t)__nv_cvt_float_to_fp8(weight * scale, __NV_SATFINITE, __NV_E4M3);
+            int same_value = float_as_bits(e.value) == float_as_bits(weight) || (isnan(e.value) && isnan(weight));
+            failures += !same_value || e.code != expected;
+            saturated += isfinite(weight) && fp8_classify(weight, scale, e.code, FP8_E4M3) == FP8_ELEMENT_SATURATED;
+            checks++;
+        }
+        mt19937_state rng;
+        manual_seed(&rng, 77 + (unsigned int)a);
+        for (int i = 0; i < 1000000; i++) {  // with a master: the fp32 value, whatever the bf16 weight holds
+            float master = amaxes[a] * 1.5f * sqrtf(-2.0f * logf(randfloat32(&rng) + 1e-30f)) * cosf(6.2831853f * randfloat32(&rng));
+            Fp8WeightElement e = fp8_weight_element(1, master, 0x7fc0u, scale);
+            uint8_t expected = (uint8_t)__nv_cvt_float_to_fp8(master * scale, __NV_SATFINITE, __NV_E4M3);
+            failures += float_as_bits(e.value) != float_as_bits(master) || e.code != expected;
+            saturated += fp8_classify(master, scale, e.code, FP8_E4M3) == FP8_ELEMENT_SATURATED;
+            checks++;
+        }
+    }
+    printf("weight element: %lld values x scales, %lld saturated, %lld mismatches\n", checks, saturated, failures);
+    CHECK(failures == 0, "fp8_weight_element: %lld of %lld (value, code) differ from the written value and cuda_fp8.h's encode",
+          failures, checks);
+    CHECK(saturated > checks / 100, "fp8_weight_element: only %lld of %lld saturated: the sweep misses saturation", saturated,
+          checks);
+
+    // the host references' accumulation (Fp8WeightRef): amax over |value|, codes at the call's indices
+    float amax = 0.25f;
+    uint8_t codes[3] = {0, 0, 0};
+    Fp8WeightRef ref = {&amax, codes, fp8_scale_from_amax(1.0f, FP8_E4M3_MAX, 0)};
+    fp8_weight_ref_add(&ref, 1, 1, -0.75f, 0);
+    fp8_weight_ref_add(&ref, 2, 0, 99.0f, float_to_bf16_bits(0.5f));
+    CHECK(amax == 0.75f && codes[0] == 0 && codes[1] == fp8_encode(-0.75f * 448.0f, FP8_E4M3) &&
+          codes[2] == fp8_encode(0.5f * 448.0f, FP8_E4M3), "fp8_weight_ref_add: amax %g, codes %02x %02x %02x", amax,
+          codes[0], codes[1], codes[2]);
+    fp8_weight_ref_add(NULL, 0, 1, 1.0f, 0);  // a weight that is not FP8: nothing to write
+}
+
 int main(void) {
+    test_weight_element();
     test_decode_all_codes();
     test_encode_boundaries();
     test_encode_saturation_facts();

@@ -10,8 +10,10 @@ what the GPU's FP8 path is checked against, checked itself against fp32:
   wgrad each on its own included);
 - the -f8 / -f8p flags: the per-linear passes they give, and each refusal;
 - the whole model: logits and every parameter gradient vs fp32, per recipe, lm_head too;
-- training: a tiny model, 200 AdamW steps in emulated FP8 (default recipe) vs fp32, on a
-  fixed corpus with structure, final losses within 2%;
+- training: a tiny model, 200 AdamW steps in emulated FP8 (default recipe, and with delayed
+  weight scaling) vs fp32, on a fixed corpus with structure, final losses within 2%;
+- delayed weight scaling: the forwards quantize W with the scale its last optimizer step
+  used (the previous step's amax), through gradient accumulation and evaluations;
 - the per-tensor statistics and the config checks.
 Thresholds and the measured values are in doc/fp8-numerics.md.
 */
@@ -535,6 +537,71 @@ static void test_model_sqnr(void) {
     model_delete(ref);
 }
 
+/*
+Delayed weight scaling (-fw delayed): the first forward seeds W's state with a current cast;
+an optimizer step keeps the scale its codes were written with (the previous amax's) for the
+forwards and puts the new weights' amax into the state; forwards between two steps (gradient
+accumulation, evaluation) all quantize W with that same pair and leave the state alone.
+*/
+static void test_delayed_weights(void) {
+    GPT2Config cfg = sqnr_config();
+    Fp8Emulation e = fp8_emulation_default();
+    e.weight_scaling = FP8_WEIGHTS_DELAYED;
+    e.passes[FP8_LINEAR_LM_HEAD] = FP8_PASS_ALL;
+    GPT2Ref* model = model_new(&cfg, &e);
+    mt19937_state rng;
+    manual_seed(&rng, 31);
+    int tokens[SQNR_B * SQNR_T], targets[SQNR_B * SQNR_T];
+    random_tokens(tokens, SQNR_B * SQNR_T, cfg.vocab_size, &rng);
+    random_tokens(targets, SQNR_B * SQNR_T, cfg.vocab_size, &rng);
+    const int kinds[2] = {FP8_LINEAR_FC, FP8_LINEAR_LM_HEAD};
+    float amax_before[2];
+    for (int k = 0; k < 2; k++) {
+        size_t n;
+        const float* weight = gpt2ref_fp8_weight(model, 1, kinds[k], &n);
+        amax_before[k] = ref_fp8_amax(weight, n);
+    }
+    gpt2ref_forward(model, tokens, targets, SQNR_B, SQNR_T);
+    gpt2ref_zero_grad(model);
+    gpt2ref_backward(model, 1);
+    for (int k = 0; k < 2; k++) {
+        Fp8LinearState* q = gpt2ref_fp8_linear(model, 1, kinds[k]);
+        float seeded = fp8_scale_from_amax(amax_before[k], FP8_E4M3_MAX, 0);
+        CHECK(fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_W]) == 1 && q->forward_used[FP8_OPERAND_W].scale == seeded,
+              "%s: the first forward did not seed W with a current cast (scale %g, expected %g)", FP8_LINEAR_NAMES[kinds[k]],
+              q->forward_used[FP8_OPERAND_W].scale, seeded);
+    }
+    for (int step = 1; step <= 2; step++) {  // the second step's pair is no longer the seed's
+        float amax_stepped[2];
+        gpt2ref_adamw_update(model, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f, step, 0.0f);
+        for (int k = 0; k < 2; k++) {
+            size_t n;
+            const float* weight = gpt2ref_fp8_weight(model, 1, kinds[k], &n);
+            amax_stepped[k] = ref_fp8_amax(weight, n);
+            CHECK(amax_stepped[k] != amax_before[k], "%s: step %d did not move W's amax: the test sees no delay",
+                  FP8_LINEAR_NAMES[kinds[k]], step);
+        }
+        for (int use = 0; use < 2; use++) {  // two micro-steps of one step: the same Q(W), the state left alone
+            gpt2ref_forward(model, tokens, targets, SQNR_B, SQNR_T);
+            gpt2ref_backward(model, 2);
+            for (int k = 0; k < 2; k++) {
+                Fp8LinearState* q = gpt2ref_fp8_linear(model, 1, kinds[k]);
+                const Fp8TensorScaling* w = &q->scaling[FP8_OPERAND_W];
+                float previous = fp8_scale_from_amax(amax_before[k], FP8_E4M3_MAX, 0);
+                float next = fp8_scale_from_amax(amax_stepped[k], FP8_E4M3_MAX, 0);
+                CHECK(q->forward_used[FP8_OPERAND_W].scale == previous && q->stats[FP8_OPERAND_W].scale == previous &&
+                      fp8_scaling_updates_seen(w) == 1 + step && w->scale == next,
+                      "%s, step %d use %d: the forward quantizes W with scale %g (expected the previous amax's %g) and the "
+                      "state holds %g after %d updates (expected the new amax's %g after %d)", FP8_LINEAR_NAMES[kinds[k]],
+                      step, use, q->forward_used[FP8_OPERAND_W].scale, previous, w->scale, fp8_scaling_updates_seen(w), next,
+                      1 + step);
+            }
+        }
+        memcpy(amax_before, amax_stepped, sizeof(amax_before));
+    }
+    model_delete(model);
+}
+
 // emulation turned off again: the model is the fp32 reference, bit for bit
 static void test_emulation_off(void) {
     enum { B = 2, T = 16 };
@@ -613,14 +680,24 @@ static void test_training(void) {
     int* corpus = (int*)mallocCheck(TRAIN_CORPUS * sizeof(int));
     make_corpus(corpus, TRAIN_CORPUS, 256);
     Fp8Emulation e = fp8_emulation_default();
-    float first32, first8;
+    Fp8Emulation delayed_weights = fp8_emulation_default();  // -fw delayed: W cast with the previous step's amax
+    delayed_weights.weight_scaling = FP8_WEIGHTS_DELAYED;
+    float first32, first8, first8_delayed_weights;
     float final32 = train(NULL, corpus, &first32);
     float final8 = train(&e, corpus, &first8);
+    float final8_delayed_weights = train(&delayed_weights, corpus, &first8_delayed_weights);
     double gap = fabs(final8 - final32) / final32;
-    printf("train %d steps: fp32 loss %.4f -> %.4f, fp8 (delayed) %.4f -> %.4f, gap %.2f%%\n", TRAIN_STEPS, first32,
-           final32, first8, final8, 100.0 * gap);
+    double gap_delayed_weights = fabs(final8_delayed_weights - final32) / final32;
+    printf("train %d steps: fp32 loss %.4f -> %.4f, fp8 (delayed) %.4f -> %.4f, gap %.2f%%; with delayed weights "
+           "%.4f -> %.4f, gap %.2f%%\n", TRAIN_STEPS, first32, final32, first8, final8, 100.0 * gap, first8_delayed_weights,
+           final8_delayed_weights, 100.0 * gap_delayed_weights);
     CHECK(final32 < 0.6f * first32, "the fp32 run did not learn (%.3f -> %.3f): the test data has no signal", first32, final32);
     CHECK(gap <= 0.02, "FP8 final loss %.4f is %.2f%% from fp32's %.4f (allowed 2%%)", final8, 100.0 * gap, final32);
+    CHECK(gap_delayed_weights <= 0.02, "FP8 with delayed weights: final loss %.4f is %.2f%% from fp32's %.4f (allowed 2%%)",
+          final8_delayed_weights, 100.0 * gap_delayed_weights, final32);
+    CHECK(first8_delayed_weights == first8 && final8_delayed_weights != final8,
+          "delayed weights: the first step (seeded, current) must match current weights and training must not (%.6f %.6f, "
+          "%.6f %.6f)", first8_delayed_weights, first8, final8_delayed_weights, final8);
     free(corpus);
 }
 
@@ -697,6 +774,17 @@ static void test_config_errors(void) {
     e = fp8_emulation_default();
     e.passes[FP8_LINEAR_ATTPROJ] = 8;
     CHECK_DIES("attproj passes 8", "attproj passes 0x8", fp8_emulation_validate(&e));
+    e = fp8_emulation_default();
+    e.weight_scaling = 2;
+    CHECK_DIES("weight scaling 2", "weight scaling", fp8_emulation_validate(&e));
+    e = fp8_emulation_default();
+    e.weight_scaling = FP8_WEIGHTS_DELAYED;
+    e.recipe = FP8_EMULATE_BLOCK;
+    CHECK_DIES("delayed weights with the block recipe", "per-tensor recipe", fp8_emulation_validate(&e));
+    e = fp8_emulation_default();
+    e.weight_scaling = FP8_WEIGHTS_DELAYED;
+    e.passes[FP8_LINEAR_FC] = FP8_PASS_DGRAD | FP8_PASS_WGRAD;
+    CHECK_DIES("delayed weights with an FP8 dgrad but no FP8 forward", "forward", fp8_emulation_validate(&e));
 }
 
 int main(void) {
@@ -707,6 +795,7 @@ int main(void) {
     test_pass_selection();
     test_model_sqnr();
     test_emulation_off();
+    test_delayed_weights();
     test_training();
     test_pass_flags();
     test_config_errors();

@@ -32,9 +32,13 @@ recipe, linears and quantization points):
    checked exactly: the same number of updates of every activation and gradient state that
    an FP8 GEMM reads (evaluation forwards put the scaling back), none of a gradient no FP8
    GEMM reads, and the activation scales within 10% (amaxes of bf16 vs fp32 activations).
-7. 10 FP8 AdamW steps on d6 in lockstep with the emulating reference: losses within 1e-2.
-8. FP8 determinism, FP8 resume (delayed; block with lm_head), and an evaluation forward in
-   the middle of a run changes nothing: all bitwise.
+7. 10 FP8 AdamW steps on d6 in lockstep with the emulating reference: losses within 1e-2;
+   also with delayed weight scaling (-fw delayed, lm_head in FP8), after which every FP8
+   weight's codes are exactly its master's under its record's scale (the GEMMs'), W^T their
+   transpose, and the state holds the next step's scale, the new amax's.
+8. FP8 determinism, FP8 resume (delayed; block with lm_head; delayed weights with lm_head,
+   whose resume rebuilds the codes with the saved scale), and an evaluation forward in the
+   middle of a run changes nothing: all bitwise.
 8-bit AdamW (-opt adamw8, d12 as in 3 and 5):
 9. 10 steps track the fp32-AdamW run: each loss within 1% relative. Two runs are bitwise
    equal, and resume is bitwise. -qs none (every tensor keeps fp32 states) is plain AdamW bit
@@ -183,6 +187,51 @@ static void test_forward_backward_vs_reference(AttentionBackend backend, const c
     attention_teardown();
 }
 
+/*
+-fw delayed, after some steps on one GPU: every FP8 weight's codes are its master's under the
+scale its record holds (the one the GEMMs dequantize with), W^T is their transpose, and the
+state's scale, the next step's, is the current master's amax's (history 1, margin 0).
+*/
+static void check_delayed_weight_codes(const GPT2* model) {
+    const Fp8Model* fp8 = &model->fp8;
+    cudaCheck(cudaDeviceSynchronize());
+    int delayed = 0;  // weights whose codes' scale is not the next one (the amax moved in the last step)
+    for (int i = 0; i < fp8->num_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        size_t n = (size_t)lin->OC * lin->K;
+        float* master = (float*)mallocCheck(n * sizeof(float));
+        uint8_t* codes = (uint8_t*)mallocCheck(n);
+        uint8_t* codes_t = (uint8_t*)mallocCheck(n);
+        Fp8CastOutput w = fp8_model_w(fp8, i);
+        Fp8CastRecord record;
+        Fp8TensorScaling state;
+        cudaCheck(cudaMemcpy(master, model->master + lin->weight_offset, n * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(codes, lin->w_codes, n, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(codes_t, lin->w_codes_t, n, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(&record, w.record, sizeof(record), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(&state, w.state, sizeof(state), cudaMemcpyDeviceToHost));
+        size_t bad_codes = 0, bad_transpose = 0;
+        float amax = 0.0f;
+        for (size_t r = 0; r < (size_t)lin->OC; r++) {
+            for (size_t c = 0; c < (size_t)lin->K; c++) {
+                float x = master[r * lin->K + c];
+                amax = fmaxf(amax, fabsf(x));
+                bad_codes += codes[r * lin->K + c] != fp8_quantize(x, record.scale, FP8_E4M3);
+                bad_transpose += codes_t[c * lin->OC + r] != codes[r * lin->K + c];
+            }
+        }
+        CHECK(bad_codes == 0 && bad_transpose == 0 && record.scale_inv == fp8_reciprocal(record.scale),
+              "delayed weights, linear %d: %zu codes are not the master's under the record's scale %g, %zu of W^T differ",
+              i, bad_codes, record.scale, bad_transpose);
+        CHECK(state.recipe == FP8_RECIPE_DELAYED && state.scale == fp8_scale_from_amax(amax, FP8_E4M3_MAX, 0),
+              "delayed weights, linear %d: the next scale %g is not the new amax's %g", i, state.scale,
+              fp8_scale_from_amax(amax, FP8_E4M3_MAX, 0));
+        delayed += state.scale != record.scale;
+        free(master); free(codes); free(codes_t);
+    }
+    CHECK(delayed > 0, "delayed weights: every weight's codes use the scale of its current amax: no delay to see");
+}
+
 // fp8: NULL trains in bf16 against the fp32 reference, else in FP8 against the emulating one
 static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaStream_t stream) {
     GPT2Config cfg = gpt2_config_from_descriptor("d6");
@@ -209,6 +258,7 @@ static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaSt
         printf("%s step %d: loss gpu %.6f ref %.6f\n", fp8 != NULL ? "fp8" : "bf16", step + 1, r.loss, ref_loss);
         CHECK_CLOSE(r.loss, ref_loss, 0.0, 1e-2, fp8 != NULL ? "fp8 10-step trajectory loss" : "10-step trajectory loss");
     }
+    if (fp8 != NULL && fp8->weight_scaling == FP8_WEIGHTS_DELAYED) { check_delayed_weight_codes(&model); }
     free(params);
     dataloader_free(&loader);
     dataloader_free(&ref_loader);
@@ -487,14 +537,19 @@ int main(void) {
     Fp8Settings block_per_linear = fp8_settings_per_linear(FP8_MODEL_BLOCK);
     test_fp8_forward_backward_vs_reference("d6", &delayed_per_linear, "fp8 delayed, passes per linear", stream);
     test_fp8_forward_backward_vs_reference("d6", &block_per_linear, "fp8 block, passes per linear", stream);
+    Fp8Settings delayed_weights = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
+    delayed_weights.weight_scaling = FP8_WEIGHTS_DELAYED;  // -fw delayed: the optimizer pass writes the weights' codes
     test_training_trajectory_vs_reference(&delayed, stream);
-    const Fp8Settings* resumable[2] = {&delayed, &block_lm_head};
-    const char* resumable_names[2] = {"fp8 delayed", "fp8 block+lm_head"};
+    test_training_trajectory_vs_reference(&delayed_weights, stream);
+    const Fp8Settings* resumable[3] = {&delayed, &block_lm_head, &delayed_weights};
+    const char* resumable_names[3] = {"fp8 delayed", "fp8 block+lm_head", "fp8 delayed, delayed weights+lm_head"};
+    const char* resumable_dirs[3] = {"build/test_gpt2_ckpt_fp8_delayed", "build/test_gpt2_ckpt_fp8_block",
+                                     "build/test_gpt2_ckpt_fp8_delayed_weights"};
     RunRecord fp8_delayed_adamw;  // kept for the adamw8 comparison
     memset(&fp8_delayed_adamw, 0, sizeof(fp8_delayed_adamw));
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         const char* name = resumable_names[k];
-        const char* fp8_dir = k == 0 ? "build/test_gpt2_ckpt_fp8_delayed" : "build/test_gpt2_ckpt_fp8_block";
+        const char* fp8_dir = resumable_dirs[k];
         ensure_writable_dir(fp8_dir);
         RunRecord fa = train_run(10, 1, 1, NULL, 0, 0, resumable[k], -1, &ADAMW, stream);
         RunRecord fb = train_run(10, 1, 1, NULL, 0, 0, resumable[k], -1, &ADAMW, stream);

@@ -20,7 +20,9 @@ per element |gpu - ref| <= atol + rtol * |ref|, in the spirit of llm.c's bf16 ch
 - cross-entropy: loss (fp32 sum of 50k exps) atol 1e-4, rtol 1e-5; dlogits rtol 2^-7 and atol
   1e-6 * dloss; padding columns exactly 0;
 - global norm: rtol 1e-5 against a double sum;
-- AdamW: bit-exact against a host loop of the same element_math.h functions.
+- AdamW: bit-exact against its host reference (quant8.h's adamw_update_bf16_ref, the same
+  element functions), the FP8 weight outputs too: the amax, and the delayed weight cast's
+  codes under a scale from a smaller previous amax (so some saturate).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,8 +36,10 @@ per element |gpu - ref| <= atol + rtol * |ref|, in the spirit of llm.c's bf16 ch
 #include "llmc/fused_classifier.cuh"
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
+#include "llmc/quant8.h"
 #include "test/gpt2_ref.h"
 #include "test/test_harness.h"
+#include "test/fp8_weight_outputs.cuh"
 
 typedef struct { const char* name; int B, T, C, V, Vp; } Shape;
 
@@ -408,8 +412,9 @@ static void test_global_norm(const Shape* s, size_t count) {
     free(values);
 }
 
-// AdamW on the GPU vs the same element functions in a host loop: must be bit-identical
-static void test_adamw(const Shape* s, size_t n, int with_master) {
+// AdamW on the GPU vs its host reference (adamw_update_bf16_ref, the same element functions):
+// must be bit-identical, the FP8 weight outputs too (the amax; delayed: the codes)
+static void test_adamw(const Shape* s, size_t n, int with_master, int delayed) {
     uint16_t* params = random_bf16(n, -0.1f, 0.1f);
     uint16_t* grads = random_bf16(n, -0.05f, 0.05f);
     float* master = bf16_to_floats(params, n);
@@ -430,36 +435,31 @@ static void test_adamw(const Shape* s, size_t n, int with_master) {
     float* d_m = (float*)device_copy(m, n * sizeof(float));
     float* d_v = (float*)device_copy(v, n * sizeof(float));
     const uint32_t first_index = 1000;  // as the part of a tensor from its element 1000
-    unsigned int* d_amax = (unsigned int*)cuda_malloc_checked(sizeof(unsigned int), "amax");
-    cudaCheck(cudaMemset(d_amax, 0, sizeof(unsigned int)));
-    adamw_update(d_params, d_master, d_grads, d_m, d_v, n, hp, grad_scale, seed, first_index, d_amax, 0);
-    unsigned int got_amax_bits;
-    cudaCheck(cudaMemcpy(&got_amax_bits, d_amax, sizeof(got_amax_bits), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaFree(d_amax));
-    float amax = 0.0f;
+    Fp8WeightOutputs fp8;
+    fp8_weight_outputs_init(&fp8, n, delayed, 0.05f);  // the previous step's amax: the values reach 0.1, some saturate
+    fp8_weight_outputs_clear(&fp8);
+    adamw_update(d_params, d_master, d_grads, d_m, d_v, n, hp, grad_scale, seed, first_index, fp8_weight_outputs_device(&fp8, 0), 0);
     uint16_t* got_params = (uint16_t*)host_copy(d_params, n * 2);
     float* got_m = (float*)host_copy(d_m, n * sizeof(float));
     float* got_v = (float*)host_copy(d_v, n * sizeof(float));
     float* got_master = with_master ? (float*)host_copy(d_master, n * sizeof(float)) : NULL;
 
+    Fp8WeightRef fp8_ref = fp8_weight_outputs_host(&fp8, 0);
+    adamw_update_bf16_ref(params, with_master ? master : NULL, grads, m, v, n, hp, grad_scale, seed, first_index, &fp8_ref);
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < n; i++) {
-        float grad = bf16_bits_to_float(grads[i]) * grad_scale;
-        float param = with_master ? master[i] : bf16_bits_to_float(params[i]);
-        float m_i = m[i], v_i = v[i];
-        float new_param = adamw_element_update(param, grad, &m_i, &v_i, hp);
-        uint16_t new_bf16 = float_to_bf16_bits_stochastic(new_param, random_u32(seed, first_index + (uint32_t)i));
-        amax = fmaxf(amax, fabsf(with_master ? new_param : bf16_bits_to_float(new_bf16)));  // what the FP8 cast reads
-        int same = got_params[i] == new_bf16 && float_as_bits(got_m[i]) == float_as_bits(m_i) &&
-                   float_as_bits(got_v[i]) == float_as_bits(v_i) &&
-                   (!with_master || float_as_bits(got_master[i]) == float_as_bits(new_param));
+        int same = got_params[i] == params[i] && float_as_bits(got_m[i]) == float_as_bits(m[i]) &&
+                   float_as_bits(got_v[i]) == float_as_bits(v[i]) &&
+                   (!with_master || float_as_bits(got_master[i]) == float_as_bits(master[i]));
         if (!same) { if (bad == 0) { first = i; } bad++; }
     }
-    CHECK(bad == 0, "adamw_update [%s, %s master, n=%zu]: %zu elements not bit-identical to the host loop (first %zu)",
-          s->name, with_master ? "fp32" : "no", n, bad, first);
-    CHECK(got_amax_bits == float_as_bits(amax), "adamw_update [%s, %s master, n=%zu]: amax %.9g, host %.9g", s->name,
-          with_master ? "fp32" : "no", n, bits_as_float(got_amax_bits), amax);
+    char what[160];
+    snprintf(what, sizeof(what), "adamw_update [%s, %s master, n=%zu, %s weights]", s->name, with_master ? "fp32" : "no", n,
+             delayed ? "delayed" : "current");
+    CHECK(bad == 0, "%s: %zu elements not bit-identical to the host reference (first %zu)", what, bad, first);
+    fp8_weight_outputs_check(&fp8, n, what);
 
+    fp8_weight_outputs_free(&fp8);
     cudaCheck(cudaFree(d_params)); cudaCheck(cudaFree(d_grads)); cudaCheck(cudaFree(d_m)); cudaCheck(cudaFree(d_v));
     if (with_master) { cudaCheck(cudaFree(d_master)); free(got_master); }
     free(params); free(grads); free(master); free(m); free(v); free(got_params); free(got_m); free(got_v);
@@ -497,8 +497,10 @@ int main(void) {
     }
     test_global_norm(&shapes[0], (size_t)50 * 1000 * 1000 + 5);
     test_global_norm(&shapes[1], 1003);
-    test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 1);
-    test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 0);
-    test_adamw(&shapes[1], 37, 1);
+    for (int delayed = 0; delayed < 2; delayed++) {
+        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 1, delayed);
+        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 0, delayed);
+        test_adamw(&shapes[1], 37, 1, delayed);
+    }
     return test_summary("test_kernels");
 }

@@ -172,6 +172,24 @@ class TestBadInput:
         result = run(binary, base_args(data, ["-p", "fp8", "-f8", "qkv", "-f8p", "fwd,fc.wgrad"]))
         assert_one_line_error(result, "-f8p", "'fc.wgrad'", "-f8 qkv")
 
+    def test_fp8_unknown_weight_scaling(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fw", "lazy"])), "-fw", "lazy", "current delayed")
+
+    def test_fp8_delayed_weights_refused_with_block_recipe(self, binary, data):
+        """block scales come from each 128x128 block's own amax: there is no per-tensor scale to delay"""
+        r = run(binary, base_args(data, ["-p", "fp8", "-fr", "block", "-fw", "delayed"]))
+        assert_one_line_error(r, "-fw delayed", "-fr block", "-fw current")
+
+    @pytest.mark.parametrize("passes,linear", [("dgrad,wgrad", "qkv"), ("fwd,fc.dgrad", None), ("qkv.fwd,fc.dgrad", "fc")])
+    def test_fp8_delayed_weights_need_an_fp8_forward_where_dgrad_is_fp8(self, binary, data, passes, linear):
+        """the optimizer writes W's codes and dgrad's W^T is their transpose: a linear with an FP8 dgrad
+        needs its FP8 forward; a linear in bf16 or with only wgrad in FP8 does not"""
+        r = run(binary, base_args(data, ["-p", "fp8", "-f8p", passes, "-fw", "delayed", "-i", data / "nothing_train_*.bin"]))
+        if linear is None:
+            assert_one_line_error(r, "nothing_train_")  # the flags pass: the run gets as far as the (missing) data
+        else:
+            assert_one_line_error(r, "-fw delayed", f"-f8p {passes}", f"{linear}.fwd")
+
     # optimizer flags
     @pytest.mark.parametrize("value", ["sgd", "adam", "ADAMW8", ""])
     def test_unknown_optimizer(self, binary, data, value):
@@ -255,7 +273,7 @@ def test_fp8_good_flags_accepted(data, tmp_path):
 def test_help_lists_every_flag_with_default(binary):
     result = run(binary, ["--help"])
     assert result.returncode == 0
-    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
+    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt",
              "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pa", "-pt"]
     lines = result.stdout.splitlines()
@@ -348,10 +366,12 @@ def test_cpu_adamw8_resume_is_bitwise_identical(data, tmp_path):
     assert final_model(tmp_path / "adamw") != final_model(tmp_path / "straight")
 
 
-def test_cpu_adamw8_without_8bit_tensors_is_adamw_bitwise(data, tmp_path):
-    """-qs none keeps every tensor in fp32 states: plain AdamW's arithmetic, so the same bits"""
-    run_straight(data, tmp_path / "adamw", ["-opt", "adamw"])
-    run_straight(data, tmp_path / "none", ["-opt", "adamw8", "-qs", "none"])
+@pytest.mark.parametrize("fp8", [[], ["-p", "fp8", "-fw", "delayed"]], ids=["fp32", "fp8-delayed-weights"])
+def test_cpu_adamw8_without_8bit_tensors_is_adamw_bitwise(data, tmp_path, fp8):
+    """-qs none keeps every tensor in fp32 states: plain AdamW's arithmetic, so the same bits
+    (with -fw delayed, both optimizers also do the FP8 weights' part of the step)"""
+    run_straight(data, tmp_path / "adamw", ["-opt", "adamw"] + fp8)
+    run_straight(data, tmp_path / "none", ["-opt", "adamw8", "-qs", "none"] + fp8)
     assert final_model(tmp_path / "adamw") == final_model(tmp_path / "none")
 
 
@@ -394,10 +414,12 @@ def test_cpu_fp8_is_honoured(data, tmp_path):
 
 
 @pytest.mark.parametrize("fp8_flags", [["-fr", "delayed", "-f8", "all"], ["-fr", "block", "-f8", "all"],
-                                       ["-fr", "delayed", "-f8", "all", "-f8p", "qkv.fwd,fc.dgrad,fcproj.wgrad,lm_head.fwd"]],
-                         ids=["delayed", "block", "per-linear passes"])
+                                       ["-fr", "delayed", "-f8", "all", "-f8p", "qkv.fwd,fc.dgrad,fcproj.wgrad,lm_head.fwd"],
+                                       ["-fr", "delayed", "-fw", "delayed", "-f8", "all"]],
+                         ids=["delayed", "block", "per-linear passes", "delayed weights"])
 def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, fp8_flags):
-    """the scaling states go into the state file, and val evaluations put them back"""
+    """the scaling states go into the state file (with -fw delayed the weights' too: the scale
+    the forwards use is the previous step's), and val evaluations put them back"""
     flags = ["-p", "fp8", "-opt", "adamw8"] + fp8_flags
     run_straight(data, tmp_path / "straight", flags)
     r = run_split(data, tmp_path / "split", flags + ["-v", 1, "-m", 1], flags + ["-v", 1, "-m", 1])
@@ -405,9 +427,19 @@ def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, fp8_flags):
     assert final_model(tmp_path / "straight") == final_model(tmp_path / "split")
 
 
-def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path):
-    r = run_split(data, tmp_path / "split", ["-p", "fp8"], ["-p", "fp8", "-fr", "current"])
-    assert_one_line_error(r, "state_00000003_00000.bin", "-fr")
+def test_cpu_fp8_delayed_weights_are_honoured(data, tmp_path):
+    """-fw delayed trains through the emulation's delayed weight cast: the same first step, then other bits"""
+    current = run_straight(data, tmp_path / "current", ["-p", "fp8"])
+    delayed = run_straight(data, tmp_path / "delayed", ["-p", "fp8", "-fw", "delayed"])
+    assert "recipe delayed, weights delayed" in delayed.stdout and "recipe delayed, weights current" in current.stdout
+    assert train_losses(tmp_path / "delayed")[0] == train_losses(tmp_path / "current")[0]
+    assert final_model(tmp_path / "delayed") != final_model(tmp_path / "current"), "-fw delayed trained like -fw current"
+
+
+@pytest.mark.parametrize("second,flag", [(["-p", "fp8", "-fr", "current"], "-fr"), (["-p", "fp8", "-fw", "delayed"], "-fw")])
+def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path, second, flag):
+    r = run_split(data, tmp_path / "split", ["-p", "fp8"], second)
+    assert_one_line_error(r, "state_00000003_00000.bin", flag)
 
 
 def test_cpu_fp8_resume_with_other_passes_refused(data, tmp_path):

@@ -200,18 +200,8 @@ static void test_fp8_gather(const GPT2Config* cfg, Fp8Format format, int margin)
 
 // ----------------------------------------------------------------------------
 // the sharded optimizer step: each simulated rank updates its window, split as the trainer
-// splits it (zero_update_ranges), against one whole-model step: bit for bit
-
-// plain AdamW on a run of a tensor from its element first_index, as adamw_update_kernel does it
-static void adamw_ref_range(uint16_t* params, float* master, const uint16_t* grads, float* m, float* v, size_t n,
-                            AdamWElementParams hp, uint32_t seed, uint32_t first_index, float* amax) {
-    for (size_t i = 0; i < n; i++) {
-        float new_param = adamw_element_update(master[i], bf16_bits_to_float(grads[i]), &m[i], &v[i], hp);
-        master[i] = new_param;
-        params[i] = float_to_bf16_bits_stochastic(new_param, random_u32(seed, first_index + (uint32_t)i));
-        if (amax != NULL) { *amax = fmaxf(*amax, fabsf(new_param)); }
-    }
-}
+// splits it (zero_update_ranges), against one whole-model step: bit for bit, the FP8 weight
+// amaxes (all-reduced) and the delayed weight cast's codes (each rank's parts) included
 
 typedef struct {
     uint16_t* params;
@@ -244,17 +234,17 @@ static void optimizer_copy_free(OptimizerCopy* c) {
 // one step of elements [offset, offset + n) of tensor t's part in `layout` (params, master, grads at the part's start)
 static void update_range_ref(const Adamw8Layout* layout, Adamw8States* states, const Quant8Maps* maps, int t, size_t offset,
                              size_t n, uint16_t* params, float* master, const uint16_t* grads, AdamWElementParams hp,
-                             uint32_t seed, float* amax) {
+                             uint32_t seed, const Fp8WeightRef* fp8) {
     uint32_t first_index = (uint32_t)(layout->part_begins[t] + offset);
     if (layout->bits[t] == 8) {
         Quant8TensorStates st = adamw8_tensor_states(layout, states, t);
         st.m_codes += offset; st.v_codes += offset;
         st.m_absmax += offset / QUANT8_BLOCK; st.v_absmax += offset / QUANT8_BLOCK;
-        adamw8_update_bf16_ref(params + offset, master + offset, grads + offset, n, st, maps, hp, 1.0f, seed, first_index, amax);
+        adamw8_update_bf16_ref(params + offset, master + offset, grads + offset, n, st, maps, hp, 1.0f, seed, first_index, fp8);
     } else {
         size_t at = layout->fp32_offsets[t] + offset;
-        adamw_ref_range(params + offset, master + offset, grads + offset, states->m32 + at, states->v32 + at, n, hp, seed,
-                        first_index, amax);
+        adamw_update_bf16_ref(params + offset, master + offset, grads + offset, states->m32 + at, states->v32 + at, n, hp, 1.0f,
+                              seed, first_index, fp8);
     }
 }
 
@@ -288,13 +278,20 @@ static void test_sharded_update(const GPT2Config* cfg, Adamw8Selection selection
     AdamWElementParams hp = adamw_element_params(6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5);
     int slots = ZERO_MATMUL_KINDS * cfg->num_layers;
 
-    // one rank: whole tensors, the amax of each matmul weight slice from its new master
+    // the delayed weight cast's scale of every matmul weight (one for all here: the previous
+    // step's amax, below the new values' so some codes saturate)
+    const float code_scale = fp8_scale_from_amax(0.015f, FP8_E4M3_MAX, 0);
+
+    // one rank: whole tensors (the delayed codes at their flat places), the amax of each matmul
+    // weight slice from its new master
     OptimizerCopy ref;
     optimizer_copy_init(&ref, &start, &model);
+    uint8_t* ref_codes = (uint8_t*)calloc(n, 1);
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t off = model.param_offsets[t];
+        Fp8WeightRef whole = {NULL, ref_codes + off, code_scale};
         update_range_ref(&model, &ref.states, &maps, t, 0, model.sizes[t], ref.params + off, ref.master + off, grads + off,
-                         hp, 100u + (uint32_t)t, NULL);
+                         hp, 100u + (uint32_t)t, zero_tensor_is_matmul_weight(t) ? &whole : NULL);
     }
     float* ref_amax = (float*)calloc((size_t)slots, sizeof(float));
     ZeroLayout one;
@@ -314,6 +311,7 @@ static void test_sharded_update(const GPT2Config* cfg, Adamw8Selection selection
         OptimizerCopy sharded;
         optimizer_copy_init(&sharded, &start, &model);
         float* amax = (float*)calloc((size_t)slots, sizeof(float));
+        uint8_t* codes = (uint8_t*)calloc(n, 1);
         size_t codes_covered = 0, blocks_covered = 0, fp32_covered = 0;
         for (int r = 0; r < z.num_ranks; r++) {
             ZeroRange range = zero_rank_range(&z, r);
@@ -337,9 +335,14 @@ static void test_sharded_update(const GPT2Config* cfg, Adamw8Selection selection
                     CHECK(ranges[i].offset == done, "%s N=%d rank %d %s: ranges not contiguous", name, z.num_ranks, r,
                           PARAM_TENSOR_NAMES[t]);
                     done += ranges[i].n;
+                    // as the trainer points a call at its weight's codes (gpt2_weight_update): the
+                    // layer slice's W codes, offset by where the call starts in the slice
                     float local = 0.0f;
+                    size_t flat = part + ranges[i].offset;
+                    size_t slice_begin = zero_tensor_is_matmul_weight(t) ? zero_slice_range(&one, t, ranges[i].layer).begin : flat;
+                    Fp8WeightRef fp8 = {&local, codes + slice_begin + (flat - slice_begin), code_scale};
                     update_range_ref(&window, &rank.states, &maps, t, ranges[i].offset, ranges[i].n, sharded.params + part,
-                                     sharded.master + part, grads + part, hp, 100u + (uint32_t)t, &local);
+                                     sharded.master + part, grads + part, hp, 100u + (uint32_t)t, &fp8);
                     if (zero_tensor_is_matmul_weight(t)) {
                         float* slot = &amax[kind * cfg->num_layers + ranges[i].layer];
                         *slot = fmaxf(*slot, local);  // the all-reduce(MAX)
@@ -375,10 +378,22 @@ static void test_sharded_update(const GPT2Config* cfg, Adamw8Selection selection
               "%s N=%d: sharded optimizer states differ from the one-rank step", name, z.num_ranks);
         CHECK(memcmp(amax, ref_amax, (size_t)slots * sizeof(float)) == 0,
               "%s N=%d: all-reduced per-slice amaxes differ from the one-rank amaxes", name, z.num_ranks);
+        size_t saturated = 0, differing = 0;
+        for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+            if (!zero_tensor_is_matmul_weight(t)) { continue; }
+            for (size_t j = model.param_offsets[t]; j < model.param_offsets[t] + model.sizes[t]; j++) {
+                differing += codes[j] != ref_codes[j];
+                saturated += (ref_codes[j] & 0x7fu) == 0x7eu;
+            }
+        }
+        CHECK(differing == 0 && saturated > 0, "%s N=%d: %zu delayed FP8 weight codes of the ranks' parts differ from the "
+              "one-rank step's (%zu saturated)", name, z.num_ranks, differing, saturated);
+        free(codes);
         free(amax);
         optimizer_copy_free(&sharded);
     }
     free(ref_amax);
+    free(ref_codes);
     optimizer_copy_free(&ref);
     optimizer_copy_free(&start);
     free(grads); free(m); free(v);

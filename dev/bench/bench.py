@@ -3,7 +3,11 @@ End-to-end training benchmark: runs ./train_gpt2_fp8 for each configuration on s
 tokens, and writes doc/benchmarks/<date>-<gpu>.md and .json with the same figures (one
 record per configuration: model, precision, recipe, optimizer, B, T, tok/s, MFU, peak
 memory, the optimizer step's time, device, commit, command) plus the per-kernel breakdown
-of each run (-kt 1). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
+of each run (-kt 1). FP8 runs are made with both weight scalings (-fw current: a cast pass
+after the optimizer step; -fw delayed: the optimizer step writes the codes): a "FP8 weight
+cast" section sets their tok/s and their optimizer + weight-cast time (the -kt 1 rows
+"adamw"/"adamw8" and "fp8 weight casts") side by side, the figures that pick -fw's default
+(DESIGN.md section 3). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
 in bf16 and in FP8, with and without the casts around them, for the same model sizes; its
 tables and a summary against DESIGN.md section 7's "FP8 GEMMs incl. casts over bf16 GEMMs"
 targets go into a "Per-GEMM FP8 vs bf16" section of the markdown, and its JSON lines into
@@ -41,9 +45,13 @@ GEMM_BENCH = os.path.join(ROOT, "bench_gemm")
 # models recompute GELU (-r 1) so that they fit in an H100's 80 GB
 FULL_CONFIGS = [("d12", 64, 0), ("d24", 32, 0), ("d36", 16, 1), ("d48", 16, 1)]
 QUICK_CONFIGS = [("d12", 64, 0), ("d48", 16, 1)]
-# (precision, FP8 recipe, optimizer): each is its own record; lm_head stays bf16 (the default)
-RUNS = [("bf16", "-", "adamw"), ("fp8", "delayed", "adamw"), ("fp8", "current", "adamw"), ("fp8", "block", "adamw"),
-        ("bf16", "-", "adamw8"), ("fp8", "delayed", "adamw8")]
+# (precision, FP8 recipe, optimizer, FP8 weight scaling -fw): each is its own record; lm_head stays bf16 (the default)
+RUNS = [("bf16", "-", "adamw", "-"), ("fp8", "delayed", "adamw", "current"), ("fp8", "delayed", "adamw", "delayed"),
+        ("fp8", "current", "adamw", "current"), ("fp8", "block", "adamw", "-"),
+        ("bf16", "-", "adamw8", "-"), ("fp8", "delayed", "adamw8", "current"), ("fp8", "delayed", "adamw8", "delayed")]
+# the -kt 1 row of the FP8 weight casts after the optimizer step (with -fw delayed: the scale
+# bookkeeping and W^T from the codes the step wrote)
+WEIGHT_CAST_ROW = "fp8 weight casts"
 # the 8-bit AdamW is measured at the smallest and the largest size (DESIGN.md section 4's memory figures)
 ADAMW8_MODELS = {"d12", "d48"}
 # the block recipe's tiles need C % 128 == 0, which d48 (C=1600) does not have: the trainer refuses it
@@ -118,23 +126,35 @@ def parse_traffic(stdout):
     return {name.strip(): float(mb) * 1e6 for name, mb in re.findall(r"([A-Za-z0-9 -]+?) ([\d.]+) MB", m.group(1))}
 
 
-def optimizer_ms(breakdown, optimizer):
-    """ms per step of the optimizer's own profiler mark ("adamw" or "adamw8") in a -kt 1 breakdown"""
+def breakdown_ms(breakdown, row):
+    """ms per step of one profiler mark in a -kt 1 breakdown (None: no such row)"""
     for line in breakdown.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 2 and cells[0] == optimizer:
+        if len(cells) >= 2 and cells[0] == row:
             return float(cells[1])
     return None
 
 
-def run_config(model, B, recompute, T, precision, recipe, optimizer, steps, data_path):
+def optimizer_ms(breakdown, optimizer):
+    """ms per step of the optimizer's own profiler mark ("adamw" or "adamw8") in a -kt 1 breakdown"""
+    return breakdown_ms(breakdown, optimizer)
+
+
+def optimizer_and_weight_cast_ms(breakdown, optimizer):
+    """the optimizer step plus the FP8 weight casts after it: what -fw delayed folds into one pass"""
+    step, cast = optimizer_ms(breakdown, optimizer), breakdown_ms(breakdown, WEIGHT_CAST_ROW)
+    return step + cast if step is not None and cast is not None else None
+
+
+def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, steps, data_path):
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
            "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute), "-opt", optimizer]
     if precision == "fp8":
-        cmd += ["-fr", recipe, "-fn", "0"]
+        cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
     print("running:", " ".join(cmd), flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "command": " ".join(cmd[1:])}
+    failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
+              "command": " ".join(cmd[1:])}
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
         return dict(failed, error=(result.stderr.strip().splitlines() or ["exit %d" % result.returncode])[-1])
@@ -144,7 +164,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, steps, data
         return dict(failed, error="no step lines parsed")
     mfus = [s["mfu"] for s in timed if s["mfu"] is not None]
     return {
-        "model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer,
+        "model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
         "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
         "tok_per_s": statistics.median(s["tok_s"] for s in timed),
         "ms_per_step": statistics.median(s["ms"] for s in timed),
@@ -152,6 +172,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, steps, data
         "peak_mem_mib": max(s["mem_mib"] for s in step_records),
         "final_loss": timed[-1]["loss"],
         "optimizer_ms": optimizer_ms(breakdown, optimizer),
+        "optimizer_weight_cast_ms": optimizer_and_weight_cast_ms(breakdown, optimizer) if precision == "fp8" else None,
         "command": "./train_gpt2_fp8 " + " ".join(cmd[1:]),
         "kernel_breakdown": breakdown,
     }
@@ -201,6 +222,47 @@ def ranks_markdown(records):
                  ("gradient reduce", "FP8 weight amax all-reduce", "FP8 weight gather", "bf16 weight gather")]
         out.append(f"| {r['precision']} | {r['ranks']} | {r['ms_per_step']:.2f} | {r['tok_per_s']:.0f} | {overhead} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
+
+
+def weight_cast_comparison(records):
+    """pairs the -fw current and -fw delayed runs of each (model, recipe, optimizer), in the order
+    measured: tok/s, optimizer + weight-cast ms and final loss of each, and delayed over current"""
+    runs = {}
+    for r in records:
+        if r.get("benchmark") == "train" and "error" not in r and r.get("weight_scaling") in ("current", "delayed"):
+            runs.setdefault((r["model"], r["recipe"], r["optimizer"]), {})[r["weight_scaling"]] = r
+    rows = []
+    for (model, recipe, optimizer), pair in runs.items():
+        if set(pair) != {"current", "delayed"}:
+            continue
+        current, delayed = pair["current"], pair["delayed"]
+        cast_ms = (current["optimizer_weight_cast_ms"], delayed["optimizer_weight_cast_ms"])
+        rows.append({"model": model, "recipe": recipe, "optimizer": optimizer,
+                     "tok_per_s": (current["tok_per_s"], delayed["tok_per_s"]),
+                     "speedup": delayed["tok_per_s"] / current["tok_per_s"],
+                     "optimizer_weight_cast_ms": cast_ms,
+                     "cast_ms_saved": cast_ms[0] - cast_ms[1] if None not in cast_ms else None,
+                     "final_loss": (current["final_loss"], delayed["final_loss"])})
+    return rows
+
+
+def weight_cast_markdown(rows):
+    """the "FP8 weight cast" section: -fw current vs delayed, per model and optimizer"""
+    out = ["## FP8 weight cast: -fw current vs delayed", "",
+           "current: the optimizer step writes each weight's amax, then a cast pass reads the weights again and writes W "
+           "and W^T; delayed: the optimizer step writes W's codes with the previous step's scale, and W^T is transposed "
+           "from them. optimizer + cast is the -kt 1 rows of the optimizer step and `fp8 weight casts` together. Keep "
+           "delayed as the default (-fw) only where it is faster and its loss matches.", "",
+           "| model | recipe | optimizer | tok/s current | tok/s delayed | delayed / current | optimizer + cast ms current "
+           "| delayed | saved ms | final loss current | delayed |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        cast = ["n/a" if ms is None else f"{ms:.3f}" for ms in row["optimizer_weight_cast_ms"]]
+        saved = "n/a" if row["cast_ms_saved"] is None else f"{row['cast_ms_saved']:.3f}"
+        out.append(f"| {row['model']} | {row['recipe']} | {row['optimizer']} | {row['tok_per_s'][0]:.0f} | "
+                   f"{row['tok_per_s'][1]:.0f} | {row['speedup']:.3f}x | {cast[0]} | {cast[1]} | {saved} | "
+                   f"{row['final_loss'][0]:.4f} | {row['final_loss'][1]:.4f} |")
+    return "\n".join(out + [""])
 
 
 def parse_gemm_json(text):
@@ -318,17 +380,18 @@ def main():
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     records = []
     for model, B, recompute in configs:
-        for precision, recipe, optimizer in RUNS:
+        for precision, recipe, optimizer, weights in RUNS:
             if recipe == "block" and model in BLOCK_RECIPE_EXCLUDED:
                 continue
             if optimizer == "adamw8" and model not in ADAMW8_MODELS:
                 continue
-            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, steps, data_path)
+            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, steps, data_path)
             rec.update({"benchmark": "train", "device": device, "commit": commit, "date": date})
             records.append(rec)
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
             if rec.get("optimizer_ms") is not None:
-                print(f"{model} {precision} {recipe} {optimizer}: optimizer step {rec['optimizer_ms']:.3f} ms", flush=True)
+                print(f"{model} {precision} {recipe} {optimizer} -fw {weights}: optimizer step {rec['optimizer_ms']:.3f} ms",
+                      flush=True)
 
     gemm_models = [model for model, _, _ in configs if model in GEMM_TARGETS]
     gemm_section = ""
@@ -355,25 +418,30 @@ def main():
     with open(base + ".md", "w") as f:
         f.write(f"# Benchmark {date} on {device}\n\ncommit `{commit}`, command `python dev/bench/bench.py{' --quick' if args.quick else ''}`, "
                 f"synthetic tokens, T={T}, {steps} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
-        f.write("| model | precision | recipe | optimizer | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| model | precision | recipe | optimizer | -fw | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in records:
             if r["benchmark"] != "train":
                 continue
             if "error" in r:
-                f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | | | error: {r['error']} | | | | |\n")
+                f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | "
+                        f"{r.get('weight_scaling', '')} | | | error: {r['error']} | | | | |\n")
                 continue
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
             opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
-            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['B']} | {r['T']} | "
-                    f"{r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
+            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | {r['B']} | "
+                    f"{r['T']} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
+        comparison = weight_cast_comparison(records)
+        if comparison:
+            f.write(f"\n{weight_cast_markdown(comparison)}")
         if gemm_section:
             f.write(f"\n{gemm_section}")
         if ranks_records:
             f.write("\n" + ranks_markdown(ranks_records))
         for r in records:
             if r.get("kernel_breakdown"):
-                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} B={r['B']}: per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
+                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} B={r['B']}: "
+                        f"per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
     print("wrote", base + ".md", "and", base + ".json")
     if any("error" in r for r in records):
         sys.exit(1)
