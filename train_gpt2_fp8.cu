@@ -54,7 +54,9 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 #include "llmc/fp8_model.cuh"      // FP8 codes, scaling states, weight casts, numerics log
 #include "llmc/multi_gpu.h"        // one process per GPU: NCCL communicator, bounded waits
 #include "llmc/zero.h"             // ZeRO: which rank owns which parameters
-#include "llmc/zero_comm.cuh"      // ZeRO-1's collectives: gradient reduce, weight gather (bf16 / FP8)
+#include "llmc/zero_comm.cuh"      // ZeRO-1/3's collectives: gradient reduce, weight gather (bf16 / FP8)
+#include "llmc/sparse_buffer.cuh"  // ZeRO-3's parameters: an address range backed only where the rank needs it
+
 
 // ----------------------------------------------------------------------------
 // activations
@@ -110,7 +112,10 @@ typedef struct {
     size_t param_sizes[NUM_PARAMETER_TENSORS];
     size_t param_offsets[NUM_PARAMETER_TENSORS];
     size_t num_parameters;
-    floatX* params;         // bf16 weights used by the kernels, all of them (padded to the ZeRO layout)
+    floatX* params;         // bf16 weights used by the kernels, all of them (padded to the ZeRO layout); ZeRO-3:
+                            // the other ranks' parts of the block linears' weights are not mapped (params_buffer)
+    SparseBuffer params_buffer; // ZeRO-3's params: reserved whole, backed under zero3_resident_ranges only
+    int zero3;              // -z 3 (llmc/zero_comm.cuh)
     floatX* grads;          // bf16 gradients, accumulated over micro-steps (same size)
     ZeroLayout zero;        // which rank owns which parameters (one GPU: rank 0 owns all)
     int rank;
@@ -160,9 +165,27 @@ static void gpt2_upload_params(GPT2* model, const float* params_cpu, int use_mas
     size_t n = model->num_parameters, padded = model->zero.padded_total;
     uint16_t* bf16 = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
     for (size_t i = 0; i < n; i++) { bf16[i] = float_to_bf16_bits(params_cpu[i]); }
-    model->params = (floatX*)cuda_malloc_checked(padded * sizeof(floatX), "parameters (bf16)");
-    cudaCheck(cudaMemset(model->params, 0, padded * sizeof(floatX)));
-    cudaCheck(cudaMemcpy(model->params, bf16, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    if (!model->zero3) {
+        model->params = (floatX*)cuda_malloc_checked(padded * sizeof(floatX), "parameters (bf16)");
+        cudaCheck(cudaMemset(model->params, 0, padded * sizeof(floatX)));
+        cudaCheck(cudaMemcpy(model->params, bf16, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    } else {  // only what this rank keeps (every tensor but the others' parts of the block linears' weights)
+        int device;
+        cudaCheck(cudaGetDevice(&device));
+        ZeroRange ranges[ZERO3_MAX_RESIDENT_RANGES];
+        int count = zero3_resident_ranges(&model->zero, model->rank, sizeof(floatX), sparse_buffer_granularity(device), ranges,
+                                          ZERO3_MAX_RESIDENT_RANGES);
+        sparse_buffer_create(&model->params_buffer, padded * sizeof(floatX), ranges, count, device, "parameters (bf16, ZeRO-3)");
+        model->params = (floatX*)model->params_buffer.base;
+        for (int r = 0; r < count; r++) {
+            char* at = (char*)model->params + ranges[r].begin;
+            cudaCheck(cudaMemset(at, 0, ranges[r].end - ranges[r].begin));
+            size_t real_end = ranges[r].end < n * sizeof(floatX) ? ranges[r].end : n * sizeof(floatX);
+            if (ranges[r].begin < real_end) {
+                cudaCheck(cudaMemcpy(at, (const char*)bf16 + ranges[r].begin, real_end - ranges[r].begin, cudaMemcpyHostToDevice));
+            }
+        }
+    }
     free(bf16);
     model->master = NULL;
     size_t owned = model->owned.end - model->owned.begin;
@@ -257,12 +280,13 @@ static void gpt2_cast_weights(GPT2* model, cudaStream_t stream) {
 The model on the GPU, from fp32 parameters in llm.c order, sized for micro-batches of B x T;
 use_adamw8: 8-bit AdamW states for the tensors adamw8_selection picks (-opt adamw8 -qs);
 fp8: what runs in FP8 (NULL or not enabled: everything in bf16); multi_gpu: the ranks (NULL
-or one process: one GPU), reduce_fp32 its gradient reduce in fp32 (-pa). Every rank holds
-all weights; the optimizer state is its range's.
+or one process: one GPU), reduce_fp32 its gradient reduce in fp32 (-pa), zero3 -z 3. Every
+rank holds all weights (ZeRO-3: all but the others' parts of the block linears' weights); the
+optimizer state is its range's.
 */
 static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_cpu, int use_master_weights,
                        int B, int T, int recompute, int gelu_fusion, int use_adamw8, Adamw8Selection adamw8_selection,
-                       const Fp8Settings* fp8, const MultiGpuConfig* multi_gpu, int reduce_fp32, cudaStream_t stream) {
+                       const Fp8Settings* fp8, const MultiGpuConfig* multi_gpu, int reduce_fp32, int zero3, cudaStream_t stream) {
     gpt2_init_layout(model, cfg);
     model->recompute = recompute;
     model->gelu_fusion = gelu_fusion;
@@ -275,13 +299,16 @@ static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_c
     Adamw8Layout whole;  // plain AdamW: the same layout with every tensor 32-bit
     adamw8_layout_init(&whole, cfg, use_adamw8 ? adamw8_selection : ADAMW8_SELECT_NONE);
     adamw8_layout_window(&model->opt_layout, &whole, model->owned.begin, model->owned.end);
+    model->zero3 = zero3;
     Fp8Settings bf16_only = {};
-    fp8_model_create(&model->fp8, fp8 != NULL ? fp8 : &bf16_only, cfg, B * T, model->param_offsets, model->param_sizes, stream);
+    Fp8WeightSharding sharding = {zero3, model->owned.begin, model->owned.end};
+    fp8_model_create(&model->fp8, fp8 != NULL ? fp8 : &bf16_only, cfg, B * T, model->param_offsets, model->param_sizes, &sharding,
+                     stream);
     gpt2_upload_params(model, params_cpu, use_master_weights);
     gpt2_allocate_state(model, B, T);
     if (num_ranks > 1) {
         model->comm = (ZeroComm*)mallocCheck(sizeof(ZeroComm));
-        zero_comm_create(model->comm, multi_gpu, cfg, &model->fp8, reduce_fp32);
+        zero_comm_create(model->comm, multi_gpu, cfg, &model->fp8, reduce_fp32, zero3);
     }
     gpt2_cast_weights(model, stream);
 }
@@ -419,8 +446,14 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
     gpt2_layernorm_forward(model, 0, LINEAR_QKV, NULL, a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, NULL,
                            layer_tensor(model, p, PARAM_LN1W, 0), layer_tensor(model, p, PARAM_LN1B, 0), stream);
     profiler_mark("layernorm fwd");
+    ZeroComm* zero3 = model->zero3 ? model->comm : NULL;  // -z 3: each layer's FP8 weights gathered one layer ahead
+    if (zero3 != NULL) { zero_comm_gather_layer(zero3, fp8, 0, false); }
     for (int l = 0; l < L; l++) {
         LayerActivations la = gpt2_layer_activations(model, l);
+        if (zero3 != NULL) {
+            zero_comm_use_layer(zero3, fp8, l, stream);
+            if (l + 1 < L) { zero_comm_gather_layer(zero3, fp8, l + 1, false); }
+        }
 
         gpt2_linear_forward(model, l, LINEAR_QKV, la.qkv, la.ln1, layer_tensor(model, p, PARAM_QKVW, l), layer_tensor(model, p, PARAM_QKVB, l), NULL, stream);
         profiler_mark("matmul qkv fwd");
@@ -453,6 +486,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
         }
         gpt2_linear_forward(model, l, LINEAR_FCPROJ, a->scratch_btc, la.fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), layer_tensor(model, p, PARAM_FCPROJB, l), NULL, stream);
         profiler_mark("matmul fcproj fwd");
+        if (zero3 != NULL) { zero_comm_release_layer(zero3, l, stream); }
         if (l + 1 < L) {
             LayerActivations next = gpt2_layer_activations(model, l + 1);
             gpt2_layernorm_forward(model, l + 1, LINEAR_QKV, la.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, la.residual2, a->scratch_btc,
@@ -493,8 +527,14 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
                        a->residual3 + (size_t)(L - 1) * BT * C, param_tensor(model, p, PARAM_LNFW), a->lnf_mean, a->lnf_rstd, BT, C, stream);
     profiler_mark("layernorm bwd");
 
+    ZeroComm* zero3 = model->zero3 ? model->comm : NULL;  // -z 3: the layers' FP8 W and W^T again, one layer ahead
+    if (zero3 != NULL) { zero_comm_gather_layer(zero3, &model->fp8, L - 1, true); }
     for (int l = L - 1; l >= 0; l--) {
         LayerActivations la = gpt2_layer_activations(model, l);
+        if (zero3 != NULL) {
+            zero_comm_use_layer(zero3, &model->fp8, l, stream);
+            if (l > 0) { zero_comm_gather_layer(zero3, &model->fp8, l - 1, true); }
+        }
         floatX* dqkv = a->scratch_bt4c;  // 3C of the 4C scratch, free once the MLP backward is done
 
         // MLP: dresidual holds d(residual3) = d(fcproj output); scratch_bt4c gets d(GELU output)
@@ -529,6 +569,7 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
         gpt2_linear_backward(model, l, LINEAR_QKV, a->scratch_btc, layer_tensor(model, g, PARAM_QKVW, l), layer_tensor(model, g, PARAM_QKVB, l),
                              dqkv, la.ln1, layer_tensor(model, p, PARAM_QKVW, l), NULL, stream);
         profiler_mark("matmul qkv bwd");
+        if (zero3 != NULL) { zero_comm_release_layer(zero3, l, stream); }
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN1W, l), layer_tensor(model, g, PARAM_LN1B, l), a->scratch_f, a->scratch_btc,
                            la.residual, layer_tensor(model, p, PARAM_LN1W, l), la.ln1_mean, la.ln1_rstd, BT, C, stream);
         profiler_mark("layernorm bwd");
@@ -620,6 +661,7 @@ static void gpt2_update(GPT2* model, float learning_rate, float beta1, float bet
 
 static void gpt2_free(GPT2* model) {
     Activations* a = &model->acts;
+    if (model->zero3) { sparse_buffer_free(&model->params_buffer); model->params = NULL; }
     void* device_buffers[] = {
         model->params, model->grads, model->master, model->norm_squared,
         a->encoded, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att_stats, a->residual2, a->ln2,
@@ -646,11 +688,23 @@ static void gpt2_free(GPT2* model) {
 // ----------------------------------------------------------------------------
 // host <-> device copies for checkpoints
 
-static float* gpt2_params_to_host_fp32(const GPT2* model) {
+/*
+Every rank's bf16 weights as fp32 on rank 0's host (NULL on the other ranks), for the model
+file. Collective with several ranks: they are gathered (bf16 all-gather in place; ZeRO-3:
+the sharded weights piece by piece from their owners, zero_comm_params_to_host).
+*/
+static float* gpt2_gather_params_fp32(GPT2* model, cudaStream_t stream) {
     size_t n = model->num_parameters;
+    uint16_t* bf16 = model->rank == 0 ? (uint16_t*)mallocCheck(n * sizeof(uint16_t)) : NULL;
+    if (model->zero3) {
+        zero_comm_params_to_host(model->comm, model->params, bf16, stream);
+    } else {
+        if (model->comm != NULL) { zero_comm_all_gather_bf16(model->comm, model->params, stream); }
+        gpt2_wait(model, stream, "bf16 weight all-gather (checkpoint)");
+        if (bf16 != NULL) { cudaCheck(cudaMemcpy(bf16, model->params, n * sizeof(uint16_t), cudaMemcpyDeviceToHost)); }
+    }
+    if (bf16 == NULL) { return NULL; }
     float* out = (float*)mallocCheck(n * sizeof(float));
-    uint16_t* bf16 = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
-    cudaCheck(cudaMemcpy(bf16, model->params, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++) { out[i] = bf16_bits_to_float(bf16[i]); }
     free(bf16);
     return out;
@@ -803,10 +857,8 @@ writes DONE. Every rank calls this. With several ranks `dir` must be shared by a
 */
 static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* dir, int step, cudaStream_t stream) {
     char path[CHECKPOINT_PATH_MAX];
-    if (model->comm != NULL) { zero_comm_all_gather_bf16(model->comm, model->params, stream); }
-    gpt2_wait(model, stream, "bf16 weight all-gather (checkpoint)");
-    if (model->rank == 0) {
-        float* params = gpt2_params_to_host_fp32(model);
+    float* params = gpt2_gather_params_fp32(model, stream);
+    if (params != NULL) {  // rank 0
         checkpoint_model_path(path, sizeof(path), dir, step);
         model_file_write(path, &model->config, params, 5);  // the bf16 weights: llm.c's version 5, exact
         free(params);
@@ -955,7 +1007,6 @@ int main(int argc, char** argv) {
     MultiGpuOptions multi_gpu_options = multi_gpu_options_from_flags(&tc);
     MultiGpuConfig multi_gpu = multi_gpu_process_init(&multi_gpu_options);
     int rank = multi_gpu.process_rank, num_ranks = multi_gpu.num_processes;
-    if (num_ranks > 1 && tc.zero_stage != 1) { llm8_die("flag -z %d: with %d GPUs the stage is 1 (ZeRO-1)", tc.zero_stage, num_ranks); }
     if (rank != 0) {  // rank 0 reports; the others print only their errors (stderr)
         if (freopen("/dev/null", "w", stdout) == NULL) { llm8_die("rank %d: cannot silence stdout", rank); }
     }
@@ -976,6 +1027,7 @@ int main(int argc, char** argv) {
     else { model_config = gpt2_config_from_descriptor(tc.model); }
     int grad_accum_steps = train_config_check_batch(&tc, &model_config, num_ranks);
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
+    train_config_check_zero_stage(&tc, &fp8_settings, num_ranks);
     fp8_model_check_shapes(&fp8_settings, &model_config, tc.B * tc.T);  // e.g. the block recipe on d48: one line, no GPU touched
 
     // data: validated before the GPU is touched
@@ -1011,7 +1063,7 @@ int main(int argc, char** argv) {
     else { gpt2_init_params_random(params_cpu, &model_config, GPT2_INIT_SEED); }
     gpt2_build(&model, &model_config, params_cpu, tc.use_master_weights, tc.B, tc.T, tc.recompute, tc.gelu_fusion,
                train_config_uses_adamw8(&tc), adamw8_selection_from_name(tc.adamw8_states, "-qs"), &fp8_settings, &multi_gpu,
-               strcmp(tc.grad_reduce, "fp32") == 0, stream);
+               strcmp(tc.grad_reduce, "fp32") == 0, tc.zero_stage == 3, stream);
     free(params_cpu);
     int start_step = 0;
     if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step, grad_accum_steps, stream); }
@@ -1044,12 +1096,28 @@ int main(int argc, char** argv) {
         const ZeroComm* z = model.comm;
         char fp32_scratch[64] = "";
         if (z->reduce_fp32) { snprintf(fp32_scratch, sizeof(fp32_scratch), " (fp32 scratch %.1f MiB)", z->reduce_scratch_elements * 4.0 / 1048576.0); }
-        printf("zero | ZeRO-1 over %d ranks (-pi %s) | %zu parameters per rank (%zu padding) | weights gathered per step: "
+        printf("zero | ZeRO-%d over %d ranks (-pi %s) | %zu parameters per rank (%zu padding) | weights gathered per step: "
                "%.1f MB as FP8 + %.1f MB as bf16 (all bf16: %.1f MB) | gradients reduced per step: %.1f MB %s%s\n",
-               num_ranks, tc.nccl_init, z->layout.shard_size, z->layout.padded_total - z->layout.num_parameters,
+               model.zero3 ? 3 : 1, num_ranks, tc.nccl_init, z->layout.shard_size, z->layout.padded_total - z->layout.num_parameters,
                z->gathered_bytes_fp8 / 1e6, z->gathered_bytes_bf16 / 1e6,
                zero_comm_received_bytes(&z->layout, rank, 0, z->layout.num_parameters, 2) / 1e6,
                (z->reduce_fp32 ? 4.0 : 2.0) * z->layout.num_parameters / 1e6, tc.grad_reduce, fp32_scratch);
+        if (model.zero3) {  // what stays sharded, against ZeRO-1 on this rank
+            size_t matmul = 0, slots = 0;
+            for (int i = 0; i < model.fp8.num_linears; i++) {
+                const Fp8Linear* lin = &model.fp8.linears[i];
+                if (lin->layer >= 0) { matmul += (size_t)lin->OC * lin->K; }
+                if (lin->layer == 0) { slots += (size_t)FP8_LAYER_SLOTS * 2 * lin->OC * lin->K; }
+            }
+            size_t whole_params = z->layout.padded_total * sizeof(floatX);
+            printf("zero3 | matmul weights sharded: bf16 parameters %.1f MiB mapped of %.1f MiB, FP8 weights %.1f MiB owned + "
+                   "%.1f MiB in %d layer slots (whole W and W^T: %.1f MiB) | saves %.1f MiB per GPU | FP8 weights gathered per "
+                   "micro-step: %.1f MB (forward and backward)\n",
+                   model.params_buffer.mapped_bytes / 1048576.0, whole_params / 1048576.0, model.fp8.owned_code_bytes / 1048576.0,
+                   slots / 1048576.0, FP8_LAYER_SLOTS, 2.0 * matmul / 1048576.0,
+                   ((double)whole_params - model.params_buffer.mapped_bytes + 2.0 * matmul - model.fp8.owned_code_bytes - slots) / 1048576.0,
+                   2.0 * matmul / 1e6);
+        }
     }
     if (fp8_settings.enabled) {
         char passes[256];
@@ -1084,8 +1152,9 @@ int main(int argc, char** argv) {
             printf("HellaSwag: %.4f\n", acc);
             logger_log_eval(&logger, step, acc);
         }
-        if (rank == 0 && tc.sample_every > 0 && (step > 0 && (step % tc.sample_every == 0 || last_step))) {
-            sample_text(&model, &tokenizer, tc.gen_tokens, &sample_rng, stream);  // ZeRO-1's forward is local
+        if ((rank == 0 || model.zero3) && tc.sample_every > 0 && (step > 0 && (step % tc.sample_every == 0 || last_step))) {
+            // ZeRO-1's forward is local; ZeRO-3's gathers weights, so every rank samples (rank 0 prints)
+            sample_text(&model, &tokenizer, tc.gen_tokens, &sample_rng, stream);
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
             save_checkpoint(&model, &train_loader, out_dir, step, stream);

@@ -37,6 +37,11 @@ Why it is shaped so:
   new amax into the state for the next step, and makes W^T from the codes (a byte per
   element, no re-read of the weights). The start cast seeds it (current), and a resume
   rebuilds the codes with the scale the saved records hold (fp8_model_restore_weight_codes).
+- ZeRO-3 (-z 3, zero_comm.cuh): the block linears' W codes are not kept whole. Each keeps
+  only the codes of the part of its weight this rank owns (owned_codes, cast there after
+  each optimizer step), and two layer slots hold one layer's four W and W^T at a time,
+  gathered just before use; fp8_model_bind_layer points the layer's linears at its slot,
+  so fp8_model_w and the GEMMs are unchanged. lm_head (wte, replicated) stays whole.
 - Evaluation (val loss, HellaSwag, samples) runs the FP8 forward but must not change
   training: fp8_model_begin_eval snapshots the states and records on the device and
   fp8_model_end_eval puts them back, so the histories and the numerics log see training
@@ -70,7 +75,17 @@ typedef struct {
     uint8_t* w_codes_t;       // [K][OC] (FP8 dgrad only)
     float* w_scale_inv;       // block recipe: 128x128 block scales of w_codes and w_codes_t
     float* w_scale_inv_t;
+    uint8_t* owned_codes;     // ZeRO-3: codes of the weight's elements [owned_begin, owned_end) only
+    size_t owned_begin, owned_end; // in the weight's own coordinates (empty: this rank owns none of it)
 } Fp8Linear;
+
+// ZeRO-3's sharded FP8 weights: the flat parameter range this rank owns (zero.h)
+typedef struct {
+    int enabled;
+    size_t owned_begin, owned_end;
+} Fp8WeightSharding;
+
+#define FP8_LAYER_SLOTS 2  // one layer in use, the next one arriving
 
 typedef struct {
     Fp8Settings settings;
@@ -86,6 +101,10 @@ typedef struct {
     Fp8CastRecord* saved_records;
     int x_seeded;                        // every state of a cast activation has been updated (host mirror)
     int saved_x_seeded;
+    int sharded;                         // ZeRO-3: block linears' W codes live in owned_codes and the slots
+    uint8_t* slot_w[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER];   // ZeRO-3: a gathered layer's W [OC][K]
+    uint8_t* slot_w_t[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER]; // and W^T [K][OC]
+    size_t owned_code_bytes;             // ZeRO-3: this rank's part of the block weights' codes
     uint8_t* x_codes;                    // [BT][widest K of an FP8 forward] scratch
     float* x_scale_inv;
     uint8_t* dy_codes;                   // [BT][widest OC of an FP8 dgrad] scratch
@@ -205,6 +224,16 @@ static inline Fp8CastOutput fp8_model_w(const Fp8Model* fp8, int i) {
     return out;
 }
 
+// ZeRO-3: the block linears of `layer` read their W and W^T from layer slot `slot` from now on
+static inline void fp8_model_bind_layer(Fp8Model* fp8, int layer, int slot) {
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+        int i = fp8_model_linear(fp8, layer, kind);
+        if (i < 0) { continue; }
+        fp8->linears[i].w_codes = fp8->slot_w[slot][kind];
+        fp8->linears[i].w_codes_t = fp8->slot_w_t[slot][kind];
+    }
+}
+
 // ----------------------------------------------------------------------------
 // setup
 
@@ -237,15 +266,26 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
         if (forward && lin->K > forward_k) { forward_k = lin->K; }
         if (dgrad && lin->OC > dgrad_oc) { dgrad_oc = lin->OC; }
         if (wgrad && lin->OC > wgrad_oc) { wgrad_oc = lin->OC; }
+        bool sharded = fp8->sharded && lin->layer >= 0;  // W lives in owned_codes and the slots
         lin->x_codes_t = (uint8_t*)fp8_model_carve(base, &offset, wgrad ? K * bt : 0);
-        lin->w_codes = (uint8_t*)fp8_model_carve(base, &offset, forward ? OC * K : 0);
-        lin->w_codes_t = (uint8_t*)fp8_model_carve(base, &offset, dgrad ? K * OC : 0);
+        lin->w_codes = (uint8_t*)fp8_model_carve(base, &offset, forward && !sharded ? OC * K : 0);
+        lin->w_codes_t = (uint8_t*)fp8_model_carve(base, &offset, dgrad && !sharded ? K * OC : 0);
+        lin->owned_codes = (uint8_t*)fp8_model_carve(base, &offset, sharded ? lin->owned_end - lin->owned_begin : 0);
         size_t x_t_scales = wgrad ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, lin->K, fp8->BT) : 0;
         size_t w_scales = forward ? fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->OC, lin->K) : 0;
         size_t w_t_scales = dgrad ? fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->K, lin->OC) : 0;
         lin->x_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? x_t_scales * sizeof(float) : 0);
         lin->w_scale_inv = (float*)fp8_model_carve(base, &offset, block ? w_scales * sizeof(float) : 0);
         lin->w_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? w_t_scales * sizeof(float) : 0);
+    }
+    for (int slot = 0; slot < FP8_LAYER_SLOTS && fp8->sharded; slot++) {
+        for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+            int i = fp8_model_linear(fp8, 0, kind);
+            if (i < 0) { continue; }
+            size_t elements = (size_t)fp8->linears[i].OC * fp8->linears[i].K;
+            fp8->slot_w[slot][kind] = (uint8_t*)fp8_model_carve(base, &offset, elements);
+            fp8->slot_w_t[slot][kind] = (uint8_t*)fp8_model_carve(base, &offset, elements);
+        }
     }
     fp8->x_codes = (uint8_t*)fp8_model_carve(base, &offset, bt * forward_k);
     fp8->dy_codes = (uint8_t*)fp8_model_carve(base, &offset, bt * dgrad_oc);
@@ -274,9 +314,12 @@ static void fp8_model_init_states(const Fp8Model* fp8, Fp8TensorScaling* host) {
 The FP8 model for micro-batches of BT tokens (nothing when settings->enabled is 0). Weight
 i's slices come from param_offsets / param_sizes (gpt2_config.h's order); the weights are
 not cast yet: fp8_model_cast_weights does that once the parameters are on the GPU.
+sharding (NULL or not enabled: every weight whole) is ZeRO-3's: the block linears keep the
+codes of the rank's part only, plus the two layer slots (the top comment).
 */
 void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Config* cfg, int BT,
-                      const size_t* param_offsets, const size_t* param_sizes, cudaStream_t stream) {
+                      const size_t* param_offsets, const size_t* param_sizes, const Fp8WeightSharding* sharding,
+                      cudaStream_t stream) {
     memset(fp8, 0, sizeof(*fp8));
     fp8->settings = *settings;
     fp8->BT = BT;
@@ -307,8 +350,17 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
             lin->layer = l;
             fp8_linear_shape((LinearKind)kind, cfg->channels, cfg->padded_vocab_size, &lin->K, &lin->OC);
             lin->weight_offset = param_offsets[weight_tensor[kind]] + (size_t)l * (param_sizes[weight_tensor[kind]] / L);
+            if (sharding != NULL && sharding->enabled) {
+                size_t begin = lin->weight_offset, end = begin + (size_t)lin->OC * lin->K;
+                size_t lo = begin > sharding->owned_begin ? begin : sharding->owned_begin;
+                size_t hi = end < sharding->owned_end ? end : sharding->owned_end;
+                lin->owned_begin = lo < hi ? lo - begin : 0;
+                lin->owned_end = lo < hi ? hi - begin : 0;
+                fp8->owned_code_bytes += lin->owned_end - lin->owned_begin;
+            }
         }
     }
+    fp8->sharded = sharding != NULL && sharding->enabled && fp8->per_layer > 0;
     if (lm_head) {
         fp8->lm_head = L * fp8->per_layer;
         Fp8Linear* lin = &fp8->linears[fp8->lm_head];

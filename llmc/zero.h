@@ -30,6 +30,10 @@ Why it is shaped so:
   global amax, each rank casts its part: since max is exact and order free, and the cast
   is elementwise, the gathered codes equal a single rank's cast bit for bit.
   zero_simulate_fp8_weight_gather does exactly that with simulated ranks, for the tests.
+- ZeRO-3 keeps the flat addressing of the bf16 parameter buffer (every kernel indexes it by
+  flat offset) but backs with memory only what a rank reads: zero3_resident_ranges gives
+  those byte ranges, rounded to the granule that device memory can be mapped in
+  (llmc/sparse_buffer.cuh maps them); the others' parts of the matmul weights stay unmapped.
 Plain C that also compiles as C++.
 */
 #ifndef LLMC_ZERO_H
@@ -59,7 +63,7 @@ typedef struct {
     size_t tensor_offsets[NUM_PARAMETER_TENSORS]; // into the flat vector
 } ZeroLayout;
 
-// a half-open range of flat elements [begin, end)
+// a half-open range [begin, end) of flat elements (of bytes where a function says so)
 typedef struct {
     size_t begin;
     size_t end;
@@ -329,6 +333,93 @@ static inline void zero_simulate_fp8_weight_gather(const ZeroLayout* layout, con
         }
     }
     free(rank_amax);
+}
+
+// ----------------------------------------------------------------------------
+// ZeRO-3: the parts of the flat parameter buffer a rank keeps in memory
+
+// the most ranges zero3_resident_ranges returns: the non-matmul tensors, the padding, the owned range
+#define ZERO3_MAX_RESIDENT_RANGES (NUM_PARAMETER_TENSORS - ZERO_MATMUL_KINDS + 2)
+
+// the byte size of the flat buffer of padded_total elements, rounded up to the granule
+static inline size_t zero3_buffer_bytes(const ZeroLayout* layout, size_t element_bytes, size_t granule_bytes) {
+    size_t bytes = layout->padded_total * element_bytes;
+    return (bytes + granule_bytes - 1) / granule_bytes * granule_bytes;
+}
+
+/*
+The byte ranges [begin, end) of the flat parameter buffer (element i at byte i * element_bytes,
+zero3_buffer_bytes in all) that rank `rank` must have backed by memory under ZeRO-3:
+- every tensor that is not a block matmul weight (wte, wpe, layernorms, biases), which every
+  rank reads whole;
+- the rank's own range (zero_rank_range) of the matmul weights, which its optimizer updates;
+- the padding after the last tensor (N * S - P elements, right after lnfb: free to include,
+  and a kernel over the last rank's whole shard may touch it).
+NOT resident: the other ranks' parts of qkvw, attprojw, fcw and fcprojw, except what the
+rounding pulls in. Each range is rounded OUTWARD to multiples of granule_bytes (a mapping's
+unit; an end rounds to at most zero3_buffer_bytes, the buffer's rounded end), then the ranges
+are sorted and merged where they overlap or touch, so the result is sorted, disjoint,
+non-touching and granule-aligned. Returns the count (at most ZERO3_MAX_RESIDENT_RANGES);
+dies when `out` (max_out entries) is too small.
+*/
+static inline int zero3_resident_ranges(const ZeroLayout* layout, int rank, size_t element_bytes, size_t granule_bytes,
+                                        ZeroRange* out, int max_out) {
+    if (element_bytes == 0 || granule_bytes == 0) {
+        llm8_die("ZeRO-3 resident ranges: element size %zu and granule %zu bytes (expected both > 0)", element_bytes,
+                 granule_bytes);
+    }
+    if (rank < 0 || rank >= layout->num_ranks) {
+        llm8_die("ZeRO-3 resident ranges: rank %d (expected 0..%d)", rank, layout->num_ranks - 1);
+    }
+    ZeroRange elements[ZERO3_MAX_RESIDENT_RANGES];
+    int count = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (zero_tensor_is_matmul_weight(i)) { continue; }
+        elements[count].begin = layout->tensor_offsets[i];
+        elements[count].end = layout->tensor_offsets[i] + layout->tensor_sizes[i];
+        count++;
+    }
+    elements[count].begin = layout->num_parameters;
+    elements[count].end = layout->padded_total;
+    count++;
+    elements[count++] = zero_rank_range(layout, rank);
+    // to granule-aligned bytes, sorted by begin (insertion: a handful of ranges, all but the
+    // owned one in order), the empty ones dropped (no padding, a rank of padding only)
+    ZeroRange bytes[ZERO3_MAX_RESIDENT_RANGES];
+    int num_bytes = 0;
+    for (int k = 0; k < count; k++) {
+        if (elements[k].begin >= elements[k].end) { continue; }
+        ZeroRange range;
+        range.begin = elements[k].begin * element_bytes / granule_bytes * granule_bytes;
+        range.end = (elements[k].end * element_bytes + granule_bytes - 1) / granule_bytes * granule_bytes;
+        int at = num_bytes++;
+        while (at > 0 && bytes[at - 1].begin > range.begin) {
+            bytes[at] = bytes[at - 1];
+            at--;
+        }
+        bytes[at] = range;
+    }
+    int merged = 0;
+    for (int k = 0; k < num_bytes; k++) {
+        if (merged > 0 && bytes[k].begin <= bytes[merged - 1].end) {
+            if (bytes[k].end > bytes[merged - 1].end) { bytes[merged - 1].end = bytes[k].end; }
+        } else {
+            bytes[merged++] = bytes[k];
+        }
+    }
+    if (merged > max_out) {
+        llm8_die("ZeRO-3 resident ranges: rank %d needs %d ranges, room for %d (size the array with "
+                 "ZERO3_MAX_RESIDENT_RANGES)", rank, merged, max_out);
+    }
+    memcpy(out, bytes, (size_t)merged * sizeof(ZeroRange));
+    return merged;
+}
+
+// the bytes the ranges cover (what a rank maps)
+static inline size_t zero3_resident_bytes(const ZeroRange* ranges, int count) {
+    size_t total = 0;
+    for (int k = 0; k < count; k++) { total += ranges[k].end - ranges[k].begin; }
+    return total;
 }
 
 #endif // LLMC_ZERO_H

@@ -37,6 +37,17 @@ Why it is shaped so:
   nccl-tests counts "size") to a per-kind counter, so the trainer prints what a step
   actually sent, not what the layout predicts: the check that FP8 halves the matmul
   weights' gather is made on the calls that ran.
+- ZeRO-3 (-z 3; FP8 runs whose block linears run all three GEMMs in FP8, per-tensor
+  recipes, -fw current): the block linears' weights stay sharded. After the update each
+  rank casts only its part of each, into the linear's owned codes (fp8_model.cuh), and
+  nothing of them is gathered. Each layer's four W are gathered as FP8 codes just before
+  use, forward and again backward (where W^T is transposed from them on arrival), into one
+  of two layer slots: zero_comm_gather_layer for layer l + 1 (l - 1 backward) is issued on
+  the communication stream when layer l starts, after the slot's previous layer has
+  released it (an event after that layer's last GEMM), and zero_comm_use_layer makes the
+  compute stream wait for the gathered slot. The bf16 copies of the other ranks' parts are
+  never mapped (sparse_buffer.cuh): a checkpoint's model file gets them from their owners
+  piece by piece (zero_comm_params_to_host).
 - Every NCCL call goes through multi_gpu_nccl_settle, and the host waits only through
   multi_gpu_wait, so a dead peer ends the run with one line in bounded time.
 */
@@ -72,6 +83,9 @@ typedef struct {
     cudaEvent_t updated;        // on the compute stream, after the update: the gathers wait for it
     cudaEvent_t gathered;       // on the communication stream, after the gathers
     int fp8_gather;             // the block linears' weights travel as FP8 (zero_comm_fp8_gather)
+    int zero3;                  // -z 3: the block linears' weights stay sharded, gathered per layer
+    cudaEvent_t slot_gathered[FP8_LAYER_SLOTS]; // ZeRO-3, on the communication stream: the slot's layer has arrived
+    cudaEvent_t slot_free[FP8_LAYER_SLOTS];     // ZeRO-3, on the compute stream: the slot's last GEMM is enqueued before it
     int fp8_tensor[NUM_PARAMETER_TENSORS]; // the tensors that go as FP8 codes when fp8_gather
     uint32_t* amax_bits;        // device [FP8 block linears]: the weights' amaxes, all-reduced
     size_t gathered_bytes_fp8;  // bytes this rank receives per step, by kind
@@ -130,7 +144,7 @@ static void zero_comm_create_fp32_reduce(ZeroComm* comm) {
 }
 
 void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT2Config* cfg, const Fp8Model* fp8,
-                      int reduce_fp32) {
+                      int reduce_fp32, int zero3) {
     memset(comm, 0, sizeof(*comm));
     comm->multi_gpu = multi_gpu;
     comm->rank = multi_gpu->process_rank;
@@ -151,6 +165,15 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
     cudaCheck(cudaEventCreateWithFlags(&comm->gathered, cudaEventDisableTiming));
 
     comm->fp8_gather = zero_comm_fp8_gather(fp8);
+    comm->zero3 = zero3;
+    if (zero3 && (!comm->fp8_gather || !fp8->sharded || fp8_model_delayed_weights(fp8))) {
+        llm8_die("zero_comm_create: ZeRO-3 needs the FP8 weight gather with sharded FP8 weights and -fw current "
+                 "(train_gpt2_fp8.cu checks the flags first)");
+    }
+    for (int slot = 0; slot < FP8_LAYER_SLOTS && zero3; slot++) {
+        cudaCheck(cudaEventCreateWithFlags(&comm->slot_gathered[slot], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&comm->slot_free[slot], cudaEventDisableTiming));
+    }
     if (comm->fp8_gather) {
         for (int k = 0; k < LINEAR_KINDS_PER_LAYER; k++) {
             comm->fp8_tensor[zero_comm_weight_tensor(k)] = fp8->rank_in_layer[k] >= 0;
@@ -161,6 +184,7 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t begin = comm->layout.tensor_offsets[t], end = begin + comm->layout.tensor_sizes[t];
         size_t bytes = zero_comm_received_bytes(&comm->layout, comm->rank, begin, end, comm->fp8_tensor[t] ? 1 : 2);
+        if (zero3 && comm->fp8_tensor[t]) { bytes = 0; }  // gathered per layer as they are used instead
         if (comm->fp8_tensor[t]) { comm->gathered_bytes_fp8 += bytes; } else { comm->gathered_bytes_bf16 += bytes; }
     }
 }
@@ -170,6 +194,10 @@ void zero_comm_free(ZeroComm* comm) {
     cudaCheck(cudaEventDestroy(comm->reduced));
     cudaCheck(cudaEventDestroy(comm->updated));
     cudaCheck(cudaEventDestroy(comm->gathered));
+    for (int slot = 0; slot < FP8_LAYER_SLOTS && comm->zero3; slot++) {
+        cudaCheck(cudaEventDestroy(comm->slot_gathered[slot]));
+        cudaCheck(cudaEventDestroy(comm->slot_free[slot]));
+    }
     if (comm->amax_bits != NULL) { cudaCheck(cudaFree(comm->amax_bits)); }
     if (comm->reduce_fp32) {
         cudaCheck(cudaFree(comm->reduce_scratch));
@@ -365,15 +393,17 @@ static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, cons
             size_t lo, hi;
             if (!zero_comm_owned_weight_part(comm, lin, &lo, &hi)) { continue; }
             Fp8CastOutput w = fp8_model_w(fp8, i);
-            if (master != NULL) { fp8_cast_weight_part(&w, master + (lo - own.begin), lo - lin->weight_offset, hi - lo, stream); }
-            else { fp8_cast_weight_part(&w, params + lo, lo - lin->weight_offset, hi - lo, stream); }
+            size_t first = lo - lin->weight_offset;
+            if (comm->zero3) { w.codes = lin->owned_codes; first = 0; }  // the owned part's own buffer
+            if (master != NULL) { fp8_cast_weight_part(&w, master + (lo - own.begin), first, hi - lo, stream); }
+            else { fp8_cast_weight_part(&w, params + lo, first, hi - lo, stream); }
         }
     }
 
     // (3) one group: FP8 codes of the block linears, bf16 of everything else
     zero_comm_follow(comm, stream);
     zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
-    zero_comm_broadcast_weight_codes(comm, fp8, block_linears);
+    if (!comm->zero3) { zero_comm_broadcast_weight_codes(comm, fp8, block_linears); }
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         if (comm->fp8_tensor[t]) { continue; }
         size_t begin = comm->layout.tensor_offsets[t];
@@ -383,8 +413,9 @@ static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, cons
     zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
     zero_comm_join(comm, stream);
 
-    // (4) W^T from the gathered W; lm_head (after the block linears) casts from the gathered bf16 wte
-    fp8_model_transpose_weights(fp8, 0, block_linears, stream);
+    // (4) W^T from the gathered W (ZeRO-3: per layer on arrival); lm_head (after the block
+    // linears) casts from the gathered bf16 wte
+    if (!comm->zero3) { fp8_model_transpose_weights(fp8, 0, block_linears, stream); }
     for (int i = block_linears; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
 }
 
@@ -439,6 +470,105 @@ void zero_comm_restore_weight_codes(ZeroComm* comm, Fp8Model* fp8, const floatX*
     zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
     zero_comm_join(comm, stream);
     fp8_model_transpose_weights(fp8, 0, block_linears, stream);
+}
+
+// ----------------------------------------------------------------------------
+// ZeRO-3: one layer's FP8 weights at a time
+
+/*
+Layer `layer`'s block linears' W codes, every piece from its owner's owned codes, into the
+layer's slot (layer % FP8_LAYER_SLOTS), on the communication stream once the slot's previous
+layer has released it; with_transpose (the backward's dgrad reads W^T) W^T follows there too.
+Issued one layer ahead of its use, in the same order on every rank.
+*/
+void zero_comm_gather_layer(ZeroComm* comm, Fp8Model* fp8, int layer, bool with_transpose) {
+    int slot = layer % FP8_LAYER_SLOTS;
+    cudaStream_t nccl_stream = comm->multi_gpu->nccl_stream;
+    cudaCheck(cudaStreamWaitEvent(nccl_stream, comm->slot_free[slot], 0));
+    zero_comm_settle(comm, ncclGroupStart(), "ZeRO-3 layer gather (group start)");
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+        int i = fp8_model_linear(fp8, layer, kind);
+        if (i < 0) { continue; }
+        const Fp8Linear* lin = &fp8->linears[i];
+        size_t begin = lin->weight_offset, end = begin + (size_t)lin->OC * lin->K;
+        for (size_t at = begin; at < end;) {
+            int owner = zero_owner(&comm->layout, at);
+            size_t owner_end = (size_t)(owner + 1) * comm->layout.shard_size;
+            size_t piece_end = owner_end < end ? owner_end : end;
+            uint8_t* recv = fp8->slot_w[slot][kind] + (at - begin);
+            const uint8_t* send = owner == comm->rank ? lin->owned_codes + (at - begin - lin->owned_begin) : recv;
+            zero_comm_settle(comm, ncclBroadcast(send, recv, piece_end - at, ncclUint8, owner, comm->multi_gpu->nccl_comm,
+                                                 nccl_stream), "ZeRO-3 layer gather (ncclBroadcast)");
+            comm->traffic[ZERO_TRAFFIC_FP8_GATHER] += piece_end - at;
+            at = piece_end;
+        }
+    }
+    zero_comm_settle(comm, ncclGroupEnd(), "ZeRO-3 layer gather");
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER && with_transpose; kind++) {
+        int i = fp8_model_linear(fp8, layer, kind);
+        if (i < 0) { continue; }
+        fp8_transpose_codes(fp8->slot_w[slot][kind], fp8->slot_w_t[slot][kind], fp8->linears[i].OC, fp8->linears[i].K,
+                            nccl_stream);
+    }
+    cudaCheck(cudaEventRecord(comm->slot_gathered[slot], nccl_stream));
+}
+
+// the compute stream waits for layer `layer`'s gathered slot, and its linears read from it
+void zero_comm_use_layer(ZeroComm* comm, Fp8Model* fp8, int layer, cudaStream_t compute) {
+    int slot = layer % FP8_LAYER_SLOTS;
+    cudaCheck(cudaStreamWaitEvent(compute, comm->slot_gathered[slot], 0));
+    fp8_model_bind_layer(fp8, layer, slot);
+}
+
+// layer `layer`'s last GEMM is enqueued on `compute`: its slot may take the next layer after it
+void zero_comm_release_layer(ZeroComm* comm, int layer, cudaStream_t compute) {
+    cudaCheck(cudaEventRecord(comm->slot_free[layer % FP8_LAYER_SLOTS], compute));
+}
+
+/*
+Every rank's bf16 parameters into host_bf16 [num_parameters] on rank 0 (the others only
+send), for the model file: under ZeRO-3 no rank holds the others' parts of the block linears'
+weights, so each of those pieces comes from its owner through a bounce buffer, one weight
+slice at a time; everything else is whole on rank 0 already. Collective: every rank calls it.
+*/
+void zero_comm_params_to_host(ZeroComm* comm, const floatX* params, uint16_t* host_bf16, cudaStream_t stream) {
+    const ZeroLayout* layout = &comm->layout;
+    size_t widest = 0;
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        size_t slice = layout->tensor_sizes[t] / (zero_tensor_is_per_layer(t) ? (size_t)layout->num_layers : 1);
+        if (comm->fp8_tensor[t] && slice > widest) { widest = slice; }
+    }
+    floatX* bounce = (floatX*)cuda_malloc_checked(widest * sizeof(floatX), "checkpoint bounce buffer (one weight slice, ZeRO-3)");
+    multi_gpu_wait(comm->multi_gpu, stream, "checkpoint gather (start)");
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        size_t begin = layout->tensor_offsets[t], end = begin + layout->tensor_sizes[t];
+        if (!comm->fp8_tensor[t]) {  // replicated: rank 0 has it
+            if (comm->rank == 0) { cudaCheck(cudaMemcpy(host_bf16 + begin, params + begin, (end - begin) * sizeof(floatX), cudaMemcpyDeviceToHost)); }
+            continue;
+        }
+        for (int layer = 0; layer < layout->num_layers; layer++) {
+            ZeroRange slice = zero_slice_range(layout, t, layer);
+            zero_comm_follow(comm, stream);
+            zero_comm_settle(comm, ncclGroupStart(), "checkpoint gather (group start)");
+            for (size_t at = slice.begin; at < slice.end;) {
+                int owner = zero_owner(layout, at);
+                size_t owner_end = (size_t)(owner + 1) * layout->shard_size;
+                size_t piece_end = owner_end < slice.end ? owner_end : slice.end;
+                floatX* recv = bounce + (at - slice.begin);
+                const floatX* send = owner == comm->rank ? params + at : recv;
+                zero_comm_settle(comm, ncclBroadcast(send, recv, piece_end - at, ncclBfloat16, owner, comm->multi_gpu->nccl_comm,
+                                                     comm->multi_gpu->nccl_stream), "checkpoint gather (ncclBroadcast)");
+                at = piece_end;
+            }
+            zero_comm_settle(comm, ncclGroupEnd(), "checkpoint gather");
+            zero_comm_join(comm, stream);
+            multi_gpu_wait(comm->multi_gpu, stream, "checkpoint gather");
+            if (comm->rank == 0) {
+                cudaCheck(cudaMemcpy(host_bf16 + slice.begin, bounce, (slice.end - slice.begin) * sizeof(floatX), cudaMemcpyDeviceToHost));
+            }
+        }
+    }
+    cudaCheck(cudaFree(bounce));
 }
 
 #endif // LLMC_ZERO_COMM_CUH

@@ -6,11 +6,13 @@ batches, a 2-rank resume, and a killed rank.
 - Trajectories: 2 ranks x -b 4 read exactly the sequences 1 rank x -b 8 reads (a sample is
   N*B*T tokens, rank r takes its r-th B*T), so the losses agree within bf16/FP8 rounding:
   the gradient average over ranks and the sharded optimizer are the only differences.
+  ZeRO-3 (2 ranks -z 3 against 1 rank): the per-layer FP8 gathers must give the same codes.
 - Traffic: the `comm |` line counts the payload of the collectives the first step issued;
   the FP8 run gathers exactly d6's 12 L C^2 matmul weight elements as 1-byte codes (half
-  their bf16 bytes), and the rest in bf16.
+  their bf16 bytes), and the rest in bf16; ZeRO-3 gathers them again in every forward and
+  backward (2 micro-steps: 4 times).
 - Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses, with
-  -fw current and -fw delayed.
+  -fw current, -fw delayed, and ZeRO-3.
 - Resume with another number of ranks (1 -> 2 and 2 -> 1, -b so the global batch stays): the
   optimizer state resharded and the loader replayed, steps 5..8 within the 2-rank vs 1-rank
   tolerance of the uninterrupted run.
@@ -90,11 +92,13 @@ def main():
     configs = [("bf16 adamw", ["-p", "bf16"], 1e-2), ("fp8 delayed adamw", ["-p", "fp8"], 2e-2),
                ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2),
                 ("bf16 adamw, fp32 gradient reduce", ["-p", "bf16", "-pa", "fp32"], 1e-2),
-               ("fp8 -fw delayed adamw8 (codes from the optimizer pass)", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], 2e-2)]
+               ("fp8 -fw delayed adamw8 (codes from the optimizer pass)", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], 2e-2),
+               ("fp8 delayed adamw8 ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)", ["-p", "fp8", "-opt", "adamw8"], 2e-2)]
+    two_rank_only = {"fp8 delayed adamw8 ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)": ["-z", 3]}
     two_rank_traffic = {}
     for name, extra, tolerance in configs:
         codes1, out1 = run(1, common + extra + ["-b", 8], tmp)
-        codes2, out2 = run(2, common + extra + ["-b", 4], tmp)
+        codes2, out2 = run(2, common + extra + two_rank_only.get(name, []) + ["-b", 4], tmp)
         two_rank_traffic[name] = parse_traffic(out2)
         one, two = losses(out1), losses(out2)
         check(codes1 == [0] and codes2 == [0, 0], f"{name}: 1-rank and 2-rank runs exit 0")
@@ -102,7 +106,11 @@ def main():
         if len(one) == 8 and sorted(one) == sorted(two):
             worst = max(abs(one[s] - two[s]) / abs(one[s]) for s in one)
             check(worst < tolerance, f"{name}: 2-rank losses within {tolerance:g} of 1-rank (worst {worst:.2e})")
-        check("zero | ZeRO-1 over 2 ranks" in out2, f"{name}: the startup line reports ZeRO-1")
+        stage = 3 if name in two_rank_only else 1
+        check(f"zero | ZeRO-{stage} over 2 ranks" in out2, f"{name}: the startup line reports ZeRO-{stage}")
+        if stage == 3:
+            saved = re.search(r"saves ([\d.]+) MiB per GPU", out2)
+            check(saved is not None and float(saved.group(1)) > 0, f"{name}: the zero3 line reports the memory it saves")
         if "-pa" in extra:
             check(re.search(r"gradients reduced per step: [\d.]+ MB fp32 \(fp32 scratch", out2),
                   f"{name}: the startup line reports the fp32 reduce and its scratch")
@@ -118,23 +126,28 @@ def main():
           f"traffic: the bf16 run gathers everything in bf16, matmul weights at 2 bytes (got {bf16})")
     check(abs(fp8.get("gradient reduce", -1e9) - bf16.get("gradient reduce", 1e9)) <= 500,
           "traffic: gradients travel in bf16 in both runs")
+    zero3 = two_rank_traffic.get("fp8 delayed adamw8 ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)", {})
+    micro_steps = 2  # -d 4096 = 2 ranks x -b 4 x T 256 x 2
+    check(abs(zero3.get("FP8 weight gather", -1e9) - 2 * micro_steps * matmul_elements) <= 500,
+          f"traffic: ZeRO-3 gathers the matmul weights as FP8 in every forward and backward (got {zero3})")
 
-    # resume with 2 ranks: bitwise (-fw delayed: each rank rebuilds its codes with the saved scale, then they are gathered)
-    for weights in ("current", "delayed"):
-        out_dir = os.path.join(tmp, "ckpt_" + weights)
-        args = common + ["-p", "fp8", "-fw", weights, "-opt", "adamw8", "-b", 4, "-o", out_dir, "-n", 4]
+    # resume with 2 ranks: bitwise (-fw delayed: each rank rebuilds its codes with the saved scale, then they are
+    # gathered; ZeRO-3: the model file from the owners' pieces, the codes cast into the owned buffers)
+    for weights, stage in (("current", 1), ("delayed", 1), ("current", 3)):
+        out_dir = os.path.join(tmp, f"ckpt_{weights}_z{stage}")
+        args = common + ["-p", "fp8", "-fw", weights, "-z", stage, "-opt", "adamw8", "-b", 4, "-o", out_dir, "-n", 4]
         codes, straight = run(2, args, tmp)
-        check(codes == [0, 0], f"resume -fw {weights}: the straight 2-rank run exits 0")
+        check(codes == [0, 0], f"resume -fw {weights} -z {stage}: the straight 2-rank run exits 0")
         for step in (4, 8):
             for r in range(2):
                 check(os.path.exists(os.path.join(out_dir, f"state_{step:08d}_{r:05d}.bin")),
-                      f"resume -fw {weights}: state file of rank {r} at step {step}")
+                      f"resume -fw {weights} -z {stage}: state file of rank {r} at step {step}")
         os.remove(os.path.join(out_dir, "DONE_00000008"))
         codes, resumed = run(2, args + ["-y", 1], tmp)
         a, b = losses(straight), losses(resumed)
-        check(codes == [0, 0] and sorted(b) == [5, 6, 7, 8], f"resume -fw {weights}: the resumed run continues at step 5")
+        check(codes == [0, 0] and sorted(b) == [5, 6, 7, 8], f"resume -fw {weights} -z {stage}: the resumed run continues at step 5")
         check(all(a.get(s) == b.get(s) for s in (5, 6, 7, 8)),
-              f"resume -fw {weights}: steps 5..8 bitwise equal to the uninterrupted run")
+              f"resume -fw {weights} -z {stage}: steps 5..8 bitwise equal to the uninterrupted run")
 
     # resume with another number of ranks: the same global batch, within the 2-rank vs 1-rank tolerance
     tolerance = {name: tol for name, _, tol in configs}["fp8 delayed adamw8"]

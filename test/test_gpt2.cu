@@ -139,7 +139,7 @@ static void test_forward_backward_vs_reference(AttentionBackend backend, const c
     float* params = random_params(&cfg);
     attention_setup(backend);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, NULL, NULL, 0, stream);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, NULL, NULL, 0, 0, stream);
     GPT2Ref ref;
     gpt2ref_init(&ref, &cfg, params);
     DataLoader loader;
@@ -238,7 +238,7 @@ static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaSt
     float* params = random_params(&cfg);
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, stream);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, 0, stream);
     GPT2Ref ref;
     gpt2ref_init(&ref, &cfg, params);
     Fp8Emulation emulation;
@@ -292,7 +292,7 @@ static void test_fp8_forward_backward_vs_reference(const char* descriptor, const
     float* params = random_params(&cfg);
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, stream);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, 0, stream);
     GPT2Ref emulated, fp32;
     gpt2ref_init(&emulated, &cfg, params);
     gpt2ref_init(&fp32, &cfg, params);
@@ -417,7 +417,7 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
     gpt2_build(&model, &cfg, params, 1, B, T, recompute, gelu_fusion, optimizer->use_adamw8, optimizer->selection, fp8, NULL,
-               0, stream);
+               0, 0, stream);
     DataLoader loader, val_loader;
     dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     dataloader_init(&val_loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);

@@ -417,6 +417,174 @@ static void test_config_fingerprint(void) {
     CHECK(train_config_fingerprint(&base, &d12, 100) != reference, "the resume step did not change the fingerprint");
 }
 
+// ----------------------------------------------------------------------------
+// ZeRO-3: the byte ranges of the flat parameter buffer a rank keeps mapped
+
+typedef struct {
+    const char* name;
+    const GPT2Config* cfg;
+    size_t element_bytes;
+    size_t granule;
+} ResidentCase;
+
+// 1 when bytes [begin, end) lie inside one of the (merged, so maximal) ranges
+static int resident_covers(const ZeroRange* ranges, int count, size_t begin, size_t end) {
+    for (int k = 0; k < count; k++) {
+        if (ranges[k].begin <= begin && begin < ranges[k].end) { return end <= ranges[k].end; }
+    }
+    return begin >= end;
+}
+
+// the tensor whose bytes hold byte `at` (-1: past the last tensor)
+static int tensor_at_byte(const ZeroLayout* z, size_t element_bytes, size_t at) {
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (at < (z->tensor_offsets[i] + z->tensor_sizes[i]) * element_bytes) { return i; }
+    }
+    return -1;
+}
+
+// an uncovered byte range lies inside one matmul weight and outside the rank's own range
+static void check_resident_gap(const ZeroLayout* z, const ResidentCase* c, int rank, size_t begin, size_t end) {
+    if (begin >= end) { return; }
+    int t = tensor_at_byte(z, c->element_bytes, begin);
+    size_t tensor_end = t < 0 ? 0 : (z->tensor_offsets[t] + z->tensor_sizes[t]) * c->element_bytes;
+    CHECK(t >= 0 && zero_tensor_is_matmul_weight(t) && end <= tensor_end,
+          "%s N=%d rank %d granule %zu: unmapped bytes [%zu, %zu) are not inside one matmul weight (%s)", c->name,
+          z->num_ranks, rank, c->granule, begin, end, t < 0 ? "padding" : PARAM_TENSOR_NAMES[t]);
+    ZeroRange owned = zero_rank_range(z, rank);
+    CHECK(end <= owned.begin * c->element_bytes || begin >= owned.end * c->element_bytes,
+          "%s N=%d rank %d granule %zu: unmapped bytes [%zu, %zu) overlap the rank's own range", c->name, z->num_ranks,
+          rank, c->granule, begin, end);
+}
+
+/*
+Against the definition, granule by granule: a granule is mapped exactly when one of its bytes
+belongs to a non-matmul tensor, the padding or the rank's own range, and the ranges are the
+runs of mapped granules. This is what makes the rounding minimal (outward, never further).
+*/
+static void check_resident_granules(const ZeroLayout* z, const ResidentCase* c, int rank, const ZeroRange* ranges,
+                                    int count) {
+    size_t buffer_bytes = zero3_buffer_bytes(z, c->element_bytes, c->granule);
+    size_t num_granules = buffer_bytes / c->granule;
+    unsigned char* mapped = (unsigned char*)mallocCheck(num_granules);
+    memset(mapped, 0, num_granules);
+    ZeroRange needed[NUM_PARAMETER_TENSORS + 2];
+    int num_needed = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (zero_tensor_is_matmul_weight(i)) { continue; }
+        needed[num_needed].begin = z->tensor_offsets[i];
+        needed[num_needed++].end = z->tensor_offsets[i] + z->tensor_sizes[i];
+    }
+    needed[num_needed].begin = z->num_parameters;
+    needed[num_needed++].end = z->padded_total;
+    needed[num_needed++] = zero_rank_range(z, rank);
+    for (int k = 0; k < num_needed; k++) {
+        if (needed[k].begin >= needed[k].end) { continue; }
+        size_t last = (needed[k].end * c->element_bytes - 1) / c->granule;
+        for (size_t g = needed[k].begin * c->element_bytes / c->granule; g <= last; g++) { mapped[g] = 1; }
+    }
+    int runs = 0, mismatched = 0;
+    for (size_t g = 0; g < num_granules; g++) {
+        if (!mapped[g] || (g > 0 && mapped[g - 1])) { continue; }
+        size_t end = g;
+        while (end < num_granules && mapped[end]) { end++; }
+        mismatched += runs >= count || ranges[runs].begin != g * c->granule || ranges[runs].end != end * c->granule;
+        runs++;
+    }
+    CHECK(runs == count && mismatched == 0,
+          "%s N=%d rank %d granule %zu: %d ranges, expected the %d runs of granules holding needed bytes (%d differ)",
+          c->name, z->num_ranks, rank, c->granule, count, runs, mismatched);
+    free(mapped);
+}
+
+// every rank's ranges for one case: structure, coverage, what is left out; returns the smallest saving in bytes
+static size_t test_resident_ranges(const ResidentCase* c, int num_ranks) {
+    ZeroLayout z;
+    zero_layout_init(&z, c->cfg, num_ranks);
+    size_t buffer_bytes = zero3_buffer_bytes(&z, c->element_bytes, c->granule);
+    CHECK(buffer_bytes % c->granule == 0 && buffer_bytes >= z.padded_total * c->element_bytes &&
+          buffer_bytes - z.padded_total * c->element_bytes < c->granule,
+          "%s N=%d granule %zu: buffer of %zu bytes for %zu elements", c->name, num_ranks, c->granule, buffer_bytes,
+          z.padded_total);
+    size_t min_saving = buffer_bytes;
+    for (int r = 0; r < num_ranks; r++) {
+        ZeroRange ranges[ZERO3_MAX_RESIDENT_RANGES];
+        int count = zero3_resident_ranges(&z, r, c->element_bytes, c->granule, ranges, ZERO3_MAX_RESIDENT_RANGES);
+        int bad = 0;
+        for (int k = 0; k < count; k++) {
+            bad += ranges[k].begin >= ranges[k].end || ranges[k].begin % c->granule != 0 ||
+                   ranges[k].end % c->granule != 0 || ranges[k].end > buffer_bytes ||
+                   (k > 0 && ranges[k].begin <= ranges[k - 1].end);
+        }
+        CHECK(count >= 1 && bad == 0,
+              "%s N=%d rank %d granule %zu: %d of %d ranges empty, unaligned, past the buffer, unsorted or touching",
+              c->name, num_ranks, r, c->granule, bad, count);
+        if (bad != 0) { continue; }
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (zero_tensor_is_matmul_weight(i)) { continue; }
+            size_t begin = z.tensor_offsets[i] * c->element_bytes;
+            CHECK(resident_covers(ranges, count, begin, begin + z.tensor_sizes[i] * c->element_bytes),
+                  "%s N=%d rank %d granule %zu: %s not mapped", c->name, num_ranks, r, c->granule, PARAM_TENSOR_NAMES[i]);
+        }
+        ZeroRange owned = zero_rank_range(&z, r);
+        CHECK(resident_covers(ranges, count, owned.begin * c->element_bytes, owned.end * c->element_bytes),
+              "%s N=%d rank %d granule %zu: own range [%zu, %zu) not mapped", c->name, num_ranks, r, c->granule,
+              owned.begin, owned.end);
+        CHECK(resident_covers(ranges, count, z.num_parameters * c->element_bytes, z.padded_total * c->element_bytes),
+              "%s N=%d rank %d granule %zu: padding not mapped", c->name, num_ranks, r, c->granule);
+        check_resident_gap(&z, c, r, 0, ranges[0].begin);
+        for (int k = 1; k < count; k++) { check_resident_gap(&z, c, r, ranges[k - 1].end, ranges[k].begin); }
+        check_resident_gap(&z, c, r, ranges[count - 1].end, buffer_bytes);
+        check_resident_granules(&z, c, r, ranges, count);
+        size_t saving = buffer_bytes - zero3_resident_bytes(ranges, count);
+        if (saving < min_saving) { min_saving = saving; }
+    }
+    return min_saving;
+}
+
+static void test_zero3(void) {
+    GPT2Config d12 = gpt2_config_from_descriptor("d12");
+    GPT2Config d48 = gpt2_config_from_descriptor("d48");
+    GPT2Config odd = gpt2_config_make(3, 5, 80, 37, 301);  // no tensor size a multiple of 256 or of a granule
+    const size_t MiB2 = 2u << 20;
+    const ResidentCase cases[] = {
+        {"d12", &d12, 2, MiB2}, {"d12", &d12, 2, 512}, {"d48", &d48, 2, MiB2}, {"d48", &d48, 2, 512},
+        {"odd", &odd, 2, MiB2}, {"odd", &odd, 2, 512}, {"odd", &odd, 1, 64}, {"odd", &odd, 4, 96},
+    };
+    const int rank_counts[] = {1, 2, 3, 8};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        for (size_t k = 0; k < sizeof(rank_counts) / sizeof(rank_counts[0]); k++) {
+            size_t min_saving = test_resident_ranges(&cases[c], rank_counts[k]);
+            if (rank_counts[k] != 8 || cases[c].granule != MiB2 || cases[c].cfg == &odd) { continue; }
+            ZeroLayout z;
+            zero_layout_init(&z, cases[c].cfg, 8);
+            size_t matmul_bytes = 0;
+            for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+                if (zero_tensor_is_matmul_weight(i)) { matmul_bytes += z.tensor_sizes[i] * cases[c].element_bytes; }
+            }
+            size_t buffer_bytes = zero3_buffer_bytes(&z, cases[c].element_bytes, MiB2);
+            printf("ZeRO-3 %s N=8, bf16, 2 MiB granule: buffer %.1f MiB, matmul weights %.1f MiB, each rank maps at most "
+                   "%.1f MiB, saving at least %.1f MiB (%.1f%% of the matmul weights)\n",
+                   cases[c].name, buffer_bytes / 1048576.0, matmul_bytes / 1048576.0,
+                   (buffer_bytes - min_saving) / 1048576.0, min_saving / 1048576.0, 100.0 * min_saving / matmul_bytes);
+            if (cases[c].cfg == &d48) {
+                CHECK(min_saving >= matmul_bytes / 10 * 8, "d48 N=8: a rank saves only %zu of the %zu matmul weight bytes",
+                      min_saving, matmul_bytes);
+            }
+        }
+    }
+    ZeroLayout z;
+    zero_layout_init(&z, &d12, 8);
+    CHECK_DIES("too few resident ranges", "ZERO3_MAX_RESIDENT_RANGES", {
+        ZeroRange two[2];
+        zero3_resident_ranges(&z, 3, 2, 512, two, 2);
+    });
+    CHECK_DIES("resident ranges of rank 8 of 8", "rank 8", {
+        ZeroRange ranges[ZERO3_MAX_RESIDENT_RANGES];
+        zero3_resident_ranges(&z, 8, 2, 512, ranges, ZERO3_MAX_RESIDENT_RANGES);
+    });
+}
+
 int main(void) {
     const char* names[] = {"tiny", "d12", "d48"};
     for (int m = 0; m < 3; m++) {
@@ -457,6 +625,7 @@ int main(void) {
         adamw8_layout_window(&window, &model, lnfb + 64, model.num_parameters);
     });
     test_fp8_gather(&tiny, FP8_E5M2, 1);
+    test_zero3();
     CHECK_DIES("zero ranks", "ranks", { ZeroLayout z; zero_layout_init(&z, &tiny, 0); });
     CHECK_DIES("bad chunk", "chunk", {
         ZeroLayout z; ZeroPiece pieces[64];
