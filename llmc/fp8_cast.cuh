@@ -27,6 +27,12 @@ Why it is shaped so:
 - The delayed weight cast (-fw delayed) writes W's codes inside the optimizer pass
   (llmc/adamw.cuh, adamw8.cuh); here it takes only W^T from them (fp8_transpose_codes, a byte
   per element) and, after a resume, the codes rebuilt with their saved scale (fp8_weight_codes).
+- ZeRO's sharded weight casts (zero_comm.cuh): each rank casts its flat part of W. Per
+  tensor, with the all-reduced amax's scale (fp8_cast_weight_part). Block recipe: a flat part
+  cuts 128x128 blocks, so a rank folds its part into partial block amaxes
+  (fp8_block_amax_part), the caller all-reduces them (MAX), and fp8_cast_weight_block_part
+  writes every block's scale_inv for W and W^T and the part's codes, with the block scale
+  the tile kernel uses (fp8_weight_block_scale): the whole-weight cast's bits.
 Shapes: rows and cols are multiples of 16 (cuBLASLt FP8's rule for every GEMM dimension),
 so tile edges fall on 16-byte boundaries; the last tile in each direction may be short.
 */
@@ -228,7 +234,7 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, const In* in, 
             atomicMax(&block_amax_bits, row_bits);  // shared memory: the tile's amax, any order
         }
         __syncthreads();
-        tile_scale = fp8_scale_from_amax(bits_as_float(block_amax_bits), fmax, 0);
+        tile_scale = fp8_weight_block_scale(bits_as_float(block_amax_bits));  // used by BLOCKS_128x128 only
         if (out.scaling == FP8_SCALING_ROWS_1x128) {
             if (half == 0 && out.codes != NULL && line < rows_here) {
                 out.scale_inv[(size_t)(c0 / FP8_TILE) * rows + r0 + line] = fp8_reciprocal(row_scales[line]);
@@ -411,6 +417,108 @@ void fp8_cast_weight_part(const Fp8CastOutput* out, const In* in, size_t first, 
     const int block_size = 256;
     size_t blocks = ceil_div_size(n, block_size);
     fp8_cast_part_kernel<In><<<(unsigned int)(blocks < 1024 ? blocks : 1024), block_size, 0, stream>>>(*out, in, first, n);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------
+// the sharded weight cast of the block recipe: a rank's flat part cuts 128x128 blocks, so
+// each rank's partial amax of every block it touches, a MAX all-reduce of those (the
+// caller), then every rank has every block's scale and casts its part with them
+
+/*
+One warp per 1 x 128 run of a block row (row r, block column c / 128) inside the part: the
+warp's max, then one atomicMax on the block's slot (uint32 bits of |x|: order-free, so
+deterministic). Runs are numbered r * blocks_per_row + c / 128; the part's first and last
+runs may be cut.
+*/
+template <class In>
+__global__ void fp8_block_amax_part_kernel(uint32_t* block_amax_bits, const In* in, size_t first, size_t n, int cols) {
+    const int blocks_per_row = (cols + FP8_WEIGHT_BLOCK - 1) / FP8_WEIGHT_BLOCK;
+    const size_t first_run = first / cols * blocks_per_row + first % cols / FP8_WEIGHT_BLOCK;
+    const size_t last = first + n - 1;
+    const size_t runs = last / cols * blocks_per_row + last % cols / FP8_WEIGHT_BLOCK + 1 - first_run;
+    const int lane = threadIdx.x % 32;
+    const size_t warps = (size_t)gridDim.x * blockDim.x / 32;
+    for (size_t run = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; run < runs; run += warps) {
+        size_t at = first_run + run;
+        size_t row = at / blocks_per_row;
+        int c0 = (int)(at % blocks_per_row) * FP8_WEIGHT_BLOCK;
+        size_t run_begin = row * cols + c0, run_end = row * cols + min(c0 + FP8_WEIGHT_BLOCK, cols);
+        uint32_t bits = 0u;
+        for (size_t e = run_begin + lane; e < run_end; e += 32) {
+            if (e >= first && e <= last) { bits = max(bits, fp8_amax_bits(fp8_stage_to_float(in[e - first]))); }
+        }
+        for (int offset = 16; offset > 0; offset /= 2) { bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, offset)); }
+        if (lane == 0) { atomicMax(&block_amax_bits[fp8_weight_block_of(run_begin, cols)], bits); }
+    }
+}
+
+/*
+Fold elements [first, first + n) of a block-scaled weight [OC][cols] (in points at element
+first of the fp32 master or the bf16 weight) into block_amax_bits [fp8_weight_blocks], which
+the caller zeroed: this rank's partial block amaxes, for the all-reduce.
+*/
+template <class In>
+void fp8_block_amax_part(uint32_t* block_amax_bits, const In* in, size_t first, size_t n, int cols, cudaStream_t stream) {
+    if (n == 0) { return; }
+    const int block_size = 256;
+    size_t runs = ceil_div_size(n, FP8_WEIGHT_BLOCK) + 2;  // at most: the cut runs at each end
+    size_t blocks = ceil_div_size(runs, block_size / 32);
+    fp8_block_amax_part_kernel<In><<<(unsigned int)(blocks < 2048 ? blocks : 2048), block_size, 0, stream>>>(
+        block_amax_bits, in, first, n, cols);
+    cudaCheck(cudaGetLastError());
+}
+
+// one thread per 128x128 block: its scale from the global amax, 1 / scale into the layouts
+// of W and of W^T (fp8_block_scale_floats), as the whole-weight cast writes them
+__global__ void fp8_block_scales_kernel(const uint32_t* block_amax_bits, int rows, int cols, float* scale_inv,
+                                        float* scale_inv_t) {
+    const int blocks_per_row = (cols + FP8_WEIGHT_BLOCK - 1) / FP8_WEIGHT_BLOCK;
+    const int block = blockIdx.x * blockDim.x + threadIdx.x;
+    if ((size_t)block >= fp8_weight_blocks(rows, cols)) { return; }
+    const int block_row = block / blocks_per_row, block_col = block % blocks_per_row;
+    float inverse = fp8_reciprocal(fp8_weight_block_scale(bits_as_float(block_amax_bits[block])));
+    if (scale_inv != NULL) { scale_inv[(size_t)block_row * fp8_block_scale_ld(cols) + block_col] = inverse; }
+    if (scale_inv_t != NULL) { scale_inv_t[(size_t)block_col * fp8_block_scale_ld(rows) + block_row] = inverse; }
+}
+
+template <class In>
+__global__ void fp8_cast_block_part_kernel(Fp8CastOutput out, const In* in, size_t first, size_t n, int cols,
+                                           const uint32_t* block_amax_bits) {
+    Fp8Tally tally = fp8_tally_zero();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float scale = fp8_weight_block_scale(bits_as_float(block_amax_bits[fp8_weight_block_of(first + i, cols)]));
+        float x = fp8_stage_to_float(in[i]);
+        uint8_t code = fp8_quantize(x, scale, FP8_E4M3);
+        fp8_tally_cast(&tally, x, scale, code, FP8_E4M3);
+        out.codes[first + i] = code;
+    }
+    fp8_tally_commit(tally, out.record, false);
+}
+
+/*
+The block recipe's sharded weight cast, once block_amax_bits [fp8_weight_blocks(OC, cols)]
+holds every block's global amax (all-reduced): W's and W^T's dequantization scales whole
+(every rank writes all of them), and elements [first, first + n) of W's codes (in points at
+element first of the fp32 master or the bf16 weight; n = 0: this rank owns none). The same
+codes and scales the whole-weight cast (fp8_cast_weight) writes; W^T's codes follow from
+the gathered W (fp8_transpose_codes).
+*/
+template <class In>
+void fp8_cast_weight_block_part(const Fp8CastOutput* out, const In* in, size_t first, size_t n, int OC, int cols,
+                                const uint32_t* block_amax_bits, cudaStream_t stream) {
+    if (out->scaling != FP8_SCALING_BLOCKS_128x128 || out->codes == NULL || out->scale_inv == NULL || out->record == NULL) {
+        llm8_die("fp8_cast_weight_block_part: needs 128x128 block scaling with codes, scale_inv and record");
+    }
+    int blocks = (int)fp8_weight_blocks(OC, cols);
+    fp8_block_scales_kernel<<<ceil_div(blocks, 256), 256, 0, stream>>>(block_amax_bits, OC, cols, out->scale_inv,
+                                                                         out->scale_inv_t);
+    cudaCheck(cudaGetLastError());
+    if (n == 0) { return; }
+    const int block_size = 256;
+    size_t grid = ceil_div_size(n, block_size);
+    fp8_cast_block_part_kernel<In><<<(unsigned int)(grid < 1024 ? grid : 1024), block_size, 0, stream>>>(
+        *out, in, first, n, cols, block_amax_bits);
     cudaCheck(cudaGetLastError());
 }
 

@@ -35,6 +35,9 @@ Why it is shaped so:
 - Weights (fp8_scaling_init_weight) run the same machine, one use per optimizer step: current
   (the cast follows the optimizer pass, with the new amax), or delayed with a history of one
   step (the optimizer pass casts with the previous step's amax and records the new one).
+- The block recipe's weights have no state: one scale per 128x128 block from the block's
+  amax (fp8_weight_block_scale, with the block numbering fp8_weight_block_of) here once, so
+  the whole-weight cast and ZeRO's sharded one (each rank a flat part) agree bit for bit.
 */
 #ifndef LLMC_FP8_SCALING_H
 #define LLMC_FP8_SCALING_H
@@ -82,6 +85,30 @@ LLMC_HD float fp8_reciprocal(float scale) {
 #else
     return 1.0f / scale;
 #endif
+}
+
+/*
+The block recipe's weights: one E4M3 scale per 128x128 block of W [rows][cols] (row-major),
+from the block's amax with no margin. Blocks are numbered K blocks fastest, unpadded:
+block (r / 128, c / 128) is (r / 128) * ceil(cols / 128) + c / 128. The whole-weight cast
+(fp8_cast.cuh) and the sharded one (ZeRO, each rank a flat part: zero.h, zero_comm.cuh)
+both take the scale from here, so their codes agree bit for bit.
+*/
+#define FP8_WEIGHT_BLOCK 128
+
+LLMC_HD float fp8_weight_block_scale(float block_amax) {
+    return fp8_scale_from_amax(block_amax, FP8_E4M3_MAX, 0);
+}
+
+LLMC_HD size_t fp8_weight_blocks(int rows, int cols) {
+    return (size_t)((rows + FP8_WEIGHT_BLOCK - 1) / FP8_WEIGHT_BLOCK) * (size_t)((cols + FP8_WEIGHT_BLOCK - 1) / FP8_WEIGHT_BLOCK);
+}
+
+// the block of flat element `element` of W [.][cols]
+LLMC_HD size_t fp8_weight_block_of(size_t element, int cols) {
+    size_t row = element / (size_t)cols, col = element % (size_t)cols;
+    size_t blocks_per_row = (size_t)((cols + FP8_WEIGHT_BLOCK - 1) / FP8_WEIGHT_BLOCK);
+    return row / FP8_WEIGHT_BLOCK * blocks_per_row + col / FP8_WEIGHT_BLOCK;
 }
 
 // the caller validates history_len and margin first (fp8_scaling_config_error on the host)

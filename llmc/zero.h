@@ -30,6 +30,10 @@ Why it is shaped so:
   global amax, each rank casts its part: since max is exact and order free, and the cast
   is elementwise, the gathered codes equal a single rank's cast bit for bit.
   zero_simulate_fp8_weight_gather does exactly that with simulated ranks, for the tests.
+  The block recipe (one scale per 128x128 block) does the same per block: a rank's flat
+  part cuts blocks, so each rank's partial amax of every block it touches, one MAX
+  all-reduce of all those, each rank casts its part with its elements' block scales
+  (zero_simulate_fp8_block_weight_gather).
 - ZeRO-3 keeps the flat addressing of the bf16 parameter buffer (every kernel indexes it by
   flat offset) but backs with memory only what a rank reads: zero3_resident_ranges gives
   those byte ranges, rounded to the granule that device memory can be mapped in
@@ -330,6 +334,79 @@ static inline void zero_simulate_fp8_weight_gather(const ZeroLayout* layout, con
             size_t begin = slices[s].begin > range.begin ? slices[s].begin : range.begin;
             size_t end = slices[s].end < range.end ? slices[s].end : range.end;
             for (size_t j = begin; j < end; j++) { codes[j] = fp8_quantize(params[j], scales[s], format); }
+        }
+    }
+    free(rank_amax);
+}
+
+// K (the columns) of an FP8 weight slice [OC][K] of `tensor`: C, or 4C for fcprojw
+static inline int zero_weight_cols(const ZeroLayout* layout, int tensor) {
+    int channels = (int)(layout->tensor_sizes[PARAM_LN1W] / (size_t)layout->num_layers);
+    return tensor == PARAM_FCPROJW ? 4 * channels : channels;
+}
+
+// fold |params[j]| for flat j in [begin, end) of a weight slice (flat slice_begin, K = cols)
+// into its blocks' amaxes block_amax[fp8_weight_block_of(...)]: a rank's partial block amax
+static inline void zero_fold_block_amax(const float* params, size_t begin, size_t end, size_t slice_begin, int cols,
+                                        float* block_amax) {
+    for (size_t j = begin; j < end; j++) {
+        float* amax = &block_amax[fp8_weight_block_of(j - slice_begin, cols)];
+        if (fp8_amax_bits(params[j]) > fp8_amax_bits(*amax)) { *amax = bits_as_float(fp8_amax_bits(params[j])); }
+    }
+}
+
+/*
+The same gather under the block recipe (one scale per 128x128 block): a rank's flat part
+cuts blocks, so (1) each rank folds its part of every slice into a per-block partial amax
+array (0 where it owns nothing), (2) the MAX over ranks of the whole array (one all-reduce),
+(3) every block's scale = fp8_weight_block_scale(global block amax), (4) each rank casts
+its part with its elements' block scales, (5) the codes land at their flat positions.
+`block_scales` gets the slices' blocks back to back (fp8_weight_blocks each, in slice
+order); `slices` are block linears' weights (zero_fp8_weight_slices without wte).
+*/
+static inline void zero_simulate_fp8_block_weight_gather(const ZeroLayout* layout, const float* params,
+                                                         const ZeroPiece* slices, int num_slices, float* block_scales,
+                                                         uint8_t* codes) {
+    size_t total_blocks = 0;
+    for (int s = 0; s < num_slices; s++) {
+        int cols = zero_weight_cols(layout, slices[s].tensor);
+        total_blocks += fp8_weight_blocks((int)((slices[s].end - slices[s].begin) / (size_t)cols), cols);
+    }
+    float* rank_amax = (float*)mallocCheck((size_t)layout->num_ranks * total_blocks * sizeof(float));
+    for (int r = 0; r < layout->num_ranks; r++) {
+        ZeroRange range = zero_rank_range(layout, r);
+        float* partial = rank_amax + (size_t)r * total_blocks;
+        size_t first_block = 0;
+        for (int s = 0; s < num_slices; s++) {
+            int cols = zero_weight_cols(layout, slices[s].tensor);
+            size_t blocks = fp8_weight_blocks((int)((slices[s].end - slices[s].begin) / (size_t)cols), cols);
+            for (size_t b = 0; b < blocks; b++) { partial[first_block + b] = 0.0f; }
+            size_t begin = slices[s].begin > range.begin ? slices[s].begin : range.begin;
+            size_t end = slices[s].end < range.end ? slices[s].end : range.end;
+            if (begin < end) { zero_fold_block_amax(params, begin, end, slices[s].begin, cols, partial + first_block); }
+            first_block += blocks;
+        }
+    }
+    for (size_t b = 0; b < total_blocks; b++) {
+        float global_amax = 0.0f;
+        for (int r = 0; r < layout->num_ranks; r++) {
+            float amax = rank_amax[(size_t)r * total_blocks + b];
+            if (fp8_amax_bits(amax) > fp8_amax_bits(global_amax)) { global_amax = amax; }
+        }
+        block_scales[b] = fp8_weight_block_scale(global_amax);
+    }
+    for (int r = 0; r < layout->num_ranks; r++) {
+        ZeroRange range = zero_rank_range(layout, r);
+        size_t first_block = 0;
+        for (int s = 0; s < num_slices; s++) {
+            int cols = zero_weight_cols(layout, slices[s].tensor);
+            size_t begin = slices[s].begin > range.begin ? slices[s].begin : range.begin;
+            size_t end = slices[s].end < range.end ? slices[s].end : range.end;
+            for (size_t j = begin; j < end; j++) {
+                float scale = block_scales[first_block + fp8_weight_block_of(j - slices[s].begin, cols)];
+                codes[j] = fp8_quantize(params[j], scale, FP8_E4M3);
+            }
+            first_block += fp8_weight_blocks((int)((slices[s].end - slices[s].begin) / (size_t)cols), cols);
         }
     }
     free(rank_amax);

@@ -17,14 +17,19 @@ Why it is shaped so:
   so it still overlaps the backward), reduced in fp32 and rounded to bf16 once, on the
   owner, into its gradients: twice the bytes, and the sum of N ranks no longer collects N
   bf16 roundings. The scratch holds the largest chunk (wte, wpe, lnf), printed at startup.
-- Weights after the update, per-tensor FP8 recipes where every FP8 block linear runs all
-  three GEMMs in FP8 (-f8p all, the default; lm_head's passes do not count): the optimizer
-  pass has put each rank's amax of its part of every FP8 weight into the weight's cast
-  record; one all-reduce(MAX) of those amaxes gives every
-  rank the single-GPU amax (max is exact and order free), the scale follows on the device,
-  each rank casts its part (fp8_cast_weight_part), one NCCL group of ncclBroadcast from
-  each piece's owner gathers the codes (1 byte per weight instead of 2), and each rank
-  builds W^T locally. Under -fw delayed the optimizer pass has already written each rank's
+- Weights after the update, where every FP8 block linear runs all three GEMMs in FP8 (-f8p
+  all, the default; lm_head's passes do not count): per-tensor recipes: the optimizer pass
+  has put each rank's amax of its part of every FP8 weight into the weight's cast record;
+  one all-reduce(MAX) of those amaxes gives every rank the single-GPU amax (max is exact and
+  order free), the scale follows on the device, each rank casts its part
+  (fp8_cast_weight_part), one NCCL group of ncclBroadcast from each piece's owner gathers
+  the codes (1 byte per weight instead of 2), and each rank builds W^T locally. The block
+  recipe (one scale per 128x128 block; a rank's flat part cuts blocks) does the same per
+  block: each rank's partial amax of every block of its parts (fp8_block_amax_part, read
+  from the owned master or bf16 part, not the optimizer's amax), ONE all-reduce(MAX) of all
+  blocks' amaxes (432 per d12 layer), every rank writes every block's scale_inv for W and
+  W^T and casts its part with them (fp8_cast_weight_block_part): bit for bit the
+  single-GPU block cast. Under -fw delayed the optimizer pass has already written each rank's
   codes with the previous step's scale: no cast runs, that scale becomes the records' (the
   GEMMs'), and the all-reduced amax only updates the states for the next step. A resume
   rebuilds those codes with the saved scale the same way (zero_comm_restore_weight_codes).
@@ -87,24 +92,27 @@ typedef struct {
     cudaEvent_t slot_gathered[FP8_LAYER_SLOTS]; // ZeRO-3, on the communication stream: the slot's layer has arrived
     cudaEvent_t slot_free[FP8_LAYER_SLOTS];     // ZeRO-3, on the compute stream: the slot's last GEMM is enqueued before it
     int fp8_tensor[NUM_PARAMETER_TENSORS]; // the tensors that go as FP8 codes when fp8_gather
-    uint32_t* amax_bits;        // device [FP8 block linears]: the weights' amaxes, all-reduced
+    uint32_t* amax_bits;        // device [FP8 block linears]: the weights' amaxes, all-reduced (per-tensor recipes)
+    uint32_t* block_amax_bits;  // device [block_amax_count]: every 128x128 block's amax, all-reduced (block recipe)
+    size_t* block_amax_offsets; // host [FP8 block linears]: where each weight's blocks start in block_amax_bits
+    size_t block_amax_count;
     size_t gathered_bytes_fp8;  // bytes this rank receives per step, by kind
     size_t gathered_bytes_bf16;
     uint64_t traffic[ZERO_TRAFFIC_KINDS]; // payload bytes of the collectives issued so far, by kind
 } ZeroComm;
 
-// the per-tensor recipes gather the block linears' weights as FP8 when every FP8 block linear
-// runs all three passes in FP8 (so no bf16 GEMM reads its weight, and both W and W^T exist);
-// otherwise some bf16 GEMM reads the bf16 weight, or (block recipe) the scales are per
-// 128x128 block, and the weights go in bf16, each rank casting locally. lm_head is cast
-// from the gathered bf16 wte either way, so its passes do not count.
+// the block linears' weights are gathered as FP8 when every FP8 block linear runs all three
+// passes in FP8 (so no bf16 GEMM reads its weight, and both W and W^T exist), in every
+// recipe (the block recipe's scales per 128x128 block); otherwise some bf16 GEMM reads the
+// bf16 weight, and the weights go in bf16, each rank casting locally. lm_head is cast from
+// the gathered bf16 wte either way, so its passes do not count.
 static inline int zero_comm_fp8_gather(const Fp8Model* fp8) {
     const Fp8Settings* s = &fp8->settings;
     int all_passes = 1;
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
         if (s->passes[kind] != 0 && s->passes[kind] != FP8_ALL_PASSES) { all_passes = 0; }
     }
-    return fp8->num_linears > 0 && fp8->per_layer > 0 && all_passes && s->recipe != FP8_MODEL_BLOCK;
+    return fp8->num_linears > 0 && fp8->per_layer > 0 && all_passes;
 }
 
 // FP8 linear index -> its weight tensor, for the four block kinds
@@ -166,9 +174,9 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
 
     comm->fp8_gather = zero_comm_fp8_gather(fp8);
     comm->zero3 = zero3;
-    if (zero3 && (!comm->fp8_gather || !fp8->sharded || fp8_model_delayed_weights(fp8))) {
-        llm8_die("zero_comm_create: ZeRO-3 needs the FP8 weight gather with sharded FP8 weights and -fw current "
-                 "(train_gpt2_fp8.cu checks the flags first)");
+    if (zero3 && (!comm->fp8_gather || !fp8->sharded || fp8_model_delayed_weights(fp8) || fp8_model_block(fp8))) {
+        llm8_die("zero_comm_create: ZeRO-3 needs the FP8 weight gather with sharded FP8 weights, a per-tensor recipe "
+                 "and -fw current (train_gpt2_fp8.cu checks the flags first)");
     }
     for (int slot = 0; slot < FP8_LAYER_SLOTS && zero3; slot++) {
         cudaCheck(cudaEventCreateWithFlags(&comm->slot_gathered[slot], cudaEventDisableTiming));
@@ -179,7 +187,17 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
             comm->fp8_tensor[zero_comm_weight_tensor(k)] = fp8->rank_in_layer[k] >= 0;
         }
         int block_linears = fp8->per_layer * cfg->num_layers;
-        comm->amax_bits = (uint32_t*)cuda_malloc_checked((size_t)block_linears * sizeof(uint32_t), "ZeRO weight amaxes");
+        if (fp8_model_block(fp8)) {
+            comm->block_amax_offsets = (size_t*)mallocCheck((size_t)block_linears * sizeof(size_t));
+            for (int i = 0; i < block_linears; i++) {
+                comm->block_amax_offsets[i] = comm->block_amax_count;
+                comm->block_amax_count += fp8_weight_blocks(fp8->linears[i].OC, fp8->linears[i].K);
+            }
+            comm->block_amax_bits = (uint32_t*)cuda_malloc_checked(comm->block_amax_count * sizeof(uint32_t),
+                                                                   "ZeRO weight block amaxes (block recipe)");
+        } else {
+            comm->amax_bits = (uint32_t*)cuda_malloc_checked((size_t)block_linears * sizeof(uint32_t), "ZeRO weight amaxes");
+        }
     }
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t begin = comm->layout.tensor_offsets[t], end = begin + comm->layout.tensor_sizes[t];
@@ -199,6 +217,8 @@ void zero_comm_free(ZeroComm* comm) {
         cudaCheck(cudaEventDestroy(comm->slot_free[slot]));
     }
     if (comm->amax_bits != NULL) { cudaCheck(cudaFree(comm->amax_bits)); }
+    if (comm->block_amax_bits != NULL) { cudaCheck(cudaFree(comm->block_amax_bits)); }
+    free(comm->block_amax_offsets);
     if (comm->reduce_fp32) {
         cudaCheck(cudaFree(comm->reduce_scratch));
         cudaCheck(cudaFree(comm->pieces_device));
@@ -354,17 +374,53 @@ static void zero_comm_broadcast_weight_codes(ZeroComm* comm, const Fp8Model* fp8
 }
 
 /*
-Every rank's weights whole again, bf16 and FP8 (see the top comment), params and master (the
-owned range only, NULL with -w 0) as they are now. The FP8 weights' records hold this rank's
-amax of its parts. codes_written: the optimizer pass wrote this rank's codes (-fw delayed).
+The block recipe's casts of the parts this rank owns (steps 1 and 2 of zero_comm_gather):
+each rank's partial amax of every 128x128 block of the block linears' weights (its own part
+of each, read from master or params; the optimizer's per-tensor amax is not used), ONE
+all-reduce(MAX) of all the blocks, then every rank writes every block's scale_inv (W and W^T
+layouts) and casts its part with them: with max exact and order free, the same codes and
+scales as one rank's whole-weight cast (zero.h's zero_simulate_fp8_block_weight_gather).
 */
-static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, bool codes_written,
-                             cudaStream_t stream) {
-    if (!comm->fp8_gather) {
-        zero_comm_all_gather_bf16(comm, params, stream);
-        fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
-        return;
+static void zero_comm_cast_block_parts(ZeroComm* comm, Fp8Model* fp8, const floatX* params, const float* master,
+                                       cudaStream_t stream) {
+    ZeroRange own = zero_rank_range(&comm->layout, comm->rank);
+    int block_linears = fp8->per_layer * comm->layout.num_layers;
+    cudaCheck(cudaMemsetAsync(comm->block_amax_bits, 0, comm->block_amax_count * sizeof(uint32_t), stream));
+    for (int i = 0; i < block_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        size_t lo, hi;
+        if (!zero_comm_owned_weight_part(comm, lin, &lo, &hi)) { continue; }
+        uint32_t* block_amax = comm->block_amax_bits + comm->block_amax_offsets[i];
+        size_t first = lo - lin->weight_offset;
+        if (master != NULL) { fp8_block_amax_part(block_amax, master + (lo - own.begin), first, hi - lo, lin->K, stream); }
+        else { fp8_block_amax_part(block_amax, params + lo, first, hi - lo, lin->K, stream); }
     }
+    zero_comm_follow(comm, stream);
+    zero_comm_settle(comm, ncclAllReduce(comm->block_amax_bits, comm->block_amax_bits, comm->block_amax_count, ncclUint32,
+                                         ncclMax, comm->multi_gpu->nccl_comm, comm->multi_gpu->nccl_stream),
+                     "FP8 weight block amax all-reduce");
+    comm->traffic[ZERO_TRAFFIC_AMAX_ALL_REDUCE] += comm->block_amax_count * sizeof(uint32_t);
+    zero_comm_join(comm, stream);
+    for (int i = 0; i < block_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        size_t lo, hi;
+        int owned = zero_comm_owned_weight_part(comm, lin, &lo, &hi);  // none owned: the scales only
+        size_t first = owned ? lo - lin->weight_offset : 0, n = owned ? hi - lo : 0;
+        Fp8CastOutput w = fp8_model_w(fp8, i);
+        const uint32_t* block_amax = comm->block_amax_bits + comm->block_amax_offsets[i];
+        if (master != NULL) {
+            const float* part = owned ? master + (lo - own.begin) : master;
+            fp8_cast_weight_block_part(&w, part, first, n, lin->OC, lin->K, block_amax, stream);
+        } else {
+            fp8_cast_weight_block_part(&w, params + lin->weight_offset + first, first, n, lin->OC, lin->K, block_amax, stream);
+        }
+    }
+}
+
+// the per-tensor recipes' steps 1 and 2 of zero_comm_gather: the weights' amaxes all-reduced,
+// the scales, and (unless the optimizer pass wrote them) this rank's codes of its parts
+static void zero_comm_cast_tensor_parts(ZeroComm* comm, Fp8Model* fp8, const floatX* params, const float* master,
+                                        bool codes_written, cudaStream_t stream) {
     cudaStream_t nccl_stream = comm->multi_gpu->nccl_stream;
     ZeroRange own = zero_rank_range(&comm->layout, comm->rank);
     int block_linears = fp8->per_layer * comm->layout.num_layers;
@@ -399,7 +455,12 @@ static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, cons
             else { fp8_cast_weight_part(&w, params + lo, first, hi - lo, stream); }
         }
     }
+}
 
+// steps 3 and 4 of zero_comm_gather, in every recipe: the codes and the bf16 rest gathered,
+// then W^T and lm_head
+static void zero_comm_gather_codes_and_bf16(ZeroComm* comm, Fp8Model* fp8, floatX* params, int block_linears,
+                                            cudaStream_t stream) {
     // (3) one group: FP8 codes of the block linears, bf16 of everything else
     zero_comm_follow(comm, stream);
     zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
@@ -419,6 +480,28 @@ static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, cons
     for (int i = block_linears; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
 }
 
+/*
+Every rank's weights whole again, bf16 and FP8 (see the top comment), params and master (the
+owned range only, NULL with -w 0) as they are now. Per-tensor recipes: the FP8 weights'
+records hold this rank's amax of its parts. codes_written: the optimizer pass wrote this
+rank's codes (-fw delayed).
+*/
+static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, bool codes_written,
+                             cudaStream_t stream) {
+    if (!comm->fp8_gather) {
+        zero_comm_all_gather_bf16(comm, params, stream);
+        fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
+        return;
+    }
+    int block_linears = fp8->per_layer * comm->layout.num_layers;
+    if (fp8_model_block(fp8)) {
+        zero_comm_cast_block_parts(comm, fp8, params, master, stream);
+    } else {
+        zero_comm_cast_tensor_parts(comm, fp8, params, master, codes_written, stream);
+    }
+    zero_comm_gather_codes_and_bf16(comm, fp8, params, block_linears, stream);
+}
+
 // after the update of the owned range: the optimizer pass wrote the FP8 weights' amaxes, and
 // under -fw delayed this rank's codes of the weights gathered as FP8 (gpt2_update decides which)
 void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, cudaStream_t stream) {
@@ -427,9 +510,10 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
 
 // the same with no optimizer pass before it (at the start, after a resume): each rank finds
 // the amax of its parts of the FP8 weights itself and casts them (current scaling, which also
-// seeds a delayed weight), so the codes are those training would have
+// seeds a delayed weight), so the codes are those training would have; the block recipe's
+// gather finds its block amaxes itself either way
 void zero_comm_refresh_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, cudaStream_t stream) {
-    if (comm->fp8_gather) {
+    if (comm->fp8_gather && !fp8_model_block(fp8)) {
         ZeroRange own = zero_rank_range(&comm->layout, comm->rank);
         for (int i = 0; i < fp8->per_layer * comm->layout.num_layers; i++) {
             const Fp8Linear* lin = &fp8->linears[i];

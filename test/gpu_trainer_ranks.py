@@ -10,7 +10,8 @@ batches, a 2-rank resume, and a killed rank.
 - Traffic: the `comm |` line counts the payload of the collectives the first step issued;
   the FP8 run gathers exactly d6's 12 L C^2 matmul weight elements as 1-byte codes (half
   their bf16 bytes), and the rest in bf16; ZeRO-3 gathers them again in every forward and
-  backward (2 micro-steps: 4 times).
+  backward (2 micro-steps: 4 times). The block recipe (-fr block) gathers them as FP8 too,
+  after one all-reduce of every 128x128 block's amax (12 L (C / 128)^2 uint32).
 - Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses, with
   -fw current, -fw delayed, and ZeRO-3.
 - Resume with another number of ranks (1 -> 2 and 2 -> 1, -b so the global batch stays): the
@@ -93,6 +94,7 @@ def main():
                ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2),
                 ("bf16 adamw, fp32 gradient reduce", ["-p", "bf16", "-pa", "fp32"], 1e-2),
                ("fp8 -fw delayed adamw8 (codes from the optimizer pass)", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], 2e-2),
+               ("fp8 block adamw8 (FP8 gather, block amax all-reduce)", ["-p", "fp8", "-fr", "block", "-opt", "adamw8"], 2e-2),
                ("fp8 delayed adamw8 ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)", ["-p", "fp8", "-opt", "adamw8"], 2e-2)]
     two_rank_only = {"fp8 delayed adamw8 ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)": ["-z", 3]}
     two_rank_traffic = {}
@@ -126,6 +128,11 @@ def main():
           f"traffic: the bf16 run gathers everything in bf16, matmul weights at 2 bytes (got {bf16})")
     check(abs(fp8.get("gradient reduce", -1e9) - bf16.get("gradient reduce", 1e9)) <= 500,
           "traffic: gradients travel in bf16 in both runs")
+    block = two_rank_traffic.get("fp8 block adamw8 (FP8 gather, block amax all-reduce)", {})
+    block_amaxes = 12 * D6_LAYERS * (D6_CHANNELS // 128) ** 2
+    check(abs(block.get("FP8 weight gather", -1e9) - matmul_elements) <= 500
+          and abs(block.get("FP8 weight amax all-reduce", -1e9) - 4 * block_amaxes) <= 500,
+          f"traffic: the block recipe gathers {matmul_elements} FP8 bytes after a {4 * block_amaxes}-byte block amax all-reduce (got {block})")
     zero3 = two_rank_traffic.get("fp8 delayed adamw8 ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)", {})
     micro_steps = 2  # -d 4096 = 2 ranks x -b 4 x T 256 x 2
     check(abs(zero3.get("FP8 weight gather", -1e9) - 2 * micro_steps * matmul_elements) <= 500,

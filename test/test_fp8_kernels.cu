@@ -9,6 +9,9 @@ Needs a GPU (make gpucheck); CI only compiles it.
   saturated / flushed / element counts equal fp8_classify's; the scale recorded; the block
   recipe's scales and their cuBLASLt layouts (VEC128: [col/128][rows], BLK128x128:
   [row/128][round_up(ceil(cols/128), 4)]).
+- the block recipe's sharded weight cast (ZeRO): W in 2, 3 or 8 flat parts that cut 128x128
+  blocks, partial block amaxes MAX-ed, each part cast with the global block scales, W^T
+  transposed from the codes: codes and both scale layouts equal the whole-weight cast's.
 - the scaling state after fp8_scaling_update_records (and after the current-scaling casts)
   equals the host state machine byte for byte; fp8_cast_records_read reports and clears.
 - layernorm (plain and fused residual) and GELU with the fused cast: their bf16 outputs equal
@@ -469,6 +472,82 @@ static void test_cast_blocks(int rows, int cols) {
     cudaCheck(cudaFree(d_x));
     free(master);
     free(x);
+}
+
+/*
+The block recipe's sharded weight cast (ZeRO, zero_comm.cuh): W [rows][cols] split into
+`parts` flat parts at multiples of 256 (cutting 128x128 blocks), each part's partial block
+amaxes (fp8_block_amax_part, one array per simulated rank), their MAX on the host (the
+all-reduce), each part's scales and codes (fp8_cast_weight_block_part), W^T transposed from
+the gathered codes: codes, W^T codes and both scale layouts equal the whole-weight cast's
+bit for bit. The amax of each cut block sits at the cut, on the later part's first element
+(edge 0) or the earlier part's last (edge 1), so a partial amax missing an end shows.
+*/
+static void test_cast_weight_block_parts(int rows, int cols, int parts) {
+    size_t n = (size_t)rows * cols;
+    size_t blocks = fp8_weight_blocks(rows, cols);
+    size_t* bounds = (size_t*)mallocCheck((size_t)(parts + 1) * sizeof(size_t));
+    for (int k = 0; k <= parts; k++) { bounds[k] = n / 256 * (size_t)k / (size_t)parts * 256; }
+    bounds[parts] = n;
+    for (int edge = 0; edge < 2; edge++) {
+        float* x = host_bf16_normal(n, 1.0f);
+        for (int k = 1; k < parts; k++) { x[bounds[k] - (size_t)edge] = edge ? -1024.0f : 1024.0f; }
+        floatX* d_x = device_bf16_from(x, n);
+        float* d_master = device_floats_from(x, n);
+        for (int from_master = 0; from_master < 2; from_master++) {
+            char what[128];
+            snprintf(what, sizeof(what), "block weight cast in %d parts from %s %dx%d edge %d", parts,
+                     from_master ? "fp32" : "bf16", rows, cols, edge);
+            DeviceFp8 whole = device_fp8_make(rows, cols, FP8_E4M3, FP8_SCALING_BLOCKS_128x128, NULL);
+            fp8_cast_weight(&whole.out, from_master ? d_master : NULL, from_master ? NULL : d_x, rows, cols, false, 0);
+            // each simulated rank's partial block amaxes, then their MAX (the all-reduce)
+            uint32_t* d_amax = (uint32_t*)device_alloc(blocks * sizeof(uint32_t));
+            uint32_t* global = (uint32_t*)calloc(blocks, sizeof(uint32_t));
+            for (int k = 0; k < parts; k++) {
+                cudaCheck(cudaMemset(d_amax, 0, blocks * sizeof(uint32_t)));
+                size_t first = bounds[k], count = bounds[k + 1] - bounds[k];
+                if (from_master) { fp8_block_amax_part(d_amax, d_master + first, first, count, cols, 0); }
+                else { fp8_block_amax_part(d_amax, d_x + first, first, count, cols, 0); }
+                uint32_t* partial = (uint32_t*)download(d_amax, blocks * sizeof(uint32_t));
+                for (size_t b = 0; b < blocks; b++) { global[b] = partial[b] > global[b] ? partial[b] : global[b]; }
+                free(partial);
+            }
+            cudaCheck(cudaMemcpy(d_amax, global, blocks * sizeof(uint32_t), cudaMemcpyHostToDevice));
+            DeviceFp8 sharded = device_fp8_make(rows, cols, FP8_E4M3, FP8_SCALING_BLOCKS_128x128, NULL);
+            for (int k = 0; k < parts; k++) {
+                size_t first = bounds[k], count = bounds[k + 1] - bounds[k];
+                if (from_master) { fp8_cast_weight_block_part(&sharded.out, d_master + first, first, count, rows, cols, d_amax, 0); }
+                else { fp8_cast_weight_block_part(&sharded.out, d_x + first, first, count, rows, cols, d_amax, 0); }
+            }
+            fp8_transpose_codes(sharded.out.codes, sharded.out.codes_t, rows, cols, 0);
+            uint8_t* codes[2][2];
+            float* scales[2][2];
+            const DeviceFp8* casts[2] = {&whole, &sharded};
+            size_t floats = fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, rows, cols);
+            size_t floats_t = fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, cols, rows);
+            for (int c = 0; c < 2; c++) {
+                codes[c][0] = (uint8_t*)download(casts[c]->out.codes, n);
+                codes[c][1] = (uint8_t*)download(casts[c]->out.codes_t, n);
+                scales[c][0] = (float*)download(casts[c]->out.scale_inv, floats * sizeof(float));
+                scales[c][1] = (float*)download(casts[c]->out.scale_inv_t, floats_t * sizeof(float));
+            }
+            CHECK(memcmp(codes[0][0], codes[1][0], n) == 0, "%s: W codes differ from the whole-weight cast", what);
+            CHECK(memcmp(codes[0][1], codes[1][1], n) == 0, "%s: W^T codes differ from the whole-weight cast", what);
+            CHECK(memcmp(scales[0][0], scales[1][0], floats * sizeof(float)) == 0, "%s: W scale_inv differs", what);
+            CHECK(memcmp(scales[0][1], scales[1][1], floats_t * sizeof(float)) == 0, "%s: W^T scale_inv differs", what);
+            for (int c = 0; c < 2; c++) {
+                for (int j = 0; j < 2; j++) { free(codes[c][j]); free(scales[c][j]); }
+            }
+            free(global);
+            cudaCheck(cudaFree(d_amax));
+            device_fp8_free(&whole);
+            device_fp8_free(&sharded);
+        }
+        cudaCheck(cudaFree(d_x));
+        cudaCheck(cudaFree(d_master));
+        free(x);
+    }
+    free(bounds);
 }
 
 // ----------------------------------------------------------------------------
@@ -968,6 +1047,9 @@ int main(void) {
     test_cast_current(272, 208, FP8_RECIPE_CURRENT);
     test_cast_blocks(80, 208);
     test_cast_blocks(272, 208);
+    test_cast_weight_block_parts(272, 208, 3);
+    test_cast_weight_block_parts(384, 768, 2);
+    test_cast_weight_block_parts(768, 3072, 8);
     test_layernorm_fp8(80, 208, false);
     test_layernorm_fp8(80, 208, true);
     test_layernorm_fp8(256, 768, true);

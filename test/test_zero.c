@@ -585,6 +585,119 @@ static void test_zero3(void) {
     });
 }
 
+// one rank's whole-weight block cast of every slice, one 128x128 block at a time
+static void block_cast_reference(const ZeroLayout* z, const float* params, const ZeroPiece* slices, int num_slices,
+                                 float* ref_scales, uint8_t* ref_codes) {
+    size_t block = 0;
+    for (int s = 0; s < num_slices; s++) {
+        int cols = zero_weight_cols(z, slices[s].tensor);
+        int rows = (int)((slices[s].end - slices[s].begin) / cols);
+        const float* w = params + slices[s].begin;
+        for (int r0 = 0; r0 < rows; r0 += 128) {
+            for (int c0 = 0; c0 < cols; c0 += 128, block++) {
+                float amax = 0.0f;
+                for (int r = r0; r < r0 + 128 && r < rows; r++) {
+                    for (int c = c0; c < c0 + 128 && c < cols; c++) { amax = fmaxf(amax, fabsf(w[(size_t)r * cols + c])); }
+                }
+                ref_scales[block] = fp8_scale_from_amax(amax, FP8_E4M3_MAX, 0);
+                for (int r = r0; r < r0 + 128 && r < rows; r++) {
+                    for (int c = c0; c < c0 + 128 && c < cols; c++) {
+                        size_t at = slices[s].begin + (size_t)r * cols + c;
+                        ref_codes[at] = fp8_quantize(params[at], ref_scales[block], FP8_E4M3);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// the slice holding flat element j, or -1
+static int slice_of(const ZeroPiece* slices, int num_slices, size_t j) {
+    for (int s = 0; s < num_slices; s++) {
+        if (j >= slices[s].begin && j < slices[s].end) { return s; }
+    }
+    return -1;
+}
+
+/*
+The block recipe's FP8 weight gather (one scale per 128x128 block) with N simulated ranks
+against one rank's whole-weight block cast: block scales and codes bit for bit. A rank's
+part cuts blocks (a block is 128 runs of 128 elements), and each cut block gets its amax at
+the cut: on the later part's first element (edge 0), then on the earlier part's last
+(edge 1), so a partial amax that misses either end of a part changes a scale. Negative
+control: each rank's part cast with block scales from its LOCAL partial amax differs.
+*/
+static void test_fp8_block_gather(const GPT2Config* cfg) {
+    ZeroLayout single;
+    zero_layout_init(&single, cfg, 1);
+    float* clean = (float*)mallocCheck(single.num_parameters * sizeof(float));
+    float* params = (float*)mallocCheck(single.num_parameters * sizeof(float));
+    fill_weights(clean, &single, 4321u);
+    ZeroPiece* slices = (ZeroPiece*)mallocCheck((size_t)(ZERO_MATMUL_KINDS * cfg->num_layers + 1) * sizeof(ZeroPiece));
+    int num_slices = zero_fp8_weight_slices(&single, slices) - 1;  // the block linears; lm_head is cast from wte
+    size_t total_blocks = 0;
+    for (int s = 0; s < num_slices; s++) {
+        int cols = zero_weight_cols(&single, slices[s].tensor);
+        total_blocks += fp8_weight_blocks((int)((slices[s].end - slices[s].begin) / cols), cols);
+    }
+    CHECK(total_blocks == (size_t)cfg->num_layers * 12 * (cfg->channels / FP8_WEIGHT_BLOCK) * (cfg->channels / FP8_WEIGHT_BLOCK),
+          "%zu blocks for %d layers of C=%d", total_blocks, cfg->num_layers, cfg->channels);
+    float* ref_scales = (float*)mallocCheck(total_blocks * sizeof(float));
+    uint8_t* ref_codes = (uint8_t*)mallocCheck(single.num_parameters);
+    float* scales = (float*)mallocCheck(total_blocks * sizeof(float));
+    uint8_t* codes = (uint8_t*)mallocCheck(single.num_parameters);
+    float* local_amax = (float*)mallocCheck(total_blocks * sizeof(float));
+    const int rank_counts[] = {2, 3, 8};
+    for (int k = 0; k < 3; k++) {
+        ZeroLayout z;
+        zero_layout_init(&z, cfg, rank_counts[k]);
+        for (int edge = 0; edge < 2; edge++) {
+            memcpy(params, clean, single.num_parameters * sizeof(float));
+            int cut_blocks = 0;
+            for (int r = 1; r < z.num_ranks; r++) {
+                size_t spike = zero_rank_range(&z, r).begin - (size_t)edge;
+                int s = slice_of(slices, num_slices, spike);
+                if (s < 0) { continue; }
+                params[spike] = (edge ? -3.0f : 3.0f) * fmaxf(zero_range_amax(clean, slices[s].begin, slices[s].end), 1e-6f);
+                cut_blocks++;
+            }
+            CHECK(cut_blocks > 0, "block gather N=%d: no rank boundary inside a block linear", rank_counts[k]);
+            block_cast_reference(&single, params, slices, num_slices, ref_scales, ref_codes);
+            memset(codes, 0, z.num_parameters);
+            zero_simulate_fp8_block_weight_gather(&z, params, slices, num_slices, scales, codes);
+            size_t scale_mismatch = 0;
+            for (size_t b = 0; b < total_blocks; b++) { scale_mismatch += float_as_bits(scales[b]) != float_as_bits(ref_scales[b]); }
+            CHECK(scale_mismatch == 0, "block gather N=%d edge %d: %zu of %zu block scales differ from the whole-weight cast",
+                  rank_counts[k], edge, scale_mismatch, total_blocks);
+            for (int s = 0; s < num_slices; s++) {
+                CHECK(memcmp(codes + slices[s].begin, ref_codes + slices[s].begin, slices[s].end - slices[s].begin) == 0,
+                      "block gather N=%d edge %d: slice %d's gathered FP8 codes differ from the whole-weight block cast",
+                      rank_counts[k], edge, s);
+            }
+            // negative control: each rank's part cast with its own partial block amaxes
+            size_t differing = 0;
+            for (int r = 0; r < z.num_ranks; r++) {
+                ZeroRange range = zero_rank_range(&z, r);
+                for (int s = 0; s < num_slices; s++) {
+                    int cols = zero_weight_cols(&z, slices[s].tensor);
+                    size_t begin = slices[s].begin > range.begin ? slices[s].begin : range.begin;
+                    size_t end = slices[s].end < range.end ? slices[s].end : range.end;
+                    if (begin >= end) { continue; }
+                    for (size_t b = 0; b < total_blocks; b++) { local_amax[b] = 0.0f; }
+                    zero_fold_block_amax(params, begin, end, slices[s].begin, cols, local_amax);
+                    for (size_t j = begin; j < end; j++) {
+                        float scale = fp8_weight_block_scale(local_amax[fp8_weight_block_of(j - slices[s].begin, cols)]);
+                        differing += fp8_quantize(params[j], scale, FP8_E4M3) != ref_codes[j];
+                    }
+                }
+            }
+            CHECK(differing > 0, "block gather N=%d: rank-local block scales gave the same codes (no block is split)",
+                  rank_counts[k]);
+        }
+    }
+    free(clean); free(params); free(slices); free(ref_scales); free(ref_codes); free(scales); free(codes); free(local_amax);
+}
+
 int main(void) {
     const char* names[] = {"tiny", "d12", "d48"};
     for (int m = 0; m < 3; m++) {
@@ -625,6 +738,13 @@ int main(void) {
         adamw8_layout_window(&window, &model, lnfb + 64, model.num_parameters);
     });
     test_fp8_gather(&tiny, FP8_E5M2, 1);
+    // d12's weight shapes (C = 768: 432 blocks per layer) in two layers, a small vocabulary
+    GPT2Config d12_like = d12;
+    d12_like.num_layers = 2;
+    d12_like.vocab_size = 1000;
+    d12_like.padded_vocab_size = 1024;
+    d12_like.max_seq_len = 256;
+    test_fp8_block_gather(&d12_like);
     test_zero3();
     CHECK_DIES("zero ranks", "ranks", { ZeroLayout z; zero_layout_init(&z, &tiny, 0); });
     CHECK_DIES("bad chunk", "chunk", {
