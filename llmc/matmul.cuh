@@ -376,17 +376,16 @@ static void matmul_dbias_launch(floatX* dbias, float* dbias_scratch, floatX* dou
 }
 
 // ----------------------------------------------------------------------------
-// BF16 launchers (row-major, the model's view)
+// the three GEMMs of a linear out[N][OC] = inp[N][C] W[OC][C]^T in cuBLASLt's terms: the
+// shapes, output and epilogue, shared by the bf16 and the FP8 launchers (which set the operands)
 
-// out[N][OC] = inp[N][C] weight[OC][C]^T (+ bias); with pre_gelu: pre_gelu = that, out = GELU(it)
-void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
-                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
+// forward: D = out (m = OC, n = N, k = C), + bias, GELU into out with the pre-activation in pre_gelu
+static MatmulSpec matmul_linear_forward_spec(const char* name, floatX* out, const floatX* bias, int N, int C, int OC,
+                                             floatX* pre_gelu) {
     MatmulSpec spec = {};
-    spec.name = "forward (m=OC, n=N, k=C)";
+    spec.name = name;
     spec.m = OC; spec.n = N; spec.k = C;
     spec.d = out; spec.d_type = CUDA_R_16BF;
-    spec.a = weight; spec.a_type = CUDA_R_16BF; spec.transpose_a = true;
-    spec.b = inp; spec.b_type = CUDA_R_16BF; spec.transpose_b = false;
     spec.bias = bias;
     spec.aux = pre_gelu;
     if (pre_gelu != NULL) {
@@ -394,19 +393,51 @@ void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const 
     } else {
         spec.epilogue = bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     }
+    return spec;
+}
+
+// dgrad: D = dinp (m = C, n = N, k = OC), overwritten
+static MatmulSpec matmul_linear_dgrad_spec(const char* name, floatX* dinp, int N, int C, int OC) {
+    MatmulSpec spec = {};
+    spec.name = name;
+    spec.m = C; spec.n = N; spec.k = OC;
+    spec.d = dinp; spec.d_type = CUDA_R_16BF;
+    spec.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    return spec;
+}
+
+// wgrad: D = dweight (m = C, n = OC, k = N), accumulated
+static MatmulSpec matmul_linear_wgrad_spec(const char* name, void* dweight, cudaDataType_t dweight_type, int N, int C, int OC) {
+    MatmulSpec spec = {};
+    spec.name = name;
+    spec.m = C; spec.n = OC; spec.k = N;
+    spec.d = dweight; spec.d_type = dweight_type;
+    spec.accumulate = true;
+    spec.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    return spec;
+}
+
+static void matmul_bf16_set_operands(MatmulSpec* spec, const floatX* a, bool transpose_a, const floatX* b, bool transpose_b) {
+    spec->a = a; spec->a_type = CUDA_R_16BF; spec->transpose_a = transpose_a;
+    spec->b = b; spec->b_type = CUDA_R_16BF; spec->transpose_b = transpose_b;
+}
+
+// ----------------------------------------------------------------------------
+// BF16 launchers (row-major, the model's view)
+
+// out[N][OC] = inp[N][C] weight[OC][C]^T (+ bias); with pre_gelu: pre_gelu = that, out = GELU(it)
+void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
+    MatmulSpec spec = matmul_linear_forward_spec("forward (m=OC, n=N, k=C)", out, bias, N, C, OC, pre_gelu);
+    matmul_bf16_set_operands(&spec, weight, true, inp, false);
     matmul_cublaslt(&spec, stream);
 }
 
 // dinp[N][C] = dout[N][OC] weight[OC][C] (overwritten), times gelu'(pre_gelu) when given
 static void matmul_backward_dgrad(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC,
                                   const floatX* pre_gelu, cudaStream_t stream) {
-    MatmulSpec dgrad = {};
-    dgrad.name = "backward dinp (m=C, n=N, k=OC)";
-    dgrad.m = C; dgrad.n = N; dgrad.k = OC;
-    dgrad.d = dinp; dgrad.d_type = CUDA_R_16BF;
-    dgrad.a = weight; dgrad.a_type = CUDA_R_16BF; dgrad.transpose_a = false;
-    dgrad.b = dout; dgrad.b_type = CUDA_R_16BF; dgrad.transpose_b = false;
-    dgrad.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    MatmulSpec dgrad = matmul_linear_dgrad_spec("backward dinp (m=C, n=N, k=OC)", dinp, N, C, OC);
+    matmul_bf16_set_operands(&dgrad, weight, false, dout, false);
     if (pre_gelu != NULL) { matmul_check_aligned(dgrad.name, "GELU pre-activation", pre_gelu); }
     matmul_cublaslt(&dgrad, stream);
     if (pre_gelu != NULL) {
@@ -418,14 +449,8 @@ static void matmul_backward_dgrad(floatX* dinp, const floatX* dout, const floatX
 // dweight[OC][C] += dout[N][OC]^T inp[N][C] (accumulated)
 static void matmul_backward_wgrad(floatX* dweight, const floatX* dout, const floatX* inp, int N, int C, int OC,
                                   cudaStream_t stream) {
-    MatmulSpec wgrad = {};
-    wgrad.name = "backward dweight (m=C, n=OC, k=N)";
-    wgrad.m = C; wgrad.n = OC; wgrad.k = N;
-    wgrad.d = dweight; wgrad.d_type = CUDA_R_16BF;
-    wgrad.a = inp; wgrad.a_type = CUDA_R_16BF; wgrad.transpose_a = false;
-    wgrad.b = dout; wgrad.b_type = CUDA_R_16BF; wgrad.transpose_b = true;
-    wgrad.accumulate = true;
-    wgrad.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    MatmulSpec wgrad = matmul_linear_wgrad_spec("backward dweight (m=C, n=OC, k=N)", dweight, CUDA_R_16BF, N, C, OC);
+    matmul_bf16_set_operands(&wgrad, inp, false, dout, true);
     matmul_cublaslt(&wgrad, stream);
 }
 
@@ -501,19 +526,9 @@ void matmul_fp8_check_shapes(const char* linear, int N, int C, int OC, bool bloc
 
 static MatmulSpec matmul_forward_fp8_spec(floatX* out, Fp8Operand inp, Fp8Operand weight, const floatX* bias,
                                           int N, int C, int OC, floatX* pre_gelu) {
-    MatmulSpec spec = {};
-    spec.name = "fp8 forward (m=OC, n=N, k=C)";
-    spec.m = OC; spec.n = N; spec.k = C;
-    spec.d = out; spec.d_type = CUDA_R_16BF;
+    MatmulSpec spec = matmul_linear_forward_spec("fp8 forward (m=OC, n=N, k=C)", out, bias, N, C, OC, pre_gelu);
     matmul_fp8_set_operands(&spec, weight, inp);
     spec.fast_accumulate = inp.scaling == FP8_SCALING_TENSOR;  // the block modes take none
-    spec.bias = bias;
-    spec.aux = pre_gelu;
-    if (pre_gelu != NULL) {
-        spec.epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    } else {
-        spec.epilogue = bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    }
     return spec;
 }
 
@@ -549,25 +564,16 @@ void matmul_backward_fp8(floatX* dinp, void* dweight, cudaDataType_t dweight_typ
                          Fp8Operand dout_t, Fp8Operand weight_t, Fp8Operand inp_t, int N, int C, int OC,
                          cudaStream_t stream) {
     if (dinp != NULL) {
-        MatmulSpec dgrad = {};
-        dgrad.name = "fp8 backward dinp (m=C, n=N, k=OC)";
-        dgrad.m = C; dgrad.n = N; dgrad.k = OC;
-        dgrad.d = dinp; dgrad.d_type = CUDA_R_16BF;
+        MatmulSpec dgrad = matmul_linear_dgrad_spec("fp8 backward dinp (m=C, n=N, k=OC)", dinp, N, C, OC);
         matmul_fp8_set_operands(&dgrad, weight_t, dout);
-        dgrad.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
         matmul_cublaslt(&dgrad, stream);
     }
     if (dweight != NULL) {
         if (dweight_type != CUDA_R_16BF && dweight_type != CUDA_R_32F) {
             llm8_die("matmul fp8 backward: dweight type %d is neither bf16 nor fp32", (int)dweight_type);
         }
-        MatmulSpec wgrad = {};
-        wgrad.name = "fp8 backward dweight (m=C, n=OC, k=N)";
-        wgrad.m = C; wgrad.n = OC; wgrad.k = N;
-        wgrad.d = dweight; wgrad.d_type = dweight_type;
+        MatmulSpec wgrad = matmul_linear_wgrad_spec("fp8 backward dweight (m=C, n=OC, k=N)", dweight, dweight_type, N, C, OC);
         matmul_fp8_set_operands(&wgrad, inp_t, dout_t);
-        wgrad.accumulate = true;
-        wgrad.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
         matmul_cublaslt(&wgrad, stream);
     }
 }
