@@ -326,11 +326,10 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
     fp8->lm_head = -1;
     for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { fp8->rank_in_layer[kind] = -1; }
     if (!settings->enabled) { return; }
-    for (int kind = 0; kind < NUM_LINEAR_KINDS && settings->weight_scaling == FP8_WEIGHTS_DELAYED; kind++) {
-        if (settings->recipe == FP8_MODEL_BLOCK || ((settings->passes[kind] & FP8_DGRAD) && !(settings->passes[kind] & FP8_FWD))) {
-            llm8_die("fp8_model_create: delayed weight scaling needs a per-tensor recipe, and an FP8 forward wherever dgrad is "
-                     "FP8 (train_config_fp8_settings)");
-        }
+    if (settings->weight_scaling == FP8_WEIGHTS_DELAYED &&
+        (settings->recipe == FP8_MODEL_BLOCK || fp8_delayed_weights_missing_forward(settings->passes) >= 0)) {
+        llm8_die("fp8_model_create: delayed weight scaling needs a per-tensor recipe, and an FP8 forward wherever dgrad is "
+                 "FP8 (train_config_fp8_settings)");
     }
     const int weight_tensor[LINEAR_KINDS_PER_LAYER] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {

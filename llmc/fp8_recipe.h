@@ -205,6 +205,19 @@ static inline int fp8_weight_scaling_from_name(const char* name) {
     return -1;
 }
 
+/*
+-fw delayed writes W's codes in the optimizer pass, and dgrad's W^T is their transpose, so a
+linear with an FP8 dgrad needs its FP8 forward: the first kind (passes indexed by LinearKind,
+Fp8Pass bits; the CPU reference's arrays have the same order and bits) that has an FP8 dgrad
+without one, or -1.
+*/
+static inline int fp8_delayed_weights_missing_forward(const int* passes) {
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+        if ((passes[kind] & FP8_DGRAD) && !(passes[kind] & FP8_FWD)) { return kind; }
+    }
+    return -1;
+}
+
 // the per-tensor state recipe of activations (dy is always current, W as -fw says)
 static inline Fp8Recipe fp8_activation_recipe(const Fp8Settings* s) {
     return s->recipe == FP8_MODEL_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;

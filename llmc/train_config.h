@@ -267,12 +267,11 @@ static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
         llm8_die("flag -fw delayed: -fr block scales each 128x128 weight block by its own amax; "
                  "use -fw current with -fr block, or -fr delayed|current");
     }
-    for (int kind = 0; kind < NUM_LINEAR_KINDS && s.weight_scaling == FP8_WEIGHTS_DELAYED; kind++) {
-        if ((s.passes[kind] & FP8_DGRAD) && !(s.passes[kind] & FP8_FWD)) {
-            llm8_die("flag -fw delayed: the optimizer writes the FP8 forward's weight codes (dgrad's W^T is their transpose), "
-                     "and -f8p %s gives %s an FP8 dgrad without an FP8 forward; use -fw current, or add %s.fwd to -f8p",
-                     c->fp8_passes, LINEAR_KIND_NAMES[kind], LINEAR_KIND_NAMES[kind]);
-        }
+    int missing = s.weight_scaling == FP8_WEIGHTS_DELAYED ? fp8_delayed_weights_missing_forward(s.passes) : -1;
+    if (missing >= 0) {
+        llm8_die("flag -fw delayed: the optimizer writes the FP8 forward's weight codes (dgrad's W^T is their transpose), "
+                 "and -f8p %s gives %s an FP8 dgrad without an FP8 forward; use -fw current, or add %s.fwd to -f8p",
+                 c->fp8_passes, LINEAR_KIND_NAMES[missing], LINEAR_KIND_NAMES[missing]);
     }
     return s;
 }

@@ -328,21 +328,33 @@ void zero_comm_wait_reduced(const ZeroComm* comm, cudaStream_t compute) {
 // ----------------------------------------------------------------------------
 // weights
 
-// inside an NCCL group: every owner broadcasts its piece of flat [begin, end); base holds
-// element `begin` (so the codes of one linear, or the bf16 parameters at their offset)
-static void zero_comm_broadcast_range(ZeroComm* comm, void* base, size_t begin, size_t end, ncclDataType_t type,
-                                      size_t element_bytes, const char* what) {
-    size_t at = begin;
-    while (at < end) {
+/*
+Inside an NCCL group: flat elements [begin, end) into recv (which holds element `begin`), each
+piece broadcast by the rank that owns it, from `own`, which holds flat element own_first on
+this rank: the same memory as recv for an in-place gather (zero_comm_broadcast_range), or a
+rank's own buffer of its part (ZeRO-3's owned codes, the parameters for the checkpoint).
+Codes (ncclUint8) count as FP8 gather traffic, the rest as bf16.
+*/
+static void zero_comm_broadcast_pieces(ZeroComm* comm, void* recv, const void* own, size_t own_first, size_t begin, size_t end,
+                                       ncclDataType_t type, size_t element_bytes, const char* what) {
+    for (size_t at = begin; at < end;) {
         int owner = zero_owner(&comm->layout, at);
         size_t owner_end = (size_t)(owner + 1) * comm->layout.shard_size;
         size_t piece_end = owner_end < end ? owner_end : end;
-        char* piece = (char*)base + (at - begin) * element_bytes;
-        zero_comm_settle(comm, ncclBroadcast(piece, piece, piece_end - at, type, owner, comm->multi_gpu->nccl_comm,
+        char* piece = (char*)recv + (at - begin) * element_bytes;
+        const char* send = owner == comm->rank ? (const char*)own + (at - own_first) * element_bytes : piece;
+        zero_comm_settle(comm, ncclBroadcast(send, piece, piece_end - at, type, owner, comm->multi_gpu->nccl_comm,
                                              comm->multi_gpu->nccl_stream), what);
         comm->traffic[type == ncclUint8 ? ZERO_TRAFFIC_FP8_GATHER : ZERO_TRAFFIC_BF16_GATHER] += (piece_end - at) * element_bytes;
         at = piece_end;
     }
+}
+
+// the same in place: base holds element `begin` on every rank (one linear's codes, or the
+// bf16 parameters at their offset)
+static void zero_comm_broadcast_range(ZeroComm* comm, void* base, size_t begin, size_t end, ncclDataType_t type,
+                                      size_t element_bytes, const char* what) {
+    zero_comm_broadcast_pieces(comm, base, base, begin, begin, end, type, element_bytes, what);
 }
 
 // every rank's bf16 parameters whole (one ncclAllGather, in place); waits on `stream`'s work so far
@@ -574,18 +586,9 @@ void zero_comm_gather_layer(ZeroComm* comm, Fp8Model* fp8, int layer, bool with_
         int i = fp8_model_linear(fp8, layer, kind);
         if (i < 0) { continue; }
         const Fp8Linear* lin = &fp8->linears[i];
-        size_t begin = lin->weight_offset, end = begin + (size_t)lin->OC * lin->K;
-        for (size_t at = begin; at < end;) {
-            int owner = zero_owner(&comm->layout, at);
-            size_t owner_end = (size_t)(owner + 1) * comm->layout.shard_size;
-            size_t piece_end = owner_end < end ? owner_end : end;
-            uint8_t* recv = fp8->slot_w[slot][kind] + (at - begin);
-            const uint8_t* send = owner == comm->rank ? lin->owned_codes + (at - begin - lin->owned_begin) : recv;
-            zero_comm_settle(comm, ncclBroadcast(send, recv, piece_end - at, ncclUint8, owner, comm->multi_gpu->nccl_comm,
-                                                 nccl_stream), "ZeRO-3 layer gather (ncclBroadcast)");
-            comm->traffic[ZERO_TRAFFIC_FP8_GATHER] += piece_end - at;
-            at = piece_end;
-        }
+        size_t begin = lin->weight_offset;
+        zero_comm_broadcast_pieces(comm, fp8->slot_w[slot][kind], lin->owned_codes, begin + lin->owned_begin, begin,
+                                   begin + (size_t)lin->OC * lin->K, ncclUint8, 1, "ZeRO-3 layer gather (ncclBroadcast)");
     }
     zero_comm_settle(comm, ncclGroupEnd(), "ZeRO-3 layer gather");
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER && with_transpose; kind++) {
@@ -634,16 +637,8 @@ void zero_comm_params_to_host(ZeroComm* comm, const floatX* params, uint16_t* ho
             ZeroRange slice = zero_slice_range(layout, t, layer);
             zero_comm_follow(comm, stream);
             zero_comm_settle(comm, ncclGroupStart(), "checkpoint gather (group start)");
-            for (size_t at = slice.begin; at < slice.end;) {
-                int owner = zero_owner(layout, at);
-                size_t owner_end = (size_t)(owner + 1) * layout->shard_size;
-                size_t piece_end = owner_end < slice.end ? owner_end : slice.end;
-                floatX* recv = bounce + (at - slice.begin);
-                const floatX* send = owner == comm->rank ? params + at : recv;
-                zero_comm_settle(comm, ncclBroadcast(send, recv, piece_end - at, ncclBfloat16, owner, comm->multi_gpu->nccl_comm,
-                                                     comm->multi_gpu->nccl_stream), "checkpoint gather (ncclBroadcast)");
-                at = piece_end;
-            }
+            zero_comm_broadcast_pieces(comm, bounce, params, 0, slice.begin, slice.end, ncclBfloat16, sizeof(floatX),
+                                       "checkpoint gather (ncclBroadcast)");
             zero_comm_settle(comm, ncclGroupEnd(), "checkpoint gather");
             zero_comm_join(comm, stream);
             multi_gpu_wait(comm->multi_gpu, stream, "checkpoint gather");

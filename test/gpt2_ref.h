@@ -352,6 +352,10 @@ never cast (its state stays untouched).
 enum { FP8_PASS_FORWARD = 1, FP8_PASS_DGRAD = 2, FP8_PASS_WGRAD = 4, FP8_PASS_ALL = 7 };
 enum { FP8_LINEAR_QKV, FP8_LINEAR_ATTPROJ, FP8_LINEAR_FC, FP8_LINEAR_FCPROJ, FP8_LINEAR_LM_HEAD, FP8_NUM_LINEAR_KINDS };
 static const char* const FP8_LINEAR_NAMES[FP8_NUM_LINEAR_KINDS] = {"qkv", "attproj", "fc", "fcproj", "lm_head"};
+// the same kinds and bits as fp8_recipe.h's, so its checks take these arrays (a compile error otherwise)
+typedef char fp8_emulation_matches_fp8_recipe[((int)FP8_NUM_LINEAR_KINDS == (int)NUM_LINEAR_KINDS &&
+                                               (int)FP8_PASS_FORWARD == (int)FP8_FWD && (int)FP8_PASS_DGRAD == (int)FP8_DGRAD &&
+                                               (int)FP8_PASS_WGRAD == (int)FP8_WGRAD) ? 1 : -1];
 
 typedef enum { FP8_EMULATE_DELAYED, FP8_EMULATE_CURRENT, FP8_EMULATE_BLOCK } Fp8EmulationRecipe;
 #define FP8_BLOCK_TILE 128
@@ -406,11 +410,10 @@ static inline void fp8_emulation_validate(const Fp8Emulation* e) {
     if (e->weight_scaling == FP8_WEIGHTS_DELAYED && e->recipe == FP8_EMULATE_BLOCK) {
         llm8_die("fp8 emulation: delayed weight scaling needs a per-tensor recipe");
     }
-    for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS && e->weight_scaling == FP8_WEIGHTS_DELAYED; kind++) {
-        if ((e->passes[kind] & FP8_PASS_DGRAD) && !(e->passes[kind] & FP8_PASS_FORWARD)) {
-            llm8_die("fp8 emulation: delayed weight scaling writes the forward's W, and %s has an FP8 dgrad without an FP8 forward",
-                     FP8_LINEAR_NAMES[kind]);
-        }
+    int missing = e->weight_scaling == FP8_WEIGHTS_DELAYED ? fp8_delayed_weights_missing_forward(e->passes) : -1;
+    if (missing >= 0) {
+        llm8_die("fp8 emulation: delayed weight scaling writes the forward's W, and %s has an FP8 dgrad without an FP8 forward",
+                 FP8_LINEAR_NAMES[missing]);
     }
 }
 
