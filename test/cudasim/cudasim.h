@@ -1,0 +1,232 @@
+/*
+cudasim.h: runs llm8's CUDA kernels on the CPU, for tests on machines without a GPU.
+
+Why: most sessions that write llm8's kernels have no GPU, and CUDA code that was only
+compiled has never been checked: an index off by one, a missing __syncthreads, a warp
+shuffle across a divergent branch, a shared-memory size above the 48 KB default without the
+attribute. cudasim compiles the kernels with the host C++ compiler and runs every CUDA
+thread of a block as a fiber on one CPU thread, switching fibers only at the points where
+CUDA threads meet (__syncthreads, warp shuffles and votes, __syncwarp). So the kernels'
+indexing, shared memory, barriers and warp collectives run as written, and the GPU tests
+(test/test_*.cu) and the trainer run unchanged against the same CPU references.
+
+What it checks that a GPU would not report: threads of one block waiting at different
+__syncthreads (or some exited), a warp collective whose mask names a lane that never
+arrives, device buffers read before written (cudaMalloc fills them with 0xff: bf16 NaN),
+writes past an allocation (a guard page after each one), a launch wider than 1024 threads
+or with more dynamic shared memory than the kernel's attribute allows.
+
+What it does not model: concurrency. Streams are executed in call order on the host, so a
+missing stream/event dependency or a data race between threads goes unseen; timing and
+hardware rounding of approximate intrinsics are not the GPU's. cuBLASLt, NCCL and the
+driver's virtual-memory calls are emulated in cudasim_*.cpp from their documented
+semantics, so a misunderstanding of those semantics is shared with the code under test;
+the GPU tests on a real device remain the authority.
+
+Use: translate.py rewrites `kernel<<<cfg>>>(args)` into cudasim::launch(...) and
+`extern __shared__ T name[]` into a pointer, then the sources compile with g++ and this
+header force-included (-include). Nothing here is used by the real build.
+*/
+#ifndef CUDASIM_H
+#define CUDASIM_H
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <tuple>
+#include <utility>
+#include <functional>
+#include <algorithm>
+
+// the CUDA qualifiers: everything is host code here
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __shared__
+#undef __constant__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __align__
+#define __global__
+#define __device__
+#define __host__
+#define __constant__ static
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+// one copy per simulated block: blocks of one launch run one after another on an OS thread
+#define __shared__ static thread_local
+
+#define CUDASIM 1
+
+namespace cudasim {
+
+struct LaunchConfig {
+    dim3 grid, block;
+    size_t dynamic_shared_bytes;
+    cudaStream_t stream;
+    LaunchConfig(dim3 g, dim3 b, size_t shared = 0, cudaStream_t s = 0)
+        : grid(g), block(b), dynamic_shared_bytes(shared), stream(s) {}
+};
+
+// the simulated thread now running
+struct ThreadCoordinates {
+    dim3 thread_idx, block_idx, block_dim, grid_dim;
+};
+const ThreadCoordinates& coordinates();
+void* dynamic_shared_memory();
+
+// runs body once per CUDA thread of the grid; kernel_address identifies the kernel for its
+// attributes (cudaFuncSetAttribute) and the error messages
+void run_grid(const LaunchConfig& config, const void* kernel_address, const std::function<void()>& body);
+
+template <class... Params>
+struct Launcher {
+    void (*kernel)(Params...);
+    LaunchConfig config;
+    template <class... Args>
+    void operator()(Args&&... args) const {
+        // converted once, like the argument buffer of a real launch; each thread's call
+        // copies it into its own parameters
+        std::tuple<Params...> params(std::forward<Args>(args)...);
+        void (*k)(Params...) = kernel;
+        run_grid(config, (const void*)k, [&]() { std::apply(k, params); });
+    }
+};
+template <class... Params>
+Launcher<Params...> launch(LaunchConfig config, void (*kernel)(Params...)) {
+    return Launcher<Params...>{kernel, config};
+}
+
+// block barrier and warp collectives; file/line name the call site in a divergence report
+void syncthreads(const char* file, int line);
+void warp_exchange(unsigned mask, const void* value, size_t bytes, void* all_lanes_out, const char* what);
+int lane_id();
+
+template <class T>
+T shfl(unsigned mask, T value, int source_lane, int width, const char* what) {
+    T lanes[32];
+    warp_exchange(mask, &value, sizeof(T), lanes, what);
+    int lane = lane_id();
+    int segment_start = lane & ~(width - 1);
+    return lanes[segment_start + (source_lane & (width - 1))];
+}
+template <class T>
+T shfl_xor(unsigned mask, T value, int lane_mask, int width) {
+    T lanes[32];
+    warp_exchange(mask, &value, sizeof(T), lanes, "__shfl_xor_sync");
+    int lane = lane_id();
+    int source = lane ^ lane_mask;
+    if ((source & ~(width - 1)) != (lane & ~(width - 1))) { source = lane; }
+    return lanes[source];
+}
+template <class T, class Combine>
+T warp_reduce(unsigned mask, T value, Combine combine, const char* what) {
+    T lanes[32];
+    warp_exchange(mask, &value, sizeof(T), lanes, what);
+    bool first = true;
+    T result = value;
+    for (int l = 0; l < 32; l++) {
+        if (!(mask & (1u << l))) { continue; }
+        result = first ? lanes[l] : combine(result, lanes[l]);
+        first = false;
+    }
+    return result;
+}
+
+} // namespace cudasim
+
+#define threadIdx (cudasim::coordinates().thread_idx)
+#define blockIdx (cudasim::coordinates().block_idx)
+#define blockDim (cudasim::coordinates().block_dim)
+#define gridDim (cudasim::coordinates().grid_dim)
+
+#define __syncthreads() cudasim::syncthreads(__FILE__, __LINE__)
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    int dummy = 0, lanes[32];
+    cudasim::warp_exchange(mask, &dummy, sizeof(dummy), lanes, "__syncwarp");
+}
+template <class T>
+static inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+    return cudasim::shfl_xor(mask, value, lane_mask, width);
+}
+template <class T>
+static inline T __shfl_sync(unsigned mask, T value, int source_lane, int width = 32) {
+    return cudasim::shfl(mask, value, source_lane, width, "__shfl_sync");
+}
+template <class T>
+static inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32) {
+    int lane = cudasim::lane_id() & (width - 1);
+    int source = lane + (int)delta < width ? lane + (int)delta : lane;
+    return cudasim::shfl(mask, value, source, width, "__shfl_down_sync");
+}
+static inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
+    return cudasim::warp_reduce(mask, value, [](unsigned a, unsigned b) { return a + b; }, "__reduce_add_sync");
+}
+static inline unsigned __reduce_max_sync(unsigned mask, unsigned value) {
+    return cudasim::warp_reduce(mask, value, [](unsigned a, unsigned b) { return a > b ? a : b; }, "__reduce_max_sync");
+}
+static inline unsigned __reduce_min_sync(unsigned mask, unsigned value) {
+    return cudasim::warp_reduce(mask, value, [](unsigned a, unsigned b) { return a < b ? a : b; }, "__reduce_min_sync");
+}
+static inline int __reduce_add_sync(unsigned mask, int value) {
+    return cudasim::warp_reduce(mask, value, [](int a, int b) { return a + b; }, "__reduce_add_sync");
+}
+static inline int __reduce_max_sync(unsigned mask, int value) {
+    return cudasim::warp_reduce(mask, value, [](int a, int b) { return a > b ? a : b; }, "__reduce_max_sync");
+}
+static inline int __reduce_min_sync(unsigned mask, int value) {
+    return cudasim::warp_reduce(mask, value, [](int a, int b) { return a < b ? a : b; }, "__reduce_min_sync");
+}
+static inline int __all_sync(unsigned mask, int predicate) {
+    return cudasim::warp_reduce(mask, predicate != 0, [](bool a, bool b) { return a && b; }, "__all_sync");
+}
+static inline int __any_sync(unsigned mask, int predicate) {
+    return cudasim::warp_reduce(mask, predicate != 0, [](bool a, bool b) { return a || b; }, "__any_sync");
+}
+static inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    int lanes[32], p = predicate != 0;
+    cudasim::warp_exchange(mask, &p, sizeof(p), lanes, "__ballot_sync");
+    unsigned bits = 0;
+    for (int l = 0; l < 32; l++) { if ((mask & (1u << l)) && lanes[l]) { bits |= 1u << l; } }
+    return bits;
+}
+
+// atomics: the threads of a simulated grid never run at the same time
+template <class T> static inline T atomicAdd(T* address, T value) { T old = *address; *address = old + value; return old; }
+template <class T> static inline T atomicMax(T* address, T value) { T old = *address; if (value > old) { *address = value; } return old; }
+template <class T> static inline T atomicMin(T* address, T value) { T old = *address; if (value < old) { *address = value; } return old; }
+template <class T> static inline T atomicExch(T* address, T value) { T old = *address; *address = value; return old; }
+template <class T> static inline T atomicCAS(T* address, T compare, T value) { T old = *address; if (old == compare) { *address = value; } return old; }
+static inline void __threadfence() {}
+
+// loads and stores with cache hints, and the bit casts
+template <class T> static inline T __ldcs(const T* address) { return *address; }
+template <class T> static inline T __ldg(const T* address) { return *address; }
+template <class T> static inline T __ldcg(const T* address) { return *address; }
+template <class T> static inline void __stcs(T* address, T value) { *address = value; }
+template <class T> static inline void __stcg(T* address, T value) { *address = value; }
+static inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
+static inline float __uint_as_float(unsigned u) { float x; memcpy(&x, &u, 4); return x; }
+static inline int __float_as_int(float x) { int u; memcpy(&u, &x, 4); return u; }
+static inline float __int_as_float(int u) { float x; memcpy(&x, &u, 4); return x; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
+static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
+// the kernel-pointer overload of the runtime call (cuda_runtime.h has it for nvcc only)
+template <class... Params>
+static inline cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attribute, int value) {
+    return cudaFuncSetAttribute((const void*)kernel, attribute, value);
+}
+using std::min;
+using std::max;
+
+#endif // CUDASIM_H

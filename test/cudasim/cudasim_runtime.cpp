@@ -1,0 +1,503 @@
+/*
+cudasim_runtime.cpp: the simulated grid (one fiber per CUDA thread, switched only where
+threads meet) and the CUDA runtime calls llm8 makes, on host memory. See cudasim.h.
+
+Scheduling: a block's threads start in order; each runs until it exits or reaches a meeting
+point (block barrier, warp collective). A meeting completes when every thread it names has
+arrived at the same kind of point; a meeting that can never complete (a thread of the block
+exited before a __syncthreads, threads waiting at two different barriers, a warp collective
+whose mask names a lane that left) stops the program with the kernel and the call sites.
+Streams run in call order: a launch or copy is finished when the call returns.
+*/
+#include "cudasim.h"
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+#include <sys/mman.h>
+#include <unistd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string>
+#include <vector>
+#include <map>
+#include <mutex>
+
+namespace cudasim {
+
+[[noreturn]] static void fail(const std::string& message) {
+    fprintf(stderr, "cudasim: %s\n", message.c_str());
+    fflush(stderr);
+    abort();
+}
+
+// ----------------------------------------------------------------------------------------
+// fibers: on x86-64 a switch saves the callee-saved registers and the stack pointer (glibc's
+// swapcontext also saves the signal mask, a system call per switch, and was 30% of the
+// run time); elsewhere ucontext
+
+#if defined(__x86_64__)
+struct FiberContext { void* stack_pointer; };
+extern "C" void cudasim_switch_context(void** save_stack_pointer, void* load_stack_pointer);
+asm(R"(
+    .text
+    .globl cudasim_switch_context
+    .type cudasim_switch_context, @function
+cudasim_switch_context:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cudasim_switch_context, .-cudasim_switch_context
+)");
+static void switch_context(FiberContext* from, FiberContext* to) { cudasim_switch_context(&from->stack_pointer, to->stack_pointer); }
+// a new context whose first switch "returns" into entry with the stack aligned as after a call
+static void make_context(FiberContext* context, char* stack, size_t bytes, void (*entry)()) {
+    uintptr_t top = ((uintptr_t)(stack + bytes)) & ~(uintptr_t)15;
+    void** slots = (void**)(top - 8 * sizeof(void*));
+    for (int i = 0; i < 6; i++) { slots[i] = nullptr; }  // r15 r14 r13 r12 rbx rbp
+    slots[6] = (void*)entry;                             // where ret goes
+    slots[7] = nullptr;                                  // entry's (never used) return address
+    context->stack_pointer = slots;
+}
+#else
+struct FiberContext { ucontext_t context; };
+static void switch_context(FiberContext* from, FiberContext* to) { swapcontext(&from->context, &to->context); }
+static void make_context(FiberContext* context, char* stack, size_t bytes, void (*entry)()) {
+    getcontext(&context->context);
+    context->context.uc_stack.ss_sp = stack;
+    context->context.uc_stack.ss_size = bytes;
+    context->context.uc_link = nullptr;
+    makecontext(&context->context, entry, 0);
+}
+#endif
+
+static const size_t FIBER_STACK_BYTES = 256 * 1024;
+
+enum class Wait { None, Block, Warp, Exited };
+
+struct Fiber {
+    FiberContext context;
+    char* stack = nullptr;
+    ThreadCoordinates coordinates;
+    int linear = 0;              // x + y * bx + z * bx * by
+    Wait waiting = Wait::None;
+    const char* wait_file = nullptr;  // where it waits (for the divergence report)
+    int wait_line = 0;
+    unsigned wait_mask = 0;
+    long generation_seen = 0;   // the meeting generation it waits to see end
+};
+
+struct Warp {
+    unsigned char slots[2][32][16];  // by generation parity: see warp_exchange
+    long generation = 0;
+    int arrived = 0;
+    unsigned mask = 0;
+    const char* what = nullptr;
+};
+
+struct Block {
+    std::vector<Fiber>* fibers = nullptr;
+    int thread_count = 0;
+    int exited = 0;
+    long barrier_generation = 0;
+    int barrier_arrived = 0;
+    const char* barrier_file = nullptr;
+    int barrier_line = 0;
+    std::vector<Warp> warps;
+    const char* kernel_name = nullptr;
+    std::function<void()> const* body = nullptr;
+};
+
+static thread_local Block* current_block = nullptr;
+static thread_local Fiber* current_fiber = nullptr;
+static thread_local FiberContext scheduler_context;
+static thread_local std::vector<char> dynamic_shared;
+static thread_local std::vector<Fiber> fiber_pool;
+
+const ThreadCoordinates& coordinates() {
+    if (current_fiber == nullptr) { fail("threadIdx/blockIdx used outside a kernel"); }
+    return current_fiber->coordinates;
+}
+void* dynamic_shared_memory() { return dynamic_shared.data(); }
+int lane_id() { return current_fiber->linear % 32; }
+
+static void yield_to_scheduler() { switch_context(&current_fiber->context, &scheduler_context); }
+
+static void fiber_entry() {
+    (*current_block->body)();
+    current_fiber->waiting = Wait::Exited;
+    current_block->exited++;
+    // back to the scheduler for good; uc_link is not used so the stack can be reused
+    switch_context(&current_fiber->context, &scheduler_context);
+    fail("a finished fiber was resumed");
+}
+
+static std::string block_text() {
+    const ThreadCoordinates& c = current_fiber->coordinates;
+    char text[160];
+    snprintf(text, sizeof(text), "block (%u,%u,%u) of kernel %s", c.block_idx.x, c.block_idx.y, c.block_idx.z,
+             current_block->kernel_name);
+    return text;
+}
+
+void syncthreads(const char* file, int line) {
+    Block* block = current_block;
+    if (block == nullptr) { fail("__syncthreads outside a kernel"); }
+    if (block->barrier_arrived == 0) {
+        block->barrier_file = file;
+        block->barrier_line = line;
+    } else if (block->barrier_line != line || strcmp(block->barrier_file, file) != 0) {
+        char text[512];
+        snprintf(text, sizeof(text), "divergent __syncthreads in %s: thread %d waits at %s:%d, others at %s:%d",
+                 block_text().c_str(), current_fiber->linear, file, line, block->barrier_file, block->barrier_line);
+        fail(text);
+    }
+    block->barrier_arrived++;
+    if (block->barrier_arrived == block->thread_count) {
+        block->barrier_arrived = 0;
+        block->barrier_generation++;
+        return;
+    }
+    current_fiber->waiting = Wait::Block;
+    current_fiber->wait_file = file;
+    current_fiber->wait_line = line;
+    current_fiber->generation_seen = block->barrier_generation;
+    yield_to_scheduler();
+}
+
+// every lane named in mask deposits its value; returns when all have, with all values
+void warp_exchange(unsigned mask, const void* value, size_t bytes, void* all_lanes_out, const char* what) {
+    Block* block = current_block;
+    if (block == nullptr) { fail(std::string(what) + " outside a kernel"); }
+    if (bytes > 16) { fail(std::string(what) + " of a value wider than 16 bytes"); }
+    int lane = lane_id();
+    Warp& warp = block->warps[current_fiber->linear / 32];
+    if (!(mask & (1u << lane))) {
+        char text[256];
+        snprintf(text, sizeof(text), "%s in %s: lane %d is not in its own mask 0x%08x", what, block_text().c_str(),
+                 lane, mask);
+        fail(text);
+    }
+    if (warp.arrived == 0) {
+        warp.mask = mask;
+        warp.what = what;
+    } else if (warp.mask != mask || strcmp(warp.what, what) != 0) {
+        char text[256];
+        snprintf(text, sizeof(text), "divergent warp collective in %s: lane %d calls %s (mask 0x%08x) while others "
+                 "are in %s (mask 0x%08x)", block_text().c_str(), lane, what, mask, warp.what, warp.mask);
+        fail(text);
+    }
+    const long generation = warp.generation;
+    unsigned char (*slots)[16] = warp.slots[generation & 1];
+    memcpy(slots[lane], value, bytes);
+    warp.arrived++;
+    if (warp.arrived < __builtin_popcount(mask)) {
+        current_fiber->waiting = Wait::Warp;
+        current_fiber->wait_mask = mask;
+        current_fiber->generation_seen = generation;
+        yield_to_scheduler();
+    } else {
+        warp.arrived = 0;
+        warp.generation++;
+    }
+    // The last lane to arrive goes on at once and may deposit into the warp's next collective
+    // before the others have read this one, hence two slot sets by generation parity. It
+    // cannot get two ahead: the next collective completes only when every lane has left this one.
+    for (int l = 0; l < 32; l++) {
+        if (mask & (1u << l)) { memcpy((char*)all_lanes_out + l * bytes, slots[l], bytes); }
+    }
+}
+
+static bool can_resume(const Block& block, const Fiber& fiber) {
+    switch (fiber.waiting) {
+        case Wait::None: return true;
+        case Wait::Exited: return false;
+        case Wait::Block: return block.barrier_generation != fiber.generation_seen;
+        case Wait::Warp: return block.warps[fiber.linear / 32].generation != fiber.generation_seen;
+    }
+    return false;
+}
+
+static void run_block(Block& block) {
+    std::vector<Fiber>& fibers = *block.fibers;
+    for (int i = 0; i < block.thread_count; i++) {
+        Fiber& fiber = fibers[i];
+        make_context(&fiber.context, fiber.stack, FIBER_STACK_BYTES, fiber_entry);
+        fiber.waiting = Wait::None;
+    }
+    while (block.exited < block.thread_count) {
+        bool progressed = false;
+        for (int i = 0; i < block.thread_count; i++) {
+            Fiber& fiber = fibers[i];
+            if (!can_resume(block, fiber)) { continue; }
+            fiber.waiting = Wait::None;
+            current_fiber = &fiber;
+            switch_context(&scheduler_context, &fiber.context);
+            progressed = true;
+        }
+        if (!progressed) {
+            // a meeting that can never complete: report the first waiting thread
+            for (int i = 0; i < block.thread_count; i++) {
+                Fiber& fiber = fibers[i];
+                current_fiber = &fiber;
+                if (fiber.waiting == Wait::Block) {
+                    char text[400];
+                    snprintf(text, sizeof(text), "deadlock in %s: thread %d waits at __syncthreads %s:%d but %d of %d "
+                             "threads exited without reaching it", block_text().c_str(), fiber.linear,
+                             fiber.wait_file, fiber.wait_line, block.exited, block.thread_count);
+                    fail(text);
+                }
+                if (fiber.waiting == Wait::Warp) {
+                    char text[400];
+                    snprintf(text, sizeof(text), "deadlock in %s: lane %d of warp %d waits in %s (mask 0x%08x) for "
+                             "lanes that never arrive", block_text().c_str(), fiber.linear % 32, fiber.linear / 32,
+                             block.warps[fiber.linear / 32].what, fiber.wait_mask);
+                    fail(text);
+                }
+            }
+            fail("deadlock with no waiting thread");
+        }
+    }
+    current_fiber = nullptr;
+}
+
+// ----------------------------------------------------------------------------------------
+// launches
+
+static std::map<const void*, int> max_dynamic_shared_by_kernel;
+static const int DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024;
+static const int OPT_IN_DYNAMIC_SHARED_LIMIT = 227 * 1024;  // H100
+static thread_local cudaError_t last_error = cudaSuccess;
+
+static void kernel_name(const void* kernel, char* out, size_t size) {
+    snprintf(out, size, "at %p", kernel);
+}
+
+void run_grid(const LaunchConfig& config, const void* kernel_address, const std::function<void()>& body) {
+    const dim3 grid = config.grid, block_dim = config.block;
+    long threads = (long)block_dim.x * block_dim.y * block_dim.z;
+    long blocks = (long)grid.x * grid.y * grid.z;
+    char name[64];
+    kernel_name(kernel_address, name, sizeof(name));
+    int shared_limit = DEFAULT_DYNAMIC_SHARED_LIMIT;
+    auto found = max_dynamic_shared_by_kernel.find(kernel_address);
+    if (found != max_dynamic_shared_by_kernel.end()) { shared_limit = found->second; }
+    if (threads <= 0 || threads > 1024 || blocks <= 0 || grid.y > 65535 || grid.z > 65535 ||
+        (size_t)config.dynamic_shared_bytes > (size_t)shared_limit) {
+        fprintf(stderr, "cudasim: invalid launch of kernel %s: grid (%u,%u,%u) block (%u,%u,%u) dynamic shared %zu "
+                "bytes (limit %d)\n", name, grid.x, grid.y, grid.z, block_dim.x, block_dim.y, block_dim.z,
+                config.dynamic_shared_bytes, shared_limit);
+        last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    if ((int)fiber_pool.size() < threads) {
+        size_t old = fiber_pool.size();
+        fiber_pool.resize(threads);
+        for (size_t i = old; i < fiber_pool.size(); i++) {
+            void* stack = mmap(nullptr, FIBER_STACK_BYTES, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (stack == MAP_FAILED) { fail("cannot map a fiber stack"); }
+            fiber_pool[i].stack = (char*)stack;
+        }
+    }
+    if (dynamic_shared.size() < config.dynamic_shared_bytes) { dynamic_shared.resize(config.dynamic_shared_bytes); }
+    Block block;
+    block.fibers = &fiber_pool;
+    block.thread_count = (int)threads;
+    block.warps.resize((threads + 31) / 32);
+    block.kernel_name = name;
+    block.body = &body;
+    current_block = &block;
+    for (unsigned bz = 0; bz < grid.z; bz++) {
+        for (unsigned by = 0; by < grid.y; by++) {
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                int linear = 0;
+                for (unsigned tz = 0; tz < block_dim.z; tz++) {
+                    for (unsigned ty = 0; ty < block_dim.y; ty++) {
+                        for (unsigned tx = 0; tx < block_dim.x; tx++, linear++) {
+                            Fiber& fiber = fiber_pool[linear];
+                            fiber.coordinates.thread_idx = dim3(tx, ty, tz);
+                            fiber.coordinates.block_idx = dim3(bx, by, bz);
+                            fiber.coordinates.block_dim = block_dim;
+                            fiber.coordinates.grid_dim = grid;
+                            fiber.linear = linear;
+                        }
+                    }
+                }
+                block.exited = 0;
+                block.barrier_arrived = 0;
+                for (Warp& w : block.warps) { w.arrived = 0; }
+                // shared memory starts as garbage on a GPU: make reads before writes visible
+                if (config.dynamic_shared_bytes > 0) { memset(dynamic_shared.data(), 0xff, config.dynamic_shared_bytes); }
+                run_block(block);
+            }
+        }
+    }
+    current_block = nullptr;
+}
+
+} // namespace cudasim
+
+// ----------------------------------------------------------------------------------------
+// the CUDA runtime API, as far as llm8 uses it
+
+using namespace cudasim;
+
+namespace {
+struct Allocation { void* mapping; size_t mapped_bytes; size_t bytes; };
+std::mutex allocations_mutex;
+std::map<void*, Allocation> allocations;  // by the pointer handed out
+size_t allocated_bytes = 0;
+const size_t SIMULATED_MEMORY_BYTES = 80ull << 30;
+size_t page_bytes() { static size_t p = (size_t)sysconf(_SC_PAGESIZE); return p; }
+}
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** pointer, size_t bytes) {
+    // the allocation ends (rounded up to 256 bytes, CUDA's alignment) right before an
+    // inaccessible page, so a write past the end faults where it happens
+    size_t rounded = (bytes + 255) & ~(size_t)255;
+    if (rounded == 0) { rounded = 256; }
+    size_t page = page_bytes();
+    size_t data_pages = (rounded + page - 1) / page;
+    size_t mapped = (data_pages + 1) * page;
+    if (allocated_bytes + rounded > SIMULATED_MEMORY_BYTES) { last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
+    void* mapping = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mapping == MAP_FAILED) { last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
+    char* guard = (char*)mapping + data_pages * page;
+    mprotect(guard, page, PROT_NONE);
+    char* start = guard - rounded;
+    memset(start, 0xff, rounded);  // uninitialized device memory: bf16 NaN, fp32 NaN
+    std::lock_guard<std::mutex> lock(allocations_mutex);
+    allocations[start] = Allocation{mapping, mapped, rounded};
+    allocated_bytes += rounded;
+    *pointer = start;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* pointer) {
+    if (pointer == nullptr) { return cudaSuccess; }
+    std::lock_guard<std::mutex> lock(allocations_mutex);
+    auto found = allocations.find(pointer);
+    if (found == allocations.end()) { fail("cudaFree of a pointer cudaMalloc did not return"); }
+    munmap(found->second.mapping, found->second.mapped_bytes);
+    allocated_bytes -= found->second.bytes;
+    allocations.erase(found);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** pointer, size_t bytes) {
+    *pointer = malloc(bytes > 0 ? bytes : 1);
+    return *pointer ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void* pointer) { free(pointer); return cudaSuccess; }
+
+cudaError_t cudaMemcpy(void* destination, const void* source, size_t bytes, cudaMemcpyKind) {
+    if (bytes > 0) { memmove(destination, source, bytes); }
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* destination, const void* source, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+    return cudaMemcpy(destination, source, bytes, kind);
+}
+cudaError_t cudaMemset(void* destination, int value, size_t bytes) {
+    memset(destination, value, bytes);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* destination, int value, size_t bytes, cudaStream_t) {
+    return cudaMemset(destination, value, bytes);
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    *total_bytes = SIMULATED_MEMORY_BYTES;
+    *free_bytes = SIMULATED_MEMORY_BYTES - allocated_bytes;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError(void) { cudaError_t e = last_error; last_error = cudaSuccess; return e; }
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+const char* cudaGetErrorString(cudaError_t error) {
+    switch (error) {
+        case cudaSuccess: return "no error";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorNotReady: return "device not ready";
+        default: return "cudasim error";
+    }
+}
+const char* cudaGetErrorName(cudaError_t error) {
+    switch (error) {
+        case cudaSuccess: return "cudaSuccess";
+        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+        case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+        case cudaErrorNotReady: return "cudaErrorNotReady";
+        default: return "cudaErrorUnknown";
+    }
+}
+
+cudaError_t cudaFuncSetAttribute(const void* function, cudaFuncAttribute attribute, int value) {
+    if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value > OPT_IN_DYNAMIC_SHARED_LIMIT) { return cudaErrorInvalidValue; }
+        max_dynamic_shared_by_kernel[function] = value;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
+    memset(prop, 0, sizeof(*prop));
+    snprintf(prop->name, sizeof(prop->name), "cudasim (CPU)");
+    prop->multiProcessorCount = 132;
+    prop->totalGlobalMem = SIMULATED_MEMORY_BYTES;
+    prop->major = 9;
+    prop->minor = 0;
+    prop->warpSize = 32;
+    prop->maxThreadsPerBlock = 1024;
+    prop->sharedMemPerBlockOptin = OPT_IN_DYNAMIC_SHARED_LIMIT;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+    switch (attribute) {
+        case cudaDevAttrMultiProcessorCount: *value = 132; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = OPT_IN_DYNAMIC_SHARED_LIMIT; break;
+        case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+        case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+        default: *value = 0; break;
+    }
+    return cudaSuccess;
+}
+
+// streams and events: work is done when the call returns, so they only need to exist
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { *stream = (cudaStream_t)malloc(1); return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
+cudaError_t cudaStreamDestroy(cudaStream_t stream) { free(stream); return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+
+struct CUevent_st { double seconds; };
+static double now_seconds() { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+cudaError_t cudaEventCreate(cudaEvent_t* event) { *event = new CUevent_st{0.0}; return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
+cudaError_t cudaEventDestroy(cudaEvent_t event) { delete event; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) { event->seconds = now_seconds(); return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    *ms = (float)((end->seconds - start->seconds) * 1000.0);
+    return cudaSuccess;
+}
+
+} // extern "C"
