@@ -60,7 +60,7 @@ else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
   MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath,$(OPENMPI_DIR)/lib -lmpi
 endif
 
-.PHONY: all test test-cpu test-python compile-cuda gpucheck bench env clean check-cuda check-cudnn check-nccl
+.PHONY: all test test-cpu test-python compile-cuda simcheck gpucheck bench env clean check-cuda check-cudnn check-nccl
 
 all: train_gpt2_fp8 train_gpt2cpu
 
@@ -109,6 +109,34 @@ $(BUILD)/test_%: test/test_%.cpp $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD)
 
 $(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn check-nccl
 	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(ATTENTION_FLAGS) $(NCCL_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(NCCL_LIBS) $(MPI_LIBS) -lgomp -o $@
+
+# ---- cudasim: the CUDA tests and the trainer run on the CPU (test/cudasim/cudasim.h) -------
+# translate.py rewrites the launches; g++ compiles with cudasim.h force-included; the
+# cudasim_*.cpp files emulate the CUDA runtime, cuBLASLt, NCCL and the driver's VMM calls.
+SIM = $(BUILD)/sim
+SIM_CXX = $(CXX) -std=c++17 -O2 -fopenmp -I$(CUDA_HOME)/include -I$(NCCL_INCLUDE) -I$(SIM) -I. \
+    -include test/cudasim/cudasim.h -DLLM8_NO_CUDNN
+SIM_INPUTS = $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh test/test_*.cu) train_gpt2_fp8.cu
+SIM_RUNTIME = $(patsubst test/cudasim/%.cpp,$(SIM)/%.o,$(wildcard test/cudasim/cudasim_*.cpp))
+SIM_TESTS = $(patsubst test/%.cu,$(SIM)/%,$(wildcard test/test_*.cu))
+
+$(SIM)/.translated: $(SIM_INPUTS) test/cudasim/translate.py | check-cuda check-nccl
+	@mkdir -p $(SIM)
+	$(PYTHON) test/cudasim/translate.py $(SIM) $(SIM_INPUTS)
+	@touch $@
+
+$(SIM)/cudasim_%.o: test/cudasim/cudasim_%.cpp test/cudasim/cudasim.h | $(SIM)/.translated
+	$(SIM_CXX) -Wall -Wextra -c $< -o $@
+
+$(SIM)/test_%: $(SIM)/.translated $(SIM_RUNTIME)
+	$(SIM_CXX) -x c++ $(SIM)/test/test_$*.cu -x none $(SIM_RUNTIME) -lm -o $@
+
+$(SIM)/train_gpt2_fp8: $(SIM)/.translated $(SIM_RUNTIME)
+	$(SIM_CXX) -x c++ $(SIM)/train_gpt2_fp8.cu -x none $(SIM_RUNTIME) -lm -o $@
+
+# the GPU tests under cudasim: what a GPU would run, minus speed and real concurrency
+simcheck: $(SIM_TESTS) $(SIM)/train_gpt2_fp8
+	@RUNNER_NAME="cudasim tests" bash test/run_cpu_tests.sh $(SIM_TESTS)
 
 # in this order, so the last line is pytest's summary; compile-cuda first fails fast on a build break
 test: compile-cuda test-cpu test-python

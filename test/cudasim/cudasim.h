@@ -16,8 +16,13 @@ arrives, device buffers read before written (cudaMalloc fills them with 0xff: bf
 writes past an allocation (a guard page after each one), a launch wider than 1024 threads
 or with more dynamic shared memory than the kernel's attribute allows.
 
-What it does not model: concurrency. Streams are executed in call order on the host, so a
-missing stream/event dependency or a data race between threads goes unseen; timing and
+A data race between the threads of a block shows as a result that depends on the order
+they run in: each block runs its threads in a fresh pseudo-random order, so the tests'
+"run twice, bitwise equal" checks catch it (cudasim_runtime.cpp, choose_schedule_order).
+
+What it does not model: concurrency across blocks and streams. Blocks run one after another
+and streams execute in call order on the host, so a missing stream/event dependency or a
+race between blocks goes unseen; timing and
 hardware rounding of approximate intrinsics are not the GPU's. cuBLASLt, NCCL and the
 driver's virtual-memory calls are emulated in cudasim_*.cpp from their documented
 semantics, so a misunderstanding of those semantics is shared with the code under test;

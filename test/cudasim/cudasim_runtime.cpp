@@ -229,6 +229,35 @@ static bool can_resume(const Block& block, const Fiber& fiber) {
     return false;
 }
 
+/*
+The order in which a block's threads run between two meeting points. A race-free kernel
+gives the same result in any order; a racy one (a shared or global value read by one thread
+and written by another with no barrier between) depends on it. So each block gets its own
+pseudo-random order, different for every launch: the GPU tests' "run twice, bitwise equal"
+checks then catch the race. CUDASIM_SCHEDULE=in-order runs threads in index order instead.
+*/
+static bool shuffled_schedule() {
+    static const bool shuffled = [] {
+        const char* mode = getenv("CUDASIM_SCHEDULE");
+        return mode == nullptr || strcmp(mode, "in-order") != 0;
+    }();
+    return shuffled;
+}
+static thread_local std::vector<int> schedule_order;
+static thread_local uint64_t schedule_seed = 0x9e3779b97f4a7c15ull;
+
+static void choose_schedule_order(int thread_count) {
+    schedule_order.resize(thread_count);
+    for (int i = 0; i < thread_count; i++) { schedule_order[i] = i; }
+    if (!shuffled_schedule()) { return; }
+    for (int i = thread_count - 1; i > 0; i--) {  // Fisher-Yates with a xorshift64 stream
+        schedule_seed ^= schedule_seed << 13;
+        schedule_seed ^= schedule_seed >> 7;
+        schedule_seed ^= schedule_seed << 17;
+        std::swap(schedule_order[i], schedule_order[(int)(schedule_seed % (uint64_t)(i + 1))]);
+    }
+}
+
 static void run_block(Block& block) {
     std::vector<Fiber>& fibers = *block.fibers;
     for (int i = 0; i < block.thread_count; i++) {
@@ -236,10 +265,11 @@ static void run_block(Block& block) {
         make_context(&fiber.context, fiber.stack, FIBER_STACK_BYTES, fiber_entry);
         fiber.waiting = Wait::None;
     }
+    choose_schedule_order(block.thread_count);
     while (block.exited < block.thread_count) {
         bool progressed = false;
         for (int i = 0; i < block.thread_count; i++) {
-            Fiber& fiber = fibers[i];
+            Fiber& fiber = fibers[schedule_order[i]];
             if (!can_resume(block, fiber)) { continue; }
             fiber.waiting = Wait::None;
             current_fiber = &fiber;
