@@ -20,9 +20,9 @@ A data race between the threads of a block shows as a result that depends on the
 they run in: each block runs its threads in a fresh pseudo-random order, so the tests'
 "run twice, bitwise equal" checks catch it (cudasim_runtime.cpp, choose_schedule_order).
 
-What it does not model: concurrency across blocks and streams. Blocks run one after another
-and streams execute in call order on the host, so a missing stream/event dependency or a
-race between blocks goes unseen; timing and
+What it does not model: concurrency of streams. Blocks run concurrently on the CPU's
+threads (each OS thread one block at a time), but streams execute in call order on the
+host, so a missing stream/event dependency goes unseen; timing and
 hardware rounding of approximate intrinsics are not the GPU's. cuBLASLt, NCCL and the
 driver's virtual-memory calls are emulated in cudasim_*.cpp from their documented
 semantics, so a misunderstanding of those semantics is shared with the code under test;
@@ -62,7 +62,7 @@ header force-included (-include). Nothing here is used by the real build.
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-// one copy per simulated block: blocks of one launch run one after another on an OS thread
+// one copy per simulated block: an OS thread runs one block at a time
 #define __shared__ static thread_local
 
 #define CUDASIM 1
@@ -86,24 +86,26 @@ void* dynamic_shared_memory();
 
 // runs body once per CUDA thread of the grid; kernel_address identifies the kernel for its
 // attributes (cudaFuncSetAttribute) and the error messages
-void run_grid(const LaunchConfig& config, const void* kernel_address, const std::function<void()>& body);
+void run_grid(const LaunchConfig& config, const void* kernel_address, const char* kernel_name,
+              const std::function<void()>& body);
 
 template <class... Params>
 struct Launcher {
     void (*kernel)(Params...);
     LaunchConfig config;
+    const char* name;
     template <class... Args>
     void operator()(Args&&... args) const {
         // converted once, like the argument buffer of a real launch; each thread's call
         // copies it into its own parameters
         std::tuple<Params...> params(std::forward<Args>(args)...);
         void (*k)(Params...) = kernel;
-        run_grid(config, (const void*)k, [&]() { std::apply(k, params); });
+        run_grid(config, (const void*)k, name, [&]() { std::apply(k, params); });
     }
 };
 template <class... Params>
-Launcher<Params...> launch(LaunchConfig config, void (*kernel)(Params...)) {
-    return Launcher<Params...>{kernel, config};
+Launcher<Params...> launch(LaunchConfig config, void (*kernel)(Params...), const char* name) {
+    return Launcher<Params...>{kernel, config, name};
 }
 
 // block barrier and warp collectives; file/line name the call site in a divergence report
@@ -200,13 +202,22 @@ static inline unsigned __ballot_sync(unsigned mask, int predicate) {
     return bits;
 }
 
-// atomics: the threads of a simulated grid never run at the same time
-template <class T> static inline T atomicAdd(T* address, T value) { T old = *address; *address = old + value; return old; }
-template <class T> static inline T atomicMax(T* address, T value) { T old = *address; if (value > old) { *address = value; } return old; }
-template <class T> static inline T atomicMin(T* address, T value) { T old = *address; if (value < old) { *address = value; } return old; }
-template <class T> static inline T atomicExch(T* address, T value) { T old = *address; *address = value; return old; }
-template <class T> static inline T atomicCAS(T* address, T compare, T value) { T old = *address; if (old == compare) { *address = value; } return old; }
-static inline void __threadfence() {}
+// atomics: blocks run on several OS threads, so these are real read-modify-writes
+template <class T, class Update>
+static inline T cudasim_atomic_update(T* address, Update update) {
+    T expected, desired;
+    __atomic_load(address, &expected, __ATOMIC_RELAXED);
+    do {
+        desired = update(expected);
+    } while (!__atomic_compare_exchange(address, &expected, &desired, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+    return expected;
+}
+template <class T> static inline T atomicAdd(T* address, T value) { return cudasim_atomic_update(address, [=](T old) { return (T)(old + value); }); }
+template <class T> static inline T atomicMax(T* address, T value) { return cudasim_atomic_update(address, [=](T old) { return value > old ? value : old; }); }
+template <class T> static inline T atomicMin(T* address, T value) { return cudasim_atomic_update(address, [=](T old) { return value < old ? value : old; }); }
+template <class T> static inline T atomicExch(T* address, T value) { return cudasim_atomic_update(address, [=](T) { return value; }); }
+template <class T> static inline T atomicCAS(T* address, T compare, T value) { return cudasim_atomic_update(address, [=](T old) { return old == compare ? value : old; }); }
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 // loads and stores with cache hints, and the bit casts
 template <class T> static inline T __ldcs(const T* address) { return *address; }

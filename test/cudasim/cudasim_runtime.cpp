@@ -244,7 +244,7 @@ static bool shuffled_schedule() {
     return shuffled;
 }
 static thread_local std::vector<int> schedule_order;
-static thread_local uint64_t schedule_seed = 0x9e3779b97f4a7c15ull;
+static thread_local uint64_t schedule_seed;
 
 static void choose_schedule_order(int thread_count) {
     schedule_order.resize(thread_count);
@@ -310,27 +310,13 @@ static const int DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024;
 static const int OPT_IN_DYNAMIC_SHARED_LIMIT = 227 * 1024;  // H100
 static thread_local cudaError_t last_error = cudaSuccess;
 
-static void kernel_name(const void* kernel, char* out, size_t size) {
-    snprintf(out, size, "at %p", kernel);
-}
+static uint64_t launch_count = 0;
 
-void run_grid(const LaunchConfig& config, const void* kernel_address, const std::function<void()>& body) {
+// block number `linear_block` of a launch, on the calling OS thread's fibers
+static void run_one_block(const LaunchConfig& config, const char* name, const std::function<void()>& body,
+                          long linear_block, uint64_t launch_number) {
     const dim3 grid = config.grid, block_dim = config.block;
-    long threads = (long)block_dim.x * block_dim.y * block_dim.z;
-    long blocks = (long)grid.x * grid.y * grid.z;
-    char name[64];
-    kernel_name(kernel_address, name, sizeof(name));
-    int shared_limit = DEFAULT_DYNAMIC_SHARED_LIMIT;
-    auto found = max_dynamic_shared_by_kernel.find(kernel_address);
-    if (found != max_dynamic_shared_by_kernel.end()) { shared_limit = found->second; }
-    if (threads <= 0 || threads > 1024 || blocks <= 0 || grid.y > 65535 || grid.z > 65535 ||
-        (size_t)config.dynamic_shared_bytes > (size_t)shared_limit) {
-        fprintf(stderr, "cudasim: invalid launch of kernel %s: grid (%u,%u,%u) block (%u,%u,%u) dynamic shared %zu "
-                "bytes (limit %d)\n", name, grid.x, grid.y, grid.z, block_dim.x, block_dim.y, block_dim.z,
-                config.dynamic_shared_bytes, shared_limit);
-        last_error = cudaErrorInvalidConfiguration;
-        return;
-    }
+    const int threads = (int)(block_dim.x * block_dim.y * block_dim.z);
     if ((int)fiber_pool.size() < threads) {
         size_t old = fiber_pool.size();
         fiber_pool.resize(threads);
@@ -344,37 +330,56 @@ void run_grid(const LaunchConfig& config, const void* kernel_address, const std:
     if (dynamic_shared.size() < config.dynamic_shared_bytes) { dynamic_shared.resize(config.dynamic_shared_bytes); }
     Block block;
     block.fibers = &fiber_pool;
-    block.thread_count = (int)threads;
+    block.thread_count = threads;
     block.warps.resize((threads + 31) / 32);
     block.kernel_name = name;
     block.body = &body;
-    current_block = &block;
-    for (unsigned bz = 0; bz < grid.z; bz++) {
-        for (unsigned by = 0; by < grid.y; by++) {
-            for (unsigned bx = 0; bx < grid.x; bx++) {
-                int linear = 0;
-                for (unsigned tz = 0; tz < block_dim.z; tz++) {
-                    for (unsigned ty = 0; ty < block_dim.y; ty++) {
-                        for (unsigned tx = 0; tx < block_dim.x; tx++, linear++) {
-                            Fiber& fiber = fiber_pool[linear];
-                            fiber.coordinates.thread_idx = dim3(tx, ty, tz);
-                            fiber.coordinates.block_idx = dim3(bx, by, bz);
-                            fiber.coordinates.block_dim = block_dim;
-                            fiber.coordinates.grid_dim = grid;
-                            fiber.linear = linear;
-                        }
-                    }
-                }
-                block.exited = 0;
-                block.barrier_arrived = 0;
-                for (Warp& w : block.warps) { w.arrived = 0; }
-                // shared memory starts as garbage on a GPU: make reads before writes visible
-                if (config.dynamic_shared_bytes > 0) { memset(dynamic_shared.data(), 0xff, config.dynamic_shared_bytes); }
-                run_block(block);
+    const dim3 block_idx((unsigned)(linear_block % grid.x), (unsigned)(linear_block / grid.x % grid.y),
+                         (unsigned)(linear_block / ((long)grid.x * grid.y)));
+    int linear = 0;
+    for (unsigned tz = 0; tz < block_dim.z; tz++) {
+        for (unsigned ty = 0; ty < block_dim.y; ty++) {
+            for (unsigned tx = 0; tx < block_dim.x; tx++, linear++) {
+                Fiber& fiber = fiber_pool[linear];
+                fiber.coordinates.thread_idx = dim3(tx, ty, tz);
+                fiber.coordinates.block_idx = block_idx;
+                fiber.coordinates.block_dim = block_dim;
+                fiber.coordinates.grid_dim = grid;
+                fiber.linear = linear;
             }
         }
     }
+    // shared memory starts as garbage on a GPU: make reads before writes visible
+    if (config.dynamic_shared_bytes > 0) { memset(dynamic_shared.data(), 0xff, config.dynamic_shared_bytes); }
+    // the thread order depends only on the launch and the block, so a failure reproduces
+    schedule_seed = (launch_number << 32) ^ (uint64_t)linear_block ^ 0x9e3779b97f4a7c15ull;
+    current_block = &block;
+    run_block(block);
     current_block = nullptr;
+}
+
+void run_grid(const LaunchConfig& config, const void* kernel_address, const char* name,
+              const std::function<void()>& body) {
+    const dim3 grid = config.grid, block_dim = config.block;
+    long threads = (long)block_dim.x * block_dim.y * block_dim.z;
+    long blocks = (long)grid.x * grid.y * grid.z;
+    int shared_limit = DEFAULT_DYNAMIC_SHARED_LIMIT;
+    auto found = max_dynamic_shared_by_kernel.find(kernel_address);
+    if (found != max_dynamic_shared_by_kernel.end()) { shared_limit = found->second; }
+    if (threads <= 0 || threads > 1024 || blocks <= 0 || grid.y > 65535 || grid.z > 65535 ||
+        (size_t)config.dynamic_shared_bytes > (size_t)shared_limit) {
+        fprintf(stderr, "cudasim: invalid launch of kernel %s: grid (%u,%u,%u) block (%u,%u,%u) dynamic shared %zu "
+                "bytes (limit %d)\n", name, grid.x, grid.y, grid.z, block_dim.x, block_dim.y, block_dim.z,
+                config.dynamic_shared_bytes, shared_limit);
+        last_error = cudaErrorInvalidConfiguration;
+        return;
+    }
+    const uint64_t launch_number = ++launch_count;
+    // blocks are independent on a GPU too: the OS threads (OpenMP) each run whole blocks
+    #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
+    for (long b = 0; b < blocks; b++) {
+        run_one_block(config, name, body, b, launch_number);
+    }
 }
 
 } // namespace cudasim

@@ -3,7 +3,7 @@
 
 Two rewrites, nothing else (the kernels must run as written):
   kernel<T><<<grid, block, shared, stream>>>(args)
-      -> cudasim::launch(cudasim::LaunchConfig(grid, block, shared, stream), kernel<T>)(args)
+      -> cudasim::launch(cudasim::LaunchConfig(grid, block, shared, stream), kernel<T>, "kernel<T>")(args)
   extern __shared__ [__align__(n)] T name[];
       -> T* name = reinterpret_cast<T*>(cudasim::dynamic_shared_memory());
 
@@ -19,7 +19,7 @@ DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+
 
 
 def translate(text):
-    text = LAUNCH.sub(lambda m: f"cudasim::launch(cudasim::LaunchConfig({m.group(2)}), {m.group(1)})(", text)
+    text = LAUNCH.sub(lambda m: f'cudasim::launch(cudasim::LaunchConfig({m.group(2)}), {m.group(1)}, "{m.group(1)}")(', text)
     text = DYNAMIC_SHARED.sub(
         lambda m: f"{m.group(1)}* {m.group(2)} = reinterpret_cast<{m.group(1)}*>(cudasim::dynamic_shared_memory());",
         text)
