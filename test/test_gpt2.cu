@@ -53,6 +53,22 @@ recipe, linears and quantization points):
 
 static const int B = 4;
 static const int T = 64;
+
+/*
+The two model sizes below: on a GPU, d12 and d6 with GPT-2's vocabulary. Under cudasim (the
+CPU simulator of make simcheck, test/cudasim/), where one d12 step takes minutes, the same
+checks run on models a CPU trains in a second: 3 and 2 layers at C = 128 (one head of 64,
+what the attention kernels serve) and a 997-token vocabulary, like 50257 not a multiple of
+8 or 128.
+*/
+typedef enum { TEST_MODEL_LARGE, TEST_MODEL_SMALL } TestModel;
+static GPT2Config test_model_config(TestModel size) {
+#ifdef CUDASIM
+    return gpt2_config_make(size == TEST_MODEL_LARGE ? 3 : 2, 2, 128, GPT2_DEFAULT_MAXT, 997);
+#else
+    return gpt2_config_from_descriptor(size == TEST_MODEL_LARGE ? "d12" : "d6");
+#endif
+}
 static const char* SHARD_PATH = "build/test_gpt2_data_train_000000.bin";
 
 static double relative_l2_error(const float* got, const float* want, size_t n) {
@@ -135,7 +151,7 @@ static Fp8Settings fp8_settings_per_linear(int recipe) {
 }
 
 static void test_forward_backward_vs_reference(AttentionBackend backend, const char* backend_name, cudaStream_t stream) {
-    GPT2Config cfg = gpt2_config_from_descriptor("d12");
+    GPT2Config cfg = test_model_config(TEST_MODEL_LARGE);
     float* params = random_params(&cfg);
     attention_setup(backend);
     GPT2 model;
@@ -234,7 +250,7 @@ static void check_delayed_weight_codes(const GPT2* model) {
 
 // fp8: NULL trains in bf16 against the fp32 reference, else in FP8 against the emulating one
 static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaStream_t stream) {
-    GPT2Config cfg = gpt2_config_from_descriptor("d6");
+    GPT2Config cfg = test_model_config(TEST_MODEL_SMALL);
     float* params = random_params(&cfg);
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
@@ -286,9 +302,9 @@ static void ref_forward_backward(GPT2Ref* ref, const DataLoader* loader) {
     gpt2ref_backward(ref, 1);
 }
 
-static void test_fp8_forward_backward_vs_reference(const char* descriptor, const Fp8Settings* fp8, const char* name,
+static void test_fp8_forward_backward_vs_reference(TestModel size, const Fp8Settings* fp8, const char* name,
                                                    cudaStream_t stream) {
-    GPT2Config cfg = gpt2_config_from_descriptor(descriptor);
+    GPT2Config cfg = test_model_config(size);
     float* params = random_params(&cfg);
     attention_setup(ATTENTION_CUDNN);
     GPT2 model;
@@ -407,7 +423,7 @@ static const RunOptimizer ADAMW8_NO_8BIT = {1, ADAMW8_SELECT_NONE};
 // fp8: NULL for bf16; eval_at: a val-loss evaluation before that step (-1: none)
 static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char* checkpoint_dir, int checkpoint_step, int resume,
                            const Fp8Settings* fp8, int eval_at, const RunOptimizer* optimizer, cudaStream_t stream) {
-    GPT2Config cfg = gpt2_config_from_descriptor("d12");
+    GPT2Config cfg = test_model_config(TEST_MODEL_LARGE);
     float* params = random_params(&cfg);
     char path[CHECKPOINT_PATH_MAX];
     if (resume) {
@@ -489,9 +505,9 @@ static void test_adamw8_runs(const RunRecord* a, const char* adamw_dir, const Ru
 
 int main(void) {
     ensure_writable_dir("build");
-    GPT2Config d12 = gpt2_config_from_descriptor("d12");
-    size_t n = gpt2_num_parameters(&d12);
-    write_random_shard(SHARD_PATH, 40 * B * T + 1, d12.vocab_size);
+    GPT2Config large = test_model_config(TEST_MODEL_LARGE);
+    size_t n = gpt2_num_parameters(&large);
+    write_random_shard(SHARD_PATH, 40 * B * T + 1, large.vocab_size);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     matmul_setup();
@@ -530,13 +546,13 @@ int main(void) {
     Fp8Settings delayed = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS);
     Fp8Settings current_lm_head = fp8_settings_of(FP8_MODEL_CURRENT, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
     Fp8Settings block_lm_head = fp8_settings_of(FP8_MODEL_BLOCK, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
-    test_fp8_forward_backward_vs_reference("d12", &delayed, "fp8 delayed", stream);
-    test_fp8_forward_backward_vs_reference("d6", &current_lm_head, "fp8 current+lm_head", stream);
-    test_fp8_forward_backward_vs_reference("d6", &block_lm_head, "fp8 block+lm_head", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, "fp8 delayed", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &current_lm_head, "fp8 current+lm_head", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_lm_head, "fp8 block+lm_head", stream);
     Fp8Settings delayed_per_linear = fp8_settings_per_linear(FP8_MODEL_DELAYED);
     Fp8Settings block_per_linear = fp8_settings_per_linear(FP8_MODEL_BLOCK);
-    test_fp8_forward_backward_vs_reference("d6", &delayed_per_linear, "fp8 delayed, passes per linear", stream);
-    test_fp8_forward_backward_vs_reference("d6", &block_per_linear, "fp8 block, passes per linear", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, "fp8 delayed, passes per linear", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_per_linear, "fp8 block, passes per linear", stream);
     Fp8Settings delayed_weights = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
     delayed_weights.weight_scaling = FP8_WEIGHTS_DELAYED;  // -fw delayed: the optimizer pass writes the weights' codes
     test_training_trajectory_vs_reference(&delayed, stream);
