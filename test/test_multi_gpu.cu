@@ -227,6 +227,7 @@ static int run_rank(int rank, const char* dir) {
     test_fp8_weight_gather(&mg, &tiny, FP8_E5M2, who);
     multi_gpu_config_free(&mg);
     test_summary(who);
+    fflush(stdout);  // the caller _exits, which skips stdio: piped (make gpucheck), this rank's FAIL lines were lost
     return g_tests_failed > 0 ? 1 : 0;
 }
 

@@ -108,6 +108,13 @@ Launcher<Params...> launch(LaunchConfig config, void (*kernel)(Params...), const
     return Launcher<Params...>{kernel, config, name};
 }
 
+// for the driver emulation (cudasim_driver.cpp): device memory in use besides cudaMalloc's, and
+// a kernel touching addresses without memory (ends the grid; the error sticks, as on a GPU)
+bool device_memory_acquire(size_t bytes);
+void device_memory_release(size_t bytes);
+bool kernel_running();
+[[noreturn]] void abandon_kernel(cudaError_t error);
+
 // block barrier and warp collectives; file/line name the call site in a divergence report
 void syncthreads(const char* file, int line);
 void warp_exchange(unsigned mask, const void* value, size_t bytes, void* all_lanes_out, const char* what);

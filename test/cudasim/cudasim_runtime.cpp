@@ -14,6 +14,7 @@ Streams run in call order: a launch or copy is finished when the call returns.
 #include <ucontext.h>
 #endif
 #include <sys/mman.h>
+#include <setjmp.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -311,6 +312,17 @@ static const int OPT_IN_DYNAMIC_SHARED_LIMIT = 227 * 1024;  // H100
 static thread_local cudaError_t last_error = cudaSuccess;
 
 static uint64_t launch_count = 0;
+// A kernel's access to device addresses without memory (cudasim_driver.cpp's reserved,
+// unmapped ranges) ends its grid, and the error sticks, as a GPU fault does: every later
+// synchronizing call returns it.
+static thread_local sigjmp_buf kernel_fault_jump;
+static cudaError_t sticky_error = cudaSuccess;
+bool kernel_running() { return current_block != nullptr; }
+void abandon_kernel(cudaError_t error) {
+    sticky_error = error;
+    siglongjmp(kernel_fault_jump, 1);
+}
+
 
 // block number `linear_block` of a launch, on the calling OS thread's fibers
 static void run_one_block(const LaunchConfig& config, const char* name, const std::function<void()>& body,
@@ -353,6 +365,11 @@ static void run_one_block(const LaunchConfig& config, const char* name, const st
     if (config.dynamic_shared_bytes > 0) { memset(dynamic_shared.data(), 0xff, config.dynamic_shared_bytes); }
     // the thread order depends only on the launch and the block, so a failure reproduces
     schedule_seed = (launch_number << 32) ^ (uint64_t)linear_block ^ 0x9e3779b97f4a7c15ull;
+    if (sigsetjmp(kernel_fault_jump, 0) != 0) {  // abandon_kernel: this block ends here
+        current_fiber = nullptr;
+        current_block = nullptr;
+        return;
+    }
     current_block = &block;
     run_block(block);
     current_block = nullptr;
@@ -440,6 +457,7 @@ cudaError_t cudaMallocHost(void** pointer, size_t bytes) {
 cudaError_t cudaFreeHost(void* pointer) { free(pointer); return cudaSuccess; }
 
 cudaError_t cudaMemcpy(void* destination, const void* source, size_t bytes, cudaMemcpyKind) {
+    if (sticky_error != cudaSuccess) { return sticky_error; }
     if (bytes > 0) { memmove(destination, source, bytes); }
     return cudaSuccess;
 }
@@ -447,6 +465,7 @@ cudaError_t cudaMemcpyAsync(void* destination, const void* source, size_t bytes,
     return cudaMemcpy(destination, source, bytes, kind);
 }
 cudaError_t cudaMemset(void* destination, int value, size_t bytes) {
+    if (sticky_error != cudaSuccess) { return sticky_error; }
     memset(destination, value, bytes);
     return cudaSuccess;
 }
@@ -459,14 +478,19 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     return cudaSuccess;
 }
 
-cudaError_t cudaGetLastError(void) { cudaError_t e = last_error; last_error = cudaSuccess; return e; }
-cudaError_t cudaPeekAtLastError(void) { return last_error; }
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = sticky_error != cudaSuccess ? sticky_error : last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return sticky_error != cudaSuccess ? sticky_error : last_error; }
 const char* cudaGetErrorString(cudaError_t error) {
     switch (error) {
         case cudaSuccess: return "no error";
         case cudaErrorMemoryAllocation: return "out of memory";
         case cudaErrorInvalidConfiguration: return "invalid configuration argument";
         case cudaErrorNotReady: return "device not ready";
+        case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
         default: return "cudasim error";
     }
 }
@@ -476,6 +500,7 @@ const char* cudaGetErrorName(cudaError_t error) {
         case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
         case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
         case cudaErrorNotReady: return "cudaErrorNotReady";
+        case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
         default: return "cudaErrorUnknown";
     }
 }
@@ -491,7 +516,7 @@ cudaError_t cudaFuncSetAttribute(const void* function, cudaFuncAttribute attribu
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return sticky_error; }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
     memset(prop, 0, sizeof(*prop));
     snprintf(prop->name, sizeof(prop->name), "cudasim (CPU)");
@@ -519,7 +544,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { *stream = (cudaStream_t)malloc(1); return cudaSuccess; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) { free(stream); return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return sticky_error; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
 
 struct CUevent_st { double seconds; };
@@ -528,11 +553,36 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) { *event = new CUevent_st{0.0}; 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
 cudaError_t cudaEventDestroy(cudaEvent_t event) { delete event; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) { event->seconds = now_seconds(); return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return sticky_error; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return sticky_error; }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     *ms = (float)((end->seconds - start->seconds) * 1000.0);
     return cudaSuccess;
 }
 
 } // extern "C"
+
+// ----------------------------------------------------------------------------------------
+// llmc/zero_comm.cuh's strided copy, and the device memory count cudasim_driver.cpp shares
+
+cudaError_t cudaMemcpy2DAsync(void* destination, size_t destination_pitch, const void* source, size_t source_pitch,
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
+    if (sticky_error != cudaSuccess) { return sticky_error; }
+    if (width > destination_pitch || width > source_pitch) { return cudaErrorInvalidPitchValue; }
+    for (size_t row = 0; row < height; row++) {
+        cudaMemcpy((char*)destination + row * destination_pitch, (const char*)source + row * source_pitch, width, kind);
+    }
+    return cudaSuccess;
+}
+
+// device memory not from cudaMalloc (the driver's cuMemCreate) counts in cudaMemGetInfo too
+bool cudasim::device_memory_acquire(size_t bytes) {
+    std::lock_guard<std::mutex> lock(allocations_mutex);
+    if (allocated_bytes + bytes > SIMULATED_MEMORY_BYTES) { return false; }
+    allocated_bytes += bytes;
+    return true;
+}
+void cudasim::device_memory_release(size_t bytes) {
+    std::lock_guard<std::mutex> lock(allocations_mutex);
+    allocated_bytes -= bytes;
+}
