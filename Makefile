@@ -134,9 +134,11 @@ $(SIM)/test_%: $(SIM)/.translated $(SIM_RUNTIME)
 $(SIM)/train_gpt2_fp8: $(SIM)/.translated $(SIM_RUNTIME)
 	$(SIM_CXX) -x c++ $(SIM)/train_gpt2_fp8.cu -x none $(SIM_RUNTIME) -lm -o $@
 
-# the GPU tests under cudasim: what a GPU would run, minus speed and real concurrency
+# the GPU tests under cudasim: what make gpucheck runs, on smaller models, minus speed and
+# the concurrency of streams (test/cudasim/cudasim.h says what it checks and what not)
 simcheck: $(SIM_TESTS) $(SIM)/train_gpt2_fp8
-	@RUNNER_NAME="cudasim tests" bash test/run_cpu_tests.sh $(SIM_TESTS)
+	@status=0; RUNNER_NAME="cudasim tests" bash test/run_cpu_tests.sh $(SIM_TESTS) || status=1; \
+	LLM8_TRAINER=$(SIM)/train_gpt2_fp8 $(PYTHON) test/gpu_trainer_ranks.py || status=1; exit $$status
 
 # in this order, so the last line is pytest's summary; compile-cuda first fails fast on a build break
 test: compile-cuda test-cpu test-python

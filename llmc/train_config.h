@@ -161,7 +161,11 @@ static inline TrainConfig train_config_defaults(void) {
     c.tokenizer_path = "dev/data/offline/gpt2_tokenizer.bin";
     c.precision = "bf16";
     c.lr_schedule = "cosine";
+#ifdef LLM8_NO_CUDNN
+    c.attention = "fallback";  // a NO_CUDNN=1 build has only llm8's own kernels
+#else
     c.attention = "cudnn";
+#endif
     c.fp8_recipe = "delayed";
     c.fp8_linears = "qkv,attproj,fc,fcproj";
     c.fp8_passes = "fwd,dgrad,wgrad";

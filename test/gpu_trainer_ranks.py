@@ -19,7 +19,10 @@ batches, a 2-rank resume, and a killed rank.
   tolerance of the uninterrupted run.
 - A killed rank: the survivor exits non-zero within -pt seconds with the error line naming
   its rank and the collective.
-Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries.
+Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries,
+and by make simcheck against the cudasim build of the trainer (LLM8_TRAINER names it): there
+a 2-layer, C = 128, 997-token model from a model file and T = 64 stand in for d6 at T = 256,
+so a CPU runs every check in minutes.
 """
 import os
 import re
@@ -34,9 +37,13 @@ import numpy as np
 from dev_modules import load_dev_bench_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAINER = os.path.join(ROOT, "train_gpt2_fp8")
+TRAINER = os.environ.get("LLM8_TRAINER", os.path.join(ROOT, "train_gpt2_fp8"))
+ON_CUDASIM = "LLM8_TRAINER" in os.environ and "/sim/" in os.environ["LLM8_TRAINER"]
 STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
-D6_LAYERS, D6_CHANNELS = 6, 384
+if ON_CUDASIM:
+    LAYERS, HEADS, CHANNELS, VOCAB, SEQ_LEN, RANK_TIMEOUT_S = 2, 2, 128, 997, 64, 300
+else:
+    LAYERS, HEADS, CHANNELS, VOCAB, SEQ_LEN, RANK_TIMEOUT_S = 6, 6, 384, 50257, 256, 60
 FAILURES = []
 
 
@@ -49,13 +56,29 @@ def check(condition, message):
 def write_shard(path, num_tokens, seed):
     header = np.zeros(256, dtype=np.int32)
     header[0], header[1], header[2] = 20240520, 1, num_tokens
-    tokens = np.random.default_rng(seed).integers(0, 50257, size=num_tokens, dtype=np.uint16)
+    tokens = np.random.default_rng(seed).integers(0, VOCAB, size=num_tokens, dtype=np.uint16)
     with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(tokens.tobytes())
 
 
-def launch(ranks, args, workdir, timeout_s=60):
+def write_model(path, max_t=1024):
+    """an llm.c version-3 model file (fp32) of LAYERS x CHANNELS with a VOCAB-token vocabulary, GPT-2's init"""
+    L, C, padded = LAYERS, CHANNELS, (VOCAB + 127) // 128 * 128
+    header = np.zeros(256, dtype=np.int32)
+    header[:8] = [20240326, 3, max_t, VOCAB, L, HEADS, C, padded]
+    rng = np.random.default_rng(5)
+    normal, ones, zeros = (lambda n: rng.normal(0, 0.02, n)), np.ones, np.zeros
+    tensors = [normal(padded * C), normal(max_t * C), ones(L * C), zeros(L * C), normal(L * 3 * C * C), zeros(L * 3 * C),
+               normal(L * C * C), zeros(L * C), ones(L * C), zeros(L * C), normal(L * 4 * C * C), zeros(L * 4 * C),
+               normal(L * 4 * C * C), zeros(L * C), ones(C), zeros(C)]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        for t in tensors:
+            f.write(np.asarray(t, dtype=np.float32).tobytes())
+
+
+def launch(ranks, args, workdir, timeout_s=RANK_TIMEOUT_S):
     """starts `ranks` processes of the trainer (fs id exchange in workdir); returns the Popen list"""
     env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
     procs = []
@@ -69,7 +92,7 @@ def launch(ranks, args, workdir, timeout_s=60):
 
 def run(ranks, args, workdir):
     procs = launch(ranks, args, workdir)
-    outs = [p.communicate(timeout=900) for p in procs]
+    outs = [p.communicate(timeout=1800) for p in procs]
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         if p.returncode != 0:
             print(f"rank {r} of {ranks} failed ({p.returncode}):\n{out[-2000:]}\n{err[-2000:]}", flush=True)
@@ -85,11 +108,16 @@ parse_traffic = load_dev_bench_module("bench").parse_traffic  # the `comm |` lin
 
 def main():
     if not os.path.exists(TRAINER):
-        sys.exit("error: build ./train_gpt2_fp8 first (make train_gpt2_fp8)")
+        sys.exit(f"error: build {TRAINER} first (make train_gpt2_fp8, or make simcheck for the cudasim build)")
     tmp = tempfile.mkdtemp(prefix="llm8_ranks_")
     write_shard(os.path.join(tmp, "r_train_000001.bin"), 400_000, 1)
-    common = ["-e", "d6", "-t", 256, "-x", 8, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-i", os.path.join(tmp, "r_train_*.bin"),
-              "-j", "", "-d", 4096]
+    model = "d6"
+    if ON_CUDASIM:
+        model = os.path.join(tmp, "model.bin")
+        write_model(model)
+    micro_steps = 2  # -d = 2 ranks x -b 4 x T x 2
+    common = ["-e", model, "-t", SEQ_LEN, "-x", 8, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-i", os.path.join(tmp, "r_train_*.bin"),
+              "-j", "", "-d", 2 * 4 * SEQ_LEN * micro_steps]
     configs = [("bf16 adamw", ["-p", "bf16"], 1e-2), ("fp8 delayed adamw", ["-p", "fp8"], 2e-2),
                ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2),
                 ("bf16 adamw, fp32 gradient reduce", ["-p", "bf16", "-pa", "fp32"], 1e-2),
@@ -120,7 +148,7 @@ def main():
             gathered = re.search(r"weights gathered per step: ([\d.]+) MB as FP8 \+ ([\d.]+) MB as bf16 \(all bf16: ([\d.]+) MB\)", out2)
             check(gathered is not None and float(gathered.group(1)) > 0, f"{name}: matmul weights gathered as FP8")
 
-    matmul_elements = 12 * D6_LAYERS * D6_CHANNELS ** 2
+    matmul_elements = 12 * LAYERS * CHANNELS ** 2
     fp8, bf16 = two_rank_traffic.get("fp8 delayed adamw", {}), two_rank_traffic.get("bf16 adamw", {})
     check(abs(fp8.get("FP8 weight gather", -1e9) - matmul_elements) <= 500,
           f"traffic: the FP8 run gathers {matmul_elements} matmul weight bytes as FP8 (got {fp8})")
@@ -129,12 +157,11 @@ def main():
     check(abs(fp8.get("gradient reduce", -1e9) - bf16.get("gradient reduce", 1e9)) <= 500,
           "traffic: gradients travel in bf16 in both runs")
     block = two_rank_traffic.get("fp8 block adamw8 (FP8 gather, block amax all-reduce)", {})
-    block_amaxes = 12 * D6_LAYERS * (D6_CHANNELS // 128) ** 2
+    block_amaxes = 12 * LAYERS * (CHANNELS // 128) ** 2
     check(abs(block.get("FP8 weight gather", -1e9) - matmul_elements) <= 500
           and abs(block.get("FP8 weight amax all-reduce", -1e9) - 4 * block_amaxes) <= 500,
           f"traffic: the block recipe gathers {matmul_elements} FP8 bytes after a {4 * block_amaxes}-byte block amax all-reduce (got {block})")
     zero3 = two_rank_traffic.get("fp8 delayed adamw8 ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)", {})
-    micro_steps = 2  # -d 4096 = 2 ranks x -b 4 x T 256 x 2
     check(abs(zero3.get("FP8 weight gather", -1e9) - 2 * micro_steps * matmul_elements) <= 500,
           f"traffic: ZeRO-3 gathers the matmul weights as FP8 in every forward and backward (got {zero3})")
 
@@ -174,7 +201,8 @@ def main():
             check(worst < tolerance, f"{name}: steps 5..8 within {tolerance:g} of the uninterrupted run (worst {worst:.2e})")
 
     # a killed rank: the survivor stops within -pt with one line naming its rank and the collective
-    procs = launch(2, common + ["-b", 4, "-x", 100000], tmp, timeout_s=20)
+    kill_timeout_s = 20
+    procs = launch(2, common + ["-b", 4, "-x", 100000], tmp, timeout_s=kill_timeout_s)
     deadline = time.time() + 300
     line = ""
     while time.time() < deadline and "step" not in line:
@@ -186,7 +214,7 @@ def main():
         elapsed = time.time() - start
         check(procs[0].returncode != 0 and "error: rank 0 of 2: NCCL" in err,
               f"killed rank: rank 0 exits with the NCCL error line (exit {procs[0].returncode}: {err.strip()[-300:]!r})")
-        check(elapsed < 60, f"killed rank: rank 0 exited {elapsed:.0f} s after the kill (-pt 20)")
+        check(elapsed < 3 * kill_timeout_s, f"killed rank: rank 0 exited {elapsed:.0f} s after the kill (-pt {kill_timeout_s})")
     except subprocess.TimeoutExpired:
         procs[0].kill()
         check(False, "killed rank: rank 0 still running 120 s after its peer died")

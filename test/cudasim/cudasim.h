@@ -117,35 +117,41 @@ bool kernel_running();
 
 // block barrier and warp collectives; file/line name the call site in a divergence report
 void syncthreads(const char* file, int line);
-void warp_exchange(unsigned mask, const void* value, size_t bytes, void* all_lanes_out, const char* what);
+// every lane of mask deposits its value (at most 16 bytes); returns, once all have, the
+// warp's slots by lane, valid until this lane's next collective
+typedef unsigned char WarpSlot[16];
+const WarpSlot* warp_exchange(unsigned mask, const void* value, size_t bytes, const char* what);
 int lane_id();
+template <class T>
+T slot_value(const WarpSlot* slots, int lane) {
+    T value;
+    memcpy(&value, slots[lane], sizeof(T));
+    return value;
+}
 
 template <class T>
 T shfl(unsigned mask, T value, int source_lane, int width, const char* what) {
-    T lanes[32];
-    warp_exchange(mask, &value, sizeof(T), lanes, what);
+    const WarpSlot* slots = warp_exchange(mask, &value, sizeof(T), what);
     int lane = lane_id();
     int segment_start = lane & ~(width - 1);
-    return lanes[segment_start + (source_lane & (width - 1))];
+    return slot_value<T>(slots, segment_start + (source_lane & (width - 1)));
 }
 template <class T>
 T shfl_xor(unsigned mask, T value, int lane_mask, int width) {
-    T lanes[32];
-    warp_exchange(mask, &value, sizeof(T), lanes, "__shfl_xor_sync");
+    const WarpSlot* slots = warp_exchange(mask, &value, sizeof(T), "__shfl_xor_sync");
     int lane = lane_id();
     int source = lane ^ lane_mask;
     if ((source & ~(width - 1)) != (lane & ~(width - 1))) { source = lane; }
-    return lanes[source];
+    return slot_value<T>(slots, source);
 }
 template <class T, class Combine>
 T warp_reduce(unsigned mask, T value, Combine combine, const char* what) {
-    T lanes[32];
-    warp_exchange(mask, &value, sizeof(T), lanes, what);
+    const WarpSlot* slots = warp_exchange(mask, &value, sizeof(T), what);
     bool first = true;
     T result = value;
     for (int l = 0; l < 32; l++) {
         if (!(mask & (1u << l))) { continue; }
-        result = first ? lanes[l] : combine(result, lanes[l]);
+        result = first ? slot_value<T>(slots, l) : combine(result, slot_value<T>(slots, l));
         first = false;
     }
     return result;
@@ -160,8 +166,8 @@ T warp_reduce(unsigned mask, T value, Combine combine, const char* what) {
 
 #define __syncthreads() cudasim::syncthreads(__FILE__, __LINE__)
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {
-    int dummy = 0, lanes[32];
-    cudasim::warp_exchange(mask, &dummy, sizeof(dummy), lanes, "__syncwarp");
+    int dummy = 0;
+    cudasim::warp_exchange(mask, &dummy, sizeof(dummy), "__syncwarp");
 }
 template <class T>
 static inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
@@ -202,10 +208,10 @@ static inline int __any_sync(unsigned mask, int predicate) {
     return cudasim::warp_reduce(mask, predicate != 0, [](bool a, bool b) { return a || b; }, "__any_sync");
 }
 static inline unsigned __ballot_sync(unsigned mask, int predicate) {
-    int lanes[32], p = predicate != 0;
-    cudasim::warp_exchange(mask, &p, sizeof(p), lanes, "__ballot_sync");
+    int p = predicate != 0;
+    const cudasim::WarpSlot* slots = cudasim::warp_exchange(mask, &p, sizeof(p), "__ballot_sync");
     unsigned bits = 0;
-    for (int l = 0; l < 32; l++) { if ((mask & (1u << l)) && lanes[l]) { bits |= 1u << l; } }
+    for (int l = 0; l < 32; l++) { if ((mask & (1u << l)) && cudasim::slot_value<int>(slots, l)) { bits |= 1u << l; } }
     return bits;
 }
 

@@ -100,7 +100,7 @@ struct Fiber {
 };
 
 struct Warp {
-    unsigned char slots[2][32][16];  // by generation parity: see warp_exchange
+    WarpSlot slots[2][32];  // by generation parity: see warp_exchange
     long generation = 0;
     int arrived = 0;
     unsigned mask = 0;
@@ -177,8 +177,8 @@ void syncthreads(const char* file, int line) {
     yield_to_scheduler();
 }
 
-// every lane named in mask deposits its value; returns when all have, with all values
-void warp_exchange(unsigned mask, const void* value, size_t bytes, void* all_lanes_out, const char* what) {
+// every lane named in mask deposits its value; returns the slots when all have
+const WarpSlot* warp_exchange(unsigned mask, const void* value, size_t bytes, const char* what) {
     Block* block = current_block;
     if (block == nullptr) { fail(std::string(what) + " outside a kernel"); }
     if (bytes > 16) { fail(std::string(what) + " of a value wider than 16 bytes"); }
@@ -193,14 +193,14 @@ void warp_exchange(unsigned mask, const void* value, size_t bytes, void* all_lan
     if (warp.arrived == 0) {
         warp.mask = mask;
         warp.what = what;
-    } else if (warp.mask != mask || strcmp(warp.what, what) != 0) {
+    } else if (warp.mask != mask || (warp.what != what && strcmp(warp.what, what) != 0)) {
         char text[256];
         snprintf(text, sizeof(text), "divergent warp collective in %s: lane %d calls %s (mask 0x%08x) while others "
                  "are in %s (mask 0x%08x)", block_text().c_str(), lane, what, mask, warp.what, warp.mask);
         fail(text);
     }
     const long generation = warp.generation;
-    unsigned char (*slots)[16] = warp.slots[generation & 1];
+    WarpSlot* slots = warp.slots[generation & 1];
     memcpy(slots[lane], value, bytes);
     warp.arrived++;
     if (warp.arrived < __builtin_popcount(mask)) {
@@ -215,9 +215,7 @@ void warp_exchange(unsigned mask, const void* value, size_t bytes, void* all_lan
     // The last lane to arrive goes on at once and may deposit into the warp's next collective
     // before the others have read this one, hence two slot sets by generation parity. It
     // cannot get two ahead: the next collective completes only when every lane has left this one.
-    for (int l = 0; l < 32; l++) {
-        if (mask & (1u << l)) { memcpy((char*)all_lanes_out + l * bytes, slots[l], bytes); }
-    }
+    return slots;
 }
 
 static bool can_resume(const Block& block, const Fiber& fiber) {
