@@ -101,7 +101,8 @@ static inline int file_exists(const char* path) {
 static inline void ensure_writable_dir(const char* dir) {
     struct stat st;
     if (stat(dir, &st) != 0) {
-        if (mkdir(dir, 0755) != 0) {
+        // EEXIST: another rank of the same run created it between the stat and here
+        if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode))) {
             llm8_die("cannot create output dir '%s': %s", dir, strerror(errno));
         }
     } else if (!S_ISDIR(st.st_mode)) {

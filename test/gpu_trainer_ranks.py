@@ -138,7 +138,7 @@ def main():
             check(worst < tolerance, f"{name}: 2-rank losses within {tolerance:g} of 1-rank (worst {worst:.2e})")
         stage = 3 if name in two_rank_only else 1
         check(f"zero | ZeRO-{stage} over 2 ranks" in out2, f"{name}: the startup line reports ZeRO-{stage}")
-        if stage == 3:
+        if stage == 3 and not ON_CUDASIM:  # cudasim's model is smaller than one 2 MiB mapping granule: nothing to save
             saved = re.search(r"saves ([\d.]+) MiB per GPU", out2)
             check(saved is not None and float(saved.group(1)) > 0, f"{name}: the zero3 line reports the memory it saves")
         if "-pa" in extra:
@@ -176,6 +176,8 @@ def main():
             for r in range(2):
                 check(os.path.exists(os.path.join(out_dir, f"state_{step:08d}_{r:05d}.bin")),
                       f"resume -fw {weights} -z {stage}: state file of rank {r} at step {step}")
+        if codes != [0, 0]:
+            continue
         os.remove(os.path.join(out_dir, "DONE_00000008"))
         codes, resumed = run(2, args + ["-y", 1], tmp)
         a, b = losses(straight), losses(resumed)
@@ -191,6 +193,8 @@ def main():
         reshard_args = common + ["-p", "fp8", "-opt", "adamw8", "-o", reshard_dir, "-n", 4]
         codes, straight = run(first, reshard_args + ["-b", 8 // first], tmp)
         check(codes == [0] * first, f"{name}: the uninterrupted {first}-rank run exits 0")
+        if codes != [0] * first:
+            continue
         os.remove(os.path.join(reshard_dir, "DONE_00000008"))
         codes, resumed = run(second, reshard_args + ["-b", 8 // second, "-y", 1], tmp)
         a, b = losses(straight), losses(resumed)
