@@ -21,8 +21,7 @@ batches, a 2-rank resume, and a killed rank.
   its rank and the collective.
 Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries,
 and by make simcheck against the cudasim build of the trainer (LLM8_TRAINER names it): there
-a 2-layer, C = 128, 997-token model from a model file and T = 64 stand in for d6 at T = 256,
-so a CPU runs every check in minutes.
+test/sim_model.py's 2-layer, C = 128, 997-token model and T = 64 stand in for d6 at T = 256.
 """
 import os
 import re
@@ -32,18 +31,18 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 
 from dev_modules import load_dev_bench_module
+import sim_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.environ.get("LLM8_TRAINER", os.path.join(ROOT, "train_gpt2_fp8"))
 ON_CUDASIM = "LLM8_TRAINER" in os.environ and "/sim/" in os.environ["LLM8_TRAINER"]
 STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
-if ON_CUDASIM:
-    LAYERS, HEADS, CHANNELS, VOCAB, SEQ_LEN, RANK_TIMEOUT_S = 2, 2, 128, 997, 64, 300
+if ON_CUDASIM:  # test/sim_model.py's model
+    LAYERS, CHANNELS, VOCAB, SEQ_LEN, RANK_TIMEOUT_S = sim_model.LAYERS, sim_model.CHANNELS, sim_model.VOCAB, 64, 300
 else:
-    LAYERS, HEADS, CHANNELS, VOCAB, SEQ_LEN, RANK_TIMEOUT_S = 6, 6, 384, 50257, 256, 60
+    LAYERS, CHANNELS, VOCAB, SEQ_LEN, RANK_TIMEOUT_S = 6, 384, 50257, 256, 60
 FAILURES = []
 
 
@@ -51,31 +50,6 @@ def check(condition, message):
     print(("ok   " if condition else "FAIL ") + message, flush=True)
     if not condition:
         FAILURES.append(message)
-
-
-def write_shard(path, num_tokens, seed):
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = 20240520, 1, num_tokens
-    tokens = np.random.default_rng(seed).integers(0, VOCAB, size=num_tokens, dtype=np.uint16)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.tobytes())
-
-
-def write_model(path, max_t=1024):
-    """an llm.c version-3 model file (fp32) of LAYERS x CHANNELS with a VOCAB-token vocabulary, GPT-2's init"""
-    L, C, padded = LAYERS, CHANNELS, (VOCAB + 127) // 128 * 128
-    header = np.zeros(256, dtype=np.int32)
-    header[:8] = [20240326, 3, max_t, VOCAB, L, HEADS, C, padded]
-    rng = np.random.default_rng(5)
-    normal, ones, zeros = (lambda n: rng.normal(0, 0.02, n)), np.ones, np.zeros
-    tensors = [normal(padded * C), normal(max_t * C), ones(L * C), zeros(L * C), normal(L * 3 * C * C), zeros(L * 3 * C),
-               normal(L * C * C), zeros(L * C), ones(L * C), zeros(L * C), normal(L * 4 * C * C), zeros(L * 4 * C),
-               normal(L * 4 * C * C), zeros(L * C), ones(C), zeros(C)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        for t in tensors:
-            f.write(np.asarray(t, dtype=np.float32).tobytes())
 
 
 def launch(ranks, args, workdir, timeout_s=RANK_TIMEOUT_S):
@@ -110,11 +84,11 @@ def main():
     if not os.path.exists(TRAINER):
         sys.exit(f"error: build {TRAINER} first (make train_gpt2_fp8, or make simcheck for the cudasim build)")
     tmp = tempfile.mkdtemp(prefix="llm8_ranks_")
-    write_shard(os.path.join(tmp, "r_train_000001.bin"), 400_000, 1)
+    sim_model.write_shard(os.path.join(tmp, "r_train_000001.bin"), 400_000, 1, VOCAB)
     model = "d6"
     if ON_CUDASIM:
         model = os.path.join(tmp, "model.bin")
-        write_model(model)
+        sim_model.write_model(model)
     micro_steps = 2  # -d = 2 ranks x -b 4 x T x 2
     common = ["-e", model, "-t", SEQ_LEN, "-x", 8, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-i", os.path.join(tmp, "r_train_*.bin"),
               "-j", "", "-d", 2 * 4 * SEQ_LEN * micro_steps]

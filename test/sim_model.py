@@ -1,0 +1,66 @@
+"""
+The small GPT-2 that the trainer runs under cudasim use (test/test_sim_trainer.py, and
+test/gpu_trainer_ranks.py under make simcheck): llm.c's version-3 model file (fp32) with
+GPT-2's init, and token shards and a HellaSwag file whose ids fit its vocabulary. 2 layers,
+C = 128 (two heads of 64, what the attention kernels serve; one 128-wide block for the FP8
+block recipe) and 997 tokens (like 50257, not a multiple of 8 or 128): a step of a few
+hundred tokens takes about a second on the CPU.
+"""
+import numpy as np
+
+LAYERS, HEADS, CHANNELS, VOCAB = 2, 2, 128, 997
+
+
+def write_model(path, layers=LAYERS, heads=HEADS, channels=CHANNELS, vocab=VOCAB, max_t=1024, seed=5,
+                first_qkv_weight=None):
+    """first_qkv_weight: a value for layer 0's qkv weight [0][0] (3e38 makes every forward overflow)"""
+    L, C, padded = layers, channels, (vocab + 127) // 128 * 128
+    header = np.zeros(256, dtype=np.int32)
+    header[:8] = [20240326, 3, max_t, vocab, L, heads, C, padded]
+    rng = np.random.default_rng(seed)
+    normal, ones, zeros = (lambda n: rng.normal(0, 0.02, n)), np.ones, np.zeros
+    tensors = [normal(padded * C), normal(max_t * C), ones(L * C), zeros(L * C), normal(L * 3 * C * C), zeros(L * 3 * C),
+               normal(L * C * C), zeros(L * C), ones(L * C), zeros(L * C), normal(L * 4 * C * C), zeros(L * 4 * C),
+               normal(L * 4 * C * C), zeros(L * C), ones(C), zeros(C)]
+    if first_qkv_weight is not None:
+        tensors[4][0] = first_qkv_weight
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        for t in tensors:
+            f.write(np.asarray(t, dtype=np.float32).tobytes())
+
+
+def write_shard(path, num_tokens, seed, vocab=VOCAB, learnable=False):
+    """uniform random tokens, or (learnable) a random walk over 64 of them, which a model
+    learns within a few steps"""
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, num_tokens
+    rng = np.random.default_rng(seed)
+    if learnable:
+        tokens = (np.cumsum(rng.integers(1, 3, size=num_tokens)) % 64).astype(np.uint16)
+    else:
+        tokens = rng.integers(0, vocab, size=num_tokens, dtype=np.uint16)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+
+
+def write_hellaswag(path, num_examples=8, vocab=VOCAB, seed=3):
+    """llm.c's eval file (dev/data/hellaswag.py write_evalfile): per example a 65535 delimiter,
+    its byte length, index, label, 4 completions, the context, then each ending"""
+    rng = np.random.default_rng(seed)
+    stream, longest = [], 0
+    for idx in range(num_examples):
+        context = rng.integers(0, vocab, size=3 + idx % 5).tolist()
+        example = [2 ** 16 - 1, 0, idx, int(rng.integers(0, 4)), 4, len(context)] + context
+        for _ in range(4):
+            ending = rng.integers(0, vocab, size=1 + int(rng.integers(0, 4))).tolist()
+            example += [len(ending)] + ending
+        example[1] = len(example) * 2
+        longest = max(longest, example[1])
+        stream += example
+    header = np.zeros(256, dtype=np.int32)
+    header[:4] = [20240522, 1, num_examples, longest]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.array(stream, dtype=np.uint16).tobytes())
