@@ -183,23 +183,18 @@ static inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int wid
     int source = lane + (int)delta < width ? lane + (int)delta : lane;
     return cudasim::shfl(mask, value, source, width, "__shfl_down_sync");
 }
-static inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
-    return cudasim::warp_reduce(mask, value, [](unsigned a, unsigned b) { return a + b; }, "__reduce_add_sync");
+// CUDA has these for int and unsigned
+template <class T>
+static inline T __reduce_add_sync(unsigned mask, T value) {
+    return cudasim::warp_reduce(mask, value, [](T a, T b) { return (T)(a + b); }, "__reduce_add_sync");
 }
-static inline unsigned __reduce_max_sync(unsigned mask, unsigned value) {
-    return cudasim::warp_reduce(mask, value, [](unsigned a, unsigned b) { return a > b ? a : b; }, "__reduce_max_sync");
+template <class T>
+static inline T __reduce_max_sync(unsigned mask, T value) {
+    return cudasim::warp_reduce(mask, value, [](T a, T b) { return a > b ? a : b; }, "__reduce_max_sync");
 }
-static inline unsigned __reduce_min_sync(unsigned mask, unsigned value) {
-    return cudasim::warp_reduce(mask, value, [](unsigned a, unsigned b) { return a < b ? a : b; }, "__reduce_min_sync");
-}
-static inline int __reduce_add_sync(unsigned mask, int value) {
-    return cudasim::warp_reduce(mask, value, [](int a, int b) { return a + b; }, "__reduce_add_sync");
-}
-static inline int __reduce_max_sync(unsigned mask, int value) {
-    return cudasim::warp_reduce(mask, value, [](int a, int b) { return a > b ? a : b; }, "__reduce_max_sync");
-}
-static inline int __reduce_min_sync(unsigned mask, int value) {
-    return cudasim::warp_reduce(mask, value, [](int a, int b) { return a < b ? a : b; }, "__reduce_min_sync");
+template <class T>
+static inline T __reduce_min_sync(unsigned mask, T value) {
+    return cudasim::warp_reduce(mask, value, [](T a, T b) { return a < b ? a : b; }, "__reduce_min_sync");
 }
 static inline int __all_sync(unsigned mask, int predicate) {
     return cudasim::warp_reduce(mask, predicate != 0, [](bool a, bool b) { return a && b; }, "__all_sync");
