@@ -518,7 +518,13 @@ static bool drain_until(const std::function<bool()>& satisfied, double deadline)
         for (CUstream_st* stream : all_streams) {
             if (may_start(stream)) { startable.push_back(stream); }
         }
-        if (startable.empty()) { fail("streams wait for each other: no queued work can start (a dependency cycle)"); }
+        if (startable.empty()) {
+            std::string waiting;
+            for (const CUstream_st* stream : all_streams) {
+                if (!stream->queue.empty()) { waiting += std::string(" ") + stream->queue.front().what; }
+            }
+            fail("streams wait for each other: no queued work can start (a dependency cycle); waiting:" + waiting);
+        }
         CUstream_st* chosen = startable[0];
         if (random_stream_order()) {
             chosen = startable[next_stream_choice() % startable.size()];
