@@ -117,9 +117,10 @@ $(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh) 
 SIM = $(BUILD)/sim
 SIM_CXX = $(CXX) -std=c++17 -O2 -fopenmp -I$(CUDA_HOME)/include -I$(NCCL_INCLUDE) -I$(SIM) -I. \
     -include test/cudasim/cudasim.h -DLLM8_NO_CUDNN
-SIM_INPUTS = $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh test/test_*.cu) train_gpt2_fp8.cu
+SIM_INPUTS = $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh test/test_*.cu test/cudasim/test_*.cu) train_gpt2_fp8.cu
 SIM_RUNTIME = $(patsubst test/cudasim/%.cpp,$(SIM)/%.o,$(wildcard test/cudasim/cudasim_*.cpp))
-SIM_TESTS = $(patsubst test/%.cu,$(SIM)/%,$(wildcard test/test_*.cu))
+SIM_TESTS = $(patsubst test/%.cu,$(SIM)/%,$(wildcard test/test_*.cu)) \
+    $(patsubst test/cudasim/%.cu,$(SIM)/%,$(wildcard test/cudasim/test_*.cu))
 
 $(SIM)/.translated: $(SIM_INPUTS) test/cudasim/translate.py | check-cuda check-nccl
 	@mkdir -p $(SIM)
@@ -132,6 +133,10 @@ $(SIM)/cudasim_%.o: test/cudasim/cudasim_%.cpp test/cudasim/cudasim.h | $(SIM)/.
 $(SIM)/test_%: $(SIM)/.translated $(SIM_RUNTIME)
 	$(SIM_CXX) -x c++ $(SIM)/test/test_$*.cu -x none $(SIM_RUNTIME) -lm -o $@
 
+# cudasim's own tests (what only the emulation can show, e.g. a missing stream dependency)
+$(SIM)/test_cudasim_%: $(SIM)/.translated $(SIM_RUNTIME)
+	$(SIM_CXX) -x c++ $(SIM)/test/cudasim/test_cudasim_$*.cu -x none $(SIM_RUNTIME) -lm -o $@
+
 $(SIM)/train_gpt2_fp8: $(SIM)/.translated $(SIM_RUNTIME)
 	$(SIM_CXX) -x c++ $(SIM)/train_gpt2_fp8.cu -x none $(SIM_RUNTIME) -lm -o $@
 
@@ -139,8 +144,8 @@ $(SIM)/train_gpt2_fp8: $(SIM)/.translated $(SIM_RUNTIME)
 test-sim: $(SIM_TESTS)
 	@RUNNER_NAME="cudasim tests" bash test/run_cpu_tests.sh $(SIM_TESTS)
 
-# everything make gpucheck runs, under cudasim, on smaller models, minus speed and the
-# concurrency of streams (test/cudasim/cudasim.h says what it checks and what not); the
+# everything make gpucheck runs, under cudasim, on smaller models, minus speed (streams
+# are ordered, not concurrent: test/cudasim/cudasim.h says what it checks and what not); the
 # multi-rank trainer runs take longer than CI's budget, so only simcheck has them
 simcheck: test-sim $(SIM)/train_gpt2_fp8
 	LLM8_TRAINER=$(SIM)/train_gpt2_fp8 $(PYTHON) test/gpu_trainer_ranks.py

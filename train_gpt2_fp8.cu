@@ -609,8 +609,10 @@ static float gpt2_grad_norm(GPT2* model, cudaStream_t stream) {
                         model->owned.end - model->owned.begin, stream);
     profiler_mark("grad norm");
     float norm_squared;
-    cudaCheck(cudaMemcpyAsync(&norm_squared, model->norm_squared, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    // the bounded wait first: a copy into pageable memory returns only once it completed, so
+    // queued behind the gradient reduce it would block on a dead peer with no deadline
     gpt2_wait(model, stream, "gradient reduce (waiting for the gradient norm)");
+    cudaCheck(cudaMemcpyAsync(&norm_squared, model->norm_squared, sizeof(float), cudaMemcpyDeviceToHost, stream));
     return sqrtf(gpt2_all_reduce(model, norm_squared, ncclSum, stream, "gradient norm all-reduce"));
 }
 
@@ -719,8 +721,8 @@ static float* device_to_host_floats(const float* device, size_t n) {
 // mean of the losses accumulated over `micro_steps` forward passes, over all ranks
 static float gpt2_mean_loss(GPT2* model, int micro_steps, cudaStream_t stream) {
     size_t BT = (size_t)model->B * model->T;
+    gpt2_wait(model, stream, "gradient reduce (waiting for the loss)");  // bounded, before the blocking copy:
     cudaCheck(cudaMemcpyAsync(model->losses_cpu, model->acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    gpt2_wait(model, stream, "gradient reduce (waiting for the loss)");
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) { sum += model->losses_cpu[i]; }
     return gpt2_all_reduce(model, (float)(sum / ((double)BT * micro_steps)), ncclAvg, stream, "loss all-reduce");
@@ -800,8 +802,8 @@ static float evaluate_hellaswag(GPT2* model, EvalLoader* eval_loader, cudaStream
         evalloader_next_batch(eval_loader);
         cudaCheck(cudaMemsetAsync(model->acts.losses, 0, BT * sizeof(float), stream));
         gpt2_forward(model, eval_loader->inputs, eval_loader->targets, 1.0f, 0, stream);
+        gpt2_wait(model, stream, "HellaSwag forward");  // bounded (ZeRO-3 gathers), before the blocking copy
         cudaCheck(cudaMemcpyAsync(model->losses_cpu, model->acts.losses, BT * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaStreamSynchronize(stream));
         correct += evalloader_stat_losses(eval_loader, model->losses_cpu);
     }
     fp8_model_end_eval(&model->fp8, stream);
@@ -824,9 +826,9 @@ static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, mt199
     fp8_model_begin_eval(&model->fp8, stream);
     for (int t = 1; t <= gen_tokens; t++) {
         gpt2_forward(model, tokens, NULL, 1.0f, 0, stream);
+        gpt2_wait(model, stream, "sampling forward");  // bounded (ZeRO-3 gathers), before the blocking copy
         cudaCheck(cudaMemcpyAsync(model->logits_row_cpu, model->acts.output + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
                                   cudaMemcpyDeviceToHost, stream));
-        cudaCheck(cudaStreamSynchronize(stream));
         const uint16_t* logits = (const uint16_t*)model->logits_row_cpu;
         float max_logit = -INFINITY;
         for (int v = 0; v < V; v++) { float x = bf16_bits_to_float(logits[v]); if (x > max_logit) { max_logit = x; } }
@@ -1177,7 +1179,7 @@ int main(int argc, char** argv) {
                    isfinite(loss) ? "gradient norm" : "loss", loss, grad_norm, skipped_updates);
         }
         cudaCheck(cudaEventRecord(end_event, stream));
-        cudaCheck(cudaEventSynchronize(end_event));
+        gpt2_wait(&model, stream, "step end (weight gather)");  // bounded: the gather may wait for a dead peer
         profiler_end_step(step > start_step);  // the first step includes one-time setup
         float ms;
         cudaCheck(cudaEventElapsedTime(&ms, start_event, end_event));

@@ -169,8 +169,10 @@ static inline float multi_gpu_all_reduce_float(const MultiGpuConfig* cfg, float 
     cudaCheck(cudaMemcpyAsync(cfg->scalar_device, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
     multi_gpu_nccl_settle(cfg, ncclAllReduce(cfg->scalar_device, cfg->scalar_device, 1, ncclFloat, op,
                                              cfg->nccl_comm, stream), what);
-    cudaCheck(cudaMemcpyAsync(&value, cfg->scalar_device, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    // the watchdog's wait first: a copy into pageable memory returns only once it completed,
+    // so queued before the wait it would block on a dead or hung peer with no deadline
     multi_gpu_wait(cfg, stream, what);
+    cudaCheck(cudaMemcpyAsync(&value, cfg->scalar_device, sizeof(float), cudaMemcpyDeviceToHost, stream));
     return value;
 }
 

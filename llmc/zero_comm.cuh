@@ -148,6 +148,9 @@ static void zero_comm_create_fp32_reduce(ZeroComm* comm) {
     comm->scratch_offsets = (size_t*)cuda_malloc_checked(table * sizeof(size_t), "fp32 gradient reduce offsets");
     cudaCheck(cudaMemcpy(comm->pieces_device, comm->pieces, table * sizeof(ZeroPiece), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(comm->scratch_offsets, offsets, table * sizeof(size_t), cudaMemcpyHostToDevice));
+    // the tables are read on the non-blocking NCCL stream, which does not wait for these copies
+    // on the legacy stream (from pageable memory cudaMemcpy may return before they land)
+    cudaCheck(cudaDeviceSynchronize());
     free(offsets);
 }
 

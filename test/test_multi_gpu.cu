@@ -47,10 +47,13 @@ __global__ void slice_cast_kernel(const float* shard, size_t shard_begin, size_t
     }
 }
 
+// the collectives run on the non-blocking NCCL stream, which does not wait for the legacy
+// stream's cudaMemcpy (from pageable memory it may return before the copy lands): synchronize
 static void* device_upload(const void* host, size_t bytes) {
     void* device = NULL;
     cudaCheck(cudaMalloc(&device, bytes));
     cudaCheck(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+    cudaCheck(cudaDeviceSynchronize());
     return device;
 }
 
@@ -94,7 +97,7 @@ static void test_basic_collectives(const MultiGpuConfig* mg, const char* who) {
     }
     CHECK(wrong == 0, "%s: bf16 reduce-scatter: %zu of %zu elements wrong", who, wrong, count);
     // all-gather, in place: this rank's part sits at rank * count
-    cudaCheck(cudaMemcpy(d_recv + (size_t)r * count, d_send, count * sizeof(uint16_t), cudaMemcpyDeviceToDevice));
+    cudaCheck(cudaMemcpyAsync(d_recv + (size_t)r * count, d_send, count * sizeof(uint16_t), cudaMemcpyDeviceToDevice, s));
     multi_gpu_nccl_settle(mg, ncclAllGather(d_recv + (size_t)r * count, d_recv, count, ncclBfloat16, mg->nccl_comm, s), "bf16 all-gather");
     multi_gpu_wait(mg, s, "bf16 all-gather");
     cudaCheck(cudaMemcpy(got, d_recv, count * n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
@@ -107,7 +110,7 @@ static void test_basic_collectives(const MultiGpuConfig* mg, const char* who) {
     for (size_t j = 0; j < count; j++) { bytes[j] = (uint8_t)(j * 31 + (size_t)r * 101); }
     uint8_t* d_bytes = NULL;
     cudaCheck(cudaMalloc((void**)&d_bytes, count * n));
-    cudaCheck(cudaMemcpy(d_bytes + (size_t)r * count, bytes, count, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpyAsync(d_bytes + (size_t)r * count, bytes, count, cudaMemcpyHostToDevice, s));
     multi_gpu_nccl_settle(mg, ncclAllGather(d_bytes + (size_t)r * count, d_bytes, count, ncclUint8, mg->nccl_comm, s), "fp8 all-gather");
     multi_gpu_wait(mg, s, "fp8 all-gather");
     cudaCheck(cudaMemcpy(bytes, d_bytes, count * n, cudaMemcpyDeviceToHost));

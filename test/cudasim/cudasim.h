@@ -20,10 +20,20 @@ A data race between the threads of a block shows as a result that depends on the
 they run in: each block runs its threads in a fresh pseudo-random order, so the tests'
 "run twice, bitwise equal" checks catch it (cudasim_runtime.cpp, choose_schedule_order).
 
-What it does not model: concurrency of streams. Blocks run concurrently on the CPU's
-threads (each OS thread one block at a time), but streams execute in call order on the
-host, so a missing stream/event dependency goes unseen; timing and
-hardware rounding of approximate intrinsics are not the GPU's. cuBLASLt, NCCL and the
+A missing dependency between streams shows the same way: every stream-ordered call (kernel
+launch, async copy and memset, event record and wait, cublasLtMatmul, NCCL collective) is
+queued with its arguments taken at the call, and the queues run only when the host must
+observe them (stream/event synchronization and queries, device synchronization, cudaFree,
+copies the CUDA documentation calls synchronous), each step taking the next work of a
+pseudo-randomly chosen stream among those whose next work may start: events, and the legacy
+default stream's implicit ordering with blocking (not non-blocking) streams. A host write to
+a cudaMallocHost buffer before the copy from it has run reaches the device, as on a GPU
+(cudasim_runtime.cpp, drain_until).
+
+What it does not model: work running while the host goes on (queued work runs only inside a
+synchronizing call, so a race between the host and a kernel shows only through pinned
+memory); graphs, per-thread default stream semantics beyond one host thread, stream
+priorities; timing and hardware rounding of approximate intrinsics are not the GPU's. cuBLASLt, NCCL and the
 driver's virtual-memory calls are emulated in cudasim_*.cpp from their documented
 semantics, so a misunderstanding of those semantics is shared with the code under test;
 the GPU tests on a real device remain the authority.
@@ -44,6 +54,7 @@ header force-included (-include). Nothing here is used by the real build.
 #include <tuple>
 #include <utility>
 #include <functional>
+#include <memory>
 #include <algorithm>
 
 // the CUDA qualifiers: everything is host code here
@@ -84,10 +95,27 @@ struct ThreadCoordinates {
 const ThreadCoordinates& coordinates();
 void* dynamic_shared_memory();
 
-// runs body once per CUDA thread of the grid; kernel_address identifies the kernel for its
-// attributes (cudaFuncSetAttribute) and the error messages
-void run_grid(const LaunchConfig& config, const void* kernel_address, const char* kernel_name,
-              const std::function<void()>& body);
+// Stream-ordered work (cudasim_runtime.cpp): enqueue puts `work` at the end of `stream`'s
+// queue (0: the legacy default stream); it runs when the host must observe it (a
+// synchronizing call drains the queues, in a pseudo-random order among the streams whose next
+// work may start). work(deadline) returns false while it cannot finish (a collective waiting
+// for peers) and is called again later; the deadline (INFINITY where the host blocks) says
+// how long it may wait. It starts only after `after` (if any) has completed. Returns its own
+// completion, for a later enqueue's `after`.
+struct Completion;
+using StreamWork = std::function<bool(double deadline)>;
+std::shared_ptr<Completion> enqueue(cudaStream_t stream, const char* what, StreamWork work,
+                                    std::shared_ptr<Completion> after = nullptr);
+// runs every stream's queued work until all is done (true) or `deadline` passes (false): what
+// a host that blocks for a collective's peers must do first, so that no peer waits for work
+// that only this host's waiting would run
+bool synchronize_all_streams(double deadline);
+
+// checks a launch and enqueues body (run once per CUDA thread of the grid) on config.stream;
+// kernel_address identifies the kernel for its attributes (cudaFuncSetAttribute) and the
+// error messages
+void launch_grid(const LaunchConfig& config, const void* kernel_address, const char* kernel_name,
+                 std::function<void()> body);
 
 template <class... Params>
 struct Launcher {
@@ -96,11 +124,11 @@ struct Launcher {
     const char* name;
     template <class... Args>
     void operator()(Args&&... args) const {
-        // converted once, like the argument buffer of a real launch; each thread's call
-        // copies it into its own parameters
+        // converted once at the launch, like the argument buffer of a real launch (the queued
+        // grid keeps its copy); each thread's call copies it into its own parameters
         std::tuple<Params...> params(std::forward<Args>(args)...);
         void (*k)(Params...) = kernel;
-        run_grid(config, (const void*)k, name, [&]() { std::apply(k, params); });
+        launch_grid(config, (const void*)k, name, [k, params]() { std::apply(k, params); });
     }
 };
 template <class... Params>

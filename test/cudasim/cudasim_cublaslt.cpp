@@ -678,7 +678,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               cublasLtMatrixLayout_t a_layout, const void* B, cublasLtMatrixLayout_t b_layout,
                               const void* beta, const void* C, cublasLtMatrixLayout_t c_layout, void* D,
                               cublasLtMatrixLayout_t d_layout, const cublasLtMatmulAlgo_t* algo, void* workspace,
-                              size_t workspace_bytes, cudaStream_t) {
+                              size_t workspace_bytes, cudaStream_t stream) {
     REFUSE_IF(handle == nullptr, CUBLAS_STATUS_NOT_INITIALIZED, "cublasLtMatmul without a handle");
     REFUSE_IF(alpha == nullptr || beta == nullptr || A == nullptr || B == nullptr || D == nullptr,
               CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul with a NULL alpha, beta, A, B or D");
@@ -728,7 +728,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         (void)bytes[0];
         (void)bytes[workspace_bytes - 1];
     }
-    compute(problem, Pointers{A, B, C, D}, alpha_value, beta_value);
+    // the descriptors are read at the call (the caller may change or destroy them after it);
+    // the matrices, scales and bias when the stream reaches the matmul
+    struct QueuedMatmul { MatmulDesc desc; MatrixLayout layouts[4]; Problem problem; };
+    auto queued = std::make_shared<QueuedMatmul>();
+    queued->desc = *problem.desc;
+    queued->problem = problem;
+    queued->problem.desc = &queued->desc;
+    for (int i = 0; i < 4; i++) {
+        queued->layouts[i] = *problem.layouts[i];
+        queued->problem.layouts[i] = &queued->layouts[i];
+    }
+    const Pointers data{A, B, C, D};
+    cudasim::enqueue(stream, "cublasLtMatmul", [queued, data, alpha_value, beta_value](double) {
+        compute(queued->problem, data, alpha_value, beta_value);
+        return true;
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -8,17 +8,18 @@ ncclCommAbort) can only be checked with ranks that are separate processes exchan
 
 How: ncclGetUniqueId creates a POSIX shared-memory region and writes its name into the id;
 every rank maps it in ncclCommInitRankConfig. The region holds, per rank, its pid, how many
-barriers it has reached and what collective it is in, and two staging buffers. cudasim runs
-streams at call time, so a collective moves its data when it is called (or at the
-ncclGroupEnd of its group): in chunks of at most STAGING_BYTES per rank, each chunk one
-round of "every rank copies its part into its staging buffer, barrier, every rank reads what
-it needs from all buffers". Staging buffers alternate by barrier parity, so one barrier per
+barriers it has reached and what collective it is in, and two staging buffers. A collective
+(or a group's, at its ncclGroupEnd) is queued on its stream (cudasim_runtime.cpp) and moves
+its data when the stream runs it (enqueue_collectives): in chunks of at most STAGING_BYTES
+per rank, each chunk one round of "every rank copies its part into its staging buffer,
+barrier, every rank reads what it needs from all buffers". Staging buffers alternate by barrier parity, so one barrier per
 round suffices: a rank can only come back to a buffer after every rank passed the barrier
 that follows its reads. The barrier is a futex on a sequence word bumped at every arrival.
 
 What NCCL documents and this does:
-- Nonblocking communicators (config.blocking = 0): a call that cannot finish because a peer
-  has not arrived returns ncclInProgress after a short wait; the operation continues in
+- Nonblocking communicators (config.blocking = 0): a host-side call (creation, finalization)
+  that cannot finish because a peer has not arrived returns ncclInProgress after a short wait
+  (collectives only enqueue, so they return ncclSuccess); the operation continues in
   ncclCommGetAsyncError, which reports ncclInProgress until it completes. The documentation
   requires the state to reach ncclSuccess before the next NCCL call on the communicator and
   before CUDA work that depends on it; a call made earlier stops the program (a usage error
@@ -67,6 +68,8 @@ allows that, so the two-ranks-on-one-GPU tests run. Only the calls llm8 uses exi
 #include <limits.h>
 #include <atomic>
 #include <deque>
+#include <memory>
+#include <math.h>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -309,8 +312,12 @@ struct ncclComm {
     bool finalize_issued = false;
     uint32_t barriers_passed = 0;
     uint64_t operations_issued = 0;
-    std::deque<Operation> pending;      // issued, not complete: the front one is in progress
+    std::deque<Operation> pending;      // host-side operations (creation, finalization) not complete
     ncclResult_t state = ncclSuccess;   // ncclInProgress while pending is not empty, or an error
+    // collectives run from the streams' queues, which outlive the communicator: Abort and
+    // Destroy set this and the queued ones are dropped
+    std::shared_ptr<bool> released = std::make_shared<bool>(false);
+    std::shared_ptr<cudasim::Completion> last_collective;  // the one enqueued last
 };
 
 namespace {
@@ -430,11 +437,10 @@ ncclResult_t wait_barrier(ncclComm* comm, const Operation& op, double deadline) 
     }
 }
 
-// runs the pending operations in order until done, an error, or the deadline
-ncclResult_t progress(ncclComm* comm, double deadline) {
-    if (comm->state != ncclSuccess && comm->state != ncclInProgress) { return comm->state; }
-    while (!comm->pending.empty()) {
-        Operation& op = comm->pending.front();
+// runs one operation's rounds until done, an error, or the deadline (ncclInProgress; the
+// operation remembers where it is and goes on at the next call)
+ncclResult_t advance(ncclComm* comm, Operation& op, double deadline) {
+    while (op.next_round < op.rounds) {
         const uint32_t parity = comm->barriers_passed & 1;
         if (!op.arrived) {
             deposit(comm, op, parity);
@@ -442,18 +448,33 @@ ncclResult_t progress(ncclComm* comm, double deadline) {
             op.arrived = true;
         }
         ncclResult_t result = wait_barrier(comm, op, deadline);
-        if (result != ncclSuccess) {
-            comm->state = result;
-            return result;
-        }
+        if (result != ncclSuccess) { return result; }
         check_agreement(comm, op, parity);
         collect(comm, op, parity);
         comm->barriers_passed++;
         op.arrived = false;
-        if (++op.next_round == op.rounds) {
-            if (op.what.kind == Kind::Join) { shm_unlink(comm->region_name.c_str()); }  // every rank has it mapped
-            comm->pending.pop_front();
+        op.next_round++;
+    }
+    return ncclSuccess;
+}
+
+// runs the pending host-side operations (creation, finalization) in order until done, an
+// error, or the deadline. Before it waits for its peers a rank runs the work queued on its
+// streams (collectives included): a peer may be blocked in a stream synchronization waiting
+// for this rank's part of a collective that only a host wait here runs
+ncclResult_t progress(ncclComm* comm, double deadline) {
+    if (comm->state != ncclSuccess && comm->state != ncclInProgress) { return comm->state; }
+    while (!comm->pending.empty()) {
+        if (!cudasim::synchronize_all_streams(deadline)) { return comm->state; }
+        if (comm->state != ncclInProgress) { return comm->state; }  // a queued collective failed
+        Operation& op = comm->pending.front();
+        ncclResult_t result = advance(comm, op, deadline);
+        if (result != ncclSuccess) {
+            if (result != ncclInProgress) { comm->state = result; }
+            return result;
         }
+        if (op.what.kind == Kind::Join) { shm_unlink(comm->region_name.c_str()); }  // every rank has it mapped
+        comm->pending.pop_front();
     }
     comm->state = ncclSuccess;
     return ncclSuccess;
@@ -494,7 +515,7 @@ void extents(const ncclComm* comm, const Operation& op, Extent* read, Extent* wr
     *written = Extent{op.recv, op.recv + written_bytes};
 }
 
-struct GroupedOperation { ncclComm* comm; Operation op; };
+struct GroupedOperation { ncclComm* comm; Operation op; cudaStream_t stream; };
 thread_local int group_depth = 0;
 thread_local std::vector<GroupedOperation> group_operations;
 
@@ -515,9 +536,40 @@ void check_group_independence() {
     }
 }
 
-// a collective: queued in a group, else run now
+/*
+Collectives (one, or a group's) on a stream: they run when the stream reaches them and wait
+there for the peers' parts, as an NCCL kernel does. A collective whose peer left stays
+unfinished with the error in the communicator (ncclCommGetAsyncError reports it, the stream
+stays blocked) until ncclCommAbort drops it; a host blocking on such a stream would hang on
+a GPU, so that stops the program. One communicator's collectives run in the order they were
+issued, whatever streams they are on: NCCL matches them across ranks by that order (it does
+not document how it orders one communicator's kernels on different streams; llm8 uses one).
+*/
+void enqueue_collectives(ncclComm* comm, cudaStream_t stream, std::deque<Operation> operations) {
+    std::shared_ptr<bool> released = comm->released;
+    comm->last_collective = cudasim::enqueue(stream, "NCCL collective", [comm, released, operations](double deadline) mutable {
+        if (*released) { return true; }
+        while (!operations.empty()) {
+            const bool failed_before = comm->state != ncclSuccess && comm->state != ncclInProgress;
+            ncclResult_t result = failed_before ? comm->state : advance(comm, operations.front(), deadline);
+            if (result == ncclInProgress) { return false; }
+            if (result != ncclSuccess) {
+                comm->state = result;
+                if (deadline == INFINITY) {
+                    fail("the host waits for a stream whose " + describe(operations.front().what) +
+                         " can never complete (" + last_error_text + "): on a GPU this hangs");
+                }
+                return false;
+            }
+            operations.pop_front();
+        }
+        return true;
+    }, comm->last_collective);
+}
+
+// a collective: queued in a group, else enqueued on its stream
 ncclResult_t issue(Kind kind, const void* send, void* recv, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                   int root, ncclComm* comm) {
+                   int root, ncclComm* comm, cudaStream_t stream) {
     if (comm == nullptr) { return record_error(ncclInvalidArgument, std::string(kind_name(kind)) + ": NULL communicator"); }
     require_settled(comm, kind_name(kind));
     if (comm->state != ncclSuccess) { return comm->state; }
@@ -532,12 +584,11 @@ ncclResult_t issue(Kind kind, const void* send, void* recv, size_t count, ncclDa
     }
     Operation operation = make_operation(comm, kind, send, recv, count, datatype, op, root);
     if (group_depth > 0) {
-        group_operations.push_back(GroupedOperation{comm, operation});
+        group_operations.push_back(GroupedOperation{comm, operation, stream});
         return ncclSuccess;
     }
-    comm->pending.push_back(operation);
-    comm->state = ncclInProgress;
-    return progress(comm, call_deadline(comm));
+    enqueue_collectives(comm, stream, {operation});
+    return ncclSuccess;
 }
 
 } // namespace
@@ -673,6 +724,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 
 // Destroy and Abort: peers still waiting for this rank learn that it left
 static void release_communicator(ncclComm* comm) {
+    *comm->released = true;
     comm->region->ranks[comm->rank].departed.store(1);
     comm->region->sequence.fetch_add(1);
     futex_wake_all(&comm->region->sequence);
@@ -714,44 +766,48 @@ ncclResult_t ncclGroupEnd() {
             return comm->state;
         }
     }
-    for (const GroupedOperation& g : group_operations) {
-        g.comm->pending.push_back(g.op);
-        g.comm->state = ncclInProgress;
+    // one launch per communicator (a group spanning several would need every rank to list
+    // them in the same order; llm8's groups hold one), on its operations' stream
+    for (ncclComm* comm : comms) {
+        std::deque<Operation> operations;
+        cudaStream_t stream = nullptr;
+        for (const GroupedOperation& g : group_operations) {
+            if (g.comm != comm) { continue; }
+            if (!operations.empty() && g.stream != stream) {
+                fail("an NCCL group with operations on different streams (not emulated)");
+            }
+            stream = g.stream;
+            operations.push_back(g.op);
+        }
+        enqueue_collectives(comm, stream, std::move(operations));
     }
     group_operations.clear();
-    // one communicator after the other: a group spanning several would need every rank to
-    // list them in the same order (llm8's groups hold one)
-    ncclResult_t result = ncclSuccess;
-    for (ncclComm* comm : comms) {
-        ncclResult_t r = progress(comm, call_deadline(comm));
-        if (r != ncclSuccess && (result == ncclSuccess || result == ncclInProgress)) { result = r; }
-    }
-    return result;
+    return ncclSuccess;
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
-    return issue(Kind::AllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm);
+                           ncclComm_t comm, cudaStream_t stream) {
+    return issue(Kind::AllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm, stream);
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                        int root, ncclComm_t comm, cudaStream_t) {
-    return issue(Kind::Reduce, sendbuff, recvbuff, count, datatype, op, root, comm);
+                        int root, ncclComm_t comm, cudaStream_t stream) {
+    return issue(Kind::Reduce, sendbuff, recvbuff, count, datatype, op, root, comm, stream);
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t) {
-    return issue(Kind::Broadcast, sendbuff, recvbuff, count, datatype, ncclSum, root, comm);
+                           ncclComm_t comm, cudaStream_t stream) {
+    return issue(Kind::Broadcast, sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream);
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-                           ncclComm_t comm, cudaStream_t) {
-    return issue(Kind::AllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm);
+                           ncclComm_t comm, cudaStream_t stream) {
+    return issue(Kind::AllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream);
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-    return issue(Kind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm);
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+    return issue(Kind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream);
 }
 
 } // extern "C"

@@ -7,7 +7,13 @@ point (block barrier, warp collective). A meeting completes when every thread it
 arrived at the same kind of point; a meeting that can never complete (a thread of the block
 exited before a __syncthreads, threads waiting at two different barriers, a warp collective
 whose mask names a lane that left) stops the program with the kernel and the call sites.
-Streams run in call order: a launch or copy is finished when the call returns.
+Streams are queues (see "streams" below): a launch, copy, memset, event record or wait is
+enqueued with its arguments taken at the call, and runs when the host must observe it, in a
+seeded pseudo-random order among the streams whose next work may start (dependencies:
+cudaStreamWaitEvent, the legacy default stream's implicit ordering with blocking streams;
+non-blocking streams are ordered with nothing but their events). Which calls synchronize the
+host follows the CUDA runtime's "API synchronization behavior" (enqueue_copy). One host
+thread calls the API (the queues take no lock); blocks of one kernel run on OpenMP threads.
 */
 #include "cudasim.h"
 #if !defined(__x86_64__)
@@ -22,6 +28,9 @@ Streams run in call order: a launch or copy is finished when the call returns.
 #include <vector>
 #include <map>
 #include <mutex>
+#include <deque>
+#include <memory>
+#include <math.h>
 
 namespace cudasim {
 
@@ -373,8 +382,8 @@ static void run_one_block(const LaunchConfig& config, const char* name, const st
     current_block = nullptr;
 }
 
-void run_grid(const LaunchConfig& config, const void* kernel_address, const char* name,
-              const std::function<void()>& body) {
+void launch_grid(const LaunchConfig& config, const void* kernel_address, const char* name,
+                 std::function<void()> body) {
     const dim3 grid = config.grid, block_dim = config.block;
     long threads = (long)block_dim.x * block_dim.y * block_dim.z;
     long blocks = (long)grid.x * grid.y * grid.z;
@@ -390,11 +399,150 @@ void run_grid(const LaunchConfig& config, const void* kernel_address, const char
         return;
     }
     const uint64_t launch_number = ++launch_count;
-    // blocks are independent on a GPU too: the OS threads (OpenMP) each run whole blocks
-    #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
-    for (long b = 0; b < blocks; b++) {
-        run_one_block(config, name, body, b, launch_number);
+    enqueue(config.stream, name, [config, name, body, blocks, launch_number](double) {
+        // blocks are independent on a GPU too: the OS threads (OpenMP) each run whole blocks
+        #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
+        for (long b = 0; b < blocks; b++) {
+            run_one_block(config, name, body, b, launch_number);
+        }
+        return true;
+    });
+}
+
+// ----------------------------------------------------------------------------------------
+// streams: queues of work, run when the host must observe it
+
+struct Completion {
+    bool done = false;
+    double seconds = 0.0;  // when it ran (cudaEventElapsedTime)
+};
+
+struct QueuedWork {
+    StreamWork work;
+    const char* what;
+    uint64_t sequence;  // enqueue order, for CUDASIM_STREAM_ORDER=in-order
+    std::vector<std::shared_ptr<Completion>> after;  // all must be done before it starts
+    std::shared_ptr<Completion> completion;
+};
+
+} // namespace cudasim
+
+struct CUstream_st {
+    bool blocking = true;  // synchronizes with the legacy default stream (no cudaStreamNonBlocking)
+    std::deque<cudasim::QueuedWork> queue;
+    std::shared_ptr<cudasim::Completion> last;  // of the work enqueued last
+};
+struct CUevent_st {
+    std::shared_ptr<cudasim::Completion> recorded;  // the last cudaEventRecord's; null before one
+};
+
+namespace cudasim {
+
+static double now_seconds() { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+
+static CUstream_st legacy_stream;      // stream 0, cudaStreamLegacy
+static CUstream_st per_thread_stream;  // cudaStreamPerThread: a blocking stream (one host thread here)
+static std::vector<CUstream_st*> all_streams = {&legacy_stream, &per_thread_stream};
+static bool draining = false;
+static uint64_t enqueued_count = 0;
+
+static CUstream_st* stream_of(cudaStream_t stream) {
+    if (stream == nullptr || stream == cudaStreamLegacy) { return &legacy_stream; }
+    if (stream == cudaStreamPerThread) { return &per_thread_stream; }
+    return stream;
+}
+
+static void add_unfinished(std::vector<std::shared_ptr<Completion>>* after, const std::shared_ptr<Completion>& c) {
+    if (c != nullptr && !c->done) { after->push_back(c); }
+}
+
+std::shared_ptr<Completion> enqueue(cudaStream_t handle, const char* what, StreamWork work,
+                                    std::shared_ptr<Completion> after) {
+    if (draining) { fail(std::string("enqueue of ") + what + " from work that a stream runs"); }
+    CUstream_st* stream = stream_of(handle);
+    QueuedWork queued{std::move(work), what, enqueued_count++, {}, std::make_shared<Completion>()};
+    add_unfinished(&queued.after, after);
+    // the legacy default stream's documented implicit synchronization: its work waits for all
+    // work enqueued before it on blocking streams, and work on a blocking stream waits for
+    // the legacy stream's work enqueued before it; non-blocking streams take no part
+    if (stream == &legacy_stream) {
+        for (CUstream_st* other : all_streams) {
+            if (other != &legacy_stream && other->blocking) { add_unfinished(&queued.after, other->last); }
+        }
+    } else if (stream->blocking) {
+        add_unfinished(&queued.after, legacy_stream.last);
     }
+    stream->last = queued.completion;
+    stream->queue.push_back(std::move(queued));
+    return stream->last;
+}
+
+static bool may_start(const CUstream_st* stream) {
+    if (stream->queue.empty()) { return false; }
+    for (const std::shared_ptr<Completion>& c : stream->queue.front().after) {
+        if (!c->done) { return false; }
+    }
+    return true;
+}
+
+/*
+The order in which the streams' work runs. A GPU runs the work of different streams in any
+order their dependencies (events, the legacy stream's rules) allow, so each step picks the
+next work of a pseudo-randomly chosen stream among those whose next work may start (a fixed
+seed: a failure reproduces). A missing dependency then shows as a result that differs between
+two runs (or between ranks), which the tests' run-twice and 2-ranks-vs-1 checks catch.
+CUDASIM_STREAM_ORDER=in-order runs the oldest startable work first instead (call order).
+*/
+static bool random_stream_order() {
+    static const bool random = [] {
+        const char* mode = getenv("CUDASIM_STREAM_ORDER");
+        return mode == nullptr || strcmp(mode, "in-order") != 0;
+    }();
+    return random;
+}
+static uint64_t stream_order_state = 0x2545f4914f6cdd1dull;
+static uint64_t next_stream_choice() {
+    stream_order_state ^= stream_order_state << 13;
+    stream_order_state ^= stream_order_state >> 7;
+    stream_order_state ^= stream_order_state << 17;
+    return stream_order_state;
+}
+
+// runs queued work until `satisfied`; false if work that cannot finish yet (a collective
+// waiting for peers) is still unfinished at `deadline`
+static bool drain_until(const std::function<bool()>& satisfied, double deadline) {
+    if (draining) { fail("a synchronizing call from work that a stream runs"); }
+    std::vector<CUstream_st*> startable;
+    while (!satisfied()) {
+        startable.clear();
+        for (CUstream_st* stream : all_streams) {
+            if (may_start(stream)) { startable.push_back(stream); }
+        }
+        if (startable.empty()) {
+            std::string waiting;
+            for (const CUstream_st* stream : all_streams) {
+                if (!stream->queue.empty()) { waiting += std::string(" ") + stream->queue.front().what; }
+            }
+            fail("streams wait for each other: no queued work can start (a dependency cycle); waiting:" + waiting);
+        }
+        CUstream_st* chosen = startable[0];
+        if (random_stream_order()) {
+            chosen = startable[next_stream_choice() % startable.size()];
+        } else {
+            for (CUstream_st* stream : startable) {
+                if (stream->queue.front().sequence < chosen->queue.front().sequence) { chosen = stream; }
+            }
+        }
+        QueuedWork& next = chosen->queue.front();
+        draining = true;
+        const bool finished = next.work(deadline);
+        draining = false;
+        if (!finished) { return false; }
+        next.completion->seconds = now_seconds();
+        next.completion->done = true;
+        chosen->queue.pop_front();
+    }
+    return true;
 }
 
 } // namespace cudasim
@@ -411,6 +559,102 @@ std::map<void*, Allocation> allocations;  // by the pointer handed out
 size_t allocated_bytes = 0;
 const size_t SIMULATED_MEMORY_BYTES = 80ull << 30;
 size_t page_bytes() { static size_t p = (size_t)sysconf(_SC_PAGESIZE); return p; }
+std::map<const char*, size_t> pinned_allocations;  // cudaMallocHost's: start, bytes
+
+// how long a query (cudaEventQuery, cudaStreamQuery) lets queued work wait for peers
+const double QUERY_WAIT_S = 0.01;
+
+bool is_pinned(const void* pointer) {
+    auto after = pinned_allocations.upper_bound((const char*)pointer);
+    if (after == pinned_allocations.begin()) { return false; }
+    --after;
+    return (const char*)pointer < after->first + after->second;
+}
+
+bool is_cuda_malloc_memory(const void* pointer) {
+    std::lock_guard<std::mutex> lock(allocations_mutex);
+    auto after = allocations.upper_bound((void*)pointer);
+    if (after == allocations.begin()) { return false; }
+    --after;
+    return (const char*)pointer < (const char*)after->first + after->second.bytes;
+}
+
+/*
+A copy, as the CUDA runtime documents its synchronization ("API synchronization behavior"):
+- host to device from pageable memory: the source is staged at the call (the host may reuse
+  its buffer when the call returns); the copy to the device runs in stream order. For the
+  synchronous cudaMemcpy the documentation says "a stream sync is performed before the copy
+  is initiated" and that it returns once the buffer is staged, "but the DMA to final
+  destination may not have completed": so it does not wait for the copy itself.
+- host to device from pinned (cudaMallocHost) memory: cudaMemcpyAsync reads the host buffer
+  when the copy runs, so a host write before the copy completes races with it; cudaMemcpy
+  is synchronous.
+- device to host: cudaMemcpy returns once the copy completed; cudaMemcpyAsync too when the
+  destination is pageable, and is asynchronous into pinned memory.
+- device to device: asynchronous for both; host to host: synchronous for both.
+cudaMemcpyDefault infers the kind from the pointers (cudaMalloc'd memory is the device's).
+*/
+struct Copy {
+    char* destination;
+    size_t destination_pitch;
+    const char* source;
+    size_t source_pitch;
+    size_t width, height;
+};
+
+cudaError_t enqueue_copy(Copy copy, cudaMemcpyKind kind, cudaStream_t stream, bool synchronous_call) {
+    if (sticky_error != cudaSuccess) { return sticky_error; }
+    if (copy.width == 0 || copy.height == 0) { return cudaSuccess; }
+    if (kind == cudaMemcpyDefault) {
+        bool from_device = is_cuda_malloc_memory(copy.source), to_device = is_cuda_malloc_memory(copy.destination);
+        kind = from_device ? (to_device ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost)
+                           : (to_device ? cudaMemcpyHostToDevice : cudaMemcpyHostToHost);
+    }
+    bool host_waits = false;
+    std::shared_ptr<std::vector<char>> staged;
+    switch (kind) {
+        case cudaMemcpyHostToDevice:
+            if (!is_pinned(copy.source)) {
+                staged = std::make_shared<std::vector<char>>((copy.height - 1) * copy.source_pitch + copy.width);
+                memcpy(staged->data(), copy.source, staged->size());
+                copy.source = staged->data();
+            } else {
+                host_waits = synchronous_call;
+            }
+            break;
+        case cudaMemcpyDeviceToHost: host_waits = synchronous_call || !is_pinned(copy.destination); break;
+        case cudaMemcpyDeviceToDevice: break;
+        default: host_waits = true; break;  // host to host
+    }
+    std::shared_ptr<Completion> done = enqueue(stream, "memory copy", [copy, staged](double) {
+        for (size_t row = 0; row < copy.height; row++) {
+            memmove(copy.destination + row * copy.destination_pitch, copy.source + row * copy.source_pitch, copy.width);
+        }
+        return true;
+    });
+    if (host_waits) { drain_until([&] { return done->done; }, INFINITY); }
+    return sticky_error;
+}
+
+cudaError_t enqueue_memset(void* destination, int value, size_t bytes, cudaStream_t stream) {
+    if (sticky_error != cudaSuccess) { return sticky_error; }
+    std::shared_ptr<Completion> done = enqueue(stream, "memset", [destination, value, bytes](double) {
+        memset(destination, value, bytes);
+        return true;
+    });
+    // "asynchronous with respect to the host except when the target memory is pinned host memory"
+    if (is_pinned(destination)) { drain_until([&] { return done->done; }, INFINITY); }
+    return cudaSuccess;
+}
+}
+
+bool cudasim::synchronize_all_streams(double deadline) {
+    return drain_until([] {
+        for (const CUstream_st* stream : all_streams) {
+            if (!stream->queue.empty()) { return false; }
+        }
+        return true;
+    }, deadline);
 }
 
 extern "C" {
@@ -439,6 +683,7 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) {
 
 cudaError_t cudaFree(void* pointer) {
     if (pointer == nullptr) { return cudaSuccess; }
+    synchronize_all_streams(INFINITY);  // documented: cudaFree synchronizes the device
     std::lock_guard<std::mutex> lock(allocations_mutex);
     auto found = allocations.find(pointer);
     if (found == allocations.end()) { fail("cudaFree of a pointer cudaMalloc did not return"); }
@@ -450,25 +695,29 @@ cudaError_t cudaFree(void* pointer) {
 
 cudaError_t cudaMallocHost(void** pointer, size_t bytes) {
     *pointer = malloc(bytes > 0 ? bytes : 1);
-    return *pointer ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-cudaError_t cudaFreeHost(void* pointer) { free(pointer); return cudaSuccess; }
-
-cudaError_t cudaMemcpy(void* destination, const void* source, size_t bytes, cudaMemcpyKind) {
-    if (sticky_error != cudaSuccess) { return sticky_error; }
-    if (bytes > 0) { memmove(destination, source, bytes); }
+    if (*pointer == nullptr) { return cudaErrorMemoryAllocation; }
+    pinned_allocations[(const char*)*pointer] = bytes > 0 ? bytes : 1;
     return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* destination, const void* source, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-    return cudaMemcpy(destination, source, bytes, kind);
+cudaError_t cudaFreeHost(void* pointer) {
+    if (pointer == nullptr) { return cudaSuccess; }
+    synchronize_all_streams(INFINITY);  // queued copies may still read or write it
+    if (pinned_allocations.erase((const char*)pointer) == 0) { fail("cudaFreeHost of a pointer cudaMallocHost did not return"); }
+    free(pointer);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* destination, const void* source, size_t bytes, cudaMemcpyKind kind) {
+    return enqueue_copy(Copy{(char*)destination, bytes, (const char*)source, bytes, bytes, 1}, kind, nullptr, true);
+}
+cudaError_t cudaMemcpyAsync(void* destination, const void* source, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+    return enqueue_copy(Copy{(char*)destination, bytes, (const char*)source, bytes, bytes, 1}, kind, stream, false);
 }
 cudaError_t cudaMemset(void* destination, int value, size_t bytes) {
-    if (sticky_error != cudaSuccess) { return sticky_error; }
-    memset(destination, value, bytes);
-    return cudaSuccess;
+    return enqueue_memset(destination, value, bytes, nullptr);
 }
-cudaError_t cudaMemsetAsync(void* destination, int value, size_t bytes, cudaStream_t) {
-    return cudaMemset(destination, value, bytes);
+cudaError_t cudaMemsetAsync(void* destination, int value, size_t bytes, cudaStream_t stream) {
+    return enqueue_memset(destination, value, bytes, stream);
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     *total_bytes = SIMULATED_MEMORY_BYTES;
@@ -514,7 +763,10 @@ cudaError_t cudaFuncSetAttribute(const void* function, cudaFuncAttribute attribu
 cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return sticky_error; }
+cudaError_t cudaDeviceSynchronize(void) {
+    synchronize_all_streams(INFINITY);
+    return sticky_error;
+}
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
     memset(prop, 0, sizeof(*prop));
     snprintf(prop->name, sizeof(prop->name), "cudasim (CPU)");
@@ -538,23 +790,59 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
     return cudaSuccess;
 }
 
-// streams and events: work is done when the call returns, so they only need to exist
-cudaError_t cudaStreamCreate(cudaStream_t* stream) { *stream = (cudaStream_t)malloc(1); return cudaSuccess; }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) { return cudaStreamCreate(stream); }
-cudaError_t cudaStreamDestroy(cudaStream_t stream) { free(stream); return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return sticky_error; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+// streams and events (the queues are above)
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+    *stream = new CUstream_st;
+    (*stream)->blocking = (flags & cudaStreamNonBlocking) == 0;
+    all_streams.push_back(*stream);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, cudaStreamDefault); }
+// the documentation lets the work queued on a destroyed stream finish later; running it now is
+// one order a GPU may take
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    drain_until([stream] { return stream->queue.empty(); }, INFINITY);
+    all_streams.erase(std::find(all_streams.begin(), all_streams.end(), stream));
+    delete stream;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
+    CUstream_st* stream = stream_of(handle);
+    drain_until([stream] { return stream->queue.empty(); }, INFINITY);
+    return sticky_error;
+}
+cudaError_t cudaStreamQuery(cudaStream_t handle) {
+    CUstream_st* stream = stream_of(handle);
+    bool done = drain_until([stream] { return stream->queue.empty(); }, now_seconds() + QUERY_WAIT_S);
+    return sticky_error != cudaSuccess ? sticky_error : done ? cudaSuccess : cudaErrorNotReady;
+}
+// waits for the event's most recent record at the time of the call (none yet: no wait)
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+    enqueue(stream, "cudaStreamWaitEvent", [](double) { return true; }, event->recorded);
+    return cudaSuccess;
+}
 
-struct CUevent_st { double seconds; };
-static double now_seconds() { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
-cudaError_t cudaEventCreate(cudaEvent_t* event) { *event = new CUevent_st{0.0}; return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t* event) { *event = new CUevent_st; return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
 cudaError_t cudaEventDestroy(cudaEvent_t event) { delete event; return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) { event->seconds = now_seconds(); return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return sticky_error; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return sticky_error; }
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    event->recorded = enqueue(stream, "cudaEventRecord", [](double) { return true; });
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    std::shared_ptr<Completion> recorded = event->recorded;
+    if (recorded != nullptr) { drain_until([&] { return recorded->done; }, INFINITY); }
+    return sticky_error;
+}
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    std::shared_ptr<Completion> recorded = event->recorded;
+    bool done = recorded == nullptr || drain_until([&] { return recorded->done; }, now_seconds() + QUERY_WAIT_S);
+    return sticky_error != cudaSuccess ? sticky_error : done ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-    *ms = (float)((end->seconds - start->seconds) * 1000.0);
+    if (start->recorded == nullptr || end->recorded == nullptr) { return cudaErrorInvalidResourceHandle; }
+    if (!start->recorded->done || !end->recorded->done) { return cudaErrorNotReady; }
+    *ms = (float)((end->recorded->seconds - start->recorded->seconds) * 1000.0);
     return cudaSuccess;
 }
 
@@ -564,13 +852,11 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 // llmc/zero_comm.cuh's strided copy, and the device memory count cudasim_driver.cpp shares
 
 cudaError_t cudaMemcpy2DAsync(void* destination, size_t destination_pitch, const void* source, size_t source_pitch,
-                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
+                              size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t stream) {
     if (sticky_error != cudaSuccess) { return sticky_error; }
     if (width > destination_pitch || width > source_pitch) { return cudaErrorInvalidPitchValue; }
-    for (size_t row = 0; row < height; row++) {
-        cudaMemcpy((char*)destination + row * destination_pitch, (const char*)source + row * source_pitch, width, kind);
-    }
-    return cudaSuccess;
+    return enqueue_copy(Copy{(char*)destination, destination_pitch, (const char*)source, source_pitch, width, height},
+                        kind, stream, false);
 }
 
 // device memory not from cudaMalloc (the driver's cuMemCreate) counts in cudaMemGetInfo too
