@@ -35,7 +35,9 @@ ifeq ($(NO_CUDNN),1)
 else
   ATTENTION_OBJS = $(BUILD)/cudnn_att.o
   ATTENTION_FLAGS = -I$(CUDNN_INCLUDE)
-  ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -lcudnn -lnvrtc  # the frontend runtime-compiles some engines
+  # pip's nvidia-cudnn-cu13 ships only libcudnn.so.9 (no libcudnn.so link), so name the file;
+  # the frontend runtime-compiles some engines (nvrtc)
+  ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -l:libcudnn.so.9 -lnvrtc
 endif
 
 # ---- NCCL (multi-GPU): /usr/local/cuda, or pip's nvidia-nccl-cu13 in site-packages ---------
