@@ -282,6 +282,31 @@ static void test_two_ranks(void) {
     CHECK(multi_gpu_now_s() - start < 4 * DEAD_PEER_TIMEOUT_S + 30, "dead peer: took %.0f s", multi_gpu_now_s() - start);
     wait_child(peer, 10);
     test_remove_dir(dir);
+
+    // rank 1 waits in ncclCommFinalize; rank 0 comes late, finalizes, destroys and exits at once
+    // (the trainer's rank 0 writing the last checkpoint): both must exit 0. Under cudasim rank 1
+    // is made to stall (as a descheduled process does) between seeing rank 0 missing and
+    // looking whether it left, so rank 0 arrives, leaves and exits inside that window; a real
+    // NCCL ignores the variable
+    test_make_temp_dir(dir, sizeof(dir));
+    for (int rank = 0; rank < 2; rank++) {
+        fflush(stdout);
+        pids[rank] = fork();
+        if (pids[rank] == 0) {
+            alarm(CHILD_TIME_LIMIT_S);
+            if (rank == 1) { setenv("CUDASIM_NCCL_PEER_CHECK_STALL_S", "1.5", 1); }
+            MultiGpuOptions opts = fs_options(2, rank, dir, RANK_TIMEOUT_S);
+            MultiGpuConfig mg = multi_gpu_config_init(&opts, 0);
+            if (rank == 0) { usleep(500 * 1000); }
+            multi_gpu_config_free(&mg);
+            _exit(0);
+        }
+    }
+    for (int rank = 0; rank < 2; rank++) {
+        int status = wait_child(pids[rank], CHILD_TIME_LIMIT_S * 2);
+        CHECK(status == 0, "late finalize: rank %d exited with %d (0 expected; its error line above)", rank, status);
+    }
+    test_remove_dir(dir);
 }
 
 int main(void) {

@@ -404,6 +404,17 @@ void check_agreement(ncclComm* comm, const Operation& op, uint32_t parity) {
     }
 }
 
+// CUDASIM_NCCL_PEER_CHECK_STALL_S (tests): a waiting rank that found a peer missing sleeps this
+// long before it looks whether the peer left, as a descheduled process may; the peer can
+// arrive, finish and exit meanwhile
+void peer_check_stall() {
+    static const double seconds = [] {
+        const char* text = getenv("CUDASIM_NCCL_PEER_CHECK_STALL_S");
+        return text != nullptr ? atof(text) : 0.0;
+    }();
+    if (seconds > 0) { usleep((useconds_t)(seconds * 1e6)); }
+}
+
 // waits until every rank has reached barrier number barriers_passed (counting from 0), up to
 // `deadline` (ncclInProgress after it); ncclRemoteError when a missing rank is gone
 ncclResult_t wait_barrier(ncclComm* comm, const Operation& op, double deadline) {
@@ -423,15 +434,19 @@ ncclResult_t wait_barrier(ncclComm* comm, const Operation& op, double deadline) 
             for (int q = 0; q < comm->nranks; q++) {
                 const RankRecord& peer = region->ranks[q];
                 if ((int32_t)(peer.arrivals.load() - needed) >= 0) { continue; }
+                peer_check_stall();
                 int32_t pid = peer.pid.load();
                 bool departed = peer.departed.load() != 0;
-                if (departed || (pid != 0 && process_gone(pid))) {
-                    char text[320];
-                    snprintf(text, sizeof(text), "cudasim NCCL: rank %d of %d (pid %d) %s; rank %d waits for it in %s",
-                             q, comm->nranks, (int)pid, departed ? "aborted or destroyed its communicator" : "has exited",
-                             comm->rank, describe(op.what).c_str());
-                    return record_error(ncclRemoteError, text);
-                }
+                if (!departed && !(pid != 0 && process_gone(pid))) { continue; }
+                // it left, but maybe only after it arrived here (the arrival read above may
+                // predate it: it can arrive, finish, destroy and exit while this rank is
+                // descheduled): what it stored before leaving is visible now, so read again
+                if ((int32_t)(peer.arrivals.load() - needed) >= 0) { continue; }
+                char text[320];
+                snprintf(text, sizeof(text), "cudasim NCCL: rank %d of %d (pid %d) %s; rank %d waits for it in %s",
+                         q, comm->nranks, (int)pid, departed ? "aborted or destroyed its communicator" : "has exited",
+                         comm->rank, describe(op.what).c_str());
+                return record_error(ncclRemoteError, text);
             }
         }
         if (now >= deadline) { return ncclInProgress; }
