@@ -26,7 +26,8 @@ else ifneq ($(CUDNN_PIP),)
   CUDNN_LIB ?= $(CUDNN_PIP)/lib
 endif
 CUDNN_FRONTEND_PATH ?= $(firstword $(patsubst %/cudnn_frontend.h,%,$(wildcard \
-    $(PY_SITE)/include/cudnn_frontend.h $(HOME)/cudnn-frontend/include/cudnn_frontend.h ./cudnn-frontend/include/cudnn_frontend.h)))
+    $(PY_SITE)/include/cudnn_frontend.h $(BUILD)/site/include/cudnn_frontend.h $(HOME)/cudnn-frontend/include/cudnn_frontend.h \
+    ./cudnn-frontend/include/cudnn_frontend.h)))
 
 ifeq ($(NO_CUDNN),1)
   ATTENTION_OBJS =
@@ -35,7 +36,9 @@ ifeq ($(NO_CUDNN),1)
 else
   ATTENTION_OBJS = $(BUILD)/cudnn_att.o
   ATTENTION_FLAGS = -I$(CUDNN_INCLUDE)
-  ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -lcudnn -lnvrtc  # the frontend runtime-compiles some engines
+  # pip's nvidia-cudnn-cu13 ships only libcudnn.so.9 (no libcudnn.so link), so name the file;
+  # the frontend runtime-compiles some engines (nvrtc)
+  ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -l:libcudnn.so.9 -lnvrtc
 endif
 
 # ---- NCCL (multi-GPU): /usr/local/cuda, or pip's nvidia-nccl-cu13 in site-packages ---------
@@ -61,7 +64,8 @@ else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
   MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath,$(OPENMPI_DIR)/lib -lmpi
 endif
 
-.PHONY: all test test-cpu test-sim test-python compile-cuda simcheck gpucheck bench env clean check-cuda check-cudnn check-nccl
+.PHONY: all test test-cpu test-sim test-python compile-cuda simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
+        clean check-cuda check-cudnn check-nccl
 
 all: train_gpt2_fp8 train_gpt2cpu
 
@@ -161,9 +165,18 @@ test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm $(SIM)/train_gpt2_fp8
 
 compile-cuda: train_gpt2_fp8 bench_gemm $(GPU_TESTS)
 
-gpucheck: train_gpt2_fp8 $(GPU_TESTS)
-	@PYTHON=$(PYTHON) bash test/run_gpu_tests.sh $(GPU_TESTS)
+# on a GPU: the test binaries, the multi-rank trainer runs, the short benchmark; the first two
+# are also targets of their own, so a device call can run one (dev/gpu_session.sh)
+gpucheck: gpucheck-tests gpucheck-ranks
 	$(MAKE) bench BENCH_ARGS="--quick"
+
+gpu-tests: $(GPU_TESTS)
+
+gpucheck-tests: $(GPU_TESTS)
+	@bash test/run_gpu_tests.sh $(GPU_TESTS)
+
+gpucheck-ranks: train_gpt2_fp8
+	@PYTHON=$(PYTHON) bash test/run_gpu_tests.sh --ranks
 
 bench: train_gpt2_fp8 bench_gemm
 	$(PYTHON) dev/bench/bench.py $(BENCH_ARGS)

@@ -22,8 +22,10 @@ Built with -DLLM8_NO_CUDNN this file is empty: attention.cuh then never calls it
 
 #include <math.h>
 #include <stdint.h>
+#include <exception>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -66,18 +68,39 @@ static void cudnn_att_check_cudnn(cudnnStatus_t status, const char* file, int li
 #define cudnnCheck(status) cudnn_att_check_cudnn((status), __FILE__, __LINE__)
 
 // a frontend step that fails names the step and the shape: the usual cause is a shape or
-// cuDNN version the fused kernels do not support, and the remedy is the fallback backend
-static void cudnn_att_check_graph(fe::error_t result, const char* step, const AttentionShape& shape) {
-    if (result.is_bad()) {
-        llm8_die("cuDNN attention: %s failed for B=%d T=%d NH=%d HS=%d: %s "
-                 "(use the fallback attention backend for this shape)",
-                 step, std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), std::get<3>(shape),
-                 result.get_message().c_str());
+// cuDNN version the fused kernels do not support, and the remedy is the fallback backend.
+// The frontend's messages can span lines (heuristics append cuDNN's last error): joined
+// into one, so the error stays a single line.
+static void cudnn_att_die(const char* step, const AttentionShape& shape, const std::string& message) {
+    std::string one_line;
+    for (char ch : message) {
+        if (ch == '\n' || ch == '\r') {
+            if (!one_line.empty() && one_line.back() != ' ') { one_line += "; "; }
+        } else {
+            one_line += ch;
+        }
     }
+    llm8_die("cuDNN attention: %s failed for B=%d T=%d NH=%d HS=%d: %s "
+             "(use the fallback attention backend, -at fallback, for this shape)",
+             step, std::get<0>(shape), std::get<1>(shape), std::get<2>(shape), std::get<3>(shape),
+             one_line.c_str());
+}
+
+static void cudnn_att_check_graph(fe::error_t result, const char* step, const AttentionShape& shape) {
+    if (result.is_bad()) { cudnn_att_die(step, shape, result.get_message()); }
 }
 
 void cudnn_att_setup(void) {
     if (cudnn_handle != NULL) { llm8_die("cudnn_att_setup called twice without cudnn_att_teardown"); }
+    // cuDNN's compatibility rule: a library of the same major and the same or a later minor
+    // version than the headers the build used; anything else can fail in obscure ways later
+    size_t runtime = cudnnGetVersion();
+    if (runtime / 10000 != CUDNN_MAJOR || (runtime / 100) % 100 < CUDNN_MINOR) {
+        llm8_die("cuDNN attention: built against cuDNN %d.%d.%d but the loaded libcudnn is %zu.%zu.%zu "
+                 "(expected %d.%d or a later %d.x; check LD_LIBRARY_PATH, or rebuild)",
+                 CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL, runtime / 10000, (runtime / 100) % 100, runtime % 100,
+                 CUDNN_MAJOR, CUDNN_MINOR, CUDNN_MAJOR);
+    }
     cudnnCheck(cudnnCreate(&cudnn_handle));
 }
 
@@ -160,7 +183,11 @@ static void finish_attention_graph(const GraphPtr& graph, const AttentionShape& 
     int64_t needed = 0;
     cudnn_att_check_graph(graph->get_workspace_size(needed), "workspace query", shape);
     if ((size_t)needed > cudnn_workspace_bytes) {
-        if (cudnn_workspace != NULL) { cudaCheck(cudaFree(cudnn_workspace)); }
+        // graphs already enqueued may still use the old workspace (cudaFree only "may" synchronize)
+        if (cudnn_workspace != NULL) {
+            cudaCheck(cudaDeviceSynchronize());
+            cudaCheck(cudaFree(cudnn_workspace));
+        }
         cudaError_t err = cudaMalloc(&cudnn_workspace, (size_t)needed);
         if (err == cudaErrorMemoryAllocation) {
             llm8_die("out of GPU memory: cuDNN attention needs a %.2f GiB workspace for B=%d T=%d NH=%d; "
@@ -221,25 +248,33 @@ static void execute_attention_graph(const GraphPtr& graph, std::unordered_map<in
 void cudnn_att_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv,
                        int B, int T, int NH, int C, cudaStream_t stream) {
     AttentionShape shape = cudnn_att_shape(B, T, NH, C);
-    GraphPtr graph = forward_graph(shape);
-    __nv_bfloat16* q = const_cast<__nv_bfloat16*>(qkv);
-    std::unordered_map<int64_t, void*> pointers = {
-        {UID_Q, q}, {UID_K, q + C}, {UID_V, q + 2 * C}, {UID_O, out}, {UID_STATS, stats}};
-    execute_attention_graph(graph, pointers, shape, stream);
+    try {  // the frontend reports through error_t, but its containers and json can still throw
+        GraphPtr graph = forward_graph(shape);
+        __nv_bfloat16* q = const_cast<__nv_bfloat16*>(qkv);
+        std::unordered_map<int64_t, void*> pointers = {
+            {UID_Q, q}, {UID_K, q + C}, {UID_V, q + 2 * C}, {UID_O, out}, {UID_STATS, stats}};
+        execute_attention_graph(graph, pointers, shape, stream);
+    } catch (const std::exception& e) {
+        cudnn_att_die("the forward (exception)", shape, e.what());
+    }
 }
 
 void cudnn_att_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                         const __nv_bfloat16* out, const float* stats,
                         int B, int T, int NH, int C, cudaStream_t stream) {
     AttentionShape shape = cudnn_att_shape(B, T, NH, C);
-    GraphPtr graph = backward_graph(shape);
-    __nv_bfloat16* q = const_cast<__nv_bfloat16*>(qkv);
-    std::unordered_map<int64_t, void*> pointers = {
-        {UID_Q, q}, {UID_K, q + C}, {UID_V, q + 2 * C},
-        {UID_O, const_cast<__nv_bfloat16*>(out)}, {UID_DO, const_cast<__nv_bfloat16*>(dout)},
-        {UID_STATS, const_cast<float*>(stats)},
-        {UID_DQ, dqkv}, {UID_DK, dqkv + C}, {UID_DV, dqkv + 2 * C}};
-    execute_attention_graph(graph, pointers, shape, stream);
+    try {
+        GraphPtr graph = backward_graph(shape);
+        __nv_bfloat16* q = const_cast<__nv_bfloat16*>(qkv);
+        std::unordered_map<int64_t, void*> pointers = {
+            {UID_Q, q}, {UID_K, q + C}, {UID_V, q + 2 * C},
+            {UID_O, const_cast<__nv_bfloat16*>(out)}, {UID_DO, const_cast<__nv_bfloat16*>(dout)},
+            {UID_STATS, const_cast<float*>(stats)},
+            {UID_DQ, dqkv}, {UID_DK, dqkv + C}, {UID_DV, dqkv + 2 * C}};
+        execute_attention_graph(graph, pointers, shape, stream);
+    } catch (const std::exception& e) {
+        cudnn_att_die("the backward (exception)", shape, e.what());
+    }
 }
 
 #endif // LLM8_NO_CUDNN

@@ -148,7 +148,6 @@ static void matmul_check_spec(const MatmulSpec* spec) {
     }
     if (wants_bias) { matmul_check_aligned(spec->name, "bias", spec->bias); }
     if (wants_aux) { matmul_check_aligned(spec->name, "GELU pre-activation", spec->aux); }
-    if (matmul_cublaslt_handle == NULL) { llm8_die("matmul %s: called before matmul_setup", spec->name); }
     bool a_fp8 = spec->a_type == CUDA_R_8F_E4M3 || spec->a_type == CUDA_R_8F_E5M2;
     bool b_fp8 = spec->b_type == CUDA_R_8F_E4M3 || spec->b_type == CUDA_R_8F_E5M2;
     bool scalar = spec->a_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
@@ -164,9 +163,26 @@ static void matmul_check_spec(const MatmulSpec* spec) {
         if (!scalar && (spec->fast_accumulate || spec->k % 128 != 0)) {
             llm8_die("matmul %s: block scaling needs K=%d a multiple of 128 and no fast accumulation", spec->name, spec->k);
         }
+        if (!scalar) {  // cuBLAS docs, "128-element 1D and 128x128 2D Block Scaling For FP8 Data Types"
+            const cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+            const cublasLtMatmulMatrixScale_t blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+            bool a_block = spec->a_scale_mode == vec || spec->a_scale_mode == blk;
+            bool b_block = spec->b_scale_mode == vec || spec->b_scale_mode == blk;
+            if (!a_block || !b_block || (spec->a_scale_mode == blk && spec->b_scale_mode == blk)) {
+                llm8_die("matmul %s: scale modes A=%d B=%d: cuBLASLt block scaling takes VEC128 x VEC128, "
+                         "VEC128 x BLK128x128 or BLK128x128 x VEC128", spec->name, (int)spec->a_scale_mode,
+                         (int)spec->b_scale_mode);
+            }
+            if (spec->a_scale == NULL || spec->b_scale == NULL) {
+                llm8_die("matmul %s: block scaling needs both A and B scale arrays", spec->name);
+            }
+            matmul_check_aligned(spec->name, "A block scales", spec->a_scale);  // "must be 16B aligned"
+            matmul_check_aligned(spec->name, "B block scales", spec->b_scale);
+        }
     } else if (!scalar || spec->fast_accumulate || spec->a_scale != NULL || spec->b_scale != NULL) {
         llm8_die("matmul %s: scale pointers, scale modes and fast accumulation are for FP8 operands", spec->name);
     }
+    if (matmul_cublaslt_handle == NULL) { llm8_die("matmul %s: called before matmul_setup", spec->name); }
 }
 
 // the largest power of two (16..256) dividing the address: cuBLASLt's heuristic assumes 256-byte

@@ -16,6 +16,7 @@ import os
 import random
 import re
 import subprocess
+import tempfile
 
 import pytest
 
@@ -259,3 +260,20 @@ def test_ranks_markdown_reports_overhead_against_one_rank():
     row = [l for l in md.splitlines() if l.startswith("| fp8 | 2 | 3 |")][0]
     assert "1.250x" in row and "170.000" in row, row
     assert "error: NCCL has no multi-rank-per-GPU support" in md
+
+
+def test_gpu_session_refuses_an_unknown_stage():
+    """dev/gpu_session.sh (make gpucheck in device-call-sized stages) names a bad stage in one line"""
+    result = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_session.sh"), "gpucheck"], capture_output=True, text=True,
+                            env=dict(os.environ, OUT=tempfile.mkdtemp(prefix="llm8_gpu_session_")))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "stage 'gpucheck'" in result.stderr and "build, tests, ranks or bench" in result.stderr
+
+
+def test_gpu_test_runner_needs_a_gpu():
+    """make gpucheck-tests / gpucheck-ranks on a machine without a GPU: one line, non-zero exit"""
+    if subprocess.run(["bash", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
+        pytest.skip("this machine has a GPU")
+    for args in ([], ["--ranks"]):
+        result = subprocess.run(["bash", os.path.join(ROOT, "test", "run_gpu_tests.sh"), *args], capture_output=True, text=True)
+        assert result.returncode == 1 and "needs an NVIDIA GPU" in result.stderr and result.stderr.count("\n") == 1

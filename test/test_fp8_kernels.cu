@@ -1029,6 +1029,24 @@ static void test_bad_input(void) {
     CHECK_DIES("fp8 linear C not a multiple of 16", "multiple of 16", matmul_fp8_check_shapes("qkv", 1024, 100, 300, false));
     CHECK_DIES("fp8 block recipe at C=1600", "multiple of 128", matmul_fp8_check_shapes("fc", 1024, 1600, 6400, true));
     CHECK_DIES("fp8 block recipe at B*T=80", "B*T", matmul_fp8_check_shapes("fc", 80, 768, 3072, true));
+    // block-scaled GEMM specs cuBLASLt refuses (cuBLAS docs, 128-element 1D and 128x128 2D block
+    // scaling): BLK128x128 on both operands, and scale arrays not 16-byte aligned
+    MatmulSpec blk = {};
+    blk.name = "block spec";
+    blk.m = 128; blk.n = 128; blk.k = 128;
+    blk.a = (const void*)(uintptr_t)4096; blk.b = (const void*)(uintptr_t)8192; blk.d = (void*)(uintptr_t)16384;
+    blk.a_type = CUDA_R_8F_E4M3; blk.b_type = CUDA_R_8F_E4M3; blk.d_type = CUDA_R_16BF;
+    blk.transpose_a = true;
+    blk.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    blk.a_scale = (const float*)(uintptr_t)32768; blk.b_scale = (const float*)(uintptr_t)65536;
+    blk.a_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    blk.b_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    CHECK_DIES("fp8 block GEMM BLK128x128 x BLK128x128", "BLK128x128 x VEC128", matmul_cublaslt(&blk, 0));
+    blk.b_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    blk.b_scale = (const float*)(uintptr_t)65540;
+    CHECK_DIES("fp8 block GEMM with scales at 4 bytes' alignment", "B block scales", matmul_cublaslt(&blk, 0));
+    blk.b_scale = NULL;
+    CHECK_DIES("fp8 block GEMM without B scales", "both A and B scale arrays", matmul_cublaslt(&blk, 0));
     Fp8CastOutput out;
     memset(&out, 0, sizeof(out));
     CHECK_DIES("fp8 cast of 40 x 24", "multiple of 16", fp8_cast_transpose(&out, NULL, 40, 24, 0));

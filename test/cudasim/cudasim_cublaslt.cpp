@@ -32,24 +32,28 @@ Refused as the library refuses (the FP8 rules are those of cublasLtMatmul's "FP8
 Hopper, sm_90, the GPU llm8 targets): FP8 operands not in the TN layout (A transposed, B not),
 FP8 with a non-FP8 operand or E5M2 x E5M2, FP8 sizes m, n, k or leading dimensions not
 multiples of 16 bytes, FP8 matrix pointers not 16-byte aligned, block scaling other than
-VEC128 x VEC128, VEC128 x BLK128x128, BLK128x128 x VEC128, block scaling with K not a multiple
-of 128, with fast accumulation or without scale pointers, scale pointers or modes with non-FP8
+VEC128 x VEC128, VEC128 x BLK128x128, BLK128x128 x VEC128, block scaling without both scale
+pointers or with scale arrays not 16-byte aligned, scale pointers or modes with non-FP8
 operands, a BIAS epilogue without its pointer, a GELU_AUX epilogue without its pointer or with
 an aux leading dimension below m or not a multiple of 8, layouts whose sizes do not fit
-together, and a pointer less aligned than the MIN_ALIGNMENT preference the algorithm was
-chosen for. What the emulation does not do (other types, epilogues, attributes, orders,
-batches) is refused too, with CUBLAS_STATUS_NOT_SUPPORTED and a line saying "not emulated".
+together, a workspace not 256-byte aligned, and a pointer less aligned than the MIN_ALIGNMENT
+preference the algorithm was chosen for. What the emulation does not do (other types,
+epilogues, attributes, orders, batches) is refused too, with CUBLAS_STATUS_NOT_SUPPORTED and a
+line saying "not emulated". Block scaling takes any K (a multiple of 16 as FP8 needs): the
+documentation's L = ceil(K / 128) blocks, the last one short. The scale layouts are those of
+the documentation's "Scaling factors layouts" (cuBLAS 13): VEC128 is M-major M x L for A and
+N-major N x L for B; BLK128x128 is K-major, L4 x ceil(M / 128) for A and L4 x ceil(N / 128)
+for B, L4 being L rounded up to a multiple of 4.
 Beyond the library: D (or aux) overlapping A or B is refused, as its result on a GPU is
 undefined; and the workspace's first and last byte are read, so a workspace smaller than
 its stated size faults at cudasim's guard page.
 
-Where the documentation is ambiguous, the choice made: the scale layouts are those of the
-"Scaling factors layouts" section as quoted by PyTorch (pull request 166752), the section
-itself not being at hand; GELU is applied to the fp32 pre-activation, not to the aux copy
-rounded to its type; block scaling with FAST_ACCUM is refused (DESIGN.md: the block modes
-"take no fast accumulation"), while the epilogues are not restricted under block scaling;
-a pointer below the algorithm's promised alignment gets INVALID_VALUE (the documentation
-only says such algorithms are excluded by the preference).
+Where the documentation is ambiguous, the choice made: GELU is applied to the fp32
+pre-activation, not to the aux copy rounded to its type; block scaling with FAST_ACCUM is
+refused (DESIGN.md: the block modes "take no fast accumulation"; PyTorch refuses it too),
+while the epilogues are not restricted under block scaling (TransformerEngine uses only
+DEFAULT, BIAS and DGELU there); a pointer below the algorithm's promised alignment gets
+INVALID_VALUE (the documentation only says such algorithms are excluded by the preference).
 */
 #include "cudasim.h"
 #include <cublasLt.h>
@@ -370,8 +374,6 @@ cublasStatus_t check_problem_shape(Problem* p) {
                   (mode_a == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F && mode_b == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F),
                   CUBLAS_STATUS_NOT_SUPPORTED, "scale modes A=%d B=%d: block scaling takes VEC128 x VEC128, "
                   "VEC128 x BLK128x128 or BLK128x128 x VEC128", mode_a, mode_b);
-        REFUSE_IF(p->k % 128 != 0, CUBLAS_STATUS_NOT_SUPPORTED, "block scaling needs k a multiple of 128, got k=%llu",
-                  (unsigned long long)p->k);
         REFUSE_IF(d.fast_accumulate != 0, CUBLAS_STATUS_NOT_SUPPORTED, "block scaling takes no FAST_ACCUM");
         REFUSE_IF(d.scale[0] == nullptr || d.scale[1] == nullptr, CUBLAS_STATUS_INVALID_VALUE,
                   "block scale modes need both A and B scale pointers");
@@ -723,6 +725,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     }
     REFUSE_IF(workspace_bytes > 0 && workspace == nullptr, CUBLAS_STATUS_INVALID_VALUE,
               "a workspace of %zu bytes at NULL", workspace_bytes);
+    REFUSE_IF(workspace_bytes > 0 && ((uintptr_t)workspace) % 256 != 0, CUBLAS_STATUS_INVALID_VALUE,
+              "the workspace %p is not 256-byte aligned", workspace);
     if (workspace_bytes > 0) {  // a workspace smaller than stated faults here, at its guard page
         volatile const char* bytes = (volatile const char*)workspace;
         (void)bytes[0];

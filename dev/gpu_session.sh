@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# make gpucheck in stages that each fit one call of the device tool (10 minutes at most a
+# call, 30 minutes a session; the machine goes back 30 s after a call, and a fresh one starts
+# bare, so run the stages back to back). Each stage first brings the build up to date (make
+# is incremental: a no-op on a warm machine, the whole build on a fresh one), then logs to
+# $LOG_DIR ($OUT when the device tool runs it, so the logs come back; else build/gpu-logs).
+#
+#   bash dev/gpu_session.sh build   # make env, the cuDNN frontend from .whl/, every GPU target
+#   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
+#   bash dev/gpu_session.sh ranks   # test/gpu_trainer_ranks.py: 2 ranks on the one GPU
+#   bash dev/gpu_session.sh bench   # dev/bench/bench.py --quick; its files are copied to the logs
+#
+# The cuDNN frontend headers: if the machine has none, carry the nvidia-cudnn-frontend wheel in
+# .whl/ (doc/gpu-environment.md says how to fetch it); it is unpacked into build/site, where the
+# Makefile looks. Python: the machine's torch venv when it has one (the Makefile finds pip's
+# cuDNN and NCCL through its site-packages).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+stage=${1:-}
+LOG_DIR=${OUT:-build/gpu-logs}
+mkdir -p "$LOG_DIR" build
+PYTHON=${PYTHON:-python3}
+[ -x /opt/torch/.venv/bin/python3 ] && PYTHON=/opt/torch/.venv/bin/python3
+export PYTHON PYTHONUNBUFFERED=1
+JOBS=$(nproc)
+
+if compgen -G ".whl/*.whl" >/dev/null && [ ! -f build/site/include/cudnn_frontend.h ]; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target build/site .whl/*.whl \
+        || { echo "error: dev/gpu_session.sh: could not install the wheels in .whl/ into build/site" >&2; exit 1; }
+fi
+
+build_all() {
+    make -j"$JOBS" PYTHON="$PYTHON" train_gpt2_fp8 bench_gemm gpu-tests 2>&1 | tee -a "$LOG_DIR/build.log" | tail -5
+}
+
+case "$stage" in
+    build)
+        make env PYTHON="$PYTHON" 2>&1 | tee "$LOG_DIR/env.txt"
+        time build_all
+        ;;
+    tests)
+        build_all && time make PYTHON="$PYTHON" gpucheck-tests 2>&1 | tee "$LOG_DIR/gpu_tests.log"
+        ;;
+    ranks)
+        build_all && time make PYTHON="$PYTHON" gpucheck-ranks 2>&1 | tee "$LOG_DIR/gpu_trainer_ranks.log"
+        ;;
+    bench)
+        build_all && time make PYTHON="$PYTHON" bench BENCH_ARGS="--quick" 2>&1 | tee "$LOG_DIR/bench.log"
+        newest=$(ls -t doc/benchmarks/*.md 2>/dev/null | head -1)
+        [ -n "$newest" ] && cp "$newest" "${newest%.md}.json" "$LOG_DIR/" 2>/dev/null
+        ;;
+    *)
+        echo "error: dev/gpu_session.sh: stage '$stage' (expected build, tests, ranks or bench)" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,173 @@
+/*
+test_cudasim_cublaslt.cu: cudasim's cuBLASLt block scaling against the cuBLAS documentation
+(run under cudasim only: it checks the emulation's reading of the rules, which llmc/matmul.cuh
+relies on, not the library).
+
+cuBLAS 13 documentation, "128-element 1D and 128x128 2D Block Scaling For FP8 Data Types":
+- A/B scale modes VEC128 x VEC128, VEC128 x BLK128x128 and BLK128x128 x VEC128 are supported,
+  BLK128x128 x BLK128x128 is not;
+- L = ceil(K / 128) blocks along K (the last one may be short);
+- "Scaling factors layouts": VEC128 is M-major M x L for A (N-major N x L for B); BLK128x128
+  is K-major, L4 x ceil(M / 128) for A (L4 x ceil(N / 128) for B), L4 = L rounded up to 4;
+  scale arrays start 16-byte aligned.
+cublasLtMatmul: the workspace must be 256-byte aligned.
+Each GEMM here has distinct power-of-two scales per block and small integer codes, so the
+result is exact in fp32 and any mix-up of the layouts shows.
+*/
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+#include "llmc/cuda_common.h"
+#include "test/test_harness.h"
+
+static const int M = 144, N = 32, K = 144;  // two blocks along M and K, the second short
+static const int L = (K + 127) / 128, L4 = (L + 3) / 4 * 4;
+
+static void lt_check(cublasStatus_t status, const char* what) {
+    if (status != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "%s failed: %d\n", what, (int)status); exit(2); }
+}
+
+struct Gemm {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulPreference_t preference;
+};
+
+// D (M x N, fp32) = A^T-stored (K x M) x B (K x N), E4M3, with the given scale modes and arrays
+static Gemm gemm_create(int32_t mode_a, int32_t mode_b, const float* scale_a, const float* scale_b) {
+    Gemm g;
+    lt_check(cublasLtMatmulDescCreate(&g.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    int32_t transpose = CUBLAS_OP_T;
+    lt_check(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "TRANSA");
+    lt_check(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)), "A mode");
+    lt_check(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)), "B mode");
+    lt_check(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof(scale_a)), "A scale");
+    lt_check(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof(scale_b)), "B scale");
+    lt_check(cublasLtMatrixLayoutCreate(&g.a, CUDA_R_8F_E4M3, K, M, K), "A layout");
+    lt_check(cublasLtMatrixLayoutCreate(&g.b, CUDA_R_8F_E4M3, K, N, K), "B layout");
+    lt_check(cublasLtMatrixLayoutCreate(&g.d, CUDA_R_32F, M, N, M), "D layout");
+    lt_check(cublasLtMatmulPreferenceCreate(&g.preference), "preference");
+    uint64_t workspace_bytes = 1 << 20;
+    lt_check(cublasLtMatmulPreferenceSetAttribute(g.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                  sizeof(workspace_bytes)), "workspace preference");
+    return g;
+}
+
+static void gemm_destroy(Gemm* g) {
+    cublasLtMatmulPreferenceDestroy(g->preference);
+    cublasLtMatrixLayoutDestroy(g->a);
+    cublasLtMatrixLayoutDestroy(g->b);
+    cublasLtMatrixLayoutDestroy(g->d);
+    cublasLtMatmulDescDestroy(g->desc);
+}
+
+// the documented layouts: the scale of row `row` (m for A, n for B) and K block `kb`
+static size_t scale_index(int32_t mode, int rows, int row, int kb) {
+    if (mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) { return (size_t)kb * rows + row; }
+    return (size_t)(row / 128) * L4 + kb;  // BLK128x128
+}
+
+static size_t scale_count(int32_t mode, int rows) {
+    return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? (size_t)L * rows : (size_t)((rows + 127) / 128) * L4;
+}
+
+int main() {
+    // codes: small integers, exact in E4M3; A stored K x M (column m contiguous along K)
+    uint8_t* a_host = (uint8_t*)malloc((size_t)K * M);
+    uint8_t* b_host = (uint8_t*)malloc((size_t)K * N);
+    float* a_value = (float*)malloc(sizeof(float) * K * M);
+    float* b_value = (float*)malloc(sizeof(float) * K * N);
+    for (int i = 0; i < K * M; i++) {
+        a_value[i] = (float)((i * 7 + 3) % 9 - 4);
+        a_host[i] = __nv_fp8_e4m3(a_value[i]).__x;
+    }
+    for (int i = 0; i < K * N; i++) {
+        b_value[i] = (float)((i * 5 + 1) % 7 - 3);
+        b_host[i] = __nv_fp8_e4m3(b_value[i]).__x;
+    }
+    uint8_t *a, *b;
+    float *d, *scales_a, *scales_b;
+    char* workspace;
+    const size_t scale_floats = 4096;
+    cudaCheck(cudaMalloc(&a, (size_t)K * M));
+    cudaCheck(cudaMalloc(&b, (size_t)K * N));
+    cudaCheck(cudaMalloc(&d, sizeof(float) * M * N));
+    cudaCheck(cudaMalloc(&scales_a, sizeof(float) * scale_floats));
+    cudaCheck(cudaMalloc(&scales_b, sizeof(float) * scale_floats));
+    cudaCheck(cudaMalloc(&workspace, 1 << 20));
+    cudaCheck(cudaMemcpy(a, a_host, (size_t)K * M, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(b, b_host, (size_t)K * N, cudaMemcpyHostToDevice));
+    cublasLtHandle_t handle;
+    lt_check(cublasLtCreate(&handle), "handle");
+    const float alpha = 1.0f, beta = 0.0f;
+
+    const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const int32_t modes[3][2] = {{vec, vec}, {vec, blk}, {blk, vec}};
+    for (int c = 0; c < 3; c++) {
+        const int32_t mode_a = modes[c][0], mode_b = modes[c][1];
+        // a distinct power of two in every stored slot (padding included), so a wrong index shows
+        float* sa = (float*)malloc(sizeof(float) * scale_floats);
+        float* sb = (float*)malloc(sizeof(float) * scale_floats);
+        for (size_t i = 0; i < scale_floats; i++) {
+            sa[i] = ldexpf(1.0f, (int)(i % 5) - 2);
+            sb[i] = ldexpf(1.0f, (int)(i % 7) - 3);
+        }
+        CHECK(scale_count(mode_a, M) < scale_floats && scale_count(mode_b, N) < scale_floats, "scale arrays too small");
+        cudaCheck(cudaMemcpy(scales_a, sa, sizeof(float) * scale_floats, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(scales_b, sb, sizeof(float) * scale_floats, cudaMemcpyHostToDevice));
+        Gemm g = gemm_create(mode_a, mode_b, scales_a, scales_b);
+        cublasLtMatmulHeuristicResult_t result;
+        int found = 0;
+        cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, g.desc, g.a, g.b, g.d, g.d, g.preference, 1,
+                                                                &result, &found);
+        CHECK(status == CUBLAS_STATUS_SUCCESS && found == 1, "modes %d x %d with K=%d: no algorithm (status %d)",
+              mode_a, mode_b, K, (int)status);
+        if (found == 1) {
+            lt_check(cublasLtMatmul(handle, g.desc, &alpha, a, g.a, b, g.b, &beta, d, g.d, d, g.d, &result.algo,
+                                    workspace, 1 << 20, 0), "matmul");
+            float* got = (float*)malloc(sizeof(float) * M * N);
+            cudaCheck(cudaMemcpy(got, d, sizeof(float) * M * N, cudaMemcpyDeviceToHost));
+            int bad = 0;
+            for (int j = 0; j < N; j++) {
+                for (int i = 0; i < M; i++) {
+                    double expected = 0.0;
+                    for (int p = 0; p < K; p++) {
+                        expected += (double)a_value[(size_t)i * K + p] * b_value[(size_t)j * K + p] *
+                                    sa[scale_index(mode_a, M, i, p / 128)] * sb[scale_index(mode_b, N, j, p / 128)];
+                    }
+                    bad += (double)got[i + (size_t)j * M] != expected;
+                }
+            }
+            CHECK(bad == 0, "modes %d x %d: %d of %d outputs differ from the documented scale layouts", mode_a, mode_b,
+                  bad, M * N);
+            // a workspace that is not 256-byte aligned is refused
+            status = cublasLtMatmul(handle, g.desc, &alpha, a, g.a, b, g.b, &beta, d, g.d, d, g.d, &result.algo,
+                                    workspace + 16, (1 << 20) - 16, 0);
+            CHECK(status == CUBLAS_STATUS_INVALID_VALUE, "a workspace at 16 bytes' alignment: status %d", (int)status);
+            free(got);
+        }
+        gemm_destroy(&g);
+        free(sa);
+        free(sb);
+    }
+
+    // BLK128x128 on both operands, and block scales not 16-byte aligned, have no algorithm
+    Gemm both = gemm_create(blk, blk, scales_a, scales_b);
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, both.desc, both.a, both.b, both.d, both.d,
+                                                           both.preference, 1, &result, &found);
+    CHECK(status != CUBLAS_STATUS_SUCCESS && found == 0, "BLK128x128 x BLK128x128: an algorithm (status %d)", (int)status);
+    gemm_destroy(&both);
+    Gemm misaligned = gemm_create(vec, vec, scales_a + 1, scales_b);
+    status = cublasLtMatmulAlgoGetHeuristic(handle, misaligned.desc, misaligned.a, misaligned.b, misaligned.d,
+                                            misaligned.d, misaligned.preference, 1, &result, &found);
+    CHECK(status != CUBLAS_STATUS_SUCCESS && found == 0, "A scales at 4 bytes' alignment: an algorithm (status %d)",
+          (int)status);
+    gemm_destroy(&misaligned);
+
+    lt_check(cublasLtDestroy(handle), "destroy");
+    void* buffers[6] = {a, b, d, scales_a, scales_b, workspace};
+    for (int i = 0; i < 6; i++) { cudaCheck(cudaFree(buffers[i])); }
+    free(a_host); free(b_host); free(a_value); free(b_value);
+    return test_summary("test_cudasim_cublaslt");
+}
