@@ -41,16 +41,27 @@ else
   ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -l:libcudnn.so.9 -lnvrtc
 endif
 
-# ---- NCCL (multi-GPU): /usr/local/cuda, or pip's nvidia-nccl-cu13 in site-packages ---------
+# ---- NCCL (multi-GPU): /usr/local/cuda or pip's nvidia-nccl-cu13 in site-packages, the newer
+# of the two (MAJOR*10000+MINOR*100+PATCH from nccl.h): only 2.30+ lets two ranks share one GPU
+# (NCCL_MULTI_RANK_GPU_ENABLE=1, what the one-GPU multi-rank tests need), and a machine may
+# hold an older NCCL in /usr/local/cuda beside pip's
 NCCL_PIP := $(firstword $(wildcard $(PY_SITE)/nvidia/nccl))
-ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
-  NCCL_INCLUDE ?= $(CUDA_HOME)/include
-  NCCL_LIB ?= $(CUDA_HOME)/lib64
-else ifneq ($(NCCL_PIP),)
+nccl_version = $(if $(wildcard $(1)/nccl.h),$(shell awk '/define NCCL_MAJOR /{a=$$3} /define NCCL_MINOR /{b=$$3} \
+    /define NCCL_PATCH /{c=$$3} END{print a*10000+b*100+c}' $(1)/nccl.h),0)
+NCCL_CUDA_VERSION := $(call nccl_version,$(CUDA_HOME)/include)
+NCCL_PIP_VERSION := $(if $(NCCL_PIP),$(call nccl_version,$(NCCL_PIP)/include),0)
+ifeq ($(shell test "$(NCCL_PIP_VERSION)" -gt "$(NCCL_CUDA_VERSION)" && echo pip),pip)
   NCCL_INCLUDE ?= $(NCCL_PIP)/include
   NCCL_LIB ?= $(NCCL_PIP)/lib
+else ifneq ($(NCCL_CUDA_VERSION),0)
+  NCCL_INCLUDE ?= $(CUDA_HOME)/include
+  NCCL_LIB ?= $(CUDA_HOME)/lib64
 endif
-# pip ships only libnccl.so.2 (no libnccl.so link), so name the file
+# NCCL_FLAGS goes first among the -I flags and NCCL_LIBS before the other libraries: cuDNN's
+# directory or $(CUDA_HOME)'s may hold another nccl.h and libnccl.so.2, and the first -I, the first
+# -L and the first runpath entry decide which is compiled against, linked and loaded
+# (LD_LIBRARY_PATH, searched before the runpath, can still override the last: test_multi_gpu
+# prints the runtime and header versions). pip ships only libnccl.so.2 (no libnccl.so), so name it.
 NCCL_FLAGS = -I$(NCCL_INCLUDE)
 NCCL_LIBS = -L$(NCCL_LIB) -Xlinker -rpath,$(NCCL_LIB) -l:libnccl.so.2
 
@@ -90,7 +101,7 @@ $(BUILD)/cudnn_att.o: llmc/cudnn_att.cpp llmc/cudnn_att.h llmc/cuda_common.h | $
 LLMC_HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 
 train_gpt2_fp8: train_gpt2_fp8.cu $(LLMC_HEADERS) $(ATTENTION_OBJS) | check-cuda check-cudnn check-nccl
-	$(NVCC) $(NVCC_FLAGS) $(ATTENTION_FLAGS) $(NCCL_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(NCCL_LIBS) $(MPI_LIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) $(NCCL_FLAGS) $(ATTENTION_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NCCL_LIBS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(MPI_LIBS) -o $@
 
 # the per-GEMM FP8 vs bf16 benchmark (dev/bench/bench_gemm.cu): cuBLASLt only, no cuDNN
 bench_gemm: dev/bench/bench_gemm.cu $(LLMC_HEADERS) | check-cuda
@@ -113,13 +124,13 @@ $(BUILD)/test_%: test/test_%.cpp $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD)
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -I. -I$(CUDA_HOME)/include $< -lm -o $@
 
 $(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn check-nccl
-	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(ATTENTION_FLAGS) $(NCCL_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(NCCL_LIBS) $(MPI_LIBS) -lgomp -o $@
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(NCCL_FLAGS) $(ATTENTION_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NCCL_LIBS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(MPI_LIBS) -lgomp -o $@
 
 # ---- cudasim: the CUDA tests and the trainer run on the CPU (test/cudasim/cudasim.h) -------
 # translate.py rewrites the launches; g++ compiles with cudasim.h force-included; the
 # cudasim_*.cpp files emulate the CUDA runtime, cuBLASLt, NCCL and the driver's VMM calls.
 SIM = $(BUILD)/sim
-SIM_CXX = $(CXX) -std=c++17 -O2 -fopenmp -I$(CUDA_HOME)/include -I$(NCCL_INCLUDE) -I$(SIM) -I. \
+SIM_CXX = $(CXX) -std=c++17 -O2 -fopenmp -I$(NCCL_INCLUDE) -I$(CUDA_HOME)/include -I$(SIM) -I. \
     -include test/cudasim/cudasim.h -DLLM8_NO_CUDNN
 SIM_INPUTS = $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh test/test_*.cu test/cudasim/test_*.cu) train_gpt2_fp8.cu
 SIM_RUNTIME = $(patsubst test/cudasim/%.cpp,$(SIM)/%.o,$(wildcard test/cudasim/cudasim_*.cpp))

@@ -330,6 +330,16 @@ static inline MultiGpuConfig multi_gpu_process_init(MultiGpuOptions* opts) {
     }
 #endif
     multi_gpu_options_check(opts);
+    if (opts->init_method == MULTI_GPU_INIT_FS && opts->num_processes > 1 && opts->process_rank == 0 &&
+        opts->fs_path != NULL) {
+        // an id left in -pf by an earlier run that failed before its ranks joined (rank 0 removes
+        // it only once they have) would be read by this run's other ranks if it were still there
+        // when they look, and they would wait out -pt on a communicator that never forms: rank 0
+        // removes it at its start, before the others (which poll only after their CUDA setup) look
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s", opts->fs_path, MULTI_GPU_ID_FILE);
+        remove(path);
+    }
     cfg.process_rank = opts->process_rank;
     cfg.num_processes = opts->num_processes;
     cfg.timeout_s = opts->timeout_s;

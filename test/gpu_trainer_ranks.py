@@ -26,6 +26,7 @@ Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the 
 and by make simcheck against the cudasim build of the trainer (LLM8_TRAINER names it): there
 test/sim_model.py's 2-layer, C = 128, 997-token model and T = 64 stand in for d6 at T = 256.
 """
+import ctypes
 import os
 import re
 import signal
@@ -86,9 +87,37 @@ ZERO3_BF16 = "bf16 adamw ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)"
 ZERO3_MIXED = "fp8 qkv,fc ZeRO-3 (FP8 and bf16 layer gathers)"
 
 
+TWO_RANKS_ONE_GPU_MIN_NCCL = 23000  # NCCL_VERSION(2, 30, 0): the first that honours NCCL_MULTI_RANK_GPU_ENABLE=1
+
+
+def trainer_nccl_version():
+    """(version code, path) of the libnccl.so.2 the trainer loads here (ldd, same environment), or (None, why)"""
+    try:
+        listing = subprocess.run(["ldd", TRAINER], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return None, f"ldd failed: {error}"
+    found = re.search(r"libnccl\.so\.2 => (\S+)", listing)
+    if found is None:
+        return None, "ldd shows no libnccl.so.2"
+    version = ctypes.c_int(0)
+    try:
+        ctypes.CDLL(found.group(1)).ncclGetVersion(ctypes.byref(version))
+    except OSError as error:
+        return None, f"cannot load {found.group(1)}: {error}"
+    return version.value, found.group(1)
+
+
 def main():
     if not os.path.exists(TRAINER):
         sys.exit(f"error: build {TRAINER} first (make train_gpt2_fp8, or make simcheck for the cudasim build)")
+    if not ON_CUDASIM:  # every 2-rank run below puts both ranks on GPU 0 (-pg 1)
+        version, where = trainer_nccl_version()
+        print(f"NCCL runtime {version} ({where})", flush=True)
+        if version is not None and version < TWO_RANKS_ONE_GPU_MIN_NCCL:
+            print(f"SKIP gpu_trainer_ranks: the trainer loads NCCL {version} from {where}, older than 2.30, the first "
+                  "that allows two ranks on one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1); pip install 'nvidia-nccl-cu13>=2.30' "
+                  "and rebuild (the Makefile takes the newer of pip's and $CUDA_HOME's NCCL)", flush=True)
+            sys.exit(0)
     tmp = tempfile.mkdtemp(prefix="llm8_ranks_")
     sim_model.write_shard(os.path.join(tmp, "r_train_000001.bin"), 400_000, 1, VOCAB)
     model = "d6"

@@ -262,6 +262,17 @@ def test_total_batch_counts_every_process(data):
     assert_one_line_error(run(GPU, base_args(data, ["-pn", 2, "-pr", 1, "-d", 64])), "-d 64", "processes", "128")
 
 
+def test_mpirun_without_mpi_support_is_refused(data):
+    """mpirun starting N copies of a binary built without MPI: each would train alone as rank 0 of 1 on GPU 0"""
+    if not os.path.exists(GPU):
+        pytest.fail(f"{GPU} is not built (make train_gpt2_fp8)")
+    if "libmpi" in subprocess.run(["ldd", GPU], capture_output=True, text=True).stdout:
+        pytest.skip("this train_gpt2_fp8 is built with MPI: mpirun's ranks come from MPI")
+    result = subprocess.run([GPU] + [str(a) for a in base_args(data)], capture_output=True, text=True, timeout=120,
+                            cwd=ROOT, env=dict(os.environ, OMPI_COMM_WORLD_SIZE="2"))
+    assert_one_line_error(result, "mpirun", "2 processes", "without MPI", "-pi fs")
+
+
 def test_each_rank_checks_its_data_before_the_gpu(data):
     """rank 1 of 2 validates the shards too; its stdout is silenced, its error is one stderr line"""
     result = run(GPU, base_args(data, ["-pn", 2, "-pr", 1, "-i", data / "missing_*.bin"]))

@@ -48,9 +48,12 @@ What NCCL documents and this does:
 - ncclCommFinalize waits until every rank has finalized (the documented "globally
   quiescent"); ncclCommDestroy and ncclCommAbort free the local resources (Abort drops
   unfinished operations); peers still waiting for this rank then see ncclRemoteError.
-Not emulated: NCCL's refusal of two ranks on one GPU unless NCCL_MULTI_RANK_GPU_ENABLE=1
-(every cudasim process is its own device 0); the version reported is 2.30.0, the first that
-allows that, so the two-ranks-on-one-GPU tests run. Only the calls llm8 uses exist here.
+- Buffers: a send and a receive buffer that overlap in any way but NCCL's documented in-place
+  forms stop the program (see check_buffers).
+- Two ranks on one GPU: every cudasim process is device 0, so a communicator of more than one
+  rank is refused with ncclInvalidUsage unless NCCL_MULTI_RANK_GPU_ENABLE is set, as NCCL 2.30+
+  does (older NCCL refuses it always). The version reported is 2.30.0, the first that allows
+  it, so the two-ranks-on-one-GPU tests run. Only the calls llm8 uses exist here.
 */
 #include "cudasim.h"
 #include <nccl.h>
@@ -515,6 +518,29 @@ void extents(const ncclComm* comm, const Operation& op, Extent* read, Extent* wr
     *written = Extent{op.recv, op.recv + written_bytes};
 }
 
+// NCCL's in-place forms (usage/inplace.html): send == recv for AllReduce, Reduce and Broadcast,
+// send == recv + rank * count for AllGather, recv == send + rank * count for ReduceScatter. Any
+// other overlap of what a rank reads and writes is undocumented (its kernels read the send
+// buffer while they write the receive buffer): it stops the program, naming the layout
+void check_buffers(const ncclComm* comm, const Operation& op) {
+    const Descriptor& d = op.what;
+    size_t bytes = d.count * element_bytes(d.datatype), rank_offset = (size_t)comm->rank * bytes;
+    bool in_place = d.kind == Kind::AllGather       ? op.send == op.recv + rank_offset
+                    : d.kind == Kind::ReduceScatter ? op.recv == op.send + rank_offset
+                                                    : op.send == op.recv;
+    Extent read, written;
+    extents(comm, op, &read, &written);
+    if (in_place || !overlap(read, written)) { return; }
+    char text[256];
+    snprintf(text, sizeof(text), "the send buffer (%zu bytes read) and the receive buffer (%zu bytes written) overlap "
+             "but are not in place (recv %+lld bytes from send)", (size_t)(read.end - read.begin),
+             (size_t)(written.end - written.begin), (long long)(op.recv - op.send));
+    fail(describe(d) + " on rank " + std::to_string(comm->rank) + ": " + text + "; NCCL documents only " +
+         (d.kind == Kind::AllGather ? "sendbuff == recvbuff + rank * sendcount"
+          : d.kind == Kind::ReduceScatter ? "recvbuff == sendbuff + rank * recvcount" : "sendbuff == recvbuff") +
+         " as in place (on a GPU the result is undefined)");
+}
+
 struct GroupedOperation { ncclComm* comm; Operation op; cudaStream_t stream; };
 thread_local int group_depth = 0;
 thread_local std::vector<GroupedOperation> group_operations;
@@ -583,6 +609,7 @@ ncclResult_t issue(Kind kind, const void* send, void* recv, size_t count, ncclDa
         return record_error(ncclInvalidArgument, std::string(kind_name(kind)) + ": NULL buffer");
     }
     Operation operation = make_operation(comm, kind, send, recv, count, datatype, op, root);
+    check_buffers(comm, operation);
     if (group_depth > 0) {
         group_operations.push_back(GroupedOperation{comm, operation, stream});
         return ncclSuccess;
@@ -651,6 +678,14 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
         return record_error(ncclInvalidArgument, "ncclCommInitRankConfig: invalid rank, rank count or output");
     }
     *out = nullptr;
+    // every cudasim process is device 0, so two ranks always share one GPU: NCCL (2.30+) refuses
+    // that unless NCCL_MULTI_RANK_GPU_ENABLE is set (non-zero), as it does here
+    const char* multi_rank = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+    if (nranks > 1 && (multi_rank == nullptr || strtoll(multi_rank, nullptr, 0) == 0)) {
+        return record_error(ncclInvalidUsage, "Multiple Ranks are using the same GPU/Partition. Set "
+                            "NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration. (cudasim NCCL: every process is "
+                            "device 0)");
+    }
     bool blocking = true;
     if (config != nullptr) {
         if (config->magic != 0xcafebeef || config->size != sizeof(ncclConfig_t)) {
