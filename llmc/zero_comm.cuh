@@ -262,16 +262,17 @@ void zero_comm_free(ZeroComm* comm) {
 }
 
 // one line: the payload of the collectives issued since the `before` snapshot of traffic, by kind
+// (MB to the byte, so a check of a few amax bytes is as exact as one of the weights')
 static void zero_comm_print_traffic(const ZeroComm* comm, const uint64_t before[ZERO_TRAFFIC_KINDS], int step) {
     uint64_t total = 0;
     printf("comm | step %d, payload by collective:", step);
     for (int k = 0; k < ZERO_TRAFFIC_KINDS; k++) {
         uint64_t bytes = comm->traffic[k] - before[k];
         total += bytes;
-        printf("%s %s %.3f MB", k == 0 ? "" : ",", ZERO_TRAFFIC_NAMES[k], bytes / 1e6);
+        printf("%s %s %.6f MB", k == 0 ? "" : ",", ZERO_TRAFFIC_NAMES[k], bytes / 1e6);
         if (k == ZERO_TRAFFIC_GRAD_REDUCE) { printf(" (%s)", comm->reduce_fp32 ? "fp32" : "bf16"); }
     }
-    printf(" | total %.3f MB, plus two float all-reduces (loss, norm)\n", total / 1e6);
+    printf(" | total %.6f MB, plus two float all-reduces (loss, norm)\n", total / 1e6);
 }
 
 static inline void zero_comm_settle(const ZeroComm* comm, ncclResult_t result, const char* what) {

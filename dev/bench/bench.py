@@ -120,11 +120,11 @@ def parse_run(stdout):
 
 
 def parse_traffic(stdout):
-    """the trainer's `comm |` line: {collective: payload bytes} (MB printed with 3 decimals)"""
+    """the trainer's `comm |` line: {collective: payload bytes} (MB printed to the byte)"""
     m = TRAFFIC_RE.search(stdout)
     if m is None:
         return {}
-    return {name.strip(): float(mb) * 1e6 for name, mb in re.findall(r"([A-Za-z0-9 -]+?) ([\d.]+) MB", m.group(1))}
+    return {name.strip(): round(float(mb) * 1e6) for name, mb in re.findall(r"([A-Za-z0-9 -]+?) ([\d.]+) MB", m.group(1))}
 
 
 def breakdown_ms(breakdown, row):
