@@ -418,6 +418,13 @@ static LayerActivations gpt2_layer_activations(const GPT2* model, int l) {
     return la;
 }
 
+// the bf16 weight block linear (layer, kind)'s bf16 GEMMs read: in the parameters, or under
+// ZeRO-3 in the layer slot it was gathered into (NULL for an FP8 linear, which reads codes)
+static const floatX* gpt2_block_weight(const GPT2* model, int layer, int kind) {
+    if (model->zero3) { return zero_comm_layer_weight(model->comm, layer, kind); }
+    return layer_tensor(model, model->params, zero_comm_weight_tensor(kind), layer);
+}
+
 // ----------------------------------------------------------------------------
 // forward / backward / update
 
@@ -446,16 +453,16 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
     gpt2_layernorm_forward(model, 0, LINEAR_QKV, NULL, a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, NULL,
                            layer_tensor(model, p, PARAM_LN1W, 0), layer_tensor(model, p, PARAM_LN1B, 0), stream);
     profiler_mark("layernorm fwd");
-    ZeroComm* zero3 = model->zero3 ? model->comm : NULL;  // -z 3: each layer's FP8 weights gathered one layer ahead
-    if (zero3 != NULL) { zero_comm_gather_layer(zero3, fp8, 0, false); }
+    ZeroComm* zero3 = model->zero3 ? model->comm : NULL;  // -z 3: each layer's weights gathered one layer ahead
+    if (zero3 != NULL) { zero_comm_gather_layer(zero3, fp8, p, 0, false); }
     for (int l = 0; l < L; l++) {
         LayerActivations la = gpt2_layer_activations(model, l);
         if (zero3 != NULL) {
             zero_comm_use_layer(zero3, fp8, l, stream);
-            if (l + 1 < L) { zero_comm_gather_layer(zero3, fp8, l + 1, false); }
+            if (l + 1 < L) { zero_comm_gather_layer(zero3, fp8, p, l + 1, false); }
         }
 
-        gpt2_linear_forward(model, l, LINEAR_QKV, la.qkv, la.ln1, layer_tensor(model, p, PARAM_QKVW, l), layer_tensor(model, p, PARAM_QKVB, l), NULL, stream);
+        gpt2_linear_forward(model, l, LINEAR_QKV, la.qkv, la.ln1, gpt2_block_weight(model, l, LINEAR_QKV), layer_tensor(model, p, PARAM_QKVB, l), NULL, stream);
         profiler_mark("matmul qkv fwd");
         attention_forward(la.atty, la.att_stats, la.qkv, B, T, NH, C, stream);
         profiler_mark("attention fwd");
@@ -464,27 +471,27 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
             fp8_model_cast_activation(fp8, attproj, la.atty, stream);
             profiler_mark("fp8 cast attention out");
         }
-        gpt2_linear_forward(model, l, LINEAR_ATTPROJ, a->scratch_btc, la.atty, layer_tensor(model, p, PARAM_ATTPROJW, l), layer_tensor(model, p, PARAM_ATTPROJB, l), NULL, stream);
+        gpt2_linear_forward(model, l, LINEAR_ATTPROJ, a->scratch_btc, la.atty, gpt2_block_weight(model, l, LINEAR_ATTPROJ), layer_tensor(model, p, PARAM_ATTPROJB, l), NULL, stream);
         profiler_mark("matmul attproj fwd");
         gpt2_layernorm_forward(model, l, LINEAR_FC, la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd,
                                la.residual, a->scratch_btc, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), stream);
         profiler_mark("residual+layernorm fwd");
         int fcproj = fp8_model_linear(fp8, l, LINEAR_FCPROJ);
         if (fp8_model_casts_x(fp8, fcproj)) {  // GELU is the element transform of fcproj's input cast
-            gpt2_linear_forward(model, l, LINEAR_FC, la.fch, la.ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
+            gpt2_linear_forward(model, l, LINEAR_FC, la.fch, la.ln2, gpt2_block_weight(model, l, LINEAR_FC), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
             profiler_mark("matmul fc fwd");
             fp8_model_gelu_forward(fp8, fcproj, gpt2_stores_bf16_input(model, l, LINEAR_FCPROJ) ? la.fch_gelu : NULL, la.fch, stream);
             profiler_mark("gelu+fp8 cast fwd");
         } else if (model->gelu_fusion && gpt2_reads_bf16_input(model, l, LINEAR_FC, FP8_FWD)) {
-            gpt2_linear_forward(model, l, LINEAR_FC, la.fch_gelu, la.ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), la.fch, stream);
+            gpt2_linear_forward(model, l, LINEAR_FC, la.fch_gelu, la.ln2, gpt2_block_weight(model, l, LINEAR_FC), layer_tensor(model, p, PARAM_FCB, l), la.fch, stream);
             profiler_mark("matmul fc+gelu fwd");
         } else {
-            gpt2_linear_forward(model, l, LINEAR_FC, la.fch, la.ln2, layer_tensor(model, p, PARAM_FCW, l), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
+            gpt2_linear_forward(model, l, LINEAR_FC, la.fch, la.ln2, gpt2_block_weight(model, l, LINEAR_FC), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
             profiler_mark("matmul fc fwd");
             gelu_forward(la.fch_gelu, la.fch, BT * 4 * C, stream);
             profiler_mark("gelu fwd");
         }
-        gpt2_linear_forward(model, l, LINEAR_FCPROJ, a->scratch_btc, la.fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), layer_tensor(model, p, PARAM_FCPROJB, l), NULL, stream);
+        gpt2_linear_forward(model, l, LINEAR_FCPROJ, a->scratch_btc, la.fch_gelu, gpt2_block_weight(model, l, LINEAR_FCPROJ), layer_tensor(model, p, PARAM_FCPROJB, l), NULL, stream);
         profiler_mark("matmul fcproj fwd");
         if (zero3 != NULL) { zero_comm_release_layer(zero3, l, stream); }
         if (l + 1 < L) {
@@ -527,13 +534,13 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
                        a->residual3 + (size_t)(L - 1) * BT * C, param_tensor(model, p, PARAM_LNFW), a->lnf_mean, a->lnf_rstd, BT, C, stream);
     profiler_mark("layernorm bwd");
 
-    ZeroComm* zero3 = model->zero3 ? model->comm : NULL;  // -z 3: the layers' FP8 W and W^T again, one layer ahead
-    if (zero3 != NULL) { zero_comm_gather_layer(zero3, &model->fp8, L - 1, true); }
+    ZeroComm* zero3 = model->zero3 ? model->comm : NULL;  // -z 3: the layers' weights again (FP8: W and W^T), one layer ahead
+    if (zero3 != NULL) { zero_comm_gather_layer(zero3, &model->fp8, p, L - 1, true); }
     for (int l = L - 1; l >= 0; l--) {
         LayerActivations la = gpt2_layer_activations(model, l);
         if (zero3 != NULL) {
             zero_comm_use_layer(zero3, &model->fp8, l, stream);
-            if (l > 0) { zero_comm_gather_layer(zero3, &model->fp8, l - 1, true); }
+            if (l > 0) { zero_comm_gather_layer(zero3, &model->fp8, p, l - 1, true); }
         }
         floatX* dqkv = a->scratch_bt4c;  // 3C of the 4C scratch, free once the MLP backward is done
 
@@ -543,14 +550,14 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
             profiler_mark("gelu recompute");
         }
         gpt2_linear_backward(model, l, LINEAR_FCPROJ, a->scratch_bt4c, layer_tensor(model, g, PARAM_FCPROJW, l), layer_tensor(model, g, PARAM_FCPROJB, l),
-                             a->dresidual, la.fch_gelu, layer_tensor(model, p, PARAM_FCPROJW, l), NULL, stream);
+                             a->dresidual, la.fch_gelu, gpt2_block_weight(model, l, LINEAR_FCPROJ), NULL, stream);
         profiler_mark("matmul fcproj bwd");
         if (model->recompute >= 2 && gpt2_reads_bf16_input(model, l, LINEAR_FC, FP8_WGRAD)) {
             layernorm_forward(la.ln2, NULL, NULL, la.residual2, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), BT, C, stream);
             profiler_mark("layernorm recompute");
         }
         gpt2_linear_backward(model, l, LINEAR_FC, a->scratch_btc, layer_tensor(model, g, PARAM_FCW, l), layer_tensor(model, g, PARAM_FCB, l),
-                             a->scratch_bt4c, la.ln2, layer_tensor(model, p, PARAM_FCW, l), la.fch, stream);
+                             a->scratch_bt4c, la.ln2, gpt2_block_weight(model, l, LINEAR_FC), la.fch, stream);
         profiler_mark("matmul fc bwd");
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN2W, l), layer_tensor(model, g, PARAM_LN2B, l), a->scratch_f, a->scratch_btc,
                            la.residual2, layer_tensor(model, p, PARAM_LN2W, l), la.ln2_mean, la.ln2_rstd, BT, C, stream);
@@ -558,7 +565,7 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
 
         // attention: dresidual now holds d(residual2) = d(attproj output)
         gpt2_linear_backward(model, l, LINEAR_ATTPROJ, a->scratch_btc, layer_tensor(model, g, PARAM_ATTPROJW, l), layer_tensor(model, g, PARAM_ATTPROJB, l),
-                             a->dresidual, la.atty, layer_tensor(model, p, PARAM_ATTPROJW, l), NULL, stream);
+                             a->dresidual, la.atty, gpt2_block_weight(model, l, LINEAR_ATTPROJ), NULL, stream);
         profiler_mark("matmul attproj bwd");
         attention_backward(dqkv, a->scratch_btc, la.qkv, la.atty, la.att_stats, B, T, NH, C, stream);
         profiler_mark("attention bwd");
@@ -567,7 +574,7 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
             profiler_mark("layernorm recompute");
         }
         gpt2_linear_backward(model, l, LINEAR_QKV, a->scratch_btc, layer_tensor(model, g, PARAM_QKVW, l), layer_tensor(model, g, PARAM_QKVB, l),
-                             dqkv, la.ln1, layer_tensor(model, p, PARAM_QKVW, l), NULL, stream);
+                             dqkv, la.ln1, gpt2_block_weight(model, l, LINEAR_QKV), NULL, stream);
         profiler_mark("matmul qkv bwd");
         if (zero3 != NULL) { zero_comm_release_layer(zero3, l, stream); }
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN1W, l), layer_tensor(model, g, PARAM_LN1B, l), a->scratch_f, a->scratch_btc,
@@ -1114,20 +1121,22 @@ int main(int argc, char** argv) {
                zero_comm_received_bytes(&z->layout, rank, 0, z->layout.num_parameters, 2) / 1e6,
                (z->reduce_fp32 ? 4.0 : 2.0) * z->layout.num_parameters / 1e6, tc.grad_reduce, fp32_scratch);
         if (model.zero3) {  // what stays sharded, against ZeRO-1 on this rank
-            size_t matmul = 0, slots = 0;
-            for (int i = 0; i < model.fp8.num_linears; i++) {
-                const Fp8Linear* lin = &model.fp8.linears[i];
-                if (lin->layer >= 0) { matmul += (size_t)lin->OC * lin->K; }
-                if (lin->layer == 0) { slots += (size_t)FP8_LAYER_SLOTS * 2 * lin->OC * lin->K; }
+            size_t fp8_weights = 0, bf16_weights = 0;  // the block linears' weight elements, by the format they travel in
+            for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+                size_t elements = z->layout.tensor_sizes[zero_comm_weight_tensor(kind)];
+                if (model.fp8.rank_in_layer[kind] >= 0) { fp8_weights += elements; } else { bf16_weights += elements; }
             }
+            size_t fp8_slots = (size_t)FP8_LAYER_SLOTS * 2 * fp8_weights / model_config.num_layers;  // W and W^T, bytes
+            size_t bf16_slots = (size_t)FP8_LAYER_SLOTS * sizeof(floatX) * bf16_weights / model_config.num_layers;
             size_t whole_params = z->layout.padded_total * sizeof(floatX);
-            printf("zero3 | matmul weights sharded: bf16 parameters %.1f MiB mapped of %.1f MiB, FP8 weights %.1f MiB owned + "
-                   "%.1f MiB in %d layer slots (whole W and W^T: %.1f MiB) | saves %.1f MiB per GPU | FP8 weights gathered per "
-                   "micro-step: %.1f MB (forward and backward)\n",
+            printf("zero3 | block linears' weights sharded: bf16 parameters %.1f MiB mapped of %.1f MiB, FP8 weights %.1f MiB "
+                   "owned + %.1f MiB in %d layer slots (whole W and W^T: %.1f MiB), bf16 layer slots %.1f MiB | saves %.1f MiB "
+                   "per GPU | weights gathered per micro-step (forward and backward): %.1f MB as FP8 + %.1f MB as bf16\n",
                    model.params_buffer.mapped_bytes / 1048576.0, whole_params / 1048576.0, model.fp8.owned_code_bytes / 1048576.0,
-                   slots / 1048576.0, FP8_LAYER_SLOTS, 2.0 * matmul / 1048576.0,
-                   ((double)whole_params - model.params_buffer.mapped_bytes + 2.0 * matmul - model.fp8.owned_code_bytes - slots) / 1048576.0,
-                   2.0 * matmul / 1e6);
+                   fp8_slots / 1048576.0, FP8_LAYER_SLOTS, 2.0 * fp8_weights / 1048576.0, bf16_slots / 1048576.0,
+                   ((double)whole_params - model.params_buffer.mapped_bytes + 2.0 * fp8_weights - model.fp8.owned_code_bytes
+                    - fp8_slots - bf16_slots) / 1048576.0,
+                   2.0 * fp8_weights / 1e6, 2.0 * sizeof(floatX) * bf16_weights / 1e6);
         }
     }
     if (fp8_settings.enabled) {

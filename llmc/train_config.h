@@ -135,7 +135,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-w", FLAG_INT, TC_OFF(use_master_weights), 0, 1, NULL, "keep fp32 master weights"},
     {"-r", FLAG_INT, TC_OFF(recompute), 0, 2, NULL, "recompute in backward: 0 none, 1 GELU, 2 GELU+LayerNorm"},
     {"-ge", FLAG_INT, TC_OFF(gelu_fusion), 0, 1, NULL, "fuse GELU into the cuBLASLt epilogues"},
-    {"-z", FLAG_INT, TC_OFF(zero_stage), 0, 3, NULL, "ZeRO stage with several GPUs: 1 shards the optimizer state; 3 also the matmul weights, gathered in FP8 per layer (-p fp8, all passes; on one GPU 0 and 1 are the same)"},
+    {"-z", FLAG_INT, TC_OFF(zero_stage), 0, 3, NULL, "ZeRO stage with several GPUs (on one GPU 0 and 1 are the same): 1 shards the optimizer state; 3 also the block linears' weights, gathered per layer as FP8 (linears with every pass in FP8) or bf16 (with none)"},
     {"-sh", FLAG_INT, TC_OFF(shuffle), 0, 1, NULL, "shuffle shards and samples each epoch (deterministic)"},
     {"-kt", FLAG_INT, TC_OFF(kernel_timing), 0, 1, NULL, "print a per-kernel time breakdown at the end (CUDA events)"},
     {"-pn", FLAG_INT, TC_OFF(num_processes), 1, 4096, NULL, "number of processes, one per GPU (under mpirun: from MPI)"},
@@ -283,10 +283,11 @@ static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
 /*
 -z against the rest of the run, before any GPU work. Several GPUs need a sharded optimizer
 (1 or 3; there is no stage 2). ZeRO-3 keeps the block linears' weights sharded and gathers
-each layer's as FP8 codes just before use (zero_comm.cuh), so it needs FP8 in every pass of
-those four linears with a per-tensor recipe (a bf16 GEMM would need the bf16 weight whole;
-the block recipe's scales are per 128x128 block) and -fw current (the delayed cast writes the
-whole weight's codes in the optimizer pass).
+each layer's just before use in the one format its GEMMs read (zero_comm.cuh): FP8 codes for
+a linear whose three GEMMs all run in FP8, bf16 for a linear with none in FP8 (a bf16 run:
+all four). A linear with some passes in each would need both, so it is refused. FP8 gathers
+need a per-tensor recipe (the block recipe's scales are per 128x128 block) and -fw current
+(the delayed cast writes whole weights' codes in the optimizer pass).
 */
 static inline void train_config_check_zero_stage(const TrainConfig* c, const Fp8Settings* fp8, int num_ranks) {
     if (c->zero_stage == 2) { llm8_die("flag -z 2: llm8 has ZeRO stages 0 (one GPU), 1 and 3"); }
@@ -295,15 +296,18 @@ static inline void train_config_check_zero_stage(const TrainConfig* c, const Fp8
     }
     if (c->zero_stage != 3) { return; }
     if (num_ranks < 2) { llm8_die("flag -z 3 shards the weights over several GPUs (-pn or mpirun); with one GPU use -z 1"); }
-    if (!fp8->enabled) { llm8_die("flag -z 3 gathers the matmul weights in FP8: it needs -p fp8 (bf16 runs: -z 1)"); }
+    int fp8_linears = 0;
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER && fp8->enabled; kind++) {
+        if (fp8->passes[kind] == 0) { continue; }
+        if (fp8->passes[kind] != FP8_ALL_PASSES) {
+            llm8_die("flag -z 3 gathers each block linear's weight in FP8 or in bf16, and -f8p %s runs %s partly in each: "
+                     "give it all three passes or none, or use -z 1", c->fp8_passes, LINEAR_KIND_NAMES[kind]);
+        }
+        fp8_linears++;
+    }
+    if (fp8_linears == 0) { return; }  // every block linear gathered in bf16
     if (fp8->recipe == FP8_MODEL_BLOCK) { llm8_die("flag -z 3 gathers per-tensor-scaled FP8 weights: use -fr delayed or current, or -z 1"); }
     if (fp8->weight_scaling == FP8_WEIGHTS_DELAYED) { llm8_die("flag -z 3 needs -fw current (-fw delayed writes whole weights in the optimizer pass)"); }
-    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
-        if (fp8->passes[kind] != FP8_ALL_PASSES) {
-            llm8_die("flag -z 3 needs every GEMM of qkv, attproj, fc and fcproj in FP8 (-f8 and -f8p: %s runs some in bf16); "
-                     "use -z 1", LINEAR_KIND_NAMES[kind]);
-        }
-    }
 }
 
 // parses argv into *c (which holds defaults); dies on any problem; --help prints and exits 0

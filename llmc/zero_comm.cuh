@@ -42,17 +42,20 @@ Why it is shaped so:
   nccl-tests counts "size") to a per-kind counter, so the trainer prints what a step
   actually sent, not what the layout predicts: the check that FP8 halves the matmul
   weights' gather is made on the calls that ran.
-- ZeRO-3 (-z 3; FP8 runs whose block linears run all three GEMMs in FP8, per-tensor
-  recipes, -fw current): the block linears' weights stay sharded. After the update each
-  rank casts only its part of each, into the linear's owned codes (fp8_model.cuh), and
-  nothing of them is gathered. Each layer's four W are gathered as FP8 codes just before
-  use, forward and again backward (where W^T is transposed from them on arrival), into one
-  of two layer slots: zero_comm_gather_layer for layer l + 1 (l - 1 backward) is issued on
-  the communication stream when layer l starts, after the slot's previous layer has
-  released it (an event after that layer's last GEMM), and zero_comm_use_layer makes the
-  compute stream wait for the gathered slot. The bf16 copies of the other ranks' parts are
-  never mapped (sparse_buffer.cuh): a checkpoint's model file gets them from their owners
-  piece by piece (zero_comm_params_to_host).
+- ZeRO-3 (-z 3): the block linears' weights stay sharded, and each layer's four are
+  gathered just before use, forward and again backward, in the one format their GEMMs read:
+  FP8 codes for a linear whose three GEMMs all run in FP8 (per-tensor recipes, -fw current;
+  W^T is transposed from them on arrival in the backward), bf16 for a linear with no FP8
+  GEMM (a bf16 run: all four, at twice the bytes; the baseline FP8's gather is measured
+  against). A linear in both is refused (train_config_check_zero_stage). After the update
+  each rank casts only its part of an FP8 weight, into the linear's owned codes
+  (fp8_model.cuh), and nothing of the four is gathered. A layer's weights go into one of two
+  layer slots (FP8 in fp8_model.cuh's, bf16 in slot_bf16 here): zero_comm_gather_layer for
+  layer l + 1 (l - 1 backward) is issued on the communication stream when layer l starts,
+  after the slot's previous layer has released it (an event after that layer's last GEMM),
+  and zero_comm_use_layer makes the compute stream wait for the gathered slot. The bf16
+  copies of the other ranks' parts are never mapped (sparse_buffer.cuh): a checkpoint's
+  model file gets them from their owners piece by piece (zero_comm_params_to_host).
 - Every NCCL call goes through multi_gpu_nccl_settle, and the host waits only through
   multi_gpu_wait, so a dead peer ends the run with one line in bounded time.
 */
@@ -89,6 +92,9 @@ typedef struct {
     cudaEvent_t gathered;       // on the communication stream, after the gathers
     int fp8_gather;             // the block linears' weights travel as FP8 (zero_comm_fp8_gather)
     int zero3;                  // -z 3: the block linears' weights stay sharded, gathered per layer
+    int sharded_tensor[NUM_PARAMETER_TENSORS]; // ZeRO-3: the block linears' weights (never gathered after the update)
+    floatX* slot_bf16[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER]; // ZeRO-3: a gathered layer's bf16 W [OC][K] of each
+                                // linear with no FP8 GEMM (NULL for the FP8 ones: fp8_model.cuh's slots)
     cudaEvent_t slot_gathered[FP8_LAYER_SLOTS]; // ZeRO-3, on the communication stream: the slot's layer has arrived
     cudaEvent_t slot_free[FP8_LAYER_SLOTS];     // ZeRO-3, on the compute stream: the slot's last GEMM is enqueued before it
     int fp8_tensor[NUM_PARAMETER_TENSORS]; // the tensors that go as FP8 codes when fp8_gather
@@ -154,6 +160,32 @@ static void zero_comm_create_fp32_reduce(ZeroComm* comm) {
     free(offsets);
 }
 
+/*
+ZeRO-3's part of zero_comm_create: the four block weights stay sharded, the bf16 layer slots
+of the linears with no FP8 GEMM, the slots' events. Each linear must be all FP8 (with the
+FP8 weights sharded, per tensor, -fw current) or all bf16: train_config_check_zero_stage
+refuses the rest on the command line first.
+*/
+static void zero_comm_create_zero3(ZeroComm* comm, const Fp8Model* fp8) {
+    if (fp8->per_layer > 0 && (!comm->fp8_gather || !fp8->sharded || fp8_model_delayed_weights(fp8) || fp8_model_block(fp8))) {
+        llm8_die("zero_comm_create: ZeRO-3 gathers a block linear's weight as FP8 only with every GEMM of it in FP8, "
+                 "sharded FP8 weights, a per-tensor recipe and -fw current (train_config_check_zero_stage checks the flags first)");
+    }
+    const ZeroLayout* layout = &comm->layout;
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+        int t = zero_comm_weight_tensor(kind);
+        comm->sharded_tensor[t] = 1;
+        for (int slot = 0; slot < FP8_LAYER_SLOTS && fp8->rank_in_layer[kind] < 0; slot++) {
+            size_t slice = layout->tensor_sizes[t] / (size_t)layout->num_layers;
+            comm->slot_bf16[slot][kind] = (floatX*)cuda_malloc_checked(slice * sizeof(floatX), "ZeRO-3 bf16 layer slot");
+        }
+    }
+    for (int slot = 0; slot < FP8_LAYER_SLOTS; slot++) {
+        cudaCheck(cudaEventCreateWithFlags(&comm->slot_gathered[slot], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&comm->slot_free[slot], cudaEventDisableTiming));
+    }
+}
+
 void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT2Config* cfg, const Fp8Model* fp8,
                       int reduce_fp32, int zero3) {
     memset(comm, 0, sizeof(*comm));
@@ -177,14 +209,7 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
 
     comm->fp8_gather = zero_comm_fp8_gather(fp8);
     comm->zero3 = zero3;
-    if (zero3 && (!comm->fp8_gather || !fp8->sharded || fp8_model_delayed_weights(fp8) || fp8_model_block(fp8))) {
-        llm8_die("zero_comm_create: ZeRO-3 needs the FP8 weight gather with sharded FP8 weights, a per-tensor recipe "
-                 "and -fw current (train_gpt2_fp8.cu checks the flags first)");
-    }
-    for (int slot = 0; slot < FP8_LAYER_SLOTS && zero3; slot++) {
-        cudaCheck(cudaEventCreateWithFlags(&comm->slot_gathered[slot], cudaEventDisableTiming));
-        cudaCheck(cudaEventCreateWithFlags(&comm->slot_free[slot], cudaEventDisableTiming));
-    }
+    if (zero3) { zero_comm_create_zero3(comm, fp8); }
     if (comm->fp8_gather) {
         for (int k = 0; k < LINEAR_KINDS_PER_LAYER; k++) {
             comm->fp8_tensor[zero_comm_weight_tensor(k)] = fp8->rank_in_layer[k] >= 0;
@@ -205,7 +230,7 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t begin = comm->layout.tensor_offsets[t], end = begin + comm->layout.tensor_sizes[t];
         size_t bytes = zero_comm_received_bytes(&comm->layout, comm->rank, begin, end, comm->fp8_tensor[t] ? 1 : 2);
-        if (zero3 && comm->fp8_tensor[t]) { bytes = 0; }  // gathered per layer as they are used instead
+        if (comm->sharded_tensor[t]) { bytes = 0; }  // gathered per layer as they are used instead
         if (comm->fp8_tensor[t]) { comm->gathered_bytes_fp8 += bytes; } else { comm->gathered_bytes_bf16 += bytes; }
     }
 }
@@ -218,6 +243,9 @@ void zero_comm_free(ZeroComm* comm) {
     for (int slot = 0; slot < FP8_LAYER_SLOTS && comm->zero3; slot++) {
         cudaCheck(cudaEventDestroy(comm->slot_gathered[slot]));
         cudaCheck(cudaEventDestroy(comm->slot_free[slot]));
+        for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+            if (comm->slot_bf16[slot][kind] != NULL) { cudaCheck(cudaFree(comm->slot_bf16[slot][kind])); }
+        }
     }
     if (comm->amax_bits != NULL) { cudaCheck(cudaFree(comm->amax_bits)); }
     if (comm->block_amax_bits != NULL) { cudaCheck(cudaFree(comm->block_amax_bits)); }
@@ -234,16 +262,17 @@ void zero_comm_free(ZeroComm* comm) {
 }
 
 // one line: the payload of the collectives issued since the `before` snapshot of traffic, by kind
+// (MB to the byte, so a check of a few amax bytes is as exact as one of the weights')
 static void zero_comm_print_traffic(const ZeroComm* comm, const uint64_t before[ZERO_TRAFFIC_KINDS], int step) {
     uint64_t total = 0;
     printf("comm | step %d, payload by collective:", step);
     for (int k = 0; k < ZERO_TRAFFIC_KINDS; k++) {
         uint64_t bytes = comm->traffic[k] - before[k];
         total += bytes;
-        printf("%s %s %.3f MB", k == 0 ? "" : ",", ZERO_TRAFFIC_NAMES[k], bytes / 1e6);
+        printf("%s %s %.6f MB", k == 0 ? "" : ",", ZERO_TRAFFIC_NAMES[k], bytes / 1e6);
         if (k == ZERO_TRAFFIC_GRAD_REDUCE) { printf(" (%s)", comm->reduce_fp32 ? "fp32" : "bf16"); }
     }
-    printf(" | total %.3f MB, plus two float all-reduces (loss, norm)\n", total / 1e6);
+    printf(" | total %.6f MB, plus two float all-reduces (loss, norm)\n", total / 1e6);
 }
 
 static inline void zero_comm_settle(const ZeroComm* comm, ncclResult_t result, const char* what) {
@@ -481,7 +510,7 @@ static void zero_comm_gather_codes_and_bf16(ZeroComm* comm, Fp8Model* fp8, float
     zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
     if (!comm->zero3) { zero_comm_broadcast_weight_codes(comm, fp8, block_linears); }
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
-        if (comm->fp8_tensor[t]) { continue; }
+        if (comm->fp8_tensor[t] || comm->sharded_tensor[t]) { continue; }
         size_t begin = comm->layout.tensor_offsets[t];
         zero_comm_broadcast_range(comm, params + begin, begin, begin + comm->layout.tensor_sizes[t], ncclBfloat16,
                                   sizeof(floatX), "bf16 weight gather (ncclBroadcast)");
@@ -503,15 +532,15 @@ rank's codes (-fw delayed).
 */
 static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, bool codes_written,
                              cudaStream_t stream) {
-    if (!comm->fp8_gather) {
+    if (!comm->fp8_gather && !comm->zero3) {
         zero_comm_all_gather_bf16(comm, params, stream);
         fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
         return;
     }
-    int block_linears = fp8->per_layer * comm->layout.num_layers;
-    if (fp8_model_block(fp8)) {
+    int block_linears = fp8->per_layer * comm->layout.num_layers;  // 0: ZeRO-3 with every block linear in bf16
+    if (block_linears > 0 && fp8_model_block(fp8)) {
         zero_comm_cast_block_parts(comm, fp8, params, master, stream);
-    } else {
+    } else if (block_linears > 0) {
         zero_comm_cast_tensor_parts(comm, fp8, params, master, codes_written, stream);
     }
     zero_comm_gather_codes_and_bf16(comm, fp8, params, block_linears, stream);
@@ -575,19 +604,25 @@ void zero_comm_restore_weight_codes(ZeroComm* comm, Fp8Model* fp8, const floatX*
 // ZeRO-3: one layer's FP8 weights at a time
 
 /*
-Layer `layer`'s block linears' W codes, every piece from its owner's owned codes, into the
-layer's slot (layer % FP8_LAYER_SLOTS), on the communication stream once the slot's previous
-layer has released it; with_transpose (the backward's dgrad reads W^T) W^T follows there too.
-Issued one layer ahead of its use, in the same order on every rank.
+Layer `layer`'s block linears' weights into the layer's slot (layer % FP8_LAYER_SLOTS), every
+piece from its owner: an FP8 linear's W codes from the owner's owned codes, a bf16 linear's W
+from the owner's parameters; on the communication stream once the slot's previous layer has
+released it. with_transpose (the backward's FP8 dgrad reads W^T): W^T of the FP8 ones follows
+there too. Issued one layer ahead of its use, in the same order on every rank.
 */
-void zero_comm_gather_layer(ZeroComm* comm, Fp8Model* fp8, int layer, bool with_transpose) {
+void zero_comm_gather_layer(ZeroComm* comm, Fp8Model* fp8, const floatX* params, int layer, bool with_transpose) {
     int slot = layer % FP8_LAYER_SLOTS;
     cudaStream_t nccl_stream = comm->multi_gpu->nccl_stream;
     cudaCheck(cudaStreamWaitEvent(nccl_stream, comm->slot_free[slot], 0));
     zero_comm_settle(comm, ncclGroupStart(), "ZeRO-3 layer gather (group start)");
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
         int i = fp8_model_linear(fp8, layer, kind);
-        if (i < 0) { continue; }
+        if (i < 0) {
+            ZeroRange slice = zero_slice_range(&comm->layout, zero_comm_weight_tensor(kind), layer);
+            zero_comm_broadcast_pieces(comm, comm->slot_bf16[slot][kind], params, 0, slice.begin, slice.end, ncclBfloat16,
+                                       sizeof(floatX), "ZeRO-3 layer gather (ncclBroadcast)");
+            continue;
+        }
         const Fp8Linear* lin = &fp8->linears[i];
         size_t begin = lin->weight_offset;
         zero_comm_broadcast_pieces(comm, fp8->slot_w[slot][kind], lin->owned_codes, begin + lin->owned_begin, begin,
@@ -604,10 +639,17 @@ void zero_comm_gather_layer(ZeroComm* comm, Fp8Model* fp8, int layer, bool with_
 }
 
 // the compute stream waits for layer `layer`'s gathered slot, and its linears read from it
+// (the FP8 ones bound here, the bf16 ones through zero_comm_layer_weight)
 void zero_comm_use_layer(ZeroComm* comm, Fp8Model* fp8, int layer, cudaStream_t compute) {
     int slot = layer % FP8_LAYER_SLOTS;
     cudaCheck(cudaStreamWaitEvent(compute, comm->slot_gathered[slot], 0));
     fp8_model_bind_layer(fp8, layer, slot);
+}
+
+// the gathered bf16 weight of bf16 block linear (layer, kind), in use since zero_comm_use_layer
+// (NULL for an FP8 linear: its GEMMs read the codes)
+static inline const floatX* zero_comm_layer_weight(const ZeroComm* comm, int layer, int kind) {
+    return comm->slot_bf16[layer % FP8_LAYER_SLOTS][kind];
 }
 
 // layer `layer`'s last GEMM is enqueued on `compute`: its slot may take the next layer after it
@@ -626,13 +668,13 @@ void zero_comm_params_to_host(ZeroComm* comm, const floatX* params, uint16_t* ho
     size_t widest = 0;
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t slice = layout->tensor_sizes[t] / (zero_tensor_is_per_layer(t) ? (size_t)layout->num_layers : 1);
-        if (comm->fp8_tensor[t] && slice > widest) { widest = slice; }
+        if (comm->sharded_tensor[t] && slice > widest) { widest = slice; }
     }
     floatX* bounce = (floatX*)cuda_malloc_checked(widest * sizeof(floatX), "checkpoint bounce buffer (one weight slice, ZeRO-3)");
     multi_gpu_wait(comm->multi_gpu, stream, "checkpoint gather (start)");
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t begin = layout->tensor_offsets[t], end = begin + layout->tensor_sizes[t];
-        if (!comm->fp8_tensor[t]) {  // replicated: rank 0 has it
+        if (!comm->sharded_tensor[t]) {  // replicated: rank 0 has it
             if (comm->rank == 0) { cudaCheck(cudaMemcpy(host_bf16 + begin, params + begin, (end - begin) * sizeof(floatX), cudaMemcpyDeviceToHost)); }
             continue;
         }

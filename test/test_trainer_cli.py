@@ -233,20 +233,27 @@ def test_zero_stage_0_refused_with_several_gpus(data):
 @pytest.mark.parametrize("extra,fragments", [
     (["-z", 2], ["-z 2", "0 (one GPU), 1 and 3"]),
     (["-z", 3], ["-z 3", "several GPUs", "-z 1"]),
-    (["-pn", 2, "-z", 3], ["-z 3", "-p fp8"]),
     (["-pn", 2, "-z", 3, "-p", "fp8", "-fr", "block"], ["-z 3", "-fr delayed or current"]),
     (["-pn", 2, "-z", 3, "-p", "fp8", "-fw", "delayed"], ["-z 3", "-fw current"]),
     (["-pn", 2, "-z", 3, "-p", "fp8", "-f8p", "fwd,fc.dgrad,fc.wgrad"], ["-z 3", "qkv", "-z 1"]),
-    (["-pn", 2, "-z", 3, "-p", "fp8", "-f8", "qkv,attproj,fc"], ["-z 3", "fcproj", "-z 1"]),
-], ids=["stage-2", "one-gpu", "bf16", "block-recipe", "delayed-weights", "bf16-pass", "bf16-linear"])
-def test_zero3_needs_several_gpus_and_fp8_in_every_pass(data, extra, fragments):
-    """ZeRO-3 gathers per-tensor FP8 codes per layer: what it cannot serve is refused before any GPU work"""
+    (["-pn", 2, "-z", 3, "-p", "fp8", "-f8", "qkv,attproj", "-f8p", "qkv.fwd,qkv.dgrad,qkv.wgrad,attproj.wgrad"], ["-z 3", "attproj", "-z 1"]),
+], ids=["stage-2", "one-gpu", "block-recipe", "delayed-weights", "mixed-passes", "mixed-one-linear"])
+def test_zero3_refusals(data, extra, fragments):
+    """ZeRO-3 gathers each block linear's weight in one format, per-tensor FP8 codes or bf16: what it
+    cannot serve is refused before any GPU work"""
     assert_one_line_error(run(GPU, base_args(data, extra)), *fragments)
 
 
-def test_zero3_flags_accepted(data):
-    """-z 3 with the default FP8 flags passes the checks: rank 1 gets as far as its (missing) data"""
-    result = run(GPU, base_args(data, ["-pn", 2, "-pr", 1, "-z", 3, "-p", "fp8", "-i", data / "missing_*.bin"]))
+@pytest.mark.parametrize("extra", [
+    ["-p", "fp8"],
+    ["-p", "bf16"],
+    ["-p", "bf16", "-fr", "block", "-f8p", "fwd"],
+    ["-p", "fp8", "-f8", "qkv,attproj,fc"],
+], ids=["fp8", "bf16", "bf16-ignores-fp8-flags", "fp8-and-bf16-linears"])
+def test_zero3_flags_accepted(data, extra):
+    """-z 3 in FP8 (every pass), in bf16, and with some block linears in each passes the checks:
+    rank 1 gets as far as its (missing) data"""
+    result = run(GPU, base_args(data, ["-pn", 2, "-pr", 1, "-z", 3, *extra, "-i", data / "missing_*.bin"]))
     assert_one_line_error(result, "missing_")
 
 

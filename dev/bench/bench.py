@@ -13,9 +13,10 @@ tables and a summary against DESIGN.md section 7's "FP8 GEMMs incl. casts over b
 targets go into a "Per-GEMM FP8 vs bf16" section of the markdown, and its JSON lines into
 the JSON (records with "benchmark": "gemm"; the end-to-end ones have "benchmark": "train").
 Last, the multi-GPU records ("benchmark": "ranks"): d12 in bf16 and FP8 with 2 ranks on the
-one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, -pi fs) against 1 rank on the same global batch:
-the payload of each collective in the first step (the trainer's `comm |` line: counted on
-the calls that ran) and the 2-rank overhead, ms/step with 2 ranks over ms/step with 1. Two
+one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, -pi fs), ZeRO-1 and ZeRO-3, against 1 rank on the same
+global batch: the payload of each collective in the first step (the trainer's `comm |` line:
+counted on the calls that ran) and the 2-rank overhead, ms/step with 2 ranks over ms/step
+with 1. Two
 ranks share the GPU's compute, so the overhead is the collectives, the synchronization and
 the sharing itself; doc/scaling.md turns the payloads into times on real interconnects.
 
@@ -119,11 +120,11 @@ def parse_run(stdout):
 
 
 def parse_traffic(stdout):
-    """the trainer's `comm |` line: {collective: payload bytes} (MB printed with 3 decimals)"""
+    """the trainer's `comm |` line: {collective: payload bytes} (MB printed to the byte)"""
     m = TRAFFIC_RE.search(stdout)
     if m is None:
         return {}
-    return {name.strip(): float(mb) * 1e6 for name, mb in re.findall(r"([A-Za-z0-9 -]+?) ([\d.]+) MB", m.group(1))}
+    return {name.strip(): round(float(mb) * 1e6) for name, mb in re.findall(r"([A-Za-z0-9 -]+?) ([\d.]+) MB", m.group(1))}
 
 
 def breakdown_ms(breakdown, row):
@@ -178,12 +179,13 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, st
     }
 
 
-def run_ranks(ranks, precision, steps, data_path, T):
-    """d12 with `ranks` processes on this GPU (same global batch): median ms/step and the traffic"""
+def run_ranks(ranks, precision, steps, data_path, T, zero=1):
+    """d12 with `ranks` processes on this GPU (same global batch) at ZeRO stage `zero`: median
+    ms/step and the traffic"""
     B = RANKS_B // ranks
     cmd = [TRAINER, "-e", RANKS_MODEL, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps), "-i", data_path,
-           "-j", "", "-v", "0", "-s", "0", "-fn", "0", "-d", str(RANKS_B * T)]
-    record = {"model": RANKS_MODEL, "precision": precision, "ranks": ranks, "B": B, "T": T,
+           "-j", "", "-v", "0", "-s", "0", "-fn", "0", "-d", str(RANKS_B * T), "-z", str(zero)]
+    record = {"model": RANKS_MODEL, "precision": precision, "ranks": ranks, "zero": zero, "B": B, "T": T,
               "command": ("NCCL_MULTI_RANK_GPU_ENABLE=1 " if ranks > 1 else "") + " ".join(cmd[1:]) + (f" -pn {ranks} -pr R -pi fs -pf DIR" if ranks > 1 else "")}
     env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
     with tempfile.TemporaryDirectory(prefix="llm8_bench_ranks_") as fs_dir:
@@ -206,21 +208,24 @@ def run_ranks(ranks, precision, steps, data_path, T):
 def ranks_markdown(records):
     """the multi-GPU section: payload per collective and the 2-rank overhead, bf16 vs FP8"""
     out = ["## Multi-GPU: 2 ranks on one GPU vs 1 rank\n",
-           f"{RANKS_MODEL}, global batch {RANKS_B} x T, ZeRO-1. Payload = what the first step handed NCCL, by collective "
-           "(the trainer's `comm |` line). Overhead = ms/step with 2 ranks / ms/step with 1 rank.\n",
-           "| precision | ranks | ms/step | tok/s | overhead | gradient reduce MB | amax all-reduce MB | FP8 weight gather MB | bf16 weight gather MB |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           f"{RANKS_MODEL}, global batch {RANKS_B} x T. Payload = what the first step handed NCCL, by collective "
+           "(the trainer's `comm |` line; ZeRO-3's per-layer gathers included). Overhead = ms/step with 2 ranks / ms/step "
+           "with 1 rank.\n",
+           "| precision | ranks | ZeRO | ms/step | tok/s | overhead | gradient reduce MB | amax all-reduce MB | FP8 weight gather MB | bf16 weight gather MB |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     one_rank = {r["precision"]: r for r in records if r.get("ranks") == 1 and "error" not in r}
     for r in records:
+        zero = r.get("zero", 1)
         if "error" in r:
-            out.append(f"| {r['precision']} | {r['ranks']} | error: {r['error']} | | | | | | |")
+            out.append(f"| {r['precision']} | {r['ranks']} | {zero} | error: {r['error']} | | | | | | |")
             continue
         base = one_rank.get(r["precision"])
         overhead = f"{r['ms_per_step'] / base['ms_per_step']:.3f}x" if base and r["ranks"] > 1 else ""
         t = r.get("traffic_bytes", {})
         cells = [f"{t[k] / 1e6:.3f}" if k in t else "" for k in
                  ("gradient reduce", "FP8 weight amax all-reduce", "FP8 weight gather", "bf16 weight gather")]
-        out.append(f"| {r['precision']} | {r['ranks']} | {r['ms_per_step']:.2f} | {r['tok_per_s']:.0f} | {overhead} | " + " | ".join(cells) + " |")
+        out.append(f"| {r['precision']} | {r['ranks']} | {zero} | {r['ms_per_step']:.2f} | {r['tok_per_s']:.0f} | {overhead} | "
+                   + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -403,8 +408,8 @@ def main():
 
     ranks_records = []
     for precision in (("bf16", "fp8") if any(model == RANKS_MODEL for model, _, _ in configs) else ()):
-        for ranks in (1, 2):
-            rec = run_ranks(ranks, precision, steps, data_path, T)
+        for ranks, zero in ((1, 1), (2, 1), (2, 3)):
+            rec = run_ranks(ranks, precision, steps, data_path, T, zero)
             rec.update({"benchmark": "ranks", "device": device, "commit": commit, "date": date})
             ranks_records.append(rec)
             print(json.dumps(rec), flush=True)
