@@ -92,7 +92,6 @@ typedef struct {
     cudaEvent_t gathered;       // on the communication stream, after the gathers
     int fp8_gather;             // the block linears' weights travel as FP8 (zero_comm_fp8_gather)
     int zero3;                  // -z 3: the block linears' weights stay sharded, gathered per layer
-    int sharded_tensor[NUM_PARAMETER_TENSORS]; // ZeRO-3: the block linears' weights (never gathered after the update)
     floatX* slot_bf16[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER]; // ZeRO-3: a gathered layer's bf16 W [OC][K] of each
                                 // linear with no FP8 GEMM (NULL for the FP8 ones: fp8_model.cuh's slots)
     cudaEvent_t slot_gathered[FP8_LAYER_SLOTS]; // ZeRO-3, on the communication stream: the slot's layer has arrived
@@ -106,6 +105,10 @@ typedef struct {
     size_t gathered_bytes_bf16;
     uint64_t traffic[ZERO_TRAFFIC_KINDS]; // payload bytes of the collectives issued so far, by kind
 } ZeroComm;
+
+// ZeRO-3 keeps tensor t sharded, gathered per layer and never after the update: the block
+// linears' weights, the ones zero3_resident_ranges leaves unmapped
+static inline int zero_comm_sharded(const ZeroComm* comm, int t) { return comm->zero3 && zero_tensor_is_matmul_weight(t); }
 
 // the block linears' weights are gathered as FP8 when every FP8 block linear runs all three
 // passes in FP8 (so no bf16 GEMM reads its weight, and both W and W^T exist), in every
@@ -161,7 +164,7 @@ static void zero_comm_create_fp32_reduce(ZeroComm* comm) {
 }
 
 /*
-ZeRO-3's part of zero_comm_create: the four block weights stay sharded, the bf16 layer slots
+ZeRO-3's part of zero_comm_create: the bf16 layer slots
 of the linears with no FP8 GEMM, the slots' events. Each linear must be all FP8 (with the
 FP8 weights sharded, per tensor, -fw current) or all bf16: train_config_check_zero_stage
 refuses the rest on the command line first.
@@ -174,7 +177,6 @@ static void zero_comm_create_zero3(ZeroComm* comm, const Fp8Model* fp8) {
     const ZeroLayout* layout = &comm->layout;
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
         int t = zero_comm_weight_tensor(kind);
-        comm->sharded_tensor[t] = 1;
         for (int slot = 0; slot < FP8_LAYER_SLOTS && fp8->rank_in_layer[kind] < 0; slot++) {
             size_t slice = layout->tensor_sizes[t] / (size_t)layout->num_layers;
             comm->slot_bf16[slot][kind] = (floatX*)cuda_malloc_checked(slice * sizeof(floatX), "ZeRO-3 bf16 layer slot");
@@ -230,7 +232,7 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t begin = comm->layout.tensor_offsets[t], end = begin + comm->layout.tensor_sizes[t];
         size_t bytes = zero_comm_received_bytes(&comm->layout, comm->rank, begin, end, comm->fp8_tensor[t] ? 1 : 2);
-        if (comm->sharded_tensor[t]) { bytes = 0; }  // gathered per layer as they are used instead
+        if (zero_comm_sharded(comm, t)) { bytes = 0; }  // gathered per layer as they are used instead
         if (comm->fp8_tensor[t]) { comm->gathered_bytes_fp8 += bytes; } else { comm->gathered_bytes_bf16 += bytes; }
     }
 }
@@ -510,7 +512,7 @@ static void zero_comm_gather_codes_and_bf16(ZeroComm* comm, Fp8Model* fp8, float
     zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
     if (!comm->zero3) { zero_comm_broadcast_weight_codes(comm, fp8, block_linears); }
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
-        if (comm->fp8_tensor[t] || comm->sharded_tensor[t]) { continue; }
+        if (comm->fp8_tensor[t] || zero_comm_sharded(comm, t)) { continue; }
         size_t begin = comm->layout.tensor_offsets[t];
         zero_comm_broadcast_range(comm, params + begin, begin, begin + comm->layout.tensor_sizes[t], ncclBfloat16,
                                   sizeof(floatX), "bf16 weight gather (ncclBroadcast)");
@@ -601,7 +603,7 @@ void zero_comm_restore_weight_codes(ZeroComm* comm, Fp8Model* fp8, const floatX*
 }
 
 // ----------------------------------------------------------------------------
-// ZeRO-3: one layer's FP8 weights at a time
+// ZeRO-3: one layer's weights at a time
 
 /*
 Layer `layer`'s block linears' weights into the layer's slot (layer % FP8_LAYER_SLOTS), every
@@ -668,13 +670,13 @@ void zero_comm_params_to_host(ZeroComm* comm, const floatX* params, uint16_t* ho
     size_t widest = 0;
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t slice = layout->tensor_sizes[t] / (zero_tensor_is_per_layer(t) ? (size_t)layout->num_layers : 1);
-        if (comm->sharded_tensor[t] && slice > widest) { widest = slice; }
+        if (zero_comm_sharded(comm, t) && slice > widest) { widest = slice; }
     }
     floatX* bounce = (floatX*)cuda_malloc_checked(widest * sizeof(floatX), "checkpoint bounce buffer (one weight slice, ZeRO-3)");
     multi_gpu_wait(comm->multi_gpu, stream, "checkpoint gather (start)");
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t begin = layout->tensor_offsets[t], end = begin + layout->tensor_sizes[t];
-        if (!comm->sharded_tensor[t]) {  // replicated: rank 0 has it
+        if (!zero_comm_sharded(comm, t)) {  // replicated: rank 0 has it
             if (comm->rank == 0) { cudaCheck(cudaMemcpy(host_bf16 + begin, params + begin, (end - begin) * sizeof(floatX), cudaMemcpyDeviceToHost)); }
             continue;
         }
