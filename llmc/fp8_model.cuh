@@ -135,7 +135,7 @@ static inline void fp8_linear_shape(LinearKind kind, int C, int Vp, int* K, int*
 
 /*
 Host-only, before any CUDA work: every FP8 linear's shape against cuBLASLt FP8's rules
-(multiples of 16; of 128 in the block recipe), one line naming the linear and the remedy.
+(multiples of 16), one line naming the linear and the remedy.
 */
 void fp8_model_check_shapes(const Fp8Settings* s, const GPT2Config* cfg, int BT) {
     if (!s->enabled) { return; }
@@ -143,7 +143,7 @@ void fp8_model_check_shapes(const Fp8Settings* s, const GPT2Config* cfg, int BT)
         if (s->passes[kind] == 0) { continue; }
         int K, OC;
         fp8_linear_shape((LinearKind)kind, cfg->channels, cfg->padded_vocab_size, &K, &OC);
-        matmul_fp8_check_shapes(LINEAR_KIND_NAMES[kind], BT, K, OC, s->recipe == FP8_MODEL_BLOCK);
+        matmul_fp8_check_shapes(LINEAR_KIND_NAMES[kind], BT, K, OC);
     }
 }
 

@@ -160,8 +160,8 @@ static void matmul_check_spec(const MatmulSpec* spec) {
         if (!spec->transpose_a || spec->transpose_b) {
             llm8_die("matmul %s: FP8 needs both operands contiguous along K (the TN layout)", spec->name);
         }
-        if (!scalar && (spec->fast_accumulate || spec->k % 128 != 0)) {
-            llm8_die("matmul %s: block scaling needs K=%d a multiple of 128 and no fast accumulation", spec->name, spec->k);
+        if (!scalar && spec->fast_accumulate) {
+            llm8_die("matmul %s: block scaling takes no fast accumulation", spec->name);
         }
         if (!scalar) {  // cuBLAS docs, "128-element 1D and 128x128 2D Block Scaling For FP8 Data Types"
             const cublasLtMatmulMatrixScale_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
@@ -298,11 +298,14 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
     MatmulPlan plan;
     matmul_plan_create(&plan, spec);
     if (plan.status != CUBLAS_STATUS_SUCCESS || plan.found == 0) {
+        bool short_block = spec->a_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && spec->k % 128 != 0;
         llm8_die("matmul %s: cuBLASLt has no algorithm for m=%d n=%d k=%d, types A=%d B=%d D=%d, "
-                 "transposes %d%d, epilogue %d, scale modes %d %d (%s)", spec->name, spec->m, spec->n, spec->k,
+                 "transposes %d%d, epilogue %d, scale modes %d %d (%s)%s", spec->name, spec->m, spec->n, spec->k,
                  (int)spec->a_type, (int)spec->b_type, (int)spec->d_type, (int)spec->transpose_a,
                  (int)spec->transpose_b, (int)spec->epilogue, (int)spec->a_scale_mode, (int)spec->b_scale_mode,
-                 cublasGetStatusName(plan.status));
+                 cublasGetStatusName(plan.status),
+                 short_block ? "; this cuBLASLt lacks block scaling with a short last K block (K not a multiple of "
+                               "128): use -fr delayed or -fr current, or a width and a B*T that are multiples of 128" : "");
     }
     const float alpha = 1.0f;
     const float beta = spec->accumulate ? 1.0f : 0.0f;
@@ -520,22 +523,19 @@ static void matmul_fp8_set_operands(MatmulSpec* spec, Fp8Operand a, Fp8Operand b
 
 /*
 A startup check of one linear (N tokens, C in, OC out) against cuBLASLt FP8's rules, so a
-bad shape is one clear line before training starts, never a cuBLAS status. Every GEMM
-dimension (N, C, OC) must be a multiple of 16; the block recipe's tiles run along K, which
-is C (forward), OC (dgrad) and N (wgrad), so it needs all three multiples of 128.
+bad shape is one clear line before training starts, never a cuBLAS status: every GEMM
+dimension (N, C, OC) must be a multiple of 16. The block recipe's tiles run along K (C in
+the forward, OC in dgrad, N in wgrad) and need no multiple of 128: where K is not one (d48's
+C = 1600), the last tile of each row is short, which cuBLASLt's block scale layouts provide
+for (ceil(K / 128) scales along K) and which equals zero-padding K to a multiple of 128.
 */
-void matmul_fp8_check_shapes(const char* linear, int N, int C, int OC, bool block_recipe) {
+void matmul_fp8_check_shapes(const char* linear, int N, int C, int OC) {
     const char* names[3] = {"B*T", "C (input width)", "OC (output width)"};
     const int dims[3] = {N, C, OC};
     for (int i = 0; i < 3; i++) {
         if (dims[i] <= 0 || dims[i] % 16 != 0) {
             llm8_die("fp8 %s linear: %s = %d must be a positive multiple of 16 for cuBLASLt FP8 GEMMs; "
                      "change the model width or the batch, or run it with -p bf16", linear, names[i], dims[i]);
-        }
-        if (block_recipe && dims[i] % 128 != 0) {
-            llm8_die("fp8 %s linear: %s = %d is not a multiple of 128, which the block recipe's 1x128 and 128x128 "
-                     "scale tiles need along every GEMM's K; use the delayed or current recipe, or a width and a "
-                     "B*T that are multiples of 128 (d12, d24, d36; d48's C=1600 is not)", linear, names[i], dims[i]);
         }
     }
 }
@@ -576,22 +576,49 @@ dweight[OC][C] += dout^T inp                 (accumulated; dweight may be NULL: 
 dweight_type: CUDA_R_16BF (the gradient buffer, like the bf16 path) or CUDA_R_32F (an fp32
 accumulation buffer); cuBLASLt adds in fp32 and rounds once. No fast accumulation here.
 */
+static MatmulSpec matmul_dgrad_fp8_spec(floatX* dinp, Fp8Operand dout, Fp8Operand weight_t, int N, int C, int OC) {
+    MatmulSpec dgrad = matmul_linear_dgrad_spec("fp8 backward dinp (m=C, n=N, k=OC)", dinp, N, C, OC);
+    matmul_fp8_set_operands(&dgrad, weight_t, dout);
+    return dgrad;
+}
+
+static MatmulSpec matmul_wgrad_fp8_spec(void* dweight, cudaDataType_t dweight_type, Fp8Operand dout_t, Fp8Operand inp_t,
+                                        int N, int C, int OC) {
+    if (dweight_type != CUDA_R_16BF && dweight_type != CUDA_R_32F) {
+        llm8_die("matmul fp8 backward: dweight type %d is neither bf16 nor fp32", (int)dweight_type);
+    }
+    MatmulSpec wgrad = matmul_linear_wgrad_spec("fp8 backward dweight (m=C, n=OC, k=N)", dweight, dweight_type, N, C, OC);
+    matmul_fp8_set_operands(&wgrad, inp_t, dout_t);
+    return wgrad;
+}
+
 void matmul_backward_fp8(floatX* dinp, void* dweight, cudaDataType_t dweight_type, Fp8Operand dout,
                          Fp8Operand dout_t, Fp8Operand weight_t, Fp8Operand inp_t, int N, int C, int OC,
                          cudaStream_t stream) {
     if (dinp != NULL) {
-        MatmulSpec dgrad = matmul_linear_dgrad_spec("fp8 backward dinp (m=C, n=N, k=OC)", dinp, N, C, OC);
-        matmul_fp8_set_operands(&dgrad, weight_t, dout);
+        MatmulSpec dgrad = matmul_dgrad_fp8_spec(dinp, dout, weight_t, N, C, OC);
         matmul_cublaslt(&dgrad, stream);
     }
     if (dweight != NULL) {
-        if (dweight_type != CUDA_R_16BF && dweight_type != CUDA_R_32F) {
-            llm8_die("matmul fp8 backward: dweight type %d is neither bf16 nor fp32", (int)dweight_type);
-        }
-        MatmulSpec wgrad = matmul_linear_wgrad_spec("fp8 backward dweight (m=C, n=OC, k=N)", dweight, dweight_type, N, C, OC);
-        matmul_fp8_set_operands(&wgrad, inp_t, dout_t);
+        MatmulSpec wgrad = matmul_wgrad_fp8_spec(dweight, dweight_type, dout_t, inp_t, N, C, OC);
         matmul_cublaslt(&wgrad, stream);
     }
+}
+
+// whether cuBLASLt has algorithms for matmul_backward_fp8's GEMMs with these arguments (a
+// probe that runs nothing, as matmul_forward_fp8_supported; e.g. block scaling at a K that
+// is not a multiple of 128)
+bool matmul_backward_fp8_supported(floatX* dinp, void* dweight, cudaDataType_t dweight_type, Fp8Operand dout,
+                                   Fp8Operand dout_t, Fp8Operand weight_t, Fp8Operand inp_t, int N, int C, int OC) {
+    if (dinp != NULL) {
+        MatmulSpec dgrad = matmul_dgrad_fp8_spec(dinp, dout, weight_t, N, C, OC);
+        if (!matmul_cublaslt_supported(&dgrad)) { return false; }
+    }
+    if (dweight != NULL) {
+        MatmulSpec wgrad = matmul_wgrad_fp8_spec(dweight, dweight_type, dout_t, inp_t, N, C, OC);
+        if (!matmul_cublaslt_supported(&wgrad)) { return false; }
+    }
+    return true;
 }
 
 /*

@@ -16,7 +16,8 @@ bitwise-reproducibility promises. Runs on an H100/H200 (make gpucheck).
 FP8 (-p fp8), against the reference with FP8 emulation (gpt2ref_set_fp8_emulation, the same
 recipe, linears and quantization points):
 6. One forward + backward after two warm-up micro-steps (so delayed scales come from a
-   history), for delayed on d12, current and block with lm_head in FP8 on d6, and delayed
+   history), for delayed on d12, current and block with lm_head in FP8 on d6, block with
+   lm_head on a 2-layer model of C = 192 (whose tiles along K end short, as d48's), and delayed
    and block on d6 with the passes chosen per linear (fp8_settings_per_linear: forward
    alone, dgrad alone, wgrad alone, both backward GEMMs without the forward). The GPU
    casts bf16-rounded activations where the reference casts fp32 ones, so some codes round
@@ -69,7 +70,7 @@ checks run on models a CPU trains in a second: 3 and 2 layers at C = 128 (one he
 what the attention kernels serve) and a 997-token vocabulary, like 50257 not a multiple of
 8 or 128.
 */
-typedef enum { TEST_MODEL_LARGE, TEST_MODEL_SMALL } TestModel;
+typedef enum { TEST_MODEL_LARGE, TEST_MODEL_SMALL, TEST_MODEL_UNEVEN } TestModel;
 
 // the training runs use cuDNN's attention where the build has it (a NO_CUDNN=1 build, and
 // cudasim's, have only the fallback kernels)
@@ -78,12 +79,17 @@ static const AttentionBackend TRAINING_ATTENTION = ATTENTION_FALLBACK;
 #else
 static const AttentionBackend TRAINING_ATTENTION = ATTENTION_CUDNN;
 #endif
+// TEST_MODEL_UNEVEN: 2 layers at C = 192 (3 heads of 64), so every K of the block recipe's
+// tiles ends short, as at d48's C = 1600: C = 1.5 tiles, 3C = 4.5
 static GPT2Config test_model_config(TestModel size) {
 #ifdef CUDASIM
-    return gpt2_config_make(size == TEST_MODEL_LARGE ? 3 : 2, 2, 128, GPT2_DEFAULT_MAXT, 997);
+    const int vocab = 997;
+    if (size != TEST_MODEL_UNEVEN) { return gpt2_config_make(size == TEST_MODEL_LARGE ? 3 : 2, 2, 128, GPT2_DEFAULT_MAXT, vocab); }
 #else
-    return gpt2_config_from_descriptor(size == TEST_MODEL_LARGE ? "d12" : "d6");
+    const int vocab = 50257;
+    if (size != TEST_MODEL_UNEVEN) { return gpt2_config_from_descriptor(size == TEST_MODEL_LARGE ? "d12" : "d6"); }
 #endif
+    return gpt2_config_make(2, 3, 192, GPT2_DEFAULT_MAXT, vocab);
 }
 static const char* SHARD_PATH = "build/test_gpt2_data_train_000000.bin";
 
@@ -579,6 +585,7 @@ int main(void) {
     test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, "fp8 delayed", stream);
     test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &current_lm_head, 1, "fp8 current+lm_head", stream);
     test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_lm_head, 1, "fp8 block+lm_head", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_UNEVEN, &block_lm_head, 1, "fp8 block+lm_head, C=192", stream);
     Fp8Settings delayed_per_linear = fp8_settings_per_linear(FP8_MODEL_DELAYED);
     Fp8Settings block_per_linear = fp8_settings_per_linear(FP8_MODEL_BLOCK);
     test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 0, "fp8 delayed, passes per linear", stream);

@@ -6,7 +6,9 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   main.jsonl, numerics.jsonl rows for every FP8 tensor, DONE markers;
 - -y 1 resumes bitwise: the resumed steps print the losses of the uninterrupted run;
 - a run whose every forward overflows (a weight of 3e38): its non-finite steps are counted
-  and skipped, the run ends cleanly, and the model file it writes holds no Inf or NaN.
+  and skipped, the run ends cleanly, and the model file it writes holds no Inf or NaN;
+- the block recipe at C = 192 (tiles along K that end short, as d48's): trains, resumes
+  bitwise, and a cuBLASLt without such kernels gives one line naming the remedy.
 test/sim_model.py's small model keeps a step near a second. The same program on a GPU is
 make gpucheck's (test/test_gpt2.cu, test/gpu_trainer_ranks.py).
 """
@@ -105,3 +107,30 @@ def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):
         assert header[0] == 20240326 and header[1] == 5  # bf16 weights
         bits = np.frombuffer(f.read(), dtype=np.uint16)
     assert not np.any((bits & 0x7F80) == 0x7F80), "Inf or NaN reached the weights"
+
+
+def test_block_recipe_at_a_width_not_a_multiple_of_128(workdir):
+    """C = 192 (3 heads of 64), as d48's C = 1600 not a multiple of 128: the block recipe's tiles
+    along C and 3C end short, training runs and learns, and resume is bitwise. A cuBLASLt without
+    short K blocks (cudasim's CUDASIM_CUBLASLT_WHOLE_K_BLOCKS=1) stops the run in one line that
+    names the remedy."""
+    sim_model.write_model(workdir / "wide.bin", heads=3, channels=192)
+    out = workdir / "block_192"
+    common = ["-p", "fp8", "-fr", "block", "-f8", "all", "-x", 6, "-l", 3e-3, "-v", 0, "-s", 0, "-n", 3, "-o", out]
+    straight = train(workdir, common, model="wide.bin")
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    a = losses(straight.stdout)
+    assert sorted(a) == [1, 2, 3, 4, 5, 6] and all(np.isfinite(list(a.values()))) and a[6] < a[1], a
+    os.remove(out / "DONE_00000006")
+    resumed = train(workdir, common + ["-y", 1], model="wide.bin")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    b = losses(resumed.stdout)
+    assert sorted(b) == [4, 5, 6] and all(a[s] == b[s] for s in (4, 5, 6)), (a, b)
+
+    env = dict(os.environ, CUDASIM_CUBLASLT_WHOLE_K_BLOCKS="1")
+    cmd = [SIM_TRAINER, "-e", "wide.bin", "-i", "s_train_*.bin", "-t", 64, "-b", 4, "-p", "fp8", "-fr", "block",
+           "-x", 1, "-v", 0, "-s", 0, "-o", workdir / "block_refused"]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "short last K block" in errors[0] and "-fr delayed" in errors[0], r.stderr[-2000:]

@@ -281,23 +281,14 @@ def test_each_rank_checks_its_data_before_the_gpu(data):
 
 
 # the FP8 shape rules are the GPU trainer's (cuBLASLt FP8), checked before its first CUDA call
-def test_fp8_block_recipe_refuses_d48_naming_the_remedy(data):
-    result = run(GPU, base_args(data, ["-p", "fp8", "-fr", "block", "-e", "d48", "-b", 4, "-t", 32]))
-    assert_one_line_error(result, "block recipe", "1600", "multiple of 128", "delayed or current recipe")
-
-
-def test_fp8_block_recipe_refuses_tokens_not_multiple_of_128(data):
-    assert_one_line_error(run(GPU, base_args(data, ["-p", "fp8", "-fr", "block", "-b", 1, "-t", 32])), "B*T", "32", "128")
-
-
 def test_fp8_tokens_not_multiple_of_16(data):
-    assert_one_line_error(run(GPU, base_args(data, ["-p", "fp8", "-b", 1, "-t", 24])), "B*T", "24", "multiple of 16")
+    assert_one_line_error(run(GPU, base_args(data, ["-p", "fp8", "-b", 1, "-t", 24])), "qkv", "B*T", "24", "multiple of 16")
 
 
 def test_fp8_lm_head_shape_checked_only_when_in_fp8(data):
-    """d48 with the block recipe fails on qkv; listing only lm_head moves the failure to lm_head (C=1600 again)"""
-    result = run(GPU, base_args(data, ["-p", "fp8", "-fr", "block", "-e", "d48", "-b", 4, "-t", 32, "-f8", "lm_head"]))
-    assert_one_line_error(result, "lm_head", "1600")
+    """listing only lm_head in FP8 makes lm_head the linear whose shape fails"""
+    result = run(GPU, base_args(data, ["-p", "fp8", "-fr", "block", "-b", 1, "-t", 24, "-f8", "lm_head"]))
+    assert_one_line_error(result, "lm_head", "B*T", "24")
 
 
 def test_fp8_good_flags_accepted(data, tmp_path):

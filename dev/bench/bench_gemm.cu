@@ -22,8 +22,9 @@ Why it is shaped so:
                 bwd: matmul_backward_fp8_dout (bias grad + amax + cast + transpose of dy,
                      which replaces bf16's dbias) then the GEMMs.
     block, block+cast: the same with the block recipe (1x128 tiles for x and dy, 128x128
-                     blocks for W, all E4M3, no fast accumulation); only when every GEMM
-                     dimension is a multiple of 128 (not d48, C=1600).
+                     blocks for W, all E4M3, no fast accumulation; at d48, C=1600, the last
+                     tile along C and 3C is short). Skipped, with the reason recorded, for a
+                     linear whose GEMMs cuBLASLt has no block-scaled algorithm for.
     wcast       fp8_cast_weight from the fp32 master (W and W^T), once per optimizer step,
                 so reported on its own and not added into fwd or bwd; per tensor it
                 includes the weight's amax pass (an upper bound where the optimizer pass
@@ -334,6 +335,7 @@ typedef struct {
     GPT2Config cfg;
     int B, BT;
     const char* block_skip;  // why the block recipe is not measured, or NULL
+    char block_skip_text[256];
     int K[NUM_LINEAR_KINDS], OC[NUM_LINEAR_KINDS];
     double ms[BENCH_ROWS][NUM_BENCH_PASSES][NUM_BENCH_VARIANTS];  // NaN: not measured, not applicable
     double flops[BENCH_ROWS][NUM_BENCH_PASSES];
@@ -344,26 +346,26 @@ static int bench_linear_count(const ModelBench* m, int kind) {
     return kind == LINEAR_LM_HEAD ? 1 : m->cfg.num_layers;
 }
 
-// why the block recipe's 128-wide tiles do not fit this model's GEMMs (each of BT, K and OC
-// is some GEMM's K), or NULL when they do
-static const char* bench_block_skip_reason(const ModelBench* m, char* buffer, size_t size) {
-    const char* names[3] = {"B*T", "C", "Vp"};
-    const int dims[3] = {m->BT, m->cfg.channels, m->cfg.padded_vocab_size};
-    for (int i = 0; i < 3; i++) {
-        if (dims[i] % 128 != 0) {
-            snprintf(buffer, size, "block recipe not measured: %s=%d is not a multiple of 128 (its 1x128 and 128x128 tiles "
-                     "run along every GEMM's K)", names[i], dims[i]);
-            return buffer;
-        }
-    }
-    return NULL;
+// why the block recipe is not measured for this linear (cuBLASLt has no block-scaled
+// algorithm for one of its GEMMs, e.g. a K that is not a multiple of 128), or NULL; the
+// recipe's codes are in place (bench_linear_use_recipe)
+static const char* bench_block_skip_reason(const LinearBench* b, const char* linear, char* buffer, size_t size) {
+    bool forward = matmul_forward_fp8_supported(b->out, fp8_operand(&b->x8, false), fp8_operand(&b->w8, false), b->bias,
+                                                b->BT, b->K, b->OC, NULL);
+    bool backward = matmul_backward_fp8_supported(b->dinp, b->dw, CUDA_R_16BF, fp8_operand(&b->dy8, false),
+                                                  fp8_operand(&b->dy8, true), fp8_operand(&b->w8, true),
+                                                  fp8_operand(&b->x8, true), b->BT, b->K, b->OC);
+    if (forward && backward) { return NULL; }
+    snprintf(buffer, size, "block recipe not measured: this cuBLASLt has no block-scaled algorithm for %s's %s "
+             "(BT=%d, K=%d, OC=%d)", linear, forward ? "backward" : "forward", b->BT, b->K, b->OC);
+    return buffer;
 }
 
 static void bench_measure_linear(ModelBench* m, int kind, const BenchTimer* timer) {
     int K = m->K[kind], OC = m->OC[kind];
     fprintf(stderr, "bench_gemm: %s %s (BT=%d, K=%d, OC=%d)\n", m->name, LINEAR_KIND_NAMES[kind], m->BT, K, OC);
     LinearBench b;
-    bench_linear_create(&b, m->BT, K, OC, kind != LINEAR_LM_HEAD, m->block_skip == NULL, 1000u * (uint32_t)kind, timer->stream);
+    bench_linear_create(&b, m->BT, K, OC, kind != LINEAR_LM_HEAD, true, 1000u * (uint32_t)kind, timer->stream);
     double (*ms)[NUM_BENCH_VARIANTS] = m->ms[kind];
     ms[PASS_FWD][VARIANT_BF16] = bench_time_ms(timer, bench_bf16_forward, &b);
     ms[PASS_BWD][VARIANT_BF16] = bench_time_ms(timer, bench_bf16_backward, &b);
@@ -371,6 +373,10 @@ static void bench_measure_linear(ModelBench* m, int kind, const BenchTimer* time
         if (block && m->block_skip != NULL) { continue; }
         int gemm = block ? VARIANT_BLOCK : VARIANT_FP8, with_cast = gemm + 1;
         bench_linear_use_recipe(&b, block, timer->stream);
+        if (block) {
+            m->block_skip = bench_block_skip_reason(&b, LINEAR_KIND_NAMES[kind], m->block_skip_text, sizeof(m->block_skip_text));
+            if (m->block_skip != NULL) { continue; }
+        }
         ms[PASS_FWD][gemm] = bench_time_ms(timer, bench_fp8_forward, &b);
         ms[PASS_FWD][with_cast] = bench_time_ms(timer, bench_fp8_forward_with_cast, &b);
         ms[PASS_BWD][gemm] = bench_time_ms(timer, bench_fp8_backward, &b);
@@ -506,8 +512,6 @@ static void bench_model(int index, const BenchTimer* timer, FILE* json) {
     m.cfg = gpt2_config_from_descriptor(m.name);
     m.B = BENCH_MODEL_BATCH[index];
     m.BT = m.B * BENCH_T;
-    char skip[256];
-    m.block_skip = bench_block_skip_reason(&m, skip, sizeof(skip));
     for (int row = 0; row < BENCH_ROWS; row++) {
         for (int p = 0; p < NUM_BENCH_PASSES; p++) {
             for (int v = 0; v < NUM_BENCH_VARIANTS; v++) { m.ms[row][p][v] = NAN; }

@@ -40,7 +40,8 @@ together, a workspace not 256-byte aligned, and a pointer less aligned than the 
 preference the algorithm was chosen for. What the emulation does not do (other types,
 epilogues, attributes, orders, batches) is refused too, with CUBLAS_STATUS_NOT_SUPPORTED and a
 line saying "not emulated". Block scaling takes any K (a multiple of 16 as FP8 needs): the
-documentation's L = ceil(K / 128) blocks, the last one short. The scale layouts are those of
+documentation's L = ceil(K / 128) blocks, the last one short (CUDASIM_CUBLASLT_WHOLE_K_BLOCKS=1
+plays a library that refuses such a K, so a test can see what llm8 says then). The scale layouts are those of
 the documentation's "Scaling factors layouts" (cuBLAS 13): VEC128 is M-major M x L for A and
 N-major N x L for B; BLK128x128 is K-major, L4 x ceil(M / 128) for A and L4 x ceil(N / 128)
 for B, L4 being L rounded up to a multiple of 4.
@@ -59,6 +60,8 @@ INVALID_VALUE (the documentation only says such algorithms are excluded by the p
 #include <cublasLt.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
 #include <stdio.h>
 #include <vector>
 
@@ -381,6 +384,10 @@ cublasStatus_t check_problem_shape(Problem* p) {
             REFUSE_IF(pointer_alignment(d.scale[i]) < 16, CUBLAS_STATUS_INVALID_VALUE,
                       "%s block scale pointer %p is not 16-byte aligned", MATRIX_NAMES[i], d.scale[i]);
         }
+        const char* whole_blocks = getenv("CUDASIM_CUBLASLT_WHOLE_K_BLOCKS");
+        REFUSE_IF(whole_blocks != nullptr && strcmp(whole_blocks, "1") == 0 && p->k % 128 != 0, CUBLAS_STATUS_NOT_SUPPORTED,
+                  "block scaling with k=%llu, not a multiple of 128 (CUDASIM_CUBLASLT_WHOLE_K_BLOCKS=1)",
+                  (unsigned long long)p->k);
     } else {
         for (int i = 0; i < 2; i++) {
             REFUSE_IF(pointer_alignment(d.scale[i]) < 4, CUBLAS_STATUS_INVALID_VALUE,
