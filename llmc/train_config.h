@@ -17,6 +17,7 @@ were kept for other tensors.
 #ifndef LLMC_TRAIN_CONFIG_H
 #define LLMC_TRAIN_CONFIG_H
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -357,7 +358,12 @@ static inline int train_config_check_batch(TrainConfig* c, const GPT2Config* mod
     if (c->T > model->max_seq_len) {
         llm8_die("flag -t %d: sequence length exceeds the model's max_seq_len %d", c->T, model->max_seq_len);
     }
-    int tokens_per_micro_step = c->B * c->T * num_processes;
+    long long tokens = (long long)c->B * c->T * num_processes;
+    if (tokens > INT_MAX) {
+        llm8_die("flags -b %d, -t %d with %d processes: %lld tokens per micro-step exceed %d; lower -b", c->B, c->T,
+                 num_processes, tokens, INT_MAX);
+    }
+    int tokens_per_micro_step = (int)tokens;
     if (c->total_batch_size == -1) { c->total_batch_size = tokens_per_micro_step; }
     if (c->total_batch_size % tokens_per_micro_step != 0) {
         llm8_die("flag -d %d: total batch must be a multiple of B*T*processes = %d*%d*%d = %d",

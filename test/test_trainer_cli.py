@@ -262,6 +262,12 @@ def test_total_batch_counts_every_process(data):
     assert_one_line_error(run(GPU, base_args(data, ["-pn", 2, "-pr", 1, "-d", 64])), "-d 64", "processes", "128")
 
 
+def test_tokens_per_micro_step_beyond_int_range_are_refused(data):
+    """65536 x 1024 x 32 processes = 2^31 tokens per micro-step: one line, not a wrapped count"""
+    result = run(GPU, base_args(data, ["-e", "d12", "-b", 65536, "-t", 1024, "-pn", 32, "-pr", 1]))
+    assert_one_line_error(result, "-b 65536", "2147483648", "lower -b")
+
+
 def test_mpirun_without_mpi_support_is_refused(data):
     """mpirun starting N copies of a binary built without MPI: each would train alone as rank 0 of 1 on GPU 0"""
     if not os.path.exists(GPU):
