@@ -640,7 +640,12 @@ static void test_fp8_block_gather(const GPT2Config* cfg) {
         int cols = zero_weight_cols(&single, slices[s].tensor);
         total_blocks += fp8_weight_blocks((int)((slices[s].end - slices[s].begin) / cols), cols);
     }
-    CHECK(total_blocks == (size_t)cfg->num_layers * 12 * (cfg->channels / FP8_WEIGHT_BLOCK) * (cfg->channels / FP8_WEIGHT_BLOCK),
+    // per layer qkv [3C][C], attproj [C][C], fc [4C][C], fcproj [C][4C], each a grid of 128x128
+    // blocks, the last row and column of blocks short where a width is not a multiple of 128
+    size_t c_blocks = ((size_t)cfg->channels + FP8_WEIGHT_BLOCK - 1) / FP8_WEIGHT_BLOCK;
+    size_t c3_blocks = (3 * (size_t)cfg->channels + FP8_WEIGHT_BLOCK - 1) / FP8_WEIGHT_BLOCK;
+    size_t c4_blocks = (4 * (size_t)cfg->channels + FP8_WEIGHT_BLOCK - 1) / FP8_WEIGHT_BLOCK;
+    CHECK(total_blocks == (size_t)cfg->num_layers * c_blocks * (c3_blocks + c_blocks + 2 * c4_blocks),
           "%zu blocks for %d layers of C=%d", total_blocks, cfg->num_layers, cfg->channels);
     float* ref_scales = (float*)mallocCheck(total_blocks * sizeof(float));
     uint8_t* ref_codes = (uint8_t*)mallocCheck(single.num_parameters);
@@ -745,6 +750,9 @@ int main(void) {
     d12_like.padded_vocab_size = 1024;
     d12_like.max_seq_len = 256;
     test_fp8_block_gather(&d12_like);
+    // a width that is not a multiple of 128, as d48's C = 1600: C = 192 (1.5 blocks, 3C = 4.5)
+    GPT2Config uneven = gpt2_config_make(2, 3, 192, 256, 1000);
+    test_fp8_block_gather(&uneven);
     test_zero3();
     CHECK_DIES("zero ranks", "ranks", { ZeroLayout z; zero_layout_init(&z, &tiny, 0); });
     CHECK_DIES("bad chunk", "chunk", {
