@@ -13,8 +13,10 @@ indexing, shared memory, barriers and warp collectives run as written, and the G
 What it checks that a GPU would not report: threads of one block waiting at different
 __syncthreads (or some exited), a warp collective whose mask names a lane that never
 arrives, device buffers read before written (cudaMalloc fills them with 0xff: bf16 NaN),
-writes past an allocation (a guard page after each one), a launch wider than 1024 threads
-or with more dynamic shared memory than the kernel's attribute allows.
+writes past an allocation or past a block's dynamic shared memory (a guard page after each),
+a launch wider than 1024 threads or with more dynamic shared memory than the kernel's
+attribute allows. And what a GPU faults on but x86 does not: a uint2/int4/Packed128 access
+through a misaligned pointer (checked_reinterpret_cast below: cudaErrorMisalignedAddress).
 
 A data race between the threads of a block shows as a result that depends on the order
 they run in: each block runs its threads in a fresh pseudo-random order, so the tests'
@@ -53,6 +55,7 @@ header force-included (-include). Nothing here is used by the real build.
 #include <math.h>
 #include <tuple>
 #include <utility>
+#include <type_traits>
 #include <functional>
 #include <memory>
 #include <algorithm>
@@ -142,6 +145,23 @@ bool device_memory_acquire(size_t bytes);
 void device_memory_release(size_t bytes);
 bool kernel_running();
 [[noreturn]] void abandon_kernel(cudaError_t error);
+
+// A GPU loads and stores a uint2, int4 or Packed128 with one instruction that needs the address
+// aligned to the type's size, and faults otherwise (cudaErrorMisalignedAddress, sticky); x86
+// does not care. translate.py rewrites every reinterpret_cast<To>(from) into this, so a kernel
+// that makes such a pointer from a misaligned address ends its grid with that error, as on a
+// GPU, and one stderr line names the kernel and the address. Host code is not checked.
+[[noreturn]] void misaligned_access(const void* address, size_t alignment);
+template <class To, class From>
+inline To checked_reinterpret_cast(From from) {
+    if constexpr (std::is_pointer<To>::value && std::is_pointer<From>::value) {
+        typedef typename std::remove_cv<typename std::remove_pointer<To>::type>::type Pointee;
+        if constexpr (!std::is_void<Pointee>::value) {
+            if ((uintptr_t)from % alignof(Pointee) != 0 && kernel_running()) { misaligned_access(from, alignof(Pointee)); }
+        }
+    }
+    return reinterpret_cast<To>(from);
+}
 
 // block barrier and warp collectives; file/line name the call site in a divergence report
 void syncthreads(const char* file, int line);

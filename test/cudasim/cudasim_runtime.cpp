@@ -132,14 +132,40 @@ struct Block {
 static thread_local Block* current_block = nullptr;
 static thread_local Fiber* current_fiber = nullptr;
 static thread_local FiberContext scheduler_context;
-static thread_local std::vector<char> dynamic_shared;
+// A block's dynamic shared memory ends right before an inaccessible page, as cudaMalloc's
+// allocations do, so an index past the launch's dynamic shared bytes faults where it
+// happens (on a GPU it reads or corrupts another part of shared memory, or faults).
+struct DynamicShared {
+    char* mapping = nullptr;
+    size_t data_bytes = 0;  // the accessible part before the guard page
+    char* start = nullptr;
+};
+static thread_local DynamicShared dynamic_shared;
+
+static size_t page_bytes() { static size_t p = (size_t)sysconf(_SC_PAGESIZE); return p; }
+
+static void dynamic_shared_prepare(size_t bytes) {
+    size_t rounded = (bytes + 15) & ~(size_t)15;  // 16-byte aligned, as a GPU's
+    size_t page = page_bytes();
+    if (dynamic_shared.data_bytes < rounded) {
+        if (dynamic_shared.mapping != nullptr) { munmap(dynamic_shared.mapping, dynamic_shared.data_bytes + page); }
+        size_t data_bytes = (rounded + page - 1) / page * page;
+        void* mapping = mmap(nullptr, data_bytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mapping == MAP_FAILED) { fail("cannot map dynamic shared memory"); }
+        mprotect((char*)mapping + data_bytes, page, PROT_NONE);
+        dynamic_shared.mapping = (char*)mapping;
+        dynamic_shared.data_bytes = data_bytes;
+    }
+    dynamic_shared.start = dynamic_shared.mapping + dynamic_shared.data_bytes - rounded;
+    memset(dynamic_shared.start, 0xff, rounded);  // shared memory starts as garbage on a GPU
+}
 static thread_local std::vector<Fiber> fiber_pool;
 
 const ThreadCoordinates& coordinates() {
     if (current_fiber == nullptr) { fail("threadIdx/blockIdx used outside a kernel"); }
     return current_fiber->coordinates;
 }
-void* dynamic_shared_memory() { return dynamic_shared.data(); }
+void* dynamic_shared_memory() { return dynamic_shared.start; }
 int lane_id() { return current_fiber->linear % 32; }
 
 static void yield_to_scheduler() { switch_context(&current_fiber->context, &scheduler_context); }
@@ -329,6 +355,11 @@ void abandon_kernel(cudaError_t error) {
     sticky_error = error;
     siglongjmp(kernel_fault_jump, 1);
 }
+void misaligned_access(const void* address, size_t alignment) {
+    fprintf(stderr, "cudasim: misaligned address in %s: %p accessed as a type aligned to %zu bytes\n",
+            block_text().c_str(), address, alignment);
+    abandon_kernel(cudaErrorMisalignedAddress);
+}
 
 
 // block number `linear_block` of a launch, on the calling OS thread's fibers
@@ -346,7 +377,7 @@ static void run_one_block(const LaunchConfig& config, const char* name, const st
             fiber_pool[i].stack = (char*)stack;
         }
     }
-    if (dynamic_shared.size() < config.dynamic_shared_bytes) { dynamic_shared.resize(config.dynamic_shared_bytes); }
+    dynamic_shared_prepare(config.dynamic_shared_bytes);
     Block block;
     block.fibers = &fiber_pool;
     block.thread_count = threads;
@@ -368,8 +399,6 @@ static void run_one_block(const LaunchConfig& config, const char* name, const st
             }
         }
     }
-    // shared memory starts as garbage on a GPU: make reads before writes visible
-    if (config.dynamic_shared_bytes > 0) { memset(dynamic_shared.data(), 0xff, config.dynamic_shared_bytes); }
     // the thread order depends only on the launch and the block, so a failure reproduces
     schedule_seed = (launch_number << 32) ^ (uint64_t)linear_block ^ 0x9e3779b97f4a7c15ull;
     if (sigsetjmp(kernel_fault_jump, 0) != 0) {  // abandon_kernel: this block ends here
@@ -558,7 +587,6 @@ std::mutex allocations_mutex;
 std::map<void*, Allocation> allocations;  // by the pointer handed out
 size_t allocated_bytes = 0;
 const size_t SIMULATED_MEMORY_BYTES = 80ull << 30;
-size_t page_bytes() { static size_t p = (size_t)sysconf(_SC_PAGESIZE); return p; }
 std::map<const char*, size_t> pinned_allocations;  // cudaMallocHost's: start, bytes
 
 // how long a query (cudaEventQuery, cudaStreamQuery) lets queued work wait for peers

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """translate.py: rewrites CUDA sources into C++ that compiles against cudasim.h.
 
-Two rewrites, nothing else (the kernels must run as written):
+Three rewrites, nothing else (the kernels must run as written):
   kernel<T><<<grid, block, shared, stream>>>(args)
       -> cudasim::launch(cudasim::LaunchConfig(grid, block, shared, stream), kernel<T>, "kernel<T>")(args)
   extern __shared__ [__align__(n)] T name[];
       -> T* name = reinterpret_cast<T*>(cudasim::dynamic_shared_memory());
+  reinterpret_cast<To>(x)
+      -> cudasim::checked_reinterpret_cast<To>(x)   (a misaligned vector access faults, cudasim.h)
 
 Usage: translate.py OUT_DIR FILE...   (each FILE is written to OUT_DIR/FILE, same relative
 path, so #include "llmc/x.cuh" finds the translated copy when OUT_DIR is first on -I)
@@ -15,6 +17,7 @@ import re
 import sys
 
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\(", re.S)
+REINTERPRET_CAST = re.compile(r"\breinterpret_cast\s*<")
 DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([\w:<>]+(?:\s+[\w:<>]+)*?)\s+(\w+)\s*\[\s*\]\s*;")
 
 
@@ -23,6 +26,7 @@ def translate(text):
     text = DYNAMIC_SHARED.sub(
         lambda m: f"{m.group(1)}* {m.group(2)} = reinterpret_cast<{m.group(1)}*>(cudasim::dynamic_shared_memory());",
         text)
+    text = REINTERPRET_CAST.sub("cudasim::checked_reinterpret_cast<", text)
     if "<<<" in text:
         raise SystemExit("translate.py: a kernel launch the rewrite does not recognise is left")
     return text
