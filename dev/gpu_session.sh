@@ -9,6 +9,8 @@
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
 #   bash dev/gpu_session.sh ranks   # test/gpu_trainer_ranks.py: 2 ranks on the one GPU
 #   bash dev/gpu_session.sh bench   # dev/bench/bench.py --quick; its files are copied to the logs
+#   bash dev/gpu_session.sh sanitize  # compute-sanitizer memcheck over the kernel test binaries
+#                                     # (out-of-bounds and misaligned device accesses; a spare call)
 #
 # The cuDNN frontend headers: if the machine has none, carry the nvidia-cudnn-frontend wheel in
 # .whl/ (doc/gpu-environment.md says how to fetch it); it is unpacked into build/site, where the
@@ -49,8 +51,24 @@ case "$stage" in
         newest=$(ls -t doc/benchmarks/*.md 2>/dev/null | head -1)
         [ -n "$newest" ] && cp "$newest" "${newest%.md}.json" "$LOG_DIR/" 2>/dev/null
         ;;
+    sanitize)
+        # memcheck slows kernels 10-100x: each binary gets at most SANITIZE_S seconds (a timeout
+        # shows as exit 124 in the log, not as a failure of the code)
+        sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+        [ -x "$sanitizer" ] || { echo "error: dev/gpu_session.sh: compute-sanitizer not found" >&2; exit 1; }
+        build_all || exit 1
+        status=0
+        for t in build/test_kernels build/test_fp8_kernels build/test_adamw8_gpu build/test_matmul_attention; do
+            echo "== $sanitizer --tool memcheck $t" | tee -a "$LOG_DIR/sanitize.log"
+            timeout "${SANITIZE_S:-140}" "$sanitizer" --tool memcheck --error-exitcode 99 "$t" >>"$LOG_DIR/sanitize.log" 2>&1
+            rc=$?
+            echo "$t: exit $rc" | tee -a "$LOG_DIR/sanitize.log"
+            [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && status=1
+        done
+        exit $status
+        ;;
     *)
-        echo "error: dev/gpu_session.sh: stage '$stage' (expected build, tests, ranks or bench)" >&2
+        echo "error: dev/gpu_session.sh: stage '$stage' (expected build, tests, ranks, bench or sanitize)" >&2
         exit 2
         ;;
 esac
