@@ -1,38 +1,56 @@
 #!/usr/bin/env bash
-# Trains the same model twice, -p bf16 and -p fp8, on the same data with the same seed and
-# flags, then draws both loss curves on one PNG (scripts/plot.py) and prints a table of the
-# final val loss and the median throughput (tok/s from each run's main.jsonl, steps after the
-# first 10) of each. DESIGN.md's loss-parity target: d12, >= 2000 steps, FP8 final val loss
-# within 0.5% of bf16.
+# Trains the same model in bf16 and in FP8 (once per FP8 scaling recipe asked for), on the
+# same data with the same seed and flags, then draws every loss curve on one PNG
+# (scripts/plot.py) and prints a table of each run's final val loss and median throughput
+# (tok/s from its main.jsonl, steps after the first 10), each against bf16. DESIGN.md's
+# loss-parity target: d12, >= 2000 steps, FP8 final val loss within 0.5% of bf16 for each recipe.
 #
-#   bash scripts/compare_bf16_fp8.sh                    # d12, 2000 steps, default data
-#   MODEL=d24 STEPS=5000 OUT=log_cmp bash scripts/compare_bf16_fp8.sh -fr current -b 32
+#   bash scripts/compare_bf16_fp8.sh                                   # d12, 2000 steps, delayed
+#   RECIPES="delayed current block" bash scripts/compare_bf16_fp8.sh   # every recipe, one PNG
+#   MODEL=d24 STEPS=5000 OUT=log_cmp bash scripts/compare_bf16_fp8.sh -b 32
 #
-# Extra arguments go to both runs (e.g. data flags -i/-j, or FP8 flags, which bf16 ignores).
-# The runs land in $OUT/bf16 and $OUT/fp8; the PNG is $OUT/loss.png. A run already complete
-# there is resumed (-y 1), so the script can be re-run after an interruption.
+# Extra arguments go to every run after the script's flags (later flags win): data flags
+# -i/-j, or FP8 flags, which bf16 ignores. The runs land in $OUT/bf16 and $OUT/fp8_<recipe>;
+# the PNG is $OUT/loss.png. A run already complete there is resumed (-y 1), so the script can
+# be re-run after an interruption. LLM8_TRAINER names another trainer binary, built already
+# (e.g. ./train_gpt2cpu, which shares the flags: the tests run this script with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="${MODEL:-d12}"
 STEPS="${STEPS:-2000}"
 OUT="${OUT:-log_compare_${MODEL}}"
+RECIPES="${RECIPES:-delayed}"
+TRAINER="${LLM8_TRAINER:-./train_gpt2_fp8}"
+PYTHON="${PYTHON:-python3}"
 
-make train_gpt2_fp8
-for precision in bf16 fp8; do
-    ./train_gpt2_fp8 -e "$MODEL" -p "$precision" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u 200 -q 0.0 -c 0.1 \
-        -v 100 -s 0 -n 500 -o "$OUT/$precision" -y 1 "$@"
+[[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
+mkdir -p "$OUT"
+runs=(bf16)
+for recipe in $RECIPES; do
+    case "$recipe" in
+        delayed|current|block) runs+=("fp8_$recipe") ;;
+        *) echo "error: RECIPES: '$recipe' is not an FP8 recipe (expected delayed, current or block)" >&2; exit 2 ;;
+    esac
+done
+for run in "${runs[@]}"; do
+    precision=(-p bf16)
+    [[ "$run" == bf16 ]] || precision=(-p fp8 -fr "${run#fp8_}")
+    "$TRAINER" -e "$MODEL" "${precision[@]}" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u 200 -q 0.0 -c 0.1 \
+        -v 100 -s 0 -n 500 -o "$OUT/$run" -y 1 "$@"
 done
 
-python scripts/plot.py "$OUT/bf16" "$OUT/fp8" --labels bf16 fp8 --ema 0.9 --out "$OUT/loss.png" \
+dirs=()
+for run in "${runs[@]}"; do dirs+=("$OUT/$run"); done
+"$PYTHON" scripts/plot.py "${dirs[@]}" --labels "${runs[@]}" --ema 0.9 --out "$OUT/loss.png" \
     --title "$MODEL: bf16 vs fp8, $STEPS steps"
 
-python - "$OUT" <<'EOF'
+"$PYTHON" - "$OUT" "${runs[@]}" <<'EOF'
 import json, statistics, sys
-out = sys.argv[1]
+out, runs = sys.argv[1], sys.argv[2:]
 rows = []
-for precision in ("bf16", "fp8"):
+for run in runs:
     val, tok = {}, []
-    with open(f"{out}/{precision}/main.jsonl") as f:
+    with open(f"{out}/{run}/main.jsonl") as f:
         for line in f:
             record = json.loads(line)
             if record.get("type") == "val" and record.get("loss") is not None:
@@ -40,13 +58,14 @@ for precision in ("bf16", "fp8"):
             if record.get("type") == "train" and record["step"] > 10 and record.get("tok_per_s") is not None:
                 tok.append(record["tok_per_s"])
     last = max(val) if val else None
-    rows.append((precision, last, val.get(last), statistics.median(tok) if tok else None))
+    rows.append((run, last, val.get(last), statistics.median(tok) if tok else None))
 base_loss, base_tok = rows[0][2], rows[0][3]
-print("| precision | step | final val loss | vs bf16 | median tok/s | vs bf16 |")
+print("| run | step | final val loss | vs bf16 | median tok/s | vs bf16 |")
 print("|---|---|---|---|---|---|")
-for precision, step, loss, tok in rows:
+for run, step, loss, tok in rows:
     loss_gap = f"{100 * (loss / base_loss - 1):+.2f}%" if loss is not None and base_loss else "-"
     speedup = f"{tok / base_tok:.3f}x" if tok and base_tok else "-"
-    print(f"| {precision} | {step} | {loss if loss is not None else '-'} | {loss_gap} | {tok if tok else '-'} | {speedup} |")
+    print(f"| {run} | {step if step is not None else '-'} | {loss if loss is not None else '-'} | {loss_gap} | "
+          f"{tok if tok else '-'} | {speedup} |")
 EOF
 echo "wrote $OUT/loss.png"

@@ -4,8 +4,10 @@
 #   as llm.c; on one GPU -z 0, which is the same thing) through $LLM8_LAUNCHER -n NUM_GPUS --
 #   (default scripts/launch_one_node.sh: mpirun where it exists, else -pi fs; Slurm jobs set it
 #   to scripts/slurm_gpt2.sbatch);
-# - builds train_gpt2_fp8, then runs it; a failed run resumes (-y 1) from its last complete
-#   checkpoint, up to 3 attempts. The user's extra flags come last, so they win.
+# - builds train_gpt2_fp8, then runs it (LLM8_TRAINER names another trainer binary, built
+#   already: e.g. ./train_gpt2cpu, which shares the flags, as the tests run these scripts);
+#   a failed run resumes (-y 1) from its last complete checkpoint, up to 3 attempts. The
+#   user's extra flags come last, so they win.
 run_gpt2() {
     local out_dir="${OUT_DIR:-$1}"
     shift
@@ -19,9 +21,10 @@ run_gpt2() {
         launch=(bash "${LLM8_LAUNCHER:-scripts/launch_one_node.sh}" -n "$num_gpus" --)
         zero_stage=1
     fi
-    make train_gpt2_fp8
+    local trainer="${LLM8_TRAINER:-./train_gpt2_fp8}"
+    [[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
     for attempt in 1 2 3; do
-        "${launch[@]}" ./train_gpt2_fp8 "${flags[@]}" -o "$out_dir" -y 1 -z "$zero_stage" "$@" && return 0
+        "${launch[@]}" "$trainer" "${flags[@]}" -o "$out_dir" -y 1 -z "$zero_stage" "$@" && return 0
         echo "$(basename "$0"): trainer failed (attempt $attempt of 3)" >&2
     done
     return 1
