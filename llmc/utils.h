@@ -97,16 +97,29 @@ static inline int file_exists(const char* path) {
     return stat(path, &st) == 0;
 }
 
-// creates dir (one level) if missing, and checks we can write into it
+// creates dir (and any missing parent, as mkdir -p) if missing, and checks we can write into it
 static inline void ensure_writable_dir(const char* dir) {
-    struct stat st;
-    if (stat(dir, &st) != 0) {
-        // EEXIST: another rank of the same run created it between the stat and here
-        if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode))) {
-            llm8_die("cannot create output dir '%s': %s", dir, strerror(errno));
+    // each missing level is created, as mkdir -p does (-o runs/d12/fp8 on a fresh machine)
+    char path[4096];
+    if (strlen(dir) == 0 || strlen(dir) >= sizeof(path)) {
+        llm8_die("output dir '%s': expected a path of 1 to %zu characters", dir, sizeof(path) - 1);
+    }
+    strcpy(path, dir);
+    for (char* end = path + 1;; end++) {
+        if (*end != '/' && *end != '\0') { continue; }
+        char saved = *end;
+        *end = '\0';
+        struct stat st;
+        if (stat(path, &st) != 0) {
+            // EEXIST: another rank of the same run created it between the stat and here
+            if (mkdir(path, 0755) != 0 && !(errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode))) {
+                llm8_die("cannot create output dir '%s': %s (creating '%s')", dir, strerror(errno), path);
+            }
+        } else if (!S_ISDIR(st.st_mode)) {
+            llm8_die("cannot create output dir '%s': '%s' exists and is not a directory", dir, path);
         }
-    } else if (!S_ISDIR(st.st_mode)) {
-        llm8_die("output path '%s' exists and is not a directory", dir);
+        *end = saved;
+        if (saved == '\0') { break; }
     }
     char probe[4096];
     snprintf(probe, sizeof(probe), "%s/.llm8_write_probe", dir);

@@ -24,7 +24,6 @@ TRAINER="${LLM8_TRAINER:-./train_gpt2_fp8}"
 PYTHON="${PYTHON:-python3}"
 
 [[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
-mkdir -p "$OUT"
 runs=(bf16)
 for recipe in $RECIPES; do
     case "$recipe" in

@@ -324,7 +324,7 @@ def read_log(path):
 
 
 def test_cpu_training_reduces_loss(data, tmp_path):
-    out = tmp_path / "run"
+    out = tmp_path / "runs" / "tiny" / "run"  # missing levels are created, as mkdir -p does
     result = run(CPU, base_args(data, ["-x", 30, "-l", 3e-3, "-o", out, "-v", 10, "-m", 2]), timeout=600)
     assert result.returncode == 0, result.stderr
     train = [l for l in read_log(out / "main.log") if " trl:" in l]
