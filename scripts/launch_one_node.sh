@@ -38,7 +38,8 @@ num_ranks=""
 method="${LLM8_LAUNCH_METHOD:-}"
 while (( $# > 0 )); do
     case "$1" in
-        -n) (( $# >= 2 )) || die "-n needs a value (the number of GPUs)"; num_ranks="$2"; shift 2 ;;
+        -n) (( $# >= 2 )) || die "-n needs a value (the number of GPUs)"; num_ranks="$2"; shift 2
+            [[ "$num_ranks" =~ ^[1-9][0-9]*$ ]] || die "-n '$num_ranks' is not a positive whole number of GPUs" ;;
         -m) (( $# >= 2 )) || die "-m needs a value (mpi or fs)"; method="$2"; shift 2 ;;
         --) shift; break ;;
         -*) die "unknown option '$1' (expected -n NGPUS, -m mpi|fs, then -- COMMAND)" ;;
@@ -46,9 +47,6 @@ while (( $# > 0 )); do
     esac
 done
 (( $# > 0 )) || die "no command given (usage: $me [-n NGPUS] [-m mpi|fs] -- ./train_gpt2_fp8 FLAGS...)"
-if [[ -n "$num_ranks" && ! "$num_ranks" =~ ^[1-9][0-9]*$ ]]; then
-    die "-n '$num_ranks' is not a positive whole number of GPUs"
-fi
 if [[ -z "$method" ]]; then
     if command -v mpirun > /dev/null; then method=mpi; else method=fs; fi
 fi
@@ -65,9 +63,11 @@ visible_gpus() {
     fi
 }
 gpus="$(visible_gpus)"
+if [[ -n "$gpus" ]] && (( gpus == 0 )); then   # with -n too: else every rank would get -pg 0
+    die "no GPU is visible (nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES is empty)"
+fi
 if [[ -z "$num_ranks" ]]; then
     [[ -n "$gpus" ]] || die "cannot count the GPUs (nvidia-smi not found, CUDA_VISIBLE_DEVICES unset); pass -n NGPUS"
-    (( gpus > 0 )) || die "no GPU is visible (nvidia-smi -L lists none, or CUDA_VISIBLE_DEVICES is empty)"
     num_ranks="$gpus"
 fi
 gpus_per_node="$num_ranks"
