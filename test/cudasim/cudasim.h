@@ -14,8 +14,8 @@ What it checks that a GPU would not report: threads of one block waiting at diff
 __syncthreads (or some exited), a warp collective whose mask names a lane that never
 arrives, device buffers read before written (cudaMalloc fills them with 0xff: bf16 NaN),
 writes past an allocation or past a block's dynamic shared memory (a guard page after each),
-a launch wider than 1024 threads or with more dynamic shared memory than the kernel's
-attribute allows. And what a GPU faults on but x86 does not: a uint2/int4/Packed128 access
+a launch wider than 1024 threads (or than the kernel's __launch_bounds__, which a GPU refuses
+at the launch) or with more dynamic shared memory than the kernel's attribute allows. And what a GPU faults on but x86 does not: a uint2/int4/Packed128 access
 through a misaligned pointer (checked_reinterpret_cast below: cudaErrorMisalignedAddress).
 
 A data race between the threads of a block shows as a result that depends on the order
@@ -87,8 +87,10 @@ struct LaunchConfig {
     dim3 grid, block;
     size_t dynamic_shared_bytes;
     cudaStream_t stream;
+    long max_threads = 1024;  // per block: the kernel's __launch_bounds__ (translate.py's bounded())
     LaunchConfig(dim3 g, dim3 b, size_t shared = 0, cudaStream_t s = 0)
         : grid(g), block(b), dynamic_shared_bytes(shared), stream(s) {}
+    LaunchConfig bounded(long threads) const { LaunchConfig c = *this; c.max_threads = threads; return c; }
 };
 
 // the simulated thread now running

@@ -419,6 +419,12 @@ void launch_grid(const LaunchConfig& config, const void* kernel_address, const c
     int shared_limit = DEFAULT_DYNAMIC_SHARED_LIMIT;
     auto found = max_dynamic_shared_by_kernel.find(kernel_address);
     if (found != max_dynamic_shared_by_kernel.end()) { shared_limit = found->second; }
+    if (threads > config.max_threads && threads <= 1024) {  // a GPU: "too many resources requested for launch"
+        fprintf(stderr, "cudasim: invalid launch of kernel %s: %ld threads per block, above its __launch_bounds__ "
+                "of %ld\n", name, threads, config.max_threads);
+        last_error = cudaErrorLaunchOutOfResources;
+        return;
+    }
     if (threads <= 0 || threads > 1024 || blocks <= 0 || grid.y > 65535 || grid.z > 65535 ||
         (size_t)config.dynamic_shared_bytes > (size_t)shared_limit) {
         fprintf(stderr, "cudasim: invalid launch of kernel %s: grid (%u,%u,%u) block (%u,%u,%u) dynamic shared %zu "

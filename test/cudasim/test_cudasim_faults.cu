@@ -1,13 +1,13 @@
 /*
-test_cudasim_memory.cu: cudasim faults a misaligned vector access as a GPU does (run under
-cudasim only). A GPU loads a uint2 with one 8-byte instruction that needs an 8-byte aligned
-address; x86 does not, so without cudasim's check (checked_reinterpret_cast, cudasim.h) a
-kernel handed a misaligned pointer would pass every CPU test and fault on its first GPU run.
-- 8 bytes loaded as a uint2 from an aligned address: the values arrive;
-- the same from 4 bytes further on: the grid ends with cudaErrorMisalignedAddress, which
-  sticks (so this case comes last);
+test_cudasim_faults.cu: what a GPU refuses or faults on and x86 would let pass, cudasim
+refuses too (run under cudasim only):
+- a uint2 load (one 8-byte instruction on a GPU, which needs an 8-byte aligned address)
+  from an aligned address delivers the values; 4 bytes further on, the grid ends with
+  cudaErrorMisalignedAddress, which sticks (so this case comes last);
 - a block's dynamic shared memory ends at an inaccessible page: the last byte is writable,
-  the byte after it faults (in a forked child, before this process touches CUDA).
+  the byte after it faults (in a forked child, before this process touches CUDA);
+- a kernel declared __launch_bounds__(64) launched with 128 threads per block fails at the
+  launch (cudaErrorLaunchOutOfResources, not sticky), and nothing of it runs.
 */
 #include "llmc/cuda_common.h"
 #include "test/test_harness.h"
@@ -35,6 +35,8 @@ static bool shared_write_faults(int index) {
     return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
 }
 
+__global__ void __launch_bounds__(64) mark_kernel(int* flag) { *flag = 1; }
+
 int main() {
     CHECK(!shared_write_faults(63), "writing the last byte of 64 bytes of dynamic shared memory faults");
     CHECK(shared_write_faults(64), "writing one byte past 64 bytes of dynamic shared memory does not fault");
@@ -51,9 +53,24 @@ int main() {
     cudaCheck(cudaMemcpy(&got, out, sizeof(got), cudaMemcpyDeviceToHost));
     CHECK(got.x == 33 && got.y == 44, "aligned uint2 load: got (%u, %u), expected (33, 44)", got.x, got.y);
 
+    int* flag;
+    cudaCheck(cudaMalloc(&flag, sizeof(int)));
+    cudaCheck(cudaMemset(flag, 0, sizeof(int)));
+    mark_kernel<<<1, 128>>>(flag);
+    cudaError_t launch = cudaGetLastError();
+    CHECK(launch == cudaErrorLaunchOutOfResources, "128 threads for __launch_bounds__(64): %s, expected "
+          "cudaErrorLaunchOutOfResources", cudaGetErrorName(launch));
+    int host_flag = -1;
+    cudaCheck(cudaMemcpy(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost));  // not sticky: this succeeds
+    CHECK(host_flag == 0, "the refused launch ran");
+    mark_kernel<<<1, 64>>>(flag);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaMemcpy(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(host_flag == 1, "64 threads for __launch_bounds__(64) did not run");
+
     load_pair_kernel<<<1, 1>>>(out, in, 1);
     cudaError_t error = cudaDeviceSynchronize();
     CHECK(error == cudaErrorMisalignedAddress, "uint2 load 4 bytes off alignment: %s, expected cudaErrorMisalignedAddress",
           cudaGetErrorName(error));
-    return test_summary("test_cudasim_memory");
+    return test_summary("test_cudasim_faults");
 }
