@@ -179,11 +179,22 @@ static inline float multi_gpu_all_reduce_float(const MultiGpuConfig* cfg, float 
 // ----------------------------------------------------------------------------
 // getting rank 0's ncclUniqueId to every rank
 
+// -pi fs: the file in -pf through which rank 0 hands out the NCCL id
+static inline void multi_gpu_id_file_path(const MultiGpuOptions* opts, char* path, size_t size) {
+    snprintf(path, size, "%s/%s", opts->fs_path, MULTI_GPU_ID_FILE);
+}
+
+static inline void multi_gpu_id_file_remove(const MultiGpuOptions* opts) {
+    char path[4096];
+    multi_gpu_id_file_path(opts, path, sizeof(path));
+    remove(path);
+}
+
 // fs: rank 0 writes the id atomically (a temporary file renamed); the others poll for it
 static inline void multi_gpu_id_exchange_fs(ncclUniqueId* id, const MultiGpuOptions* opts) {
     if (opts->fs_path == NULL) { llm8_die("flag -pi fs needs -pf <directory shared by all ranks>"); }
     char path[4096], temp_path[4200];
-    snprintf(path, sizeof(path), "%s/%s", opts->fs_path, MULTI_GPU_ID_FILE);
+    multi_gpu_id_file_path(opts, path, sizeof(path));
     if (opts->process_rank == 0) {
         snprintf(temp_path, sizeof(temp_path), "%s.tmp.%d", path, (int)getpid());
         FILE* fp = fopenCheck(temp_path, "wb");
@@ -336,9 +347,7 @@ static inline MultiGpuConfig multi_gpu_process_init(MultiGpuOptions* opts) {
         // it only once they have) would be read by this run's other ranks if it were still there
         // when they look, and they would wait out -pt on a communicator that never forms: rank 0
         // removes it at its start, before the others (which poll only after their CUDA setup) look
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/%s", opts->fs_path, MULTI_GPU_ID_FILE);
-        remove(path);
+        multi_gpu_id_file_remove(opts);
     }
     cfg.process_rank = opts->process_rank;
     cfg.num_processes = opts->num_processes;
@@ -388,9 +397,7 @@ static inline void multi_gpu_device_init(MultiGpuConfig* cfg, const MultiGpuOpti
     multi_gpu_nccl_settle(cfg, result, "communicator creation (ncclCommInitRankConfig)");
     if (opts->init_method == MULTI_GPU_INIT_FS && cfg->process_rank == 0) {
         // every rank has joined, so none still needs the file; a stale one would mislead the next run
-        char path[4096];
-        snprintf(path, sizeof(path), "%s/%s", opts->fs_path, MULTI_GPU_ID_FILE);
-        remove(path);
+        multi_gpu_id_file_remove(opts);
     }
     cudaCheck(cudaMalloc((void**)&cfg->scalar_device, sizeof(float)));
 }
