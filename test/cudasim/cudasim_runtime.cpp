@@ -144,17 +144,25 @@ static thread_local DynamicShared dynamic_shared;
 
 static size_t page_bytes() { static size_t p = (size_t)sysconf(_SC_PAGESIZE); return p; }
 
+// whole pages for at least `bytes`, then one inaccessible page: the caller places its data to
+// end at *data_bytes, where an access past it faults. nullptr when mmap fails; the mapping
+// is *data_bytes + page_bytes() long (for munmap).
+static char* map_before_guard_page(size_t bytes, size_t* data_bytes) {
+    size_t page = page_bytes();
+    *data_bytes = (bytes + page - 1) / page * page;
+    void* mapping = mmap(nullptr, *data_bytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                         -1, 0);
+    if (mapping == MAP_FAILED) { return nullptr; }
+    mprotect((char*)mapping + *data_bytes, page, PROT_NONE);
+    return (char*)mapping;
+}
+
 static void dynamic_shared_prepare(size_t bytes) {
     size_t rounded = (bytes + 15) & ~(size_t)15;  // 16-byte aligned, as a GPU's
-    size_t page = page_bytes();
     if (dynamic_shared.data_bytes < rounded) {
-        if (dynamic_shared.mapping != nullptr) { munmap(dynamic_shared.mapping, dynamic_shared.data_bytes + page); }
-        size_t data_bytes = (rounded + page - 1) / page * page;
-        void* mapping = mmap(nullptr, data_bytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (mapping == MAP_FAILED) { fail("cannot map dynamic shared memory"); }
-        mprotect((char*)mapping + data_bytes, page, PROT_NONE);
-        dynamic_shared.mapping = (char*)mapping;
-        dynamic_shared.data_bytes = data_bytes;
+        if (dynamic_shared.mapping != nullptr) { munmap(dynamic_shared.mapping, dynamic_shared.data_bytes + page_bytes()); }
+        dynamic_shared.mapping = map_before_guard_page(rounded, &dynamic_shared.data_bytes);
+        if (dynamic_shared.mapping == nullptr) { fail("cannot map dynamic shared memory"); }
     }
     dynamic_shared.start = dynamic_shared.mapping + dynamic_shared.data_bytes - rounded;
     memset(dynamic_shared.start, 0xff, rounded);  // shared memory starts as garbage on a GPU
@@ -698,18 +706,14 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) {
     // inaccessible page, so a write past the end faults where it happens
     size_t rounded = (bytes + 255) & ~(size_t)255;
     if (rounded == 0) { rounded = 256; }
-    size_t page = page_bytes();
-    size_t data_pages = (rounded + page - 1) / page;
-    size_t mapped = (data_pages + 1) * page;
     if (allocated_bytes + rounded > SIMULATED_MEMORY_BYTES) { last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
-    void* mapping = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mapping == MAP_FAILED) { last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
-    char* guard = (char*)mapping + data_pages * page;
-    mprotect(guard, page, PROT_NONE);
-    char* start = guard - rounded;
+    size_t data_bytes = 0;
+    char* mapping = map_before_guard_page(rounded, &data_bytes);
+    if (mapping == nullptr) { last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
+    char* start = mapping + data_bytes - rounded;
     memset(start, 0xff, rounded);  // uninitialized device memory: bf16 NaN, fp32 NaN
     std::lock_guard<std::mutex> lock(allocations_mutex);
-    allocations[start] = Allocation{mapping, mapped, rounded};
+    allocations[start] = Allocation{mapping, data_bytes + page_bytes(), rounded};
     allocated_bytes += rounded;
     *pointer = start;
     return cudaSuccess;
