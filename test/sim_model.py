@@ -45,6 +45,14 @@ def write_shard(path, num_tokens, seed, vocab=VOCAB, learnable=False):
         f.write(tokens.tobytes())
 
 
+def write_run_files(d, train_tokens):
+    """what a training run of the trainer reads, in directory d: model.bin and learnable
+    train and val shards (s_train_000001.bin, s_val_000000.bin)"""
+    write_model(d / "model.bin")
+    write_shard(d / "s_train_000001.bin", train_tokens, 1, learnable=True)
+    write_shard(d / "s_val_000000.bin", 5_000, 2, learnable=True)
+
+
 def write_hellaswag(path, num_examples=8, vocab=VOCAB, seed=3):
     """llm.c's eval file (dev/data/hellaswag.py write_evalfile): per example a 65535 delimiter,
     its byte length, index, label, 4 completions, the context, then each ending"""

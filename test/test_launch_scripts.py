@@ -561,9 +561,7 @@ def sim_data(tmp_path):
         pytest.skip(f"{SIM_TRAINER} is not built (make build/sim/train_gpt2_fp8)")
     d = tmp_path / "data"
     d.mkdir()
-    sim_model.write_model(d / "model.bin")
-    sim_model.write_shard(d / "s_train_000001.bin", 20_000, 1, learnable=True)
-    sim_model.write_shard(d / "s_val_000000.bin", 5_000, 2, learnable=True)
+    sim_model.write_run_files(d, 20_000)
     return d
 
 

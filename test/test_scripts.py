@@ -13,19 +13,11 @@ import subprocess
 
 import pytest
 
-from test_trainer_cli import random_tokens, write_shard
+from test_trainer_cli import data  # noqa: F401 (the fixture: a small train/val split)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = os.path.join(ROOT, "train_gpt2cpu")
 RUN_SCRIPTS = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "scripts", "run_gpt2_*_*.sh")))
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("script_data")
-    write_shard(d / "d_train_000001.bin", random_tokens(20000, 1))
-    write_shard(d / "d_val_000000.bin", random_tokens(5000, 2))
-    return d
 
 
 def run_script(script, args, env_extra, timeout=300):

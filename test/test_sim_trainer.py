@@ -31,9 +31,7 @@ STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
 def workdir(tmp_path_factory):
     """a model file, train/val shards, and the HellaSwag file where the trainer looks for it"""
     d = tmp_path_factory.mktemp("sim_trainer")
-    sim_model.write_model(d / "model.bin")
-    sim_model.write_shard(d / "s_train_000001.bin", 60_000, 1, learnable=True)
-    sim_model.write_shard(d / "s_val_000000.bin", 5_000, 2, learnable=True)
+    sim_model.write_run_files(d, 60_000)
     os.makedirs(d / "dev" / "data" / "hellaswag")
     sim_model.write_hellaswag(d / "dev" / "data" / "hellaswag" / "hellaswag_val.bin")
     return d
