@@ -373,9 +373,8 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
 /*
 The layernorm in front of linear (layer, kind) (layer -1: lnf before lm_head): normalizes
 inp1, or with inp2 the residual sum residual_out = inp1 + inp2, into normed_out, and casts
-the result to FP8 when the linear takes FP8 input (an FP8 forward or wgrad): in the
-layernorm kernel itself where the recipe casts in one pass (then normed_out is written only
-if some bf16 GEMM reads it), else with a cast after it.
+the result to FP8 when the linear takes FP8 input (an FP8 forward or wgrad), without a bf16
+copy of the output unless some bf16 GEMM reads it (fp8_model_layernorm_forward).
 */
 static void gpt2_layernorm_forward(GPT2* model, int layer, int kind, floatX* residual_out, floatX* normed_out, float* mean,
                                    float* rstd, const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias,
@@ -383,17 +382,14 @@ static void gpt2_layernorm_forward(GPT2* model, int layer, int kind, floatX* res
     const Fp8Model* fp8 = &model->fp8;
     int BT = model->B * model->T, C = model->config.channels;
     int i = fp8_model_linear(fp8, layer, kind);
-    bool cast = fp8_model_casts_x(fp8, i);
-    if (cast && fp8_model_fused_cast(fp8)) {
-        Fp8CastOutput x = fp8_model_x(fp8, i);
+    if (fp8_model_casts_x(fp8, i)) {
         floatX* normed = gpt2_stores_bf16_input(model, layer, kind) ? normed_out : NULL;
-        if (inp2 == NULL) { layernorm_forward_fp8(normed, mean, rstd, &x, inp1, weight, bias, BT, C, stream); }
-        else { fused_residual_layernorm_forward_fp8(residual_out, normed, mean, rstd, &x, inp1, inp2, weight, bias, BT, C, stream); }
-        return;
+        fp8_model_layernorm_forward(fp8, i, residual_out, normed, mean, rstd, inp1, inp2, weight, bias, stream);
+    } else if (inp2 == NULL) {
+        layernorm_forward(normed_out, mean, rstd, inp1, weight, bias, BT, C, stream);
+    } else {
+        fused_residual_layernorm_forward(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, BT, C, stream);
     }
-    if (inp2 == NULL) { layernorm_forward(normed_out, mean, rstd, inp1, weight, bias, BT, C, stream); }
-    else { fused_residual_layernorm_forward(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, BT, C, stream); }
-    if (cast) { fp8_model_cast_activation(fp8, i, normed_out, stream); }
 }
 
 // layer l's slices of the activations

@@ -3,7 +3,7 @@ element_math.h: the per-element arithmetic that the CUDA kernels and the CPU ref
 
 Why: the GPU must agree with the CPU reference, and CI has no GPU. Every element function
 that has to match across the two (bf16 rounding, stochastic rounding, the counter-based
-random numbers behind it, the AdamW update, GELU) is written once here as a
+random numbers behind it, the AdamW update, GELU, the layernorm output) is written once here as a
 __host__ __device__ function, so the CPU tests exercise exactly the code the kernels run.
 Functions that must be bit-exact across host and device use explicit fmaf() and only
 IEEE-exact operations (+ - * / sqrtf), so nvcc's FMA contraction cannot make them differ.
@@ -78,6 +78,15 @@ LLMC_HD uint32_t random_u32(uint32_t seed, uint32_t index) {
     h ^= h >> 15; h *= 0x846ca68bu;
     h ^= h >> 16;
     return h;
+}
+
+// ----------------------------------------------------------------------------
+// layernorm's output from the row's mean and 1/std, before its bf16 rounding. Bit-exact
+// host/device: layernorm.cuh's kernel and its FP8 tile cast both compute it, so the codes
+// a two-pass FP8 cast writes are those of the values the one-pass kernel stores.
+
+LLMC_HD float layernorm_output_element(float x, float mean, float rstd, float weight, float bias) {
+    return fmaf((x - mean) * rstd, weight, bias);
 }
 
 // ----------------------------------------------------------------------------

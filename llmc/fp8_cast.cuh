@@ -8,7 +8,7 @@ Why it is shaped so:
   needs x^T and dy^T, and dgrad needs W^T. So every cast that feeds a wgrad or a dgrad
   writes the row-major codes and the transposed codes from one read of the input.
 - One tile kernel does every cast: a block stages a 128 x 128 tile in shared memory (after
-  an element transform: identity, or GELU in gelu.cuh), then writes the row-major codes
+  a transform: identity, GELU in gelu.cuh, or the layernorm output in layernorm.cuh), then writes the row-major codes
   (16 bytes per thread, a warp covers 4 whole 128-byte tile rows) and the transposed
   codes (a thread packs 32 rows of one column into two 16-byte stores: each store fills
   a whole 32-byte sector of x^T; a warp reads 32 neighbouring columns of one staged row,
@@ -127,9 +127,15 @@ template <class T> __device__ __forceinline__ T fp8_stage_from_float(float x);
 template <> __device__ __forceinline__ floatX fp8_stage_from_float<floatX>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ float fp8_stage_from_float<float>(float x) { return x; }
 
-// the element transform of a plain cast
+/*
+Transforms: what a cast applies to each stored element before it stages and casts it. The
+tile kernel calls transform(x, row, col) (the position lets layernorm.cuh normalize with
+the row's statistics and the column's weight), the amax pass transform(x); an element-wise
+transform has both.
+*/
 struct Fp8Identity {
     __device__ __forceinline__ float operator()(float x) const { return x; }
+    __device__ __forceinline__ float operator()(float x, int, int) const { return x; }
 };
 
 // 8 consecutive codes, packed little-endian (code i in byte i)
@@ -204,7 +210,7 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, const In* in, 
         size_t at = (size_t)(r0 + r) * cols + c0 + c;
         Packed128<In> packed = load128cs(in + at);
         for (int k = 0; k < vector; k++) {
-            packed[k] = fp8_stage_from_float<In>(transform(fp8_stage_to_float(packed[k])));
+            packed[k] = fp8_stage_from_float<In>(transform(fp8_stage_to_float(packed[k]), r0 + r, c0 + c + k));
             fp8_tally_amax(&tally, fp8_stage_to_float(packed[k]));
         }
         *reinterpret_cast<int4*>(tile + r * stride + c) = packed.bits();

@@ -62,6 +62,7 @@ Why it is shaped so:
 #include "fp8_scaling.cuh"
 #include "fp8_cast.cuh"
 #include "gelu.cuh"
+#include "layernorm.cuh"
 #include "matmul.cuh"
 
 typedef struct {
@@ -393,30 +394,53 @@ void fp8_model_free(Fp8Model* fp8) {
 // ----------------------------------------------------------------------------
 // casts
 
+// whether activations are cast with the delayed recipe's scale: after the seeding forward
+static inline bool fp8_model_delayed_x(const Fp8Model* fp8) {
+    return fp8->settings.recipe == FP8_MODEL_DELAYED && fp8->x_seeded;
+}
+
+// whether an activation's cast knows its scale before it reads the tensor (the delayed
+// recipe after seeding, the block recipe's tiles), else it takes current scaling's amax pass
+static inline bool fp8_model_x_scale_known(const Fp8Model* fp8) {
+    return fp8_model_block(fp8) || fp8_model_delayed_x(fp8);
+}
+
 /*
 Casts linear i's input x (bf16 [BT][K], as stored) with the recipe's path: the block
 recipe's tiles; current scaling (the current recipe, and a delayed activation's first use);
-or the delayed one-pass cast. Producers that fuse the cast (layernorm, GELU) call their
-own launchers instead when fp8_model_fused_cast says so.
+or the delayed one-pass cast. E.g. the attention output; the producers that cast in their
+own pass have their launchers below.
 */
 void fp8_model_cast_activation(const Fp8Model* fp8, int i, const floatX* x, cudaStream_t stream) {
     Fp8CastOutput out = fp8_model_x(fp8, i);
-    if (fp8_model_block(fp8) || (fp8->settings.recipe == FP8_MODEL_DELAYED && fp8->x_seeded)) {
+    if (fp8_model_x_scale_known(fp8)) {
         fp8_cast_transpose(&out, x, fp8->BT, fp8->linears[i].K, stream);
     } else {
         fp8_cast_transpose_current(&out, x, fp8->BT, fp8->linears[i].K, stream);
     }
 }
 
-// whether a producer may cast in its own pass: the delayed recipe after the seeding step
-static inline bool fp8_model_fused_cast(const Fp8Model* fp8) {
-    return fp8->settings.recipe == FP8_MODEL_DELAYED && fp8->x_seeded;
+/*
+Linear i's x = the layernorm of inp1 (inp2 NULL) or of residual_out = inp1 + inp2, straight
+into FP8, and into normed_out (bf16) unless it is NULL. mean and rstd are needed.
+*/
+void fp8_model_layernorm_forward(const Fp8Model* fp8, int i, floatX* residual_out, floatX* normed_out, float* mean,
+                                 float* rstd, const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                 const floatX* bias, cudaStream_t stream) {
+    Fp8CastOutput x = fp8_model_x(fp8, i);
+    if (fp8_model_x_scale_known(fp8)) {
+        layernorm_forward_fp8(&x, residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, fp8->BT,
+                              fp8->linears[i].K, stream);
+    } else {
+        layernorm_forward_fp8_current(&x, residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, fp8->BT,
+                                      fp8->linears[i].K, stream);
+    }
 }
 
 // linear i's x = GELU(pre_gelu) straight into FP8 (and into out, bf16, unless out is NULL)
 void fp8_model_gelu_forward(const Fp8Model* fp8, int i, floatX* out, const floatX* pre_gelu, cudaStream_t stream) {
     Fp8CastOutput x = fp8_model_x(fp8, i);
-    if (fp8_model_block(fp8) || fp8_model_fused_cast(fp8)) {
+    if (fp8_model_x_scale_known(fp8)) {
         gelu_forward_fp8(&x, out, pre_gelu, fp8->BT, fp8->linears[i].K, stream);
     } else {
         gelu_forward_fp8_current(&x, out, pre_gelu, fp8->BT, fp8->linears[i].K, stream);
@@ -426,7 +450,7 @@ void fp8_model_gelu_forward(const Fp8Model* fp8, int i, floatX* out, const float
 // after every forward: the delayed activations' amaxes into their states (one kernel)
 void fp8_model_end_forward(Fp8Model* fp8, cudaStream_t stream) {
     if (fp8->num_linears == 0) { return; }
-    if (fp8_model_fused_cast(fp8)) { fp8_scaling_update_records(fp8->states, fp8->records, fp8->num_linears, stream); }
+    if (fp8_model_delayed_x(fp8)) { fp8_scaling_update_records(fp8->states, fp8->records, fp8->num_linears, stream); }
     fp8->x_seeded = 1;
 }
 

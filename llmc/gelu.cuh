@@ -68,6 +68,7 @@ void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, int N, cudaStrea
 // the bf16 GELU output, as gelu_forward_kernel stores it (the tile cast rounds the result to bf16)
 struct Fp8GeluTransform {
     __device__ __forceinline__ float operator()(float x) const { return gelu_forward_element(x); }
+    __device__ __forceinline__ float operator()(float x, int, int) const { return gelu_forward_element(x); }
 };
 
 /*

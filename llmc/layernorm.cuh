@@ -12,9 +12,14 @@ Why this shape:
   and normalizes the stored bf16 value, so the recompute and backward passes, which read
   the stored residual, see exactly what the forward normalized.
 - The FP8 recipes need the normalized output as E4M3 codes and their transpose (wgrad's
-  x^T). Writing them from the kernel that produces the values saves a bf16 write and
-  read; the transpose needs a block barrier, so the FP8 variant gives each block 32 whole
-  rows and stages their codes in shared memory (details above the kernel).
+  x^T), and no bf16 copy of it when no bf16 GEMM reads it. With a scale known before the
+  kernel (the delayed recipe) the layernorm kernel casts in its own pass: the transpose
+  needs a block barrier, so that variant gives each block 32 whole rows and stages their
+  codes in shared memory. Where the scale depends on the output itself (current scaling:
+  its amax; the block recipe: the amax of each 128-token column tile of x^T), the kernel
+  writes only the row statistics (and the amax), and the tile cast recomputes the output
+  from the input and those statistics as it stages each tile: the output is never
+  written to memory in bf16 and read back just to be cast (details above the launchers).
 - The backward must produce dweight/dbias (column sums over all N rows) without float
   atomics. Each warp accumulates its rows' column sums in its own shared-memory slice; at
   the end the block adds its warps' slices in warp order and writes one partial row to the
@@ -44,41 +49,51 @@ static inline void layernorm_check_shape(int N, int C, const char* who) {
 
 // ----------------------------------------------------------------------------
 // forward. inp2 == NULL: normalize inp1. inp2 != NULL: residual_out = bf16(inp1 + inp2),
-// then normalize that. mean_out/rstd_out may be NULL (recompute pass).
+// then normalize that. mean_out/rstd_out may be NULL (recompute pass), normed_out too (the
+// FP8 paths, when no bf16 GEMM reads the output).
 //
-// FP8_OUT (the FP8 recipes' one-pass delayed cast of the normalized output x): each warp
-// normalizes LAYERNORM_FP8_ROWS_PER_WARP rows, so a block owns LAYERNORM_FP8_BLOCK_ROWS
-// consecutive rows. Each value is cast as stored in bf16 (so the codes are the cast of
-// the bf16 output the bf16 path would see) with the scale of fp8.state, the codes go to
-// fp8.codes row by row and into a shared [LAYERNORM_FP8_BLOCK_ROWS][C] staging tile; after
-// a block barrier each thread writes one column of the tile to x^T (fp8.codes_t, [C][N])
-// as two 16-byte stores, 32 consecutive tokens: whole 32-byte sectors. amax, counts and
-// the scale used go to fp8.record (one atomic per block and counter). normed_out may be
-// NULL then: the FP8 GEMMs read only the codes.
+// What the kernel does for FP8 (the casts of the normalized output x for the FP8 GEMMs):
+// - LAYERNORM_FP8_CAST, the per-tensor delayed recipe's one-pass cast: each warp
+//   normalizes LAYERNORM_FP8_ROWS_PER_WARP rows, so a block owns LAYERNORM_FP8_BLOCK_ROWS
+//   consecutive rows. Each value is cast as stored in bf16 (so the codes are the cast of
+//   the bf16 output the bf16 path would see) with the scale of fp8.state, the codes go to
+//   fp8.codes row by row and into a shared [LAYERNORM_FP8_BLOCK_ROWS][C] staging tile;
+//   after a block barrier each thread writes one column of the tile to x^T (fp8.codes_t,
+//   [C][N]) as two 16-byte stores, 32 consecutive tokens: whole 32-byte sectors. amax,
+//   counts and the scale used go to fp8.record (one atomic per block and counter).
+// - LAYERNORM_FP8_AMAX, current scaling's first pass: only the output's amax into
+//   fp8.record; the cast follows (layernorm_forward_fp8_current).
+
+typedef enum {
+    LAYERNORM_NO_FP8 = 0,
+    LAYERNORM_FP8_CAST = 1,
+    LAYERNORM_FP8_AMAX = 2,
+} LayernormFp8Pass;
 
 #define LAYERNORM_FP8_ROWS_PER_WARP 4
 #define LAYERNORM_FP8_BLOCK_ROWS (LAYERNORM_FORWARD_WARPS * LAYERNORM_FP8_ROWS_PER_WARP)
 static_assert(LAYERNORM_FP8_BLOCK_ROWS == 32, "the x^T store packs 32 tokens per column");
 
-template <bool FP8_OUT>
+template <int FP8_PASS>
 __global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_out, float* mean_out, float* rstd_out,
                                          const floatX* inp1, const floatX* inp2,
                                          const floatX* weight, const floatX* bias, int N, int C, Fp8CastOutput fp8) {
-    extern __shared__ x128 row_caches[];  // [LAYERNORM_FORWARD_WARPS][C / 8], then FP8: codes [BLOCK_ROWS][C]
-    constexpr int rows_per_warp = FP8_OUT ? LAYERNORM_FP8_ROWS_PER_WARP : 1;
+    constexpr bool cast = FP8_PASS == LAYERNORM_FP8_CAST;
+    extern __shared__ x128 row_caches[];  // [LAYERNORM_FORWARD_WARPS][C / 8], then cast: codes [BLOCK_ROWS][C]
+    constexpr int rows_per_warp = cast ? LAYERNORM_FP8_ROWS_PER_WARP : 1;
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
     const int chunks = C / x128::size;
     x128* cache = row_caches + warp * chunks;
     uint8_t* staged_codes = reinterpret_cast<uint8_t*>(row_caches + LAYERNORM_FORWARD_WARPS * chunks);
     const int block_first_row = blockIdx.x * LAYERNORM_FORWARD_WARPS * rows_per_warp;
-    const float scale = FP8_OUT ? fp8.state->scale : 0.0f;
+    const float scale = cast ? fp8.state->scale : 0.0f;
     Fp8Tally tally = fp8_tally_zero();
 
     for (int k = 0; k < rows_per_warp; k++) {
         const int local_row = warp * rows_per_warp + k;
         const int row = block_first_row + local_row;
-        if (row >= N) { break; }  // whole warps leave the loop; the FP8 barrier below is outside it
+        if (row >= N) { break; }  // whole warps leave the loop; the barriers below are outside it
         const size_t row_offset = (size_t)row * C;
 
         float sum = 0.0f;
@@ -106,17 +121,21 @@ __global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_ou
         }
         const float rstd = 1.0f / sqrtf(warp_reduce_sum(squared_deviations) / C + LAYERNORM_EPS);
 
-        for (int i = lane; i < chunks; i += WARP_SIZE) {
+        const bool computes_output = normed_out != NULL || FP8_PASS != LAYERNORM_NO_FP8;
+        for (int i = lane; computes_output && i < chunks; i += WARP_SIZE) {
             x128 x = cache[i];
             x128 w = load128(weight + i * x128::size);
             x128 b = load128(bias + i * x128::size);
             x128 out;
             for (int e = 0; e < x128::size; e++) {
-                float normalized = (__bfloat162float(x[e]) - mean) * rstd;
-                out[e] = __float2bfloat16_rn(normalized * __bfloat162float(w[e]) + __bfloat162float(b[e]));
+                out[e] = __float2bfloat16_rn(layernorm_output_element(__bfloat162float(x[e]), mean, rstd,
+                                                                      __bfloat162float(w[e]), __bfloat162float(b[e])));
             }
             if (normed_out != NULL) { store128(normed_out + row_offset + i * x128::size, out); }
-            if (FP8_OUT) {
+            if (FP8_PASS == LAYERNORM_FP8_AMAX) {
+                for (int e = 0; e < x128::size; e++) { fp8_tally_amax(&tally, __bfloat162float(out[e])); }
+            }
+            if (cast) {
                 uint8_t codes[x128::size];
                 for (int e = 0; e < x128::size; e++) {
                     float value = __bfloat162float(out[e]);
@@ -132,7 +151,7 @@ __global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_ou
         if (lane == 0 && rstd_out != NULL) { rstd_out[row] = rstd; }
     }
 
-    if (FP8_OUT) {
+    if (cast) {
         __syncthreads();
         const int rows_here = min(LAYERNORM_FP8_BLOCK_ROWS, N - block_first_row);  // 16 or 32 (N % 16 == 0)
         if (fp8.codes_t != NULL) {
@@ -154,23 +173,24 @@ __global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_ou
             fp8.record->scale = scale;
             fp8.record->scale_inv = fp8.state->scale_inv;
         }
-        fp8_tally_commit(tally, fp8.record, true);
     }
+    if (FP8_PASS != LAYERNORM_NO_FP8) { fp8_tally_commit(tally, fp8.record, true); }
 }
 
-template <bool FP8_OUT>
+template <int FP8_PASS>
 static void layernorm_forward_launch(floatX* residual_out, floatX* normed_out, float* mean, float* rstd,
                                      const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias,
                                      int N, int C, const Fp8CastOutput* fp8, cudaStream_t stream) {
     const int block_size = LAYERNORM_FORWARD_WARPS * WARP_SIZE;
-    const int block_rows = FP8_OUT ? LAYERNORM_FP8_BLOCK_ROWS : LAYERNORM_FORWARD_WARPS;
+    const bool cast = FP8_PASS == LAYERNORM_FP8_CAST;
+    const int block_rows = cast ? LAYERNORM_FP8_BLOCK_ROWS : LAYERNORM_FORWARD_WARPS;
     size_t shared_bytes = (size_t)LAYERNORM_FORWARD_WARPS * C * sizeof(floatX);
-    if (FP8_OUT) { shared_bytes += (size_t)LAYERNORM_FP8_BLOCK_ROWS * C; }
-    cudaCheck(cudaFuncSetAttribute(layernorm_forward_kernel<FP8_OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)shared_bytes));  // above 48 KB (C > 3072; FP8: C > 1024) needs the opt-in
+    if (cast) { shared_bytes += (size_t)LAYERNORM_FP8_BLOCK_ROWS * C; }
+    cudaCheck(cudaFuncSetAttribute(layernorm_forward_kernel<FP8_PASS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)shared_bytes));  // above 48 KB (C > 3072; FP8 cast: C > 1024) needs the opt-in
     Fp8CastOutput fp8_out = {};
     if (fp8 != NULL) { fp8_out = *fp8; }
-    layernorm_forward_kernel<FP8_OUT><<<ceil_div(N, block_rows), block_size, shared_bytes, stream>>>(
+    layernorm_forward_kernel<FP8_PASS><<<ceil_div(N, block_rows), block_size, shared_bytes, stream>>>(
         residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, fp8_out);
     cudaCheck(cudaGetLastError());
 }
@@ -178,42 +198,92 @@ static void layernorm_forward_launch(floatX* residual_out, floatX* normed_out, f
 void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp, const floatX* weight,
                        const floatX* bias, int N, int C, cudaStream_t stream) {
     layernorm_check_shape(N, C, "layernorm_forward");
-    layernorm_forward_launch<false>(NULL, out, mean, rstd, inp, NULL, weight, bias, N, C, NULL, stream);
+    layernorm_forward_launch<LAYERNORM_NO_FP8>(NULL, out, mean, rstd, inp, NULL, weight, bias, N, C, NULL, stream);
 }
 
 void fused_residual_layernorm_forward(floatX* residual_out, floatX* normed_out, float* mean, float* rstd,
                                       const floatX* inp1, const floatX* inp2, const floatX* weight,
                                       const floatX* bias, int N, int C, cudaStream_t stream) {
     layernorm_check_shape(N, C, "fused_residual_layernorm_forward");
-    layernorm_forward_launch<false>(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, NULL, stream);
-}
-
-static void layernorm_check_fp8(const Fp8CastOutput* fp8, int N, int C, const char* who) {
-    fp8_cast_check(fp8, N, C, who);
-    if (fp8->scaling != FP8_SCALING_TENSOR) {
-        llm8_die("%s: the fused cast is the per-tensor delayed one; the block recipe casts the bf16 output "
-                 "with fp8_cast_transpose", who);
-    }
+    layernorm_forward_launch<LAYERNORM_NO_FP8>(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C,
+                                               NULL, stream);
 }
 
 /*
-The FP8 variants: as above, plus the one-pass delayed cast of the normalized output into
-fp8 (codes [N][C] and/or codes_t [C][N], the scale of fp8->state, this use's amax recorded
-for fp8_scaling_update_records). normed_out may be NULL. N and C multiples of 16.
+The FP8 forwards: the layernorm of inp1 (inp2 NULL) or of the residual sum
+residual_out = inp1 + inp2, written to normed_out (bf16; may be NULL) and cast to FP8 for
+the GEMMs (codes [N][C] and/or codes_t [C][N]), the codes being the cast of the output as
+stored in bf16. N and C multiples of 16.
+- layernorm_forward_fp8 with a known scale: per tensor, the delayed recipe's one-pass cast
+  inside the layernorm kernel (the state's scale, this use's amax recorded for
+  fp8_scaling_update_records). Block recipe: two passes, because x^T's 128x1 tiles span
+  128 rows and a layernorm block cannot hold 128 whole rows: the layernorm kernel writes
+  mean and rstd (and the residual sum), then the tile cast normalizes its 128x128 tile
+  from them as it stages it (LayernormOutputTransform). The bf16 output is never written
+  for the cast alone: one read of the input instead of a write and a read of the output.
+- layernorm_forward_fp8_current, per tensor (the current recipe, and a delayed tensor's
+  first use): the layernorm kernel also records the output's amax, the state update sets
+  the scale, and the tile cast normalizes from mean and rstd as above.
+The two-pass paths need mean and rstd (they are how the cast recomputes the output).
 */
-void layernorm_forward_fp8(floatX* out, float* mean, float* rstd, const Fp8CastOutput* fp8, const floatX* inp,
-                           const floatX* weight, const floatX* bias, int N, int C, cudaStream_t stream) {
-    layernorm_check_shape(N, C, "layernorm_forward_fp8");
-    layernorm_check_fp8(fp8, N, C, "layernorm_forward_fp8");
-    layernorm_forward_launch<true>(NULL, out, mean, rstd, inp, NULL, weight, bias, N, C, fp8, stream);
+
+// the bf16-rounded layernorm output of a stored input element, for the tile cast
+struct LayernormOutputTransform {
+    const float* mean;
+    const float* rstd;
+    const floatX* weight;
+    const floatX* bias;
+    __device__ __forceinline__ float operator()(float x, int row, int col) const {
+        return layernorm_output_element(x, mean[row], rstd[row], __bfloat162float(weight[col]), __bfloat162float(bias[col]));
+    }
+};
+
+static void layernorm_check_fp8(const Fp8CastOutput* fp8, const float* mean, const float* rstd, bool two_pass,
+                                int N, int C, const char* who) {
+    layernorm_check_shape(N, C, who);
+    fp8_cast_check(fp8, N, C, who);
+    if (two_pass && (mean == NULL || rstd == NULL)) {
+        llm8_die("%s: this cast normalizes from the row statistics, so mean and rstd must be given", who);
+    }
 }
 
-void fused_residual_layernorm_forward_fp8(floatX* residual_out, floatX* normed_out, float* mean, float* rstd,
-                                          const Fp8CastOutput* fp8, const floatX* inp1, const floatX* inp2,
-                                          const floatX* weight, const floatX* bias, int N, int C, cudaStream_t stream) {
-    layernorm_check_shape(N, C, "fused_residual_layernorm_forward_fp8");
-    layernorm_check_fp8(fp8, N, C, "fused_residual_layernorm_forward_fp8");
-    layernorm_forward_launch<true>(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, fp8, stream);
+// layernorm kernel pass FP8_PASS, then the tile cast of the output from the input it normalized
+template <int FP8_PASS>
+static void layernorm_forward_two_pass(const Fp8CastOutput* fp8, floatX* residual_out, floatX* normed_out, float* mean,
+                                       float* rstd, const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                       const floatX* bias, int N, int C, cudaStream_t stream) {
+    layernorm_forward_launch<FP8_PASS>(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, fp8, stream);
+    if (FP8_PASS == LAYERNORM_FP8_AMAX) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
+    LayernormOutputTransform output = {mean, rstd, weight, bias};
+    fp8_cast_transpose_launch(fp8, (floatX*)NULL, inp2 == NULL ? inp1 : residual_out, N, C, false, output, stream);
+}
+
+void layernorm_forward_fp8(const Fp8CastOutput* fp8, floatX* residual_out, floatX* normed_out, float* mean, float* rstd,
+                           const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias, int N, int C,
+                           cudaStream_t stream) {
+    const bool per_tensor = fp8->scaling == FP8_SCALING_TENSOR;
+    layernorm_check_fp8(fp8, mean, rstd, !per_tensor, N, C, "layernorm_forward_fp8");
+    if (fp8->scaling == FP8_SCALING_BLOCKS_128x128) {
+        llm8_die("layernorm_forward_fp8: activations are scaled per 1x128 tile in the block recipe");
+    }
+    if (per_tensor) {
+        layernorm_forward_launch<LAYERNORM_FP8_CAST>(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C,
+                                                     fp8, stream);
+    } else {
+        layernorm_forward_two_pass<LAYERNORM_NO_FP8>(fp8, residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias,
+                                                     N, C, stream);
+    }
+}
+
+void layernorm_forward_fp8_current(const Fp8CastOutput* fp8, floatX* residual_out, floatX* normed_out, float* mean,
+                                   float* rstd, const floatX* inp1, const floatX* inp2, const floatX* weight,
+                                   const floatX* bias, int N, int C, cudaStream_t stream) {
+    layernorm_check_fp8(fp8, mean, rstd, true, N, C, "layernorm_forward_fp8_current");
+    if (fp8->scaling != FP8_SCALING_TENSOR) {
+        llm8_die("layernorm_forward_fp8_current: current scaling is per tensor; the block recipe casts per tile");
+    }
+    layernorm_forward_two_pass<LAYERNORM_FP8_AMAX>(fp8, residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias,
+                                                   N, C, stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -292,7 +292,8 @@ static inline size_t gpt2_param_layer_elements(const GPT2Config* cfg, int tensor
 
 /*
 default: 8-bit states for every tensor whose per-layer slice has at least 4096 elements,
-except the embeddings (for GPT-2: the four matmul weights). all: every tensor. none: every
+except the embeddings (for d12: the four matmul weights; from d24 on also fcb, 4C elements, and at
+d48 qkvb, 3C = 4800). all: every tensor. none: every
 tensor keeps fp32 states (the same arithmetic as plain AdamW; a check of the plumbing).
 */
 static inline int adamw8_tensor_is_8bit(const GPT2Config* cfg, int tensor, Adamw8Selection selection) {

@@ -6,7 +6,7 @@ Why it is shaped this way:
   the file is llm.c's flat decode table: header of 256 int32 ([0] 20240328, [1] version 2,
   [2] vocab size, [3] end-of-text token), then per token a uint8 length and its bytes.
 - Decoding is optional: a missing file prints one warning line and leaves init_ok = 0, and
-  the trainer skips printing samples (as llm.c does). A file that exists but is wrong
+  the trainer's samples print token ids instead of text. A file that exists but is wrong
   (magic, version, truncated, trailing bytes) is an error.
 - The whole file is read once and the pieces are kept NUL-terminated in one block, so
   tokenizer_decode is a lookup.

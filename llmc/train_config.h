@@ -9,10 +9,9 @@ its help line and its range check, and the GPU trainer and the CPU trainer
 checks here happen before any GPU work starts: a bad command line fails in milliseconds
 with one line naming the flag, the value and what was expected.
 
-The one piece of resume logic both trainers share also lives here, because it is about
-the flags: reading a state file's optimizer state in the form -opt asks for (converting
-between fp32 and 8-bit moments), and refusing, by naming -qs, a file whose 8-bit states
-were kept for other tensors.
+The resume logic both trainers share (reading a state file's optimizer state in the form
+-opt asks for, converting between fp32 and 8-bit moments, and refusing by naming -qs a file
+whose 8-bit states were kept for other tensors) is in train_state.h.
 */
 #ifndef LLMC_TRAIN_CONFIG_H
 #define LLMC_TRAIN_CONFIG_H
@@ -102,7 +101,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16 fp8", "matmul precision (the -f flags below apply to fp8)"},
     {"-fr", FLAG_CHOICE, TC_OFF(fp8_recipe), 0, 0, "delayed current block",
      "fp8 scaling: delayed (activations from an amax history; gradients current, weights as -fw says), current, or block (1x128/128x128 tiles, all E4M3)"},
-    {"-fh", FLAG_INT, TC_OFF(fp8_history), 1, FP8_AMAX_HISTORY_MAX, NULL, "fp8 delayed recipe: amax history length in steps"},
+    {"-fh", FLAG_INT, TC_OFF(fp8_history), 1, FP8_AMAX_HISTORY_MAX, NULL, "fp8 delayed recipe: amax history length, in uses (one per forward: a micro-step)"},
     {"-fm", FLAG_INT, TC_OFF(fp8_margin), 0, FP8_MARGIN_MAX, NULL, "fp8 scale margin: per-tensor scales are divided by 2^margin"},
     {"-fw", FLAG_CHOICE, TC_OFF(fp8_weight_scaling), 0, 0, "current delayed",
      "fp8 weight scaling (-fr delayed|current): current (cast after the optimizer step, with the new amax) or delayed (cast inside it, with the previous step's amax and the -fm margin)"},
@@ -112,7 +111,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-opt", FLAG_CHOICE, TC_OFF(optimizer), 0, 0, "adamw adamw8",
      "optimizer: AdamW with fp32 m and v, or adamw8 with 8-bit m and v (doc/adamw8.md); a checkpoint of either resumes under both"},
     {"-qs", FLAG_CHOICE, TC_OFF(adamw8_states), 0, 0, "default all none",
-     "adamw8: tensors with 8-bit states: default (>= 4096 elements per layer, not wte/wpe: the matmul weights), all, none; resume with the -qs the checkpoint was written with"},
+     "adamw8: tensors with 8-bit states: default (>= 4096 elements per layer, not wte/wpe: the matmul weights, and fcb/qkvb where 4C/3C >= 4096), all, none; resume with the -qs the checkpoint was written with"},
     {"-k", FLAG_CHOICE, TC_OFF(lr_schedule), 0, 0, "cosine linear constant wsd", "learning-rate schedule"},
     {"-at", FLAG_CHOICE, TC_OFF(attention), 0, 0, "cudnn fallback", "attention kernels: cuDNN flash attention or llm8's own"},
     {"-n", FLAG_INT, TC_OFF(checkpoint_every), 0, INT_MAX_FLAG, NULL, "write a checkpoint every N steps (0 = never)"},

@@ -25,8 +25,8 @@ Why it is shaped so:
   owned by one rank, with one ncclReduce per piece to its owner in one NCCL group (a
   reduce-scatter with unequal counts; each rank still sends about what a ring
   reduce-scatter sends). zero_chunk_pieces lists them.
-- FP8 weights (the matmul weight slices qkvw/attprojw/fcw/fcprojw per layer, and wte as
-  lm_head): a rank's amax of its part, a MAX all-reduce over ranks, one scale from the
+- FP8 weights (the matmul weight slices qkvw/attprojw/fcw/fcprojw per layer; an FP8
+  lm_head is cast from the gathered bf16 wte on every rank): a rank's amax of its part, a MAX all-reduce over ranks, one scale from the
   global amax, each rank casts its part: since max is exact and order free, and the cast
   is elementwise, the gathered codes equal a single rank's cast bit for bit.
   zero_simulate_fp8_weight_gather does exactly that with simulated ranks, for the tests.
@@ -269,19 +269,17 @@ static inline size_t zero_chunk_elements(const ZeroLayout* layout, int chunk, in
 // ----------------------------------------------------------------------------
 // the FP8 weight all-gather
 
-// the FP8 weight slices in Fp8 linear order: per layer qkvw, attprojw, fcw, fcprojw, then wte
-// (lm_head); `slices` holds 4 L + 1 entries (begin/end flat, owner unused). Returns the count.
+// the weight slices gathered as FP8 codes, in Fp8 linear order: per layer qkvw, attprojw,
+// fcw, fcprojw (lm_head is cast locally from the gathered bf16 wte); `slices` holds 4 L
+// entries (begin/end flat, owner unused). Returns the count.
 static inline int zero_fp8_weight_slices(const ZeroLayout* layout, ZeroPiece* slices) {
     static const int matmul_tensors[ZERO_MATMUL_KINDS] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
     int count = 0;
-    for (int l = 0; l <= layout->num_layers; l++) {
-        int kinds = l < layout->num_layers ? ZERO_MATMUL_KINDS : 1;
-        for (int k = 0; k < kinds; k++) {
-            int tensor = l < layout->num_layers ? matmul_tensors[k] : PARAM_WTE;
-            int layer = l < layout->num_layers ? l : -1;
-            ZeroRange range = zero_slice_range(layout, tensor, layer);
-            slices[count].tensor = tensor;
-            slices[count].layer = layer;
+    for (int l = 0; l < layout->num_layers; l++) {
+        for (int k = 0; k < ZERO_MATMUL_KINDS; k++) {
+            ZeroRange range = zero_slice_range(layout, matmul_tensors[k], l);
+            slices[count].tensor = matmul_tensors[k];
+            slices[count].layer = l;
             slices[count].begin = range.begin;
             slices[count].end = range.end;
             slices[count].owner = -1;
@@ -362,7 +360,7 @@ array (0 where it owns nothing), (2) the MAX over ranks of the whole array (one 
 (3) every block's scale = fp8_weight_block_scale(global block amax), (4) each rank casts
 its part with its elements' block scales, (5) the codes land at their flat positions.
 `block_scales` gets the slices' blocks back to back (fp8_weight_blocks each, in slice
-order); `slices` are block linears' weights (zero_fp8_weight_slices without wte).
+order); `slices` are the block linears' weights (zero_fp8_weight_slices).
 */
 static inline void zero_simulate_fp8_block_weight_gather(const ZeroLayout* layout, const float* params,
                                                          const ZeroPiece* slices, int num_slices, float* block_scales,

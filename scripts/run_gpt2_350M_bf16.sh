@@ -12,7 +12,7 @@
 # GPUs: NUM_GPUS=8 bash scripts/run_gpt2_350M_bf16.sh runs it on 8 GPUs (scripts/launch_one_node.sh: mpirun, else -pi fs); the total batch
 #       (-d) stays the same and gradient accumulation adapts to the number of GPUs.
 # Extra arguments are passed to the trainer after these flags (later flags win).
-# A failed run resumes (-y 1) from its last complete checkpoint, up to 3 times (scripts/run_common.sh).
+# A failed run resumes (-y 1) from its last complete checkpoint (3 attempts in all, scripts/run_common.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/run_common.sh

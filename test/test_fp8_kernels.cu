@@ -14,8 +14,11 @@ Needs a GPU (make gpucheck); CI only compiles it.
   transposed from the codes: codes and both scale layouts equal the whole-weight cast's.
 - the scaling state after fp8_scaling_update_records (and after the current-scaling casts)
   equals the host state machine byte for byte; fp8_cast_records_read reports and clears.
-- layernorm (plain and fused residual) and GELU with the fused cast: their bf16 outputs equal
-  the plain kernels' bit for bit, and the codes are the cast of those outputs.
+- layernorm (plain and fused residual) and GELU with the fused cast, in each recipe (the
+  delayed one-pass cast, current scaling, the block recipe's tiles): their bf16 outputs equal
+  the plain kernels' bit for bit, the codes and x^T are the host cast of those outputs (with
+  the host state machine's scale, or the host's tile scales in their cuBLASLt layouts), and
+  without a bf16 output (codes only) the same codes come and no bf16 is written.
 - dy: the fused pass gives dout * gelu' equal to gelu_backward_inplace, the bias gradient
   equal to the bf16 path's bit for bit (and within 1e-5 relative of a double sum), twice
   the same bits, and codes cast with the host-updated scale.
@@ -551,33 +554,105 @@ static void test_cast_weight_block_parts(int rows, int cols, int parts) {
 }
 
 // ----------------------------------------------------------------------------
-// layernorm and GELU with the fused cast
+// layernorm and GELU with the fused cast, in each of the three ways a producer casts
 
-static void test_layernorm_fp8(int N, int C, bool fused_residual) {
+typedef enum {
+    PRODUCER_CAST_DELAYED,  // per tensor, the scale known: the delayed recipe's one-pass cast
+    PRODUCER_CAST_CURRENT,  // per tensor, current scaling: amax, update, cast
+    PRODUCER_CAST_BLOCK,    // the block recipe's 1x128 tiles
+} ProducerCast;
+
+static const char* producer_cast_name(ProducerCast cast) {
+    return cast == PRODUCER_CAST_DELAYED ? "delayed" : cast == PRODUCER_CAST_CURRENT ? "current" : "block";
+}
+
+// the device tensor a producer test casts into; delayed_amax: the delayed state's history
+static DeviceFp8 producer_cast_make(ProducerCast cast, int N, int C, float delayed_amax, Fp8TensorScaling* state) {
+    fp8_scaling_init(state, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+    if (cast == PRODUCER_CAST_DELAYED) { fp8_scaling_update(state, delayed_amax); }
+    if (cast == PRODUCER_CAST_BLOCK) { return device_fp8_make(N, C, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL); }
+    return device_fp8_make(N, C, FP8_E4M3, FP8_SCALING_TENSOR, state);
+}
+
+// puts the tensor back as producer_cast_make left it (a second run must see the same state)
+static void producer_cast_reset(DeviceFp8* t, const Fp8TensorScaling* initial) {
+    size_t n = (size_t)t->rows * t->cols;
+    cudaCheck(cudaMemset(t->out.codes, 0, n));
+    cudaCheck(cudaMemset(t->out.codes_t, 0, n));
+    fp8_cast_records_init(t->out.record, 1, 0);
+    if (t->out.state != NULL) {
+        cudaCheck(cudaMemcpy(t->out.state, initial, sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice));
+    }
+}
+
+/*
+Checks a producer's cast of `stored` (its bf16 output, [N][C]) against the host: codes and
+x^T bit for bit, counts and amax; delayed: the record's pending amax and the scale used;
+current: the device state equals the host state machine after this amax, and no amax is left
+pending; block: the tile scales and their layouts. initial: the state before the cast.
+*/
+static void check_producer_cast(ProducerCast cast, const DeviceFp8* t, const float* stored, const Fp8TensorScaling* initial,
+                                 const char* what) {
+    int N = t->rows, C = t->cols;
+    size_t n = (size_t)N * C;
+    if (cast == PRODUCER_CAST_BLOCK) {
+        TileContext context = tile_context_make(stored, N, C, FP8_SCALING_ROWS_1x128);
+        HostCast h = host_cast(stored, N, C, FP8_E4M3, scale_of_tile, &context);
+        check_cast(t, &h, false, what);
+        check_block_scales(t, &context, what);
+        host_cast_free(&h);
+        tile_context_free(&context);
+        return;
+    }
+    Fp8TensorScaling state = *initial;
+    if (cast == PRODUCER_CAST_CURRENT) { fp8_scaling_update(&state, host_amax(stored, n)); }
+    HostCast h = host_cast(stored, N, C, FP8_E4M3, scale_of_tensor, &state.scale);
+    check_cast(t, &h, false, what);
+    Fp8CastRecord r = download_record(t);
+    CHECK(r.scale == state.scale && r.scale_inv == state.scale_inv, "%s: the record's scale is not the one cast with", what);
+    if (cast == PRODUCER_CAST_DELAYED) {
+        CHECK(r.amax_bits == float_as_bits(h.stats.amax), "%s: the record's pending amax is wrong", what);
+    } else {
+        Fp8TensorScaling device_state = download_state(t);
+        CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
+        CHECK(r.amax_bits == 0u, "%s: the cast after the update must not leave an amax pending", what);
+    }
+    host_cast_free(&h);
+}
+
+static void run_layernorm_fp8(ProducerCast cast, const Fp8CastOutput* out, floatX* residual, floatX* normed, float* mean,
+                              float* rstd, const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias,
+                              int N, int C) {
+    if (cast == PRODUCER_CAST_CURRENT) {
+        layernorm_forward_fp8_current(out, residual, normed, mean, rstd, inp1, inp2, weight, bias, N, C, 0);
+    } else {
+        layernorm_forward_fp8(out, residual, normed, mean, rstd, inp1, inp2, weight, bias, N, C, 0);
+    }
+}
+
+static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast cast) {
     char what[128];
-    snprintf(what, sizeof(what), "%s fp8 N=%d C=%d", fused_residual ? "fused_residual_layernorm" : "layernorm", N, C);
+    snprintf(what, sizeof(what), "%s fp8 %s N=%d C=%d", fused_residual ? "fused_residual_layernorm" : "layernorm",
+             producer_cast_name(cast), N, C);
     size_t n = (size_t)N * C;
     float* inp1 = host_bf16_normal(n, 1.0f);
     float* inp2 = host_bf16_normal(n, 1.0f);
     float* weight = host_bf16_normal(C, 1.0f);
     float* bias = host_bf16_normal(C, 0.5f);
-    floatX *d_inp1 = device_bf16_from(inp1, n), *d_inp2 = device_bf16_from(inp2, n);
+    floatX *d_inp1 = device_bf16_from(inp1, n), *d_inp2 = fused_residual ? device_bf16_from(inp2, n) : NULL;
     floatX *d_weight = device_bf16_from(weight, C), *d_bias = device_bf16_from(bias, C);
     floatX *d_res_plain = (floatX*)device_alloc(n * 2), *d_res_fp8 = (floatX*)device_alloc(n * 2);
     floatX *d_out_plain = (floatX*)device_alloc(n * 2), *d_out_fp8 = (floatX*)device_alloc(n * 2);
     float* d_stats = (float*)device_alloc(4 * N * sizeof(float));
     Fp8TensorScaling state;
-    fp8_scaling_init(&state, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
-    fp8_scaling_update(&state, 3.0f);  // saturates the layernorm output's tail beyond 3
-    DeviceFp8 t = device_fp8_make(N, C, FP8_E4M3, FP8_SCALING_TENSOR, &state);
+    DeviceFp8 t = producer_cast_make(cast, N, C, 3.0f, &state);  // delayed: saturates the output's tail beyond 3
     if (fused_residual) {
         fused_residual_layernorm_forward(d_res_plain, d_out_plain, d_stats, d_stats + N, d_inp1, d_inp2, d_weight, d_bias, N, C, 0);
-        fused_residual_layernorm_forward_fp8(d_res_fp8, d_out_fp8, d_stats + 2 * N, d_stats + 3 * N, &t.out,
-                                             d_inp1, d_inp2, d_weight, d_bias, N, C, 0);
     } else {
         layernorm_forward(d_out_plain, d_stats, d_stats + N, d_inp1, d_weight, d_bias, N, C, 0);
-        layernorm_forward_fp8(d_out_fp8, d_stats + 2 * N, d_stats + 3 * N, &t.out, d_inp1, d_weight, d_bias, N, C, 0);
     }
+    floatX* residual = fused_residual ? d_res_fp8 : NULL;
+    run_layernorm_fp8(cast, &t.out, residual, d_out_fp8, d_stats + 2 * N, d_stats + 3 * N, d_inp1, d_inp2, d_weight, d_bias, N, C);
     float* out_plain = download_bf16_as_floats(d_out_plain, n);
     float* out_fp8 = download_bf16_as_floats(d_out_fp8, n);
     CHECK(count_float_mismatches(out_fp8, out_plain, n, what) == 0, "%s: bf16 output differs from the plain kernel's", what);
@@ -590,44 +665,42 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual) {
         free(res_plain);
         free(res_fp8);
     }
-    HostCast h = host_cast(out_plain, N, C, FP8_E4M3, scale_of_tensor, &state.scale);
-    check_cast(&t, &h, false, what);
-    CHECK(h.stats.saturated > 0, "%s: the test data should saturate some elements", what);
-    Fp8CastRecord r = download_record(&t);
-    CHECK(r.amax_bits == float_as_bits(h.stats.amax) && r.scale == state.scale && r.scale_inv == state.scale_inv,
-          "%s: the record's pending amax or scale is wrong", what);
-
-    // codes only (no bf16 output): the same codes
-    cudaCheck(cudaMemset(t.out.codes, 0, n));
-    cudaCheck(cudaMemset(t.out.codes_t, 0, n));
-    fp8_cast_records_init(t.out.record, 1, 0);
-    if (fused_residual) {
-        fused_residual_layernorm_forward_fp8(d_res_fp8, NULL, NULL, NULL, &t.out, d_inp1, d_inp2, d_weight, d_bias, N, C, 0);
-    } else {
-        layernorm_forward_fp8(NULL, NULL, NULL, &t.out, d_inp1, d_weight, d_bias, N, C, 0);
+    check_producer_cast(cast, &t, out_plain, &state, what);
+    if (cast == PRODUCER_CAST_DELAYED) {
+        CHECK(download_record(&t).saturated > 0, "%s: the test data should saturate some elements", what);
     }
-    check_cast(&t, &h, false, what);
 
-    host_cast_free(&h);
+    // codes only (no bf16 output): the same codes, and the output buffer untouched. The
+    // one-pass cast needs no row statistics; the two-pass casts normalize from them.
+    producer_cast_reset(&t, &state);
+    cudaCheck(cudaMemset(d_out_fp8, 0, n * 2));
+    cudaCheck(cudaMemset(d_stats + 2 * N, 0, 2 * N * sizeof(float)));
+    bool one_pass = cast == PRODUCER_CAST_DELAYED;
+    run_layernorm_fp8(cast, &t.out, residual, NULL, one_pass ? NULL : d_stats + 2 * N, one_pass ? NULL : d_stats + 3 * N,
+                      d_inp1, d_inp2, d_weight, d_bias, N, C);
+    check_producer_cast(cast, &t, out_plain, &state, what);
+    float* untouched = download_bf16_as_floats(d_out_fp8, n);
+    size_t written = 0;
+    for (size_t i = 0; i < n; i++) { written += untouched[i] != 0.0f; }
+    CHECK(written == 0, "%s: %zu bf16 outputs written although normed_out is NULL", what, written);
+
     device_fp8_free(&t);
-    free(stats); free(out_plain); free(out_fp8); free(inp1); free(inp2); free(weight); free(bias);
+    free(untouched); free(stats); free(out_plain); free(out_fp8); free(inp1); free(inp2); free(weight); free(bias);
     void* buffers[9] = {d_inp1, d_inp2, d_weight, d_bias, d_res_plain, d_res_fp8, d_out_plain, d_out_fp8, d_stats};
-    for (int i = 0; i < 9; i++) { cudaCheck(cudaFree(buffers[i])); }
+    for (int i = 0; i < 9; i++) { if (buffers[i] != NULL) { cudaCheck(cudaFree(buffers[i])); } }
 }
 
-static void test_gelu_fp8(int N, int C, bool current) {
+static void test_gelu_fp8(int N, int C, ProducerCast cast) {
     char what[128];
-    snprintf(what, sizeof(what), "gelu_forward_fp8%s N=%d C=%d", current ? "_current" : "", N, C);
+    snprintf(what, sizeof(what), "gelu_forward_fp8 %s N=%d C=%d", producer_cast_name(cast), N, C);
     size_t n = (size_t)N * C;
     float* pre = host_bf16_normal(n, 2.0f);
     floatX* d_pre = device_bf16_from(pre, n);
     floatX *d_plain = (floatX*)device_alloc(n * 2), *d_fused = (floatX*)device_alloc(n * 2);
     Fp8TensorScaling state;
-    fp8_scaling_init(&state, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
-    if (!current) { fp8_scaling_update(&state, 2.5f); }
-    DeviceFp8 t = device_fp8_make(N, C, FP8_E4M3, FP8_SCALING_TENSOR, &state);
+    DeviceFp8 t = producer_cast_make(cast, N, C, 2.5f, &state);
     gelu_forward(d_plain, d_pre, (int)n, 0);
-    if (current) {
+    if (cast == PRODUCER_CAST_CURRENT) {
         gelu_forward_fp8_current(&t.out, d_fused, d_pre, N, C, 0);
     } else {
         gelu_forward_fp8(&t.out, d_fused, d_pre, N, C, 0);
@@ -635,14 +708,7 @@ static void test_gelu_fp8(int N, int C, bool current) {
     float* plain = download_bf16_as_floats(d_plain, n);
     float* fused = download_bf16_as_floats(d_fused, n);
     CHECK(count_float_mismatches(fused, plain, n, what) == 0, "%s: bf16 GELU output differs from gelu_forward's", what);
-    if (current) {
-        fp8_scaling_update(&state, host_amax(plain, n));
-        Fp8TensorScaling device_state = download_state(&t);
-        CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
-    }
-    HostCast h = host_cast(plain, N, C, FP8_E4M3, scale_of_tensor, &state.scale);
-    check_cast(&t, &h, false, what);
-    host_cast_free(&h);
+    check_producer_cast(cast, &t, plain, &state, what);
     device_fp8_free(&t);
     free(pre); free(plain); free(fused);
     cudaCheck(cudaFree(d_pre)); cudaCheck(cudaFree(d_plain)); cudaCheck(cudaFree(d_fused));
@@ -1050,6 +1116,14 @@ static void test_bad_input(void) {
     memset(&out, 0, sizeof(out));
     CHECK_DIES("fp8 cast of 40 x 24", "multiple of 16", fp8_cast_transpose(&out, NULL, 40, 24, 0));
     CHECK_DIES("fp8 cast without outputs", "neither codes nor codes_t", fp8_cast_transpose(&out, NULL, 32, 32, 0));
+    uint8_t* codes = (uint8_t*)(uintptr_t)4096;
+    out.codes = codes;
+    out.record = (Fp8CastRecord*)(uintptr_t)8192;
+    out.scaling = FP8_SCALING_ROWS_1x128;
+    out.format = FP8_E4M3;
+    out.scale_inv = (float*)(uintptr_t)16384;
+    CHECK_DIES("block layernorm cast without row statistics", "mean and rstd must be given",
+               layernorm_forward_fp8(&out, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 32, 32, 0));
 }
 
 int main(void) {
@@ -1071,11 +1145,13 @@ int main(void) {
     test_cast_weight_block_parts(272, 208, 3);
     test_cast_weight_block_parts(384, 768, 2);
     test_cast_weight_block_parts(768, 3072, 8);
-    test_layernorm_fp8(80, 208, false);
-    test_layernorm_fp8(80, 208, true);
-    test_layernorm_fp8(256, 768, true);
-    test_gelu_fp8(80, 208, false);
-    test_gelu_fp8(272, 832, true);
+    for (int cast = PRODUCER_CAST_DELAYED; cast <= PRODUCER_CAST_BLOCK; cast++) {
+        test_layernorm_fp8(80, 208, false, (ProducerCast)cast);
+        test_layernorm_fp8(80, 208, true, (ProducerCast)cast);
+        test_layernorm_fp8(272, 768, true, (ProducerCast)cast);
+        test_gelu_fp8(80, 208, (ProducerCast)cast);
+        test_gelu_fp8(272, 832, (ProducerCast)cast);
+    }
     test_backward_dout(80, 208, false, false);
     test_backward_dout(272, 832, true, false);
     test_backward_dout(272, 208, true, true);

@@ -168,7 +168,7 @@ static void test_fp8_weight_gather(const MultiGpuConfig* mg, const GPT2Config* m
     float* params = (float*)mallocCheck(z.padded_total * sizeof(float));
     memset(params, 0, z.padded_total * sizeof(float));
     gpt2_init_params_random(params, model, GPT2_INIT_SEED);
-    ZeroPiece* slices = (ZeroPiece*)mallocCheck((size_t)(ZERO_MATMUL_KINDS * model->num_layers + 1) * sizeof(ZeroPiece));
+    ZeroPiece* slices = (ZeroPiece*)mallocCheck((size_t)ZERO_MATMUL_KINDS * model->num_layers * sizeof(ZeroPiece));
     int num_slices = zero_fp8_weight_slices(&z, slices);
     float* ref_scales = (float*)mallocCheck((size_t)num_slices * sizeof(float));
     uint8_t* ref_codes = (uint8_t*)mallocCheck(z.padded_total);

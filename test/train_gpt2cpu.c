@@ -9,9 +9,10 @@ versions of them: -p fp8 through its FP8 emulation (quantize-dequantize at the p
 GPU casts, with the -fr -fh -fm -fw -f8 -f8p settings; the scaling states go into the state
 file, and evaluation puts them back, as on the GPU), and -opt adamw8 through the 8-bit
 AdamW host reference (llmc/quant8.h) with the GPU trainer's state-file sections and
-conversions. Flags that only mean something on a GPU (-at, -r, -ge, -kt, -z, -fn) are
-accepted and have no effect here; weights are fp32 and checkpoints are llm.c's fp32 model
-files (version 3).
+conversions. Flags that only mean something on a GPU (-at, -r, -ge, -kt, -z, -fn, -w,
+-pa, -pt) or with a tokenizer and text (-tk, -s, -g, -h), and -nk (old checkpoints are
+kept), are accepted and have no effect here; weights are fp32 and checkpoints are llm.c's
+fp32 model files (version 3).
 */
 #include <stdio.h>
 #include <stdlib.h>

@@ -23,7 +23,9 @@ Why it is shaped so:
                      which replaces bf16's dbias) then the GEMMs.
     block, block+cast: the same with the block recipe (1x128 tiles for x and dy, 128x128
                      blocks for W, all E4M3, no fast accumulation; at d48, C=1600, the last
-                     tile along C and 3C is short). Skipped, with the reason recorded, for a
+                     tile along C and 3C is short). Its layernorm casts in a tile cast of
+                     their own (reading the layernorm's input, not a bf16 output), so
+                     block+cast is about what the qkv and fc forwards pay. Skipped, with the reason recorded, for a
                      linear whose GEMMs cuBLASLt has no block-scaled algorithm for.
     wcast       fp8_cast_weight from the fp32 master (W and W^T), once per optimizer step,
                 so reported on its own and not added into fwd or bwd; per tensor it

@@ -301,7 +301,7 @@ class Collectives:
     gather_fp8: Collective   # after the update: FP8 codes (ZeRO-1, fp8)
     gather_bf16: Collective  # after the update: what travels in bf16
     zero3_layers: tuple      # ZeRO-3, per layer: its matmul weights, in forward and again in backward
-    amax_all_reduce: int     # FP8: one float per FP8 weight slice (4 L + 1); bf16: none
+    amax_all_reduce: int     # FP8: one float per block linear's weight slice (4 L; lm_head is cast from the bf16 wte); bf16: none
 
 
 def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_codes="matmul"):
@@ -310,7 +310,7 @@ def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_cod
     (fp32 as an option), one group per layer chunk; after the update ZeRO-1 gathers every
     weight: bf16 as one ncclAllGather of S elements per rank; FP8 as the matmul weights' codes
     (fp8_codes "matmul": grouped broadcasts from the owners, zero_comm.cuh) or one ncclAllGather
-    of every rank's S bytes of codes ("whole", doc/multi-gpu.md), plus in bf16 what the GEMMs do
+    of every rank's S bytes of codes ("whole", DESIGN.md's step 3), plus in bf16 what the GEMMs do
     not read in FP8 (wte: the encoder reads its rows and lm_head is bf16 by default; wpe,
     layernorms, biases). ZeRO-3 gathers the matmul weights per layer in their GEMM format.
     """
@@ -341,7 +341,7 @@ def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_cod
         gather_fp8=gather_fp8,
         gather_bf16=gather_bf16,
         zero3_layers=zero3_layers,
-        amax_all_reduce=4 * (4 * L + 1) if precision == "fp8" else 0,
+        amax_all_reduce=4 * 4 * L if precision == "fp8" else 0,
     )
 
 
