@@ -9,6 +9,11 @@
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
 #   bash dev/gpu_session.sh ranks   # test/gpu_trainer_ranks.py: 2 ranks on the one GPU
 #   bash dev/gpu_session.sh bench   # dev/bench/bench.py --quick; its files are copied to the logs
+#   bash dev/gpu_session.sh parity  # loss parity on the offline corpus (carry dev/data/offline):
+#                                   # d12, PARITY_STEPS (2000) steps each of bf16, bf16 + adamw8,
+#                                   # FP8 delayed, FP8 delayed + adamw8 (scripts/compare_bf16_fp8.sh);
+#                                   # runs resume from their checkpoints, so a call that runs out
+#                                   # of time goes on in the next one on the same (warm) machine
 #   bash dev/gpu_session.sh sanitize  # compute-sanitizer memcheck over the kernel test binaries
 #                                     # (out-of-bounds and misaligned device accesses; a spare call)
 #
@@ -51,6 +56,19 @@ case "$stage" in
         newest=$(ls -t doc/benchmarks/*.md 2>/dev/null | head -1)
         [ -n "$newest" ] && cp "$newest" "${newest%.md}.json" "$LOG_DIR/" 2>/dev/null
         ;;
+    parity)
+        if ! compgen -G "dev/data/offline/offline_train_*.bin" >/dev/null || [ ! -f dev/data/offline/gpt2_tokenizer.bin ]; then
+            echo "error: dev/gpu_session.sh: parity needs the offline corpus: carry dev/data/offline (bash dev/data/prepare_default.sh makes it)" >&2
+            exit 1
+        fi
+        build_all || exit 1
+        time env OUT=build/parity MODEL=d12 STEPS="${PARITY_STEPS:-2000}" RECIPES=delayed OPTIMIZERS="adamw adamw8" \
+            LLM8_TRAINER=./train_gpt2_fp8 PYTHON="$PYTHON" bash scripts/compare_bf16_fp8.sh 2>&1 | tee -a "$LOG_DIR/parity.log"
+        status=${PIPESTATUS[0]}
+        cp build/parity/loss.png build/parity/summary.md "$LOG_DIR/" 2>/dev/null
+        for run in build/parity/*/; do cp "$run/main.log" "$LOG_DIR/parity_$(basename "$run").log" 2>/dev/null; done
+        exit "$status"
+        ;;
     sanitize)
         # memcheck slows kernels 10-100x: each binary gets at most SANITIZE_S seconds (a timeout
         # shows as exit 124 in the log, not as a failure of the code)
@@ -68,7 +86,7 @@ case "$stage" in
         exit $status
         ;;
     *)
-        echo "error: dev/gpu_session.sh: stage '$stage' (expected build, tests, ranks, bench or sanitize)" >&2
+        echo "error: dev/gpu_session.sh: stage '$stage' (expected build, tests, ranks, bench, parity or sanitize)" >&2
         exit 2
         ;;
 esac

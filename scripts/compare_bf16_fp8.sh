@@ -2,16 +2,21 @@
 # Trains the same model in bf16 and in FP8 (once per FP8 scaling recipe asked for), on the
 # same data with the same seed and flags, then draws every loss curve on one PNG
 # (scripts/plot.py) and prints a table of each run's final val loss and median throughput
-# (tok/s from its main.jsonl, steps after the first 10), each against bf16. DESIGN.md's
-# loss-parity target: d12, >= 2000 steps, FP8 final val loss within 0.5% of bf16 for each recipe.
+# (tok/s from its main.jsonl, steps after the first 10), each against bf16. With
+# OPTIMIZERS="adamw adamw8" every one of those runs is made with both optimizers, and each
+# adamw8 run is also set against its precision's fp32 AdamW run. DESIGN.md's loss-parity
+# targets: d12, >= 2000 steps, final val loss within 0.5% of bf16 for each FP8 recipe, and of
+# fp32 AdamW for adamw8.
 #
 #   bash scripts/compare_bf16_fp8.sh                                   # d12, 2000 steps, delayed
 #   RECIPES="delayed current block" bash scripts/compare_bf16_fp8.sh   # every recipe, one PNG
+#   OPTIMIZERS="adamw adamw8" bash scripts/compare_bf16_fp8.sh         # bf16 and FP8, each optimizer
 #   MODEL=d24 STEPS=5000 OUT=log_cmp bash scripts/compare_bf16_fp8.sh -b 32
 #
 # Extra arguments go to every run after the script's flags (later flags win): data flags
-# -i/-j, or FP8 flags, which bf16 ignores. The runs land in $OUT/bf16 and $OUT/fp8_<recipe>;
-# the PNG is $OUT/loss.png. A run already complete there is resumed (-y 1), so the script can
+# -i/-j, or FP8 flags, which bf16 ignores. The runs land in $OUT/bf16 and $OUT/fp8_<recipe>
+# (adamw8: $OUT/bf16_adamw8, $OUT/fp8_<recipe>_adamw8); the PNG is $OUT/loss.png, the table
+# (also printed) $OUT/summary.md. A run already complete there is resumed (-y 1), so the script can
 # be re-run after an interruption. LLM8_TRAINER names another trainer binary, built already
 # (e.g. ./train_gpt2cpu, which shares the flags: the tests run this script with it).
 set -euo pipefail
@@ -20,22 +25,39 @@ MODEL="${MODEL:-d12}"
 STEPS="${STEPS:-2000}"
 OUT="${OUT:-log_compare_${MODEL}}"
 RECIPES="${RECIPES:-delayed}"
+OPTIMIZERS="${OPTIMIZERS:-adamw}"
 TRAINER="${LLM8_TRAINER:-./train_gpt2_fp8}"
 PYTHON="${PYTHON:-python3}"
 
 [[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
-runs=(bf16)
+precisions=(bf16)
 for recipe in $RECIPES; do
     case "$recipe" in
-        delayed|current|block) runs+=("fp8_$recipe") ;;
+        delayed|current|block) precisions+=("fp8_$recipe") ;;
         *) echo "error: RECIPES: '$recipe' is not an FP8 recipe (expected delayed, current or block)" >&2; exit 2 ;;
     esac
 done
+for optimizer in $OPTIMIZERS; do
+    case "$optimizer" in
+        adamw|adamw8) ;;
+        *) echo "error: OPTIMIZERS: '$optimizer' is not an optimizer (expected adamw or adamw8)" >&2; exit 2 ;;
+    esac
+done
+# run names: the precision, then _adamw8 for the 8-bit optimizer (fp32 AdamW is the plain name)
+runs=()
+for precision in "${precisions[@]}"; do
+    for optimizer in $OPTIMIZERS; do
+        if [[ "$optimizer" == adamw ]]; then runs+=("$precision"); else runs+=("${precision}_$optimizer"); fi
+    done
+done
 for run in "${runs[@]}"; do
+    optimizer=adamw
+    name="$run"
+    if [[ "$name" == *_adamw8 ]]; then optimizer=adamw8; name="${name%_adamw8}"; fi
     precision=(-p bf16)
-    [[ "$run" == bf16 ]] || precision=(-p fp8 -fr "${run#fp8_}")
-    "$TRAINER" -e "$MODEL" "${precision[@]}" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u 200 -q 0.0 -c 0.1 \
-        -v 100 -s 0 -n 500 -o "$OUT/$run" -y 1 "$@"
+    [[ "$name" == bf16 ]] || precision=(-p fp8 -fr "${name#fp8_}")
+    "$TRAINER" -e "$MODEL" "${precision[@]}" -opt "$optimizer" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u 200 -q 0.0 \
+        -c 0.1 -v 100 -s 0 -n 500 -o "$OUT/$run" -y 1 "$@"
 done
 
 dirs=()
@@ -43,7 +65,7 @@ for run in "${runs[@]}"; do dirs+=("$OUT/$run"); done
 "$PYTHON" scripts/plot.py "${dirs[@]}" --labels "${runs[@]}" --ema 0.9 --out "$OUT/loss.png" \
     --title "$MODEL: bf16 vs fp8, $STEPS steps"
 
-"$PYTHON" - "$OUT" "${runs[@]}" <<'EOF'
+"$PYTHON" - "$OUT" "${runs[@]}" <<'EOF' | tee "$OUT/summary.md"
 import json, statistics, sys
 out, runs = sys.argv[1], sys.argv[2:]
 rows = []
@@ -58,13 +80,20 @@ for run in runs:
                 tok.append(record["tok_per_s"])
     last = max(val) if val else None
     rows.append((run, last, val.get(last), statistics.median(tok) if tok else None))
-base_loss, base_tok = rows[0][2], rows[0][3]
-print("| run | step | final val loss | vs bf16 | median tok/s | vs bf16 |")
-print("|---|---|---|---|---|---|")
+final = {run: loss for run, _, loss, _ in rows}
+# the baseline: bf16 with fp32 AdamW when it ran, else the first run
+base = "bf16" if "bf16" in final else rows[0][0]
+base_loss, base_tok = final[base], next(tok for run, _, _, tok in rows if run == base)
+
+def gap(loss, reference):
+    return f"{100 * (loss / reference - 1):+.2f}%" if loss is not None and reference else "-"
+
+print(f"| run | step | final val loss | vs {base} | vs fp32 AdamW | median tok/s | vs {base} |")
+print("|---|---|---|---|---|---|---|")
 for run, step, loss, tok in rows:
-    loss_gap = f"{100 * (loss / base_loss - 1):+.2f}%" if loss is not None and base_loss else "-"
+    adamw_run = run[:-len("_adamw8")] if run.endswith("_adamw8") else None
     speedup = f"{tok / base_tok:.3f}x" if tok and base_tok else "-"
-    print(f"| {run} | {step if step is not None else '-'} | {loss if loss is not None else '-'} | {loss_gap} | "
-          f"{tok if tok else '-'} | {speedup} |")
+    print(f"| {run} | {step if step is not None else '-'} | {loss if loss is not None else '-'} | {gap(loss, base_loss)} | "
+          f"{gap(loss, final.get(adamw_run)) if adamw_run else '-'} | {tok if tok else '-'} | {speedup} |")
 EOF
-echo "wrote $OUT/loss.png"
+echo "wrote $OUT/loss.png and $OUT/summary.md"

@@ -58,6 +58,32 @@ def test_compare_trains_bf16_and_each_recipe(data, tmp_path):
     assert (out / "loss.png").stat().st_size > 0
 
 
+def test_compare_trains_each_optimizer(data, tmp_path):
+    """OPTIMIZERS="adamw adamw8": every precision with both optimizers; adamw8 rows set against their fp32 AdamW run"""
+    out = tmp_path / "cmp"
+    result = run_script("compare_bf16_fp8.sh",
+                        ["-b", 2, "-t", 32, "-u", 1, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
+                         "-m", 2, "-n", 0],
+                        {"MODEL": "tiny", "STEPS": "4", "RECIPES": "delayed", "OPTIMIZERS": "adamw adamw8", "OUT": str(out)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    optimizers = re.findall(r"^precision .* \| optimizer (\w+)", result.stdout, re.M)
+    assert optimizers == ["adamw", "adamw8", "adamw", "adamw8"], result.stdout[-3000:]
+    table = (out / "summary.md").read_text()
+    assert table in result.stdout
+    rows = {r[0]: r for r in re.findall(r"^\| (\w+) \| 4 \| ([\d.]+) \| ([-+\d.%]+) \| ([-+\d.%]+) \|", table, re.M)}
+    assert list(rows) == ["bf16", "bf16_adamw8", "fp8_delayed", "fp8_delayed_adamw8"], table
+    assert rows["bf16"][2] == "+0.00%" and rows["bf16"][3] == "-" and rows["fp8_delayed"][3] == "-"
+    for run, baseline in (("bf16_adamw8", "bf16"), ("fp8_delayed_adamw8", "fp8_delayed")):
+        expected = 100 * (float(rows[run][1]) / float(rows[baseline][1]) - 1)
+        assert rows[run][3] == f"{expected:+.2f}%", (run, table)
+
+
+def test_compare_refuses_an_unknown_optimizer(tmp_path):
+    result = run_script("compare_bf16_fp8.sh", [], {"OPTIMIZERS": "adamw sgd", "OUT": str(tmp_path / "cmp")})
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ["error: OPTIMIZERS: 'sgd' is not an optimizer (expected adamw or adamw8)"]
+
+
 def test_compare_refuses_an_unknown_recipe(tmp_path):
     result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": "delayed fast", "OUT": str(tmp_path / "cmp")})
     assert result.returncode != 0
