@@ -11,7 +11,8 @@
 #   bash dev/gpu_session.sh bench   # dev/bench/bench.py --quick; its files are copied to the logs
 #   bash dev/gpu_session.sh parity  # loss parity on the offline corpus (carry dev/data/offline):
 #                                   # d12, PARITY_STEPS (2000) steps each of bf16, bf16 + adamw8,
-#                                   # FP8 delayed, FP8 delayed + adamw8 (scripts/compare_bf16_fp8.sh);
+#                                   # FP8 delayed, FP8 delayed + adamw8, then FP8 delayed with an
+#                                   # FP8 lm_head (scripts/compare_bf16_fp8.sh, twice: summary_*.md);
 #                                   # runs resume from their checkpoints, so a call that runs out
 #                                   # of time goes on in the next one on the same (warm) machine
 #   bash dev/gpu_session.sh sanitize  # compute-sanitizer memcheck over the kernel test binaries
@@ -57,16 +58,29 @@ case "$stage" in
         [ -n "$newest" ] && cp "$newest" "${newest%.md}.json" "$LOG_DIR/" 2>/dev/null
         ;;
     parity)
-        if ! compgen -G "dev/data/offline/offline_train_*.bin" >/dev/null || [ ! -f dev/data/offline/gpt2_tokenizer.bin ]; then
-            echo "error: dev/gpu_session.sh: parity needs the offline corpus: carry dev/data/offline (bash dev/data/prepare_default.sh makes it)" >&2
+        # PARITY_* override the run for a dry run without a GPU (test/test_scripts.py: the CPU trainer)
+        trainer=${PARITY_TRAINER:-./train_gpt2_fp8}
+        train=${PARITY_TRAIN:-dev/data/offline/offline_train_*.bin}
+        val=${PARITY_VAL:-dev/data/offline/offline_val_*.bin}
+        out=${PARITY_OUT:-build/parity}
+        if ! compgen -G "$train" >/dev/null || ! compgen -G "$val" >/dev/null; then
+            echo "error: dev/gpu_session.sh: parity needs the offline corpus ($train, $val): carry dev/data/offline (bash dev/data/prepare_default.sh makes it)" >&2
             exit 1
         fi
-        build_all || exit 1
-        time env OUT=build/parity MODEL=d12 STEPS="${PARITY_STEPS:-2000}" RECIPES=delayed OPTIMIZERS="adamw adamw8" \
-            LLM8_TRAINER=./train_gpt2_fp8 PYTHON="$PYTHON" bash scripts/compare_bf16_fp8.sh 2>&1 | tee -a "$LOG_DIR/parity.log"
-        status=${PIPESTATUS[0]}
-        cp build/parity/loss.png build/parity/summary.md "$LOG_DIR/" 2>/dev/null
-        for run in build/parity/*/; do cp "$run/main.log" "$LOG_DIR/parity_$(basename "$run").log" 2>/dev/null; done
+        [ -n "${PARITY_TRAINER:-}" ] || build_all || exit 1
+        read -r -a extra <<< "${PARITY_ARGS:-}"
+        # (set, RECIPES, OPTIMIZERS): the second set resumes the first's finished bf16 and FP8 runs
+        status=0
+        for set in "optimizers|delayed|adamw adamw8" "lm_head|delayed delayed+lm_head|adamw"; do
+            IFS='|' read -r name recipes optimizers <<< "$set"
+            time env OUT="$out" MODEL="${PARITY_MODEL:-d12}" STEPS="${PARITY_STEPS:-2000}" RECIPES="$recipes" \
+                OPTIMIZERS="$optimizers" LLM8_TRAINER="$trainer" PYTHON="$PYTHON" \
+                bash scripts/compare_bf16_fp8.sh -i "$train" -j "$val" "${extra[@]}" 2>&1 | tee -a "$LOG_DIR/parity.log"
+            [ "${PIPESTATUS[0]}" -eq 0 ] || { status=1; break; }
+            cp "$out/summary.md" "$LOG_DIR/summary_$name.md"
+            cp "$out/loss.png" "$LOG_DIR/loss_$name.png"
+        done
+        for run in "$out"/*/; do cp "$run/main.log" "$LOG_DIR/parity_$(basename "$run").log" 2>/dev/null; done
         exit "$status"
         ;;
     sanitize)

@@ -10,6 +10,7 @@
 #
 #   bash scripts/compare_bf16_fp8.sh                                   # d12, 2000 steps, delayed
 #   RECIPES="delayed current block" bash scripts/compare_bf16_fp8.sh   # every recipe, one PNG
+#   RECIPES="delayed delayed+lm_head" bash scripts/compare_bf16_fp8.sh # +lm_head: lm_head in FP8 too (-f8 all)
 #   OPTIMIZERS="adamw adamw8" bash scripts/compare_bf16_fp8.sh         # bf16 and FP8, each optimizer
 #   MODEL=d24 STEPS=5000 OUT=log_cmp bash scripts/compare_bf16_fp8.sh -b 32
 #
@@ -30,11 +31,16 @@ TRAINER="${LLM8_TRAINER:-./train_gpt2_fp8}"
 PYTHON="${PYTHON:-python3}"
 
 [[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
-precisions=(bf16)
+# each precision: its run name (directory and plot label) and its flags
+names=(bf16)
+flags=("-p bf16")
 for recipe in $RECIPES; do
     case "$recipe" in
-        delayed|current|block) precisions+=("fp8_$recipe") ;;
-        *) echo "error: RECIPES: '$recipe' is not an FP8 recipe (expected delayed, current or block)" >&2; exit 2 ;;
+        delayed|current|block) names+=("fp8_$recipe"); flags+=("-p fp8 -fr $recipe") ;;
+        delayed+lm_head|current+lm_head|block+lm_head)
+            names+=("fp8_${recipe%+lm_head}_lm_head"); flags+=("-p fp8 -fr ${recipe%+lm_head} -f8 all") ;;
+        *) echo "error: RECIPES: '$recipe' is not an FP8 recipe (expected delayed, current or block, each optionally +lm_head)" >&2
+           exit 2 ;;
     esac
 done
 for optimizer in $OPTIMIZERS; do
@@ -43,21 +49,21 @@ for optimizer in $OPTIMIZERS; do
         *) echo "error: OPTIMIZERS: '$optimizer' is not an optimizer (expected adamw or adamw8)" >&2; exit 2 ;;
     esac
 done
-# run names: the precision, then _adamw8 for the 8-bit optimizer (fp32 AdamW is the plain name)
+# every precision with every optimizer: fp32 AdamW keeps the plain name, adamw8 adds _adamw8
 runs=()
-for precision in "${precisions[@]}"; do
+run_flags=()
+for i in "${!names[@]}"; do
     for optimizer in $OPTIMIZERS; do
-        if [[ "$optimizer" == adamw ]]; then runs+=("$precision"); else runs+=("${precision}_$optimizer"); fi
+        suffix=""
+        [[ "$optimizer" == adamw ]] || suffix="_$optimizer"
+        runs+=("${names[$i]}$suffix")
+        run_flags+=("${flags[$i]} -opt $optimizer")
     done
 done
-for run in "${runs[@]}"; do
-    optimizer=adamw
-    name="$run"
-    if [[ "$name" == *_adamw8 ]]; then optimizer=adamw8; name="${name%_adamw8}"; fi
-    precision=(-p bf16)
-    [[ "$name" == bf16 ]] || precision=(-p fp8 -fr "${name#fp8_}")
-    "$TRAINER" -e "$MODEL" "${precision[@]}" -opt "$optimizer" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u 200 -q 0.0 \
-        -c 0.1 -v 100 -s 0 -n 500 -o "$OUT/$run" -y 1 "$@"
+for i in "${!runs[@]}"; do
+    read -r -a precision <<< "${run_flags[$i]}"
+    "$TRAINER" -e "$MODEL" "${precision[@]}" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u 200 -q 0.0 -c 0.1 -v 100 -s 0 \
+        -n 500 -o "$OUT/${runs[$i]}" -y 1 "$@"
 done
 
 dirs=()

@@ -71,9 +71,10 @@ def test_optimizer_and_weight_cast_time_from_the_breakdown():
     assert bench.optimizer_and_weight_cast_ms(breakdown_text([("adamw", 2.0)]), "adamw") is None  # a bf16 run: no casts
 
 
-def train_record(model, optimizer, weights, tok_s, cast_ms, loss, recipe="delayed"):
+def train_record(model, optimizer, weights, tok_s, cast_ms, loss, recipe="delayed", lm_head="bf16"):
     return {"benchmark": "train", "model": model, "precision": "fp8", "recipe": recipe, "optimizer": optimizer,
-            "weight_scaling": weights, "tok_per_s": tok_s, "optimizer_weight_cast_ms": cast_ms, "final_loss": loss}
+            "weight_scaling": weights, "lm_head": lm_head, "tok_per_s": tok_s, "optimizer_weight_cast_ms": cast_ms,
+            "final_loss": loss}
 
 
 def test_weight_cast_comparison_pairs_current_and_delayed_runs():
@@ -88,6 +89,7 @@ def test_weight_cast_comparison_pairs_current_and_delayed_runs():
         train_record("d48", "adamw", "current", 50000.0, 20.0, 7.0),  # its delayed run failed: no pair
         {"benchmark": "train", "model": "d48", "recipe": "delayed", "optimizer": "adamw", "weight_scaling": "delayed", "error": "OOM"},
         train_record("d12", "adamw", "current", 1.0, 1.0, 1.0, recipe="block"),  # unpaired recipe
+        train_record("d12", "adamw", "delayed", 2.0, 2.0, 2.0, lm_head="fp8"),  # an FP8 lm_head run is not -fw's pair
         {"benchmark": "gemm", "record": "time"},
     ]
     rows = bench.weight_cast_comparison(records)
@@ -105,9 +107,39 @@ def test_weight_cast_comparison_pairs_current_and_delayed_runs():
 def test_bench_runs_both_weight_scalings():
     """the default recipe is timed under both -fw values, with either optimizer"""
     bench = load_bench()
-    fp8 = [(recipe, optimizer, weights) for precision, recipe, optimizer, weights in bench.RUNS if precision == "fp8"]
+    fp8 = [(recipe, optimizer, weights) for precision, recipe, optimizer, weights, lm_head in bench.RUNS
+           if precision == "fp8" and lm_head == "bf16"]
     assert {(optimizer, weights) for recipe, optimizer, weights in fp8 if recipe == "delayed"} == {
         ("adamw", "current"), ("adamw", "delayed"), ("adamw8", "current"), ("adamw8", "delayed")}
+
+
+def test_bench_runs_the_default_fp8_run_with_an_fp8_lm_head():
+    """the lm_head default is decided on a pair: the default FP8 run with lm_head in bf16 and in FP8"""
+    bench = load_bench()
+    assert ("fp8", "delayed", "adamw", "current", "bf16") in bench.RUNS
+    assert ("fp8", "delayed", "adamw", "current", "fp8") in bench.RUNS
+    assert all((lm_head == "-") == (precision == "bf16") for precision, _, _, _, lm_head in bench.RUNS)
+
+
+def test_lm_head_comparison_pairs_bf16_and_fp8_lm_heads():
+    bench = load_bench()
+    records = [
+        train_record("d12", "adamw", "current", 500000.0, 2.0, 7.25),
+        train_record("d12", "adamw", "delayed", 510000.0, 1.5, 7.26),  # no FP8 lm_head twin
+        train_record("d12", "adamw", "current", 560000.0, 2.0, 7.27, lm_head="fp8"),
+        train_record("d48", "adamw", "current", 50000.0, 20.0, 7.0),
+        {"benchmark": "train", "model": "d48", "precision": "fp8", "recipe": "delayed", "optimizer": "adamw",
+         "weight_scaling": "current", "lm_head": "fp8", "error": "OOM"},
+        {"benchmark": "train", "model": "d12", "precision": "bf16", "recipe": "-", "optimizer": "adamw", "weight_scaling": "-",
+         "lm_head": "-", "tok_per_s": 450000.0, "final_loss": 7.2},
+    ]
+    rows = bench.lm_head_comparison(records)
+    assert [(r["model"], r["weight_scaling"]) for r in rows] == [("d12", "current")]
+    assert rows[0]["tok_per_s"] == (500000.0, 560000.0) and abs(rows[0]["speedup"] - 1.12) < 1e-12
+    assert rows[0]["final_loss"] == (7.25, 7.27)
+    markdown = bench.lm_head_markdown(rows).splitlines()
+    assert markdown[0] == "## FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)"
+    assert "| d12 | delayed | adamw | current | 500000 | 560000 | 1.120x | 7.2500 | 7.2700 |" in markdown
 
 
 GEMM_SOURCE = os.path.join(ROOT, "dev", "bench", "bench_gemm.cu")

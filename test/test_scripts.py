@@ -1,5 +1,6 @@
 """
-The run scripts (scripts/run_gpt2_<size>_<precision>.sh) and scripts/compare_bf16_fp8.sh,
+The run scripts (scripts/run_gpt2_<size>_<precision>.sh), scripts/compare_bf16_fp8.sh and
+dev/gpu_session.sh's parity stage (which drives it on the GPU),
 run end to end with the CPU trainer (LLM8_TRAINER=./train_gpt2cpu, which shares the GPU
 trainer's flag table) on the tiny model: every flag a script passes must parse and pass its
 range check (the test's flags come last and only shrink the run: model, data, batch, steps),
@@ -47,15 +48,25 @@ def test_compare_trains_bf16_and_each_recipe(data, tmp_path):
     out = tmp_path / "cmp"
     result = run_script("compare_bf16_fp8.sh",
                         ["-b", 2, "-t", 32, "-u", 1, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
-                         "-m", 2, "-n", 0],
-                        {"MODEL": "tiny", "STEPS": "4", "RECIPES": "delayed block", "OUT": str(out)})
+                         "-m", 2, "-n", 4],
+                        {"MODEL": "tiny", "STEPS": "4", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
     assert result.returncode == 0, result.stderr[-2000:]
-    recipes = re.findall(r"^precision fp8 emulated, recipe (\w+)", result.stdout, re.M)
-    assert recipes == ["delayed", "block"], result.stdout[-3000:]
+    fp8_runs = re.findall(r"^precision fp8 emulated, recipe (\w+),(.*)\| optimizer", result.stdout, re.M)
+    assert [recipe for recipe, _ in fp8_runs] == ["delayed", "block"], result.stdout[-3000:]
+    assert ["lm_head=fwd,dgrad,wgrad" in passes for _, passes in fp8_runs] == [False, True], fp8_runs  # +lm_head: -f8 all
     table = result.stdout.split("| run | step | final val loss |")[-1]
     rows = re.findall(r"^\| (bf16|fp8_\w+) \| 4 \| ([\d.]+) \|", table, re.M)
-    assert [r for r, _ in rows] == ["bf16", "fp8_delayed", "fp8_block"], result.stdout[-2000:]
+    assert [r for r, _ in rows] == ["bf16", "fp8_delayed", "fp8_block_lm_head"], result.stdout[-2000:]
     assert (out / "loss.png").stat().st_size > 0
+
+    # run again on the same OUT: every run is complete (checkpointed at its last step), so each resumes
+    # there and the table is the same
+    again = run_script("compare_bf16_fp8.sh",
+                       ["-b", 2, "-t", 32, "-u", 1, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
+                        "-m", 2, "-n", 4],
+                       {"MODEL": "tiny", "STEPS": "4", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert re.findall(r"^\| (bf16|fp8_\w+) \| 4 \| ([\d.]+) \|", again.stdout.split("| run | step |")[-1], re.M) == rows
 
 
 def test_compare_trains_each_optimizer(data, tmp_path):
@@ -88,4 +99,32 @@ def test_compare_refuses_an_unknown_recipe(tmp_path):
     result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": "delayed fast", "OUT": str(tmp_path / "cmp")})
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
-        "error: RECIPES: 'fast' is not an FP8 recipe (expected delayed, current or block)"]
+        "error: RECIPES: 'fast' is not an FP8 recipe (expected delayed, current or block, each optionally +lm_head)"]
+
+
+def test_gpu_session_parity_stage_dry_run(data, tmp_path):
+    """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: both sets of
+    runs train, the second resumes the first's finished runs, and the logs a call returns are there"""
+    logs = tmp_path / "logs"
+    env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL="tiny", PARITY_STEPS="4",
+               PARITY_TRAIN=str(data / "d_train_*.bin"), PARITY_VAL=str(data / "d_val_*.bin"),
+               PARITY_OUT=str(tmp_path / "parity"), PARITY_ARGS="-b 2 -t 32 -u 1 -v 2 -m 2 -n 4")
+    result = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_session.sh"), "parity"], capture_output=True,
+                            text=True, timeout=600, cwd=ROOT, env=env)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
+    optimizers = (logs / "summary_optimizers.md").read_text()
+    assert re.findall(r"^\| (\w+) \| 4 \|", optimizers, re.M) == ["bf16", "bf16_adamw8", "fp8_delayed", "fp8_delayed_adamw8"]
+    lm_head = (logs / "summary_lm_head.md").read_text()
+    assert re.findall(r"^\| (\w+) \| 4 \|", lm_head, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_lm_head"]
+    parity_log = (logs / "parity.log").read_text()
+    assert parity_log.count("resumed from") == 2, parity_log[-3000:]  # bf16 and fp8_delayed, in the second set
+    for name in ("loss_optimizers.png", "loss_lm_head.png", "parity_fp8_delayed_lm_head.log"):
+        assert (logs / name).stat().st_size > 0, name
+
+
+def test_gpu_session_parity_stage_needs_the_corpus(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path / "logs"), PARITY_TRAINER=CPU, PARITY_TRAIN=str(tmp_path / "none_*.bin"))
+    result = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_session.sh"), "parity"], capture_output=True,
+                            text=True, timeout=60, cwd=ROOT, env=env)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "parity needs the offline corpus" in result.stderr and "carry dev/data/offline" in result.stderr

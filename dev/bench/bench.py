@@ -7,7 +7,9 @@ of each run (-kt 1). FP8 runs are made with both weight scalings (-fw current: a
 after the optimizer step; -fw delayed: the optimizer step writes the codes): a "FP8 weight
 cast" section sets their tok/s and their optimizer + weight-cast time (the -kt 1 rows
 "adamw"/"adamw8" and "fp8 weight casts") side by side, the figures that pick -fw's default
-(DESIGN.md section 3). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
+(DESIGN.md section 3). The default FP8 run is also made with lm_head in FP8 (-f8 all): an "FP8
+lm_head" section sets its tok/s beside the bf16 lm_head's (lm_head's loss parity comes from
+scripts/compare_bf16_fp8.sh, dev/gpu_session.sh parity). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
 in bf16 and in FP8, with and without the casts around them, for the same model sizes; its
 tables and a summary against DESIGN.md section 7's "FP8 GEMMs incl. casts over bf16 GEMMs"
 targets go into a "Per-GEMM FP8 vs bf16" section of the markdown, and its JSON lines into
@@ -46,10 +48,13 @@ GEMM_BENCH = os.path.join(ROOT, "bench_gemm")
 # models recompute GELU (-r 1) so that they fit in an H100's 80 GB
 FULL_CONFIGS = [("d12", 64, 0), ("d24", 32, 0), ("d36", 16, 1), ("d48", 16, 1)]
 QUICK_CONFIGS = [("d12", 64, 0), ("d48", 16, 1)]
-# (precision, FP8 recipe, optimizer, FP8 weight scaling -fw): each is its own record; lm_head stays bf16 (the default)
-RUNS = [("bf16", "-", "adamw", "-"), ("fp8", "delayed", "adamw", "current"), ("fp8", "delayed", "adamw", "delayed"),
-        ("fp8", "current", "adamw", "current"), ("fp8", "block", "adamw", "-"),
-        ("bf16", "-", "adamw8", "-"), ("fp8", "delayed", "adamw8", "current"), ("fp8", "delayed", "adamw8", "delayed")]
+# (precision, FP8 recipe, optimizer, FP8 weight scaling -fw, lm_head's precision): each is its own
+# record; lm_head "fp8" adds -f8 all (the default -f8 keeps it bf16)
+RUNS = [("bf16", "-", "adamw", "-", "-"), ("fp8", "delayed", "adamw", "current", "bf16"),
+        ("fp8", "delayed", "adamw", "delayed", "bf16"), ("fp8", "delayed", "adamw", "current", "fp8"),
+        ("fp8", "current", "adamw", "current", "bf16"), ("fp8", "block", "adamw", "-", "bf16"),
+        ("bf16", "-", "adamw8", "-", "-"), ("fp8", "delayed", "adamw8", "current", "bf16"),
+        ("fp8", "delayed", "adamw8", "delayed", "bf16")]
 # the -kt 1 row of the FP8 weight casts after the optimizer step (with -fw delayed: the scale
 # bookkeeping and W^T from the codes the step wrote)
 WEIGHT_CAST_ROW = "fp8 weight casts"
@@ -145,15 +150,16 @@ def optimizer_and_weight_cast_ms(breakdown, optimizer):
     return step + cast if step is not None and cast is not None else None
 
 
-def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, steps, data_path):
+def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path):
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
            "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute), "-opt", optimizer]
     if precision == "fp8":
         cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
+        cmd += ["-f8", "all"] if lm_head == "fp8" else []
     print("running:", " ".join(cmd), flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
-              "command": " ".join(cmd[1:])}
+              "lm_head": lm_head, "command": " ".join(cmd[1:])}
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
         return dict(failed, error=(result.stderr.strip().splitlines() or ["exit %d" % result.returncode])[-1])
@@ -164,7 +170,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, st
     mfus = [s["mfu"] for s in timed if s["mfu"] is not None]
     return {
         "model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
-        "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
+        "lm_head": lm_head, "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
         "tok_per_s": statistics.median(s["tok_s"] for s in timed),
         "ms_per_step": statistics.median(s["ms"] for s in timed),
         "mfu": statistics.median(mfus) if mfus else None,
@@ -175,6 +181,38 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, st
         "command": "./train_gpt2_fp8 " + " ".join(cmd[1:]),
         "kernel_breakdown": breakdown,
     }
+
+
+def lm_head_comparison(records):
+    """pairs each FP8 run with lm_head in FP8 with the same run with lm_head in bf16 (model, recipe,
+    optimizer, -fw): tok/s and final loss of each, and FP8 lm_head over bf16"""
+    runs = {}
+    for r in records:
+        if r.get("benchmark") == "train" and "error" not in r and r.get("precision") == "fp8":
+            runs.setdefault((r["model"], r["recipe"], r["optimizer"], r["weight_scaling"]), {})[r["lm_head"]] = r
+    rows = []
+    for (model, recipe, optimizer, weights), pair in runs.items():
+        if set(pair) != {"bf16", "fp8"}:
+            continue
+        bf16, fp8 = pair["bf16"], pair["fp8"]
+        rows.append({"model": model, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
+                     "tok_per_s": (bf16["tok_per_s"], fp8["tok_per_s"]), "speedup": fp8["tok_per_s"] / bf16["tok_per_s"],
+                     "final_loss": (bf16["final_loss"], fp8["final_loss"])})
+    return rows
+
+
+def lm_head_markdown(rows):
+    """the "FP8 lm_head" section: lm_head in bf16 (the default -f8) vs in FP8 (-f8 all)"""
+    out = ["## FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)", "",
+           "lm_head is 29% of d12's FLOPs. Make FP8 the default only where it is faster here and its loss matches over "
+           "a long run (scripts/compare_bf16_fp8.sh with RECIPES=\"delayed delayed+lm_head\"; dev/gpu_session.sh parity).", "",
+           "| model | recipe | optimizer | -fw | tok/s bf16 lm_head | tok/s FP8 lm_head | FP8 / bf16 | final loss bf16 | FP8 |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        out.append(f"| {row['model']} | {row['recipe']} | {row['optimizer']} | {row['weight_scaling']} | "
+                   f"{row['tok_per_s'][0]:.0f} | {row['tok_per_s'][1]:.0f} | {row['speedup']:.3f}x | "
+                   f"{row['final_loss'][0]:.4f} | {row['final_loss'][1]:.4f} |")
+    return "\n".join(out + [""])
 
 
 def run_ranks(ranks, precision, steps, data_path, T, zero=1):
@@ -228,11 +266,12 @@ def ranks_markdown(records):
 
 
 def weight_cast_comparison(records):
-    """pairs the -fw current and -fw delayed runs of each (model, recipe, optimizer), in the order
-    measured: tok/s, optimizer + weight-cast ms and final loss of each, and delayed over current"""
+    """pairs the -fw current and -fw delayed runs of each (model, recipe, optimizer), lm_head bf16, in
+    the order measured: tok/s, optimizer + weight-cast ms and final loss of each, and delayed over current"""
     runs = {}
     for r in records:
-        if r.get("benchmark") == "train" and "error" not in r and r.get("weight_scaling") in ("current", "delayed"):
+        if r.get("benchmark") == "train" and "error" not in r and r.get("weight_scaling") in ("current", "delayed") \
+                and r.get("lm_head") == "bf16":
             runs.setdefault((r["model"], r["recipe"], r["optimizer"]), {})[r["weight_scaling"]] = r
     rows = []
     for (model, recipe, optimizer), pair in runs.items():
@@ -383,10 +422,10 @@ def main():
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     records = []
     for model, B, recompute in configs:
-        for precision, recipe, optimizer, weights in RUNS:
+        for precision, recipe, optimizer, weights, lm_head in RUNS:
             if optimizer == "adamw8" and model not in ADAMW8_MODELS:
                 continue
-            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, steps, data_path)
+            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path)
             rec.update({"benchmark": "train", "device": device, "commit": commit, "date": date})
             records.append(rec)
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
@@ -419,29 +458,32 @@ def main():
     with open(base + ".md", "w") as f:
         f.write(f"# Benchmark {date} on {device}\n\ncommit `{commit}`, command `python dev/bench/bench.py{' --quick' if args.quick else ''}`, "
                 f"synthetic tokens, T={T}, {steps} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
-        f.write("| model | precision | recipe | optimizer | -fw | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| model | precision | recipe | optimizer | -fw | lm_head | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in records:
             if r["benchmark"] != "train":
                 continue
             if "error" in r:
                 f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | "
-                        f"{r.get('weight_scaling', '')} | | | error: {r['error']} | | | | |\n")
+                        f"{r.get('weight_scaling', '')} | {r.get('lm_head', '')} | | | error: {r['error']} | | | | |\n")
                 continue
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
             opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
-            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | {r['B']} | "
+            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | {r['lm_head']} | {r['B']} | "
                     f"{r['T']} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
         comparison = weight_cast_comparison(records)
         if comparison:
             f.write(f"\n{weight_cast_markdown(comparison)}")
+        lm_head_rows = lm_head_comparison(records)
+        if lm_head_rows:
+            f.write(f"\n{lm_head_markdown(lm_head_rows)}")
         if gemm_section:
             f.write(f"\n{gemm_section}")
         if ranks_records:
             f.write("\n" + ranks_markdown(ranks_records))
         for r in records:
             if r.get("kernel_breakdown"):
-                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} B={r['B']}: "
+                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} lm_head {r['lm_head']} B={r['B']}: "
                         f"per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
     print("wrote", base + ".md", "and", base + ".json")
     if any("error" in r for r in records):
