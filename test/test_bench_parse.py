@@ -11,7 +11,6 @@ each model's whole-model fwd+bwd ratios and nothing else, in the markdown next t
 targets; malformed lines are refused naming the line; and ./bench_gemm's bad flags end with
 one "error:" line before any CUDA call.
 """
-import json
 import os
 import random
 import re
@@ -20,6 +19,7 @@ import tempfile
 
 import pytest
 
+from bench_stubs import breakdown_text, comm_line, progress_format, synthetic_gemm_json
 from dev_modules import load_dev_bench_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,13 +27,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def load_bench():
     return load_dev_bench_module("bench")
-
-
-def progress_format():
-    source = open(os.path.join(ROOT, "train_gpt2_fp8.cu")).read()
-    match = re.search(r'printf\("(step %5d/%d \| loss[^"]*)\\n"', source)
-    assert match, "progress line printf not found in train_gpt2_fp8.cu"
-    return match.group(1)
 
 
 def test_bench_parses_the_trainer_progress_line():
@@ -47,16 +40,6 @@ def test_bench_parses_the_trainer_progress_line():
     assert steps[0] == {"step": 1, "loss": 10.4, "ms": 141.0, "tok_s": 468001, "mfu": 0.382, "mem_mib": 61234}
     assert steps[3]["mfu"] is None
     assert breakdown.startswith("kernel breakdown")
-
-
-def breakdown_text(rows):
-    """a -kt 1 breakdown in llmc/profiler.h's format (its fprintf formats, filled in)"""
-    source = open(os.path.join(ROOT, "llmc", "profiler.h")).read()
-    row_format = re.search(r'fprintf\(out, "(\| %s \| %\.3f \| %\.1f%% \| %ld \|)\\n"', source)
-    assert row_format, "the breakdown's row fprintf not found in llmc/profiler.h"
-    lines = ["kernel breakdown over 8 steps (ms per step):", "| kernel | ms/step | share | calls/step |", "|---|---|---|---|"]
-    lines += [row_format.group(1) % (name, ms, 10.0, 1) for name, ms in rows]
-    return "\n".join(lines)
 
 
 def test_optimizer_and_weight_cast_time_from_the_breakdown():
@@ -144,7 +127,6 @@ def test_lm_head_comparison_pairs_bf16_and_fp8_lm_heads():
 
 GEMM_SOURCE = os.path.join(ROOT, "dev", "bench", "bench_gemm.cu")
 GEMM_BINARY = os.path.join(ROOT, "bench_gemm")
-LINEARS = ["qkv", "attproj", "fc", "fcproj", "lm_head", "total"]
 
 
 def test_every_required_gemm_field_is_written_by_bench_gemm():
@@ -153,29 +135,6 @@ def test_every_required_gemm_field_is_written_by_bench_gemm():
     for kind, fields in bench.GEMM_RECORD_FIELDS.items():
         for field in ("record",) + fields:
             assert f'\\"{field}\\":' in source, f"bench.py requires {field!r} of {kind} records; bench_gemm.cu never writes it"
-
-
-def synthetic_gemm_json(rng):
-    """bench_gemm-shaped JSON lines with random figures, and the whole-model fwd+bwd ratios in them"""
-    lines = [{"record": "run", "device": "Fake GPU", "cublaslt_version": 1, "iters": 5, "warmup": 2, "repeats": 5, "T": 1024}]
-    expected = {}
-    for model, B, has_block in (("d12", 64, True), ("d48", 16, False)):
-        variants = ["bf16", "fp8", "fp8+cast"] + (["block", "block+cast"] if has_block else [])
-        for linear in LINEARS:
-            for p in ("fwd", "bwd", "fwd+bwd"):
-                for v in variants:
-                    lines.append({"record": "time", "model": model, "linear": linear, "B": B, "T": 1024, "pass": p,
-                                  "variant": v, "derived": linear == "total", "ms": rng.uniform(0.1, 5.0),
-                                  "tflops": rng.uniform(100, 1500)})
-                for v in variants[1:]:
-                    ratio = rng.uniform(0.5, 2.5)
-                    lines.append({"record": "ratio", "model": model, "linear": linear, "B": B, "T": 1024, "pass": p,
-                                  "variant": v, "ratio": ratio})
-                    if linear == "total" and p == "fwd+bwd":
-                        expected[(model, v)] = ratio
-        if not has_block:
-            lines.append({"record": "skip", "model": model, "variant": "block", "reason": "block recipe not measured: this cuBLASLt has no block-scaled algorithm for qkv's forward"})
-    return "\n".join(json.dumps(line) for line in lines) + "\n", expected
 
 
 def test_gemm_summary_takes_the_whole_model_fwd_bwd_ratios():
@@ -251,22 +210,6 @@ def test_bench_gemm_help_lists_its_flags():
     assert result.returncode == 0
     for flag in ("--models", "--iters", "--warmup", "--json"):
         assert flag in result.stdout
-
-
-def comm_line(values_mb, reduce_type):
-    """the trainer's `comm |` line, built from zero_comm_print_traffic's own formats and names"""
-    source = open(os.path.join(ROOT, "llmc", "zero_comm.cuh")).read()
-    body = source[source.index("static void zero_comm_print_traffic"):]
-    body = body[:body.index("\n}\n")]
-    names = re.findall(r'"([^"]+)"', re.search(r"ZERO_TRAFFIC_NAMES\[ZERO_TRAFFIC_KINDS\] = \{([^}]*)\}", source, re.S).group(1))
-    head, item, reduce_note, tail = re.findall(r'printf\("((?:[^"\\]|\\.)*)"', body)
-    assert len(names) == len(values_mb) == 4, names
-    line = head % 1
-    for k, (name, mb) in enumerate(zip(names, values_mb)):
-        line += item % ("" if k == 0 else ",", name, mb)
-        if k == 0:
-            line += reduce_note % reduce_type
-    return line + tail.replace("\\n", "\n") % sum(values_mb), names
 
 
 @pytest.mark.parametrize("reduce_type", ["bf16", "fp32"])

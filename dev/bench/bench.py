@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -150,16 +151,22 @@ def optimizer_and_weight_cast_ms(breakdown, optimizer):
     return step + cast if step is not None and cast is not None else None
 
 
+def command_text(cmd):
+    """a command as typed in the repository root, for the records and the markdown: ./<binary> and
+    the arguments quoted where a shell needs it (-j '', the empty val pattern, stays an argument)"""
+    return shlex.join(["./" + os.path.basename(cmd[0])] + cmd[1:])
+
+
 def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path):
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
            "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute), "-opt", optimizer]
     if precision == "fp8":
         cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
         cmd += ["-f8", "all"] if lm_head == "fp8" else []
-    print("running:", " ".join(cmd), flush=True)
+    print("running:", shlex.join(cmd), flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
-              "lm_head": lm_head, "command": " ".join(cmd[1:])}
+              "lm_head": lm_head, "command": command_text(cmd)}
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
         return dict(failed, error=(result.stderr.strip().splitlines() or ["exit %d" % result.returncode])[-1])
@@ -178,7 +185,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         "final_loss": timed[-1]["loss"],
         "optimizer_ms": optimizer_ms(breakdown, optimizer),
         "optimizer_weight_cast_ms": optimizer_and_weight_cast_ms(breakdown, optimizer) if precision == "fp8" else None,
-        "command": "./train_gpt2_fp8 " + " ".join(cmd[1:]),
+        "command": command_text(cmd),
         "kernel_breakdown": breakdown,
     }
 
@@ -222,7 +229,7 @@ def run_ranks(ranks, precision, steps, data_path, T, zero=1):
     cmd = [TRAINER, "-e", RANKS_MODEL, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps), "-i", data_path,
            "-j", "", "-v", "0", "-s", "0", "-fn", "0", "-d", str(RANKS_B * T), "-z", str(zero)]
     record = {"model": RANKS_MODEL, "precision": precision, "ranks": ranks, "zero": zero, "B": B, "T": T,
-              "command": ("NCCL_MULTI_RANK_GPU_ENABLE=1 " if ranks > 1 else "") + " ".join(cmd[1:]) + (f" -pn {ranks} -pr R -pi fs -pf DIR" if ranks > 1 else "")}
+              "command": ("NCCL_MULTI_RANK_GPU_ENABLE=1 " if ranks > 1 else "") + command_text(cmd) + (f" -pn {ranks} -pr R -pi fs -pf DIR" if ranks > 1 else "")}
     env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
     with tempfile.TemporaryDirectory(prefix="llm8_bench_ranks_") as fs_dir:
         rank_cmds = [cmd + (["-pn", str(ranks), "-pr", str(r), "-pi", "fs", "-pf", fs_dir] if ranks > 1 else []) for r in range(ranks)]
@@ -373,7 +380,7 @@ def run_gemm(models, quick, device, commit):
     iters, warmup = GEMM_ITERS[quick]
     json_path = os.path.join("build", "bench_gemm.jsonl")  # relative to ROOT, so the command is the one to type
     cmd = [GEMM_BENCH, "--models", ",".join(models), "--iters", str(iters), "--warmup", str(warmup), "--json", json_path]
-    command = "./bench_gemm " + " ".join(cmd[1:])
+    command = command_text(cmd)
     print("running:", command, flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     print(result.stdout, flush=True)

@@ -1,0 +1,209 @@
+"""
+dev/bench/bench.py runs on a GPU only in scarce, time-limited device sessions, and writes its
+markdown and JSON only after minutes of measurements: a crash there (a KeyError in a table, a
+bad path) would throw the whole session away, and no session before had a GPU to find one. So
+this runs its main() end to end on the CPU, `--quick`, against stub ./train_gpt2_fp8 and
+./bench_gemm executables (test/bench_stubs.py: their output in the real programs' formats,
+taken from the sources, with figures that follow from the flags; the d48 block-recipe run and
+rank 1 of FP8 ZeRO-3 fail), and checks that what it writes is complete and carries the stubs'
+figures through: one JSON record per run (train, gemm, ranks), the main table with a row per
+train run (failed ones included), the -fw, lm_head, per-GEMM and multi-GPU sections, and a
+per-kernel section per successful run. Every recorded command must be one to type again.
+"""
+import glob
+import json
+import os
+import re
+import shlex
+import statistics
+import sys
+
+import pytest
+
+import bench_stubs
+from bench_stubs import breakdown_rows, breakdown_text, comm_line, gemm_json, gemm_table, progress, traffic_mb
+from dev_modules import load_dev_bench_module
+
+STEPS = 6
+DEVICE, COMMIT = "NVIDIA H100 80GB HBM3", "0123456789ab"
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """main() once, with ROOT (the data and bench_gemm's JSON) in a temporary directory; returns
+    (bench module, exit code, JSON records, markdown, markdown file name)"""
+    bench = load_dev_bench_module("bench")
+    root, out = tmp_path_factory.mktemp("root"), tmp_path_factory.mktemp("out")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "ROOT", str(root))
+        trainer, gemm_bench = bench_stubs.install(str(root))
+        mp.setattr(bench, "TRAINER", trainer)
+        mp.setattr(bench, "GEMM_BENCH", gemm_bench)
+        mp.setattr(bench, "gpu_name", lambda: DEVICE)
+        mp.setattr(bench, "git_commit", lambda: COMMIT)
+        mp.setattr(sys, "argv", ["bench.py", "--quick", "--steps", str(STEPS), "--out", str(out)])
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main()
+    [md_path] = glob.glob(os.path.join(out, "*.md"))
+    assert sorted(os.listdir(out)) == sorted([os.path.basename(md_path), os.path.basename(md_path)[:-3] + ".json"])
+    with open(md_path[:-3] + ".json") as f:
+        records = json.load(f)
+    with open(md_path) as f:
+        markdown = f.read()
+    return bench, exit_info.value.code, records, markdown, os.path.basename(md_path)
+
+
+def command_flags(command):
+    """the trainer flags of a recorded command, which must be one to type: [VAR=1] ./train_gpt2_fp8 FLAGS
+    (the rank and the directory of a multi-rank command are placeholders)"""
+    args = shlex.split(command)
+    if re.fullmatch(r"\w+=\S*", args[0]):
+        args = args[1:]
+    assert args[0] == "./train_gpt2_fp8", command
+    return bench_stubs.trainer_flags(args[1:])
+
+
+def expected_figures(bench, flags):
+    """what bench.py must make of the stub trainer's output for these flags"""
+    timed = [progress(flags, step) for step in range(bench.WARMUP_STEPS + 1, STEPS + 1)]
+    mfus = [float(p["mfu"][:-1]) / 100 for p in timed if p["mfu"] != "n/a"]
+    rows = {name: float("%.3f" % ms) for name, ms in breakdown_rows(flags)}
+    cast = rows[flags["-opt"]] + rows["fp8 weight casts"] if flags["-p"] == "fp8" else None
+    return {"tok_per_s": statistics.median(p["tok_s"] for p in timed), "ms_per_step": statistics.median(p["ms"] for p in timed),
+            "mfu": statistics.median(mfus) if mfus else None,
+            "peak_mem_mib": max(progress(flags, step)["mem_mib"] for step in range(1, STEPS + 1)),
+            "final_loss": timed[-1]["loss"], "optimizer_ms": rows[flags["-opt"]], "optimizer_weight_cast_ms": cast}
+
+
+def expected_train_runs(bench):
+    """(model, B, (precision, recipe, optimizer, -fw, lm_head)) of every train record --quick makes, in order"""
+    return [(model, B, run) for model, B, _ in bench.QUICK_CONFIGS for run in bench.RUNS
+            if run[2] != "adamw8" or model in bench.ADAMW8_MODELS]
+
+
+def failed(flags):
+    return bench_stubs.trainer_failure(flags) is not None
+
+
+def train_key(r):
+    return (r["model"], r["precision"], r["recipe"], r["optimizer"], r["weight_scaling"], r["lm_head"])
+
+
+def markdown_sections(markdown):
+    """{heading: body} of the "## " sections (the text before the first under "")"""
+    parts = re.split(r"^## (.*)\n", markdown, flags=re.M)
+    return dict(zip([""] + parts[1::2], parts[0::2]))
+
+
+def test_main_writes_both_files_and_exits_1_for_the_failed_runs(bench_run):
+    bench, code, records, markdown, md_name = bench_run
+    assert code == 1
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d-nvidia-h100-80gb-hbm3-quick\.md", md_name), md_name
+    assert {r["benchmark"] for r in records} == {"train", "gemm", "ranks"}
+    assert all(r["device"] == DEVICE and r["commit"] == COMMIT and md_name.startswith(r["date"]) for r in records)
+    assert [r for r in records if "error" in r] == [
+        r for r in records if r["benchmark"] == "train" and r["model"] == "d48" and r["recipe"] == "block"
+    ] + [r for r in records if r["benchmark"] == "ranks" and r["precision"] == "fp8" and r["zero"] == 3]
+    assert markdown.startswith(f"# Benchmark {md_name[:10]} on {DEVICE}\n") and markdown.endswith("\n")
+
+
+def test_train_records_carry_the_trainer_figures(bench_run):
+    bench, _, records, _, _ = bench_run
+    assert bench_stubs.WARMUP == bench.WARMUP_STEPS  # the stub's slow steps are the ones bench.py drops
+    train = [r for r in records if r["benchmark"] == "train"]
+    assert [train_key(r) for r in train] == [(model,) + run for model, _, run in expected_train_runs(bench)]
+    for r, (model, B, _) in zip(train, expected_train_runs(bench)):
+        flags = command_flags(r["command"])
+        assert (flags["-e"], flags["-b"], flags["-j"], flags["-kt"]) == (model, str(B), "", "1"), r["command"]
+        if failed(flags):
+            assert r["error"] == bench_stubs.trainer_failure(flags)
+            continue
+        assert "error" not in r, r
+        assert {k: r[k] for k in expected_figures(bench, flags)} == expected_figures(bench, flags), r["command"]
+        assert r["kernel_breakdown"] == breakdown_text(breakdown_rows(flags))
+    assert any(r.get("mfu") is None and "error" not in r for r in train) and any(r.get("mfu") for r in train)
+
+
+def test_gemm_and_ranks_records(bench_run):
+    bench, _, records, _, _ = bench_run
+    gemm = [r for r in records if r["benchmark"] == "gemm"]
+    text, _ = gemm_json(["d12", "d48"])
+    added = ("benchmark", "command", "device", "commit", "date")  # bench.py's; its device is the run's (gpu_name())
+    assert [{k: v for k, v in r.items() if k not in added} for r in gemm] == \
+        [{k: v for k, v in json.loads(line).items() if k not in added} for line in text.splitlines()]
+    assert shlex.split(gemm[0]["command"])[:3] == ["./bench_gemm", "--models", "d12,d48"]
+
+    ranks = [r for r in records if r["benchmark"] == "ranks"]
+    assert [(r["precision"], r["ranks"], r["zero"]) for r in ranks] == [
+        (p, n, z) for p in ("bf16", "fp8") for n, z in ((1, 1), (2, 1), (2, 3))]
+    for r in ranks:
+        flags = command_flags(r["command"])
+        assert (flags["-p"], flags["-pn"], flags["-z"], flags["-b"]) == (r["precision"], str(r["ranks"]), str(r["zero"]), str(r["B"]))
+        if r["ranks"] == 2 and r["precision"] == "fp8" and r["zero"] == 3:
+            assert r["error"] == bench_stubs.trainer_failure(dict(flags, **{"-pr": "1"}))
+            continue
+        figures = expected_figures(bench, flags)
+        assert (r["ms_per_step"], r["tok_per_s"]) == (figures["ms_per_step"], figures["tok_per_s"])
+        values = traffic_mb(flags)
+        names = comm_line(values, "bf16")[1]
+        assert r["traffic_bytes"] == ({n: round(mb * 1e6) for n, mb in zip(names, values)} if r["ranks"] == 2 else {})
+
+
+def test_markdown_main_table_has_a_row_per_train_run(bench_run):
+    bench, _, records, markdown, _ = bench_run
+    head = markdown_sections(markdown)[""].split("\n\n")
+    table = next(part for part in head if part.startswith("| model | precision |")).splitlines()[2:]
+    train = [r for r in records if r["benchmark"] == "train"]
+    assert len(table) == len(train) == len(expected_train_runs(bench))
+    for row, r in zip(table, train):
+        flags = command_flags(r["command"])
+        cells = " | ".join(train_key(r)) + " | "
+        if failed(flags):
+            assert row == f"| {cells}| | error: {bench_stubs.trainer_failure(flags)} | | | | |"
+            continue
+        e = expected_figures(bench, flags)
+        mfu = "n/a" if e["mfu"] is None else f"{100 * e['mfu']:.1f}%"
+        assert row == (f"| {cells}{flags['-b']} | 1024 | {e['tok_per_s']} | {e['ms_per_step']:.2f} | {e['optimizer_ms']:.3f} | "
+                       f"{mfu} | {e['peak_mem_mib']} |")
+
+
+def test_markdown_sections(bench_run):
+    bench, _, records, markdown, _ = bench_run
+    sections = markdown_sections(markdown)
+    ok_train = [r for r in records if r["benchmark"] == "train" and "error" not in r]
+    kernel_headings = [f"{r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} "
+                       f"lm_head {r['lm_head']} B={r['B']}: per-kernel time" for r in ok_train]
+    assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed", "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
+                              "Per-GEMM FP8 vs bf16", "Multi-GPU: 2 ranks on one GPU vs 1 rank"] + kernel_headings
+
+    by_key = {train_key(r): r for r in ok_train}
+    rows = [l for l in sections["FP8 weight cast: -fw current vs delayed"].splitlines() if re.match(r"\| d\d+ ", l)]
+    assert [l.split(" | ")[:3] for l in rows] == [["| d12", "delayed", "adamw"], ["| d12", "delayed", "adamw8"],
+                                                 ["| d48", "delayed", "adamw"], ["| d48", "delayed", "adamw8"]]
+    current, delayed = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16")], by_key[("d12", "fp8", "delayed", "adamw", "delayed", "bf16")]
+    assert f"| {current['tok_per_s']:.0f} | {delayed['tok_per_s']:.0f} | {delayed['tok_per_s'] / current['tok_per_s']:.3f}x | " \
+           f"{current['optimizer_weight_cast_ms']:.3f} | {delayed['optimizer_weight_cast_ms']:.3f} |" in rows[0]
+
+    rows = [l for l in sections["FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)"].splitlines() if re.match(r"\| d\d+ ", l)]
+    assert len(rows) == 2
+    fp8_head = by_key[("d12", "fp8", "delayed", "adamw", "current", "fp8")]
+    assert rows[0].startswith(f"| d12 | delayed | adamw | current | {current['tok_per_s']:.0f} | {fp8_head['tok_per_s']:.0f} | "
+                              f"{fp8_head['tok_per_s'] / current['tok_per_s']:.3f}x |")
+
+    gemm = sections["Per-GEMM FP8 vs bf16"]
+    _, ratios = gemm_json(["d12", "d48"])
+    for model in ("d12", "d48"):
+        cells = [f"{ratios[(model, v)]:.2f}x" if (model, v) in ratios else "n/a" for v in bench.GEMM_FP8_VARIANTS]
+        assert f"| {model} | {bench_stubs.gemm_models()[model]} | " + " | ".join(cells) + \
+            f" | >= {bench.GEMM_TARGETS[model]:.2f}x |" in gemm.splitlines()
+        assert gemm_table(model).strip() in gemm
+
+    rows = [l for l in sections["Multi-GPU: 2 ranks on one GPU vs 1 rank"].splitlines() if re.match(r"\| (bf16|fp8) ", l)]
+    ranks = {(r["precision"], r["ranks"], r["zero"]): r for r in records if r["benchmark"] == "ranks"}
+    assert [tuple(l.split(" | ")[:3]) for l in rows] == [(f"| {p}", str(n), str(z)) for p, n, z in ranks]
+    one, two = ranks[("bf16", 1, 1)], ranks[("bf16", 2, 1)]
+    assert f"| {two['ms_per_step']:.2f} | {two['tok_per_s']:.0f} | {two['ms_per_step'] / one['ms_per_step']:.3f}x | 248.900 |" in rows[1]
+    assert f"error: {ranks[('fp8', 2, 3)]['error']}" in rows[5]
+
+    for r, heading in zip(ok_train, kernel_headings):
+        assert sections[heading].strip() == f"`{r['command']}`\n\n{breakdown_text(breakdown_rows(command_flags(r['command'])))}"
