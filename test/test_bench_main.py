@@ -105,6 +105,7 @@ def test_main_writes_both_files_and_exits_1_for_the_failed_runs(bench_run):
         r for r in records if r["benchmark"] == "train" and r["model"] == "d48" and r["recipe"] == "block"
     ] + [r for r in records if r["benchmark"] == "ranks" and r["precision"] == "fp8" and r["zero"] == 3]
     assert markdown.startswith(f"# Benchmark {md_name[:10]} on {DEVICE}\n") and markdown.endswith("\n")
+    assert "error: error:" not in markdown  # the trainer's own "error: " prefix is not doubled
 
 
 def test_train_records_carry_the_trainer_figures(bench_run):
@@ -116,7 +117,7 @@ def test_train_records_carry_the_trainer_figures(bench_run):
         flags = command_flags(r["command"])
         assert (flags["-e"], flags["-b"], flags["-j"], flags["-kt"]) == (model, str(B), "", "1"), r["command"]
         if failed(flags):
-            assert r["error"] == bench_stubs.trainer_failure(flags)
+            assert r["error"] == bench_stubs.trainer_failure(flags).removeprefix("error: ")  # the tables add "error: "
             continue
         assert "error" not in r, r
         assert {k: r[k] for k in expected_figures(bench, flags)} == expected_figures(bench, flags), r["command"]
@@ -140,7 +141,7 @@ def test_gemm_and_ranks_records(bench_run):
         flags = command_flags(r["command"])
         assert (flags["-p"], flags["-pn"], flags["-z"], flags["-b"]) == (r["precision"], str(r["ranks"]), str(r["zero"]), str(r["B"]))
         if r["ranks"] == 2 and r["precision"] == "fp8" and r["zero"] == 3:
-            assert r["error"] == bench_stubs.trainer_failure(dict(flags, **{"-pr": "1"}))
+            assert r["error"] == bench_stubs.trainer_failure(dict(flags, **{"-pr": "1"})).removeprefix("error: ")
             continue
         figures = expected_figures(bench, flags)
         assert (r["ms_per_step"], r["tok_per_s"]) == (figures["ms_per_step"], figures["tok_per_s"])
@@ -159,7 +160,7 @@ def test_markdown_main_table_has_a_row_per_train_run(bench_run):
         flags = command_flags(r["command"])
         cells = " | ".join(train_key(r)) + " | "
         if failed(flags):
-            assert row == f"| {cells}| | error: {bench_stubs.trainer_failure(flags)} | | | | |"
+            assert row == f"| {cells}| | error: {bench_stubs.trainer_failure(flags).removeprefix('error: ')} | | | | |"
             continue
         e = expected_figures(bench, flags)
         mfu = "n/a" if e["mfu"] is None else f"{100 * e['mfu']:.1f}%"
@@ -207,3 +208,18 @@ def test_markdown_sections(bench_run):
 
     for r, heading in zip(ok_train, kernel_headings):
         assert sections[heading].strip() == f"`{r['command']}`\n\n{breakdown_text(breakdown_rows(command_flags(r['command'])))}"
+
+
+def test_scaling_model_reads_the_default_runs_of_the_json(bench_run, tmp_path):
+    """doc/scaling.md's model takes one GPU's time from this JSON: the trainer's default FP8 run
+    (-fw current, lm_head bf16), not whichever FP8 variant bench.py timed last"""
+    bench, _, records, _, _ = bench_run
+    scaling_model = load_dev_bench_module("scaling_model")
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(records))
+    table = scaling_model.compute_from_bench(str(path), "delayed", "adamw")
+    default = [r for r in records if r.get("benchmark") == "train" and "error" not in r and r["model"] == "d12"
+               and r["precision"] == "fp8" and r["recipe"] == "delayed" and r["optimizer"] == "adamw"
+               and r["weight_scaling"] == "current" and r["lm_head"] == "bf16"]
+    assert len(default) == 1
+    assert table[("d12", "fp8")].ms_per_step == default[0]["ms_per_step"]

@@ -221,9 +221,16 @@ def test_bench_json_is_read_like_bench_py_writes_it(tmp_path):
          "tok_per_s": 480000, "ms_per_step": 136.5, "optimizer_ms": 2.5, "device": "NVIDIA H100"},
         {"model": "d12", "precision": "fp8", "recipe": "current", "optimizer": "adamw", "B": 64, "T": 1024,
          "tok_per_s": 500000, "ms_per_step": 131.0, "optimizer_ms": 2.5},
-        {"model": "d12", "precision": "fp8", "recipe": "delayed", "optimizer": "adamw", "B": 64, "T": 1024,
-         "tok_per_s": 560000, "ms_per_step": 117.0, "optimizer_ms": None},
+        {"benchmark": "train", "model": "d12", "precision": "fp8", "recipe": "delayed", "optimizer": "adamw",
+         "weight_scaling": "current", "lm_head": "bf16", "B": 64, "T": 1024, "tok_per_s": 560000, "ms_per_step": 117.0,
+         "optimizer_ms": None},
+        # the same run's other variants bench.py times: not the trainer's defaults, so not read
+        {"benchmark": "train", "model": "d12", "precision": "fp8", "recipe": "delayed", "optimizer": "adamw",
+         "weight_scaling": "delayed", "lm_head": "bf16", "B": 64, "T": 1024, "tok_per_s": 570000, "ms_per_step": 115.0},
+        {"benchmark": "train", "model": "d12", "precision": "fp8", "recipe": "delayed", "optimizer": "adamw",
+         "weight_scaling": "current", "lm_head": "fp8", "B": 64, "T": 1024, "tok_per_s": 600000, "ms_per_step": 109.0},
         {"model": "d12", "precision": "fp8", "recipe": "delayed", "optimizer": "adamw8", "error": "out of memory"},
+        {"benchmark": "ranks", "model": "d12", "precision": "fp8", "ranks": 2, "B": 32, "T": 1024, "ms_per_step": 80.0},
         {"benchmark": "gemm", "record": "time", "model": "d12", "linear": "fc", "B": 64, "T": 1024, "pass": "fwd",
          "variant": "fp8", "ms": 0.5},
     ]
@@ -233,6 +240,12 @@ def test_bench_json_is_read_like_bench_py_writes_it(tmp_path):
     assert set(table) == {("d12", "bf16"), ("d12", "fp8")}
     assert (table[("d12", "bf16")].tokens, table[("d12", "bf16")].micro_ms) == (65536, 134.0)
     assert (table[("d12", "fp8")].ms_per_step, table[("d12", "fp8")].optimizer_ms) == (117.0, 0.0)
+    assert sm.compute_from_bench(str(path), "delayed", "adamw", "current", "fp8")[("d12", "fp8")].ms_per_step == 109.0
+    assert sm.compute_from_bench(str(path), "delayed", "adamw", "delayed", "bf16")[("d12", "fp8")].ms_per_step == 115.0
+    # two records that both match cannot be told apart: refused rather than the last one taken
+    path.write_text(json.dumps(records + [dict(records[2], ms_per_step=118.0)]))
+    with pytest.raises(sm.CliError, match="two records for d12 fp8"):
+        sm.compute_from_bench(str(path), "delayed", "adamw")
 
 
 def test_sharded_optimizer_is_credited():

@@ -157,6 +157,15 @@ def command_text(cmd):
     return shlex.join(["./" + os.path.basename(cmd[0])] + cmd[1:])
 
 
+def failure_line(stderr, returncode):
+    """why a program failed: its last stderr line (llm8's one-line error) without the "error: " the
+    tables put in front, or its exit status when it printed nothing"""
+    lines = stderr.strip().splitlines()
+    if not lines:
+        return f"exit {returncode}"
+    return lines[-1][len("error: "):] if lines[-1].startswith("error: ") else lines[-1]
+
+
 def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path):
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
            "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute), "-opt", optimizer]
@@ -169,7 +178,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
               "lm_head": lm_head, "command": command_text(cmd)}
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
-        return dict(failed, error=(result.stderr.strip().splitlines() or ["exit %d" % result.returncode])[-1])
+        return dict(failed, error=failure_line(result.stderr, result.returncode))
     step_records, breakdown = parse_run(result.stdout)
     timed = [s for s in step_records if s["step"] > WARMUP_STEPS]
     if not timed:
@@ -237,7 +246,7 @@ def run_ranks(ranks, precision, steps, data_path, T, zero=1):
         procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env) for c in rank_cmds]
         outputs = [p.communicate() for p in procs]
     if any(p.returncode != 0 for p in procs):
-        errors = [err.strip().splitlines()[-1] if err.strip() else f"exit {p.returncode}" for p, (_, err) in zip(procs, outputs) if p.returncode != 0]
+        errors = [failure_line(err, p.returncode) for p, (_, err) in zip(procs, outputs) if p.returncode != 0]
         return dict(record, error="; ".join(errors))
     steps_parsed, _ = parse_run(outputs[0][0])
     timed = [s for s in steps_parsed if s["step"] > WARMUP_STEPS]
@@ -387,7 +396,7 @@ def run_gemm(models, quick, device, commit):
     error = None
     if result.returncode != 0:
         print(result.stderr[-3000:], file=sys.stderr)
-        error = (result.stderr.strip().splitlines() or ["exit %d" % result.returncode])[-1]
+        error = failure_line(result.stderr, result.returncode)
     else:
         try:
             with open(os.path.join(ROOT, json_path)) as f:

@@ -396,7 +396,10 @@ def compute_from_targets(seq_len):
     return table
 
 
-def compute_from_bench(path, recipe, optimizer):
+def compute_from_bench(path, recipe, optimizer, weight_scaling="current", lm_head="bf16"):
+    """one GPU's time per (model, precision) from bench.py's train records: bf16 with `optimizer`,
+    FP8 with `recipe`, `optimizer`, -fw `weight_scaling` and lm_head in `lm_head` (bench.py times
+    several FP8 variants of a model; exactly one may match)"""
     try:
         with open(path) as f:
             records = json.load(f)
@@ -410,7 +413,10 @@ def compute_from_bench(path, recipe, optimizer):
     for rec in records:
         if not isinstance(rec, dict) or "error" in rec or rec.get("optimizer") != optimizer:
             continue
-        if rec.get("precision") == "fp8" and rec.get("recipe") != recipe:
+        if rec.get("benchmark", "train") != "train":
+            continue
+        if rec.get("precision") == "fp8" and (rec.get("recipe") != recipe or rec.get("lm_head", lm_head) != lm_head
+                                              or rec.get("weight_scaling", weight_scaling) not in (weight_scaling, "-")):
             continue
         try:
             tokens, ms = int(rec["B"]) * int(rec["T"]), float(rec["ms_per_step"])
@@ -418,6 +424,9 @@ def compute_from_bench(path, recipe, optimizer):
             key = (rec["model"], rec["precision"])
         except (KeyError, TypeError, ValueError):
             raise CliError(f"--bench {path}: a record lacks B, T, ms_per_step, model or precision: {str(rec)[:120]}")
+        if key in table:
+            raise CliError(f"--bench {path}: two records for {key[0]} {key[1]} with recipe {recipe}, optimizer {optimizer}, "
+                           f"-fw {weight_scaling}, lm_head {lm_head}: keep one")
         table[key] = Compute(tokens, ms, opt_ms, int(rec["T"]),
                              f"{os.path.basename(path)}: {rec.get('device', '?')}, B={rec['B']}, {rec.get('tok_per_s', 0):,.0f} tok/s")
     return table
@@ -517,6 +526,9 @@ def build_parser():
                         help="MODEL:PRECISION:TOKENS_PER_STEP:MS_PER_STEP[:OPTIMIZER_MS], repeatable")
     p.add_argument("--bench-recipe", default="delayed", help="FP8 recipe of the bench records to use (default delayed)")
     p.add_argument("--bench-optimizer", default="adamw", help="optimizer of the bench records to use (default adamw)")
+    p.add_argument("--bench-fw", default="current", help="-fw of the FP8 bench records to use (default current, the trainer's)")
+    p.add_argument("--bench-lm-head", default="bf16", choices=("bf16", "fp8"),
+                   help="lm_head precision of the FP8 bench records to use (default bf16, the trainer's)")
     p.add_argument("--models", nargs="+", default=None, help="default: every model the time source has")
     p.add_argument("--gpus", nargs="+", type=positive(int), default=[1, 8, 64])
     p.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
@@ -541,7 +553,7 @@ def run(argv):
     if args.targets:
         table = compute_from_targets(args.seq_len)
     elif args.bench:
-        table = compute_from_bench(args.bench, args.bench_recipe, args.bench_optimizer)
+        table = compute_from_bench(args.bench, args.bench_recipe, args.bench_optimizer, args.bench_fw, args.bench_lm_head)
     else:
         table = dict(parse_compute_spec(spec, args.seq_len) for spec in args.compute)
     models = args.models or sorted({m for m, _ in table if m in PRESETS}, key=lambda m: PRESETS[m][1])
