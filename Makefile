@@ -100,8 +100,9 @@ $(BUILD)/cudnn_att.o: llmc/cudnn_att.cpp llmc/cudnn_att.h llmc/cuda_common.h | $
 
 LLMC_HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 
+# OpenMP: the random init's normals (llmc/rand.h) on every core (d48: 1.56 billion of them)
 train_gpt2_fp8: train_gpt2_fp8.cu $(LLMC_HEADERS) $(ATTENTION_OBJS) | check-cuda check-cudnn check-nccl
-	$(NVCC) $(NVCC_FLAGS) $(NCCL_FLAGS) $(ATTENTION_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NCCL_LIBS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(MPI_LIBS) -o $@
+	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(NCCL_FLAGS) $(ATTENTION_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NCCL_LIBS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(MPI_LIBS) -lgomp -o $@
 
 # the per-GEMM FP8 vs bf16 benchmark (dev/bench/bench_gemm.cu): cuBLASLt only, no cuDNN
 bench_gemm: dev/bench/bench_gemm.cu $(LLMC_HEADERS) | check-cuda
