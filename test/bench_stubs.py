@@ -37,6 +37,13 @@ def progress_format():
     return match.group(1)
 
 
+def memory_line_format():
+    """the trainer's startup `memory |` printf format (persistent bytes per parameter, optimizer state)"""
+    match = re.search(r'printf\("(memory \| persistent [^"]*)\\n"', read(TRAINER_SOURCE))
+    assert match, "the memory line printf not found in train_gpt2_fp8.cu"
+    return match.group(1)
+
+
 def breakdown_text(rows):
     """a -kt 1 breakdown in llmc/profiler.h's format (its fprintf formats, filled in)"""
     source = read(os.path.join(ROOT, "llmc", "profiler.h"))
@@ -140,7 +147,19 @@ def progress(flags, step):
     # n/a: as on a GPU whose peak the trainer does not know
     mfu = "n/a" if (flags["-e"], flags["-opt"]) == ("d48", "adamw8") else "%.1f%%" % (4000 / ms)
     return {"ms": ms, "tok_s": int("%.0f" % (batch / (ms / 1000))), "mfu": mfu,
-            "mem_mib": 9000 * (int(flags["-e"][1:]) // 12) + (1000 if fp8 else 0) + step, "loss": round(11.0 - 0.125 * step, 6)}
+            "mem_mib": 9000 * (int(flags["-e"][1:]) // 12) + (1000 if fp8 else 0) - (500 if flags.get("-w") == "0" else 0) + step,
+            "loss": round(11.0 - 0.125 * step, 6)}
+
+
+def memory_figures(flags):
+    """what the stub's `memory |` line reports, as bench.py's parse_memory names it: the whole model's
+    persistent bytes per parameter, those of the 8-bit tensors and their share (adamw8), the m+v GiB"""
+    master = flags.get("-w", "1") == "1"
+    eight_bit = flags["-opt"] == "adamw8"
+    return {"persistent_bytes_per_param": (11.5 if master else 7.5) if eight_bit else (16.0 if master else 12.0),
+            "eight_bit_bytes_per_param": (10.031 if master else 6.031) if eight_bit else None,
+            "eight_bit_share_pct": 68.3 if eight_bit else None,
+            "optimizer_state_gib": round(int(flags["-e"][1:]) * (0.12 if eight_bit else 0.46), 2)}
 
 
 def breakdown_rows(flags):
@@ -199,6 +218,12 @@ def trainer(args):
         return die(failure)
     if flags["-pr"] != "0":  # the other ranks print only their errors
         return 0
+    memory = memory_figures(flags)
+    eight_bit = "" if memory["eight_bit_bytes_per_param"] is None else \
+        f"; {memory['eight_bit_bytes_per_param']:.3f} for the {memory['eight_bit_share_pct']:.1f}% of parameters with 8-bit states, -qs default"
+    print(memory_line_format() % (memory["persistent_bytes_per_param"], ", fp32 master" if flags.get("-w", "1") == "1" else "",
+                                  "8-bit" if flags["-opt"] == "adamw8" else "fp32", eight_bit, flags["-opt"],
+                                  memory["optimizer_state_gib"], "", 1234.0))
     fmt, steps = progress_format(), int(flags["-x"])
     for step in range(1, steps + 1):
         if step == 1 and flags["-pn"] != "1":

@@ -76,9 +76,13 @@ def expected_figures(bench, flags):
 
 
 def expected_train_runs(bench):
-    """(model, B, (precision, recipe, optimizer, -fw, lm_head)) of every train record --quick makes, in order"""
-    return [(model, B, run) for model, B, _ in bench.QUICK_CONFIGS for run in bench.RUNS
-            if run[2] != "adamw8" or model in bench.ADAMW8_MODELS]
+    """(model, B, (precision, recipe, optimizer, -fw, lm_head, fp32 master)) of every train record --quick
+    makes, in order: RUNS (adamw8 only at ADAMW8_MODELS) with master weights, then MASTER_FREE_RUNS there"""
+    runs = []
+    for model, B, _ in bench.QUICK_CONFIGS:
+        runs += [(model, B, run + (True,)) for run in bench.RUNS if run[2] != "adamw8" or model in bench.ADAMW8_MODELS]
+        runs += [(model, B, run + (False,)) for run in bench.MASTER_FREE_RUNS if model in bench.ADAMW8_MODELS]
+    return runs
 
 
 def failed(flags):
@@ -86,7 +90,12 @@ def failed(flags):
 
 
 def train_key(r):
-    return (r["model"], r["precision"], r["recipe"], r["optimizer"], r["weight_scaling"], r["lm_head"])
+    return (r["model"], r["precision"], r["recipe"], r["optimizer"], r["weight_scaling"], r["lm_head"], r["master_weights"])
+
+
+def key_cells(r):
+    """the main table's first cells of a train record"""
+    return " | ".join(train_key(r)[:-1] + ("yes" if r["master_weights"] else "no",)) + " | "
 
 
 def markdown_sections(markdown):
@@ -122,7 +131,11 @@ def test_train_records_carry_the_trainer_figures(bench_run):
         assert "error" not in r, r
         assert {k: r[k] for k in expected_figures(bench, flags)} == expected_figures(bench, flags), r["command"]
         assert r["kernel_breakdown"] == breakdown_text(breakdown_rows(flags))
+        assert {k: r[k] for k in bench_stubs.memory_figures(flags)} == bench_stubs.memory_figures(flags)
+        assert flags.get("-w", "1") == ("1" if r["master_weights"] else "0"), r["command"]
     assert any(r.get("mfu") is None and "error" not in r for r in train) and any(r.get("mfu") for r in train)
+    assert {(r["model"], r["optimizer"]) for r in train if r["master_weights"] is False} == \
+        {(m, o) for m in bench.ADAMW8_MODELS for o in ("adamw", "adamw8")}
 
 
 def test_gemm_and_ranks_records(bench_run):
@@ -158,7 +171,7 @@ def test_markdown_main_table_has_a_row_per_train_run(bench_run):
     assert len(table) == len(train) == len(expected_train_runs(bench))
     for row, r in zip(table, train):
         flags = command_flags(r["command"])
-        cells = " | ".join(train_key(r)) + " | "
+        cells = key_cells(r)
         if failed(flags):
             assert row == f"| {cells}| | error: {bench_stubs.trainer_failure(flags).removeprefix('error: ')} | | | | |"
             continue
@@ -173,23 +186,36 @@ def test_markdown_sections(bench_run):
     sections = markdown_sections(markdown)
     ok_train = [r for r in records if r["benchmark"] == "train" and "error" not in r]
     kernel_headings = [f"{r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} "
-                       f"lm_head {r['lm_head']} B={r['B']}: per-kernel time" for r in ok_train]
+                       f"lm_head {r['lm_head']} master {'yes' if r['master_weights'] else 'no'} B={r['B']}: per-kernel time"
+                       for r in ok_train]
     assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed", "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
-                              "Per-GEMM FP8 vs bf16", "Multi-GPU: 2 ranks on one GPU vs 1 rank"] + kernel_headings
+                              "Memory: optimizer and master weights", "Per-GEMM FP8 vs bf16",
+                              "Multi-GPU: 2 ranks on one GPU vs 1 rank"] + kernel_headings
 
     by_key = {train_key(r): r for r in ok_train}
     rows = [l for l in sections["FP8 weight cast: -fw current vs delayed"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert [l.split(" | ")[:3] for l in rows] == [["| d12", "delayed", "adamw"], ["| d12", "delayed", "adamw8"],
                                                  ["| d48", "delayed", "adamw"], ["| d48", "delayed", "adamw8"]]
-    current, delayed = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16")], by_key[("d12", "fp8", "delayed", "adamw", "delayed", "bf16")]
+    current, delayed = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", True)], by_key[("d12", "fp8", "delayed", "adamw", "delayed", "bf16", True)]
     assert f"| {current['tok_per_s']:.0f} | {delayed['tok_per_s']:.0f} | {delayed['tok_per_s'] / current['tok_per_s']:.3f}x | " \
            f"{current['optimizer_weight_cast_ms']:.3f} | {delayed['optimizer_weight_cast_ms']:.3f} |" in rows[0]
 
     rows = [l for l in sections["FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert len(rows) == 2
-    fp8_head = by_key[("d12", "fp8", "delayed", "adamw", "current", "fp8")]
+    fp8_head = by_key[("d12", "fp8", "delayed", "adamw", "current", "fp8", True)]
     assert rows[0].startswith(f"| d12 | delayed | adamw | current | {current['tok_per_s']:.0f} | {fp8_head['tok_per_s']:.0f} | "
                               f"{fp8_head['tok_per_s'] / current['tok_per_s']:.3f}x |")
+
+    rows = [l for l in sections["Memory: optimizer and master weights"].splitlines() if re.match(r"\| d\d+ ", l)]
+    memory = [r for r in ok_train if r["precision"] == "bf16" and r["model"] in bench.ADAMW8_MODELS]
+    assert len(rows) == len(memory) == 8  # d12 and d48, each optimizer with and without master weights
+    for row, r in zip(rows, memory):
+        m = bench_stubs.memory_figures(command_flags(r["command"]))
+        eight_bit = ("n/a", "n/a") if m["eight_bit_bytes_per_param"] is None else \
+            (f"{m['eight_bit_bytes_per_param']:.3f}", f"{m['eight_bit_share_pct']:.1f}%")
+        assert row == (f"| {r['model']} | {r['optimizer']} | {'yes' if r['master_weights'] else 'no'} | "
+                       f"{m['persistent_bytes_per_param']:.3f} | {eight_bit[0]} | {eight_bit[1]} | {m['optimizer_state_gib']:.2f} | "
+                       f"{r['peak_mem_mib']} |")
 
     gemm = sections["Per-GEMM FP8 vs bf16"]
     _, ratios = gemm_json(["d12", "d48"])

@@ -9,7 +9,10 @@ cast" section sets their tok/s and their optimizer + weight-cast time (the -kt 1
 "adamw"/"adamw8" and "fp8 weight casts") side by side, the figures that pick -fw's default
 (DESIGN.md section 3). The default FP8 run is also made with lm_head in FP8 (-f8 all): an "FP8
 lm_head" section sets its tok/s beside the bf16 lm_head's (lm_head's loss parity comes from
-scripts/compare_bf16_fp8.sh, dev/gpu_session.sh parity). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
+scripts/compare_bf16_fp8.sh, dev/gpu_session.sh parity). At d12 and d48 the bf16 runs of both
+optimizers are also made without fp32 master weights (-w 0): a "Memory" section sets the
+persistent bytes per parameter and the optimizer state the trainer reports at startup beside
+the measured peak, for each optimizer and master-weight mode (DESIGN.md section 4). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
 in bf16 and in FP8, with and without the casts around them, for the same model sizes; its
 tables and a summary against DESIGN.md section 7's "FP8 GEMMs incl. casts over bf16 GEMMs"
 targets go into a "Per-GEMM FP8 vs bf16" section of the markdown, and its JSON lines into
@@ -56,6 +59,8 @@ RUNS = [("bf16", "-", "adamw", "-", "-"), ("fp8", "delayed", "adamw", "current",
         ("fp8", "current", "adamw", "current", "bf16"), ("fp8", "block", "adamw", "-", "bf16"),
         ("bf16", "-", "adamw8", "-", "-"), ("fp8", "delayed", "adamw8", "current", "bf16"),
         ("fp8", "delayed", "adamw8", "delayed", "bf16")]
+# the runs also made without fp32 master weights (-w 0), at ADAMW8_MODELS: the memory comparison
+MASTER_FREE_RUNS = [("bf16", "-", "adamw", "-", "-"), ("bf16", "-", "adamw8", "-", "-")]
 # the -kt 1 row of the FP8 weight casts after the optimizer step (with -fw delayed: the scale
 # bookkeeping and W^T from the codes the step wrote)
 WEIGHT_CAST_ROW = "fp8 weight casts"
@@ -78,6 +83,10 @@ GEMM_RECORD_FIELDS = {
 # d12's global batch for the rank records: 1 rank x B or 2 ranks x B/2
 RANKS_MODEL, RANKS_B = "d12", 32
 TRAFFIC_RE = re.compile(r"^comm \| step \d+, payload by collective: (.*) \| total", re.M)
+# the trainer's startup line of the persistent bytes per parameter and the optimizer state
+# (adamw8 adds the bytes per parameter of the tensors with 8-bit states, and their share)
+MEMORY_RE = re.compile(r"^memory \| persistent ([\d.]+) bytes/parameter [^|]*?(?:; ([\d.]+) for the ([\d.]+)% of parameters "
+                       r"with 8-bit states[^|]*)?\| optimizer \S+ m\+v ([\d.]+) GiB", re.M)
 STEP_RE = re.compile(r"^step\s+(\d+)/(\d+) \| loss ([-\d.naninf]+) \| .*? \| ([\d.]+) ms \| (\d+) tok/s \| MFU ([\d.]+%|n/a) \| ETA \S+ \| mem (\d+) MiB")
 
 
@@ -123,6 +132,16 @@ def parse_run(stdout):
     return steps, breakdown
 
 
+def parse_memory(stdout):
+    """the startup `memory |` line: {persistent bytes per parameter, those of the tensors with 8-bit
+    states and their share in % (None without adamw8), optimizer m+v GiB}; every value None without the line"""
+    m = MEMORY_RE.search(stdout)
+    keys = ("persistent_bytes_per_param", "eight_bit_bytes_per_param", "eight_bit_share_pct", "optimizer_state_gib")
+    if m is None:
+        return dict.fromkeys(keys)
+    return {k: float(v) if v is not None else None for k, v in zip(keys, m.groups())}
+
+
 def parse_traffic(stdout):
     """the trainer's `comm |` line: {collective: payload bytes} (MB printed to the byte)"""
     m = TRAFFIC_RE.search(stdout)
@@ -166,16 +185,23 @@ def failure_line(stderr, returncode):
     return lines[-1][len("error: "):] if lines[-1].startswith("error: ") else lines[-1]
 
 
-def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path):
+def model_runs(model):
+    """the train runs of one model, in order: (precision, recipe, optimizer, -fw, lm_head, fp32 master weights)"""
+    runs = [run + (True,) for run in RUNS if run[2] != "adamw8" or model in ADAMW8_MODELS]
+    return runs + [run + (False,) for run in MASTER_FREE_RUNS if model in ADAMW8_MODELS]
+
+
+def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path, master=True):
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
            "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute), "-opt", optimizer]
+    cmd += [] if master else ["-w", "0"]
     if precision == "fp8":
         cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
         cmd += ["-f8", "all"] if lm_head == "fp8" else []
     print("running:", shlex.join(cmd), flush=True)
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
-              "lm_head": lm_head, "command": command_text(cmd)}
+              "lm_head": lm_head, "master_weights": master, "command": command_text(cmd)}
     if result.returncode != 0:
         print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
         return dict(failed, error=failure_line(result.stderr, result.returncode))
@@ -186,17 +212,50 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
     mfus = [s["mfu"] for s in timed if s["mfu"] is not None]
     return {
         "model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
-        "lm_head": lm_head, "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
+        "lm_head": lm_head, "master_weights": master, "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
         "tok_per_s": statistics.median(s["tok_s"] for s in timed),
         "ms_per_step": statistics.median(s["ms"] for s in timed),
         "mfu": statistics.median(mfus) if mfus else None,
         "peak_mem_mib": max(s["mem_mib"] for s in step_records),
+        **parse_memory(result.stdout),
         "final_loss": timed[-1]["loss"],
         "optimizer_ms": optimizer_ms(breakdown, optimizer),
         "optimizer_weight_cast_ms": optimizer_and_weight_cast_ms(breakdown, optimizer) if precision == "fp8" else None,
         "command": command_text(cmd),
         "kernel_breakdown": breakdown,
     }
+
+
+def master_text(record):
+    """the fp32 master weights column: yes (the default), no (-w 0)"""
+    return "no" if record.get("master_weights") is False else "yes"
+
+
+def memory_rows(records):
+    """the "Memory" section's rows: the bf16 runs of the models measured without master weights,
+    each optimizer with and without them (what the trainer reports at startup, and the peak)"""
+    master_free = {r["model"] for r in records if r.get("benchmark") == "train" and r.get("master_weights") is False}
+    return [r for r in records if r.get("benchmark") == "train" and "error" not in r and r["model"] in master_free
+            and r["precision"] == "bf16"]
+
+
+def memory_markdown(rows):
+    out = ["## Memory: optimizer and master weights", "",
+           "bf16 runs. Persistent bytes per parameter (whole model, and with adamw8 those of the tensors with 8-bit "
+           "states: DESIGN.md section 4's 10.03 with fp32 master weights and 6.03 without, against AdamW's 16) and the "
+           "optimizer's m+v, as the trainer reports them at startup, and the peak GPU memory the progress line measured.", "",
+           "| model | optimizer | fp32 master | bytes/parameter | 8-bit tensors: bytes/parameter | their share | "
+           "optimizer m+v GiB | peak mem MiB |",
+           "|---|---|---|---|---|---|---|---|"]
+
+    def figure(value, fmt, unit=""):
+        return "n/a" if value is None else format(value, fmt) + unit
+
+    for r in rows:
+        out.append(f"| {r['model']} | {r['optimizer']} | {master_text(r)} | {figure(r['persistent_bytes_per_param'], '.3f')} | "
+                   f"{figure(r['eight_bit_bytes_per_param'], '.3f')} | {figure(r['eight_bit_share_pct'], '.1f', '%')} | "
+                   f"{figure(r['optimizer_state_gib'], '.2f')} | {r['peak_mem_mib']} |")
+    return "\n".join(out + [""])
 
 
 def lm_head_comparison(records):
@@ -438,10 +497,8 @@ def main():
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     records = []
     for model, B, recompute in configs:
-        for precision, recipe, optimizer, weights, lm_head in RUNS:
-            if optimizer == "adamw8" and model not in ADAMW8_MODELS:
-                continue
-            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path)
+        for precision, recipe, optimizer, weights, lm_head, master in model_runs(model):
+            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path, master)
             rec.update({"benchmark": "train", "device": device, "commit": commit, "date": date})
             records.append(rec)
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
@@ -474,18 +531,18 @@ def main():
     with open(base + ".md", "w") as f:
         f.write(f"# Benchmark {date} on {device}\n\ncommit `{commit}`, command `python dev/bench/bench.py{' --quick' if args.quick else ''}`, "
                 f"synthetic tokens, T={T}, {steps} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
-        f.write("| model | precision | recipe | optimizer | -fw | lm_head | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| model | precision | recipe | optimizer | -fw | lm_head | master | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in records:
             if r["benchmark"] != "train":
                 continue
             if "error" in r:
                 f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | "
-                        f"{r.get('weight_scaling', '')} | {r.get('lm_head', '')} | | | error: {r['error']} | | | | |\n")
+                        f"{r.get('weight_scaling', '')} | {r.get('lm_head', '')} | {master_text(r)} | | | error: {r['error']} | | | | |\n")
                 continue
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
             opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
-            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | {r['lm_head']} | {r['B']} | "
+            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | {r['lm_head']} | {master_text(r)} | {r['B']} | "
                     f"{r['T']} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
         comparison = weight_cast_comparison(records)
         if comparison:
@@ -493,13 +550,15 @@ def main():
         lm_head_rows = lm_head_comparison(records)
         if lm_head_rows:
             f.write(f"\n{lm_head_markdown(lm_head_rows)}")
+        if memory_rows(records):
+            f.write(f"\n{memory_markdown(memory_rows(records))}")
         if gemm_section:
             f.write(f"\n{gemm_section}")
         if ranks_records:
             f.write("\n" + ranks_markdown(ranks_records))
         for r in records:
             if r.get("kernel_breakdown"):
-                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} lm_head {r['lm_head']} B={r['B']}: "
+                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} lm_head {r['lm_head']} master {master_text(r)} B={r['B']}: "
                         f"per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
     print("wrote", base + ".md", "and", base + ".json")
     if any("error" in r for r in records):

@@ -397,9 +397,9 @@ def compute_from_targets(seq_len):
 
 
 def compute_from_bench(path, recipe, optimizer, weight_scaling="current", lm_head="bf16"):
-    """one GPU's time per (model, precision) from bench.py's train records: bf16 with `optimizer`,
-    FP8 with `recipe`, `optimizer`, -fw `weight_scaling` and lm_head in `lm_head` (bench.py times
-    several FP8 variants of a model; exactly one may match)"""
+    """one GPU's time per (model, precision) from bench.py's train records with fp32 master weights
+    (the default): bf16 with `optimizer`, FP8 with `recipe`, `optimizer`, -fw `weight_scaling` and
+    lm_head in `lm_head` (bench.py times several variants of a model; exactly one may match)"""
     try:
         with open(path) as f:
             records = json.load(f)
@@ -413,7 +413,7 @@ def compute_from_bench(path, recipe, optimizer, weight_scaling="current", lm_hea
     for rec in records:
         if not isinstance(rec, dict) or "error" in rec or rec.get("optimizer") != optimizer:
             continue
-        if rec.get("benchmark", "train") != "train":
+        if rec.get("benchmark", "train") != "train" or rec.get("master_weights") is False:
             continue
         if rec.get("precision") == "fp8" and (rec.get("recipe") != recipe or rec.get("lm_head", lm_head) != lm_head
                                               or rec.get("weight_scaling", weight_scaling) not in (weight_scaling, "-")):
