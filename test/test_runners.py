@@ -1,0 +1,63 @@
+"""
+test/run_cpu_tests.sh, the runner of every test binary (make test, and make gpucheck through
+run_gpu_tests.sh): its closing line must add up the binaries' own summary lines, count a
+binary that crashed or printed no summary as failed, and, with TEST_TIMEOUT_S, stop a binary
+that hangs and go on with the next (a device call is 10 minutes; one hang must not take it
+all). Fake test binaries stand in for the real ones.
+"""
+import os
+import subprocess
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUNNER = os.path.join(ROOT, "test", "run_cpu_tests.sh")
+
+
+def fake_binary(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def run(binaries, **env):
+    return subprocess.run(["bash", RUNNER] + binaries, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **env))
+
+
+def test_summary_lines_add_up(tmp_path):
+    a = fake_binary(tmp_path, "a", 'echo "a: 3 passed, 0 failed"')
+    b = fake_binary(tmp_path, "b", 'echo "b: 4 passed, 0 failed"')
+    result = run([a, b])
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.splitlines()[-1] == "cpu tests: 7 passed, 0 failed"
+
+
+def test_failures_crashes_and_missing_summaries_count(tmp_path):
+    failing = fake_binary(tmp_path, "failing", 'echo "failing: 2 passed, 1 failed"; exit 1')
+    crashed = fake_binary(tmp_path, "crashed", 'echo "crashed: 5 passed, 0 failed"; exit 134')
+    silent = fake_binary(tmp_path, "silent", "echo no summary")
+    result = run([failing, crashed, silent], RUNNER_NAME="gpu tests")
+    assert result.returncode != 0
+    assert f"!! {crashed} exited with 134" in result.stdout
+    assert f"!! {silent} printed no summary line (exit code 0)" in result.stdout
+    assert result.stdout.splitlines()[-1] == "gpu tests: 7 passed, 3 failed"
+
+
+def test_a_hanging_binary_is_stopped_and_the_next_one_runs(tmp_path):
+    hangs = fake_binary(tmp_path, "hangs", 'echo "started"; sleep 30; echo "hangs: 1 passed, 0 failed"')
+    after = fake_binary(tmp_path, "after", 'echo "after: 2 passed, 0 failed"')
+    start = time.monotonic()
+    result = run([hangs, after], TEST_TIMEOUT_S="1")
+    assert time.monotonic() - start < 15
+    assert result.returncode != 0
+    lines = result.stdout.splitlines()
+    # its output so far is shown before the verdict, then the next binary runs
+    assert lines[:3] == [f"== {hangs}", "started", f"!! {hangs} ran past TEST_TIMEOUT_S=1s and was stopped"]
+    assert lines[-1] == "cpu tests: 2 passed, 1 failed"
+
+
+def test_without_a_timeout_a_slow_binary_finishes(tmp_path):
+    slow = fake_binary(tmp_path, "slow", 'sleep 2; echo "slow: 1 passed, 0 failed"')
+    result = run([slow])
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "cpu tests: 1 passed, 0 failed"
