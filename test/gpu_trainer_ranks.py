@@ -43,10 +43,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.environ.get("LLM8_TRAINER", os.path.join(ROOT, "train_gpt2_fp8"))
 ON_CUDASIM = "LLM8_TRAINER" in os.environ and "/sim/" in os.environ["LLM8_TRAINER"]
 STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
+# RUN_LIMIT_S: the wall time one multi-rank run may take before its ranks are killed (a hang
+# outside a collective, which -pt does not see, must not take the whole device call)
 if ON_CUDASIM:  # test/sim_model.py's model
     LAYERS, CHANNELS, VOCAB, SEQ_LEN, RANK_TIMEOUT_S = sim_model.LAYERS, sim_model.CHANNELS, sim_model.VOCAB, 64, 300
+    RUN_LIMIT_S = 1800
 else:
     LAYERS, CHANNELS, VOCAB, SEQ_LEN, RANK_TIMEOUT_S = 6, 384, 50257, 256, 60
+    RUN_LIMIT_S = 240
 FAILURES = []
 
 
@@ -57,20 +61,35 @@ def check(condition, message):
 
 
 def launch(ranks, args, workdir, timeout_s=RANK_TIMEOUT_S):
-    """starts `ranks` processes of the trainer (fs id exchange in workdir); returns the Popen list"""
+    """starts `ranks` processes of the trainer (fs id exchange in workdir), each in a process group of
+    its own (kill_ranks ends whatever it started too); returns the Popen list"""
     env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
     procs = []
     for r in range(ranks):
         cmd = [TRAINER] + [str(a) for a in args] + ["-pn", ranks, "-pr", r, "-pg", 1, "-pi", "fs", "-pf", workdir,
                                                    "-pt", timeout_s]
         procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      cwd=ROOT, env=env))
+                                      cwd=ROOT, env=env, start_new_session=True))
     return procs
+
+
+def kill_ranks(procs):
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def run(ranks, args, workdir):
     procs = launch(ranks, args, workdir)
-    outs = [p.communicate(timeout=1800) for p in procs]
+    deadline = time.monotonic() + RUN_LIMIT_S
+    try:
+        outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        kill_ranks(procs)
+        outs = [p.communicate() for p in procs]
+        check(False, f"{ranks}-rank run {' '.join(str(a) for a in args[:12])} ...: still running after {RUN_LIMIT_S} s, killed")
     for r, (p, (out, err)) in enumerate(zip(procs, outs)):
         if p.returncode != 0:
             print(f"rank {r} of {ranks} failed ({p.returncode}):\n{out[-2000:]}\n{err[-2000:]}", flush=True)
@@ -244,7 +263,7 @@ def main():
               f"killed rank: rank 0 exits with the NCCL error line (exit {procs[0].returncode}: {err.strip()[-300:]!r})")
         check(elapsed < 3 * kill_timeout_s, f"killed rank: rank 0 exited {elapsed:.0f} s after the kill (-pt {kill_timeout_s})")
     except subprocess.TimeoutExpired:
-        procs[0].kill()
+        kill_ranks(procs)
         check(False, "killed rank: rank 0 still running 120 s after its peer died")
 
     print(f"gpu_trainer_ranks: {len(FAILURES)} failed", flush=True)

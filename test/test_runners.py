@@ -61,3 +61,25 @@ def test_without_a_timeout_a_slow_binary_finishes(tmp_path):
     slow = fake_binary(tmp_path, "slow", 'sleep 2; echo "slow: 1 passed, 0 failed"')
     result = run([slow])
     assert result.returncode == 0 and result.stdout.splitlines()[-1] == "cpu tests: 1 passed, 0 failed"
+
+
+def test_a_hanging_multi_rank_run_is_killed(tmp_path, monkeypatch):
+    """test/gpu_trainer_ranks.py (make gpucheck-ranks) kills a run's ranks after RUN_LIMIT_S and
+    records the failure, so a hang outside a collective (-pt does not see it) cannot take the call"""
+    import importlib
+    import sys
+    sleeper = fake_binary(tmp_path, "train_gpt2_fp8", "sleep 60")
+    monkeypatch.setenv("LLM8_TRAINER", sleeper)
+    sys.path.insert(0, os.path.join(ROOT, "test"))
+    try:
+        ranks = importlib.import_module("gpu_trainer_ranks")
+        ranks = importlib.reload(ranks)  # TRAINER is read at import
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(ranks, "RUN_LIMIT_S", 1)
+    monkeypatch.setattr(ranks, "FAILURES", [])
+    start = time.monotonic()
+    codes, _ = ranks.run(2, ["-x", 1], str(tmp_path))
+    assert time.monotonic() - start < 15
+    assert all(code != 0 for code in codes)
+    assert len(ranks.FAILURES) == 1 and "still running after 1 s, killed" in ranks.FAILURES[0]
