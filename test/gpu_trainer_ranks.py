@@ -52,6 +52,8 @@ else:
     LAYERS, CHANNELS, VOCAB, SEQ_LEN, RANK_TIMEOUT_S = 6, 384, 50257, 256, 60
     RUN_LIMIT_S = 240
 FAILURES = []
+bench = load_dev_bench_module("bench")
+parse_traffic = bench.parse_traffic  # the `comm |` line, as the benchmark reads it
 
 
 def check(condition, message):
@@ -60,47 +62,37 @@ def check(condition, message):
         FAILURES.append(message)
 
 
+def rank_commands(ranks, args, workdir, timeout_s=RANK_TIMEOUT_S):
+    """the command lines of `ranks` processes of the trainer (fs id exchange in workdir)"""
+    return [[str(c) for c in [TRAINER] + list(args) + ["-pn", ranks, "-pr", r, "-pg", 1, "-pi", "fs", "-pf", workdir,
+                                                        "-pt", timeout_s]] for r in range(ranks)]
+
+
+RANK_ENV = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
+
+
 def launch(ranks, args, workdir, timeout_s=RANK_TIMEOUT_S):
-    """starts `ranks` processes of the trainer (fs id exchange in workdir), each in a process group of
-    its own (kill_ranks ends whatever it started too); returns the Popen list"""
-    env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
-    procs = []
-    for r in range(ranks):
-        cmd = [TRAINER] + [str(a) for a in args] + ["-pn", ranks, "-pr", r, "-pg", 1, "-pi", "fs", "-pf", workdir,
-                                                   "-pt", timeout_s]
-        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      cwd=ROOT, env=env, start_new_session=True))
-    return procs
-
-
-def kill_ranks(procs):
-    for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """starts `ranks` processes of the trainer; returns the Popen list (for a test that signals one)"""
+    return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=RANK_ENV)
+            for cmd in rank_commands(ranks, args, workdir, timeout_s)]
 
 
 def run(ranks, args, workdir):
-    procs = launch(ranks, args, workdir)
-    deadline = time.monotonic() + RUN_LIMIT_S
-    try:
-        outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
-    except subprocess.TimeoutExpired:
-        kill_ranks(procs)
-        outs = [p.communicate() for p in procs]
+    """one multi-rank run to its end, or killed after RUN_LIMIT_S (bench.py's run_programs); returns
+    (exit codes, rank 0's stdout)"""
+    results = bench.run_programs(rank_commands(ranks, args, workdir), RUN_LIMIT_S, RANK_ENV)
+    if results[0][0] is None:
         check(False, f"{ranks}-rank run {' '.join(str(a) for a in args[:12])} ...: still running after {RUN_LIMIT_S} s, killed")
-    for r, (p, (out, err)) in enumerate(zip(procs, outs)):
-        if p.returncode != 0:
-            print(f"rank {r} of {ranks} failed ({p.returncode}):\n{out[-2000:]}\n{err[-2000:]}", flush=True)
-    return [p.returncode for p in procs], outs[0][0]
+    for r, (code, out, err) in enumerate(results):
+        if code != 0:
+            print(f"rank {r} of {ranks} failed ({code}):\n{out[-2000:]}\n{err[-2000:]}", flush=True)
+    return [-1 if code is None else code for code, _, _ in results], results[0][1]
 
 
 def losses(stdout):
     return {int(s): float(l) for s, l in STEP_RE.findall(stdout)}
 
 
-parse_traffic = load_dev_bench_module("bench").parse_traffic  # the `comm |` line, as the benchmark reads it
 ZERO3_FP8 = "fp8 delayed adamw8 ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)"
 ZERO3_BF16 = "bf16 adamw ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)"
 ZERO3_MIXED = "fp8 qkv,fc ZeRO-3 (FP8 and bf16 layer gathers)"
@@ -263,7 +255,7 @@ def main():
               f"killed rank: rank 0 exits with the NCCL error line (exit {procs[0].returncode}: {err.strip()[-300:]!r})")
         check(elapsed < 3 * kill_timeout_s, f"killed rank: rank 0 exited {elapsed:.0f} s after the kill (-pt {kill_timeout_s})")
     except subprocess.TimeoutExpired:
-        kill_ranks(procs)
+        procs[0].kill()
         check(False, "killed rank: rank 0 still running 120 s after its peer died")
 
     print(f"gpu_trainer_ranks: {len(FAILURES)} failed", flush=True)

@@ -16,6 +16,7 @@ import random
 import re
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -252,3 +253,19 @@ def test_gpu_test_runner_needs_a_gpu():
     for args in ([], ["--ranks"]):
         result = subprocess.run(["bash", os.path.join(ROOT, "test", "run_gpu_tests.sh"), *args], capture_output=True, text=True)
         assert result.returncode == 1 and "needs an NVIDIA GPU" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_run_past_its_limit_is_killed_and_named(tmp_path):
+    """bench.py's programs (a trainer run with all its ranks, ./bench_gemm) are killed at their wall
+    limit, children included, and the record says so: a hang costs one record, not the device call"""
+    bench = load_bench()
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\necho started\nsleep 60\n")  # the sleep is a child: the whole group must go
+    hang.chmod(0o755)
+    start = time.monotonic()
+    results = bench.run_programs([[str(hang)], ["sh", "-c", "echo done"]], 1)
+    assert time.monotonic() - start < 15
+    assert [code for code, _, _ in results] == [None, None] and results[0][1] == "started\n"
+    assert bench.failure_line(results[0][2], results[0][0], 1) == "ran past 1 s and was killed"
+    assert bench.run_programs([["sh", "-c", "echo out; echo 'error: bad flag' >&2; exit 2"]], 10) == [(2, "out\n", "error: bad flag\n")]
+    assert bench.failure_line("error: bad flag\n", 2) == "bad flag" and bench.failure_line("", 3) == "exit 3"

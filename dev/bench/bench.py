@@ -37,10 +37,12 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -79,6 +81,11 @@ GEMM_RECORD_FIELDS = {
     "ratio": ("model", "linear", "B", "T", "pass", "variant", "ratio"),
     "skip": ("model", "variant", "reason"),
 }
+
+# wall seconds one trainer run (all its ranks) and the ./bench_gemm run may take before they are
+# killed and recorded as an error: a hang costs one record, not the device call (a --quick d48
+# run takes well under a minute)
+RUN_LIMIT_S = {"train": 300, "gemm": 480}
 
 # d12's global batch for the rank records: 1 rank x B or 2 ranks x B/2
 RANKS_MODEL, RANKS_B = "d12", 32
@@ -176,9 +183,29 @@ def command_text(cmd):
     return shlex.join(["./" + os.path.basename(cmd[0])] + cmd[1:])
 
 
-def failure_line(stderr, returncode):
+def run_programs(cmds, limit_s, env=None):
+    """runs the commands side by side (one, or the ranks of a run), each in a process group of its own;
+    returns [(exit code, stdout, stderr)], every group killed at limit_s (exit code None: it ran past)"""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                              start_new_session=True) for c in cmds]
+    deadline = time.monotonic() + limit_s
+    try:
+        outputs = [p.communicate(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
+        return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return [(None, out, err) for out, err in (p.communicate() for p in procs)]
+
+
+def failure_line(stderr, returncode, limit_s=None):
     """why a program failed: its last stderr line (llm8's one-line error) without the "error: " the
-    tables put in front, or its exit status when it printed nothing"""
+    tables put in front, or its exit status when it printed nothing (None: it ran past limit_s)"""
+    if returncode is None:
+        return f"ran past {limit_s} s and was killed"
     lines = stderr.strip().splitlines()
     if not lines:
         return f"exit {returncode}"
@@ -199,13 +226,13 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
         cmd += ["-f8", "all"] if lm_head == "fp8" else []
     print("running:", shlex.join(cmd), flush=True)
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    [(returncode, stdout, stderr)] = run_programs([cmd], RUN_LIMIT_S["train"])
     failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
               "lm_head": lm_head, "master_weights": master, "command": command_text(cmd)}
-    if result.returncode != 0:
-        print(result.stdout[-3000:], result.stderr[-3000:], file=sys.stderr)
-        return dict(failed, error=failure_line(result.stderr, result.returncode))
-    step_records, breakdown = parse_run(result.stdout)
+    if returncode != 0:
+        print(stdout[-3000:], stderr[-3000:], file=sys.stderr)
+        return dict(failed, error=failure_line(stderr, returncode, RUN_LIMIT_S["train"]))
+    step_records, breakdown = parse_run(stdout)
     timed = [s for s in step_records if s["step"] > WARMUP_STEPS]
     if not timed:
         return dict(failed, error="no step lines parsed")
@@ -217,7 +244,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         "ms_per_step": statistics.median(s["ms"] for s in timed),
         "mfu": statistics.median(mfus) if mfus else None,
         "peak_mem_mib": max(s["mem_mib"] for s in step_records),
-        **parse_memory(result.stdout),
+        **parse_memory(stdout),
         "final_loss": timed[-1]["loss"],
         "optimizer_ms": optimizer_ms(breakdown, optimizer),
         "optimizer_weight_cast_ms": optimizer_and_weight_cast_ms(breakdown, optimizer) if precision == "fp8" else None,
@@ -302,11 +329,11 @@ def run_ranks(ranks, precision, steps, data_path, T, zero=1):
     with tempfile.TemporaryDirectory(prefix="llm8_bench_ranks_") as fs_dir:
         rank_cmds = [cmd + (["-pn", str(ranks), "-pr", str(r), "-pi", "fs", "-pf", fs_dir] if ranks > 1 else []) for r in range(ranks)]
         print("running:", record["command"], flush=True)
-        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env) for c in rank_cmds]
-        outputs = [p.communicate() for p in procs]
-    if any(p.returncode != 0 for p in procs):
-        errors = [failure_line(err, p.returncode) for p, (_, err) in zip(procs, outputs) if p.returncode != 0]
+        results = run_programs(rank_cmds, RUN_LIMIT_S["train"], env)
+    if any(code != 0 for code, _, _ in results):
+        errors = [failure_line(err, code, RUN_LIMIT_S["train"]) for code, _, err in results if code != 0]
         return dict(record, error="; ".join(errors))
+    outputs = [(out, err) for _, out, err in results]
     steps_parsed, _ = parse_run(outputs[0][0])
     timed = [s for s in steps_parsed if s["step"] > WARMUP_STEPS]
     if not timed:
@@ -450,12 +477,12 @@ def run_gemm(models, quick, device, commit):
     cmd = [GEMM_BENCH, "--models", ",".join(models), "--iters", str(iters), "--warmup", str(warmup), "--json", json_path]
     command = command_text(cmd)
     print("running:", command, flush=True)
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    print(result.stdout, flush=True)
+    [(returncode, stdout, stderr)] = run_programs([cmd], RUN_LIMIT_S["gemm"])
+    print(stdout, flush=True)
     error = None
-    if result.returncode != 0:
-        print(result.stderr[-3000:], file=sys.stderr)
-        error = failure_line(result.stderr, result.returncode)
+    if returncode != 0:
+        print(stderr[-3000:], file=sys.stderr)
+        error = failure_line(stderr, returncode, RUN_LIMIT_S["gemm"])
     else:
         try:
             with open(os.path.join(ROOT, json_path)) as f:
@@ -466,7 +493,7 @@ def run_gemm(models, quick, device, commit):
         return [{"benchmark": "gemm", "error": error, "command": command}], gemm_markdown([], "", command, device, commit, error)
     for r in records:
         r.update({"benchmark": "gemm", "command": command})
-    return records, gemm_markdown(records, gemm_tables(result.stdout), command, device, commit)
+    return records, gemm_markdown(records, gemm_tables(stdout), command, device, commit)
 
 
 def main():
