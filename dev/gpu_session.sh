@@ -8,7 +8,7 @@
 #   bash dev/gpu_session.sh build   # make env, the cuDNN frontend from .whl/, every GPU target
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
 #   bash dev/gpu_session.sh ranks   # test/gpu_trainer_ranks.py: 2 ranks on the one GPU
-#   bash dev/gpu_session.sh bench   # dev/bench/bench.py --quick; its files are copied to the logs
+#   bash dev/gpu_session.sh bench   # dev/bench/bench.py --quick, its .md and .json written into the logs
 #   bash dev/gpu_session.sh parity  # loss parity on the offline corpus (carry dev/data/offline):
 #                                   # d12, PARITY_STEPS (2000) steps each of bf16, bf16 + adamw8,
 #                                   # FP8 delayed, FP8 delayed + adamw8, then FP8 delayed with an
@@ -53,9 +53,9 @@ case "$stage" in
         build_all && time make PYTHON="$PYTHON" gpucheck-ranks 2>&1 | tee "$LOG_DIR/gpu_trainer_ranks.log"
         ;;
     bench)
-        build_all && time make PYTHON="$PYTHON" bench BENCH_ARGS="--quick" 2>&1 | tee "$LOG_DIR/bench.log"
-        newest=$(ls -t doc/benchmarks/*.md 2>/dev/null | head -1)
-        [ -n "$newest" ] && cp "$newest" "${newest%.md}.json" "$LOG_DIR/" 2>/dev/null
+        # straight into the logs: bench.py rewrites its .md and .json after every run, so a call cut
+        # off at its limit still returns what was measured (commit them under doc/benchmarks/)
+        build_all && time make PYTHON="$PYTHON" bench BENCH_ARGS="--quick --out $LOG_DIR" 2>&1 | tee "$LOG_DIR/bench.log"
         ;;
     parity)
         # PARITY_* override the run for a dry run without a GPU (test/test_scripts.py: the CPU trainer)

@@ -115,6 +115,7 @@ def test_main_writes_both_files_and_exits_1_for_the_failed_runs(bench_run):
     ] + [r for r in records if r["benchmark"] == "ranks" and r["precision"] == "fp8" and r["zero"] == 3]
     assert markdown.startswith(f"# Benchmark {md_name[:10]} on {DEVICE}\n") and markdown.endswith("\n")
     assert "error: error:" not in markdown  # the trainer's own "error: " prefix is not doubled
+    assert "Incomplete" not in markdown  # the last rewrite is the complete report
 
 
 def test_train_records_carry_the_trainer_figures(bench_run):

@@ -11,6 +11,7 @@ each model's whole-model fwd+bwd ratios and nothing else, in the markdown next t
 targets; malformed lines are refused naming the line; and ./bench_gemm's bad flags end with
 one "error:" line before any CUDA call.
 """
+import json
 import os
 import random
 import re
@@ -269,3 +270,21 @@ def test_a_run_past_its_limit_is_killed_and_named(tmp_path):
     assert bench.failure_line(results[0][2], results[0][0], 1) == "ran past 1 s and was killed"
     assert bench.run_programs([["sh", "-c", "echo out; echo 'error: bad flag' >&2; exit 2"]], 10) == [(2, "out\n", "error: bad flag\n")]
     assert bench.failure_line("error: bad flag\n", 2) == "bad flag" and bench.failure_line("", 3) == "exit 3"
+
+
+def test_the_report_is_written_as_it_goes(tmp_path):
+    """bench.py rewrites its .md and .json after every record, marked incomplete until the end, so a
+    device call cut off at its limit still returns what was measured"""
+    bench = load_bench()
+    info = {"date": "2026-11-22", "device": "Fake GPU", "commit": "abc", "quick": True, "T": 1024, "steps": 6}
+    record = {"benchmark": "train", "model": "d12", "precision": "bf16", "recipe": "-", "optimizer": "adamw",
+              "weight_scaling": "-", "lm_head": "-", "master_weights": True, "error": "out of memory"}
+    base = str(tmp_path / "report")
+    bench.write_report(base, [record], "", info, complete=False)
+    markdown = open(base + ".md").read()
+    assert "**Incomplete**: this file is rewritten after every run; it stopped after 1 records." in markdown
+    assert "| d12 | bf16 | - | adamw | - | - | yes | | | error: out of memory |" in markdown
+    assert json.load(open(base + ".json")) == [record]
+    bench.write_report(base, [record], "", info, complete=True)
+    assert "Incomplete" not in open(base + ".md").read()
+    assert sorted(os.listdir(tmp_path)) == ["report.json", "report.md"]  # no .tmp left behind

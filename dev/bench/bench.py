@@ -496,6 +496,51 @@ def run_gemm(models, quick, device, commit):
     return records, gemm_markdown(records, gemm_tables(stdout), command, device, commit)
 
 
+def write_report(base, records, gemm_section, run_info, complete):
+    """base.json and base.md from the records so far. main() rewrites both after every record, so a
+    run cut off (a device call's time limit) leaves what it measured, marked incomplete"""
+    with open(base + ".json.tmp", "w") as f:
+        json.dump(records, f, indent=1)
+    os.replace(base + ".json.tmp", base + ".json")
+    with open(base + ".md.tmp", "w") as f:
+        f.write(f"# Benchmark {run_info['date']} on {run_info['device']}\n\ncommit `{run_info['commit']}`, command "
+                f"`python dev/bench/bench.py{' --quick' if run_info['quick'] else ''}`, synthetic tokens, T={run_info['T']}, "
+                f"{run_info['steps']} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
+        if not complete:
+            f.write(f"**Incomplete**: this file is rewritten after every run; it stopped after {len(records)} records.\n\n")
+        f.write("| model | precision | recipe | optimizer | -fw | lm_head | master | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in records:
+            if r["benchmark"] != "train":
+                continue
+            if "error" in r:
+                f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | "
+                        f"{r.get('weight_scaling', '')} | {r.get('lm_head', '')} | {master_text(r)} | | | error: {r['error']} | | | | |\n")
+                continue
+            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+            opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
+            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | {r['lm_head']} | {master_text(r)} | {r['B']} | "
+                    f"{r['T']} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
+        comparison = weight_cast_comparison(records)
+        if comparison:
+            f.write(f"\n{weight_cast_markdown(comparison)}")
+        lm_head_rows = lm_head_comparison(records)
+        if lm_head_rows:
+            f.write(f"\n{lm_head_markdown(lm_head_rows)}")
+        if memory_rows(records):
+            f.write(f"\n{memory_markdown(memory_rows(records))}")
+        if gemm_section:
+            f.write(f"\n{gemm_section}")
+        ranks_records = [r for r in records if r["benchmark"] == "ranks"]
+        if ranks_records:
+            f.write("\n" + ranks_markdown(ranks_records))
+        for r in records:
+            if r.get("kernel_breakdown"):
+                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} lm_head {r['lm_head']} master {master_text(r)} B={r['B']}: "
+                        f"per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
+    os.replace(base + ".md.tmp", base + ".md")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="d12 and d48 only, fewer steps and GEMM launches (make gpucheck)")
@@ -522,71 +567,40 @@ def main():
 
     device, commit = gpu_name(), git_commit()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    run_info = {"date": date, "device": device, "commit": commit, "quick": args.quick, "T": T, "steps": steps}
+    os.makedirs(args.out, exist_ok=True)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
+    base = os.path.join(args.out, f"{date}-{slug}{'-quick' if args.quick else ''}")
     records = []
+    gemm_section = ""
+
+    def add(new_records):
+        for rec in new_records:
+            rec.update({"device": device, "commit": commit, "date": date})
+        records.extend(new_records)
+        write_report(base, records, gemm_section, run_info, complete=False)
+
     for model, B, recompute in configs:
         for precision, recipe, optimizer, weights, lm_head, master in model_runs(model):
             rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path, master)
-            rec.update({"benchmark": "train", "device": device, "commit": commit, "date": date})
-            records.append(rec)
+            add([dict(rec, benchmark="train")])
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
             if rec.get("optimizer_ms") is not None:
                 print(f"{model} {precision} {recipe} {optimizer} -fw {weights}: optimizer step {rec['optimizer_ms']:.3f} ms",
                       flush=True)
 
     gemm_models = [model for model, _, _ in configs if model in GEMM_TARGETS]
-    gemm_section = ""
     if gemm_models:
         gemm_records, gemm_section = run_gemm(gemm_models, args.quick, device, commit)
-        for rec in gemm_records:
-            rec.update({"device": device, "commit": commit, "date": date})
-        records += gemm_records
+        add(gemm_records)
 
-    ranks_records = []
     for precision in (("bf16", "fp8") if any(model == RANKS_MODEL for model, _, _ in configs) else ()):
         for ranks, zero in ((1, 1), (2, 1), (2, 3)):
             rec = run_ranks(ranks, precision, steps, data_path, T, zero)
-            rec.update({"benchmark": "ranks", "device": device, "commit": commit, "date": date})
-            ranks_records.append(rec)
+            add([dict(rec, benchmark="ranks")])
             print(json.dumps(rec), flush=True)
-    records += ranks_records
 
-    os.makedirs(args.out, exist_ok=True)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
-    base = os.path.join(args.out, f"{date}-{slug}{'-quick' if args.quick else ''}")
-    with open(base + ".json", "w") as f:
-        json.dump(records, f, indent=1)
-    with open(base + ".md", "w") as f:
-        f.write(f"# Benchmark {date} on {device}\n\ncommit `{commit}`, command `python dev/bench/bench.py{' --quick' if args.quick else ''}`, "
-                f"synthetic tokens, T={T}, {steps} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
-        f.write("| model | precision | recipe | optimizer | -fw | lm_head | master | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-        for r in records:
-            if r["benchmark"] != "train":
-                continue
-            if "error" in r:
-                f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | "
-                        f"{r.get('weight_scaling', '')} | {r.get('lm_head', '')} | {master_text(r)} | | | error: {r['error']} | | | | |\n")
-                continue
-            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-            opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
-            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | {r['lm_head']} | {master_text(r)} | {r['B']} | "
-                    f"{r['T']} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
-        comparison = weight_cast_comparison(records)
-        if comparison:
-            f.write(f"\n{weight_cast_markdown(comparison)}")
-        lm_head_rows = lm_head_comparison(records)
-        if lm_head_rows:
-            f.write(f"\n{lm_head_markdown(lm_head_rows)}")
-        if memory_rows(records):
-            f.write(f"\n{memory_markdown(memory_rows(records))}")
-        if gemm_section:
-            f.write(f"\n{gemm_section}")
-        if ranks_records:
-            f.write("\n" + ranks_markdown(ranks_records))
-        for r in records:
-            if r.get("kernel_breakdown"):
-                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} lm_head {r['lm_head']} master {master_text(r)} B={r['B']}: "
-                        f"per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
+    write_report(base, records, gemm_section, run_info, complete=True)
     print("wrote", base + ".md", "and", base + ".json")
     if any("error" in r for r in records):
         sys.exit(1)
