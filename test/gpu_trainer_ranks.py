@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 
@@ -81,7 +82,7 @@ def run(ranks, args, workdir):
     """one multi-rank run to its end, or killed after RUN_LIMIT_S (bench.py's run_programs); returns
     (exit codes, rank 0's stdout)"""
     results = bench.run_programs(rank_commands(ranks, args, workdir), RUN_LIMIT_S, RANK_ENV)
-    if results[0][0] is None:
+    if any(code is None for code, _, _ in results):
         check(False, f"{ranks}-rank run {' '.join(str(a) for a in args[:12])} ...: still running after {RUN_LIMIT_S} s, killed")
     for r, (code, out, err) in enumerate(results):
         if code != 0:
@@ -242,10 +243,14 @@ def main():
     # a killed rank: the survivor stops within -pt with one line naming its rank and the collective
     kill_timeout_s = 20
     procs = launch(2, common + ["-b", 4, "-x", 100000], tmp, timeout_s=kill_timeout_s)
-    deadline = time.time() + 300
-    line = ""
-    while time.time() < deadline and "step" not in line:
+    # rank 0 must reach its first step within RUN_LIMIT_S; the watchdog ends a hang before it
+    watchdog = threading.Timer(RUN_LIMIT_S, lambda: [p.kill() for p in procs])
+    watchdog.start()
+    line = procs[0].stdout.readline()
+    while line and not line.startswith("step"):
         line = procs[0].stdout.readline()
+    watchdog.cancel()
+    check(line.startswith("step"), f"killed rank: rank 0 reaches its first step within {RUN_LIMIT_S} s")
     procs[1].send_signal(signal.SIGKILL)
     start = time.time()
     try:

@@ -264,10 +264,15 @@ def test_a_run_past_its_limit_is_killed_and_named(tmp_path):
     hang.write_text("#!/bin/sh\necho started\nsleep 60\n")  # the sleep is a child: the whole group must go
     hang.chmod(0o755)
     start = time.monotonic()
-    results = bench.run_programs([[str(hang)], ["sh", "-c", "echo done"]], 1)
+    # a rank that failed beside one that hangs (a peer blocked in a collective): the failure keeps its line
+    results = bench.run_programs([[str(hang)], ["sh", "-c", "echo 'error: NCCL init failed' >&2; exit 1"]], 1)
     assert time.monotonic() - start < 15
-    assert [code for code, _, _ in results] == [None, None] and results[0][1] == "started\n"
+    assert results == [(None, "started\n", ""), (1, "", "error: NCCL init failed\n")]
     assert bench.failure_line(results[0][2], results[0][0], 1) == "ran past 1 s and was killed"
+    assert bench.failure_line(results[1][2], results[1][0], 1) == "NCCL init failed"
+    # programs that write more than a pipe holds, side by side, both finish
+    big = ["python3", "-c", "import sys; sys.stdout.write('x' * 200000)"]
+    assert [(code, len(out)) for code, out, _ in bench.run_programs([big, big], 30)] == [(0, 200000), (0, 200000)]
     assert bench.run_programs([["sh", "-c", "echo out; echo 'error: bad flag' >&2; exit 2"]], 10) == [(2, "out\n", "error: bad flag\n")]
     assert bench.failure_line("error: bad flag\n", 2) == "bad flag" and bench.failure_line("", 3) == "exit 3"
 

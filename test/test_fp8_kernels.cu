@@ -620,6 +620,15 @@ static void check_producer_cast(ProducerCast cast, const DeviceFp8* t, const flo
     host_cast_free(&h);
 }
 
+// two bf16 device tensors bit for bit
+static void check_same_bf16(const floatX* d_got, const floatX* d_expected, size_t n, const char* what, const char* tensor) {
+    float* got = download_bf16_as_floats(d_got, n);
+    float* expected = download_bf16_as_floats(d_expected, n);
+    CHECK(count_float_mismatches(got, expected, n, what) == 0, "%s: %s differs from the plain kernel's", what, tensor);
+    free(got);
+    free(expected);
+}
+
 static void run_layernorm_fp8(ProducerCast cast, const Fp8CastOutput* out, floatX* residual, floatX* normed, float* mean,
                               float* rstd, const floatX* inp1, const floatX* inp2, const floatX* weight, const floatX* bias,
                               int N, int C) {
@@ -658,13 +667,7 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
     CHECK(count_float_mismatches(out_fp8, out_plain, n, what) == 0, "%s: bf16 output differs from the plain kernel's", what);
     float* stats = (float*)download(d_stats, 4 * N * sizeof(float));
     CHECK(count_float_mismatches(stats + 2 * N, stats, 2 * N, what) == 0, "%s: mean/rstd differ from the plain kernel's", what);
-    if (fused_residual) {
-        float* res_plain = download_bf16_as_floats(d_res_plain, n);
-        float* res_fp8 = download_bf16_as_floats(d_res_fp8, n);
-        CHECK(count_float_mismatches(res_fp8, res_plain, n, what) == 0, "%s: residual differs from the plain kernel's", what);
-        free(res_plain);
-        free(res_fp8);
-    }
+    if (fused_residual) { check_same_bf16(d_res_fp8, d_res_plain, n, what, "the residual sum"); }
     check_producer_cast(cast, &t, out_plain, &state, what);
     if (cast == PRODUCER_CAST_DELAYED) {
         CHECK(download_record(&t).saturated > 0, "%s: the test data should saturate some elements", what);
@@ -674,6 +677,7 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
     // one-pass cast needs no row statistics; the two-pass casts normalize from them.
     producer_cast_reset(&t, &state);
     cudaCheck(cudaMemset(d_out_fp8, 0, n * 2));
+    cudaCheck(cudaMemset(d_res_fp8, 0, n * 2));  // the two-pass casts read the residual sum this run writes
     cudaCheck(cudaMemset(d_stats + 2 * N, 0, 2 * N * sizeof(float)));
     bool one_pass = cast == PRODUCER_CAST_DELAYED;
     run_layernorm_fp8(cast, &t.out, residual, NULL, one_pass ? NULL : d_stats + 2 * N, one_pass ? NULL : d_stats + 3 * N,
@@ -683,6 +687,7 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
     size_t written = 0;
     for (size_t i = 0; i < n; i++) { written += untouched[i] != 0.0f; }
     CHECK(written == 0, "%s: %zu bf16 outputs written although normed_out is NULL", what, written);
+    if (fused_residual) { check_same_bf16(d_res_fp8, d_res_plain, n, what, "codes only: the residual sum"); }
 
     device_fp8_free(&t);
     free(untouched); free(stats); free(out_plain); free(out_fp8); free(inp1); free(inp2); free(weight); free(bias);

@@ -3,7 +3,8 @@ test_harness.h: the smallest possible test framework for the C and CUDA tests.
 
 Why: every test binary reports the same way, so `make test` can add them up and CI can
 read the closing line. CHECK records a failure with file, line and a message and goes on;
-test_summary() prints "<name>: N passed, N failed" and returns the exit code.
+test_summary() prints "<name>: N passed, N failed" and returns the exit code. stdout is
+line-buffered, so what a binary printed survives its being stopped.
 */
 #ifndef TEST_HARNESS_H
 #define TEST_HARNESS_H
@@ -13,6 +14,11 @@ test_summary() prints "<name>: N passed, N failed" and returns the exit code.
 
 static int g_tests_passed = 0;
 static int g_tests_failed = 0;
+
+// stdout line-buffered before main: through a pipe (test/run_cpu_tests.sh tees it) it would be
+// block-buffered, and a binary stopped by the runner's timeout, or by a device call's time limit,
+// would lose the FAIL lines it had printed
+__attribute__((constructor)) static void test_harness_line_buffered_stdout(void) { setvbuf(stdout, NULL, _IOLBF, 0); }
 
 #define CHECK(cond, ...) do { \
     if (cond) { g_tests_passed++; } \

@@ -83,3 +83,15 @@ def test_a_hanging_multi_rank_run_is_killed(tmp_path, monkeypatch):
     assert time.monotonic() - start < 15
     assert all(code != 0 for code in codes)
     assert len(ranks.FAILURES) == 1 and "still running after 1 s, killed" in ranks.FAILURES[0]
+
+
+def test_a_stopped_test_binary_keeps_the_lines_it_printed(tmp_path):
+    """test/test_harness.h makes stdout line-buffered: through the runner's pipe a C binary's output
+    would otherwise sit in a buffer, and a binary stopped at its timeout would lose its FAIL lines"""
+    source = tmp_path / "hang.c"
+    source.write_text('#include <unistd.h>\n#include "test/test_harness.h"\n'
+                      'int main(void) { CHECK(0, "boom"); sleep(30); return test_summary("hang"); }\n')
+    binary = str(tmp_path / "hang")
+    subprocess.run(["cc", "-O1", "-I", ROOT, str(source), "-o", binary], check=True, timeout=60)
+    result = run([binary], TEST_TIMEOUT_S="1")
+    assert any(line.startswith("FAIL ") and line.endswith(": boom") for line in result.stdout.splitlines()), result.stdout

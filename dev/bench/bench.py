@@ -82,10 +82,15 @@ GEMM_RECORD_FIELDS = {
     "skip": ("model", "variant", "reason"),
 }
 
-# wall seconds one trainer run (all its ranks) and the ./bench_gemm run may take before they are
-# killed and recorded as an error: a hang costs one record, not the device call (a --quick d48
-# run takes well under a minute)
-RUN_LIMIT_S = {"train": 300, "gemm": 480}
+# wall seconds a trainer run (all its ranks) may take, a fixed part (start-up: init, plans, casts)
+# plus a part per step, and the ./bench_gemm run, before they are killed and recorded as an error:
+# a hang costs one record, not the device call (a --quick d48 run takes well under a minute)
+TRAIN_LIMIT_S = (120, 10)
+GEMM_LIMIT_S = 480
+
+
+def train_limit_s(steps):
+    return TRAIN_LIMIT_S[0] + TRAIN_LIMIT_S[1] * steps
 
 # d12's global batch for the rank records: 1 rank x B or 2 ranks x B/2
 RANKS_MODEL, RANKS_B = "d12", 32
@@ -184,21 +189,38 @@ def command_text(cmd):
 
 
 def run_programs(cmds, limit_s, env=None):
-    """runs the commands side by side (one, or the ranks of a run), each in a process group of its own;
-    returns [(exit code, stdout, stderr)], every group killed at limit_s (exit code None: it ran past)"""
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
-                              start_new_session=True) for c in cmds]
-    deadline = time.monotonic() + limit_s
-    try:
-        outputs = [p.communicate(timeout=max(0.1, deadline - time.monotonic())) for p in procs]
-        return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
-    except subprocess.TimeoutExpired:
+    """runs the commands side by side (one, or the ranks of a run), each in a process group of its own,
+    their output into files (pipes read one at a time could fill and block a program); returns
+    [(exit code, stdout, stderr)]. At limit_s every group is killed, and a program still running then
+    gets exit code None (ran past); one that had exited keeps its code and its error line."""
+    with tempfile.TemporaryDirectory(prefix="llm8_bench_run_") as out_dir:
+        files = [(open(os.path.join(out_dir, f"{i}.out"), "w+"), open(os.path.join(out_dir, f"{i}.err"), "w+"))
+                 for i in range(len(cmds))]
+        procs = [subprocess.Popen(c, stdout=out, stderr=err, text=True, cwd=ROOT, env=env, start_new_session=True)
+                 for c, (out, err) in zip(cmds, files)]
+        deadline = time.monotonic() + limit_s
+        codes = []
         for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        codes = [p.poll() if code is None else code for p, code in zip(procs, codes)]  # exited since
+        for p in procs:  # the groups too: a program's children would outlive it
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        return [(None, out, err) for out, err in (p.communicate() for p in procs)]
+        for p in procs:
+            p.wait()
+        results = []
+        for code, (out, err) in zip(codes, files):
+            out.seek(0)
+            err.seek(0)
+            results.append((code, out.read(), err.read()))
+            out.close()
+            err.close()
+        return results
 
 
 def failure_line(stderr, returncode, limit_s=None):
@@ -226,12 +248,12 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
         cmd += ["-f8", "all"] if lm_head == "fp8" else []
     print("running:", shlex.join(cmd), flush=True)
-    [(returncode, stdout, stderr)] = run_programs([cmd], RUN_LIMIT_S["train"])
+    [(returncode, stdout, stderr)] = run_programs([cmd], train_limit_s(steps))
     failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
               "lm_head": lm_head, "master_weights": master, "command": command_text(cmd)}
     if returncode != 0:
         print(stdout[-3000:], stderr[-3000:], file=sys.stderr)
-        return dict(failed, error=failure_line(stderr, returncode, RUN_LIMIT_S["train"]))
+        return dict(failed, error=failure_line(stderr, returncode, train_limit_s(steps)))
     step_records, breakdown = parse_run(stdout)
     timed = [s for s in step_records if s["step"] > WARMUP_STEPS]
     if not timed:
@@ -329,9 +351,9 @@ def run_ranks(ranks, precision, steps, data_path, T, zero=1):
     with tempfile.TemporaryDirectory(prefix="llm8_bench_ranks_") as fs_dir:
         rank_cmds = [cmd + (["-pn", str(ranks), "-pr", str(r), "-pi", "fs", "-pf", fs_dir] if ranks > 1 else []) for r in range(ranks)]
         print("running:", record["command"], flush=True)
-        results = run_programs(rank_cmds, RUN_LIMIT_S["train"], env)
+        results = run_programs(rank_cmds, train_limit_s(steps), env)
     if any(code != 0 for code, _, _ in results):
-        errors = [failure_line(err, code, RUN_LIMIT_S["train"]) for code, _, err in results if code != 0]
+        errors = [failure_line(err, code, train_limit_s(steps)) for code, _, err in results if code != 0]
         return dict(record, error="; ".join(errors))
     outputs = [(out, err) for _, out, err in results]
     steps_parsed, _ = parse_run(outputs[0][0])
@@ -477,12 +499,12 @@ def run_gemm(models, quick, device, commit):
     cmd = [GEMM_BENCH, "--models", ",".join(models), "--iters", str(iters), "--warmup", str(warmup), "--json", json_path]
     command = command_text(cmd)
     print("running:", command, flush=True)
-    [(returncode, stdout, stderr)] = run_programs([cmd], RUN_LIMIT_S["gemm"])
+    [(returncode, stdout, stderr)] = run_programs([cmd], GEMM_LIMIT_S)
     print(stdout, flush=True)
     error = None
     if returncode != 0:
         print(stderr[-3000:], file=sys.stderr)
-        error = failure_line(stderr, returncode, RUN_LIMIT_S["gemm"])
+        error = failure_line(stderr, returncode, GEMM_LIMIT_S)
     else:
         try:
             with open(os.path.join(ROOT, json_path)) as f:
