@@ -35,13 +35,17 @@ PYTHON="${PYTHON:-python3}"
 names=(bf16)
 flags=("-p bf16")
 for recipe in $RECIPES; do
-    case "$recipe" in
-        delayed|current|block) names+=("fp8_$recipe"); flags+=("-p fp8 -fr $recipe") ;;
-        delayed+lm_head|current+lm_head|block+lm_head)
-            names+=("fp8_${recipe%+lm_head}_lm_head"); flags+=("-p fp8 -fr ${recipe%+lm_head} -f8 all") ;;
+    scaling="${recipe%+lm_head}"
+    case "$scaling" in
+        delayed|current|block) ;;
         *) echo "error: RECIPES: '$recipe' is not an FP8 recipe (expected delayed, current or block, each optionally +lm_head)" >&2
            exit 2 ;;
     esac
+    if [[ "$recipe" == *+lm_head ]]; then
+        names+=("fp8_${scaling}_lm_head"); flags+=("-p fp8 -fr $scaling -f8 all")
+    else
+        names+=("fp8_$scaling"); flags+=("-p fp8 -fr $scaling")
+    fi
 done
 for optimizer in $OPTIMIZERS; do
     case "$optimizer" in
