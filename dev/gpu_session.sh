@@ -32,17 +32,22 @@ PYTHON=${PYTHON:-python3}
 export PYTHON PYTHONUNBUFFERED=1
 JOBS=$(nproc)
 
-if compgen -G ".whl/*.whl" >/dev/null && [ ! -f build/site/include/cudnn_frontend.h ]; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target build/site .whl/*.whl \
-        || { echo "error: dev/gpu_session.sh: could not install the wheels in .whl/ into build/site" >&2; exit 1; }
-fi
+# the carried wheels (the cuDNN frontend headers) into build/site, once, before anything builds
+install_wheels() {
+    if compgen -G ".whl/*.whl" >/dev/null && [ ! -f build/site/include/cudnn_frontend.h ]; then
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target build/site .whl/*.whl \
+            || { echo "error: dev/gpu_session.sh: could not install the wheels in .whl/ into build/site" >&2; exit 1; }
+    fi
+}
 
 build_all() {
+    install_wheels
     make -j"$JOBS" PYTHON="$PYTHON" train_gpt2_fp8 bench_gemm gpu-tests 2>&1 | tee -a "$LOG_DIR/build.log" | tail -5
 }
 
 case "$stage" in
     build)
+        install_wheels
         make env PYTHON="$PYTHON" 2>&1 | tee "$LOG_DIR/env.txt"
         time build_all
         ;;
