@@ -8,7 +8,8 @@ Why it is shaped so:
   needs x^T and dy^T, and dgrad needs W^T. So every cast that feeds a wgrad or a dgrad
   writes the row-major codes and the transposed codes from one read of the input.
 - One tile kernel does every cast: a block stages a 128 x 128 tile in shared memory (after
-  a transform: identity, GELU in gelu.cuh, or the layernorm output in layernorm.cuh), then writes the row-major codes
+  a transform: identity, GELU or its derivative times dy in gelu.cuh, or the layernorm output in
+  layernorm.cuh; optionally summing its columns for the bias gradient), then writes the row-major codes
   (16 bytes per thread, a warp covers 4 whole 128-byte tile rows) and the transposed
   codes (a thread packs 32 rows of one column into two 16-byte stores: each store fills
   a whole 32-byte sector of x^T; a warp reads 32 neighbouring columns of one staged row,
@@ -49,6 +50,16 @@ so tile edges fall on 16-byte boundaries; the last tile in each direction may be
 #define FP8_TILE 128
 #define FP8_TILE_THREADS 256
 #define FP8_BLOCK_SCALE_ALIGN 4  // the 128x128 scale rows are padded to 16 bytes (4 floats)
+
+/*
+The bias gradient's fixed summation order, shared by matmul.cuh's dbias kernel and the tile
+cast's column sums (the block recipe's one-pass dy), so both give the same bits: rows are
+summed in chunks of DBIAS_ROWS_PER_CHUNK (one tile) into one fp32 partial per chunk and
+column; within a chunk, lane l of DBIAS_ROW_LANES sums rows l, l + DBIAS_ROW_LANES, ... in
+order from 0.0f, and the lanes are then added in lane order from 0.0f.
+*/
+#define DBIAS_ROWS_PER_CHUNK FP8_TILE
+#define DBIAS_ROW_LANES 8
 
 typedef enum {
     FP8_SCALING_TENSOR = 0,     // one scale per tensor, from its Fp8TensorScaling (delayed or current)
@@ -180,12 +191,14 @@ void fp8_amax_launch(Fp8CastRecord* record, const In* in, size_t n, Transform tr
 /*
 One 128 x 128 tile per block (the last ones short), FP8_TILE_THREADS threads.
 transformed_out (bf16 staging only, may be NULL): also store the transformed tensor.
+column_sums (may be NULL): the tile's column sums of the staged (transformed, rounded)
+values, in the bias gradient's order (DBIAS_ROWS_PER_CHUNK), at [row tile][cols].
 record_amax: fold the tile's amax into record->amax_bits (the delayed one-pass cast).
 Statistics count the row-major codes when they are written, else the transposed ones.
 */
 template <class In, class Transform>
 __global__ void __launch_bounds__(FP8_TILE_THREADS)
-fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, const In* in, int rows, int cols,
+fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_sums, const In* in, int rows, int cols,
                           bool record_amax, Transform transform) {
     constexpr int vector = (int)(16 / sizeof(In));
     constexpr int stride = FP8_TILE + vector;  // one 16-byte pad per staged row
@@ -217,6 +230,17 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, const In* in, 
         if (transformed_out != NULL) { store128(transformed_out + at, packed); }
     }
     __syncthreads();
+
+    if (column_sums != NULL && threadIdx.x < cols_here) {
+        const int c = threadIdx.x;
+        float total = 0.0f;
+        for (int lane = 0; lane < DBIAS_ROW_LANES; lane++) {
+            float lane_sum = 0.0f;
+            for (int r = lane; r < rows_here; r += DBIAS_ROW_LANES) { lane_sum += fp8_stage_to_float(tile[r * stride + c]); }
+            total += lane_sum;
+        }
+        column_sums[(size_t)blockIdx.y * cols + c0 + c] = total;
+    }
 
     // block recipes: the amax of every row piece and column piece of the tile, two threads each
     float tensor_scale = 0.0f;
@@ -312,15 +336,15 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, const In* in, 
 }
 
 template <class In, class Transform>
-void fp8_cast_transpose_launch(const Fp8CastOutput* out, In* transformed_out, const In* in, int rows, int cols,
-                               bool record_amax, Transform transform, cudaStream_t stream) {
+void fp8_cast_transpose_launch(const Fp8CastOutput* out, In* transformed_out, float* column_sums, const In* in,
+                               int rows, int cols, bool record_amax, Transform transform, cudaStream_t stream) {
     const int vector = (int)(16 / sizeof(In));
     size_t shared_bytes = (size_t)FP8_TILE * (FP8_TILE + vector) * sizeof(In);
     cudaCheck(cudaFuncSetAttribute(fp8_cast_transpose_kernel<In, Transform>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)shared_bytes));  // fp32 staging is 66 KB, above the 48 KB default
     dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE));
     fp8_cast_transpose_kernel<In, Transform><<<grid, FP8_TILE_THREADS, shared_bytes, stream>>>(
-        *out, transformed_out, in, rows, cols, record_amax, transform);
+        *out, transformed_out, column_sums, in, rows, cols, record_amax, transform);
     cudaCheck(cudaGetLastError());
 }
 
@@ -332,7 +356,7 @@ template <class In, class Transform>
 void fp8_cast_transpose_with(const Fp8CastOutput* out, In* transformed_out, const In* in, int rows, int cols,
                              Transform transform, const char* who, cudaStream_t stream) {
     fp8_cast_check(out, rows, cols, who);
-    fp8_cast_transpose_launch(out, transformed_out, in, rows, cols, true, transform, stream);
+    fp8_cast_transpose_launch(out, transformed_out, (float*)NULL, in, rows, cols, true, transform, stream);
 }
 
 /*
@@ -347,7 +371,7 @@ void fp8_cast_transpose_current_with(const Fp8CastOutput* out, In* transformed_o
     if (out->scaling != FP8_SCALING_TENSOR) { llm8_die("%s: current scaling is per tensor; the block recipe casts per tile", who); }
     if (!amax_known) { fp8_amax_launch(out->record, in, (size_t)rows * cols, transform, stream); }
     fp8_scaling_update_records(out->state, out->record, 1, stream);
-    fp8_cast_transpose_launch(out, transformed_out, in, rows, cols, false, transform, stream);
+    fp8_cast_transpose_launch(out, transformed_out, (float*)NULL, in, rows, cols, false, transform, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -384,9 +408,9 @@ void fp8_cast_weight(const Fp8CastOutput* out, const float* master, const floatX
         if (out->scaling != FP8_SCALING_BLOCKS_128x128) { llm8_die("fp8_cast_weight: the block recipe scales weights per 128x128 block"); }
         fp8_cast_check(out, OC, C, "fp8_cast_weight");
         if (master != NULL) {
-            fp8_cast_transpose_launch(out, (float*)NULL, master, OC, C, false, Fp8Identity(), stream);
+            fp8_cast_transpose_launch(out, (float*)NULL, (float*)NULL, master, OC, C, false, Fp8Identity(), stream);
         } else {
-            fp8_cast_transpose_launch(out, (floatX*)NULL, weight, OC, C, false, Fp8Identity(), stream);
+            fp8_cast_transpose_launch(out, (floatX*)NULL, (float*)NULL, weight, OC, C, false, Fp8Identity(), stream);
         }
     }
 }

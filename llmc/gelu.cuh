@@ -71,6 +71,16 @@ struct Fp8GeluTransform {
     __device__ __forceinline__ float operator()(float x, int, int) const { return gelu_forward_element(x); }
 };
 
+// the bf16 dout * gelu'(pre_gelu), as gelu_backward_inplace stores it (the tile cast rounds
+// the product to bf16): the block recipe's one pass over fc's output gradient (matmul.cuh)
+struct Fp8GeluBackwardTransform {
+    const floatX* pre_gelu;  // [rows][cols], the tile's rows and cols
+    int cols;
+    __device__ __forceinline__ float operator()(float dout, int row, int col) const {
+        return gelu_backward_element(__bfloat162float(pre_gelu[(size_t)row * cols + col])) * dout;
+    }
+};
+
 /*
 inp [rows][cols] pre-GELU -> fp8: the codes of GELU(inp) as stored in bf16, and/or their
 transpose. out (may be NULL) also receives the bf16 GELU output. Per tensor: the one-pass

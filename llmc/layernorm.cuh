@@ -255,7 +255,7 @@ static void layernorm_forward_two_pass(const Fp8CastOutput* fp8, floatX* residua
     layernorm_forward_launch<FP8_PASS>(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, fp8, stream);
     if (FP8_PASS == LAYERNORM_FP8_AMAX) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
     LayernormOutputTransform output = {mean, rstd, weight, bias};
-    fp8_cast_transpose_launch(fp8, (floatX*)NULL, inp2 == NULL ? inp1 : residual_out, N, C, false, output, stream);
+    fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, inp2 == NULL ? inp1 : residual_out, N, C, false, output, stream);
 }
 
 void layernorm_forward_fp8(const Fp8CastOutput* fp8, floatX* residual_out, floatX* normed_out, float* mean, float* rstd,

@@ -35,7 +35,8 @@ CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / _BLK128x128_32F). D stays bf16 (CUDA 1
 D scale or amax pointer with a bf16 D, so no amax comes out of a GEMM); wgrad accumulates
 with beta = 1 into the bf16 gradient or an fp32 buffer. Fast accumulation only in the
 per-tensor forward. The dgrad of fcproj through GELU and the bias gradient move into the
-pass that casts dy (matmul_backward_fp8_dout), which reads dy anyway for its amax. dgrad and
+pass that reads dy anyway (matmul_backward_fp8_dout): current scaling's amax pass, or the
+block recipe's one tile-cast pass. dgrad and
 wgrad are FP8 or bf16 each on its own: the cast writes only the codes an FP8 GEMM reads,
 and matmul_backward runs the bf16 one alone (NULL for the other's output).
 */
@@ -320,9 +321,8 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
 
 // A block sums DBIAS_ROWS_PER_CHUNK rows of dout for DBIAS_BLOCK_COLUMNS columns: 32 threads
 // across (8 columns each, one 16-byte load) by DBIAS_ROW_LANES threads down (strided rows),
-// then the row lanes are added in lane order. Nothing depends on the GPU's size or timing.
-#define DBIAS_ROWS_PER_CHUNK 256
-#define DBIAS_ROW_LANES 8
+// then the row lanes are added in lane order (the order fp8_cast.cuh defines, which the
+// block recipe's tile cast also sums in). Nothing depends on the GPU's size or timing.
 #define DBIAS_BLOCK_COLUMNS (32 * 8)
 static_assert(DBIAS_BLOCK_COLUMNS == 32 * x128::size && DBIAS_ROW_LANES * 32 == DBIAS_BLOCK_COLUMNS,
               "each thread of a dbias block finishes exactly one of the block's columns");
@@ -378,20 +378,23 @@ __global__ void matmul_dbias_finish_kernel(floatX* dbias, const float* partial, 
     dbias[column] = (floatX)((float)dbias[column] + total);
 }
 
+// dbias += the chunk partials in dbias_scratch, in chunk order
+static void matmul_dbias_finish(floatX* dbias, const float* dbias_scratch, int N, int OC, cudaStream_t stream) {
+    const int finish_block = 256;
+    matmul_dbias_finish_kernel<<<ceil_div(OC, finish_block), finish_block, 0, stream>>>(
+        dbias, dbias_scratch, ceil_div(N, DBIAS_ROWS_PER_CHUNK), OC);
+    cudaCheck(cudaGetLastError());
+}
+
 // dbias += column sums of dout (when dbias != NULL); pre_gelu and record as in the partial kernel
 static void matmul_dbias_launch(floatX* dbias, float* dbias_scratch, floatX* dout, const floatX* pre_gelu,
                                 Fp8CastRecord* record, int N, int OC, cudaStream_t stream) {
     if (dbias_scratch == NULL) { llm8_die("matmul backward: the bias gradient needs dbias_scratch"); }
-    int chunks = ceil_div(N, DBIAS_ROWS_PER_CHUNK);
-    dim3 grid(ceil_div(OC, DBIAS_BLOCK_COLUMNS), chunks);
+    dim3 grid(ceil_div(OC, DBIAS_BLOCK_COLUMNS), ceil_div(N, DBIAS_ROWS_PER_CHUNK));
     dim3 block(32, DBIAS_ROW_LANES);
     matmul_dbias_partial_kernel<<<grid, block, 0, stream>>>(dbias_scratch, dout, N, OC, pre_gelu, record);
     cudaCheck(cudaGetLastError());
-    if (dbias != NULL) {
-        const int finish_block = 256;
-        matmul_dbias_finish_kernel<<<ceil_div(OC, finish_block), finish_block, 0, stream>>>(dbias, dbias_scratch, chunks, OC);
-        cudaCheck(cudaGetLastError());
-    }
+    if (dbias != NULL) { matmul_dbias_finish(dbias, dbias_scratch, N, OC, stream); }
 }
 
 // ----------------------------------------------------------------------------
@@ -622,39 +625,42 @@ bool matmul_backward_fp8_supported(floatX* dinp, void* dweight, cudaDataType_t d
 }
 
 /*
-The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs:
-1. (pre_gelu != NULL) dout *= gelu'(pre_gelu) in place: fc's dout is fcproj's dgrad output;
-   dbias partial sums in fixed order (as matmul_backward), and for per-tensor (current)
-   scaling the amax, with one atomicMax per block: one read of dout (and pre_gelu),
-   plus the in-place write when GELU's derivative is applied (so a bf16 GEMM of the other
-   pass, when only one of dgrad and wgrad is FP8, reads the multiplied dout afterwards);
-2. (per tensor) the state update: the scale from this amax (fp8_scaling_update_records);
-3. the cast to fp8 (E5M2 per tensor; E4M3 1x128 tiles in the block recipe): the codes for
-   an FP8 dgrad (fp8->codes) and the transpose for an FP8 wgrad (fp8->codes_t), either one
-   NULL when its GEMM runs in bf16: the second read of dout, one byte written per element
-   for each code array; then the bias sums finish (dbias += , when dbias != NULL).
-Bytes per element: 2 (read) [+ 2 read + 2 written for GELU] + 2 (read) + 2 (written),
-against the bf16 path's 2 for the bias alone; current scaling cannot cast before the amax
-is known, and cuBLASLt cannot give the amax of a bf16 D (CUDA 13 refuses an amax pointer
-there), so the amax must be a pass of its own, and it rides on the bias pass.
+The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs. With
+pre_gelu != NULL it first makes dout *= gelu'(pre_gelu) in place (fc's dout is fcproj's dgrad
+output; the multiplied dout stays there for a bf16 GEMM of the other pass, when only one of
+dgrad and wgrad is FP8). The bias partials are summed in fixed order (as matmul_backward, so
+dbias has the bf16 path's bits). The cast writes the codes for an FP8 dgrad (fp8->codes) and
+the transpose for an FP8 wgrad (fp8->codes_t), either one NULL when its GEMM runs in bf16;
+then the bias sums finish (dbias += , when dbias != NULL).
+- Per tensor (current scaling, E5M2): the scale needs this dout's amax before the first code
+  is written, and cuBLASLt cannot give the amax of a bf16 D (CUDA 13 refuses an amax pointer
+  there), so the amax is a pass of its own and the GELU product and the bias ride on it:
+  pass 1 reads dout (and pre_gelu, writing dout), the state update makes the scale, pass 2
+  reads dout and casts. Bytes per element: 2 [+ 2 read + 2 written] + 2 + 1 per code array.
+- Block recipe (E4M3 1x128 tiles): a tile's scales come from the tile itself, so one tile-cast
+  pass applies GELU's derivative, sums the bias columns and casts: 2 [+ 2 read + 2 written]
+  + 1 per code array, against the bf16 path's 2 for the bias alone.
 dbias_scratch holds matmul_dbias_scratch_floats(N, OC) floats (needed even without dbias).
 */
 void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* dbias_scratch, floatX* dout,
                               const floatX* pre_gelu, int N, int OC, cudaStream_t stream) {
     fp8_cast_check(fp8, N, OC, "matmul_backward_fp8_dout");
-    bool per_tensor = fp8->scaling == FP8_SCALING_TENSOR;
     if (fp8->scaling == FP8_SCALING_BLOCKS_128x128) { llm8_die("matmul_backward_fp8_dout: gradients are scaled per 1x128 tile in the block recipe"); }
-    if (per_tensor || pre_gelu != NULL || dbias != NULL) {
-        matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, per_tensor ? fp8->record : NULL, N, OC, stream);
+    if (dbias_scratch == NULL) { llm8_die("matmul_backward_fp8_dout: the bias gradient needs dbias_scratch"); }
+    if (fp8->scaling == FP8_SCALING_TENSOR) {
+        matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, fp8->record, N, OC, stream);
+        fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
+        fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, dout, N, OC, false, Fp8Identity(), stream);
+    } else {
+        float* column_sums = dbias != NULL ? dbias_scratch : NULL;
+        if (pre_gelu != NULL) {
+            Fp8GeluBackwardTransform gelu_backward = {pre_gelu, OC};
+            fp8_cast_transpose_launch(fp8, dout, column_sums, dout, N, OC, false, gelu_backward, stream);
+        } else {
+            fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, false, Fp8Identity(), stream);
+        }
     }
-    if (per_tensor) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
-    fp8_cast_transpose_launch(fp8, (floatX*)NULL, dout, N, OC, false, Fp8Identity(), stream);
-    if (dbias != NULL) {
-        const int finish_block = 256;
-        matmul_dbias_finish_kernel<<<ceil_div(OC, finish_block), finish_block, 0, stream>>>(
-            dbias, dbias_scratch, ceil_div(N, DBIAS_ROWS_PER_CHUNK), OC);
-        cudaCheck(cudaGetLastError());
-    }
+    if (dbias != NULL) { matmul_dbias_finish(dbias, dbias_scratch, N, OC, stream); }
 }
 
 #endif // LLMC_MATMUL_CUH

@@ -743,7 +743,15 @@ static void test_backward_dout(int N, int OC, bool with_gelu, bool block) {
     // the expected dout and dbias through the bf16 path's kernels
     if (with_gelu) { gelu_backward_inplace(d_expected, d_pre, (int)n, 0); }
     matmul_dbias_launch(d_dbias_expected, d_scratch, d_expected, NULL, NULL, N, OC, 0);
+    size_t partial_bytes = matmul_dbias_scratch_floats(N, OC) * sizeof(float);
+    float* partials_expected = (float*)download(d_scratch, partial_bytes);
+    cudaCheck(cudaMemset(d_scratch, 0xff, partial_bytes));  // NaNs: the pass must write every partial
     matmul_backward_fp8_dout(&t.out, d_dbias, d_scratch, d_dout, with_gelu ? d_pre : NULL, N, OC, 0);
+    // the fp32 chunk partials, bit for bit (the bf16 dbias alone would hide a different order)
+    float* partials = (float*)download(d_scratch, partial_bytes);
+    CHECK(memcmp(partials, partials_expected, partial_bytes) == 0,
+          "%s: the bias gradient's fp32 chunk partials differ from the bf16 path's (summation order)", what);
+    free(partials); free(partials_expected);
 
     float* got = download_bf16_as_floats(d_dout, n);
     float* expected = download_bf16_as_floats(d_expected, n);
@@ -1160,6 +1168,7 @@ int main(void) {
     test_backward_dout(80, 208, false, false);
     test_backward_dout(272, 832, true, false);
     test_backward_dout(272, 208, true, true);
+    test_backward_dout(144, 400, false, true);
     test_gemm_exact(96, 208, 48);
     test_gemm_exact(256, 768, 2304);
     test_gemm_exact_fast_accumulate(96, 32, 48);
