@@ -358,7 +358,7 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
     bool dgrad_fp8 = fp8_model_runs(fp8, i, FP8_DGRAD), wgrad_fp8 = fp8_model_runs(fp8, i, FP8_WGRAD);
     if (dgrad_fp8 || wgrad_fp8) {
         Fp8CastOutput dy = fp8_model_dy(fp8, i), x = fp8_model_x(fp8, i), w = fp8_model_w(fp8, i);
-        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, stream);
+        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, fp8_model_dy_scale_known(fp8), stream);
         matmul_backward_fp8(dgrad_fp8 ? dinp : NULL, wgrad_fp8 ? dweight : NULL, CUDA_R_16BF, fp8_operand(&dy, false),
                             fp8_operand(&dy, true), fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC, stream);
         if (!dgrad_fp8 || !wgrad_fp8) {  // the bias is summed already
@@ -582,6 +582,7 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
     encoder_backward(param_tensor(model, g, PARAM_WTE), param_tensor(model, g, PARAM_WPE), a->dresidual, model->inputs_cpu,
                      B, T, C, model->encoder_scratch, stream);
     profiler_mark("encoder bwd");
+    fp8_model_end_backward(&model->fp8);
     if (reduce && model->comm != NULL) {
         zero_comm_reduce_chunk(model->comm, g, L, stream);  // wte (lm_head and encoder), wpe, lnf
         zero_comm_wait_reduced(model->comm, stream);
@@ -1139,9 +1140,11 @@ int main(int argc, char** argv) {
     if (fp8_settings.enabled) {
         char passes[256];
         fp8_passes_text(passes, sizeof(passes), fp8_settings.passes);
-        printf("fp8 | recipe %s (history %d, margin %d, weights %s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+        bool block = fp8_settings.recipe == FP8_MODEL_BLOCK;
+        printf("fp8 | recipe %s (history %d, margin %d, weights %s, gradients %s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
                FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe], fp8_settings.history_len, fp8_settings.margin,
-               fp8_settings.recipe == FP8_MODEL_BLOCK ? "128x128 blocks" : FP8_WEIGHT_SCALING_NAMES[fp8_settings.weight_scaling], passes,
+               block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[fp8_settings.weight_scaling],
+               block ? "1x128 tiles" : FP8_SCALING_CHOICE_NAMES[fp8_settings.grad_scaling], passes,
                model.fp8.num_linears, model.fp8.bytes / 1048576.0,
                model.fp8.numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
     }

@@ -101,6 +101,7 @@ typedef struct {
     Fp8TensorScaling* saved_states;      // the snapshot of fp8_model_begin_eval
     Fp8CastRecord* saved_records;
     int x_seeded;                        // every state of a cast activation has been updated (host mirror)
+    int dy_seeded;                       // every state of a cast output gradient has been updated (host mirror)
     int saved_x_seeded;
     int sharded;                         // ZeRO-3: block linears' W codes live in owned_codes and the slots
     uint8_t* slot_w[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER];   // ZeRO-3: a gathered layer's W [OC][K]
@@ -300,13 +301,13 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     return offset;
 }
 
-// host states, fresh: activations by the recipe, gradients current, weights as -fw says
+// host states, fresh: activations by the recipe, gradients as -fg says, weights as -fw says
 static void fp8_model_init_states(const Fp8Model* fp8, Fp8TensorScaling* host) {
     const Fp8Settings* s = &fp8->settings;
     int n = fp8->num_linears;
     for (int i = 0; i < n; i++) {
         fp8_scaling_init(&host[i], fp8_activation_recipe(s), FP8_E4M3, s->history_len, s->margin);
-        fp8_scaling_init(&host[n + i], FP8_RECIPE_CURRENT, FP8_E5M2, s->history_len, s->margin);
+        fp8_scaling_init(&host[n + i], fp8_gradient_recipe(s), FP8_E5M2, s->history_len, s->margin);
         fp8_scaling_init_weight(&host[2 * n + i], s->weight_scaling == FP8_WEIGHTS_DELAYED, s->history_len, s->margin);
     }
 }
@@ -331,6 +332,9 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
         (settings->recipe == FP8_MODEL_BLOCK || fp8_delayed_weights_missing_forward(settings->passes) >= 0)) {
         llm8_die("fp8_model_create: delayed weight scaling needs a per-tensor recipe, and an FP8 forward wherever dgrad is "
                  "FP8 (train_config_fp8_settings)");
+    }
+    if (settings->grad_scaling == FP8_GRADS_DELAYED && settings->recipe == FP8_MODEL_BLOCK) {
+        llm8_die("fp8_model_create: delayed gradient scaling needs a per-tensor recipe (train_config_fp8_settings)");
     }
     const int weight_tensor[LINEAR_KINDS_PER_LAYER] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
@@ -382,6 +386,7 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
     free(host);
     fp8_cast_records_init(fp8->records, states, stream);
     fp8->x_seeded = 0;
+    fp8->dy_seeded = 0;
 }
 
 void fp8_model_free(Fp8Model* fp8) {
@@ -453,6 +458,20 @@ void fp8_model_end_forward(Fp8Model* fp8, cudaStream_t stream) {
     if (fp8_model_delayed_x(fp8)) { fp8_scaling_update_records(fp8->states, fp8->records, fp8->num_linears, stream); }
     fp8->x_seeded = 1;
 }
+
+/*
+Whether output gradients are cast with a scale known before the pass reads dy: the block
+recipe's tiles, or -fg delayed after the first backward (which seeds each history with the
+current path). matmul_backward_fp8_dout then sums the bias and casts in one pass, and
+updates the state right after (the cast copied the scale it used into the record, which
+both backward GEMMs read).
+*/
+static inline bool fp8_model_dy_scale_known(const Fp8Model* fp8) {
+    return fp8_model_block(fp8) || (fp8->settings.grad_scaling == FP8_GRADS_DELAYED && fp8->dy_seeded);
+}
+
+// after every backward: each FP8 output gradient's state has been updated at least once
+void fp8_model_end_backward(Fp8Model* fp8) { fp8->dy_seeded = 1; }
 
 /*
 FP8 linear i's weight W (for an FP8 forward) and W^T (for an FP8 dgrad), from the fp32
@@ -652,12 +671,20 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
                  saved_weight->recipe == FP8_RECIPE_DELAYED ? "delayed" : "current",
                  fp8_model_delayed_weights(fp8) ? "delayed" : "current");
     }
+    const Fp8TensorScaling* saved_dy = &host->states[fp8->num_linears];  // -fg, likewise in the gradients' states
+    bool delayed_grads = fp8->settings.grad_scaling == FP8_GRADS_DELAYED;
+    if (fp8->settings.recipe != FP8_MODEL_BLOCK && (saved_dy->recipe == FP8_RECIPE_DELAYED) != delayed_grads) {
+        llm8_die("state file '%s' was written with -fg %s; this run has -fg %s: resume with the same -fg", path,
+                 saved_dy->recipe == FP8_RECIPE_DELAYED ? "delayed" : "current", delayed_grads ? "delayed" : "current");
+    }
     cudaCheck(cudaMemcpyAsync(fp8->states, host->states, n * sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaMemcpyAsync(fp8->records, host->records, n * sizeof(Fp8CastRecord), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaStreamSynchronize(stream));  // host is the caller's to free
     fp8->x_seeded = 1;
-    for (int i = 0; i < fp8->num_linears; i++) {  // an x that is never cast says nothing
+    fp8->dy_seeded = 1;
+    for (int i = 0; i < fp8->num_linears; i++) {  // a tensor that is never cast says nothing
         if (fp8_model_casts_x(fp8, i) && fp8_scaling_updates_seen(&host->states[i]) == 0) { fp8->x_seeded = 0; }
+        if (fp8_model_casts_dy(fp8, i) && fp8_scaling_updates_seen(&host->states[fp8->num_linears + i]) == 0) { fp8->dy_seeded = 0; }
     }
 }
 

@@ -39,10 +39,17 @@ static const char* const FP8_MODEL_RECIPE_NAMES[3] = {"delayed", "current", "blo
 
 #define FP8_ALL_PASSES (FP8_FWD | FP8_DGRAD | FP8_WGRAD)
 
+// -fw and -fg choose between the same two per-tensor scalings, named alike
+static const char* const FP8_SCALING_CHOICE_NAMES[2] = {"current", "delayed"};
+
 // how the per-tensor recipes scale the weights (-fw): cast after the optimizer pass with the new
 // amax, or inside it with the previous step's (DESIGN.md section 3; fp8_scaling_init_weight)
 typedef enum { FP8_WEIGHTS_CURRENT, FP8_WEIGHTS_DELAYED } Fp8WeightScaling;
-static const char* const FP8_WEIGHT_SCALING_NAMES[2] = {"current", "delayed"};
+
+// how the per-tensor recipes scale the output gradients dy (-fg): current (DESIGN.md section 3:
+// an amax pass, then the cast; dy read twice), or delayed (the amax history's scale, so the
+// pass that sums the bias also casts: dy read once; the first backward seeds the history)
+typedef enum { FP8_GRADS_CURRENT, FP8_GRADS_DELAYED } Fp8GradScaling;
 
 typedef struct {
     int enabled;                  // -p fp8
@@ -50,6 +57,7 @@ typedef struct {
     int history_len;              // delayed activations: amax history length, 1..1024
     int margin;                   // scales divided by 2^margin, 0..16 (per-tensor recipes)
     int weight_scaling;           // Fp8WeightScaling (per-tensor recipes)
+    int grad_scaling;             // Fp8GradScaling (per-tensor recipes)
     int passes[NUM_LINEAR_KINDS]; // per LinearKind its Fp8Pass bits; 0: that linear runs in bf16
     int numerics_every;           // numerics log interval in steps (0 = never)
 } Fp8Settings;
@@ -197,11 +205,12 @@ static inline int fp8_model_recipe_from_name(const char* name) {
     return -1;
 }
 
-static inline int fp8_weight_scaling_from_name(const char* name) {
+// -fw's or -fg's value (flag names the flag in the error)
+static inline int fp8_scaling_choice_from_name(const char* flag, const char* name) {
     for (int i = 0; i < 2; i++) {
-        if (strcmp(name, FP8_WEIGHT_SCALING_NAMES[i]) == 0) { return i; }
+        if (strcmp(name, FP8_SCALING_CHOICE_NAMES[i]) == 0) { return i; }
     }
-    llm8_die("fp8 weight scaling '%s' is not one of current, delayed", name);
+    llm8_die("flag %s: '%s' is not one of current, delayed", flag, name);
     return -1;
 }
 
@@ -218,9 +227,14 @@ static inline int fp8_delayed_weights_missing_forward(const int* passes) {
     return -1;
 }
 
-// the per-tensor state recipe of activations (dy is always current, W as -fw says)
+// the per-tensor state recipe of activations (dy as -fg says, W as -fw says)
 static inline Fp8Recipe fp8_activation_recipe(const Fp8Settings* s) {
     return s->recipe == FP8_MODEL_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
+}
+
+// the per-tensor state recipe of output gradients (-fg)
+static inline Fp8Recipe fp8_gradient_recipe(const Fp8Settings* s) {
+    return s->grad_scaling == FP8_GRADS_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
 }
 
 #endif // LLMC_FP8_RECIPE_H

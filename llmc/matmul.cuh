@@ -36,7 +36,7 @@ D scale or amax pointer with a bf16 D, so no amax comes out of a GEMM); wgrad ac
 with beta = 1 into the bf16 gradient or an fp32 buffer. Fast accumulation only in the
 per-tensor forward. The dgrad of fcproj through GELU and the bias gradient move into the
 pass that reads dy anyway (matmul_backward_fp8_dout): current scaling's amax pass, or the
-block recipe's one tile-cast pass. dgrad and
+one tile-cast pass of a known scale (-fg delayed, the block recipe). dgrad and
 wgrad are FP8 or bf16 each on its own: the cast writes only the codes an FP8 GEMM reads,
 and matmul_backward runs the bf16 one alone (NULL for the other's output).
 */
@@ -632,22 +632,27 @@ dgrad and wgrad is FP8). The bias partials are summed in fixed order (as matmul_
 dbias has the bf16 path's bits). The cast writes the codes for an FP8 dgrad (fp8->codes) and
 the transpose for an FP8 wgrad (fp8->codes_t), either one NULL when its GEMM runs in bf16;
 then the bias sums finish (dbias += , when dbias != NULL).
-- Per tensor (current scaling, E5M2): the scale needs this dout's amax before the first code
-  is written, and cuBLASLt cannot give the amax of a bf16 D (CUDA 13 refuses an amax pointer
-  there), so the amax is a pass of its own and the GELU product and the bias ride on it:
-  pass 1 reads dout (and pre_gelu, writing dout), the state update makes the scale, pass 2
-  reads dout and casts. Bytes per element: 2 [+ 2 read + 2 written] + 2 + 1 per code array.
-- Block recipe (E4M3 1x128 tiles): a tile's scales come from the tile itself, so one tile-cast
-  pass applies GELU's derivative, sums the bias columns and casts: 2 [+ 2 read + 2 written]
-  + 1 per code array, against the bf16 path's 2 for the bias alone.
+- Scale not known before the pass (per-tensor current scaling, E5M2; a delayed state's first
+  use): the scale needs this dout's amax before the first code is written, and cuBLASLt
+  cannot give the amax of a bf16 D (CUDA 13 refuses an amax pointer there), so the amax is a
+  pass of its own and the GELU product and the bias ride on it: pass 1 reads dout (and
+  pre_gelu, writing dout), the state update makes the scale, pass 2 reads dout and casts.
+  Bytes per element: 2 [+ 2 read + 2 written] + 2 + 1 per code array.
+- Scale known (scale_known: -fg delayed after seeding, with the state's scale; the block
+  recipe's 1x128 tiles, always): one tile-cast pass applies GELU's derivative, sums the bias
+  columns and casts; per tensor it records this dout's amax, and the state update follows
+  (the cast copied the scale it used into the record, which the GEMMs read). Bytes per
+  element: 2 [+ 2 read + 2 written] + 1 per code array, against the bf16 path's 2 for the
+  bias alone.
 dbias_scratch holds matmul_dbias_scratch_floats(N, OC) floats (needed even without dbias).
 */
 void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* dbias_scratch, floatX* dout,
-                              const floatX* pre_gelu, int N, int OC, cudaStream_t stream) {
+                              const floatX* pre_gelu, int N, int OC, bool scale_known, cudaStream_t stream) {
     fp8_cast_check(fp8, N, OC, "matmul_backward_fp8_dout");
     if (fp8->scaling == FP8_SCALING_BLOCKS_128x128) { llm8_die("matmul_backward_fp8_dout: gradients are scaled per 1x128 tile in the block recipe"); }
     if (dbias_scratch == NULL) { llm8_die("matmul_backward_fp8_dout: the bias gradient needs dbias_scratch"); }
-    if (fp8->scaling == FP8_SCALING_TENSOR) {
+    bool per_tensor = fp8->scaling == FP8_SCALING_TENSOR;
+    if (per_tensor && !scale_known) {
         matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, fp8->record, N, OC, stream);
         fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
         fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, dout, N, OC, false, Fp8Identity(), stream);
@@ -655,10 +660,11 @@ void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* db
         float* column_sums = dbias != NULL ? dbias_scratch : NULL;
         if (pre_gelu != NULL) {
             Fp8GeluBackwardTransform gelu_backward = {pre_gelu, OC};
-            fp8_cast_transpose_launch(fp8, dout, column_sums, dout, N, OC, false, gelu_backward, stream);
+            fp8_cast_transpose_launch(fp8, dout, column_sums, dout, N, OC, per_tensor, gelu_backward, stream);
         } else {
-            fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, false, Fp8Identity(), stream);
+            fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, per_tensor, Fp8Identity(), stream);
         }
+        if (per_tensor) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
     }
     if (dbias != NULL) { matmul_dbias_finish(dbias, dbias_scratch, N, OC, stream); }
 }

@@ -39,6 +39,7 @@ typedef struct {
     const char* fp8_linears;      // comma list of LINEAR_KIND_NAMES, or all
     const char* fp8_passes;       // comma list of FP8_PASS_NAMES, <linear>.<pass> items, or all (fp8_parse_passes)
     const char* fp8_weight_scaling; // current | delayed (fp8_recipe.h)
+    const char* fp8_grad_scaling;   // current | delayed (fp8_recipe.h)
     const char* optimizer;        // adamw | adamw8
     const char* adamw8_states;    // which tensors keep 8-bit states: default | all | none (quant8.h)
     int fp8_history;
@@ -105,6 +106,8 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-fm", FLAG_INT, TC_OFF(fp8_margin), 0, FP8_MARGIN_MAX, NULL, "fp8 scale margin: per-tensor scales are divided by 2^margin"},
     {"-fw", FLAG_CHOICE, TC_OFF(fp8_weight_scaling), 0, 0, "current delayed",
      "fp8 weight scaling (-fr delayed|current): current (cast after the optimizer step, with the new amax) or delayed (cast inside it, with the previous step's amax and the -fm margin)"},
+    {"-fg", FLAG_CHOICE, TC_OFF(fp8_grad_scaling), 0, 0, "current delayed",
+     "fp8 output-gradient scaling (-fr delayed|current): current (an amax pass, then the cast: dy read twice) or delayed (the cast rides on the bias-gradient pass with an amax history's scale: dy read once)"},
     {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8 (in the passes -f8p gives them), a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
     {"-f8p", FLAG_STRING, TC_OFF(fp8_passes), 0, 0, NULL, "fp8: GEMM passes in FP8, a comma list of fwd,dgrad,wgrad (for every -f8 linear), <linear>.<pass> (e.g. fc.wgrad: that linear only), or all; the union runs in FP8, the rest in bf16"},
     {"-fn", FLAG_INT, TC_OFF(fp8_numerics_every), 0, INT_MAX_FLAG, NULL, "fp8: numerics log (numerics.jsonl in -o) every N steps (0 = never)"},
@@ -170,6 +173,7 @@ static inline TrainConfig train_config_defaults(void) {
     c.fp8_linears = "qkv,attproj,fc,fcproj";
     c.fp8_passes = "fwd,dgrad,wgrad";
     c.fp8_weight_scaling = "current";
+    c.fp8_grad_scaling = "current";
     c.fp8_history = FP8_AMAX_HISTORY_DEFAULT;
     c.fp8_margin = 0;
     c.fp8_numerics_every = 100;
@@ -254,7 +258,7 @@ static inline int choice_is_valid(const char* choices, const char* value) {
 
 /*
 The FP8 settings of the command line (the lists are parsed here; a bad one dies naming its
-flag). -fw delayed needs a per-tensor recipe (the block recipe scales weights per 128x128
+flag). -fw delayed and -fg delayed need a per-tensor recipe (the block recipe scales weights per 128x128
 block, from the block's own amax) and an FP8 forward (the optimizer writes the forward's W
 codes; dgrad's W^T is their transpose).
 */
@@ -264,12 +268,17 @@ static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
     s.recipe = fp8_model_recipe_from_name(c->fp8_recipe);
     s.history_len = c->fp8_history;
     s.margin = c->fp8_margin;
-    s.weight_scaling = fp8_weight_scaling_from_name(c->fp8_weight_scaling);
+    s.weight_scaling = fp8_scaling_choice_from_name("-fw", c->fp8_weight_scaling);
+    s.grad_scaling = fp8_scaling_choice_from_name("-fg", c->fp8_grad_scaling);
     fp8_parse_passes("-f8p", c->fp8_passes, fp8_parse_linears("-f8", c->fp8_linears), s.passes);
     s.numerics_every = c->fp8_numerics_every;
     if (s.weight_scaling == FP8_WEIGHTS_DELAYED && s.recipe == FP8_MODEL_BLOCK) {
         llm8_die("flag -fw delayed: -fr block scales each 128x128 weight block by its own amax; "
                  "use -fw current with -fr block, or -fr delayed|current");
+    }
+    if (s.grad_scaling == FP8_GRADS_DELAYED && s.recipe == FP8_MODEL_BLOCK) {
+        llm8_die("flag -fg delayed: -fr block scales each 1x128 gradient tile by its own amax, in one pass already; "
+                 "use -fg current with -fr block, or -fr delayed|current");
     }
     int missing = s.weight_scaling == FP8_WEIGHTS_DELAYED ? fp8_delayed_weights_missing_forward(s.passes) : -1;
     if (missing >= 0) {

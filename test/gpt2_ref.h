@@ -333,7 +333,7 @@ Scales, per recipe:
   here gpt2ref_fp8_weights_updated does that step's part after each optimizer step (the scale
   pair into forward_used[W], the new amax into the state) and the forwards quantize with
   the pair; the first forward seeds the state with a current cast, as the GPU's start cast;
-- dy: per tensor, current, E5M2;
+- dy: per tensor, current (delayed under -fg delayed: an amax history, seeded by its first use), E5M2;
 - BLOCK: no state: every operand E4M3 with one scale per tile, amax/448 with no margin,
   tiles along each GEMM's K: x and dy 1x128 along C / OC for forward and dgrad, and
   128x1 (along N) for wgrad, where K is N (so x and dy are re-cast transposed, as the
@@ -366,6 +366,7 @@ typedef struct {
     int history_len;                   // delayed amax history, 1..1024
     int margin;                        // delayed and current scales are divided by 2^margin
     int weight_scaling;                // Fp8WeightScaling (fp8_recipe.h): W current, or delayed (per-tensor recipes)
+    int grad_scaling;                  // Fp8GradScaling (fp8_recipe.h): dy current, or delayed (per-tensor recipes)
 } Fp8Emulation;
 
 // the default FP8 recipe: delayed activations, current gradients and weights, all three
@@ -377,6 +378,7 @@ static inline Fp8Emulation fp8_emulation_default(void) {
     e.history_len = FP8_AMAX_HISTORY_DEFAULT;
     e.margin = 0;
     e.weight_scaling = FP8_WEIGHTS_CURRENT;
+    e.grad_scaling = FP8_GRADS_CURRENT;
     return e;
 }
 
@@ -390,6 +392,7 @@ static inline Fp8Emulation fp8_emulation_from_settings(const Fp8Settings* s) {
     e.history_len = s->history_len;
     e.margin = s->margin;
     e.weight_scaling = s->weight_scaling;
+    e.grad_scaling = s->grad_scaling;
     return e;
 }
 
@@ -409,6 +412,12 @@ static inline void fp8_emulation_validate(const Fp8Emulation* e) {
     }
     if (e->weight_scaling == FP8_WEIGHTS_DELAYED && e->recipe == FP8_EMULATE_BLOCK) {
         llm8_die("fp8 emulation: delayed weight scaling needs a per-tensor recipe");
+    }
+    if (e->grad_scaling != FP8_GRADS_CURRENT && e->grad_scaling != FP8_GRADS_DELAYED) {
+        llm8_die("fp8 emulation: gradient scaling %d is unknown (expected current or delayed)", e->grad_scaling);
+    }
+    if (e->grad_scaling == FP8_GRADS_DELAYED && e->recipe == FP8_EMULATE_BLOCK) {
+        llm8_die("fp8 emulation: delayed gradient scaling needs a per-tensor recipe");
     }
     int missing = e->weight_scaling == FP8_WEIGHTS_DELAYED ? fp8_delayed_weights_missing_forward(e->passes) : -1;
     if (missing >= 0) {
@@ -437,7 +446,8 @@ static inline void fp8_linear_state_init(Fp8LinearState* q, const Fp8Emulation* 
     Fp8Recipe x_recipe = e->recipe == FP8_EMULATE_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
     fp8_scaling_init(&q->scaling[FP8_OPERAND_X], x_recipe, FP8_E4M3, e->history_len, e->margin);
     fp8_scaling_init_weight(&q->scaling[FP8_OPERAND_W], e->weight_scaling == FP8_WEIGHTS_DELAYED, e->history_len, e->margin);
-    fp8_scaling_init(&q->scaling[FP8_OPERAND_DY], FP8_RECIPE_CURRENT, FP8_E5M2, e->history_len, e->margin);
+    Fp8Recipe dy_recipe = e->grad_scaling == FP8_GRADS_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
+    fp8_scaling_init(&q->scaling[FP8_OPERAND_DY], dy_recipe, FP8_E5M2, e->history_len, e->margin);
 }
 
 // out = dequantize(quantize(x)) with one scale pair; stats (may be NULL) count the cast

@@ -722,9 +722,16 @@ static void test_gelu_fp8(int N, int C, ProducerCast cast) {
 // ----------------------------------------------------------------------------
 // the fused dy pass: (GELU backward) + bias gradient + amax + update + cast-transpose
 
-static void test_backward_dout(int N, int OC, bool with_gelu, bool block) {
+// how the dy pass scales: per tensor from this dy's amax (two passes), per tensor with a
+// delayed state's known scale (one pass), or 1x128 tiles (one pass)
+typedef enum { DOUT_CURRENT, DOUT_DELAYED, DOUT_BLOCK } DoutScaling;
+static const char* const DOUT_SCALING_NAMES[3] = {"current", "delayed", "block"};
+
+static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scaling) {
     char what[128];
-    snprintf(what, sizeof(what), "matmul_backward_fp8_dout%s%s N=%d OC=%d", with_gelu ? " gelu" : "", block ? " block" : "", N, OC);
+    snprintf(what, sizeof(what), "matmul_backward_fp8_dout%s %s N=%d OC=%d", with_gelu ? " gelu" : "",
+             DOUT_SCALING_NAMES[scaling], N, OC);
+    bool block = scaling == DOUT_BLOCK;
     size_t n = (size_t)N * OC;
     float* dout = host_bf16_normal(n, 1e-3f);
     float* pre = host_bf16_normal(n, 2.0f);
@@ -736,7 +743,8 @@ static void test_backward_dout(int N, int OC, bool with_gelu, bool block) {
     floatX* d_dbias_expected = device_bf16_from(dbias0, OC);
     float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
     Fp8TensorScaling state;
-    fp8_scaling_init(&state, FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
+    fp8_scaling_init(&state, scaling == DOUT_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
+    if (scaling == DOUT_DELAYED) { fp8_scaling_update(&state, 0.5f); }  // seeded: a scale unlike this dout's own
     DeviceFp8 t = block ? device_fp8_make(N, OC, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL)
                         : device_fp8_make(N, OC, FP8_E5M2, FP8_SCALING_TENSOR, &state);
 
@@ -746,7 +754,7 @@ static void test_backward_dout(int N, int OC, bool with_gelu, bool block) {
     size_t partial_bytes = matmul_dbias_scratch_floats(N, OC) * sizeof(float);
     float* partials_expected = (float*)download(d_scratch, partial_bytes);
     cudaCheck(cudaMemset(d_scratch, 0xff, partial_bytes));  // NaNs: the pass must write every partial
-    matmul_backward_fp8_dout(&t.out, d_dbias, d_scratch, d_dout, with_gelu ? d_pre : NULL, N, OC, 0);
+    matmul_backward_fp8_dout(&t.out, d_dbias, d_scratch, d_dout, with_gelu ? d_pre : NULL, N, OC, scaling != DOUT_CURRENT, 0);
     // the fp32 chunk partials, bit for bit (the bf16 dbias alone would hide a different order)
     float* partials = (float*)download(d_scratch, partial_bytes);
     CHECK(memcmp(partials, partials_expected, partial_bytes) == 0,
@@ -774,11 +782,17 @@ static void test_backward_dout(int N, int OC, bool with_gelu, bool block) {
         check_block_scales(&t, &context, what);
         host_cast_free(&h);
         tile_context_free(&context);
-    } else {
+    } else {  // current: the scale from this dout's amax; delayed: the state's scale, then this amax recorded
+        float scale_used = state.scale;
         fp8_scaling_update(&state, host_amax(expected, n));
+        if (scaling == DOUT_CURRENT) { scale_used = state.scale; }
         Fp8TensorScaling device_state = download_state(&t);
         CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
-        HostCast h = host_cast(expected, N, OC, FP8_E5M2, scale_of_tensor, &state.scale);
+        Fp8CastRecord record = download_record(&t);
+        CHECK(record.scale == scale_used && record.amax_bits == 0u,
+              "%s: record holds scale %g and amax bits 0x%x, expected the scale used %g and the amax consumed", what,
+              record.scale, record.amax_bits, scale_used);
+        HostCast h = host_cast(expected, N, OC, FP8_E5M2, scale_of_tensor, &scale_used);
         check_cast(&t, &h, false, what);
         host_cast_free(&h);
     }
@@ -786,7 +800,7 @@ static void test_backward_dout(int N, int OC, bool with_gelu, bool block) {
     // determinism: the same bias bits again
     floatX* d_dbias2 = device_bf16_from(dbias0, OC);
     floatX* d_dout2 = device_bf16_from(dout, n);
-    matmul_backward_fp8_dout(&t.out, d_dbias2, d_scratch, d_dout2, with_gelu ? d_pre : NULL, N, OC, 0);
+    matmul_backward_fp8_dout(&t.out, d_dbias2, d_scratch, d_dout2, with_gelu ? d_pre : NULL, N, OC, scaling != DOUT_CURRENT, 0);
     float* dbias2 = download_bf16_as_floats(d_dbias2, OC);
     CHECK(count_float_mismatches(dbias2, dbias, OC, what) == 0, "%s: the bias gradient is not bitwise deterministic", what);
 
@@ -1005,7 +1019,7 @@ static void test_gemm_block_exact(int N, int C, int OC) {
     float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
     fp8_cast_transpose(&fx.out, d_x, N, C, 0);
     fp8_cast_weight(&fw.out, NULL, d_w, OC, C, false, 0);
-    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, 0);
+    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, false, 0);
     float* xt = transpose_host(x, N, C); float* wt = transpose_host(w, OC, C); float* dyt = transpose_host(dy, N, OC);
 
     snprintf(what, sizeof(what), "fp8 block forward exact N=%d C=%d OC=%d", N, C, OC);
@@ -1072,7 +1086,7 @@ static void test_gemm_sqnr(int N, int C, int OC, bool block) {
     float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
     if (block) { fp8_cast_transpose(&fx.out, d_x, N, C, 0); } else { fp8_cast_transpose_current(&fx.out, d_x, N, C, 0); }
     fp8_cast_weight(&fw.out, NULL, d_w, OC, C, false, 0);
-    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, 0);
+    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, false, 0);
 
     floatX* d_out = (floatX*)device_alloc(ny * 2);
     floatX* d_dinp = (floatX*)device_alloc(nx * 2);
@@ -1165,10 +1179,12 @@ int main(void) {
         test_gelu_fp8(80, 208, (ProducerCast)cast);
         test_gelu_fp8(272, 832, (ProducerCast)cast);
     }
-    test_backward_dout(80, 208, false, false);
-    test_backward_dout(272, 832, true, false);
-    test_backward_dout(272, 208, true, true);
-    test_backward_dout(144, 400, false, true);
+    test_backward_dout(80, 208, false, DOUT_CURRENT);
+    test_backward_dout(272, 832, true, DOUT_CURRENT);
+    test_backward_dout(80, 208, false, DOUT_DELAYED);
+    test_backward_dout(272, 832, true, DOUT_DELAYED);
+    test_backward_dout(272, 208, true, DOUT_BLOCK);
+    test_backward_dout(144, 400, false, DOUT_BLOCK);
     test_gemm_exact(96, 208, 48);
     test_gemm_exact(256, 768, 2304);
     test_gemm_exact_fast_accumulate(96, 32, 48);

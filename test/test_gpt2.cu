@@ -592,10 +592,11 @@ int main(void) {
     test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_per_linear, 0, "fp8 block, passes per linear", stream);
     Fp8Settings delayed_weights = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
     delayed_weights.weight_scaling = FP8_WEIGHTS_DELAYED;  // -fw delayed: the optimizer pass writes the weights' codes
+    delayed_weights.grad_scaling = FP8_GRADS_DELAYED;      // -fg delayed: dy cast in one pass after the first backward
     test_training_trajectory_vs_reference(&delayed, stream);
     test_training_trajectory_vs_reference(&delayed_weights, stream);
     const Fp8Settings* resumable[3] = {&delayed, &block_lm_head, &delayed_weights};
-    const char* resumable_names[3] = {"fp8 delayed", "fp8 block+lm_head", "fp8 delayed, delayed weights+lm_head"};
+    const char* resumable_names[3] = {"fp8 delayed", "fp8 block+lm_head", "fp8 delayed, delayed weights and gradients+lm_head"};
     const char* resumable_dirs[3] = {"build/test_gpt2_ckpt_fp8_delayed", "build/test_gpt2_ckpt_fp8_block",
                                      "build/test_gpt2_ckpt_fp8_delayed_weights"};
     RunRecord fp8_delayed_adamw;  // kept for the adamw8 comparison

@@ -77,8 +77,8 @@ def test_training_run_with_eval_samples_logs_and_checkpoints(workdir, flags):
         assert all(row["amax"] > 0 and row["scale"] > 0 and 0 <= row["frac_saturated"] <= 1 for row in rows)
 
 
-@pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-opt", "adamw8", "-fw", "delayed"]],
-                         ids=["bf16", "fp8-delayed-weights-adamw8"])
+@pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-fg", "delayed"]],
+                         ids=["bf16", "fp8-delayed-weights-gradients-adamw8"])
 def test_resume_is_bitwise(workdir, flags):
     out = workdir / ("resume_" + "_".join(str(f) for f in flags))
     common = flags + ["-x", 6, "-l", 3e-3, "-v", 0, "-s", 0, "-n", 3, "-o", out]
@@ -90,6 +90,20 @@ def test_resume_is_bitwise(workdir, flags):
     a, b = losses(straight.stdout), losses(resumed.stdout)
     assert sorted(b) == [4, 5, 6]
     assert all(a[s] == b[s] for s in (4, 5, 6)), (a, b)
+
+
+def test_delayed_gradient_scaling_is_honoured(workdir):
+    """-fg delayed: the first backward seeds each dy history with the current path (the same first step),
+    then the one-pass cast with the history's scale trains other bits than -fg current"""
+    runs = {}
+    for grads in ("current", "delayed"):
+        out = workdir / f"grads_{grads}"
+        r = train(workdir, ["-p", "fp8", "-fg", grads, "-x", 3, "-v", 0, "-s", 0, "-n", 3, "-o", out])
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"gradients {grads})" in r.stdout, r.stdout[:2000]
+        runs[grads] = (losses(r.stdout), open(out / "model_00000003.bin", "rb").read())
+    assert runs["current"][0][1] == runs["delayed"][0][1]
+    assert runs["current"][1] != runs["delayed"][1], "-fg delayed trained like -fg current"
 
 
 def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):

@@ -175,6 +175,14 @@ class TestBadInput:
     def test_fp8_unknown_weight_scaling(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fw", "lazy"])), "-fw", "lazy", "current delayed")
 
+    def test_fp8_unknown_gradient_scaling(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fg", "history"])), "-fg", "history", "current delayed")
+
+    def test_fp8_delayed_gradients_refused_with_block_recipe(self, binary, data):
+        """the block recipe's 1x128 gradient tiles are scaled by their own amax, in one pass already"""
+        r = run(binary, base_args(data, ["-p", "fp8", "-fr", "block", "-fg", "delayed"]))
+        assert_one_line_error(r, "-fg delayed", "-fr block", "-fg current")
+
     def test_fp8_delayed_weights_refused_with_block_recipe(self, binary, data):
         """block scales come from each 128x128 block's own amax: there is no per-tensor scale to delay"""
         r = run(binary, base_args(data, ["-p", "fp8", "-fr", "block", "-fw", "delayed"]))
@@ -308,7 +316,7 @@ def test_fp8_good_flags_accepted(data, tmp_path):
 def test_help_lists_every_flag_with_default(binary):
     result = run(binary, ["--help"])
     assert result.returncode == 0
-    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
+    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-fg", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt",
              "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pa", "-pt"]
     lines = result.stdout.splitlines()
@@ -450,8 +458,9 @@ def test_cpu_fp8_is_honoured(data, tmp_path):
 
 @pytest.mark.parametrize("fp8_flags", [["-fr", "delayed", "-f8", "all"], ["-fr", "block", "-f8", "all"],
                                        ["-fr", "delayed", "-f8", "all", "-f8p", "qkv.fwd,fc.dgrad,fcproj.wgrad,lm_head.fwd"],
-                                       ["-fr", "delayed", "-fw", "delayed", "-f8", "all"]],
-                         ids=["delayed", "block", "per-linear passes", "delayed weights"])
+                                       ["-fr", "delayed", "-fw", "delayed", "-f8", "all"],
+                                       ["-fr", "current", "-fg", "delayed"]],
+                         ids=["delayed", "block", "per-linear passes", "delayed weights", "delayed gradients"])
 def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, fp8_flags):
     """the scaling states go into the state file (with -fw delayed the weights' too: the scale
     the forwards use is the previous step's), and val evaluations put them back"""
@@ -471,7 +480,18 @@ def test_cpu_fp8_delayed_weights_are_honoured(data, tmp_path):
     assert final_model(tmp_path / "delayed") != final_model(tmp_path / "current"), "-fw delayed trained like -fw current"
 
 
-@pytest.mark.parametrize("second,flag", [(["-p", "fp8", "-fr", "current"], "-fr"), (["-p", "fp8", "-fw", "delayed"], "-fw")])
+def test_cpu_fp8_delayed_gradients_are_honoured(data, tmp_path):
+    """-fg delayed trains through the emulation's delayed dy scaling: the same first step (its history is
+    seeded with the current path), then other bits"""
+    current = run_straight(data, tmp_path / "current", ["-p", "fp8"])
+    delayed = run_straight(data, tmp_path / "delayed", ["-p", "fp8", "-fg", "delayed"])
+    assert "gradients delayed" in delayed.stdout and "gradients current" in current.stdout
+    assert train_losses(tmp_path / "delayed")[0] == train_losses(tmp_path / "current")[0]
+    assert final_model(tmp_path / "delayed") != final_model(tmp_path / "current"), "-fg delayed trained like -fg current"
+
+
+@pytest.mark.parametrize("second,flag", [(["-p", "fp8", "-fr", "current"], "-fr"), (["-p", "fp8", "-fw", "delayed"], "-fw"),
+                                         (["-p", "fp8", "-fg", "delayed"], "-fg")])
 def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path, second, flag):
     r = run_split(data, tmp_path / "split", ["-p", "fp8"], second)
     assert_one_line_error(r, "state_00000003_00000.bin", flag)

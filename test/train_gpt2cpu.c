@@ -6,7 +6,7 @@ the same flag table, data loader, learning-rate schedules, logs and checkpoint/r
 as train_gpt2_fp8, on a tiny model. It is the README's first command where no GPU is found,
 and the end-to-end tests drive it. The numerical choices run through the reference's own
 versions of them: -p fp8 through its FP8 emulation (quantize-dequantize at the points the
-GPU casts, with the -fr -fh -fm -fw -f8 -f8p settings; the scaling states go into the state
+GPU casts, with the -fr -fh -fm -fw -fg -f8 -f8p settings; the scaling states go into the state
 file, and evaluation puts them back, as on the GPU), and -opt adamw8 through the 8-bit
 AdamW host reference (llmc/quant8.h) with the GPU trainer's state-file sections and
 conversions. Flags that only mean something on a GPU (-at, -r, -ge, -kt, -z, -fn, -w,
@@ -146,9 +146,10 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
     if (num_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
         char passes[256];
         fp8_passes_text(passes, sizeof(passes), fp8_config.passes);
-        llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes %s, history %d, margin %d, weights %s): "
-                 "resume with the same -fr -f8p -f8 -fh -fm -fw", path, fp8_config.recipe, passes, fp8_config.history_len,
-                 fp8_config.margin, fp8_config.weight_scaling == FP8_WEIGHTS_DELAYED ? "delayed" : "current");
+        llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes %s, history %d, margin %d, weights %s, "
+                 "gradients %s): resume with the same -fr -f8p -f8 -fh -fm -fw -fg", path, fp8_config.recipe, passes,
+                 fp8_config.history_len, fp8_config.margin, FP8_SCALING_CHOICE_NAMES[fp8_config.weight_scaling],
+                 FP8_SCALING_CHOICE_NAMES[fp8_config.grad_scaling]);
     }
     return step;
 }
@@ -214,8 +215,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { eight_bit_tensors += optimizer.layout.bits[i] == 8; }
     char fp8_passes[256] = "";
     if (fp8_settings.enabled) {
-        snprintf(fp8_passes, sizeof(fp8_passes), ", weights %s, passes ",
-                 fp8_settings.recipe == FP8_MODEL_BLOCK ? "128x128 blocks" : FP8_WEIGHT_SCALING_NAMES[fp8_settings.weight_scaling]);
+        int block = fp8_settings.recipe == FP8_MODEL_BLOCK;
+        snprintf(fp8_passes, sizeof(fp8_passes), ", weights %s, gradients %s, passes ",
+                 block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[fp8_settings.weight_scaling],
+                 block ? "1x128 tiles" : FP8_SCALING_CHOICE_NAMES[fp8_settings.grad_scaling]);
         fp8_passes_text(fp8_passes + strlen(fp8_passes), sizeof(fp8_passes) - strlen(fp8_passes), fp8_settings.passes);
     }
     printf("precision %s%s%s | optimizer %s", fp8_settings.enabled ? "fp8 emulated, recipe " : "fp32",

@@ -262,7 +262,7 @@ static void bench_linear_use_recipe(LinearBench* b, bool block, cudaStream_t str
     fp8_cast_weight(&b->w8, b->master, NULL, b->OC, b->K, false, stream);
     if (block) { fp8_cast_transpose(&b->x8, b->x, b->BT, b->K, stream); }
     else { fp8_cast_transpose_current(&b->x8, b->x, b->BT, b->K, stream); }
-    matmul_backward_fp8_dout(&b->dy8, NULL, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, stream);
+    matmul_backward_fp8_dout(&b->dy8, NULL, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, false, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -294,7 +294,7 @@ static void bench_fp8_backward(LinearBench* b, cudaStream_t stream) {
 }
 
 static void bench_fp8_backward_with_cast(LinearBench* b, cudaStream_t stream) {
-    matmul_backward_fp8_dout(&b->dy8, b->dbias, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, stream);
+    matmul_backward_fp8_dout(&b->dy8, b->dbias, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, false, stream);
     bench_fp8_backward(b, stream);
 }
 
