@@ -25,6 +25,7 @@ from bench_stubs import breakdown_rows, breakdown_text, comm_line, gemm_json, ge
 from dev_modules import load_dev_bench_module
 
 STEPS = 6
+floor_model = load_dev_bench_module("floor_model")
 DEVICE, COMMIT = "NVIDIA H100 80GB HBM3", "0123456789ab"
 
 
@@ -134,6 +135,9 @@ def test_train_records_carry_the_trainer_figures(bench_run):
         assert r["kernel_breakdown"] == breakdown_text(breakdown_rows(flags))
         assert {k: r[k] for k in bench_stubs.memory_figures(flags)} == bench_stubs.memory_figures(flags)
         assert flags.get("-w", "1") == ("1" if r["master_weights"] else "0"), r["command"]
+        floor = floor_model.step_floor_ms(floor_model.run_from_record(r), floor_model.DEVICES["h100"])  # DEVICE: an H100
+        assert r["floor_ms"] == round(floor, 3) and r["floor_ms"] > 0, r["command"]
+    assert not any("floor_ms" in r for r in train if "error" in r)
     assert any(r.get("mfu") is None and "error" not in r for r in train) and any(r.get("mfu") for r in train)
     assert {(r["model"], r["optimizer"]) for r in train if r["master_weights"] is False} == \
         {(m, o) for m in bench.ADAMW8_MODELS for o in ("adamw", "adamw8")}
@@ -190,7 +194,8 @@ def test_markdown_sections(bench_run):
                        f"lm_head {r['lm_head']} master {'yes' if r['master_weights'] else 'no'} B={r['B']}: per-kernel time"
                        for r in ok_train]
     assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed", "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
-                              "Memory: optimizer and master weights", "Per-GEMM FP8 vs bf16",
+                              "Memory: optimizer and master weights", "Floor: measured vs the model's floor",
+                              "Per-GEMM FP8 vs bf16",
                               "Multi-GPU: 2 ranks on one GPU vs 1 rank"] + kernel_headings
 
     by_key = {train_key(r): r for r in ok_train}
@@ -217,6 +222,21 @@ def test_markdown_sections(bench_run):
         assert row == (f"| {r['model']} | {r['optimizer']} | {'yes' if r['master_weights'] else 'no'} | "
                        f"{m['persistent_bytes_per_param']:.3f} | {eight_bit[0]} | {eight_bit[1]} | {m['optimizer_state_gib']:.2f} | "
                        f"{r['peak_mem_mib']} |")
+
+    floor = sections["Floor: measured vs the model's floor"]
+    rows = [l for l in floor.splitlines() if re.match(r"\| d\d+ \| (bf16|fp8) \| \d+ \|", l)]
+    defaults = [by_key[(m, "bf16", "-", "adamw", "-", "-", True)] for m in ("d12", "d48")] + \
+        [by_key[(m, "fp8", "delayed", "adamw", "current", "bf16", True)] for m in ("d12", "d48")]
+    defaults.sort(key=lambda r: records.index(r))  # in the order measured
+    assert rows == [f"| {r['model']} | {r['precision']} | {r['B']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
+                    f"{r['ms_per_step'] / r['floor_ms']:.2f}x |" for r in defaults]
+    assert "H100 SXM (datasheet)" in floor
+    for r in defaults[:2]:  # d12's: the region tables, the stub's measured rows beside their floors
+        run = floor_model.run_from_record(r)
+        assert f"**{floor_model.run_label(run)}**, B={r['B']} T=1024 -r 0: floor {r['floor_ms']:.2f} ms per step" in floor
+        optimizer = dict(breakdown_rows(command_flags(r["command"])))["adamw"]
+        assert re.search(rf"^\| adamw \| [^\n]* \| {optimizer:.3f} \| [\d.]+x \|$", floor, re.M)
+    assert floor.count("| region | matrix TFLOP |") == 2
 
     gemm = sections["Per-GEMM FP8 vs bf16"]
     _, ratios = gemm_json(["d12", "d48"])

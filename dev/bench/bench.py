@@ -46,6 +46,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import floor_model  # noqa: E402  (the per-region floor: doc/performance.md, "The floor")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINER = os.path.join(ROOT, "train_gpt2_fp8")
 GEMM_BENCH = os.path.join(ROOT, "bench_gemm")
@@ -273,6 +276,43 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         "command": command_text(cmd),
         "kernel_breakdown": breakdown,
     }
+
+
+def with_floor(record, device):
+    """a successful train record with "floor_ms": its step's floor on the device's datasheet ceilings"""
+    if "error" in record:
+        return record
+    return dict(record, floor_ms=round(floor_model.step_floor_ms(floor_model.run_from_record(record), floor_model.device_for_gpu(device)), 3))
+
+
+def is_default_run(r):
+    """the default bf16 run and the default FP8 run (delayed recipe, -fw current, lm_head bf16), AdamW with master weights"""
+    if r.get("benchmark") != "train" or "error" in r:
+        return False
+    default = ("-", "-", "-") if r["precision"] == "bf16" else ("delayed", "current", "bf16")
+    return r["optimizer"] == "adamw" and r["master_weights"] is not False and (r["recipe"], r["weight_scaling"], r["lm_head"]) == default
+
+
+def floor_markdown(records, device):
+    """the "Floor" section: measured ms/step against floor_model's floor for each model's default bf16
+    and FP8 runs, and d12's regions measured against their floors"""
+    ceilings = floor_model.device_for_gpu(device)
+    runs = [r for r in records if is_default_run(r)]
+    if not runs:
+        return ""
+    out = ["## Floor: measured vs the model's floor", "",
+           f"The floor is dev/bench/floor_model.py's (a model, not a measurement): per kernel the larger of its matrix "
+           f"FLOPs at the datasheet rate and its fewest bytes at the datasheet bandwidth, on the {ceilings.name}. "
+           f"`python dev/bench/floor_model.py --bench FILE.json` prints the region tables of every run.", "",
+           "| model | precision | B | measured ms/step | floor ms/step | measured / floor |", "|---|---|---|---|---|---|"]
+    for r in runs:
+        out.append(f"| {r['model']} | {r['precision']} | {r['B']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
+                   f"{r['ms_per_step'] / r['floor_ms']:.2f}x |")
+    for r in runs:
+        if r["model"] == "d12" and r.get("kernel_breakdown"):
+            measured = floor_model.measured_regions(r["kernel_breakdown"])
+            out += ["", floor_model.floor_table(floor_model.run_from_record(r), ceilings, measured)]
+    return "\n".join(out + [""])
 
 
 def master_text(record):
@@ -551,6 +591,9 @@ def write_report(base, records, gemm_section, run_info, complete):
             f.write(f"\n{lm_head_markdown(lm_head_rows)}")
         if memory_rows(records):
             f.write(f"\n{memory_markdown(memory_rows(records))}")
+        floor_section = floor_markdown(records, run_info["device"])
+        if floor_section:
+            f.write(f"\n{floor_section}")
         if gemm_section:
             f.write(f"\n{gemm_section}")
         ranks_records = [r for r in records if r["benchmark"] == "ranks"]
@@ -604,7 +647,8 @@ def main():
 
     for model, B, recompute in configs:
         for precision, recipe, optimizer, weights, lm_head, master in model_runs(model):
-            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path, master)
+            rec = with_floor(run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps,
+                                        data_path, master), device)
             add([dict(rec, benchmark="train")])
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
             if rec.get("optimizer_ms") is not None:

@@ -1,0 +1,202 @@
+"""
+Tests of dev/bench/floor_model.py, the per-region floor of a training step (doc/performance.md,
+"The floor"). Its region names are checked against the trainer's profiler_mark calls, parsed
+from train_gpt2_fp8.cu, so a renamed mark fails here; its FLOPs against the closed forms
+(6 x tokens x matmul parameters, 7 B T^2 C L for causal attention); a few kernels' bytes against
+counts made by hand from the kernels' sources at a small shape; the optimizer's traffic against
+DESIGN.md section 4's persistent bytes per parameter; and its CLI's errors and --bench mode.
+"""
+import itertools
+import json
+import re
+
+import pytest
+
+from bench_stubs import breakdown_text
+from dev_modules import ROOT, load_dev_bench_module
+
+fm = load_dev_bench_module("floor_model")
+H100, H200 = fm.DEVICES["h100"], fm.DEVICES["h200"]
+# marks only a multi-GPU step makes (the gradient reduce's wait, the weight all-gather)
+MULTI_GPU_MARKS = {"gradient reduce (exposed)", "weight gather + fp8 weight casts"}
+SMALL = dict(model="d12", B=1, T=128)  # N = 128 tokens, C = 768
+N, C = 128, 768
+
+
+def trainer_marks():
+    """every name profiler_mark is called with in the trainer (a ternary's names too)"""
+    with open(f"{ROOT}/train_gpt2_fp8.cu") as f:
+        source = f.read()
+    calls = re.findall(r"profiler_mark\(([^;]*)\);", source)
+    marks = {name for call in calls for name in re.findall(r'"([^"]+)"', call)}
+    assert len(marks) > 20 and "adamw8" in marks, marks
+    return marks
+
+
+def all_runs(**shape):
+    """one Run per combination of the flags the model distinguishes"""
+    bf16 = [fm.Run(precision="bf16", optimizer=o, master=m, recompute=r, gelu_fusion=g, **shape)
+            for o, m, r, g in itertools.product(fm.OPTIMIZERS, (True, False), (0, 1, 2), (True, False))]
+    fp8 = [fm.Run(precision="fp8", recipe=rc, weight_scaling=w, lm_head=h, optimizer=o, master=m, recompute=r, **shape)
+           for rc, w, h, o, m, r in itertools.product(fm.RECIPES, fm.WEIGHT_SCALINGS, ("bf16", "fp8"), fm.OPTIMIZERS,
+                                                      (True, False), (0, 1, 2))]
+    return bf16 + fp8
+
+
+def kernels(region, prefix, **run):
+    return [k for k in fm.step_kernels(fm.Run(**dict(SMALL, **run))) if k.region == region and k.what.startswith(prefix)]
+
+
+def test_regions_are_the_trainers_marks_and_cover_a_one_gpu_step():
+    marks = trainer_marks()
+    produced = {k.region for run in all_runs(**SMALL) for k in fm.step_kernels(run)}
+    assert produced <= marks, produced - marks
+    assert marks - produced == MULTI_GPU_MARKS
+
+
+def test_matrix_flops_follow_the_closed_forms():
+    for model, (L, C_) in fm.scaling_model.PRESETS.items():
+        Vp = fm.scaling_model.model_shape(model).padded_vocab
+        B, T = 2, 64
+        for run in (fm.Run(model=model, B=B, T=T), fm.Run(model=model, B=B, T=T, precision="fp8", lm_head="fp8"),
+                    fm.Run(model=model, B=B, T=T, precision="fp8", recipe="block", recompute=1)):
+            ks = fm.step_kernels(run)
+            assert sum(k.flops for k in ks if k.kind == "gemm") == 6 * B * T * (L * 12 * C_ * C_ + Vp * C_)
+            assert sum(k.flops for k in ks if k.kind == "attention") == 7 * B * T * T * C_ * L
+            assert all((k.flops > 0) == (k.kind != "memory") for k in ks)
+
+
+def test_fused_residual_layernorm_bytes_by_recipe():
+    stats = N * 2 * 4  # mean and rstd, fp32
+    # bf16: inp1, inp2 read, residual and normed written
+    [ln] = kernels("residual+layernorm fwd", "residual + ln2", precision="bf16")[:1]
+    assert ln.bytes == N * C * 8 + stats
+    # delayed: the same pass writes x and x^T codes instead of the bf16 output
+    [ln] = kernels("residual+layernorm fwd", "residual + ln2", precision="fp8", recipe="delayed")[:1]
+    assert ln.bytes == N * C * (6 + 2) + stats
+    # current: statistics and amax (no output), then the tile cast reads the residual sum again
+    first, second = kernels("residual+layernorm fwd", "residual + ln2", precision="fp8", recipe="current")[:2]
+    assert (first.bytes, second.bytes) == (N * C * 6 + stats, N * C * (2 + 2) + stats)
+    # block: the same two passes, each code array with an fp32 scale per 128 codes
+    _, second = kernels("residual+layernorm fwd", "residual + ln2", precision="fp8", recipe="block")[:2]
+    assert second.bytes == N * C * (2 + 2 * (1 + 4 / 128)) + stats
+
+
+def test_fc_output_gradient_pass_current_vs_block():
+    n = N * 4 * C
+    for recipe in ("current", "delayed"):  # gradients are cast with current scaling in both per-tensor recipes
+        amax, cast = kernels("matmul fc bwd", "fc dy", precision="fp8", recipe=recipe)[:2]
+        # dy, pre_gelu read, the product written, fp32 bias partials per 128 rows; then dy read again, 2 codes written
+        assert (amax.bytes, cast.bytes) == (n * (6 + 4 / 128), n * (2 + 2))
+    [one] = kernels("matmul fc bwd", "fc dy", precision="fp8", recipe="block")[:1]
+    assert one.bytes == n * (6 + 2 * (1 + 4 / 128) + 4 / 128)
+    # bf16: GELU backward (its own region) and the bias pass
+    [gelu] = kernels("gelu bwd", "fc", precision="bf16")[:1]
+    [bias] = kernels("matmul fc bwd", "fc bias", precision="bf16")[:1]
+    assert (gelu.bytes, bias.bytes) == (n * 6, n * (2 + 4 / 128))
+
+
+@pytest.mark.parametrize("optimizer, master, persistent", [
+    ("adamw", True, 16.0), ("adamw", False, 12.0),
+    ("adamw8", True, 8 + 2 + 8 / 256), ("adamw8", False, 4 + 2 + 8 / 256),  # DESIGN.md section 4: 10.03, 6.03
+])
+def test_optimizer_traffic_from_the_persistent_bytes(optimizer, master, persistent):
+    """persistent bytes per parameter = bf16 weight 2 + gradient 2 + the rest (states, master); the
+    update reads the gradient, reads and writes the rest, and writes the bf16 weight (reads it too
+    without a master). adamw8's figures hold for its 8-bit tensors (d12: the four matmul weights);
+    the others keep AdamW's fp32 states"""
+    def traffic(p):
+        return 2 * (p - 4) + 2 + (2 if master else 4)
+
+    shape = fm.scaling_model.model_shape("d12")
+    eight_bit = shape.matmul_elements if optimizer == "adamw8" else 0
+    adamw = 16.0 if master else 12.0
+    expected = eight_bit * traffic(persistent) + (shape.num_parameters - eight_bit) * traffic(adamw)
+    for precision, weight_scaling in (("bf16", "current"), ("fp8", "current"), ("fp8", "delayed")):
+        [update] = kernels(optimizer, "", precision=precision, weight_scaling=weight_scaling, optimizer=optimizer,
+                           master=master)
+        codes = shape.matmul_elements if weight_scaling == "delayed" and precision == "fp8" else 0  # -fw delayed writes W
+        assert update.bytes == pytest.approx(expected + codes, rel=1e-12)
+
+
+def test_fp8_gemms_move_fewer_bytes_and_floors_are_consistent():
+    def gemms(run):
+        return [k for k in fm.step_kernels(run) if k.kind == "gemm"]
+
+    bf16 = gemms(fm.Run(gelu_fusion=False, **SMALL))  # fc's forward is then marked as in FP8
+    for recipe in fm.RECIPES:
+        fp8 = gemms(fm.Run(precision="fp8", recipe=recipe, lm_head="fp8", **SMALL))
+        assert [(k.region, k.what) for k in bf16] == [(k.region, k.what) for k in fp8]
+        assert all(f.bytes < b.bytes and f.rate == "fp8" and b.rate == "bf16" for b, f in zip(bf16, fp8))
+    for run in all_runs(model="d24", B=4, T=1024):
+        ks = fm.step_kernels(run)
+        assert all(k.floor_s(H100) > 0 and k.floor_s(H200) <= k.floor_s(H100) for k in ks)
+        assert fm.step_floor_ms(run, H200) <= fm.step_floor_ms(run, H100)
+        regions = fm.region_floors(ks, H100)
+        assert sum(ms for ms, _, _, _ in regions.values()) == pytest.approx(fm.step_floor_ms(run, H100))
+
+
+def test_current_scaling_costs_more_than_delayed_and_recompute_adds_work():
+    def floor(**run):
+        return fm.step_floor_ms(fm.Run(**dict(dict(model="d12", B=64), **run)), H100)
+    assert floor(precision="fp8", recipe="current") > floor(precision="fp8", recipe="delayed")
+    assert floor(recompute=2) > floor(recompute=1) > floor(recompute=0)
+    assert floor(precision="fp8", recompute=2) == floor(precision="fp8")  # nothing is recomputed in an all-FP8 block
+    assert floor(precision="fp8", weight_scaling="delayed") < floor(precision="fp8", weight_scaling="current")
+
+
+def test_comparison_table_splits_gemms_attention_and_the_rest():
+    runs = [fm.Run(), fm.Run(precision="fp8")]
+    lines = fm.comparison_table(runs, H100).splitlines()
+    assert lines[0] == "| run | B | floor ms | tok/s at most | GEMMs ms | attention ms | rest ms | ceiling over the first |"
+    for line, run in zip(lines[2:], runs):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[2]) == pytest.approx(float(cells[4]) + float(cells[5]) + float(cells[6]), abs=0.02)
+        assert float(cells[2]) == pytest.approx(fm.step_floor_ms(run, H100), abs=0.005)
+    assert lines[2].endswith("| 1.000x |")
+
+
+@pytest.mark.parametrize("argv", [
+    ["--model", "d13"], ["--recipe", "fast"], ["--precision", "fp16"], ["-b", "0"], ["-b", "x"], ["-t", "2048"],
+    ["-r", "3"], ["--bf16-tflops", "0"], ["--bandwidth", "-1"], ["--device", "a100"], ["--bench", "/nonexistent.json"],
+])
+def test_cli_errors_are_one_line_and_exit_2(argv, capsys):
+    assert fm.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1 and err.startswith("floor_model.py: error: "), err
+
+
+def test_cli_rejects_a_json_that_is_not_a_bench_file(tmp_path, capsys):
+    for content in ("{}", "[1, 2]", "not json", json.dumps([{"benchmark": "gemm"}])):
+        path = tmp_path / "bad.json"
+        path.write_text(content)
+        assert fm.main(["--bench", str(path)]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_cli_tables(capsys):
+    assert fm.main(["--model", "d12", "-b", "8", "--kernels", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "**d12 bf16 adamw**, B=8 T=1024 -r 0: floor" in out and "**d12 fp8 delayed -fw current adamw**" in out
+    assert out.count("Largest kernels of") == 2 and "| ceiling over the first |" in out
+    assert fm.main(["--precision", "fp8", "--device", "h200", "--bandwidth", "2"]) == 0
+    assert "on the H200 SXM (given ceilings)" in capsys.readouterr().out
+
+
+def test_bench_mode_prints_measured_against_floor(tmp_path, capsys):
+    measured = [("matmul lm_head bwd", 12.5), ("encoder fwd", 0.25), ("fp8 weight casts", 0.01)]
+    record = {"benchmark": "train", "model": "d12", "precision": "bf16", "recipe": "-", "optimizer": "adamw",
+              "weight_scaling": "-", "lm_head": "-", "master_weights": True, "B": 64, "T": 1024, "recompute": 0,
+              "ms_per_step": 150.0, "command": "./train_gpt2_fp8 -e d12", "kernel_breakdown": breakdown_text(measured)}
+    failed = {"benchmark": "train", "model": "d48", "precision": "fp8", "error": "out of memory"}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps([record, failed, {"benchmark": "gemm", "model": "d12"}]))
+    assert fm.main(["--bench", str(path)]) == 0
+    out = capsys.readouterr().out
+    regions = fm.region_floors(fm.step_kernels(fm.run_from_record(record)), H100)
+    for name, ms in measured[:2]:
+        floor = regions[name][0]
+        assert re.search(rf"^\| {re.escape(name)} \| .* \| {floor:.3f} \| {ms:.3f} \| {ms / floor:.2f}x \|$", out, re.M), name
+    assert re.search(r"^\| classifier \| .* \| - \| - \|$", out, re.M)  # no measured row: the floor alone
+    assert "Measured rows with no floor here: fp8 weight casts 0.010 ms" in out  # the bf16 run's empty FP8 mark
+    assert "measured 150.00 ms per step in all" in out and "d48" not in out
