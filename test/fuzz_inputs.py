@@ -18,7 +18,7 @@ train_gpt2cpu runs every case; build/sim/train_gpt2_fp8 (cudasim, slower) the fi
 reads (tokenizer, HellaSwag) and a sample of the rest.
 
 Usage: python3 test/fuzz_inputs.py [--seed N] [--limit N] [--sim N] [--jobs N] [-v]
-The pytest test (test_fuzz_inputs_subset) runs a small fixed-seed subset.
+test/test_fuzz_inputs.py runs a small fixed-seed subset under pytest (make test).
 """
 import argparse
 import os
@@ -48,6 +48,7 @@ CHECKPOINTS = {  # name: the CPU trainer's flags that write it (and must resume 
     "ck_fp8": ["-p", "fp8", "-opt", "adamw8"],
 }
 CK_STEP = 2
+RANKS_FLAGS = ["-opt", "adamw8", "-d", 2 * B * T]  # the 2-rank checkpoint (cudasim), resumed on one rank
 
 
 # ----------------------------------------------------------------------------
@@ -87,6 +88,14 @@ def make_workdir(d):
                            capture_output=True, text=True, timeout=120, cwd=d)
         if r.returncode != 0:
             raise RuntimeError(f"writing checkpoint {name} failed: {r.stderr}")
+    if os.path.exists(SIM):  # a checkpoint of 2 ranks (one state file each), under cudasim
+        argv = sim_args(d, RANKS_FLAGS + ["-x", CK_STEP, "-n", CK_STEP, "-o", os.path.join(d, "ck_2ranks")])
+        ranks = [subprocess.Popen([str(a) for a in argv + ["-pn", 2, "-pr", r, "-pg", 1, "-pi", "fs", "-pf", d, "-pt", 120]],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=d,
+                                  env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")) for r in range(2)]
+        errors = [p.communicate(timeout=300)[1] for p in ranks]
+        if any(p.returncode != 0 for p in ranks):
+            raise RuntimeError(f"writing the 2-rank checkpoint failed: {errors}")
 
 
 def cpu_args(d, extra, model="model.bin"):
@@ -108,10 +117,13 @@ def header_fields(slots):
 
 
 def state_fields(data, num_params):
-    """the state file's header fields, the shuffle trailer's counts and each section's tag and size"""
+    """the state file's header fields, the shuffle trailer's counts and each section's tag and size
+    (num_params None: the header's only)"""
     h = np.frombuffer(data[:1024], dtype=np.int32)
     fields = header_fields([1, 2, 3, 4, 5, 6, 10, 40]) + [(80, 8, "rng_state"), (120, 8, "shard_idx"),
                                                           (128, 8, "sample_idx")]
+    if num_params is None:
+        return fields
     fp32_moments = h[1] == 1 or h[6] == 0
     at = 1024 + ((2 if fp32_moments else 0) + (1 if h[4] else 0)) * num_params * 4
     if h[5]:
@@ -251,7 +263,9 @@ def build_cases(d, rng):
         items = corruptions(data, state_fields(data, num_params), rng, harmless=harmless)
         add("state", "cpu", state, items, resume, sim_share=3 if ck == "ck_adamw8" else 0)
         mfile = f"{ck}/model_{CK_STEP:08d}.bin"
-        add("ckpt_model", "cpu", mfile, corruptions(read(mfile), header_fields([1, 3, 4, 6, 7]), rng)[::3], resume)
+        add("ckpt_model", "cpu", mfile, corruptions(read(mfile), header_fields([1, 3, 4, 6, 7]), rng,
+                                                     harmless={"header[3]"})[::3], resume,
+            names_for={"header[3]": ("s_train_000001.bin",)})
         done = f"{ck}/DONE_{CK_STEP:08d}"
         add("done", "cpu", done, [("DONE_with_bytes", b"garbage\n", "any")], resume)
         # a marker with no files behind it, and files missing behind a marker
@@ -260,6 +274,15 @@ def build_cases(d, rng):
                               argv=resume))
         cases.append(dict(kind="done", trainer="cpu", file=f"{ck}/DONE_{CK_STEP + 5:08d}", name="marker_without_files",
                           data=b"", expect="fail", argv=resume, names=(f"{CK_STEP + 5:08d}",)))
+
+    if os.path.isdir(os.path.join(d, "ck_2ranks")):  # resharded onto one rank: the position is replayed from the step
+        def resume_ranks(w, trainer):
+            return sim_args(w, RANKS_FLAGS + ["-x", CK_STEP + 1, "-y", 1, "-o", os.path.join(w, "ck_2ranks")])
+        for rank in (0, 1):
+            state = f"ck_2ranks/state_{CK_STEP:08d}_{rank:05d}.bin"
+            data = read(state)
+            items = corruptions(data, state_fields(data, None), rng, harmless={"rng_state", "shard_idx", "sample_idx"})
+            add("state_2ranks", "sim", state, items, resume_ranks)
 
     data = read("tokenizer.bin")
     fields = header_fields([0, 1, 2, 3]) + [(1024, 1, "token0.len")]
@@ -371,23 +394,13 @@ def summarize(results):
               f"bugs {counts['BUG']}")
 
 
-def test_fuzz_inputs_subset():
-    """a fixed-seed sample of the CPU trainer's cases and a few under cudasim: no BUG"""
-    if not os.path.exists(CPU):
-        import pytest
-        pytest.fail(f"{CPU} is not built (make train_gpt2cpu)")
-    results = run_fuzz(seed=1, limit=60, sim=4)
-    bugs = [f"{c['trainer']} {c['file']}: {c['name']}: {detail}" for c, verdict, detail in results if verdict == "BUG"]
-    assert not bugs, "\n".join(bugs)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=None, help="at most this many train_gpt2cpu cases")
     parser.add_argument("--sim", type=int, default=None, help="at most this many cudasim cases")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--kinds", default=None, help="comma list: model,shard,state,ckpt_model,done,tokenizer,hellaswag")
+    parser.add_argument("--kinds", default=None, help="comma list: model,shard,state,state_2ranks,ckpt_model,done,tokenizer,hellaswag")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     results = run_fuzz(args.seed, args.limit, args.sim, args.jobs, args.verbose,
