@@ -1057,7 +1057,8 @@ int main(int argc, char** argv) {
         if (train_num_batches < 1) { train_num_batches = 1; }
     }
     EvalLoader eval_loader;
-    if (tc.hellaswag) { evalloader_init(&eval_loader, "dev/data/hellaswag/hellaswag_val.bin", tc.B, tc.T, rank, num_ranks); }
+    if (tc.hellaswag) { evalloader_init(&eval_loader, "dev/data/hellaswag/hellaswag_val.bin", tc.B, tc.T, rank, num_ranks,
+                                    model_config.vocab_size); }
     Tokenizer tokenizer;
     tokenizer_init(&tokenizer, tc.tokenizer_path);
     LearningRateScheduler lr_scheduler;

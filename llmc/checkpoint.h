@@ -421,6 +421,13 @@ static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEA
         llm8_die("state file '%s' has version %d, expected %d or %d", path, index->version, STATE_VERSION_LLMC,
                  STATE_VERSION_SECTIONS);
     }
+    // flags are 0 or 1 (slot 6 is llm8's, read in version 2 only): any other value is corruption
+    int flag_slots[3] = {4, 5, STATE_SLOT_MOMENTS_IN_SECTIONS};
+    for (int i = 0; i < (index->version == STATE_VERSION_LLMC ? 2 : 3); i++) {
+        if (header[flag_slots[i]] != 0 && header[flag_slots[i]] != 1) {
+            llm8_die("state file '%s' has %d in header slot %d, expected 0 or 1", path, header[flag_slots[i]], flag_slots[i]);
+        }
+    }
     index->num_processes = header[2];
     index->process_rank = header[3];
     index->has_master = header[4];
@@ -560,7 +567,7 @@ static inline void state_file_read(const char* path, TrainState* state, const St
         llm8_die("state file '%s' has %ld unexpected bytes after its contents", path, file_bytes - end);
     }
     fcloseCheck(fp);
-    dataloader_resume(loader, (size_t)u64_fields[2], (size_t)u64_fields[3]);
+    dataloader_resume(loader, (size_t)u64_fields[2], (size_t)u64_fields[3], path);
 }
 
 #endif // LLMC_CHECKPOINT_H

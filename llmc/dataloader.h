@@ -238,19 +238,21 @@ static inline void dataloader_next_batch(DataLoader* loader) {
     loader->current_sample_idx++;
 }
 
-// continues at a saved position; when shuffling, dataloader_read_state must come first
-static inline void dataloader_resume(DataLoader* loader, size_t current_shard_idx, size_t current_sample_idx) {
+// continues at a saved position; when shuffling, dataloader_read_state must come first.
+// `source` names the file the position came from, in the error when it fits no batch here
+static inline void dataloader_resume(DataLoader* loader, size_t current_shard_idx, size_t current_sample_idx,
+                                     const char* source) {
     if (current_shard_idx >= loader->num_shards) {
-        llm8_die("dataloader resume: shard index %zu is not below the %zu shards matching the pattern",
+        llm8_die("state file '%s': shard index %zu is not below the %zu shards matching the pattern", source,
                  current_shard_idx, loader->num_shards);
     }
     dataloader_load_shard_(loader, current_shard_idx);
     if (current_sample_idx > loader->shard_num_samples) {
-        llm8_die("dataloader resume: sample index %zu is past the %zu samples of shard '%s' (different B, T or ranks?)",
-                 current_sample_idx, loader->shard_num_samples, loader->glob_result.gl_pathv[loader->loaded_shard]);
+        llm8_die("state file '%s': sample index %zu is past the %zu samples of shard '%s' (different B, T or ranks?)",
+                 source, current_sample_idx, loader->shard_num_samples, loader->glob_result.gl_pathv[loader->loaded_shard]);
     }
     if (loader->should_shuffle && loader->num_intra_shard_indices != loader->shard_num_samples) {
-        llm8_die("dataloader resume: the shuffle state holds %zu samples but shard '%s' has %zu",
+        llm8_die("state file '%s': the shuffle state holds %zu samples but shard '%s' has %zu", source,
                  loader->num_intra_shard_indices, loader->glob_result.gl_pathv[loader->loaded_shard],
                  loader->shard_num_samples);
     }
@@ -319,11 +321,20 @@ static inline void dataloader_read_permutation_(int* out, size_t count, FILE* fp
     }
     freadCheck(out, sizeof(int), count, fp);
     *bytes_left -= (long)(count * sizeof(int));
+    // each index exactly once: a repeated one would read some samples twice and skip others
+    unsigned char* seen = (unsigned char*)mallocCheck(count);
+    if (count > 0) { memset(seen, 0, count); }
     for (size_t i = 0; i < count; i++) {
         if (out[i] < 0 || (size_t)out[i] >= count) {
             llm8_die("state file '%s': %s entry %zu is %d, not in [0, %zu)", source, what, i, out[i], count);
         }
+        if (seen[out[i]]) {
+            llm8_die("state file '%s': %s entry %zu repeats %d (expected a permutation of [0, %zu))", source, what, i,
+                     out[i], count);
+        }
+        seen[out[i]] = 1;
     }
+    free(seen);
 }
 
 static inline uint64_t dataloader_read_count_(FILE* fp, long* bytes_left, const char* source, const char* what) {

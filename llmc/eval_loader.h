@@ -8,8 +8,9 @@ Why it is shaped this way:
   <START_EXAMPLE=65535> <EXAMPLE_BYTES> <EXAMPLE_INDEX> <LABEL> <NUM_COMPLETIONS=4>
   <CONTEXT_LENGTH> context... then per completion <LENGTH> tokens...
 - The file is small (HellaSwag val is about 2 MB), so init reads it whole and checks every
-  example once (delimiter, index, label, lengths, fit in T, total length): a bad file fails
-  at startup with the example named, and next_batch cannot fail afterwards.
+  example once (delimiter, index, label, lengths, fit in T, total length, every token id below
+  the model's vocabulary): a bad file fails at startup with the example named, and next_batch
+  cannot fail afterwards, nor hand the model an id past its embedding table.
 - Each example takes 4 rows of the batch, one per completion: row = context + completion.
   The target at position t is the token at t+1; the mask is 1 exactly on the positions that
   predict completion tokens, so the mean loss under the mask scores a completion, and the
@@ -37,6 +38,7 @@ typedef struct {
     int num_processes;
     size_t B;
     size_t T;
+    int vocab_size;           // every token id in the file is below it
     uint16_t* stream;         // every example, as in the file after the header
     size_t* example_offsets;  // index into stream of each example's <START_EXAMPLE>
     int num_examples;         // in the file, across all processes
@@ -49,6 +51,17 @@ typedef struct {
     float* mask;              // B*T, 1 where the target is a completion token
     int* label;               // B/4: correct completion of each example in the batch, -1 for none
 } EvalLoader;
+
+// dies unless the `count` token ids at `tokens` are below the loader's vocabulary
+static inline void evalloader_check_tokens_(const EvalLoader* loader, const char* path, int index, const char* part,
+                                            const uint16_t* tokens, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        if ((int)tokens[i] >= loader->vocab_size) {
+            llm8_die("eval file '%s': example %d, %s token %zu has id %d, not below the vocab size %d", path, index, part,
+                     i, (int)tokens[i], loader->vocab_size);
+        }
+    }
+}
 
 // checks example `index` at stream[offset..], returns its length in uint16 words
 static inline size_t evalloader_check_example_(const EvalLoader* loader, const char* path, int index,
@@ -84,6 +97,9 @@ static inline size_t evalloader_check_example_(const EvalLoader* loader, const c
         llm8_die("eval file '%s': example %d has a context of %zu tokens that does not fit its %zu bytes",
                  path, index, context_length, words * 2);
     }
+    evalloader_check_tokens_(loader, path, index, "context", ex + 6, context_length);
+    static const char* const completion_names[EVAL_NUM_COMPLETIONS] = {"completion 0", "completion 1", "completion 2",
+                                                                       "completion 3"};
     for (int c = 0; c < EVAL_NUM_COMPLETIONS; c++) {
         size_t completion_length = (pos < words) ? ex[pos] : 0;
         if (completion_length == 0 || pos + 1 + completion_length > words) {
@@ -93,6 +109,7 @@ static inline size_t evalloader_check_example_(const EvalLoader* loader, const c
             llm8_die("eval file '%s': example %d, completion %d needs %zu tokens, more than T=%zu",
                      path, index, c, context_length + completion_length, loader->T);
         }
+        evalloader_check_tokens_(loader, path, index, completion_names[c], ex + pos + 1, completion_length);
         pos += 1 + completion_length;
     }
     if (pos != words) {
@@ -106,8 +123,9 @@ static inline void evalloader_reset(EvalLoader* loader) {
     loader->current_example_index = loader->start_example_index;
 }
 
+// vocab_size: the model's; every token id in the file must be below it
 static inline void evalloader_init(EvalLoader* loader, const char* path, size_t B, size_t T,
-                                   int process_rank, int num_processes) {
+                                   int process_rank, int num_processes, int vocab_size) {
     if (B == 0 || B % EVAL_NUM_COMPLETIONS != 0) {
         llm8_die("eval file '%s': batch size B=%zu must be a positive multiple of %d (one row per completion)",
                  path, B, EVAL_NUM_COMPLETIONS);
@@ -116,7 +134,9 @@ static inline void evalloader_init(EvalLoader* loader, const char* path, size_t 
     if (num_processes <= 0 || process_rank < 0 || process_rank >= num_processes) {
         llm8_die("eval file '%s': process rank %d is not in [0, %d)", path, process_rank, num_processes);
     }
+    if (vocab_size <= 0) { llm8_die("eval file '%s': vocab size %d must be positive", path, vocab_size); }
     memset(loader, 0, sizeof(*loader));
+    loader->vocab_size = vocab_size;
     loader->process_rank = process_rank;
     loader->num_processes = num_processes;
     loader->B = B;
@@ -144,6 +164,10 @@ static inline void evalloader_init(EvalLoader* loader, const char* path, size_t 
     }
     loader->num_examples = header[2];
     size_t stream_words = (size_t)(file_bytes - header_bytes) / 2;
+    if ((size_t)loader->num_examples > stream_words / 6) {  // an example is at least 6 words: no huge allocation
+        llm8_die("eval file '%s' claims %d examples, but its %zu bytes after the header hold at most %zu", path,
+                 loader->num_examples, stream_words * 2, stream_words / 6);
+    }
     loader->stream = (uint16_t*)mallocCheck(stream_words * sizeof(uint16_t));
     freadCheck(loader->stream, sizeof(uint16_t), stream_words, fp);
     fcloseCheck(fp);

@@ -170,9 +170,10 @@ optimizer state in the form this run keeps: fp32 moments in m and v (use_adamw8 
 states in the host states8 laid out for `selection` (use_adamw8 1), for the flat parameters
 [flat_begin, flat_end) (all of them on one GPU; a ZeRO rank's range: its own state file). A file written by the other
 optimizer is converted (doc/adamw8.md): its fp32 moments quantized, or its 8-bit states
-dequantized, which needs the -qs it was written with. Returns the step to continue from.
+dequantized, which needs the -qs it was written with. step: the checkpoint's (its file name's and
+DONE marker's); a file holding another is refused. Returns the step to continue from.
 */
-static inline int train_state_read(const char* path, DataLoader* loader, const GPT2Config* cfg, int use_adamw8,
+static inline int train_state_read(const char* path, int step, DataLoader* loader, const GPT2Config* cfg, int use_adamw8,
                                    Adamw8Selection selection, size_t flat_begin, size_t flat_end, float* m, float* v,
                                    Adamw8States* states8, float* master, const StateSection* extra, int num_extra) {
     if (num_extra > TRAIN_STATE_MAX_EXTRA_SECTIONS) {
@@ -195,6 +196,9 @@ static inline int train_state_read(const char* path, DataLoader* loader, const G
     StateBuffers buffers = {n, file_fp32 ? form.m : NULL, file_fp32 ? form.v : NULL, master, sections, num_sections};
     TrainState state;
     state_file_read(path, &state, &buffers, loader);
+    if (state.step != step) {
+        llm8_die("state file '%s' holds step %d, expected %d (the checkpoint's step)", path, state.step, step);
+    }
     if (!file_fp32) { adamw8_check_bits(&layout, bits, path); }
     train_state_file_form_finish_(&form, path, &layout, selection, use_adamw8, m, v, states8);
     return state.step;

@@ -210,7 +210,7 @@ static void check_resume(int should_shuffle, int rank, int num_processes, int be
     fp = fopenCheck(path, "rb");
     dataloader_read_state(&resumed, fp, path);
     fclose(fp);
-    dataloader_resume(&resumed, loader.current_shard_idx, loader.current_sample_idx);
+    dataloader_resume(&resumed, loader.current_shard_idx, loader.current_sample_idx, path);
     int same = 1;
     for (int i = 0; i < 2 * 120; i++) {
         dataloader_next_batch(&loader);
@@ -236,9 +236,9 @@ static void test_resume(void) {
     DataLoader loader;
     dataloader_init(&loader, g_pattern, 2, 3, 0, 1, 1, VOCAB);
     // epoch position 1 is another shard than position 0, and every shard has its own sample count
-    CHECK_DIES("resume: shuffle state missing", "shuffle state", dataloader_resume(&loader, 1, 0));
-    CHECK_DIES("resume: shard out of range", "shard index 3", dataloader_resume(&loader, 3, 0));
-    CHECK_DIES("resume: sample out of range", "sample index 99", dataloader_resume(&loader, 0, 99));
+    CHECK_DIES("resume: shuffle state missing", "shuffle state", dataloader_resume(&loader, 1, 0, "test_state.bin"));
+    CHECK_DIES("resume: shard out of range", "shard index 3", dataloader_resume(&loader, 3, 0, "test_state.bin"));
+    CHECK_DIES("resume: sample out of range", "sample index 99", dataloader_resume(&loader, 0, 99, "test_state.bin"));
     dataloader_free(&loader);
 }
 
@@ -321,7 +321,9 @@ static void test_dataloader_bad_inputs(void) {
 }
 
 // ----------------------------------------------------------------------------
-// HellaSwag eval loader (file from make_llmc_files.py: 10 examples)
+// HellaSwag eval loader (file from make_llmc_files.py: 10 examples, token ids below 6000)
+
+#define EVAL_TEST_VOCAB 50257
 
 static int ex_label(int idx) { return (idx * 3) % 4; }
 static int ex_context_length(int idx) { return 2 + idx % 4; }
@@ -330,7 +332,7 @@ static int ex_completion_length(int idx, int c) { return 1 + (idx + c) % 3; }
 static void test_eval_loader(void) {
     EvalLoader loader;
     size_t B = 8, T = 9;
-    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), B, T, 0, 1);
+    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), B, T, 0, 1, EVAL_TEST_VOCAB);
     CHECK(loader.num_examples == 10 && loader.num_batches == 5, "examples %d batches %d", loader.num_examples,
           loader.num_batches);
     int content_ok = 1;
@@ -376,7 +378,7 @@ static void test_eval_loader(void) {
     evalloader_free(&loader);
 
     // the mean over the completion decides, not the sum: a long completion with a lower mean wins
-    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), 4, T, 0, 1);
+    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), 4, T, 0, 1, EVAL_TEST_VOCAB);
     evalloader_next_batch(&loader);  // example 0: label 0, completion lengths 1, 2, 3, 1
     for (size_t i = 0; i < 4 * T; i++) { losses[i] = 0.0f; }
     for (int c = 0; c < 4; c++) {
@@ -390,7 +392,7 @@ static void test_eval_loader(void) {
     evalloader_free(&loader);
 
     // three ranks: ceil(10 / 3) = 4 examples each, the last rank gets 2 and padding rows
-    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), 8, T, 2, 3);
+    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), 8, T, 2, 3, EVAL_TEST_VOCAB);
     CHECK(loader.start_example_index == 8 && loader.end_example_index == 10 && loader.num_batches == 2,
           "rank 2 of 3: [%d, %d) in %d batches", loader.start_example_index, loader.end_example_index, loader.num_batches);
     evalloader_next_batch(&loader);
@@ -413,11 +415,14 @@ static void test_eval_bad_inputs(void) {
     freadCheck(bytes, 1, (size_t)n, fp);
     fclose(fp);
 
-    CHECK_DIES("eval: B not a multiple of 4", "multiple of 4", evalloader_init(&loader, good, 6, 16, 0, 1));
+    CHECK_DIES("eval: B not a multiple of 4", "multiple of 4", evalloader_init(&loader, good, 6, 16, 0, 1, EVAL_TEST_VOCAB));
     const char* missing = in_dir(g_dir, "no_such_eval.bin");
-    CHECK_DIES("eval: missing file", missing, evalloader_init(&loader, missing, 4, 16, 0, 1));
-    CHECK_DIES("eval: completion longer than T", good, evalloader_init(&loader, good, 4, 4, 0, 1));
-    CHECK_DIES("eval: more processes than examples", good, evalloader_init(&loader, good, 4, 16, 0, 11));
+    CHECK_DIES("eval: missing file", missing, evalloader_init(&loader, missing, 4, 16, 0, 1, EVAL_TEST_VOCAB));
+    CHECK_DIES("eval: completion longer than T", good, evalloader_init(&loader, good, 4, 4, 0, 1, EVAL_TEST_VOCAB));
+    CHECK_DIES("eval: more processes than examples", good, evalloader_init(&loader, good, 4, 16, 0, 11, EVAL_TEST_VOCAB));
+    // the contexts' ids are below 1000, the completions' are not: the error names the first
+    CHECK_DIES("eval: completion token id past the vocab", "example 0, completion 0 token 0 has id 5000, not below the vocab size 1000",
+               evalloader_init(&loader, good, 4, 16, 0, 1, 1000));
     // each variant: a copy of the good file, `length` bytes long, with the uint16 at `offset` set to `value`
     // (offset 0 with value 0: no patch)
     struct { const char* name; size_t offset; uint16_t value; long length; const char* what; } variants[] = {
@@ -429,6 +434,7 @@ static void test_eval_bad_inputs(void) {
         {"eval_label.bin", 1024 + 6, 4, n, "label out of range"},
         {"eval_completions.bin", 1024 + 8, 5, n, "not 4 completions"},
         {"eval_context.bin", 1024 + 10, 200, n, "context overruns"},
+        {"eval_token.bin", 1024 + 12, 65535, n, "context token id past the vocab"},
         {"eval_truncated.bin", 0, 0, n - 2, "truncated"},
         {"eval_trailing.bin", 0, 0, n + 2, "trailing bytes"},
     };
@@ -442,8 +448,19 @@ static void test_eval_bad_inputs(void) {
         fwriteCheck(copy, 1, (size_t)variants[i].length, fp);
         fclose(fp);
         free(copy);
-        CHECK_DIES(variants[i].what, path, evalloader_init(&loader, path, 4, 16, 0, 1));
+        CHECK_DIES(variants[i].what, path, evalloader_init(&loader, path, 4, 16, 0, 1, EVAL_TEST_VOCAB));
     }
+    // a count of examples the file cannot hold is refused before anything is allocated for them
+    int32_t claimed = INT32_MAX, saved_count;
+    memcpy(&saved_count, bytes + 8, 4);
+    memcpy(bytes + 8, &claimed, 4);
+    const char* count_path = in_dir(g_dir, "eval_count.bin");
+    fp = fopenCheck(count_path, "wb");
+    fwriteCheck(bytes, 1, (size_t)n, fp);
+    fclose(fp);
+    memcpy(bytes + 8, &saved_count, 4);
+    CHECK_DIES("eval: example count past the file", "claims 2147483647 examples",
+               evalloader_init(&loader, count_path, 4, 16, 0, 1, EVAL_TEST_VOCAB));
     // an example whose <EXAMPLE_BYTES> disagrees with its fields is named as such
     uint16_t example_bytes;
     memcpy(&example_bytes, bytes + 1024 + 2, 2);
@@ -453,7 +470,7 @@ static void test_eval_bad_inputs(void) {
     fp = fopenCheck(claims, "wb");
     fwriteCheck(bytes, 1, (size_t)n, fp);
     fclose(fp);
-    CHECK_DIES("eval: example bytes vs fields", "its fields take", evalloader_init(&loader, claims, 4, 16, 0, 1));
+    CHECK_DIES("eval: example bytes vs fields", "its fields take", evalloader_init(&loader, claims, 4, 16, 0, 1, EVAL_TEST_VOCAB));
     free(bytes);
 }
 

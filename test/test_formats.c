@@ -241,7 +241,7 @@ static void test_state_from_llmc(void) {
           loader.targets[PY_STATE_B * PY_STATE_T - 1] == (int)(((start + 16) * 31 + 1007) % 50000),
           "state_v1 resumed batch is not shard 1 sample 2");
     // our writer, from the same state, reproduces the file byte for byte
-    dataloader_resume(&loader, 1, 2);
+    dataloader_resume(&loader, 1, 2, "test_state.bin");
     state_file_write(in_dir(g_dir, "ours_state_v1.bin"), &state, &buffers, &loader);
     CHECK(files_identical(in_dir(g_dir, "ours_state_v1.bin"), in_dir(g_py_dir, "state_v1.bin")),
           "our v1 state file != llm.c layout");
@@ -281,7 +281,7 @@ static void test_state_from_llmc(void) {
           fresh_loader.shuffle_rng.index);
     dataloader_free(&fresh_loader);
     // the state as read, written again, is the same file
-    dataloader_resume(&loader, 0, 5);
+    dataloader_resume(&loader, 0, 5, "test_state.bin");
     state_file_write(in_dir(g_dir, "ours_state_shuffle.bin"), &state, &shuffled, &loader);
     CHECK(files_identical(in_dir(g_dir, "ours_state_shuffle.bin"), in_dir(g_py_dir, "state_v1_shuffle.bin")),
           "our shuffled v1 state file != llm.c layout");

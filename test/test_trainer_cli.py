@@ -503,6 +503,35 @@ def test_cpu_fp8_resume_with_other_passes_refused(data, tmp_path):
     assert_one_line_error(r, "state_00000003_00000.bin", "passes qkv=fwd attproj=fwd fc=fwd,dgrad,wgrad fcproj=fwd", "-f8p")
 
 
+def patch_int32(offset, value):
+    return lambda b: b[:offset] + struct.pack("<i", value) + b[offset + 4:]
+
+
+# an adamw8 state file of the CPU trainer holds no fp32 arrays (no m, v or master): the
+# shuffle trailer starts right after the header, with 1 shard: u64 1, int32 0, u64 count, then
+# the sample order at byte 1044
+STATE_CORRUPTIONS = {
+    "step_not_the_checkpoints": (patch_int32(4 * 10, 2), ["holds step 2, expected 1"]),
+    "sample_index_past_the_shard": (lambda b: b[:128] + struct.pack("<Q", 2**40) + b[136:], ["sample index 1099511627776"]),
+    "sample_order_not_a_permutation": (lambda b: b[:1044] + b[1048:1052] + b[1048:], ["sample order entry 1 repeats"]),
+    "flag_slot_not_0_or_1": (patch_int32(4 * 6, 2), ["2 in header slot 6", "expected 0 or 1"]),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(STATE_CORRUPTIONS))
+def test_cpu_resume_from_corrupt_state_file_refused(data, tmp_path, corruption):
+    """corruptions test/fuzz_inputs.py found resumed silently (or failed naming another file): each is one
+    line naming the state file"""
+    patch, fragments = STATE_CORRUPTIONS[corruption]
+    common = ["-opt", "adamw8", "-n", 1, "-o", tmp_path / "out"]
+    r1 = run(CPU, base_args(data, common + ["-x", 1]))
+    assert r1.returncode == 0, r1.stderr
+    state = tmp_path / "out" / "state_00000001_00000.bin"
+    state.write_bytes(patch(state.read_bytes()))
+    r2 = run(CPU, base_args(data, common + ["-x", 3, "-y", 1]))
+    assert_one_line_error(r2, "state_00000001_00000.bin", *fragments)
+
+
 @pytest.mark.parametrize("passes,shown", [("fwd,fc.dgrad,fc.wgrad", "passes qkv=fwd attproj=fwd fc=fwd,dgrad,wgrad fcproj=fwd"),
                                           ("dgrad", "passes qkv=dgrad attproj=dgrad fc=dgrad fcproj=dgrad"),
                                           ("wgrad", "passes qkv=wgrad attproj=wgrad fc=wgrad fcproj=wgrad")])

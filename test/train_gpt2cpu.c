@@ -136,13 +136,13 @@ static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoa
 
 // restores the optimizer (converting a file of the other optimizer), the FP8 scaling and the
 // data position; returns the step
-static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader, const char* path) {
+static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader, const char* path, int step) {
     StateSection sections[CPU_FP8_SECTIONS];
     Fp8Emulation fp8_config;
     memset(&fp8_config, 0, sizeof(fp8_config));
     int num_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
-    int step = train_state_read(path, loader, &model->config, opt->use_adamw8, opt->selection, 0, model->num_parameters,
-                                model->adam_m, model->adam_v, &opt->states, NULL, sections, num_sections);
+    step = train_state_read(path, step, loader, &model->config, opt->use_adamw8, opt->selection, 0, model->num_parameters,
+                            model->adam_m, model->adam_v, &opt->states, NULL, sections, num_sections);
     if (num_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
         char passes[256];
         fp8_passes_text(passes, sizeof(passes), fp8_config.passes);
@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
     if (resume_step >= 0) {
         char state_path[CHECKPOINT_PATH_MAX];
         checkpoint_state_path(state_path, sizeof(state_path), out_dir, resume_step, 0);
-        start_step = cpu_load_state(&model, &optimizer, &train_loader, state_path);
+        start_step = cpu_load_state(&model, &optimizer, &train_loader, state_path, resume_step);
         printf("resumed from %s at step %d\n", model_path, start_step);
     }
     Logger logger;
