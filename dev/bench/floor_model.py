@@ -87,6 +87,7 @@ class Run:
     precision: str = "bf16"     # -p
     recipe: str = "delayed"     # -fr (FP8 only)
     weight_scaling: str = "current"  # -fw (FP8 only; the block recipe casts its 128x128 blocks after the update)
+    grad_scaling: str = "current"    # -fg (FP8 per-tensor recipes): delayed casts dy in the bias pass
     lm_head: str = "bf16"       # bf16, or fp8 (-f8 all)
     optimizer: str = "adamw"    # -opt
     master: bool = True         # -w
@@ -121,9 +122,12 @@ def check_run(run):
         raise CliError(f"model {run.model!r}: expected one of {', '.join(scaling_model.PRESETS)}")
     for name, value, allowed in (("precision", run.precision, scaling_model.PRECISIONS), ("recipe", run.recipe, RECIPES),
                                  ("weight scaling", run.weight_scaling, WEIGHT_SCALINGS),
+                                 ("gradient scaling", run.grad_scaling, WEIGHT_SCALINGS),
                                  ("lm_head", run.lm_head, scaling_model.PRECISIONS), ("optimizer", run.optimizer, OPTIMIZERS)):
         if value not in allowed:
             raise CliError(f"{name} {value!r}: expected one of {', '.join(allowed)}")
+    if run.recipe == "block" and run.grad_scaling == "delayed":
+        raise CliError("gradient scaling 'delayed' needs a per-tensor recipe (the trainer refuses -fg delayed with -fr block)")
     if run.B <= 0 or run.T <= 0 or run.T > scaling_model.MAX_SEQ_LEN:
         raise CliError(f"B={run.B}, T={run.T}: expected B > 0 and 0 < T <= {scaling_model.MAX_SEQ_LEN}")
     if run.recompute not in (0, 1, 2):
@@ -195,8 +199,8 @@ def step_kernels(run):
         gelu: dout is first multiplied in place by gelu'(pre_gelu) (fc): pre_gelu read, dout written"""
         n = N * OC
         gelu_bytes = 2 * BF16 if gelu else 0
-        if fp8 and block:  # block recipe: one tile pass (matmul_backward_fp8_dout)
-            add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}{'bias, ' if bias else ''}1x128 cast",
+        if fp8 and (block or run.grad_scaling == "delayed"):  # a known scale: one tile pass (matmul_backward_fp8_dout)
+            add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}{'bias, ' if bias else ''}{'1x128' if block else 'delayed'} cast",
                 n * (BF16 + gelu_bytes + 2 * code + (partials if bias else 0)))
         elif fp8:  # per tensor, current scaling (E5M2): the partials kernel runs even without a bias, for the amax
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}bias partials, amax", n * (BF16 + gelu_bytes + partials))
@@ -318,7 +322,7 @@ def run_label(run):
     if not run.fp8:
         return f"{run.model} bf16 {run.optimizer}{master}"
     head = ", lm_head fp8" if run.lm_head == "fp8" else ""
-    fw = "" if run.recipe == "block" else f" -fw {run.weight_scaling}"
+    fw = "" if run.recipe == "block" else f" -fw {run.weight_scaling}" + (" -fg delayed" if run.grad_scaling == "delayed" else "")
     return f"{run.model} fp8 {run.recipe}{fw}{head} {run.optimizer}{master}"
 
 
@@ -388,6 +392,7 @@ def run_from_record(record):
     return Run(model=record["model"], B=record["B"], T=record["T"], recompute=record.get("recompute", 0),
                precision=record["precision"], recipe=record["recipe"] if fp8 else "delayed",
                weight_scaling=record["weight_scaling"] if fp8 and record["weight_scaling"] != "-" else "current",
+               grad_scaling=record.get("grad_scaling", "current") if fp8 else "current",
                lm_head=record.get("lm_head", "bf16") if fp8 else "bf16", optimizer=record["optimizer"],
                master=record.get("master_weights", True) is not False)
 
@@ -441,6 +446,7 @@ def build_parser():
     p.add_argument("--precision", nargs="+", default=["bf16", "fp8"], help="bf16 and/or fp8: one table each, compared")
     p.add_argument("--recipe", default="delayed", help="FP8 recipe: delayed, current, block")
     p.add_argument("--weight-scaling", default="current", help="-fw: current or delayed")
+    p.add_argument("--grad-scaling", default="current", help="-fg: current or delayed (per-tensor recipes)")
     p.add_argument("--lm-head", default="bf16", help="lm_head's precision in FP8 runs: bf16 or fp8")
     p.add_argument("--optimizer", default="adamw", help="adamw or adamw8")
     p.add_argument("--no-master", action="store_true", help="-w 0: no fp32 master weights")
@@ -466,7 +472,7 @@ def run(argv):
     if args.bench:
         return bench_tables(args.bench, device)
     runs = [Run(model=args.model, B=args.b, T=args.t, recompute=args.r, precision=p, recipe=args.recipe,
-                weight_scaling=args.weight_scaling, lm_head=args.lm_head, optimizer=args.optimizer,
+                weight_scaling=args.weight_scaling, grad_scaling=args.grad_scaling, lm_head=args.lm_head, optimizer=args.optimizer,
                 master=not args.no_master, gelu_fusion=not args.no_gelu_fusion) for p in args.precision]
     tables = [floor_table(r, device) for r in runs]
     if args.kernels:
