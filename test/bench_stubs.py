@@ -142,6 +142,7 @@ def progress(flags, step):
     batch = int(flags["-d"]) if flags["-d"] != "-1" else int(flags["-b"]) * int(flags["-t"]) * ranks
     factor = (0.8 if fp8 else 1.0) * {"current": 1.03, "block": 1.1}.get(flags.get("-fr"), 1.0)
     factor *= (0.98 if flags.get("-fw") == "delayed" else 1.0) * (0.95 if flags.get("-f8") == "all" else 1.0)
+    factor *= 0.97 if flags.get("-fg") == "delayed" else 1.0
     factor *= (1.01 if flags["-opt"] == "adamw8" else 1.0) * (1.1 if ranks > 1 else 1.0) * (1.05 if flags["-z"] == "3" else 1.0)
     ms = round(MODEL_MS[flags["-e"]] * factor * batch / 65536 * (1 + step / 100) * (3 if step <= WARMUP else 1), 2)
     # n/a: as on a GPU whose peak the trainer does not know
@@ -163,9 +164,12 @@ def memory_figures(flags):
 
 
 def breakdown_rows(flags):
-    """the -kt 1 rows: the optimizer step's, and the FP8 weight casts' (after it) in an FP8 run"""
+    """the -kt 1 rows: the four block linears' backward (where -fg changes the output-gradient passes), the
+    optimizer step's, and the FP8 weight casts' (after it) in an FP8 run"""
     scale = int(flags["-e"][1:]) / 12
-    rows = [("encoder fwd", 0.25), (flags["-opt"], (2.5 if flags["-opt"] == "adamw" else 1.75) * scale)]
+    backward = (1.5 if flags["-p"] == "bf16" else 1.0 if flags.get("-fg") == "delayed" else 1.125) * scale
+    rows = [("encoder fwd", 0.25)] + [(f"matmul {linear} bwd", backward) for linear in ("qkv", "attproj", "fc", "fcproj")]
+    rows += [(flags["-opt"], (2.5 if flags["-opt"] == "adamw" else 1.75) * scale)]
     if flags["-p"] == "fp8":
         rows.append(("fp8 weight casts", (0.25 if flags.get("-fw") == "delayed" else 0.875) * scale))
     return rows

@@ -70,14 +70,16 @@ def expected_figures(bench, flags):
     mfus = [float(p["mfu"][:-1]) / 100 for p in timed if p["mfu"] != "n/a"]
     rows = {name: float("%.3f" % ms) for name, ms in breakdown_rows(flags)}
     cast = rows[flags["-opt"]] + rows["fp8 weight casts"] if flags["-p"] == "fp8" else None
+    block_backward = sum(rows[f"matmul {linear} bwd"] for linear in ("qkv", "attproj", "fc", "fcproj"))
     return {"tok_per_s": statistics.median(p["tok_s"] for p in timed), "ms_per_step": statistics.median(p["ms"] for p in timed),
             "mfu": statistics.median(mfus) if mfus else None,
             "peak_mem_mib": max(progress(flags, step)["mem_mib"] for step in range(1, STEPS + 1)),
-            "final_loss": timed[-1]["loss"], "optimizer_ms": rows[flags["-opt"]], "optimizer_weight_cast_ms": cast}
+            "final_loss": timed[-1]["loss"], "optimizer_ms": rows[flags["-opt"]], "optimizer_weight_cast_ms": cast,
+            "block_backward_ms": block_backward}
 
 
 def expected_train_runs(bench):
-    """(model, B, (precision, recipe, optimizer, -fw, lm_head, fp32 master)) of every train record --quick
+    """(model, B, (precision, recipe, optimizer, -fw, lm_head, -fg, fp32 master)) of every train record --quick
     makes, in order: RUNS (adamw8 only at ADAMW8_MODELS) with master weights, then MASTER_FREE_RUNS there"""
     runs = []
     for model, B, _ in bench.QUICK_CONFIGS:
@@ -91,12 +93,14 @@ def failed(flags):
 
 
 def train_key(r):
-    return (r["model"], r["precision"], r["recipe"], r["optimizer"], r["weight_scaling"], r["lm_head"], r["master_weights"])
+    return (r["model"], r["precision"], r["recipe"], r["optimizer"], r["weight_scaling"], r["lm_head"], r["grad_scaling"],
+            r["master_weights"])
 
 
 def key_cells(r):
-    """the main table's first cells of a train record"""
-    return " | ".join(train_key(r)[:-1] + ("yes" if r["master_weights"] else "no",)) + " | "
+    """the main table's first cells of a train record (-fg after -fw)"""
+    model, precision, recipe, optimizer, weights, lm_head, grads, master = train_key(r)
+    return " | ".join((model, precision, recipe, optimizer, weights, grads, lm_head, "yes" if master else "no")) + " | "
 
 
 def markdown_sections(markdown):
@@ -191,9 +195,10 @@ def test_markdown_sections(bench_run):
     sections = markdown_sections(markdown)
     ok_train = [r for r in records if r["benchmark"] == "train" and "error" not in r]
     kernel_headings = [f"{r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} "
-                       f"lm_head {r['lm_head']} master {'yes' if r['master_weights'] else 'no'} B={r['B']}: per-kernel time"
+                       f"-fg {r['grad_scaling']} lm_head {r['lm_head']} master {'yes' if r['master_weights'] else 'no'} B={r['B']}: per-kernel time"
                        for r in ok_train]
-    assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed", "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
+    assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed", "FP8 output-gradient scaling: -fg current vs delayed",
+                              "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
                               "Memory: optimizer and master weights", "Floor: measured vs the model's floor",
                               "Per-GEMM FP8 vs bf16",
                               "Multi-GPU: 2 ranks on one GPU vs 1 rank"] + kernel_headings
@@ -202,13 +207,23 @@ def test_markdown_sections(bench_run):
     rows = [l for l in sections["FP8 weight cast: -fw current vs delayed"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert [l.split(" | ")[:3] for l in rows] == [["| d12", "delayed", "adamw"], ["| d12", "delayed", "adamw8"],
                                                  ["| d48", "delayed", "adamw"], ["| d48", "delayed", "adamw8"]]
-    current, delayed = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", True)], by_key[("d12", "fp8", "delayed", "adamw", "delayed", "bf16", True)]
+    current = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "current", True)]
+    delayed = by_key[("d12", "fp8", "delayed", "adamw", "delayed", "bf16", "current", True)]
     assert f"| {current['tok_per_s']:.0f} | {delayed['tok_per_s']:.0f} | {delayed['tok_per_s'] / current['tok_per_s']:.3f}x | " \
            f"{current['optimizer_weight_cast_ms']:.3f} | {delayed['optimizer_weight_cast_ms']:.3f} |" in rows[0]
 
+    rows = [l for l in sections["FP8 output-gradient scaling: -fg current vs delayed"].splitlines() if re.match(r"\| d\d+ ", l)]
+    assert [l.split(" | ")[:5] for l in rows] == [["| d12", "delayed", "adamw", "current", "bf16"],
+                                                 ["| d48", "delayed", "adamw", "current", "bf16"]]
+    delayed_grads = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "delayed", True)]
+    assert f"| {current['tok_per_s']:.0f} | {delayed_grads['tok_per_s']:.0f} | " \
+           f"{delayed_grads['tok_per_s'] / current['tok_per_s']:.3f}x | {current['block_backward_ms']:.3f} | " \
+           f"{delayed_grads['block_backward_ms']:.3f} |" in rows[0]
+    assert delayed_grads["block_backward_ms"] < current["block_backward_ms"]
+
     rows = [l for l in sections["FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert len(rows) == 2
-    fp8_head = by_key[("d12", "fp8", "delayed", "adamw", "current", "fp8", True)]
+    fp8_head = by_key[("d12", "fp8", "delayed", "adamw", "current", "fp8", "current", True)]
     assert rows[0].startswith(f"| d12 | delayed | adamw | current | {current['tok_per_s']:.0f} | {fp8_head['tok_per_s']:.0f} | "
                               f"{fp8_head['tok_per_s'] / current['tok_per_s']:.3f}x |")
 
@@ -225,8 +240,8 @@ def test_markdown_sections(bench_run):
 
     floor = sections["Floor: measured vs the model's floor"]
     rows = [l for l in floor.splitlines() if re.match(r"\| d\d+ \| (bf16|fp8) \| \d+ \|", l)]
-    defaults = [by_key[(m, "bf16", "-", "adamw", "-", "-", True)] for m in ("d12", "d48")] + \
-        [by_key[(m, "fp8", "delayed", "adamw", "current", "bf16", True)] for m in ("d12", "d48")]
+    defaults = [by_key[(m, "bf16", "-", "adamw", "-", "-", "-", True)] for m in ("d12", "d48")] + \
+        [by_key[(m, "fp8", "delayed", "adamw", "current", "bf16", "current", True)] for m in ("d12", "d48")]
     defaults.sort(key=lambda r: records.index(r))  # in the order measured
     assert rows == [f"| {r['model']} | {r['precision']} | {r['B']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
                     f"{r['ms_per_step'] / r['floor_ms']:.2f}x |" for r in defaults]
@@ -267,6 +282,6 @@ def test_scaling_model_reads_the_default_runs_of_the_json(bench_run, tmp_path):
     table = scaling_model.compute_from_bench(str(path), "delayed", "adamw")
     default = [r for r in records if r.get("benchmark") == "train" and "error" not in r and r["model"] == "d12"
                and r["precision"] == "fp8" and r["recipe"] == "delayed" and r["optimizer"] == "adamw"
-               and r["weight_scaling"] == "current" and r["lm_head"] == "bf16"]
+               and r["weight_scaling"] == "current" and r["lm_head"] == "bf16" and r["grad_scaling"] == "current"]
     assert len(default) == 1
     assert table[("d12", "fp8")].ms_per_step == default[0]["ms_per_step"]

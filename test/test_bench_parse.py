@@ -92,8 +92,8 @@ def test_weight_cast_comparison_pairs_current_and_delayed_runs():
 def test_bench_runs_both_weight_scalings():
     """the default recipe is timed under both -fw values, with either optimizer"""
     bench = load_bench()
-    fp8 = [(recipe, optimizer, weights) for precision, recipe, optimizer, weights, lm_head in bench.RUNS
-           if precision == "fp8" and lm_head == "bf16"]
+    fp8 = [(recipe, optimizer, weights) for precision, recipe, optimizer, weights, lm_head, grads in bench.RUNS
+           if precision == "fp8" and lm_head == "bf16" and grads != "delayed"]
     assert {(optimizer, weights) for recipe, optimizer, weights in fp8 if recipe == "delayed"} == {
         ("adamw", "current"), ("adamw", "delayed"), ("adamw8", "current"), ("adamw8", "delayed")}
 
@@ -101,9 +101,40 @@ def test_bench_runs_both_weight_scalings():
 def test_bench_runs_the_default_fp8_run_with_an_fp8_lm_head():
     """the lm_head default is decided on a pair: the default FP8 run with lm_head in bf16 and in FP8"""
     bench = load_bench()
-    assert ("fp8", "delayed", "adamw", "current", "bf16") in bench.RUNS
-    assert ("fp8", "delayed", "adamw", "current", "fp8") in bench.RUNS
-    assert all((lm_head == "-") == (precision == "bf16") for precision, _, _, _, lm_head in bench.RUNS)
+    assert ("fp8", "delayed", "adamw", "current", "bf16", "current") in bench.RUNS
+    assert ("fp8", "delayed", "adamw", "current", "fp8", "current") in bench.RUNS
+    assert all((lm_head == "-") == (precision == "bf16") for precision, _, _, _, lm_head, _ in bench.RUNS)
+
+
+def test_bench_runs_the_default_fp8_run_with_delayed_gradient_scaling():
+    """-fg's default is decided on a pair: the default FP8 run with -fg current and with -fg delayed; -fg is
+    "-" exactly where the trainer takes no -fg (bf16, and the block recipe, which refuses -fg delayed)"""
+    bench = load_bench()
+    assert ("fp8", "delayed", "adamw", "current", "bf16", "delayed") in bench.RUNS
+    assert all((grads == "-") == (precision == "bf16" or recipe == "block")
+               for precision, recipe, _, _, _, grads in bench.RUNS + bench.MASTER_FREE_RUNS)
+
+
+def test_gradient_scaling_comparison_pairs_current_and_delayed_runs():
+    bench = load_bench()
+    records = [
+        dict(train_record("d12", "adamw", "current", 500000.0, 2.0, 7.25), grad_scaling="current", block_backward_ms=10.0),
+        dict(train_record("d12", "adamw", "current", 530000.0, 2.0, 7.26), grad_scaling="delayed", block_backward_ms=8.5),
+        dict(train_record("d12", "adamw", "delayed", 510000.0, 1.5, 7.26), grad_scaling="current"),  # no -fg delayed twin
+        dict(train_record("d48", "adamw", "current", 50000.0, 20.0, 7.0), grad_scaling="current", block_backward_ms=None),
+        dict(train_record("d48", "adamw", "current", 51000.0, 20.0, 7.01), grad_scaling="delayed", block_backward_ms=None),
+        {"benchmark": "train", "model": "d12", "precision": "bf16", "recipe": "-", "optimizer": "adamw", "weight_scaling": "-",
+         "lm_head": "-", "grad_scaling": "-", "tok_per_s": 450000.0, "final_loss": 7.2},
+    ]
+    rows = bench.gradient_scaling_comparison(records)
+    assert [(r["model"], r["weight_scaling"]) for r in rows] == [("d12", "current"), ("d48", "current")]
+    assert rows[0]["tok_per_s"] == (500000.0, 530000.0) and abs(rows[0]["speedup"] - 1.06) < 1e-12
+    markdown = bench.gradient_scaling_markdown(rows).splitlines()
+    assert markdown[0] == "## FP8 output-gradient scaling: -fg current vs delayed"
+    assert "| d12 | delayed | adamw | current | bf16 | 500000 | 530000 | 1.060x | 10.000 | 8.500 | 7.2500 | 7.2600 |" in markdown
+    assert "| d48 | delayed | adamw | current | bf16 | 50000 | 51000 | 1.020x | n/a | n/a | 7.0000 | 7.0100 |" in markdown
+    # the -fw and lm_head pairs leave the -fg delayed run out
+    assert [r["model"] for r in bench.weight_cast_comparison(records)] == ["d12"]
 
 
 def test_lm_head_comparison_pairs_bf16_and_fp8_lm_heads():
@@ -283,12 +314,12 @@ def test_the_report_is_written_as_it_goes(tmp_path):
     bench = load_bench()
     info = {"date": "2026-11-22", "device": "Fake GPU", "commit": "abc", "quick": True, "T": 1024, "steps": 6}
     record = {"benchmark": "train", "model": "d12", "precision": "bf16", "recipe": "-", "optimizer": "adamw",
-              "weight_scaling": "-", "lm_head": "-", "master_weights": True, "error": "out of memory"}
+              "weight_scaling": "-", "lm_head": "-", "grad_scaling": "-", "master_weights": True, "error": "out of memory"}
     base = str(tmp_path / "report")
     bench.write_report(base, [record], "", info, complete=False)
     markdown = open(base + ".md").read()
     assert "**Incomplete**: this file is rewritten after every run; it stopped after 1 records." in markdown
-    assert "| d12 | bf16 | - | adamw | - | - | yes | | | error: out of memory |" in markdown
+    assert "| d12 | bf16 | - | adamw | - | - | - | yes | | | error: out of memory |" in markdown
     assert json.load(open(base + ".json")) == [record]
     bench.write_report(base, [record], "", info, complete=True)
     assert "Incomplete" not in open(base + ".md").read()

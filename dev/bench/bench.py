@@ -7,7 +7,10 @@ of each run (-kt 1). FP8 runs are made with both weight scalings (-fw current: a
 after the optimizer step; -fw delayed: the optimizer step writes the codes): a "FP8 weight
 cast" section sets their tok/s and their optimizer + weight-cast time (the -kt 1 rows
 "adamw"/"adamw8" and "fp8 weight casts") side by side, the figures that pick -fw's default
-(DESIGN.md section 3). The default FP8 run is also made with lm_head in FP8 (-f8 all): an "FP8
+(DESIGN.md section 3). The default FP8 run is also made with delayed output-gradient scaling
+(-fg delayed): an "FP8 output-gradient scaling" section sets its tok/s and the four block
+linears' backward time (where the dy passes are charged) beside -fg current's, the figures that
+pick -fg's default. The default FP8 run is also made with lm_head in FP8 (-f8 all): an "FP8
 lm_head" section sets its tok/s beside the bf16 lm_head's (lm_head's loss parity comes from
 scripts/compare_bf16_fp8.sh, dev/gpu_session.sh parity). At d12 and d48 the bf16 runs of both
 optimizers are also made without fp32 master weights (-w 0): a "Memory" section sets the
@@ -57,15 +60,19 @@ GEMM_BENCH = os.path.join(ROOT, "bench_gemm")
 # models recompute GELU (-r 1) so that they fit in an H100's 80 GB
 FULL_CONFIGS = [("d12", 64, 0), ("d24", 32, 0), ("d36", 16, 1), ("d48", 16, 1)]
 QUICK_CONFIGS = [("d12", 64, 0), ("d48", 16, 1)]
-# (precision, FP8 recipe, optimizer, FP8 weight scaling -fw, lm_head's precision): each is its own
-# record; lm_head "fp8" adds -f8 all (the default -f8 keeps it bf16)
-RUNS = [("bf16", "-", "adamw", "-", "-"), ("fp8", "delayed", "adamw", "current", "bf16"),
-        ("fp8", "delayed", "adamw", "delayed", "bf16"), ("fp8", "delayed", "adamw", "current", "fp8"),
-        ("fp8", "current", "adamw", "current", "bf16"), ("fp8", "block", "adamw", "-", "bf16"),
-        ("bf16", "-", "adamw8", "-", "-"), ("fp8", "delayed", "adamw8", "current", "bf16"),
-        ("fp8", "delayed", "adamw8", "delayed", "bf16")]
+# (precision, FP8 recipe, optimizer, FP8 weight scaling -fw, lm_head's precision, FP8 output-gradient
+# scaling -fg): each is its own record; lm_head "fp8" adds -f8 all (the default -f8 keeps it bf16)
+RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw", "current", "bf16", "current"),
+        ("fp8", "delayed", "adamw", "delayed", "bf16", "current"), ("fp8", "delayed", "adamw", "current", "fp8", "current"),
+        ("fp8", "delayed", "adamw", "current", "bf16", "delayed"),
+        ("fp8", "current", "adamw", "current", "bf16", "current"), ("fp8", "block", "adamw", "-", "bf16", "-"),
+        ("bf16", "-", "adamw8", "-", "-", "-"), ("fp8", "delayed", "adamw8", "current", "bf16", "current"),
+        ("fp8", "delayed", "adamw8", "delayed", "bf16", "current")]
 # the runs also made without fp32 master weights (-w 0), at ADAMW8_MODELS: the memory comparison
-MASTER_FREE_RUNS = [("bf16", "-", "adamw", "-", "-"), ("bf16", "-", "adamw8", "-", "-")]
+MASTER_FREE_RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("bf16", "-", "adamw8", "-", "-", "-")]
+# the -kt 1 rows that hold the backward of the four block linears, where each output gradient's
+# cast is charged (-fg current: an amax pass and a cast pass; delayed: one pass)
+BLOCK_BACKWARD_ROWS = ("matmul qkv bwd", "matmul attproj bwd", "matmul fc bwd", "matmul fcproj bwd")
 # the -kt 1 row of the FP8 weight casts after the optimizer step (with -fw delayed: the scale
 # bookkeeping and W^T from the codes the step wrote)
 WEIGHT_CAST_ROW = "fp8 weight casts"
@@ -185,6 +192,17 @@ def optimizer_and_weight_cast_ms(breakdown, optimizer):
     return step + cast if step is not None and cast is not None else None
 
 
+def block_backward_ms(breakdown):
+    """ms per step of the four block linears' backward rows together (None: a row is missing)"""
+    rows = [breakdown_ms(breakdown, row) for row in BLOCK_BACKWARD_ROWS]
+    return None if None in rows else sum(rows)
+
+
+def gradient_default(r):
+    """-fg current: the default, and every record written before -fg existed"""
+    return r.get("grad_scaling", "current") in ("current", "-")
+
+
 def command_text(cmd):
     """a command as typed in the repository root, for the records and the markdown: ./<binary> and
     the arguments quoted where a shell needs it (-j '', the empty val pattern, stays an argument)"""
@@ -238,22 +256,24 @@ def failure_line(stderr, returncode, limit_s=None):
 
 
 def model_runs(model):
-    """the train runs of one model, in order: (precision, recipe, optimizer, -fw, lm_head, fp32 master weights)"""
+    """the train runs of one model, in order: (precision, recipe, optimizer, -fw, lm_head, -fg, fp32 master weights)"""
     runs = [run + (True,) for run in RUNS if run[2] != "adamw8" or model in ADAMW8_MODELS]
     return runs + [run + (False,) for run in MASTER_FREE_RUNS if model in ADAMW8_MODELS]
 
 
-def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path, master=True):
+def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path, master=True,
+               grads="-"):
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
            "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute), "-opt", optimizer]
     cmd += [] if master else ["-w", "0"]
     if precision == "fp8":
         cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
         cmd += ["-f8", "all"] if lm_head == "fp8" else []
+        cmd += ["-fg", grads] if grads != "-" else []
     print("running:", shlex.join(cmd), flush=True)
     [(returncode, stdout, stderr)] = run_programs([cmd], train_limit_s(steps))
     failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
-              "lm_head": lm_head, "master_weights": master, "command": command_text(cmd)}
+              "lm_head": lm_head, "grad_scaling": grads, "master_weights": master, "command": command_text(cmd)}
     if returncode != 0:
         print(stdout[-3000:], stderr[-3000:], file=sys.stderr)
         return dict(failed, error=failure_line(stderr, returncode, train_limit_s(steps)))
@@ -264,7 +284,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
     mfus = [s["mfu"] for s in timed if s["mfu"] is not None]
     return {
         "model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
-        "lm_head": lm_head, "master_weights": master, "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
+        "lm_head": lm_head, "grad_scaling": grads, "master_weights": master, "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
         "tok_per_s": statistics.median(s["tok_s"] for s in timed),
         "ms_per_step": statistics.median(s["ms"] for s in timed),
         "mfu": statistics.median(mfus) if mfus else None,
@@ -273,6 +293,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         "final_loss": timed[-1]["loss"],
         "optimizer_ms": optimizer_ms(breakdown, optimizer),
         "optimizer_weight_cast_ms": optimizer_and_weight_cast_ms(breakdown, optimizer) if precision == "fp8" else None,
+        "block_backward_ms": block_backward_ms(breakdown),
         "command": command_text(cmd),
         "kernel_breakdown": breakdown,
     }
@@ -290,7 +311,8 @@ def is_default_run(r):
     if r.get("benchmark") != "train" or "error" in r:
         return False
     default = ("-", "-", "-") if r["precision"] == "bf16" else ("delayed", "current", "bf16")
-    return r["optimizer"] == "adamw" and r["master_weights"] is not False and (r["recipe"], r["weight_scaling"], r["lm_head"]) == default
+    return (r["optimizer"] == "adamw" and r["master_weights"] is not False and gradient_default(r)
+            and (r["recipe"], r["weight_scaling"], r["lm_head"]) == default)
 
 
 def floor_markdown(records, device):
@@ -352,7 +374,7 @@ def lm_head_comparison(records):
     optimizer, -fw): tok/s and final loss of each, and FP8 lm_head over bf16"""
     runs = {}
     for r in records:
-        if r.get("benchmark") == "train" and "error" not in r and r.get("precision") == "fp8":
+        if r.get("benchmark") == "train" and "error" not in r and r.get("precision") == "fp8" and gradient_default(r):
             runs.setdefault((r["model"], r["recipe"], r["optimizer"], r["weight_scaling"]), {})[r["lm_head"]] = r
     rows = []
     for (model, recipe, optimizer, weights), pair in runs.items():
@@ -375,6 +397,44 @@ def lm_head_markdown(rows):
     for row in rows:
         out.append(f"| {row['model']} | {row['recipe']} | {row['optimizer']} | {row['weight_scaling']} | "
                    f"{row['tok_per_s'][0]:.0f} | {row['tok_per_s'][1]:.0f} | {row['speedup']:.3f}x | "
+                   f"{row['final_loss'][0]:.4f} | {row['final_loss'][1]:.4f} |")
+    return "\n".join(out + [""])
+
+
+def gradient_scaling_comparison(records):
+    """pairs the -fg current and -fg delayed runs of each (model, recipe, optimizer, -fw, lm_head): tok/s,
+    the block linears' backward ms (where the output-gradient casts are charged) and final loss of each"""
+    runs = {}
+    for r in records:
+        if r.get("benchmark") == "train" and "error" not in r and r.get("grad_scaling") in ("current", "delayed"):
+            runs.setdefault((r["model"], r["recipe"], r["optimizer"], r["weight_scaling"], r["lm_head"]), {})[r["grad_scaling"]] = r
+    rows = []
+    for (model, recipe, optimizer, weights, lm_head), pair in runs.items():
+        if set(pair) != {"current", "delayed"}:
+            continue
+        current, delayed = pair["current"], pair["delayed"]
+        rows.append({"model": model, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights, "lm_head": lm_head,
+                     "tok_per_s": (current["tok_per_s"], delayed["tok_per_s"]),
+                     "speedup": delayed["tok_per_s"] / current["tok_per_s"],
+                     "block_backward_ms": (current.get("block_backward_ms"), delayed.get("block_backward_ms")),
+                     "final_loss": (current["final_loss"], delayed["final_loss"])})
+    return rows
+
+
+def gradient_scaling_markdown(rows):
+    """the "FP8 output-gradient scaling" section: -fg current (DESIGN.md's) vs -fg delayed"""
+    out = ["## FP8 output-gradient scaling: -fg current vs delayed", "",
+           "current reads each output gradient twice (an amax pass that also sums the bias, then the cast); delayed casts "
+           "it in the bias pass with an amax history's scale. Block backward = the -kt 1 rows of the four block linears' "
+           "backward together, where those passes are charged. Make delayed the default only where it is faster here and "
+           "its loss matches over a long run (scripts/compare_bf16_fp8.sh, RECIPES=\"delayed delayed+fg_delayed\").", "",
+           "| model | recipe | optimizer | -fw | lm_head | tok/s current | tok/s delayed | delayed / current | block backward ms "
+           "current | delayed | final loss current | delayed |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ms = ["n/a" if v is None else f"{v:.3f}" for v in row["block_backward_ms"]]
+        out.append(f"| {row['model']} | {row['recipe']} | {row['optimizer']} | {row['weight_scaling']} | {row['lm_head']} | "
+                   f"{row['tok_per_s'][0]:.0f} | {row['tok_per_s'][1]:.0f} | {row['speedup']:.3f}x | {ms[0]} | {ms[1]} | "
                    f"{row['final_loss'][0]:.4f} | {row['final_loss'][1]:.4f} |")
     return "\n".join(out + [""])
 
@@ -435,7 +495,7 @@ def weight_cast_comparison(records):
     runs = {}
     for r in records:
         if r.get("benchmark") == "train" and "error" not in r and r.get("weight_scaling") in ("current", "delayed") \
-                and r.get("lm_head") == "bf16":
+                and r.get("lm_head") == "bf16" and gradient_default(r):
             runs.setdefault((r["model"], r["recipe"], r["optimizer"]), {})[r["weight_scaling"]] = r
     rows = []
     for (model, recipe, optimizer), pair in runs.items():
@@ -570,22 +630,27 @@ def write_report(base, records, gemm_section, run_info, complete):
                 f"{run_info['steps']} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
         if not complete:
             f.write(f"**Incomplete**: this file is rewritten after every run; it stopped after {len(records)} records.\n\n")
-        f.write("| model | precision | recipe | optimizer | -fw | lm_head | master | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in records:
             if r["benchmark"] != "train":
                 continue
             if "error" in r:
                 f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | "
-                        f"{r.get('weight_scaling', '')} | {r.get('lm_head', '')} | {master_text(r)} | | | error: {r['error']} | | | | |\n")
+                        f"{r.get('weight_scaling', '')} | {r.get('grad_scaling', '-')} | {r.get('lm_head', '')} | {master_text(r)} | | | "
+                        f"error: {r['error']} | | | | |\n")
                 continue
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
             opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
-            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | {r['lm_head']} | {master_text(r)} | {r['B']} | "
+            f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | "
+                    f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {r['B']} | "
                     f"{r['T']} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
         comparison = weight_cast_comparison(records)
         if comparison:
             f.write(f"\n{weight_cast_markdown(comparison)}")
+        gradient_rows = gradient_scaling_comparison(records)
+        if gradient_rows:
+            f.write(f"\n{gradient_scaling_markdown(gradient_rows)}")
         lm_head_rows = lm_head_comparison(records)
         if lm_head_rows:
             f.write(f"\n{lm_head_markdown(lm_head_rows)}")
@@ -601,7 +666,8 @@ def write_report(base, records, gemm_section, run_info, complete):
             f.write("\n" + ranks_markdown(ranks_records))
         for r in records:
             if r.get("kernel_breakdown"):
-                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} lm_head {r['lm_head']} master {master_text(r)} B={r['B']}: "
+                f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} "
+                        f"-fg {r.get('grad_scaling', '-')} lm_head {r['lm_head']} master {master_text(r)} B={r['B']}: "
                         f"per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
     os.replace(base + ".md.tmp", base + ".md")
 
@@ -646,13 +712,13 @@ def main():
         write_report(base, records, gemm_section, run_info, complete=False)
 
     for model, B, recompute in configs:
-        for precision, recipe, optimizer, weights, lm_head, master in model_runs(model):
+        for precision, recipe, optimizer, weights, lm_head, grads, master in model_runs(model):
             rec = with_floor(run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps,
-                                        data_path, master), device)
+                                        data_path, master, grads), device)
             add([dict(rec, benchmark="train")])
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
             if rec.get("optimizer_ms") is not None:
-                print(f"{model} {precision} {recipe} {optimizer} -fw {weights}: optimizer step {rec['optimizer_ms']:.3f} ms",
+                print(f"{model} {precision} {recipe} {optimizer} -fw {weights} -fg {grads}: optimizer step {rec['optimizer_ms']:.3f} ms",
                       flush=True)
 
     gemm_models = [model for model, _, _ in configs if model in GEMM_TARGETS]

@@ -392,7 +392,7 @@ def run_from_record(record):
     return Run(model=record["model"], B=record["B"], T=record["T"], recompute=record.get("recompute", 0),
                precision=record["precision"], recipe=record["recipe"] if fp8 else "delayed",
                weight_scaling=record["weight_scaling"] if fp8 and record["weight_scaling"] != "-" else "current",
-               grad_scaling=record.get("grad_scaling", "current") if fp8 else "current",
+               grad_scaling=record.get("grad_scaling", "current") if fp8 and record.get("grad_scaling") != "-" else "current",
                lm_head=record.get("lm_head", "bf16") if fp8 else "bf16", optimizer=record["optimizer"],
                master=record.get("master_weights", True) is not False)
 

@@ -398,8 +398,8 @@ def compute_from_targets(seq_len):
 
 def compute_from_bench(path, recipe, optimizer, weight_scaling="current", lm_head="bf16"):
     """one GPU's time per (model, precision) from bench.py's train records with fp32 master weights
-    (the default): bf16 with `optimizer`, FP8 with `recipe`, `optimizer`, -fw `weight_scaling` and
-    lm_head in `lm_head` (bench.py times several variants of a model; exactly one may match)"""
+    (the default): bf16 with `optimizer`, FP8 with `recipe`, `optimizer`, -fw `weight_scaling`,
+    lm_head in `lm_head` and -fg current (bench.py times several variants of a model; exactly one may match)"""
     try:
         with open(path) as f:
             records = json.load(f)
@@ -416,7 +416,8 @@ def compute_from_bench(path, recipe, optimizer, weight_scaling="current", lm_hea
         if rec.get("benchmark", "train") != "train" or rec.get("master_weights") is False:
             continue
         if rec.get("precision") == "fp8" and (rec.get("recipe") != recipe or rec.get("lm_head", lm_head) != lm_head
-                                              or rec.get("weight_scaling", weight_scaling) not in (weight_scaling, "-")):
+                                              or rec.get("weight_scaling", weight_scaling) not in (weight_scaling, "-")
+                                              or rec.get("grad_scaling", "current") not in ("current", "-")):
             continue
         try:
             tokens, ms = int(rec["B"]) * int(rec["T"]), float(rec["ms_per_step"])
