@@ -369,19 +369,25 @@ def memory_markdown(rows):
     return "\n".join(out + [""])
 
 
+def paired_runs(records, key_fields, variant_field, variants, keep=lambda r: True):
+    """the successful train records that keep() accepts, grouped by key_fields and told apart by
+    variant_field: (key dict, {variant: record}) for every key measured in each of the two variants,
+    in the order measured"""
+    groups = {}
+    for r in records:
+        if r.get("benchmark") == "train" and "error" not in r and r.get(variant_field) in variants and keep(r):
+            groups.setdefault(tuple(r[f] for f in key_fields), {})[r[variant_field]] = r
+    return [(dict(zip(key_fields, key)), pair) for key, pair in groups.items() if set(pair) == set(variants)]
+
+
 def lm_head_comparison(records):
     """pairs each FP8 run with lm_head in FP8 with the same run with lm_head in bf16 (model, recipe,
     optimizer, -fw): tok/s and final loss of each, and FP8 lm_head over bf16"""
-    runs = {}
-    for r in records:
-        if r.get("benchmark") == "train" and "error" not in r and r.get("precision") == "fp8" and gradient_default(r):
-            runs.setdefault((r["model"], r["recipe"], r["optimizer"], r["weight_scaling"]), {})[r["lm_head"]] = r
     rows = []
-    for (model, recipe, optimizer, weights), pair in runs.items():
-        if set(pair) != {"bf16", "fp8"}:
-            continue
+    for key, pair in paired_runs(records, ("model", "recipe", "optimizer", "weight_scaling"), "lm_head", ("bf16", "fp8"),
+                                 keep=lambda r: r.get("precision") == "fp8" and gradient_default(r)):
         bf16, fp8 = pair["bf16"], pair["fp8"]
-        rows.append({"model": model, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
+        rows.append({**key,
                      "tok_per_s": (bf16["tok_per_s"], fp8["tok_per_s"]), "speedup": fp8["tok_per_s"] / bf16["tok_per_s"],
                      "final_loss": (bf16["final_loss"], fp8["final_loss"])})
     return rows
@@ -404,16 +410,11 @@ def lm_head_markdown(rows):
 def gradient_scaling_comparison(records):
     """pairs the -fg current and -fg delayed runs of each (model, recipe, optimizer, -fw, lm_head): tok/s,
     the block linears' backward ms (where the output-gradient casts are charged) and final loss of each"""
-    runs = {}
-    for r in records:
-        if r.get("benchmark") == "train" and "error" not in r and r.get("grad_scaling") in ("current", "delayed"):
-            runs.setdefault((r["model"], r["recipe"], r["optimizer"], r["weight_scaling"], r["lm_head"]), {})[r["grad_scaling"]] = r
     rows = []
-    for (model, recipe, optimizer, weights, lm_head), pair in runs.items():
-        if set(pair) != {"current", "delayed"}:
-            continue
+    for key, pair in paired_runs(records, ("model", "recipe", "optimizer", "weight_scaling", "lm_head"), "grad_scaling",
+                                 ("current", "delayed")):
         current, delayed = pair["current"], pair["delayed"]
-        rows.append({"model": model, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights, "lm_head": lm_head,
+        rows.append({**key,
                      "tok_per_s": (current["tok_per_s"], delayed["tok_per_s"]),
                      "speedup": delayed["tok_per_s"] / current["tok_per_s"],
                      "block_backward_ms": (current.get("block_backward_ms"), delayed.get("block_backward_ms")),
@@ -492,18 +493,12 @@ def ranks_markdown(records):
 def weight_cast_comparison(records):
     """pairs the -fw current and -fw delayed runs of each (model, recipe, optimizer), lm_head bf16, in
     the order measured: tok/s, optimizer + weight-cast ms and final loss of each, and delayed over current"""
-    runs = {}
-    for r in records:
-        if r.get("benchmark") == "train" and "error" not in r and r.get("weight_scaling") in ("current", "delayed") \
-                and r.get("lm_head") == "bf16" and gradient_default(r):
-            runs.setdefault((r["model"], r["recipe"], r["optimizer"]), {})[r["weight_scaling"]] = r
     rows = []
-    for (model, recipe, optimizer), pair in runs.items():
-        if set(pair) != {"current", "delayed"}:
-            continue
+    for key, pair in paired_runs(records, ("model", "recipe", "optimizer"), "weight_scaling", ("current", "delayed"),
+                                 keep=lambda r: r.get("lm_head") == "bf16" and gradient_default(r)):
         current, delayed = pair["current"], pair["delayed"]
         cast_ms = (current["optimizer_weight_cast_ms"], delayed["optimizer_weight_cast_ms"])
-        rows.append({"model": model, "recipe": recipe, "optimizer": optimizer,
+        rows.append({**key,
                      "tok_per_s": (current["tok_per_s"], delayed["tok_per_s"]),
                      "speedup": delayed["tok_per_s"] / current["tok_per_s"],
                      "optimizer_weight_cast_ms": cast_ms,
