@@ -626,9 +626,11 @@ bool matmul_backward_fp8_supported(floatX* dinp, void* dweight, cudaDataType_t d
 
 /*
 The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs. With
-pre_gelu != NULL it first makes dout *= gelu'(pre_gelu) in place (fc's dout is fcproj's dgrad
-output; the multiplied dout stays there for a bf16 GEMM of the other pass, when only one of
-dgrad and wgrad is FP8). The bias partials are summed in fixed order (as matmul_backward, so
+pre_gelu != NULL the gradient is dout * gelu'(pre_gelu) (fc's dout is fcproj's dgrad output),
+stored back into dout where something reads it afterwards: the cast pass of current scaling,
+or a bf16 GEMM of the other pass when only one of dgrad and wgrad is FP8. A one-pass cast that
+writes both code arrays leaves dout as it was: nothing reads the product, so it is not
+written (2 bytes per element saved). The bias partials are summed in fixed order (as matmul_backward, so
 dbias has the bf16 path's bits). The cast writes the codes for an FP8 dgrad (fp8->codes) and
 the transpose for an FP8 wgrad (fp8->codes_t), either one NULL when its GEMM runs in bf16;
 then the bias sums finish (dbias += , when dbias != NULL).
@@ -642,8 +644,8 @@ then the bias sums finish (dbias += , when dbias != NULL).
   recipe's 1x128 tiles, always): one tile-cast pass applies GELU's derivative, sums the bias
   columns and casts; per tensor it records this dout's amax, and the state update follows
   (the cast copied the scale it used into the record, which the GEMMs read). Bytes per
-  element: 2 [+ 2 read + 2 written] + 1 per code array, against the bf16 path's 2 for the
-  bias alone.
+  element: 2 [+ 2 read, + 2 written for a bf16 GEMM] + 1 per code array, against the bf16
+  path's 2 for the bias alone.
 dbias_scratch holds matmul_dbias_scratch_floats(N, OC) floats (needed even without dbias).
 */
 void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* dbias_scratch, floatX* dout,
@@ -660,7 +662,8 @@ void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* db
         float* column_sums = dbias != NULL ? dbias_scratch : NULL;
         if (pre_gelu != NULL) {
             Fp8GeluBackwardTransform gelu_backward = {pre_gelu, OC};
-            fp8_cast_transpose_launch(fp8, dout, column_sums, dout, N, OC, per_tensor, gelu_backward, stream);
+            floatX* product = fp8->codes == NULL || fp8->codes_t == NULL ? dout : NULL;  // a bf16 GEMM reads it
+            fp8_cast_transpose_launch(fp8, product, column_sums, dout, N, OC, per_tensor, gelu_backward, stream);
         } else {
             fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, per_tensor, Fp8Identity(), stream);
         }

@@ -88,8 +88,11 @@ def test_fc_output_gradient_pass_current_vs_block():
         amax, cast = kernels("matmul fc bwd", "fc dy", precision="fp8", recipe=recipe)[:2]
         # dy, pre_gelu read, the product written, fp32 bias partials per 128 rows; then dy read again, 2 codes written
         assert (amax.bytes, cast.bytes) == (n * (6 + 4 / 128), n * (2 + 2))
+    # one pass (block, or -fg delayed): dy and pre_gelu read, no product written (both GEMMs read codes)
     [one] = kernels("matmul fc bwd", "fc dy", precision="fp8", recipe="block")[:1]
-    assert one.bytes == n * (6 + 2 * (1 + 4 / 128) + 4 / 128)
+    assert one.bytes == n * (4 + 2 * (1 + 4 / 128) + 4 / 128)
+    [one] = kernels("matmul fc bwd", "fc dy", precision="fp8", recipe="delayed", grad_scaling="delayed")[:1]
+    assert one.bytes == n * (4 + 2 + 4 / 128)
     # bf16: GELU backward (its own region) and the bias pass
     [gelu] = kernels("gelu bwd", "fc", precision="bf16")[:1]
     [bias] = kernels("matmul fc bwd", "fc bias", precision="bf16")[:1]

@@ -196,12 +196,13 @@ def step_kernels(run):
 
     def linear_backward(region, name, K, OC, fp8, bias=True, gelu=False):
         """dgrad, wgrad (accumulated into the bf16 gradient) and the bias gradient of one linear;
-        gelu: dout is first multiplied in place by gelu'(pre_gelu) (fc): pre_gelu read, dout written"""
+        gelu: dout is first multiplied by gelu'(pre_gelu) (fc): pre_gelu read, and the product written
+        back into dout where a later pass reads it (not by the one-pass cast: both GEMMs read codes)"""
         n = N * OC
         gelu_bytes = 2 * BF16 if gelu else 0
         if fp8 and (block or run.grad_scaling == "delayed"):  # a known scale: one tile pass (matmul_backward_fp8_dout)
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}{'bias, ' if bias else ''}{'1x128' if block else 'delayed'} cast",
-                n * (BF16 + gelu_bytes + 2 * code + (partials if bias else 0)))
+                n * (BF16 + (BF16 if gelu else 0) + 2 * code + (partials if bias else 0)))
         elif fp8:  # per tensor, current scaling (E5M2): the partials kernel runs even without a bias, for the amax
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}bias partials, amax", n * (BF16 + gelu_bytes + partials))
             add(region, f"{name} dy: cast to dy, dy^T (reads dy again)", n * (BF16 + 2 * FP8))
