@@ -12,7 +12,8 @@
 #   bash dev/gpu_session.sh parity  # loss parity on the offline corpus (carry dev/data/offline):
 #                                   # d12, PARITY_STEPS (2000) steps each of bf16, bf16 + adamw8,
 #                                   # FP8 delayed, FP8 delayed + adamw8, then FP8 delayed with an
-#                                   # FP8 lm_head (scripts/compare_bf16_fp8.sh, twice: summary_*.md);
+#                                   # FP8 lm_head, then FP8 delayed with -fg delayed
+#                                   # (scripts/compare_bf16_fp8.sh, three times: summary_*.md);
 #                                   # runs resume from their checkpoints, so a call that runs out
 #                                   # of time goes on in the next one on the same (warm) machine
 #   bash dev/gpu_session.sh sanitize  # compute-sanitizer memcheck over the kernel test binaries
@@ -74,9 +75,12 @@ case "$stage" in
         fi
         [ -n "${PARITY_TRAINER:-}" ] || build_all || exit 1
         read -r -a extra <<< "${PARITY_ARGS:-}"
-        # (set, RECIPES, OPTIMIZERS): the second set resumes the first's finished bf16 and FP8 runs
+        # (set, RECIPES, OPTIMIZERS): the later sets resume the first's finished bf16 and FP8 runs and
+        # add one run each; -fg delayed (a candidate default, not yet measured) comes last, so a
+        # session cut off short of it has still finished the sets before it, summaries written
         status=0
-        for set in "optimizers|delayed|adamw adamw8" "lm_head|delayed delayed+lm_head|adamw"; do
+        for set in "optimizers|delayed|adamw adamw8" "lm_head|delayed delayed+lm_head|adamw" \
+                   "fg_delayed|delayed delayed+fg_delayed|adamw"; do
             IFS='|' read -r name recipes optimizers <<< "$set"
             time env OUT="$out" MODEL="${PARITY_MODEL:-d12}" STEPS="${PARITY_STEPS:-2000}" RECIPES="$recipes" \
                 OPTIMIZERS="$optimizers" LLM8_TRAINER="$trainer" PYTHON="$PYTHON" \

@@ -11,15 +11,20 @@
 #   bash scripts/compare_bf16_fp8.sh                                   # d12, 2000 steps, delayed
 #   RECIPES="delayed current block" bash scripts/compare_bf16_fp8.sh   # every recipe, one PNG
 #   RECIPES="delayed delayed+lm_head" bash scripts/compare_bf16_fp8.sh # +lm_head: lm_head in FP8 too (-f8 all)
+#   RECIPES="delayed delayed+fg_delayed" bash scripts/compare_bf16_fp8.sh  # +fg_delayed: -fg delayed (not with block)
 #   OPTIMIZERS="adamw adamw8" bash scripts/compare_bf16_fp8.sh         # bf16 and FP8, each optimizer
 #   MODEL=d24 STEPS=5000 OUT=log_cmp bash scripts/compare_bf16_fp8.sh -b 32
 #
 # Extra arguments go to every run after the script's flags (later flags win): data flags
-# -i/-j, or FP8 flags, which bf16 ignores. The runs land in $OUT/bf16 and $OUT/fp8_<recipe>
-# (adamw8: $OUT/bf16_adamw8, $OUT/fp8_<recipe>_adamw8); the PNG is $OUT/loss.png, the table
-# (also printed) $OUT/summary.md. A run already complete there is resumed (-y 1), so the script can
-# be re-run after an interruption. LLM8_TRAINER names another trainer binary, built already
-# (e.g. ./train_gpt2cpu, which shares the flags: the tests run this script with it).
+# -i/-j, or FP8 flags, which bf16 ignores. A RECIPES item is a recipe followed by any of the
+# options +lm_head and +fg_delayed, in any order, each at most once (block+fg_delayed is refused,
+# as the trainer refuses -fg delayed with -fr block). The runs land in $OUT/bf16 and
+# $OUT/fp8_<recipe>, plus _lm_head then _fg_delayed for the options given, in that order whatever
+# order they were written (adamw8: $OUT/bf16_adamw8, $OUT/fp8_<recipe>_adamw8); the PNG is
+# $OUT/loss.png, the table (also printed) $OUT/summary.md. A run already complete there is
+# resumed (-y 1), so the script can be re-run after an interruption. LLM8_TRAINER names another
+# trainer binary, built already (e.g. ./train_gpt2cpu, which shares the flags: the tests run this
+# script with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="${MODEL:-d12}"
@@ -30,22 +35,47 @@ OPTIMIZERS="${OPTIMIZERS:-adamw}"
 TRAINER="${LLM8_TRAINER:-./train_gpt2_fp8}"
 PYTHON="${PYTHON:-python3}"
 
-[[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
 # each precision: its run name (directory and plot label) and its flags
 names=(bf16)
 flags=("-p bf16")
-for recipe in $RECIPES; do
-    scaling="${recipe%+lm_head}"
-    case "$scaling" in
+# a RECIPES item's options, in run-name order, and the flags each adds
+OPTIONS=(lm_head fg_delayed)
+OPTION_FLAGS=("-f8 all" "-fg delayed")
+ACCEPTED="+lm_head and +fg_delayed, in any order, each at most once"
+for item in $RECIPES; do
+    recipe="${item%%+*}"
+    case "$recipe" in
         delayed|current|block) ;;
-        *) echo "error: RECIPES: '$recipe' is not an FP8 recipe (expected delayed, current or block, each optionally +lm_head)" >&2
+        *) echo "error: RECIPES: '$item' is not an FP8 recipe (expected delayed, current or block, optionally followed by $ACCEPTED)" >&2
            exit 2 ;;
     esac
-    if [[ "$recipe" == *+lm_head ]]; then
-        names+=("fp8_${scaling}_lm_head"); flags+=("-p fp8 -fr $scaling -f8 all")
-    else
-        names+=("fp8_$scaling"); flags+=("-p fp8 -fr $scaling")
+    # the options after the recipe, each +<option>: the ones given, as " name name "
+    given=" "
+    rest="${item#"$recipe"}"
+    while [[ -n "$rest" ]]; do
+        rest="${rest#+}"
+        option="${rest%%+*}"
+        rest="${rest#"$option"}"
+        if [[ " ${OPTIONS[*]} " != *" $option "* ]]; then
+            echo "error: RECIPES: '$item': unknown option '+$option' (accepted: $ACCEPTED)" >&2; exit 2
+        fi
+        if [[ "$given" == *" $option "* ]]; then
+            echo "error: RECIPES: '$item': option '+$option' given twice (accepted: $ACCEPTED)" >&2; exit 2
+        fi
+        given+="$option "
+    done
+    if [[ "$recipe" == block && "$given" == *" fg_delayed "* ]]; then
+        echo "error: RECIPES: '$item': the trainer refuses -fg delayed with -fr block (its 1x128 gradient tiles are cast in one pass already); use +fg_delayed with delayed or current" >&2
+        exit 2
     fi
+    name="fp8_$recipe"
+    flag="-p fp8 -fr $recipe"
+    for i in "${!OPTIONS[@]}"; do
+        [[ "$given" == *" ${OPTIONS[$i]} "* ]] || continue
+        name+="_${OPTIONS[$i]}"
+        flag+=" ${OPTION_FLAGS[$i]}"
+    done
+    names+=("$name"); flags+=("$flag")
 done
 for optimizer in $OPTIMIZERS; do
     case "$optimizer" in
@@ -53,6 +83,8 @@ for optimizer in $OPTIMIZERS; do
         *) echo "error: OPTIMIZERS: '$optimizer' is not an optimizer (expected adamw or adamw8)" >&2; exit 2 ;;
     esac
 done
+# the checks above come before the build: a mistyped RECIPES or OPTIMIZERS costs no make
+[[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
 # every precision with every optimizer: fp32 AdamW keeps the plain name, adamw8 adds _adamw8
 runs=()
 run_flags=()

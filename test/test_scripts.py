@@ -99,12 +99,59 @@ def test_compare_refuses_an_unknown_recipe(tmp_path):
     result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": "delayed fast", "OUT": str(tmp_path / "cmp")})
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
-        "error: RECIPES: 'fast' is not an FP8 recipe (expected delayed, current or block, each optionally +lm_head)"]
+        "error: RECIPES: 'fast' is not an FP8 recipe (expected delayed, current or block, optionally followed by "
+        "+lm_head and +fg_delayed, in any order, each at most once)"]
+
+
+def test_compare_fg_delayed_option_in_any_order(data, tmp_path):
+    """+fg_delayed passes -fg delayed; the run name puts _lm_head before _fg_delayed whatever the order written,
+    so a second call with the options the other way round resumes the same (finished) run with the same flags"""
+    out = tmp_path / "cmp"
+    args = ["-b", 2, "-t", 32, "-u", 1, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2, "-m", 2, "-n", 2]
+    env = {"MODEL": "tiny", "STEPS": "2", "OUT": str(out)}
+    result = run_script("compare_bf16_fp8.sh", args, dict(env, RECIPES="delayed+fg_delayed delayed+fg_delayed+lm_head"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = re.findall(r"^\| (\w+) \| 2 \|", (out / "summary.md").read_text(), re.M)
+    assert rows == ["bf16", "fp8_delayed_fg_delayed", "fp8_delayed_lm_head_fg_delayed"], result.stdout[-2000:]
+    # the trainer's startup lines, one per FP8 run in run order: both -fg delayed, the second -f8 all too
+    fp8_runs = re.findall(r"^precision fp8 emulated, recipe delayed, weights \w+, gradients (\w+), passes (.*)\| optimizer",
+                          result.stdout, re.M)
+    assert [grads for grads, _ in fp8_runs] == ["delayed", "delayed"], result.stdout[-3000:]
+    assert ["lm_head=fwd,dgrad,wgrad" in passes for _, passes in fp8_runs] == [False, True], fp8_runs
+
+    # the trainer refuses to resume a run with other FP8 flags, so this resume also shows the flags are the same
+    again = run_script("compare_bf16_fp8.sh", args, dict(env, RECIPES="delayed+lm_head+fg_delayed"))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.count("resumed from") == 2, again.stdout[-3000:]  # bf16 and fp8_delayed_lm_head_fg_delayed
+    assert re.findall(r"^\| (\w+) \| 2 \|", (out / "summary.md").read_text(), re.M) == [
+        "bf16", "fp8_delayed_lm_head_fg_delayed"]
+
+
+@pytest.mark.parametrize("item,reason", [
+    ("delayed+fp4", "unknown option '+fp4'"),
+    ("current+fg_delayed+lm_head+fg_delayed", "option '+fg_delayed' given twice"),
+    ("delayed+", "unknown option '+'"),
+])
+def test_compare_refuses_a_bad_recipe_option(item, reason, tmp_path):
+    result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
+    assert result.returncode == 2 and not (tmp_path / "cmp").exists()
+    assert result.stderr.strip().splitlines() == [
+        f"error: RECIPES: '{item}': {reason} (accepted: +lm_head and +fg_delayed, in any order, each at most once)"]
+
+
+@pytest.mark.parametrize("item", ["block+fg_delayed", "block+fg_delayed+lm_head"])
+def test_compare_refuses_block_with_fg_delayed(item, tmp_path):
+    """the trainer refuses -fg delayed with -fr block: the script says so before any run"""
+    result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
+    assert result.returncode == 2 and not (tmp_path / "cmp").exists()
+    assert result.stderr.strip().splitlines() == [
+        f"error: RECIPES: '{item}': the trainer refuses -fg delayed with -fr block (its 1x128 gradient tiles are "
+        "cast in one pass already); use +fg_delayed with delayed or current"]
 
 
 def test_gpu_session_parity_stage_dry_run(data, tmp_path):
-    """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: both sets of
-    runs train, the second resumes the first's finished runs, and the logs a call returns are there"""
+    """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: the three sets of
+    runs train, the later ones resume the first's finished runs, and the logs a call returns are there"""
     logs = tmp_path / "logs"
     env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL="tiny", PARITY_STEPS="4",
                PARITY_TRAIN=str(data / "d_train_*.bin"), PARITY_VAL=str(data / "d_val_*.bin"),
@@ -116,9 +163,15 @@ def test_gpu_session_parity_stage_dry_run(data, tmp_path):
     assert re.findall(r"^\| (\w+) \| 4 \|", optimizers, re.M) == ["bf16", "bf16_adamw8", "fp8_delayed", "fp8_delayed_adamw8"]
     lm_head = (logs / "summary_lm_head.md").read_text()
     assert re.findall(r"^\| (\w+) \| 4 \|", lm_head, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_lm_head"]
+    fg_delayed = (logs / "summary_fg_delayed.md").read_text()
+    assert re.findall(r"^\| (\w+) \| 4 \|", fg_delayed, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_fg_delayed"]
     parity_log = (logs / "parity.log").read_text()
-    assert parity_log.count("resumed from") == 2, parity_log[-3000:]  # bf16 and fp8_delayed, in the second set
-    for name in ("loss_optimizers.png", "loss_lm_head.png", "parity_fp8_delayed_lm_head.log"):
+    assert parity_log.count("resumed from") == 4, parity_log[-3000:]  # bf16 and fp8_delayed, in each later set
+    # the sets in order, the -fg delayed run last (a session cut off short of it loses the least)
+    trained = re.findall(r"^precision fp8 emulated, recipe delayed, weights \w+, gradients (\w+)", parity_log, re.M)
+    assert trained[-1] == "delayed" and "delayed" not in trained[:-1], trained
+    for name in ("loss_optimizers.png", "loss_lm_head.png", "loss_fg_delayed.png", "parity_fp8_delayed_lm_head.log",
+                 "parity_fp8_delayed_fg_delayed.log"):
         assert (logs / name).stat().st_size > 0, name
 
 
