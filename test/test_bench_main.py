@@ -214,7 +214,9 @@ def test_markdown_sections(bench_run):
 
     rows = [l for l in sections["FP8 output-gradient scaling: -fg current vs delayed"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert [l.split(" | ")[:5] for l in rows] == [["| d12", "delayed", "adamw", "current", "bf16"],
-                                                 ["| d48", "delayed", "adamw", "current", "bf16"]]
+                                                 ["| d12", "delayed", "adamw", "current", "fp8"],
+                                                 ["| d48", "delayed", "adamw", "current", "bf16"],
+                                                 ["| d48", "delayed", "adamw", "current", "fp8"]]
     delayed_grads = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "delayed", True)]
     assert f"| {current['tok_per_s']:.0f} | {delayed_grads['tok_per_s']:.0f} | " \
            f"{delayed_grads['tok_per_s'] / current['tok_per_s']:.3f}x | {current['block_backward_ms']:.3f} | " \
