@@ -8,7 +8,8 @@
 #   bash dev/gpu_session.sh build   # make env, the cuDNN frontend from .whl/, every GPU target
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
 #   bash dev/gpu_session.sh ranks   # test/gpu_trainer_ranks.py: 2 ranks on the one GPU
-#   bash dev/gpu_session.sh bench   # dev/bench/bench.py --quick, its .md and .json written into the logs
+#   bash dev/gpu_session.sh bench [MODELS]  # dev/bench/bench.py --quick (--only MODELS, e.g. d12 then d48
+#                                   # in two calls), its .md and .json written into the logs
 #   bash dev/gpu_session.sh parity  # loss parity on the offline corpus (carry dev/data/offline):
 #                                   # d12, PARITY_STEPS (2000) steps each of bf16, bf16 + adamw8,
 #                                   # FP8 delayed, FP8 delayed + adamw8, then FP8 delayed with an
@@ -61,7 +62,8 @@ case "$stage" in
     bench)
         # straight into the logs: bench.py rewrites its .md and .json after every run, so a call cut
         # off at its limit still returns what was measured (commit them under doc/benchmarks/)
-        build_all && time make PYTHON="$PYTHON" bench BENCH_ARGS="--quick --out $LOG_DIR" 2>&1 | tee "$LOG_DIR/bench.log"
+        only=${2:+--only $2}
+        build_all && time make PYTHON="$PYTHON" bench BENCH_ARGS="--quick $only --out $LOG_DIR" 2>&1 | tee "$LOG_DIR/bench${2:+_$2}.log"
         ;;
     parity)
         # PARITY_* override the run for a dry run without a GPU (test/test_scripts.py: the CPU trainer)

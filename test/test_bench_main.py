@@ -29,10 +29,9 @@ floor_model = load_dev_bench_module("floor_model")
 DEVICE, COMMIT = "NVIDIA H100 80GB HBM3", "0123456789ab"
 
 
-@pytest.fixture(scope="module")
-def bench_run(tmp_path_factory):
-    """main() once, with ROOT (the data and bench_gemm's JSON) in a temporary directory; returns
-    (bench module, exit code, JSON records, markdown, markdown file name)"""
+def run_main(tmp_path_factory, *args):
+    """main() with these arguments, ROOT (the data and bench_gemm's JSON) in a temporary directory,
+    the stub programs; returns (bench module, exit code, output directory)"""
     bench = load_dev_bench_module("bench")
     root, out = tmp_path_factory.mktemp("root"), tmp_path_factory.mktemp("out")
     with pytest.MonkeyPatch.context() as mp:
@@ -42,16 +41,23 @@ def bench_run(tmp_path_factory):
         mp.setattr(bench, "GEMM_BENCH", gemm_bench)
         mp.setattr(bench, "gpu_name", lambda: DEVICE)
         mp.setattr(bench, "git_commit", lambda: COMMIT)
-        mp.setattr(sys, "argv", ["bench.py", "--quick", "--steps", str(STEPS), "--out", str(out)])
+        mp.setattr(sys, "argv", ["bench.py", "--quick", "--steps", str(STEPS), "--out", str(out)] + list(args))
         with pytest.raises(SystemExit) as exit_info:
             bench.main()
+    return bench, exit_info.value.code, out
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    """main() once; returns (bench module, exit code, JSON records, markdown, markdown file name)"""
+    bench, code, out = run_main(tmp_path_factory)
     [md_path] = glob.glob(os.path.join(out, "*.md"))
     assert sorted(os.listdir(out)) == sorted([os.path.basename(md_path), os.path.basename(md_path)[:-3] + ".json"])
     with open(md_path[:-3] + ".json") as f:
         records = json.load(f)
     with open(md_path) as f:
         markdown = f.read()
-    return bench, exit_info.value.code, records, markdown, os.path.basename(md_path)
+    return bench, code, records, markdown, os.path.basename(md_path)
 
 
 def command_flags(command):
@@ -287,3 +293,29 @@ def test_scaling_model_reads_the_default_runs_of_the_json(bench_run, tmp_path):
                and r["weight_scaling"] == "current" and r["lm_head"] == "bf16" and r["grad_scaling"] == "current"]
     assert len(default) == 1
     assert table[("d12", "fp8")].ms_per_step == default[0]["ms_per_step"]
+
+
+def test_only_one_model_per_device_call(tmp_path_factory):
+    """--only d48 (dev/gpu_session.sh bench d48: one device call) runs d48's train runs and GEMMs and
+    nothing else, into files whose names and heading carry the model, so d12's call keeps its own"""
+    bench, code, out = run_main(tmp_path_factory, "--only", "d48")
+    [md_path] = glob.glob(os.path.join(out, "*.md"))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d-nvidia-h100-80gb-hbm3-quick-d48\.md", os.path.basename(md_path)), md_path
+    records = json.load(open(md_path[:-3] + ".json"))
+    assert {r["model"] for r in records if r["benchmark"] == "train"} == {"d48"}
+    assert {r["benchmark"] for r in records} == {"train", "gemm"}  # the multi-GPU runs are d12's
+    assert code == 1  # the stub's d48 block run fails
+    assert "`python dev/bench/bench.py --quick --only d48`" in open(md_path).read()
+
+
+@pytest.mark.parametrize("only", ["d13", "d12,d12", "d12,"])
+def test_only_names_known_models(tmp_path_factory, only):
+    bench = load_dev_bench_module("bench")
+    with pytest.MonkeyPatch.context() as mp:
+        trainer, gemm_bench = bench_stubs.install(str(tmp_path_factory.mktemp("root")))
+        mp.setattr(bench, "TRAINER", trainer)
+        mp.setattr(bench, "GEMM_BENCH", gemm_bench)
+        mp.setattr(sys, "argv", ["bench.py", "--quick", "--only", only])
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main()
+    assert exit_info.value.code == f"error: --only {only}: expected a comma list of distinct models from d12, d24, d36, d48"

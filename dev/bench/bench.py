@@ -33,6 +33,7 @@ building, allocator warm-up) are dropped. `make bench` runs the full set, `make 
 the --quick one.
 
 Usage: python dev/bench/bench.py [--quick] [--steps N] [--only d12,d48] [--out doc/benchmarks]
+(--only: those models' runs, into files named after them; a device call fits one model's --quick set)
 """
 import argparse
 import datetime
@@ -621,7 +622,8 @@ def write_report(base, records, gemm_section, run_info, complete):
     os.replace(base + ".json.tmp", base + ".json")
     with open(base + ".md.tmp", "w") as f:
         f.write(f"# Benchmark {run_info['date']} on {run_info['device']}\n\ncommit `{run_info['commit']}`, command "
-                f"`python dev/bench/bench.py{' --quick' if run_info['quick'] else ''}`, synthetic tokens, T={run_info['T']}, "
+                f"`python dev/bench/bench.py{' --quick' if run_info['quick'] else ''}"
+                f"{' --only ' + run_info['only'] if run_info.get('only') else ''}`, synthetic tokens, T={run_info['T']}, "
                 f"{run_info['steps']} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
         if not complete:
             f.write(f"**Incomplete**: this file is rewritten after every run; it stopped after {len(records)} records.\n\n")
@@ -671,7 +673,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="d12 and d48 only, fewer steps and GEMM launches (make gpucheck)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per configuration")
-    parser.add_argument("--only", default="", help="comma-separated models to run, e.g. d12,d48")
+    parser.add_argument("--only", default="", help="comma-separated models to run, e.g. d48 (one device call each: "
+                        "the file names carry them)")
     parser.add_argument("--out", default=os.path.join(ROOT, "doc", "benchmarks"))
     args = parser.parse_args()
     for binary in (TRAINER, GEMM_BENCH):
@@ -681,8 +684,11 @@ def main():
 
     configs = QUICK_CONFIGS if args.quick else FULL_CONFIGS
     if args.only:
-        wanted = set(args.only.split(","))
-        configs = [c for c in configs if c[0] in wanted] or [(m, 16, 1) for m in sorted(wanted)]
+        wanted = args.only.split(",")
+        known = [model for model, _, _ in FULL_CONFIGS]
+        if any(model not in known for model in wanted) or len(set(wanted)) != len(wanted):
+            sys.exit(f"error: --only {args.only}: expected a comma list of distinct models from {', '.join(known)}")
+        configs = [c for c in FULL_CONFIGS if c[0] in wanted]
     steps = args.steps or (12 if args.quick else 30)
     T = 1024
     max_tokens = max([B * T for _, B, _ in configs] + [RANKS_B * T]) * (steps + 2)
@@ -693,10 +699,11 @@ def main():
 
     device, commit = gpu_name(), git_commit()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    run_info = {"date": date, "device": device, "commit": commit, "quick": args.quick, "T": T, "steps": steps}
+    run_info = {"date": date, "device": device, "commit": commit, "quick": args.quick, "only": args.only, "T": T, "steps": steps}
     os.makedirs(args.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
-    base = os.path.join(args.out, f"{date}-{slug}{'-quick' if args.quick else ''}")
+    models = "-" + "-".join(model for model, _, _ in configs) if args.only else ""
+    base = os.path.join(args.out, f"{date}-{slug}{'-quick' if args.quick else ''}{models}")
     records = []
     gemm_section = ""
 
