@@ -90,7 +90,7 @@ def synthetic_gemm_json(rng, models=(("d12", 64, True), ("d48", 16, False))):
     lines = [{"record": "run", "device": "Fake GPU", "cublaslt_version": 1, "iters": 5, "warmup": 2, "repeats": 5, "T": 1024}]
     expected = {}
     for model, B, has_block in models:
-        variants = ["bf16", "fp8", "fp8+cast"] + (["block", "block+cast"] if has_block else [])
+        variants = ["bf16", "fp8", "fp8+cast"] + (["block", "block+cast"] if has_block else []) + ["fp8+cast-fgd"]
         for linear in LINEARS:
             for p in ("fwd", "bwd", "fwd+bwd"):
                 for v in variants:

@@ -82,7 +82,7 @@ ADAMW8_MODELS = {"d12", "d48"}
 WARMUP_STEPS = 3
 # the sizes ./bench_gemm measures, and DESIGN.md section 7's "FP8 GEMMs incl. casts over bf16 GEMMs" targets
 GEMM_TARGETS = {"d12": 1.3, "d24": 1.45, "d36": 1.55, "d48": 1.6}
-GEMM_FP8_VARIANTS = ["fp8", "fp8+cast", "block", "block+cast"]
+GEMM_FP8_VARIANTS = ["fp8", "fp8+cast", "block", "block+cast", "fp8+cast-fgd"]
 # (iters, warmup) of ./bench_gemm: full and --quick
 GEMM_ITERS = {False: (20, 5), True: (5, 2)}
 # the fields each kind of ./bench_gemm JSON line must have
@@ -577,10 +577,11 @@ def gemm_markdown(records, tables, command, device, commit, error=None):
             "L x (qkv + attproj + fc + fcproj) + lm_head, forward + backward. fp8 is the GEMMs alone (the delayed and "
             "current recipes run the same GEMMs); +cast adds a standalone cast-transpose of x before the forward (the "
             "trainer fuses it into layernorm and GELU, except attproj's: an upper bound) and the dy pass (bias gradient, "
-            "amax, cast, transpose) before the backward; block is the 1x128 / 128x128 block recipe. The per-linear "
+            "amax, cast, transpose) before the backward; block is the 1x128 / 128x128 block recipe; fp8+cast-fgd is "
+            "fp8+cast with -fg delayed's dy pass (the cast in the bias pass: dy read once, not twice). The per-linear "
             "tables below also give wcast, the weight cast once per optimizer step.", "",
-            "| model | B | fp8 | fp8+cast | block | block+cast | target incl. casts (DESIGN.md section 7) |",
-            "|---|---|---|---|---|---|---|"]
+            "| model | B | fp8 | fp8+cast | block | block+cast | fp8+cast-fgd | target incl. casts (DESIGN.md section 7) |",
+            "|---|---|---|---|---|---|---|---|"]
     for row in gemm_summary(records):
         cells = [f"{row['ratios'][v]:.2f}x" if row["ratios"][v] is not None else "n/a" for v in GEMM_FP8_VARIANTS]
         target = f">= {row['target']:.2f}x" if row["target"] is not None else "-"

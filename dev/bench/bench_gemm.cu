@@ -21,6 +21,9 @@ Why it is shaped so:
                      fp8 and fp8+cast bound the forward from below and above.
                 bwd: matmul_backward_fp8_dout (bias grad + amax + cast + transpose of dy,
                      which replaces bf16's dbias) then the GEMMs.
+    fp8+cast-fgd  as fp8+cast, with the output gradient scaled as under -fg delayed: the dy
+                pass casts with the state's (seeded) scale in the same pass that sums the
+                bias, reading dy once, where fp8+cast (-fg current, the default) reads it twice.
     block, block+cast: the same with the block recipe (1x128 tiles for x and dy, 128x128
                      blocks for W, all E4M3, no fast accumulation; at d48, C=1600, the last
                      tile along C and 3C is short). Its layernorm casts in a tile cast of
@@ -75,9 +78,11 @@ static const int BENCH_MODEL_BATCH[BENCH_NUM_MODELS] = {64, 32, 16, 16};
 typedef enum { PASS_FWD, PASS_BWD, PASS_FWD_BWD, PASS_WCAST, NUM_BENCH_PASSES } BenchPass;
 static const char* const BENCH_PASS_NAMES[NUM_BENCH_PASSES] = {"fwd", "bwd", "fwd+bwd", "wcast"};
 
-// each FP8 recipe's GEMM-only variant is followed by its +cast variant
-typedef enum { VARIANT_BF16, VARIANT_FP8, VARIANT_FP8_CAST, VARIANT_BLOCK, VARIANT_BLOCK_CAST, NUM_BENCH_VARIANTS } BenchVariant;
-static const char* const BENCH_VARIANT_NAMES[NUM_BENCH_VARIANTS] = {"bf16", "fp8", "fp8+cast", "block", "block+cast"};
+// each FP8 recipe's GEMM-only variant is followed by its +cast variant; last, fp8+cast with -fg delayed's dy pass
+typedef enum { VARIANT_BF16, VARIANT_FP8, VARIANT_FP8_CAST, VARIANT_BLOCK, VARIANT_BLOCK_CAST, VARIANT_FP8_CAST_FGD,
+               NUM_BENCH_VARIANTS } BenchVariant;
+static const char* const BENCH_VARIANT_NAMES[NUM_BENCH_VARIANTS] = {"bf16", "fp8", "fp8+cast", "block", "block+cast",
+                                                                     "fp8+cast-fgd"};
 
 #define BENCH_TOTAL_ROW NUM_LINEAR_KINDS  // after the five linears: the model total
 #define BENCH_ROWS (NUM_LINEAR_KINDS + 1)
@@ -157,10 +162,11 @@ typedef struct {
     float* master;                                        // the fp32 master of w (the weight cast reads it)
     float* dbias_scratch;
     uint8_t *x_codes, *x_codes_t, *w_codes, *w_codes_t, *dy_codes, *dy_codes_t;  // shared by both recipes
-    Fp8TensorScaling* states;  // device [3]: x, dy, W (per-tensor recipe)
-    Fp8CastRecord* records;    // device [3], beside them
+    Fp8TensorScaling* states;  // device [4]: x, dy, W, and dy under -fg delayed (per-tensor recipe)
+    Fp8CastRecord* records;    // device [4], beside them
     float *x_scale_inv, *x_scale_inv_t, *w_scale_inv, *w_scale_inv_t, *dy_scale_inv, *dy_scale_inv_t;  // block recipe
     Fp8CastOutput x8, w8, dy8; // the casts of the recipe being timed (bench_linear_use_recipe)
+    Fp8CastOutput dy8_delayed; // per-tensor recipe: dy's cast under -fg delayed (the same codes, its own scale)
     void* allocations[BENCH_MAX_ALLOCATIONS];
     int num_allocations;
 } LinearBench;
@@ -191,8 +197,8 @@ static void bench_linear_create(LinearBench* b, int BT, int K, int OC, bool has_
     b->w_codes_t = (uint8_t*)bench_linear_alloc(b, nw, "bench W^T codes");
     b->dy_codes = (uint8_t*)bench_linear_alloc(b, ny, "bench dy codes");
     b->dy_codes_t = (uint8_t*)bench_linear_alloc(b, ny, "bench dy^T codes");
-    b->states = (Fp8TensorScaling*)bench_linear_alloc(b, 3 * sizeof(Fp8TensorScaling), "bench scaling states");
-    b->records = (Fp8CastRecord*)bench_linear_alloc(b, 3 * sizeof(Fp8CastRecord), "bench cast records");
+    b->states = (Fp8TensorScaling*)bench_linear_alloc(b, 4 * sizeof(Fp8TensorScaling), "bench scaling states");
+    b->records = (Fp8CastRecord*)bench_linear_alloc(b, 4 * sizeof(Fp8CastRecord), "bench cast records");
     if (has_bias) {
         b->bias = (floatX*)bench_linear_alloc(b, OC * sizeof(floatX), "bench bias");
         b->dbias = (floatX*)bench_linear_alloc(b, OC * sizeof(floatX), "bench dbias");
@@ -241,7 +247,7 @@ Points the FP8 casts at one recipe, as fp8_model.cuh does (x: E4M3, delayed per 
 1x128 tiles; dy: E5M2 current per tensor or E4M3 1x128 tiles; W: E4M3 current per tensor
 or 128x128 blocks), with fresh states and records, then writes every code the GEMMs read:
 the weight cast, x's cast (current scaling first, which seeds the delayed state from this
-x's amax) and the dy pass.
+x's amax) and the dy pass (per tensor also -fg delayed's, whose first use seeds its history).
 */
 static void bench_linear_use_recipe(LinearBench* b, bool block, cudaStream_t stream) {
     Fp8Scaling tiles = block ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
@@ -251,17 +257,21 @@ static void bench_linear_use_recipe(LinearBench* b, bool block, cudaStream_t str
                                b->dy_scale_inv, b->dy_scale_inv_t);
     b->w8 = bench_cast_output(FP8_E4M3, block ? FP8_SCALING_BLOCKS_128x128 : FP8_SCALING_TENSOR, b->w_codes, b->w_codes_t,
                               &b->states[2], &b->records[2], b->w_scale_inv, b->w_scale_inv_t);
-    Fp8TensorScaling host[3];
+    b->dy8_delayed = bench_cast_output(FP8_E5M2, FP8_SCALING_TENSOR, b->dy_codes, b->dy_codes_t, &b->states[3],
+                                       &b->records[3], NULL, NULL);
+    Fp8TensorScaling host[4];
     fp8_scaling_init(&host[0], FP8_RECIPE_DELAYED, FP8_E4M3, FP8_AMAX_HISTORY_DEFAULT, 0);
     fp8_scaling_init(&host[1], FP8_RECIPE_CURRENT, FP8_E5M2, FP8_AMAX_HISTORY_DEFAULT, 0);
     fp8_scaling_init(&host[2], FP8_RECIPE_CURRENT, FP8_E4M3, FP8_AMAX_HISTORY_DEFAULT, 0);
+    fp8_scaling_init(&host[3], FP8_RECIPE_DELAYED, FP8_E5M2, FP8_AMAX_HISTORY_DEFAULT, 0);
     cudaCheck(cudaMemcpyAsync(b->states, host, sizeof(host), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaStreamSynchronize(stream));  // host is on this function's stack
-    fp8_cast_records_init(b->records, 3, stream);
+    fp8_cast_records_init(b->records, 4, stream);
 
     fp8_cast_weight(&b->w8, b->master, NULL, b->OC, b->K, false, stream);
     if (block) { fp8_cast_transpose(&b->x8, b->x, b->BT, b->K, stream); }
     else { fp8_cast_transpose_current(&b->x8, b->x, b->BT, b->K, stream); }
+    if (!block) { matmul_backward_fp8_dout(&b->dy8_delayed, NULL, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, false, stream); }
     matmul_backward_fp8_dout(&b->dy8, NULL, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, false, stream);
 }
 
@@ -288,14 +298,22 @@ static void bench_fp8_forward_with_cast(LinearBench* b, cudaStream_t stream) {
     bench_fp8_forward(b, stream);
 }
 
-static void bench_fp8_backward(LinearBench* b, cudaStream_t stream) {
-    matmul_backward_fp8(b->dinp, b->dw, CUDA_R_16BF, fp8_operand(&b->dy8, false), fp8_operand(&b->dy8, true),
+static void bench_fp8_backward_gemms(LinearBench* b, const Fp8CastOutput* dy8, cudaStream_t stream) {
+    matmul_backward_fp8(b->dinp, b->dw, CUDA_R_16BF, fp8_operand(dy8, false), fp8_operand(dy8, true),
                         fp8_operand(&b->w8, true), fp8_operand(&b->x8, true), b->BT, b->K, b->OC, stream);
 }
 
+static void bench_fp8_backward(LinearBench* b, cudaStream_t stream) { bench_fp8_backward_gemms(b, &b->dy8, stream); }
+
 static void bench_fp8_backward_with_cast(LinearBench* b, cudaStream_t stream) {
     matmul_backward_fp8_dout(&b->dy8, b->dbias, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, false, stream);
-    bench_fp8_backward(b, stream);
+    bench_fp8_backward_gemms(b, &b->dy8, stream);
+}
+
+// -fg delayed: the dy pass casts with the seeded state's scale (one read of dy)
+static void bench_fp8_backward_with_delayed_cast(LinearBench* b, cudaStream_t stream) {
+    matmul_backward_fp8_dout(&b->dy8_delayed, b->dbias, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, true, stream);
+    bench_fp8_backward_gemms(b, &b->dy8_delayed, stream);
 }
 
 static void bench_fp8_weight_cast(LinearBench* b, cudaStream_t stream) {
@@ -384,6 +402,10 @@ static void bench_measure_linear(ModelBench* m, int kind, const BenchTimer* time
         ms[PASS_BWD][gemm] = bench_time_ms(timer, bench_fp8_backward, &b);
         ms[PASS_BWD][with_cast] = bench_time_ms(timer, bench_fp8_backward_with_cast, &b);
         ms[PASS_WCAST][gemm] = bench_time_ms(timer, bench_fp8_weight_cast, &b);
+        if (!block) {  // the same forward, and the backward with -fg delayed's dy pass
+            ms[PASS_FWD][VARIANT_FP8_CAST_FGD] = bench_time_ms(timer, bench_fp8_forward_with_cast, &b);
+            ms[PASS_BWD][VARIANT_FP8_CAST_FGD] = bench_time_ms(timer, bench_fp8_backward_with_delayed_cast, &b);
+        }
     }
     bench_linear_free(&b);
 }
