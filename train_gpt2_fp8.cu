@@ -1045,6 +1045,12 @@ int main(int argc, char** argv) {
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
     train_config_check_zero_stage(&tc, &fp8_settings, num_ranks);
     fp8_model_check_shapes(&fp8_settings, &model_config, tc.B * tc.T);  // e.g. the block recipe on d48: one line, no GPU touched
+    AttentionBackend attention = strcmp(tc.attention, "cudnn") == 0 ? ATTENTION_CUDNN : ATTENTION_FALLBACK;
+    const char* head_error = attention_head_size_error(attention, model_config.channels / model_config.num_heads);
+    if (head_error != NULL) {
+        llm8_die("model '%s': head size C/NH = %d/%d = %d: %s", model_path[0] != '\0' ? model_path : tc.model,
+                 model_config.channels, model_config.num_heads, model_config.channels / model_config.num_heads, head_error);
+    }
 
     // data: validated before the GPU is touched
     DataLoader train_loader, val_loader;
@@ -1071,7 +1077,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaStreamCreate(&stream));
     check_same_config_on_all_ranks(&multi_gpu, train_config_fingerprint(&tc, &model_config, resume_step), stream);
     matmul_setup();
-    attention_setup(strcmp(tc.attention, "cudnn") == 0 ? ATTENTION_CUDNN : ATTENTION_FALLBACK);
+    attention_setup(attention);
     profiler_init(tc.kernel_timing);
 
     GPT2 model;

@@ -70,6 +70,19 @@ void attention_teardown(void) {
     attention_ready = false;
 }
 
+// why `backend` cannot run heads of HS channels, or NULL: the fallback kernels are built for
+// 64 and 128 (HS is a template parameter), cuDNN takes multiples of 8 up to 128. The trainer
+// asks at startup, naming the model, before the GPU is touched.
+static const char* attention_head_size_error(AttentionBackend backend, int HS) {
+    if (backend == ATTENTION_FALLBACK && HS != 64 && HS != 128) {
+        return "the fallback attention kernels take 64 or 128 (-at fallback; -at cudnn takes a multiple of 8 up to 128)";
+    }
+    if (backend == ATTENTION_CUDNN && !cudnn_att_head_size_supported(HS)) {
+        return "cuDNN attention takes a multiple of 8 up to 128 (-at cudnn)";
+    }
+    return NULL;
+}
+
 // checks the shape on every call (host only, no sync); returns the head size
 static int attention_check_shape(const char* what, int B, int T, int NH, int C) {
     if (!attention_ready) { llm8_die("attention %s: called before attention_setup", what); }
@@ -77,10 +90,8 @@ static int attention_check_shape(const char* what, int B, int T, int NH, int C) 
         llm8_die("attention %s: bad shape B=%d T=%d NH=%d C=%d (C must be a positive multiple of NH)", what, B, T, NH, C);
     }
     int HS = C / NH;
-    if (attention_backend == ATTENTION_FALLBACK && HS != 64 && HS != 128) {
-        llm8_die("attention %s: head size C/NH = %d is not supported by the fallback kernels (expected 64 or 128)",
-                 what, HS);
-    }
+    const char* error = attention_head_size_error(attention_backend, HS);
+    if (error != NULL) { llm8_die("attention %s: head size C/NH = %d: %s", what, HS, error); }
     return HS;
 }
 

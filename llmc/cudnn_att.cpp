@@ -120,7 +120,7 @@ static AttentionShape cudnn_att_shape(int B, int T, int NH, int C) {
         llm8_die("cuDNN attention: bad shape B=%d T=%d NH=%d C=%d (C must be a positive multiple of NH)", B, T, NH, C);
     }
     int HS = C / NH;
-    if (HS % 8 != 0 || HS > 128) {
+    if (!cudnn_att_head_size_supported(HS)) {
         llm8_die("cuDNN attention: head size C/NH = %d is not supported (expected a multiple of 8, at most 128)", HS);
     }
     return AttentionShape(B, T, NH, HS);

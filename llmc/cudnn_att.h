@@ -20,6 +20,9 @@ cached; the workspace grows on demand (only while a new shape is first seen).
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
+// cuDNN's fused attention as llm8 builds it takes heads of a multiple of 8 channels, at most 128
+static inline bool cudnn_att_head_size_supported(int HS) { return HS > 0 && HS % 8 == 0 && HS <= 128; }
+
 void cudnn_att_setup(void);
 void cudnn_att_teardown(void);
 

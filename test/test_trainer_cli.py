@@ -312,6 +312,20 @@ def test_fp8_good_flags_accepted(data, tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("heads,channels,attention,expected", [
+    (4, 128, "fallback", "the fallback attention kernels take 64 or 128"),
+    (8, 96, "cudnn", "cuDNN attention takes a multiple of 8 up to 128"),
+    (1, 256, "cudnn", "cuDNN attention takes a multiple of 8 up to 128")])
+def test_gpu_trainer_refuses_a_head_size_its_attention_cannot_run(data, heads, channels, attention, expected):
+    """a model whose head size C/NH the chosen attention backend does not take stops at startup,
+    naming the model file and the remedy, before the GPU is touched (not at the first forward)"""
+    import sim_model
+    path = data / f"heads_{heads}x{channels // heads}.bin"
+    sim_model.write_model(path, layers=1, heads=heads, channels=channels)
+    r = run(GPU, base_args(data, ["-e", path, "-at", attention]))
+    assert_one_line_error(r, f"model '{path}'", f"head size C/NH = {channels}/{heads} = {channels // heads}", expected)
+
+
 @pytest.mark.parametrize("binary", TRAINERS, ids=["cpu", "gpu"])
 def test_help_lists_every_flag_with_default(binary):
     result = run(binary, ["--help"])
