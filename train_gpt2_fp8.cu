@@ -340,13 +340,14 @@ static void gpt2_linear_forward(GPT2* model, int layer, int kind, floatX* out, c
 
 /*
 The backward of one linear: dinp = dout weight (overwritten), dweight += dout^T inp,
-dbias += column sums of dout. pre_gelu != NULL: dout is the gradient of GELU's output and is
-first multiplied in place by gelu'(pre_gelu) (fc, whose output went through GELU). dgrad and
-wgrad are FP8 or bf16 each on its own (-f8p). With either in FP8, the pass that casts dout
-(matmul_backward_fp8_dout) also applies GELU's derivative in place and sums the bias, and
-writes the codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad); the FP8 GEMMs read those
-and the codes of the forward's and the weight's casts, and a bf16 GEMM of the other pass
-reads dout as that pass left it (multiplied), with inp or weight.
+dbias += column sums of dout. pre_gelu != NULL: dout is the gradient of GELU's output, to be
+multiplied by gelu'(pre_gelu) (fc, whose output went through GELU). dgrad and wgrad are FP8 or
+bf16 each on its own (-f8p). With either in FP8, the pass that casts dout
+(matmul_backward_fp8_dout) also applies GELU's derivative and sums the bias, and writes the
+codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad); the FP8 GEMMs read those and the
+codes of the forward's and the weight's casts, and a bf16 GEMM of the other pass reads dout
+as that pass left it (the pass stores the product into dout whenever a bf16 GEMM reads it),
+with inp or weight. All bf16: dout is multiplied in place first.
 */
 static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp, floatX* dweight, floatX* dbias,
                                  floatX* dout, const floatX* inp, const floatX* weight, const floatX* pre_gelu,

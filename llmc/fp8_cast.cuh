@@ -19,9 +19,10 @@ Why it is shaped so:
   128 x 128 block (weights), so the block recipe costs no extra pass.
 - Scales: the per-tensor recipes read the scale from the tensor's Fp8TensorScaling on the
   device and record amax and counts in its Fp8CastRecord (fp8_scaling.cuh). Delayed: one
-  pass (cast with the history's scale, record this amax). Current (gradients, weights, and
-  a delayed tensor's first use): amax pass, update kernel, cast pass; the input is read
-  twice because the scale must be known before the first code is written.
+  pass (cast with the history's scale, record this amax). Current (gradients under -fg
+  current, weights under -fw current, and a delayed tensor's first use): amax pass, update
+  kernel, cast pass; the input is read twice because the scale must be known before the
+  first code is written.
 - Codes are fp8_quantize(value, scale) from fp8.h, where value is the tensor as stored in
   bf16 (the rounded GELU or layernorm output, as the bf16 path sees it) or the fp32 weight:
   bit-exact with the host encode the CPU reference and the tests use.
@@ -53,7 +54,7 @@ so tile edges fall on 16-byte boundaries; the last tile in each direction may be
 
 /*
 The bias gradient's fixed summation order, shared by matmul.cuh's dbias kernel and the tile
-cast's column sums (the block recipe's one-pass dy), so both give the same bits: rows are
+cast's column sums (the one-pass dy of a known scale: -fg delayed, the block recipe), so both give the same bits: rows are
 summed in chunks of DBIAS_ROWS_PER_CHUNK (one tile) into one fp32 partial per chunk and
 column; within a chunk, lane l of DBIAS_ROW_LANES sums rows l, l + DBIAS_ROW_LANES, ... in
 order from 0.0f, and the lanes are then added in lane order from 0.0f.

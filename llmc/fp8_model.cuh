@@ -28,7 +28,8 @@ Why it is shaped so:
   its state with one kernel after each forward. The cast copied the scale it used into its
   record, which the backward GEMMs read, so updating right after the forward is exact. The
   host knows which path to take without reading the GPU: x_seeded flips after the first
-  forward, and is read from the states on resume.
+  forward, and is read from the states on resume. Output gradients under -fg delayed
+  likewise: dy_seeded flips after the first backward (fp8_model_dy_scale_known).
 - Weights (-fw, DESIGN.md section 3), per-tensor recipes: the optimizer pass writes each
   weight's new amax into its record (fp8_model_weight_update). current: the cast follows the
   pass with that amax (fp8_model_cast_weights). delayed: the pass itself writes W's codes

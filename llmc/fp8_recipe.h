@@ -42,6 +42,11 @@ static const char* const FP8_MODEL_RECIPE_NAMES[3] = {"delayed", "current", "blo
 // -fw and -fg choose between the same two per-tensor scalings, named alike
 static const char* const FP8_SCALING_CHOICE_NAMES[2] = {"current", "delayed"};
 
+// the name of a -fw or -fg value; "invalid" for one no flag gives (a corrupted state file's)
+static inline const char* fp8_scaling_choice_name(int choice) {
+    return choice == 0 || choice == 1 ? FP8_SCALING_CHOICE_NAMES[choice] : "invalid";
+}
+
 // how the per-tensor recipes scale the weights (-fw): cast after the optimizer pass with the new
 // amax, or inside it with the previous step's (DESIGN.md section 3; fp8_scaling_init_weight)
 typedef enum { FP8_WEIGHTS_CURRENT, FP8_WEIGHTS_DELAYED } Fp8WeightScaling;

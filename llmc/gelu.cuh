@@ -72,7 +72,8 @@ struct Fp8GeluTransform {
 };
 
 // the bf16 dout * gelu'(pre_gelu), as gelu_backward_inplace stores it (the tile cast rounds
-// the product to bf16): the block recipe's one pass over fc's output gradient (matmul.cuh)
+// the product to bf16): the one pass over fc's output gradient when its scale is known
+// (-fg delayed, the block recipe; matmul_backward_fp8_dout)
 struct Fp8GeluBackwardTransform {
     const floatX* pre_gelu;  // [rows][cols], the tile's rows and cols
     int cols;

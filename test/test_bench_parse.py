@@ -324,3 +324,19 @@ def test_the_report_is_written_as_it_goes(tmp_path):
     bench.write_report(base, [record], "", info, complete=True)
     assert "Incomplete" not in open(base + ".md").read()
     assert sorted(os.listdir(tmp_path)) == ["report.json", "report.md"]  # no .tmp left behind
+
+
+def test_floor_of_a_model_the_floor_model_lacks():
+    """bench.py --only d6 (a trainer preset floor_model.py has no shape for): the record is kept with
+    floor_ms None, and the Floor section leaves it out, instead of a crash after the run"""
+    bench = load_bench()
+    record = {"benchmark": "train", "model": "d6", "precision": "bf16", "recipe": "-", "optimizer": "adamw",
+              "weight_scaling": "-", "lm_head": "-", "grad_scaling": "-", "master_weights": True, "B": 16, "T": 1024,
+              "recompute": 1, "ms_per_step": 50.0, "kernel_breakdown": breakdown_text([("encoder fwd", 0.5)])}
+    floored = bench.with_floor(record, "NVIDIA H100 80GB HBM3")
+    assert floored["floor_ms"] is None and floored["model"] == "d6"
+    assert bench.floor_markdown([floored], "NVIDIA H100 80GB HBM3") == ""
+    d12 = bench.with_floor(dict(record, model="d12", B=64, recompute=0), "NVIDIA H100 80GB HBM3")
+    assert d12["floor_ms"] > 0
+    section = bench.floor_markdown([floored, d12], "NVIDIA H100 80GB HBM3")
+    assert "| d12 | bf16 | 64 |" in section and "| d6 |" not in section

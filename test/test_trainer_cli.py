@@ -546,6 +546,24 @@ def test_cpu_resume_from_corrupt_state_file_refused(data, tmp_path, corruption):
     assert_one_line_error(r2, "state_00000001_00000.bin", *fragments)
 
 
+@pytest.mark.parametrize("field", ["weight_scaling", "grad_scaling"])
+def test_cpu_resume_from_corrupt_fp8_config_refused(data, tmp_path, field):
+    """the emulation's settings section (Fp8Emulation, gpt2_ref.h: recipe, passes[5], history, margin,
+    weight_scaling, grad_scaling) holding a -fw or -fg value no flag gives: one line naming the state file,
+    not a crash while the error names the value"""
+    common = ["-p", "fp8", "-n", 1, "-o", tmp_path / "out"]
+    r1 = run(CPU, base_args(data, common + ["-x", 1]))
+    assert r1.returncode == 0, r1.stderr
+    state = tmp_path / "out" / "state_00000001_00000.bin"
+    blob = state.read_bytes()
+    at = blob.index(b"fp8emu_config\0")
+    size = struct.unpack_from("<Q", blob, at + 16)[0]
+    field_at = at + 24 + size - (8 if field == "weight_scaling" else 4)
+    state.write_bytes(patch_int32(field_at, 1 << 30)(blob))
+    r2 = run(CPU, base_args(data, common + ["-x", 3, "-y", 1]))
+    assert_one_line_error(r2, "state_00000001_00000.bin", "invalid (1073741824)")
+
+
 @pytest.mark.parametrize("passes,shown", [("fwd,fc.dgrad,fc.wgrad", "passes qkv=fwd attproj=fwd fc=fwd,dgrad,wgrad fcproj=fwd"),
                                           ("dgrad", "passes qkv=dgrad attproj=dgrad fc=dgrad fcproj=dgrad"),
                                           ("wgrad", "passes qkv=wgrad attproj=wgrad fc=wgrad fcproj=wgrad")])

@@ -146,10 +146,10 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
     if (num_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
         char passes[256];
         fp8_passes_text(passes, sizeof(passes), fp8_config.passes);
-        llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes %s, history %d, margin %d, weights %s, "
-                 "gradients %s): resume with the same -fr -f8p -f8 -fh -fm -fw -fg", path, fp8_config.recipe, passes,
-                 fp8_config.history_len, fp8_config.margin, FP8_SCALING_CHOICE_NAMES[fp8_config.weight_scaling],
-                 FP8_SCALING_CHOICE_NAMES[fp8_config.grad_scaling]);
+        llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes %s, history %d, margin %d, weights %s "
+                 "(%d), gradients %s (%d)): resume with the same -fr -f8p -f8 -fh -fm -fw -fg", path, fp8_config.recipe, passes,
+                 fp8_config.history_len, fp8_config.margin, fp8_scaling_choice_name(fp8_config.weight_scaling),
+                 fp8_config.weight_scaling, fp8_scaling_choice_name(fp8_config.grad_scaling), fp8_config.grad_scaling);
     }
     return step;
 }

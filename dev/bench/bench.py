@@ -301,10 +301,17 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
 
 
 def with_floor(record, device):
-    """a successful train record with "floor_ms": its step's floor on the device's datasheet ceilings"""
+    """a successful train record with "floor_ms": its step's floor on the device's datasheet ceilings
+    (None for a run floor_model.py cannot model, e.g. --only d6: the measurement is kept)"""
     if "error" in record:
         return record
-    return dict(record, floor_ms=round(floor_model.step_floor_ms(floor_model.run_from_record(record), floor_model.device_for_gpu(device)), 3))
+    try:
+        run = floor_model.run_from_record(record)
+        floor_ms = round(floor_model.step_floor_ms(run, floor_model.device_for_gpu(device)), 3)
+    except floor_model.CliError as e:
+        print(f"no floor for {record['model']} {record['precision']}: {e}", flush=True)
+        floor_ms = None
+    return dict(record, floor_ms=floor_ms)
 
 
 def is_default_run(r):
@@ -320,7 +327,7 @@ def floor_markdown(records, device):
     """the "Floor" section: measured ms/step against floor_model's floor for each model's default bf16
     and FP8 runs, and d12's regions measured against their floors"""
     ceilings = floor_model.device_for_gpu(device)
-    runs = [r for r in records if is_default_run(r)]
+    runs = [r for r in records if is_default_run(r) and r.get("floor_ms") is not None]
     if not runs:
         return ""
     out = ["## Floor: measured vs the model's floor", "",
