@@ -202,10 +202,13 @@ def main():
           f"traffic: ZeRO-3 with FP8 qkv and fc gathers those as FP8 and attproj and fcproj as bf16 (got {zero3_mixed})")
 
     # resume with 2 ranks: bitwise (-fw delayed: each rank rebuilds its codes with the saved scale, then they are
-    # gathered; ZeRO-3: the model file from the owners' pieces, the codes cast into the owned buffers)
-    for precision, weights, stage in (("fp8", "current", 1), ("fp8", "delayed", 1), ("fp8", "current", 3), ("bf16", "current", 3)):
-        out_dir = os.path.join(tmp, f"ckpt_{precision}_{weights}_z{stage}")
-        args = common + ["-p", precision, "-fw", weights, "-z", stage, "-opt", "adamw8", "-b", 4, "-o", out_dir, "-n", 4]
+    # gathered; -fg delayed: each rank's output-gradient histories come back seeded, so the one-pass cast goes on;
+    # ZeRO-3: the model file from the owners' pieces, the codes cast into the owned buffers)
+    for precision, fp8_scaling, stage in (("fp8", ["-fw", "current"], 1), ("fp8", ["-fw", "delayed", "-fg", "delayed"], 1),
+                                          ("fp8", ["-fw", "current"], 3), ("bf16", ["-fw", "current"], 3)):
+        weights = " ".join(fp8_scaling[1:])  # the labels below: "current", or "delayed -fg delayed"
+        out_dir = os.path.join(tmp, f"ckpt_{precision}_{'_'.join(fp8_scaling[1::2])}_z{stage}")
+        args = common + ["-p", precision] + fp8_scaling + ["-z", stage, "-opt", "adamw8", "-b", 4, "-o", out_dir, "-n", 4]
         codes, straight = run(2, args, tmp)
         check(codes == [0, 0], f"resume -p {precision} -fw {weights} -z {stage}: the straight 2-rank run exits 0")
         for step in (4, 8):
