@@ -1047,10 +1047,11 @@ int main(int argc, char** argv) {
     train_config_check_zero_stage(&tc, &fp8_settings, num_ranks);
     fp8_model_check_shapes(&fp8_settings, &model_config, tc.B * tc.T);  // e.g. the block recipe on d48: one line, no GPU touched
     AttentionBackend attention = strcmp(tc.attention, "cudnn") == 0 ? ATTENTION_CUDNN : ATTENTION_FALLBACK;
-    const char* head_error = attention_head_size_error(attention, model_config.channels / model_config.num_heads);
+    int head_size = model_config.channels / model_config.num_heads;
+    const char* head_error = attention_head_size_error(attention, head_size);
     if (head_error != NULL) {
         llm8_die("model '%s': head size C/NH = %d/%d = %d: %s", model_path[0] != '\0' ? model_path : tc.model,
-                 model_config.channels, model_config.num_heads, model_config.channels / model_config.num_heads, head_error);
+                 model_config.channels, model_config.num_heads, head_size, head_error);
     }
 
     // data: validated before the GPU is touched

@@ -641,6 +641,16 @@ void fp8_model_download(const Fp8Model* fp8, Fp8HostState* host, cudaStream_t st
     cudaCheck(cudaStreamSynchronize(stream));
 }
 
+// a per-tensor scaling choice (-fw: the weights' states, -fg: the gradients'), as saved, against this run's
+static void fp8_model_check_saved_scaling(const char* path, const char* flag, const Fp8TensorScaling* saved,
+                                          bool want_delayed) {
+    bool saved_delayed = saved->recipe == FP8_RECIPE_DELAYED;
+    if (saved_delayed != want_delayed) {
+        llm8_die("state file '%s' was written with %s %s; this run has %s %s: resume with the same %s", path, flag,
+                 saved_delayed ? "delayed" : "current", flag, want_delayed ? "delayed" : "current", flag);
+    }
+}
+
 /*
 A state read from `path` back onto the device (refused, naming the flags, when it was
 written with other FP8 settings). Call after fp8_model_cast_weights on the restored weights:
@@ -664,19 +674,10 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
                  got->history_len, got->margin, got->num_linears, want.recipe, want_text, want.history_len, want.margin,
                  want.num_linears);
     }
-    Fp8TensorScaling fresh_weight;  // the weight scaling (-fw) is in the weights' states: the recipe they were made with
-    fp8_scaling_init_weight(&fresh_weight, fp8_model_delayed_weights(fp8), want.history_len, want.margin);
-    const Fp8TensorScaling* saved_weight = &host->states[2 * fp8->num_linears];
-    if (fp8->settings.recipe != FP8_MODEL_BLOCK && saved_weight->recipe != fresh_weight.recipe) {
-        llm8_die("state file '%s' was written with -fw %s; this run has -fw %s: resume with the same -fw", path,
-                 saved_weight->recipe == FP8_RECIPE_DELAYED ? "delayed" : "current",
-                 fp8_model_delayed_weights(fp8) ? "delayed" : "current");
-    }
-    const Fp8TensorScaling* saved_dy = &host->states[fp8->num_linears];  // -fg, likewise in the gradients' states
-    bool delayed_grads = fp8->settings.grad_scaling == FP8_GRADS_DELAYED;
-    if (fp8->settings.recipe != FP8_MODEL_BLOCK && (saved_dy->recipe == FP8_RECIPE_DELAYED) != delayed_grads) {
-        llm8_die("state file '%s' was written with -fg %s; this run has -fg %s: resume with the same -fg", path,
-                 saved_dy->recipe == FP8_RECIPE_DELAYED ? "delayed" : "current", delayed_grads ? "delayed" : "current");
+    if (fp8->settings.recipe != FP8_MODEL_BLOCK) {  // -fw and -fg are in the states: the recipe they were made with
+        fp8_model_check_saved_scaling(path, "-fw", &host->states[2 * fp8->num_linears], fp8_model_delayed_weights(fp8));
+        fp8_model_check_saved_scaling(path, "-fg", &host->states[fp8->num_linears],
+                                      fp8->settings.grad_scaling == FP8_GRADS_DELAYED);
     }
     cudaCheck(cudaMemcpyAsync(fp8->states, host->states, n * sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaMemcpyAsync(fp8->records, host->records, n * sizeof(Fp8CastRecord), cudaMemcpyHostToDevice, stream));

@@ -388,16 +388,19 @@ def paired_runs(records, key_fields, variant_field, variants, keep=lambda r: Tru
     return [(dict(zip(key_fields, key)), pair) for key, pair in groups.items() if set(pair) == set(variants)]
 
 
+def pair_row(key, base, variant):
+    """a comparison row: the pair's key, tok/s and final loss of each run, and variant over base"""
+    return {**key, "tok_per_s": (base["tok_per_s"], variant["tok_per_s"]), "speedup": variant["tok_per_s"] / base["tok_per_s"],
+            "final_loss": (base["final_loss"], variant["final_loss"])}
+
+
 def lm_head_comparison(records):
     """pairs each FP8 run with lm_head in FP8 with the same run with lm_head in bf16 (model, recipe,
     optimizer, -fw): tok/s and final loss of each, and FP8 lm_head over bf16"""
     rows = []
     for key, pair in paired_runs(records, ("model", "recipe", "optimizer", "weight_scaling"), "lm_head", ("bf16", "fp8"),
                                  keep=lambda r: r.get("precision") == "fp8" and gradient_default(r)):
-        bf16, fp8 = pair["bf16"], pair["fp8"]
-        rows.append({**key,
-                     "tok_per_s": (bf16["tok_per_s"], fp8["tok_per_s"]), "speedup": fp8["tok_per_s"] / bf16["tok_per_s"],
-                     "final_loss": (bf16["final_loss"], fp8["final_loss"])})
+        rows.append(pair_row(key, pair["bf16"], pair["fp8"]))
     return rows
 
 
@@ -422,11 +425,8 @@ def gradient_scaling_comparison(records):
     for key, pair in paired_runs(records, ("model", "recipe", "optimizer", "weight_scaling", "lm_head"), "grad_scaling",
                                  ("current", "delayed")):
         current, delayed = pair["current"], pair["delayed"]
-        rows.append({**key,
-                     "tok_per_s": (current["tok_per_s"], delayed["tok_per_s"]),
-                     "speedup": delayed["tok_per_s"] / current["tok_per_s"],
-                     "block_backward_ms": (current.get("block_backward_ms"), delayed.get("block_backward_ms")),
-                     "final_loss": (current["final_loss"], delayed["final_loss"])})
+        rows.append(dict(pair_row(key, current, delayed),
+                         block_backward_ms=(current.get("block_backward_ms"), delayed.get("block_backward_ms"))))
     return rows
 
 
@@ -506,12 +506,8 @@ def weight_cast_comparison(records):
                                  keep=lambda r: r.get("lm_head") == "bf16" and gradient_default(r)):
         current, delayed = pair["current"], pair["delayed"]
         cast_ms = (current["optimizer_weight_cast_ms"], delayed["optimizer_weight_cast_ms"])
-        rows.append({**key,
-                     "tok_per_s": (current["tok_per_s"], delayed["tok_per_s"]),
-                     "speedup": delayed["tok_per_s"] / current["tok_per_s"],
-                     "optimizer_weight_cast_ms": cast_ms,
-                     "cast_ms_saved": cast_ms[0] - cast_ms[1] if None not in cast_ms else None,
-                     "final_loss": (current["final_loss"], delayed["final_loss"])})
+        rows.append(dict(pair_row(key, current, delayed), optimizer_weight_cast_ms=cast_ms,
+                         cast_ms_saved=cast_ms[0] - cast_ms[1] if None not in cast_ms else None))
     return rows
 
 
