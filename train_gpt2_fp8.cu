@@ -423,6 +423,14 @@ static const floatX* gpt2_block_weight(const GPT2* model, int layer, int kind) {
     return layer_tensor(model, model->params, zero_comm_weight_tensor(kind), layer);
 }
 
+// With several ranks, `stream` waits until the weights of layer `layer` (-1: those outside
+// the layers) have come back from their owners after the last update (zero_comm.cuh's gather
+// stages): each forward waits for them where it first reads them, so the gather of the later
+// layers runs behind the first ones' compute. Once arrived, waiting again costs nothing.
+static void gpt2_wait_gathered(const GPT2* model, int layer, cudaStream_t stream) {
+    if (model->comm != NULL) { zero_comm_wait_gathered(model->comm, layer, stream); }
+}
+
 // ----------------------------------------------------------------------------
 // forward / backward / update
 
@@ -446,8 +454,10 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
         cudaCheck(cudaMemcpyAsync(model->targets, targets_cpu, (size_t)BT * sizeof(int), cudaMemcpyHostToDevice, stream));
     }
 
+    gpt2_wait_gathered(model, -1, stream);
     encoder_forward(a->encoded, model->inputs, param_tensor(model, p, PARAM_WTE), param_tensor(model, p, PARAM_WPE), B, T, C, stream);
     profiler_mark("encoder fwd");
+    gpt2_wait_gathered(model, 0, stream);
     gpt2_layernorm_forward(model, 0, LINEAR_QKV, NULL, a->ln1, a->ln1_mean, a->ln1_rstd, a->encoded, NULL,
                            layer_tensor(model, p, PARAM_LN1W, 0), layer_tensor(model, p, PARAM_LN1B, 0), stream);
     profiler_mark("layernorm fwd");
@@ -494,6 +504,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
         if (zero3 != NULL) { zero_comm_release_layer(zero3, l, stream); }
         if (l + 1 < L) {
             LayerActivations next = gpt2_layer_activations(model, l + 1);
+            gpt2_wait_gathered(model, l + 1, stream);
             gpt2_layernorm_forward(model, l + 1, LINEAR_QKV, la.residual3, next.ln1, next.ln1_mean, next.ln1_rstd, la.residual2, a->scratch_btc,
                                    layer_tensor(model, p, PARAM_LN1W, l + 1), layer_tensor(model, p, PARAM_LN1B, l + 1), stream);
         } else {
@@ -580,6 +591,10 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
         profiler_mark("layernorm bwd");
         if (reduce && model->comm != NULL) { zero_comm_reduce_chunk(model->comm, g, l, stream); }
     }
+    if (model->comm != NULL) {  // encoder_backward's host wait, bounded first: the work before it may wait for collectives
+        multi_gpu_wait_event(model->comm->multi_gpu, encoder_backward_pending_upload(model->encoder_scratch),
+                             "encoder backward (the previous micro-step's upload)");
+    }
     encoder_backward(param_tensor(model, g, PARAM_WTE), param_tensor(model, g, PARAM_WPE), a->dresidual, model->inputs_cpu,
                      B, T, C, model->encoder_scratch, stream);
     profiler_mark("encoder bwd");
@@ -636,8 +651,7 @@ codes (fp8_model_weight_update). With several ranks only the weights gathered as
 */
 static Fp8WeightUpdate gpt2_weight_update(const GPT2* model, int tensor, int layer, size_t flat) {
     Fp8WeightUpdate none = {};
-    int kind = tensor == PARAM_WTE ? LINEAR_LM_HEAD : -1;
-    for (int k = 0; k < LINEAR_KINDS_PER_LAYER; k++) { kind = zero_comm_weight_tensor(k) == tensor ? k : kind; }
+    int kind = tensor == PARAM_WTE ? LINEAR_LM_HEAD : zero_comm_weight_kind(tensor);
     if (kind < 0) { return none; }
     if (model->comm != NULL && (!model->comm->fp8_gather || kind == LINEAR_LM_HEAD)) { return none; }
     int i = fp8_model_linear(&model->fp8, layer, kind);
@@ -669,7 +683,11 @@ static void gpt2_update(GPT2* model, float learning_rate, float beta1, float bet
 
 static void gpt2_free(GPT2* model) {
     Activations* a = &model->acts;
-    if (model->zero3) { sparse_buffer_free(&model->params_buffer); model->params = NULL; }
+    if (model->zero3) {  // unmapping, unlike cudaFree, does not wait for work that may still write there
+        cudaCheck(cudaDeviceSynchronize());
+        sparse_buffer_free(&model->params_buffer);
+        model->params = NULL;
+    }
     void* device_buffers[] = {
         model->params, model->grads, model->master, model->norm_squared,
         a->encoded, a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->atty, a->att_stats, a->residual2, a->ln2,
@@ -1224,6 +1242,10 @@ int main(int argc, char** argv) {
         logger_log_train(&logger, step + 1, loss, lr, grad_norm, ms, (float)tok_per_s, (float)(mfu >= 0 ? mfu : 0.0), skip);
         fp8_model_log_numerics(&model.fp8, step + 1, stream);
     }
+    // the last update's weight gather may still run on the communication stream (the forward
+    // waits for it, and none follows): its end, bounded, before the buffers it writes are freed
+    if (model.comm != NULL) { zero_comm_join(model.comm, stream); }
+    gpt2_wait(&model, stream, "weight gather (end of training)");
     profiler_print(stdout);
     if (skipped_updates > 0) { printf("%d updates were skipped for non-finite loss or gradient norm\n", skipped_updates); }
 

@@ -200,6 +200,13 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
     store128(row, accumulated);
 }
 
+// the event encoder_backward's next call waits for on the host (the previous call's upload
+// out of the pinned buffer). With several ranks the work before it may wait for collectives
+// (a weight gather's stages), so the caller waits for it first in bounded time (multi_gpu.h)
+static inline cudaEvent_t encoder_backward_pending_upload(const EncoderBackwardScratch* scratch) {
+    return scratch->upload_done;
+}
+
 // dwte += and dwpe += the gradient of the embedding sum; inputs_cpu is the host copy of
 // the B*T tokens that encoder_forward read on the device
 void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inputs_cpu, int B, int T, int C,

@@ -130,18 +130,15 @@ static inline void multi_gpu_nccl_settle(const MultiGpuConfig* cfg, ncclResult_t
 }
 
 /*
-Waits for everything enqueued on `stream` so far (collectives included), polling the
+Waits until `done` has completed (the work before it may wait for collectives), polling the
 communicator's async error; after timeout_s: ncclCommAbort and one line naming the rank
-and `what`. The trainer calls it where it already waits (reading the loss, the norm).
+and `what`. Every host wait of a multi-GPU run goes through it, never an unbounded one.
 */
-static inline void multi_gpu_wait(const MultiGpuConfig* cfg, cudaStream_t stream, const char* what) {
+static inline void multi_gpu_wait_event(const MultiGpuConfig* cfg, cudaEvent_t done, const char* what) {
     if (cfg->nccl_comm == NULL) {
-        cudaCheck(cudaStreamSynchronize(stream));
+        cudaCheck(cudaEventSynchronize(done));
         return;
     }
-    cudaEvent_t done;
-    cudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    cudaCheck(cudaEventRecord(done, stream));
     double deadline = multi_gpu_now_s() + cfg->timeout_s;
     for (;;) {
         cudaError_t status = cudaEventQuery(done);
@@ -159,6 +156,17 @@ static inline void multi_gpu_wait(const MultiGpuConfig* cfg, cudaStream_t stream
         }
         usleep(MULTI_GPU_POLL_US);
     }
+}
+
+/*
+Waits for everything enqueued on `stream` so far (collectives included), bounded as
+multi_gpu_wait_event. The trainer calls it where it already waits (reading the loss, the norm).
+*/
+static inline void multi_gpu_wait(const MultiGpuConfig* cfg, cudaStream_t stream, const char* what) {
+    cudaEvent_t done;
+    cudaCheck(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    cudaCheck(cudaEventRecord(done, stream));
+    multi_gpu_wait_event(cfg, done, what);
     cudaCheck(cudaEventDestroy(done));
 }
 

@@ -34,7 +34,12 @@ Why it is shaped so:
   GEMMs'), and the all-reduced amax only updates the states for the next step. A resume
   rebuilds those codes with the saved scale the same way (zero_comm_restore_weight_codes).
   The rest (layernorms, biases, embeddings, and every matmul weight some bf16 GEMM reads) is
-  gathered in bf16 the same way, or with one ncclAllGather when nothing goes as FP8. Matmul
+  gathered in bf16 the same way. The gather runs in stages (zero_comm_gather_stages): the
+  tensors outside the layers, then each layer's slices and W^T, one NCCL group each on the
+  communication stream, and the next forward waits for each stage where it first reads it
+  (zero_comm_wait_gathered), not for the gather as a whole: layer l + 1's weights travel while
+  layer l computes, and only the first stage is sure to show in the step time (ZeRO-3's small
+  bf16 rest goes in one stage, zero_comm_num_stages). Matmul
   weights gathered as FP8 leave the bf16 copies of the other ranks' parts stale: nothing
   reads them, and zero_comm_all_gather_bf16 refreshes all of them before a checkpoint
   writes the model file.
@@ -89,7 +94,8 @@ typedef struct {
     size_t* scratch_offsets;    // device [chunk][max_pieces]: where each piece sits in the scratch
     cudaEvent_t reduced;        // on the communication stream, after the last chunk
     cudaEvent_t updated;        // on the compute stream, after the update: the gathers wait for it
-    cudaEvent_t gathered;       // on the communication stream, after the gathers
+    cudaEvent_t gathered;       // on the communication stream: zero_comm_join's
+    cudaEvent_t* stage_gathered; // [zero_comm_num_stages], on the communication stream: the weight gather's stage has arrived
     int fp8_gather;             // the block linears' weights travel as FP8 (zero_comm_fp8_gather)
     int zero3;                  // -z 3: the block linears' weights stay sharded, gathered per layer
     floatX* slot_bf16[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER]; // ZeRO-3: a gathered layer's bf16 W [OC][K] of each
@@ -128,6 +134,31 @@ static inline int zero_comm_fp8_gather(const Fp8Model* fp8) {
 static inline int zero_comm_weight_tensor(int kind) {
     static const int tensors[LINEAR_KINDS_PER_LAYER] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
     return tensors[kind];
+}
+
+// the inverse: the block kind whose weight tensor t is, or -1 (not a block linear's weight)
+static inline int zero_comm_weight_kind(int t) {
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+        if (zero_comm_weight_tensor(kind) == t) { return kind; }
+    }
+    return -1;
+}
+
+/*
+The weight gather's stages (zero_comm_gather_stages): ZeRO-1, the tensors outside the layers,
+then one per layer. ZeRO-3 gathers only the small bf16 rest after the update (its matmul
+weights travel per use), in one stage: L more NCCL groups would cost their latency and delay
+layer 0's gather, queued behind them, for no bytes worth hiding.
+*/
+static inline int zero_comm_num_stages(const ZeroComm* comm) { return comm->zero3 ? 1 : 1 + comm->layout.num_layers; }
+
+// the stage that carries layer `layer`'s weights (-1: those outside the layers)
+static inline int zero_comm_stage_of(const ZeroComm* comm, int layer) { return comm->zero3 ? 0 : 1 + layer; }
+
+// `stream` waits until the last weight gather's stage with layer `layer`'s weights (-1: those
+// outside the layers) has arrived, and its W^T is built
+static inline void zero_comm_wait_gathered(const ZeroComm* comm, int layer, cudaStream_t stream) {
+    cudaCheck(cudaStreamWaitEvent(stream, comm->stage_gathered[zero_comm_stage_of(comm, layer)], 0));
 }
 
 // bytes this rank receives when every piece of flat [begin, end) comes from its owner
@@ -208,6 +239,10 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
     cudaCheck(cudaEventCreateWithFlags(&comm->reduced, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&comm->updated, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&comm->gathered, cudaEventDisableTiming));
+    comm->stage_gathered = (cudaEvent_t*)mallocCheck((size_t)zero_comm_num_stages(comm) * sizeof(cudaEvent_t));
+    for (int s = 0; s < zero_comm_num_stages(comm); s++) {
+        cudaCheck(cudaEventCreateWithFlags(&comm->stage_gathered[s], cudaEventDisableTiming));
+    }
 
     comm->fp8_gather = zero_comm_fp8_gather(fp8);
     comm->zero3 = zero3;
@@ -242,6 +277,8 @@ void zero_comm_free(ZeroComm* comm) {
     cudaCheck(cudaEventDestroy(comm->reduced));
     cudaCheck(cudaEventDestroy(comm->updated));
     cudaCheck(cudaEventDestroy(comm->gathered));
+    for (int s = 0; s < zero_comm_num_stages(comm); s++) { cudaCheck(cudaEventDestroy(comm->stage_gathered[s])); }
+    free(comm->stage_gathered);
     for (int slot = 0; slot < FP8_LAYER_SLOTS && comm->zero3; slot++) {
         cudaCheck(cudaEventDestroy(comm->slot_gathered[slot]));
         cudaCheck(cudaEventDestroy(comm->slot_free[slot]));
@@ -503,49 +540,70 @@ static void zero_comm_cast_tensor_parts(ZeroComm* comm, Fp8Model* fp8, const flo
     }
 }
 
-// steps 3 and 4 of zero_comm_gather, in every recipe: the codes and the bf16 rest gathered,
-// then W^T and lm_head
-static void zero_comm_gather_codes_and_bf16(ZeroComm* comm, Fp8Model* fp8, floatX* params, int block_linears,
-                                            cudaStream_t stream) {
-    // (3) one group: FP8 codes of the block linears, bf16 of everything else
+/*
+Steps 3 and 4 of zero_comm_gather, in every recipe: the weights whole again, in stages that
+the next forward waits for one at a time (zero_comm_wait_gathered) rather than all at once, so
+layer l + 1's weights travel while layer l computes. Stage 0: the tensors outside the layers
+(wte, wpe, lnf), in bf16; stage 1 + l: layer l's slices, the block linears' W as FP8 codes
+when they travel so (W^T follows from them, on the communication stream), everything else in
+bf16; ZeRO-3's sharded weights are in none, and its bf16 rest is all stage 0
+(zero_comm_num_stages). Each stage is one NCCL group, all issued back to back after
+`stream`'s work so far.
+*/
+static void zero_comm_gather_stages(ZeroComm* comm, Fp8Model* fp8, floatX* params, cudaStream_t stream) {
+    cudaStream_t nccl_stream = comm->multi_gpu->nccl_stream;
+    const ZeroLayout* layout = &comm->layout;
     zero_comm_follow(comm, stream);
-    zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
-    if (!comm->zero3) { zero_comm_broadcast_weight_codes(comm, fp8, block_linears); }
-    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
-        if (comm->fp8_tensor[t] || zero_comm_sharded(comm, t)) { continue; }
-        size_t begin = comm->layout.tensor_offsets[t];
-        zero_comm_broadcast_range(comm, params + begin, begin, begin + comm->layout.tensor_sizes[t], ncclBfloat16,
-                                  sizeof(floatX), "bf16 weight gather (ncclBroadcast)");
+    for (int stage = 0; stage < zero_comm_num_stages(comm); stage++) {
+        zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
+        for (int layer = -1; layer < layout->num_layers; layer++) {  // -1: the tensors outside the layers
+            if (zero_comm_stage_of(comm, layer) != stage) { continue; }
+            for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+                if (zero_tensor_is_per_layer(t) != (layer >= 0) || zero_comm_sharded(comm, t)) { continue; }
+                ZeroRange slice = zero_slice_range(layout, t, layer);
+                if (comm->fp8_tensor[t]) {
+                    const Fp8Linear* lin = &fp8->linears[fp8_model_linear(fp8, layer, zero_comm_weight_kind(t))];
+                    zero_comm_broadcast_range(comm, lin->w_codes, lin->weight_offset, lin->weight_offset + (size_t)lin->OC * lin->K,
+                                              ncclUint8, 1, "FP8 weight gather (ncclBroadcast)");
+                } else {
+                    zero_comm_broadcast_range(comm, params + slice.begin, slice.begin, slice.end, ncclBfloat16, sizeof(floatX),
+                                              "bf16 weight gather (ncclBroadcast)");
+                }
+            }
+        }
+        zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
+        int layer = stage - 1;  // ZeRO-1's stage of layer `layer`; ZeRO-3 transposes each use's gather instead
+        if (layer >= 0 && comm->fp8_gather && !comm->zero3) {
+            fp8_model_transpose_weights(fp8, layer * fp8->per_layer, (layer + 1) * fp8->per_layer, nccl_stream);
+        }
+        cudaCheck(cudaEventRecord(comm->stage_gathered[stage], nccl_stream));
     }
-    zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
-    zero_comm_join(comm, stream);
-
-    // (4) W^T from the gathered W (ZeRO-3: per layer on arrival); lm_head (after the block
-    // linears) casts from the gathered bf16 wte
-    if (!comm->zero3) { fp8_model_transpose_weights(fp8, 0, block_linears, stream); }
-    for (int i = block_linears; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
 }
 
 /*
 Every rank's weights whole again, bf16 and FP8 (see the top comment), params and master (the
 owned range only, NULL with -w 0) as they are now. Per-tensor recipes: the FP8 weights'
 records hold this rank's amax of its parts. codes_written: the optimizer pass wrote this
-rank's codes (-fw delayed).
+rank's codes (-fw delayed). `stream` goes on once stage 0 has arrived (lm_head, FP8 or not,
+is cast from the gathered bf16 wte), or once every stage has where the FP8 block linears'
+weights travel in bf16 and each rank casts them itself (not the default: not overlapped).
 */
 static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, bool codes_written,
                              cudaStream_t stream) {
-    if (!comm->fp8_gather && !comm->zero3) {
-        zero_comm_all_gather_bf16(comm, params, stream);
-        fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
-        return;
-    }
-    int block_linears = fp8->per_layer * comm->layout.num_layers;  // 0: ZeRO-3 with every block linear in bf16
-    if (block_linears > 0 && fp8_model_block(fp8)) {
+    int block_linears = fp8->per_layer * comm->layout.num_layers;
+    if (comm->fp8_gather && fp8_model_block(fp8)) {
         zero_comm_cast_block_parts(comm, fp8, params, master, stream);
-    } else if (block_linears > 0) {
+    } else if (comm->fp8_gather) {
         zero_comm_cast_tensor_parts(comm, fp8, params, master, codes_written, stream);
     }
-    zero_comm_gather_codes_and_bf16(comm, fp8, params, block_linears, stream);
+    zero_comm_gather_stages(comm, fp8, params, stream);
+    if (!comm->fp8_gather && block_linears > 0) {
+        zero_comm_join(comm, stream);
+        fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
+    } else if (fp8->num_linears > block_linears) {
+        zero_comm_wait_gathered(comm, -1, stream);
+        for (int i = block_linears; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
+    }
 }
 
 // after the update of the owned range: the optimizer pass wrote the FP8 weights' amaxes, and
@@ -557,7 +615,8 @@ void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, con
 // the same with no optimizer pass before it (at the start, after a resume): each rank finds
 // the amax of its parts of the FP8 weights itself and casts them (current scaling, which also
 // seeds a delayed weight), so the codes are those training would have; the block recipe's
-// gather finds its block amaxes itself either way
+// gather finds its block amaxes itself either way. `stream` waits for every stage: what
+// follows (a resume's zero_comm_restore_weight_codes) may rewrite the codes just sent.
 void zero_comm_refresh_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, cudaStream_t stream) {
     if (comm->fp8_gather && !fp8_model_block(fp8)) {
         ZeroRange own = zero_rank_range(&comm->layout, comm->rank);
@@ -571,6 +630,7 @@ void zero_comm_refresh_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, co
         }
     }
     zero_comm_gather(comm, fp8, params, master, false, stream);
+    zero_comm_join(comm, stream);
 }
 
 /*

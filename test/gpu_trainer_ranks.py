@@ -15,6 +15,9 @@ batches, a 2-rank resume, and a killed rank.
   backward (2 micro-steps: 4 times), and a bf16 ZeRO-3 run twice those bytes as bf16 on top
   of the same bf16 rest. The block recipe (-fr block) gathers them as FP8 too,
   after one all-reduce of every 128x128 block's amax (12 L (C / 128)^2 uint32).
+- Stream order (cudasim only): some of those 2-rank runs again with CUDASIM_STREAM_ORDER=
+  newest-first, bit for bit the same losses: the forward waits for each stage of the weight
+  gather it reads (and ZeRO-3 for each layer gather), however late the gather runs.
 - Resume: 8 steps with a checkpoint at 4, then -y 1: steps 5..8 print the same losses, with
   -fw current, -fw delayed, and ZeRO-3 in FP8 and in bf16.
 - Resume with another number of ranks (1 -> 2 and 2 -> 1, -b so the global batch stays): the
@@ -78,10 +81,10 @@ def launch(ranks, args, workdir, timeout_s=RANK_TIMEOUT_S):
             for cmd in rank_commands(ranks, args, workdir, timeout_s)]
 
 
-def run(ranks, args, workdir):
+def run(ranks, args, workdir, env=RANK_ENV):
     """one multi-rank run to its end, or killed after RUN_LIMIT_S (bench.py's run_programs); returns
     (exit codes, rank 0's stdout)"""
-    results = bench.run_programs(rank_commands(ranks, args, workdir), RUN_LIMIT_S, RANK_ENV)
+    results = bench.run_programs(rank_commands(ranks, args, workdir), RUN_LIMIT_S, env)
     if any(code is None for code, _, _ in results):
         check(False, f"{ranks}-rank run {' '.join(str(a) for a in args[:12])} ...: still running after {RUN_LIMIT_S} s, killed")
     for r, (code, out, err) in enumerate(results):
@@ -148,10 +151,20 @@ def main():
                (ZERO3_BF16, ["-p", "bf16"], 1e-2),
                (ZERO3_MIXED, ["-p", "fp8", "-f8", "qkv,fc,lm_head"], 2e-2)]
     two_rank_only = {name: ["-z", 3] for name in (ZERO3_FP8, ZERO3_BF16, ZERO3_MIXED)}
+    # cudasim only: these 2-rank runs again with the streams' work run newest first, so whatever the weight gather's
+    # stages (or ZeRO-3's layer gathers) send runs as late as the waits on it allow: a read that does not wait for
+    # its stage gets the previous step's weights and other bits
+    newest_first = {"bf16 adamw", "fp8 delayed adamw", "fp8 -fw delayed adamw8 (codes from the optimizer pass)",
+                    "fp8 block adamw8 (FP8 gather, block amax all-reduce)", ZERO3_FP8} if ON_CUDASIM else set()
     two_rank_traffic = {}
     for name, extra, tolerance in configs:
         codes1, out1 = run(1, common + extra + ["-b", 8], tmp)
         codes2, out2 = run(2, common + extra + two_rank_only.get(name, []) + ["-b", 4], tmp)
+        if name in newest_first:
+            codes3, out3 = run(2, common + extra + two_rank_only.get(name, []) + ["-b", 4], tmp,
+                               dict(RANK_ENV, CUDASIM_STREAM_ORDER="newest-first"))
+            check(codes3 == [0, 0] and len(losses(out3)) == 8 and losses(out3) == losses(out2),
+                  f"{name}: 2 ranks with the streams run newest first give the same losses, bit for bit")
         two_rank_traffic[name] = parse_traffic(out2)
         one, two = losses(out1), losses(out2)
         check(codes1 == [0] and codes2 == [0, 0], f"{name}: 1-rank and 2-rank runs exit 0")

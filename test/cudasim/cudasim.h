@@ -30,7 +30,10 @@ copies the CUDA documentation calls synchronous), each step taking the next work
 pseudo-randomly chosen stream among those whose next work may start: events, and the legacy
 default stream's implicit ordering with blocking (not non-blocking) streams. A host write to
 a cudaMallocHost buffer before the copy from it has run reaches the device, as on a GPU
-(cudasim_runtime.cpp, drain_until).
+(cudasim_runtime.cpp, drain_until). CUDASIM_STREAM_ORDER=newest-first runs the most recently
+enqueued startable work first instead: work issued early for a later reader (a collective on
+a communication stream) runs as late as the waits on it allow, so a reader that does not wait
+reads the old data every time, and its bits differ from the default order's.
 
 What it does not model: work running while the host goes on (queued work runs only inside a
 synchronizing call, so a race between the host and a kernel shows only through pinned

@@ -463,7 +463,7 @@ struct Completion {
 struct QueuedWork {
     StreamWork work;
     const char* what;
-    uint64_t sequence;  // enqueue order, for CUDASIM_STREAM_ORDER=in-order
+    uint64_t sequence;  // enqueue order, for CUDASIM_STREAM_ORDER=in-order and newest-first
     std::vector<std::shared_ptr<Completion>> after;  // all must be done before it starts
     std::shared_ptr<Completion> completion;
 };
@@ -534,14 +534,23 @@ order their dependencies (events, the legacy stream's rules) allow, so each step
 next work of a pseudo-randomly chosen stream among those whose next work may start (a fixed
 seed: a failure reproduces). A missing dependency then shows as a result that differs between
 two runs (or between ranks), which the tests' run-twice and 2-ranks-vs-1 checks catch.
-CUDASIM_STREAM_ORDER=in-order runs the oldest startable work first instead (call order).
+CUDASIM_STREAM_ORDER=in-order runs the oldest startable work first instead (call order), and
+=newest-first the most recently enqueued: work issued early on one stream (a collective, a
+gather for later) runs as late as its dependents let it, so a reader that forgot to wait for
+it reads the old data every time. A run whose streams are ordered right gives the same bits in
+every mode (test/gpu_trainer_ranks.py compares newest-first with the default).
 */
-static bool random_stream_order() {
-    static const bool random = [] {
+enum StreamOrder { STREAM_ORDER_RANDOM, STREAM_ORDER_OLDEST_FIRST, STREAM_ORDER_NEWEST_FIRST };
+static StreamOrder stream_order() {
+    static const StreamOrder order = [] {
         const char* mode = getenv("CUDASIM_STREAM_ORDER");
-        return mode == nullptr || strcmp(mode, "in-order") != 0;
+        if (mode == nullptr || mode[0] == '\0') { return STREAM_ORDER_RANDOM; }
+        if (strcmp(mode, "in-order") == 0) { return STREAM_ORDER_OLDEST_FIRST; }
+        if (strcmp(mode, "newest-first") == 0) { return STREAM_ORDER_NEWEST_FIRST; }
+        fail(std::string("CUDASIM_STREAM_ORDER=") + mode + ": expected in-order or newest-first (unset: random)");
+        return STREAM_ORDER_RANDOM;
     }();
-    return random;
+    return order;
 }
 static uint64_t stream_order_state = 0x2545f4914f6cdd1dull;
 static uint64_t next_stream_choice() {
@@ -569,11 +578,13 @@ static bool drain_until(const std::function<bool()>& satisfied, double deadline)
             fail("streams wait for each other: no queued work can start (a dependency cycle); waiting:" + waiting);
         }
         CUstream_st* chosen = startable[0];
-        if (random_stream_order()) {
+        StreamOrder order = stream_order();
+        if (order == STREAM_ORDER_RANDOM) {
             chosen = startable[next_stream_choice() % startable.size()];
         } else {
             for (CUstream_st* stream : startable) {
-                if (stream->queue.front().sequence < chosen->queue.front().sequence) { chosen = stream; }
+                uint64_t sequence = stream->queue.front().sequence, best = chosen->queue.front().sequence;
+                if (order == STREAM_ORDER_OLDEST_FIRST ? sequence < best : sequence > best) { chosen = stream; }
             }
         }
         QueuedWork& next = chosen->queue.front();
