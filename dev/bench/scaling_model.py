@@ -19,10 +19,10 @@ Why it is shaped so:
   wte + wpe + lnf) gives 1.
 - After the update the weights are gathered in L + 1 stages issued back to back on the NCCL
   stream (llmc/zero_comm.cuh): stage 0 is wte, wpe and lnf in bf16, stage 1 + l is layer l's
-  slices (the matmul weights as FP8 codes in an FP8 run; not at all under ZeRO-3, which
-  gathers them per layer). The next step's first forward waits for stage 0 before the
-  encoder and for stage 1 + l before layer l, so only stage 0 and the stages that arrive
-  after compute reaches their layer are exposed.
+  slices (the matmul weights as FP8 codes in an FP8 run). The next step's first forward waits
+  for stage 0 before the encoder and for stage 1 + l before layer l, so only stage 0 and the
+  stages that arrive after compute reaches their layer are exposed. ZeRO-3 gathers its matmul
+  weights per layer instead, and its small bf16 rest in one stage before the encoder.
 - Overlap is decided by simulating one stream of compute and one NCCL stream in program
   order, with the compute time split over layers by FLOPs: a collective starts when its
   data is ready and the NCCL stream is free; compute waits for the weight stages (first
@@ -327,10 +327,10 @@ def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_cod
     (fp32 as an option), one group per layer chunk. After the update the weights go in L + 1
     stages, each one NCCL group of broadcasts from the owners: stage 0 wte, wpe, lnfw, lnfb in
     bf16 (the encoder reads wte's rows; lm_head is bf16 by default), stage 1 + l layer l's
-    slices, its matmul weights as FP8 codes in an FP8 run (bf16 in a bf16 one; not at all under
-    ZeRO-3, which gathers them per layer in their GEMM format) and its layernorms and biases in
-    bf16. Building W^T from a stage's codes (on the NCCL stream, memory-bound) is not priced,
-    as ZeRO-3's is not. fp8_codes "whole" prices DESIGN.md's step 3 instead (ZeRO-1 FP8 only):
+    slices, its matmul weights as FP8 codes in an FP8 run (bf16 in a bf16 one) and its
+    layernorms and biases in bf16. ZeRO-3 gathers the matmul weights per layer in their GEMM
+    format instead, and the bf16 rest after the update in one stage. Building W^T from a
+    stage's codes (on the NCCL stream, memory-bound) is not priced, as ZeRO-3's is not. fp8_codes "whole" prices DESIGN.md's step 3 instead (ZeRO-1 FP8 only):
     one ncclAllGather of every rank's S bytes of codes and one group of the rest in bf16, both
     waited for before the encoder.
     """
@@ -348,14 +348,15 @@ def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_cod
     weight_bytes = 1 if precision == "fp8" else 2
     layer_tensors = [t for t in shape.tensor_sizes if t not in WHOLE_MODEL_TENSORS]
     layer_rest = [t for t in layer_tensors if t not in MATMUL_TENSORS]
-    staged_matmul = () if zero_stage == 3 else MATMUL_TENSORS
-    if zero_stage == 1 and precision == "fp8" and fp8_codes == "whole":
+    whole_rest = collective(slices([t for t in shape.tensor_sizes if t not in MATMUL_TENSORS], None, 2))
+    if zero_stage == 3:
+        weight_stages = ((whole_rest,),)
+    elif precision == "fp8" and fp8_codes == "whole":
         codes = collective([(0, num_gpus * shard_size(shape.num_parameters, num_gpus), 1)])
-        rest = collective(slices([t for t in shape.tensor_sizes if t not in MATMUL_TENSORS], None, 2))
-        weight_stages = ((codes, rest),)
+        weight_stages = ((codes, whole_rest),)
     else:
         weight_stages = ((collective(slices(WHOLE_MODEL_TENSORS, None, 2)),),) + tuple(
-            (collective(slices(staged_matmul, l, weight_bytes) + slices(layer_rest, l, 2)),) for l in range(L))
+            (collective(slices(MATMUL_TENSORS, l, weight_bytes) + slices(layer_rest, l, 2)),) for l in range(L))
     zero3_layers = ()
     if zero_stage == 3:
         zero3_layers = tuple(collective(slices(MATMUL_TENSORS, l, weight_bytes)) for l in range(L))
