@@ -3,7 +3,8 @@ Tests of dev/bench/scaling_model.py, the analytic model behind doc/scaling.md. T
 layout arithmetic is checked against llmc/zero.h itself (compiled with the host C compiler),
 so the Python re-derivation cannot drift from the trainer's; its cost model is checked
 through properties that any correct model has (one GPU communicates nothing, FP8 codes are
-half of bf16, the ring factor, more bandwidth is never slower), not through its own output.
+half of bf16, the ring factor, more bandwidth is never slower) and against figures worked out
+by hand here (d12's weight stages, the forward's waits for them), not through its own output.
 """
 import json
 import os
@@ -108,14 +109,50 @@ def test_fp8_weight_gather_moves_half_the_bytes_of_bf16():
     z3 = {p: sm.collectives(shape, p, 3, 8) for p in sm.PRECISIONS}
     assert [c.nbytes for c in z3["bf16"].zero3_layers] == [2 * c.nbytes for c in z3["fp8"].zero3_layers] \
         == [2 * shape.layer_matmul_elements] * 12
-    assert (z3["fp8"].gather_fp8.nbytes, z3["fp8"].gather_bf16.nbytes) == (0, rest)
+    assert z3["fp8"].weight_stage_bytes == z3["bf16"].weight_stage_bytes == rest  # ZeRO-3's stages: the bf16 rest
     fp8 = sm.collectives(shape, "fp8", 1, 8)  # zero_comm.cuh: the matmul weights' codes, the rest in bf16
-    assert (fp8.gather_fp8.nbytes, fp8.gather_bf16.nbytes) == (shape.matmul_elements, rest)
-    # DESIGN.md's one ncclAllGather of S bytes of codes: half of bf16's all-gather of S elements
-    whole, bf16 = sm.collectives(shape, "fp8", 1, 8, fp8_codes="whole"), sm.collectives(shape, "bf16", 1, 8)
-    assert 2 * whole.gather_fp8.nbytes == bf16.gather_bf16.nbytes == 2 * 8 * sm.shard_size(shape.num_parameters, 8)
-    assert bf16.gather_fp8.nbytes == 0
+    assert fp8.weight_stage_bytes == shape.matmul_elements + rest
+    bf16 = sm.collectives(shape, "bf16", 1, 8)  # the same stages in bf16: every parameter, not the padding
+    assert bf16.weight_stage_bytes == 2 * shape.num_parameters
+    # DESIGN.md's one ncclAllGather of S bytes of codes per rank, then the rest: one stage before the encoder
+    whole = sm.collectives(shape, "fp8", 1, 8, fp8_codes="whole")
+    S = sm.shard_size(shape.num_parameters, 8)
+    assert [[one.nbytes for one in stage] for stage in whole.weight_stages] == [[8 * S, rest]]
     assert fp8.amax_all_reduce == 4 * 4 * 12 and bf16.amax_all_reduce == 0
+
+
+# d12 by hand (gpt2_config.h): C = 768, L = 12, Vp = 50304, maxT = 1024
+C, L12, VP, MAXT = 768, 12, 50304, 1024
+STAGE0_BYTES = 2 * (VP * C + MAXT * C + 2 * C)  # wte, wpe, lnfw, lnfb in bf16: 78,842,880
+LAYER_REST = 13 * C  # ln1w, ln1b, ln2w, ln2b (C each) and the biases qkvb (3 C), attprojb (C), fcb (4 C), fcprojb (C)
+
+
+@pytest.mark.parametrize("precision, code_bytes", [("fp8", 1), ("bf16", 2)])
+def test_weight_stages_of_d12_by_hand(precision, code_bytes):
+    shape = sm.model_shape("d12")
+    layer_bytes = code_bytes * 12 * C * C + 2 * LAYER_REST
+    assert (STAGE0_BYTES, layer_bytes) == (78_842_880, 7_097_856 if precision == "fp8" else 14_175_744)
+    # N = 8, S = 15,559,680: ranks 0 and 1 hold wte only and ranks 3-6 none of wte, wpe, lnf:
+    # every stage crosses their links whole
+    eight = sm.collectives(shape, precision, 1, 8).weight_stages
+    assert [[(one.nbytes, one.factor) for one in stage] for stage in eight] == \
+        [[(STAGE0_BYTES, 1.0)]] + [[(layer_bytes, 1.0)]] * 12
+    # N = 2, S = 62,237,952: rank 1 owns of stage 0 only lnfw and lnfb
+    two = sm.collectives(shape, precision, 1, 2).weight_stages
+    assert len(two) == 13 and two[0][0].nbytes == STAGE0_BYTES
+    assert two[0][0].factor == pytest.approx(1 - 2 * 2 * C / STAGE0_BYTES)
+    # rank 0 owns each layer's ln1w, ln1b, qkvw and qkvb; layers 0 and 1's attprojw too (it starts at 60,699,648 + l C^2),
+    # and 62,237,952 - 61,879,296 = 358,656 elements of layer 2's; rank 1 the rest
+    rank0 = code_bytes * 3 * C * C + 2 * (2 * C + 3 * C)
+    own = [rank0 + code_bytes * C * C] * 2 + [rank0 + code_bytes * 358_656] + [rank0] * 9
+    assert [stage[0].nbytes for stage in two[1:]] == [layer_bytes] * 12
+    assert [stage[0].factor for stage in two[1:]] == pytest.approx([1 - o / layer_bytes for o in own])
+    # ZeRO-3: one stage, the whole bf16 rest; rank 1 owns of it only attprojb, ln2w, ln2b, fcb, fcprojb (8 C a layer)
+    # and lnfw, lnfb
+    z3 = sm.collectives(shape, precision, 3, 2).weight_stages
+    rest_elements = VP * C + MAXT * C + L12 * LAYER_REST + 2 * C
+    assert len(z3) == 1 and len(z3[0]) == 1 and z3[0][0].nbytes == 2 * rest_elements
+    assert z3[0][0].factor == pytest.approx(1 - (L12 * 8 * C + 2 * C) / rest_elements)
 
 
 def test_link_factor_is_one_minus_the_smallest_owned_share():
@@ -123,20 +160,22 @@ def test_link_factor_is_one_minus_the_smallest_owned_share():
     P = shape.num_parameters
     for n in (2, 8, 64):
         S = sm.shard_size(P, n)
-        assert sm.busiest_rank_factor(shape, n, [(0, n * S)]) == pytest.approx((n - 1) / n)  # a ring all-gather
-        assert sm.busiest_rank_factor(shape, n, [(0, S), (S, n * S)]) == pytest.approx((n - 1) / n)
-        assert sm.busiest_rank_factor(shape, n, [(S // 4, S // 2)]) == 1.0  # one owner: everyone else receives it all
+        assert sm.busiest_rank_factor(shape, n, [(0, n * S, 1)]) == pytest.approx((n - 1) / n)  # a ring all-gather
+        assert sm.busiest_rank_factor(shape, n, [(0, S, 2), (S, n * S, 2)]) == pytest.approx((n - 1) / n)
+        assert sm.busiest_rank_factor(shape, n, [(S // 4, S // 2, 2)]) == 1.0  # one owner: everyone else receives it all
     S = sm.shard_size(P, 2)
-    assert sm.busiest_rank_factor(shape, 2, [(S - 300, S + 100)]) == pytest.approx(0.75)
-    # ranks 0 and 1 of 8 hold wte and wpe only, so the matmul weights' codes all cross their links
-    assert sm.collectives(shape, "fp8", 1, 8).gather_fp8.factor == 1.0
+    assert sm.busiest_rank_factor(shape, 2, [(S - 300, S + 100, 2)]) == pytest.approx(0.75)
+    # bytes, not elements: rank 0's 100 one-byte codes against rank 1's 100 bf16 elements
+    assert sm.busiest_rank_factor(shape, 2, [(S - 100, S, 1), (S, S + 100, 2)]) == pytest.approx(1 - 100 / 300)
     for model in ("d12", "d48"):
         for n in (2, 8, 64):
             for precision in sm.PRECISIONS:
                 for zero_stage in sm.ZERO_STAGES:
-                    c = sm.collectives(sm.model_shape(model), precision, zero_stage, n)
-                    for one in (*c.grad_layers, c.grad_last, c.gather_fp8, c.gather_bf16, *c.zero3_layers):
-                        assert one.nbytes == 0 or (n - 1) / n - 1e-12 <= one.factor <= 1.0
+                    for fp8_codes in sm.FP8_CODE_GATHERS:
+                        c = sm.collectives(sm.model_shape(model), precision, zero_stage, n, fp8_codes=fp8_codes)
+                        stages = [one for stage in c.weight_stages for one in stage]
+                        for one in (*c.grad_layers, c.grad_last, *stages, *c.zero3_layers):
+                            assert one.nbytes > 0 and (n - 1) / n - 1e-12 <= one.factor <= 1.0
 
 
 def test_collective_time_and_bus_bandwidth():
@@ -196,23 +235,78 @@ def test_more_bandwidth_is_never_slower_and_more_gpus_give_more_tokens():
         assert fp8.gather_bytes < bf16.gather_bytes and fp8.exposed_gather_ms < bf16.exposed_gather_ms
 
 
-def test_zero3_stalls_when_links_are_slower_than_compute():
+def d12_forward_layer_ms(micro_ms):
+    """one layer's forward share of a d12 micro-step, by hand (assumption 2): 24 C^2 + 4 T C of the
+    forward FLOPs per token, lm_head 2 Vp C, backward twice forward"""
+    layer, head = 24 * C * C + 4 * MAXT * C, 2 * VP * C
+    return micro_ms * layer / (3 * (L12 * layer + head))
+
+
+def test_zero1_forward_waits_for_stage_0_and_layer_0s_stage_when_compute_hides_the_rest():
+    for model, n, net in (("d48", 8, sm.Network()), ("d48", 64, sm.Network()), ("d12", 8, NO_LATENCY)):
+        shape, compute = sm.model_shape(model), target(model, "fp8")
+        stages = sm.collectives(shape, "fp8", 1, n).weight_stages
+        stage_ms = [sm.collective_ms(net, n, stage[0].nbytes, stage[0].factor) for stage in stages]
+        assert max(stage_ms[1:]) < sm.compute_split(shape, compute)[0]  # each later stage fits behind a layer's forward
+        # the encoder (no time in the model) waits for stage 0, layer 0 for its own stage, issued right behind it
+        for grad_accum in (1, 4):  # later micro-steps find everything gathered
+            est = sm.estimate_step(shape, "fp8", 1, n, compute, net, grad_accum=grad_accum)
+            assert est.exposed_gather_ms == pytest.approx(stage_ms[0] + stage_ms[1])
+    # d48 on one node, by hand: 164,256,000 bytes of stage 0 and 30,761,600 of a layer's (49,152,000 codes, 20,800 bf16)
+    est = sm.estimate_step(sm.model_shape("d48"), "fp8", 1, 8, target("d48", "fp8"), sm.Network())
+    assert est.exposed_gather_ms == pytest.approx(2 * 0.010 + 1e3 * (164_256_000 + 30_761_600) / 450e9)
+
+
+@pytest.mark.parametrize("bw_gbs", [1.0, 4.0])
+def test_zero1_forward_stalls_on_stages_that_arrive_late(bw_gbs):
     shape, compute = sm.model_shape("d12"), target("d12", "fp8")
+    net = sm.Network(intra_bw_gbs=bw_gbs, intra_latency_us=0.0)
+    # N = 8: every stage crosses the busiest link whole (factor 1)
+    stage0_ms, layer_ms = 1e3 * STAGE0_BYTES / (bw_gbs * 1e9), 1e3 * (12 * C * C + 2 * LAYER_REST) / (bw_gbs * 1e9)
+    forward_ms = d12_forward_layer_ms(compute.ms_per_step)
+    # layer l may start once stage 1 + l is in, at stage0 + (l + 1) layer_ms: at 1 GB/s every layer waits
+    # (7.10 ms stages, 2.45 ms forwards), at 4 GB/s (1.77 ms) only layer 0 does
+    expected = stage0_ms + layer_ms + (L12 - 1) * max(0.0, layer_ms - forward_ms)
+    assert (layer_ms > forward_ms) == (bw_gbs == 1.0)
+    est = sm.estimate_step(shape, "fp8", 1, 8, compute, net)
+    assert est.exposed_gather_ms == pytest.approx(expected)
+
+
+def test_zero3_layer_gathers_queue_behind_the_stages():
+    shape, compute = sm.model_shape("d12"), target("d12", "fp8")
+    net = sm.Network()  # 10 us per group: the bf16 rest is one stage, one alpha (rank 5 owns none of it: factor 1)
+    fast = sm.estimate_step(shape, "fp8", 3, 8, compute, net)
+    stages_ms = 0.010 + 1e3 * (STAGE0_BYTES + L12 * 2 * LAYER_REST) / 450e9
+    first_layer_ms = 0.010 + 1e3 * 12 * C * C / 450e9  # layer 0's FP8 codes, factor 1 at N = 8
+    # layer 0's matmul weights start after every stage; the later layers' gathers hide behind compute
+    assert fast.exposed_gather_ms == pytest.approx(stages_ms + first_layer_ms)
     c = sm.collectives(shape, "fp8", 3, 8)
     slow_net = sm.Network(intra_bw_gbs=0.1, intra_latency_us=0.0)
-    after_update_ms = sm.collective_ms(slow_net, 8, c.gather_bf16.nbytes, c.gather_bf16.factor)
+    stages_slow_ms = sum(sm.collective_ms(slow_net, 8, stage[0].nbytes, stage[0].factor) for stage in c.weight_stages)
     slow = sm.estimate_step(shape, "fp8", 3, 8, compute, slow_net)
     per_layer_gathers_ms = 1e3 * 2 * sum(one.nbytes * one.factor for one in c.zero3_layers) / 0.1e9
-    # the NCCL stream paces compute: at least the gathers' (forward and backward) excess over compute is waited for
-    assert slow.exposed_gather_ms - after_update_ms > per_layer_gathers_ms - compute.ms_per_step > 0
+    # the NCCL stream paces compute: at least the stages and the gathers' (forward and backward) excess over compute
+    assert slow.exposed_gather_ms - stages_slow_ms > per_layer_gathers_ms - compute.ms_per_step > 0
     # every micro-step gathers again, so each extra micro-step adds at least that excess
     slow_accum = sm.estimate_step(shape, "fp8", 3, 8, compute, slow_net, grad_accum=3)
     assert slow_accum.exposed_gather_ms - slow.exposed_gather_ms > 2 * (per_layer_gathers_ms - compute.ms_per_step)
-    fast = sm.estimate_step(shape, "fp8", 3, 8, compute, NO_LATENCY)
-    first_layer_ms = 1e3 * c.zero3_layers[0].nbytes * c.zero3_layers[0].factor / 450e9
-    fast_after_update_ms = sm.collective_ms(NO_LATENCY, 8, c.gather_bf16.nbytes, c.gather_bf16.factor)
-    # fast links: only the first layer's gather (nothing to hide it behind) is waited for
-    assert fast.exposed_gather_ms == pytest.approx(fast_after_update_ms + first_layer_ms)
+
+
+def test_fp8_codes_whole_is_gathered_before_the_forward():
+    shape, compute = sm.model_shape("d48"), target("d48", "fp8")
+    S = sm.shard_size(shape.num_parameters, 8)
+    rest = 2 * shape.bf16_rest_elements  # N = 8: some rank owns none of the rest (factor 1)
+    blocking_ms = (0.010 + 1e3 * 8 * S * 7 / 8 / 450e9) + (0.010 + 1e3 * rest / 450e9)
+    for grad_accum in (1, 3):
+        whole = sm.estimate_step(shape, "fp8", 1, 8, compute, sm.Network(), grad_accum=grad_accum, fp8_codes="whole")
+        assert whole.exposed_gather_ms == pytest.approx(blocking_ms)
+    assert round(blocking_ms, 2) == 3.42  # doc/scaling.md's third table, as before the stages
+    staged = sm.estimate_step(shape, "fp8", 1, 8, compute, sm.Network())
+    assert staged.exposed_gather_ms < blocking_ms / 5
+    # ZeRO-3 and bf16 gather no codes after the update: --fp8-codes does not apply to them
+    for precision, zero_stage in (("fp8", 3), ("bf16", 1)):
+        whole = sm.collectives(shape, precision, zero_stage, 8, fp8_codes="whole")
+        assert whole == sm.collectives(shape, precision, zero_stage, 8)
 
 
 def test_bench_json_is_read_like_bench_py_writes_it(tmp_path):
@@ -281,5 +375,18 @@ def test_cli_prints_a_step_table_and_a_bytes_table(capsys):
     byte_rows = [r for r in rows if len(r) == 9]
     assert len(step_rows) == 4 and len(byte_rows) == 2  # bf16 and fp8; 1 and 8 GPUs
     assert [c.strip() for c in step_rows[0][:8]] == ["d12", "bf16", "1", "1", "-", "0.0", "0.0", "139.44"]
-    # the d12 FP8 ZeRO-1 row: 2 bytes per gradient, the matmul weights' codes, the rest in bf16
-    assert [c.strip() for c in byte_rows[1][:7]] == ["d12", "fp8", "1", "14.2 x1.00", "78.8 x1.00", "84.9 x1.00", "79.1 x1.00"]
+    # the d12 FP8 ZeRO-1 row: 2 bytes per gradient; stage 0 (wte, wpe, lnf in bf16), each layer's stage (codes and bf16)
+    assert [c.strip() for c in byte_rows[1]] == ["d12", "fp8", "1", "14.2 x1.00", "78.8 x1.00",
+                                                 "78.8 x1.00", "7.1 x1.00", "-", "192"]
+
+
+def test_cli_bytes_table_shows_the_whole_variant_as_one_stage(capsys):
+    assert sm.main(["--targets", "--models", "d12", "--gpus", "2", "--precisions", "fp8", "--zero", "1", "3",
+                    "--fp8-codes", "whole"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| d12 ")]
+    byte_rows = [[c.strip() for c in r] for r in rows if len(r) == 9]
+    # ZeRO-1: the codes' all-gather (2 S bytes, the ring's 1/2) and the bf16 rest, no layer stages; ZeRO-3 its own
+    # one stage (the bf16 rest, of which rank 1 owns 0.2%) and layer gathers (of 12 C^2 codes, rank 0 owns qkvw's
+    # 3 C^2, and attprojw's C^2 too in layers 0 and 1)
+    assert byte_rows[0][5:7] == ["124.5 x0.50 + 79.1 x1.00", "-"]
+    assert byte_rows[1][5:8] == ["79.1 x1.00", "-", "7.1 x0.67-0.75"]

@@ -13,15 +13,22 @@ Why it is shaped so:
 - Each collective is priced alpha + bytes x factor / bus bandwidth, the nccl-tests
   convention, and factor is derived from the layout, not assumed: every piece goes to
   (gradients: ncclReduce) or comes from (weights: ncclBroadcast, ncclAllGather) its owner,
-  so each rank sends or receives the whole buffer but its own part, and the busiest rank
-  carries 1 - the smallest share any rank owns. A whole shard per rank gives the ring's
-  (N-1)/N; a buffer that some rank owns none of (a layer's slices at large N, the matmul
-  weights for the ranks that hold wte) gives 1.
+  so each rank sends or receives the whole buffer but its own bytes, and the busiest rank
+  carries 1 - the smallest share of the bytes any rank owns. A whole shard per rank gives
+  the ring's (N-1)/N; a buffer that some rank owns none of (a layer's slices at large N,
+  wte + wpe + lnf) gives 1.
+- After the update the weights are gathered in L + 1 stages issued back to back on the NCCL
+  stream (llmc/zero_comm.cuh): stage 0 is wte, wpe and lnf in bf16, stage 1 + l is layer l's
+  slices (the matmul weights as FP8 codes in an FP8 run). The next step's first forward waits
+  for stage 0 before the encoder and for stage 1 + l before layer l, so only stage 0 and the
+  stages that arrive after compute reaches their layer are exposed. ZeRO-3 gathers its matmul
+  weights per layer instead, and its small bf16 rest in one stage before the encoder.
 - Overlap is decided by simulating one stream of compute and one NCCL stream in program
   order, with the compute time split over layers by FLOPs: a collective starts when its
-  data is ready and the NCCL stream is free; compute waits only for ZeRO-3's layer gathers.
-  So "the last gradient chunk is exposed" and "the NCCL stream falls behind" both come out
-  of one rule instead of two special cases.
+  data is ready and the NCCL stream is free; compute waits for the weight stages (first
+  micro-step) and ZeRO-3's layer gathers. So "the last gradient chunk is exposed", "a
+  weight stage arrives late" and "the NCCL stream falls behind" all come out of one rule
+  instead of special cases.
 - Multi-node bandwidth: NCCL builds one ring per NIC (rail-optimized H100 nodes have one
   400 Gb/s NIC per GPU) and each ring leaves the node through a different NIC, so a ring's
   bus bandwidth across nodes is min(NVLink bus bandwidth, NICs per node x NIC bandwidth).
@@ -35,6 +42,7 @@ Usage: python dev/bench/scaling_model.py --targets --models d12 d48 --gpus 1 8 6
        python dev/bench/scaling_model.py --compute d12:bf16:65536:139.4 --gpus 8
 """
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -150,22 +158,24 @@ class Network:
         return (self.intra_latency_us if num_gpus <= self.gpus_per_node else self.inter_latency_us) * 1e-6
 
 
-def busiest_rank_factor(shape, num_gpus, ranges):
+def busiest_rank_factor(shape, num_gpus, pieces):
     """
-    The share of a collective's buffer (the flat `ranges` together) that the busiest rank sends
-    or receives when every piece goes to or comes from its owner (zero_owner): each rank moves
-    all of it but what it owns itself, so 1 - the smallest share one rank owns.
+    The share of a collective's bytes (the flat ranges of `pieces`, (begin, end, bytes per
+    element) each, together) that the busiest rank sends or receives when every piece goes to
+    or comes from its owner (zero_owner): each rank moves all of it but the bytes it owns
+    itself, so 1 - the smallest share one rank owns. The bytes, not the elements: a weight
+    stage mixes 1-byte FP8 codes with 2-byte bf16 slices.
     """
     S = shard_size(shape.num_parameters, num_gpus)
     owned = [0] * num_gpus
     total = 0
-    for begin, end in ranges:
-        total += end - begin
+    for begin, end, element_bytes in pieces:
+        total += (end - begin) * element_bytes
         at = begin
         while at < end:
             rank = at // S
             stop = min(end, (rank + 1) * S)
-            owned[rank] += stop - at
+            owned[rank] += (stop - at) * element_bytes
             at = stop
     return 1.0 - min(owned) / total
 
@@ -216,14 +226,17 @@ class NcclStream:
         return self.free_at
 
 
-def simulate_micro_step(shape, split, layer_gather_ms, chunk_reduce_ms):
+def simulate_micro_step(shape, split, stage_ms, layer_gather_ms, chunk_reduce_ms):
     """
-    One micro-step on one compute stream and one NCCL stream. layer_gather_ms: ZeRO-3's gather
-    of each layer's matmul weights (None: weights are whole), in forward and again in backward,
-    one layer ahead into a double buffer: the next layer's gather runs while a layer computes,
-    and the one after starts when that layer is done with its buffer. chunk_reduce_ms:
-    ([each layer's chunk], last chunk) gradient reduces issued as backward completes them
-    (None: not the last micro-step).
+    One micro-step on one compute stream and one NCCL stream. stage_ms: the weight stages
+    gathered after the last update (None: not the first micro-step, the weights are all there),
+    on the NCCL stream back to back from the start; the encoder (no time of its own) waits for
+    stage 0 and layer l's forward for stage 1 + l, where there is one. layer_gather_ms: ZeRO-3's
+    gather of each layer's matmul weights (None: weights are whole), in forward and again in
+    backward, one layer ahead into a double buffer, queued behind the stages: the next layer's
+    gather runs while a layer computes, and the one after starts when that layer is done with
+    its buffer. chunk_reduce_ms: ([each layer's chunk], last chunk) gradient reduces issued as
+    backward completes them (None: not the last micro-step).
     Returns (ms compute waited for gathers, ms the NCCL stream runs past the end of compute).
     """
     fwd_ms, bwd_ms, head_ms = split
@@ -231,18 +244,20 @@ def simulate_micro_step(shape, split, layer_gather_ms, chunk_reduce_ms):
     nccl = NcclStream()
     t, stall = 0.0, 0.0
 
-    def compute_layer(gathered, layer, duration):
+    def compute(ready, duration):
         nonlocal t, stall
-        ready = gathered.get(layer, t)
         stall += max(0.0, ready - t)
         t = max(t, ready) + duration
 
+    stage_arrived = [nccl.run(t, ms) for ms in stage_ms or ()]
+    stage_arrived += [0.0] * (L + 1 - len(stage_arrived))  # --fp8-codes whole: one stage, before the encoder
     gathered = {}
     if layer_gather_ms is not None:
         for layer in range(min(2, L)):
             gathered[layer] = nccl.run(t, layer_gather_ms[layer])
+    compute(stage_arrived[0], 0.0)  # the encoder
     for layer in range(L):
-        compute_layer(gathered, layer, fwd_ms)
+        compute(max(stage_arrived[1 + layer], gathered.get(layer, t)), fwd_ms)
         if layer_gather_ms is not None and layer + 2 < L:
             gathered[layer + 2] = nccl.run(t, layer_gather_ms[layer + 2])
     gathered = {}
@@ -251,7 +266,7 @@ def simulate_micro_step(shape, split, layer_gather_ms, chunk_reduce_ms):
             gathered[layer] = nccl.run(t, layer_gather_ms[layer])
     t += head_ms
     for layer in range(L - 1, -1, -1):
-        compute_layer(gathered, layer, bwd_ms)
+        compute(gathered.get(layer, t), bwd_ms)
         if layer_gather_ms is not None and layer - 2 >= 0:
             gathered[layer - 2] = nccl.run(t, layer_gather_ms[layer - 2])
         if chunk_reduce_ms is not None:
@@ -269,7 +284,7 @@ class Estimate:
     grad_bytes: int            # reduced per optimizer step
     gather_bytes: int          # weights gathered per optimizer step (ZeRO-3: the per-layer gathers included)
     exposed_grad_ms: float     # gradient reduces not hidden behind backward
-    exposed_gather_ms: float   # weight gathers compute waited for
+    exposed_gather_ms: float   # weight gathers compute waited for: the weight stages, ZeRO-3's layer gathers
     small_all_reduce_ms: float  # loss, gradient norm, FP8 amax
     step_ms: float
     single_gpu_step_ms: float  # the same micro-steps on one GPU
@@ -290,56 +305,65 @@ class Collective:
     factor: float  # the share of nbytes the busiest rank sends or receives
 
 
-NO_COLLECTIVE = Collective(0, 0.0)
-
-
 @dataclasses.dataclass(frozen=True)
 class Collectives:
     """the collectives of one optimizer step on N GPUs"""
     grad_layers: tuple       # per layer: its gradients to their owners, during the last backward
     grad_last: Collective    # wte + wpe + lnf's gradients, at the end of backward
-    gather_fp8: Collective   # after the update: FP8 codes (ZeRO-1, fp8)
-    gather_bf16: Collective  # after the update: what travels in bf16
+    weight_stages: tuple     # after the update, back to back: each stage a tuple of collectives; the first
+                             # forward waits for stage 0 before the encoder and for stage 1 + l before layer l
     zero3_layers: tuple      # ZeRO-3, per layer: its matmul weights, in forward and again in backward
     amax_all_reduce: int     # FP8: one float per block linear's weight slice (4 L; lm_head is cast from the bf16 wte); bf16: none
+
+    @property
+    def weight_stage_bytes(self):
+        """the weights gathered after the update, every stage together"""
+        return sum(one.nbytes for stage in self.weight_stages for one in stage)
 
 
 def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_codes="matmul"):
     """
     What each collective moves, by doc/multi-gpu.md and llmc/zero_comm.cuh: gradients in bf16
-    (fp32 as an option), one group per layer chunk; after the update ZeRO-1 gathers every
-    weight: bf16 as one ncclAllGather of S elements per rank; FP8 as the matmul weights' codes
-    (fp8_codes "matmul": grouped broadcasts from the owners, zero_comm.cuh) or one ncclAllGather
-    of every rank's S bytes of codes ("whole", DESIGN.md's step 3), plus in bf16 what the GEMMs do
-    not read in FP8 (wte: the encoder reads its rows and lm_head is bf16 by default; wpe,
-    layernorms, biases). ZeRO-3 gathers the matmul weights per layer in their GEMM format.
+    (fp32 as an option), one group per layer chunk. After the update the weights go in L + 1
+    stages, each one NCCL group of broadcasts from the owners: stage 0 wte, wpe, lnfw, lnfb in
+    bf16 (the encoder reads wte's rows; lm_head is bf16 by default), stage 1 + l layer l's
+    slices, its matmul weights as FP8 codes in an FP8 run (bf16 in a bf16 one) and its
+    layernorms and biases in bf16. ZeRO-3 gathers the matmul weights per layer in their GEMM
+    format instead, and the bf16 rest after the update in one stage. Building W^T from a
+    stage's codes (on the NCCL stream, memory-bound) is not priced, as ZeRO-3's is not. fp8_codes "whole" prices DESIGN.md's step 3 instead (ZeRO-1 FP8 only):
+    one ncclAllGather of every rank's S bytes of codes and one group of the rest in bf16, both
+    waited for before the encoder.
     """
     L = shape.num_layers
 
-    def collective(ranges, bytes_per_element):
-        elements = sum(end - begin for begin, end in ranges)
-        return Collective(elements * bytes_per_element, busiest_rank_factor(shape, num_gpus, ranges))
+    def collective(pieces):
+        """pieces: (begin, end, bytes per element) of the flat parameters"""
+        return Collective(sum((end - begin) * element_bytes for begin, end, element_bytes in pieces),
+                          busiest_rank_factor(shape, num_gpus, pieces))
+
+    def slices(tensors, layer, element_bytes):
+        return [(*shape.slice_range(t, layer), element_bytes) for t in tensors]
 
     grad_bytes = 4 if grad_fp32 else 2
     weight_bytes = 1 if precision == "fp8" else 2
     layer_tensors = [t for t in shape.tensor_sizes if t not in WHOLE_MODEL_TENSORS]
-    matmul = [shape.slice_range(t) for t in MATMUL_TENSORS]
-    rest = [shape.slice_range(t) for t in shape.tensor_sizes if t not in MATMUL_TENSORS]
-    whole = [(0, num_gpus * shard_size(shape.num_parameters, num_gpus))]
+    layer_rest = [t for t in layer_tensors if t not in MATMUL_TENSORS]
+    whole_rest = collective(slices([t for t in shape.tensor_sizes if t not in MATMUL_TENSORS], None, 2))
     if zero_stage == 3:
-        gather_fp8, gather_bf16 = NO_COLLECTIVE, collective(rest, 2)
-    elif precision == "bf16":
-        gather_fp8, gather_bf16 = NO_COLLECTIVE, collective(whole, 2)
+        weight_stages = ((whole_rest,),)
+    elif precision == "fp8" and fp8_codes == "whole":
+        codes = collective([(0, num_gpus * shard_size(shape.num_parameters, num_gpus), 1)])
+        weight_stages = ((codes, whole_rest),)
     else:
-        gather_fp8, gather_bf16 = collective(whole if fp8_codes == "whole" else matmul, 1), collective(rest, 2)
+        weight_stages = ((collective(slices(WHOLE_MODEL_TENSORS, None, 2)),),) + tuple(
+            (collective(slices(MATMUL_TENSORS, l, weight_bytes) + slices(layer_rest, l, 2)),) for l in range(L))
     zero3_layers = ()
     if zero_stage == 3:
-        zero3_layers = tuple(collective([shape.slice_range(t, l) for t in MATMUL_TENSORS], weight_bytes) for l in range(L))
+        zero3_layers = tuple(collective(slices(MATMUL_TENSORS, l, weight_bytes)) for l in range(L))
     return Collectives(
-        grad_layers=tuple(collective([shape.slice_range(t, l) for t in layer_tensors], grad_bytes) for l in range(L)),
-        grad_last=collective([shape.slice_range(t) for t in WHOLE_MODEL_TENSORS], grad_bytes),
-        gather_fp8=gather_fp8,
-        gather_bf16=gather_bf16,
+        grad_layers=tuple(collective(slices(layer_tensors, l, grad_bytes)) for l in range(L)),
+        grad_last=collective(slices(WHOLE_MODEL_TENSORS, None, grad_bytes)),
+        weight_stages=weight_stages,
         zero3_layers=zero3_layers,
         amax_all_reduce=4 * 4 * L if precision == "fp8" else 0,
     )
@@ -347,7 +371,8 @@ def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_cod
 
 def estimate_step(shape, precision, zero_stage, num_gpus, compute, net, grad_accum=1, grad_fp32=False,
                   fp8_codes="matmul"):
-    """the expected optimizer step on num_gpus GPUs, each running compute's micro-batch grad_accum times"""
+    """the expected optimizer step on num_gpus GPUs, each running compute's micro-batch grad_accum times:
+    the first micro-step waits for the weight stages, the last one reduces the gradients"""
     compute_ms = grad_accum * compute.micro_ms + compute.optimizer_ms / num_gpus
     single_gpu_step_ms = grad_accum * compute.micro_ms + compute.optimizer_ms
     if num_gpus == 1:  # no NCCL at all
@@ -357,14 +382,20 @@ def estimate_step(shape, precision, zero_stage, num_gpus, compute, net, grad_acc
     def ms(collective):
         return collective_ms(net, num_gpus, collective.nbytes, collective.factor)
 
+    stage_ms = [sum(ms(one) for one in stage) for stage in c.weight_stages]
     layer_gather_ms = [ms(layer) for layer in c.zero3_layers] or None
     chunk_reduce_ms = ([ms(layer) for layer in c.grad_layers], ms(c.grad_last))
     split = compute_split(shape, compute)
-    stall_ms, exposed_grad_ms = simulate_micro_step(shape, split, layer_gather_ms, chunk_reduce_ms)
-    if grad_accum > 1:
-        stall, tail = simulate_micro_step(shape, split, layer_gather_ms, None)
-        stall_ms += (grad_accum - 1) * (stall + tail)
-    stall_ms += sum(ms(gather) for gather in (c.gather_fp8, c.gather_bf16) if gather.nbytes)
+    exposed_grad_ms, exposed_gather_ms = 0.0, 0.0
+    micro_steps = collections.Counter((i == 0, i == grad_accum - 1) for i in range(grad_accum))
+    for (first, last), count in micro_steps.items():
+        stall, tail = simulate_micro_step(shape, split, stage_ms if first else None, layer_gather_ms,
+                                          chunk_reduce_ms if last else None)
+        exposed_gather_ms += count * stall
+        if last:
+            exposed_grad_ms = tail
+        else:
+            exposed_gather_ms += count * tail
     small_ms = 2 * collective_ms(net, num_gpus, 4, all_reduce_factor(num_gpus))  # loss and gradient norm
     if c.amax_all_reduce:
         small_ms += collective_ms(net, num_gpus, c.amax_all_reduce, all_reduce_factor(num_gpus))
@@ -374,11 +405,11 @@ def estimate_step(shape, precision, zero_stage, num_gpus, compute, net, grad_acc
         tokens_per_step=num_gpus * grad_accum * compute.tokens,
         compute_ms=compute_ms,
         grad_bytes=sum(layer.nbytes for layer in c.grad_layers) + c.grad_last.nbytes,
-        gather_bytes=c.gather_fp8.nbytes + c.gather_bf16.nbytes + per_layer_gathers,
+        gather_bytes=c.weight_stage_bytes + per_layer_gathers,
         exposed_grad_ms=exposed_grad_ms,
-        exposed_gather_ms=stall_ms,
+        exposed_gather_ms=exposed_gather_ms,
         small_all_reduce_ms=small_ms,
-        step_ms=compute_ms + exposed_grad_ms + stall_ms + small_ms,
+        step_ms=compute_ms + exposed_grad_ms + exposed_gather_ms + small_ms,
         single_gpu_step_ms=single_gpu_step_ms,
     )
 
@@ -472,21 +503,25 @@ def format_table(rows):
 def format_collective(group):
     """'MB xfactor' of one collective, or of per-layer ones (equal bytes, a range of factors)"""
     group = group if isinstance(group, tuple) else (group,)
-    if not group or not group[0].nbytes:
+    if not group:
         return "-"
     low, high = min(c.factor for c in group), max(c.factor for c in group)
     factor = f"{low:.2f}" if high - low < 0.005 else f"{low:.2f}-{high:.2f}"
-    return f"{group[0].nbytes / MB:.1f} x{factor}"
+    mb = group[0].nbytes / MB
+    return f"{mb:.1f} x{factor}" if mb >= 1 else f"{mb:.3f} x{factor}"
 
 
 def format_bytes_table(rows):
-    """rows: (model, precision, ZeRO stage, Collectives)"""
+    """rows: (model, precision, ZeRO stage, Collectives); stage 0 with --fp8-codes whole: its two collectives"""
     lines = ["| model | precision | ZeRO | grads: each layer's chunk (L per step) | grads: last chunk "
-             "| weights: FP8 codes | weights: bf16 | ZeRO-3: each layer's gather (2 L per micro-step) "
-             "| FP8 amax all-reduce bytes |",
+             "| weights: stage 0 | weights: each layer's stage (L per step) "
+             "| ZeRO-3: each layer's gather (2 L per micro-step) | FP8 amax all-reduce bytes |",
              "|---|---|---|---|---|---|---|---|---|"]
     for model, precision, zero_stage, c in rows:
-        cells = [format_collective(x) for x in (c.grad_layers, c.grad_last, c.gather_fp8, c.gather_bf16, c.zero3_layers)]
+        stage0 = " + ".join(format_collective(one) for one in c.weight_stages[0])
+        layer_stages = tuple(one for stage in c.weight_stages[1:] for one in stage)
+        cells = [format_collective(c.grad_layers), format_collective(c.grad_last), stage0,
+                 format_collective(layer_stages), format_collective(c.zero3_layers)]
         lines.append(f"| {model} | {precision} | {zero_stage} | " + " | ".join(cells) + f" | {c.amax_all_reduce} |")
     return "\n".join(lines)
 
@@ -537,8 +572,10 @@ def build_parser():
     p.add_argument("--grad-accum", type=positive(int), default=1, help="micro-steps per optimizer step (default 1)")
     p.add_argument("--grad-fp32", action="store_true", help="reduce gradients in fp32 (4 bytes) instead of bf16")
     p.add_argument("--fp8-codes", choices=FP8_CODE_GATHERS, default="matmul",
-                   help="ZeRO-1 FP8 gather: the matmul weights' codes from their owners (matmul, "
-                        "llmc/zero_comm.cuh) or one ncclAllGather of every rank's whole shard of codes (whole)")
+                   help="ZeRO-1 FP8 gather: the matmul weights' codes from their owners in each layer's stage, "
+                        "which the next forward waits for layer by layer (matmul, llmc/zero_comm.cuh), or one "
+                        "ncclAllGather of every rank's whole shard of codes and the rest in bf16, all waited for "
+                        "before the forward (whole, DESIGN.md's step 3)")
     p.add_argument("--seq-len", type=positive(int), default=MAX_SEQ_LEN, help="T, for --targets and --compute")
     p.add_argument("--gpus-per-node", type=positive(int), default=Network.gpus_per_node)
     p.add_argument("--intra-bw", type=positive(float), default=Network.intra_bw_gbs, help="NVLink bus GB/s")
