@@ -22,8 +22,8 @@ Why it is shaped so:
   has put each rank's amax of its part of every FP8 weight into the weight's cast record;
   one all-reduce(MAX) of those amaxes gives every rank the single-GPU amax (max is exact and
   order free), the scale follows on the device, each rank casts its part
-  (fp8_cast_weight_part), one NCCL group of ncclBroadcast from each piece's owner gathers
-  the codes (1 byte per weight instead of 2), and each rank builds W^T locally. The block
+  (fp8_cast_weight_part), ncclBroadcast from each piece's owner gathers the codes (1 byte
+  per weight instead of 2), and each rank builds W^T locally. The block
   recipe (one scale per 128x128 block; a rank's flat part cuts blocks) does the same per
   block: each rank's partial amax of every block of its parts (fp8_block_amax_part, read
   from the owned master or bf16 part, not the optimizer's amax), ONE all-reduce(MAX) of all
@@ -39,10 +39,9 @@ Why it is shaped so:
   communication stream, and the next forward waits for each stage where it first reads it
   (zero_comm_wait_gathered), not for the gather as a whole: layer l + 1's weights travel while
   layer l computes, and only the first stage is sure to show in the step time (ZeRO-3's small
-  bf16 rest goes in one stage, zero_comm_num_stages). Matmul
-  weights gathered as FP8 leave the bf16 copies of the other ranks' parts stale: nothing
-  reads them, and zero_comm_all_gather_bf16 refreshes all of them before a checkpoint
-  writes the model file.
+  bf16 rest goes in one stage, zero_comm_num_stages). Matmul weights gathered as FP8 leave
+  the bf16 copies of the other ranks' parts stale: nothing reads them, and
+  zero_comm_all_gather_bf16 refreshes all of them before a checkpoint writes the model file.
 - Every collective adds its payload (count x element size, what NCCL is handed, as
   nccl-tests counts "size") to a per-kind counter, so the trainer prints what a step
   actually sent, not what the layout predicts: the check that FP8 halves the matmul
