@@ -359,7 +359,7 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
     bool dgrad_fp8 = fp8_model_runs(fp8, i, FP8_DGRAD), wgrad_fp8 = fp8_model_runs(fp8, i, FP8_WGRAD);
     if (dgrad_fp8 || wgrad_fp8) {
         Fp8CastOutput dy = fp8_model_dy(fp8, i), x = fp8_model_x(fp8, i), w = fp8_model_w(fp8, i);
-        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, fp8_model_dy_scale_known(fp8), stream);
+        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, fp8_model_dout_scale(fp8, i), stream);
         matmul_backward_fp8(dgrad_fp8 ? dinp : NULL, wgrad_fp8 ? dweight : NULL, CUDA_R_16BF, fp8_operand(&dy, false),
                             fp8_operand(&dy, true), fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC, stream);
         if (!dgrad_fp8 || !wgrad_fp8) {  // the bias is summed already
@@ -517,7 +517,8 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
     profiler_mark("matmul lm_head fwd");
     fp8_model_end_forward(fp8, stream);
     if (targets_cpu != NULL) {
-        fused_classifier(a->output, a->losses, dloss, model->targets, B, T, V, Vp, write_dlogits, stream);
+        fused_classifier(a->output, a->losses, dloss, model->targets, B, T, V, Vp, write_dlogits,
+                         write_dlogits ? fp8_model_dlogits_record(fp8) : NULL, stream);
         profiler_mark("classifier");
     }
 }

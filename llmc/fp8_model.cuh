@@ -471,6 +471,26 @@ static inline bool fp8_model_dy_scale_known(const Fp8Model* fp8) {
     return fp8_model_block(fp8) || (fp8->settings.grad_scaling == FP8_GRADS_DELAYED && fp8->dy_seeded);
 }
 
+/*
+Where the classifier folds the amax of the logits' gradient (lm_head's dout) as it writes
+them, or NULL: an FP8 lm_head that casts that gradient (FP8 dgrad or wgrad) with per-tensor
+scaling and no scale known before the pass, which would otherwise read the B T x Vp
+gradients once more just for their amax (matmul_backward_fp8_dout, FP8_DOUT_AMAX_RECORDED).
+*/
+static inline Fp8CastRecord* fp8_model_dlogits_record(const Fp8Model* fp8) {
+    int i = fp8_model_linear(fp8, -1, LINEAR_LM_HEAD);
+    bool casts_dy = fp8_model_runs(fp8, i, FP8_DGRAD) || fp8_model_runs(fp8, i, FP8_WGRAD);
+    if (!casts_dy || fp8_model_dy_scale_known(fp8)) { return NULL; }  // known: the block recipe, -fg delayed
+    return fp8_model_dy(fp8, i).record;
+}
+
+// what the cast of FP8 linear i's output gradient knows of its scale (matmul_backward_fp8_dout)
+static inline Fp8DoutScale fp8_model_dout_scale(const Fp8Model* fp8, int i) {
+    if (fp8_model_dy_scale_known(fp8)) { return FP8_DOUT_SCALE_KNOWN; }
+    bool recorded = i == fp8_model_linear(fp8, -1, LINEAR_LM_HEAD) && fp8_model_dlogits_record(fp8) != NULL;
+    return recorded ? FP8_DOUT_AMAX_RECORDED : FP8_DOUT_NEEDS_AMAX;
+}
+
 // after every backward: each FP8 output gradient's state has been updated at least once
 void fp8_model_end_backward(Fp8Model* fp8) { fp8->dy_seeded = 1; }
 

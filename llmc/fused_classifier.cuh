@@ -9,7 +9,10 @@ the sum of exp(x - maximum), rescaled when the maximum grows), then combines the
 same commutative sum, so every lane ends with identical bits) and then across warps in
 warp order: the result does not depend on timing. If the gradient is wanted, a second read
 of the row (mostly from L2) overwrites it in place with (softmax - onehot) * dloss, and
-with zeros in the padding columns V..Vp, so the lm_head backward never sees garbage.
+with zeros in the padding columns V..Vp, so the lm_head backward never sees garbage. An FP8
+lm_head under current scaling needs the amax of those gradients before its cast: the kernel
+folds it into the cast record as it writes them (dlogits_record), which spares the backward a
+full pass over the logits just to find it (matmul_backward_fp8_dout, FP8_DOUT_AMAX_RECORDED).
 A target outside [0, V) gives a NaN loss rather than a read out of bounds: the trainer
 treats a non-finite loss as a skipped step, so a bad token is loud, not silent.
 */
@@ -19,6 +22,7 @@ treats a non-finite loss as a skipped step, so a bad token is loud, not silent.
 #include <float.h>
 #include "cuda_common.h"
 #include "cuda_utils.cuh"
+#include "fp8_scaling.cuh"
 
 #define CLASSIFIER_BLOCK_SIZE 1024
 
@@ -37,7 +41,7 @@ __device__ __forceinline__ SoftmaxStats softmax_stats_combine(SoftmaxStats a, So
 
 __global__ void __launch_bounds__(CLASSIFIER_BLOCK_SIZE)
 fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* targets,
-                        int V, int Vp, int write_dlogits) {
+                        int V, int Vp, int write_dlogits, Fp8CastRecord* dlogits_record) {
     __shared__ SoftmaxStats warp_stats[CLASSIFIER_BLOCK_SIZE / WARP_SIZE];
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
@@ -81,6 +85,7 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     }
     if (!write_dlogits) { return; }
     const float inverse_sum = 1.0f / row_stats.sum;
+    Fp8Tally tally = fp8_tally_zero();
     for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
         x128 x = load128cs(row + i * x128::size);
         x128 grad;
@@ -92,20 +97,24 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
                 g = (probability - (column == target ? 1.0f : 0.0f)) * dloss;
             }
             grad[k] = __float2bfloat16_rn(g);
+            fp8_tally_amax(&tally, __bfloat162float(grad[k]));
         }
         store128cs(row + i * x128::size, grad);
     }
+    if (dlogits_record != NULL) { fp8_tally_commit(tally, dlogits_record, true); }
 }
 
 // logits: [B*T][Vp] bf16, the first V columns real. losses[bt] += -log softmax[target];
-// if write_dlogits, logits is overwritten with (softmax - onehot(target)) * dloss, 0 in V..Vp
+// if write_dlogits, logits is overwritten with (softmax - onehot(target)) * dloss, 0 in V..Vp,
+// and dlogits_record (may be NULL) receives their amax, as a use (record->amax_bits)
 void fused_classifier(floatX* logits, float* losses, float dloss, const int* targets, int B, int T, int V, int Vp,
-                      int write_dlogits, cudaStream_t stream) {
+                      int write_dlogits, Fp8CastRecord* dlogits_record, cudaStream_t stream) {
     if (V <= 0 || Vp < V || Vp % 8 != 0) {
         llm8_die("fused_classifier: V=%d, Vp=%d: need 0 < V <= Vp and Vp a multiple of 8 (16-byte rows)", V, Vp);
     }
+    if (dlogits_record != NULL && !write_dlogits) { llm8_die("fused_classifier: an amax record without dlogits to take it of"); }
     fused_classifier_kernel<<<B * T, CLASSIFIER_BLOCK_SIZE, 0, stream>>>(logits, losses, dloss, targets, V, Vp,
-                                                                         write_dlogits);
+                                                                         write_dlogits, dlogits_record);
     cudaCheck(cudaGetLastError());
 }
 

@@ -35,7 +35,8 @@ CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / _BLK128x128_32F). D stays bf16 (CUDA 1
 D scale or amax pointer with a bf16 D, so no amax comes out of a GEMM); wgrad accumulates
 with beta = 1 into the bf16 gradient or an fp32 buffer. Fast accumulation only in the
 per-tensor forward. The dgrad of fcproj through GELU and the bias gradient move into the
-pass that reads dy anyway (matmul_backward_fp8_dout): current scaling's amax pass, or the
+pass that reads dy anyway (matmul_backward_fp8_dout): current scaling's amax pass (none where
+the producer recorded the amax: the classifier's dlogits), or the
 one tile-cast pass of a known scale (-fg delayed, the block recipe). dgrad and
 wgrad are FP8 or bf16 each on its own: the cast writes only the codes an FP8 GEMM reads,
 and matmul_backward runs the bf16 one alone (NULL for the other's output).
@@ -624,6 +625,9 @@ bool matmul_backward_fp8_supported(floatX* dinp, void* dweight, cudaDataType_t d
     return true;
 }
 
+// what matmul_backward_fp8_dout knows of dout's scale before its pass (described there)
+typedef enum { FP8_DOUT_NEEDS_AMAX, FP8_DOUT_AMAX_RECORDED, FP8_DOUT_SCALE_KNOWN } Fp8DoutScale;
+
 /*
 The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs. With
 pre_gelu != NULL the gradient is dout * gelu'(pre_gelu) (fc's dout is fcproj's dgrad output),
@@ -634,13 +638,17 @@ written (2 bytes per element saved). The bias partials are summed in fixed order
 dbias has the bf16 path's bits). The cast writes the codes for an FP8 dgrad (fp8->codes) and
 the transpose for an FP8 wgrad (fp8->codes_t), either one NULL when its GEMM runs in bf16;
 then the bias sums finish (dbias += , when dbias != NULL).
-- Scale not known before the pass (per-tensor current scaling, E5M2; a delayed state's first
-  use): the scale needs this dout's amax before the first code is written, and cuBLASLt
-  cannot give the amax of a bf16 D (CUDA 13 refuses an amax pointer there), so the amax is a
-  pass of its own and the GELU product and the bias ride on it: pass 1 reads dout (and
-  pre_gelu, writing dout), the state update makes the scale, pass 2 reads dout and casts.
-  Bytes per element: 2 [+ 2 read + 2 written] + 2 + 1 per code array.
-- Scale known (scale_known: -fg delayed after seeding, with the state's scale; the block
+- FP8_DOUT_NEEDS_AMAX (per-tensor current scaling, E5M2; a delayed state's first use): the
+  scale needs this dout's amax before the first code is written, and cuBLASLt cannot give
+  the amax of a bf16 D (CUDA 13 refuses an amax pointer there), so the amax is a pass of its
+  own and the GELU product and the bias ride on it: pass 1 reads dout (and pre_gelu, writing
+  dout), the state update makes the scale, pass 2 reads dout and casts. Bytes per element:
+  2 [+ 2 read + 2 written] + 2 + 1 per code array.
+- FP8_DOUT_AMAX_RECORDED (the same scaling, where the kernel that wrote dout also folded its
+  amax into fp8->record as a use: the classifier's dlogits, lm_head's dout): the state update
+  makes the scale, then one tile-cast pass sums the bias columns and casts. The same bits as
+  NEEDS_AMAX without pass 1. No pre_gelu: its product's amax is no producer's.
+- FP8_DOUT_SCALE_KNOWN (-fg delayed after seeding, with the state's scale; the block
   recipe's 1x128 tiles, always): one tile-cast pass applies GELU's derivative, sums the bias
   columns and casts; per tensor it records this dout's amax, and the state update follows
   (the cast copied the scale it used into the record, which the GEMMs read). Bytes per
@@ -649,15 +657,21 @@ then the bias sums finish (dbias += , when dbias != NULL).
 dbias_scratch holds matmul_dbias_scratch_floats(N, OC) floats (needed even without dbias).
 */
 void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* dbias_scratch, floatX* dout,
-                              const floatX* pre_gelu, int N, int OC, bool scale_known, cudaStream_t stream) {
+                              const floatX* pre_gelu, int N, int OC, Fp8DoutScale scale, cudaStream_t stream) {
     fp8_cast_check(fp8, N, OC, "matmul_backward_fp8_dout");
     if (fp8->scaling == FP8_SCALING_BLOCKS_128x128) { llm8_die("matmul_backward_fp8_dout: gradients are scaled per 1x128 tile in the block recipe"); }
     if (dbias_scratch == NULL) { llm8_die("matmul_backward_fp8_dout: the bias gradient needs dbias_scratch"); }
     bool per_tensor = fp8->scaling == FP8_SCALING_TENSOR;
-    if (per_tensor && !scale_known) {
+    if (scale == FP8_DOUT_AMAX_RECORDED && (!per_tensor || pre_gelu != NULL)) {
+        llm8_die("matmul_backward_fp8_dout: a recorded amax serves per-tensor scaling of a dout without GELU's derivative");
+    }
+    if (per_tensor && scale == FP8_DOUT_NEEDS_AMAX) {
         matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, fp8->record, N, OC, stream);
         fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
         fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, dout, N, OC, false, Fp8Identity(), stream);
+    } else if (scale == FP8_DOUT_AMAX_RECORDED) {
+        fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
+        fp8_cast_transpose_launch(fp8, (floatX*)NULL, dbias != NULL ? dbias_scratch : NULL, dout, N, OC, false, Fp8Identity(), stream);
     } else {
         float* column_sums = dbias != NULL ? dbias_scratch : NULL;
         if (pre_gelu != NULL) {

@@ -21,6 +21,7 @@ H100, H200 = fm.DEVICES["h100"], fm.DEVICES["h200"]
 MULTI_GPU_MARKS = {"gradient reduce (exposed)", "weight gather + fp8 weight casts"}
 SMALL = dict(model="d12", B=1, T=128)  # N = 128 tokens, C = 768
 N, C = 128, 768
+VP = 50304  # d12's padded vocabulary
 
 
 def trainer_marks():
@@ -64,6 +65,15 @@ def test_matrix_flops_follow_the_closed_forms():
             assert sum(k.flops for k in ks if k.kind == "gemm") == 6 * B * T * (L * 12 * C_ * C_ + Vp * C_)
             assert sum(k.flops for k in ks if k.kind == "attention") == 7 * B * T * T * C_ * L
             assert all((k.flops > 0) == (k.kind != "memory") for k in ks)
+
+
+def test_fp8_lm_head_output_gradient_takes_the_classifiers_amax():
+    for recipe in ("current", "delayed"):  # -fg current: the classifier folded the amax in, so one cast pass
+        passes = kernels("matmul lm_head bwd", "lm_head dy", precision="fp8", recipe=recipe, lm_head="fp8")
+        assert [k.what for k in passes] == ["lm_head dy: cast to dy, dy^T (amax from its producer)"], passes
+        assert passes[0].bytes == N * VP * (2 + 2)  # dlogits read once, two code arrays written
+    classifier = kernels("classifier", "softmax", precision="fp8", recipe="current", lm_head="fp8")
+    assert [k.bytes for k in classifier] == [k.bytes for k in kernels("classifier", "softmax", precision="bf16")]
 
 
 def test_fused_residual_layernorm_bytes_by_recipe():

@@ -722,10 +722,19 @@ static void test_gelu_fp8(int N, int C, ProducerCast cast) {
 // ----------------------------------------------------------------------------
 // the fused dy pass: (GELU backward) + bias gradient + amax + update + cast-transpose
 
-// how the dy pass scales: per tensor from this dy's amax (two passes), per tensor with a
-// delayed state's known scale (one pass), or 1x128 tiles (one pass)
-typedef enum { DOUT_CURRENT, DOUT_DELAYED, DOUT_BLOCK } DoutScaling;
-static const char* const DOUT_SCALING_NAMES[3] = {"current", "delayed", "block"};
+// how the dy pass scales: per tensor from this dy's amax (two passes), the same from an amax
+// its producer recorded (one pass: the classifier's dlogits), per tensor with a delayed
+// state's known scale (one pass), or 1x128 tiles (one pass)
+typedef enum { DOUT_CURRENT, DOUT_RECORDED, DOUT_DELAYED, DOUT_BLOCK } DoutScaling;
+static const char* const DOUT_SCALING_NAMES[4] = {"current", "recorded amax", "delayed", "block"};
+static const Fp8DoutScale DOUT_PASS_SCALE[4] = {FP8_DOUT_NEEDS_AMAX, FP8_DOUT_AMAX_RECORDED, FP8_DOUT_SCALE_KNOWN,
+                                                FP8_DOUT_SCALE_KNOWN};
+
+// DOUT_RECORDED: what the producer of a dout without GELU's derivative does, its amax into the record as a use
+static void record_producer_amax(const DeviceFp8* t, const float* dout, size_t n) {
+    uint32_t bits = fp8_amax_bits(host_amax(dout, n));
+    cudaCheck(cudaMemcpy(&t->out.record->amax_bits, &bits, sizeof(bits), cudaMemcpyHostToDevice));
+}
 
 static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scaling) {
     char what[128];
@@ -743,6 +752,7 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     floatX* d_dbias_expected = device_bf16_from(dbias0, OC);
     float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
     Fp8TensorScaling state;
+    if (scaling == DOUT_RECORDED && with_gelu) { llm8_die("%s: a recorded amax is of a dout without GELU's derivative", what); }
     fp8_scaling_init(&state, scaling == DOUT_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
     if (scaling == DOUT_DELAYED) { fp8_scaling_update(&state, 0.5f); }  // seeded: a scale unlike this dout's own
     DeviceFp8 t = block ? device_fp8_make(N, OC, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL)
@@ -754,7 +764,8 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     size_t partial_bytes = matmul_dbias_scratch_floats(N, OC) * sizeof(float);
     float* partials_expected = (float*)download(d_scratch, partial_bytes);
     cudaCheck(cudaMemset(d_scratch, 0xff, partial_bytes));  // NaNs: the pass must write every partial
-    matmul_backward_fp8_dout(&t.out, d_dbias, d_scratch, d_dout, with_gelu ? d_pre : NULL, N, OC, scaling != DOUT_CURRENT, 0);
+    if (scaling == DOUT_RECORDED) { record_producer_amax(&t, dout, n); }
+    matmul_backward_fp8_dout(&t.out, d_dbias, d_scratch, d_dout, with_gelu ? d_pre : NULL, N, OC, DOUT_PASS_SCALE[scaling], 0);
     // the fp32 chunk partials, bit for bit (the bf16 dbias alone would hide a different order)
     float* partials = (float*)download(d_scratch, partial_bytes);
     CHECK(memcmp(partials, partials_expected, partial_bytes) == 0,
@@ -789,7 +800,7 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     } else {  // current: the scale from this dout's amax; delayed: the state's scale, then this amax recorded
         float scale_used = state.scale;
         fp8_scaling_update(&state, host_amax(expected, n));
-        if (scaling == DOUT_CURRENT) { scale_used = state.scale; }
+        if (scaling == DOUT_CURRENT || scaling == DOUT_RECORDED) { scale_used = state.scale; }
         Fp8TensorScaling device_state = download_state(&t);
         CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
         Fp8CastRecord record = download_record(&t);
@@ -802,12 +813,12 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     }
 
     // one code array only (wgrad in FP8, dgrad in bf16): the bf16 dgrad reads the product, so it is stored
-    if (with_gelu && scaling != DOUT_CURRENT) {
+    if (with_gelu && DOUT_PASS_SCALE[scaling] == FP8_DOUT_SCALE_KNOWN) {
         Fp8CastOutput wgrad_only = t.out;
         wgrad_only.codes = NULL;
         wgrad_only.scale_inv = NULL;
         floatX* d_dout3 = device_bf16_from(dout, n);
-        matmul_backward_fp8_dout(&wgrad_only, NULL, d_scratch, d_dout3, d_pre, N, OC, true, 0);
+        matmul_backward_fp8_dout(&wgrad_only, NULL, d_scratch, d_dout3, d_pre, N, OC, FP8_DOUT_SCALE_KNOWN, 0);
         float* product = download_bf16_as_floats(d_dout3, n);
         CHECK(count_float_mismatches(product, expected, n, what) == 0, "%s: with a bf16 dgrad, dout is not the product", what);
         free(product);
@@ -817,7 +828,8 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     // determinism: the same bias bits again
     floatX* d_dbias2 = device_bf16_from(dbias0, OC);
     floatX* d_dout2 = device_bf16_from(dout, n);
-    matmul_backward_fp8_dout(&t.out, d_dbias2, d_scratch, d_dout2, with_gelu ? d_pre : NULL, N, OC, scaling != DOUT_CURRENT, 0);
+    if (scaling == DOUT_RECORDED) { record_producer_amax(&t, dout, n); }
+    matmul_backward_fp8_dout(&t.out, d_dbias2, d_scratch, d_dout2, with_gelu ? d_pre : NULL, N, OC, DOUT_PASS_SCALE[scaling], 0);
     float* dbias2 = download_bf16_as_floats(d_dbias2, OC);
     CHECK(count_float_mismatches(dbias2, dbias, OC, what) == 0, "%s: the bias gradient is not bitwise deterministic", what);
 
@@ -1036,7 +1048,7 @@ static void test_gemm_block_exact(int N, int C, int OC) {
     float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
     fp8_cast_transpose(&fx.out, d_x, N, C, 0);
     fp8_cast_weight(&fw.out, NULL, d_w, OC, C, false, 0);
-    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, false, 0);
+    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, FP8_DOUT_SCALE_KNOWN, 0);
     float* xt = transpose_host(x, N, C); float* wt = transpose_host(w, OC, C); float* dyt = transpose_host(dy, N, OC);
 
     snprintf(what, sizeof(what), "fp8 block forward exact N=%d C=%d OC=%d", N, C, OC);
@@ -1103,7 +1115,7 @@ static void test_gemm_sqnr(int N, int C, int OC, bool block) {
     float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
     if (block) { fp8_cast_transpose(&fx.out, d_x, N, C, 0); } else { fp8_cast_transpose_current(&fx.out, d_x, N, C, 0); }
     fp8_cast_weight(&fw.out, NULL, d_w, OC, C, false, 0);
-    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, false, 0);
+    matmul_backward_fp8_dout(&fdy.out, NULL, d_scratch, d_dy, NULL, N, OC, block ? FP8_DOUT_SCALE_KNOWN : FP8_DOUT_NEEDS_AMAX, 0);
 
     floatX* d_out = (floatX*)device_alloc(ny * 2);
     floatX* d_dinp = (floatX*)device_alloc(nx * 2);
@@ -1198,6 +1210,8 @@ int main(void) {
     }
     test_backward_dout(80, 208, false, DOUT_CURRENT);
     test_backward_dout(272, 832, true, DOUT_CURRENT);
+    test_backward_dout(80, 208, false, DOUT_RECORDED);
+    test_backward_dout(272, 832, false, DOUT_RECORDED);
     test_backward_dout(80, 208, false, DOUT_DELAYED);
     test_backward_dout(272, 832, true, DOUT_DELAYED);
     test_backward_dout(272, 208, true, DOUT_BLOCK);

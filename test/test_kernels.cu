@@ -354,18 +354,21 @@ static void test_fused_classifier(const Shape* s) {
     // forward only: losses accumulate, logits untouched
     cudaCheck(cudaMemcpy(d_logits, logits, n * 2, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_losses, initial_losses, BT * sizeof(float), cudaMemcpyHostToDevice));
-    fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 0, 0);
+    fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 0, NULL, 0);
     float* losses_forward = (float*)host_copy(d_losses, BT * sizeof(float));
     uint16_t* logits_after = (uint16_t*)host_copy(d_logits, n * 2);
     check_float_close("fused_classifier loss (forward only)", s, losses_forward, ref_losses, BT, 1e-4, 1e-5);
     CHECK(memcmp(logits_after, logits, n * 2) == 0, "fused_classifier [%s]: write_dlogits=0 changed the logits", s->name);
 
+    // the second run also folds the dlogits' amax into an FP8 cast record (an FP8 lm_head's dy), changing nothing else
+    Fp8CastRecord* d_record = (Fp8CastRecord*)cuda_malloc_checked(sizeof(Fp8CastRecord), "dlogits record");
+    fp8_cast_records_init(d_record, 1, 0);
     uint16_t* dlogits[2];
     float* losses[2];
     for (int run = 0; run < 2; run++) {
         cudaCheck(cudaMemcpy(d_logits, logits, n * 2, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(d_losses, initial_losses, BT * sizeof(float), cudaMemcpyHostToDevice));
-        fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 1, 0);
+        fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 1, run == 1 ? d_record : NULL, 0);
         dlogits[run] = (uint16_t*)host_copy(d_logits, n * 2);
         losses[run] = (float*)host_copy(d_losses, BT * sizeof(float));
     }
@@ -378,12 +381,24 @@ static void test_fused_classifier(const Shape* s) {
     CHECK(nonzero_padding == 0, "fused_classifier [%s]: %zu padding gradients are not +0", s->name, nonzero_padding);
     check_bitwise_equal("fused_classifier dlogits", s, dlogits[0], dlogits[1], n * 2);
     check_bitwise_equal("fused_classifier loss", s, losses[0], losses[1], BT * sizeof(float));
+    uint32_t amax_bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = fp8_amax_bits(bf16_bits_to_float(dlogits[0][i]));
+        amax_bits = bits > amax_bits ? bits : amax_bits;
+    }
+    Fp8CastRecord record;
+    cudaCheck(cudaMemcpy(&record, d_record, sizeof(record), cudaMemcpyDeviceToHost));
+    CHECK(amax_bits > 0 && record.amax_bits == amax_bits && record.interval_amax_bits == amax_bits && record.elements == 0,
+          "fused_classifier [%s]: the record holds amax bits 0x%x (interval 0x%x, %llu elements), expected the dlogits' "
+          "amax 0x%x as a use and no cast", s->name, record.amax_bits, record.interval_amax_bits,
+          (unsigned long long)record.elements, amax_bits);
+    cudaCheck(cudaFree(d_record));
 
     // an out-of-range target must give a NaN loss, not a silent number
     int bad_target = V;
     cudaCheck(cudaMemcpy(d_targets, &bad_target, sizeof(int), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_logits, logits, n * 2, cudaMemcpyHostToDevice));
-    fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 0, 0);
+    fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 0, NULL, 0);
     float* losses_bad = (float*)host_copy(d_losses, BT * sizeof(float));
     CHECK(isnan(losses_bad[0]), "fused_classifier [%s]: target %d >= V gave loss %g instead of NaN", s->name, V, losses_bad[0]);
 

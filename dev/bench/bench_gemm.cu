@@ -271,8 +271,8 @@ static void bench_linear_use_recipe(LinearBench* b, bool block, cudaStream_t str
     fp8_cast_weight(&b->w8, b->master, NULL, b->OC, b->K, false, stream);
     if (block) { fp8_cast_transpose(&b->x8, b->x, b->BT, b->K, stream); }
     else { fp8_cast_transpose_current(&b->x8, b->x, b->BT, b->K, stream); }
-    if (!block) { matmul_backward_fp8_dout(&b->dy8_delayed, NULL, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, false, stream); }
-    matmul_backward_fp8_dout(&b->dy8, NULL, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, false, stream);
+    if (!block) { matmul_backward_fp8_dout(&b->dy8_delayed, NULL, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, FP8_DOUT_NEEDS_AMAX, stream); }
+    matmul_backward_fp8_dout(&b->dy8, NULL, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, FP8_DOUT_NEEDS_AMAX, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -306,13 +306,13 @@ static void bench_fp8_backward_gemms(LinearBench* b, const Fp8CastOutput* dy8, c
 static void bench_fp8_backward(LinearBench* b, cudaStream_t stream) { bench_fp8_backward_gemms(b, &b->dy8, stream); }
 
 static void bench_fp8_backward_with_cast(LinearBench* b, cudaStream_t stream) {
-    matmul_backward_fp8_dout(&b->dy8, b->dbias, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, false, stream);
+    matmul_backward_fp8_dout(&b->dy8, b->dbias, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, FP8_DOUT_NEEDS_AMAX, stream);
     bench_fp8_backward_gemms(b, &b->dy8, stream);
 }
 
 // -fg delayed: the dy pass casts with the seeded state's scale (one read of dy)
 static void bench_fp8_backward_with_delayed_cast(LinearBench* b, cudaStream_t stream) {
-    matmul_backward_fp8_dout(&b->dy8_delayed, b->dbias, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, true, stream);
+    matmul_backward_fp8_dout(&b->dy8_delayed, b->dbias, b->dbias_scratch, b->dy, NULL, b->BT, b->OC, FP8_DOUT_SCALE_KNOWN, stream);
     bench_fp8_backward_gemms(b, &b->dy8_delayed, stream);
 }
 

@@ -194,15 +194,20 @@ def step_kernels(run):
         else:  # cuBLASLt's GELU_AUX epilogue writes the pre-activation beside GELU's output
             gemm(region, f"{name} forward GEMM", N, OC, K, BF16, BF16, BF16 * (2 if gelu_aux else 1), False)
 
-    def linear_backward(region, name, K, OC, fp8, bias=True, gelu=False):
+    def linear_backward(region, name, K, OC, fp8, bias=True, gelu=False, amax_recorded=False):
         """dgrad, wgrad (accumulated into the bf16 gradient) and the bias gradient of one linear;
         gelu: dout is first multiplied by gelu'(pre_gelu) (fc): pre_gelu read, and the product written
-        back into dout where a later pass reads it (not by the one-pass cast: both GEMMs read codes)"""
+        back into dout where a later pass reads it (not by the one-pass cast: both GEMMs read codes);
+        amax_recorded: dout's producer folded its amax into the cast record (the classifier's dlogits),
+        so current scaling needs no amax pass"""
         n = N * OC
         gelu_bytes = 2 * BF16 if gelu else 0
         if fp8 and (block or run.grad_scaling == "delayed"):  # a known scale: one tile pass (matmul_backward_fp8_dout)
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}{'bias, ' if bias else ''}{'1x128' if block else 'delayed'} cast",
                 n * (BF16 + (BF16 if gelu else 0) + 2 * code + (partials if bias else 0)))
+        elif fp8 and amax_recorded:  # per tensor, current scaling, the amax known: the state update, one tile pass
+            add(region, f"{name} dy: {'bias, ' if bias else ''}cast to dy, dy^T (amax from its producer)",
+                n * (BF16 + 2 * FP8 + (partials if bias else 0)))
         elif fp8:  # per tensor, current scaling (E5M2): the partials kernel runs even without a bias, for the amax
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}bias partials, amax", n * (BF16 + gelu_bytes + partials))
             add(region, f"{name} dy: cast to dy, dy^T (reads dy again)", n * (BF16 + 2 * FP8))
@@ -248,7 +253,7 @@ def step_kernels(run):
     add("classifier", "softmax + loss + dlogits in place", N * Vp * 2 * BF16 + N * (INT32 + 2 * FP32))
 
     # ---- backward
-    linear_backward("matmul lm_head bwd", "lm_head", C, Vp, fp8_lm_head, bias=False)
+    linear_backward("matmul lm_head bwd", "lm_head", C, Vp, fp8_lm_head, bias=False, amax_recorded=True)
     add("layernorm bwd", "dresidual zeroed", N * C * BF16)
     # dout and the input read, dinp read and written (+=), mean and rstd read
     layernorm_backward_bytes = N * C * 4 * BF16 + N * 2 * FP32
