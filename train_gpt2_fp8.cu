@@ -423,8 +423,8 @@ static const floatX* gpt2_block_weight(const GPT2* model, int layer, int kind) {
     return layer_tensor(model, model->params, zero_comm_weight_tensor(kind), layer);
 }
 
-// With several ranks, `stream` waits until the weights of layer `layer` (-1: those outside
-// the layers) have come back from their owners after the last update (zero_comm.cuh's gather
+// With several ranks, `stream` waits until the weights of layer `layer` (-1: wte and wpe; lnf
+// comes with the last layer) have come back from their owners after the last update (zero_comm.cuh's gather
 // stages): each forward waits for them where it first reads them, so the gather of the later
 // layers runs behind the first ones' compute. Once arrived, waiting again costs nothing.
 static void gpt2_wait_gathered(const GPT2* model, int layer, cudaStream_t stream) {
@@ -677,6 +677,9 @@ static void gpt2_update(GPT2* model, float learning_rate, float beta1, float bet
                                 model->params + flat, master, model->grads + flat, hp, grad_scale, update_seed(step, i),
                                 gpt2_weight_update(model, i, ranges[r].layer, flat), stream);
         }
+        // wte and wpe, the first tensors, are what the next forward reads first: with several ranks they
+        // travel now, behind the rest of the update
+        if (i == PARAM_WPE && model->comm != NULL) { zero_comm_gather_embeddings(model->comm, &model->fp8, model->params, stream); }
     }
     free(ranges);
     profiler_mark(model->use_adamw8 ? "adamw8" : "adamw");  // the optimizer step alone, for the benchmark

@@ -34,8 +34,9 @@ Why it is shaped so:
   GEMMs'), and the all-reduced amax only updates the states for the next step. A resume
   rebuilds those codes with the saved scale the same way (zero_comm_restore_weight_codes).
   The rest (layernorms, biases, embeddings, and every matmul weight some bf16 GEMM reads) is
-  gathered in bf16 the same way. The gather runs in stages (zero_comm_gather_stages): the
-  tensors outside the layers, then each layer's slices and W^T, one NCCL group each on the
+  gathered in bf16 the same way. The gather runs in stages (zero_comm_gather_stages): wte and
+  wpe, sent by the update as soon as it has written them (zero_comm_gather_embeddings), then
+  each layer's slices and W^T (lnf with the last), one NCCL group each on the
   communication stream, and the next forward waits for each stage where it first reads it
   (zero_comm_wait_gathered), not for the gather as a whole: layer l + 1's weights travel while
   layer l computes, and only the first stage is sure to show in the step time (ZeRO-3's small
@@ -95,6 +96,7 @@ typedef struct {
     cudaEvent_t updated;        // on the compute stream, after the update: the gathers wait for it
     cudaEvent_t gathered;       // on the communication stream: zero_comm_join's
     cudaEvent_t* stage_gathered; // [zero_comm_num_stages], on the communication stream: the weight gather's stage has arrived
+    int stage0_sent;            // zero_comm_gather_embeddings has sent stage 0 of the coming gather
     int fp8_gather;             // the block linears' weights travel as FP8 (zero_comm_fp8_gather)
     int zero3;                  // -z 3: the block linears' weights stay sharded, gathered per layer
     floatX* slot_bf16[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER]; // ZeRO-3: a gathered layer's bf16 W [OC][K] of each
@@ -151,8 +153,17 @@ layer 0's gather, queued behind them, for no bytes worth hiding.
 */
 static inline int zero_comm_num_stages(const ZeroComm* comm) { return comm->zero3 ? 1 : 1 + comm->layout.num_layers; }
 
-// the stage that carries layer `layer`'s weights (-1: those outside the layers)
+// the stage that carries layer `layer`'s weights (-1: those outside the layers the forward reads
+// first, wte and wpe)
 static inline int zero_comm_stage_of(const ZeroComm* comm, int layer) { return comm->zero3 ? 0 : 1 + layer; }
+
+// the stage that carries tensor t's slice of layer `layer` (-1: a tensor outside the layers).
+// ZeRO-1's stage 0 is wte and wpe alone, so the update can send it as soon as it has them
+// (zero_comm_gather_embeddings); lnf, which the forward reads after the last layer, rides with it.
+static inline int zero_comm_tensor_stage(const ZeroComm* comm, int t, int layer) {
+    if (!comm->zero3 && (t == PARAM_LNFW || t == PARAM_LNFB)) { return comm->layout.num_layers; }
+    return zero_comm_stage_of(comm, layer);
+}
 
 // `stream` waits until the last weight gather's stage with layer `layer`'s weights (-1: those
 // outside the layers) has arrived, and its W^T is built
@@ -543,22 +554,23 @@ static void zero_comm_cast_tensor_parts(ZeroComm* comm, Fp8Model* fp8, const flo
 Steps 3 and 4 of zero_comm_gather, in every recipe: the weights whole again, in stages that
 the next forward waits for one at a time (zero_comm_wait_gathered) rather than all at once, so
 layer l + 1's weights travel while layer l computes. Stage 0: the tensors outside the layers
-(wte, wpe, lnf), in bf16; stage 1 + l: layer l's slices, the block linears' W as FP8 codes
-when they travel so (W^T follows from them, on the communication stream), everything else in
-bf16; ZeRO-3's sharded weights are in none, and its bf16 rest is all stage 0
-(zero_comm_num_stages). Each stage is one NCCL group, all issued back to back after
-`stream`'s work so far.
+(wte and wpe), in bf16; stage 1 + l: layer l's slices, the block linears' W as FP8 codes when
+they travel so (W^T follows from them, on the communication stream), everything else in bf16,
+and lnf with the last layer; ZeRO-3's sharded weights are in none, and its bf16 rest is all
+stage 0 (zero_comm_num_stages). Stages [first_stage, end_stage), each one NCCL group, issued
+back to back after `stream`'s work so far.
 */
-static void zero_comm_gather_stages(ZeroComm* comm, Fp8Model* fp8, floatX* params, cudaStream_t stream) {
+static void zero_comm_gather_stages(ZeroComm* comm, Fp8Model* fp8, floatX* params, int first_stage, int end_stage,
+                                    cudaStream_t stream) {
     cudaStream_t nccl_stream = comm->multi_gpu->nccl_stream;
     const ZeroLayout* layout = &comm->layout;
     zero_comm_follow(comm, stream);
-    for (int stage = 0; stage < zero_comm_num_stages(comm); stage++) {
+    for (int stage = first_stage; stage < end_stage; stage++) {
         zero_comm_settle(comm, ncclGroupStart(), "weight gather (group start)");
         for (int layer = -1; layer < layout->num_layers; layer++) {  // -1: the tensors outside the layers
-            if (zero_comm_stage_of(comm, layer) != stage) { continue; }
             for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
                 if (zero_tensor_is_per_layer(t) != (layer >= 0) || zero_comm_sharded(comm, t)) { continue; }
+                if (zero_comm_tensor_stage(comm, t, layer) != stage) { continue; }
                 ZeroRange slice = zero_slice_range(layout, t, layer);
                 if (comm->fp8_tensor[t]) {
                     const Fp8Linear* lin = &fp8->linears[fp8_model_linear(fp8, layer, zero_comm_weight_kind(t))];
@@ -595,7 +607,8 @@ static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, cons
     } else if (comm->fp8_gather) {
         zero_comm_cast_tensor_parts(comm, fp8, params, master, codes_written, stream);
     }
-    zero_comm_gather_stages(comm, fp8, params, stream);
+    zero_comm_gather_stages(comm, fp8, params, comm->stage0_sent ? 1 : 0, zero_comm_num_stages(comm), stream);
+    comm->stage0_sent = 0;
     if (!comm->fp8_gather && block_linears > 0) {
         zero_comm_join(comm, stream);
         fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
@@ -603,6 +616,18 @@ static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, cons
         zero_comm_wait_gathered(comm, -1, stream);
         for (int i = block_linears; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
     }
+}
+
+/*
+ZeRO-1, during the update, once it has written this rank's parts of wte and wpe (the first
+tensors it updates): their stage 0 goes now, behind the rest of the update, rather than after
+it, and zero_comm_gather_weights sends the other stages. Nothing under ZeRO-3, whose one stage
+needs every tensor's update.
+*/
+void zero_comm_gather_embeddings(ZeroComm* comm, Fp8Model* fp8, floatX* params, cudaStream_t stream) {
+    if (comm->zero3) { return; }
+    zero_comm_gather_stages(comm, fp8, params, 0, 1, stream);
+    comm->stage0_sent = 1;
 }
 
 // after the update of the owned range: the optimizer pass wrote the FP8 weights' amaxes, and
