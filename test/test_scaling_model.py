@@ -123,30 +123,33 @@ def test_fp8_weight_gather_moves_half_the_bytes_of_bf16():
 
 # d12 by hand (gpt2_config.h): C = 768, L = 12, Vp = 50304, maxT = 1024
 C, L12, VP, MAXT = 768, 12, 50304, 1024
-STAGE0_BYTES = 2 * (VP * C + MAXT * C + 2 * C)  # wte, wpe, lnfw, lnfb in bf16: 78,842,880
+STAGE0_BYTES = 2 * (VP * C + MAXT * C)  # ZeRO-1's stage 0: wte, wpe in bf16, 78,839,808
 LAYER_REST = 13 * C  # ln1w, ln1b, ln2w, ln2b (C each) and the biases qkvb (3 C), attprojb (C), fcb (4 C), fcprojb (C)
+LNF_BYTES = 2 * 2 * C  # lnfw, lnfb in bf16: in the last layer's stage
+P12 = 124_475_904
 
 
 @pytest.mark.parametrize("precision, code_bytes", [("fp8", 1), ("bf16", 2)])
 def test_weight_stages_of_d12_by_hand(precision, code_bytes):
     shape = sm.model_shape("d12")
     layer_bytes = code_bytes * 12 * C * C + 2 * LAYER_REST
-    assert (STAGE0_BYTES, layer_bytes) == (78_842_880, 7_097_856 if precision == "fp8" else 14_175_744)
+    assert (STAGE0_BYTES, layer_bytes) == (78_839_808, 7_097_856 if precision == "fp8" else 14_175_744)
+    last_bytes = layer_bytes + LNF_BYTES
     # N = 8, S = 15,559,680: ranks 0 and 1 hold wte only and ranks 3-6 none of wte, wpe, lnf:
     # every stage crosses their links whole
     eight = sm.collectives(shape, precision, 1, 8).weight_stages
     assert [[(one.nbytes, one.factor) for one in stage] for stage in eight] == \
-        [[(STAGE0_BYTES, 1.0)]] + [[(layer_bytes, 1.0)]] * 12
-    # N = 2, S = 62,237,952: rank 1 owns of stage 0 only lnfw and lnfb
+        [[(STAGE0_BYTES, 1.0)]] + [[(layer_bytes, 1.0)]] * 11 + [[(last_bytes, 1.0)]]
+    # N = 2, S = 62,237,952: rank 0 owns all of stage 0 (wte, wpe), rank 1 none of it
     two = sm.collectives(shape, precision, 1, 2).weight_stages
-    assert len(two) == 13 and two[0][0].nbytes == STAGE0_BYTES
-    assert two[0][0].factor == pytest.approx(1 - 2 * 2 * C / STAGE0_BYTES)
+    assert len(two) == 13 and two[0][0].nbytes == STAGE0_BYTES and two[0][0].factor == 1.0
     # rank 0 owns each layer's ln1w, ln1b, qkvw and qkvb; layers 0 and 1's attprojw too (it starts at 60,699,648 + l C^2),
     # and 62,237,952 - 61,879,296 = 358,656 elements of layer 2's; rank 1 the rest
     rank0 = code_bytes * 3 * C * C + 2 * (2 * C + 3 * C)
     own = [rank0 + code_bytes * C * C] * 2 + [rank0 + code_bytes * 358_656] + [rank0] * 9
-    assert [stage[0].nbytes for stage in two[1:]] == [layer_bytes] * 12
-    assert [stage[0].factor for stage in two[1:]] == pytest.approx([1 - o / layer_bytes for o in own])
+    assert [stage[0].nbytes for stage in two[1:]] == [layer_bytes] * 11 + [last_bytes]
+    assert [stage[0].factor for stage in two[1:]] == pytest.approx(
+        [1 - o / layer_bytes for o in own[:-1]] + [1 - own[-1] / last_bytes])  # rank 1 owns lnfw, lnfb too
     # ZeRO-3: one stage, the whole bf16 rest; rank 1 owns of it only attprojb, ln2w, ln2b, fcb, fcprojb (8 C a layer)
     # and lnfw, lnfb
     z3 = sm.collectives(shape, precision, 3, 2).weight_stages
@@ -252,9 +255,42 @@ def test_zero1_forward_waits_for_stage_0_and_layer_0s_stage_when_compute_hides_t
         for grad_accum in (1, 4):  # later micro-steps find everything gathered
             est = sm.estimate_step(shape, "fp8", 1, n, compute, net, grad_accum=grad_accum)
             assert est.exposed_gather_ms == pytest.approx(stage_ms[0] + stage_ms[1])
-    # d48 on one node, by hand: 164,256,000 bytes of stage 0 and 30,761,600 of a layer's (49,152,000 codes, 20,800 bf16)
+    # d48 on one node, by hand: 164,249,600 bytes of stage 0 (wte, wpe) and 30,761,600 of layer 0's
+    # (49,152,000 codes, 20,800 bf16)
     est = sm.estimate_step(sm.model_shape("d48"), "fp8", 1, 8, target("d48", "fp8"), sm.Network())
-    assert est.exposed_gather_ms == pytest.approx(2 * 0.010 + 1e3 * (164_256_000 + 30_761_600) / 450e9)
+    assert est.exposed_gather_ms == pytest.approx(2 * 0.010 + 1e3 * (164_249_600 + 30_761_600) / 450e9)
+
+
+# d12 FP8 ZeRO-1 on one node, by hand: stage 0 and layer 0's stage (factor 1 at N = 8), 10 us each
+D12_STAGE0_MS = 0.010 + 1e3 * STAGE0_BYTES / 450e9  # 0.1852 ms
+D12_LAYER0_STAGE_MS = 0.010 + 1e3 * (12 * C * C + 2 * LAYER_REST) / 450e9  # 0.0258 ms
+# the update of what follows wte and wpe, 1 - (Vp C + maxT C) / P of the optimizer's time, hides stage 0
+D12_AFTER_WPE = 1 - (VP * C + MAXT * C) / P12  # 85,056,000 / 124,475,904 = 0.683
+
+
+def d12_fp8_zero1_with_optimizer(optimizer_ms, zero_stage=1, fp8_codes="matmul"):
+    compute = sm.Compute(65536, 121.25, optimizer_ms)
+    return sm.estimate_step(sm.model_shape("d12"), "fp8", zero_stage, 8, compute, sm.Network(), fp8_codes=fp8_codes)
+
+
+def test_zero1_stage_0_hides_behind_the_update_after_wpe():
+    # 8 ms on one GPU: 1 ms on each of 8, 0.683 ms of it after wpe, more than stage 0 takes
+    assert 8.0 / 8 * D12_AFTER_WPE > D12_STAGE0_MS
+    est = d12_fp8_zero1_with_optimizer(8.0)
+    assert est.exposed_gather_ms == pytest.approx(D12_LAYER0_STAGE_MS)  # layer 0's stage only, from the update's end
+    assert est.compute_ms == pytest.approx(121.25 - 8.0 + 1.0)
+    # ZeRO-3 and --fp8-codes whole gather after the whole update: the optimizer hides none of it
+    for zero_stage, fp8_codes in ((3, "matmul"), (1, "whole")):
+        with_update = d12_fp8_zero1_with_optimizer(8.0, zero_stage, fp8_codes)
+        assert with_update.exposed_gather_ms == pytest.approx(d12_fp8_zero1_with_optimizer(0.0, zero_stage, fp8_codes).exposed_gather_ms)
+
+
+def test_zero1_stage_0_runs_past_the_update_and_the_layer_stages_queue_behind_it():
+    # 1.6 ms on one GPU: 0.2 ms on each of 8, 0.1367 ms of it after wpe, less than stage 0's 0.1852
+    hidden_ms = 1.6 / 8 * D12_AFTER_WPE
+    assert 0 < hidden_ms < D12_STAGE0_MS
+    est = d12_fp8_zero1_with_optimizer(1.6)
+    assert est.exposed_gather_ms == pytest.approx(D12_STAGE0_MS - hidden_ms + D12_LAYER0_STAGE_MS)
 
 
 @pytest.mark.parametrize("bw_gbs", [1.0, 4.0])
@@ -264,9 +300,10 @@ def test_zero1_forward_stalls_on_stages_that_arrive_late(bw_gbs):
     # N = 8: every stage crosses the busiest link whole (factor 1)
     stage0_ms, layer_ms = 1e3 * STAGE0_BYTES / (bw_gbs * 1e9), 1e3 * (12 * C * C + 2 * LAYER_REST) / (bw_gbs * 1e9)
     forward_ms = d12_forward_layer_ms(compute.ms_per_step)
+    lnf_ms = 1e3 * LNF_BYTES / (bw_gbs * 1e9)  # the last layer's stage carries lnfw, lnfb too
     # layer l may start once stage 1 + l is in, at stage0 + (l + 1) layer_ms: at 1 GB/s every layer waits
     # (7.10 ms stages, 2.45 ms forwards), at 4 GB/s (1.77 ms) only layer 0 does
-    expected = stage0_ms + layer_ms + (L12 - 1) * max(0.0, layer_ms - forward_ms)
+    expected = stage0_ms + layer_ms + (L12 - 2) * max(0.0, layer_ms - forward_ms) + max(0.0, layer_ms + lnf_ms - forward_ms)
     assert (layer_ms > forward_ms) == (bw_gbs == 1.0)
     est = sm.estimate_step(shape, "fp8", 1, 8, compute, net)
     assert est.exposed_gather_ms == pytest.approx(expected)
@@ -276,7 +313,7 @@ def test_zero3_layer_gathers_queue_behind_the_stages():
     shape, compute = sm.model_shape("d12"), target("d12", "fp8")
     net = sm.Network()  # 10 us per group: the bf16 rest is one stage, one alpha (rank 5 owns none of it: factor 1)
     fast = sm.estimate_step(shape, "fp8", 3, 8, compute, net)
-    stages_ms = 0.010 + 1e3 * (STAGE0_BYTES + L12 * 2 * LAYER_REST) / 450e9
+    stages_ms = 0.010 + 1e3 * (STAGE0_BYTES + LNF_BYTES + L12 * 2 * LAYER_REST) / 450e9
     first_layer_ms = 0.010 + 1e3 * 12 * C * C / 450e9  # layer 0's FP8 codes, factor 1 at N = 8
     # layer 0's matmul weights start after every stage; the later layers' gathers hide behind compute
     assert fast.exposed_gather_ms == pytest.approx(stages_ms + first_layer_ms)
@@ -375,7 +412,7 @@ def test_cli_prints_a_step_table_and_a_bytes_table(capsys):
     byte_rows = [r for r in rows if len(r) == 9]
     assert len(step_rows) == 4 and len(byte_rows) == 2  # bf16 and fp8; 1 and 8 GPUs
     assert [c.strip() for c in step_rows[0][:8]] == ["d12", "bf16", "1", "1", "-", "0.0", "0.0", "139.44"]
-    # the d12 FP8 ZeRO-1 row: 2 bytes per gradient; stage 0 (wte, wpe, lnf in bf16), each layer's stage (codes and bf16)
+    # the d12 FP8 ZeRO-1 row: 2 bytes per gradient; stage 0 (wte, wpe in bf16), each layer's stage (codes and bf16)
     assert [c.strip() for c in byte_rows[1]] == ["d12", "fp8", "1", "14.2 x1.00", "78.8 x1.00",
                                                  "78.8 x1.00", "7.1 x1.00", "-", "192"]
 

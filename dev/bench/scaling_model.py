@@ -17,12 +17,15 @@ Why it is shaped so:
   carries 1 - the smallest share of the bytes any rank owns. A whole shard per rank gives
   the ring's (N-1)/N; a buffer that some rank owns none of (a layer's slices at large N,
   wte + wpe + lnf) gives 1.
-- After the update the weights are gathered in L + 1 stages issued back to back on the NCCL
-  stream (llmc/zero_comm.cuh): stage 0 is wte, wpe and lnf in bf16, stage 1 + l is layer l's
-  slices (the matmul weights as FP8 codes in an FP8 run). The next step's first forward waits
-  for stage 0 before the encoder and for stage 1 + l before layer l, so only stage 0 and the
-  stages that arrive after compute reaches their layer are exposed. ZeRO-3 gathers its matmul
-  weights per layer instead, and its small bf16 rest in one stage before the encoder.
+- ZeRO-1 gathers the weights in L + 1 stages on the NCCL stream (llmc/zero_comm.cuh): stage 0
+  is wte and wpe in bf16, issued as soon as the optimizer (which updates the 16 tensors in
+  order, wte and wpe first) has updated them, so it overlaps the rest of the update; stage
+  1 + l is layer l's slices (the matmul weights as FP8 codes in an FP8 run), the last one with
+  lnfw and lnfb, issued after the whole update and queued behind stage 0. The next step's
+  first forward waits for stage 0 before the encoder and for stage 1 + l before layer l, so
+  what stage 0 does not hide behind the update is exposed, and so are the stages that arrive
+  after compute reaches their layer. ZeRO-3 gathers its matmul weights per layer instead, and
+  its small bf16 rest in one stage after the update, before the encoder.
 - Overlap is decided by simulating one stream of compute and one NCCL stream in program
   order, with the compute time split over layers by FLOPs: a collective starts when its
   data is ready and the NCCL stream is free; compute waits for the weight stages (first
@@ -54,6 +57,8 @@ MAX_SEQ_LEN = 1024
 ZERO_ALIGN = 256  # QUANT8_BLOCK: shard boundaries are multiples of this many elements
 PRESETS = {"d12": (12, 768), "d24": (24, 1024), "d36": (36, 1280), "d48": (48, 1600)}  # L, C (gpt2_config.h)
 WHOLE_MODEL_TENSORS = ("wte", "wpe", "lnfw", "lnfb")  # the last gradient chunk; the rest are per layer
+EARLY_STAGE_TENSORS = ("wte", "wpe")  # ZeRO-1's stage 0: updated first, gathered while the rest are updated
+FINAL_LAYERNORM_TENSORS = ("lnfw", "lnfb")  # read after the last layer: in ZeRO-1's last layer's stage
 MATMUL_TENSORS = ("qkvw", "attprojw", "fcw", "fcprojw")  # cast to FP8 per layer; wte stays bf16 (encoder, lm_head)
 PRECISIONS = ("bf16", "fp8")
 ZERO_STAGES = (1, 3)
@@ -218,21 +223,22 @@ def compute_split(shape, compute):
 class NcclStream:
     """collectives run one at a time in the order they are issued, each once its data is ready"""
 
-    def __init__(self):
-        self.free_at = 0.0
+    def __init__(self, free_at=0.0):
+        self.free_at = free_at
 
     def run(self, ready, duration):
         self.free_at = max(ready, self.free_at) + duration
         return self.free_at
 
 
-def simulate_micro_step(shape, split, stage_ms, layer_gather_ms, chunk_reduce_ms):
+def simulate_micro_step(shape, split, stage_ms, layer_gather_ms, chunk_reduce_ms, stage0_lead_ms=0.0):
     """
-    One micro-step on one compute stream and one NCCL stream. stage_ms: the weight stages
-    gathered after the last update (None: not the first micro-step, the weights are all there),
-    on the NCCL stream back to back from the start; the encoder (no time of its own) waits for
-    stage 0 and layer l's forward for stage 1 + l, where there is one. layer_gather_ms: ZeRO-3's
-    gather of each layer's matmul weights (None: weights are whole), in forward and again in
+    One micro-step on one compute stream and one NCCL stream; t = 0 is the end of the last
+    update. stage_ms: the weight stages gathered after it (None: not the first micro-step, the
+    weights are all there), on the NCCL stream back to back: stage 0 from -stage0_lead_ms (ZeRO-1
+    issues it during the update), the others from 0 or once stage 0 is done; the encoder (no
+    time of its own) waits for stage 0 and layer l's forward for stage 1 + l, where there is
+    one. layer_gather_ms: ZeRO-3's gather of each layer's matmul weights (None: weights are whole), in forward and again in
     backward, one layer ahead into a double buffer, queued behind the stages: the next layer's
     gather runs while a layer computes, and the one after starts when that layer is done with
     its buffer. chunk_reduce_ms: ([each layer's chunk], last chunk) gradient reduces issued as
@@ -241,7 +247,7 @@ def simulate_micro_step(shape, split, stage_ms, layer_gather_ms, chunk_reduce_ms
     """
     fwd_ms, bwd_ms, head_ms = split
     L = shape.num_layers
-    nccl = NcclStream()
+    nccl = NcclStream(-stage0_lead_ms if stage_ms else 0.0)
     t, stall = 0.0, 0.0
 
     def compute(ready, duration):
@@ -249,7 +255,7 @@ def simulate_micro_step(shape, split, stage_ms, layer_gather_ms, chunk_reduce_ms
         stall += max(0.0, ready - t)
         t = max(t, ready) + duration
 
-    stage_arrived = [nccl.run(t, ms) for ms in stage_ms or ()]
+    stage_arrived = [nccl.run(-stage0_lead_ms if stage == 0 else t, ms) for stage, ms in enumerate(stage_ms or ())]
     stage_arrived += [0.0] * (L + 1 - len(stage_arrived))  # --fp8-codes whole: one stage, before the encoder
     gathered = {}
     if layer_gather_ms is not None:
@@ -310,8 +316,10 @@ class Collectives:
     """the collectives of one optimizer step on N GPUs"""
     grad_layers: tuple       # per layer: its gradients to their owners, during the last backward
     grad_last: Collective    # wte + wpe + lnf's gradients, at the end of backward
-    weight_stages: tuple     # after the update, back to back: each stage a tuple of collectives; the first
-                             # forward waits for stage 0 before the encoder and for stage 1 + l before layer l
+    weight_stages: tuple     # back to back: each stage a tuple of collectives; the first forward waits
+                             # for stage 0 before the encoder and for stage 1 + l before layer l
+    stage0_waits_for_elements: int  # the parameters the optimizer updates before stage 0 is issued (updated
+                                    # in llm.c's tensor order): P, or ZeRO-1's wte + wpe
     zero3_layers: tuple      # ZeRO-3, per layer: its matmul weights, in forward and again in backward
     amax_all_reduce: int     # FP8: one float per block linear's weight slice (4 L; lm_head is cast from the bf16 wte); bf16: none
 
@@ -324,11 +332,12 @@ class Collectives:
 def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_codes="matmul"):
     """
     What each collective moves, by doc/multi-gpu.md and llmc/zero_comm.cuh: gradients in bf16
-    (fp32 as an option), one group per layer chunk. After the update the weights go in L + 1
-    stages, each one NCCL group of broadcasts from the owners: stage 0 wte, wpe, lnfw, lnfb in
-    bf16 (the encoder reads wte's rows; lm_head is bf16 by default), stage 1 + l layer l's
-    slices, its matmul weights as FP8 codes in an FP8 run (bf16 in a bf16 one) and its
-    layernorms and biases in bf16. ZeRO-3 gathers the matmul weights per layer in their GEMM
+    (fp32 as an option), one group per layer chunk. ZeRO-1's weights go in L + 1 stages, each
+    one NCCL group of broadcasts from the owners: stage 0 wte and wpe in bf16 (the encoder reads
+    wte's rows; lm_head is bf16 by default), issued once the optimizer has updated them; stage
+    1 + l layer l's slices, its matmul weights as FP8 codes in an FP8 run (bf16 in a bf16 one)
+    and its layernorms and biases in bf16, the last layer's with lnfw and lnfb (bf16), issued
+    after the whole update. ZeRO-3 gathers the matmul weights per layer in their GEMM
     format instead, and the bf16 rest after the update in one stage. Building W^T from a
     stage's codes (on the NCCL stream, memory-bound) is not priced, as ZeRO-3's is not. fp8_codes "whole" prices DESIGN.md's step 3 instead (ZeRO-1 FP8 only):
     one ncclAllGather of every rank's S bytes of codes and one group of the rest in bf16, both
@@ -349,14 +358,18 @@ def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_cod
     layer_tensors = [t for t in shape.tensor_sizes if t not in WHOLE_MODEL_TENSORS]
     layer_rest = [t for t in layer_tensors if t not in MATMUL_TENSORS]
     whole_rest = collective(slices([t for t in shape.tensor_sizes if t not in MATMUL_TENSORS], None, 2))
+    stage0_waits_for_elements = shape.num_parameters
     if zero_stage == 3:
         weight_stages = ((whole_rest,),)
     elif precision == "fp8" and fp8_codes == "whole":
         codes = collective([(0, num_gpus * shard_size(shape.num_parameters, num_gpus), 1)])
         weight_stages = ((codes, whole_rest),)
     else:
-        weight_stages = ((collective(slices(WHOLE_MODEL_TENSORS, None, 2)),),) + tuple(
-            (collective(slices(MATMUL_TENSORS, l, weight_bytes) + slices(layer_rest, l, 2)),) for l in range(L))
+        stage0_waits_for_elements = sum(shape.tensor_sizes[t] for t in EARLY_STAGE_TENSORS)
+        final_layernorm = [slices(FINAL_LAYERNORM_TENSORS, None, 2) if l == L - 1 else [] for l in range(L)]
+        weight_stages = ((collective(slices(EARLY_STAGE_TENSORS, None, 2)),),) + tuple(
+            (collective(slices(MATMUL_TENSORS, l, weight_bytes) + slices(layer_rest, l, 2) + final_layernorm[l]),)
+            for l in range(L))
     zero3_layers = ()
     if zero_stage == 3:
         zero3_layers = tuple(collective(slices(MATMUL_TENSORS, l, weight_bytes)) for l in range(L))
@@ -364,6 +377,7 @@ def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_cod
         grad_layers=tuple(collective(slices(layer_tensors, l, grad_bytes)) for l in range(L)),
         grad_last=collective(slices(WHOLE_MODEL_TENSORS, None, grad_bytes)),
         weight_stages=weight_stages,
+        stage0_waits_for_elements=stage0_waits_for_elements,
         zero3_layers=zero3_layers,
         amax_all_reduce=4 * 4 * L if precision == "fp8" else 0,
     )
@@ -372,7 +386,9 @@ def collectives(shape, precision, zero_stage, num_gpus, grad_fp32=False, fp8_cod
 def estimate_step(shape, precision, zero_stage, num_gpus, compute, net, grad_accum=1, grad_fp32=False,
                   fp8_codes="matmul"):
     """the expected optimizer step on num_gpus GPUs, each running compute's micro-batch grad_accum times:
-    the first micro-step waits for the weight stages, the last one reduces the gradients"""
+    the first micro-step waits for the weight stages, the last one reduces the gradients. The update
+    (compute.optimizer_ms / N, spread over the parameters by count) hides what stage 0 gathers while it
+    updates the parameters after those stage 0 waits for"""
     compute_ms = grad_accum * compute.micro_ms + compute.optimizer_ms / num_gpus
     single_gpu_step_ms = grad_accum * compute.micro_ms + compute.optimizer_ms
     if num_gpus == 1:  # no NCCL at all
@@ -386,11 +402,12 @@ def estimate_step(shape, precision, zero_stage, num_gpus, compute, net, grad_acc
     layer_gather_ms = [ms(layer) for layer in c.zero3_layers] or None
     chunk_reduce_ms = ([ms(layer) for layer in c.grad_layers], ms(c.grad_last))
     split = compute_split(shape, compute)
+    stage0_lead_ms = compute.optimizer_ms / num_gpus * (1 - c.stage0_waits_for_elements / shape.num_parameters)
     exposed_grad_ms, exposed_gather_ms = 0.0, 0.0
     micro_steps = collections.Counter((i == 0, i == grad_accum - 1) for i in range(grad_accum))
     for (first, last), count in micro_steps.items():
         stall, tail = simulate_micro_step(shape, split, stage_ms if first else None, layer_gather_ms,
-                                          chunk_reduce_ms if last else None)
+                                          chunk_reduce_ms if last else None, stage0_lead_ms)
         exposed_gather_ms += count * stall
         if last:
             exposed_grad_ms = tail
@@ -514,7 +531,7 @@ def format_collective(group):
 def format_bytes_table(rows):
     """rows: (model, precision, ZeRO stage, Collectives); stage 0 with --fp8-codes whole: its two collectives"""
     lines = ["| model | precision | ZeRO | grads: each layer's chunk (L per step) | grads: last chunk "
-             "| weights: stage 0 | weights: each layer's stage (L per step) "
+             "| weights: stage 0 | weights: each layer's stage (L per step; the last + lnf) "
              "| ZeRO-3: each layer's gather (2 L per micro-step) | FP8 amax all-reduce bytes |",
              "|---|---|---|---|---|---|---|---|---|"]
     for model, precision, zero_stage, c in rows:
