@@ -669,19 +669,18 @@ void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* db
         matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, fp8->record, N, OC, stream);
         fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
         fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, dout, N, OC, false, Fp8Identity(), stream);
-    } else if (scale == FP8_DOUT_AMAX_RECORDED) {
-        fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
-        fp8_cast_transpose_launch(fp8, (floatX*)NULL, dbias != NULL ? dbias_scratch : NULL, dout, N, OC, false, Fp8Identity(), stream);
-    } else {
+    } else {  // one tile pass; per tensor, the state update before it (recorded amax) or after it (known scale)
+        bool update_after = per_tensor && scale == FP8_DOUT_SCALE_KNOWN;
+        if (scale == FP8_DOUT_AMAX_RECORDED) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
         float* column_sums = dbias != NULL ? dbias_scratch : NULL;
         if (pre_gelu != NULL) {
             Fp8GeluBackwardTransform gelu_backward = {pre_gelu, OC};
             floatX* product = fp8->codes == NULL || fp8->codes_t == NULL ? dout : NULL;  // a bf16 GEMM reads it
-            fp8_cast_transpose_launch(fp8, product, column_sums, dout, N, OC, per_tensor, gelu_backward, stream);
+            fp8_cast_transpose_launch(fp8, product, column_sums, dout, N, OC, update_after, gelu_backward, stream);
         } else {
-            fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, per_tensor, Fp8Identity(), stream);
+            fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, update_after, Fp8Identity(), stream);
         }
-        if (per_tensor) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
+        if (update_after) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
     }
     if (dbias != NULL) { matmul_dbias_finish(dbias, dbias_scratch, N, OC, stream); }
 }

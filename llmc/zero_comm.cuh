@@ -96,7 +96,6 @@ typedef struct {
     cudaEvent_t updated;        // on the compute stream, after the update: the gathers wait for it
     cudaEvent_t gathered;       // on the communication stream: zero_comm_join's
     cudaEvent_t* stage_gathered; // [zero_comm_num_stages], on the communication stream: the weight gather's stage has arrived
-    int stage0_sent;            // zero_comm_gather_embeddings has sent stage 0 of the coming gather
     int fp8_gather;             // the block linears' weights travel as FP8 (zero_comm_fp8_gather)
     int zero3;                  // -z 3: the block linears' weights stay sharded, gathered per layer
     floatX* slot_bf16[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER]; // ZeRO-3: a gathered layer's bf16 W [OC][K] of each
@@ -146,8 +145,8 @@ static inline int zero_comm_weight_kind(int t) {
 }
 
 /*
-The weight gather's stages (zero_comm_gather_stages): ZeRO-1, the tensors outside the layers,
-then one per layer. ZeRO-3 gathers only the small bf16 rest after the update (its matmul
+The weight gather's stages (zero_comm_gather_stages): ZeRO-1, wte and wpe, then one per layer
+(lnf with the last). ZeRO-3 gathers only the small bf16 rest after the update (its matmul
 weights travel per use), in one stage: L more NCCL groups would cost their latency and delay
 layer 0's gather, queued behind them, for no bytes worth hiding.
 */
@@ -165,8 +164,8 @@ static inline int zero_comm_tensor_stage(const ZeroComm* comm, int t, int layer)
     return zero_comm_stage_of(comm, layer);
 }
 
-// `stream` waits until the last weight gather's stage with layer `layer`'s weights (-1: those
-// outside the layers) has arrived, and its W^T is built
+// `stream` waits until the last weight gather's stage with layer `layer`'s weights (-1: wte and
+// wpe) has arrived, and its W^T is built
 static inline void zero_comm_wait_gathered(const ZeroComm* comm, int layer, cudaStream_t stream) {
     cudaCheck(cudaStreamWaitEvent(stream, comm->stage_gathered[zero_comm_stage_of(comm, layer)], 0));
 }
@@ -553,8 +552,7 @@ static void zero_comm_cast_tensor_parts(ZeroComm* comm, Fp8Model* fp8, const flo
 /*
 Steps 3 and 4 of zero_comm_gather, in every recipe: the weights whole again, in stages that
 the next forward waits for one at a time (zero_comm_wait_gathered) rather than all at once, so
-layer l + 1's weights travel while layer l computes. Stage 0: the tensors outside the layers
-(wte and wpe), in bf16; stage 1 + l: layer l's slices, the block linears' W as FP8 codes when
+layer l + 1's weights travel while layer l computes. Stage 0: wte and wpe, in bf16; stage 1 + l: layer l's slices, the block linears' W as FP8 codes when
 they travel so (W^T follows from them, on the communication stream), everything else in bf16,
 and lnf with the last layer; ZeRO-3's sharded weights are in none, and its bf16 rest is all
 stage 0 (zero_comm_num_stages). Stages [first_stage, end_stage), each one NCCL group, issued
@@ -595,20 +593,20 @@ static void zero_comm_gather_stages(ZeroComm* comm, Fp8Model* fp8, floatX* param
 Every rank's weights whole again, bf16 and FP8 (see the top comment), params and master (the
 owned range only, NULL with -w 0) as they are now. Per-tensor recipes: the FP8 weights'
 records hold this rank's amax of its parts. codes_written: the optimizer pass wrote this
-rank's codes (-fw delayed). `stream` goes on once stage 0 has arrived (lm_head, FP8 or not,
+rank's codes (-fw delayed). The stages from first_stage on are sent (ZeRO-1 after an update:
+1, the update sent stage 0). `stream` goes on once stage 0 has arrived (lm_head, FP8 or not,
 is cast from the gathered bf16 wte), or once every stage has where the FP8 block linears'
 weights travel in bf16 and each rank casts them itself (not the default: not overlapped).
 */
 static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, bool codes_written,
-                             cudaStream_t stream) {
+                             int first_stage, cudaStream_t stream) {
     int block_linears = fp8->per_layer * comm->layout.num_layers;
     if (comm->fp8_gather && fp8_model_block(fp8)) {
         zero_comm_cast_block_parts(comm, fp8, params, master, stream);
     } else if (comm->fp8_gather) {
         zero_comm_cast_tensor_parts(comm, fp8, params, master, codes_written, stream);
     }
-    zero_comm_gather_stages(comm, fp8, params, comm->stage0_sent ? 1 : 0, zero_comm_num_stages(comm), stream);
-    comm->stage0_sent = 0;
+    zero_comm_gather_stages(comm, fp8, params, first_stage, zero_comm_num_stages(comm), stream);
     if (!comm->fp8_gather && block_linears > 0) {
         zero_comm_join(comm, stream);
         fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
@@ -625,15 +623,14 @@ it, and zero_comm_gather_weights sends the other stages. Nothing under ZeRO-3, w
 needs every tensor's update.
 */
 void zero_comm_gather_embeddings(ZeroComm* comm, Fp8Model* fp8, floatX* params, cudaStream_t stream) {
-    if (comm->zero3) { return; }
-    zero_comm_gather_stages(comm, fp8, params, 0, 1, stream);
-    comm->stage0_sent = 1;
+    if (!comm->zero3) { zero_comm_gather_stages(comm, fp8, params, 0, 1, stream); }
 }
 
 // after the update of the owned range: the optimizer pass wrote the FP8 weights' amaxes, and
-// under -fw delayed this rank's codes of the weights gathered as FP8 (gpt2_update decides which)
+// under -fw delayed this rank's codes of the weights gathered as FP8 (gpt2_update decides which);
+// under ZeRO-1 it also sent stage 0 (zero_comm_gather_embeddings)
 void zero_comm_gather_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, const float* master, cudaStream_t stream) {
-    zero_comm_gather(comm, fp8, params, master, fp8_model_delayed_weights(fp8), stream);
+    zero_comm_gather(comm, fp8, params, master, fp8_model_delayed_weights(fp8), comm->zero3 ? 0 : 1, stream);
 }
 
 // the same with no optimizer pass before it (at the start, after a resume): each rank finds
@@ -653,7 +650,7 @@ void zero_comm_refresh_weights(ZeroComm* comm, Fp8Model* fp8, floatX* params, co
             else { fp8_amax_launch(w.record, params + lo, hi - lo, Fp8Identity(), stream); }
         }
     }
-    zero_comm_gather(comm, fp8, params, master, false, stream);
+    zero_comm_gather(comm, fp8, params, master, false, 0, stream);
     zero_comm_join(comm, stream);
 }
 
