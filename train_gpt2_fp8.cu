@@ -1038,6 +1038,20 @@ static void check_same_config_on_all_ranks(const MultiGpuConfig* multi_gpu, uint
 }
 
 #ifndef LLM8_TESTING
+// -pc: every rank's gathered weights against rank 0's, bitwise, after `updates` updates; one line
+// and exit on a difference (replica_check.cuh)
+static void check_replicas_identical(const GPT2* model, ReplicaCheck* replicas, int updates, cudaStream_t stream) {
+    zero_comm_join(model->comm, stream);  // every stage of the last weight gather
+    ReplicaMismatch m = replica_check_compare(replicas, model->comm->multi_gpu, stream);
+    if (m.region >= 0) {
+        llm8_die("-pc: after %d updates rank %d's %s differs from rank 0's (%d of %d regions differ, on %d of the other %d ranks): "
+                 "a weight gather delivered stale or wrong bytes", updates, m.rank, replicas->regions[m.region].name,
+                 m.regions_differing, replicas->count, m.ranks_differing, replicas->num_ranks - 1);
+    }
+    printf("replicas | after %d updates: %d regions (%.1f MB) bitwise identical on %d ranks\n", updates, replicas->count,
+           replicas->total_bytes / 1e6, replicas->num_ranks);
+}
+
 int main(int argc, char** argv) {
     TrainConfig tc = train_config_defaults();
     train_config_parse(&tc, argc, argv);
@@ -1181,6 +1195,14 @@ int main(int argc, char** argv) {
     }
     printf("data | train %zu tokens | attention %s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention, tc.recompute, tc.gelu_fusion);
 
+    ReplicaCheck replicas;  // -pc: what the weight gather must leave identical on every rank
+    replica_check_init(&replicas);
+    int check_replicas = model.comm != NULL && tc.replica_check_every > 0;
+    if (check_replicas) {
+        zero_comm_replicated_regions(model.comm, &model.fp8, model.params, &replicas);
+        replica_check_finish(&replicas, num_ranks);
+    }
+
     mt19937_state sample_rng;
     manual_seed(&sample_rng, 1337);
     double flops_per_step = flops_per_token(c, model.num_parameters, tc.T) * tc.total_batch_size;
@@ -1193,6 +1215,9 @@ int main(int argc, char** argv) {
 
     for (int step = start_step; step <= train_num_batches; step++) {
         int last_step = step == train_num_batches;
+        if (check_replicas && (step % tc.replica_check_every == 0 || last_step)) {
+            check_replicas_identical(&model, &replicas, step, stream);
+        }
         if (run_val && (step % tc.val_every == 0 || last_step)) {
             float val_loss = evaluate_val_loss(&model, &val_loader, tc.val_max_steps, stream);
             printf("val loss %f\n", val_loss);
@@ -1255,6 +1280,7 @@ int main(int argc, char** argv) {
 
     cudaCheck(cudaEventDestroy(start_event));
     cudaCheck(cudaEventDestroy(end_event));
+    if (check_replicas) { replica_check_free(&replicas); }
     logger_free(&logger);
     tokenizer_free(&tokenizer);
     if (tc.hellaswag) { evalloader_free(&eval_loader); }

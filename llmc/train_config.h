@@ -77,6 +77,7 @@ typedef struct {
     const char* nccl_fs_path;     // -pf
     const char* nccl_server;      // -ps
     int nccl_timeout_s;           // -pt
+    int replica_check_every;      // -pc
 } TrainConfig;
 
 typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_CHOICE } FlagKind;
@@ -151,6 +152,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-pa", FLAG_CHOICE, TC_OFF(grad_reduce), 0, 0, "bf16 fp32",
      "gradient reduce across GPUs: bf16 on the wire, or fp32 (widened, summed in fp32, rounded to bf16 once; twice the bytes)"},
     {"-pt", FLAG_INT, TC_OFF(nccl_timeout_s), 1, INT_MAX_FLAG, NULL, "seconds any rank waits for the others before it exits with an error"},
+    {"-pc", FLAG_INT, TC_OFF(replica_check_every), 0, INT_MAX_FLAG, NULL, "several GPUs: every N steps (and at the end) check that all ranks hold bitwise identical gathered weights, else exit naming the tensor (0 = never)"},
 };
 #define NUM_TRAIN_FLAGS ((int)(sizeof(TRAIN_FLAGS) / sizeof(TRAIN_FLAGS[0])))
 
@@ -211,6 +213,7 @@ static inline TrainConfig train_config_defaults(void) {
     c.nccl_fs_path = "";
     c.nccl_server = "";
     c.nccl_timeout_s = 300;
+    c.replica_check_every = 0;
     return c;
 }
 

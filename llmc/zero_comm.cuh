@@ -72,6 +72,7 @@ Why it is shaped so:
 #include "multi_gpu.h"
 #include "zero.h"
 #include "fp8_model.cuh"
+#include "replica_check.cuh"
 
 // the collectives of a step, by kind, for the traffic counters
 typedef enum { ZERO_TRAFFIC_GRAD_REDUCE, ZERO_TRAFFIC_AMAX_ALL_REDUCE, ZERO_TRAFFIC_FP8_GATHER, ZERO_TRAFFIC_BF16_GATHER,
@@ -681,6 +682,51 @@ void zero_comm_restore_weight_codes(ZeroComm* comm, Fp8Model* fp8, const floatX*
     zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
     zero_comm_join(comm, stream);
     fp8_model_transpose_weights(fp8, 0, block_linears, stream);
+}
+
+/*
+For -pc (replica_check.cuh): what the weight gather leaves bitwise identical on every rank,
+one region per slice as zero_comm_gather_stages sends it: the bf16 slices, or the FP8 codes
+of a weight gathered as FP8 (whose bf16 copies of other ranks' parts are stale by design);
+then every FP8 linear's W and W^T codes that are not ZeRO-3's (those live in the layer slots
+only while in use), its block scales, and its weight scaling state and the scale its GEMMs
+read, which the all-reduced amax makes the same everywhere. Not the owned-range state
+(master, optimizer) nor the activations' scaling (each rank's own data).
+*/
+void zero_comm_replicated_regions(const ZeroComm* comm, const Fp8Model* fp8, const floatX* params, ReplicaCheck* check) {
+    const ZeroLayout* layout = &comm->layout;
+    for (int layer = -1; layer < layout->num_layers; layer++) {  // -1: the tensors outside the layers
+        for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+            if (zero_tensor_is_per_layer(t) != (layer >= 0) || zero_comm_sharded(comm, t) || comm->fp8_tensor[t]) { continue; }
+            ZeroRange slice = zero_slice_range(layout, t, layer);
+            char where[16] = "";
+            if (layer >= 0) { snprintf(where, sizeof(where), "layer %d ", layer); }
+            replica_check_add(check, params + slice.begin, (slice.end - slice.begin) * sizeof(floatX), "%s%s (bf16)", where,
+                              PARAM_TENSOR_NAMES[t]);
+        }
+    }
+    for (int i = 0; i < fp8->num_linears; i++) {
+        const Fp8Linear* lin = &fp8->linears[i];
+        char name[32] = "";
+        if (lin->layer >= 0) { snprintf(name, sizeof(name), "layer %d ", lin->layer); }
+        strncat(name, LINEAR_KIND_NAMES[lin->kind], sizeof(name) - strlen(name) - 1);
+        size_t elements = (size_t)lin->OC * lin->K;
+        if (!(fp8->sharded && lin->layer >= 0)) {
+            if (lin->w_codes != NULL) { replica_check_add(check, lin->w_codes, elements, "%s W (FP8 codes)", name); }
+            if (lin->w_codes_t != NULL) { replica_check_add(check, lin->w_codes_t, elements, "%s W^T (FP8 codes)", name); }
+            if (lin->w_scale_inv != NULL) {
+                replica_check_add(check, lin->w_scale_inv, fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->OC, lin->K)
+                                  * sizeof(float), "%s W block scales", name);
+            }
+            if (lin->w_scale_inv_t != NULL) {
+                replica_check_add(check, lin->w_scale_inv_t, fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->K, lin->OC)
+                                  * sizeof(float), "%s W^T block scales", name);
+            }
+        }
+        Fp8CastOutput w = fp8_model_w(fp8, i);
+        replica_check_add(check, w.state, sizeof(Fp8TensorScaling), "%s W scaling state", name);
+        replica_check_add(check, &w.record->scale, 2 * sizeof(float), "%s W scale (its GEMMs')", name);
+    }
 }
 
 // ----------------------------------------------------------------------------

@@ -15,6 +15,8 @@ batches, a 2-rank resume, and a killed rank.
   backward (2 micro-steps: 4 times), and a bf16 ZeRO-3 run twice those bytes as bf16 on top
   of the same bf16 rest. The block recipe (-fr block) gathers them as FP8 too,
   after one all-reduce of every 128x128 block's amax (12 L (C / 128)^2 uint32).
+- Replicas: every 2-rank run checks with -pc 1 that, after every weight gather, both ranks
+  hold the same gathered weights bit for bit (llmc/replica_check.cuh).
 - Stream order (cudasim only): some of those 2-rank runs again with CUDASIM_STREAM_ORDER=
   newest-first, bit for bit the same losses: the forward waits for each stage of the weight
   gather it reads (and ZeRO-3 for each layer gather), however late the gather runs.
@@ -23,6 +25,10 @@ batches, a 2-rank resume, and a killed rank.
 - Resume with another number of ranks (1 -> 2 and 2 -> 1, -b so the global batch stays): the
   optimizer state resharded and the loader replayed, steps 5..8 within the 2-rank vs 1-rank
   tolerance of the uninterrupted run.
+- Twin batches (a shard of one repeated sample): 2 ranks train the 1-rank model bit for bit,
+  losses and model file, in bf16, FP8 (-fw delayed, block) and FP8 ZeRO-3: a gather or a scale
+  wrong alike on every rank shows here, where -pc cannot see it. A checkpoint of 1 rank resumed
+  on 2, and of 2 on 1, goes on bit for bit.
 - A killed rank: the survivor exits non-zero within -pt seconds with the error line naming
   its rank and the collective.
 Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries,
@@ -159,7 +165,7 @@ def main():
     two_rank_traffic = {}
     for name, extra, tolerance in configs:
         codes1, out1 = run(1, common + extra + ["-b", 8], tmp)
-        codes2, out2 = run(2, common + extra + two_rank_only.get(name, []) + ["-b", 4], tmp)
+        codes2, out2 = run(2, common + extra + two_rank_only.get(name, []) + ["-b", 4, "-pc", 1], tmp)
         if name in newest_first:
             codes3, out3 = run(2, common + extra + two_rank_only.get(name, []) + ["-b", 4], tmp,
                                dict(RANK_ENV, CUDASIM_STREAM_ORDER="newest-first"))
@@ -172,6 +178,8 @@ def main():
         if len(one) == 8 and sorted(one) == sorted(two):
             worst = max(abs(one[s] - two[s]) / abs(one[s]) for s in one)
             check(worst < tolerance, f"{name}: 2-rank losses within {tolerance:g} of 1-rank (worst {worst:.2e})")
+        checked = re.findall(r"^replicas \| after (\d+) updates: \d+ regions .* bitwise identical on 2 ranks$", out2, re.M)
+        check(checked == [str(u) for u in range(9)], f"{name}: -pc 1 finds the ranks' gathered weights identical at every step")
         stage = 3 if name in two_rank_only else 1
         check(f"zero | ZeRO-{stage} over 2 ranks" in out2, f"{name}: the startup line reports ZeRO-{stage}")
         if stage == 3 and not ON_CUDASIM:  # cudasim's model is smaller than one 2 MiB mapping granule: nothing to save
@@ -255,6 +263,42 @@ def main():
         if sorted(b) == [5, 6, 7, 8] and all(step in a for step in b):
             worst = max(abs(a[step] - b[step]) / abs(a[step]) for step in b)
             check(worst < tolerance, f"{name}: steps 5..8 within {tolerance:g} of the uninterrupted run (worst {worst:.2e})")
+
+    # twin batches: every sample of the shard is the same B*T tokens, so each of 2 ranks computes what 1 rank does
+    # and the average over ranks is exact (x + x halved): ZeRO must train the 1-rank model bit for bit (no clipping:
+    # the global norm sums the ranks' partial sums, its last bit may differ from one sum)
+    twin_shard = os.path.join(tmp, "twin_train_000001.bin")
+    sim_model.write_shard(twin_shard, 400_000, 4, VOCAB, period=4 * SEQ_LEN)
+    twin_common = ["-e", model, "-t", SEQ_LEN, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-gc", 0, "-i", twin_shard,
+                   "-j", "", "-b", 4, "-n", 4]
+    for name, extra, two_rank_extra in (("bf16", ["-p", "bf16"], []),
+                                        ("fp8 -fw delayed adamw8", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], []),
+                                        ("fp8 block adamw8", ["-p", "fp8", "-fr", "block", "-opt", "adamw8"], []),
+                                        ("fp8 ZeRO-3 adamw8", ["-p", "fp8", "-opt", "adamw8"], ["-z", 3])):
+        dirs = [os.path.join(tmp, f"twin_{name.replace(' ', '_')}_{ranks}") for ranks in (1, 2)]
+        codes1, out1 = run(1, twin_common + extra + ["-x", 4, "-d", 4 * SEQ_LEN, "-o", dirs[0]], tmp)
+        codes2, out2 = run(2, twin_common + extra + two_rank_extra + ["-x", 4, "-d", 2 * 4 * SEQ_LEN, "-o", dirs[1]], tmp)
+        models = [os.path.join(d, "model_00000004.bin") for d in dirs]
+        same_model = all(os.path.exists(m) for m in models) and open(models[0], "rb").read() == open(models[1], "rb").read()
+        check(codes1 == [0] and codes2 == [0, 0] and len(losses(out1)) == 4 and losses(out1) == losses(out2) and same_model,
+              f"twin batches, {name}: 2 ranks train the 1-rank model bit for bit (losses and model file)")
+    # and a checkpoint of 1 rank resumed on 2 (of 2 on 1) goes on bit for bit: the resharded state changes no bit
+    for first, second in ((1, 2), (2, 1)):
+        name = f"twin batches, reshard {first} -> {second} ranks"
+        out_dir = os.path.join(tmp, f"twin_reshard_{first}_{second}")
+        args = twin_common + ["-x", 8, "-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-o", out_dir]
+        codes, straight = run(first, args + ["-d", first * 4 * SEQ_LEN], tmp)
+        model = os.path.join(out_dir, "model_00000008.bin")
+        if codes != [0] * first or not os.path.exists(model):
+            check(False, f"{name}: the uninterrupted {first}-rank run exits 0 and writes its step-8 model")
+            continue
+        straight_model = open(model, "rb").read()
+        os.remove(os.path.join(out_dir, "DONE_00000008"))
+        codes, resumed = run(second, args + ["-d", second * 4 * SEQ_LEN, "-y", 1], tmp)
+        a, b = losses(straight), losses(resumed)
+        check(codes == [0] * second and sorted(b) == [5, 6, 7, 8] and all(a.get(s) == b[s] for s in b)
+              and open(model, "rb").read() == straight_model,
+              f"{name}: steps 5..8 and the step-8 model bit for bit those of the uninterrupted run")
 
     # a killed rank: the survivor stops within -pt with one line naming its rank and the collective
     kill_timeout_s = 20

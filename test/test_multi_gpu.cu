@@ -7,12 +7,15 @@ on one GPU.
   NCCL_MULTI_RANK_GPU_ENABLE=1): the same collectives with real data from both, the per-layer
   gradient reduction as zero_chunk_pieces plans it, the FP8 weight gather (amax on the GPU,
   MAX all-reduce, cast with the hardware conversion, all-gather) equal to the single-rank
-  host cast bit for bit, and a dead peer ending the other rank with one error line in
-  bounded time.
+  host cast bit for bit, the replica check (-pc) naming the one region and rank that differ,
+  and a dead peer ending the other rank with one error line in bounded time;
+- the replica check's fingerprint kernel equal to its host function at odd sizes and
+  offsets, and changed by one flipped byte and by two swapped ones.
 */
 #include <sys/wait.h>
 #include "llmc/multi_gpu.h"
 #include "llmc/zero.h"
+#include "llmc/replica_check.cuh"
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 
@@ -203,6 +206,68 @@ static void test_fp8_weight_gather(const MultiGpuConfig* mg, const GPT2Config* m
     free(params); free(slices); free(ref_scales); free(ref_codes); free(codes);
 }
 
+// the fingerprint kernel against replica_fingerprint_host, and what a fingerprint must notice
+static void test_replica_fingerprints(void) {
+    const size_t sizes[] = {1, 3, 255, 4096 + 7, 3 * 16 * REPLICA_THREADS * 1024 + 5};  // the last: more than the grid
+    const size_t max_bytes = 3 * 16 * REPLICA_THREADS * 1024 + 5 + 1;
+    uint8_t* host = (uint8_t*)mallocCheck(max_bytes);
+    for (size_t i = 0; i < max_bytes; i++) { host[i] = (uint8_t)((i * 2654435761u) >> 13); }
+    uint8_t* device = (uint8_t*)device_upload(host, max_bytes);
+    ReplicaCheck check;
+    replica_check_init(&check);
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+        replica_check_add(&check, device + 1, sizes[k], "odd offset, %zu bytes", sizes[k]);  // unaligned start
+    }
+    replica_check_finish(&check, 1);
+    replica_fingerprints(&check, 0);
+    unsigned long long got[8];
+    cudaCheck(cudaMemcpy(got, check.fingerprints, (size_t)check.count * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+    for (int k = 0; k < check.count; k++) {
+        CHECK(got[k] == replica_fingerprint_host(host + 1, sizes[k]), "fingerprint of %s: kernel %llx, host %llx",
+              check.regions[k].name, got[k], (unsigned long long)replica_fingerprint_host(host + 1, sizes[k]));
+    }
+    uint64_t base = replica_fingerprint_host(host, 4096);
+    host[100] ^= 0x01;
+    CHECK(replica_fingerprint_host(host, 4096) != base, "fingerprint: one flipped bit went unnoticed");
+    host[100] ^= 0x01;
+    uint8_t a = host[10], b = host[20];
+    CHECK(a != b, "fingerprint test data: bytes 10 and 20 are equal");
+    host[10] = b; host[20] = a;
+    CHECK(replica_fingerprint_host(host, 4096) != base, "fingerprint: two swapped bytes went unnoticed");
+    replica_check_free(&check);
+    cudaCheck(cudaFree(device));
+    free(host);
+}
+
+// replica_check_compare over the ranks: identical regions pass; one byte of one region on
+// rank 1 names that region and rank
+static void test_replica_compare(const MultiGpuConfig* mg, const char* who) {
+    const size_t bytes = 1000;
+    uint8_t host[3][1000];
+    for (int r = 0; r < 3; r++) {
+        for (size_t i = 0; i < bytes; i++) { host[r][i] = (uint8_t)(i * 7 + r); }
+    }
+    uint8_t* device = (uint8_t*)device_upload(host, sizeof(host));
+    ReplicaCheck check;
+    replica_check_init(&check);
+    for (int r = 0; r < 3; r++) { replica_check_add(&check, device + r * bytes, bytes, "region %d", r); }
+    replica_check_finish(&check, mg->num_processes);
+    ReplicaMismatch same = replica_check_compare(&check, mg, mg->nccl_stream);
+    CHECK(same.region == -1 && same.regions_differing == 0 && same.ranks_differing == 0,
+          "%s: identical regions reported as different (region %d, rank %d)", who, same.region, same.rank);
+    if (mg->process_rank == 1) {
+        uint8_t changed = (uint8_t)(host[1][999] ^ 0x80);
+        cudaCheck(cudaMemcpy(device + bytes + 999, &changed, 1, cudaMemcpyHostToDevice));
+        cudaCheck(cudaDeviceSynchronize());
+    }
+    ReplicaMismatch differ = replica_check_compare(&check, mg, mg->nccl_stream);
+    CHECK(differ.region == 1 && differ.rank == 1 && differ.regions_differing == 1 && differ.ranks_differing == 1,
+          "%s: one byte of region 1 on rank 1: found region %d rank %d (%d regions, %d ranks)", who, differ.region,
+          differ.rank, differ.regions_differing, differ.ranks_differing);
+    replica_check_free(&check);
+    cudaCheck(cudaFree(device));
+}
+
 static MultiGpuOptions fs_options(int num_processes, int rank, const char* dir, int timeout_s) {
     MultiGpuOptions opts = multi_gpu_options_default();
     opts.num_processes = num_processes;
@@ -228,6 +293,7 @@ static int run_rank(int rank, const char* dir) {
     test_chunk_reduction(&mg, &z, who);
     test_fp8_weight_gather(&mg, &tiny, FP8_E4M3, who);
     test_fp8_weight_gather(&mg, &tiny, FP8_E5M2, who);
+    test_replica_compare(&mg, who);
     multi_gpu_config_free(&mg);
     test_summary(who);
     fflush(stdout);  // the caller _exits, which skips stdio: piped (make gpucheck), this rank's FAIL lines were lost
@@ -328,6 +394,7 @@ int main(void) {
     CHECK(mg.nccl_comm != NULL, "one rank: no communicator");
     test_basic_collectives(&mg, "one rank");
     multi_gpu_config_free(&mg);
+    test_replica_fingerprints();
     MultiGpuOptions single = fs_options(1, 0, dir, RANK_TIMEOUT_S);
     MultiGpuConfig plain = multi_gpu_config_init(&single, 0);
     CHECK(plain.nccl_comm == NULL, "one process without -pi: a communicator was made");

@@ -224,7 +224,7 @@ class TestBadInput:
     def test_unknown_gradient_reduce_type(self, binary, data, value):
         assert_one_line_error(run(binary, base_args(data, ["-pa", value])), "-pa", f"'{value}'", "bf16 fp32")
 
-    @pytest.mark.parametrize("flag,value", [("-pn", 0), ("-pt", 0), ("-pg", -1)])
+    @pytest.mark.parametrize("flag,value", [("-pn", 0), ("-pt", 0), ("-pg", -1), ("-pc", -1)])
     def test_multi_gpu_flag_out_of_range(self, binary, data, flag, value):
         assert_one_line_error(run(binary, base_args(data, [flag, value])), flag, str(value))
 

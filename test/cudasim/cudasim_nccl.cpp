@@ -301,6 +301,7 @@ struct Operation {
     size_t rounds;
     size_t next_round = 0;
     bool arrived = false;   // this rank has deposited round next_round and reached its barrier
+    bool lost = false;      // CUDASIM_NCCL_LOSE_BROADCAST: this rank's receive buffer keeps its bytes
 };
 
 } // namespace
@@ -373,7 +374,7 @@ void collect(ncclComm* comm, const Operation& op, uint32_t parity) {
             }
             break;
         case Kind::Broadcast:
-            memcpy(op.recv + first * esize, parts[d.root], n * esize);
+            if (!op.lost) { memcpy(op.recv + first * esize, parts[d.root], n * esize); }
             break;
         case Kind::AllGather:
             for (int q = 0; q < comm->nranks; q++) { memcpy(op.recv + (q * d.count + first) * esize, parts[q], n * esize); }
@@ -508,6 +509,20 @@ void require_settled(const ncclComm* comm, const char* call) {
     }
 }
 
+// CUDASIM_NCCL_LOSE_BROADCAST=N (tests): the N-th ncclBroadcast this process receives as a
+// non-root (counting from 1, every communicator) leaves its receive buffer as it was, as a
+// delivery that never landed would: the bytes stay stale, every rank still completes it, and
+// only a comparison of the ranks' data (the trainer's -pc) can tell
+bool lose_this_broadcast(const ncclComm* comm, Kind kind, int root) {
+    static const long lose = [] {
+        const char* text = getenv("CUDASIM_NCCL_LOSE_BROADCAST");
+        return text != nullptr ? atol(text) : 0L;
+    }();
+    static long received = 0;
+    if (kind != Kind::Broadcast || comm->rank == root) { return false; }
+    return ++received == lose;
+}
+
 Operation make_operation(ncclComm* comm, Kind kind, const void* send, void* recv, size_t count, int datatype, int op,
                          int root) {
     Operation o;
@@ -517,6 +532,7 @@ Operation make_operation(ncclComm* comm, Kind kind, const void* send, void* recv
     size_t esize = std::max<size_t>(element_bytes(datatype), 1);
     o.chunk_elements = STAGING_BYTES / esize / (kind == Kind::ReduceScatter ? comm->nranks : 1);
     o.rounds = std::max<size_t>(1, (count + o.chunk_elements - 1) / o.chunk_elements);
+    o.lost = lose_this_broadcast(comm, kind, root);
     return o;
 }
 
