@@ -699,7 +699,7 @@ void zero_comm_replicated_regions(const ZeroComm* comm, const Fp8Model* fp8, con
         for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
             if (zero_tensor_is_per_layer(t) != (layer >= 0) || zero_comm_sharded(comm, t) || comm->fp8_tensor[t]) { continue; }
             ZeroRange slice = zero_slice_range(layout, t, layer);
-            char where[16] = "";
+            char where[32] = "";
             if (layer >= 0) { snprintf(where, sizeof(where), "layer %d ", layer); }
             replica_check_add(check, params + slice.begin, (slice.end - slice.begin) * sizeof(floatX), "%s%s (bf16)", where,
                               PARAM_TENSOR_NAMES[t]);
