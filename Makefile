@@ -188,7 +188,7 @@ gpucheck-tests: $(GPU_TESTS)
 	@bash test/run_gpu_tests.sh $(GPU_TESTS)
 
 gpucheck-ranks: train_gpt2_fp8
-	@PYTHON=$(PYTHON) bash test/run_gpu_tests.sh --ranks
+	@PYTHON=$(PYTHON) bash test/run_gpu_tests.sh --ranks $(RANKS_SECTIONS)
 
 bench: train_gpt2_fp8 bench_gemm
 	$(PYTHON) dev/bench/bench.py $(BENCH_ARGS)

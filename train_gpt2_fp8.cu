@@ -1038,6 +1038,68 @@ static void check_same_config_on_all_ranks(const MultiGpuConfig* multi_gpu, uint
 }
 
 #ifndef LLM8_TESTING
+// the memory line: persistent bytes per parameter (DESIGN.md section 4; plain AdamW is a layout
+// with no 8-bit tensor), the optimizer state, the GPU memory in use
+static void print_memory_summary(const GPT2* model, const TrainConfig* tc, int num_ranks) {
+    Adamw8Layout whole_model_states;
+    adamw8_layout_init(&whole_model_states, &model->config, model->use_adamw8 ? model->adamw8_selection : ADAMW8_SELECT_NONE);
+    Adamw8BytesPerParam bytes = adamw8_bytes_per_param(&whole_model_states, model->master != NULL);
+    char eight_bit[160] = "";
+    if (model->use_adamw8) {
+        snprintf(eight_bit, sizeof(eight_bit), "; %.3f for the %.1f%% of parameters with 8-bit states, -qs %s", bytes.eight_bit,
+                 100.0 * bytes.eight_bit_params / model->num_parameters, tc->adamw8_states);
+    }
+    printf("memory | persistent %.3f bytes/parameter on one GPU (bf16 weights+grads%s, %s m+v%s) | optimizer %s m+v %.2f GiB%s | GPU memory in use %.0f MiB\n",
+           bytes.model, model->master ? ", fp32 master" : "", model->use_adamw8 ? "8-bit" : "fp32", eight_bit, tc->optimizer,
+           gpt2_optimizer_state_bytes(model) / 1073741824.0, num_ranks > 1 ? " on this rank" : "", gpu_memory_used_mib());
+}
+
+// the multi-GPU lines: the ZeRO layout and what a step sends; under ZeRO-3 also what stays
+// sharded and the memory it saves against ZeRO-1 on this rank
+static void print_multi_gpu_summary(const GPT2* model, const TrainConfig* tc, int rank, int num_ranks) {
+    const ZeroComm* z = model->comm;
+    char fp32_scratch[64] = "";
+    if (z->reduce_fp32) { snprintf(fp32_scratch, sizeof(fp32_scratch), " (fp32 scratch %.1f MiB)", z->reduce_scratch_elements * 4.0 / 1048576.0); }
+    printf("zero | ZeRO-%d over %d ranks (-pi %s) | %zu parameters per rank (%zu padding) | weights gathered per step: "
+           "%.1f MB as FP8 + %.1f MB as bf16 (all bf16: %.1f MB) | gradients reduced per step: %.1f MB %s%s\n",
+           model->zero3 ? 3 : 1, num_ranks, tc->nccl_init, z->layout.shard_size, z->layout.padded_total - z->layout.num_parameters,
+           z->gathered_bytes_fp8 / 1e6, z->gathered_bytes_bf16 / 1e6,
+           zero_comm_received_bytes(&z->layout, rank, 0, z->layout.num_parameters, 2) / 1e6,
+           (z->reduce_fp32 ? 4.0 : 2.0) * z->layout.num_parameters / 1e6, tc->grad_reduce, fp32_scratch);
+    if (model->zero3) {  // what stays sharded, against ZeRO-1 on this rank
+        size_t fp8_weights = 0, bf16_weights = 0;  // the block linears' weight elements, by the format they travel in
+        for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+            size_t elements = z->layout.tensor_sizes[zero_comm_weight_tensor(kind)];
+            if (model->fp8.rank_in_layer[kind] >= 0) { fp8_weights += elements; } else { bf16_weights += elements; }
+        }
+        size_t fp8_slots = (size_t)FP8_LAYER_SLOTS * 2 * fp8_weights / model->config.num_layers;  // W and W^T, bytes
+        size_t bf16_slots = (size_t)FP8_LAYER_SLOTS * sizeof(floatX) * bf16_weights / model->config.num_layers;
+        size_t whole_params = z->layout.padded_total * sizeof(floatX);
+        printf("zero3 | block linears' weights sharded: bf16 parameters %.1f MiB mapped of %.1f MiB, FP8 weights %.1f MiB "
+               "owned + %.1f MiB in %d layer slots (whole W and W^T: %.1f MiB), bf16 layer slots %.1f MiB | saves %.1f MiB "
+               "per GPU | weights gathered per micro-step (forward and backward): %.1f MB as FP8 + %.1f MB as bf16\n",
+               model->params_buffer.mapped_bytes / 1048576.0, whole_params / 1048576.0, model->fp8.owned_code_bytes / 1048576.0,
+               fp8_slots / 1048576.0, FP8_LAYER_SLOTS, 2.0 * fp8_weights / 1048576.0, bf16_slots / 1048576.0,
+               ((double)whole_params - model->params_buffer.mapped_bytes + 2.0 * fp8_weights - model->fp8.owned_code_bytes
+                - fp8_slots - bf16_slots) / 1048576.0,
+               2.0 * fp8_weights / 1e6, 2.0 * sizeof(floatX) * bf16_weights / 1e6);
+    }
+}
+
+// the FP8 line: the recipe, its scalings, the passes in FP8 and the buffers
+static void print_fp8_summary(const GPT2* model) {
+    const Fp8Settings* s = &model->fp8.settings;
+    char passes[256];
+    fp8_passes_text(passes, sizeof(passes), s->passes);
+    bool block = s->recipe == FP8_MODEL_BLOCK;
+    printf("fp8 | recipe %s (history %d, margin %d, weights %s, gradients %s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+           FP8_MODEL_RECIPE_NAMES[s->recipe], s->history_len, s->margin,
+           block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[s->weight_scaling],
+           block ? "1x128 tiles" : FP8_SCALING_CHOICE_NAMES[s->grad_scaling], passes,
+           model->fp8.num_linears, model->fp8.bytes / 1048576.0,
+           model->fp8.numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
+}
+
 // -pc: every rank's gathered weights against rank 0's, bitwise, after `updates` updates; one line
 // and exit on a difference (replica_check.cuh)
 static void check_replicas_identical(const GPT2* model, ReplicaCheck* replicas, int updates, cudaStream_t stream) {
@@ -1141,58 +1203,9 @@ int main(int argc, char** argv) {
     printf("train | precision %s | B=%d T=%d | total batch %d tokens = %d micro-steps | %d steps | lr %g (%s, warmup %d, final frac %g) | wd %g | clip %g\n",
            tc.precision, tc.B, tc.T, tc.total_batch_size, grad_accum_steps, train_num_batches, tc.learning_rate, tc.lr_schedule,
            tc.warmup_iterations, tc.final_lr_frac, tc.weight_decay, tc.grad_clip);
-    // persistent bytes per parameter (DESIGN.md section 4): plain AdamW is a layout with no 8-bit tensor
-    Adamw8Layout whole_model_states;
-    adamw8_layout_init(&whole_model_states, c, model.use_adamw8 ? model.adamw8_selection : ADAMW8_SELECT_NONE);
-    Adamw8BytesPerParam bytes = adamw8_bytes_per_param(&whole_model_states, model.master != NULL);
-    char eight_bit[160] = "";
-    if (model.use_adamw8) {
-        snprintf(eight_bit, sizeof(eight_bit), "; %.3f for the %.1f%% of parameters with 8-bit states, -qs %s", bytes.eight_bit,
-                 100.0 * bytes.eight_bit_params / model.num_parameters, tc.adamw8_states);
-    }
-    printf("memory | persistent %.3f bytes/parameter on one GPU (bf16 weights+grads%s, %s m+v%s) | optimizer %s m+v %.2f GiB%s | GPU memory in use %.0f MiB\n",
-           bytes.model, model.master ? ", fp32 master" : "", model.use_adamw8 ? "8-bit" : "fp32", eight_bit, tc.optimizer,
-           gpt2_optimizer_state_bytes(&model) / 1073741824.0, num_ranks > 1 ? " on this rank" : "", gpu_memory_used_mib());
-    if (model.comm != NULL) {
-        const ZeroComm* z = model.comm;
-        char fp32_scratch[64] = "";
-        if (z->reduce_fp32) { snprintf(fp32_scratch, sizeof(fp32_scratch), " (fp32 scratch %.1f MiB)", z->reduce_scratch_elements * 4.0 / 1048576.0); }
-        printf("zero | ZeRO-%d over %d ranks (-pi %s) | %zu parameters per rank (%zu padding) | weights gathered per step: "
-               "%.1f MB as FP8 + %.1f MB as bf16 (all bf16: %.1f MB) | gradients reduced per step: %.1f MB %s%s\n",
-               model.zero3 ? 3 : 1, num_ranks, tc.nccl_init, z->layout.shard_size, z->layout.padded_total - z->layout.num_parameters,
-               z->gathered_bytes_fp8 / 1e6, z->gathered_bytes_bf16 / 1e6,
-               zero_comm_received_bytes(&z->layout, rank, 0, z->layout.num_parameters, 2) / 1e6,
-               (z->reduce_fp32 ? 4.0 : 2.0) * z->layout.num_parameters / 1e6, tc.grad_reduce, fp32_scratch);
-        if (model.zero3) {  // what stays sharded, against ZeRO-1 on this rank
-            size_t fp8_weights = 0, bf16_weights = 0;  // the block linears' weight elements, by the format they travel in
-            for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
-                size_t elements = z->layout.tensor_sizes[zero_comm_weight_tensor(kind)];
-                if (model.fp8.rank_in_layer[kind] >= 0) { fp8_weights += elements; } else { bf16_weights += elements; }
-            }
-            size_t fp8_slots = (size_t)FP8_LAYER_SLOTS * 2 * fp8_weights / model_config.num_layers;  // W and W^T, bytes
-            size_t bf16_slots = (size_t)FP8_LAYER_SLOTS * sizeof(floatX) * bf16_weights / model_config.num_layers;
-            size_t whole_params = z->layout.padded_total * sizeof(floatX);
-            printf("zero3 | block linears' weights sharded: bf16 parameters %.1f MiB mapped of %.1f MiB, FP8 weights %.1f MiB "
-                   "owned + %.1f MiB in %d layer slots (whole W and W^T: %.1f MiB), bf16 layer slots %.1f MiB | saves %.1f MiB "
-                   "per GPU | weights gathered per micro-step (forward and backward): %.1f MB as FP8 + %.1f MB as bf16\n",
-                   model.params_buffer.mapped_bytes / 1048576.0, whole_params / 1048576.0, model.fp8.owned_code_bytes / 1048576.0,
-                   fp8_slots / 1048576.0, FP8_LAYER_SLOTS, 2.0 * fp8_weights / 1048576.0, bf16_slots / 1048576.0,
-                   ((double)whole_params - model.params_buffer.mapped_bytes + 2.0 * fp8_weights - model.fp8.owned_code_bytes
-                    - fp8_slots - bf16_slots) / 1048576.0,
-                   2.0 * fp8_weights / 1e6, 2.0 * sizeof(floatX) * bf16_weights / 1e6);
-        }
-    }
-    if (fp8_settings.enabled) {
-        char passes[256];
-        fp8_passes_text(passes, sizeof(passes), fp8_settings.passes);
-        bool block = fp8_settings.recipe == FP8_MODEL_BLOCK;
-        printf("fp8 | recipe %s (history %d, margin %d, weights %s, gradients %s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
-               FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe], fp8_settings.history_len, fp8_settings.margin,
-               block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[fp8_settings.weight_scaling],
-               block ? "1x128 tiles" : FP8_SCALING_CHOICE_NAMES[fp8_settings.grad_scaling], passes,
-               model.fp8.num_linears, model.fp8.bytes / 1048576.0,
-               model.fp8.numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
-    }
+    print_memory_summary(&model, &tc, num_ranks);
+    if (model.comm != NULL) { print_multi_gpu_summary(&model, &tc, rank, num_ranks); }
+    if (fp8_settings.enabled) { print_fp8_summary(&model); }
     printf("data | train %zu tokens | attention %s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention, tc.recompute, tc.gelu_fusion);
 
     ReplicaCheck replicas;  // -pc: what the weight gather must leave identical on every rank

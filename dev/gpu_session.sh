@@ -7,7 +7,8 @@
 #
 #   bash dev/gpu_session.sh build   # make env, the cuDNN frontend from .whl/, every GPU target
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
-#   bash dev/gpu_session.sh ranks   # test/gpu_trainer_ranks.py: 2 ranks on the one GPU
+#   bash dev/gpu_session.sh ranks [SECTIONS]  # test/gpu_trainer_ranks.py: 2 ranks on the one GPU (all
+#                                   # sections, or those named: trajectories resume reshard twins killed)
 #   bash dev/gpu_session.sh bench [MODELS]  # dev/bench/bench.py --quick (--only MODELS, e.g. d12 then d48
 #                                   # in two calls), its .md and .json written into the logs
 #   bash dev/gpu_session.sh parity  # loss parity on the offline corpus (carry dev/data/offline):
@@ -57,7 +58,8 @@ case "$stage" in
         build_all && time make PYTHON="$PYTHON" gpucheck-tests 2>&1 | tee "$LOG_DIR/gpu_tests.log"
         ;;
     ranks)
-        build_all && time make PYTHON="$PYTHON" gpucheck-ranks 2>&1 | tee "$LOG_DIR/gpu_trainer_ranks.log"
+        shift
+        build_all && time make PYTHON="$PYTHON" gpucheck-ranks RANKS_SECTIONS="$*" 2>&1 | tee "$LOG_DIR/gpu_trainer_ranks${1:+_$1}.log"
         ;;
     bench)
         # straight into the logs: bench.py rewrites its .md and .json after every run, so a call cut

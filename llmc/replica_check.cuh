@@ -123,8 +123,10 @@ static inline void replica_check_add(ReplicaCheck* check, const void* data, size
 static inline void replica_check_finish(ReplicaCheck* check, int num_ranks) {
     check->num_ranks = num_ranks;
     size_t gathered = (size_t)num_ranks * check->count;
-    cudaCheck(cudaMalloc(&check->fingerprints, (check->count > 0 ? check->count : 1) * sizeof(unsigned long long)));
-    cudaCheck(cudaMalloc(&check->gathered, (gathered > 0 ? gathered : 1) * sizeof(unsigned long long)));
+    check->fingerprints = (unsigned long long*)cuda_malloc_checked((check->count > 0 ? check->count : 1) * sizeof(unsigned long long),
+                                                                   "the replica check's fingerprints (-pc)");
+    check->gathered = (unsigned long long*)cuda_malloc_checked((gathered > 0 ? gathered : 1) * sizeof(unsigned long long),
+                                                               "every rank's replica fingerprints (-pc)");
     check->gathered_host = (unsigned long long*)mallocCheck((gathered > 0 ? gathered : 1) * sizeof(unsigned long long));
 }
 

@@ -31,6 +31,8 @@ batches, a 2-rank resume, and a killed rank.
   on 2, and of 2 on 1, goes on bit for bit.
 - A killed rank: the survivor exits non-zero within -pt seconds with the error line naming
   its rank and the collective.
+Sections (arguments, in this order by default): trajectories (with traffic and stream order),
+resume, reshard, twins, killed; a device call cut off at its limit goes on with the rest.
 Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries,
 and by make simcheck against the cudasim build of the trainer (LLM8_TRAINER names it): there
 test/sim_model.py's 2-layer, C = 128, 997-token model and T = 64 stand in for d6 at T = 256.
@@ -128,34 +130,34 @@ def trainer_nccl_version():
     return version.value, found.group(1)
 
 
-def main():
-    if not os.path.exists(TRAINER):
-        sys.exit(f"error: build {TRAINER} first (make train_gpt2_fp8, or make simcheck for the cudasim build)")
-    if not ON_CUDASIM:  # every 2-rank run below puts both ranks on GPU 0 (-pg 1)
-        version, where = trainer_nccl_version()
-        print(f"NCCL runtime {version} ({where})", flush=True)
-        if version is not None and version < TWO_RANKS_ONE_GPU_MIN_NCCL:
-            print(f"SKIP gpu_trainer_ranks: the trainer loads NCCL {version} from {where}, older than 2.30, the first "
-                  "that allows two ranks on one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1); pip install 'nvidia-nccl-cu13>=2.30' "
-                  "and rebuild (the Makefile takes the newer of pip's and $CUDA_HOME's NCCL)", flush=True)
-            sys.exit(0)
-    tmp = tempfile.mkdtemp(prefix="llm8_ranks_")
-    sim_model.write_shard(os.path.join(tmp, "r_train_000001.bin"), 400_000, 1, VOCAB)
-    model = "d6"
-    if ON_CUDASIM:
-        model = os.path.join(tmp, "model.bin")
-        sim_model.write_model(model)
-    micro_steps = 2  # -d = 2 ranks x -b 4 x T x 2
-    common = ["-e", model, "-t", SEQ_LEN, "-x", 8, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-i", os.path.join(tmp, "r_train_*.bin"),
-              "-j", "", "-d", 2 * 4 * SEQ_LEN * micro_steps]
-    configs = [("bf16 adamw", ["-p", "bf16"], 1e-2), ("fp8 delayed adamw", ["-p", "fp8"], 2e-2),
-               ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2),
-                ("bf16 adamw, fp32 gradient reduce", ["-p", "bf16", "-pa", "fp32"], 1e-2),
-               ("fp8 -fw delayed adamw8 (codes from the optimizer pass)", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], 2e-2),
-               ("fp8 block adamw8 (FP8 gather, block amax all-reduce)", ["-p", "fp8", "-fr", "block", "-opt", "adamw8"], 2e-2),
-               (ZERO3_FP8, ["-p", "fp8", "-opt", "adamw8"], 2e-2),
-               (ZERO3_BF16, ["-p", "bf16"], 1e-2),
-               (ZERO3_MIXED, ["-p", "fp8", "-f8", "qkv,fc,lm_head"], 2e-2)]
+# the runs' shared setting: the scratch directory, the model, the flags every trajectory run takes
+class Setup:
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="llm8_ranks_")
+        sim_model.write_shard(os.path.join(self.tmp, "r_train_000001.bin"), 400_000, 1, VOCAB)
+        self.model = "d6"
+        if ON_CUDASIM:
+            self.model = os.path.join(self.tmp, "model.bin")
+            sim_model.write_model(self.model)
+        self.micro_steps = 2  # -d = 2 ranks x -b 4 x T x 2
+        self.common = ["-e", self.model, "-t", SEQ_LEN, "-x", 8, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0,
+                       "-i", os.path.join(self.tmp, "r_train_*.bin"), "-j", "", "-d", 2 * 4 * SEQ_LEN * self.micro_steps]
+
+
+# the trajectory configurations: (name, flags, relative loss tolerance of 2 ranks against 1)
+CONFIGS = [("bf16 adamw", ["-p", "bf16"], 1e-2), ("fp8 delayed adamw", ["-p", "fp8"], 2e-2),
+           ("fp8 delayed adamw8", ["-p", "fp8", "-opt", "adamw8"], 2e-2), ("fp8 -f8p fwd (bf16 weight gather)", ["-p", "fp8", "-f8p", "fwd"], 2e-2),
+           ("bf16 adamw, fp32 gradient reduce", ["-p", "bf16", "-pa", "fp32"], 1e-2),
+           ("fp8 -fw delayed adamw8 (codes from the optimizer pass)", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], 2e-2),
+           ("fp8 block adamw8 (FP8 gather, block amax all-reduce)", ["-p", "fp8", "-fr", "block", "-opt", "adamw8"], 2e-2),
+           (ZERO3_FP8, ["-p", "fp8", "-opt", "adamw8"], 2e-2),
+           (ZERO3_BF16, ["-p", "bf16"], 1e-2),
+           (ZERO3_MIXED, ["-p", "fp8", "-f8", "qkv,fc,lm_head"], 2e-2)]
+
+
+def trajectories(setup):
+    """2 ranks against 1 on the same global batches, -pc 1, the startup lines, the traffic per collective"""
+    tmp, common, micro_steps = setup.tmp, setup.common, setup.micro_steps
     two_rank_only = {name: ["-z", 3] for name in (ZERO3_FP8, ZERO3_BF16, ZERO3_MIXED)}
     # cudasim only: these 2-rank runs again with the streams' work run newest first, so whatever the weight gather's
     # stages (or ZeRO-3's layer gathers) send runs as late as the waits on it allow: a read that does not wait for
@@ -163,7 +165,7 @@ def main():
     newest_first = {"bf16 adamw", "fp8 delayed adamw", "fp8 -fw delayed adamw8 (codes from the optimizer pass)",
                     "fp8 block adamw8 (FP8 gather, block amax all-reduce)", ZERO3_FP8} if ON_CUDASIM else set()
     two_rank_traffic = {}
-    for name, extra, tolerance in configs:
+    for name, extra, tolerance in CONFIGS:
         codes1, out1 = run(1, common + extra + ["-b", 8], tmp)
         codes2, out2 = run(2, common + extra + two_rank_only.get(name, []) + ["-b", 4, "-pc", 1], tmp)
         if name in newest_first:
@@ -222,9 +224,13 @@ def main():
           and layer_mixed == 2 * 2 * micro_steps * (matmul_elements - fp8_part),
           f"traffic: ZeRO-3 with FP8 qkv and fc gathers those as FP8 and attproj and fcproj as bf16 (got {zero3_mixed})")
 
-    # resume with 2 ranks: bitwise (-fw delayed: each rank rebuilds its codes with the saved scale, then they are
-    # gathered; -fg delayed: each rank's output-gradient histories come back seeded, so the one-pass cast goes on;
-    # ZeRO-3: the model file from the owners' pieces, the codes cast into the owned buffers)
+
+def resume(setup):
+    """8 steps with a checkpoint at 4, then -y 1 on 2 ranks: steps 5..8 bitwise"""
+    tmp, common = setup.tmp, setup.common
+    # -fw delayed: each rank rebuilds its codes with the saved scale, then they are gathered; -fg delayed: each rank's
+    # output-gradient histories come back seeded, so the one-pass cast goes on; ZeRO-3: the model file from the
+    # owners' pieces, the codes cast into the owned buffers
     for precision, fp8_scaling, stage in (("fp8", ["-fw", "current"], 1), ("fp8", ["-fw", "delayed", "-fg", "delayed"], 1),
                                           ("fp8", ["-fw", "current"], 3), ("bf16", ["-fw", "current"], 3)):
         weights = " ".join(fp8_scaling[1:])  # the labels below: "current", or "delayed -fg delayed"
@@ -245,8 +251,11 @@ def main():
         check(all(a.get(s) == b.get(s) for s in (5, 6, 7, 8)),
               f"resume -p {precision} -fw {weights} -z {stage}: steps 5..8 bitwise equal to the uninterrupted run")
 
-    # resume with another number of ranks: the same global batch, within the 2-rank vs 1-rank tolerance
-    tolerance = {name: tol for name, _, tol in configs}["fp8 delayed adamw8"]
+
+def reshard(setup):
+    """a checkpoint of 1 rank resumed on 2 and of 2 on 1, the same global batch: within the trajectory tolerance"""
+    tmp, common = setup.tmp, setup.common
+    tolerance = {name: tol for name, _, tol in CONFIGS}["fp8 delayed adamw8"]
     for first, second in ((1, 2), (2, 1)):
         name = f"reshard {first} -> {second} ranks"
         reshard_dir = os.path.join(tmp, f"ckpt_{first}_to_{second}")
@@ -264,12 +273,16 @@ def main():
             worst = max(abs(a[step] - b[step]) / abs(a[step]) for step in b)
             check(worst < tolerance, f"{name}: steps 5..8 within {tolerance:g} of the uninterrupted run (worst {worst:.2e})")
 
-    # twin batches: every sample of the shard is the same B*T tokens, so each of 2 ranks computes what 1 rank does
-    # and the average over ranks is exact (x + x halved): ZeRO must train the 1-rank model bit for bit (no clipping:
-    # the global norm sums the ranks' partial sums, its last bit may differ from one sum)
+
+def twins(setup):
+    """twin batches: 2 ranks train the 1-rank model bit for bit, and reshard resumes go on bit for bit"""
+    tmp = setup.tmp
+    # every sample of the shard is the same B*T tokens, so each of 2 ranks computes what 1 rank does and the average
+    # over ranks is exact (x + x halved): ZeRO must train the 1-rank model bit for bit (no clipping: the global norm
+    # sums the ranks' partial sums, its last bit may differ from one sum)
     twin_shard = os.path.join(tmp, "twin_train_000001.bin")
     sim_model.write_shard(twin_shard, 400_000, 4, VOCAB, period=4 * SEQ_LEN)
-    twin_common = ["-e", model, "-t", SEQ_LEN, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-gc", 0, "-i", twin_shard,
+    twin_common = ["-e", setup.model, "-t", SEQ_LEN, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-gc", 0, "-i", twin_shard,
                    "-j", "", "-b", 4, "-n", 4]
     for name, extra, two_rank_extra in (("bf16", ["-p", "bf16"], []),
                                         ("fp8 -fw delayed adamw8", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], []),
@@ -288,19 +301,22 @@ def main():
         out_dir = os.path.join(tmp, f"twin_reshard_{first}_{second}")
         args = twin_common + ["-x", 8, "-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-o", out_dir]
         codes, straight = run(first, args + ["-d", first * 4 * SEQ_LEN], tmp)
-        model = os.path.join(out_dir, "model_00000008.bin")
-        if codes != [0] * first or not os.path.exists(model):
+        model_file = os.path.join(out_dir, "model_00000008.bin")
+        if codes != [0] * first or not os.path.exists(model_file):
             check(False, f"{name}: the uninterrupted {first}-rank run exits 0 and writes its step-8 model")
             continue
-        straight_model = open(model, "rb").read()
+        straight_model = open(model_file, "rb").read()
         os.remove(os.path.join(out_dir, "DONE_00000008"))
         codes, resumed = run(second, args + ["-d", second * 4 * SEQ_LEN, "-y", 1], tmp)
         a, b = losses(straight), losses(resumed)
         check(codes == [0] * second and sorted(b) == [5, 6, 7, 8] and all(a.get(s) == b[s] for s in b)
-              and open(model, "rb").read() == straight_model,
+              and open(model_file, "rb").read() == straight_model,
               f"{name}: steps 5..8 and the step-8 model bit for bit those of the uninterrupted run")
 
-    # a killed rank: the survivor stops within -pt with one line naming its rank and the collective
+
+def killed_rank(setup):
+    """a killed rank: the survivor exits within -pt with one line naming its rank and the collective"""
+    tmp, common = setup.tmp, setup.common
     kill_timeout_s = 20
     procs = launch(2, common + ["-b", 4, "-x", 100000], tmp, timeout_s=kill_timeout_s)
     # rank 0 must reach its first step within RUN_LIMIT_S; the watchdog ends a hang before it
@@ -323,6 +339,30 @@ def main():
         procs[0].kill()
         check(False, "killed rank: rank 0 still running 120 s after its peer died")
 
+
+
+SECTIONS = {"trajectories": trajectories, "resume": resume, "reshard": reshard, "twins": twins, "killed": killed_rank}
+
+
+def main():
+    chosen = sys.argv[1:] or list(SECTIONS)
+    unknown = [name for name in chosen if name not in SECTIONS]
+    if unknown:
+        sys.exit(f"error: gpu_trainer_ranks.py: unknown section {unknown[0]!r} (expected some of: {' '.join(SECTIONS)})")
+    if not os.path.exists(TRAINER):
+        sys.exit(f"error: build {TRAINER} first (make train_gpt2_fp8, or make simcheck for the cudasim build)")
+    if not ON_CUDASIM:  # every 2-rank run below puts both ranks on GPU 0 (-pg 1)
+        version, where = trainer_nccl_version()
+        print(f"NCCL runtime {version} ({where})", flush=True)
+        if version is not None and version < TWO_RANKS_ONE_GPU_MIN_NCCL:
+            print(f"SKIP gpu_trainer_ranks: the trainer loads NCCL {version} from {where}, older than 2.30, the first "
+                  "that allows two ranks on one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1); pip install 'nvidia-nccl-cu13>=2.30' "
+                  "and rebuild (the Makefile takes the newer of pip's and $CUDA_HOME's NCCL)", flush=True)
+            sys.exit(0)
+    setup = Setup()
+    for name in chosen:
+        print(f"== {name}", flush=True)
+        SECTIONS[name](setup)
     print(f"gpu_trainer_ranks: {len(FAILURES)} failed", flush=True)
     sys.exit(1 if FAILURES else 0)
 

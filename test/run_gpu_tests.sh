@@ -8,7 +8,8 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
     exit 1
 fi
 if [ "${1:-}" = "--ranks" ]; then
-    exec "${PYTHON:-python3}" "$(dirname "$0")/gpu_trainer_ranks.py"
+    shift
+    exec "${PYTHON:-python3}" "$(dirname "$0")/gpu_trainer_ranks.py" "$@"
 fi
 # a binary that hangs on the GPU is stopped after TEST_TIMEOUT_S (default 300) seconds
 TEST_TIMEOUT_S=${TEST_TIMEOUT_S:-300} RUNNER_NAME="gpu tests" exec bash "$(dirname "$0")/run_cpu_tests.sh" "$@"

@@ -85,6 +85,16 @@ def test_a_hanging_multi_rank_run_is_killed(tmp_path, monkeypatch):
     assert len(ranks.FAILURES) == 1 and "still running after 1 s, killed" in ranks.FAILURES[0]
 
 
+def test_multi_rank_runs_refuse_an_unknown_section():
+    """gpu_trainer_ranks.py runs the sections it is given (dev/gpu_session.sh ranks twins killed: the rest of a
+    call cut off at its limit); a misspelt one must stop it at once with one line, before any run"""
+    result = subprocess.run(["python3", os.path.join(ROOT, "test", "gpu_trainer_ranks.py"), "twins", "twin"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown section 'twin'" in lines[0] and "trajectories resume reshard twins killed" in lines[0]
+
+
 def test_a_stopped_test_binary_keeps_the_lines_it_printed(tmp_path):
     """test/test_harness.h makes stdout line-buffered: through the runner's pipe a C binary's output
     would otherwise sit in a buffer, and a binary stopped at its timeout would lose its FAIL lines"""
