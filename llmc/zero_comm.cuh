@@ -790,7 +790,10 @@ void zero_comm_release_layer(ZeroComm* comm, int layer, cudaStream_t compute) {
 Every rank's bf16 parameters into host_bf16 [num_parameters] on rank 0 (the others only
 send), for the model file: under ZeRO-3 no rank holds the others' parts of the block linears'
 weights, so each of those pieces comes from its owner through a bounce buffer, one weight
-slice at a time; everything else is whole on rank 0 already. Collective: every rank calls it.
+slice at a time; everything else is whole on rank 0 once the last weight gather has arrived:
+it runs on the communication stream, which nothing on `stream` waits for before the next
+forward, so it is joined first (without that, the model file held the other ranks' parts of
+the replicated tensors as of the update before). Collective: every rank calls it.
 */
 void zero_comm_params_to_host(ZeroComm* comm, const floatX* params, uint16_t* host_bf16, cudaStream_t stream) {
     const ZeroLayout* layout = &comm->layout;
@@ -800,6 +803,7 @@ void zero_comm_params_to_host(ZeroComm* comm, const floatX* params, uint16_t* ho
         if (zero_comm_sharded(comm, t) && slice > widest) { widest = slice; }
     }
     floatX* bounce = (floatX*)cuda_malloc_checked(widest * sizeof(floatX), "checkpoint bounce buffer (one weight slice, ZeRO-3)");
+    zero_comm_join(comm, stream);
     multi_gpu_wait(comm->multi_gpu, stream, "checkpoint gather (start)");
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
         size_t begin = layout->tensor_offsets[t], end = begin + layout->tensor_sizes[t];
