@@ -101,6 +101,11 @@ typedef struct {
 
 static inline void replica_check_init(ReplicaCheck* check) { memset(check, 0, sizeof(*check)); }
 
+// "layer l " for a region of layer l (>= 0), "" for one outside the layers: what region names start with
+static inline void replica_layer_prefix(char* out, size_t size, int layer) {
+    if (layer >= 0) { snprintf(out, size, "layer %d ", layer); } else if (size > 0) { out[0] = '\0'; }
+}
+
 // a region that must be bitwise identical on every rank; the name is printf-formatted
 static inline void replica_check_add(ReplicaCheck* check, const void* data, size_t bytes, const char* format, ...) {
     if (bytes == 0) { return; }
@@ -153,8 +158,9 @@ static inline void replica_fingerprints(ReplicaCheck* check, cudaStream_t stream
 
 /*
 Every rank's fingerprints, compared with rank 0's. Collective (a communicator of
-check->num_ranks ranks): every rank calls it at the same point, after `stream` has everything the regions must hold (the trainer joins the weight
-gather first). The host waits, bounded by -pt, for the all-gather.
+check->num_ranks ranks): every rank calls it at the same point, after `stream` has everything
+the regions must hold (the trainer joins the weight gather first). The host waits, bounded by
+-pt, for the all-gather.
 */
 static inline ReplicaMismatch replica_check_compare(ReplicaCheck* check, const MultiGpuConfig* multi_gpu, cudaStream_t stream) {
     replica_fingerprints(check, stream);

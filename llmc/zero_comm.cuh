@@ -695,37 +695,36 @@ read, which the all-reduced amax makes the same everywhere. Not the owned-range 
 */
 void zero_comm_replicated_regions(const ZeroComm* comm, const Fp8Model* fp8, const floatX* params, ReplicaCheck* check) {
     const ZeroLayout* layout = &comm->layout;
+    char where[32];  // "layer l " before a per-layer name, "" outside the layers (replica_layer_prefix)
     for (int layer = -1; layer < layout->num_layers; layer++) {  // -1: the tensors outside the layers
+        replica_layer_prefix(where, sizeof(where), layer);
         for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
             if (zero_tensor_is_per_layer(t) != (layer >= 0) || zero_comm_sharded(comm, t) || comm->fp8_tensor[t]) { continue; }
             ZeroRange slice = zero_slice_range(layout, t, layer);
-            char where[32] = "";
-            if (layer >= 0) { snprintf(where, sizeof(where), "layer %d ", layer); }
             replica_check_add(check, params + slice.begin, (slice.end - slice.begin) * sizeof(floatX), "%s%s (bf16)", where,
                               PARAM_TENSOR_NAMES[t]);
         }
     }
     for (int i = 0; i < fp8->num_linears; i++) {
         const Fp8Linear* lin = &fp8->linears[i];
-        char name[32] = "";
-        if (lin->layer >= 0) { snprintf(name, sizeof(name), "layer %d ", lin->layer); }
-        strncat(name, LINEAR_KIND_NAMES[lin->kind], sizeof(name) - strlen(name) - 1);
+        const char* kind = LINEAR_KIND_NAMES[lin->kind];
+        replica_layer_prefix(where, sizeof(where), lin->layer);
         size_t elements = (size_t)lin->OC * lin->K;
         if (!(fp8->sharded && lin->layer >= 0)) {
-            if (lin->w_codes != NULL) { replica_check_add(check, lin->w_codes, elements, "%s W (FP8 codes)", name); }
-            if (lin->w_codes_t != NULL) { replica_check_add(check, lin->w_codes_t, elements, "%s W^T (FP8 codes)", name); }
+            if (lin->w_codes != NULL) { replica_check_add(check, lin->w_codes, elements, "%s%s W (FP8 codes)", where, kind); }
+            if (lin->w_codes_t != NULL) { replica_check_add(check, lin->w_codes_t, elements, "%s%s W^T (FP8 codes)", where, kind); }
             if (lin->w_scale_inv != NULL) {
                 replica_check_add(check, lin->w_scale_inv, fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->OC, lin->K)
-                                  * sizeof(float), "%s W block scales", name);
+                                  * sizeof(float), "%s%s W block scales", where, kind);
             }
             if (lin->w_scale_inv_t != NULL) {
                 replica_check_add(check, lin->w_scale_inv_t, fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->K, lin->OC)
-                                  * sizeof(float), "%s W^T block scales", name);
+                                  * sizeof(float), "%s%s W^T block scales", where, kind);
             }
         }
         Fp8CastOutput w = fp8_model_w(fp8, i);
-        replica_check_add(check, w.state, sizeof(Fp8TensorScaling), "%s W scaling state", name);
-        replica_check_add(check, &w.record->scale, 2 * sizeof(float), "%s W scale (its GEMMs')", name);
+        replica_check_add(check, w.state, sizeof(Fp8TensorScaling), "%s%s W scaling state", where, kind);
+        replica_check_add(check, &w.record->scale, 2 * sizeof(float), "%s%s W scale (its GEMMs')", where, kind);
     }
 }
 

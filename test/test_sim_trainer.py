@@ -160,7 +160,7 @@ def test_block_recipe_at_a_width_not_a_multiple_of_128(workdir):
 def train_ranks(workdir, ranks, args, stream_order="", rank1_env=None, name=None, data="s_train_*.bin"):
     """`ranks` ranks of the sim trainer (ZeRO-1 unless args say -z 3, -pi fs; one rank: no -pn) with
     CUDASIM_STREAM_ORDER=stream_order ("": random), rank 1 with rank1_env added to its environment; returns (exit
-    codes, rank 0's stdout and stderr, rank 1's stderr)"""
+    codes, rank 0's stdout and stderr, the last rank's stderr)"""
     fs_dir = workdir / f"ranks_{name or stream_order or 'random'}"
     os.makedirs(fs_dir, exist_ok=True)
     env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1", CUDASIM_STREAM_ORDER=stream_order)
