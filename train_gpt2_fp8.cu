@@ -644,18 +644,13 @@ static uint32_t update_seed(int step, int tensor) {
     return random_u32(0x5eed1234u, (uint32_t)step * NUM_PARAMETER_TENSORS + (uint32_t)tensor);
 }
 
-/*
-What the optimizer call that updates FP8 weight (tensor, layer) from flat element `flat` on
-writes for the weight's cast (zeroed: none is wanted): the new amax, and under -fw delayed the
-codes (fp8_model_weight_update). With several ranks only the weights gathered as FP8 take it
-(zero_comm.cuh): the others are cast from the gathered bf16 weights, which the cast itself scans.
-*/
+// What the optimizer call that updates FP8 weight (tensor, layer) from flat element `flat` on
+// writes for the weight's cast (zeroed: none is wanted, e.g. lm_head, which is cast from the
+// bf16 wte after the update): fp8_model_weight_update
 static Fp8WeightUpdate gpt2_weight_update(const GPT2* model, int tensor, int layer, size_t flat) {
     Fp8WeightUpdate none = {};
-    int kind = tensor == PARAM_WTE ? LINEAR_LM_HEAD : zero_comm_weight_kind(tensor);
-    if (kind < 0) { return none; }
-    if (model->comm != NULL && (!model->comm->fp8_gather || kind == LINEAR_LM_HEAD)) { return none; }
-    int i = fp8_model_linear(&model->fp8, layer, kind);
+    int kind = zero_comm_weight_kind(tensor);
+    int i = kind < 0 ? -1 : fp8_model_linear(&model->fp8, layer, kind);
     if (i < 0) { return none; }
     return fp8_model_weight_update(&model->fp8, i, flat - model->fp8.linears[i].weight_offset);
 }
@@ -1088,16 +1083,21 @@ static void print_multi_gpu_summary(const GPT2* model, const TrainConfig* tc, in
 
 // the FP8 line: the recipe, its scalings, the passes in FP8 and the buffers
 static void print_fp8_summary(const GPT2* model) {
-    const Fp8Settings* s = &model->fp8.settings;
+    const Fp8Model* fp8 = &model->fp8;
+    const Fp8Settings* s = &fp8->settings;
     char passes[256];
     fp8_passes_text(passes, sizeof(passes), s->passes);
     bool block = s->recipe == FP8_MODEL_BLOCK;
-    printf("fp8 | recipe %s (history %d, margin %d, weights %s, gradients %s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+    // where the optimizer pass casts only some FP8 weights, the rest are cast from bf16 after it
+    int in_update = fp8_model_linears_cast_in_update(fp8);
+    const char* after_update = in_update == fp8->num_linears ? ""
+                             : in_update > 0 ? ", lm_head from bf16 after the update"
+                             : " (from bf16 after the update: a block linear has a bf16 GEMM, or none is FP8)";
+    printf("fp8 | recipe %s (history %d, margin %d, weights %s%s, gradients %s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
            FP8_MODEL_RECIPE_NAMES[s->recipe], s->history_len, s->margin,
-           block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[s->weight_scaling],
+           block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[s->weight_scaling], after_update,
            block ? "1x128 tiles" : FP8_SCALING_CHOICE_NAMES[s->grad_scaling], passes,
-           model->fp8.num_linears, model->fp8.bytes / 1048576.0,
-           model->fp8.numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
+           fp8->num_linears, fp8->bytes / 1048576.0, fp8->numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
 }
 
 // -pc: every rank's gathered weights against rank 0's, bitwise, after `updates` updates; one line

@@ -30,14 +30,17 @@ Why it is shaped so:
   host knows which path to take without reading the GPU: x_seeded flips after the first
   forward, and is read from the states on resume. Output gradients under -fg delayed
   likewise: dy_seeded flips after the first backward (fp8_model_dy_scale_known).
-- Weights (-fw, DESIGN.md section 3), per-tensor recipes: the optimizer pass writes each
-  weight's new amax into its record (fp8_model_weight_update). current: the cast follows the
-  pass with that amax (fp8_model_cast_weights). delayed: the pass itself writes W's codes
-  with the weight state's scale (the previous step's amax, history 1, fp8_scaling.h), then
-  fp8_model_weights_after_update copies that scale into the record for the GEMMs, folds the
-  new amax into the state for the next step, and makes W^T from the codes (a byte per
-  element, no re-read of the weights). The start cast seeds it (current), and a resume
-  rebuilds the codes with the scale the saved records hold (fp8_model_restore_weight_codes).
+- Weights (-fw, DESIGN.md section 3), per-tensor recipes: the optimizer pass writes the new
+  amax of each weight it casts into its record (fp8_model_weight_update; the block linears'
+  when each FP8 one runs all its GEMMs in FP8, fp8_weight_cast_in_update). current: the cast
+  follows the pass with that amax (fp8_model_cast_weights). delayed: the pass itself writes
+  W's codes with the weight state's scale (the previous step's amax, history 1,
+  fp8_scaling.h), then fp8_model_weights_after_update copies that scale into the record for
+  the GEMMs, folds the new amax into the state for the next step, and makes W^T from the
+  codes (a byte per element, no re-read of the weights). The start cast seeds it (current),
+  and a resume rebuilds the codes with the scale the saved records hold
+  (fp8_model_restore_weight_codes). The other FP8 weights (lm_head, from the bf16 wte) are
+  cast after the update from the bf16 weights, current-scaled, as several ranks must.
 - ZeRO-3 (-z 3, zero_comm.cuh): the block linears' W codes are not kept whole. Each keeps
   only the codes of the part of its weight this rank owns (owned_codes, cast there after
   each optimizer step), and two layer slots hold one layer's four W and W^T at a time,
@@ -180,6 +183,28 @@ static inline bool fp8_model_casts_w(const Fp8Model* fp8, int i) {
 
 static inline bool fp8_model_block(const Fp8Model* fp8) { return fp8->settings.recipe == FP8_MODEL_BLOCK; }
 
+// whether the optimizer pass casts linear i's weight, from the master weights: the block
+// linears' when each FP8 one runs all its GEMMs in FP8; lm_head's and the others' are cast after
+// the update from the bf16 weights, current-scaled (fp8_weight_cast_in_update says why)
+static inline bool fp8_model_weight_cast_in_update(const Fp8Model* fp8, int i) {
+    return fp8_weight_cast_in_update(fp8->settings.passes, fp8->linears[i].kind);
+}
+
+// how many FP8 linears the optimizer pass casts: the first ones (the block linears come first)
+static inline int fp8_model_linears_cast_in_update(const Fp8Model* fp8) {
+    return fp8->per_layer > 0 && fp8_model_weight_cast_in_update(fp8, 0) ? fp8->num_linears - (fp8->lm_head >= 0) : 0;
+}
+
+// -fw delayed: the optimizer pass writes the codes of the weights it casts (DESIGN.md section 3)
+static inline bool fp8_model_delayed_weights(const Fp8Model* fp8) {
+    return fp8->num_linears > 0 && fp8->settings.weight_scaling == FP8_WEIGHTS_DELAYED;
+}
+
+// whether linear i's weight has delayed scaling: -fw delayed and cast in the optimizer pass
+static inline bool fp8_model_weight_delayed(const Fp8Model* fp8, int i) {
+    return fp8_model_delayed_weights(fp8) && fp8_model_weight_cast_in_update(fp8, i);
+}
+
 // the cast of linear i's input x: codes for an FP8 forward, x^T for an FP8 wgrad
 static inline Fp8CastOutput fp8_model_x(const Fp8Model* fp8, int i) {
     const Fp8Linear* lin = &fp8->linears[i];
@@ -303,13 +328,14 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
 }
 
 // host states, fresh: activations by the recipe, gradients as -fg says, weights as -fw says
+// (those the optimizer pass casts; the others current)
 static void fp8_model_init_states(const Fp8Model* fp8, Fp8TensorScaling* host) {
     const Fp8Settings* s = &fp8->settings;
     int n = fp8->num_linears;
     for (int i = 0; i < n; i++) {
         fp8_scaling_init(&host[i], fp8_activation_recipe(s), FP8_E4M3, s->history_len, s->margin);
         fp8_scaling_init(&host[n + i], fp8_gradient_recipe(s), FP8_E5M2, s->history_len, s->margin);
-        fp8_scaling_init_weight(&host[2 * n + i], s->weight_scaling == FP8_WEIGHTS_DELAYED, s->history_len, s->margin);
+        fp8_scaling_init_weight(&host[2 * n + i], fp8_model_weight_delayed(fp8, i), s->history_len, s->margin);
     }
 }
 
@@ -330,9 +356,9 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
     for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { fp8->rank_in_layer[kind] = -1; }
     if (!settings->enabled) { return; }
     if (settings->weight_scaling == FP8_WEIGHTS_DELAYED &&
-        (settings->recipe == FP8_MODEL_BLOCK || fp8_delayed_weights_missing_forward(settings->passes) >= 0)) {
-        llm8_die("fp8_model_create: delayed weight scaling needs a per-tensor recipe, and an FP8 forward wherever dgrad is "
-                 "FP8 (train_config_fp8_settings)");
+        (settings->recipe == FP8_MODEL_BLOCK || !fp8_weights_cast_in_update(settings->passes))) {
+        llm8_die("fp8_model_create: delayed weight scaling needs a per-tensor recipe, and weights the optimizer pass casts "
+                 "(train_config_fp8_settings)");
     }
     if (settings->grad_scaling == FP8_GRADS_DELAYED && settings->recipe == FP8_MODEL_BLOCK) {
         llm8_die("fp8_model_create: delayed gradient scaling needs a per-tensor recipe (train_config_fp8_settings)");
@@ -495,16 +521,22 @@ static inline Fp8DoutScale fp8_model_dout_scale(const Fp8Model* fp8, int i) {
 void fp8_model_end_backward(Fp8Model* fp8) { fp8->dy_seeded = 1; }
 
 /*
-FP8 linear i's weight W (for an FP8 forward) and W^T (for an FP8 dgrad), from the fp32
-master when master != NULL (all of it: one GPU), else from the bf16 weights, with current
-scaling; nothing when neither pass is FP8. At the start (seeding a delayed weight's state),
-after loading a checkpoint, and after each optimizer step under -fw current. amax_known: the
-optimizer pass has written the weight's amax into its record (fp8_model_weight_update), so
-the per-tensor cast skips its amax pass.
+FP8 linear i's weight W (for an FP8 forward) and W^T (for an FP8 dgrad), with current
+scaling; nothing when neither pass is FP8. A weight the optimizer pass casts comes from the
+fp32 master when master != NULL (all of it: one GPU), else from the bf16 weights; amax_known:
+the pass has written its amax into its record (fp8_model_weight_update), so the per-tensor
+cast skips its amax pass. Any other weight (lm_head; all of them when a block linear has a
+bf16 GEMM) always comes from the bf16 weights with an amax pass of its own, as several ranks
+cast it after their bf16 gather. At the start (seeding a delayed weight's state), after
+loading a checkpoint, and after each optimizer step.
 */
 void fp8_model_cast_weight(const Fp8Model* fp8, int i, const float* master, const floatX* params, bool amax_known,
                            cudaStream_t stream) {
     if (!fp8_model_casts_w(fp8, i)) { return; }
+    if (!fp8_model_weight_cast_in_update(fp8, i)) {
+        master = NULL;
+        amax_known = false;
+    }
     const Fp8Linear* lin = &fp8->linears[i];
     Fp8CastOutput w = fp8_model_w(fp8, i);
     fp8_cast_weight(&w, master != NULL ? master + lin->weight_offset : NULL,
@@ -518,20 +550,18 @@ void fp8_model_cast_weights(const Fp8Model* fp8, const float* master, const floa
     for (int i = 0; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, master, params, amax_known, stream); }
 }
 
-// -fw delayed: the optimizer pass writes the FP8 weights' codes (DESIGN.md section 3)
-static inline bool fp8_model_delayed_weights(const Fp8Model* fp8) {
-    return fp8->num_linears > 0 && fp8->settings.weight_scaling == FP8_WEIGHTS_DELAYED;
-}
-
 /*
 What the optimizer call that updates FP8 linear i's weight from its element `first` on writes
-for the weight's cast (zeroed: i is -1, W is not cast (no FP8 forward or dgrad), or the block
-recipe, whose cast finds every 128x128 block's amax itself): the new amax into the weight's record, and under -fw delayed the codes
-from W's element `first` on, with the weight state's scale.
+for the weight's cast (zeroed: i is -1, W is not cast (no FP8 forward or dgrad), W is cast
+after the update from the bf16 weights (fp8_model_weight_cast_in_update), or the block recipe,
+whose cast finds every 128x128 block's amax itself): the new amax into the weight's record,
+and under -fw delayed the codes from W's element `first` on, with the weight state's scale.
 */
 static inline Fp8WeightUpdate fp8_model_weight_update(const Fp8Model* fp8, int i, size_t first) {
     Fp8WeightUpdate update = {};
-    if (!fp8_model_casts_w(fp8, i) || fp8_model_block(fp8)) { return update; }
+    if (i < 0 || !fp8_model_casts_w(fp8, i) || !fp8_model_weight_cast_in_update(fp8, i) || fp8_model_block(fp8)) {
+        return update;
+    }
     Fp8CastOutput w = fp8_model_w(fp8, i);
     update.record = w.record;
     if (fp8_model_delayed_weights(fp8)) {
@@ -551,32 +581,35 @@ void fp8_model_transpose_weights(const Fp8Model* fp8, int first, int last, cudaS
 
 /*
 After each optimizer step on one GPU (zero_comm_gather_weights with several): the FP8 weights
-follow the update. -fw current: the casts, from the amaxes the pass wrote. -fw delayed: the
-pass wrote W's codes with the states' scales, which become the records' (what the GEMMs
-read), then the pass's amaxes update the states (the next step's scales), as a delayed
-activation's cast does; W^T is the codes' transpose.
+follow the update. Those the pass cast (the first in_update linears), -fw current: the casts,
+from the amaxes the pass wrote; -fw delayed: the pass wrote W's codes with the states' scales,
+which become the records' (what the GEMMs read), then the pass's amaxes update the states
+(the next step's scales), as a delayed activation's cast does; W^T is the codes' transpose.
+The rest: cast from the bf16 weights, as fp8_model_cast_weight does.
 */
 void fp8_model_weights_after_update(const Fp8Model* fp8, const float* master, const floatX* params, cudaStream_t stream) {
-    if (fp8->num_linears == 0) { return; }
-    if (!fp8_model_delayed_weights(fp8)) {
-        fp8_model_cast_weights(fp8, master, params, true, stream);
-        return;
+    int n = fp8->num_linears, in_update = fp8_model_linears_cast_in_update(fp8);
+    if (fp8_model_delayed_weights(fp8)) {
+        fp8_scaling_publish_scales(&fp8->states[2 * n], &fp8->records[2 * n], in_update, stream);
+        fp8_scaling_update_records(&fp8->states[2 * n], &fp8->records[2 * n], in_update, stream);
+        fp8_model_transpose_weights(fp8, 0, in_update, stream);
+    } else {
+        for (int i = 0; i < in_update; i++) { fp8_model_cast_weight(fp8, i, master, params, true, stream); }
     }
-    int n = fp8->num_linears;
-    fp8_scaling_publish_scales(&fp8->states[2 * n], &fp8->records[2 * n], n, stream);
-    fp8_scaling_update_records(&fp8->states[2 * n], &fp8->records[2 * n], n, stream);
-    fp8_model_transpose_weights(fp8, 0, n, stream);
+    for (int i = in_update; i < n; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
 }
 
 /*
 After a resume under -fw delayed on one GPU (zero_comm_restore_weight_codes with several):
 the start cast before fp8_model_upload wrote every weight with current scaling, but the run's
-codes were written in the optimizer pass with the previous step's scale, which the restored
-records hold. W and W^T are rebuilt with it; nothing else changes (not a use of the tensors).
+codes of the weights the optimizer pass casts were written there with the previous step's
+scale, which the restored records hold. Their W and W^T are rebuilt with it; nothing else
+changes (not a use of the tensors; the others were current-scaled in the run too).
 */
 void fp8_model_restore_weight_codes(const Fp8Model* fp8, const float* master, const floatX* params, cudaStream_t stream) {
     if (!fp8_model_delayed_weights(fp8)) { return; }
-    for (int i = 0; i < fp8->num_linears; i++) {
+    int in_update = fp8_model_linears_cast_in_update(fp8);
+    for (int i = 0; i < in_update; i++) {
         if (!fp8_model_casts_w(fp8, i)) { continue; }
         const Fp8Linear* lin = &fp8->linears[i];
         Fp8CastOutput w = fp8_model_w(fp8, i);
@@ -584,7 +617,7 @@ void fp8_model_restore_weight_codes(const Fp8Model* fp8, const float* master, co
         if (master != NULL) { fp8_weight_codes(lin->w_codes, master + lin->weight_offset, n, w.record, stream); }
         else { fp8_weight_codes(lin->w_codes, params + lin->weight_offset, n, w.record, stream); }
     }
-    fp8_model_transpose_weights(fp8, 0, fp8->num_linears, stream);
+    fp8_model_transpose_weights(fp8, 0, in_update, stream);
 }
 
 // ----------------------------------------------------------------------------

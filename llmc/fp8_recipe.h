@@ -220,16 +220,36 @@ static inline int fp8_scaling_choice_from_name(const char* flag, const char* nam
 }
 
 /*
--fw delayed writes W's codes in the optimizer pass, and dgrad's W^T is their transpose, so a
-linear with an FP8 dgrad needs its FP8 forward: the first kind (passes indexed by LinearKind,
-Fp8Pass bits; the CPU reference's arrays have the same order and bits) that has an FP8 dgrad
-without one, or -1.
+Where an FP8 weight is cast (DESIGN.md section 3): the block linears' weights in the optimizer
+pass, from the master weights (-fw current: the pass supplies the amax; -fw delayed: the pass
+writes the codes), when every FP8 block linear runs all three GEMMs in FP8, so no bf16 GEMM
+reads their bf16 weights; with several ranks their owners cast them and they travel as FP8
+codes (zero_comm.cuh). Otherwise, and always for lm_head (its bf16 wte is the embedding's),
+after the update, from the bf16 weights, with current scaling; with several ranks every rank
+casts them after their bf16 gather. One GPU draws the line where several must, so N ranks on
+the same batch compute one rank's bits (doc/multi-gpu.md, twin batches). Passes indexed by
+LinearKind, Fp8Pass bits (the CPU reference's arrays have the same order and bits).
+
+The first block kind with FP8 and bf16 GEMMs both, or -1 when none has.
 */
-static inline int fp8_delayed_weights_missing_forward(const int* passes) {
-    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
-        if ((passes[kind] & FP8_DGRAD) && !(passes[kind] & FP8_FWD)) { return kind; }
+static inline int fp8_block_kind_with_bf16_pass(const int* passes) {
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+        if (passes[kind] != 0 && passes[kind] != FP8_ALL_PASSES) { return kind; }
     }
     return -1;
+}
+
+// whether the optimizer pass casts linear kind `kind`'s FP8 weight (see above)
+static inline int fp8_weight_cast_in_update(const int* passes, int kind) {
+    return kind < LINEAR_KINDS_PER_LAYER && passes[kind] != 0 && fp8_block_kind_with_bf16_pass(passes) < 0;
+}
+
+// whether the optimizer pass casts any FP8 weight: what -fw delayed acts on
+static inline int fp8_weights_cast_in_update(const int* passes) {
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+        if (fp8_weight_cast_in_update(passes, kind)) { return 1; }
+    }
+    return 0;
 }
 
 // the per-tensor state recipe of activations (dy as -fg says, W as -fw says)

@@ -106,7 +106,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-fh", FLAG_INT, TC_OFF(fp8_history), 1, FP8_AMAX_HISTORY_MAX, NULL, "fp8 delayed recipe: amax history length, in uses (one per forward: a micro-step)"},
     {"-fm", FLAG_INT, TC_OFF(fp8_margin), 0, FP8_MARGIN_MAX, NULL, "fp8 scale margin: per-tensor scales are divided by 2^margin"},
     {"-fw", FLAG_CHOICE, TC_OFF(fp8_weight_scaling), 0, 0, "current delayed",
-     "fp8 weight scaling (-fr delayed|current): current (cast after the optimizer step, with the new amax) or delayed (cast inside it, with the previous step's amax and the -fm margin)"},
+     "fp8 weight scaling (-fr delayed|current) of the block linears' weights when each FP8 one runs all three GEMMs in FP8: current (cast after the optimizer step, with the new amax) or delayed (cast inside it, with the previous step's amax and the -fm margin); lm_head, and the others, are cast from bf16 after the step, current"},
     {"-fg", FLAG_CHOICE, TC_OFF(fp8_grad_scaling), 0, 0, "current delayed",
      "fp8 output-gradient scaling (-fr delayed|current): current (an amax pass, then the cast: dy read twice) or delayed (the cast rides on the bias-gradient pass with an amax history's scale: dy read once)"},
     {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8 (in the passes -f8p gives them), a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
@@ -283,11 +283,16 @@ static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
         llm8_die("flag -fg delayed: -fr block scales each 1x128 gradient tile by its own amax, in one pass already; "
                  "use -fg current with -fr block, or -fr delayed|current");
     }
-    int missing = s.weight_scaling == FP8_WEIGHTS_DELAYED ? fp8_delayed_weights_missing_forward(s.passes) : -1;
-    if (missing >= 0) {
-        llm8_die("flag -fw delayed: the optimizer writes the FP8 forward's weight codes (dgrad's W^T is their transpose), "
-                 "and -f8p %s gives %s an FP8 dgrad without an FP8 forward; use -fw current, or add %s.fwd to -f8p",
-                 c->fp8_passes, LINEAR_KIND_NAMES[missing], LINEAR_KIND_NAMES[missing]);
+    if (s.weight_scaling == FP8_WEIGHTS_DELAYED && !fp8_weights_cast_in_update(s.passes)) {
+        int partial = fp8_block_kind_with_bf16_pass(s.passes);
+        if (partial >= 0) {
+            llm8_die("flag -fw delayed: the optimizer pass writes the weights' codes only when every FP8 block linear runs all "
+                     "three GEMMs in FP8, and -f8p %s leaves %s a bf16 GEMM (every FP8 weight is then cast from the bf16 "
+                     "weights after the update, current-scaled); use -fw current, or -f8p all",
+                     c->fp8_passes, LINEAR_KIND_NAMES[partial]);
+        }
+        llm8_die("flag -fw delayed: -f8 %s has no FP8 block linear, and lm_head's weight is cast from the bf16 wte after "
+                 "the update, current-scaled; use -fw current", c->fp8_linears);
     }
     return s;
 }

@@ -97,7 +97,7 @@ typedef struct {
     cudaEvent_t updated;        // on the compute stream, after the update: the gathers wait for it
     cudaEvent_t gathered;       // on the communication stream: zero_comm_join's
     cudaEvent_t* stage_gathered; // [zero_comm_num_stages], on the communication stream: the weight gather's stage has arrived
-    int fp8_gather;             // the block linears' weights travel as FP8 (zero_comm_fp8_gather)
+    int fp8_gather;             // the block linears' weights travel as FP8 (zero_comm_create)
     int zero3;                  // -z 3: the block linears' weights stay sharded, gathered per layer
     floatX* slot_bf16[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER]; // ZeRO-3: a gathered layer's bf16 W [OC][K] of each
                                 // linear with no FP8 GEMM (NULL for the FP8 ones: fp8_model.cuh's slots)
@@ -116,20 +116,6 @@ typedef struct {
 // ZeRO-3 keeps tensor t sharded, gathered per layer and never after the update: the block
 // linears' weights, the ones zero3_resident_ranges leaves unmapped
 static inline int zero_comm_sharded(const ZeroComm* comm, int t) { return comm->zero3 && zero_tensor_is_matmul_weight(t); }
-
-// the block linears' weights are gathered as FP8 when every FP8 block linear runs all three
-// passes in FP8 (so no bf16 GEMM reads its weight, and both W and W^T exist), in every
-// recipe (the block recipe's scales per 128x128 block); otherwise some bf16 GEMM reads the
-// bf16 weight, and the weights go in bf16, each rank casting locally. lm_head is cast from
-// the gathered bf16 wte either way, so its passes do not count.
-static inline int zero_comm_fp8_gather(const Fp8Model* fp8) {
-    const Fp8Settings* s = &fp8->settings;
-    int all_passes = 1;
-    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
-        if (s->passes[kind] != 0 && s->passes[kind] != FP8_ALL_PASSES) { all_passes = 0; }
-    }
-    return fp8->num_linears > 0 && fp8->per_layer > 0 && all_passes;
-}
 
 // FP8 linear index -> its weight tensor, for the four block kinds
 static inline int zero_comm_weight_tensor(int kind) {
@@ -254,7 +240,11 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
         cudaCheck(cudaEventCreateWithFlags(&comm->stage_gathered[s], cudaEventDisableTiming));
     }
 
-    comm->fp8_gather = zero_comm_fp8_gather(fp8);
+    // the block linears' weights travel as FP8 when the optimizer pass casts them (each FP8 one
+    // runs all three GEMMs in FP8: no bf16 GEMM reads the bf16 weight, and W and W^T both exist);
+    // otherwise in bf16, each rank casting them after the gather, as one GPU casts them from its
+    // bf16 weights (fp8_weight_cast_in_update). lm_head is cast from the gathered bf16 wte.
+    comm->fp8_gather = fp8_model_linears_cast_in_update(fp8) > 0;
     comm->zero3 = zero3;
     if (zero3) { zero_comm_create_zero3(comm, fp8); }
     if (comm->fp8_gather) {

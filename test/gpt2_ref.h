@@ -419,10 +419,9 @@ static inline void fp8_emulation_validate(const Fp8Emulation* e) {
     if (e->grad_scaling == FP8_GRADS_DELAYED && e->recipe == FP8_EMULATE_BLOCK) {
         llm8_die("fp8 emulation: delayed gradient scaling needs a per-tensor recipe");
     }
-    int missing = e->weight_scaling == FP8_WEIGHTS_DELAYED ? fp8_delayed_weights_missing_forward(e->passes) : -1;
-    if (missing >= 0) {
-        llm8_die("fp8 emulation: delayed weight scaling writes the forward's W, and %s has an FP8 dgrad without an FP8 forward",
-                 FP8_LINEAR_NAMES[missing]);
+    if (e->weight_scaling == FP8_WEIGHTS_DELAYED && !fp8_weights_cast_in_update(e->passes)) {
+        llm8_die("fp8 emulation: delayed weight scaling acts on the weights the optimizer pass casts, and these passes leave "
+                 "none there (a block linear has a bf16 GEMM, or none is FP8; fp8_weight_cast_in_update)");
     }
 }
 
@@ -445,7 +444,8 @@ static inline void fp8_linear_state_init(Fp8LinearState* q, const Fp8Emulation* 
     q->passes = e->passes[kind];
     Fp8Recipe x_recipe = e->recipe == FP8_EMULATE_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
     fp8_scaling_init(&q->scaling[FP8_OPERAND_X], x_recipe, FP8_E4M3, e->history_len, e->margin);
-    fp8_scaling_init_weight(&q->scaling[FP8_OPERAND_W], e->weight_scaling == FP8_WEIGHTS_DELAYED, e->history_len, e->margin);
+    int delayed_weight = e->weight_scaling == FP8_WEIGHTS_DELAYED && fp8_weight_cast_in_update(e->passes, kind);
+    fp8_scaling_init_weight(&q->scaling[FP8_OPERAND_W], delayed_weight, e->history_len, e->margin);
     Fp8Recipe dy_recipe = e->grad_scaling == FP8_GRADS_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
     fp8_scaling_init(&q->scaling[FP8_OPERAND_DY], dy_recipe, FP8_E5M2, e->history_len, e->margin);
 }
@@ -803,10 +803,11 @@ static inline float* gpt2ref_fp8_weight(GPT2Ref* model, int layer, int kind, siz
 /*
 The FP8 side of an optimizer step under delayed weight scaling (-fw delayed): call it after
 every step that changed the parameters (gpt2ref_adamw_update does). As the GPU's optimizer
-pass, each FP8 weight's new codes take its state's scale (the previous step's amax), kept in
-forward_used[W] for the forwards until the next step, and the new weights' amax updates the
-state. A state never used (no forward yet) is left to its first forward's seeding. Current
-weights need nothing: their forwards cast from the weights as they are.
+pass, each delayed FP8 weight's new codes take its state's scale (the previous step's amax),
+kept in forward_used[W] for the forwards until the next step, and the new weights' amax
+updates the state. A state never used (no forward yet) is left to its first forward's
+seeding. Current weights (lm_head's under -fw delayed too, fp8_weight_cast_in_update) need
+nothing: their forwards cast from the weights as they are.
 */
 static inline void gpt2ref_fp8_weights_updated(GPT2Ref* model) {
     if (model->fp8_linears == NULL || model->fp8_config.weight_scaling != FP8_WEIGHTS_DELAYED) { return; }
@@ -814,7 +815,8 @@ static inline void gpt2ref_fp8_weights_updated(GPT2Ref* model) {
         for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) {
             if (kind == FP8_LINEAR_LM_HEAD && layer > 0) { continue; }  // lm_head once
             Fp8LinearState* q = gpt2ref_fp8_linear(model, layer, kind);
-            if (q == NULL || fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_W]) == 0) { continue; }
+            if (q == NULL || q->scaling[FP8_OPERAND_W].recipe != FP8_RECIPE_DELAYED) { continue; }
+            if (fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_W]) == 0) { continue; }
             Fp8TensorScaling* s = &q->scaling[FP8_OPERAND_W];
             Fp8ScalePair pair = {s->scale, s->scale_inv};
             q->forward_used[FP8_OPERAND_W] = pair;

@@ -290,6 +290,8 @@ def twins(setup):
     for ranks, name, extra, rank_extra in ((2, "bf16", ["-p", "bf16"], []),
                                            (2, "fp8 -fw delayed adamw8", ["-p", "fp8", "-fw", "delayed", "-opt", "adamw8"], []),
                                            (2, "fp8 block adamw8", ["-p", "fp8", "-fr", "block", "-opt", "adamw8"], []),
+                                           (2, "fp8 lm_head -fw delayed", ["-p", "fp8", "-f8", "all", "-fw", "delayed"], []),
+                                           (2, "fp8 partial -f8p fwd", ["-p", "fp8", "-f8p", "fwd"], []),
                                            (2, "fp8 ZeRO-3 adamw8", ["-p", "fp8", "-opt", "adamw8"], ["-z", 3]),
                                            (3, "fp8 ZeRO-3 adamw8 -pa fp32", ["-p", "fp8", "-opt", "adamw8", "-pa", "fp32"], ["-z", 3])):
         dirs = [os.path.join(tmp, f"twin_{ranks}_{name.replace(' ', '_')}_{n}") for n in (1, ranks)]

@@ -132,6 +132,25 @@ def test_optimizer_traffic_from_the_persistent_bytes(optimizer, master, persiste
         assert update.bytes == pytest.approx(expected + codes, rel=1e-12)
 
 
+def test_fp8_weight_casts_by_where_each_weight_is_cast():
+    """the block linears' weights: -fw current reads the master once and writes W and W^T, -fw delayed only
+    transposes the codes the update wrote (and the update writes them, with lm_head's not among them); lm_head's is
+    cast after the update from the bf16 wte under either -fw, an amax pass and the cast (one read for the block
+    recipe's tiles)"""
+    shape = fm.scaling_model.model_shape("d12")
+    wte = shape.tensor_sizes["wte"]
+    for weight_scaling, recipe in (("current", "delayed"), ("delayed", "delayed"), ("current", "block")):
+        run = dict(precision="fp8", recipe=recipe, weight_scaling=weight_scaling, lm_head="fp8")
+        casts = {k.what: k.bytes for k in kernels("fp8 weight casts", "", **run)}
+        reads = 1 if recipe == "block" else 2
+        assert casts.pop(f"wte -> lm_head's W, W^T from bf16 ({reads} read{'s' if reads > 1 else ''})") == wte * (reads * 2 + 2)
+        block = shape.matmul_elements * (2 if weight_scaling == "delayed" else 4 + 2)
+        assert sum(casts.values()) == block, casts
+        [with_head] = kernels("adamw", "", **run)
+        [without_head] = kernels("adamw", "", **dict(run, lm_head="bf16"))
+        assert with_head.bytes == without_head.bytes  # the update writes no lm_head codes
+
+
 def test_fp8_gemms_move_fewer_bytes_and_floors_are_consistent():
     def gemms(run):
         return [k for k in fm.step_kernels(run) if k.kind == "gemm"]

@@ -542,6 +542,8 @@ Delayed weight scaling (-fw delayed): the first forward seeds W's state with a c
 an optimizer step keeps the scale its codes were written with (the previous amax's) for the
 forwards and puts the new weights' amax into the state; forwards between two steps (gradient
 accumulation, evaluation) all quantize W with that same pair and leave the state alone.
+lm_head's W is not cast in the optimizer pass (fp8_weight_cast_in_update): every forward
+quantizes it with its current amax's scale, as the trainer casts it from bf16 after the step.
 */
 static void test_delayed_weights(void) {
     GPT2Config cfg = sqnr_config();
@@ -584,7 +586,13 @@ static void test_delayed_weights(void) {
         for (int use = 0; use < 2; use++) {  // two micro-steps of one step: the same Q(W), the state left alone
             gpt2ref_forward(model, tokens, targets, SQNR_B, SQNR_T);
             gpt2ref_backward(model, 2);
-            for (int k = 0; k < 2; k++) {
+            Fp8LinearState* head = gpt2ref_fp8_linear(model, 1, FP8_LINEAR_LM_HEAD);
+            float current = fp8_scale_from_amax(amax_stepped[1], FP8_E4M3_MAX, 0);
+            CHECK(head->scaling[FP8_OPERAND_W].recipe == FP8_RECIPE_CURRENT && head->forward_used[FP8_OPERAND_W].scale == current,
+                  "lm_head, step %d use %d: W quantized with scale %g (recipe %d), expected its current amax's %g", step, use,
+                  head->forward_used[FP8_OPERAND_W].scale, head->scaling[FP8_OPERAND_W].recipe, current);
+            {  // fc, delayed
+                const int k = 0;
                 Fp8LinearState* q = gpt2ref_fp8_linear(model, 1, kinds[k]);
                 const Fp8TensorScaling* w = &q->scaling[FP8_OPERAND_W];
                 float previous = fp8_scale_from_amax(amax_before[k], FP8_E4M3_MAX, 0);
@@ -794,7 +802,11 @@ static void test_config_errors(void) {
     e = fp8_emulation_default();
     e.weight_scaling = FP8_WEIGHTS_DELAYED;
     e.passes[FP8_LINEAR_FC] = FP8_PASS_DGRAD | FP8_PASS_WGRAD;
-    CHECK_DIES("delayed weights with an FP8 dgrad but no FP8 forward", "forward", fp8_emulation_validate(&e));
+    CHECK_DIES("delayed weights with a bf16 GEMM in a block linear", "optimizer pass casts", fp8_emulation_validate(&e));
+    e = fp8_emulation_default();
+    e.weight_scaling = FP8_WEIGHTS_DELAYED;
+    for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) { e.passes[kind] = kind == FP8_LINEAR_LM_HEAD ? FP8_PASS_ALL : 0; }
+    CHECK_DIES("delayed weights with lm_head the only FP8 linear", "optimizer pass casts", fp8_emulation_validate(&e));
 }
 
 int main(void) {

@@ -226,9 +226,11 @@ static void test_forward_backward_vs_reference(AttentionBackend backend, const c
 }
 
 /*
--fw delayed, after some steps on one GPU: every FP8 weight's codes are its master's under the
-scale its record holds (the one the GEMMs dequantize with), W^T is their transpose, and the
-state's scale, the next step's, is the current master's amax's (history 1, margin 0).
+-fw delayed, after some steps on one GPU: every FP8 weight the optimizer pass casts has codes
+that are its master's under the scale its record holds (the one the GEMMs dequantize with),
+and its state's scale, the next step's, is the current master's amax's (history 1, margin 0).
+lm_head's are its bf16 wte's under the scale of their own amax (current, cast after the update
+as several ranks cast it). W^T is W's transpose in both.
 */
 static void check_delayed_weight_codes(const GPT2* model) {
     const Fp8Model* fp8 = &model->fp8;
@@ -236,14 +238,22 @@ static void check_delayed_weight_codes(const GPT2* model) {
     int delayed = 0;  // weights whose codes' scale is not the next one (the amax moved in the last step)
     for (int i = 0; i < fp8->num_linears; i++) {
         const Fp8Linear* lin = &fp8->linears[i];
+        bool in_update = fp8_model_weight_cast_in_update(fp8, i);
         size_t n = (size_t)lin->OC * lin->K;
-        float* master = (float*)mallocCheck(n * sizeof(float));
+        float* weight = (float*)mallocCheck(n * sizeof(float));
         uint8_t* codes = (uint8_t*)mallocCheck(n);
         uint8_t* codes_t = (uint8_t*)mallocCheck(n);
         Fp8CastOutput w = fp8_model_w(fp8, i);
         Fp8CastRecord record;
         Fp8TensorScaling state;
-        cudaCheck(cudaMemcpy(master, model->master + lin->weight_offset, n * sizeof(float), cudaMemcpyDeviceToHost));
+        if (in_update) {
+            cudaCheck(cudaMemcpy(weight, model->master + lin->weight_offset, n * sizeof(float), cudaMemcpyDeviceToHost));
+        } else {
+            uint16_t* bf16 = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
+            cudaCheck(cudaMemcpy(bf16, model->params + lin->weight_offset, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+            for (size_t e = 0; e < n; e++) { weight[e] = bf16_bits_to_float(bf16[e]); }
+            free(bf16);
+        }
         cudaCheck(cudaMemcpy(codes, lin->w_codes, n, cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(codes_t, lin->w_codes_t, n, cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(&record, w.record, sizeof(record), cudaMemcpyDeviceToHost));
@@ -252,20 +262,27 @@ static void check_delayed_weight_codes(const GPT2* model) {
         float amax = 0.0f;
         for (size_t r = 0; r < (size_t)lin->OC; r++) {
             for (size_t c = 0; c < (size_t)lin->K; c++) {
-                float x = master[r * lin->K + c];
+                float x = weight[r * lin->K + c];
                 amax = fmaxf(amax, fabsf(x));
                 bad_codes += codes[r * lin->K + c] != fp8_quantize(x, record.scale, FP8_E4M3);
                 bad_transpose += codes_t[c * lin->OC + r] != codes[r * lin->K + c];
             }
         }
+        const char* source = in_update ? "master" : "bf16 weight";
         CHECK(bad_codes == 0 && bad_transpose == 0 && record.scale_inv == fp8_reciprocal(record.scale),
-              "delayed weights, linear %d: %zu codes are not the master's under the record's scale %g, %zu of W^T differ",
-              i, bad_codes, record.scale, bad_transpose);
-        CHECK(state.recipe == FP8_RECIPE_DELAYED && state.scale == fp8_scale_from_amax(amax, FP8_E4M3_MAX, 0),
-              "delayed weights, linear %d: the next scale %g is not the new amax's %g", i, state.scale,
-              fp8_scale_from_amax(amax, FP8_E4M3_MAX, 0));
-        delayed += state.scale != record.scale;
-        free(master); free(codes); free(codes_t);
+              "delayed weights, linear %d: %zu codes are not the %s's under the record's scale %g, %zu of W^T differ",
+              i, bad_codes, source, record.scale, bad_transpose);
+        float amax_scale = fp8_scale_from_amax(amax, FP8_E4M3_MAX, 0);
+        if (in_update) {
+            CHECK(state.recipe == FP8_RECIPE_DELAYED && state.scale == amax_scale,
+                  "delayed weights, linear %d: the next scale %g is not the new amax's %g", i, state.scale, amax_scale);
+            delayed += state.scale != record.scale;
+        } else {
+            CHECK(state.recipe == FP8_RECIPE_CURRENT && record.scale == amax_scale,
+                  "delayed weights, linear %d (cast after the update): scale %g is not its bf16 weight's amax's %g (recipe %d)",
+                  i, record.scale, amax_scale, state.recipe);
+        }
+        free(weight); free(codes); free(codes_t);
     }
     CHECK(delayed > 0, "delayed weights: every weight's codes use the scale of its current amax: no delay to see");
 }

@@ -235,9 +235,15 @@ def twin_shard(workdir):
     (2, ["-p", "fp8", "-fw", "delayed"], []),
     (2, ["-p", "fp8", "-fr", "block"], []),
     (2, ["-p", "fp8", "-fr", "current"], ["-z", 3]),
+    (2, ["-p", "fp8", "-f8", "all"], []),
+    (2, ["-p", "fp8", "-f8", "all", "-fw", "delayed", "-opt", "adamw8"], []),
+    (2, ["-p", "fp8", "-f8", "all", "-fr", "block"], []),
+    (2, ["-p", "fp8", "-f8p", "fwd,fc.wgrad"], []),
+    (2, ["-p", "fp8", "-f8", "all", "-f8p", "fwd", "-fr", "current", "-opt", "adamw8"], []),
     (3, ["-p", "fp8", "-opt", "adamw8", "-pa", "fp32"], []),
     (3, ["-p", "fp8", "-fr", "current", "-opt", "adamw8", "-pa", "fp32"], ["-z", 3]),
-], ids=["2-bf16", "2-fp8-adamw8", "2-fp8-delayed-weights", "2-fp8-block", "2-fp8-zero3", "3-fp8-adamw8-fp32-reduce",
+], ids=["2-bf16", "2-fp8-adamw8", "2-fp8-delayed-weights", "2-fp8-block", "2-fp8-zero3", "2-fp8-lm-head",
+        "2-fp8-lm-head-delayed-weights", "2-fp8-lm-head-block", "2-fp8-partial-passes", "2-fp8-partial-lm-head-current", "3-fp8-adamw8-fp32-reduce",
         "3-fp8-zero3-fp32-reduce"])
 def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ranks, flags, rank_flags):
     """Every sample of the shard is the same B*T tokens, so each of N ranks x -b 4 computes exactly what 1 rank x -b 4
@@ -254,6 +260,10 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
     common = flags + ["-x", 3, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-gc", 0, "-n", 3]
     codes, one, _ = train_ranks(workdir, 1, common + ["-d", 4 * 64, "-o", workdir / (name + "_1")], data=twin_shard(workdir))
     assert codes == [0], one[-2000:]
+    if "-f8p" in flags:  # the startup line says where the weights are cast (fp8_weight_cast_in_update)
+        assert "(from bf16 after the update: a block linear has a bf16 GEMM" in one, one[:3000]
+    elif "all" in flags:
+        assert "lm_head from bf16 after the update" in one, one[:3000]
     codes, many, _ = train_ranks(workdir, ranks, common + rank_flags + ["-d", ranks * 4 * 64, "-o", workdir / (name + "_n")],
                                  "newest-first", name=name, data=twin_shard(workdir))
     assert codes == [0] * ranks, many[-2000:]

@@ -188,15 +188,21 @@ class TestBadInput:
         r = run(binary, base_args(data, ["-p", "fp8", "-fr", "block", "-fw", "delayed"]))
         assert_one_line_error(r, "-fw delayed", "-fr block", "-fw current")
 
-    @pytest.mark.parametrize("passes,linear", [("dgrad,wgrad", "qkv"), ("fwd,fc.dgrad", None), ("qkv.fwd,fc.dgrad", "fc")])
-    def test_fp8_delayed_weights_need_an_fp8_forward_where_dgrad_is_fp8(self, binary, data, passes, linear):
-        """the optimizer writes W's codes and dgrad's W^T is their transpose: a linear with an FP8 dgrad
-        needs its FP8 forward; a linear in bf16 or with only wgrad in FP8 does not"""
-        r = run(binary, base_args(data, ["-p", "fp8", "-f8p", passes, "-fw", "delayed", "-i", data / "nothing_train_*.bin"]))
-        if linear is None:
+    @pytest.mark.parametrize("linears,passes,refused", [
+        ("qkv,attproj,fc,fcproj", "dgrad,wgrad", "qkv"), ("all", "all", None), ("all", "fwd,fc.dgrad", "qkv"),
+        ("qkv,fc", "all", None), ("qkv,fc,lm_head", "qkv.fwd,fc.dgrad", "qkv"), ("lm_head", "all", "lm_head")])
+    def test_fp8_delayed_weights_need_weights_the_optimizer_casts(self, binary, data, linears, passes, refused):
+        """-fw delayed acts in the optimizer pass, which casts the block linears' weights only when each FP8 one runs
+        all three GEMMs in FP8; otherwise (refused names the first block linear with a bf16 GEMM), and for lm_head, the
+        weights are cast after the update from bf16, current-scaled, and the flag would do nothing"""
+        r = run(binary, base_args(data, ["-p", "fp8", "-f8", linears, "-f8p", passes, "-fw", "delayed",
+                                         "-i", data / "nothing_train_*.bin"]))
+        if refused is None:
             assert_one_line_error(r, "nothing_train_")  # the flags pass: the run gets as far as the (missing) data
+        elif refused == "lm_head":
+            assert_one_line_error(r, "-fw delayed", "-f8 lm_head", "no FP8 block linear", "-fw current")
         else:
-            assert_one_line_error(r, "-fw delayed", f"-f8p {passes}", f"{linear}.fwd")
+            assert_one_line_error(r, "-fw delayed", f"-f8p {passes}", f"leaves {refused} a bf16 GEMM", "-fw current")
 
     # optimizer flags
     @pytest.mark.parametrize("value", ["sgd", "adam", "ADAMW8", ""])

@@ -285,7 +285,8 @@ def step_kernels(run):
     fp8_weights = list(scaling_model.MATMUL_TENSORS) if fp8_blocks else []
     if fp8_lm_head:
         fp8_weights.append("wte")
-    # -fw delayed: the update writes W's codes, and the cast after it only transposes them
+    # -fw delayed: the update writes the block linears' W codes, and the cast after it only transposes them;
+    # lm_head's W is cast after the update from the bf16 wte, as several ranks cast it (fp8_weight_cast_in_update)
     codes_in_update = run.weight_scaling == "delayed" and run.recipe != "block"
     optimizer_bytes = 0.0
     for tensor, n in shape.tensor_sizes.items():
@@ -296,12 +297,16 @@ def step_kernels(run):
         moments = 2 * 2 * (FP8 + FP32 / QUANT8_BLOCK if eight_bit else FP32)
         # fp32 master read and written and the bf16 weight written (stochastic rounding), or the bf16 weight read and written
         weights = 2 * FP32 + BF16 if run.master else 2 * BF16
-        codes = FP8 if tensor in fp8_weights and codes_in_update else 0
+        codes = FP8 if tensor in fp8_weights and tensor != "wte" and codes_in_update else 0
         optimizer_bytes += n * (BF16 + moments + weights + codes)  # + the gradient read
     add(run.optimizer, "the update (gradient, moments, weights)", optimizer_bytes)
     for tensor in fp8_weights:
         n = shape.tensor_sizes[tensor]
-        if codes_in_update:
+        if tensor == "wte":  # per tensor an amax pass, then the cast; the block recipe's tiles take their amax as they cast
+            reads = 1 if run.recipe == "block" else 2
+            add("fp8 weight casts", f"wte -> lm_head's W, W^T from bf16 ({reads} read{'s' if reads > 1 else ''})",
+                n * (reads * BF16 + 2 * FP8))
+        elif codes_in_update:
             add("fp8 weight casts", f"{tensor}: W^T from the codes the update wrote", n * 2 * FP8)
         else:  # the update wrote the amax (per tensor): one read of the master (or bf16 weight), W and W^T written
             add("fp8 weight casts", f"{tensor} -> W, W^T", n * ((FP32 if run.master else BF16) + 2 * FP8))
