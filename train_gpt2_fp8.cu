@@ -56,6 +56,7 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 #include "llmc/zero.h"             // ZeRO: which rank owns which parameters
 #include "llmc/zero_comm.cuh"      // ZeRO-1/3's collectives: gradient reduce, weight gather (bf16 / FP8)
 #include "llmc/sparse_buffer.cuh"  // ZeRO-3's parameters: an address range backed only where the rank needs it
+#include "llmc/outlier_skip.h"     // -sl / -sg: skip an update whose loss or gradient norm is an outlier
 
 
 // ----------------------------------------------------------------------------
@@ -759,17 +760,20 @@ typedef struct {
 typedef struct {
     float loss;       // mean over the step's micro-batches
     float grad_norm;  // before clipping
-    int skipped;      // non-finite loss or norm: the update did not run
+    StepOutcome outcome;  // updated, or why the update did not run (outlier_skip.h)
+    double skip_z;        // the z-score that skipped it (outlier outcomes)
 } StepResult;
 
 /*
 One optimizer step: zero the gradients, grad_accum_steps micro-steps of forward + backward
 on the loader's next batches (or, with reuse_batch, on its current batch), the global norm,
 then AdamW with clipping. A non-finite loss or norm skips the update, so nothing
-non-finite ever reaches the weights or the optimizer state.
+non-finite ever reaches the weights or the optimizer state; so does, with outliers (-sl /
+-sg; NULL: no such checks), a loss or norm far above the previous steps' (outlier_skip.h).
 */
 static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accum_steps, int reuse_batch,
-                                  const OptimizerConfig* opt, float learning_rate, int step, cudaStream_t stream) {
+                                  const OptimizerConfig* opt, OutlierSkip* outliers, float learning_rate, int step,
+                                  cudaStream_t stream) {
     size_t BT = (size_t)model->B * model->T;
     profiler_begin_step(stream);
     cudaCheck(cudaMemsetAsync(model->grads, 0, model->num_parameters * sizeof(floatX), stream));
@@ -784,8 +788,8 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
     StepResult r;
     r.loss = gpt2_mean_loss(model, grad_accum_steps, stream);
     r.grad_norm = gpt2_grad_norm(model, stream);
-    r.skipped = !isfinite(r.loss) || !isfinite(r.grad_norm);
-    if (!r.skipped) {
+    r.outcome = outlier_skip_judge(outliers, r.loss, r.grad_norm, &r.skip_z);
+    if (r.outcome == STEP_UPDATED) {
         float grad_scale = (opt->grad_clip > 0.0f && r.grad_norm > opt->grad_clip) ? opt->grad_clip / r.grad_norm : 1.0f;
         gpt2_update(model, learning_rate, opt->beta1, opt->beta2, opt->eps, opt->weight_decay, grad_scale, step, stream);
         if (model->comm != NULL) {  // the weights whole again on every rank, FP8 ones cast with the global amax
@@ -877,10 +881,12 @@ static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, mt199
 /*
 A checkpoint of step `step`: rank 0 writes the model file (every rank's weights, gathered
 first), each rank its state file (llm.c's state_<step>_<rank>.bin: its range's master and
-optimizer state, its data position, its FP8 scaling), and once all are written rank 0
-writes DONE. Every rank calls this. With several ranks `dir` must be shared by all.
+optimizer state, its data position, its FP8 scaling, and with -sl / -sg their windows), and
+once all are written rank 0 writes DONE. Every rank calls this. With several ranks `dir`
+must be shared by all.
 */
-static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* dir, int step, cudaStream_t stream) {
+static void save_checkpoint(GPT2* model, const DataLoader* loader, OutlierSkip* outliers, const char* dir, int step,
+                            cudaStream_t stream) {
     char path[CHECKPOINT_PATH_MAX];
     float* params = gpt2_gather_params_fp32(model, stream);
     if (params != NULL) {  // rank 0
@@ -892,9 +898,10 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* d
     size_t n = model->owned.end - model->owned.begin;
     float* master = model->master ? device_to_host_floats(model->master, n) : NULL;
     Fp8HostState fp8;
-    StateSection sections[FP8_STATE_SECTIONS];
+    StateSection sections[FP8_STATE_SECTIONS + 1];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
     fp8_model_download(&model->fp8, &fp8, 0);
+    if (outlier_skip_enabled(outliers)) { sections[num_sections++] = outlier_skip_state_section(outliers); }
     Adamw8States opt;  // host copy; adamw8's go in tagged sections, plain AdamW's m32/v32 are llm.c's m and v
     adamw8_states_alloc_host(&opt, &model->opt_layout);
     adamw8_states_copy(&opt, &model->opt_states, &model->opt_layout, cudaMemcpyDeviceToHost);
@@ -913,24 +920,26 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, const char* d
 }
 
 /*
-Restores this rank's optimizer state, master weights, FP8 scaling and data position from
-its state file; returns the step to continue from. A state file of the other optimizer is
-converted (train_state_read): plain AdamW's (or llm.c's) fp32 moments resume an adamw8 run,
-and adamw8's states a plain one. A checkpoint written with another number of ranks is
+Restores this rank's optimizer state, master weights, FP8 scaling, data position and -sl /
+-sg windows (when the file has them) from its state file; returns the step to continue
+from. A state file of the other optimizer is converted (train_state_read): plain AdamW's
+(or llm.c's) fp32 moments resume an adamw8 run, and adamw8's states a plain one. A checkpoint written with another number of ranks is
 resharded (state_reshard.h): the rank's window assembled from the old files, the FP8 scaling
 of old rank r % N, the loader replayed by step * grad_accum_steps batches. Under -fw delayed
 the FP8 weight codes are then rebuilt with the scale the optimizer pass wrote them with (the
 start cast here used the current one; fp8_model_restore_weight_codes).
 */
-static int load_state(GPT2* model, DataLoader* loader, const char* dir, int step, int grad_accum_steps, cudaStream_t stream) {
+static int load_state(GPT2* model, DataLoader* loader, OutlierSkip* outliers, const char* dir, int step, int grad_accum_steps,
+                      cudaStream_t stream) {
     char path[CHECKPOINT_PATH_MAX];
     size_t n = model->owned.end - model->owned.begin;
     Adamw8States opt;
     adamw8_states_alloc_host(&opt, &model->opt_layout);
     float* master = model->master ? (float*)mallocCheck(n * sizeof(float)) : NULL;
     Fp8HostState fp8;
-    StateSection sections[FP8_STATE_SECTIONS];
+    StateSection sections[FP8_STATE_SECTIONS + 1];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
+    sections[num_sections++] = outlier_skip_state_section(outliers);  // optional: absent unless written with -sl / -sg
     int resumed_step = train_state_read_checkpoint(dir, step, (size_t)grad_accum_steps, loader, &model->config,
                                                    model->use_adamw8, model->adamw8_selection,
                                                    model->use_adamw8 ? NULL : opt.m32, model->use_adamw8 ? NULL : opt.v32,
@@ -1189,7 +1198,12 @@ int main(int argc, char** argv) {
                strcmp(tc.grad_reduce, "fp32") == 0, tc.zero_stage == 3, stream);
     free(params_cpu);
     int start_step = 0;
-    if (resume_step >= 0) { start_step = load_state(&model, &train_loader, out_dir, resume_step, grad_accum_steps, stream); }
+    OutlierSkip outliers;  // -sl / -sg, their windows restored with the state
+    outlier_skip_init(&outliers, tc.skip_loss_z, tc.skip_norm_z);
+    if (resume_step >= 0) {
+        start_step = load_state(&model, &train_loader, &outliers, out_dir, resume_step, grad_accum_steps, stream);
+        outlier_skip_note_resume(&outliers, resume_step);
+    }
 
     Logger logger;  // rank 0 writes the logs
     logger_init(&logger, out_dir, rank, resume_step >= 0);
@@ -1207,6 +1221,7 @@ int main(int argc, char** argv) {
     if (model.comm != NULL) { print_multi_gpu_summary(&model, &tc, rank, num_ranks); }
     if (fp8_settings.enabled) { print_fp8_summary(&model); }
     printf("data | train %zu tokens | attention %s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention, tc.recompute, tc.gelu_fusion);
+    outlier_skip_print_settings(&outliers);
 
     ReplicaCheck replicas;  // -pc: what the weight gather must leave identical on every rank
     replica_check_init(&replicas);
@@ -1220,7 +1235,7 @@ int main(int argc, char** argv) {
     manual_seed(&sample_rng, 1337);
     double flops_per_step = flops_per_token(c, model.num_parameters, tc.T) * tc.total_batch_size;
     double ema_ms = -1.0;
-    int skipped_updates = 0;
+    int skipped_updates[NUM_STEP_OUTCOMES] = {0};
     cudaEvent_t start_event, end_event;
     cudaCheck(cudaEventCreate(&start_event));
     cudaCheck(cudaEventCreate(&end_event));
@@ -1246,7 +1261,7 @@ int main(int argc, char** argv) {
             sample_text(&model, &tokenizer, tc.gen_tokens, &sample_rng, stream);
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
-            save_checkpoint(&model, &train_loader, out_dir, step, stream);
+            save_checkpoint(&model, &train_loader, &outliers, out_dir, step, stream);
             if (rank == 0) { remove_old_checkpoints(out_dir, step, tc.checkpoint_every, tc.checkpoints_keep); }
         }
         if (last_step) { break; }
@@ -1256,14 +1271,14 @@ int main(int argc, char** argv) {
         int reuse_batch = tc.overfit_single_batch && step > 0;
         uint64_t traffic_before[ZERO_TRAFFIC_KINDS];
         if (model.comm != NULL) { memcpy(traffic_before, model.comm->traffic, sizeof(traffic_before)); }
-        StepResult r = gpt2_train_step(&model, &train_loader, grad_accum_steps, reuse_batch, &optimizer, lr, step, stream);
+        StepResult r = gpt2_train_step(&model, &train_loader, grad_accum_steps, reuse_batch, &optimizer, &outliers, lr, step,
+                                       stream);
         if (model.comm != NULL && step == start_step) { zero_comm_print_traffic(model.comm, traffic_before, step + 1); }
         float loss = r.loss, grad_norm = r.grad_norm;
-        int skip = r.skipped;
+        int skip = r.outcome != STEP_UPDATED;
         if (skip) {
-            skipped_updates++;
-            printf("step %d: non-finite %s (loss %f, norm %f): update skipped (%d so far)\n", step + 1,
-                   isfinite(loss) ? "gradient norm" : "loss", loss, grad_norm, skipped_updates);
+            skipped_updates[r.outcome]++;
+            outlier_skip_print(step + 1, r.outcome, loss, grad_norm, r.skip_z, &outliers, step_outcomes_skipped(skipped_updates));
         }
         cudaCheck(cudaEventRecord(end_event, stream));
         gpt2_wait(&model, stream, "step end (weight gather)");  // bounded: the gather may wait for a dead peer
@@ -1289,7 +1304,7 @@ int main(int argc, char** argv) {
     if (model.comm != NULL) { zero_comm_join(model.comm, stream); }
     gpt2_wait(&model, stream, "weight gather (end of training)");
     profiler_print(stdout);
-    if (skipped_updates > 0) { printf("%d updates were skipped for non-finite loss or gradient norm\n", skipped_updates); }
+    outlier_skip_print_summary(skipped_updates);
 
     cudaCheck(cudaEventDestroy(start_event));
     cudaCheck(cudaEventDestroy(end_event));

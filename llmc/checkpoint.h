@@ -56,6 +56,7 @@ Why it is shaped this way:
 #define STATE_SLOT_MOMENTS_IN_SECTIONS 6
 #define STATE_SLOT_NUM_SECTIONS 40
 #define STATE_SECTION_TAG_BYTES 16
+#define STATE_FILE_MAX_SECTIONS 64  // sections a state file, or a run, may have
 #define CHECKPOINT_PATH_MAX 4096
 #define CHECKPOINT_CHUNK_ELEMS ((size_t)1 << 20)
 
@@ -280,6 +281,7 @@ typedef struct {
     const char* tag;
     void* data;
     size_t bytes;
+    int optional;  // a reader accepts a file without it, and leaves data as the caller set it
 } StateSection;
 
 // this rank's optimizer state, and what else the run keeps
@@ -349,13 +351,34 @@ static inline void state_file_write(const char* path, const TrainState* state, c
     checkpoint_commit_tmp_(fp, tmp_path, path);
 }
 
+// dies naming the first section the run keeps that is not optional and not among the file's
+// (found[j]: run section j was in the file)
+static inline void state_file_check_required_(const char* path, const StateSection* sections, int num_sections,
+                                              const int* found) {
+    for (int j = 0; j < num_sections; j++) {
+        if (!sections[j].optional && !found[j]) {
+            llm8_die("state file '%s' has no section '%s', which this run keeps (different precision or optimizer flags?)",
+                     path, sections[j].tag);
+        }
+    }
+}
+
+// the index of the run's section a file's section `tag` fills; dies when the run keeps none so named
+static inline int state_sections_find_(const StateSection* sections, int num_sections, const char* tag, const char* path) {
+    for (int j = 0; j < num_sections; j++) {
+        if (strcmp(sections[j].tag, tag) == 0) { return j; }
+    }
+    llm8_die("state file '%s' has a section '%s' this run does not keep (different precision or optimizer flags?)", path, tag);
+    return -1;
+}
+
 // reads the tagged sections at the file position into the buffers' sections, matched by tag
 static inline void state_file_read_sections_(FILE* fp, const char* path, long file_bytes, int num_sections,
                                              const StateBuffers* buffers) {
-    if (num_sections != buffers->num_sections) {
-        llm8_die("state file '%s' has %d llm8 sections, this run keeps %d (different precision or optimizer flags?)",
-                 path, num_sections, buffers->num_sections);
+    if (buffers->num_sections > STATE_FILE_MAX_SECTIONS) {
+        llm8_die("state file '%s': this run keeps %d sections, at most %d", path, buffers->num_sections, STATE_FILE_MAX_SECTIONS);
     }
+    int found[STATE_FILE_MAX_SECTIONS] = {0};
     for (int i = 0; i < num_sections; i++) {
         char tag[STATE_SECTION_TAG_BYTES];
         uint64_t bytes;
@@ -365,14 +388,10 @@ static inline void state_file_read_sections_(FILE* fp, const char* path, long fi
         freadCheck(tag, 1, STATE_SECTION_TAG_BYTES, fp);
         freadCheck(&bytes, sizeof(bytes), 1, fp);
         tag[STATE_SECTION_TAG_BYTES - 1] = '\0';
-        const StateSection* match = NULL;
-        for (int j = 0; j < buffers->num_sections; j++) {
-            if (strcmp(buffers->sections[j].tag, tag) == 0) { match = &buffers->sections[j]; }
-        }
-        if (match == NULL) {
-            llm8_die("state file '%s' has a section '%s' this run does not keep (different precision or optimizer flags?)",
-                     path, tag);
-        }
+        int j = state_sections_find_(buffers->sections, buffers->num_sections, tag, path);
+        if (found[j]) { llm8_die("state file '%s' has section '%s' twice", path, tag); }
+        found[j] = 1;
+        const StateSection* match = &buffers->sections[j];
         if (bytes != match->bytes) {
             llm8_die("state file '%s': section '%s' is %llu bytes, this run expects %zu", path, tag,
                      (unsigned long long)bytes, match->bytes);
@@ -382,12 +401,11 @@ static inline void state_file_read_sections_(FILE* fp, const char* path, long fi
         }
         freadCheck(match->data, 1, match->bytes, fp);
     }
+    state_file_check_required_(path, buffers->sections, buffers->num_sections, found);
 }
 
 // ----------------------------------------------------------------------------
 // a state file's map, for readers that take pieces of several files (state_reshard.h)
-
-#define STATE_FILE_MAX_SECTIONS 64
 
 typedef struct {
     char tag[STATE_SECTION_TAG_BYTES];  // NUL-terminated

@@ -667,15 +667,12 @@ int fp8_model_state_sections(const Fp8Model* fp8, Fp8HostState* host, StateSecti
     host->settings = fp8_model_saved_settings(fp8);
     host->states = (Fp8TensorScaling*)mallocCheck(n * sizeof(Fp8TensorScaling));
     host->records = (Fp8CastRecord*)mallocCheck(n * sizeof(Fp8CastRecord));
-    sections[0].tag = "fp8_settings";
-    sections[0].data = &host->settings;
-    sections[0].bytes = sizeof(host->settings);
-    sections[1].tag = "fp8_scaling";
-    sections[1].data = host->states;
-    sections[1].bytes = n * sizeof(Fp8TensorScaling);
-    sections[2].tag = "fp8_records";
-    sections[2].data = host->records;
-    sections[2].bytes = n * sizeof(Fp8CastRecord);
+    StateSection list[FP8_STATE_SECTIONS] = {
+        {"fp8_settings", &host->settings, sizeof(host->settings), 0},
+        {"fp8_scaling", host->states, n * sizeof(Fp8TensorScaling), 0},
+        {"fp8_records", host->records, n * sizeof(Fp8CastRecord), 0},
+    };
+    memcpy(sections, list, sizeof(list));
     return FP8_STATE_SECTIONS;
 }
 

@@ -582,13 +582,13 @@ static inline int adamw8_state_sections(StateSection sections[ADAMW8_NUM_SECTION
                                         Adamw8States* host, int32_t bits_buffer[NUM_PARAMETER_TENSORS]) {
     memcpy(bits_buffer, layout->bits, sizeof(layout->bits));
     StateSection list[ADAMW8_NUM_SECTIONS] = {
-        {"adamw8.bits", bits_buffer, sizeof(layout->bits)},
-        {"adamw8.m", host->m_codes, layout->num_codes},
-        {"adamw8.v", host->v_codes, layout->num_codes},
-        {"adamw8.m_absmax", host->m_absmax, layout->num_blocks * sizeof(float)},
-        {"adamw8.v_absmax", host->v_absmax, layout->num_blocks * sizeof(float)},
-        {"adamw8.m32", host->m32, layout->num_fp32 * sizeof(float)},
-        {"adamw8.v32", host->v32, layout->num_fp32 * sizeof(float)},
+        {"adamw8.bits", bits_buffer, sizeof(layout->bits), 0},
+        {"adamw8.m", host->m_codes, layout->num_codes, 0},
+        {"adamw8.v", host->v_codes, layout->num_codes, 0},
+        {"adamw8.m_absmax", host->m_absmax, layout->num_blocks * sizeof(float), 0},
+        {"adamw8.v_absmax", host->v_absmax, layout->num_blocks * sizeof(float), 0},
+        {"adamw8.m32", host->m32, layout->num_fp32 * sizeof(float), 0},
+        {"adamw8.v32", host->v32, layout->num_fp32 * sizeof(float), 0},
     };
     memcpy(sections, list, sizeof(list));
     return ADAMW8_NUM_SECTIONS;

@@ -136,7 +136,8 @@ static inline ReshardSource* reshard_sources_open_(const char* dir, int step, in
     return sources;
 }
 
-// each file's sections must be the caller's extra ones (same sizes) plus, with 8-bit states, adamw8's for its window
+// each file's sections must be the caller's extra ones (same sizes; an optional one may be missing) plus, with
+// 8-bit states, adamw8's for its window
 static inline void reshard_check_sections_(const ReshardSource* s, const StateSection* extra, int num_extra) {
     const StateFileIndex* index = &s->index;
     StateSection expected[TRAIN_STATE_MAX_EXTRA_SECTIONS + ADAMW8_NUM_SECTIONS];
@@ -146,16 +147,16 @@ static inline void reshard_check_sections_(const ReshardSource* s, const StateSe
     memset(&no_states, 0, sizeof(no_states));
     int32_t unused_bits[NUM_PARAMETER_TENSORS];
     if (!index->fp32_moments) { num_expected += adamw8_state_sections(expected + num_extra, &s->window, &no_states, unused_bits); }
-    if (index->num_sections != num_expected) {
-        llm8_die("state file '%s' has %d llm8 sections, this run keeps %d (different precision or optimizer flags?)",
-                 s->path, index->num_sections, num_expected);
+    int found[STATE_FILE_MAX_SECTIONS] = {0};
+    for (int i = 0; i < index->num_sections; i++) {
+        int j = state_sections_find_(expected, num_expected, index->sections[i].tag, s->path);
+        if (found[j]) { llm8_die("state file '%s' has section '%s' twice", s->path, index->sections[i].tag); }
+        found[j] = 1;
     }
+    state_file_check_required_(s->path, expected, num_expected, found);
     for (int i = 0; i < num_expected; i++) {
         const StateSectionPlace* place = state_file_find_section(index, expected[i].tag);
-        if (place == NULL) {
-            llm8_die("state file '%s' has no section '%s', which this run keeps (different precision or optimizer flags?)",
-                     s->path, expected[i].tag);
-        }
+        if (place == NULL) { continue; }  // optional, and not in this file
         if (place->bytes != expected[i].bytes) {
             llm8_die("state file '%s': section '%s' is %llu bytes, this run expects %zu", s->path, expected[i].tag,
                      (unsigned long long)place->bytes, expected[i].bytes);
@@ -286,7 +287,9 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
     const ReshardSource* own = &sources[rank % file_ranks];
     FILE* fp = fopenCheck(own->path, "rb");
     for (int i = 0; i < num_extra; i++) {
-        fseekCheck(fp, state_file_find_section(&own->index, extra[i].tag)->offset, SEEK_SET);
+        const StateSectionPlace* place = state_file_find_section(&own->index, extra[i].tag);
+        if (place == NULL) { continue; }  // optional, and not in this file: left as the caller set it
+        fseekCheck(fp, place->offset, SEEK_SET);
         freadCheck(extra[i].data, 1, extra[i].bytes, fp);
     }
     fcloseCheck(fp);

@@ -56,6 +56,8 @@ typedef struct {
     float final_lr_frac;
     float weight_decay;
     float grad_clip;
+    float skip_loss_z;            // -sl: skip an update whose loss z-score is above this (0: off; outlier_skip.h)
+    float skip_norm_z;            // -sg: the same for the gradient norm
     int max_steps;
     int val_every;
     int val_max_steps;
@@ -129,6 +131,8 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-q", FLAG_FLOAT, TC_OFF(final_lr_frac), 0.0, 1.0, NULL, "final learning rate as a fraction of the peak"},
     {"-c", FLAG_FLOAT, TC_OFF(weight_decay), 0.0, 10.0, NULL, "AdamW weight decay (2D tensors only)"},
     {"-gc", FLAG_FLOAT, TC_OFF(grad_clip), 0.0, 1e6, NULL, "clip the global gradient norm to this (0 = no clipping)"},
+    {"-sl", FLAG_FLOAT, TC_OFF(skip_loss_z), 0.0, 1e6, NULL, "skip an update whose loss lies more than this many standard deviations above the previous 128 steps' mean (0 = off)"},
+    {"-sg", FLAG_FLOAT, TC_OFF(skip_norm_z), 0.0, 1e6, NULL, "skip an update whose gradient norm lies more than this many standard deviations above the previous 128 steps' mean (0 = off)"},
     {"-x", FLAG_INT, TC_OFF(max_steps), -1, INT_MAX_FLAG, NULL, "number of optimizer steps (-1 = one epoch of the train data)"},
     {"-v", FLAG_INT, TC_OFF(val_every), 0, INT_MAX_FLAG, NULL, "val loss every N steps (0 = never)"},
     {"-m", FLAG_INT, TC_OFF(val_max_steps), 1, INT_MAX_FLAG, NULL, "val batches per evaluation"},

@@ -30,10 +30,11 @@ def write_model(path, layers=LAYERS, heads=HEADS, channels=CHANNELS, vocab=VOCAB
             f.write(np.asarray(t, dtype=np.float32).tobytes())
 
 
-def write_shard(path, num_tokens, seed, vocab=VOCAB, learnable=False, period=None):
+def write_shard(path, num_tokens, seed, vocab=VOCAB, learnable=False, period=None, change_at=None):
     """uniform random tokens, or (learnable) a random walk over 64 of them, which a model
     learns within a few steps; period: the first `period` tokens repeated, so every
-    sample of B*T = period tokens (and each rank's part of one) is the same"""
+    sample of B*T = period tokens (and each rank's part of one) is the same; change_at: from
+    this token on, uniform random tokens (data the model has not learned: a loss spike)"""
     header = np.zeros(256, dtype=np.int32)
     header[0], header[1], header[2] = 20240520, 1, num_tokens
     rng = np.random.default_rng(seed)
@@ -43,6 +44,8 @@ def write_shard(path, num_tokens, seed, vocab=VOCAB, learnable=False, period=Non
         tokens = rng.integers(0, vocab, size=num_tokens, dtype=np.uint16)
     if period is not None:
         tokens = np.resize(tokens[:period], num_tokens)
+    if change_at is not None:
+        tokens[change_at:] = rng.integers(0, vocab, size=num_tokens - change_at, dtype=np.uint16)
     with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(tokens.tobytes())

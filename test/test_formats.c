@@ -355,8 +355,8 @@ static void test_state_sections(void) {
     uint8_t quantized[256];
     for (int i = 0; i < 64; i++) { amax_history[i] = (float)i * 1.5f; }
     for (int i = 0; i < 256; i++) { quantized[i] = (uint8_t)(255 - i); }
-    StateSection sections[2] = {{"fp8_amax_hist", amax_history, sizeof(amax_history)},
-                                {"adamw8_m", quantized, sizeof(quantized)}};
+    StateSection sections[2] = {{"fp8_amax_hist", amax_history, sizeof(amax_history), 0},
+                                {"adamw8_m", quantized, sizeof(quantized), 0}};
     DataLoader loader;
     py_loader_init(&loader, 1);
     TrainState state = {9, 1, 2};
@@ -370,8 +370,8 @@ static void test_state_sections(void) {
 
     float amax_back[64];
     uint8_t quantized_back[256];
-    StateSection into[2] = {{"adamw8_m", quantized_back, sizeof(quantized_back)},  // order does not matter
-                            {"fp8_amax_hist", amax_back, sizeof(amax_back)}};
+    StateSection into[2] = {{"adamw8_m", quantized_back, sizeof(quantized_back), 0},  // order does not matter
+                            {"fp8_amax_hist", amax_back, sizeof(amax_back), 0}};
     StateBuffers into_buffers = {n, back[0], back[1], back[2], into, 2};
     DataLoader resumed;
     py_loader_init(&resumed, 1);
@@ -390,15 +390,46 @@ static void test_state_sections(void) {
     state_file_read(path8, &got, &into8, &resumed);
     CHECK(memcmp(back[2], master, sizeof(master)) == 0, "v2 without moments does not round-trip");
 
-    StateSection wrong_tag[2] = {{"adamw8_m", quantized_back, 256}, {"fp8_scales", amax_back, sizeof(amax_back)}};
+    StateSection wrong_tag[2] = {{"adamw8_m", quantized_back, 256, 0}, {"fp8_scales", amax_back, sizeof(amax_back), 0}};
     StateBuffers wrong_tag_buffers = {n, back[0], back[1], back[2], wrong_tag, 2};
     CHECK_DIES("state: unknown section", "fp8_amax_hist", state_file_read(path, &got, &wrong_tag_buffers, &resumed));
-    StateSection wrong_size[2] = {{"adamw8_m", quantized_back, 128}, {"fp8_amax_hist", amax_back, sizeof(amax_back)}};
+    StateSection wrong_size[2] = {{"adamw8_m", quantized_back, 128, 0}, {"fp8_amax_hist", amax_back, sizeof(amax_back), 0}};
     StateBuffers wrong_size_buffers = {n, back[0], back[1], back[2], wrong_size, 2};
     CHECK_DIES("state: section size", "is 256 bytes", state_file_read(path, &got, &wrong_size_buffers, &resumed));
     StateBuffers no_sections = {n, back[0], back[1], back[2], NULL, 0};
     CHECK_DIES("state: sections not kept", path, state_file_read(path, &got, &no_sections, &resumed));
     CHECK_DIES("state: moments expected", path8, state_file_read(path8, &got, &into_buffers, &resumed));
+
+    // an optional section (e.g. the -sl/-sg windows): read when the file has it, left as set when not;
+    // a missing required one is named
+    uint8_t extra[32], extra_back[32];
+    for (int i = 0; i < 32; i++) { extra[i] = (uint8_t)(7 * i + 1); }
+    memset(extra_back, 0xAB, sizeof(extra_back));
+    StateSection with_optional[3] = {{"adamw8_m", quantized_back, sizeof(quantized_back), 0},
+                                     {"fp8_amax_hist", amax_back, sizeof(amax_back), 0},
+                                     {"opt_extra", extra_back, sizeof(extra_back), 1}};
+    StateBuffers optional_buffers = {n, back[0], back[1], back[2], with_optional, 3};
+    state_file_read(path, &got, &optional_buffers, &resumed);
+    uint8_t untouched[32];
+    memset(untouched, 0xAB, sizeof(untouched));
+    CHECK(memcmp(extra_back, untouched, sizeof(untouched)) == 0 && memcmp(amax_back, amax_history, sizeof(amax_back)) == 0,
+          "a file without the optional section: the section was written to, or the others not read");
+    StateSection three[3] = {sections[0], sections[1], {"opt_extra", extra, sizeof(extra), 1}};
+    StateBuffers three_buffers = {n, m, v, master, three, 3};
+    const char* path3 = in_dir(g_dir, "sections3.bin");
+    state_file_write(path3, &state, &three_buffers, &loader);
+    state_file_read(path3, &got, &optional_buffers, &resumed);
+    CHECK(memcmp(extra_back, extra, sizeof(extra)) == 0, "the optional section does not round-trip");
+    CHECK_DIES("state: an optional section the run does not keep", "opt_extra", state_file_read(path3, &got, &into_buffers, &resumed));
+    StateSection required_extra[3] = {with_optional[0], with_optional[1], {"opt_extra", extra_back, sizeof(extra_back), 0}};
+    StateBuffers required_buffers = {n, back[0], back[1], back[2], required_extra, 3};
+    CHECK_DIES("state: a required section missing", "no section 'opt_extra'", state_file_read(path, &got, &required_buffers, &resumed));
+    StateSection swapped[3] = {{"adamw8_m", quantized_back, sizeof(quantized_back), 1},
+                               {"fp8_amax_hist", amax_back, sizeof(amax_back), 0},
+                               {"opt_extra", extra_back, sizeof(extra_back), 0}};
+    StateBuffers swapped_buffers = {n, back[0], back[1], back[2], swapped, 3};
+    CHECK_DIES("state: as many sections as required, one of them missing", "no section 'opt_extra'",
+               state_file_read(path, &got, &swapped_buffers, &resumed));
     dataloader_free(&loader);
     dataloader_free(&resumed);
 }

@@ -304,7 +304,7 @@ static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaSt
     OptimizerConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     float lr = 3e-4f;
     for (int step = 0; step < 10; step++) {
-        StepResult r = gpt2_train_step(&model, &loader, 1, 0, &opt, lr, step, stream);
+        StepResult r = gpt2_train_step(&model, &loader, 1, 0, &opt, NULL, lr, step, stream);
         dataloader_next_batch(&ref_loader);
         float ref_loss = gpt2ref_forward(&ref, ref_loader.inputs, ref_loader.targets, B, T);
         gpt2ref_zero_grad(&ref);
@@ -488,14 +488,18 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
     DataLoader loader, val_loader;
     dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     dataloader_init(&val_loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
-    int start = resume ? load_state(&model, &loader, checkpoint_dir, checkpoint_step, 1, stream) : 0;
+    OutlierSkip no_checks;  // -sl / -sg off, as the trainer's default
+    outlier_skip_init(&no_checks, 0.0f, 0.0f);
+    int start = resume ? load_state(&model, &loader, &no_checks, checkpoint_dir, checkpoint_step, 1, stream) : 0;
     OptimizerConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     RunRecord rec;
     memset(&rec, 0, sizeof(rec));
     for (int step = start; step < steps; step++) {
         if (step == eval_at) { printf("eval at step %d: val loss %f\n", step, evaluate_val_loss(&model, &val_loader, 2, stream)); }
-        rec.losses[step] = gpt2_train_step(&model, &loader, 1, 0, &opt, 6e-4f, step, stream).loss;
-        if (!resume && checkpoint_dir != NULL && step + 1 == checkpoint_step) { save_checkpoint(&model, &loader, checkpoint_dir, step + 1, stream); }
+        rec.losses[step] = gpt2_train_step(&model, &loader, 1, 0, &opt, &no_checks, 6e-4f, step, stream).loss;
+        if (!resume && checkpoint_dir != NULL && step + 1 == checkpoint_step) {
+            save_checkpoint(&model, &loader, &no_checks, checkpoint_dir, step + 1, stream);
+        }
     }
     cudaCheck(cudaStreamSynchronize(stream));
     rec.weights = bf16_device_to_float(model.params, model.num_parameters);

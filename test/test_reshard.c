@@ -164,7 +164,7 @@ static void write_checkpoint(const OneRank* s, const char* dir, int step, int nu
         loader_after_steps(&loader, q, num_ranks, shuffle, step);
         unsigned char extra_bytes[EXTRA_BYTES];
         fill_extra(extra_bytes, q);
-        StateSection extra = {"test.per_rank", extra_bytes, EXTRA_BYTES};
+        StateSection extra = {"test.per_rank", extra_bytes, EXTRA_BYTES, 0};
         char path[CHECKPOINT_PATH_MAX];
         checkpoint_state_path(path, sizeof(path), dir, step, q);
         train_state_write(path, step, &loader, &window, s->eight_bit, s->m + range.begin, s->v + range.begin, &states,
@@ -201,7 +201,7 @@ static void rank_resume(RankResume* out, const OneRank* s, const char* dir, int 
     out->master = with_master ? (float*)mallocCheck(n * sizeof(float)) : NULL;
     adamw8_states_alloc_host(&out->states, &out->window);
     memset(out->extra, 0, sizeof(out->extra));
-    StateSection extra = {"test.per_rank", out->extra, EXTRA_BYTES};
+    StateSection extra = {"test.per_rank", out->extra, EXTRA_BYTES, 0};
     loader_init(&out->loader, rank, num_ranks, shuffle);
     out->step = train_state_read_checkpoint(dir, TEST_STEP, batches_per_step(num_ranks), &out->loader, &s->cfg, use_adamw8,
                                             selection, use_adamw8 ? NULL : out->m, use_adamw8 ? NULL : out->v,
@@ -427,7 +427,7 @@ static void test_broken_checkpoints(const GPT2Config* cfg) {
         RankResume got;
         rank_resume(&got, &s, g_dir, 0, 3, 0, ADAMW8_SELECT_DEFAULT, 1, 1);
     });
-    CHECK_DIES("reshard: sections the run does not keep", "sections", {
+    CHECK_DIES("reshard: sections the run does not keep", "section 'test.per_rank' this run does not keep", {
         DataLoader loader;
         loader_init(&loader, 0, 3, 0);
         float m[1];
@@ -465,6 +465,45 @@ static void test_broken_checkpoints(const GPT2Config* cfg) {
     one_rank_free(&eight_bit);
 }
 
+// an optional section the files lack (the -sl/-sg windows of a run without them): the resharded read
+// leaves it as the caller set it and still takes the per-rank one from old rank r % N; a required one is named
+static void test_optional_section(const GPT2Config* cfg) {
+    OneRank s;
+    one_rank_init(&s, cfg, "small", 0, ADAMW8_SELECT_DEFAULT);
+    write_checkpoint(&s, g_dir, TEST_STEP, 2, 0, 0);
+    for (int optional = 1; optional >= 0; optional--) {
+        unsigned char per_rank[EXTRA_BYTES], absent[16], want_per_rank[EXTRA_BYTES], untouched[16];
+        memset(per_rank, 0, sizeof(per_rank));
+        memset(absent, 0x5A, sizeof(absent));
+        memset(untouched, 0x5A, sizeof(untouched));
+        fill_extra(want_per_rank, 2 % 2);
+        StateSection extra[2] = {{"test.per_rank", per_rank, EXTRA_BYTES, 0}, {"test.optional", absent, sizeof(absent), optional}};
+        ZeroLayout z;
+        zero_layout_init(&z, &s.cfg, 3);
+        ZeroRange range = zero_rank_range(&z, 2);
+        size_t n = range.end - range.begin;
+        float* m = (float*)mallocCheck(n * sizeof(float));
+        float* v = (float*)mallocCheck(n * sizeof(float));
+        DataLoader loader;
+        loader_init(&loader, 2, 3, 0);
+        char path[CHECKPOINT_PATH_MAX];
+        if (optional) {
+            train_state_read_checkpoint(g_dir, TEST_STEP, batches_per_step(3), &loader, &s.cfg, 0, ADAMW8_SELECT_DEFAULT, m, v,
+                                        NULL, NULL, extra, 2, path);
+            CHECK(memcmp(absent, untouched, sizeof(absent)) == 0 && memcmp(per_rank, want_per_rank, EXTRA_BYTES) == 0,
+                  "reshard, optional section absent: it was written to, or the per-rank section is not old rank 0's");
+        } else {
+            CHECK_DIES("reshard: a required section the files lack", "no section 'test.optional'",
+                       train_state_read_checkpoint(g_dir, TEST_STEP, batches_per_step(3), &loader, &s.cfg, 0,
+                                                   ADAMW8_SELECT_DEFAULT, m, v, NULL, NULL, extra, 2, path));
+        }
+        free(m); free(v);
+        dataloader_free(&loader);
+    }
+    checkpoint_remove(g_dir, TEST_STEP);
+    one_rank_free(&s);
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     write_shards();
@@ -472,6 +511,7 @@ int main(void) {
     // every tensor on the 256 grid (C = 256): every -qs runs on every rank count
     GPT2Config small = gpt2_config_make(2, 4, 256, 32, TEST_VOCAB);
     test_broken_checkpoints(&small);
+    test_optional_section(&small);
     test_shuffled(&small);
     // C = 192: tensors start off the 256 grid; only the rank counts that can run are paired
     GPT2Config odd = gpt2_config_make(2, 3, 192, 32, TEST_VOCAB);

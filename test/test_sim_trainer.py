@@ -121,13 +121,33 @@ def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):
     r = train(workdir, ["-p", "fp8", "-x", 3, "-v", 0, "-s", 0, "-n", 3, "-o", out], model="overflow.bin")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "update skipped" in r.stdout, r.stdout[-2000:]
-    skipped = re.search(r"^(\d+) updates were skipped for non-finite loss or gradient norm$", r.stdout, re.M)
-    assert skipped and int(skipped.group(1)) == 3, r.stdout[-2000:]
+    skipped = re.search(r"^(\d+) updates were skipped: (\d+) for a non-finite loss or gradient norm, 0 for a loss outlier",
+                        r.stdout, re.M)
+    assert skipped and int(skipped.group(1)) == 3 and int(skipped.group(2)) == 3, r.stdout[-2000:]
     with open(out / "model_00000003.bin", "rb") as f:
         header = np.frombuffer(f.read(1024), dtype=np.int32)
         assert header[0] == 20240326 and header[1] == 5  # bf16 weights
         bits = np.frombuffer(f.read(), dtype=np.uint16)
     assert not np.any((bits & 0x7F80) == 0x7F80), "Inf or NaN reached the weights"
+
+
+def test_outlier_step_is_skipped_after_a_resume(workdir):
+    """-sl 3 on the GPU trainer: a model learns a random walk for 140 steps, then the data turns to uniform tokens. A run
+    checkpointed at step 135 and resumed gets its -sl window back from the state file (an empty one could not judge
+    step 141) and skips step 141's update: none before it, and step 141's model file is step 140's bit for bit"""
+    sim_model.write_model(workdir / "spike.bin", layers=1, heads=2, channels=128, vocab=256, max_t=64)
+    sim_model.write_shard(workdir / "spike_train_000001.bin", 30000, 3, vocab=256, learnable=True, change_at=140 * 4 * 32)
+    out = workdir / "spike_run"
+    common = ["-p", "fp8", "-t", 32, "-l", 3e-3, "-k", "constant", "-sh", 0, "-v", 0, "-s", 0, "-sl", 3, "-o", out]
+    r = train(workdir, common + ["-x", 135, "-n", 135], model="spike.bin", data="spike_train_*.bin")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "update skipped" not in r.stdout, r.stdout[-3000:]
+    r = train(workdir, common + ["-x", 141, "-n", 1, "-nk", 2, "-y", 1], model="spike.bin", data="spike_train_*.bin")
+    assert r.returncode == 0, r.stderr[-2000:]
+    skips = re.findall(r"^step (\d+): loss \S+ is \S+ standard deviations above the last 128 steps' mean \(-sl 3\): "
+                       r"update skipped", r.stdout, re.M)
+    assert skips == ["141"], r.stdout[-3000:]
+    assert (out / "model_00000141.bin").read_bytes() == (out / "model_00000140.bin").read_bytes()
 
 
 def test_block_recipe_at_a_width_not_a_multiple_of_128(workdir):

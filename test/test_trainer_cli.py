@@ -10,7 +10,9 @@ here: loss goes down, and a resumed run is bitwise identical to an uninterrupted
 either optimizer (-opt adamw | adamw8), across optimizers (a checkpoint of one resumes under
 the other), and in FP8 (-p fp8, the CPU reference's emulation).
 """
+import json
 import os
+import re
 import struct
 import subprocess
 
@@ -74,6 +76,10 @@ class TestBadInput:
 
     def test_flag_out_of_range(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-r", 7])), "-r", "7", "0..2")
+
+    @pytest.mark.parametrize("flag,value", [("-sl", -1), ("-sg", -0.5)])
+    def test_outlier_skip_flag_out_of_range(self, binary, data, flag, value):
+        assert_one_line_error(run(binary, base_args(data, [flag, value])), flag, str(value))
 
     def test_flag_not_a_number(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-l", "fast"])), "-l", "fast")
@@ -338,7 +344,7 @@ def test_help_lists_every_flag_with_default(binary):
     assert result.returncode == 0
     flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-fg", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt",
-             "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pa", "-pt"]
+             "-sl", "-sg", "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pa", "-pt", "-pc"]
     lines = result.stdout.splitlines()
     for flag in flags:
         matching = [l for l in lines if l.strip().startswith(flag + " ")]
@@ -593,3 +599,69 @@ def test_readme_flag_table_matches_help():
     with open(os.path.join(ROOT, "README.md")) as f:
         table_flags = {line.split("`")[1] for line in f if line.startswith("| `-")}
     assert help_flags == table_flags, (help_flags - table_flags, table_flags - help_flags)
+
+
+# -sl / -sg: a tiny model learns a random walk for 140 steps, then the data turns to uniform tokens it has not learned
+SPIKE_STEP = 141  # the first step whose batch (-b 4 -t 32, no shuffling) holds the new data
+SKIP_RE = r"^step (\d+): (loss|gradient norm) \S+ is \S+ standard deviations above the last 128 steps' mean \((-s[lg]) 3\): update skipped"
+
+
+def spike_args(tmp_path, extra):
+    import sim_model
+    if not (tmp_path / "spike_train_000001.bin").exists():
+        sim_model.write_model(tmp_path / "spike.bin", layers=1, heads=2, channels=32, vocab=256, max_t=64)
+        sim_model.write_shard(tmp_path / "spike_train_000001.bin", 30000, 3, vocab=256, learnable=True,
+                              change_at=(SPIKE_STEP - 1) * 4 * 32)
+    return ["-e", tmp_path / "spike.bin", "-i", tmp_path / "spike_train_*.bin", "-j", "", "-b", 4, "-t", 32, "-l", 3e-3,
+            "-k", "constant", "-sh", 0, "-v", 0, "-s", 0] + list(extra)
+
+
+def skipped_steps(stdout):
+    return {int(m.group(1)): (m.group(2), m.group(3)) for m in re.finditer(SKIP_RE, stdout, re.M)}
+
+
+@pytest.mark.parametrize("flag,quantity", [("-sl", "loss"), ("-sg", "gradient norm")])
+def test_cpu_outlier_steps_are_skipped(tmp_path, flag, quantity):
+    """-sl / -sg 3: the first steps on data the model has not learned lie far above the previous 128 steps' loss and
+    gradient norm and skip their updates, from the first such step on and none before; the skipped step leaves the
+    weights as they were (its checkpoint's model file is the previous step's); the JSONL log marks it; the checks
+    are off by default"""
+    out = tmp_path / "on"
+    r = run(CPU, spike_args(tmp_path, [flag, 3, "-x", SPIKE_STEP, "-n", 1, "-nk", 2, "-o", out]), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    skipped = skipped_steps(r.stdout)
+    other = {"-sl": "-sg", "-sg": "-sl"}[flag]
+    assert f"outliers | skip an update whose loss" in r.stdout and f"({flag} 3)" in r.stdout and f"({other} off)" in r.stdout
+    assert list(skipped) == [SPIKE_STEP] and skipped[SPIKE_STEP] == (quantity, flag), r.stdout[-3000:]
+    assert (out / f"model_{SPIKE_STEP:08d}.bin").read_bytes() == (out / f"model_{SPIKE_STEP - 1:08d}.bin").read_bytes()
+    summary = {"-sl": "1 for a loss outlier (-sl)", "-sg": "1 for a gradient norm outlier (-sg)"}[flag]
+    assert "1 updates were skipped: 0 for a non-finite loss or gradient norm, " in r.stdout and summary in r.stdout
+    records = [json.loads(l) for l in open(out / "main.jsonl")]
+    flags = {rec["step"]: rec["skipped"] for rec in records if rec["type"] == "train"}
+    assert flags[SPIKE_STEP] == 1 and sum(flags.values()) == 1, flags
+    off = run(CPU, spike_args(tmp_path, ["-x", SPIKE_STEP + 5]), timeout=600)
+    assert off.returncode == 0 and not skipped_steps(off.stdout) and "SKIPPED" not in off.stdout
+    assert "outliers |" not in off.stdout
+
+
+def test_cpu_outlier_windows_resume_bitwise(tmp_path):
+    """the windows are in the state file: a run checkpointed at step 135 and resumed skips exactly the steps the
+    uninterrupted run skips (without the windows it would have none to judge by) and ends on the same model; a
+    checkpoint written without -sl resumes under -sl with empty windows, said so"""
+    straight = run(CPU, spike_args(tmp_path, ["-sl", 3, "-x", 150, "-n", 150, "-o", tmp_path / "straight"]), timeout=600)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    assert min(skipped_steps(straight.stdout)) == SPIKE_STEP, straight.stdout[-3000:]
+    split = tmp_path / "split"
+    first = run(CPU, spike_args(tmp_path, ["-sl", 3, "-x", 135, "-n", 135, "-o", split]), timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run(CPU, spike_args(tmp_path, ["-sl", 3, "-x", 150, "-n", 150, "-y", 1, "-o", split]), timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert skipped_steps(second.stdout) == skipped_steps(straight.stdout)
+    assert (split / "model_00000150.bin").read_bytes() == (tmp_path / "straight" / "model_00000150.bin").read_bytes()
+    plain = tmp_path / "plain"
+    first = run(CPU, spike_args(tmp_path, ["-x", 135, "-n", 135, "-o", plain]), timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run(CPU, spike_args(tmp_path, ["-sl", 3, "-x", 150, "-y", 1, "-o", plain]), timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "has no -sl/-sg windows (written without them): the checks start 128 steps from now" in second.stdout
+    assert not skipped_steps(second.stdout)

@@ -27,6 +27,7 @@ fp32 model files (version 3).
 #include "llmc/train_state.h"    // resume into either optimizer
 #include "llmc/schedulers.h"     // learning-rate schedules
 #include "llmc/logger.h"         // main.log + main.jsonl
+#include "llmc/outlier_skip.h"   // -sl / -sg: skip an update whose loss or gradient norm is an outlier
 #include "llmc/quant8.h"         // 8-bit AdamW (-opt adamw8), host reference
 #include "test/gpt2_ref.h"       // the fp32 CPU model, with FP8 emulation
 
@@ -49,12 +50,11 @@ static size_t cpu_fp8_num_linears(const GPT2Ref* model) { return 4 * (size_t)mod
 static int cpu_fp8_state_sections(GPT2Ref* model, Fp8Emulation* config, StateSection sections[CPU_FP8_SECTIONS]) {
     if (model->fp8_linears == NULL) { return 0; }
     *config = model->fp8_config;
-    sections[0].tag = "fp8emu_config";
-    sections[0].data = config;
-    sections[0].bytes = sizeof(*config);
-    sections[1].tag = "fp8emu_linears";
-    sections[1].data = model->fp8_linears;
-    sections[1].bytes = cpu_fp8_num_linears(model) * sizeof(Fp8LinearState);
+    StateSection list[CPU_FP8_SECTIONS] = {
+        {"fp8emu_config", config, sizeof(*config), 0},
+        {"fp8emu_linears", model->fp8_linears, cpu_fp8_num_linears(model) * sizeof(Fp8LinearState), 0},
+    };
+    memcpy(sections, list, sizeof(list));
     return CPU_FP8_SECTIONS;
 }
 
@@ -104,29 +104,32 @@ static void cpu_optimizer_free(CpuOptimizer* opt) {
     if (opt->use_adamw8) { adamw8_states_free_host(&opt->states); }
 }
 
-// one step with llm.c's clipping; returns the global norm (not finite: nothing was updated)
-static float cpu_optimizer_step(CpuOptimizer* opt, GPT2Ref* model, float lr, float weight_decay, int t, float grad_clip) {
+// the update of a step judged to make one (outlier_skip_judge), with llm.c's clipping
+static void cpu_optimizer_step(CpuOptimizer* opt, GPT2Ref* model, float lr, float weight_decay, int t, float grad_clip) {
     const float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-    if (!opt->use_adamw8) { return gpt2ref_adamw_update(model, lr, beta1, beta2, eps, weight_decay, t, grad_clip); }
+    if (!opt->use_adamw8) {
+        gpt2ref_adamw_update(model, lr, beta1, beta2, eps, weight_decay, t, grad_clip);
+        return;
+    }
     float norm = gpt2ref_global_norm(model);
-    if (!isfinite(norm)) { return norm; }
     float grad_scale = (grad_clip > 0.0f && norm > grad_clip) ? grad_clip / norm : 1.0f;
     adamw8_model_update_fp32(&opt->layout, &opt->states, &opt->maps, model->params, model->grads, lr, beta1, beta2, eps,
                              weight_decay, t, grad_scale);
     gpt2ref_fp8_weights_updated(model);  // as gpt2ref_adamw_update does: the delayed FP8 weights' part of the step
-    return norm;
 }
 
 // ----------------------------------------------------------------------------
 // checkpoints: the GPU trainer's state-file sections for the optimizer, and the emulation's
 
-static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoader* loader, const char* dir, int step) {
+static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoader* loader, OutlierSkip* outliers,
+                                const char* dir, int step) {
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_model_path(path, sizeof(path), dir, step);
     model_file_write(path, &model->config, model->params, 3);
-    StateSection sections[CPU_FP8_SECTIONS];
+    StateSection sections[CPU_FP8_SECTIONS + 1];
     Fp8Emulation fp8_config;
     int num_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
+    if (outlier_skip_enabled(outliers)) { sections[num_sections++] = outlier_skip_state_section(outliers); }
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
     // 8-bit states in sections, no fp32 m and v (doc/adamw8.md); plain AdamW: llm.c's m and v
     train_state_write(path, step, loader, &opt->layout, opt->use_adamw8, model->adam_m, model->adam_v, &opt->states, NULL,
@@ -134,16 +137,18 @@ static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoa
     checkpoint_write_done(dir, step);
 }
 
-// restores the optimizer (converting a file of the other optimizer), the FP8 scaling and the
-// data position; returns the step
-static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader, const char* path, int step) {
-    StateSection sections[CPU_FP8_SECTIONS];
+// restores the optimizer (converting a file of the other optimizer), the FP8 scaling, the
+// data position and the -sl / -sg windows (when the file has them); returns the step
+static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader, OutlierSkip* outliers, const char* path,
+                          int step) {
+    StateSection sections[CPU_FP8_SECTIONS + 1];
     Fp8Emulation fp8_config;
     memset(&fp8_config, 0, sizeof(fp8_config));
-    int num_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
+    int fp8_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
+    sections[fp8_sections] = outlier_skip_state_section(outliers);  // optional: absent unless written with -sl / -sg
     step = train_state_read(path, step, loader, &model->config, opt->use_adamw8, opt->selection, 0, model->num_parameters,
-                            model->adam_m, model->adam_v, &opt->states, NULL, sections, num_sections);
-    if (num_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
+                            model->adam_m, model->adam_v, &opt->states, NULL, sections, fp8_sections + 1);
+    if (fp8_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
         char passes[256];
         fp8_passes_text(passes, sizeof(passes), fp8_config.passes);
         llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes %s, history %d, margin %d, weights %s "
@@ -199,11 +204,15 @@ int main(int argc, char** argv) {
     CpuOptimizer optimizer;
     cpu_optimizer_init(&optimizer, &cfg, &tc);
     int start_step = 0;
+    OutlierSkip outliers;  // -sl / -sg, their windows restored with the state
+    outlier_skip_init(&outliers, tc.skip_loss_z, tc.skip_norm_z);
+    int skipped_updates[NUM_STEP_OUTCOMES] = {0};
     if (resume_step >= 0) {
         char state_path[CHECKPOINT_PATH_MAX];
         checkpoint_state_path(state_path, sizeof(state_path), out_dir, resume_step, 0);
-        start_step = cpu_load_state(&model, &optimizer, &train_loader, state_path, resume_step);
+        start_step = cpu_load_state(&model, &optimizer, &train_loader, &outliers, state_path, resume_step);
         printf("resumed from %s at step %d\n", model_path, start_step);
+        outlier_skip_note_resume(&outliers, resume_step);
     }
     Logger logger;
     logger_init(&logger, out_dir, 0, resume_step >= 0);
@@ -228,6 +237,7 @@ int main(int argc, char** argv) {
     }
     printf("\n");
 
+    outlier_skip_print_settings(&outliers);
     for (int step = start_step; step <= num_steps; step++) {
         int last_step = step == num_steps;
         if (run_val && (step % tc.val_every == 0 || last_step)) {
@@ -236,7 +246,7 @@ int main(int argc, char** argv) {
             logger_log_val(&logger, step, val_loss);
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
-            cpu_save_checkpoint(&model, &optimizer, &train_loader, out_dir, step);
+            cpu_save_checkpoint(&model, &optimizer, &train_loader, &outliers, out_dir, step);
         }
         if (last_step) { break; }
 
@@ -250,15 +260,23 @@ int main(int argc, char** argv) {
         }
         float loss = (float)(loss_sum / grad_accum_steps);
         float lr = get_learning_rate(&scheduler, step);
-        int skipped = !isfinite(loss);
-        float norm = skipped ? NAN : cpu_optimizer_step(&optimizer, &model, lr, tc.weight_decay, step + 1, tc.grad_clip);
-        skipped = skipped || !isfinite(norm);
+        float norm = isfinite(loss) ? gpt2ref_global_norm(&model) : NAN;
+        double z;
+        StepOutcome outcome = outlier_skip_judge(&outliers, loss, norm, &z);  // non-finite, -sl, -sg
+        int skipped = outcome != STEP_UPDATED;
+        if (skipped) {
+            skipped_updates[outcome]++;
+            outlier_skip_print(step + 1, outcome, loss, norm, z, &outliers, step_outcomes_skipped(skipped_updates));
+        } else {
+            cpu_optimizer_step(&optimizer, &model, lr, tc.weight_decay, step + 1, tc.grad_clip);
+        }
         double ms = (now_seconds() - t0) * 1000.0;
         double tok_per_s = tc.total_batch_size / (ms / 1000.0);
         printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s\n", step + 1, num_steps, loss, norm, lr,
-               ms, tok_per_s, skipped ? " | SKIPPED (non-finite)" : "");
+               ms, tok_per_s, skipped ? " | SKIPPED" : "");
         logger_log_train(&logger, step + 1, loss, lr, norm, (float)ms, (float)tok_per_s, 0.0f, skipped);
     }
+    outlier_skip_print_summary(skipped_updates);
     logger_free(&logger);
     cpu_optimizer_free(&optimizer);
     gpt2ref_free(&model);

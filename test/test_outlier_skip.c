@@ -1,0 +1,126 @@
+/*
+test_outlier_skip.c: the -sl / -sg checks of llmc/outlier_skip.h. z-scores against a mean and
+standard deviation computed here independently (in long double, over the values the window
+must hold), the window's ring order, what enters it, the verdicts and their order, and the
+state section.
+*/
+#include <stdio.h>
+#include <math.h>
+#include "test/test_harness.h"
+#include "llmc/outlier_skip.h"
+
+// the z-score of x against values[0..n) (population standard deviation), computed directly
+static double direct_zscore(const double* values, int n, double x) {
+    long double sum = 0.0L, squares = 0.0L;
+    for (int i = 0; i < n; i++) { sum += values[i]; }
+    long double mean = sum / n;
+    for (int i = 0; i < n; i++) { squares += (values[i] - mean) * (values[i] - mean); }
+    return (double)((x - mean) / sqrtl(squares / n));
+}
+
+static void test_zscore_and_window(void) {
+    OutlierWindow w;
+    memset(&w, 0, sizeof(w));
+    double history[OUTLIER_WINDOW + 40];
+    for (int i = 0; i < OUTLIER_WINDOW + 40; i++) { history[i] = 3.0 + 0.01 * i + 0.5 * sin(0.7 * i); }
+    for (int i = 0; i < OUTLIER_WINDOW; i++) {
+        CHECK(isnan(outlier_zscore(&w, 10.0)), "a z-score with %d of %d values in the window", i, OUTLIER_WINDOW);
+        outlier_window_add(&w, history[i]);
+    }
+    CHECK(w.count == OUTLIER_WINDOW && w.next == 0, "full window: count %d next %d", w.count, w.next);
+    double z = outlier_zscore(&w, 6.0);
+    CHECK_CLOSE(z, direct_zscore(history, OUTLIER_WINDOW, 6.0), 1e-12, 1e-12, "z-score of a full window");
+    // 40 more: the oldest 40 leave, in order
+    for (int i = OUTLIER_WINDOW; i < OUTLIER_WINDOW + 40; i++) { outlier_window_add(&w, history[i]); }
+    CHECK(w.count == OUTLIER_WINDOW && w.next == 40, "after wrapping: count %d next %d", w.count, w.next);
+    CHECK_CLOSE(outlier_zscore(&w, 6.0), direct_zscore(history + 40, OUTLIER_WINDOW, 6.0), 1e-12, 1e-12,
+                "z-score after the window moved on by 40");
+    CHECK(outlier_zscore(&w, 1.0) < 0.0, "a value below the mean scores negative");
+    // non-finite values neither score nor enter
+    OutlierWindow before = w;
+    outlier_window_add(&w, NAN);
+    outlier_window_add(&w, INFINITY);
+    CHECK(memcmp(&before, &w, sizeof(w)) == 0, "a non-finite value entered the window");
+    CHECK(isnan(outlier_zscore(&w, NAN)) && isnan(outlier_zscore(&w, INFINITY)), "a non-finite value has a z-score");
+    // no spread: no verdict
+    OutlierWindow flat;
+    memset(&flat, 0, sizeof(flat));
+    for (int i = 0; i < OUTLIER_WINDOW; i++) { outlier_window_add(&flat, 2.5); }
+    CHECK(outlier_zscore(&flat, 1e9) == 0.0, "a window without spread scored %g", outlier_zscore(&flat, 1e9));
+}
+
+// a skip outcome and the windows' counts after one judgement
+static void check_judge(OutlierSkip* s, float loss, float norm, StepOutcome want, const char* what) {
+    int loss_count = s->windows[0].count, norm_count = s->windows[1].count;
+    double z;
+    StepOutcome got = outlier_skip_judge(s, loss, norm, &z);
+    CHECK(got == want, "%s: outcome %d, expected %d", what, (int)got, (int)want);
+    CHECK((want == STEP_SKIPPED_LOSS_OUTLIER || want == STEP_SKIPPED_NORM_OUTLIER) == !isnan(z),
+          "%s: z %g for outcome %d", what, z, (int)got);
+    int want_loss = loss_count + (isfinite(loss) && loss_count < OUTLIER_WINDOW);
+    int want_norm = norm_count + (isfinite(norm) && norm_count < OUTLIER_WINDOW);
+    CHECK(s->windows[0].count == want_loss && s->windows[1].count == want_norm,
+          "%s: windows hold %d and %d values, expected %d and %d (every finite value enters, skipped or not)", what,
+          s->windows[0].count, s->windows[1].count, want_loss, want_norm);
+}
+
+static void fill(OutlierSkip* s) {
+    for (int i = 0; i < OUTLIER_WINDOW; i++) {
+        double z;
+        StepOutcome o = outlier_skip_judge(s, 2.0f + 0.01f * (float)(i % 7), 1.0f + 0.02f * (float)(i % 5), &z);
+        CHECK(o == STEP_UPDATED, "step %d before the window is full was skipped (%d)", i, (int)o);
+    }
+}
+
+static void test_verdicts(void) {
+    OutlierSkip s;
+    outlier_skip_init(&s, 3.0f, 3.0f);
+    CHECK(outlier_skip_enabled(&s), "-sl 3 -sg 3: not enabled");
+    check_judge(&s, 100.0f, 100.0f, STEP_UPDATED, "an empty window: no verdict on a spike");
+    memset(s.windows, 0, sizeof(s.windows));
+    fill(&s);
+    check_judge(&s, NAN, NAN, STEP_SKIPPED_NONFINITE, "a non-finite loss");
+    check_judge(&s, 2.03f, INFINITY, STEP_SKIPPED_NONFINITE, "a non-finite norm");
+    check_judge(&s, 2.03f, 1.04f, STEP_UPDATED, "values inside the window's range");
+    check_judge(&s, 50.0f, 50.0f, STEP_SKIPPED_LOSS_OUTLIER, "both spike: the loss check comes first");
+    check_judge(&s, 2.03f, 50.0f, STEP_SKIPPED_NORM_OUTLIER, "a norm spike");
+    // at the threshold: not above it
+    OutlierSkip edge;
+    outlier_skip_init(&edge, 3.0f, 0.0f);
+    fill(&edge);
+    double z_at = outlier_zscore(&edge.windows[0], 0.0);
+    double mean = 0.0;  // the loss whose z-score is exactly 3: mean + 3 sd, found by the line through z(0) and z(mean)
+    for (int i = 0; i < OUTLIER_WINDOW; i++) { mean += edge.windows[0].values[i]; }
+    mean /= OUTLIER_WINDOW;
+    double sd = -mean / z_at;
+    float above = (float)(mean + 3.5 * sd), below = (float)(mean + 2.5 * sd);
+    check_judge(&edge, below, 1.0f, STEP_UPDATED, "z 2.5 under -sl 3");
+    check_judge(&edge, above, 1e6f, STEP_SKIPPED_LOSS_OUTLIER, "z 3.5 under -sl 3 (-sg off: the norm is not judged)");
+    // checks off: only the non-finite policy
+    OutlierSkip off;
+    outlier_skip_init(&off, 0.0f, 0.0f);
+    CHECK(!outlier_skip_enabled(&off), "-sl 0 -sg 0: enabled");
+    fill(&off);
+    check_judge(&off, 1e6f, 1e6f, STEP_UPDATED, "checks off: a spike updates");
+    check_judge(&off, NAN, 1.0f, STEP_SKIPPED_NONFINITE, "checks off: a non-finite loss");
+    double z;
+    CHECK(outlier_skip_judge(NULL, 1.0f, NAN, &z) == STEP_SKIPPED_NONFINITE && isnan(z) &&
+          outlier_skip_judge(NULL, 1.0f, 2.0f, &z) == STEP_UPDATED, "no checks (NULL): the non-finite policy alone");
+}
+
+static void test_state_section(void) {
+    OutlierSkip s;
+    outlier_skip_init(&s, 2.0f, 0.0f);
+    StateSection section = outlier_skip_state_section(&s);
+    CHECK(strcmp(section.tag, "outlier_windows") == 0 && section.data == (void*)s.windows &&
+          section.bytes == sizeof(s.windows) && section.optional, "the state section: tag, data, size, optional");
+    CHECK(sizeof(s.windows) == 2 * (OUTLIER_WINDOW * sizeof(double) + 2 * sizeof(int32_t)),
+          "the windows' bytes (%zu) are not the packed layout the state file keeps", sizeof(s.windows));
+}
+
+int main(void) {
+    test_zscore_and_window();
+    test_verdicts();
+    test_state_section();
+    return test_summary("test_outlier_skip");
+}
