@@ -958,13 +958,6 @@ static int load_state(GPT2* model, DataLoader* loader, OutlierSkip* outliers, co
     return resumed_step;
 }
 
-// with -nk K, keeps the newest K checkpoints: removes the one K intervals back
-static void remove_old_checkpoints(const char* dir, int newest_step, int every, int keep) {
-    if (keep <= 0) { return; }
-    int old_step = newest_step - keep * every;
-    if (old_step > 0) { checkpoint_remove(dir, old_step); }
-}
-
 // ----------------------------------------------------------------------------
 // progress reporting
 
@@ -1262,7 +1255,7 @@ int main(int argc, char** argv) {
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
             save_checkpoint(&model, &train_loader, &outliers, out_dir, step, stream);
-            if (rank == 0) { remove_old_checkpoints(out_dir, step, tc.checkpoint_every, tc.checkpoints_keep); }
+            if (rank == 0) { checkpoint_keep_newest(out_dir, tc.checkpoints_keep, tc.checkpoints_major_every); }
         }
         if (last_step) { break; }
 

@@ -108,11 +108,14 @@ static inline void checkpoint_write_done(const char* dir, int step) {
     checkpoint_commit_tmp_(fp, tmp_path, path);
 }
 
-// the newest step in dir with a DONE marker, or -1 (also when dir does not exist)
-static inline int checkpoint_find_latest(const char* dir) {
+// the steps in dir with a DONE marker (complete checkpoints), newest first, in a malloc'd
+// array (NULL when there are none; also when dir does not exist); count receives how many
+static inline int* checkpoint_complete_steps(const char* dir, int* count) {
+    *count = 0;
     DIR* d = opendir(dir);
-    if (d == NULL) { return -1; }
-    int latest = -1;
+    if (d == NULL) { return NULL; }
+    int* steps = NULL;
+    int capacity = 0;
     struct dirent* entry;
     while ((entry = readdir(d)) != NULL) {
         const char* name = entry->d_name;
@@ -120,9 +123,26 @@ static inline int checkpoint_find_latest(const char* dir) {
         int step = 0;
         int digits = 0;
         for (const char* p = name + 5; *p >= '0' && *p <= '9'; p++) { step = step * 10 + (*p - '0'); digits++; }
-        if (digits == 8 && step > latest) { latest = step; }
+        if (digits != 8) { continue; }
+        if (*count == capacity) {
+            capacity = capacity > 0 ? 2 * capacity : 16;
+            steps = (int*)realloc(steps, (size_t)capacity * sizeof(int));
+            if (steps == NULL) { llm8_die("out of host memory listing the checkpoints in '%s'", dir); }
+        }
+        int at = (*count)++;  // insertion, newest first
+        while (at > 0 && steps[at - 1] < step) { steps[at] = steps[at - 1]; at--; }
+        steps[at] = step;
     }
     closedir(d);
+    return steps;
+}
+
+// the newest step in dir with a DONE marker, or -1 (also when dir does not exist)
+static inline int checkpoint_find_latest(const char* dir) {
+    int count;
+    int* steps = checkpoint_complete_steps(dir, &count);
+    int latest = count > 0 ? steps[0] : -1;
+    free(steps);
     return latest;
 }
 
@@ -150,6 +170,23 @@ static inline void checkpoint_remove(const char* dir, int step) {
         }
     }
     closedir(d);
+}
+
+/*
+-nk / -nm: keeps the newest `keep` complete checkpoints in dir and, of the older ones, the major
+ones (a step that is a multiple of major_every > 0); removes the rest (checkpoint_remove). keep
+0 keeps everything. Looks at what is on disk, so checkpoints of irregular steps (the last
+step, an earlier run's other -n) count like the others.
+*/
+static inline void checkpoint_keep_newest(const char* dir, int keep, int major_every) {
+    if (keep <= 0) { return; }
+    int count;
+    int* steps = checkpoint_complete_steps(dir, &count);
+    for (int i = keep; i < count; i++) {
+        if (major_every > 0 && steps[i] % major_every == 0) { continue; }
+        checkpoint_remove(dir, steps[i]);
+    }
+    free(steps);
 }
 
 // opens a checkpoint file for reading, checks its header magic, returns the header and size

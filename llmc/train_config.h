@@ -47,6 +47,7 @@ typedef struct {
     int fp8_numerics_every;
     int checkpoint_every;
     int checkpoints_keep;
+    int checkpoints_major_every;  // -nm: checkpoints of steps that are multiples of this are never removed by -nk
     int resume;
     int B;
     int T;
@@ -121,7 +122,8 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-k", FLAG_CHOICE, TC_OFF(lr_schedule), 0, 0, "cosine linear constant wsd", "learning-rate schedule"},
     {"-at", FLAG_CHOICE, TC_OFF(attention), 0, 0, "cudnn fallback", "attention kernels: cuDNN flash attention or llm8's own"},
     {"-n", FLAG_INT, TC_OFF(checkpoint_every), 0, INT_MAX_FLAG, NULL, "write a checkpoint every N steps (0 = never)"},
-    {"-nk", FLAG_INT, TC_OFF(checkpoints_keep), 0, INT_MAX_FLAG, NULL, "keep only the newest N checkpoints (0 = keep all)"},
+    {"-nk", FLAG_INT, TC_OFF(checkpoints_keep), 0, INT_MAX_FLAG, NULL, "keep only the newest N checkpoints (0 = keep all), and the major ones (-nm)"},
+    {"-nm", FLAG_INT, TC_OFF(checkpoints_major_every), 0, INT_MAX_FLAG, NULL, "major checkpoints: those of steps that are multiples of N, which -nk never removes (0 = none)"},
     {"-y", FLAG_INT, TC_OFF(resume), 0, 1, NULL, "resume from the newest complete checkpoint in -o"},
     {"-b", FLAG_INT, TC_OFF(B), 1, 65536, NULL, "micro-batch size per GPU (sequences)"},
     {"-t", FLAG_INT, TC_OFF(T), 1, 1048576, NULL, "sequence length"},

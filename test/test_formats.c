@@ -550,6 +550,50 @@ static void test_safe_printf(void) {
 
 static void touch(const char* path) { write_all(path, "", 0); }
 
+// -nk / -nm: the newest `keep` complete checkpoints stay, and the older major ones; incomplete ones are not counted
+static void test_checkpoint_keep_newest(void) {
+    char dir[300];
+    snprintf(dir, sizeof(dir), "%s", in_dir(g_dir, "keep_newest"));
+    ensure_writable_dir(dir);
+    const int steps[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, 13};  // irregular, as a last step or another -n makes them
+    const int num_steps = (int)(sizeof(steps) / sizeof(steps[0]));
+    char name[64];
+    for (int i = 0; i < num_steps; i++) {
+        snprintf(name, sizeof(name), "model_%08d.bin", steps[i]);
+        touch(in_dir(dir, name));
+        snprintf(name, sizeof(name), "state_%08d_00000.bin", steps[i]);
+        touch(in_dir(dir, name));
+        checkpoint_write_done(dir, steps[i]);
+    }
+    touch(in_dir(dir, "model_00000014.bin"));  // step 14: not complete
+    int count;
+    int* listed = checkpoint_complete_steps(dir, &count);
+    int newest_first = count == num_steps;
+    for (int i = 0; newest_first && i < count; i++) { newest_first = listed[i] == steps[num_steps - 1 - i]; }
+    CHECK(newest_first, "checkpoint_complete_steps: %d steps, not the %d complete ones newest first", count, num_steps);
+    free(listed);
+    checkpoint_keep_newest(dir, 0, 0);
+    free(checkpoint_complete_steps(dir, &count));
+    CHECK(count == num_steps, "keep 0 removed checkpoints (%d left)", count);
+    checkpoint_keep_newest(dir, 3, 4);  // the newest 3 (13, 12, 9) and the older majors: 4 (8 was never written)
+    for (int i = 0; i < num_steps; i++) {
+        int kept = steps[i] >= 9 || steps[i] % 4 == 0;
+        snprintf(name, sizeof(name), "model_%08d.bin", steps[i]);
+        int model = file_exists(in_dir(dir, name));
+        snprintf(name, sizeof(name), "state_%08d_00000.bin", steps[i]);
+        int state = file_exists(in_dir(dir, name));
+        snprintf(name, sizeof(name), "DONE_%08d", steps[i]);
+        int done = file_exists(in_dir(dir, name));
+        CHECK(model == kept && state == kept && done == kept, "-nk 3 -nm 4: step %d has model %d state %d DONE %d, "
+              "expected %s", steps[i], model, state, done, kept ? "all" : "none");
+    }
+    CHECK(file_exists(in_dir(dir, "model_00000014.bin")), "an incomplete checkpoint was removed");
+    checkpoint_keep_newest(dir, 1, 0);
+    listed = checkpoint_complete_steps(dir, &count);
+    CHECK(count == 1 && listed[0] == 13, "-nk 1: %d left", count);
+    free(listed);
+}
+
 static void test_checkpoint_paths_and_latest(void) {
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_model_path(path, sizeof(path), "out", 1500);
@@ -709,6 +753,7 @@ int main(void) {
     test_tokenizer();
     test_safe_printf();
     test_checkpoint_paths_and_latest();
+    test_checkpoint_keep_newest();
     test_logger();
 
     test_remove_dir(g_py_dir);

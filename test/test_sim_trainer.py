@@ -131,6 +131,16 @@ def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):
     assert not np.any((bits & 0x7F80) == 0x7F80), "Inf or NaN reached the weights"
 
 
+def test_checkpoint_retention(workdir):
+    """-nk 2 -nm 2 on the GPU trainer: the newest 2 complete checkpoints stay, and the older even ones"""
+    out = workdir / "retention"
+    r = train(workdir, ["-x", 5, "-n", 1, "-nk", 2, "-nm", 2, "-v", 0, "-s", 0, "-o", out])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(int(name[5:]) for name in os.listdir(out) if name.startswith("DONE_")) == [2, 4, 5]
+    assert sorted(name for name in os.listdir(out) if name.startswith(("model_", "state_"))) == [
+        f"{kind}_{step:08d}{suffix}" for kind, suffix in (("model", ".bin"), ("state", "_00000.bin")) for step in (2, 4, 5)]
+
+
 def test_outlier_step_is_skipped_after_a_resume(workdir):
     """-sl 3 on the GPU trainer: a model learns a random walk for 140 steps, then the data turns to uniform tokens. A run
     checkpointed at step 135 and resumed gets its -sl window back from the state file (an empty one could not judge

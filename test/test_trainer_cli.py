@@ -342,7 +342,7 @@ def test_gpu_trainer_refuses_a_head_size_its_attention_cannot_run(data, heads, c
 def test_help_lists_every_flag_with_default(binary):
     result = run(binary, ["--help"])
     assert result.returncode == 0
-    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-fg", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
+    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-fg", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-nm", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt",
              "-sl", "-sg", "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pa", "-pt", "-pc"]
     lines = result.stdout.splitlines()
@@ -421,6 +421,22 @@ def run_straight(data, out, flags, steps=6):
 
 def final_model(out, step=6):
     return (out / f"model_{step:08d}.bin").read_bytes()
+
+
+def complete_checkpoints(out):
+    return sorted(int(name[5:]) for name in os.listdir(out) if name.startswith("DONE_"))
+
+
+@pytest.mark.parametrize("flags,kept", [(["-n", 1, "-nk", 2, "-nm", 3], [3, 6, 7]), (["-n", 3, "-nk", 2], [6, 7]),
+                                        (["-n", 2], [2, 4, 6, 7])])
+def test_cpu_checkpoint_retention(data, tmp_path, flags, kept):
+    """-nk keeps the newest N complete checkpoints and -nm the major ones besides; the last step's checkpoint (7, off
+    the -n grid) counts like the others, so -n 3 -nk 2 keeps 6 and 7, not 3 as well"""
+    out = tmp_path / "run"
+    r = run(CPU, base_args(data, ["-x", 7, "-o", out] + flags), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert complete_checkpoints(out) == kept
+    assert sorted(int(n[6:14]) for n in os.listdir(out) if n.startswith("model_")) == kept  # the files went too
 
 
 def test_cpu_adamw8_resume_is_bitwise_identical(data, tmp_path):

@@ -247,6 +247,7 @@ int main(int argc, char** argv) {
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
             cpu_save_checkpoint(&model, &optimizer, &train_loader, &outliers, out_dir, step);
+            checkpoint_keep_newest(out_dir, tc.checkpoints_keep, tc.checkpoints_major_every);
         }
         if (last_step) { break; }
 
