@@ -944,6 +944,7 @@ static int load_state(GPT2* model, DataLoader* loader, OutlierSkip* outliers, co
                                                    model->use_adamw8, model->adamw8_selection,
                                                    model->use_adamw8 ? NULL : opt.m32, model->use_adamw8 ? NULL : opt.v32,
                                                    &opt, master, sections, num_sections, path);
+    outlier_skip_check_loaded(outliers, path);
     adamw8_states_copy(&model->opt_states, &opt, &model->opt_layout, cudaMemcpyHostToDevice);
     adamw8_states_free_host(&opt);
     if (master != NULL) { cudaCheck(cudaMemcpy(model->master, master, n * sizeof(float), cudaMemcpyHostToDevice)); }

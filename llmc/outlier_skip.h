@@ -146,6 +146,22 @@ static inline void outlier_skip_print_summary(const int counts[NUM_STEP_OUTCOMES
            counts[STEP_SKIPPED_NORM_OUTLIER]);
 }
 
+// after the windows were read from state file `path`: dies, naming it, when they cannot be a window's (a corrupt
+// or foreign file must not index past the ring)
+static inline void outlier_skip_check_loaded(const OutlierSkip* s, const char* path) {
+    for (int k = 0; k < 2; k++) {
+        const OutlierWindow* w = &s->windows[k];
+        int ok = w->count >= 0 && w->count <= OUTLIER_WINDOW && w->next >= 0 && w->next < OUTLIER_WINDOW &&
+                 (w->count == OUTLIER_WINDOW || w->next == w->count);
+        for (int i = 0; ok && i < w->count; i++) { ok = isfinite(w->values[i]); }
+        if (!ok) {
+            llm8_die("state file '%s': section 'outlier_windows' holds no valid %s window (count %d, next %d; expected "
+                     "0..%d values, all finite)", path, k == 0 ? "loss" : "gradient norm", (int)w->count, (int)w->next,
+                     OUTLIER_WINDOW);
+        }
+    }
+}
+
 // after a resume: says when -sl / -sg start from empty windows (the checkpoint was written without them)
 static inline void outlier_skip_note_resume(const OutlierSkip* s, int step) {
     if (outlier_skip_enabled(s) && step > 0 && s->windows[0].count == 0 && s->windows[1].count == 0) {

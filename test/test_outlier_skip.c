@@ -7,6 +7,7 @@ state section.
 #include <stdio.h>
 #include <math.h>
 #include "test/test_harness.h"
+#include "test/test_harness_fork.h"
 #include "llmc/outlier_skip.h"
 
 // the z-score of x against values[0..n) (population standard deviation), computed directly
@@ -118,9 +119,32 @@ static void test_state_section(void) {
           "the windows' bytes (%zu) are not the packed layout the state file keeps", sizeof(s.windows));
 }
 
+// windows read from a file: a valid one passes, one that would index past the ring or hold a NaN is named
+static void test_loaded_windows_checked(void) {
+    OutlierSkip s;
+    outlier_skip_init(&s, 3.0f, 0.0f);
+    outlier_skip_check_loaded(&s, "empty.bin");  // empty windows: valid
+    fill(&s);
+    outlier_skip_check_loaded(&s, "full.bin");
+    OutlierSkip bad = s;
+    bad.windows[1].count = 1000;
+    CHECK_DIES("a count past the window", "gradient norm window (count 1000", outlier_skip_check_loaded(&bad, "state_x.bin"));
+    bad = s;
+    bad.windows[0].next = -3;
+    CHECK_DIES("a negative position", "state_x.bin", outlier_skip_check_loaded(&bad, "state_x.bin"));
+    bad = s;
+    bad.windows[0].count = 5;  // filling: the next value goes at `count`
+    bad.windows[0].next = 9;
+    CHECK_DIES("a filling window whose next is not its count", "loss window (count 5, next 9", outlier_skip_check_loaded(&bad, "s.bin"));
+    bad = s;
+    bad.windows[0].values[7] = NAN;
+    CHECK_DIES("a NaN in the window", "all finite", outlier_skip_check_loaded(&bad, "s.bin"));
+}
+
 int main(void) {
     test_zscore_and_window();
     test_verdicts();
     test_state_section();
+    test_loaded_windows_checked();
     return test_summary("test_outlier_skip");
 }

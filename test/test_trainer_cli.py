@@ -681,3 +681,20 @@ def test_cpu_outlier_windows_resume_bitwise(tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     assert "has no -sl/-sg windows (written without them): the checks start 128 steps from now" in second.stdout
     assert not skipped_steps(second.stdout)
+
+
+def test_cpu_corrupt_outlier_windows_are_refused(tmp_path):
+    """a state file whose -sl window could not be one (its count past the ring) stops the resume with one line naming
+    the file and the section, instead of indexing past the window"""
+    out = tmp_path / "run"
+    r = run(CPU, spike_args(tmp_path, ["-sl", 3, "-x", 5, "-n", 5, "-o", out]), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    state = out / "state_00000005_00000.bin"
+    data = bytearray(state.read_bytes())
+    at = data.index(b"outlier_windows\0") + 16 + 8  # tag, byte count, then the loss window's values, count, next
+    count_at = at + 128 * 8
+    assert struct.unpack_from("<i", data, count_at)[0] == 5
+    struct.pack_into("<i", data, count_at, 100000)
+    state.write_bytes(bytes(data))
+    r = run(CPU, spike_args(tmp_path, ["-sl", 3, "-x", 6, "-y", 1, "-o", out]), timeout=600)
+    assert_one_line_error(r, str(state), "outlier_windows", "loss window (count 100000")

@@ -148,6 +148,7 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
     sections[fp8_sections] = outlier_skip_state_section(outliers);  // optional: absent unless written with -sl / -sg
     step = train_state_read(path, step, loader, &model->config, opt->use_adamw8, opt->selection, 0, model->num_parameters,
                             model->adam_m, model->adam_v, &opt->states, NULL, sections, fp8_sections + 1);
+    outlier_skip_check_loaded(outliers, path);
     if (fp8_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
         char passes[256];
         fp8_passes_text(passes, sizeof(passes), fp8_config.passes);
