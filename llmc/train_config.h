@@ -105,7 +105,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-tk", FLAG_STRING, TC_OFF(tokenizer_path), 0, 0, NULL, "decode tokenizer file, for text samples"},
     {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16 fp8", "matmul precision (the -f flags below apply to fp8)"},
     {"-fr", FLAG_CHOICE, TC_OFF(fp8_recipe), 0, 0, "delayed current block",
-     "fp8 scaling: delayed (activations from an amax history; gradients current, weights as -fw says), current, or block (1x128/128x128 tiles, all E4M3)"},
+     "fp8 scaling: delayed (activations from an amax history; gradients as -fg says, weights as -fw says), current, or block (1x128/128x128 tiles, all E4M3)"},
     {"-fh", FLAG_INT, TC_OFF(fp8_history), 1, FP8_AMAX_HISTORY_MAX, NULL, "fp8 delayed recipe: amax history length, in uses (one per forward: a micro-step)"},
     {"-fm", FLAG_INT, TC_OFF(fp8_margin), 0, FP8_MARGIN_MAX, NULL, "fp8 scale margin: per-tensor scales are divided by 2^margin"},
     {"-fw", FLAG_CHOICE, TC_OFF(fp8_weight_scaling), 0, 0, "current delayed",

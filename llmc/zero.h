@@ -4,8 +4,9 @@ arithmetic: the trainer, the CPU tests and the docs' byte counts all use these f
 
 Why it is shaped so:
 - Rank r of N owns ONE contiguous range of the flat parameter vector (llm.c order, the
-  trainer's buffers unchanged): [r * S, (r + 1) * S), S the same for every rank, so the
-  weights' all-gather is one ncclAllGather of S elements per rank, in place. The vector is
+  trainer's buffers unchanged): [r * S, (r + 1) * S), S the same for every rank, so each
+  owner's slices go to the others in place (zero_comm.cuh: ncclBroadcast from each owner,
+  grouped per stage, which moves what one ncclAllGather of S elements per rank would). The vector is
   padded at its end to N * S; S is the smallest multiple of 256 with N * S >= the number of
   parameters, so the padding is minimal under that rule.
 - S is a multiple of 256 (QUANT8_BLOCK): in every GPT-2 shape whose channels are a
