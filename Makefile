@@ -13,7 +13,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 GPU_ARCH ?= sm_90a
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -I. -Xcompiler -Wall --expt-relaxed-constexpr
-NVCC_LDFLAGS = -lcublasLt -lcublas -Xlinker -rpath,$(CUDA_HOME)/lib64
+NVCC_LDFLAGS = -lcublasLt -lcublas -ldl -Xlinker -rpath,$(CUDA_HOME)/lib64
 
 # ---- cuDNN and its frontend headers: /usr/local/cuda, or Python's site-packages ---------
 PY_SITE := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null)
@@ -117,7 +117,12 @@ CPU_CXX_TESTS = $(patsubst test/%.cpp,$(BUILD)/%,$(wildcard test/test_*.cpp))
 GPU_TESTS = $(patsubst test/%.cu,$(BUILD)/%,$(wildcard test/test_*.cu))
 
 $(BUILD)/test_%: test/test_%.c $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD)
-	$(CC) $(CFLAGS) -fopenmp $< -lm -o $@
+	$(CC) $(CFLAGS) -fopenmp $< -lm -ldl -o $@
+
+# a stand-in for the driver's NVML (test/fake_nvml.c), loaded by test_gpu_monitor and the -lg trainer tests
+$(BUILD)/libfake_nvml.so: test/fake_nvml.c | $(BUILD)
+	$(CC) $(CFLAGS) -shared -fPIC $< -o $@
+$(BUILD)/test_gpu_monitor: $(BUILD)/libfake_nvml.so
 
 # GPU tests include the CPU reference, which parallelizes with OpenMP
 # C++ CPU tests: they include CUDA's host-side headers (cuda_fp8.h) but need neither nvcc nor a GPU
@@ -147,14 +152,14 @@ $(SIM)/cudasim_%.o: test/cudasim/cudasim_%.cpp test/cudasim/cudasim.h | $(SIM)/.
 	$(SIM_CXX) -Wall -Wextra -c $< -o $@
 
 $(SIM)/test_%: $(SIM)/.translated $(SIM_RUNTIME)
-	$(SIM_CXX) -x c++ $(SIM)/test/test_$*.cu -x none $(SIM_RUNTIME) -lm -o $@
+	$(SIM_CXX) -x c++ $(SIM)/test/test_$*.cu -x none $(SIM_RUNTIME) -lm -ldl -o $@
 
 # cudasim's own tests (what only the emulation can show, e.g. a missing stream dependency)
 $(SIM)/test_cudasim_%: $(SIM)/.translated $(SIM_RUNTIME)
 	$(SIM_CXX) -x c++ $(SIM)/test/cudasim/test_cudasim_$*.cu -x none $(SIM_RUNTIME) -lm -o $@
 
 $(SIM)/train_gpt2_fp8: $(SIM)/.translated $(SIM_RUNTIME)
-	$(SIM_CXX) -x c++ $(SIM)/train_gpt2_fp8.cu -x none $(SIM_RUNTIME) -lm -o $@
+	$(SIM_CXX) -x c++ $(SIM)/train_gpt2_fp8.cu -x none $(SIM_RUNTIME) -lm -ldl -o $@
 
 # the GPU test binaries under cudasim (part of make test: a few minutes on 2 cores)
 test-sim: $(SIM_TESTS)
@@ -172,7 +177,7 @@ test: compile-cuda test-cpu test-sim test-python
 test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 	@bash test/run_cpu_tests.sh $(CPU_TESTS) $(CPU_CXX_TESTS)
 
-test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm $(SIM)/train_gpt2_fp8
+test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm $(SIM)/train_gpt2_fp8 $(BUILD)/libfake_nvml.so
 	$(PYTHON) -m pytest -q test
 
 compile-cuda: train_gpt2_fp8 bench_gemm $(GPU_TESTS)

@@ -57,6 +57,7 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 #include "llmc/zero_comm.cuh"      // ZeRO-1/3's collectives: gradient reduce, weight gather (bf16 / FP8)
 #include "llmc/sparse_buffer.cuh"  // ZeRO-3's parameters: an address range backed only where the rank needs it
 #include "llmc/outlier_skip.h"     // -sl / -sg: skip an update whose loss or gradient norm is an outlier
+#include "llmc/gpu_monitor.h"      // -lg: the GPU's clock, power and temperature through NVML
 
 
 // ----------------------------------------------------------------------------
@@ -1216,6 +1217,12 @@ int main(int argc, char** argv) {
     if (fp8_settings.enabled) { print_fp8_summary(&model); }
     printf("data | train %zu tokens | attention %s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention, tc.recompute, tc.gelu_fusion);
     outlier_skip_print_settings(&outliers);
+    GpuMonitor gpu_monitor;  // -lg
+    memset(&gpu_monitor, 0, sizeof(gpu_monitor));
+    if (tc.log_gpu_every > 0) {
+        gpu_monitor_open(&gpu_monitor, device.pci_bus_id);
+        if (!gpu_monitor.enabled) { printf("note: -lg %d: %s; no GPU lines\n", tc.log_gpu_every, gpu_monitor.why_not); }
+    }
 
     ReplicaCheck replicas;  // -pc: what the weight gather must leave identical on every rank
     replica_check_init(&replicas);
@@ -1291,6 +1298,12 @@ int main(int argc, char** argv) {
                step + 1, train_num_batches, loss, grad_norm, lr, ms, tok_per_s, mfu_text, eta, gpu_memory_used_mib(),
                skip ? " | SKIPPED" : "");
         logger_log_train(&logger, step + 1, loss, lr, grad_norm, ms, (float)tok_per_s, (float)(mfu >= 0 ? mfu : 0.0), skip);
+        if (gpu_monitor.enabled && (step + 1) % tc.log_gpu_every == 0) {
+            GpuSample sample = gpu_monitor_sample(&gpu_monitor);
+            char line[512];
+            gpu_monitor_format(&sample, line, sizeof(line));
+            printf("%s\n", line);
+        }
         fp8_model_log_numerics(&model.fp8, step + 1, stream);
     }
     // the last update's weight gather may still run on the communication stream (the forward
@@ -1303,6 +1316,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaEventDestroy(start_event));
     cudaCheck(cudaEventDestroy(end_event));
     if (check_replicas) { replica_check_free(&replicas); }
+    gpu_monitor_close(&gpu_monitor);
     logger_free(&logger);
     tokenizer_free(&tokenizer);
     if (tc.hellaswag) { evalloader_free(&eval_loader); }

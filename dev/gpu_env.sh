@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Prints what the GPU machine has that the build and tests use: GPU and driver, nvcc,
-# cuDNN (system and pip), the cuDNN frontend headers, NCCL, MPI, Python packages.
+# NVML, cuDNN (system and pip), the cuDNN frontend headers, NCCL, MPI, Python packages.
 # `make env` runs it; paste its output into doc/gpu-environment.md when it changes.
 set -u
 section() { printf '\n## %s\n' "$1"; }
 section "GPU and driver"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | head -5
+section "NVML (-lg)"
+ldconfig -p 2>/dev/null | grep -m1 'libnvidia-ml.so.1' || echo "libnvidia-ml.so.1: not in the loader's cache"
 section "nvcc"
 command -v nvcc && nvcc --version | tail -2
 section "CUDA libraries"

@@ -113,6 +113,7 @@ typedef struct {
     int compute_major;
     int compute_minor;
     float bf16_peak_tflops;  // dense, no sparsity; 0 when the device is not in the table (MFU n/a)
+    char pci_bus_id[32];     // "dddd:bb:dd.0", as NVML finds the device (-lg, gpu_monitor.h)
 } DeviceInfo;
 
 /*
@@ -146,6 +147,8 @@ static inline DeviceInfo device_info_query(void) {
     info.compute_major = prop.major;
     info.compute_minor = prop.minor;
     info.bf16_peak_tflops = bf16_dense_peak_tflops(prop.name);
+    snprintf(info.pci_bus_id, sizeof(info.pci_bus_id), "%04x:%02x:%02x.0", (unsigned)prop.pciDomainID, (unsigned)prop.pciBusID,
+             (unsigned)prop.pciDeviceID);
     return info;
 }
 

@@ -81,6 +81,7 @@ typedef struct {
     const char* nccl_server;      // -ps
     int nccl_timeout_s;           // -pt
     int replica_check_every;      // -pc
+    int log_gpu_every;            // -lg: the GPU's clock, power and temperature every N steps (0 or -1: off; gpu_monitor.h)
 } TrainConfig;
 
 typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_CHOICE } FlagKind;
@@ -147,6 +148,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-ge", FLAG_INT, TC_OFF(gelu_fusion), 0, 1, NULL, "fuse GELU into the cuBLASLt epilogues"},
     {"-z", FLAG_INT, TC_OFF(zero_stage), 0, 3, NULL, "ZeRO stage with several GPUs (on one GPU 0 and 1 are the same): 1 shards the optimizer state; 3 also the block linears' weights, gathered per layer as FP8 (linears with every pass in FP8) or bf16 (with none)"},
     {"-sh", FLAG_INT, TC_OFF(shuffle), 0, 1, NULL, "shuffle shards and samples each epoch (deterministic)"},
+    {"-lg", FLAG_INT, TC_OFF(log_gpu_every), -1, INT_MAX_FLAG, NULL, "every N steps, print the GPU's utilization, SM clock, power, temperature and what holds the clock down (NVML; 0 or -1 = off)"},
     {"-kt", FLAG_INT, TC_OFF(kernel_timing), 0, 1, NULL, "print a per-kernel time breakdown at the end (CUDA events)"},
     {"-pn", FLAG_INT, TC_OFF(num_processes), 1, 4096, NULL, "number of processes, one per GPU (under mpirun: from MPI)"},
     {"-pr", FLAG_INT, TC_OFF(process_rank), 0, 4095, NULL, "this process's rank, 0..-pn minus 1 (under mpirun: from MPI)"},

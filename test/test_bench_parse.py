@@ -44,6 +44,37 @@ def test_bench_parses_the_trainer_progress_line():
     assert breakdown.startswith("kernel breakdown")
 
 
+# -lg's line exactly as llmc/gpu_monitor.h writes it (test_gpu_monitor.c and test_sim_trainer.py pin the same text)
+GPU_LINE = "gpu | SM 97% | memory 64% | SM clock {clock}/1980 MHz | power {power}/700 W | {temp} | clock held by: {why}"
+
+
+def test_bench_reads_the_gpu_state_of_the_timed_steps():
+    """-lg 1: the median SM clock and power, the hottest temperature and every reason the clock was held down, over
+    the timed steps only (the warm-up's lines are left out); n/a readings are skipped; no lines: None"""
+    bench = load_bench()
+    fmt = progress_format()
+    lines = []
+    for step in range(1, 8):
+        lines.append(fmt % (step, 7, 10.0, 1.0, 6e-4, 140.0, 468000.0, "38.2%", "0h00m05s", 61234.0, ""))
+        warm = step <= bench.WARMUP_STEPS
+        lines.append(GPU_LINE.format(clock=900 if warm else 1700 + 10 * step, power="n/a" if step == 7 else 600 + step,
+                                     temp="99 C" if warm else f"{60 + step} C",
+                                     why="thermal (hardware)" if warm else ("power cap" if step % 2 else "nothing")))
+    gpu = bench.parse_gpu("\n".join(lines))
+    timed = [s for s in range(1, 8) if s > bench.WARMUP_STEPS]
+    assert timed, "the test needs steps past the warm-up"
+    clocks = sorted(1700 + 10 * s for s in timed)
+    powers = sorted(600 + s for s in timed if s != 7)
+    assert gpu["sm_clock_mhz"] == (clocks[(len(clocks) - 1) // 2] + clocks[len(clocks) // 2]) / 2
+    assert gpu["power_w"] == (powers[(len(powers) - 1) // 2] + powers[len(powers) // 2]) / 2
+    assert gpu["sm_clock_max_mhz"] == 1980 and gpu["power_limit_w"] == 700 and gpu["temperature_c"] == 60 + max(timed)
+    assert gpu["clock_held_by"] == ("power cap" if any(s % 2 for s in timed) else "nothing")
+    assert set(bench.parse_gpu("\n".join(l for l in lines if not l.startswith("gpu |"))).values()) == {None}
+    record = dict(train_record("d12", "adamw", "current", 1000.0, 1.0, 3.0), **gpu, master_weights=True, grad_scaling="-")
+    section = bench.gpu_state_markdown([record])
+    assert "## GPU state during the timed steps" in section and f"| {gpu['clock_held_by']} |" in section
+
+
 def test_optimizer_and_weight_cast_time_from_the_breakdown():
     """-fw current vs delayed is judged on the optimizer step plus the weight casts after it: both rows must exist"""
     bench = load_bench()

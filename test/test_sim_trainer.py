@@ -131,6 +131,29 @@ def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):
     assert not np.any((bits & 0x7F80) == 0x7F80), "Inf or NaN reached the weights"
 
 
+def test_gpu_lines_every_n_steps(workdir):
+    """-lg 2: after every second step one line of what NVML reports for the device the trainer runs on, found by its
+    PCI bus id (cudasim's: 0000:00:00.0), here from the stand-in NVML (test/fake_nvml.c); without NVML one note and
+    the run goes on"""
+    fake = os.path.join(ROOT, "build", "libfake_nvml.so")
+    assert os.path.exists(fake), "build/libfake_nvml.so is not built (make build/libfake_nvml.so)"
+    args = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-j", "", "-t", 64, "-b", 4, "-x", 4, "-v", 0, "-s", 0,
+            "-lg", 2]
+    env = dict(os.environ, LLM8_NVML_LIBRARY=fake, FAKE_NVML_BUS_ID="0000:00:00.0", FAKE_NVML_REASONS="44")
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    gpu = [i for i, line in enumerate(lines) if line.startswith("gpu |")]
+    assert len(gpu) == 2 and lines[gpu[0] - 1].startswith("step     2/4") and lines[gpu[1] - 1].startswith("step     4/4"), \
+        r.stdout[-3000:]
+    assert lines[gpu[0]] == ("gpu | SM 97% | memory 64% | SM clock 1755/1980 MHz | power 689/700 W | 71 C | clock held by: "
+                             "power cap, thermal (hardware)")
+    env["LLM8_NVML_LIBRARY"] = "/nonexistent/libnvidia-ml.so.1"
+    r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "note: -lg 2: cannot load NVML ('/nonexistent/libnvidia-ml.so.1'" in r.stdout and "gpu |" not in r.stdout
+
+
 def test_checkpoint_retention(workdir):
     """-nk 2 -nm 2 on the GPU trainer: the newest 2 complete checkpoints stay, and the older even ones"""
     out = workdir / "retention"

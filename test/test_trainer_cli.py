@@ -77,7 +77,7 @@ class TestBadInput:
     def test_flag_out_of_range(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-r", 7])), "-r", "7", "0..2")
 
-    @pytest.mark.parametrize("flag,value", [("-sl", -1), ("-sg", -0.5)])
+    @pytest.mark.parametrize("flag,value", [("-sl", -1), ("-sg", -0.5), ("-lg", -2)])
     def test_outlier_skip_flag_out_of_range(self, binary, data, flag, value):
         assert_one_line_error(run(binary, base_args(data, [flag, value])), flag, str(value))
 
@@ -344,7 +344,7 @@ def test_help_lists_every_flag_with_default(binary):
     assert result.returncode == 0
     flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-fg", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-nm", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt",
-             "-sl", "-sg", "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pa", "-pt", "-pc"]
+             "-sl", "-sg", "-lg", "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pa", "-pt", "-pc"]
     lines = result.stdout.splitlines()
     for flag in flags:
         matching = [l for l in lines if l.strip().startswith(flag + " ")]

@@ -110,6 +110,9 @@ TRAFFIC_RE = re.compile(r"^comm \| step \d+, payload by collective: (.*) \| tota
 # (adamw8 adds the bytes per parameter of the tensors with 8-bit states, and their share)
 MEMORY_RE = re.compile(r"^memory \| persistent ([\d.]+) bytes/parameter [^|]*?(?:; ([\d.]+) for the ([\d.]+)% of parameters "
                        r"with 8-bit states[^|]*)?\| optimizer \S+ m\+v ([\d.]+) GiB", re.M)
+# -lg 1's line after each step (llmc/gpu_monitor.h): what the GPU ran at
+GPU_RE = re.compile(r"^gpu \| SM (\S+) \| memory (\S+) \| SM clock (\S+)/(\S+) MHz \| power (\S+)/(\S+) W \| (n/a|\d+ C) \| "
+                    r"clock held by: (.*)$")
 STEP_RE = re.compile(r"^step\s+(\d+)/(\d+) \| loss ([-\d.naninf]+) \| .*? \| ([\d.]+) ms \| (\d+) tok/s \| MFU ([\d.]+%|n/a) \| ETA \S+ \| mem (\d+) MiB")
 
 
@@ -153,6 +156,57 @@ def parse_run(stdout):
         breakdown = stdout[stdout.index("kernel breakdown"):]
         breakdown = "\n".join(l for l in breakdown.splitlines() if l.startswith("|") or l.startswith("kernel breakdown"))
     return steps, breakdown
+
+
+def parse_gpu(stdout):
+    """-lg 1's lines of the timed steps (> WARMUP_STEPS): the median SM clock and power, the clock's maximum and the power
+    limit, the hottest temperature, and every reason the clock was held down ("nothing" when none was); every value
+    None without the lines (no NVML) or where the device did not report it"""
+    keys = ("sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temperature_c", "clock_held_by")
+    step, readings = 0, []
+    for line in stdout.splitlines():
+        m = STEP_RE.match(line.strip())
+        if m:
+            step = int(m.group(1))
+            continue
+        m = GPU_RE.match(line.strip())
+        if m and step > WARMUP_STEPS:
+            readings.append(m.groups())
+    if not readings:
+        return dict.fromkeys(keys)
+
+    def numbers(index, unit=""):
+        return [float(r[index][:len(r[index]) - len(unit)]) for r in readings if r[index] != "n/a"]
+
+    clock, clock_max, power, limit, temperature = numbers(2), numbers(3), numbers(4), numbers(5), numbers(6, " C")
+    reasons = sorted({why for r in readings if r[7] not in ("nothing", "n/a") for why in r[7].split(", ")})
+    known = any(r[7] != "n/a" for r in readings)
+    return {"sm_clock_mhz": statistics.median(clock) if clock else None, "sm_clock_max_mhz": max(clock_max) if clock_max else None,
+            "power_w": statistics.median(power) if power else None, "power_limit_w": max(limit) if limit else None,
+            "temperature_c": max(temperature) if temperature else None,
+            "clock_held_by": (", ".join(reasons) if reasons else "nothing") if known else None}
+
+
+def figure(value, fmt, unit=""):
+    """a record's figure for a markdown table: n/a where it is None"""
+    return "n/a" if value is None else format(value, fmt) + unit
+
+
+def gpu_state_markdown(records):
+    """the GPU's state during each train run's timed steps (-lg 1), so a tok/s figure comes with the clock it ran at"""
+    rows = [r for r in records if r["benchmark"] == "train" and r.get("sm_clock_mhz") is not None]
+    if not rows:
+        return ""
+    out = ["## GPU state during the timed steps (-lg 1, NVML)", "",
+           "A throttled clock (power cap, thermal) lowers tok/s whatever the recipe: compare runs at the same clock.", "",
+           "| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | SM clock MHz (median / max) | "
+           "power W (median / limit) | hottest C | clock held by |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | "
+                   f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {figure(r['sm_clock_mhz'], '.0f')} / "
+                   f"{figure(r['sm_clock_max_mhz'], '.0f')} | {figure(r['power_w'], '.0f')} / {figure(r['power_limit_w'], '.0f')} | "
+                   f"{figure(r['temperature_c'], '.0f')} | {r['clock_held_by'] or 'n/a'} |")
+    return "\n".join(out) + "\n"
 
 
 def parse_memory(stdout):
@@ -265,7 +319,7 @@ def model_runs(model):
 def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path, master=True,
                grads="-"):
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
-           "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-r", str(recompute), "-opt", optimizer]
+           "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-lg", "1", "-r", str(recompute), "-opt", optimizer]
     cmd += [] if master else ["-w", "0"]
     if precision == "fp8":
         cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
@@ -291,6 +345,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         "mfu": statistics.median(mfus) if mfus else None,
         "peak_mem_mib": max(s["mem_mib"] for s in step_records),
         **parse_memory(stdout),
+        **parse_gpu(stdout),
         "final_loss": timed[-1]["loss"],
         "optimizer_ms": optimizer_ms(breakdown, optimizer),
         "optimizer_weight_cast_ms": optimizer_and_weight_cast_ms(breakdown, optimizer) if precision == "fp8" else None,
@@ -366,10 +421,6 @@ def memory_markdown(rows):
            "| model | optimizer | fp32 master | bytes/parameter | 8-bit tensors: bytes/parameter | their share | "
            "optimizer m+v GiB | peak mem MiB |",
            "|---|---|---|---|---|---|---|---|"]
-
-    def figure(value, fmt, unit=""):
-        return "n/a" if value is None else format(value, fmt) + unit
-
     for r in rows:
         out.append(f"| {r['model']} | {r['optimizer']} | {master_text(r)} | {figure(r['persistent_bytes_per_param'], '.3f')} | "
                    f"{figure(r['eight_bit_bytes_per_param'], '.3f')} | {figure(r['eight_bit_share_pct'], '.1f', '%')} | "
@@ -657,6 +708,9 @@ def write_report(base, records, gemm_section, run_info, complete):
             f.write(f"\n{lm_head_markdown(lm_head_rows)}")
         if memory_rows(records):
             f.write(f"\n{memory_markdown(memory_rows(records))}")
+        gpu_section = gpu_state_markdown(records)
+        if gpu_section:
+            f.write(f"\n{gpu_section}")
         floor_section = floor_markdown(records, run_info["device"])
         if floor_section:
             f.write(f"\n{floor_section}")
