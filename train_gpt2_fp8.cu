@@ -1104,17 +1104,17 @@ static void print_fp8_summary(const GPT2* model) {
            fp8->num_linears, fp8->bytes / 1048576.0, fp8->numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
 }
 
-// -pc: every rank's gathered weights against rank 0's, bitwise, after `updates` updates; one line
-// and exit on a difference (replica_check.cuh)
-static void check_replicas_identical(const GPT2* model, ReplicaCheck* replicas, int updates, cudaStream_t stream) {
+// -pc: every rank's gathered weights against rank 0's, bitwise, after `steps` steps (a skipped
+// update, -sl / -sg or non-finite, is a step too); one line and exit on a difference (replica_check.cuh)
+static void check_replicas_identical(const GPT2* model, ReplicaCheck* replicas, int steps, cudaStream_t stream) {
     zero_comm_join(model->comm, stream);  // every stage of the last weight gather
     ReplicaMismatch m = replica_check_compare(replicas, model->comm->multi_gpu, stream);
     if (m.region >= 0) {
-        llm8_die("-pc: after %d updates rank %d's %s differs from rank 0's (%d of %d regions differ, on %d of the other %d ranks): "
-                 "a weight gather delivered stale or wrong bytes", updates, m.rank, replicas->regions[m.region].name,
+        llm8_die("-pc: after %d steps rank %d's %s differs from rank 0's (%d of %d regions differ, on %d of the other %d ranks): "
+                 "a weight gather delivered stale or wrong bytes", steps, m.rank, replicas->regions[m.region].name,
                  m.regions_differing, replicas->count, m.ranks_differing, replicas->num_ranks - 1);
     }
-    printf("replicas | after %d updates: %d regions (%.1f MB) bitwise identical on %d ranks\n", updates, replicas->count,
+    printf("replicas | after %d steps: %d regions (%.1f MB) bitwise identical on %d ranks\n", steps, replicas->count,
            replicas->total_bytes / 1e6, replicas->num_ranks);
 }
 

@@ -181,7 +181,7 @@ def trajectories(setup):
         if len(one) == 8 and sorted(one) == sorted(two):
             worst = max(abs(one[s] - two[s]) / abs(one[s]) for s in one)
             check(worst < tolerance, f"{name}: 2-rank losses within {tolerance:g} of 1-rank (worst {worst:.2e})")
-        checked = re.findall(r"^replicas \| after (\d+) updates: \d+ regions .* bitwise identical on 2 ranks$", out2, re.M)
+        checked = re.findall(r"^replicas \| after (\d+) steps: \d+ regions .* bitwise identical on 2 ranks$", out2, re.M)
         check(checked == [str(u) for u in range(9)], f"{name}: -pc 1 finds the ranks' gathered weights identical at every step")
         stage = 3 if name in two_rank_only else 1
         check(f"zero | ZeRO-{stage} over 2 ranks" in out2, f"{name}: the startup line reports ZeRO-{stage}")

@@ -242,7 +242,7 @@ def test_two_ranks_give_the_same_bits_in_any_stream_order(workdir):
     assert sorted(a) == [1, 2, 3] and a == b, (a, b)
 
 
-REPLICAS_RE = re.compile(r"^replicas \| after (\d+) updates: (\d+) regions .* bitwise identical on 2 ranks$", re.M)
+REPLICAS_RE = re.compile(r"^replicas \| after (\d+) steps: (\d+) regions .* bitwise identical on 2 ranks$", re.M)
 
 
 @pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-fw", "delayed"], ["-p", "fp8", "-fr", "block"],
@@ -271,7 +271,7 @@ def test_two_ranks_replica_check_catches_a_lost_weight_delivery(workdir, lost):
     for err in (out, rank1_err):
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert len(errors) == 1, err[-2000:]
-        assert re.match(r"error: -pc: after [123] updates rank 1's .+ differs from rank 0's", errors[0]), errors[0]
+        assert re.match(r"error: -pc: after [123] steps rank 1's .+ differs from rank 0's", errors[0]), errors[0]
 
 
 def twin_shard(workdir):
