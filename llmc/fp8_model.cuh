@@ -559,9 +559,7 @@ and under -fw delayed the codes from W's element `first` on, with the weight sta
 */
 static inline Fp8WeightUpdate fp8_model_weight_update(const Fp8Model* fp8, int i, size_t first) {
     Fp8WeightUpdate update = {};
-    if (i < 0 || !fp8_model_casts_w(fp8, i) || !fp8_model_weight_cast_in_update(fp8, i) || fp8_model_block(fp8)) {
-        return update;
-    }
+    if (!fp8_model_casts_w(fp8, i) || !fp8_model_weight_cast_in_update(fp8, i) || fp8_model_block(fp8)) { return update; }
     Fp8CastOutput w = fp8_model_w(fp8, i);
     update.record = w.record;
     if (fp8_model_delayed_weights(fp8)) {
@@ -579,13 +577,22 @@ void fp8_model_transpose_weights(const Fp8Model* fp8, int first, int last, cudaS
     }
 }
 
+// the FP8 weights the optimizer pass does not cast (lm_head; all of them when a block linear
+// has a bf16 GEMM): from the bf16 weights, current-scaled, once they are updated (with several
+// ranks: once they are gathered, zero_comm.cuh)
+void fp8_model_cast_weights_from_bf16(const Fp8Model* fp8, const floatX* params, cudaStream_t stream) {
+    for (int i = fp8_model_linears_cast_in_update(fp8); i < fp8->num_linears; i++) {
+        fp8_model_cast_weight(fp8, i, NULL, params, false, stream);
+    }
+}
+
 /*
 After each optimizer step on one GPU (zero_comm_gather_weights with several): the FP8 weights
 follow the update. Those the pass cast (the first in_update linears), -fw current: the casts,
 from the amaxes the pass wrote; -fw delayed: the pass wrote W's codes with the states' scales,
 which become the records' (what the GEMMs read), then the pass's amaxes update the states
 (the next step's scales), as a delayed activation's cast does; W^T is the codes' transpose.
-The rest: cast from the bf16 weights, as fp8_model_cast_weight does.
+The rest: fp8_model_cast_weights_from_bf16.
 */
 void fp8_model_weights_after_update(const Fp8Model* fp8, const float* master, const floatX* params, cudaStream_t stream) {
     int n = fp8->num_linears, in_update = fp8_model_linears_cast_in_update(fp8);
@@ -596,7 +603,7 @@ void fp8_model_weights_after_update(const Fp8Model* fp8, const float* master, co
     } else {
         for (int i = 0; i < in_update; i++) { fp8_model_cast_weight(fp8, i, master, params, true, stream); }
     }
-    for (int i = in_update; i < n; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
+    fp8_model_cast_weights_from_bf16(fp8, params, stream);
 }
 
 /*

@@ -70,6 +70,13 @@ static inline void* gpu_monitor_symbol_(GpuMonitor* m, const char* name) {
     return symbol;
 }
 
+// gives up on NVML (m->why_not says why): shut down when it was initialized, and closed
+static inline void gpu_monitor_give_up_(GpuMonitor* m, int initialized) {
+    if (initialized) { m->shutdown(); }
+    dlclose(m->library);
+    m->library = NULL;
+}
+
 /*
 Opens NVML and finds the device with PCI bus id `bus_id` ("dddd:bb:dd.f", hex, as CUDA and
 NVML write it). Never fails the run: on any problem m->enabled is 0 and m->why_not says why.
@@ -95,24 +102,20 @@ static inline void gpu_monitor_open(GpuMonitor* m, const char* bus_id) {
     m->temperature = (gpu_nvml_return (*)(gpu_nvml_device, int, unsigned int*))gpu_monitor_symbol_(m, "nvmlDeviceGetTemperature");
     m->clock_reasons = (gpu_nvml_return (*)(gpu_nvml_device, unsigned long long*))
         gpu_monitor_symbol_(m, "nvmlDeviceGetCurrentClocksThrottleReasons");
-    if (m->why_not[0] != '\0') {
-        dlclose(m->library);
-        m->library = NULL;
+    if (m->why_not[0] != '\0') {  // a function missing: not NVML
+        gpu_monitor_give_up_(m, 0);
         return;
     }
     gpu_nvml_return status = init();
     if (status != GPU_NVML_SUCCESS) {
         snprintf(m->why_not, sizeof(m->why_not), "nvmlInit failed (NVML error %d)", status);
-        dlclose(m->library);
-        m->library = NULL;
+        gpu_monitor_give_up_(m, 0);
         return;
     }
     status = by_bus_id(bus_id, &m->device);
     if (status != GPU_NVML_SUCCESS) {
         snprintf(m->why_not, sizeof(m->why_not), "NVML finds no device at PCI bus id %s (NVML error %d)", bus_id, status);
-        m->shutdown();
-        dlclose(m->library);
-        m->library = NULL;
+        gpu_monitor_give_up_(m, 1);
         return;
     }
     m->enabled = 1;

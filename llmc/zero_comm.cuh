@@ -598,12 +598,10 @@ static void zero_comm_gather(ZeroComm* comm, Fp8Model* fp8, floatX* params, cons
         zero_comm_cast_tensor_parts(comm, fp8, params, master, codes_written, stream);
     }
     zero_comm_gather_stages(comm, fp8, params, first_stage, zero_comm_num_stages(comm), stream);
-    if (!comm->fp8_gather && block_linears > 0) {
-        zero_comm_join(comm, stream);
-        fp8_model_cast_weights(fp8, NULL, params, false, stream);  // every FP8 weight from the gathered bf16
-    } else if (fp8->num_linears > block_linears) {
-        zero_comm_wait_gathered(comm, -1, stream);
-        for (int i = block_linears; i < fp8->num_linears; i++) { fp8_model_cast_weight(fp8, i, NULL, params, false, stream); }
+    if (fp8_model_linears_cast_in_update(fp8) < fp8->num_linears) {  // some FP8 weights are cast from the gathered bf16:
+        if (!comm->fp8_gather && block_linears > 0) { zero_comm_join(comm, stream); }  // every one (all stages)
+        else { zero_comm_wait_gathered(comm, -1, stream); }                              // lm_head alone (stage 0: wte)
+        fp8_model_cast_weights_from_bf16(fp8, params, stream);
     }
 }
 
