@@ -346,7 +346,8 @@ dbias += column sums of dout. pre_gelu != NULL: dout is the gradient of GELU's o
 multiplied by gelu'(pre_gelu) (fc, whose output went through GELU). dgrad and wgrad are FP8 or
 bf16 each on its own (-f8p). With either in FP8, the pass that casts dout
 (matmul_backward_fp8_dout) also applies GELU's derivative and sums the bias, and writes the
-codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad); the FP8 GEMMs read those and the
+codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad; lm_head's dy codes, where the
+classifier wrote them, only need their transpose); the FP8 GEMMs read those and the
 codes of the forward's and the weight's casts, and a bf16 GEMM of the other pass reads dout
 as that pass left it (the pass stores the product into dout whenever a bf16 GEMM reads it),
 with inp or weight. All bf16: dout is multiplied in place first.
@@ -361,7 +362,11 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
     bool dgrad_fp8 = fp8_model_runs(fp8, i, FP8_DGRAD), wgrad_fp8 = fp8_model_runs(fp8, i, FP8_WGRAD);
     if (dgrad_fp8 || wgrad_fp8) {
         Fp8CastOutput dy = fp8_model_dy(fp8, i), x = fp8_model_x(fp8, i), w = fp8_model_w(fp8, i);
-        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, fp8_model_dout_scale(fp8, i), stream);
+        if (kind == LINEAR_LM_HEAD && fp8_model_classifier_casts_dlogits(fp8)) {  // the classifier wrote dy's codes
+            fp8_transpose_codes(dy.codes, dy.codes_t, BT, OC, stream);
+        } else {
+            matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, fp8_model_dout_scale(fp8, i), stream);
+        }
         matmul_backward_fp8(dgrad_fp8 ? dinp : NULL, wgrad_fp8 ? dweight : NULL, CUDA_R_16BF, fp8_operand(&dy, false),
                             fp8_operand(&dy, true), fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC, stream);
         if (!dgrad_fp8 || !wgrad_fp8) {  // the bias is summed already
@@ -519,8 +524,9 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
     profiler_mark("matmul lm_head fwd");
     fp8_model_end_forward(fp8, stream);
     if (targets_cpu != NULL) {
-        fused_classifier(a->output, a->losses, dloss, model->targets, B, T, V, Vp, write_dlogits,
-                         write_dlogits ? fp8_model_dlogits_record(fp8) : NULL, stream);
+        Fp8CastOutput dlogits_codes;  // where the classifier writes lm_head's dy codes itself
+        const Fp8CastOutput* dlogits_fp8 = write_dlogits ? fp8_model_begin_dlogits(fp8, dloss, &dlogits_codes, stream) : NULL;
+        fused_classifier(a->output, a->losses, dloss, model->targets, B, T, V, Vp, write_dlogits, dlogits_fp8, stream);
         profiler_mark("classifier");
     }
 }
@@ -1097,10 +1103,14 @@ static void print_fp8_summary(const GPT2* model) {
     const char* after_update = in_update == fp8->num_linears ? ""
                              : in_update > 0 ? ", lm_head from bf16 after the update"
                              : " (from bf16 after the update: a block linear has a bf16 GEMM, or none is FP8)";
-    printf("fp8 | recipe %s (history %d, margin %d, weights %s%s, gradients %s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+    // lm_head's output gradient is scaled from its bound (fp8_gradient_recipe), whatever -fg says
+    bool bounded = fp8_model_dlogits_bounded(fp8);
+    bool only_lm_head = bounded && !fp8_block_linears_cast_dy(s->passes);
+    const char* gradients = block ? "1x128 tiles" : only_lm_head ? "lm_head's" : FP8_SCALING_CHOICE_NAMES[s->grad_scaling];
+    printf("fp8 | recipe %s (history %d, margin %d, weights %s%s, gradients %s%s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
            FP8_MODEL_RECIPE_NAMES[s->recipe], s->history_len, s->margin,
            block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[s->weight_scaling], after_update,
-           block ? "1x128 tiles" : FP8_SCALING_CHOICE_NAMES[s->grad_scaling], passes,
+           gradients, only_lm_head ? " from its bound" : bounded ? ", lm_head's from its bound" : "", passes,
            fp8->num_linears, fp8->bytes / 1048576.0, fp8->numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
 }
 

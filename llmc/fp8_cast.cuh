@@ -583,24 +583,53 @@ void fp8_weight_codes(uint8_t* codes, const In* in, size_t n, const Fp8CastRecor
     cudaCheck(cudaGetLastError());
 }
 
-// codes_t [cols][rows] = codes [rows][cols]^T, through 32 x 32 tiles in shared memory
-__global__ void fp8_transpose_codes_kernel(const uint8_t* codes, uint8_t* codes_t, int rows, int cols) {
-    __shared__ uint8_t tile[32][33];  // one pad column: the transposed read hits 32 banks
-    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
-    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-        int r = r0 + j, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) { tile[j][threadIdx.x] = codes[(size_t)r * cols + c]; }
+/*
+codes_t [cols][rows] = codes [rows][cols]^T: W^T from W's codes (-fw delayed, ZeRO's gathered
+W), and lm_head's dy^T from the codes the classifier wrote (B T x Vp bytes, 3.3 GB at d12, so
+this runs at copy speed or costs milliseconds). One 128 x 128 tile per block, moved 16 bytes
+at a time as the cast kernel moves its codes: a warp reads 4 whole 128-byte tile rows, and a
+thread packs 32 rows of one column into two 16-byte stores that fill a 32-byte sector of
+codes_t (a warp reads 32 neighbouring bytes of one staged row: no bank conflicts). rows and
+cols are multiples of 16 (cuBLASLt FP8's rule), so every edge falls on 16 bytes.
+*/
+__global__ void __launch_bounds__(FP8_TILE_THREADS)
+fp8_transpose_codes_kernel(const uint8_t* codes, uint8_t* codes_t, int rows, int cols) {
+    constexpr int stride = FP8_TILE + 16;  // one 16-byte pad per staged row
+    __shared__ uint4 tile_words[FP8_TILE * stride / 16];  // uint4: 16-byte aligned
+    uint8_t* tile = reinterpret_cast<uint8_t*>(tile_words);
+    const int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
+    const int rows_here = min(FP8_TILE, rows - r0), cols_here = min(FP8_TILE, cols - c0);
+    for (int i = threadIdx.x; i < FP8_TILE * (FP8_TILE / 16); i += FP8_TILE_THREADS) {
+        int r = i / (FP8_TILE / 16), c = (i % (FP8_TILE / 16)) * 16;
+        if (r >= rows_here || c >= cols_here) { continue; }
+        *reinterpret_cast<uint4*>(tile + r * stride + c) = *reinterpret_cast<const uint4*>(codes + (size_t)(r0 + r) * cols + c0 + c);
     }
     __syncthreads();
-    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-        int c = c0 + j, r = r0 + threadIdx.x;
-        if (r < rows && c < cols) { codes_t[(size_t)c * rows + r] = tile[threadIdx.x][j]; }
+    for (int i = threadIdx.x; i < FP8_TILE * (FP8_TILE / 32); i += FP8_TILE_THREADS) {
+        int c = i % FP8_TILE, r = (i / FP8_TILE) * 32;
+        if (c >= cols_here || r >= rows_here) { continue; }
+        uint8_t column[32];
+        for (int k = 0; k < 32; k++) { column[k] = r + k < rows_here ? tile[(r + k) * stride + c] : 0; }
+        uint8_t* destination = codes_t + (size_t)(c0 + c) * rows + r0 + r;
+        uint2 a = fp8_pack8(column), b = fp8_pack8(column + 8);
+        *reinterpret_cast<uint4*>(destination) = make_uint4(a.x, a.y, b.x, b.y);
+        if (r + 16 < rows_here) {  // rows_here is a multiple of 16
+            uint2 c8 = fp8_pack8(column + 16), d8 = fp8_pack8(column + 24);
+            *reinterpret_cast<uint4*>(destination + 16) = make_uint4(c8.x, c8.y, d8.x, d8.y);
+        }
     }
 }
 
 void fp8_transpose_codes(const uint8_t* codes, uint8_t* codes_t, int rows, int cols, cudaStream_t stream) {
-    dim3 grid(ceil_div(cols, 32), ceil_div(rows, 32)), block(32, 8);
-    fp8_transpose_codes_kernel<<<grid, block, 0, stream>>>(codes, codes_t, rows, cols);
+    if (rows <= 0 || cols <= 0 || rows % 16 != 0 || cols % 16 != 0) {
+        llm8_die("fp8_transpose_codes: rows=%d, cols=%d: each must be a positive multiple of 16 (cuBLASLt FP8 GEMM dimensions)",
+                 rows, cols);
+    }
+    if ((uintptr_t)codes % 16 != 0 || (uintptr_t)codes_t % 16 != 0) {
+        llm8_die("fp8_transpose_codes: code arrays %p and %p must be 16-byte aligned", (const void*)codes, (void*)codes_t);
+    }
+    dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE));
+    fp8_transpose_codes_kernel<<<grid, FP8_TILE_THREADS, 0, stream>>>(codes, codes_t, rows, cols);
     cudaCheck(cudaGetLastError());
 }
 

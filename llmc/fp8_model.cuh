@@ -29,7 +29,10 @@ Why it is shaped so:
   record, which the backward GEMMs read, so updating right after the forward is exact. The
   host knows which path to take without reading the GPU: x_seeded flips after the first
   forward, and is read from the states on resume. Output gradients under -fg delayed
-  likewise: dy_seeded flips after the first backward (fp8_model_dy_scale_known).
+  likewise: dy_seeded flips after the first backward (fp8_model_dy_scale_known). lm_head's
+  output gradient, the logits' gradient, has a bound instead (fp8_gradient_recipe): before a
+  forward that writes it, its state takes the bound as its amax (fp8_model_begin_dlogits), and
+  the classifier writes its codes where both of lm_head's backward GEMMs read codes.
 - Weights (-fw, DESIGN.md section 3), per-tensor recipes: the optimizer pass writes the new
   amax of each weight it casts into its record (fp8_model_weight_update; the block linears'
   when each FP8 one runs all its GEMMs in FP8, fp8_weight_cast_in_update). current: the cast
@@ -327,14 +330,16 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     return offset;
 }
 
-// host states, fresh: activations by the recipe, gradients as -fg says, weights as -fw says
+// host states, fresh: activations by the recipe, gradients as -fg says (lm_head's from its bound:
+// fp8_gradient_recipe), weights as -fw says
 // (those the optimizer pass casts; the others current)
 static void fp8_model_init_states(const Fp8Model* fp8, Fp8TensorScaling* host) {
     const Fp8Settings* s = &fp8->settings;
     int n = fp8->num_linears;
     for (int i = 0; i < n; i++) {
         fp8_scaling_init(&host[i], fp8_activation_recipe(s), FP8_E4M3, s->history_len, s->margin);
-        fp8_scaling_init(&host[n + i], fp8_gradient_recipe(s), FP8_E5M2, s->history_len, s->margin);
+        fp8_scaling_init(&host[n + i], fp8_gradient_recipe(s->grad_scaling, fp8->linears[i].kind), FP8_E5M2,
+                         s->history_len, s->margin);
         fp8_scaling_init_weight(&host[2 * n + i], fp8_model_weight_delayed(fp8, i), s->history_len, s->margin);
     }
 }
@@ -497,24 +502,39 @@ static inline bool fp8_model_dy_scale_known(const Fp8Model* fp8) {
     return fp8_model_block(fp8) || (fp8->settings.grad_scaling == FP8_GRADS_DELAYED && fp8->dy_seeded);
 }
 
-/*
-Where the classifier folds the amax of the logits' gradient (lm_head's dout) as it writes
-them, or NULL: an FP8 lm_head that casts that gradient (FP8 dgrad or wgrad) with per-tensor
-scaling and no scale known before the pass, which would otherwise read the B T x Vp
-gradients once more just for their amax (matmul_backward_fp8_dout, FP8_DOUT_AMAX_RECORDED).
-*/
-static inline Fp8CastRecord* fp8_model_dlogits_record(const Fp8Model* fp8) {
+// whether lm_head's output gradient (the logits' gradient) is cast per tensor with the scale of
+// its bound (an FP8 lm_head dgrad or wgrad in a per-tensor recipe; fp8_gradient_recipe)
+static inline bool fp8_model_dlogits_bounded(const Fp8Model* fp8) {
+    return !fp8_model_block(fp8) && fp8_model_casts_dy(fp8, fp8_model_linear(fp8, -1, LINEAR_LM_HEAD));
+}
+
+// whether the classifier writes lm_head's dy codes itself (fused_classifier): bounded, and both
+// backward GEMMs in FP8, so no bf16 GEMM reads the bf16 gradient and it is never written
+static inline bool fp8_model_classifier_casts_dlogits(const Fp8Model* fp8) {
     int i = fp8_model_linear(fp8, -1, LINEAR_LM_HEAD);
-    bool casts_dy = fp8_model_runs(fp8, i, FP8_DGRAD) || fp8_model_runs(fp8, i, FP8_WGRAD);
-    if (!casts_dy || fp8_model_dy_scale_known(fp8)) { return NULL; }  // known: the block recipe, -fg delayed
-    return fp8_model_dy(fp8, i).record;
+    return fp8_model_dlogits_bounded(fp8) && fp8_model_runs(fp8, i, FP8_DGRAD) && fp8_model_runs(fp8, i, FP8_WGRAD);
+}
+
+/*
+Before a forward that writes the logits' gradient (loss gradient dloss): where lm_head's dy is
+bounded, its state takes the bound as this use's amax and publishes the scale into the record,
+so the classifier (or the cast pass after it) writes codes with it and both backward GEMMs
+read its inverse. Returns the cast the classifier writes, into *out, or NULL: it writes the
+bf16 gradient (fp8_model_classifier_casts_dlogits).
+*/
+const Fp8CastOutput* fp8_model_begin_dlogits(const Fp8Model* fp8, float dloss, Fp8CastOutput* out, cudaStream_t stream) {
+    if (!fp8_model_dlogits_bounded(fp8)) { return NULL; }
+    *out = fp8_model_dy(fp8, fp8_model_linear(fp8, -1, LINEAR_LM_HEAD));
+    fp8_scaling_update_with_amax(out->state, out->record, fp8_dlogits_amax_bound(dloss), stream);
+    if (!fp8_model_classifier_casts_dlogits(fp8)) { return NULL; }
+    out->codes_t = NULL;  // the transpose follows in the backward (fp8_transpose_codes)
+    return out;
 }
 
 // what the cast of FP8 linear i's output gradient knows of its scale (matmul_backward_fp8_dout)
 static inline Fp8DoutScale fp8_model_dout_scale(const Fp8Model* fp8, int i) {
-    if (fp8_model_dy_scale_known(fp8)) { return FP8_DOUT_SCALE_KNOWN; }
-    bool recorded = i == fp8_model_linear(fp8, -1, LINEAR_LM_HEAD) && fp8_model_dlogits_record(fp8) != NULL;
-    return recorded ? FP8_DOUT_AMAX_RECORDED : FP8_DOUT_NEEDS_AMAX;
+    if (i == fp8_model_linear(fp8, -1, LINEAR_LM_HEAD) && fp8_model_dlogits_bounded(fp8)) { return FP8_DOUT_SCALE_BOUND; }
+    return fp8_model_dy_scale_known(fp8) ? FP8_DOUT_SCALE_KNOWN : FP8_DOUT_NEEDS_AMAX;
 }
 
 // after every backward: each FP8 output gradient's state has been updated at least once
@@ -733,8 +753,10 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
     }
     if (fp8->settings.recipe != FP8_MODEL_BLOCK) {  // -fw and -fg are in the states: the recipe they were made with
         fp8_model_check_saved_scaling(path, "-fw", &host->states[2 * fp8->num_linears], fp8_model_delayed_weights(fp8));
-        fp8_model_check_saved_scaling(path, "-fg", &host->states[fp8->num_linears],
-                                      fp8->settings.grad_scaling == FP8_GRADS_DELAYED);
+        for (int i = 0; i < fp8->num_linears; i++) {
+            Fp8Recipe want_dy = fp8_gradient_recipe(fp8->settings.grad_scaling, fp8->linears[i].kind);
+            fp8_model_check_saved_scaling(path, "-fg", &host->states[fp8->num_linears + i], want_dy == FP8_RECIPE_DELAYED);
+        }
     }
     cudaCheck(cudaMemcpyAsync(fp8->states, host->states, n * sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaMemcpyAsync(fp8->records, host->records, n * sizeof(Fp8CastRecord), cudaMemcpyHostToDevice, stream));

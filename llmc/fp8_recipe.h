@@ -257,9 +257,32 @@ static inline Fp8Recipe fp8_activation_recipe(const Fp8Settings* s) {
     return s->recipe == FP8_MODEL_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
 }
 
-// the per-tensor state recipe of output gradients (-fg)
-static inline Fp8Recipe fp8_gradient_recipe(const Fp8Settings* s) {
-    return s->grad_scaling == FP8_GRADS_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
+/*
+The per-tensor state recipe of the output gradient of a linear of kind `kind`: as -fg says,
+except lm_head's. lm_head's output gradient is the logits' gradient (softmax - onehot(target))
+* dloss: a probability lies in [0, 1], so every element lies in [-dloss, dloss]. Its scale is
+current scaling's formula with that bound as the amax (fp8_dlogits_amax_bound), which is known
+before the classifier writes the first gradient. So the classifier writes the E5M2 codes itself
+(fused_classifier), no pass reads the B T x Vp gradients again just for their amax or for a
+cast, and no element can saturate. What it costs: where the true amax is below the bound, the
+scale is smaller than current scaling's by that ratio, so tiny gradients flush to zero that
+amax-based scaling would keep. The numerics log prints the amax the classifier saw beside the
+scale it used, so the ratio can be read there.
+*/
+static inline Fp8Recipe fp8_gradient_recipe(int grad_scaling, int kind) {
+    if (kind == LINEAR_LM_HEAD) { return FP8_RECIPE_CURRENT; }  // updated with the bound before each use
+    return grad_scaling == FP8_GRADS_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
 }
+
+// whether a block linear casts its output gradient (an FP8 dgrad or wgrad): what -fg acts on
+static inline int fp8_block_linears_cast_dy(const int* passes) {
+    for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
+        if (passes[kind] & (FP8_DGRAD | FP8_WGRAD)) { return 1; }
+    }
+    return 0;
+}
+
+// the bound on |lm_head's output gradient| for a loss gradient dloss (fp8_gradient_recipe)
+static inline float fp8_dlogits_amax_bound(float dloss) { return dloss; }
 
 #endif // LLMC_FP8_RECIPE_H

@@ -194,6 +194,20 @@ void fp8_scaling_update_records(Fp8TensorScaling* states, Fp8CastRecord* records
     cudaCheck(cudaGetLastError());
 }
 
+// one thread: the state's update with an amax the host knows before the tensor is written (a
+// bound on it: lm_head's output gradient, fp8_gradient_recipe), and the new scale into the record
+// for the cast and the GEMMs; the record's pending amax is left alone (no use folds one in)
+__global__ void fp8_scaling_update_with_amax_kernel(Fp8TensorScaling* state, Fp8CastRecord* record, float amax) {
+    fp8_scaling_update(state, amax);
+    record->scale = state->scale;
+    record->scale_inv = state->scale_inv;
+}
+
+void fp8_scaling_update_with_amax(Fp8TensorScaling* state, Fp8CastRecord* record, float amax, cudaStream_t stream) {
+    fp8_scaling_update_with_amax_kernel<<<1, 1, 0, stream>>>(state, record, amax);
+    cudaCheck(cudaGetLastError());
+}
+
 // records[i] takes states[i]'s scale as the one its GEMMs use: for a cast done in parts
 // (fp8_cast_weight_part, one ZeRO rank's part each), where no single cast kernel owns the tensor
 __global__ void fp8_scaling_publish_scales_kernel(const Fp8TensorScaling* states, Fp8CastRecord* records, int count) {

@@ -10,9 +10,13 @@ same commutative sum, so every lane ends with identical bits) and then across wa
 warp order: the result does not depend on timing. If the gradient is wanted, a second read
 of the row (mostly from L2) overwrites it in place with (softmax - onehot) * dloss, and
 with zeros in the padding columns V..Vp, so the lm_head backward never sees garbage. An FP8
-lm_head under current scaling needs the amax of those gradients before its cast: the kernel
-folds it into the cast record as it writes them (dlogits_record), which spares the backward a
-full pass over the logits just to find it (matmul_backward_fp8_dout, FP8_DOUT_AMAX_RECORDED).
+lm_head whose backward GEMMs are both FP8 (per-tensor recipes) reads no bf16 gradient at all:
+the second read writes the E5M2 codes instead (dlogits_fp8: 1 byte per element instead of 2,
+and no cast pass re-reads 2 bytes per element), with the scale of the gradients' bound
+|(softmax - onehot) * dloss| <= dloss, which the state took before the kernel ran
+(fp8_gradient_recipe, fp8_model_begin_dlogits). The codes are those of the bf16 gradient, as a
+cast of the bf16 gradients would write them; the row-major codes only (a block owns a row),
+lm_head's backward transposes them for wgrad. The logits stay as they were.
 A target outside [0, V) gives a NaN loss rather than a read out of bounds: the trainer
 treats a non-finite loss as a skipped step, so a bad token is loud, not silent.
 */
@@ -22,7 +26,7 @@ treats a non-finite loss as a skipped step, so a bad token is loud, not silent.
 #include <float.h>
 #include "cuda_common.h"
 #include "cuda_utils.cuh"
-#include "fp8_scaling.cuh"
+#include "fp8_cast.cuh"
 
 #define CLASSIFIER_BLOCK_SIZE 1024
 
@@ -41,7 +45,7 @@ __device__ __forceinline__ SoftmaxStats softmax_stats_combine(SoftmaxStats a, So
 
 __global__ void __launch_bounds__(CLASSIFIER_BLOCK_SIZE)
 fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* targets,
-                        int V, int Vp, int write_dlogits, Fp8CastRecord* dlogits_record) {
+                        int V, int Vp, int write_dlogits, Fp8CastOutput dlogits_fp8) {
     __shared__ SoftmaxStats warp_stats[CLASSIFIER_BLOCK_SIZE / WARP_SIZE];
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
@@ -85,6 +89,8 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     }
     if (!write_dlogits) { return; }
     const float inverse_sum = 1.0f / row_stats.sum;
+    uint8_t* code_row = dlogits_fp8.codes != NULL ? dlogits_fp8.codes + (size_t)blockIdx.x * Vp : NULL;
+    const float scale = code_row != NULL ? dlogits_fp8.state->scale : 0.0f;
     Fp8Tally tally = fp8_tally_zero();
     for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
         x128 x = load128cs(row + i * x128::size);
@@ -97,24 +103,45 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
                 g = (probability - (column == target ? 1.0f : 0.0f)) * dloss;
             }
             grad[k] = __float2bfloat16_rn(g);
-            fp8_tally_amax(&tally, __bfloat162float(grad[k]));
         }
-        store128cs(row + i * x128::size, grad);
+        if (code_row != NULL) {
+            uint8_t codes[x128::size];
+            for (int k = 0; k < x128::size; k++) {
+                float value = __bfloat162float(grad[k]);
+                codes[k] = fp8_quantize(value, scale, dlogits_fp8.format);
+                fp8_tally_cast(&tally, value, scale, codes[k], dlogits_fp8.format);
+            }
+            *reinterpret_cast<uint2*>(code_row + i * x128::size) = fp8_pack8(codes);
+        } else {
+            store128cs(row + i * x128::size, grad);
+        }
     }
-    if (dlogits_record != NULL) { fp8_tally_commit(tally, dlogits_record, true); }
+    if (code_row != NULL) { fp8_tally_commit(tally, dlogits_fp8.record, false); }
 }
 
-// logits: [B*T][Vp] bf16, the first V columns real. losses[bt] += -log softmax[target];
-// if write_dlogits, logits is overwritten with (softmax - onehot(target)) * dloss, 0 in V..Vp,
-// and dlogits_record (may be NULL) receives their amax, as a use (record->amax_bits)
+/*
+logits: [B*T][Vp] bf16, the first V columns real. losses[bt] += -log softmax[target]. If
+write_dlogits, the gradients (softmax - onehot(target)) * dloss, 0 in V..Vp, are written:
+over the logits in bf16, or with dlogits_fp8 != NULL (per tensor, codes only: its state
+holds the scale) as the codes [B*T][Vp] of the bf16 gradients, counted in its record (no
+amax recorded as a use), the logits left as they were.
+*/
 void fused_classifier(floatX* logits, float* losses, float dloss, const int* targets, int B, int T, int V, int Vp,
-                      int write_dlogits, Fp8CastRecord* dlogits_record, cudaStream_t stream) {
+                      int write_dlogits, const Fp8CastOutput* dlogits_fp8, cudaStream_t stream) {
     if (V <= 0 || Vp < V || Vp % 8 != 0) {
         llm8_die("fused_classifier: V=%d, Vp=%d: need 0 < V <= Vp and Vp a multiple of 8 (16-byte rows)", V, Vp);
     }
-    if (dlogits_record != NULL && !write_dlogits) { llm8_die("fused_classifier: an amax record without dlogits to take it of"); }
+    Fp8CastOutput codes_only = {};
+    if (dlogits_fp8 != NULL) {
+        if (!write_dlogits) { llm8_die("fused_classifier: FP8 codes of the gradients, but no gradients asked for"); }
+        fp8_cast_check(dlogits_fp8, B * T, Vp, "fused_classifier");
+        if (dlogits_fp8->scaling != FP8_SCALING_TENSOR || dlogits_fp8->codes == NULL || dlogits_fp8->codes_t != NULL) {
+            llm8_die("fused_classifier: the gradients' codes are per tensor and row-major only (a block owns a row)");
+        }
+        codes_only = *dlogits_fp8;
+    }
     fused_classifier_kernel<<<B * T, CLASSIFIER_BLOCK_SIZE, 0, stream>>>(logits, losses, dloss, targets, V, Vp,
-                                                                         write_dlogits, dlogits_record);
+                                                                         write_dlogits, codes_only);
     cudaCheck(cudaGetLastError());
 }
 

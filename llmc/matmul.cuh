@@ -35,9 +35,8 @@ CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / _BLK128x128_32F). D stays bf16 (CUDA 1
 D scale or amax pointer with a bf16 D, so no amax comes out of a GEMM); wgrad accumulates
 with beta = 1 into the bf16 gradient or an fp32 buffer. Fast accumulation only in the
 per-tensor forward. The dgrad of fcproj through GELU and the bias gradient move into the
-pass that reads dy anyway (matmul_backward_fp8_dout): current scaling's amax pass (none where
-the producer recorded the amax: the classifier's dlogits), or the
-one tile-cast pass of a known scale (-fg delayed, the block recipe). dgrad and
+pass that reads dy anyway (matmul_backward_fp8_dout): current scaling's amax pass, or the one
+tile-cast pass of a known scale (-fg delayed, the block recipe, lm_head's bound). dgrad and
 wgrad are FP8 or bf16 each on its own: the cast writes only the codes an FP8 GEMM reads,
 and matmul_backward runs the bf16 one alone (NULL for the other's output).
 */
@@ -626,7 +625,7 @@ bool matmul_backward_fp8_supported(floatX* dinp, void* dweight, cudaDataType_t d
 }
 
 // what matmul_backward_fp8_dout knows of dout's scale before its pass (described there)
-typedef enum { FP8_DOUT_NEEDS_AMAX, FP8_DOUT_AMAX_RECORDED, FP8_DOUT_SCALE_KNOWN } Fp8DoutScale;
+typedef enum { FP8_DOUT_NEEDS_AMAX, FP8_DOUT_SCALE_KNOWN, FP8_DOUT_SCALE_BOUND } Fp8DoutScale;
 
 /*
 The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs. With
@@ -644,16 +643,16 @@ then the bias sums finish (dbias += , when dbias != NULL).
   own and the GELU product and the bias ride on it: pass 1 reads dout (and pre_gelu, writing
   dout), the state update makes the scale, pass 2 reads dout and casts. Bytes per element:
   2 [+ 2 read + 2 written] + 2 + 1 per code array.
-- FP8_DOUT_AMAX_RECORDED (the same scaling, where the kernel that wrote dout also folded its
-  amax into fp8->record as a use: the classifier's dlogits, lm_head's dout): the state update
-  makes the scale, then one tile-cast pass sums the bias columns and casts. The same bits as
-  NEEDS_AMAX without pass 1. No pre_gelu: its product's amax is no producer's.
 - FP8_DOUT_SCALE_KNOWN (-fg delayed after seeding, with the state's scale; the block
   recipe's 1x128 tiles, always): one tile-cast pass applies GELU's derivative, sums the bias
   columns and casts; per tensor it records this dout's amax, and the state update follows
   (the cast copied the scale it used into the record, which the GEMMs read). Bytes per
   element: 2 [+ 2 read, + 2 written for a bf16 GEMM] + 1 per code array, against the bf16
   path's 2 for the bias alone.
+- FP8_DOUT_SCALE_BOUND (per tensor, where the state was updated from a bound on |dout| before
+  its producer ran: lm_head's, fp8_model_begin_dlogits): the same one tile-cast pass with the
+  state's scale, recording no amax and updating nothing after. (Where both of lm_head's
+  backward GEMMs are FP8 the classifier writes the codes itself and this pass does not run.)
 dbias_scratch holds matmul_dbias_scratch_floats(N, OC) floats (needed even without dbias).
 */
 void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* dbias_scratch, floatX* dout,
@@ -662,16 +661,15 @@ void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* db
     if (fp8->scaling == FP8_SCALING_BLOCKS_128x128) { llm8_die("matmul_backward_fp8_dout: gradients are scaled per 1x128 tile in the block recipe"); }
     if (dbias_scratch == NULL) { llm8_die("matmul_backward_fp8_dout: the bias gradient needs dbias_scratch"); }
     bool per_tensor = fp8->scaling == FP8_SCALING_TENSOR;
-    if (scale == FP8_DOUT_AMAX_RECORDED && (!per_tensor || pre_gelu != NULL)) {
-        llm8_die("matmul_backward_fp8_dout: a recorded amax serves per-tensor scaling of a dout without GELU's derivative");
+    if (scale == FP8_DOUT_SCALE_BOUND && !per_tensor) {
+        llm8_die("matmul_backward_fp8_dout: a scale from a bound is per tensor; the block recipe scales each tile");
     }
     if (per_tensor && scale == FP8_DOUT_NEEDS_AMAX) {
         matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, fp8->record, N, OC, stream);
         fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
         fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, dout, N, OC, false, Fp8Identity(), stream);
-    } else {  // one tile pass; per tensor, the state update before it (recorded amax) or after it (known scale)
+    } else {  // one tile pass; per tensor with a known scale, the state update after it
         bool update_after = per_tensor && scale == FP8_DOUT_SCALE_KNOWN;
-        if (scale == FP8_DOUT_AMAX_RECORDED) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
         float* column_sums = dbias != NULL ? dbias_scratch : NULL;
         if (pre_gelu != NULL) {
             Fp8GeluBackwardTransform gelu_backward = {pre_gelu, OC};

@@ -419,6 +419,10 @@ static inline void fp8_emulation_validate(const Fp8Emulation* e) {
     if (e->grad_scaling == FP8_GRADS_DELAYED && e->recipe == FP8_EMULATE_BLOCK) {
         llm8_die("fp8 emulation: delayed gradient scaling needs a per-tensor recipe");
     }
+    if (e->grad_scaling == FP8_GRADS_DELAYED && !fp8_block_linears_cast_dy(e->passes)) {
+        llm8_die("fp8 emulation: delayed gradient scaling acts on the block linears' output gradients, and these passes "
+                 "cast none (lm_head's is scaled from its bound; fp8_gradient_recipe)");
+    }
     if (e->weight_scaling == FP8_WEIGHTS_DELAYED && !fp8_weights_cast_in_update(e->passes)) {
         llm8_die("fp8 emulation: delayed weight scaling acts on the weights the optimizer pass casts, and these passes leave "
                  "none there (a block linear has a bf16 GEMM, or none is FP8; fp8_weight_cast_in_update)");
@@ -446,8 +450,8 @@ static inline void fp8_linear_state_init(Fp8LinearState* q, const Fp8Emulation* 
     fp8_scaling_init(&q->scaling[FP8_OPERAND_X], x_recipe, FP8_E4M3, e->history_len, e->margin);
     int delayed_weight = e->weight_scaling == FP8_WEIGHTS_DELAYED && fp8_weight_cast_in_update(e->passes, kind);
     fp8_scaling_init_weight(&q->scaling[FP8_OPERAND_W], delayed_weight, e->history_len, e->margin);
-    Fp8Recipe dy_recipe = e->grad_scaling == FP8_GRADS_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
-    fp8_scaling_init(&q->scaling[FP8_OPERAND_DY], dy_recipe, FP8_E5M2, e->history_len, e->margin);
+    fp8_scaling_init(&q->scaling[FP8_OPERAND_DY], fp8_gradient_recipe(e->grad_scaling, kind), FP8_E5M2, e->history_len,
+                     e->margin);
 }
 
 // out = dequantize(quantize(x)) with one scale pair; stats (may be NULL) count the cast
@@ -469,11 +473,10 @@ static inline float ref_fp8_amax(const float* x, size_t n) {
     return bits_as_float(amax_bits);
 }
 
-// a per-tensor cast following fp8_scaling.h's protocol (update before or after the cast);
-// returns the scale pair it used
-static inline Fp8ScalePair ref_fp8_cast_tensor(float* out, const float* x, size_t n, Fp8TensorScaling* s,
-                                               Fp8Format format, Fp8CastStats* stats) {
-    float amax = ref_fp8_amax(x, n);
+// a per-tensor cast following fp8_scaling.h's protocol (update before or after the cast), with
+// `amax` as this use's amax; returns the scale pair it used
+static inline Fp8ScalePair ref_fp8_cast_tensor_with_amax(float* out, const float* x, size_t n, Fp8TensorScaling* s,
+                                                         Fp8Format format, Fp8CastStats* stats, float amax) {
     int after = fp8_scaling_casts_after_update(s);
     if (after) { fp8_scaling_update(s, amax); }
     Fp8ScalePair pair = {s->scale, s->scale_inv};
@@ -482,6 +485,12 @@ static inline Fp8ScalePair ref_fp8_cast_tensor(float* out, const float* x, size_
     ref_fp8_qdq(out, x, n, pair, format, stats);
     if (!after) { fp8_scaling_update(s, amax); }
     return pair;
+}
+
+// the same with the tensor's own amax
+static inline Fp8ScalePair ref_fp8_cast_tensor(float* out, const float* x, size_t n, Fp8TensorScaling* s,
+                                               Fp8Format format, Fp8CastStats* stats) {
+    return ref_fp8_cast_tensor_with_amax(out, x, n, s, format, stats, ref_fp8_amax(x, n));
 }
 
 // E4M3 with one current scale per tile of tile_rows x tile_cols over x [rows][cols]
@@ -569,11 +578,12 @@ static inline void ref_fp8_recast_operand(float* out, const float* x, size_t n, 
 The FP8 backward of one linear (call after its ref_fp8_linear_forward on the same inp and
 weight): dinp += Q(dout) . Q(weight), dweight += Q(dout)^T . Q(inp), dbias += column sums
 of dout, each GEMM in FP8 when its pass is in q->passes. Like ref_matmul_backward, every
-output is added to; dbias may be NULL.
+output is added to; dbias may be NULL. dout_bound > 0: per tensor, Q(dout) is scaled with that
+bound on |dout| as its amax (lm_head's, fp8_gradient_recipe), else with dout's own amax.
 */
 static inline void ref_fp8_linear_backward(Fp8LinearState* q, const Fp8Emulation* e, float* dinp, float* dweight,
                                            float* dbias, const float* dout, const float* inp, const float* weight,
-                                           int N, int C, int OC) {
+                                           int N, int C, int OC, float dout_bound) {
     int dgrad_fp8 = q != NULL && (q->passes & FP8_PASS_DGRAD);
     int wgrad_fp8 = q != NULL && (q->passes & FP8_PASS_WGRAD);
     if (!dgrad_fp8 && !wgrad_fp8) {
@@ -585,7 +595,9 @@ static inline void ref_fp8_linear_backward(Fp8LinearState* q, const Fp8Emulation
     float* operand_q = (float*)mallocCheck((size_t)(N > OC ? N : OC) * C * sizeof(float));
     if (dbias != NULL) { ref_matmul_backward_bias(dbias, dout, N, OC); }
     if (!block) {  // one per-tensor Q(dy) serves both GEMMs
-        ref_fp8_cast_tensor(dout_q, dout, (size_t)N * OC, &q->scaling[FP8_OPERAND_DY], FP8_E5M2, &q->stats[FP8_OPERAND_DY]);
+        float amax = dout_bound > 0.0f ? dout_bound : ref_fp8_amax(dout, (size_t)N * OC);
+        ref_fp8_cast_tensor_with_amax(dout_q, dout, (size_t)N * OC, &q->scaling[FP8_OPERAND_DY], FP8_E5M2,
+                                      &q->stats[FP8_OPERAND_DY], amax);
     }
     if (dgrad_fp8) {
         if (block) {
@@ -948,7 +960,7 @@ static inline void gpt2ref_backward(GPT2Ref* model, int grad_accum_steps) {
     ref_crossentropy_forward_backward(a->losses, d->logits, a->logits, model->targets, BT, V, Vp, dloss);
     memset(d->ln, 0, btc * sizeof(float));
     ref_fp8_linear_backward(gpt2ref_fp8_linear(model, 0, FP8_LINEAR_LM_HEAD), fp8, d->ln, g[PARAM_WTE], NULL, d->logits,
-                            a->lnf, p[PARAM_WTE], BT, C, Vp);
+                            a->lnf, p[PARAM_WTE], BT, C, Vp, fp8_dlogits_amax_bound(dloss));
     const float* top_residual = a->residual3 + (L - 1) * btc;
     memset(d->residual, 0, btc * sizeof(float));
     ref_layernorm_backward(d->residual, g[PARAM_LNFW], g[PARAM_LNFB], d->ln, top_residual, p[PARAM_LNFW],
@@ -961,25 +973,25 @@ static inline void gpt2ref_backward(GPT2Ref* model, int grad_accum_steps) {
         memset(d->fch_gelu, 0, 4 * btc * sizeof(float));
         ref_fp8_linear_backward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_FCPROJ), fp8, d->fch_gelu,
                                 g[PARAM_FCPROJW] + lc * 4 * C, g[PARAM_FCPROJB] + lc, d->residual,
-                                a->fch_gelu + l * 4 * btc, p[PARAM_FCPROJW] + lc * 4 * C, BT, 4 * C, C);
+                                a->fch_gelu + l * 4 * btc, p[PARAM_FCPROJW] + lc * 4 * C, BT, 4 * C, C, 0.0f);
         memset(d->fch, 0, 4 * btc * sizeof(float));
         ref_gelu_backward(d->fch, a->fch + l * 4 * btc, d->fch_gelu, BT * 4 * C);
         memset(d->ln, 0, btc * sizeof(float));
         ref_fp8_linear_backward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_FC), fp8, d->ln, g[PARAM_FCW] + lc * 4 * C,
-                                g[PARAM_FCB] + lc * 4, d->fch, a->ln2 + l * btc, p[PARAM_FCW] + lc * 4 * C, BT, C, 4 * C);
+                                g[PARAM_FCB] + lc * 4, d->fch, a->ln2 + l * btc, p[PARAM_FCW] + lc * 4 * C, BT, C, 4 * C, 0.0f);
         ref_layernorm_backward(d->residual, g[PARAM_LN2W] + lc, g[PARAM_LN2B] + lc, d->ln, a->residual2 + l * btc,
                                p[PARAM_LN2W] + lc, a->ln2_mean + (size_t)l * BT, a->ln2_rstd + (size_t)l * BT, BT, C);
         memset(d->atty, 0, btc * sizeof(float));
         ref_fp8_linear_backward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_ATTPROJ), fp8, d->atty, g[PARAM_ATTPROJW] + lc * C,
                                 g[PARAM_ATTPROJB] + lc, d->residual, a->atty + l * btc, p[PARAM_ATTPROJW] + lc * C,
-                                BT, C, C);
+                                BT, C, C, 0.0f);
         memset(d->qkv, 0, 3 * btc * sizeof(float));
         ref_attention_backward(d->qkv, d->atty, a->qkv + l * 3 * btc, a->atty + l * btc,
                                a->att_lse + (size_t)l * NH * BT, B, T, C, NH);
         memset(d->ln, 0, btc * sizeof(float));
         ref_fp8_linear_backward(gpt2ref_fp8_linear(model, l, FP8_LINEAR_QKV), fp8, d->ln, g[PARAM_QKVW] + lc * 3 * C,
                                 g[PARAM_QKVB] + lc * 3, d->qkv, a->ln1 + l * btc, p[PARAM_QKVW] + lc * 3 * C,
-                                BT, C, 3 * C);
+                                BT, C, 3 * C, 0.0f);
         ref_layernorm_backward(d->residual, g[PARAM_LN1W] + lc, g[PARAM_LN1B] + lc, d->ln, residual,
                                p[PARAM_LN1W] + lc, a->ln1_mean + (size_t)l * BT, a->ln1_rstd + (size_t)l * BT, BT, C);
     }

@@ -67,13 +67,22 @@ def test_matrix_flops_follow_the_closed_forms():
             assert all((k.flops > 0) == (k.kind != "memory") for k in ks)
 
 
-def test_fp8_lm_head_output_gradient_takes_the_classifiers_amax():
-    for recipe in ("current", "delayed"):  # -fg current: the classifier folded the amax in, so one cast pass
-        passes = kernels("matmul lm_head bwd", "lm_head dy", precision="fp8", recipe=recipe, lm_head="fp8")
-        assert [k.what for k in passes] == ["lm_head dy: cast to dy, dy^T (amax from its producer)"], passes
-        assert passes[0].bytes == N * VP * (2 + 2)  # dlogits read once, two code arrays written
-    classifier = kernels("classifier", "softmax", precision="fp8", recipe="current", lm_head="fp8")
-    assert [k.bytes for k in classifier] == [k.bytes for k in kernels("classifier", "softmax", precision="bf16")]
+def test_fp8_lm_head_output_gradient_codes_come_from_the_classifier():
+    for recipe in ("current", "delayed"):  # per tensor, either -fg: the classifier writes the codes, a transpose follows
+        for grad_scaling in ("current", "delayed"):
+            passes = kernels("matmul lm_head bwd", "lm_head dy", precision="fp8", recipe=recipe, lm_head="fp8",
+                             grad_scaling=grad_scaling)
+            assert [k.what for k in passes] == ["lm_head dy^T: transpose of the codes the classifier wrote"], passes
+            assert passes[0].bytes == N * VP * (1 + 1)  # codes read, codes^T written
+            [classifier] = kernels("classifier", "softmax", precision="fp8", recipe=recipe, lm_head="fp8",
+                                   grad_scaling=grad_scaling)
+            [bf16] = kernels("classifier", "softmax", precision="bf16")
+            assert bf16.bytes - classifier.bytes == N * VP * (2 - 1)  # a code written instead of a bf16 gradient
+    # the block recipe's 1x128 tiles: the bf16 gradients in place, one tile pass reads them
+    [tiles] = kernels("matmul lm_head bwd", "lm_head dy", precision="fp8", recipe="block", lm_head="fp8")
+    assert tiles.what == "lm_head dy: 1x128 cast", tiles
+    [classifier] = kernels("classifier", "softmax", precision="fp8", recipe="block", lm_head="fp8")
+    assert classifier.bytes == kernels("classifier", "softmax", precision="bf16")[0].bytes
 
 
 def test_fused_residual_layernorm_bytes_by_recipe():

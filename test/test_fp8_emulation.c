@@ -90,7 +90,7 @@ static PassSqnr linear_sqnr(const Fp8Emulation* e, int N, int C, int OC, int ste
         ref_matmul_forward(out[0], inp, weight, bias, N, C, OC);
         ref_matmul_backward(dinp[0], dweight[0], dbias[0], dout, inp, weight, N, C, OC);
         ref_fp8_linear_forward(&q, e, out[1], inp, weight, bias, N, C, OC);
-        ref_fp8_linear_backward(&q, e, dinp[1], dweight[1], dbias[1], dout, inp, weight, N, C, OC);
+        ref_fp8_linear_backward(&q, e, dinp[1], dweight[1], dbias[1], dout, inp, weight, N, C, OC, 0.0f);
         result.out[0] = (float)sqnr_db(out[0], out[1], (size_t)N * OC);
         result.out[1] = (float)sqnr_db(dinp[0], dinp[1], (size_t)N * C);
         result.out[2] = (float)sqnr_db(dweight[0], dweight[1], (size_t)OC * C);
@@ -205,7 +205,7 @@ static void test_exact_integers(void) {
             memset(dinp[1], 0, (size_t)N * C * sizeof(float));
             memset(dweight[1], 0, (size_t)OC * C * sizeof(float));
             ref_fp8_linear_forward(&q, &e, out[1], inp, weight, NULL, N, C, OC);
-            ref_fp8_linear_backward(&q, &e, dinp[1], dweight[1], NULL, dout, inp, weight, N, C, OC);
+            ref_fp8_linear_backward(&q, &e, dinp[1], dweight[1], NULL, dout, inp, weight, N, C, OC, 0.0f);
             CHECK(memcmp(out[0], out[1], (size_t)N * OC * sizeof(float)) == 0, "%s use %d: forward on integers is not exact",
                   RECIPE_NAMES[recipe], use);
             CHECK(memcmp(dinp[0], dinp[1], (size_t)N * C * sizeof(float)) == 0, "%s use %d: dgrad on integers is not exact",
@@ -259,7 +259,7 @@ static void test_quantization_points(void) {
             float* dinp = zeros((size_t)N * C);
             float* dweight = zeros((size_t)OC * C);
             ref_fp8_linear_forward(&q, &e, out, inp, weight, NULL, N, C, OC);
-            ref_fp8_linear_backward(&q, &e, dinp, dweight, NULL, dout, inp, weight, N, C, OC);
+            ref_fp8_linear_backward(&q, &e, dinp, dweight, NULL, dout, inp, weight, N, C, OC, 0.0f);
             Fp8CastStats ignored;
             if (recipe == FP8_EMULATE_BLOCK) {
                 ref_fp8_cast_tiles(x_q, inp, N, C, 1, 128, &ignored);
@@ -376,7 +376,7 @@ static void check_linear_passes(int recipe, int passes, const float* inp, const 
     float* dinp = zeros((size_t)N * C);
     float* dweight = zeros((size_t)OC * C);
     ref_fp8_linear_forward(&q, &e, out, inp, weight, NULL, N, C, OC);
-    ref_fp8_linear_backward(&q, &e, dinp, dweight, NULL, dout, inp, weight, N, C, OC);
+    ref_fp8_linear_backward(&q, &e, dinp, dweight, NULL, dout, inp, weight, N, C, OC, 0.0f);
     int same[3] = {memcmp(out, ref_out, (size_t)N * OC * sizeof(float)) == 0,
                    memcmp(dinp, ref_dinp, (size_t)N * C * sizeof(float)) == 0,
                    memcmp(dweight, ref_dweight, (size_t)OC * C * sizeof(float)) == 0};

@@ -722,18 +722,20 @@ static void test_gelu_fp8(int N, int C, ProducerCast cast) {
 // ----------------------------------------------------------------------------
 // the fused dy pass: (GELU backward) + bias gradient + amax + update + cast-transpose
 
-// how the dy pass scales: per tensor from this dy's amax (two passes), the same from an amax
-// its producer recorded (one pass: the classifier's dlogits), per tensor with a delayed
-// state's known scale (one pass), or 1x128 tiles (one pass)
-typedef enum { DOUT_CURRENT, DOUT_RECORDED, DOUT_DELAYED, DOUT_BLOCK } DoutScaling;
-static const char* const DOUT_SCALING_NAMES[4] = {"current", "recorded amax", "delayed", "block"};
-static const Fp8DoutScale DOUT_PASS_SCALE[4] = {FP8_DOUT_NEEDS_AMAX, FP8_DOUT_AMAX_RECORDED, FP8_DOUT_SCALE_KNOWN,
+// how the dy pass scales: per tensor from this dy's amax (two passes), per tensor from a bound
+// the state took before (one pass: lm_head's dy), per tensor with a delayed state's known scale
+// (one pass), or 1x128 tiles (one pass)
+typedef enum { DOUT_CURRENT, DOUT_BOUND, DOUT_DELAYED, DOUT_BLOCK } DoutScaling;
+static const char* const DOUT_SCALING_NAMES[4] = {"current", "bound", "delayed", "block"};
+static const Fp8DoutScale DOUT_PASS_SCALE[4] = {FP8_DOUT_NEEDS_AMAX, FP8_DOUT_SCALE_BOUND, FP8_DOUT_SCALE_KNOWN,
                                                 FP8_DOUT_SCALE_KNOWN};
 
-// DOUT_RECORDED: what the producer of a dout without GELU's derivative does, its amax into the record as a use
-static void record_producer_amax(const DeviceFp8* t, const float* dout, size_t n) {
-    uint32_t bits = fp8_amax_bits(host_amax(dout, n));
-    cudaCheck(cudaMemcpy(&t->out.record->amax_bits, &bits, sizeof(bits), cudaMemcpyHostToDevice));
+// DOUT_BOUND: what fp8_model_begin_dlogits does before dout's producer runs, with a bound of 4x
+// dout's amax (above any GELU product's: gelu' < 1.2), on the device and on the host mirror
+static void update_with_bound(const DeviceFp8* t, Fp8TensorScaling* host_state, const float* dout, size_t n) {
+    float bound = 4.0f * host_amax(dout, n);
+    fp8_scaling_update_with_amax(t->out.state, t->out.record, bound, 0);
+    fp8_scaling_update(host_state, bound);
 }
 
 static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scaling) {
@@ -752,7 +754,6 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     floatX* d_dbias_expected = device_bf16_from(dbias0, OC);
     float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
     Fp8TensorScaling state;
-    if (scaling == DOUT_RECORDED && with_gelu) { llm8_die("%s: a recorded amax is of a dout without GELU's derivative", what); }
     fp8_scaling_init(&state, scaling == DOUT_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
     if (scaling == DOUT_DELAYED) { fp8_scaling_update(&state, 0.5f); }  // seeded: a scale unlike this dout's own
     DeviceFp8 t = block ? device_fp8_make(N, OC, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL)
@@ -764,7 +765,7 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     size_t partial_bytes = matmul_dbias_scratch_floats(N, OC) * sizeof(float);
     float* partials_expected = (float*)download(d_scratch, partial_bytes);
     cudaCheck(cudaMemset(d_scratch, 0xff, partial_bytes));  // NaNs: the pass must write every partial
-    if (scaling == DOUT_RECORDED) { record_producer_amax(&t, dout, n); }
+    if (scaling == DOUT_BOUND) { update_with_bound(&t, &state, dout, n); }
     matmul_backward_fp8_dout(&t.out, d_dbias, d_scratch, d_dout, with_gelu ? d_pre : NULL, N, OC, DOUT_PASS_SCALE[scaling], 0);
     // the fp32 chunk partials, bit for bit (the bf16 dbias alone would hide a different order)
     float* partials = (float*)download(d_scratch, partial_bytes);
@@ -797,10 +798,11 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
         check_block_scales(&t, &context, what);
         host_cast_free(&h);
         tile_context_free(&context);
-    } else {  // current: the scale from this dout's amax; delayed: the state's scale, then this amax recorded
+    } else {  // current: the scale from this dout's amax; delayed: the state's scale, then this amax recorded;
+              // bound: the state's scale, and no update
         float scale_used = state.scale;
-        fp8_scaling_update(&state, host_amax(expected, n));
-        if (scaling == DOUT_CURRENT || scaling == DOUT_RECORDED) { scale_used = state.scale; }
+        if (scaling != DOUT_BOUND) { fp8_scaling_update(&state, host_amax(expected, n)); }
+        if (scaling == DOUT_CURRENT) { scale_used = state.scale; }
         Fp8TensorScaling device_state = download_state(&t);
         CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
         Fp8CastRecord record = download_record(&t);
@@ -828,7 +830,7 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     // determinism: the same bias bits again
     floatX* d_dbias2 = device_bf16_from(dbias0, OC);
     floatX* d_dout2 = device_bf16_from(dout, n);
-    if (scaling == DOUT_RECORDED) { record_producer_amax(&t, dout, n); }
+    if (scaling == DOUT_BOUND) { update_with_bound(&t, &state, dout, n); }
     matmul_backward_fp8_dout(&t.out, d_dbias2, d_scratch, d_dout2, with_gelu ? d_pre : NULL, N, OC, DOUT_PASS_SCALE[scaling], 0);
     float* dbias2 = download_bf16_as_floats(d_dbias2, OC);
     CHECK(count_float_mismatches(dbias2, dbias, OC, what) == 0, "%s: the bias gradient is not bitwise deterministic", what);
@@ -837,6 +839,40 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     device_fp8_free(&t);
     void* buffers[8] = {d_dout, d_expected, d_pre, d_dbias, d_dbias_expected, d_scratch, d_dbias2, d_dout2};
     for (int i = 0; i < 8; i++) { cudaCheck(cudaFree(buffers[i])); }
+}
+
+// ----------------------------------------------------------------------------
+// the transpose of codes (W^T from W's codes; lm_head's dy^T from the classifier's codes)
+
+// every byte against the host transpose, with guard bytes after codes_t that must stay untouched;
+// shapes with short last tiles of 16 and 48 rows reach the one-store and the two-store ends
+static void test_transpose_codes(int rows, int cols) {
+    char what[96];
+    snprintf(what, sizeof(what), "fp8_transpose_codes %d x %d", rows, cols);
+    size_t n = (size_t)rows * cols, guard = 256;
+    uint8_t* codes = (uint8_t*)mallocCheck(n);
+    for (size_t i = 0; i < n; i++) { codes[i] = (uint8_t)(randint32(&test_rng) & 0xffu); }
+    uint8_t* d_codes = (uint8_t*)device_alloc(n);
+    uint8_t* d_codes_t = (uint8_t*)device_alloc(n + guard);
+    cudaCheck(cudaMemcpy(d_codes, codes, n, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemset(d_codes_t, 0xa5, n + guard));
+    fp8_transpose_codes(d_codes, d_codes_t, rows, cols, 0);
+    uint8_t* got = (uint8_t*)download(d_codes_t, n + guard);
+    size_t wrong = 0, first = n;
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < cols; c++) {
+            bool differs = got[(size_t)c * rows + r] != codes[(size_t)r * cols + c];
+            wrong += differs;
+            if (differs && first == n) { first = (size_t)r * cols + c; }
+        }
+    }
+    CHECK(wrong == 0, "%s: %zu bytes differ from the host transpose, the first at row %zu column %zu", what, wrong,
+          first / cols, first % cols);
+    size_t touched = 0;
+    for (size_t i = n; i < n + guard; i++) { touched += got[i] != 0xa5; }
+    CHECK(touched == 0, "%s: %zu bytes past codes_t were written", what, touched);
+    free(codes); free(got);
+    cudaCheck(cudaFree(d_codes)); cudaCheck(cudaFree(d_codes_t));
 }
 
 // ----------------------------------------------------------------------------
@@ -1210,12 +1246,16 @@ int main(void) {
     }
     test_backward_dout(80, 208, false, DOUT_CURRENT);
     test_backward_dout(272, 832, true, DOUT_CURRENT);
-    test_backward_dout(80, 208, false, DOUT_RECORDED);
-    test_backward_dout(272, 832, false, DOUT_RECORDED);
+    test_backward_dout(80, 208, false, DOUT_BOUND);
+    test_backward_dout(272, 832, true, DOUT_BOUND);
     test_backward_dout(80, 208, false, DOUT_DELAYED);
     test_backward_dout(272, 832, true, DOUT_DELAYED);
     test_backward_dout(272, 208, true, DOUT_BLOCK);
     test_backward_dout(144, 400, false, DOUT_BLOCK);
+    test_transpose_codes(16, 16);
+    test_transpose_codes(144, 400);   // rows: a 16-row last tile
+    test_transpose_codes(176, 272);   // rows: a 48-row last tile (32 + 16)
+    test_transpose_codes(400, 1040);
     test_gemm_exact(96, 208, 48);
     test_gemm_exact(256, 768, 2304);
     test_gemm_exact_fast_accumulate(96, 32, 48);

@@ -317,6 +317,8 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
         assert "(from bf16 after the update: a block linear has a bf16 GEMM" in one, one[:3000]
     elif "all" in flags:
         assert "lm_head from bf16 after the update" in one, one[:3000]
+    if flags[-2:] == ["-f8", "all"]:  # per tensor, all passes: lm_head's dy scale comes from its bound (fp8_gradient_recipe)
+        assert "gradients current, lm_head's from its bound" in one, one[:3000]
     codes, many, _ = train_ranks(workdir, ranks, common + rank_flags + ["-d", ranks * 4 * 64, "-o", workdir / (name + "_n")],
                                  "newest-first", name=name, data=twin_shard(workdir))
     assert codes == [0] * ranks, many[-2000:]

@@ -210,6 +210,19 @@ class TestBadInput:
         else:
             assert_one_line_error(r, "-fw delayed", f"-f8p {passes}", f"leaves {refused} a bf16 GEMM", "-fw current")
 
+    @pytest.mark.parametrize("linears,passes,refused", [
+        ("lm_head", "all", True), ("qkv,lm_head", "fwd", True), ("fc,lm_head", "fwd,fc.wgrad", False)])
+    def test_fp8_delayed_gradients_need_a_block_linear_dy(self, binary, data, linears, passes, refused):
+        """-fg delayed scales the block linears' output gradients; lm_head's is scaled from its bound either way, so
+        with no block linear's dy cast the flag would do nothing"""
+        r = run(binary, base_args(data, ["-p", "fp8", "-f8", linears, "-f8p", passes, "-fg", "delayed",
+                                         "-i", data / "nothing_train_*.bin"]))
+        if refused:
+            assert_one_line_error(r, "-fg delayed", f"-f8 {linears} -f8p {passes}", "no block linear", "bound",
+                                  "-fg current")
+        else:
+            assert_one_line_error(r, "nothing_train_")  # the flags pass: the run gets as far as the (missing) data
+
     # optimizer flags
     @pytest.mark.parametrize("value", ["sgd", "adam", "ADAMW8", ""])
     def test_unknown_optimizer(self, binary, data, value):

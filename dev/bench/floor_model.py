@@ -194,20 +194,19 @@ def step_kernels(run):
         else:  # cuBLASLt's GELU_AUX epilogue writes the pre-activation beside GELU's output
             gemm(region, f"{name} forward GEMM", N, OC, K, BF16, BF16, BF16 * (2 if gelu_aux else 1), False)
 
-    def linear_backward(region, name, K, OC, fp8, bias=True, gelu=False, amax_recorded=False):
+    def linear_backward(region, name, K, OC, fp8, bias=True, gelu=False, codes_from_producer=False):
         """dgrad, wgrad (accumulated into the bf16 gradient) and the bias gradient of one linear;
         gelu: dout is first multiplied by gelu'(pre_gelu) (fc): pre_gelu read, and the product written
         back into dout where a later pass reads it (not by the one-pass cast: both GEMMs read codes);
-        amax_recorded: dout's producer folded its amax into the cast record (the classifier's dlogits),
-        so current scaling needs no amax pass"""
+        codes_from_producer: per tensor, dout's producer wrote its codes (the classifier's, with the scale
+        of the gradients' bound), so only their transpose is left"""
         n = N * OC
         gelu_bytes = 2 * BF16 if gelu else 0
-        if fp8 and (block or run.grad_scaling == "delayed"):  # a known scale: one tile pass (matmul_backward_fp8_dout)
+        if fp8 and codes_from_producer and not block:  # fp8_transpose_codes: a byte read and written per element
+            add(region, f"{name} dy^T: transpose of the codes the classifier wrote", n * 2 * FP8)
+        elif fp8 and (block or run.grad_scaling == "delayed"):  # a known scale: one tile pass (matmul_backward_fp8_dout)
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}{'bias, ' if bias else ''}{'1x128' if block else 'delayed'} cast",
                 n * (BF16 + (BF16 if gelu else 0) + 2 * code + (partials if bias else 0)))
-        elif fp8 and amax_recorded:  # per tensor, current scaling, the amax known: the state update, one tile pass
-            add(region, f"{name} dy: {'bias, ' if bias else ''}cast to dy, dy^T (amax from its producer)",
-                n * (BF16 + 2 * FP8 + (partials if bias else 0)))
         elif fp8:  # per tensor, current scaling (E5M2): the partials kernel runs even without a bias, for the amax
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}bias partials, amax", n * (BF16 + gelu_bytes + partials))
             add(region, f"{name} dy: cast to dy, dy^T (reads dy again)", n * (BF16 + 2 * FP8))
@@ -249,11 +248,15 @@ def step_kernels(run):
                           fused=True, fp8_out=fp8_lm_head if last else fp8_blocks)
     linear_forward("matmul lm_head fwd", "lm_head", C, Vp, fp8_lm_head)
     # logits read, dlogits written in place (all Vp columns); the kernel reads a row twice (statistics,
-    # then the gradient), the second time from L2 (a row is 2 Vp bytes); targets read, losses +=
-    add("classifier", "softmax + loss + dlogits in place", N * Vp * 2 * BF16 + N * (INT32 + 2 * FP32))
+    # then the gradient), the second time from L2 (a row is 2 Vp bytes); targets read, losses +=.
+    # An FP8 lm_head per tensor: the gradients' E5M2 codes written instead, with the bound's scale
+    if fp8_lm_head and not block:
+        add("classifier", "softmax + loss + dy codes (the bound's scale)", N * Vp * (BF16 + FP8) + N * (INT32 + 2 * FP32))
+    else:
+        add("classifier", "softmax + loss + dlogits in place", N * Vp * 2 * BF16 + N * (INT32 + 2 * FP32))
 
     # ---- backward
-    linear_backward("matmul lm_head bwd", "lm_head", C, Vp, fp8_lm_head, bias=False, amax_recorded=True)
+    linear_backward("matmul lm_head bwd", "lm_head", C, Vp, fp8_lm_head, bias=False, codes_from_producer=True)
     add("layernorm bwd", "dresidual zeroed", N * C * BF16)
     # dout and the input read, dinp read and written (+=), mean and rstd read
     layernorm_backward_bytes = N * C * 4 * BF16 + N * 2 * FP32
