@@ -75,7 +75,7 @@ else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
   MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath,$(OPENMPI_DIR)/lib -lmpi
 endif
 
-.PHONY: all test test-cpu test-sim test-python compile-cuda simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
+.PHONY: all test test-build test-cpu test-sim test-python compile-cuda simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
         clean check-cuda check-cudnn check-nccl
 
 all: train_gpt2_fp8 train_gpt2cpu
@@ -171,8 +171,14 @@ test-sim: $(SIM_TESTS)
 simcheck: test-sim $(SIM)/train_gpt2_fp8
 	LLM8_TRAINER=$(SIM)/train_gpt2_fp8 $(PYTHON) test/gpu_trainer_ranks.py
 
-# in this order, so the last line is pytest's summary; compile-cuda first fails fast on a build break
-test: compile-cuda test-cpu test-sim test-python
+# every binary first, one build per core (nvcc and g++ use one core each), so a build break fails
+# fast; then the runs in this order, so the last line is pytest's summary
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+test:
+	$(MAKE) -j$(JOBS) test-build
+	$(MAKE) test-cpu test-sim test-python
+
+test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS) $(SIM)/train_gpt2_fp8 $(BUILD)/libfake_nvml.so
 
 test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 	@bash test/run_cpu_tests.sh $(CPU_TESTS) $(CPU_CXX_TESTS)
