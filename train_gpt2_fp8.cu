@@ -346,8 +346,8 @@ dbias += column sums of dout. pre_gelu != NULL: dout is the gradient of GELU's o
 multiplied by gelu'(pre_gelu) (fc, whose output went through GELU). dgrad and wgrad are FP8 or
 bf16 each on its own (-f8p). With either in FP8, the pass that casts dout
 (matmul_backward_fp8_dout) also applies GELU's derivative and sums the bias, and writes the
-codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad; lm_head's dy codes, where the
-classifier wrote them, only need their transpose); the FP8 GEMMs read those and the
+codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad; where the classifier wrote lm_head's
+dy codes, only their transpose); the FP8 GEMMs read those and the
 codes of the forward's and the weight's casts, and a bf16 GEMM of the other pass reads dout
 as that pass left it (the pass stores the product into dout whenever a bf16 GEMM reads it),
 with inp or weight. All bf16: dout is multiplied in place first.
@@ -362,11 +362,7 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
     bool dgrad_fp8 = fp8_model_runs(fp8, i, FP8_DGRAD), wgrad_fp8 = fp8_model_runs(fp8, i, FP8_WGRAD);
     if (dgrad_fp8 || wgrad_fp8) {
         Fp8CastOutput dy = fp8_model_dy(fp8, i), x = fp8_model_x(fp8, i), w = fp8_model_w(fp8, i);
-        if (kind == LINEAR_LM_HEAD && fp8_model_classifier_casts_dlogits(fp8)) {  // the classifier wrote dy's codes
-            fp8_transpose_codes(dy.codes, dy.codes_t, BT, OC, stream);
-        } else {
-            matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, fp8_model_dout_scale(fp8, i), stream);
-        }
+        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, fp8_model_dout_scale(fp8, i), stream);
         matmul_backward_fp8(dgrad_fp8 ? dinp : NULL, wgrad_fp8 ? dweight : NULL, CUDA_R_16BF, fp8_operand(&dy, false),
                             fp8_operand(&dy, true), fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC, stream);
         if (!dgrad_fp8 || !wgrad_fp8) {  // the bias is summed already

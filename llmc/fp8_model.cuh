@@ -527,13 +527,15 @@ const Fp8CastOutput* fp8_model_begin_dlogits(const Fp8Model* fp8, float dloss, F
     *out = fp8_model_dy(fp8, fp8_model_linear(fp8, -1, LINEAR_LM_HEAD));
     fp8_scaling_update_with_amax(out->state, out->record, fp8_dlogits_amax_bound(dloss), stream);
     if (!fp8_model_classifier_casts_dlogits(fp8)) { return NULL; }
-    out->codes_t = NULL;  // the transpose follows in the backward (fp8_transpose_codes)
+    out->codes_t = NULL;  // transposed in the backward (matmul_backward_fp8_dout, FP8_DOUT_CODES_WRITTEN)
     return out;
 }
 
 // what the cast of FP8 linear i's output gradient knows of its scale (matmul_backward_fp8_dout)
 static inline Fp8DoutScale fp8_model_dout_scale(const Fp8Model* fp8, int i) {
-    if (i == fp8_model_linear(fp8, -1, LINEAR_LM_HEAD) && fp8_model_dlogits_bounded(fp8)) { return FP8_DOUT_SCALE_BOUND; }
+    if (i == fp8_model_linear(fp8, -1, LINEAR_LM_HEAD) && fp8_model_dlogits_bounded(fp8)) {
+        return fp8_model_classifier_casts_dlogits(fp8) ? FP8_DOUT_CODES_WRITTEN : FP8_DOUT_SCALE_BOUND;
+    }
     return fp8_model_dy_scale_known(fp8) ? FP8_DOUT_SCALE_KNOWN : FP8_DOUT_NEEDS_AMAX;
 }
 

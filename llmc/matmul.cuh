@@ -625,7 +625,7 @@ bool matmul_backward_fp8_supported(floatX* dinp, void* dweight, cudaDataType_t d
 }
 
 // what matmul_backward_fp8_dout knows of dout's scale before its pass (described there)
-typedef enum { FP8_DOUT_NEEDS_AMAX, FP8_DOUT_SCALE_KNOWN, FP8_DOUT_SCALE_BOUND } Fp8DoutScale;
+typedef enum { FP8_DOUT_NEEDS_AMAX, FP8_DOUT_SCALE_KNOWN, FP8_DOUT_SCALE_BOUND, FP8_DOUT_CODES_WRITTEN } Fp8DoutScale;
 
 /*
 The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs. With
@@ -651,8 +651,10 @@ then the bias sums finish (dbias += , when dbias != NULL).
   path's 2 for the bias alone.
 - FP8_DOUT_SCALE_BOUND (per tensor, where the state was updated from a bound on |dout| before
   its producer ran: lm_head's, fp8_model_begin_dlogits): the same one tile-cast pass with the
-  state's scale, recording no amax and updating nothing after. (Where both of lm_head's
-  backward GEMMs are FP8 the classifier writes the codes itself and this pass does not run.)
+  state's scale, recording no amax and updating nothing after.
+- FP8_DOUT_CODES_WRITTEN (the same bound, where dout's producer already wrote its row-major
+  codes: the classifier's, when both of lm_head's backward GEMMs are FP8): only the transpose
+  of the codes for wgrad (fp8_transpose_codes); no bias, no GELU, dout not read.
 dbias_scratch holds matmul_dbias_scratch_floats(N, OC) floats (needed even without dbias).
 */
 void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* dbias_scratch, floatX* dout,
@@ -661,8 +663,16 @@ void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* db
     if (fp8->scaling == FP8_SCALING_BLOCKS_128x128) { llm8_die("matmul_backward_fp8_dout: gradients are scaled per 1x128 tile in the block recipe"); }
     if (dbias_scratch == NULL) { llm8_die("matmul_backward_fp8_dout: the bias gradient needs dbias_scratch"); }
     bool per_tensor = fp8->scaling == FP8_SCALING_TENSOR;
-    if (scale == FP8_DOUT_SCALE_BOUND && !per_tensor) {
+    if ((scale == FP8_DOUT_SCALE_BOUND || scale == FP8_DOUT_CODES_WRITTEN) && !per_tensor) {
         llm8_die("matmul_backward_fp8_dout: a scale from a bound is per tensor; the block recipe scales each tile");
+    }
+    if (scale == FP8_DOUT_CODES_WRITTEN) {
+        if (dbias != NULL || pre_gelu != NULL || fp8->codes == NULL || fp8->codes_t == NULL) {
+            llm8_die("matmul_backward_fp8_dout: codes written by dout's producer serve a linear without bias or GELU "
+                     "whose dgrad and wgrad are both FP8");
+        }
+        fp8_transpose_codes(fp8->codes, fp8->codes_t, N, OC, stream);
+        return;
     }
     if (per_tensor && scale == FP8_DOUT_NEEDS_AMAX) {
         matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, fp8->record, N, OC, stream);
