@@ -24,6 +24,7 @@ make gpucheck's (test/test_gpt2.cu, test/gpu_trainer_ranks.py).
 import json
 import os
 import re
+import socket
 import subprocess
 
 import numpy as np
@@ -86,9 +87,13 @@ def test_training_run_with_eval_samples_logs_and_checkpoints(workdir, flags):
         assert all(row["amax"] > 0 and row["scale"] > 0 and 0 <= row["frac_saturated"] <= 1 for row in rows)
 
 
-@pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-fg", "delayed"]],
-                         ids=["bf16", "fp8-delayed-weights-gradients-adamw8"])
+@pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-fg", "delayed"],
+                                   ["-p", "fp8", "-fw", "delayed", "-w", "0"]],
+                         ids=["bf16", "fp8-delayed-weights-gradients-adamw8", "fp8-delayed-weights-no-master"])
 def test_resume_is_bitwise(workdir, flags):
+    """a run checkpointed at step 3 and resumed gives steps 4..6 the straight run's losses bit for bit; under -fw
+    delayed the resume rebuilds the weights' codes with the saved scale, from the fp32 master or (-w 0) from the
+    bf16 weights"""
     out = workdir / ("resume_" + "_".join(str(f) for f in flags))
     common = flags + ["-x", 6, "-l", 3e-3, "-v", 0, "-s", 0, "-n", 3, "-o", out]
     straight = train(workdir, common)
@@ -99,6 +104,26 @@ def test_resume_is_bitwise(workdir, flags):
     a, b = losses(straight.stdout), losses(resumed.stdout)
     assert sorted(b) == [4, 5, 6]
     assert all(a[s] == b[s] for s in (4, 5, 6)), (a, b)
+
+
+@pytest.mark.parametrize("changed,expected", [
+    (["-fr", "current"], ["written with -fr delayed, FP8 passes", "this run has -fr current", "resume with the same -fr"]),
+    (["-f8p", "fwd"], ["FP8 passes qkv=fwd,dgrad,wgrad", "qkv=fwd attproj=fwd", "resume with the same -fr -f8 -f8p"]),
+    (["-fw", "delayed"], ["written with -fw current; this run has -fw delayed: resume with the same -fw"]),
+    (["-fg", "delayed"], ["written with -fg current; this run has -fg delayed: resume with the same -fg"]),
+], ids=["-fr", "-f8p", "-fw", "-fg"])
+def test_resume_with_other_fp8_settings_is_refused(workdir, changed, expected):
+    """a checkpoint of the default FP8 run resumed with another recipe, other FP8 passes, or the weights' or
+    gradients' scaling changed: one error line naming what the state file holds and what this run asks for"""
+    out = workdir / "fp8_settings_checkpoint"
+    if not (out / "DONE_00000001").exists():
+        r = train(workdir, ["-p", "fp8", "-x", 1, "-v", 0, "-s", 0, "-n", 1, "-o", out])
+        assert r.returncode == 0, r.stderr[-2000:]
+    r = train(workdir, ["-p", "fp8", "-x", 2, "-v", 0, "-s", 0, "-n", 1, "-o", out, "-y", 1] + changed)
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and all(e in errors[0] for e in expected), r.stderr[-2000:]
+    assert not (out / "DONE_00000002").exists()
 
 
 def test_delayed_gradient_scaling_is_honoured(workdir):
@@ -210,18 +235,26 @@ def test_block_recipe_at_a_width_not_a_multiple_of_128(workdir):
     assert len(errors) == 1 and "short last K block" in errors[0] and "-fr delayed" in errors[0], r.stderr[-2000:]
 
 
-def train_ranks(workdir, ranks, args, stream_order="", rank1_env=None, name=None, data="s_train_*.bin"):
-    """`ranks` ranks of the sim trainer (ZeRO-1 unless args say -z 3, -pi fs; one rank: no -pn) with
-    CUDASIM_STREAM_ORDER=stream_order ("": random), rank 1 with rank1_env added to its environment; returns (exit
-    codes, rank 0's stdout and stderr, the last rank's stderr)"""
+def free_tcp_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_ranks(workdir, ranks, args, stream_order="", rank1_env=None, name=None, data="s_train_*.bin", id_exchange="fs"):
+    """`ranks` ranks of the sim trainer (ZeRO-1 unless args say -z 3; the NCCL id through a file, -pi fs, or with
+    id_exchange="tcp" from rank 0 at 127.0.0.1, -pi tcp; one rank: no -pn) with CUDASIM_STREAM_ORDER=stream_order
+    ("": random), rank 1 with rank1_env added to its environment; returns (exit codes, rank 0's stdout and stderr,
+    the last rank's stderr)"""
     fs_dir = workdir / f"ranks_{name or stream_order or 'random'}"
     os.makedirs(fs_dir, exist_ok=True)
     env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1", CUDASIM_STREAM_ORDER=stream_order)
     procs = []
+    exchange = ["-pi", "fs", "-pf", fs_dir] if id_exchange == "fs" else ["-pi", "tcp", "-ps", f"127.0.0.1:{free_tcp_port()}"]
     for rank in range(ranks):
         cmd = [SIM_TRAINER, "-e", "model.bin", "-i", data, "-t", 64, "-b", 4] + list(args)
         if ranks > 1:
-            cmd += ["-pn", ranks, "-pr", rank, "-pg", 1, "-pi", "fs", "-pf", fs_dir, "-pt", 300]
+            cmd += ["-pn", ranks, "-pr", rank, "-pg", 1, "-pt", 300] + exchange
         rank_env = dict(env, **(rank1_env or {})) if rank == 1 else env
         procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       cwd=workdir, env=rank_env))
@@ -232,14 +265,32 @@ def train_ranks(workdir, ranks, args, stream_order="", rank1_env=None, name=None
 def test_two_ranks_give_the_same_bits_in_any_stream_order(workdir):
     """ZeRO-1 over 2 ranks, FP8 (codes gathered) with 2 micro-steps: the forward waits for each stage of the weight
     gather where it reads it, so running the streams' work newest first (each stage as late as those waits allow;
-    a read that does not wait gets the previous step's weights) gives the losses of cudasim's random order"""
+    a read that does not wait gets the previous step's weights) gives the losses of cudasim's random order. The
+    second run's ranks get the NCCL id over TCP from rank 0 (-pi tcp, as scripts/slurm_gpt2.sbatch launches
+    several nodes), the first's through a file (-pi fs)"""
     args = ["-p", "fp8", "-d", 2 * 2 * 4 * 64, "-x", 3, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0]
     codes, default, _ = train_ranks(workdir, 2, args)
     assert codes == [0, 0], default[-2000:]
-    codes, newest_first, _ = train_ranks(workdir, 2, args, "newest-first")
+    codes, newest_first, _ = train_ranks(workdir, 2, args, "newest-first", id_exchange="tcp")
     assert codes == [0, 0], newest_first[-2000:]
+    assert "ZeRO-1 over 2 ranks (-pi fs)" in default and "ZeRO-1 over 2 ranks (-pi tcp)" in newest_first, newest_first[:3000]
     a, b = losses(default), losses(newest_first)
     assert sorted(a) == [1, 2, 3] and a == b, (a, b)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_tcp_id_exchange_without_its_peer_stops_within_the_timeout(workdir, rank):
+    """-pi tcp with the other rank never started: rank 0 waits for a connection, rank 1 for an answer, each -pt 2
+    seconds, then stops in one line naming the address"""
+    server = f"127.0.0.1:{free_tcp_port()}"
+    cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-t", 64, "-b", 4, "-x", 1, "-v", 0, "-s", 0,
+           "-pn", 2, "-pr", rank, "-pg", 1, "-pi", "tcp", "-ps", server, "-pt", 2]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120, cwd=workdir)
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    expected = (f"rank 0: only 1 of 2 ranks connected to {server} within 2 s" if rank == 0 else
+                f"rank 1: no NCCL id from rank 0 at {server} after 2 s")
+    assert len(errors) == 1 and expected in errors[0], r.stderr[-2000:]
 
 
 REPLICAS_RE = re.compile(r"^replicas \| after (\d+) steps: (\d+) regions .* bitwise identical on 2 ranks$", re.M)
@@ -284,9 +335,9 @@ def twin_shard(workdir):
 
 @pytest.mark.parametrize("ranks,flags,rank_flags", [
     (2, ["-p", "bf16"], []),
-    (2, ["-p", "fp8", "-opt", "adamw8"], []),
+    (2, ["-p", "fp8", "-opt", "adamw8", "-w", 0], []),
     (2, ["-p", "fp8", "-fw", "delayed"], []),
-    (2, ["-p", "fp8", "-fr", "block"], []),
+    (2, ["-p", "fp8", "-fr", "block", "-w", 0], []),
     (2, ["-p", "fp8", "-fr", "current"], ["-z", 3]),
     (2, ["-p", "fp8", "-f8", "all"], []),
     (2, ["-p", "fp8", "-f8", "all", "-fw", "delayed", "-opt", "adamw8"], []),
@@ -295,7 +346,7 @@ def twin_shard(workdir):
     (2, ["-p", "fp8", "-f8", "all", "-f8p", "fwd", "-fr", "current", "-opt", "adamw8"], []),
     (3, ["-p", "fp8", "-opt", "adamw8", "-pa", "fp32"], []),
     (3, ["-p", "fp8", "-fr", "current", "-opt", "adamw8", "-pa", "fp32"], ["-z", 3]),
-], ids=["2-bf16", "2-fp8-adamw8", "2-fp8-delayed-weights", "2-fp8-block", "2-fp8-zero3", "2-fp8-lm-head",
+], ids=["2-bf16", "2-fp8-adamw8-no-master", "2-fp8-delayed-weights", "2-fp8-block-no-master", "2-fp8-zero3", "2-fp8-lm-head",
         "2-fp8-lm-head-delayed-weights", "2-fp8-lm-head-block", "2-fp8-partial-passes", "2-fp8-partial-lm-head-current", "3-fp8-adamw8-fp32-reduce",
         "3-fp8-zero3-fp32-reduce"])
 def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ranks, flags, rank_flags):
@@ -304,7 +355,7 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
     in bf16 (x + x halved), and for 3 with -pa fp32 (3x is exact in fp32, and so is 3x / 3), whose shard boundaries
     fall inside the replicated tensors (here wpe). The optimizer is elementwise, its shards cut 256-element blocks
     where the 8-bit states do, and each rank's FP8 cast of its part with the all-reduced amax is the whole weight's
-    cast. So ZeRO-1 and ZeRO-3 must train the 1-rank model bit for bit: the same model file (the losses too, but for
+    cast (from its fp32 master part, or with -w 0 from its bf16 weights). So ZeRO-1 and ZeRO-3 must train the 1-rank model bit for bit: the same model file (the losses too, but for
     3 ranks their mean may round: compared to 1e-6). Unlike -pc, this also sees bytes wrong alike on every rank, or
     a checkpoint read before the last gather arrived (the 3-rank ZeRO-3 case found that one): the ranks run their
     streams' work newest first, so whatever reads without waiting reads early. No clipping: the global norm sums
@@ -333,7 +384,8 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
 @pytest.mark.parametrize("first,second,flags", [
     (1, 2, ["-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-fg", "delayed"]),
     (2, 1, ["-p", "bf16", "-opt", "adamw8", "-w", "0"]),
-], ids=["1to2-fp8-adamw8-delayed", "2to1-bf16-adamw8-no-master"])
+    (1, 2, ["-p", "fp8", "-fw", "delayed", "-w", "0"]),
+], ids=["1to2-fp8-adamw8-delayed", "2to1-bf16-adamw8-no-master", "1to2-fp8-delayed-no-master"])
 def test_twin_batches_resume_on_another_rank_count_bit_for_bit(workdir, first, second, flags):
     """A checkpoint of `first` ranks resumed on `second` (the optimizer state resharded, 8-bit states and FP8 scaling
     included, the loader replayed) goes on exactly as the uninterrupted run: on twin batches the rank count changes
