@@ -730,12 +730,6 @@ static void fp8_model_check_saved_scaling(const char* path, const char* flag, co
     }
 }
 
-// a saved recipe's -fr name (the file may hold any number)
-static const char* fp8_saved_recipe_name(int recipe) {
-    return recipe >= 0 && recipe < (int)(sizeof(FP8_MODEL_RECIPE_NAMES) / sizeof(FP8_MODEL_RECIPE_NAMES[0]))
-        ? FP8_MODEL_RECIPE_NAMES[recipe] : "unknown";
-}
-
 /*
 A state read from `path` back onto the device (refused, naming the flags, when it was
 written with other FP8 settings). Call after fp8_model_cast_weights on the restored weights:
@@ -756,8 +750,8 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
         fp8_passes_text(want_text, sizeof(want_text), want_passes);
         llm8_die("state file '%s' was written with -fr %s, FP8 passes %s, -fh %d, -fm %d (%d FP8 linears); this run "
                  "has -fr %s, %s, -fh %d, -fm %d (%d): resume with the same -fr -f8 -f8p -fh -fm", path,
-                 fp8_saved_recipe_name(got->recipe), got_text, got->history_len, got->margin, got->num_linears,
-                 fp8_saved_recipe_name(want.recipe), want_text, want.history_len, want.margin, want.num_linears);
+                 fp8_model_recipe_name(got->recipe), got_text, got->history_len, got->margin, got->num_linears,
+                 fp8_model_recipe_name(want.recipe), want_text, want.history_len, want.margin, want.num_linears);
     }
     if (fp8->settings.recipe != FP8_MODEL_BLOCK) {  // -fw and -fg are in the states: the recipe they were made with
         fp8_model_check_saved_scaling(path, "-fw", &host->states[2 * fp8->num_linears], fp8_model_delayed_weights(fp8));

@@ -202,6 +202,11 @@ static inline void fp8_parse_passes(const char* flag, const char* text, int line
     }
 }
 
+// the -fr name of a recipe number, "unknown" for one outside the enum (a state file may hold any)
+static inline const char* fp8_model_recipe_name(int recipe) {
+    return recipe >= 0 && recipe < 3 ? FP8_MODEL_RECIPE_NAMES[recipe] : "unknown";
+}
+
 static inline int fp8_model_recipe_from_name(const char* name) {
     for (int i = 0; i < 3; i++) {
         if (strcmp(name, FP8_MODEL_RECIPE_NAMES[i]) == 0) { return i; }
