@@ -5,6 +5,8 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   log and checkpoints: exit 0, loss finite and falling, main.log in llm.c's line format,
   main.jsonl, numerics.jsonl rows for every FP8 tensor, DONE markers;
 - -y 1 resumes bitwise: the resumed steps print the losses of the uninterrupted run;
+- a descriptor (-e tiny, and -y 1 with no checkpoint yet) draws train_gpt2cpu's random init;
+  -x -1 trains one epoch;
 - a run whose every forward overflows (a weight of 3e38): its non-finite steps are counted
   and skipped, the run ends cleanly, and the model file it writes holds no Inf or NaN;
 - the block recipe at C = 192 (tiles along K that end short, as d48's): trains, resumes
@@ -187,6 +189,40 @@ def test_checkpoint_retention(workdir):
     assert sorted(int(name[5:]) for name in os.listdir(out) if name.startswith("DONE_")) == [2, 4, 5]
     assert sorted(name for name in os.listdir(out) if name.startswith(("model_", "state_"))) == [
         f"{kind}_{step:08d}{suffix}" for kind, suffix in (("model", ".bin"), ("state", "_00000.bin")) for step in (2, 4, 5)]
+
+
+def test_a_descriptor_starts_from_the_cpu_trainers_random_init(workdir):
+    """-e tiny with no model file (-y 1 in an empty -o: no checkpoint, so the descriptor): the GPU trainer draws the
+    weights train_gpt2cpu draws (llm.c's init order and seed). With -l 0 a step leaves the fp32 master as drawn, so
+    each bf16 weight of its model file is the CPU trainer's fp32 weight rounded down or up (the stochastic rounding
+    of the update), and exactly it where the fp32 value is a bf16"""
+    cpu_trainer = os.path.join(ROOT, "train_gpt2cpu")
+    assert os.path.exists(cpu_trainer), f"{cpu_trainer} is not built (make train_gpt2cpu)"
+    gpu_out, cpu_out = workdir / "descriptor_gpu", workdir / "descriptor_cpu"
+    common = ["-e", "tiny", "-i", "s_train_*.bin", "-j", "", "-t", 64, "-b", 4, "-x", 1, "-l", 0, "-s", 0, "-n", 1]
+    r = subprocess.run([str(c) for c in [SIM_TRAINER] + common + ["-o", gpu_out, "-y", 1]], capture_output=True,
+                       text=True, timeout=300, cwd=workdir)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"-y 1: no complete checkpoint in {gpu_out}, starting from scratch" in r.stdout, r.stdout[:2000]
+    assert "model | L=2 NH=2 C=128 maxT=1024 V=50257 Vp=50304" in r.stdout, r.stdout[:2000]
+    c = subprocess.run([str(a) for a in [cpu_trainer] + common + ["-o", cpu_out]], capture_output=True, text=True,
+                       timeout=300, cwd=workdir)
+    assert c.returncode == 0, c.stderr[-2000:]
+    cpu_bits = np.fromfile(cpu_out / "model_00000001.bin", dtype=np.uint32, offset=1024)
+    gpu_bits = np.fromfile(gpu_out / "model_00000001.bin", dtype=np.uint16, offset=1024)
+    assert cpu_bits.size == gpu_bits.size == 6966784
+    truncated = (cpu_bits >> 16).astype(np.uint16)
+    exact = (cpu_bits & 0xFFFF) == 0
+    assert np.all(np.where(exact, gpu_bits == truncated, (gpu_bits == truncated) | (gpu_bits == truncated + 1)))
+    assert losses(r.stdout)[1] == pytest.approx(losses(c.stdout)[1], rel=1e-4)
+
+
+def test_x_minus_1_trains_one_epoch(workdir):
+    """-x -1: as many steps as the train shards hold total batches (2000 tokens, 512 a step: 3)"""
+    sim_model.write_shard(workdir / "epoch_train_000000.bin", 2000, 4, learnable=True)
+    r = train(workdir, ["-b", 8, "-x", -1, "-v", 0, "-s", 0], data="epoch_train_*.bin")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "| 3 steps |" in r.stdout and sorted(losses(r.stdout)) == [1, 2, 3], r.stdout[-2000:]
 
 
 def test_outlier_step_is_skipped_after_a_resume(workdir):
