@@ -3,8 +3,9 @@ fused_classifier.cuh: softmax, cross-entropy loss and the logits' gradient in on
 
 Why: the logits are the largest tensor of the step (B*T*Vp bf16, 6.6 GB at B=64, T=1024),
 so every extra pass over them is expensive and no probabilities are ever stored. One
-block owns one row. It reads the row once, keeping an online softmax (running maximum and
-the sum of exp(x - maximum), rescaled when the maximum grows), then combines the threads'
+block owns one row (a thread per 16 bytes of it, at most 1024 threads). It reads the row
+once, keeping an online softmax (running maximum and the sum of exp(x - maximum), rescaled
+when the maximum grows), then combines the threads'
 (max, sum) pairs, first by an xor butterfly inside each warp (both partners compute the
 same commutative sum, so every lane ends with identical bits) and then across warps in
 warp order: the result does not depend on timing. If the gradient is wanted, a second read
@@ -119,6 +120,13 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     if (code_row != NULL) { fp8_tally_commit(tally, dlogits_fp8.record, false); }
 }
 
+// one thread per 16-byte chunk of a row, in whole warps, at most CLASSIFIER_BLOCK_SIZE (GPT-2's
+// rows of 6288 chunks: 1024 threads striding); a function of Vp only, so the bits are too
+static unsigned int fused_classifier_block_size(int Vp) {
+    int threads = (Vp / x128::size + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE;
+    return (unsigned int)(threads < CLASSIFIER_BLOCK_SIZE ? threads : CLASSIFIER_BLOCK_SIZE);
+}
+
 /*
 logits: [B*T][Vp] bf16, the first V columns real. losses[bt] += -log softmax[target]. If
 write_dlogits, the gradients (softmax - onehot(target)) * dloss, 0 in V..Vp, are written:
@@ -140,8 +148,8 @@ void fused_classifier(floatX* logits, float* losses, float dloss, const int* tar
         }
         codes_only = *dlogits_fp8;
     }
-    fused_classifier_kernel<<<B * T, CLASSIFIER_BLOCK_SIZE, 0, stream>>>(logits, losses, dloss, targets, V, Vp,
-                                                                         write_dlogits, codes_only);
+    fused_classifier_kernel<<<B * T, fused_classifier_block_size(Vp), 0, stream>>>(logits, losses, dloss, targets, V, Vp,
+                                                                                  write_dlogits, codes_only);
     cudaCheck(cudaGetLastError());
 }
 

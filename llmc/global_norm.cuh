@@ -3,10 +3,12 @@ global_norm.cuh: the sum of squares of a bf16 tensor (the gradients), for the gl
 gradient norm and clipping.
 
 Why: the norm decides the clipping factor of every weight, so it must be the same bits on
-every run. A fixed grid (GLOBAL_NORM_BLOCKS blocks, never derived from the device or the
-size) strides over the data with 16-byte loads; each block reduces its threads in a fixed
-order (block_reduce_sum) into one partial; a one-block second kernel adds the partials in
-block order. No atomics, so the result is deterministic. The caller takes the square root
+every run. The grid is a function of the size alone, never of the device: one block per
+GLOBAL_NORM_BLOCK_SIZE 16-byte chunks, at most GLOBAL_NORM_BLOCKS (a grid that fills any
+GPU; more blocks stride over the rest), so a small tensor does not launch a full grid of
+idle blocks. Each block reduces its threads in a fixed order (block_reduce_sum) into one
+partial; a one-block second kernel adds the partials in block order. No atomics, so the
+same size always gives the same bits. The caller takes the square root
 (and may add further tensors' results) on the device or the host.
 */
 #ifndef LLMC_GLOBAL_NORM_CUH
@@ -20,6 +22,12 @@ block order. No atomics, so the result is deterministic. The caller takes the sq
 
 // floats of the partials_scratch argument
 size_t global_norm_scratch_floats(void) { return GLOBAL_NORM_BLOCKS; }
+
+// the partials kernel's grid for `count` values (the count % 8 tail goes to block 0)
+static unsigned int global_norm_blocks(size_t count) {
+    size_t blocks = ceil_div_size(count / x128::size, GLOBAL_NORM_BLOCK_SIZE);
+    return (unsigned int)(blocks < 1 ? 1 : blocks > GLOBAL_NORM_BLOCKS ? GLOBAL_NORM_BLOCKS : blocks);
+}
 
 __global__ void global_norm_partials_kernel(float* partials, const floatX* values, size_t count) {
     const size_t chunks = count / x128::size;
@@ -55,9 +63,10 @@ void global_norm_squared(float* out, float* partials_scratch, const floatX* valu
     if (((uintptr_t)values) % 16 != 0) {
         llm8_die("global_norm_squared: values pointer %p is not 16-byte aligned", (const void*)values);
     }
-    global_norm_partials_kernel<<<GLOBAL_NORM_BLOCKS, GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(partials_scratch, values, count);
+    const unsigned int blocks = global_norm_blocks(count);
+    global_norm_partials_kernel<<<blocks, GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(partials_scratch, values, count);
     cudaCheck(cudaGetLastError());
-    global_norm_finish_kernel<<<1, 1024, 0, stream>>>(out, partials_scratch, GLOBAL_NORM_BLOCKS);
+    global_norm_finish_kernel<<<1, 1024, 0, stream>>>(out, partials_scratch, (int)blocks);
     cudaCheck(cudaGetLastError());
 }
 

@@ -568,6 +568,7 @@ int main(void) {
     }
     test_global_norm(&shapes[0], (size_t)50 * 1000 * 1000 + 5);
     test_global_norm(&shapes[1], 1003);
+    test_global_norm(&shapes[1], (size_t)8 * 512 * 37 + 8 * 5 + 3);  // a grid of 38 blocks, the last one short
     for (int delayed = 0; delayed < 2; delayed++) {
         test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 1, delayed);
         test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 0, delayed);
