@@ -167,7 +167,8 @@ test-sim: $(SIM_TESTS)
 
 # everything make gpucheck runs, under cudasim, on smaller models, minus speed (streams
 # are ordered, not concurrent: test/cudasim/cudasim.h says what it checks and what not); the
-# multi-rank trainer runs take longer than CI's budget, so only simcheck has them
+# multi-rank trainer runs take longer than CI's budget, so only simcheck has them all (make
+# test runs their killed-rank section: test/test_sim_trainer.py)
 simcheck: test-sim $(SIM)/train_gpt2_fp8
 	LLM8_TRAINER=$(SIM)/train_gpt2_fp8 $(PYTHON) test/gpu_trainer_ranks.py
 

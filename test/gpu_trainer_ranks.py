@@ -35,7 +35,8 @@ batches, a 2-rank resume, and a killed rank.
 Sections (arguments, in this order by default): trajectories (with traffic and stream order),
 resume, reshard, twins, killed; a device call cut off at its limit goes on with the rest.
 Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries,
-and by make simcheck against the cudasim build of the trainer (LLM8_TRAINER names it): there
+and by make simcheck against the cudasim build of the trainer (LLM8_TRAINER names it; make
+test runs the killed section so, from test/test_sim_trainer.py): there
 test/sim_model.py's 2-layer, C = 128, 997-token model and T = 64 stand in for d6 at T = 256.
 """
 import ctypes

@@ -16,6 +16,7 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
 - -pc 1 over 2 ranks finds what the weight gather makes identical identical (bf16, FP8 with delayed
   weights, block, ZeRO-3), and stops both ranks, one line each, when cudasim loses one of the
   gather's deliveries to rank 1 (CUDASIM_NCCL_LOSE_BROADCAST);
+- a killed rank stops its peer within -pt (test/gpu_trainer_ranks.py's killed section);
 - 2 ranks whose batches are twins (a shard of one repeated sample) train the 1-rank model bit
   for bit, model file included, under ZeRO-1 (bf16, FP8 with adamw8, delayed weights, block)
   and ZeRO-3, and so do 3 ranks with -pa fp32 (ZeRO-1 and ZeRO-3); a checkpoint of 1 rank
@@ -28,6 +29,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -330,6 +332,16 @@ def test_a_tcp_id_exchange_without_its_peer_stops_within_the_timeout(workdir, ra
 
 
 REPLICAS_RE = re.compile(r"^replicas \| after (\d+) steps: (\d+) regions .* bitwise identical on 2 ranks$", re.M)
+
+
+def test_a_killed_rank_stops_its_peer_within_the_timeout():
+    """make gpucheck's killed-rank section (test/gpu_trainer_ranks.py killed) under cudasim: 2 ranks train, rank 1 is
+    killed after rank 0's first step, and rank 0 exits non-zero within -pt with one line naming its rank and the
+    collective it was in"""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "test", "gpu_trainer_ranks.py"), "killed"],
+                       env=dict(os.environ, LLM8_TRAINER=SIM_TRAINER), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "gpu_trainer_ranks: 0 failed" in r.stdout, (r.stdout + r.stderr)[-3000:]
+    assert r.stdout.count("\nok   killed rank:") == 3, r.stdout[-3000:]
 
 
 @pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-fw", "delayed"], ["-p", "fp8", "-fr", "block"],
