@@ -5,12 +5,12 @@ Why: the logits are the largest tensor of the step (B*T*Vp bf16, 6.6 GB at B=64,
 so every extra pass over them is expensive and no probabilities are ever stored. One
 block owns one row (a thread per 16 bytes of it, at most 1024 threads). It reads the row
 once, keeping an online softmax (running maximum and the sum of exp(x - maximum), rescaled
-when the maximum grows), then combines the threads'
-(max, sum) pairs, first by an xor butterfly inside each warp (both partners compute the
-same commutative sum, so every lane ends with identical bits) and then across warps in
-warp order: the result does not depend on timing. If the gradient is wanted, a second read
-of the row (mostly from L2) overwrites it in place with (softmax - onehot) * dloss, and
-with zeros in the padding columns V..Vp, so the lm_head backward never sees garbage. An FP8
+when the maximum grows), then combines the threads' (max, sum) pairs, first by an xor
+butterfly inside each warp (both partners compute the same commutative sum, so every lane
+ends with identical bits) and then across warps in warp order: the result does not depend
+on timing. If the gradient is wanted, a second read of the row (mostly from L2) overwrites
+it in place with (softmax - onehot) * dloss, and with zeros in the padding columns V..Vp, so
+the lm_head backward never sees garbage. An FP8
 lm_head whose backward GEMMs are both FP8 (per-tensor recipes) reads no bf16 gradient at all:
 the second read writes the E5M2 codes instead (dlogits_fp8: 1 byte per element instead of 2,
 and no cast pass re-reads 2 bytes per element), with the scale of the gradients' bound
@@ -123,7 +123,7 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
 // one thread per 16-byte chunk of a row, in whole warps, at most CLASSIFIER_BLOCK_SIZE (GPT-2's
 // rows of 6288 chunks: 1024 threads striding); a function of Vp only, so the bits are too
 static unsigned int fused_classifier_block_size(int Vp) {
-    int threads = (Vp / x128::size + WARP_SIZE - 1) / WARP_SIZE * WARP_SIZE;
+    int threads = ceil_div(Vp / x128::size, WARP_SIZE) * WARP_SIZE;
     return (unsigned int)(threads < CLASSIFIER_BLOCK_SIZE ? threads : CLASSIFIER_BLOCK_SIZE);
 }
 

@@ -8,8 +8,8 @@ GLOBAL_NORM_BLOCK_SIZE 16-byte chunks, at most GLOBAL_NORM_BLOCKS (a grid that f
 GPU; more blocks stride over the rest), so a small tensor does not launch a full grid of
 idle blocks. Each block reduces its threads in a fixed order (block_reduce_sum) into one
 partial; a one-block second kernel adds the partials in block order. No atomics, so the
-same size always gives the same bits. The caller takes the square root
-(and may add further tensors' results) on the device or the host.
+same size always gives the same bits. The caller takes the square root (and may add
+further tensors' results) on the device or the host.
 */
 #ifndef LLMC_GLOBAL_NORM_CUH
 #define LLMC_GLOBAL_NORM_CUH
