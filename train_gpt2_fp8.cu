@@ -342,8 +342,11 @@ static void gpt2_linear_forward(GPT2* model, int layer, int kind, floatX* out, c
 
 /*
 The backward of one linear: dinp = dout weight (overwritten), dweight += dout^T inp,
-dbias += column sums of dout. pre_gelu != NULL: dout is the gradient of GELU's output, to be
-multiplied by gelu'(pre_gelu) (fc, whose output went through GELU). dgrad and wgrad are FP8 or
+dbias += column sums of dout. GELU's derivative, between fcproj's dgrad and fc's backward, is
+applied at one of two places: dout_pre_gelu != NULL: dout is the gradient of GELU's output, to
+be multiplied by gelu'(dout_pre_gelu) (fc, whose output went through GELU; -ge 0 and 1);
+dinp_pre_gelu != NULL: the dgrad GEMM's DGELU epilogue multiplies dinp by gelu'(dinp_pre_gelu)
+(fcproj, whose input came out of GELU; -ge 2), and fc's dout arrives multiplied. dgrad and wgrad are FP8 or
 bf16 each on its own (-f8p). With either in FP8, the pass that casts dout
 (matmul_backward_fp8_dout) also applies GELU's derivative and sums the bias, and writes the
 codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad; where the classifier wrote lm_head's
@@ -353,8 +356,8 @@ as that pass left it (the pass stores the product into dout whenever a bf16 GEMM
 with inp or weight. All bf16: dout is multiplied in place first.
 */
 static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp, floatX* dweight, floatX* dbias,
-                                 floatX* dout, const floatX* inp, const floatX* weight, const floatX* pre_gelu,
-                                 cudaStream_t stream) {
+                                 floatX* dout, const floatX* inp, const floatX* weight, const floatX* dout_pre_gelu,
+                                 const floatX* dinp_pre_gelu, cudaStream_t stream) {
     const Fp8Model* fp8 = &model->fp8;
     int i = fp8_model_linear(fp8, layer, kind);
     int BT = model->B * model->T, K, OC;
@@ -362,16 +365,17 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
     bool dgrad_fp8 = fp8_model_runs(fp8, i, FP8_DGRAD), wgrad_fp8 = fp8_model_runs(fp8, i, FP8_WGRAD);
     if (dgrad_fp8 || wgrad_fp8) {
         Fp8CastOutput dy = fp8_model_dy(fp8, i), x = fp8_model_x(fp8, i), w = fp8_model_w(fp8, i);
-        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, pre_gelu, BT, OC, fp8_model_dout_scale(fp8, i), stream);
+        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, dout_pre_gelu, BT, OC, fp8_model_dout_scale(fp8, i), stream);
         matmul_backward_fp8(dgrad_fp8 ? dinp : NULL, wgrad_fp8 ? dweight : NULL, CUDA_R_16BF, fp8_operand(&dy, false),
-                            fp8_operand(&dy, true), fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC, stream);
+                            fp8_operand(&dy, true), fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC,
+                            dinp_pre_gelu, stream);
         if (!dgrad_fp8 || !wgrad_fp8) {  // the bias is summed already
             matmul_backward(dgrad_fp8 ? NULL : dinp, wgrad_fp8 ? NULL : dweight, NULL, dout, inp, weight, NULL, BT, K, OC,
-                            NULL, stream);
+                            dinp_pre_gelu, stream);
         }
     } else {
-        if (pre_gelu != NULL) { gelu_backward_inplace(dout, pre_gelu, BT * OC, stream); profiler_mark("gelu bwd"); }
-        matmul_backward(dinp, dweight, dbias, dout, inp, weight, model->acts.scratch_f, BT, K, OC, NULL, stream);
+        if (dout_pre_gelu != NULL) { gelu_backward_inplace(dout, dout_pre_gelu, BT * OC, stream); profiler_mark("gelu bwd"); }
+        matmul_backward(dinp, dweight, dbias, dout, inp, weight, model->acts.scratch_f, BT, K, OC, dinp_pre_gelu, stream);
     }
 }
 
@@ -541,7 +545,7 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
 
     // lm_head (tied to wte) and the final layernorm
     gpt2_linear_backward(model, -1, LINEAR_LM_HEAD, a->scratch_btc, param_tensor(model, g, PARAM_WTE), NULL, a->output, a->lnf,
-                         param_tensor(model, p, PARAM_WTE), NULL, stream);
+                         param_tensor(model, p, PARAM_WTE), NULL, NULL, stream);
     profiler_mark("matmul lm_head bwd");
     cudaCheck(cudaMemsetAsync(a->dresidual, 0, (size_t)BT * C * sizeof(floatX), stream));
     layernorm_backward(a->dresidual, param_tensor(model, g, PARAM_LNFW), param_tensor(model, g, PARAM_LNFB), a->scratch_f, a->scratch_btc,
@@ -563,15 +567,17 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
             gelu_forward(la.fch_gelu, la.fch, BT * 4 * C, stream);
             profiler_mark("gelu recompute");
         }
+        const floatX* gelu_in_dgrad = model->gelu_fusion >= 2 ? la.fch : NULL;  // -ge 2: DGELU in fcproj's dgrad
         gpt2_linear_backward(model, l, LINEAR_FCPROJ, a->scratch_bt4c, layer_tensor(model, g, PARAM_FCPROJW, l), layer_tensor(model, g, PARAM_FCPROJB, l),
-                             a->dresidual, la.fch_gelu, gpt2_block_weight(model, l, LINEAR_FCPROJ), NULL, stream);
+                             a->dresidual, la.fch_gelu, gpt2_block_weight(model, l, LINEAR_FCPROJ), NULL, gelu_in_dgrad, stream);
         profiler_mark("matmul fcproj bwd");
         if (model->recompute >= 2 && gpt2_reads_bf16_input(model, l, LINEAR_FC, FP8_WGRAD)) {
             layernorm_forward(la.ln2, NULL, NULL, la.residual2, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), BT, C, stream);
             profiler_mark("layernorm recompute");
         }
         gpt2_linear_backward(model, l, LINEAR_FC, a->scratch_btc, layer_tensor(model, g, PARAM_FCW, l), layer_tensor(model, g, PARAM_FCB, l),
-                             a->scratch_bt4c, la.ln2, gpt2_block_weight(model, l, LINEAR_FC), la.fch, stream);
+                             a->scratch_bt4c, la.ln2, gpt2_block_weight(model, l, LINEAR_FC), gelu_in_dgrad != NULL ? NULL : la.fch,
+                             NULL, stream);
         profiler_mark("matmul fc bwd");
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN2W, l), layer_tensor(model, g, PARAM_LN2B, l), a->scratch_f, a->scratch_btc,
                            la.residual2, layer_tensor(model, p, PARAM_LN2W, l), la.ln2_mean, la.ln2_rstd, BT, C, stream);
@@ -579,7 +585,7 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
 
         // attention: dresidual now holds d(residual2) = d(attproj output)
         gpt2_linear_backward(model, l, LINEAR_ATTPROJ, a->scratch_btc, layer_tensor(model, g, PARAM_ATTPROJW, l), layer_tensor(model, g, PARAM_ATTPROJB, l),
-                             a->dresidual, la.atty, gpt2_block_weight(model, l, LINEAR_ATTPROJ), NULL, stream);
+                             a->dresidual, la.atty, gpt2_block_weight(model, l, LINEAR_ATTPROJ), NULL, NULL, stream);
         profiler_mark("matmul attproj bwd");
         attention_backward(dqkv, a->scratch_btc, la.qkv, la.atty, la.att_stats, B, T, NH, C, stream);
         profiler_mark("attention bwd");
@@ -588,7 +594,7 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
             profiler_mark("layernorm recompute");
         }
         gpt2_linear_backward(model, l, LINEAR_QKV, a->scratch_btc, layer_tensor(model, g, PARAM_QKVW, l), layer_tensor(model, g, PARAM_QKVB, l),
-                             dqkv, la.ln1, gpt2_block_weight(model, l, LINEAR_QKV), NULL, stream);
+                             dqkv, la.ln1, gpt2_block_weight(model, l, LINEAR_QKV), NULL, NULL, stream);
         profiler_mark("matmul qkv bwd");
         if (zero3 != NULL) { zero_comm_release_layer(zero3, l, stream); }
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN1W, l), layer_tensor(model, g, PARAM_LN1B, l), a->scratch_f, a->scratch_btc,

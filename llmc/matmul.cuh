@@ -21,9 +21,12 @@ Numerics and determinism:
   is a pure function of the problem (cublasLtMatmulAlgoGetHeuristic, first result).
 - The bias gradient is ours, not an epilogue's: fixed chunks of rows are summed in a fixed
   order into fp32 partials (dbias_scratch), then each column sums its partials in order.
-- dgrad through GELU multiplies the bf16 dgrad by gelu'(pre_gelu) in place with gelu.cuh's
-  gelu_backward_inplace (gelu_backward_element, the formula the CPU reference uses), not with
-  cuBLASLt's DGELU epilogue, so GPU and reference share the derivative's formula.
+- dgrad through GELU (matmul_backward's and matmul_backward_fp8's pre_gelu, the trainer's
+  -ge 2, llm.c's flag) is cuBLASLt's DGELU epilogue: the fp32 dgrad times gelu'(pre_gelu),
+  rounded once. It reads pre_gelu inside the GEMM instead of a kernel's extra pass over the
+  bf16 dgrad (read dinp and pre_gelu, write dinp). Its derivative is cuBLASLt's formula, not
+  gelu.cuh's gelu_backward_element, which the reference and the unfused path (-ge 0 and 1:
+  gelu_backward_inplace, or the FP8 dout pass) use; tests bound the difference.
 Checks: every dimension must be a multiple of 16 bytes' worth of elements (8 for bf16, 16 for
 fp8) and every pointer 16-byte aligned; a violation is one clear line naming the GEMM.
 
@@ -44,7 +47,6 @@ and matmul_backward runs the bf16 one alone (NULL for the other's output).
 #define LLMC_MATMUL_CUH
 
 #include <stdint.h>
-#include <limits.h>
 #include <cublasLt.h>
 #include "cuda_common.h"
 #include "gelu.cuh"
@@ -99,9 +101,9 @@ typedef struct {
     cudaDataType_t b_type;
     bool transpose_b;
     bool accumulate;               // D += op(A) op(B) (beta = 1) instead of D = op(A) op(B)
-    cublasLtEpilogue_t epilogue;   // DEFAULT, BIAS, GELU_AUX or GELU_AUX_BIAS
+    cublasLtEpilogue_t epilogue;   // DEFAULT, BIAS, GELU_AUX, GELU_AUX_BIAS or DGELU
     const void* bias;              // for the BIAS epilogues
-    void* aux;                     // GELU_AUX epilogues: receives the pre-activation
+    void* aux;                     // GELU_AUX epilogues: receives the pre-activation; DGELU: reads it
     const float* a_scale;          // device scalar multiplying A (FP8 dequantization), or NULL
     const float* b_scale;          // device scalar multiplying B, or NULL
     bool fast_accumulate;          // FP8 forward only: no periodic promotion to fp32
@@ -143,7 +145,8 @@ static void matmul_check_spec(const MatmulSpec* spec) {
     matmul_check_aligned(spec->name, "B", spec->b);
     matmul_check_aligned(spec->name, "D", spec->d);
     bool wants_bias = spec->epilogue == CUBLASLT_EPILOGUE_BIAS || spec->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    bool wants_aux = spec->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || spec->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    bool wants_aux = spec->epilogue == CUBLASLT_EPILOGUE_GELU_AUX || spec->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                  || spec->epilogue == CUBLASLT_EPILOGUE_DGELU;
     if (wants_bias != (spec->bias != NULL) || wants_aux != (spec->aux != NULL)) {
         llm8_die("matmul %s: epilogue %d does not match the bias/aux pointers given", spec->name, (int)spec->epilogue);
     }
@@ -300,13 +303,15 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
     matmul_plan_create(&plan, spec);
     if (plan.status != CUBLAS_STATUS_SUCCESS || plan.found == 0) {
         bool short_block = spec->a_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && spec->k % 128 != 0;
+        const char* remedy = short_block ? "; this cuBLASLt lacks block scaling with a short last K block (K not a multiple of "
+                                           "128): use -fr delayed or -fr current, or a width and a B*T that are multiples of 128"
+                           : spec->epilogue == CUBLASLT_EPILOGUE_DGELU ? "; the DGELU epilogue is -ge 2's: run with -ge 1"
+                           : "";
         llm8_die("matmul %s: cuBLASLt has no algorithm for m=%d n=%d k=%d, types A=%d B=%d D=%d, "
                  "transposes %d%d, epilogue %d, scale modes %d %d (%s)%s", spec->name, spec->m, spec->n, spec->k,
                  (int)spec->a_type, (int)spec->b_type, (int)spec->d_type, (int)spec->transpose_a,
                  (int)spec->transpose_b, (int)spec->epilogue, (int)spec->a_scale_mode, (int)spec->b_scale_mode,
-                 cublasGetStatusName(plan.status),
-                 short_block ? "; this cuBLASLt lacks block scaling with a short last K block (K not a multiple of "
-                               "128): use -fr delayed or -fr current, or a width and a B*T that are multiples of 128" : "");
+                 cublasGetStatusName(plan.status), remedy);
     }
     const float alpha = 1.0f;
     const float beta = spec->accumulate ? 1.0f : 0.0f;
@@ -418,13 +423,14 @@ static MatmulSpec matmul_linear_forward_spec(const char* name, floatX* out, cons
     return spec;
 }
 
-// dgrad: D = dinp (m = C, n = N, k = OC), overwritten
-static MatmulSpec matmul_linear_dgrad_spec(const char* name, floatX* dinp, int N, int C, int OC) {
+// dgrad: D = dinp (m = C, n = N, k = OC), overwritten; times gelu'(pre_gelu) [N][C] when given
+static MatmulSpec matmul_linear_dgrad_spec(const char* name, floatX* dinp, int N, int C, int OC, const floatX* pre_gelu) {
     MatmulSpec spec = {};
     spec.name = name;
     spec.m = C; spec.n = N; spec.k = OC;
     spec.d = dinp; spec.d_type = CUDA_R_16BF;
-    spec.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    spec.aux = const_cast<floatX*>(pre_gelu);  // DGELU only reads it
+    spec.epilogue = pre_gelu != NULL ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT;
     return spec;
 }
 
@@ -455,17 +461,12 @@ void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const 
     matmul_cublaslt(&spec, stream);
 }
 
-// dinp[N][C] = dout[N][OC] weight[OC][C] (overwritten), times gelu'(pre_gelu) when given
+// dinp[N][C] = dout[N][OC] weight[OC][C] (overwritten), times gelu'(pre_gelu) when given (DGELU)
 static void matmul_backward_dgrad(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC,
                                   const floatX* pre_gelu, cudaStream_t stream) {
-    MatmulSpec dgrad = matmul_linear_dgrad_spec("backward dinp (m=C, n=N, k=OC)", dinp, N, C, OC);
+    MatmulSpec dgrad = matmul_linear_dgrad_spec("backward dinp (m=C, n=N, k=OC)", dinp, N, C, OC, pre_gelu);
     matmul_bf16_set_operands(&dgrad, weight, false, dout, false);
-    if (pre_gelu != NULL) { matmul_check_aligned(dgrad.name, "GELU pre-activation", pre_gelu); }
     matmul_cublaslt(&dgrad, stream);
-    if (pre_gelu != NULL) {
-        if ((size_t)N * C > (size_t)INT_MAX) { llm8_die("matmul backward: N*C = %zu elements is too many for the GELU backward", (size_t)N * C); }
-        gelu_backward_inplace(dinp, pre_gelu, N * C, stream);
-    }
 }
 
 // dweight[OC][C] += dout[N][OC]^T inp[N][C] (accumulated)
@@ -477,9 +478,9 @@ static void matmul_backward_wgrad(floatX* dweight, const floatX* dout, const flo
 }
 
 /*
-dinp[N][C] = dout[N][OC] weight[OC][C]          (overwritten; times gelu'(pre_gelu) when given,
-                                                  pre_gelu [N][C] being this matmul's input before GELU;
-                                                  dinp NULL: no dgrad)
+dinp[N][C] = dout[N][OC] weight[OC][C]          (overwritten; times gelu'(pre_gelu) when given, in
+                                                  cuBLASLt's DGELU epilogue, pre_gelu [N][C] being this
+                                                  matmul's input before GELU; dinp NULL: no dgrad)
 dweight[OC][C] += dout^T inp[N][C]              (accumulated; dweight NULL: no wgrad)
 dbias[OC] += column sums of dout                (accumulated, when dbias is not NULL;
                                                   dbias_scratch holds matmul_dbias_scratch_floats(N, OC))
@@ -572,15 +573,17 @@ bool matmul_forward_fp8_supported(floatX* out, Fp8Operand inp, Fp8Operand weight
 
 /*
 The FP8 backward GEMMs of one linear, once dout has been cast (matmul_backward_fp8_dout):
-dinp[N][C] = dout[N][OC] weight[OC][C]      (overwritten; dinp may be NULL: no dgrad)
+dinp[N][C] = dout[N][OC] weight[OC][C]      (overwritten; dinp may be NULL: no dgrad; times
+           gelu'(pre_gelu) [N][C] in the DGELU epilogue when pre_gelu is given)
            from dout (E5M2, or E4M3 tiles) and weight_t = W^T [C][OC], both contiguous along K = OC;
 dweight[OC][C] += dout^T inp                 (accumulated; dweight may be NULL: no wgrad)
            from inp_t = x^T [C][N] and dout_t = dy^T [OC][N], contiguous along K = N.
 dweight_type: CUDA_R_16BF (the gradient buffer, like the bf16 path) or CUDA_R_32F (an fp32
 accumulation buffer); cuBLASLt adds in fp32 and rounds once. No fast accumulation here.
 */
-static MatmulSpec matmul_dgrad_fp8_spec(floatX* dinp, Fp8Operand dout, Fp8Operand weight_t, int N, int C, int OC) {
-    MatmulSpec dgrad = matmul_linear_dgrad_spec("fp8 backward dinp (m=C, n=N, k=OC)", dinp, N, C, OC);
+static MatmulSpec matmul_dgrad_fp8_spec(floatX* dinp, Fp8Operand dout, Fp8Operand weight_t, int N, int C, int OC,
+                                        const floatX* pre_gelu) {
+    MatmulSpec dgrad = matmul_linear_dgrad_spec("fp8 backward dinp (m=C, n=N, k=OC)", dinp, N, C, OC, pre_gelu);
     matmul_fp8_set_operands(&dgrad, weight_t, dout);
     return dgrad;
 }
@@ -597,9 +600,9 @@ static MatmulSpec matmul_wgrad_fp8_spec(void* dweight, cudaDataType_t dweight_ty
 
 void matmul_backward_fp8(floatX* dinp, void* dweight, cudaDataType_t dweight_type, Fp8Operand dout,
                          Fp8Operand dout_t, Fp8Operand weight_t, Fp8Operand inp_t, int N, int C, int OC,
-                         cudaStream_t stream) {
+                         const floatX* pre_gelu, cudaStream_t stream) {
     if (dinp != NULL) {
-        MatmulSpec dgrad = matmul_dgrad_fp8_spec(dinp, dout, weight_t, N, C, OC);
+        MatmulSpec dgrad = matmul_dgrad_fp8_spec(dinp, dout, weight_t, N, C, OC, pre_gelu);
         matmul_cublaslt(&dgrad, stream);
     }
     if (dweight != NULL) {
@@ -612,9 +615,10 @@ void matmul_backward_fp8(floatX* dinp, void* dweight, cudaDataType_t dweight_typ
 // probe that runs nothing, as matmul_forward_fp8_supported; e.g. block scaling at a K that
 // is not a multiple of 128)
 bool matmul_backward_fp8_supported(floatX* dinp, void* dweight, cudaDataType_t dweight_type, Fp8Operand dout,
-                                   Fp8Operand dout_t, Fp8Operand weight_t, Fp8Operand inp_t, int N, int C, int OC) {
+                                   Fp8Operand dout_t, Fp8Operand weight_t, Fp8Operand inp_t, int N, int C, int OC,
+                                   const floatX* pre_gelu) {
     if (dinp != NULL) {
-        MatmulSpec dgrad = matmul_dgrad_fp8_spec(dinp, dout, weight_t, N, C, OC);
+        MatmulSpec dgrad = matmul_dgrad_fp8_spec(dinp, dout, weight_t, N, C, OC, pre_gelu);
         if (!matmul_cublaslt_supported(&dgrad)) { return false; }
     }
     if (dweight != NULL) {

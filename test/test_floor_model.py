@@ -37,10 +37,11 @@ def trainer_marks():
 def all_runs(**shape):
     """one Run per combination of the flags the model distinguishes"""
     bf16 = [fm.Run(precision="bf16", optimizer=o, master=m, recompute=r, gelu_fusion=g, **shape)
-            for o, m, r, g in itertools.product(fm.OPTIMIZERS, (True, False), (0, 1, 2), (True, False))]
-    fp8 = [fm.Run(precision="fp8", recipe=rc, weight_scaling=w, lm_head=h, optimizer=o, master=m, recompute=r, **shape)
-           for rc, w, h, o, m, r in itertools.product(fm.RECIPES, fm.WEIGHT_SCALINGS, ("bf16", "fp8"), fm.OPTIMIZERS,
-                                                      (True, False), (0, 1, 2))]
+            for o, m, r, g in itertools.product(fm.OPTIMIZERS, (True, False), (0, 1, 2), (0, 1, 2))]
+    fp8 = [fm.Run(precision="fp8", recipe=rc, weight_scaling=w, lm_head=h, optimizer=o, master=m, recompute=r,
+                  gelu_fusion=g, **shape)
+           for rc, w, h, o, m, r, g in itertools.product(fm.RECIPES, fm.WEIGHT_SCALINGS, ("bf16", "fp8"), fm.OPTIMIZERS,
+                                                         (True, False), (0, 1, 2), (1, 2))]
     return bf16 + fp8
 
 
@@ -118,6 +119,22 @@ def test_fc_output_gradient_pass_current_vs_block():
     assert (gelu.bytes, bias.bytes) == (n * 6, n * (2 + 4 / 128))
 
 
+def test_gelu_backward_in_the_dgrad_epilogue():
+    """-ge 2: fcproj's dgrad GEMM reads the pre-activation (2 bytes per element of its output) and fc's dy pass
+    no longer reads it nor writes the product: bf16 loses its gelu bwd kernel, FP8's amax pass 4 of its bytes"""
+    n = N * 4 * C
+    for precision in ("bf16", "fp8"):
+        plain = kernels("matmul fcproj bwd", "fcproj dgrad GEMM", precision=precision)
+        fused = kernels("matmul fcproj bwd", "fcproj dgrad GEMM (DGELU", precision=precision, gelu_fusion=2)
+        assert len(plain) == len(fused) == 12 and "DGELU" not in plain[0].what
+        assert fused[0].bytes == plain[0].bytes + n * 2 and fused[0].flops == plain[0].flops
+    assert kernels("gelu bwd", "", precision="bf16", gelu_fusion=2) == []
+    amax, cast = kernels("matmul fc bwd", "fc dy", precision="fp8", recipe="current", gelu_fusion=2)[:2]
+    assert (amax.bytes, cast.bytes) == (n * (2 + 4 / 128), n * (2 + 2))
+    [one] = kernels("matmul fc bwd", "fc dy", precision="fp8", recipe="delayed", grad_scaling="delayed", gelu_fusion=2)[:1]
+    assert one.bytes == n * (2 + 2 + 4 / 128)
+
+
 @pytest.mark.parametrize("optimizer, master, persistent", [
     ("adamw", True, 16.0), ("adamw", False, 12.0),
     ("adamw8", True, 8 + 2 + 8 / 256), ("adamw8", False, 4 + 2 + 8 / 256),  # DESIGN.md section 4: 10.03, 6.03
@@ -164,7 +181,7 @@ def test_fp8_gemms_move_fewer_bytes_and_floors_are_consistent():
     def gemms(run):
         return [k for k in fm.step_kernels(run) if k.kind == "gemm"]
 
-    bf16 = gemms(fm.Run(gelu_fusion=False, **SMALL))  # fc's forward is then marked as in FP8
+    bf16 = gemms(fm.Run(gelu_fusion=0, **SMALL))  # fc's forward is then marked as in FP8
     for recipe in fm.RECIPES:
         fp8 = gemms(fm.Run(precision="fp8", recipe=recipe, lm_head="fp8", **SMALL))
         assert [(k.region, k.what) for k in bf16] == [(k.region, k.what) for k in fp8]
@@ -199,7 +216,7 @@ def test_comparison_table_splits_gemms_attention_and_the_rest():
 
 @pytest.mark.parametrize("argv", [
     ["--model", "d13"], ["--recipe", "fast"], ["--precision", "fp16"], ["-b", "0"], ["-b", "x"], ["-t", "2048"],
-    ["-r", "3"], ["--bf16-tflops", "0"], ["--bandwidth", "-1"], ["--device", "a100"], ["--bench", "/nonexistent.json"],
+    ["-r", "3"], ["--gelu-fusion", "3"], ["--bf16-tflops", "0"], ["--bandwidth", "-1"], ["--device", "a100"], ["--bench", "/nonexistent.json"],
 ])
 def test_cli_errors_are_one_line_and_exit_2(argv, capsys):
     assert fm.main(argv) == 2

@@ -26,7 +26,9 @@ Needs a GPU (make gpucheck); CI only compiles it.
   and E5M2) with power-of-two dequantization scales give exactly the integer sums rounded
   once to bf16: forward with fast accumulation (K = 32, partial sums below 2^12), forward
   without it and with the bias epilogue (K = 208), dgrad, wgrad accumulating into bf16 and
-  into fp32. The block recipe: data whose every tile amax is 14 * 2^-e (scales 32 * 2^e,
+  into fp32. dgrad through GELU (-ge 2's DGELU epilogue, where cuBLASLt has it with FP8
+  operands): the exact sums times GELU's derivative at the pre-activation, rounded once, within
+  the forward GELU epilogue's tolerance (cuBLASLt's formula, not ours). The block recipe: data whose every tile amax is 14 * 2^-e (scales 32 * 2^e,
   powers of two, different per tile) is exact too.
 - FP8 GEMMs on Gaussian data, each recipe, vs fp64 GEMMs of the unquantized bf16 data:
   SQNR >= 25 dB forward, >= 24 dB with an E5M2 operand (E5M2's own ceiling is ~25 dB, see
@@ -1003,12 +1005,36 @@ static void test_gemm_exact(int N, int C, int OC) {
     floatX* d_dinp = (floatX*)device_alloc(nx * 2);
     // the probe bench_gemm asks before it times a backward: yes for the layouts every FP8 linear runs
     CHECK(matmul_backward_fp8_supported(d_dinp, d_out, CUDA_R_16BF, edy.operand, edyt.operand, ewt.operand, ext.operand,
-                                        N, C, OC), "%s: matmul_backward_fp8_supported says no to per-tensor E5M2 x E4M3", what);
-    matmul_backward_fp8(d_dinp, NULL, CUDA_R_16BF, edy.operand, edyt.operand, ewt.operand, ext.operand, N, C, OC, 0);
+                                        N, C, OC, NULL), "%s: matmul_backward_fp8_supported says no to per-tensor E5M2 x E4M3", what);
+    matmul_backward_fp8(d_dinp, NULL, CUDA_R_16BF, edy.operand, edyt.operand, ewt.operand, ext.operand, N, C, OC, NULL, 0);
     expected = host_gemm_nt(dyq, wtq, NULL, N, C, OC);
     got = download_bf16_as_floats(d_dinp, nx);
     CHECK(count_bf16_inexact(got, expected, nx, what) == 0, "%s: not the exact sums rounded once to bf16", what);
     free(got);
+
+    // dgrad through GELU (-ge 2): the same sums times gelu'(pre-activation) in the DGELU epilogue
+    snprintf(what, sizeof(what), "fp8 dgrad through GELU N=%d C=%d OC=%d", N, C, OC);
+    float* pre = host_integers(nx, -15, 15);
+    for (size_t i = 0; i < nx; i++) { pre[i] /= 4.0f; }  // -3.75 .. 3.75, exact in bf16
+    floatX* d_pre_gelu = device_bf16_from(pre, nx);
+    if (matmul_backward_fp8_supported(d_dinp, NULL, CUDA_R_16BF, edy.operand, edyt.operand, ewt.operand, ext.operand,
+                                      N, C, OC, d_pre_gelu)) {
+        matmul_backward_fp8(d_dinp, NULL, CUDA_R_16BF, edy.operand, edyt.operand, ewt.operand, ext.operand, N, C, OC,
+                            d_pre_gelu, 0);
+        got = download_bf16_as_floats(d_dinp, nx);
+        size_t far = 0;
+        for (size_t i = 0; i < nx; i++) {
+            double want = expected[i] * gelu_backward_element(pre[i]);
+            far += fabs(got[i] - want) > 2e-3 * fabs(expected[i]) + fabs(want) / 128.0;
+        }
+        CHECK(far == 0, "%s: %zu of %zu outputs off the sums times gelu'(pre)", what, far, nx);
+        printf("fp8 dgrad: cuBLASLt has the DGELU epilogue with FP8 operands (-p fp8 -ge 2 runs)\n");
+        free(got);
+    } else {
+        printf("fp8 dgrad: cuBLASLt has NO DGELU epilogue with FP8 operands (-p fp8 -ge 2 stops at its first backward)\n");
+    }
+    cudaCheck(cudaFree(d_pre_gelu));
+    free(pre);
     free(expected);
 
     // wgrad: dW += dy^T x from dy^T (E5M2) and x^T (K = N), into bf16 and into fp32
@@ -1016,7 +1042,7 @@ static void test_gemm_exact(int N, int C, int OC) {
         snprintf(what, sizeof(what), "fp8 wgrad exact into %s N=%d C=%d OC=%d", fp32 ? "fp32" : "bf16", N, C, OC);
         void* d_dw = fp32 ? (void*)device_floats_from(dw0, nw) : (void*)device_bf16_from(dw0, nw);
         matmul_backward_fp8(NULL, d_dw, fp32 ? CUDA_R_32F : CUDA_R_16BF, edy.operand, edyt.operand, ewt.operand,
-                            ext.operand, N, C, OC, 0);
+                            ext.operand, N, C, OC, NULL, 0);
         expected = host_gemm_nt(dytq, xtq, dw0, OC, C, N);
         if (fp32) {
             float* g = (float*)download(d_dw, nw * sizeof(float));
@@ -1101,7 +1127,7 @@ static void test_gemm_block_exact(int N, int C, int OC) {
     snprintf(what, sizeof(what), "fp8 block dgrad exact N=%d C=%d OC=%d", N, C, OC);
     floatX* d_dinp = (floatX*)device_alloc(nx * 2);
     matmul_backward_fp8(d_dinp, NULL, CUDA_R_16BF, fp8_operand(&fdy.out, false), fp8_operand(&fdy.out, true),
-                        fp8_operand(&fw.out, true), fp8_operand(&fx.out, true), N, C, OC, 0);
+                        fp8_operand(&fw.out, true), fp8_operand(&fx.out, true), N, C, OC, NULL, 0);
     expected = host_gemm_nt(dy, wt, NULL, N, C, OC);
     got = download_bf16_as_floats(d_dinp, nx);
     CHECK(count_bf16_inexact(got, expected, nx, what) == 0, "%s: not the exact sums rounded once to bf16", what);
@@ -1110,7 +1136,7 @@ static void test_gemm_block_exact(int N, int C, int OC) {
     snprintf(what, sizeof(what), "fp8 block wgrad exact N=%d C=%d OC=%d", N, C, OC);
     floatX* d_dw = device_bf16_from(dw0, nw);
     matmul_backward_fp8(NULL, d_dw, CUDA_R_16BF, fp8_operand(&fdy.out, false), fp8_operand(&fdy.out, true),
-                        fp8_operand(&fw.out, true), fp8_operand(&fx.out, true), N, C, OC, 0);
+                        fp8_operand(&fw.out, true), fp8_operand(&fx.out, true), N, C, OC, NULL, 0);
     expected = host_gemm_nt(dyt, xt, dw0, OC, C, N);
     got = download_bf16_as_floats(d_dw, nw);
     CHECK(count_bf16_inexact(got, expected, nw, what) == 0, "%s: not init + the exact sums rounded once", what);
@@ -1161,7 +1187,7 @@ static void test_gemm_sqnr(int N, int C, int OC, bool block) {
     floatX* d_dw = device_bf16_from(zeros, nw);
     matmul_forward_fp8(d_out, fp8_operand(&fx.out, false), fp8_operand(&fw.out, false), NULL, N, C, OC, NULL, 0);
     matmul_backward_fp8(d_dinp, d_dw, CUDA_R_16BF, fp8_operand(&fdy.out, false), fp8_operand(&fdy.out, true),
-                        fp8_operand(&fw.out, true), fp8_operand(&fx.out, true), N, C, OC, 0);
+                        fp8_operand(&fw.out, true), fp8_operand(&fx.out, true), N, C, OC, NULL, 0);
     float* xt = transpose_host(x, N, C); float* wt = transpose_host(w, OC, C); float* dyt = transpose_host(dy, N, OC);
     double* ref_out = host_gemm_nt(x, w, NULL, N, OC, C);
     double* ref_dinp = host_gemm_nt(dy, wt, NULL, N, C, OC);

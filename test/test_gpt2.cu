@@ -2,8 +2,9 @@
 test_gpt2.cu: the whole GPU model against the CPU reference, and the trainer's
 bitwise-reproducibility promises. Runs on an H100/H200 (make gpucheck).
 
-1. d12 at B=4, T=64, one forward + backward, both attention backends: logits, loss and
-   every parameter gradient against test/gpt2_ref.h (fp32). Tolerances are relative L2
+1. d12 at B=4, T=64, one forward + backward, both attention backends, and the fallback with
+   -ge 2 (GELU's derivative in fcproj's dgrad epilogue): logits, loss and every parameter
+   gradient against test/gpt2_ref.h (fp32). Tolerances are relative L2
    errors per tensor, sized for bf16 activations, weights and gradients (8 mantissa bits,
    relative rounding 2^-9 per op, accumulated over 12 layers): logits 2e-2, gradients 5e-2,
    loss 2e-2 absolute at ln(V) ~ 10.8.
@@ -11,15 +12,19 @@ bitwise-reproducibility promises. Runs on an H100/H200 (make gpucheck).
 3. Determinism: two runs of 10 steps from the same init give bitwise equal losses and weights.
 4. Recompute changes memory, not results: -r 1 and -r 2 bitwise equal, and -r 0 and -r 1
    with -ge 0 (a fused-GELU forward uses cuBLASLt's GELU, the recompute llm8's kernel).
+   -ge 2 is deterministic, tracks -ge 1 within 1% per step, in bf16 and in FP8 (delayed), and
+   is not -ge 1's bits (the epilogue's product is rounded once, the kernel's twice).
 5. Resume: 10 steps straight vs 5 steps, checkpoint, a fresh model loaded from it, 5 more
    steps: bitwise equal losses and weights.
 FP8 (-p fp8), against the reference with FP8 emulation (gpt2ref_set_fp8_emulation, the same
 recipe, linears and quantization points):
 6. One forward + backward after two warm-up micro-steps (so delayed scales come from a
-   history), for delayed on d12, current and block with lm_head in FP8 on d6, block with
-   lm_head on a 2-layer model of C = 192 (whose tiles along K end short, as d48's), and delayed
-   and block on d6 with the passes chosen per linear (fp8_settings_per_linear: forward
-   alone, dgrad alone, wgrad alone, both backward GEMMs without the forward). The GPU
+   history), for delayed on d12 (also with -ge 2: GELU's derivative in fcproj's FP8 dgrad
+   epilogue, fc's dy amax pass without it), current and block with lm_head in FP8 on d6, block
+   with lm_head on a 2-layer model of C = 192 (whose tiles along K end short, as d48's), and
+   delayed (also -ge 2: DGELU in fcproj's bf16 dgrad before fc's FP8 one) and block on d6 with
+   the passes chosen per linear (fp8_settings_per_linear: forward alone, dgrad alone, wgrad
+   alone, both backward GEMMs without the forward). The GPU
    casts bf16-rounded activations where the reference casts fp32 ones, so some codes round
    the other way. For a quantizer of step D, a perturbation d << D flips a rounding with
    probability ~|d|/D and each flip moves the value by D: the difference has variance
@@ -172,12 +177,13 @@ static Fp8Settings fp8_settings_per_linear(int recipe) {
     return s;
 }
 
-static void test_forward_backward_vs_reference(AttentionBackend backend, const char* backend_name, cudaStream_t stream) {
+static void test_forward_backward_vs_reference(AttentionBackend backend, const char* backend_name, int gelu_fusion,
+                                               cudaStream_t stream) {
     GPT2Config cfg = test_model_config(TEST_MODEL_LARGE);
     float* params = random_params(&cfg);
     attention_setup(backend);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, NULL, NULL, 0, 0, stream);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, gelu_fusion, 0, ADAMW8_SELECT_DEFAULT, NULL, NULL, 0, 0, stream);
     GPT2Ref ref;
     gpt2ref_init(&ref, &cfg, params);
     DataLoader loader;
@@ -352,13 +358,13 @@ static void check_quantizes_like_emulation(const char* name, const char* what, i
           name, what, gpu_vs_fp32, emulated_vs_fp32);
 }
 
-static void test_fp8_forward_backward_vs_reference(TestModel size, const Fp8Settings* fp8, int chained, const char* name,
-                                                   cudaStream_t stream) {
+static void test_fp8_forward_backward_vs_reference(TestModel size, const Fp8Settings* fp8, int chained, int gelu_fusion,
+                                                   const char* name, cudaStream_t stream) {
     GPT2Config cfg = test_model_config(size);
     float* params = random_params(&cfg);
     attention_setup(TRAINING_ATTENTION);
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, 0, stream);
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, gelu_fusion, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, 0, stream);
     GPT2Ref emulated, fp32;
     gpt2ref_init(&emulated, &cfg, params);
     gpt2ref_init(&fp32, &cfg, params);
@@ -568,9 +574,10 @@ int main(void) {
     matmul_setup();
 
 #ifndef LLM8_NO_CUDNN
-    test_forward_backward_vs_reference(ATTENTION_CUDNN, "cudnn", stream);
+    test_forward_backward_vs_reference(ATTENTION_CUDNN, "cudnn", 1, stream);
 #endif
-    test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback", stream);
+    test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback", 1, stream);
+    test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback -ge 2", 2, stream);
     test_training_trajectory_vs_reference(NULL, stream);
 
     RunRecord a = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);
@@ -588,6 +595,12 @@ int main(void) {
     RunRecord r1_unfused = train_run(3, 1, 0, NULL, 0, 0, NULL, -1, &ADAMW, stream);
     CHECK(memcmp(r0_unfused.losses, r1_unfused.losses, 3 * sizeof(float)) == 0, "-r 0 vs -r 1 (-ge 0): losses differ");
     CHECK(same_bits(r0_unfused.weights, r1_unfused.weights, n), "-r 0 vs -r 1 (-ge 0): final weights differ");
+    RunRecord dgelu = train_run(10, 1, 2, NULL, 0, 0, NULL, -1, &ADAMW, stream);
+    RunRecord dgelu_again = train_run(10, 1, 2, NULL, 0, 0, NULL, -1, &ADAMW, stream);
+    CHECK(memcmp(dgelu.losses, dgelu_again.losses, sizeof(dgelu.losses)) == 0, "-ge 2: two identical runs: losses differ");
+    CHECK(same_bits(dgelu.weights, dgelu_again.weights, n), "-ge 2: two identical runs: final weights differ");
+    CHECK(!same_bits(dgelu.weights, a.weights, n), "-ge 2: the weights equal -ge 1's: the DGELU epilogue never ran");
+    check_losses_track(&dgelu, &a, 0, "-ge 2 vs -ge 1");
 
     const char* dir = "build/test_gpt2_ckpt";
     ensure_writable_dir(dir);
@@ -598,19 +611,22 @@ int main(void) {
     CHECK(same_bits(straight.weights, a.weights, n), "the checkpointing run differs from a plain run");
 
     free(b.weights); free(r1.weights); free(r2.weights); free(r0_unfused.weights); free(r1_unfused.weights); free(resumed.weights);
+    free(dgelu.weights); free(dgelu_again.weights);
 
     // FP8
     Fp8Settings delayed = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS);
     Fp8Settings current_lm_head = fp8_settings_of(FP8_MODEL_CURRENT, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
     Fp8Settings block_lm_head = fp8_settings_of(FP8_MODEL_BLOCK, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, "fp8 delayed", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &current_lm_head, 1, "fp8 current+lm_head", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_lm_head, 1, "fp8 block+lm_head", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_UNEVEN, &block_lm_head, 1, "fp8 block+lm_head, C=192", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 1, "fp8 delayed", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 2, "fp8 delayed -ge 2", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &current_lm_head, 1, 1, "fp8 current+lm_head", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_lm_head, 1, 1, "fp8 block+lm_head", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_UNEVEN, &block_lm_head, 1, 1, "fp8 block+lm_head, C=192", stream);
     Fp8Settings delayed_per_linear = fp8_settings_per_linear(FP8_MODEL_DELAYED);
     Fp8Settings block_per_linear = fp8_settings_per_linear(FP8_MODEL_BLOCK);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 0, "fp8 delayed, passes per linear", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_per_linear, 0, "fp8 block, passes per linear", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 0, 1, "fp8 delayed, passes per linear", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 0, 2, "fp8 delayed, passes per linear -ge 2", stream);
+    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_per_linear, 0, 1, "fp8 block, passes per linear", stream);
     Fp8Settings delayed_weights = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
     delayed_weights.weight_scaling = FP8_WEIGHTS_DELAYED;  // -fw delayed: the optimizer pass writes the weights' codes
     delayed_weights.grad_scaling = FP8_GRADS_DELAYED;      // -fg delayed: dy cast in one pass after the first backward
@@ -642,6 +658,11 @@ int main(void) {
         if (k == 0) { fp8_delayed_adamw = fa; } else { free(fa.weights); }
         free(fb.weights); free(evaluated.weights); free(fstraight.weights); free(fresumed.weights);
     }
+
+    RunRecord fp8_dgelu = train_run(10, 1, 2, NULL, 0, 0, &delayed, -1, &ADAMW, stream);
+    check_losses_track(&fp8_dgelu, &fp8_delayed_adamw, 0, "fp8 delayed: -ge 2 vs -ge 1");
+    CHECK(!same_bits(fp8_dgelu.weights, fp8_delayed_adamw.weights, n), "fp8 delayed -ge 2: the weights equal -ge 1's");
+    free(fp8_dgelu.weights);
 
     test_adamw8_runs(&a, dir, &straight, &delayed, &fp8_delayed_adamw, n, stream);
     free(fp8_delayed_adamw.weights);

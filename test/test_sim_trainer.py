@@ -5,6 +5,7 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   log and checkpoints: exit 0, loss finite and falling, main.log in llm.c's line format,
   main.jsonl, numerics.jsonl rows for every FP8 tensor, DONE markers;
 - -y 1 resumes bitwise: the resumed steps print the losses of the uninterrupted run;
+- -ge 2 (GELU's derivative in fcproj's dgrad epilogue), bf16 and FP8: trains, tracking -ge 1;
 - a descriptor (-e tiny, and -y 1 with no checkpoint yet) draws train_gpt2cpu's random init;
   -x -1 trains one epoch;
 - a run whose every forward overflows (a weight of 3e38): its non-finite steps are counted
@@ -142,6 +143,22 @@ def test_delayed_gradient_scaling_is_honoured(workdir):
         runs[grads] = (losses(r.stdout), open(out / "model_00000003.bin", "rb").read())
     assert runs["current"][0][1] == runs["delayed"][0][1]
     assert runs["current"][1] != runs["delayed"][1], "-fg delayed trained like -fg current"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_gelu_backward_in_the_dgrad_epilogue(workdir, precision):
+    """-ge 2 (llm.c's flag): fcproj's dgrad GEMM multiplies by GELU's derivative (DGELU) instead of a pass over fc's
+    output gradient; the first forward is -ge 1's, and the losses after it track -ge 1's within 1% on other bits"""
+    runs = {}
+    for gelu_fusion in (1, 2):
+        out = workdir / f"gelu_fusion_{precision}_{gelu_fusion}"
+        r = train(workdir, ["-p", precision, "-ge", gelu_fusion, "-x", 3, "-v", 0, "-s", 0, "-n", 3, "-o", out])
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"gelu fusion {gelu_fusion}" in r.stdout, r.stdout[:2000]
+        runs[gelu_fusion] = (losses(r.stdout), open(out / "model_00000003.bin", "rb").read())
+    assert runs[1][0][1] == runs[2][0][1]
+    assert all(abs(runs[2][0][s] - runs[1][0][s]) <= 0.01 * abs(runs[1][0][s]) for s in (2, 3)), runs
+    assert runs[1][1] != runs[2][1], "-ge 2 trained like -ge 1"
 
 
 def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):

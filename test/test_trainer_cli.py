@@ -77,6 +77,9 @@ class TestBadInput:
     def test_flag_out_of_range(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-r", 7])), "-r", "7", "0..2")
 
+    def test_gelu_fusion_out_of_range(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-ge", 3])), "-ge", "3", "0..2")
+
     @pytest.mark.parametrize("flag,value", [("-sl", -1), ("-sg", -0.5), ("-lg", -2)])
     def test_outlier_skip_flag_out_of_range(self, binary, data, flag, value):
         assert_one_line_error(run(binary, base_args(data, [flag, value])), flag, str(value))

@@ -300,7 +300,7 @@ static void bench_fp8_forward_with_cast(LinearBench* b, cudaStream_t stream) {
 
 static void bench_fp8_backward_gemms(LinearBench* b, const Fp8CastOutput* dy8, cudaStream_t stream) {
     matmul_backward_fp8(b->dinp, b->dw, CUDA_R_16BF, fp8_operand(dy8, false), fp8_operand(dy8, true),
-                        fp8_operand(&b->w8, true), fp8_operand(&b->x8, true), b->BT, b->K, b->OC, stream);
+                        fp8_operand(&b->w8, true), fp8_operand(&b->x8, true), b->BT, b->K, b->OC, NULL, stream);
 }
 
 static void bench_fp8_backward(LinearBench* b, cudaStream_t stream) { bench_fp8_backward_gemms(b, &b->dy8, stream); }
@@ -374,7 +374,7 @@ static const char* bench_block_skip_reason(const LinearBench* b, const char* lin
                                                 b->BT, b->K, b->OC, NULL);
     bool backward = matmul_backward_fp8_supported(b->dinp, b->dw, CUDA_R_16BF, fp8_operand(&b->dy8, false),
                                                   fp8_operand(&b->dy8, true), fp8_operand(&b->w8, true),
-                                                  fp8_operand(&b->x8, true), b->BT, b->K, b->OC);
+                                                  fp8_operand(&b->x8, true), b->BT, b->K, b->OC, NULL);
     if (forward && backward) { return NULL; }
     snprintf(buffer, size, "block recipe not measured: this cuBLASLt has no block-scaled algorithm for %s's %s "
              "(BT=%d, K=%d, OC=%d)", linear, forward ? "backward" : "forward", b->BT, b->K, b->OC);

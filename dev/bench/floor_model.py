@@ -91,7 +91,7 @@ class Run:
     lm_head: str = "bf16"       # bf16, or fp8 (-f8 all)
     optimizer: str = "adamw"    # -opt
     master: bool = True         # -w
-    gelu_fusion: bool = True    # -ge (bf16 fc only)
+    gelu_fusion: int = 1        # -ge: 1 GELU in bf16 fc's forward epilogue, 2 also DGELU in fcproj's dgrad
 
     @property
     def fp8(self):
@@ -132,6 +132,8 @@ def check_run(run):
         raise CliError(f"B={run.B}, T={run.T}: expected B > 0 and 0 < T <= {scaling_model.MAX_SEQ_LEN}")
     if run.recompute not in (0, 1, 2):
         raise CliError(f"recompute {run.recompute}: expected 0, 1 or 2")
+    if run.gelu_fusion not in (0, 1, 2):
+        raise CliError(f"gelu fusion {run.gelu_fusion}: expected 0, 1 or 2")
 
 
 def distinct_tokens(n):
@@ -164,9 +166,10 @@ def step_kernels(run):
     def add(region, what, bytes_, flops=0.0, kind="memory", rate=""):
         rows.append(Kernel(region, what, kind, float(flops), rate, float(bytes_)))
 
-    def gemm(region, what, m, n, k, a_bytes, b_bytes, out_bytes, fp8, accumulate=False):
-        """out [m][n] = a [m][k] b [k][n]: both operands read once, the output written (and read, when accumulated)"""
-        moved = m * k * a_bytes + k * n * b_bytes + m * n * out_bytes * (2 if accumulate else 1)
+    def gemm(region, what, m, n, k, a_bytes, b_bytes, out_bytes, fp8, accumulate=False, aux_in_bytes=0):
+        """out [m][n] = a [m][k] b [k][n]: both operands read once, the output written (and read, when
+        accumulated); aux_in_bytes per output element: an epilogue input (DGELU's pre-activation)"""
+        moved = m * k * a_bytes + k * n * b_bytes + m * n * (out_bytes * (2 if accumulate else 1) + aux_in_bytes)
         add(region, what, moved, 2.0 * m * n * k, "gemm", "fp8" if fp8 else "bf16")
 
     def layernorm_forward(region, what, fused, fp8_out):
@@ -194,10 +197,11 @@ def step_kernels(run):
         else:  # cuBLASLt's GELU_AUX epilogue writes the pre-activation beside GELU's output
             gemm(region, f"{name} forward GEMM", N, OC, K, BF16, BF16, BF16 * (2 if gelu_aux else 1), False)
 
-    def linear_backward(region, name, K, OC, fp8, bias=True, gelu=False, codes_from_producer=False):
+    def linear_backward(region, name, K, OC, fp8, bias=True, gelu=False, dgrad_gelu=False, codes_from_producer=False):
         """dgrad, wgrad (accumulated into the bf16 gradient) and the bias gradient of one linear;
         gelu: dout is first multiplied by gelu'(pre_gelu) (fc): pre_gelu read, and the product written
         back into dout where a later pass reads it (not by the one-pass cast: both GEMMs read codes);
+        dgrad_gelu: the dgrad GEMM's DGELU epilogue multiplies dinp by gelu'(pre_gelu) (fcproj, -ge 2);
         codes_from_producer: per tensor, dout's producer wrote its codes (the classifier's, with the scale
         of the gradients' bound), so only their transpose is left"""
         n = N * OC
@@ -216,7 +220,8 @@ def step_kernels(run):
             if bias:
                 add(region, f"{name} bias gradient", n * (BF16 + partials))
         x, dy = (code, code) if fp8 else (BF16, BF16)
-        gemm(region, f"{name} dgrad GEMM", N, K, OC, dy, FP8 if fp8 else BF16, BF16, fp8)
+        gemm(region, f"{name} dgrad GEMM{' (DGELU: pre-GELU read)' if dgrad_gelu else ''}", N, K, OC, dy,
+             FP8 if fp8 else BF16, BF16, fp8, aux_in_bytes=BF16 if dgrad_gelu else 0)
         gemm(region, f"{name} wgrad GEMM", OC, K, N, dy, x, BF16, fp8, accumulate=True)
 
     P = shape.num_parameters
@@ -237,7 +242,7 @@ def step_kernels(run):
         if fp8_blocks:  # GELU is the element transform of fcproj's input cast; no bf16 GELU output
             linear_forward("matmul fc fwd", "fc", C, 4 * C, True)
             activation_cast("gelu+fp8 cast fwd", "GELU(pre-GELU) -> x, x^T of fcproj", N * 4 * C)
-        elif run.gelu_fusion:
+        elif run.gelu_fusion >= 1:
             linear_forward("matmul fc+gelu fwd", "fc", C, 4 * C, False, gelu_aux=True)
         else:
             linear_forward("matmul fc fwd", "fc", C, 4 * C, False)
@@ -266,10 +271,11 @@ def step_kernels(run):
     for l in range(L):
         if recompute_gelu:
             add("gelu recompute", "GELU", N * 4 * C * 2 * BF16)
-        linear_backward("matmul fcproj bwd", "fcproj", 4 * C, C, fp8_blocks)
+        dgelu_epilogue = run.gelu_fusion >= 2  # GELU's derivative in fcproj's dgrad, not on fc's dout
+        linear_backward("matmul fcproj bwd", "fcproj", 4 * C, C, fp8_blocks, dgrad_gelu=dgelu_epilogue)
         if recompute_layernorm:  # mean and rstd are not written again
             add("layernorm recompute", "ln2", N * C * 2 * BF16)
-        linear_backward("matmul fc bwd", "fc", C, 4 * C, fp8_blocks, gelu=True)
+        linear_backward("matmul fc bwd", "fc", C, 4 * C, fp8_blocks, gelu=not dgelu_epilogue)
         add("layernorm bwd", "ln2 backward", layernorm_backward_bytes)
         linear_backward("matmul attproj bwd", "attproj", C, C, fp8_blocks)
         # five causal products (the scores again, dV, dP, dQ, dK); qkv, out, dout, the statistics read, dqkv written
@@ -332,7 +338,7 @@ def step_floor_ms(run, device):
 
 
 def run_label(run):
-    master = "" if run.master else " -w 0"
+    master = ("" if run.master else " -w 0") + ("" if run.gelu_fusion == 1 else f" -ge {run.gelu_fusion}")
     if not run.fp8:
         return f"{run.model} bf16 {run.optimizer}{master}"
     head = ", lm_head fp8" if run.lm_head == "fp8" else ""
@@ -408,7 +414,7 @@ def run_from_record(record):
                weight_scaling=record["weight_scaling"] if fp8 and record["weight_scaling"] != "-" else "current",
                grad_scaling=record.get("grad_scaling", "current") if fp8 and record.get("grad_scaling") != "-" else "current",
                lm_head=record.get("lm_head", "bf16") if fp8 else "bf16", optimizer=record["optimizer"],
-               master=record.get("master_weights", True) is not False)
+               master=record.get("master_weights", True) is not False, gelu_fusion=record.get("gelu_fusion", 1))
 
 
 def measured_regions(breakdown):
@@ -464,7 +470,8 @@ def build_parser():
     p.add_argument("--lm-head", default="bf16", help="lm_head's precision in FP8 runs: bf16 or fp8")
     p.add_argument("--optimizer", default="adamw", help="adamw or adamw8")
     p.add_argument("--no-master", action="store_true", help="-w 0: no fp32 master weights")
-    p.add_argument("--no-gelu-fusion", action="store_true", help="-ge 0: bf16 GELU as a kernel of its own")
+    p.add_argument("--gelu-fusion", type=int, default=1,
+                   help="-ge: 0 bf16 GELU as a kernel of its own, 1 in bf16 fc's forward epilogue, 2 also DGELU in fcproj's dgrad")
     p.add_argument("--device", default="h100", help="datasheet ceilings: h100 or h200")
     p.add_argument("--bf16-tflops", type=positive_float, help="override the bf16 matrix rate (TFLOP/s)")
     p.add_argument("--fp8-tflops", type=positive_float, help="override the FP8 matrix rate (TFLOP/s)")
@@ -487,7 +494,7 @@ def run(argv):
         return bench_tables(args.bench, device)
     runs = [Run(model=args.model, B=args.b, T=args.t, recompute=args.r, precision=p, recipe=args.recipe,
                 weight_scaling=args.weight_scaling, grad_scaling=args.grad_scaling, lm_head=args.lm_head, optimizer=args.optimizer,
-                master=not args.no_master, gelu_fusion=not args.no_gelu_fusion) for p in args.precision]
+                master=not args.no_master, gelu_fusion=args.gelu_fusion) for p in args.precision]
     tables = [floor_table(r, device) for r in runs]
     if args.kernels:
         tables += [kernel_table(r, device, args.kernels) for r in runs]

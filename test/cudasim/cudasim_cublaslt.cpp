@@ -15,7 +15,7 @@ matrices are column-major: element (row, col) of a layout is at data[row + col *
 op(A) is m x k, op(B) k x n, C and D m x n; with beta == 0 C is not read (BLAS convention).
 The bias [m] is broadcast along the columns; GELU_AUX epilogues store the GELU input (after
 the bias) in the aux matrix [aux_ld x n], in D's type unless EPILOGUE_AUX_DATA_TYPE says
-otherwise. FP8 scale modes: SCALAR_32F, one float (NULL: 1); VEC128_32F, one float per row of
+otherwise; DGELU reads that matrix back and multiplies the product by GELU's derivative at it. FP8 scale modes: SCALAR_32F, one float (NULL: 1); VEC128_32F, one float per row of
 op(X)^T per 128 elements along K, rows fastest: scale[(k / 128) * rows + row];
 BLK128x128_32F, one float per 128x128 block, K blocks fastest, each row of blocks padded to a
 multiple of 4 floats: scale[(row / 128) * round_up(ceil(K / 128), 4) + k / 128] ("Scaling
@@ -26,7 +26,7 @@ dot product is accumulated in fp32 in a fixed order (16 lanes along K, then the 
 order), per 128-element K block when block scaling applies; the epilogue runs in fp32 and D
 is rounded once (bf16: round to nearest even). So results are deterministic and at least as
 accurate as a GPU's; FAST_ACCUM is accepted and changes nothing. The GELU epilogue is taken
-to be the tanh approximation: the documentation says only "GELU".
+to be the tanh approximation: the documentation says only "GELU"; DGELU is its exact derivative.
 
 Refused as the library refuses (the FP8 rules are those of cublasLtMatmul's "FP8" section for
 Hopper, sm_90, the GPU llm8 targets): FP8 operands not in the TN layout (A transposed, B not),
@@ -35,7 +35,7 @@ multiples of 16 bytes, FP8 matrix pointers not 16-byte aligned, block scaling ot
 VEC128 x VEC128, VEC128 x BLK128x128, BLK128x128 x VEC128, block scaling without both scale
 pointers or with scale arrays not 16-byte aligned, scale pointers or modes with non-FP8
 operands, a BIAS epilogue without its pointer, a GELU_AUX epilogue without its pointer or with
-an aux leading dimension below m or not a multiple of 8, layouts whose sizes do not fit
+an aux leading dimension below m or not a multiple of 8 (DGELU's too), layouts whose sizes do not fit
 together, a workspace not 256-byte aligned, and a pointer less aligned than the MIN_ALIGNMENT
 preference the algorithm was chosen for. What the emulation does not do (other types,
 epilogues, attributes, orders, batches) is refused too, with CUBLAS_STATUS_NOT_SUPPORTED and a
@@ -52,6 +52,8 @@ its stated size faults at cudasim's guard page.
 Where the documentation is ambiguous, the choice made: GELU is applied to the fp32
 pre-activation, not to the aux copy rounded to its type; block scaling with FAST_ACCUM is
 refused (DESIGN.md: the block modes "take no fast accumulation"; PyTorch refuses it too),
+DGELU with beta != 0 is refused as not emulated (whether C joins before the derivative is not
+said),
 while the epilogues are not restricted under block scaling (TransformerEngine uses only
 DEFAULT, BIAS and DGELU there); a pointer below the algorithm's promised alignment gets
 INVALID_VALUE (the documentation only says such algorithms are excluded by the preference).
@@ -283,7 +285,7 @@ struct Problem {
     uint64_t m, n, k;
     bool transpose_a, transpose_b;
     bool block_scaled;
-    bool has_bias, has_aux, gelu;
+    bool has_bias, has_aux, gelu, dgelu;
     cudaDataType_t bias_type, aux_type;
 };
 
@@ -291,7 +293,7 @@ bool epilogue_is_emulated(uint32_t epilogue) {
     switch (epilogue) {
         case CUBLASLT_EPILOGUE_DEFAULT: case CUBLASLT_EPILOGUE_BIAS:
         case CUBLASLT_EPILOGUE_GELU: case CUBLASLT_EPILOGUE_GELU_BIAS:
-        case CUBLASLT_EPILOGUE_GELU_AUX: case CUBLASLT_EPILOGUE_GELU_AUX_BIAS:
+        case CUBLASLT_EPILOGUE_GELU_AUX: case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: case CUBLASLT_EPILOGUE_DGELU:
             return true;
         default:
             return false;
@@ -396,10 +398,11 @@ cublasStatus_t check_problem_shape(Problem* p) {
     }
 
     REFUSE_IF(!epilogue_is_emulated(d.epilogue), CUBLAS_STATUS_NOT_SUPPORTED,
-              "epilogue %u is not emulated (DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS)", d.epilogue);
+              "epilogue %u is not emulated (DEFAULT, BIAS, GELU, GELU_BIAS, GELU_AUX, GELU_AUX_BIAS, DGELU)", d.epilogue);
     p->has_bias = (d.epilogue & CUBLASLT_EPILOGUE_BIAS) != 0;
     p->gelu = (d.epilogue & CUBLASLT_EPILOGUE_GELU) != 0;
-    p->has_aux = (d.epilogue & 128) != 0;  // the _AUX bit of cublasLtEpilogue_t
+    p->dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU;
+    p->has_aux = (d.epilogue & 128) != 0;  // the _AUX bit of cublasLtEpilogue_t: GELU_AUX writes it, DGELU reads it
     if (p->has_bias) {
         REFUSE_IF(d.bias == nullptr, CUBLAS_STATUS_INVALID_VALUE, "epilogue %u needs CUBLASLT_MATMUL_DESC_BIAS_POINTER", d.epilogue);
         // the documented default: D's type, but bf16 for FP8 GEMMs with an fp32 D
@@ -512,6 +515,14 @@ float gelu_tanh(float x) {
     return x / (1.0f + expf(-2.0f * y));
 }
 
+// the derivative of gelu_tanh: 0.5 (1 + tanh(y)) + 0.5 x (1 - tanh(y)^2) dy/dx
+float gelu_tanh_derivative(float x) {
+    const float sqrt_2_over_pi = 0.7978845608028654f;
+    const float tanh_y = tanhf(sqrt_2_over_pi * (x + 0.044715f * x * x * x));
+    const float dy_dx = sqrt_2_over_pi * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + tanh_y) + 0.5f * x * (1.0f - tanh_y * tanh_y) * dy_dx;
+}
+
 // libgomp's thread pool does not survive fork(): a forked child (the tests' CHECK_DIES) that
 // opens a parallel region after its parent did hangs, so a child computes on one thread
 bool in_forked_child = false;
@@ -551,7 +562,12 @@ void compute(const Problem& p, const Pointers& data, float alpha, float beta) {
                 float value = alpha * product;
                 if (beta != 0.0f) { value += beta * load_element(data.c, c_layout.type, i + j * (size_t)c_layout.ld); }
                 if (p.has_bias) { value += load_element(desc.bias, p.bias_type, i); }
-                if (p.has_aux) { store_element(desc.aux, p.aux_type, i + j * (size_t)desc.aux_ld, value); }
+                const size_t aux_index = i + j * (size_t)desc.aux_ld;
+                if (p.dgelu) {
+                    value *= gelu_tanh_derivative(load_element(desc.aux, p.aux_type, aux_index));
+                } else if (p.has_aux) {
+                    store_element(desc.aux, p.aux_type, aux_index, value);
+                }
                 if (p.gelu) { value = gelu_tanh(value); }
                 store_element(data.d, d_layout.type, i + j * (size_t)d_layout.ld, value);
             }
@@ -697,6 +713,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
 
     const float alpha_value = *(const float*)alpha, beta_value = *(const float*)beta;
     REFUSE_IF(beta_value != 0.0f && C == nullptr, CUBLAS_STATUS_INVALID_VALUE, "beta is not 0 but C is NULL");
+    REFUSE_IF(beta_value != 0.0f && problem.dgelu, CUBLAS_STATUS_NOT_SUPPORTED, "DGELU with beta != 0 is not emulated");
     // C is not read when beta is 0 (and then may be anything)
     const void* matrices[4] = {A, B, beta_value != 0.0f ? C : D, D};
     uint32_t alignment[4];
