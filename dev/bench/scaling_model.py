@@ -447,7 +447,8 @@ def compute_from_targets(seq_len):
 def compute_from_bench(path, recipe, optimizer, weight_scaling="current", lm_head="bf16"):
     """one GPU's time per (model, precision) from bench.py's train records with fp32 master weights
     (the default): bf16 with `optimizer`, FP8 with `recipe`, `optimizer`, -fw `weight_scaling`,
-    lm_head in `lm_head` and -fg current (bench.py times several variants of a model; exactly one may match)"""
+    lm_head in `lm_head` and -fg current, all with -ge 1 (bench.py times several variants of a model; exactly one may
+    match)"""
     try:
         with open(path) as f:
             records = json.load(f)
@@ -461,7 +462,7 @@ def compute_from_bench(path, recipe, optimizer, weight_scaling="current", lm_hea
     for rec in records:
         if not isinstance(rec, dict) or "error" in rec or rec.get("optimizer") != optimizer:
             continue
-        if rec.get("benchmark", "train") != "train" or rec.get("master_weights") is False:
+        if rec.get("benchmark", "train") != "train" or rec.get("master_weights") is False or rec.get("gelu_fusion", 1) != 1:
             continue
         if rec.get("precision") == "fp8" and (rec.get("recipe") != recipe or rec.get("lm_head", lm_head) != lm_head
                                               or rec.get("weight_scaling", weight_scaling) not in (weight_scaling, "-")
