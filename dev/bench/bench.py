@@ -479,6 +479,14 @@ def pair_row(key, base, variant):
             "final_loss": (base["final_loss"], variant["final_loss"])}
 
 
+def pair_cells(row, ms_field):
+    """the cells a comparison row ends with: tok/s of each run, the second over the first, the ms of each of the
+    -kt 1 rows the comparison is about (ms_field), and the final loss of each"""
+    ms = ["n/a" if v is None else f"{v:.3f}" for v in row[ms_field]]
+    return (f"{row['tok_per_s'][0]:.0f} | {row['tok_per_s'][1]:.0f} | {row['speedup']:.3f}x | {ms[0]} | {ms[1]} | "
+            f"{row['final_loss'][0]:.4f} | {row['final_loss'][1]:.4f} |")
+
+
 def lm_head_comparison(records):
     """pairs each FP8 run with lm_head in FP8 with the same run with lm_head in bf16 (model, recipe,
     optimizer, -fw): tok/s and final loss of each, and FP8 lm_head over bf16"""
@@ -526,10 +534,8 @@ def gradient_scaling_markdown(rows):
            "current | delayed | final loss current | delayed |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        ms = ["n/a" if v is None else f"{v:.3f}" for v in row["block_backward_ms"]]
         out.append(f"| {row['model']} | {row['recipe']} | {row['optimizer']} | {row['weight_scaling']} | {row['lm_head']} | "
-                   f"{row['tok_per_s'][0]:.0f} | {row['tok_per_s'][1]:.0f} | {row['speedup']:.3f}x | {ms[0]} | {ms[1]} | "
-                   f"{row['final_loss'][0]:.4f} | {row['final_loss'][1]:.4f} |")
+                   + pair_cells(row, "block_backward_ms"))
     return "\n".join(out + [""])
 
 
@@ -556,10 +562,7 @@ def gelu_fusion_markdown(rows):
            "final loss -ge 1 | -ge 2 |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        ms = ["n/a" if v is None else f"{v:.3f}" for v in row["gelu_backward_ms"]]
-        out.append(f"| {row['model']} | {row['precision']} | {row['recipe']} | {row['tok_per_s'][0]:.0f} | "
-                   f"{row['tok_per_s'][1]:.0f} | {row['speedup']:.3f}x | {ms[0]} | {ms[1]} | "
-                   f"{row['final_loss'][0]:.4f} | {row['final_loss'][1]:.4f} |")
+        out.append(f"| {row['model']} | {row['precision']} | {row['recipe']} | " + pair_cells(row, "gelu_backward_ms"))
     return "\n".join(out + [""])
 
 
