@@ -12,10 +12,10 @@ output-gradient scaling (-fg delayed): an "FP8 output-gradient scaling" section 
 linears' backward time (where the dy passes are charged) beside -fg current's, the figures that
 pick -fg's default. The default FP8 run is also made with lm_head in FP8 (-f8 all): an "FP8
 lm_head" section sets its tok/s beside the bf16 lm_head's (lm_head's loss parity comes from
-scripts/compare_bf16_fp8.sh, dev/gpu_session.sh parity). The default bf16 and FP8 runs are also made with -ge 2
-(GELU's derivative in fcproj's dgrad epilogue): a "GELU backward fusion" section sets their
-tok/s and the time of the rows GELU's backward is charged to beside -ge 1's, the figures that
-pick -ge's default for both baselines. At d12 and d48 the bf16 runs of both
+scripts/compare_bf16_fp8.sh, dev/gpu_session.sh parity). The default bf16 and FP8 runs are
+also made with -ge 2 (GELU's derivative in fcproj's dgrad epilogue): a "GELU backward fusion"
+section sets their tok/s and the time of the rows GELU's backward is charged to beside -ge 1's,
+the figures that pick -ge's default for both baselines. At d12 and d48 the bf16 runs of both
 optimizers are also made without fp32 master weights (-w 0): a "Memory" section sets the
 persistent bytes per parameter and the optimizer state the trainer reports at startup beside
 the measured peak, for each optimizer and master-weight mode (DESIGN.md section 4). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs

@@ -15,8 +15,9 @@ matrices are column-major: element (row, col) of a layout is at data[row + col *
 op(A) is m x k, op(B) k x n, C and D m x n; with beta == 0 C is not read (BLAS convention).
 The bias [m] is broadcast along the columns; GELU_AUX epilogues store the GELU input (after
 the bias) in the aux matrix [aux_ld x n], in D's type unless EPILOGUE_AUX_DATA_TYPE says
-otherwise; DGELU reads that matrix back and multiplies the product by GELU's derivative at it. FP8 scale modes: SCALAR_32F, one float (NULL: 1); VEC128_32F, one float per row of
-op(X)^T per 128 elements along K, rows fastest: scale[(k / 128) * rows + row];
+otherwise; DGELU reads that matrix back and multiplies the product by GELU's derivative at it.
+FP8 scale modes: SCALAR_32F, one float (NULL: 1); VEC128_32F, one float per row of op(X)^T per
+128 elements along K, rows fastest: scale[(k / 128) * rows + row];
 BLK128x128_32F, one float per 128x128 block, K blocks fastest, each row of blocks padded to a
 multiple of 4 floats: scale[(row / 128) * round_up(ceil(K / 128), 4) + k / 128] ("Scaling
 factors layouts" in the cuBLAS documentation; rows are m for A, n for B).
@@ -52,10 +53,9 @@ its stated size faults at cudasim's guard page.
 Where the documentation is ambiguous, the choice made: GELU is applied to the fp32
 pre-activation, not to the aux copy rounded to its type; block scaling with FAST_ACCUM is
 refused (DESIGN.md: the block modes "take no fast accumulation"; PyTorch refuses it too),
-DGELU with beta != 0 is refused as not emulated (whether C joins before the derivative is not
-said),
 while the epilogues are not restricted under block scaling (TransformerEngine uses only
-DEFAULT, BIAS and DGELU there); a pointer below the algorithm's promised alignment gets
+DEFAULT, BIAS and DGELU there); DGELU with beta != 0 is refused as not emulated (whether C
+joins before the derivative is not said); a pointer below the algorithm's promised alignment gets
 INVALID_VALUE (the documentation only says such algorithms are excluded by the preference).
 */
 #include "cudasim.h"
