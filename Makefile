@@ -80,8 +80,12 @@ endif
 
 all: train_gpt2_fp8 train_gpt2cpu
 
+# CUDA 13 is what llm8 is built and tested with: cuBLASLt's 128-block FP8 scale modes (the block
+# recipe) and CUDA 13's runtime API; an older nvcc would fail deep inside a header instead
+NVCC_RELEASE = $(shell "$(NVCC)" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1.\2/p')
 check-cuda:
 	@test -x "$(NVCC)" || { echo "error: nvcc not found (looked on PATH and in /usr/local/cuda/bin); install the CUDA 13 toolkit or set NVCC=/path/to/nvcc" >&2; exit 1; }
+	@test "$$(echo "$(NVCC_RELEASE)" | cut -d. -f1)" -ge 13 2>/dev/null || { echo "error: $(NVCC) --version reports $(if $(NVCC_RELEASE),CUDA $(NVCC_RELEASE),no CUDA release); llm8 needs the CUDA 13 toolkit (set NVCC=/path/to/cuda-13/bin/nvcc)" >&2; exit 1; }
 
 check-nccl:
 	@test -n "$(NCCL_INCLUDE)" || { echo "error: NCCL not found in $(CUDA_HOME)/include or $(PY_SITE)/nvidia/nccl; install NCCL 2 (pip install nvidia-nccl-cu13) or set NCCL_INCLUDE and NCCL_LIB" >&2; exit 1; }

@@ -1,0 +1,95 @@
+"""
+The Makefile's toolchain checks (check-cuda, check-cudnn, check-nccl): a machine that lacks a
+piece, or has a CUDA older than 13, gets one `error:` line naming what is missing and how to
+supply it, and make stops before compiling anything. Each case runs make in the checkout with
+the variable that would point at the piece overridden (NVCC, CUDNN_INCLUDE,
+CUDNN_FRONTEND_PATH, NCCL_INCLUDE), so nothing on the machine has to be uninstalled; stand-in
+nvcc scripts report an old or an unreadable release.
+"""
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make(*args):
+    return subprocess.run(["make", "-s", "--no-print-directory", "-C", ROOT, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def error_lines(result):
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+def stand_in_nvcc(tmp_path, version_output):
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho '%s'\n" % version_output)
+    nvcc.chmod(0o755)
+    return str(nvcc)
+
+
+def test_the_machines_toolchain_passes():
+    result = make("check-cuda", "check-cudnn", "check-nccl")
+    assert result.returncode == 0, result.stderr
+    assert error_lines(result) == []
+
+
+def test_missing_nvcc(tmp_path):
+    result = make("check-cuda", "NVCC=%s" % (tmp_path / "nowhere" / "nvcc"))
+    assert result.returncode != 0
+    assert error_lines(result) == ["error: nvcc not found (looked on PATH and in /usr/local/cuda/bin); "
+                                   "install the CUDA 13 toolkit or set NVCC=/path/to/nvcc"]
+
+
+@pytest.mark.parametrize("output, reported", [
+    ("Cuda compilation tools, release 12.8, V12.8.93", "CUDA 12.8"),
+    ("Cuda compilation tools, release 9.2, V9.2.148", "CUDA 9.2"),
+    ("not an nvcc", "no CUDA release"),
+])
+def test_nvcc_older_than_cuda_13(tmp_path, output, reported):
+    nvcc = stand_in_nvcc(tmp_path, output)
+    result = make("check-cuda", "NVCC=" + nvcc)
+    assert result.returncode != 0
+    assert error_lines(result) == ["error: %s --version reports %s; llm8 needs the CUDA 13 toolkit "
+                                   "(set NVCC=/path/to/cuda-13/bin/nvcc)" % (nvcc, reported)]
+
+
+@pytest.mark.parametrize("release", ["13.0", "13.4", "14.1"])
+def test_nvcc_13_and_later_pass(tmp_path, release):
+    nvcc = stand_in_nvcc(tmp_path, "Cuda compilation tools, release %s, V%s.1" % (release, release))
+    result = make("check-cuda", "NVCC=" + nvcc)
+    assert result.returncode == 0, result.stderr
+
+
+def test_old_nvcc_stops_the_trainer_build_before_compiling(tmp_path):
+    # the stand-in records any call other than --version: none may come
+    calls = tmp_path / "calls"
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo 'release 12.4, V12.4.131'; exit 0; }\n"
+                    "echo \"$@\" >> %s\nexit 1\n" % calls)
+    nvcc.chmod(0o755)
+    result = make("train_gpt2_fp8", "NVCC=%s" % nvcc)
+    assert result.returncode != 0
+    assert len(error_lines(result)) == 1 and "reports CUDA 12.4" in error_lines(result)[0]
+    assert not calls.exists()
+
+
+@pytest.mark.parametrize("override, named", [
+    ("CUDNN_INCLUDE=", "error: cuDNN not found in"),
+    ("CUDNN_FRONTEND_PATH=", "error: cuDNN frontend headers (cudnn_frontend.h) not found"),
+])
+def test_missing_cudnn_names_the_package_and_no_cudnn(override, named):
+    result = make("check-cudnn", override)
+    assert result.returncode != 0
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith(named) and "NO_CUDNN=1" in lines[0]
+    assert make("check-cudnn", override, "NO_CUDNN=1").returncode == 0
+
+
+def test_missing_nccl():
+    result = make("check-nccl", "NCCL_INCLUDE=")
+    assert result.returncode != 0
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("error: NCCL not found in") and "nvidia-nccl-cu13" in lines[0]
