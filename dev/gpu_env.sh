@@ -4,6 +4,8 @@
 # `make env` runs it; paste its output into doc/gpu-environment.md when it changes.
 set -u
 section() { printf '\n## %s\n' "$1"; }
+section "Machine (kernel 4.4.0 is gVisor: no compute-sanitizer, no ncu counters there)"
+uname -r
 section "GPU and driver"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | head -5
 section "NVML (-lg)"
@@ -40,5 +42,9 @@ for h in /usr/local/cuda/include/cudnn_version.h $(python3 -c "import sysconfig;
 done
 section "NCCL and MPI"
 ls /usr/lib/x86_64-linux-gnu 2>/dev/null | grep -E '^libnccl' | head -3
+# the version the Makefile compares (2.30+ runs two ranks on one GPU)
+for h in /usr/local/cuda/include/nccl.h $(python3 -c "import sysconfig;print(sysconfig.get_paths()['purelib'])")/nvidia/nccl/include/nccl.h; do
+  [ -f "$h" ] && awk -v h="$h" '/define NCCL_MAJOR /{a=$3} /define NCCL_MINOR /{b=$3} /define NCCL_PATCH /{c=$3} END{print h ": NCCL " a "." b "." c}' "$h"
+done
 command -v mpirun && mpirun --version 2>&1 | head -1
-command -v nsys ncu 2>/dev/null
+command -v nsys ncu compute-sanitizer 2>/dev/null
