@@ -152,6 +152,13 @@ def write_exe(path, text):
     return str(path)
 
 
+def sigint_as_in_a_terminal():
+    """SIGINT at its default in the launcher, as a command typed at a terminal gets it: pytest run as a
+    background job of a script (or under nohup) passes SIGINT on ignored, and bash cannot trap a signal
+    ignored at its start, so the Ctrl-C test would measure how pytest was started, not the launcher"""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Env:
     """stand-ins and a clean environment for one test"""
 
@@ -208,7 +215,7 @@ class Env:
             else:
                 env[k] = str(v)
         return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env, cwd=cwd or self.tmp, start_new_session=True)
+                                env=env, cwd=cwd or self.tmp, start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
 
     def finish(self, proc, timeout):
         """(returncode, stdout, stderr); a run past timeout is killed (its whole session) and fails the test"""
