@@ -804,8 +804,8 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
         if (model->comm != NULL) {  // the weights whole again on every rank, FP8 ones cast with the global amax
             zero_comm_gather_weights(model->comm, &model->fp8, model->params, model->master, stream);
             profiler_mark("weight gather + fp8 weight casts");
-        } else {
-            fp8_model_weights_after_update(&model->fp8, model->master, model->params, stream);  // FP8 weights follow the update
+        } else if (model->fp8.num_linears > 0) {  // FP8 weights follow the update (a bf16 run has no row for it)
+            fp8_model_weights_after_update(&model->fp8, model->master, model->params, stream);
             profiler_mark("fp8 weight casts");
         }
     }
