@@ -6,9 +6,23 @@ C = 128 (two heads of 64, what the attention kernels serve; one 128-wide block f
 block recipe) and 997 tokens (like 50257, not a multiple of 8 or 128): a step of a few
 hundred tokens takes about a second on the CPU.
 """
+import os
+import subprocess
+
 import numpy as np
 
 LAYERS, HEADS, CHANNELS, VOCAB = 2, 2, 128, 997
+SIM_TRAINER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "sim", "train_gpt2_fp8")
+
+
+def train(workdir, args, model="model.bin", timeout=900, data="s_train_*.bin", val="s_val_*.bin"):
+    """one run of the cudasim trainer (build/sim/train_gpt2_fp8) in workdir, on this small model's
+    files there (write_run_files), at T=64 B=4; args go after these flags"""
+    if not os.path.exists(SIM_TRAINER):
+        import pytest  # only the pytest tests call this (gpu_trainer_ranks.py runs without pytest)
+        pytest.fail(f"{SIM_TRAINER} is not built (make build/sim/train_gpt2_fp8)")
+    cmd = [SIM_TRAINER, "-e", model, "-i", data, "-j", val, "-t", 64, "-b", 4] + list(args)
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=workdir)
 
 
 def write_model(path, layers=LAYERS, heads=HEADS, channels=CHANNELS, vocab=VOCAB, max_t=1024, seed=5,

@@ -10,17 +10,14 @@ profiler_mark calls); this checks them per run. The table itself: its header, a 
 with calls per step, a total row that is the rows' sum and shares that add up to 100%.
 Timings under cudasim are the CPU's and mean nothing; only the table's shape is checked.
 """
-import os
 import re
-import subprocess
 
 import pytest
 
 import sim_model
-from dev_modules import ROOT, load_dev_bench_module
+from dev_modules import load_dev_bench_module
 
 fm = load_dev_bench_module("floor_model")
-SIM_TRAINER = os.path.join(ROOT, "build", "sim", "train_gpt2_fp8")
 STEPS = 3  # the first step is left out of the breakdown (one-time setup): 2 are timed
 
 # (trainer flags, the floor model's Run fields for the same flags); -r is given everywhere since
@@ -61,11 +58,7 @@ def workdir(tmp_path_factory):
 
 def breakdown_of(workdir, flags):
     """the trainer's stdout from "kernel breakdown" on, as bench.py keeps it"""
-    if not os.path.exists(SIM_TRAINER):
-        pytest.fail(f"{SIM_TRAINER} is not built (make build/sim/train_gpt2_fp8)")
-    cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-j", "", "-t", 64, "-b", 4, "-x", STEPS,
-           "-s", 0, "-kt", 1] + flags
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=workdir)
+    result = sim_model.train(workdir, ["-x", STEPS, "-s", 0, "-kt", 1] + flags, val="", timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("kernel breakdown") == 1, result.stdout
     return result.stdout[result.stdout.index("kernel breakdown"):]
@@ -96,7 +89,6 @@ def test_the_breakdown_has_the_floor_models_regions(workdir, flags, run_fields):
 
 
 def test_without_kt_no_breakdown_is_printed(workdir):
-    cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-j", "", "-t", 64, "-b", 4, "-x", 2, "-s", 0]
-    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=workdir)
+    result = sim_model.train(workdir, ["-x", 2, "-s", 0], val="", timeout=300)
     assert result.returncode == 0, result.stderr
     assert "kernel breakdown" not in result.stdout

@@ -37,8 +37,9 @@ import pytest
 
 import sim_model
 
+from sim_model import SIM_TRAINER, train
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIM_TRAINER = os.path.join(ROOT, "build", "sim", "train_gpt2_fp8")
 STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
 
 
@@ -50,13 +51,6 @@ def workdir(tmp_path_factory):
     os.makedirs(d / "dev" / "data" / "hellaswag")
     sim_model.write_hellaswag(d / "dev" / "data" / "hellaswag" / "hellaswag_val.bin")
     return d
-
-
-def train(workdir, args, model="model.bin", timeout=900, data="s_train_*.bin"):
-    if not os.path.exists(SIM_TRAINER):
-        pytest.fail(f"{SIM_TRAINER} is not built (make build/sim/train_gpt2_fp8)")
-    cmd = [SIM_TRAINER, "-e", model, "-i", data, "-j", "s_val_*.bin", "-t", 64, "-b", 4] + list(args)
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=workdir)
 
 
 def losses(stdout):
