@@ -210,7 +210,8 @@ bench: train_gpt2_fp8 bench_gemm
 	$(PYTHON) dev/bench/bench.py $(BENCH_ARGS)
 
 env:
-	@bash dev/gpu_env.sh
+	@LLM8_NCCL="$(NCCL_INCLUDE) (nccl.h version codes, MAJOR*10000+MINOR*100+PATCH, 0 = none: $(CUDA_HOME)/include $(NCCL_CUDA_VERSION), pip's $(NCCL_PIP_VERSION))" \
+	    bash dev/gpu_env.sh
 
 clean:
 	rm -rf $(BUILD) train_gpt2_fp8 train_gpt2cpu bench_gemm
