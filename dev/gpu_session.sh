@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # make gpucheck in stages that each fit one call of the device tool (10 minutes at most a
-# call, 30 minutes a session; the machine goes back 30 s after a call, and a fresh one starts
-# bare, so run the stages back to back). Each stage first brings the build up to date (make
-# is incremental: a no-op on a warm machine, the whole build on a fresh one), then logs to
-# $LOG_DIR ($OUT when the device tool runs it, so the logs come back; else build/gpu-logs).
+# call, 15 minutes of device time a session, the machine's start and idle time included; the
+# machine goes back 30 s after a call, and a fresh one starts bare). Each stage first brings
+# the build up to date (make is incremental: a no-op on a warm machine, the whole build on a
+# fresh one), then logs to $LOG_DIR ($OUT when the device tool runs it, so the logs come back;
+# else build/gpu-logs).
 #
+#   bash dev/gpu_session.sh first   # a session's first call: env, the build, every GPU test binary,
+#                                   # then d12's quick benchmark, all within FIRST_S (420) seconds
+#                                   # (the tests until FIRST_BENCH_S (150) before the end, the
+#                                   # benchmark the rest); summary.txt says what ran and what not
 #   bash dev/gpu_session.sh build   # make env, the cuDNN frontend from .whl/, every GPU target
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
 #   bash dev/gpu_session.sh ranks [SECTIONS]  # test/gpu_trainer_ranks.py: 2 ranks on the one GPU (all
-#                                   # sections, or those named: trajectories resume reshard twins killed)
+#                                   # sections, or those named: trajectories resume reshard twins killed);
+#                                   # RANKS_S=N stops it after N seconds, its trainers with it
 #   bash dev/gpu_session.sh bench [MODELS]  # dev/bench/bench.py --quick (--only MODELS, e.g. d12 then d48
 #                                   # in two calls), its .md and .json written into the logs
-#   bash dev/gpu_session.sh parity  # loss parity on the offline corpus (carry dev/data/offline):
-#                                   # d12, PARITY_STEPS (2000) steps each of bf16, bf16 + adamw8,
-#                                   # FP8 delayed, FP8 delayed + adamw8, then FP8 delayed with an
-#                                   # FP8 lm_head, then FP8 delayed with -fg delayed
-#                                   # (scripts/compare_bf16_fp8.sh, three times: summary_*.md);
-#                                   # runs resume from their checkpoints, so a call that runs out
-#                                   # of time goes on in the next one on the same (warm) machine
+#   bash dev/gpu_session.sh parity [SETS]  # loss parity on the offline corpus (carry dev/data/offline):
+#                                   # d12, PARITY_STEPS (2000) steps a run; the sets (all, or those
+#                                   # named): optimizers (bf16, bf16 + adamw8, FP8 delayed, FP8 delayed
+#                                   # + adamw8), lm_head (bf16, FP8 delayed, FP8 delayed with an FP8
+#                                   # lm_head), fg_delayed (bf16, FP8 delayed, FP8 delayed with
+#                                   # -fg delayed): scripts/compare_bf16_fp8.sh once a set
+#                                   # (summary_SET.md, loss_SET.png); a run a set shares with an
+#                                   # earlier one is resumed, not trained again, and so is a run cut
+#                                   # off (checkpoints every 500 steps) on the same warm machine
 #   bash dev/gpu_session.sh sanitize  # compute-sanitizer memcheck over the kernel test binaries
 #                                     # (out-of-bounds and misaligned device accesses; a spare call)
 #
@@ -43,12 +51,66 @@ install_wheels() {
     fi
 }
 
+# [SECONDS]: stop the build after that long; -k: a target that fails leaves the others built,
+# so their tests still run. Without cuDNN or its frontend headers (.whl not carried) everything
+# is built with NO_CUDNN=1 (attention by llm8's own kernels), so the rest is still tested, and
+# build.log says so in its first line
 build_all() {
     install_wheels
-    make -j"$JOBS" PYTHON="$PYTHON" train_gpt2_fp8 bench_gemm gpu-tests 2>&1 | tee -a "$LOG_DIR/build.log" | tail -5
+    local no_cudnn=
+    if ! make -s PYTHON="$PYTHON" check-cudnn >/dev/null 2>&1; then
+        no_cudnn=NO_CUDNN=1
+        echo "build: NO_CUDNN=1, no cuDNN attention tested ($(make -s PYTHON="$PYTHON" check-cudnn 2>&1 | head -n 1))" \
+            | tee -a "$LOG_DIR/build.log"
+    fi
+    ${1:+timeout "$1"} make -k -j"$JOBS" PYTHON="$PYTHON" $no_cudnn train_gpt2_fp8 bench_gemm gpu-tests 2>&1 \
+        | tee -a "$LOG_DIR/build.log" | tail -5
+}
+
+# the GPU test binaries, the quick and basic ones first, so a budget cut leaves the largest
+# (test_gpt2: the whole model against the CPU reference) last; any other test/test_*.cu after them
+gpu_test_binaries() {
+    local first=(test_kernels test_matmul_attention test_fp8_kernels test_adamw8_gpu test_sparse_buffer
+                 test_multi_gpu test_gpt2)
+    local name
+    for name in "${first[@]}"; do echo "build/$name"; done
+    for name in test/test_*.cu; do
+        name=$(basename "$name" .cu)
+        [[ " ${first[*]} " == *" $name "* ]] || echo "build/$name"
+    done
 }
 
 case "$stage" in
+    first)
+        # one call, since a session's 15 minutes of device time hold one long call and a short one:
+        # everything is cut at FIRST_S, and summary.txt (printed last) says what was and was not reached
+        end=$(($(date +%s) + ${FIRST_S:-420}))
+        tests_end=$((end - ${FIRST_BENCH_S:-150}))
+        install_wheels
+        make env PYTHON="$PYTHON" >"$LOG_DIR/env.txt" 2>&1
+        build_all $((tests_end - $(date +%s)))
+        built=$(grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log")
+        mapfile -t tests < <(gpu_test_binaries)
+        TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 | tee "$LOG_DIR/gpu_tests.log"
+        left=$((end - $(date +%s)))
+        if [ "$left" -ge 20 ]; then
+            "$PYTHON" dev/bench/bench.py --quick --only d12 --time-limit "$left" --out "$LOG_DIR" 2>&1 | tee "$LOG_DIR/bench_d12.log"
+        else
+            echo "bench: not run, ${left} s left of FIRST_S" >"$LOG_DIR/bench_d12.log"
+        fi
+        {
+            echo "== first: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"
+            echo "build: $([ "$built" -eq 0 ] && echo ok || echo "$built make errors (build.log)")"
+            grep -h '^build: NO_CUDNN=1' "$LOG_DIR/build.log"
+            tail -n 1 "$LOG_DIR/gpu_tests.log"
+            grep -E '^(!!|-- |FAIL)' "$LOG_DIR/gpu_tests.log" | head -n 20
+            # the report's main table (one row per train run): its header up to the first blank line
+            awk '/^\| model \| precision \|/ {on = 1} on && /^$/ {exit} on' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
+            grep -h -E '^\*\*Incomplete' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
+            echo "bench: $(tail -n 1 "$LOG_DIR/bench_d12.log")"
+            echo "seconds used: $((${FIRST_S:-420} - end + $(date +%s))) of FIRST_S=${FIRST_S:-420}"
+        } | tee "$LOG_DIR/summary.txt"
+        ;;
     build)
         install_wheels
         make env PYTHON="$PYTHON" 2>&1 | tee "$LOG_DIR/env.txt"
@@ -59,7 +121,8 @@ case "$stage" in
         ;;
     ranks)
         shift
-        build_all && time make PYTHON="$PYTHON" gpucheck-ranks RANKS_SECTIONS="$*" 2>&1 | tee "$LOG_DIR/gpu_trainer_ranks${1:+_$1}.log"
+        build_all && time ${RANKS_S:+timeout "$RANKS_S"} make PYTHON="$PYTHON" gpucheck-ranks RANKS_SECTIONS="$*" 2>&1 \
+            | tee "$LOG_DIR/gpu_trainer_ranks${1:+_$1}.log"
         ;;
     bench)
         # straight into the logs: bench.py rewrites its .md and .json after every run, so a call cut
@@ -77,15 +140,22 @@ case "$stage" in
             echo "error: dev/gpu_session.sh: parity needs the offline corpus ($train, $val): carry dev/data/offline (bash dev/data/prepare_default.sh makes it)" >&2
             exit 1
         fi
+        # (set, RECIPES, OPTIMIZERS): each set trains bf16 and FP8 delayed (resumed when an earlier set
+        # trained them) and adds its own runs; -fg delayed (a candidate default, not yet measured) comes
+        # last, so a call cut off short of it has still finished the sets before it, summaries written
+        sets=("optimizers|delayed|adamw adamw8" "lm_head|delayed delayed+lm_head|adamw"
+              "fg_delayed|delayed delayed+fg_delayed|adamw")
+        shift
+        for name in "$@"; do
+            [[ " optimizers lm_head fg_delayed " == *" $name "* ]] \
+                || { echo "error: dev/gpu_session.sh: parity set '$name' (expected some of: optimizers lm_head fg_delayed)" >&2; exit 2; }
+        done
         [ -n "${PARITY_TRAINER:-}" ] || build_all || exit 1
         read -r -a extra <<< "${PARITY_ARGS:-}"
-        # (set, RECIPES, OPTIMIZERS): the later sets resume the first's finished bf16 and FP8 runs and
-        # add one run each; -fg delayed (a candidate default, not yet measured) comes last, so a
-        # session cut off short of it has still finished the sets before it, summaries written
         status=0
-        for set in "optimizers|delayed|adamw adamw8" "lm_head|delayed delayed+lm_head|adamw" \
-                   "fg_delayed|delayed delayed+fg_delayed|adamw"; do
+        for set in "${sets[@]}"; do
             IFS='|' read -r name recipes optimizers <<< "$set"
+            [ "$#" -eq 0 ] || [[ " $* " == *" $name "* ]] || continue
             time env OUT="$out" MODEL="${PARITY_MODEL:-d12}" STEPS="${PARITY_STEPS:-2000}" RECIPES="$recipes" \
                 OPTIMIZERS="$optimizers" LLM8_TRAINER="$trainer" PYTHON="$PYTHON" \
                 bash scripts/compare_bf16_fp8.sh -i "$train" -j "$val" "${extra[@]}" 2>&1 | tee -a "$LOG_DIR/parity.log"
@@ -93,7 +163,8 @@ case "$stage" in
             cp "$out/summary.md" "$LOG_DIR/summary_$name.md"
             cp "$out/loss.png" "$LOG_DIR/loss_$name.png"
         done
-        for run in "$out"/*/; do cp "$run/main.log" "$LOG_DIR/parity_$(basename "$run").log" 2>/dev/null; done
+        # every run's main.log in one file: a device call returns at most 8 files
+        (cd "$out" && compgen -G "*/main.log" >/dev/null && tar -czf "$LOG_DIR/parity_main_logs.tar.gz" ./*/main.log)
         exit "$status"
         ;;
     sanitize)
@@ -113,7 +184,7 @@ case "$stage" in
         exit $status
         ;;
     *)
-        echo "error: dev/gpu_session.sh: stage '$stage' (expected build, tests, ranks, bench, parity or sanitize)" >&2
+        echo "error: dev/gpu_session.sh: stage '$stage' (expected first, build, tests, ranks, bench, parity or sanitize)" >&2
         exit 2
         ;;
 esac

@@ -355,6 +355,7 @@ SECTIONS = {"trajectories": trajectories, "resume": resume, "reshard": reshard, 
 
 
 def main():
+    bench.kill_running_groups_on_sigterm()  # a timeout around the stage takes the ranks' process groups too
     chosen = sys.argv[1:] or list(SECTIONS)
     unknown = [name for name in chosen if name not in SECTIONS]
     if unknown:

@@ -16,7 +16,9 @@ import os
 import re
 import shlex
 import statistics
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -29,10 +31,10 @@ floor_model = load_dev_bench_module("floor_model")
 DEVICE, COMMIT = "NVIDIA H100 80GB HBM3", "0123456789ab"
 
 
-def run_main(tmp_path_factory, *args):
+def run_main(tmp_path_factory, *args, bench=None):
     """main() with these arguments, ROOT (the data and bench_gemm's JSON) in a temporary directory,
     the stub programs; returns (bench module, exit code, output directory)"""
-    bench = load_dev_bench_module("bench")
+    bench = bench or load_dev_bench_module("bench")
     root, out = tmp_path_factory.mktemp("root"), tmp_path_factory.mktemp("out")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bench, "ROOT", str(root))
@@ -327,6 +329,30 @@ def test_only_one_model_per_device_call(tmp_path_factory):
     assert "`python dev/bench/bench.py --quick --only d48`" in open(md_path).read()
 
 
+def test_a_time_limit_stops_the_run_going_and_counts_what_did_not_run(tmp_path_factory, monkeypatch):
+    """--time-limit (dev/gpu_session.sh first: one device call with a fixed budget): the trainer run going
+    when the time is up is killed, its process group with it, and recorded as stopped; no program
+    starts after it; the report says how many did not run and main() exits non-zero. Here d12's third
+    run (-fw delayed) hangs"""
+    bench = load_dev_bench_module("bench")
+    monkeypatch.setattr(bench, "MIN_PROGRAM_S", 2)
+    monkeypatch.setenv("LLM8_STUB_HANG", "-fw delayed")
+    started = time.monotonic()
+    bench, code, out = run_main(tmp_path_factory, "--only", "d12", "--time-limit", "8", bench=bench)
+    assert time.monotonic() - started < 20
+    assert code == 1
+    [md_path] = glob.glob(os.path.join(out, "*.md"))
+    records = json.load(open(md_path[:-3] + ".json"))
+    assert [r.get("weight_scaling") for r in records] == ["-", "current", "delayed"]
+    assert "error" not in records[0] and "error" not in records[1]
+    assert re.fullmatch(r"stopped at --time-limit, after \d+ s", records[2]["error"]), records[2]["error"]
+    # d12's other 12 train runs, its GEMMs and the 6 multi-rank runs
+    not_run = len(bench.model_runs("d12")) - 3 + 1 + 6
+    markdown = open(md_path).read()
+    assert f"**Incomplete**: --time-limit 8 s was reached: 3 records, {not_run} programs not run." in markdown
+    assert "`python dev/bench/bench.py --quick --only d12 --time-limit 8`" in markdown
+
+
 @pytest.mark.parametrize("only", ["d13", "d12,d12", "d12,"])
 def test_only_names_known_models(tmp_path_factory, only):
     bench = load_dev_bench_module("bench")
@@ -338,3 +364,103 @@ def test_only_names_known_models(tmp_path_factory, only):
         with pytest.raises(SystemExit) as exit_info:
             bench.main()
     assert exit_info.value.code == f"error: --only {only}: expected a comma list of distinct models from d12, d24, d36, d48"
+
+
+def copy_of_the_scripts(tmp_path):
+    """a directory with the device-call scripts (dev/gpu_session.sh, dev/bench/, the test runners) and the stub
+    trainer and bench_gemm where bench.py looks for the real ones; returns it"""
+    root = tmp_path / "repo"
+    scripts = ["dev/gpu_session.sh", "test/run_gpu_tests.sh", "test/run_cpu_tests.sh"]
+    for path in scripts + [os.path.relpath(p, bench_stubs.ROOT) for p in glob.glob(os.path.join(bench_stubs.ROOT, "dev/bench/*.py"))]:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(open(os.path.join(bench_stubs.ROOT, path)).read())
+    bench_stubs.install(str(root))
+    return root
+
+
+def test_sigterm_kills_the_running_trainer(tmp_path):
+    """each trainer run is a process group of its own, which a timeout around bench.py (or gpu_trainer_ranks.py,
+    through the same run_programs) does not reach: on SIGTERM bench.py kills it before it exits, so no
+    trainer is left holding the GPU for the device call after. Here the first run hangs"""
+    root = copy_of_the_scripts(tmp_path)
+    env = dict(os.environ, LLM8_STUB_HANG="-p bf16")
+    bench = subprocess.Popen([sys.executable, str(root / "dev" / "bench" / "bench.py"), "--quick", "--only", "d12",
+                              "--out", str(tmp_path / "out")], env=env, stdout=subprocess.PIPE, text=True)
+    def trainers():
+        found = subprocess.run(["pgrep", "-f", f"{root}/build/bench_data"], capture_output=True, text=True).stdout.split()
+        return [pid for pid in found if int(pid) != os.getpid()]
+    deadline = time.monotonic() + 30
+    while not trainers() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert trainers(), "the stub trainer never started"
+    bench.terminate()
+    assert bench.wait(timeout=30) == 128 + 15
+    time.sleep(0.5)
+    assert trainers() == []
+
+
+def test_gpu_session_first_stage_dry_run(tmp_path):
+    """dev/gpu_session.sh first (a session's first device call: env, build, the GPU tests, d12's quick benchmark,
+    within FIRST_S) in a copy of its scripts, with stand-ins for make, nvidia-smi, the test binaries (one fails,
+    test_gpt2 hangs) and the trainer: the hang is stopped at the tests' deadline, the benchmark still runs in the
+    time left, the call ends within FIRST_S, and what comes back is at most 8 files (the device tool's limit)
+    with summary.txt naming the GPU, the build's errors, the test counts and the benchmark's rows"""
+    root, fakes, out = copy_of_the_scripts(tmp_path), tmp_path / "bin", tmp_path / "out"
+    names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(bench_stubs.ROOT, "test", "test_*.cu")))
+    (root / "build").mkdir()
+    for name in names:
+        (root / "test" / f"{name}.cu").write_text("")
+        body = {"test_gpt2": "echo started; sleep 300", "test_fp8_kernels": f'echo "{name}: 5 passed, 1 failed"; exit 1'}
+        path = root / "build" / name
+        path.write_text("#!/bin/sh\n" + body.get(name, f'echo "{name}: 10 passed, 0 failed"') + "\n")
+        path.chmod(0o755)
+    fakes.mkdir()
+    # make: no cuDNN frontend headers (check-cudnn fails), so the build gets NO_CUDNN=1 and one
+    # target fails
+    make = ('case "$*" in env*) echo "the machine";; '
+            '*check-cudnn*) echo "error: cuDNN frontend headers (cudnn_frontend.h) not found" >&2; exit 2;; '
+            '*) echo "make $*"; echo "make: *** [Makefile:9: build/test_sparse_buffer] Error 1"; exit 2;; esac')
+    for name, body in [("make", make),
+                       ("nvidia-smi", 'case "$*" in *driver_version*) echo "Fake H100, 580.1";; *) echo "NVIDIA H100 80GB HBM3";; esac')]:
+        (fakes / name).write_text("#!/bin/sh\n" + body + "\n")
+        (fakes / name).chmod(0o755)
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable,
+               FIRST_S="32", FIRST_BENCH_S="22")
+    started = time.monotonic()
+    result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert time.monotonic() - started < 32 + 5, result.stdout[-3000:]
+    files = sorted(os.listdir(out))
+    assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files), files
+    assert {"env.txt", "build.log", "gpu_tests.log", "bench_d12.log", "summary.txt"} <= set(files), files
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert summary[:3] == ["== first: Fake H100, 580.1", "build: 1 make errors (build.log)",
+                           "build: NO_CUDNN=1, no cuDNN attention tested (error: cuDNN frontend headers (cudnn_frontend.h) not found)"]
+    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm gpu-tests$", (out / "build.log").read_text(), re.M)
+    # test_gpt2 runs last and is cut at the tests' deadline; the others ran, in the stage's order
+    assert summary[3] == f"gpu tests: {10 * (len(names) - 2) + 5} passed, 2 failed", summary
+    assert "!! build/test_gpt2 ran past TEST_DEADLINE (" in summary[4], summary
+    ran = re.findall(r"^== build/(\w+)$", (out / "gpu_tests.log").read_text(), re.M)
+    assert ran[:3] == ["test_kernels", "test_matmul_attention", "test_fp8_kernels"] and ran[-1] == "test_gpt2", ran
+    assert sorted(ran) == names
+    # the benchmark, in the time left: every d12 run, its rows in the summary
+    [md] = [f for f in files if f.endswith("-quick-d12.md")]
+    assert md[:-3] + ".json" in files
+    rows = [line for line in summary if line.startswith("| d12 |")]
+    assert len(rows) == len(load_dev_bench_module("bench").model_runs("d12")), summary
+    assert re.fullmatch(r"seconds used: \d+ of FIRST_S=32", summary[-1]) and int(summary[-1].split()[2]) <= 33, summary
+
+
+def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):
+    """RANKS_S=N bash dev/gpu_session.sh ranks: the multi-rank tests are stopped after N seconds (a session's second,
+    short call), here with a make that hangs in gpucheck-ranks"""
+    root, fakes = copy_of_the_scripts(tmp_path), tmp_path / "bin"
+    fakes.mkdir()
+    (fakes / "make").write_text('#!/bin/sh\ncase "$*" in *gpucheck-ranks*) echo "ranks started"; sleep 60;; esac\n')
+    (fakes / "make").chmod(0o755)
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PATH=f"{fakes}:{os.environ['PATH']}", RANKS_S="2")
+    started = time.monotonic()
+    result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "ranks", "twins"], capture_output=True,
+                            text=True, timeout=60, env=env)
+    assert time.monotonic() - started < 15
+    assert (tmp_path / "out" / "gpu_trainer_ranks_twins.log").read_text() == "ranks started\n"

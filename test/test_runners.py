@@ -57,6 +57,30 @@ def test_a_hanging_binary_is_stopped_and_the_next_one_runs(tmp_path):
     assert lines[-1] == "cpu tests: 2 passed, 1 failed"
 
 
+def test_a_deadline_stops_the_binary_running_and_lists_the_rest_as_not_run(tmp_path):
+    """TEST_DEADLINE (dev/gpu_session.sh first: a device call with a fixed budget): the binary running at the
+    deadline is stopped with its lines kept, those after it are listed as not run, and the closing line counts
+    what ran and says how many did not, so the call goes on to its next stage with the counts"""
+    quick = fake_binary(tmp_path, "quick", 'echo "quick: 2 passed, 0 failed"')
+    slow = fake_binary(tmp_path, "slow", 'echo "started"; sleep 30; echo "slow: 1 passed, 0 failed"')
+    never = fake_binary(tmp_path, "never", 'echo "never: 1 passed, 0 failed"')
+    start = time.monotonic()
+    result = run([quick, slow, never], TEST_DEADLINE=str(int(time.time()) + 2), TEST_TIMEOUT_S="300")
+    assert time.monotonic() - start < 15
+    assert result.returncode != 0
+    lines = result.stdout.splitlines()
+    stopped = [line for line in lines if line.startswith(f"!! {slow} ran past TEST_DEADLINE (")]
+    assert len(stopped) == 1 and stopped[0].endswith("s left) and was stopped"), result.stdout
+    assert "started" in lines and f"-- {never} not run: TEST_DEADLINE reached" in lines
+    assert lines[-1] == "cpu tests: 2 passed, 1 failed, 1 binaries not run (TEST_DEADLINE)"
+
+
+def test_a_deadline_after_every_binary_changes_nothing(tmp_path):
+    a = fake_binary(tmp_path, "a", 'echo "a: 3 passed, 0 failed"')
+    result = run([a], TEST_DEADLINE=str(int(time.time()) + 60), TEST_TIMEOUT_S="1")
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "cpu tests: 3 passed, 0 failed"
+
+
 def test_without_a_timeout_a_slow_binary_finishes(tmp_path):
     slow = fake_binary(tmp_path, "slow", 'sleep 2; echo "slow: 1 passed, 0 failed"')
     result = run([slow])

@@ -11,6 +11,7 @@ import glob
 import os
 import re
 import subprocess
+import tarfile
 
 import pytest
 
@@ -170,9 +171,30 @@ def test_gpu_session_parity_stage_dry_run(data, tmp_path):
     # the sets in order, the -fg delayed run last (a session cut off short of it loses the least)
     trained = re.findall(r"^precision fp8 emulated, recipe delayed, weights \w+, gradients (\w+)", parity_log, re.M)
     assert trained[-1] == "delayed" and "delayed" not in trained[:-1], trained
-    for name in ("loss_optimizers.png", "loss_lm_head.png", "loss_fg_delayed.png", "parity_fp8_delayed_lm_head.log",
-                 "parity_fp8_delayed_fg_delayed.log"):
+    for name in ("loss_optimizers.png", "loss_lm_head.png", "loss_fg_delayed.png"):
         assert (logs / name).stat().st_size > 0, name
+    # every run's main.log in one archive: a device call returns at most 8 files
+    assert len(os.listdir(logs)) <= 8, sorted(os.listdir(logs))
+    with tarfile.open(logs / "parity_main_logs.tar.gz") as archive:
+        assert sorted(archive.getnames()) == [f"./{run}/main.log" for run in ("bf16", "bf16_adamw8", "fp8_delayed", "fp8_delayed_adamw8",
+                                                                               "fp8_delayed_fg_delayed", "fp8_delayed_lm_head")]
+
+
+def test_gpu_session_parity_stage_runs_the_sets_named(data, tmp_path):
+    """parity SETS: only those sets (one fits a device call with the build): lm_head alone trains bf16, FP8
+    delayed and FP8 delayed with an FP8 lm_head, nothing else; a misspelt set stops it before any run"""
+    logs = tmp_path / "logs"
+    env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL="tiny", PARITY_STEPS="2",
+               PARITY_TRAIN=str(data / "d_train_*.bin"), PARITY_VAL=str(data / "d_val_*.bin"),
+               PARITY_OUT=str(tmp_path / "parity"), PARITY_ARGS="-b 2 -t 32 -u 1 -v 2 -m 2")
+    session = ["bash", os.path.join(ROOT, "dev", "gpu_session.sh"), "parity"]
+    result = subprocess.run(session + ["lm_head"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
+    assert sorted(os.listdir(logs)) == ["loss_lm_head.png", "parity.log", "parity_main_logs.tar.gz", "summary_lm_head.md"]
+    assert sorted(os.listdir(tmp_path / "parity")) == ["bf16", "fp8_delayed", "fp8_delayed_lm_head", "loss.png", "summary.md"]
+    result = subprocess.run(session + ["lm_head", "fg-delayed"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: dev/gpu_session.sh: parity set 'fg-delayed' (expected some of: optimizers lm_head fg_delayed)"]
 
 
 def test_gpu_session_parity_stage_needs_the_corpus(tmp_path):

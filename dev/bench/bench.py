@@ -35,8 +35,9 @@ tok/s and MFU are medians over the timed steps; the first steps (cuDNN/cuBLAS pl
 building, allocator warm-up) are dropped. `make bench` runs the full set, `make gpucheck`
 the --quick one.
 
-Usage: python dev/bench/bench.py [--quick] [--steps N] [--only d12,d48] [--out doc/benchmarks]
-(--only: those models' runs, into files named after them; a device call fits one model's --quick set)
+Usage: python dev/bench/bench.py [--quick] [--steps N] [--only d12,d48] [--out doc/benchmarks] [--time-limit S]
+(--only: those models' runs, into files named after them; a device call fits one model's --quick set;
+--time-limit: the wall seconds it may take, the programs it did not reach counted in the report)
 """
 import argparse
 import datetime
@@ -112,6 +113,24 @@ GEMM_LIMIT_S = 480
 def train_limit_s(steps):
     return TRAIN_LIMIT_S[0] + TRAIN_LIMIT_S[1] * steps
 
+# --time-limit: the monotonic time by which every program must have ended (None: no limit), so a
+# device call with a fixed budget (dev/gpu_session.sh first) ends with a report, its programs killed
+# (each runs in a process group of its own, which a timeout around bench.py would not reach); no
+# program starts with less than MIN_PROGRAM_S left (a trainer's start-up alone takes seconds)
+TIME_END = None
+MIN_PROGRAM_S = 20
+
+
+def program_limit(own_limit_s):
+    """(seconds a program may run, whether --time-limit cut its own limit short), or None: too little
+    time is left to start it"""
+    if TIME_END is None:
+        return own_limit_s, False
+    left = TIME_END - time.monotonic()
+    if left < MIN_PROGRAM_S:
+        return None
+    return (own_limit_s, False) if own_limit_s <= left else (int(left), True)
+
 # d12's global batch for the rank records: 1 rank x B or 2 ranks x B/2
 RANKS_MODEL, RANKS_B = "d12", 32
 TRAFFIC_RE = re.compile(r"^comm \| step \d+, payload by collective: (.*) \| total", re.M)
@@ -147,7 +166,10 @@ def git_commit():
 
 
 def gpu_name():
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    except OSError:  # no nvidia-smi at all
+        return "unknown-gpu"
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown-gpu"
 
 
@@ -291,6 +313,24 @@ def command_text(cmd):
     return shlex.join(["./" + os.path.basename(cmd[0])] + cmd[1:])
 
 
+# the process groups run_programs has running: each program runs in a group of its own (so its
+# children go with it at its limit), which a signal to this script's group does not reach; a
+# SIGTERM (timeout around a device call's stage) kills them before the script exits, so no
+# trainer is left holding the GPU for the next call
+RUNNING_GROUPS = set()
+
+
+def kill_running_groups_on_sigterm():
+    def handler(signum, frame):
+        for pid in list(RUNNING_GROUPS):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run_programs(cmds, limit_s, env=None):
     """runs the commands side by side (one, or the ranks of a run), each in a process group of its own,
     their output into files (pipes read one at a time could fill and block a program); returns
@@ -299,8 +339,10 @@ def run_programs(cmds, limit_s, env=None):
     with tempfile.TemporaryDirectory(prefix="llm8_bench_run_") as out_dir:
         files = [(open(os.path.join(out_dir, f"{i}.out"), "w+"), open(os.path.join(out_dir, f"{i}.err"), "w+"))
                  for i in range(len(cmds))]
-        procs = [subprocess.Popen(c, stdout=out, stderr=err, text=True, cwd=ROOT, env=env, start_new_session=True)
-                 for c, (out, err) in zip(cmds, files)]
+        procs = []
+        for c, (out, err) in zip(cmds, files):
+            procs.append(subprocess.Popen(c, stdout=out, stderr=err, text=True, cwd=ROOT, env=env, start_new_session=True))
+            RUNNING_GROUPS.add(procs[-1].pid)
         deadline = time.monotonic() + limit_s
         codes = []
         for p in procs:
@@ -316,6 +358,7 @@ def run_programs(cmds, limit_s, env=None):
                 pass
         for p in procs:
             p.wait()
+            RUNNING_GROUPS.discard(p.pid)
         results = []
         for code, (out, err) in zip(codes, files):
             out.seek(0)
@@ -326,10 +369,13 @@ def run_programs(cmds, limit_s, env=None):
         return results
 
 
-def failure_line(stderr, returncode, limit_s=None):
+def failure_line(stderr, returncode, limit_s=None, by_time_limit=False):
     """why a program failed: its last stderr line (llm8's one-line error) without the "error: " the
-    tables put in front, or its exit status when it printed nothing (None: it ran past limit_s)"""
+    tables put in front, or its exit status when it printed nothing (None: it ran past limit_s, which
+    was what --time-limit left it when by_time_limit)"""
     if returncode is None:
+        if by_time_limit:
+            return f"stopped at --time-limit, after {limit_s} s"
         return f"ran past {limit_s} s and was killed"
     lines = stderr.strip().splitlines()
     if not lines:
@@ -347,6 +393,7 @@ def model_runs(model):
 
 def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path, master=True,
                grads="-", gelu_fusion=1):
+    """one train run's record (an error record if it failed), or None: not started, --time-limit left too little time"""
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
            "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-lg", "1", "-r", str(recompute), "-opt", optimizer]
     cmd += [] if master else ["-w", "0"]
@@ -355,14 +402,17 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
         cmd += ["-f8", "all"] if lm_head == "fp8" else []
         cmd += ["-fg", grads] if grads != "-" else []
+    limit = program_limit(train_limit_s(steps))
+    if limit is None:
+        return None
     print("running:", shlex.join(cmd), flush=True)
-    [(returncode, stdout, stderr)] = run_programs([cmd], train_limit_s(steps))
+    [(returncode, stdout, stderr)] = run_programs([cmd], limit[0])
     failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
               "lm_head": lm_head, "grad_scaling": grads, "master_weights": master, "gelu_fusion": gelu_fusion,
               "command": command_text(cmd)}
     if returncode != 0:
         print(stdout[-3000:], stderr[-3000:], file=sys.stderr)
-        return dict(failed, error=failure_line(stderr, returncode, train_limit_s(steps)))
+        return dict(failed, error=failure_line(stderr, returncode, *limit))
     step_records, breakdown = parse_run(stdout)
     timed = [s for s in step_records if s["step"] > WARMUP_STEPS]
     if not timed:
@@ -568,19 +618,22 @@ def gelu_fusion_markdown(rows):
 
 def run_ranks(ranks, precision, steps, data_path, T, zero=1):
     """d12 with `ranks` processes on this GPU (same global batch) at ZeRO stage `zero`: median
-    ms/step and the traffic"""
+    ms/step and the traffic (None: not started, --time-limit left too little time)"""
     B = RANKS_B // ranks
     cmd = [TRAINER, "-e", RANKS_MODEL, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps), "-i", data_path,
            "-j", "", "-v", "0", "-s", "0", "-fn", "0", "-d", str(RANKS_B * T), "-z", str(zero)]
     record = {"model": RANKS_MODEL, "precision": precision, "ranks": ranks, "zero": zero, "B": B, "T": T,
               "command": ("NCCL_MULTI_RANK_GPU_ENABLE=1 " if ranks > 1 else "") + command_text(cmd) + (f" -pn {ranks} -pr R -pi fs -pf DIR" if ranks > 1 else "")}
     env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
+    limit = program_limit(train_limit_s(steps))
+    if limit is None:
+        return None
     with tempfile.TemporaryDirectory(prefix="llm8_bench_ranks_") as fs_dir:
         rank_cmds = [cmd + (["-pn", str(ranks), "-pr", str(r), "-pi", "fs", "-pf", fs_dir] if ranks > 1 else []) for r in range(ranks)]
         print("running:", record["command"], flush=True)
-        results = run_programs(rank_cmds, train_limit_s(steps), env)
+        results = run_programs(rank_cmds, limit[0], env)
     if any(code != 0 for code, _, _ in results):
-        errors = [failure_line(err, code, train_limit_s(steps)) for code, _, err in results if code != 0]
+        errors = [failure_line(err, code, *limit) for code, _, err in results if code != 0]
         return dict(record, error="; ".join(errors))
     outputs = [(out, err) for _, out, err in results]
     steps_parsed, _ = parse_run(outputs[0][0])
@@ -711,18 +764,22 @@ def gemm_markdown(records, tables, command, device, commit, error=None):
 
 
 def run_gemm(models, quick, device, commit):
-    """runs ./bench_gemm; returns (records, markdown section), or an error record and section"""
+    """runs ./bench_gemm; returns (records, markdown section), or an error record and section, or None
+    when --time-limit left too little time to start it"""
     iters, warmup = GEMM_ITERS[quick]
     json_path = os.path.join("build", "bench_gemm.jsonl")  # relative to ROOT, so the command is the one to type
     cmd = [GEMM_BENCH, "--models", ",".join(models), "--iters", str(iters), "--warmup", str(warmup), "--json", json_path]
     command = command_text(cmd)
+    limit = program_limit(GEMM_LIMIT_S)
+    if limit is None:
+        return None
     print("running:", command, flush=True)
-    [(returncode, stdout, stderr)] = run_programs([cmd], GEMM_LIMIT_S)
+    [(returncode, stdout, stderr)] = run_programs([cmd], limit[0])
     print(stdout, flush=True)
     error = None
     if returncode != 0:
         print(stderr[-3000:], file=sys.stderr)
-        error = failure_line(stderr, returncode, GEMM_LIMIT_S)
+        error = failure_line(stderr, returncode, *limit)
     else:
         try:
             with open(os.path.join(ROOT, json_path)) as f:
@@ -745,9 +802,13 @@ def write_report(base, records, gemm_section, run_info, complete):
     with open(base + ".md.tmp", "w") as f:
         f.write(f"# Benchmark {run_info['date']} on {run_info['device']}\n\ncommit `{run_info['commit']}`, command "
                 f"`python dev/bench/bench.py{' --quick' if run_info['quick'] else ''}"
-                f"{' --only ' + run_info['only'] if run_info.get('only') else ''}`, synthetic tokens, T={run_info['T']}, "
+                f"{' --only ' + run_info['only'] if run_info.get('only') else ''}"
+                f"{' --time-limit %d' % run_info['time_limit'] if run_info.get('time_limit') else ''}`, synthetic tokens, T={run_info['T']}, "
                 f"{run_info['steps']} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
-        if not complete:
+        if run_info.get("not_run"):
+            f.write(f"**Incomplete**: --time-limit {run_info['time_limit']} s was reached: {len(records)} records, "
+                    f"{run_info['not_run']} programs not run.\n\n")
+        elif not complete:
             f.write(f"**Incomplete**: this file is rewritten after every run; it stopped after {len(records)} records.\n\n")
         f.write("| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | -ge | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
@@ -805,7 +866,16 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated models to run, e.g. d48 (one device call each: "
                         "the file names carry them)")
     parser.add_argument("--out", default=os.path.join(ROOT, "doc", "benchmarks"))
+    parser.add_argument("--time-limit", type=int, default=None, metavar="S",
+                        help="wall seconds the whole benchmark may take: a program still running then is killed and "
+                        f"recorded as stopped, none starts with under {MIN_PROGRAM_S} s left, and the report says how many "
+                        "did not run (dev/gpu_session.sh first: a device call with a fixed budget)")
     args = parser.parse_args()
+    kill_running_groups_on_sigterm()
+    if args.time_limit is not None and args.time_limit < MIN_PROGRAM_S:
+        sys.exit(f"error: --time-limit {args.time_limit}: expected at least {MIN_PROGRAM_S} seconds")
+    global TIME_END
+    TIME_END = None if args.time_limit is None else time.monotonic() + args.time_limit
     for binary in (TRAINER, GEMM_BENCH):
         if not os.path.exists(binary):
             name = os.path.basename(binary)
@@ -828,7 +898,8 @@ def main():
 
     device, commit = gpu_name(), git_commit()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    run_info = {"date": date, "device": device, "commit": commit, "quick": args.quick, "only": args.only, "T": T, "steps": steps}
+    run_info = {"date": date, "device": device, "commit": commit, "quick": args.quick, "only": args.only, "T": T, "steps": steps,
+                "time_limit": args.time_limit, "not_run": 0}
     os.makedirs(args.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
     models = "-" + "-".join(model for model, _, _ in configs) if args.only else ""
@@ -844,8 +915,12 @@ def main():
 
     for model, B, recompute in configs:
         for precision, recipe, optimizer, weights, lm_head, grads, master, gelu_fusion in model_runs(model):
-            rec = with_floor(run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps,
-                                        data_path, master, grads, gelu_fusion), device)
+            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path,
+                             master, grads, gelu_fusion)
+            if rec is None:
+                run_info["not_run"] += 1
+                continue
+            rec = with_floor(rec, device)
             add([dict(rec, benchmark="train")])
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
             if rec.get("optimizer_ms") is not None:
@@ -853,19 +928,27 @@ def main():
                       flush=True)
 
     gemm_models = [model for model, _, _ in configs if model in GEMM_TARGETS]
-    if gemm_models:
-        gemm_records, gemm_section = run_gemm(gemm_models, args.quick, device, commit)
+    gemm = run_gemm(gemm_models, args.quick, device, commit) if gemm_models else None
+    if gemm is not None:
+        gemm_records, gemm_section = gemm
         add(gemm_records)
+    elif gemm_models:
+        run_info["not_run"] += 1
 
     for precision in (("bf16", "fp8") if any(model == RANKS_MODEL for model, _, _ in configs) else ()):
         for ranks, zero in ((1, 1), (2, 1), (2, 3)):
             rec = run_ranks(ranks, precision, steps, data_path, T, zero)
+            if rec is None:
+                run_info["not_run"] += 1
+                continue
             add([dict(rec, benchmark="ranks")])
             print(json.dumps(rec), flush=True)
 
     write_report(base, records, gemm_section, run_info, complete=True)
     print("wrote", base + ".md", "and", base + ".json")
-    if any("error" in r for r in records):
+    if run_info["not_run"]:
+        print(f"--time-limit {args.time_limit} s reached: {run_info['not_run']} programs not run", flush=True)
+    if any("error" in r for r in records) or run_info["not_run"]:
         sys.exit(1)
 
 
