@@ -8,7 +8,7 @@
 #
 #   bash dev/gpu_session.sh first   # a session's first call: env, the build, every GPU test binary,
 #                                   # then d12's quick benchmark, all within FIRST_S (420) seconds
-#                                   # (the tests until FIRST_BENCH_S (150) before the end, the
+#                                   # (the tests until FIRST_BENCH_S (120) before the end, the
 #                                   # benchmark the rest); summary.txt says what ran and what not
 #   bash dev/gpu_session.sh build   # make env, the cuDNN frontend from .whl/, every GPU target
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
@@ -85,7 +85,7 @@ case "$stage" in
         # one call, since a session's 15 minutes of device time hold one long call and a short one:
         # everything is cut at FIRST_S, and summary.txt (printed last) says what was and was not reached
         end=$(($(date +%s) + ${FIRST_S:-420}))
-        tests_end=$((end - ${FIRST_BENCH_S:-150}))
+        tests_end=$((end - ${FIRST_BENCH_S:-120}))
         install_wheels
         make env PYTHON="$PYTHON" >"$LOG_DIR/env.txt" 2>&1
         build_all $((tests_end - $(date +%s)))
@@ -96,7 +96,7 @@ case "$stage" in
         if [ "$left" -ge 20 ]; then
             "$PYTHON" dev/bench/bench.py --quick --only d12 --time-limit "$left" --out "$LOG_DIR" 2>&1 | tee "$LOG_DIR/bench_d12.log"
         else
-            echo "bench: not run, ${left} s left of FIRST_S" >"$LOG_DIR/bench_d12.log"
+            echo "not run: ${left} s left of FIRST_S" >"$LOG_DIR/bench_d12.log"
         fi
         {
             echo "== first: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"

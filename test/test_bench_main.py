@@ -399,12 +399,10 @@ def test_sigterm_kills_the_running_trainer(tmp_path):
     assert trainers() == []
 
 
-def test_gpu_session_first_stage_dry_run(tmp_path):
-    """dev/gpu_session.sh first (a session's first device call: env, build, the GPU tests, d12's quick benchmark,
-    within FIRST_S) in a copy of its scripts, with stand-ins for make, nvidia-smi, the test binaries (one fails,
-    test_gpt2 hangs) and the trainer: the hang is stopped at the tests' deadline, the benchmark still runs in the
-    time left, the call ends within FIRST_S, and what comes back is at most 8 files (the device tool's limit)
-    with summary.txt naming the GPU, the build's errors, the test counts and the benchmark's rows"""
+def first_stage_fakes(tmp_path):
+    """the scripts' copy, and stand-ins on a PATH directory: make (no cuDNN frontend headers, so check-cudnn fails
+    and the build gets NO_CUDNN=1; one target fails), nvidia-smi, a test binary per test/test_*.cu printing 10
+    passes (test_fp8_kernels one failure, test_gpt2 hangs); returns (root, PATH directory, OUT, test names)"""
     root, fakes, out = copy_of_the_scripts(tmp_path), tmp_path / "bin", tmp_path / "out"
     names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(bench_stubs.ROOT, "test", "test_*.cu")))
     (root / "build").mkdir()
@@ -415,8 +413,6 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
         path.write_text("#!/bin/sh\n" + body.get(name, f'echo "{name}: 10 passed, 0 failed"') + "\n")
         path.chmod(0o755)
     fakes.mkdir()
-    # make: no cuDNN frontend headers (check-cudnn fails), so the build gets NO_CUDNN=1 and one
-    # target fails
     make = ('case "$*" in env*) echo "the machine";; '
             '*check-cudnn*) echo "error: cuDNN frontend headers (cudnn_frontend.h) not found" >&2; exit 2;; '
             '*) echo "make $*"; echo "make: *** [Makefile:9: build/test_sparse_buffer] Error 1"; exit 2;; esac')
@@ -424,6 +420,16 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
                        ("nvidia-smi", 'case "$*" in *driver_version*) echo "Fake H100, 580.1";; *) echo "NVIDIA H100 80GB HBM3";; esac')]:
         (fakes / name).write_text("#!/bin/sh\n" + body + "\n")
         (fakes / name).chmod(0o755)
+    return root, fakes, out, names
+
+
+def test_gpu_session_first_stage_dry_run(tmp_path):
+    """dev/gpu_session.sh first (a session's first device call: env, build, the GPU tests, d12's quick benchmark,
+    within FIRST_S) in a copy of its scripts, with stand-ins for make, nvidia-smi, the test binaries (one fails,
+    test_gpt2 hangs) and the trainer: the hang is stopped at the tests' deadline, the benchmark still runs in the
+    time left, the call ends within FIRST_S, and what comes back is at most 8 files (the device tool's limit)
+    with summary.txt naming the GPU, the build's errors, the test counts and the benchmark's rows"""
+    root, fakes, out, names = first_stage_fakes(tmp_path)
     env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable,
                FIRST_S="32", FIRST_BENCH_S="22")
     started = time.monotonic()
@@ -464,3 +470,15 @@ def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):
                             text=True, timeout=60, env=env)
     assert time.monotonic() - started < 15
     assert (tmp_path / "out" / "gpu_trainer_ranks_twins.log").read_text() == "ranks started\n"
+
+
+def test_gpu_session_first_stage_without_a_benchmark(tmp_path):
+    """FIRST_BENCH_S=0 (env, build and tests only, the rest of a call for another stage): the tests take the whole
+    FIRST_S and the summary says the benchmark did not run"""
+    root, fakes, out, names = first_stage_fakes(tmp_path)
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable,
+               FIRST_S="6", FIRST_BENCH_S="0")
+    subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True, timeout=60, env=env)
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert not [f for f in os.listdir(out) if f.endswith(".md")]
+    assert re.fullmatch(r"bench: not run: \d s left of FIRST_S", summary[-2]), summary
