@@ -196,6 +196,26 @@ static void test_matmul(void) {
     free(dinp0); free(dweight0); free(dbias0); free(zero_bias); free(out_no_bias);
 }
 
+// the forward takes rows in blocks of REF_ROW_BLOCK: with N rows at once each row's outputs
+// must be bit for bit those of the row alone (N = 1, one row in its block), for N across
+// several blocks with a short last one
+static void test_matmul_row_blocks(void) {
+    const int C = 37, OC = 11;
+    for (int N = 1; N <= 2 * REF_ROW_BLOCK + 3; N++) {
+        float* inp = alloc_normal((size_t)N * C, 0.0f, 1.0f);
+        float* weight = alloc_normal((size_t)OC * C, 0.0f, 1.0f);
+        float* bias = alloc_normal((size_t)OC, 0.0f, 1.0f);
+        float* out = (float*)mallocCheck((size_t)N * OC * sizeof(float));
+        float* out_rows = (float*)mallocCheck((size_t)N * OC * sizeof(float));
+        ref_matmul_forward(out, inp, weight, bias, N, C, OC);
+        for (int n = 0; n < N; n++) {
+            ref_matmul_forward(out_rows + (size_t)n * OC, inp + (size_t)n * C, weight, bias, 1, C, OC);
+        }
+        CHECK(memcmp(out, out_rows, (size_t)N * OC * sizeof(float)) == 0, "matmul forward of %d rows differs from row by row", N);
+        free(inp); free(weight); free(bias); free(out); free(out_rows);
+    }
+}
+
 typedef struct { int B, T, C, NH; float* qkv; float* out; float* lse; float* r; } AttentionCase;
 static double attention_loss(void* ctx) {
     AttentionCase* a = (AttentionCase*)ctx;
@@ -485,6 +505,7 @@ int main(void) {
     test_encoder();
     test_layernorm();
     test_matmul();
+    test_matmul_row_blocks();
     test_attention();
     test_gelu();
     test_residual();
