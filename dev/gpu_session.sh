@@ -89,7 +89,7 @@ case "$stage" in
         install_wheels
         make env PYTHON="$PYTHON" >"$LOG_DIR/env.txt" 2>&1
         build_all $((tests_end - $(date +%s)))
-        built=$(grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log")
+        make_errors=$(grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log")
         mapfile -t tests < <(gpu_test_binaries)
         TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 | tee "$LOG_DIR/gpu_tests.log"
         left=$((end - $(date +%s)))
@@ -100,7 +100,7 @@ case "$stage" in
         fi
         {
             echo "== first: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"
-            echo "build: $([ "$built" -eq 0 ] && echo ok || echo "$built make errors (build.log)")"
+            echo "build: $([ "$make_errors" -eq 0 ] && echo ok || echo "$make_errors make errors (build.log)")"
             grep -h '^build: NO_CUDNN=1' "$LOG_DIR/build.log"
             tail -n 1 "$LOG_DIR/gpu_tests.log"
             grep -E '^(!!|-- |FAIL)' "$LOG_DIR/gpu_tests.log" | head -n 20

@@ -135,16 +135,12 @@ static inline void ref_layernorm_backward(float* dinp, float* dweight, float* db
 // bitwise the same; a thread owns whole blocks of rows.
 #define REF_ROW_BLOCK 8
 
-static inline int ref_rows_in_block(int first_row, int N) {
-    return N - first_row < REF_ROW_BLOCK ? N - first_row : REF_ROW_BLOCK;
-}
-
 // out[N][OC] = inp[N][C] . weight[OC][C]^T + bias[OC] (bias may be NULL)
 static inline void ref_matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                                int N, int C, int OC) {
     REF_PARALLEL_FOR
     for (int n0 = 0; n0 < N; n0 += REF_ROW_BLOCK) {
-        const int rows = ref_rows_in_block(n0, N);
+        const int rows = N - n0 < REF_ROW_BLOCK ? N - n0 : REF_ROW_BLOCK;
         const float* x = inp + (size_t)n0 * C;
         for (int o = 0; o < OC; o++) {
             const float* w = weight + (size_t)o * C;
