@@ -78,7 +78,7 @@ else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
   MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath,$(OPENMPI_DIR)/lib -lmpi
 endif
 
-.PHONY: all test test-build test-cpu test-sim test-python compile-cuda simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
+.PHONY: all test test-build test-cpu test-sim test-python compile-cuda test-sanitizers simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
         clean check-cuda check-cudnn check-nccl
 
 all: train_gpt2_fp8 train_gpt2cpu
@@ -195,6 +195,26 @@ test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm $(SIM)/train_gpt2_fp8 $(BUI
 	$(PYTHON) -m pytest -q test
 
 compile-cuda: train_gpt2_fp8 bench_gemm $(GPU_TESTS)
+
+# the C tests built with AddressSanitizer and UBSan, and the cudasim tests with UBSan, into
+# $(BUILD)/sanitize: what the -O3 builds run past silently (a read past a buffer, a use after
+# free, a memcpy from NULL, a shift or an overflow with undefined behaviour) stops the test
+# with a report, and the death tests' one-line checks fail on any report. Not in make test: it
+# takes several minutes more. Leaks are not checked (a death test exits through llm8_die with
+# its buffers allocated), and cudasim's tests get no ASan: its fibers switch stacks by hand,
+# which ASan mistakes for overflows.
+SANITIZE = $(BUILD)/sanitize
+SANITIZE_CFLAGS = -std=gnu11 -O1 -g -Wall -Wextra -I. -fsanitize=address,undefined -fno-omit-frame-pointer \
+    -fno-sanitize-recover=undefined
+SANITIZE_SIM_CXX = $(CXX) -fsanitize=undefined -fno-sanitize-recover=undefined -g
+SANITIZE_CPU_TESTS = $(patsubst $(BUILD)/%,$(SANITIZE)/%,$(CPU_TESTS))
+SANITIZE_SIM_TESTS = $(patsubst $(BUILD)/%,$(SANITIZE)/%,$(SIM_TESTS))
+test-sanitizers:
+	$(MAKE) BUILD=$(SANITIZE) CFLAGS="$(SANITIZE_CFLAGS)" $(SANITIZE_CPU_TESTS) $(SANITIZE)/libfake_nvml.so
+	$(MAKE) BUILD=$(SANITIZE) CXX="$(SANITIZE_SIM_CXX)" $(SANITIZE_SIM_TESTS)
+	@ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 RUNNER_NAME="sanitized cpu tests" \
+	    bash test/run_cpu_tests.sh $(SANITIZE_CPU_TESTS)
+	@UBSAN_OPTIONS=print_stacktrace=1 RUNNER_NAME="sanitized cudasim tests" bash test/run_cpu_tests.sh $(SANITIZE_SIM_TESTS)
 
 # on a GPU: the test binaries, the multi-rank trainer runs, the short benchmark; the first two
 # are also targets of their own, so a device call can run one (dev/gpu_session.sh)

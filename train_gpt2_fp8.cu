@@ -1312,7 +1312,7 @@ int main(int argc, char** argv) {
         logger_log_train(&logger, step + 1, loss, lr, grad_norm, ms, (float)tok_per_s, (float)(mfu >= 0 ? mfu : 0.0), skip);
         if (gpu_monitor.enabled && (step + 1) % tc.log_gpu_every == 0) {
             GpuSample sample = gpu_monitor_sample(&gpu_monitor);
-            char line[512];
+            char line[GPU_MONITOR_LINE_MAX];
             gpu_monitor_format(&sample, line, sizeof(line));
             printf("%s\n", line);
         }

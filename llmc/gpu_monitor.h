@@ -146,6 +146,10 @@ static inline void gpu_monitor_value_(char* out, size_t n, long long value, cons
     if (value < 0) { snprintf(out, n, "n/a"); } else { snprintf(out, n, "%lld%s", value, unit); }
 }
 
+// room for any -lg line: seven values of at most 31 characters, every clock reason named (at
+// most 255), and the line's own text
+#define GPU_MONITOR_LINE_MAX 640
+
 // the -lg line of a reading, e.g. "gpu | SM 97% | memory 64% | SM clock 1755/1980 MHz | power 689/700 W | 71 C | clock held by: power cap"
 static inline void gpu_monitor_format(const GpuSample* s, char* out, size_t n) {
     char sm[32], memory[32], mhz[32], max_mhz[32], power[32], limit[32], temperature[32];

@@ -141,8 +141,7 @@ static inline ReshardSource* reshard_sources_open_(const char* dir, int step, in
 static inline void reshard_check_sections_(const ReshardSource* s, const StateSection* extra, int num_extra) {
     const StateFileIndex* index = &s->index;
     StateSection expected[TRAIN_STATE_MAX_EXTRA_SECTIONS + ADAMW8_NUM_SECTIONS];
-    memcpy(expected, extra, (size_t)num_extra * sizeof(StateSection));
-    int num_expected = num_extra;
+    int num_expected = train_state_copy_extra_sections(expected, extra, num_extra, "train_state_read_resharded");
     Adamw8States no_states;
     memset(&no_states, 0, sizeof(no_states));
     int32_t unused_bits[NUM_PARAMETER_TENSORS];
@@ -235,9 +234,6 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
                                              Adamw8Selection selection, float* m, float* v, Adamw8States* states8,
                                              float* master, const StateSection* extra, int num_extra,
                                              char extra_path[CHECKPOINT_PATH_MAX]) {
-    if (num_extra > TRAIN_STATE_MAX_EXTRA_SECTIONS) {
-        llm8_die("train_state_read_resharded: %d extra sections, at most %d", num_extra, TRAIN_STATE_MAX_EXTRA_SECTIONS);
-    }
     int rank = loader->process_rank;
     ZeroLayout zero;
     zero_layout_init(&zero, cfg, loader->num_processes);

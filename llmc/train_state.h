@@ -26,6 +26,17 @@ across the files of a checkpoint written with another number of ranks.
 static const char* const ADAMW8_SELECTION_NAMES[ADAMW8_NUM_SELECTIONS] = {"default", "all", "none"};
 #define TRAIN_STATE_MAX_EXTRA_SECTIONS 8
 
+// A run's section list starts with the caller's extra sections (adamw8's follow them);
+// `who` names the caller in the error. num_extra = 0 may come with extra = NULL.
+static inline int train_state_copy_extra_sections(StateSection* sections, const StateSection* extra, int num_extra,
+                                                  const char* who) {
+    if (num_extra < 0 || num_extra > TRAIN_STATE_MAX_EXTRA_SECTIONS) {
+        llm8_die("%s: %d extra sections, expected 0..%d", who, num_extra, TRAIN_STATE_MAX_EXTRA_SECTIONS);
+    }
+    if (num_extra > 0) { memcpy(sections, extra, (size_t)num_extra * sizeof(StateSection)); }
+    return num_extra;
+}
+
 /*
 The per-tensor state widths (the adamw8.bits section) of a state file with 8-bit states, found
 before the state is read: state_file_read stops at the first section whose size differs, which
@@ -82,11 +93,8 @@ num_parameters each); the fp32 master (NULL: none) and the loader's position and
 static inline void train_state_write(const char* path, int step, const DataLoader* loader, const Adamw8Layout* layout,
                                      int use_adamw8, float* m, float* v, Adamw8States* states8, float* master,
                                      const StateSection* extra, int num_extra) {
-    if (num_extra > TRAIN_STATE_MAX_EXTRA_SECTIONS) {
-        llm8_die("train_state_write: %d extra sections, at most %d", num_extra, TRAIN_STATE_MAX_EXTRA_SECTIONS);
-    }
     StateSection sections[TRAIN_STATE_MAX_EXTRA_SECTIONS + ADAMW8_NUM_SECTIONS];
-    memcpy(sections, extra, (size_t)num_extra * sizeof(StateSection));
+    train_state_copy_extra_sections(sections, extra, num_extra, "train_state_write");
     int32_t bits[NUM_PARAMETER_TENSORS];
     int num_sections = num_extra + (use_adamw8 ? adamw8_state_sections(sections + num_extra, layout, states8, bits) : 0);
     TrainState state = {step, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
@@ -176,9 +184,6 @@ DONE marker's); a file holding another is refused. Returns the step to continue 
 static inline int train_state_read(const char* path, int step, DataLoader* loader, const GPT2Config* cfg, int use_adamw8,
                                    Adamw8Selection selection, size_t flat_begin, size_t flat_end, float* m, float* v,
                                    Adamw8States* states8, float* master, const StateSection* extra, int num_extra) {
-    if (num_extra > TRAIN_STATE_MAX_EXTRA_SECTIONS) {
-        llm8_die("train_state_read: %d extra sections, at most %d", num_extra, TRAIN_STATE_MAX_EXTRA_SECTIONS);
-    }
     int file_fp32 = state_file_has_fp32_moments(path);
     Adamw8Layout layout;  // this process's window: the whole model, or its ZeRO range
     train_state_window_(&layout, cfg, selection, use_adamw8, file_fp32, flat_begin, flat_end);
@@ -189,8 +194,7 @@ static inline int train_state_read(const char* path, int step, DataLoader* loade
     }
     TrainStateFileForm form = train_state_file_form_init_(file_fp32, &layout, use_adamw8, m, v, states8);
     StateSection sections[TRAIN_STATE_MAX_EXTRA_SECTIONS + ADAMW8_NUM_SECTIONS];
-    memcpy(sections, extra, (size_t)num_extra * sizeof(StateSection));
-    int num_sections = num_extra;
+    int num_sections = train_state_copy_extra_sections(sections, extra, num_extra, "train_state_read");
     int32_t bits[NUM_PARAMETER_TENSORS];
     if (!file_fp32) { num_sections += adamw8_state_sections(sections + num_extra, &layout, &form.states, bits); }
     StateBuffers buffers = {n, file_fp32 ? form.m : NULL, file_fp32 ? form.v : NULL, master, sections, num_sections};

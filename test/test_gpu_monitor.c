@@ -5,6 +5,7 @@ bus id, every reading and its line, n/a where the device does not say, every clo
 name, and each way NVML can be missing (no library, a library without NVML's functions,
 nvmlInit failing, no device at the bus id), each a reason and never a failed run.
 */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,7 @@ static char g_fake[1024];
 static void use_library(const char* path) { setenv("LLM8_NVML_LIBRARY", path, 1); }
 
 static void check_line(const GpuSample* s, const char* want, const char* what) {
-    char line[512];
+    char line[GPU_MONITOR_LINE_MAX];
     gpu_monitor_format(s, line, sizeof(line));
     CHECK(strcmp(line, want) == 0, "%s: got \"%s\"\n    expected \"%s\"", what, line, want);
 }
@@ -76,6 +77,12 @@ static void test_clock_reasons(void) {
     s.power_limit_mw = 699500;
     s.clock_reasons = 0;
     check_line(&s, "gpu | SM 1% | memory 2% | SM clock 3/4 MHz | power 689/700 W | 7 C | clock held by: nothing", "watts rounded");
+    // the widest line: the largest values and every reason, whole in GPU_MONITOR_LINE_MAX
+    GpuSample widest = {LLONG_MAX, LLONG_MAX, LLONG_MAX, LLONG_MAX, LLONG_MAX - 500, LLONG_MAX - 500, LLONG_MAX, 0x1FEULL};
+    check_line(&widest, "gpu | SM 9223372036854775807% | memory 9223372036854775807% | SM clock "
+               "9223372036854775807/9223372036854775807 MHz | power 9223372036854775/9223372036854775 W | 9223372036854775807 C"
+               " | clock held by: applications clock setting, power cap, hardware slowdown, sync boost, thermal (software), "
+               "thermal (hardware), power brake, display clock setting", "widest line");
 }
 
 // each way NVML can be missing: disabled with a reason, every reading n/a

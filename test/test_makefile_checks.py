@@ -93,3 +93,21 @@ def test_missing_nccl():
     assert result.returncode != 0
     lines = error_lines(result)
     assert len(lines) == 1 and lines[0].startswith("error: NCCL not found in") and "nvidia-nccl-cu13" in lines[0]
+
+
+def test_sanitizer_target_covers_every_test():
+    # make test-sanitizers builds each C test with ASan and UBSan and each cudasim test with
+    # UBSan (the Makefile says why not ASan there); -n prints the commands without running them
+    result = make("-n", "test-sanitizers")
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout.splitlines()
+    tests = sorted(name for name in os.listdir(os.path.join(ROOT, "test")) if name.startswith("test_"))
+    sim_tests = sorted(name for name in os.listdir(os.path.join(ROOT, "test", "cudasim")) if name.startswith("test_"))
+    for name in [n for n in tests if n.endswith(".c")]:
+        built = [c for c in commands if "test/%s " % name in c and "-o build/sanitize/%s" % name[:-2] in c]
+        assert len(built) == 1 and "-fsanitize=address,undefined" in built[0], name
+    for name in [n for n in tests + sim_tests if n.endswith(".cu")]:
+        built = [c for c in commands if c.endswith("-o build/sanitize/sim/%s" % name[:-3])]
+        assert len(built) == 1 and "-fsanitize=undefined" in built[0], name
+    runs = [c for c in commands if "test/run_cpu_tests.sh" in c]
+    assert len(runs) == 2 and "ASAN_OPTIONS=detect_leaks=0" in result.stdout, runs

@@ -164,6 +164,10 @@ static void dynamic_shared_prepare(size_t bytes) {
         dynamic_shared.mapping = map_before_guard_page(rounded, &dynamic_shared.data_bytes);
         if (dynamic_shared.mapping == nullptr) { fail("cannot map dynamic shared memory"); }
     }
+    if (dynamic_shared.mapping == nullptr) {  // no launch has asked for any yet
+        dynamic_shared.start = nullptr;
+        return;
+    }
     dynamic_shared.start = dynamic_shared.mapping + dynamic_shared.data_bytes - rounded;
     memset(dynamic_shared.start, 0xff, rounded);  // shared memory starts as garbage on a GPU
 }
