@@ -93,6 +93,7 @@ case "$stage" in
         mapfile -t tests < <(gpu_test_binaries)
         TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 | tee "$LOG_DIR/gpu_tests.log"
         left=$((end - $(date +%s)))
+        [ "$left" -lt 0 ] && left=0  # an overrun leaves nothing, not a negative time
         if [ "$left" -ge 20 ]; then
             "$PYTHON" dev/bench/bench.py --quick --only d12 --time-limit "$left" --out "$LOG_DIR" 2>&1 | tee "$LOG_DIR/bench_d12.log"
         else

@@ -29,16 +29,21 @@ Why it is shaped so:
 #ifndef LLMC_FP8_SCALING_CUH
 #define LLMC_FP8_SCALING_CUH
 
+#include <stddef.h>
 #include <stdint.h>
 #include "cuda_common.h"
 #include "cuda_utils.cuh"
 #include "fp8.h"
 #include "fp8_scaling.h"
 
-// what the casts of one FP8 tensor did; zeroed by fp8_cast_records_init
+// what the casts of one FP8 tensor did; zeroed by fp8_cast_records_init. scale_inv comes first
+// and the size is a multiple of 16 bytes, so in the trainer's 256-byte aligned record array
+// every &record->scale_inv is 16-byte aligned, as cuBLASLt needs of a scale pointer (on an H200
+// with cuBLASLt 13.1 a pointer 4 bytes past that passed the heuristic and failed at the launch
+// with CUBLAS_STATUS_NOT_SUPPORTED; matmul_check_spec names it first)
 typedef struct {
-    float scale;                    // per-tensor casts: the scale the last cast used
     float scale_inv;                // 1 / scale: the GEMMs' dequantization scale (A/B scale pointer)
+    float scale;                    // per-tensor casts: the scale the last cast used
     uint32_t amax_bits;             // fp8_amax_bits of this use, folded and cleared by fp8_scaling_update_records
     uint32_t interval_amax_bits;    // largest amax since the last fp8_cast_records_read
     uint32_t interval_min_scale_bits; // smallest scale used since the last read (the block recipe: over tiles)
@@ -47,6 +52,9 @@ typedef struct {
     unsigned long long saturated;
     unsigned long long flushed;
 } Fp8CastRecord;
+static_assert(offsetof(Fp8CastRecord, scale_inv) == 0 && offsetof(Fp8CastRecord, scale) == sizeof(float)
+              && sizeof(Fp8CastRecord) % 16 == 0,
+              "every record of a 16-byte aligned array has a 16-byte aligned scale_inv, its scale next");
 
 // ----------------------------------------------------------------------------
 // per-thread tally of a cast, committed once per block

@@ -15,6 +15,11 @@ contiguous along K, the "TN" layout that FP8 requires.
 Numerics and determinism:
 - COMPUTE_32F, fp32 alpha/beta; bias and the GELU epilogue are applied in fp32 before the one
   rounding to bf16. The GELU epilogue is cuBLASLt's tanh approximation (GPT-2's).
+- The weight gradients' += (beta = 1, C = D): on an H200 (cuBLASLt 13.1) the fp32 sum was
+  rounded to D's type before C was added, so a bf16 gradient is rounded twice per
+  accumulation where some elements need it (10% of an FP8 wgrad's on exact test data, none
+  off by more than that: test/bf16_accumulate.h). An fp32 D stays exact. llm.c accumulates
+  the same way; it adds at most half a bf16 step of the sum to each accumulation.
 - Split-K is allowed only with fp32 partials reduced in a separate step (reduction scheme
   COMPUTE_TYPE): the in-place and output-type schemes would round partial sums to bf16.
   Every cuBLASLt scheme is run-to-run deterministic for a fixed algorithm, and the algorithm
@@ -180,9 +185,11 @@ static void matmul_check_spec(const MatmulSpec* spec) {
             if (spec->a_scale == NULL || spec->b_scale == NULL) {
                 llm8_die("matmul %s: block scaling needs both A and B scale arrays", spec->name);
             }
-            matmul_check_aligned(spec->name, "A block scales", spec->a_scale);  // "must be 16B aligned"
-            matmul_check_aligned(spec->name, "B block scales", spec->b_scale);
         }
+        // block scale arrays: "must be 16B aligned" (cuBLAS docs); a per-tensor scale pointer too,
+        // by measurement (Fp8CastRecord's comment): else the launch fails with NOT_SUPPORTED
+        if (spec->a_scale != NULL) { matmul_check_aligned(spec->name, "A scale", spec->a_scale); }
+        if (spec->b_scale != NULL) { matmul_check_aligned(spec->name, "B scale", spec->b_scale); }
     } else if (!scalar || spec->fast_accumulate || spec->a_scale != NULL || spec->b_scale != NULL) {
         llm8_die("matmul %s: scale pointers, scale modes and fast accumulation are for FP8 operands", spec->name);
     }
@@ -578,8 +585,8 @@ dinp[N][C] = dout[N][OC] weight[OC][C]      (overwritten; dinp may be NULL: no d
            from dout (E5M2, or E4M3 tiles) and weight_t = W^T [C][OC], both contiguous along K = OC;
 dweight[OC][C] += dout^T inp                 (accumulated; dweight may be NULL: no wgrad)
            from inp_t = x^T [C][N] and dout_t = dy^T [OC][N], contiguous along K = N.
-dweight_type: CUDA_R_16BF (the gradient buffer, like the bf16 path) or CUDA_R_32F (an fp32
-accumulation buffer); cuBLASLt adds in fp32 and rounds once. No fast accumulation here.
+dweight_type: CUDA_R_16BF (the gradient buffer, like the bf16 path; the += rounds as the top
+comment says) or CUDA_R_32F (an fp32 accumulation buffer, exact). No fast accumulation here.
 */
 static MatmulSpec matmul_dgrad_fp8_spec(floatX* dinp, Fp8Operand dout, Fp8Operand weight_t, int N, int C, int OC,
                                         const floatX* pre_gelu) {

@@ -712,7 +712,7 @@ void zero_comm_replicated_regions(const ZeroComm* comm, const Fp8Model* fp8, con
         }
         Fp8CastOutput w = fp8_model_w(fp8, i);
         replica_check_add(check, w.state, sizeof(Fp8TensorScaling), "%s%s W scaling state", where, kind);
-        replica_check_add(check, &w.record->scale, 2 * sizeof(float), "%s%s W scale (its GEMMs')", where, kind);
+        replica_check_add(check, &w.record->scale_inv, 2 * sizeof(float), "%s%s W scale (its GEMMs')", where, kind);  // scale_inv, scale
     }
 }
 

@@ -26,7 +26,11 @@ Numerics: operands are decoded exactly to fp32 (bf16, E4M3, E5M2 are subsets of 
 dot product is accumulated in fp32 in a fixed order (16 lanes along K, then the lanes in
 order), per 128-element K block when block scaling applies; the epilogue runs in fp32 and D
 is rounded once (bf16: round to nearest even). So results are deterministic and at least as
-accurate as a GPU's; FAST_ACCUM is accepted and changes nothing. The GELU epilogue is taken
+accurate as a GPU's; FAST_ACCUM is accepted and changes nothing. One rounding more, as an
+H200 showed (cuBLASLt 13.1, bf16 and FP8 operands alike): with beta != 0 the sum is rounded
+to D's type before C is added, so a bf16 D += is rounded twice (an fp32 D's sum stays exact).
+The emulation does that always, and matched the H200 on every element of the exact tests
+(test/bf16_accumulate.h); those tests still admit either rounding, for other GPUs' algorithms. The GELU epilogue is taken
 to be the tanh approximation: the documentation says only "GELU"; DGELU is its exact derivative.
 
 Refused as the library refuses (the FP8 rules are those of cublasLtMatmul's "FP8" section for
@@ -34,7 +38,8 @@ Hopper, sm_90, the GPU llm8 targets): FP8 operands not in the TN layout (A trans
 FP8 with a non-FP8 operand or E5M2 x E5M2, FP8 sizes m, n, k or leading dimensions not
 multiples of 16 bytes, FP8 matrix pointers not 16-byte aligned, block scaling other than
 VEC128 x VEC128, VEC128 x BLK128x128, BLK128x128 x VEC128, block scaling without both scale
-pointers or with scale arrays not 16-byte aligned, scale pointers or modes with non-FP8
+pointers or with scale arrays not 16-byte aligned, per-tensor scale pointers not 16-byte aligned
+(at cublasLtMatmul only, as the H200 did: its heuristic accepted them), scale pointers or modes with non-FP8
 operands, a BIAS epilogue without its pointer, a GELU_AUX epilogue without its pointer or with
 an aux leading dimension below m or not a multiple of 8 (DGELU's too), layouts whose sizes do not fit
 together, a workspace not 256-byte aligned, and a pointer less aligned than the MIN_ALIGNMENT
@@ -256,6 +261,11 @@ uint16_t bf16_round_nearest_even(float value) {
     if ((bits & 0x7fffffffu) > 0x7f800000u) { return (uint16_t)((bits >> 16) | 0x0040u); }  // NaN stays (quiet) NaN
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return (uint16_t)(bits >> 16);
+}
+
+// value as D's type holds it (bf16: rounded to nearest even), in fp32
+float rounded_to(cudaDataType_t type, float value) {
+    return type == CUDA_R_16BF ? float_from_bits((uint32_t)bf16_round_nearest_even(value) << 16) : value;
 }
 
 void store_element(void* data, cudaDataType_t type, size_t index, float value) {
@@ -560,7 +570,9 @@ void compute(const Problem& p, const Pointers& data, float alpha, float beta) {
                                scale_a.at(i, block) * scale_b.at(j, block);
                 }
                 float value = alpha * product;
-                if (beta != 0.0f) { value += beta * load_element(data.c, c_layout.type, i + j * (size_t)c_layout.ld); }
+                if (beta != 0.0f) {  // the sum rounded to D's type first, as measured (the top comment)
+                    value = rounded_to(d_layout.type, value) + beta * load_element(data.c, c_layout.type, i + j * (size_t)c_layout.ld);
+                }
                 if (p.has_bias) { value += load_element(desc.bias, p.bias_type, i); }
                 const size_t aux_index = i + j * (size_t)desc.aux_ld;
                 if (p.dgelu) {
@@ -714,6 +726,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     const float alpha_value = *(const float*)alpha, beta_value = *(const float*)beta;
     REFUSE_IF(beta_value != 0.0f && C == nullptr, CUBLAS_STATUS_INVALID_VALUE, "beta is not 0 but C is NULL");
     REFUSE_IF(beta_value != 0.0f && problem.dgelu, CUBLAS_STATUS_NOT_SUPPORTED, "DGELU with beta != 0 is not emulated");
+    for (int i = 0; i < 2; i++) {  // measured, not documented: the heuristic takes it, the launch refuses it
+        const void* scale = problem.desc->scale[i];
+        REFUSE_IF(!problem.block_scaled && scale != nullptr && pointer_alignment(scale) < 16, CUBLAS_STATUS_NOT_SUPPORTED,
+                  "%s scale pointer %p is not 16-byte aligned (an H200's cuBLASLt 13.1 refused such a launch)",
+                  MATRIX_NAMES[i], scale);
+    }
     // C is not read when beta is 0 (and then may be anything)
     const void* matrices[4] = {A, B, beta_value != 0.0f ? C : D, D};
     uint32_t alignment[4];

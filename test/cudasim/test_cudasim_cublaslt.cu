@@ -11,6 +11,9 @@ cuBLAS 13 documentation, "128-element 1D and 128x128 2D Block Scaling For FP8 Da
   is K-major, L4 x ceil(M / 128) for A (L4 x ceil(N / 128) for B), L4 = L rounded up to 4;
   scale arrays start 16-byte aligned.
 cublasLtMatmul: the workspace must be 256-byte aligned.
+Beyond the documentation, what an H200 showed (cuBLASLt 13.1) and the emulation copies: a
+per-tensor scale pointer not 16-byte aligned fails the launch (not the heuristic), and a bf16
+D += rounds the sum to bf16 before adding C.
 Each GEMM here has distinct power-of-two scales per block and small integer codes, so the
 result is exact in fp32 and any mix-up of the layouts shows.
 */
@@ -68,6 +71,53 @@ static size_t scale_index(int32_t mode, int rows, int row, int kb) {
 
 static size_t scale_count(int32_t mode, int rows) {
     return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? (size_t)L * rows : (size_t)((rows + 127) / 128) * L4;
+}
+
+/*
+D += A^T B into bf16 (beta = 1, C = D) rounds the fp32 sum to bf16 before C joins, as an H200
+did (cuBLASLt 13.1): one 16 x 16 output, K = 16, every A code 1 and B's column summing to 259
+(15 x 16 + 19); with C = 7, the sum rounded first is 260 and 267 rounds to 268, where 7 + 259
+rounded once is 266
+*/
+static void test_bf16_accumulate_rounds_sum_first(cublasLtHandle_t handle, char* workspace) {
+    const int n = 16;
+    uint16_t a_host[n * n], b_host[n * n], d_host[n * n];
+    for (int i = 0; i < n * n; i++) {
+        a_host[i] = 0x3f80;                                   // 1.0
+        b_host[i] = i % n == n - 1 ? 0x4198 : 0x4180;         // 19.0 last along K, else 16.0
+        d_host[i] = 0x40e0;                                   // 7.0
+    }
+    uint16_t *a, *b, *d;
+    cudaCheck(cudaMalloc(&a, sizeof(a_host)));
+    cudaCheck(cudaMalloc(&b, sizeof(b_host)));
+    cudaCheck(cudaMalloc(&d, sizeof(d_host)));
+    cudaCheck(cudaMemcpy(a, a_host, sizeof(a_host), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(b, b_host, sizeof(b_host), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d, d_host, sizeof(d_host), cudaMemcpyHostToDevice));
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t layout;
+    lt_check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "bf16 desc");
+    int32_t transpose = CUBLAS_OP_T;
+    lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "bf16 TRANSA");
+    lt_check(cublasLtMatrixLayoutCreate(&layout, CUDA_R_16BF, n, n, n), "bf16 layout");
+    cublasLtMatmulPreference_t preference;
+    lt_check(cublasLtMatmulPreferenceCreate(&preference), "bf16 preference");
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    lt_check(cublasLtMatmulAlgoGetHeuristic(handle, desc, layout, layout, layout, layout, preference, 1, &result, &found),
+             "bf16 heuristic");
+    const float alpha = 1.0f, beta = 1.0f;
+    lt_check(cublasLtMatmul(handle, desc, &alpha, a, layout, b, layout, &beta, d, layout, d, layout, &result.algo,
+                            workspace, 1 << 20, 0), "bf16 matmul");
+    cudaCheck(cudaMemcpy(d_host, d, sizeof(d_host), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < n * n; i++) { bad += d_host[i] != 0x4386; }  // 268.0
+    CHECK(bad == 0, "bf16 D += 259 from 7: %d of %d outputs are not 268 (the sum rounded to 260 first); first 0x%04x",
+          bad, n * n, (unsigned)d_host[0]);
+    cublasLtMatmulPreferenceDestroy(preference);
+    cublasLtMatrixLayoutDestroy(layout);
+    cublasLtMatmulDescDestroy(desc);
+    cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b)); cudaCheck(cudaFree(d));
 }
 
 int main() {
@@ -164,6 +214,25 @@ int main() {
     CHECK(status != CUBLAS_STATUS_SUCCESS && found == 0, "A scales at 4 bytes' alignment: an algorithm (status %d)",
           (int)status);
     gemm_destroy(&misaligned);
+
+    // a per-tensor scale 4 bytes past 16-byte alignment: the heuristic takes it, the launch refuses
+    // it (as an H200's cuBLASLt 13.1 did); at 16 bytes it runs
+    const int32_t scalar = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    for (int offset = 1; offset <= 4; offset += 3) {
+        Gemm tensor = gemm_create(scalar, scalar, scales_a + offset, scales_b);
+        status = cublasLtMatmulAlgoGetHeuristic(handle, tensor.desc, tensor.a, tensor.b, tensor.d, tensor.d,
+                                                tensor.preference, 1, &result, &found);
+        CHECK(status == CUBLAS_STATUS_SUCCESS && found == 1, "per-tensor scale at +%d floats: no algorithm (status %d)",
+              offset, (int)status);
+        status = cublasLtMatmul(handle, tensor.desc, &alpha, a, tensor.a, b, tensor.b, &beta, d, tensor.d, d, tensor.d,
+                                &result.algo, workspace, 1 << 20, 0);
+        cublasStatus_t want = offset == 4 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+        CHECK(status == want, "per-tensor scale at +%d floats: status %d, expected %d", offset, (int)status, (int)want);
+        gemm_destroy(&tensor);
+    }
+    cudaCheck(cudaDeviceSynchronize());
+
+    test_bf16_accumulate_rounds_sum_first(handle, workspace);
 
     lt_check(cublasLtDestroy(handle), "destroy");
     void* buffers[6] = {a, b, d, scales_a, scales_b, workspace};
