@@ -7,7 +7,11 @@ block's two absmaxes. One warp owns one 256-element quantization block, 8 elemen
 so every load is one instruction (16 bytes of bf16 or fp32, 8 bytes of codes) and the block's
 new absmax is a warp butterfly max with no shared memory and no atomics: deterministic, and
 max is exact, so the codes equal the host reference's bit for bit. The maps (2 KB) are copied
-into shared memory once per thread block, where the binary search of each encode reads them.
+into shared memory once per thread block, and laid out there again in search order
+(quant8_search_order), where the binary search of each encode reads them. The sorted layout
+made the lanes' reads at each search level collide in a few banks: on an H200 (2026-11-26,
+doc/benchmarks/) the adamw8 step took 2.20 ms at d12, against AdamW's 1.19 ms although it
+moves fewer bytes; the next GPU benchmark says what the search order changed.
 The per-element arithmetic is quant8.h's __host__ __device__ code; the new bf16 weight is
 rounded stochastically with random_u32(seed, element index counted from the tensor's start),
 as llmc/adamw.cuh does. A block whose update is not finite somewhere is not written at all.
@@ -41,6 +45,11 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
     for (int i = threadIdx.x; i < QUANT8_CODES; i += blockDim.x) {
         shared_maps.signed_values[i] = maps->signed_values[i];
         shared_maps.unsigned_values[i] = maps->unsigned_values[i];
+    }
+    __syncthreads();
+    for (int node = 1 + threadIdx.x; node < QUANT8_CODES; node += blockDim.x) {  // from shared: no more global reads
+        shared_maps.signed_search[node] = shared_maps.signed_values[quant8_search_order(node)];
+        shared_maps.unsigned_search[node] = shared_maps.unsigned_values[quant8_search_order(node)];
     }
     __syncthreads();
     const int lane = threadIdx.x % WARP_SIZE;
@@ -118,8 +127,8 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
     #pragma unroll
     for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
         if (k >= count) { break; }
-        m_code[k] = quant8_encode_signed(m[k], m_max, shared_maps.signed_values);
-        v_code[k] = quant8_encode_unsigned(v[k], v_max, shared_maps.unsigned_values);
+        m_code[k] = quant8_encode_signed(m[k], m_max, &shared_maps);
+        v_code[k] = quant8_encode_unsigned(v[k], v_max, &shared_maps);
         weight[k] = stochastic_round_bf16(param[k], seed, first_index + (uint32_t)(start + k));
         if (fp8.record != NULL) {
             fp8_code[k] = fp8_weight_update_element(fp8, fp8_scale, master != NULL, param[k], weight[k], &tally);

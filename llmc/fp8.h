@@ -126,6 +126,19 @@ LLMC_HD uint8_t fp8_quantize(float x, float scale, Fp8Format format) {
     return fp8_encode(x * scale, format);
 }
 
+// two neighbouring codes, encode(x0 * scale) in the low byte and encode(x1 * scale) in the
+// high one: on the device one conversion instruction for both (fp8_encode issues that same
+// pair instruction, cvt.rn.satfinite.e4m3x2 / e5m2x2, and keeps one half), on the host two
+// fp8_quantize calls; test_fp8_codec checks the byte order against cuda_fp8.h's
+LLMC_HD uint16_t fp8_quantize2(float x0, float x1, float scale, Fp8Format format) {
+#ifdef __CUDA_ARCH__
+    return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(x0 * scale, x1 * scale), __NV_SATFINITE,
+                                              format == FP8_E4M3 ? __NV_E4M3 : __NV_E5M2);
+#else
+    return (uint16_t)(fp8_quantize(x0, scale, format) | (fp8_quantize(x1, scale, format) << 8));
+#endif
+}
+
 // decode(code) * scale_inv, scale_inv = 1 / scale
 LLMC_HD float fp8_dequantize(uint8_t code, float scale_inv, Fp8Format format) {
     return fp8_decode(code, format) * scale_inv;

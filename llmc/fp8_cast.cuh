@@ -17,6 +17,15 @@ Why it is shaped so:
   recipe: in one tile the kernel finds the amax of every 1 x 128 row piece (x, dy in the
   forward and dgrad), of every 128 x 1 column piece (x^T, dy^T in wgrad), and of the whole
   128 x 128 block (weights), so the block recipe costs no extra pass.
+- ALU per element matters: at an H200's 4.8 TB/s a bf16 cast moves an element (2 bytes in, a
+  code and a transposed code out) in the time of about 25 ALU operations per element, and the
+  2026-11-26 benchmark (doc/benchmarks/) put the casts at 2.4 to 3 times their memory floor
+  with one conversion, an amax and a scale minimum per code. So the code passes convert two
+  values per instruction (fp8_quantize2: the single conversion issues the same paired
+  instruction and keeps half), the amax is taken once while staging, and the saturated and
+  flushed counts go 8 codes at a time (fp8_tally_counts8). Chunks of 8 keep the kernel at 48
+  registers, as before (5 blocks per SM). Whether this moved the casts toward the floor is
+  the next GPU benchmark's to say.
 - Scales: the per-tensor recipes read the scale from the tensor's Fp8TensorScaling on the
   device and record amax and counts in its Fp8CastRecord (fp8_scaling.cuh). Delayed: one
   pass (cast with the history's scale, record this amax). Current (gradients under -fg
@@ -158,6 +167,17 @@ __device__ __forceinline__ uint2 fp8_pack8(const uint8_t codes[8]) {
     return packed;
 }
 
+// the codes of 8 values under one scale, packed little-endian (x[i]'s code in byte i), two
+// per conversion instruction
+__device__ __forceinline__ uint2 fp8_quantize8(const float x[8], float scale, Fp8Format format) {
+    uint32_t words[2];
+    for (int w = 0; w < 2; w++) {
+        words[w] = (uint32_t)fp8_quantize2(x[4 * w], x[4 * w + 1], scale, format)
+                 | ((uint32_t)fp8_quantize2(x[4 * w + 2], x[4 * w + 3], scale, format) << 16);
+    }
+    return make_uint2(words[0], words[1]);
+}
+
 // ----------------------------------------------------------------------------
 // the amax pass (current scaling): this use's amax into record->amax_bits
 
@@ -289,19 +309,24 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_
             if (r >= rows_here || c >= cols_here) { continue; }
             float scale = out.scaling == FP8_SCALING_TENSOR ? tensor_scale
                         : out.scaling == FP8_SCALING_ROWS_1x128 ? row_scales[r] : tile_scale;
-            uint8_t codes[16];
-            for (int k = 0; k < 16; k++) {
-                float x = fp8_stage_to_float(tile[r * stride + c + k]);
-                codes[k] = fp8_quantize(x, scale, out.format);
-                fp8_tally_cast(&tally, x, scale, codes[k], out.format);
+            uint2 codes[2];
+            for (int half = 0; half < 2; half++) {  // 8 values at a time: fewer live registers
+                float x[8];
+                for (int v = 0; v < 8; v += vector) {  // 16-byte reads: the staged row is 16-byte aligned
+                    Packed128<In> staged = load128(tile + r * stride + c + 8 * half + v);
+                    for (int k = 0; k < vector; k++) { x[v + k] = fp8_stage_to_float(staged[k]); }
+                }
+                codes[half] = fp8_quantize8(x, scale, out.format);
+                fp8_tally_counts8(&tally, x, codes[half], scale, out.format);
             }
-            uint2 low = fp8_pack8(codes), high = fp8_pack8(codes + 8);
-            *reinterpret_cast<uint4*>(out.codes + (size_t)(r0 + r) * cols + c0 + c) = make_uint4(low.x, low.y, high.x, high.y);
+            *reinterpret_cast<uint4*>(out.codes + (size_t)(r0 + r) * cols + c0 + c) =
+                make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
         }
     }
 
-    // transposed codes: a thread packs 32 rows of one column (two 16-byte stores); a warp
-    // takes 32 neighbouring columns, so each staged row is read without bank conflicts
+    // transposed codes: a thread packs 32 rows of one column (two 16-byte stores, the second
+    // only where the tile has those rows: rows_here is a multiple of 16); a warp takes 32
+    // neighbouring columns, so each staged row is read without bank conflicts
     if (out.codes_t != NULL) {
         for (int i = threadIdx.x; i < FP8_TILE * (FP8_TILE / 32); i += FP8_TILE_THREADS) {
             int c = i % FP8_TILE;
@@ -309,21 +334,17 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_
             if (c >= cols_here || r >= rows_here) { continue; }
             float scale = out.scaling == FP8_SCALING_TENSOR ? tensor_scale
                         : out.scaling == FP8_SCALING_ROWS_1x128 ? col_scales[c] : tile_scale;
-            uint8_t codes[32];
-            for (int k = 0; k < 32; k++) {
-                codes[k] = 0;
-                if (r + k < rows_here) {
-                    float x = fp8_stage_to_float(tile[(r + k) * stride + c]);
-                    codes[k] = fp8_quantize(x, scale, out.format);
-                    if (!count_rows) { fp8_tally_cast(&tally, x, scale, codes[k], out.format); }
-                }
-            }
             uint8_t* destination = out.codes_t + (size_t)(c0 + c) * rows + r0 + r;
-            uint2 a = fp8_pack8(codes), b = fp8_pack8(codes + 8);
-            *reinterpret_cast<uint4*>(destination) = make_uint4(a.x, a.y, b.x, b.y);
-            if (r + 16 < rows_here) {  // rows_here is a multiple of 16
-                uint2 c8 = fp8_pack8(codes + 16), d8 = fp8_pack8(codes + 24);
-                *reinterpret_cast<uint4*>(destination + 16) = make_uint4(c8.x, c8.y, d8.x, d8.y);
+            for (int half = 0; half < 2 && r + 16 * half < rows_here; half++) {
+                uint2 codes[2];
+                for (int quarter = 0; quarter < 2; quarter++) {
+                    const int first = r + 16 * half + 8 * quarter;
+                    float x[8];
+                    for (int k = 0; k < 8; k++) { x[k] = fp8_stage_to_float(tile[(first + k) * stride + c]); }
+                    codes[quarter] = fp8_quantize8(x, scale, out.format);
+                    if (!count_rows) { fp8_tally_counts8(&tally, x, codes[quarter], scale, out.format); }
+                }
+                *reinterpret_cast<uint4*>(destination + 16 * half) = make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
             }
         }
     }

@@ -88,6 +88,21 @@ __device__ __forceinline__ void fp8_tally_cast(Fp8Tally* t, float x, float scale
     t->flushed += status == FP8_ELEMENT_FLUSHED;
 }
 
+// the counts of 8 codes just cast with one scale (codes: x[0]'s in the lowest byte), for a
+// cast whose staging already tallied the amax of x: fp8_tally_cast's counts without the amax,
+// the scale's minimum taken once
+__device__ __forceinline__ void fp8_tally_counts8(Fp8Tally* t, const float x[8], uint2 codes, float scale,
+                                                  Fp8Format format) {
+    t->min_scale_bits = min(t->min_scale_bits, float_as_bits(scale));
+    for (int k = 0; k < 8; k++) {
+        uint8_t code = (uint8_t)((k < 4 ? codes.x : codes.y) >> (8 * (k % 4)));
+        Fp8ElementStatus status = fp8_classify(x[k], scale, code, format);
+        t->saturated += status == FP8_ELEMENT_SATURATED;
+        t->flushed += status == FP8_ELEMENT_FLUSHED;
+    }
+    t->elements += 8;
+}
+
 // the tally of the whole warp, in every lane (all 32 lanes call it)
 __device__ __forceinline__ Fp8Tally fp8_tally_warp_reduce(Fp8Tally t) {
     Fp8Tally w;

@@ -17,9 +17,10 @@ Numerics and determinism:
   rounding to bf16. The GELU epilogue is cuBLASLt's tanh approximation (GPT-2's).
 - The weight gradients' += (beta = 1, C = D): on an H200 (cuBLASLt 13.1) the fp32 sum was
   rounded to D's type before C was added, so a bf16 gradient is rounded twice per
-  accumulation where some elements need it (10% of an FP8 wgrad's on exact test data, none
-  off by more than that: test/bf16_accumulate.h). An fp32 D stays exact. llm.c accumulates
-  the same way; it adds at most half a bf16 step of the sum to each accumulation.
+  accumulation (on exact test data that changed 10% of an FP8 wgrad's elements, and every
+  element was one of the two roundings: test/bf16_accumulate.h). An fp32 D stays exact.
+  llm.c accumulates the same way; it adds at most half a bf16 step of the sum to each
+  accumulation.
 - Split-K is allowed only with fp32 partials reduced in a separate step (reduction scheme
   COMPUTE_TYPE): the in-place and output-type schemes would round partial sums to bf16.
   Every cuBLASLt scheme is run-to-run deterministic for a fixed algorithm, and the algorithm

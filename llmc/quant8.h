@@ -18,7 +18,8 @@ Why it is shaped this way:
   on the tree's next decade, -1e-7, so the 256 codes are distinct.
 - Codes are stored so that a zeroed buffer means "all moments 0": an m code is an int8 whose
   value orders the map (map index = code + 128, zero at code 0), a v code is a uint8 (zero at
-  code 0). Encoding is a binary search for the nearest map value, ties to the lower value.
+  code 0). Encoding is a binary search for the nearest map value, ties to the lower value,
+  over the map in search order (quant8_search_order: fewer shared-memory bank conflicts).
 - Blocks of 256 elements with one fp32 absmax per block per state; x is normalized by x/absmax.
   Every operation on the path is a single IEEE-rounded + - * / or a comparison, so the host
   and the device produce the same codes bit for bit (the GPU test checks it).
@@ -54,11 +55,28 @@ Host code here is C that also compiles as C++; the element functions are __host_
 #define QUANT8_SIGNED_ZERO_INDEX 128        // map index of the signed code 0
 #define ADAMW8_MIN_8BIT_ELEMENTS 4096       // per-layer tensors smaller than this keep 32-bit states
 
-// the two dynamic maps, each ascending; signed_values[code + 128], unsigned_values[code]
+// the two dynamic maps, each ascending; signed_values[code + 128], unsigned_values[code]; and
+// each in the encode's search order (quant8_search_order; element 0 unused)
 typedef struct {
     float signed_values[QUANT8_CODES];
     float unsigned_values[QUANT8_CODES];
+    float signed_search[QUANT8_CODES];
+    float unsigned_search[QUANT8_CODES];
 } Quant8Maps;
+
+/*
+The encode's binary search, laid out by level (an Eytzinger order): node 1 holds the middle
+value (index 128), nodes 2-3 the quarter points (64, 192), and level k's 2^k candidates sit at
+nodes 2^k .. 2^(k+1)-1: node 2^k + j holds sorted index (128 >> k) * (2j + 1). So a warp's
+lanes read neighbouring floats at each level, distinct shared-memory banks for the first six,
+where the sorted table's candidates (odd multiples of one power of two) all share a few banks.
+Returns the sorted index node 1..255 holds.
+*/
+LLMC_HD int quant8_search_order(int node) {
+    int level = 0;
+    while ((2 << level) <= node) { level++; }
+    return (QUANT8_CODES / 2 >> level) * (2 * (node - (1 << level)) + 1);
+}
 
 // ----------------------------------------------------------------------------
 // map generation (host)
@@ -97,17 +115,26 @@ static inline void quant8_maps_init(Quant8Maps* maps) {
     int unsigned_count = quant8_tree_magnitudes(magnitudes, 8);
     maps->unsigned_values[0] = 0.0f;
     for (int i = 0; i < unsigned_count; i++) { maps->unsigned_values[1 + i] = (float)magnitudes[i]; }
+    maps->signed_search[0] = maps->unsigned_search[0] = 0.0f;  // unused
+    for (int node = 1; node < QUANT8_CODES; node++) {
+        maps->signed_search[node] = maps->signed_values[quant8_search_order(node)];
+        maps->unsigned_search[node] = maps->unsigned_values[quant8_search_order(node)];
+    }
 }
 
 // ----------------------------------------------------------------------------
 // element functions, shared by the kernel and the host reference
 
-// the index of the table value nearest to x (ties to the lower one); table ascending, 256 entries
-LLMC_HD int quant8_nearest_index(const float* table, float x) {
-    int lo = 0;
-    for (int step = QUANT8_CODES / 2; step > 0; step >>= 1) {
-        if (table[lo + step] <= x) { lo += step; }
-    }
+/*
+The index of the table value nearest to x (ties to the lower one); table ascending, 256
+entries, search the same values in quant8_search_order. First lo = the last index whose value
+is <= x (0 if none; table[0] is never compared), by 8 comparisons: at each level the
+candidate lo + step, step = 128 >> level, is node 2^level + lo / (2 step) of search.
+*/
+LLMC_HD int quant8_nearest_index(const float* table, const float* search, float x) {
+    int node = 1;
+    for (int level = 0; level < 8; level++) { node = 2 * node + (search[node] <= x ? 1 : 0); }
+    int lo = node - QUANT8_CODES;
     if (lo < QUANT8_CODES - 1 && table[lo + 1] - x < x - table[lo]) { lo++; }
     return lo;
 }
@@ -122,12 +149,13 @@ LLMC_HD float quant8_normalize(float x, float absmax) {
 #endif
 }
 
-LLMC_HD int8_t quant8_encode_signed(float x, float absmax, const float* signed_map) {
-    return (int8_t)(quant8_nearest_index(signed_map, quant8_normalize(x, absmax)) - QUANT8_SIGNED_ZERO_INDEX);
+LLMC_HD int8_t quant8_encode_signed(float x, float absmax, const Quant8Maps* maps) {
+    return (int8_t)(quant8_nearest_index(maps->signed_values, maps->signed_search, quant8_normalize(x, absmax))
+                    - QUANT8_SIGNED_ZERO_INDEX);
 }
 
-LLMC_HD uint8_t quant8_encode_unsigned(float x, float absmax, const float* unsigned_map) {
-    return (uint8_t)quant8_nearest_index(unsigned_map, quant8_normalize(x, absmax));
+LLMC_HD uint8_t quant8_encode_unsigned(float x, float absmax, const Quant8Maps* maps) {
+    return (uint8_t)quant8_nearest_index(maps->unsigned_values, maps->unsigned_search, quant8_normalize(x, absmax));
 }
 
 LLMC_HD float quant8_decode_signed(int8_t code, float absmax, const float* signed_map) {
@@ -167,17 +195,17 @@ typedef struct {
 } Quant8TensorStates;
 
 // absmax of a block and its codes; x holds count <= 256 finite values
-static inline void quant8_quantize_block_signed(const float* x, int count, const float* map, int8_t* codes, float* absmax) {
+static inline void quant8_quantize_block_signed(const float* x, int count, const Quant8Maps* maps, int8_t* codes, float* absmax) {
     float block_max = 0.0f;
     for (int k = 0; k < count; k++) { block_max = fmaxf(block_max, fabsf(x[k])); }
-    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_signed(x[k], block_max, map); }
+    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_signed(x[k], block_max, maps); }
     *absmax = block_max;
 }
 
-static inline void quant8_quantize_block_unsigned(const float* x, int count, const float* map, uint8_t* codes, float* absmax) {
+static inline void quant8_quantize_block_unsigned(const float* x, int count, const Quant8Maps* maps, uint8_t* codes, float* absmax) {
     float block_max = 0.0f;
     for (int k = 0; k < count; k++) { block_max = fmaxf(block_max, fabsf(x[k])); }
-    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_unsigned(x[k], block_max, map); }
+    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_unsigned(x[k], block_max, maps); }
     *absmax = block_max;
 }
 
@@ -195,8 +223,8 @@ static inline int adamw8_block_update(float* params, const float* grads, float g
                                               *v_absmax, maps, hp, &m[k], &v[k]);
         if (!adamw8_element_is_finite(new_params[k], m[k], v[k])) { return 0; }
     }
-    quant8_quantize_block_signed(m, count, maps->signed_values, m_codes, m_absmax);
-    quant8_quantize_block_unsigned(v, count, maps->unsigned_values, v_codes, v_absmax);
+    quant8_quantize_block_signed(m, count, maps, m_codes, m_absmax);
+    quant8_quantize_block_unsigned(v, count, maps, v_codes, v_absmax);
     memcpy(params, new_params, (size_t)count * sizeof(float));
     return 1;
 }
@@ -542,8 +570,8 @@ static inline void adamw8_states_from_fp32(const Adamw8Layout* layout, const Qua
         for (size_t b = 0; b * QUANT8_BLOCK < n; b++) {
             size_t start = b * QUANT8_BLOCK;
             int count = quant8_block_count(n, b);
-            quant8_quantize_block_signed(m + off + start, count, maps->signed_values, st.m_codes + start, st.m_absmax + b);
-            quant8_quantize_block_unsigned(v + off + start, count, maps->unsigned_values, st.v_codes + start, st.v_absmax + b);
+            quant8_quantize_block_signed(m + off + start, count, maps, st.m_codes + start, st.m_absmax + b);
+            quant8_quantize_block_unsigned(v + off + start, count, maps, st.v_codes + start, st.v_absmax + b);
         }
     }
 }

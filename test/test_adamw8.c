@@ -3,6 +3,9 @@ test_adamw8.c: the 8-bit AdamW of llmc/quant8.h on the CPU (the GPU kernel runs 
 element functions; test_adamw8_gpu.cu checks it bit for bit against adamw8_update_bf16_ref).
 
 - maps: ascending, 256 distinct values, 0 and +-1 exact, the tree's shape, encode(decode(c)) = c;
+- the search order (quant8_search_order): a one-to-one layout of the sorted maps, whose search
+  picks the sorted binary search's index on every map value, midpoint (ties), their float
+  neighbours, random values, and +-0, +-1.5, +-Inf, NaN;
 - quantize/dequantize: the chosen code is the nearest (brute force), and per element
   |x - deq(q(x))| <= absmax * (gap/2 + 2^-23), gap = the map's gap around x/absmax (at most
   the largest gap G: 0.9/64 signed, 0.9/128 unsigned); 2^-23 covers the two fp32 roundings
@@ -95,8 +98,8 @@ static void test_maps(void) {
     CHECK_CLOSE(largest_gap(s), 0.9 / 64, ldexp(1.0, -23), 0, "largest gap of the signed map");
     CHECK_CLOSE(largest_gap(u), 0.9 / 128, ldexp(1.0, -23), 0, "largest gap of the unsigned map");
     int roundtrip = 1;
-    for (int c = -128; c < 128; c++) { roundtrip = roundtrip && quant8_encode_signed(s[c + 128] * 2.5f, 2.5f, s) == c; }
-    for (int c = 0; c < 256; c++) { roundtrip = roundtrip && quant8_encode_unsigned(u[c] * 2.5f, 2.5f, u) == c; }
+    for (int c = -128; c < 128; c++) { roundtrip = roundtrip && quant8_encode_signed(s[c + 128] * 2.5f, 2.5f, &g_maps) == c; }
+    for (int c = 0; c < 256; c++) { roundtrip = roundtrip && quant8_encode_unsigned(u[c] * 2.5f, 2.5f, &g_maps) == c; }
     CHECK(roundtrip, "encode(decode(code)) != code");
 }
 
@@ -112,6 +115,61 @@ static float test_value(int distribution, uint32_t k, uint32_t i, int is_signed)
     return is_signed ? x : fabsf(x);
 }
 
+// the sorted-order binary search the encode did before quant8_search_order: the last index whose
+// value is <= x (0 if none), then the nearer of it and the next, ties to the lower
+static int nearest_index_sorted(const float* table, float x) {
+    int lo = 0;
+    for (int step = QUANT8_CODES / 2; step > 0; step >>= 1) {
+        if (table[lo + step] <= x) { lo += step; }
+    }
+    if (lo < QUANT8_CODES - 1 && table[lo + 1] - x < x - table[lo]) { lo++; }
+    return lo;
+}
+
+// the search order is a layout of the sorted maps (nodes 1..255 onto indices 1..255, each once),
+// and the encode's search over it picks the same index as the sorted search, for every map value,
+// its float neighbours, every midpoint between neighbours and its neighbours (ties), random
+// values across the decades, both signs, beyond +-1, +-0, +-Inf and NaN
+static void test_search_order(void) {
+    int seen[QUANT8_CODES] = {0};
+    int layout_ok = 1;
+    for (int node = 1; node < QUANT8_CODES; node++) {
+        int index = quant8_search_order(node);
+        layout_ok = layout_ok && index >= 1 && index < QUANT8_CODES && !seen[index]++;
+        layout_ok = layout_ok && g_maps.signed_search[node] == g_maps.signed_values[index]
+                    && g_maps.unsigned_search[node] == g_maps.unsigned_values[index];
+    }
+    CHECK(layout_ok, "quant8_search_order is not a one-to-one layout of sorted indices 1..255");
+    for (int is_signed = 0; is_signed <= 1; is_signed++) {
+        const float* table = is_signed ? g_maps.signed_values : g_maps.unsigned_values;
+        const float* search = is_signed ? g_maps.signed_search : g_maps.unsigned_search;
+        long long checked = 0, differ = 0;
+        float probes[8];
+        for (int i = 0; i < QUANT8_CODES; i++) {
+            float mid = i + 1 < QUANT8_CODES ? table[i] + (table[i + 1] - table[i]) / 2.0f : 2.0f;
+            const float points[8] = {table[i], nextafterf(table[i], -INFINITY), nextafterf(table[i], INFINITY), mid,
+                                     nextafterf(mid, -INFINITY), nextafterf(mid, INFINITY), -table[i], -mid};
+            memcpy(probes, points, sizeof(points));
+            for (int p = 0; p < 8; p++) {
+                differ += quant8_nearest_index(table, search, probes[p]) != nearest_index_sorted(table, probes[p]);
+                checked++;
+            }
+        }
+        for (uint32_t i = 0; i < 200000; i++) {
+            float x = powf(10.0f, -9.0f * uniform01(400, i)) * (uniform01(401, i) < 0.5f ? -1.0f : 1.0f);
+            differ += quant8_nearest_index(table, search, x) != nearest_index_sorted(table, x);
+            checked++;
+        }
+        const float special[8] = {0.0f, -0.0f, 1.5f, -1.5f, INFINITY, -INFINITY, NAN, 1e-30f};
+        for (int p = 0; p < 8; p++) {
+            differ += quant8_nearest_index(table, search, special[p]) != nearest_index_sorted(table, special[p]);
+            checked++;
+        }
+        CHECK(differ == 0, "%s map: the search-order encode differs from the sorted search on %lld of %lld values",
+              is_signed ? "signed" : "unsigned", differ, checked);
+    }
+}
+
 static void test_quantize_error(void) {
     for (int is_signed = 0; is_signed <= 1; is_signed++) {
         const float* map = is_signed ? g_maps.signed_values : g_maps.unsigned_values;
@@ -125,8 +183,8 @@ static void test_quantize_error(void) {
                 uint8_t uc[QUANT8_BLOCK];
                 int count = (k == 63) ? 77 : QUANT8_BLOCK;  // a short last block
                 for (int i = 0; i < count; i++) { x[i] = test_value(distribution, k, (uint32_t)i, is_signed); }
-                if (is_signed) { quant8_quantize_block_signed(x, count, map, sc, &absmax); }
-                else { quant8_quantize_block_unsigned(x, count, map, uc, &absmax); }
+                if (is_signed) { quant8_quantize_block_signed(x, count, &g_maps, sc, &absmax); }
+                else { quant8_quantize_block_unsigned(x, count, &g_maps, uc, &absmax); }
                 for (int i = 0; i < count; i++) {
                     int index = is_signed ? sc[i] + QUANT8_SIGNED_ZERO_INDEX : uc[i];
                     back[i] = is_signed ? quant8_decode_signed(sc[i], absmax, map) : quant8_decode_unsigned(uc[i], absmax, map);
@@ -174,8 +232,8 @@ static void test_one_step(void) {
     }
     for (size_t b = 0; b < blocks; b++) {
         int count = quant8_block_count(n, b);
-        quant8_quantize_block_signed(m0 + b * 256, count, g_maps.signed_values, mc + b * 256, ma + b);
-        quant8_quantize_block_unsigned(v0 + b * 256, count, g_maps.unsigned_values, vc + b * 256, va + b);
+        quant8_quantize_block_signed(m0 + b * 256, count, &g_maps, mc + b * 256, ma + b);
+        quant8_quantize_block_unsigned(v0 + b * 256, count, &g_maps, vc + b * 256, va + b);
     }
     const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, grad_scale = 0.75f;
     const int t = 7;
@@ -209,8 +267,8 @@ static void test_one_step(void) {
         int8_t expect_m[QUANT8_BLOCK];
         uint8_t expect_v[QUANT8_BLOCK];
         float expect_ma, expect_va;
-        quant8_quantize_block_signed(m_new, count, g_maps.signed_values, expect_m, &expect_ma);
-        quant8_quantize_block_unsigned(v_new, count, g_maps.unsigned_values, expect_v, &expect_va);
+        quant8_quantize_block_signed(m_new, count, &g_maps, expect_m, &expect_ma);
+        quant8_quantize_block_unsigned(v_new, count, &g_maps, expect_v, &expect_va);
         codes_differ += memcmp(expect_m, mc + b * 256, count) != 0 || memcmp(expect_v, vc + b * 256, count) != 0 ||
                         expect_ma != ma[b] || expect_va != va[b];
     }
@@ -761,6 +819,7 @@ int main(void) {
     quant8_maps_init(&g_maps);
     test_make_temp_dir(g_dir, sizeof(g_dir));
     test_maps();
+    test_search_order();
     test_quantize_error();
     test_one_step();
     test_non_finite();

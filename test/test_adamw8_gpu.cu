@@ -76,8 +76,8 @@ static void case_init(Case* c, size_t n, const Quant8Maps* maps) {
             c->master[i] = 0.02f * gaussian(1, i);
             c->params[i] = float_to_bf16_bits(c->master[i]);
         }
-        quant8_quantize_block_signed(m, count, maps->signed_values, c->m_codes + b * QUANT8_BLOCK, c->m_absmax + b);
-        quant8_quantize_block_unsigned(v, count, maps->unsigned_values, c->v_codes + b * QUANT8_BLOCK, c->v_absmax + b);
+        quant8_quantize_block_signed(m, count, maps, c->m_codes + b * QUANT8_BLOCK, c->m_absmax + b);
+        quant8_quantize_block_unsigned(v, count, maps, c->v_codes + b * QUANT8_BLOCK, c->v_absmax + b);
     }
     c->d_params = (floatX*)device_copy(c->params, n * 2);
     c->d_grads = (floatX*)cuda_malloc_checked(n * 2, "grads");

@@ -6,6 +6,7 @@ no GPU needed:
     g++ -std=c++17 -O2 -Wall -I. -I/usr/local/cuda/include test/test_fp8_codec.cpp -o build/test_fp8_codec
 
 What is covered:
+- the pair encode (fp8_quantize2): two encodes, in __nv_cvt_float2_to_fp8x2's byte order;
 - decode: all 256 codes of each format, against __nv_cvt_fp8_to_halfraw (widened to float)
   bit for bit (NaN codes: both NaN);
 - the optimizer's weight element (fp8_weight_element): the value a weight's FP8 cast reads
@@ -199,6 +200,29 @@ static void test_roundtrip_and_scaled(void) {
     }
 }
 
+// fp8_quantize2 (the cast kernels' pair encode): two fp8_quantize codes, x0's in the low byte,
+// as cuda_fp8.h's __nv_cvt_float2_to_fp8x2 packs them (.x low), on random pairs at several scales
+static void test_quantize_pairs(void) {
+    mt19937_state rng;
+    manual_seed(&rng, 4242);
+    for (int f = 0; f < 2; f++) {
+        Fp8Format format = FORMATS[f];
+        long long bad = 0;
+        for (int i = 0; i < 200000; i++) {
+            float x0 = ldexpf(randfloat32(&rng) - 0.5f, (int)(randint32(&rng) % 40) - 20);
+            float x1 = ldexpf(randfloat32(&rng) - 0.5f, (int)(randint32(&rng) % 40) - 20);
+            float scale = ldexpf(1.0f, (int)(randint32(&rng) % 16) - 4);
+            uint16_t pair = fp8_quantize2(x0, x1, scale, format);
+            uint16_t separate = (uint16_t)(fp8_quantize(x0, scale, format) | (fp8_quantize(x1, scale, format) << 8));
+            uint16_t cuda = (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(x0 * scale, x1 * scale), __NV_SATFINITE,
+                                                               cuda_interpretation(format));
+            bad += pair != separate || pair != cuda;
+        }
+        CHECK(bad == 0, "%s: %lld of 200000 pairs differ from two encodes or from __nv_cvt_float2_to_fp8x2",
+              fp8_format_name(format), bad);
+    }
+}
+
 static void test_classify(void) {
     CHECK(fp8_classify(464.0f, 1.0f, fp8_encode(464.0f, FP8_E4M3), FP8_E4M3) == FP8_ELEMENT_REPRESENTED,
           "E4M3 464 (rounds to max) counted as saturated");
@@ -279,6 +303,7 @@ int main(void) {
     test_encode_saturation_facts();
     test_encode_stride_and_random();
     test_roundtrip_and_scaled();
+    test_quantize_pairs();
     test_classify();
     printf("encode: %lld floats checked against __nv_cvt_float_to_fp8 (SATFINITE), %lld mismatches\n",
            g_encode_checks, g_encode_failures);
