@@ -564,7 +564,19 @@ static void test_adamw8_runs(const RunRecord* a, const char* adamw_dir, const Ru
     free(to8.weights); free(to32.weights); free(fq.weights);
 }
 
+// one line as each numbered section (the top comment) starts, with the seconds since main began:
+// where a run's time goes on the GPU machine, whose calls are short
+static void section_starts(const char* what) {
+    static double start = -1.0;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double seconds = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+    if (start < 0.0) { start = seconds; }
+    printf("test_gpt2 at %.1f s: %s\n", seconds - start, what);
+}
+
 int main(void) {
+    section_starts("1. the whole model against the reference");
     ensure_writable_dir("build");
     GPT2Config large = test_model_config(TEST_MODEL_LARGE);
     size_t n = gpt2_num_parameters(&large);
@@ -578,8 +590,10 @@ int main(void) {
 #endif
     test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback", 1, stream);
     test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback -ge 2", 2, stream);
+    section_starts("2. bf16 10-step trajectory");
     test_training_trajectory_vs_reference(NULL, stream);
 
+    section_starts("3-4. determinism, recompute, -ge 2");
     RunRecord a = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);
     RunRecord b = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);
     CHECK(memcmp(a.losses, b.losses, sizeof(a.losses)) == 0, "two identical runs: losses differ");
@@ -602,6 +616,7 @@ int main(void) {
     CHECK(!same_bits(dgelu.weights, a.weights, n), "-ge 2: the weights equal -ge 1's: the DGELU epilogue never ran");
     check_losses_track(&dgelu, &a, 0, "-ge 2 vs -ge 1");
 
+    section_starts("5. resume");
     const char* dir = "build/test_gpt2_ckpt";
     ensure_writable_dir(dir);
     RunRecord straight = train_run(10, 1, 1, dir, 5, 0, NULL, -1, &ADAMW, stream);
@@ -617,6 +632,7 @@ int main(void) {
     Fp8Settings delayed = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS);
     Fp8Settings current_lm_head = fp8_settings_of(FP8_MODEL_CURRENT, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
     Fp8Settings block_lm_head = fp8_settings_of(FP8_MODEL_BLOCK, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
+    section_starts("6. FP8 forward and backward against the emulation");
     test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 1, "fp8 delayed", stream);
     test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 2, "fp8 delayed -ge 2", stream);
     test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &current_lm_head, 1, 1, "fp8 current+lm_head", stream);
@@ -630,8 +646,10 @@ int main(void) {
     Fp8Settings delayed_weights = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
     delayed_weights.weight_scaling = FP8_WEIGHTS_DELAYED;  // -fw delayed: the optimizer pass writes the weights' codes
     delayed_weights.grad_scaling = FP8_GRADS_DELAYED;      // -fg delayed: dy cast in one pass after the first backward
+    section_starts("7. FP8 10-step trajectories");
     test_training_trajectory_vs_reference(&delayed, stream);
     test_training_trajectory_vs_reference(&delayed_weights, stream);
+    section_starts("8. FP8 determinism and resume");
     const Fp8Settings* resumable[3] = {&delayed, &block_lm_head, &delayed_weights};
     const char* resumable_names[3] = {"fp8 delayed", "fp8 block+lm_head", "fp8 delayed, delayed weights and gradients+lm_head"};
     const char* resumable_dirs[3] = {"build/test_gpt2_ckpt_fp8_delayed", "build/test_gpt2_ckpt_fp8_block",
@@ -664,11 +682,13 @@ int main(void) {
     CHECK(!same_bits(fp8_dgelu.weights, fp8_delayed_adamw.weights, n), "fp8 delayed -ge 2: the weights equal -ge 1's");
     free(fp8_dgelu.weights);
 
+    section_starts("9. adamw8");
     test_adamw8_runs(&a, dir, &straight, &delayed, &fp8_delayed_adamw, n, stream);
     free(fp8_delayed_adamw.weights);
     free(straight.weights);
     free(a.weights);
     matmul_teardown();
     cudaCheck(cudaStreamDestroy(stream));
+    section_starts("done");
     return test_summary("test_gpt2");
 }
