@@ -78,14 +78,19 @@ __device__ __forceinline__ void fp8_tally_amax(Fp8Tally* t, float x) {
     t->amax_bits = max(t->amax_bits, fp8_amax_bits(x));
 }
 
+// what the cast of one element did to it (fp8_classify), counted; the caller counts the element
+__device__ __forceinline__ void fp8_tally_status(Fp8Tally* t, float x, float scale, uint8_t code, Fp8Format format) {
+    Fp8ElementStatus status = fp8_classify(x, scale, code, format);
+    t->saturated += status == FP8_ELEMENT_SATURATED;
+    t->flushed += status == FP8_ELEMENT_FLUSHED;
+}
+
 // one element cast with `scale` into `code`: its amax and what the cast did to it
 __device__ __forceinline__ void fp8_tally_cast(Fp8Tally* t, float x, float scale, uint8_t code, Fp8Format format) {
     fp8_tally_amax(t, x);
     t->min_scale_bits = min(t->min_scale_bits, float_as_bits(scale));
-    Fp8ElementStatus status = fp8_classify(x, scale, code, format);
+    fp8_tally_status(t, x, scale, code, format);
     t->elements++;
-    t->saturated += status == FP8_ELEMENT_SATURATED;
-    t->flushed += status == FP8_ELEMENT_FLUSHED;
 }
 
 // the counts of 8 codes just cast with one scale (codes: x[0]'s in the lowest byte), for a
@@ -95,10 +100,7 @@ __device__ __forceinline__ void fp8_tally_counts8(Fp8Tally* t, const float x[8],
                                                   Fp8Format format) {
     t->min_scale_bits = min(t->min_scale_bits, float_as_bits(scale));
     for (int k = 0; k < 8; k++) {
-        uint8_t code = (uint8_t)((k < 4 ? codes.x : codes.y) >> (8 * (k % 4)));
-        Fp8ElementStatus status = fp8_classify(x[k], scale, code, format);
-        t->saturated += status == FP8_ELEMENT_SATURATED;
-        t->flushed += status == FP8_ELEMENT_FLUSHED;
+        fp8_tally_status(t, x[k], scale, (uint8_t)((k < 4 ? codes.x : codes.y) >> (8 * (k % 4))), format);
     }
     t->elements += 8;
 }

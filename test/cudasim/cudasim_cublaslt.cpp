@@ -30,19 +30,20 @@ accurate as a GPU's; FAST_ACCUM is accepted and changes nothing. One rounding mo
 H200 showed (cuBLASLt 13.1, bf16 and FP8 operands alike): with beta != 0 the sum is rounded
 to D's type before C is added, so a bf16 D += is rounded twice (an fp32 D's sum stays exact).
 The emulation does that always, and matched the H200 on every element of the exact tests
-(test/bf16_accumulate.h); those tests still admit either rounding, for other GPUs' algorithms. The GELU epilogue is taken
-to be the tanh approximation: the documentation says only "GELU"; DGELU is its exact derivative.
+(test/bf16_accumulate.h); those tests still admit either rounding, for other GPUs'
+algorithms. The GELU epilogue is taken to be the tanh approximation: the documentation says
+only "GELU"; DGELU is its exact derivative.
 
 Refused as the library refuses (the FP8 rules are those of cublasLtMatmul's "FP8" section for
 Hopper, sm_90, the GPU llm8 targets): FP8 operands not in the TN layout (A transposed, B not),
 FP8 with a non-FP8 operand or E5M2 x E5M2, FP8 sizes m, n, k or leading dimensions not
 multiples of 16 bytes, FP8 matrix pointers not 16-byte aligned, block scaling other than
 VEC128 x VEC128, VEC128 x BLK128x128, BLK128x128 x VEC128, block scaling without both scale
-pointers or with scale arrays not 16-byte aligned, per-tensor scale pointers not 16-byte aligned
-(at cublasLtMatmul only, as the H200 did: its heuristic accepted them), scale pointers or modes with non-FP8
-operands, a BIAS epilogue without its pointer, a GELU_AUX epilogue without its pointer or with
-an aux leading dimension below m or not a multiple of 8 (DGELU's too), layouts whose sizes do not fit
-together, a workspace not 256-byte aligned, and a pointer less aligned than the MIN_ALIGNMENT
+pointers or with scale arrays not 16-byte aligned, per-tensor scale pointers not 16-byte
+aligned (at cublasLtMatmul only, as the H200 did: its heuristic accepted them), scale pointers
+or modes with non-FP8 operands, a BIAS epilogue without its pointer, a GELU_AUX epilogue
+without its pointer or with an aux leading dimension below m or not a multiple of 8 (DGELU's
+too), layouts whose sizes do not fit together, a workspace not 256-byte aligned, and a pointer less aligned than the MIN_ALIGNMENT
 preference the algorithm was chosen for. What the emulation does not do (other types,
 epilogues, attributes, orders, batches) is refused too, with CUBLAS_STATUS_NOT_SUPPORTED and a
 line saying "not emulated". Block scaling takes any K (a multiple of 16 as FP8 needs): the
