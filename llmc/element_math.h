@@ -100,13 +100,16 @@ LLMC_HD float gelu_forward_element(float x) {
     return 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + cube)));
 }
 
-// d gelu(x) / dx
+// d gelu(x) / dx. sech^2 as 1 - tanh^2: one tanhf instead of also a coshf and a division, which
+// on the GPU are 2 special-function instructions per element instead of 5 (those run at a
+// quarter of the FMA rate and bounded the GELU backward kernels). Where tanh nears 1 the
+// difference loses relative accuracy: against float64 over x in [-20, 20] the derivative is
+// off by at most 1.3e-6 (the cosh form: 1.9e-7), far below the bf16 rounding (2^-9 = 2e-3) of
+// the gradient it multiplies.
 LLMC_HD float gelu_backward_element(float x) {
     float cube = 0.044715f * x * x * x;
-    float tanh_arg = GELU_SCALING_FACTOR * (x + cube);
-    float tanh_out = tanhf(tanh_arg);
-    float cosh_out = coshf(tanh_arg);
-    float sech2 = 1.0f / (cosh_out * cosh_out);
+    float tanh_out = tanhf(GELU_SCALING_FACTOR * (x + cube));
+    float sech2 = 1.0f - tanh_out * tanh_out;
     return 0.5f * (1.0f + tanh_out) + x * 0.5f * sech2 * GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
 }
 

@@ -156,12 +156,26 @@ A NaN is neither (it stays NaN and the loss guard catches it).
 */
 typedef enum { FP8_ELEMENT_REPRESENTED = 0, FP8_ELEMENT_SATURATED = 1, FP8_ELEMENT_FLUSHED = 2 } Fp8ElementStatus;
 
-LLMC_HD Fp8ElementStatus fp8_classify(float x, float scale, uint8_t code, Fp8Format format) {
+LLMC_HD int fp8_saturates(float x, float scale, Fp8Format format) {
     float scaled = fabsf(x * scale);
-    int saturated = format == FP8_E4M3 ? scaled > 464.0f : scaled >= 61440.0f;
-    if (saturated) { return FP8_ELEMENT_SATURATED; }
-    if (x != 0.0f && (code & 0x7fu) == 0u) { return FP8_ELEMENT_FLUSHED; }
+    return format == FP8_E4M3 ? scaled > 464.0f : scaled >= 61440.0f;
+}
+
+LLMC_HD int fp8_flushed(float x, uint8_t code) { return x != 0.0f && (code & 0x7fu) == 0u; }
+
+LLMC_HD Fp8ElementStatus fp8_classify(float x, float scale, uint8_t code, Fp8Format format) {
+    if (fp8_saturates(x, scale, format)) { return FP8_ELEMENT_SATURATED; }
+    if (fp8_flushed(x, code)) { return FP8_ELEMENT_FLUSHED; }
     return FP8_ELEMENT_REPRESENTED;
+}
+
+/*
+Whether any element of a set whose amax is `amax` may saturate under `scale`: fl(|x| * scale)
+rises with |x| (rounding to nearest is monotonic), so none does when the amax does not, and
+this is exact. A NaN amax (the set holds a NaN) answers yes: its elements need classifying.
+*/
+LLMC_HD int fp8_may_saturate(float amax, float scale, Fp8Format format) {
+    return amax != amax || fp8_saturates(amax, scale, format);
 }
 
 // |x| as float bits, for amax reductions: as unsigned integers these order like the

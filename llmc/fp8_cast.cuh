@@ -17,15 +17,23 @@ Why it is shaped so:
   recipe: in one tile the kernel finds the amax of every 1 x 128 row piece (x, dy in the
   forward and dgrad), of every 128 x 1 column piece (x^T, dy^T in wgrad), and of the whole
   128 x 128 block (weights), so the block recipe costs no extra pass.
-- ALU per element matters: at an H200's 4.8 TB/s a bf16 cast moves an element (2 bytes in, a
-  code and a transposed code out) in the time of about 25 ALU operations per element, and the
-  2026-11-26 benchmark (doc/benchmarks/) put the casts at 2.4 to 3 times their memory floor
-  with one conversion, an amax and a scale minimum per code. So the code passes convert two
-  values per instruction (fp8_quantize2: the single conversion issues the same paired
-  instruction and keeps half), the amax is taken once while staging, and the saturated and
-  flushed counts go 8 codes at a time (fp8_tally_counts8). Chunks of 8 keep the kernel at 48
-  registers, as before (5 blocks per SM). Whether this moved the casts toward the floor is
-  the next GPU benchmark's to say.
+- Memory-level parallelism and ALU per element both bound it. The 2026-11-26 H200 benchmark
+  (doc/benchmarks/) put the casts at 2.4 to 3 times their memory floor (about 2 TB/s), and
+  the SASS showed why: staging issued one 16-byte load per thread and waited for it before
+  the next (20 KB in flight per SM), and at 4.8 TB/s an element (2 bytes in, a code and a
+  transposed code out) has the time of about 25 ALU operations, which the conversions and
+  counts nearly used up. So:
+  - staging issues FP8_STAGE_BATCH loads per thread before using the first; the kernel is
+    capped at 64 registers (4 blocks, 1024 threads per SM): 64 KB in flight per SM;
+  - a plain cast stages the loaded bits as they are; a transform converts its results back
+    to bf16 two per instruction (fp8_stage_pack), and reads what else it needs (layernorm's
+    weight and bias, GELU backward's pre-activation) 16 bytes at a time (Transform::stage);
+  - the code passes convert two values per instruction (fp8_quantize2) and take the counts
+    8 at a time (fp8_tally_counts8), the amax once while staging;
+  - per tensor, one barrier vote (__syncthreads_or) tells the tile whether any of its values
+    can saturate under the known scale (exactly, from the amaxes: fp8_may_saturate); where
+    none can, the counts test each code for a flush only.
+  Whether this reaches the floor is the next GPU benchmark's to say.
 - Scales: the per-tensor recipes read the scale from the tensor's Fp8TensorScaling on the
   device and record amax and counts in its Fp8CastRecord (fp8_scaling.cuh). Delayed: one
   pass (cast with the history's scale, record this amax). Current (gradients under -fg
@@ -59,6 +67,7 @@ so tile edges fall on 16-byte boundaries; the last tile in each direction may be
 
 #define FP8_TILE 128
 #define FP8_TILE_THREADS 256
+#define FP8_STAGE_BATCH 4  // 16-byte loads a thread of the tile cast has in flight while staging
 #define FP8_BLOCK_SCALE_ALIGN 4  // the 128x128 scale rows are padded to 16 bytes (4 floats)
 
 /*
@@ -149,15 +158,49 @@ template <> __device__ __forceinline__ floatX fp8_stage_from_float<floatX>(float
 template <> __device__ __forceinline__ float fp8_stage_from_float<float>(float x) { return x; }
 
 /*
-Transforms: what a cast applies to each stored element before it stages and casts it. The
-tile kernel calls transform(x, row, col) (the position lets layernorm.cuh normalize with
-the row's statistics and the column's weight), the amax pass transform(x); an element-wise
-transform has both.
+Transforms: what a cast applies to each stored element before it stages and casts it.
+- stage(x, row, col): the 16-byte vector x[0..N) of row `row`, columns col..col+N, as
+  floats, transformed in place. Vector-wide, so a transform that reads other tensors at the
+  same positions (layernorm.cuh's weight and bias, GELU backward's pre-activation) loads
+  them 16 bytes at a time, and row statistics once per vector.
+- operator()(x): element-wise transforms also serve the amax pass, which has no positions.
+- passes_through: staging keeps the loaded bits as they are (no conversion to float and
+  back), the plain cast's case.
 */
 struct Fp8Identity {
+    static constexpr bool passes_through = true;
     __device__ __forceinline__ float operator()(float x) const { return x; }
-    __device__ __forceinline__ float operator()(float x, int, int) const { return x; }
 };
+
+// bf16 pairs rounded by one conversion instruction (the same bits as two __float2bfloat16_rn)
+template <class In> __device__ __forceinline__ Packed128<In> fp8_stage_pack(const float (&x)[Packed128<In>::size]);
+template <> __device__ __forceinline__ Packed128<floatX> fp8_stage_pack<floatX>(const float (&x)[x128::size]) {
+    x128 packed;
+    for (int k = 0; k < x128::size; k += 2) {
+        __nv_bfloat162 pair = __floats2bfloat162_rn(x[k], x[k + 1]);
+        packed[k] = pair.x;
+        packed[k + 1] = pair.y;
+    }
+    return packed;
+}
+template <> __device__ __forceinline__ f128 fp8_stage_pack<float>(const float (&x)[f128::size]) {
+    f128 packed;
+    for (int k = 0; k < f128::size; k++) { packed[k] = x[k]; }
+    return packed;
+}
+
+// one loaded 16-byte vector of row `row` from column `col`, transformed as the tile stages it
+template <class In, class Transform>
+__device__ __forceinline__ Packed128<In> fp8_stage_vector(Packed128<In> loaded, const Transform& transform, int row, int col) {
+    if constexpr (Transform::passes_through) {
+        return loaded;
+    } else {
+        float x[Packed128<In>::size];
+        for (int k = 0; k < Packed128<In>::size; k++) { x[k] = fp8_stage_to_float(loaded[k]); }
+        transform.stage(x, row, col);
+        return fp8_stage_pack<In>(x);
+    }
+}
 
 // 8 consecutive codes, packed little-endian (code i in byte i)
 __device__ __forceinline__ uint2 fp8_pack8(const uint8_t codes[8]) {
@@ -218,7 +261,7 @@ record_amax: fold the tile's amax into record->amax_bits (the delayed one-pass c
 Statistics count the row-major codes when they are written, else the transposed ones.
 */
 template <class In, class Transform>
-__global__ void __launch_bounds__(FP8_TILE_THREADS)
+__global__ void __launch_bounds__(FP8_TILE_THREADS, 4)
 fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_sums, const In* in, int rows, int cols,
                           bool record_amax, Transform transform) {
     constexpr int vector = (int)(16 / sizeof(In));
@@ -236,21 +279,38 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_
     const float fmax = fp8_max(out.format);
     Fp8Tally tally = fp8_tally_zero();
 
-    // stage the transformed tile; the amax of TENSOR scaling is tallied here
-    for (int i = threadIdx.x; i < FP8_TILE * (FP8_TILE / vector); i += FP8_TILE_THREADS) {
-        int r = i / (FP8_TILE / vector);
-        int c = (i % (FP8_TILE / vector)) * vector;
-        if (r >= rows_here || c >= cols_here) { continue; }
-        size_t at = (size_t)(r0 + r) * cols + c0 + c;
-        Packed128<In> packed = load128cs(in + at);
-        for (int k = 0; k < vector; k++) {
-            packed[k] = fp8_stage_from_float<In>(transform(fp8_stage_to_float(packed[k]), r0 + r, c0 + c + k));
-            fp8_tally_amax(&tally, fp8_stage_to_float(packed[k]));
+    // stage the transformed tile, tallying its amax. A thread stages one 16-byte column piece
+    // of every rows_per_pass-th row, and issues its loads in batches of FP8_STAGE_BATCH before
+    // it uses the first, so that many are in flight
+    constexpr int vectors_per_row = FP8_TILE / vector;
+    constexpr int rows_per_pass = FP8_TILE_THREADS / vectors_per_row;
+    static_assert((FP8_TILE / rows_per_pass) % FP8_STAGE_BATCH == 0, "whole batches of loads per thread");
+    const int c = (threadIdx.x % vectors_per_row) * vector;
+    const int first_row = threadIdx.x / vectors_per_row;
+    const size_t pass_step = (size_t)rows_per_pass * cols;
+    const In* source = in + (size_t)(r0 + first_row) * cols + c0 + c;
+    for (int batch = 0; batch < FP8_TILE / rows_per_pass; batch += FP8_STAGE_BATCH) {
+        Packed128<In> loaded[FP8_STAGE_BATCH];
+#pragma unroll
+        for (int j = 0; j < FP8_STAGE_BATCH; j++) {
+            const int r = first_row + (batch + j) * rows_per_pass;
+            loaded[j] = r < rows_here && c < cols_here ? load128cs(source + (batch + j) * pass_step) : Packed128<In>::zeros();
         }
-        *reinterpret_cast<int4*>(tile + r * stride + c) = packed.bits();
-        if (transformed_out != NULL) { store128(transformed_out + at, packed); }
+#pragma unroll
+        for (int j = 0; j < FP8_STAGE_BATCH; j++) {
+            const int r = first_row + (batch + j) * rows_per_pass;
+            if (r >= rows_here || c >= cols_here) { continue; }
+            Packed128<In> staged = fp8_stage_vector(loaded[j], transform, r0 + r, c0 + c);
+            for (int k = 0; k < vector; k++) { fp8_tally_amax(&tally, fp8_stage_to_float(staged[k])); }
+            *reinterpret_cast<int4*>(tile + r * stride + c) = staged.bits();
+            if (transformed_out != NULL) { store128(transformed_out + (size_t)(r0 + r) * cols + c0 + c, staged); }
+        }
     }
-    __syncthreads();
+    // per tensor, the scale is known before any code: if no staged value of the tile saturates
+    // under it (exact from the amaxes, fp8_may_saturate), the code passes count flushes only
+    const float tensor_scale = out.scaling == FP8_SCALING_TENSOR ? out.state->scale : 0.0f;
+    const bool tile_may_saturate = __syncthreads_or(
+        out.scaling != FP8_SCALING_TENSOR || fp8_may_saturate(bits_as_float(tally.amax_bits), tensor_scale, out.format));
 
     if (column_sums != NULL && threadIdx.x < cols_here) {
         const int c = threadIdx.x;
@@ -264,11 +324,8 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_
     }
 
     // block recipes: the amax of every row piece and column piece of the tile, two threads each
-    float tensor_scale = 0.0f;
     float tile_scale = 0.0f;
-    if (out.scaling == FP8_SCALING_TENSOR) {
-        tensor_scale = out.state->scale;
-    } else {
+    if (out.scaling != FP8_SCALING_TENSOR) {
         const int line = threadIdx.x / 2, half = threadIdx.x % 2;
         uint32_t row_bits = 0u, col_bits = 0u;
         for (int j = half * (FP8_TILE / 2); j < (half + 1) * (FP8_TILE / 2); j++) {
@@ -317,7 +374,7 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_
                     for (int k = 0; k < vector; k++) { x[v + k] = fp8_stage_to_float(staged[k]); }
                 }
                 codes[half] = fp8_quantize8(x, scale, out.format);
-                fp8_tally_counts8(&tally, x, codes[half], scale, out.format);
+                fp8_tally_counts8(&tally, x, codes[half], scale, out.format, tile_may_saturate);
             }
             *reinterpret_cast<uint4*>(out.codes + (size_t)(r0 + r) * cols + c0 + c) =
                 make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
@@ -342,7 +399,7 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_
                     float x[8];
                     for (int k = 0; k < 8; k++) { x[k] = fp8_stage_to_float(tile[(first + k) * stride + c]); }
                     codes[quarter] = fp8_quantize8(x, scale, out.format);
-                    if (!count_rows) { fp8_tally_counts8(&tally, x, codes[quarter], scale, out.format); }
+                    if (!count_rows) { fp8_tally_counts8(&tally, x, codes[quarter], scale, out.format, tile_may_saturate); }
                 }
                 *reinterpret_cast<uint4*>(destination + 16 * half) = make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
             }

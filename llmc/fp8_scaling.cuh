@@ -95,12 +95,18 @@ __device__ __forceinline__ void fp8_tally_cast(Fp8Tally* t, float x, float scale
 
 // the counts of 8 codes just cast with one scale (codes: x[0]'s in the lowest byte), for a
 // cast whose staging already tallied the amax of x: fp8_tally_cast's counts without the amax,
-// the scale's minimum taken once
+// the scale's minimum taken once. may_saturate false (fp8_may_saturate of an amax over these
+// values said no) leaves only the flushed test per element.
 __device__ __forceinline__ void fp8_tally_counts8(Fp8Tally* t, const float x[8], uint2 codes, float scale,
-                                                  Fp8Format format) {
+                                                  Fp8Format format, bool may_saturate) {
     t->min_scale_bits = min(t->min_scale_bits, float_as_bits(scale));
     for (int k = 0; k < 8; k++) {
-        fp8_tally_status(t, x[k], scale, (uint8_t)((k < 4 ? codes.x : codes.y) >> (8 * (k % 4))), format);
+        const uint8_t code = (uint8_t)((k < 4 ? codes.x : codes.y) >> (8 * (k % 4)));
+        if (may_saturate) {
+            fp8_tally_status(t, x[k], scale, code, format);
+        } else {
+            t->flushed += fp8_flushed(x[k], code);
+        }
     }
     t->elements += 8;
 }

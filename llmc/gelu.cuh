@@ -67,18 +67,27 @@ void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, int N, cudaStrea
 
 // the bf16 GELU output, as gelu_forward_kernel stores it (the tile cast rounds the result to bf16)
 struct Fp8GeluTransform {
+    static constexpr bool passes_through = false;
     __device__ __forceinline__ float operator()(float x) const { return gelu_forward_element(x); }
-    __device__ __forceinline__ float operator()(float x, int, int) const { return gelu_forward_element(x); }
+    template <int N>
+    __device__ __forceinline__ void stage(float (&x)[N], int, int) const {
+        for (int k = 0; k < N; k++) { x[k] = gelu_forward_element(x[k]); }
+    }
 };
 
 // the bf16 dout * gelu'(pre_gelu), as gelu_backward_inplace stores it (the tile cast rounds
 // the product to bf16): the one pass over fc's output gradient when its scale is known
-// (-fg delayed, the block recipe; matmul_backward_fp8_dout)
+// (-fg delayed, the block recipe; matmul_backward_fp8_dout). pre_gelu is read 16 bytes at a
+// time at the staged vector's positions.
 struct Fp8GeluBackwardTransform {
+    static constexpr bool passes_through = false;
     const floatX* pre_gelu;  // [rows][cols], the tile's rows and cols
     int cols;
-    __device__ __forceinline__ float operator()(float dout, int row, int col) const {
-        return gelu_backward_element(__bfloat162float(pre_gelu[(size_t)row * cols + col])) * dout;
+    template <int N>
+    __device__ __forceinline__ void stage(float (&dout)[N], int row, int col) const {
+        static_assert(N == x128::size, "the gradient is staged as bf16, 8 per vector like pre_gelu");
+        x128 pre = load128cs(pre_gelu + (size_t)row * cols + col);
+        for (int k = 0; k < N; k++) { dout[k] = gelu_backward_element(__bfloat162float(pre[k])) * dout[k]; }
     }
 };
 

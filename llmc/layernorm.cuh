@@ -233,8 +233,15 @@ struct LayernormOutputTransform {
     const float* rstd;
     const floatX* weight;
     const floatX* bias;
-    __device__ __forceinline__ float operator()(float x, int row, int col) const {
-        return layernorm_output_element(x, mean[row], rstd[row], __bfloat162float(weight[col]), __bfloat162float(bias[col]));
+    static constexpr bool passes_through = false;
+    template <int N>
+    __device__ __forceinline__ void stage(float (&x)[N], int row, int col) const {
+        static_assert(N == x128::size, "layernorm's input is staged as bf16, 8 per vector like its weight and bias");
+        const float row_mean = mean[row], row_rstd = rstd[row];
+        x128 w = load128(weight + col), b = load128(bias + col);
+        for (int k = 0; k < N; k++) {
+            x[k] = layernorm_output_element(x[k], row_mean, row_rstd, __bfloat162float(w[k]), __bfloat162float(b[k]));
+        }
     }
 };
 

@@ -4,7 +4,8 @@
 #   bash scripts/setup_python.sh
 #
 # 1. pip installs numpy, tiktoken (data tools), matplotlib (scripts/plot.py), pytest (tests),
-#    and the cuDNN frontend headers the CUDA build needs (nvidia-cudnn-frontend, no deps).
+#    the cuDNN frontend headers the CUDA build needs (nvidia-cudnn-frontend, no deps), and
+#    cuobjdump (nvidia-cuda-cuobjdump, no deps) for the kernel-resource test.
 # 2. If no GPT-2 rank file can be found (see dev/data/gpt2_bpe.py for the search order), it
 #    downloads the openai-whisper *source* distribution with pip (no install: installing
 #    whisper would pull in torch), takes whisper/assets/gpt2.tiktoken out of it, checks its
@@ -23,6 +24,9 @@ RANK_FILE_SHA256="306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd9
 # the cuDNN frontend headers (header-only C++) that llmc/cudnn_att.cpp compiles against;
 # --no-deps: its Python extras pull in large packages the build does not use
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps "nvidia-cudnn-frontend>=1.8"
+# cuobjdump, which the toolkit image lacks: test/test_kernel_resources.py reads the kernels'
+# registers and stack frames from the sm_90a code with it (no GPU needed)
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps "nvidia-cuda-cuobjdump>=13.0,<14"
 
 if "$PYTHON" dev/data/gpt2_bpe.py >/dev/null 2>&1; then
     "$PYTHON" dev/data/gpt2_bpe.py

@@ -319,15 +319,30 @@ static void check_cast(const DeviceFp8* t, const HostCast* h, bool transposed_on
 // ----------------------------------------------------------------------------
 // casts with per-tensor scaling
 
-static void test_cast_tensor(int rows, int cols, Fp8Format format) {
+/*
+A delayed state whose history says amax 1.0 casts Gaussian data of std 0.2 (1.03, where
+saturation starts, is 5 std): the values planted in the first 128x128 tile saturate, so
+the other tiles count flushes alone (fp8_may_saturate; one is planted in the last tile), and
+the counts must still be exact.
+nan_tile: also a NaN and a saturating value in the last tile, where the NaN makes the amax
+NaN, so that tile must classify every element and count the saturated one.
+*/
+static void test_cast_tensor(int rows, int cols, Fp8Format format, bool nan_tile) {
     char what[128];
-    snprintf(what, sizeof(what), "fp8_cast_transpose %s %dx%d", fp8_format_name(format), rows, cols);
+    snprintf(what, sizeof(what), "fp8_cast_transpose %s %dx%d%s", fp8_format_name(format), rows, cols,
+             nan_tile ? ", a NaN" : "");
     size_t n = (size_t)rows * cols;
-    float* x = host_bf16_normal(n, 1.0f);
+    float* x = host_bf16_normal(n, 0.2f);
     x[3] = 0.0f;
     x[5] = -1e-12f;  // flushed to zero at these scales
     x[7] = bf16_bits_to_float(float_to_bf16_bits(-1e-6f));
-    // a delayed state whose history says amax 1.0: the Gaussian tail beyond it saturates
+    x[9] = 3.0f;
+    x[(size_t)2 * cols + 1] = -2.0f;
+    x[n - 5] = 1e-12f;  // a flush in the last tile, which saturates nothing unless nan_tile
+    if (nan_tile) {
+        x[n - 1] = NAN;
+        x[n - 2] = 2.5f;
+    }
     Fp8TensorScaling state;
     fp8_scaling_init(&state, FP8_RECIPE_DELAYED, format, 4, 0);
     fp8_scaling_update(&state, 1.0f);
@@ -1270,9 +1285,10 @@ int main(void) {
     manual_seed(&test_rng, 8128);
     matmul_setup();
 
-    test_cast_tensor(80, 208, FP8_E4M3);
-    test_cast_tensor(80, 208, FP8_E5M2);
-    test_cast_tensor(256, 384, FP8_E4M3);
+    test_cast_tensor(80, 208, FP8_E4M3, false);
+    test_cast_tensor(80, 208, FP8_E5M2, false);
+    test_cast_tensor(256, 384, FP8_E4M3, false);
+    test_cast_tensor(272, 208, FP8_E5M2, true);
     test_cast_current(80, 208, FP8_RECIPE_DELAYED);
     test_cast_current(272, 208, FP8_RECIPE_CURRENT);
     test_cast_blocks(80, 208);

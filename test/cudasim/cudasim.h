@@ -170,6 +170,8 @@ inline To checked_reinterpret_cast(From from) {
 
 // block barrier and warp collectives; file/line name the call site in a divergence report
 void syncthreads(const char* file, int line);
+// the barrier that also returns whether any thread of the block passed a nonzero predicate
+int syncthreads_or(int predicate, const char* file, int line);
 // every lane of mask deposits its value (at most 16 bytes); returns, once all have, the
 // warp's slots by lane, valid until this lane's next collective
 typedef unsigned char WarpSlot[16];
@@ -218,6 +220,7 @@ T warp_reduce(unsigned mask, T value, Combine combine, const char* what) {
 #define gridDim (cudasim::coordinates().grid_dim)
 
 #define __syncthreads() cudasim::syncthreads(__FILE__, __LINE__)
+#define __syncthreads_or(predicate) cudasim::syncthreads_or((predicate), __FILE__, __LINE__)
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {
     int dummy = 0;
     cudasim::warp_exchange(mask, &dummy, sizeof(dummy), "__syncwarp");

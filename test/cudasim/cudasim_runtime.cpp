@@ -122,6 +122,9 @@ struct Block {
     int exited = 0;
     long barrier_generation = 0;
     int barrier_arrived = 0;
+    // __syncthreads_or: barrier g's vote is in barrier_vote[g % 2]; the other slot (barrier
+    // g - 1's, read by every thread before it arrived at g) is cleared as g completes
+    int barrier_vote[2] = {0, 0};
     const char* barrier_file = nullptr;
     int barrier_line = 0;
     std::vector<Warp> warps;
@@ -215,6 +218,7 @@ void syncthreads(const char* file, int line) {
     if (block->barrier_arrived == block->thread_count) {
         block->barrier_arrived = 0;
         block->barrier_generation++;
+        block->barrier_vote[block->barrier_generation % 2] = 0;
         return;
     }
     current_fiber->waiting = Wait::Block;
@@ -222,6 +226,15 @@ void syncthreads(const char* file, int line) {
     current_fiber->wait_line = line;
     current_fiber->generation_seen = block->barrier_generation;
     yield_to_scheduler();
+}
+
+int syncthreads_or(int predicate, const char* file, int line) {
+    Block* block = current_block;
+    if (block == nullptr) { fail("__syncthreads_or outside a kernel"); }
+    const long generation = block->barrier_generation;
+    if (predicate) { block->barrier_vote[generation % 2] = 1; }
+    syncthreads(file, line);
+    return block->barrier_vote[generation % 2];
 }
 
 // every lane named in mask deposits its value; returns the slots when all have

@@ -7,7 +7,10 @@ refuses too (run under cudasim only):
 - a block's dynamic shared memory ends at an inaccessible page: the last byte is writable,
   the byte after it faults (in a forked child, before this process touches CUDA);
 - a kernel declared __launch_bounds__(64) launched with 128 threads per block fails at the
-  launch (cudaErrorLaunchOutOfResources, not sticky), and nothing of it runs.
+  launch (cudaErrorLaunchOutOfResources, not sticky), and nothing of it runs;
+- __syncthreads_or returns, in every thread, whether any thread of the block passed a
+  nonzero predicate to that barrier: one thread, none, all, over consecutive barriers (each
+  barrier's vote is its own).
 */
 #include "llmc/cuda_common.h"
 #include "test/test_harness.h"
@@ -36,6 +39,29 @@ static bool shared_write_faults(int index) {
 }
 
 __global__ void __launch_bounds__(64) mark_kernel(int* flag) { *flag = 1; }
+
+// votes[3 * thread + k]: what barrier k returned to the thread (predicates: thread 37 only,
+// none, every thread)
+__global__ void vote_kernel(int* votes) {
+    const int t = threadIdx.x;
+    votes[3 * t + 0] = __syncthreads_or(t == 37);
+    votes[3 * t + 1] = __syncthreads_or(0);
+    votes[3 * t + 2] = __syncthreads_or(1);
+}
+
+static void test_syncthreads_or(void) {
+    const int threads = 96;
+    int* votes;
+    cudaCheck(cudaMalloc(&votes, 3 * threads * sizeof(int)));
+    vote_kernel<<<2, threads>>>(votes);
+    cudaCheck(cudaDeviceSynchronize());
+    int host[3 * 96];
+    cudaCheck(cudaMemcpy(host, votes, sizeof(host), cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (int t = 0; t < threads; t++) { wrong += host[3 * t] != 1 || host[3 * t + 1] != 0 || host[3 * t + 2] != 1; }
+    CHECK(wrong == 0, "__syncthreads_or: %d of %d threads got other votes than (1, 0, 1)", wrong, threads);
+    cudaCheck(cudaFree(votes));
+}
 
 int main() {
     CHECK(!shared_write_faults(63), "writing the last byte of 64 bytes of dynamic shared memory faults");
@@ -67,6 +93,8 @@ int main() {
     cudaCheck(cudaGetLastError());
     cudaCheck(cudaMemcpy(&host_flag, flag, sizeof(int), cudaMemcpyDeviceToHost));
     CHECK(host_flag == 1, "64 threads for __launch_bounds__(64) did not run");
+
+    test_syncthreads_or();
 
     load_pair_kernel<<<1, 1>>>(out, in, 1);
     cudaError_t error = cudaDeviceSynchronize();

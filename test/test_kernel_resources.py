@@ -1,0 +1,72 @@
+"""
+What the compiler made of the CUDA kernels, read from the sm_90a machine code without a GPU
+(cuobjdump -res-usage; the toolkit image has no cuobjdump, so scripts/setup_python.sh installs
+NVIDIA's nvidia-cuda-cuobjdump wheel):
+- no kernel of the trainer or of bench_gemm keeps a stack frame. A frame means registers
+  spilled to local memory (or an array indexed at run time), which costs memory traffic in
+  kernels meant to be bound by their own loads and stores. It came from a register cap
+  tighter than the code: the tile cast with 8 loads in flight under its 64-register cap
+  spilled 136 bytes;
+- the FP8 tile cast (llmc/fp8_cast.cuh) fits 64 registers in every instantiation, so 4 of its
+  256-thread blocks share an SM: the occupancy its staging's loads in flight were sized for.
+"""
+import glob
+import os
+import re
+import shutil
+import site
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BINARIES = ["train_gpt2_fp8", "bench_gemm"]
+
+
+def find_cuobjdump():
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    candidates = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")]
+    for packages in site.getsitepackages() + [site.getusersitepackages()]:
+        candidates += glob.glob(os.path.join(packages, "nvidia", "cu*", "bin", "cuobjdump"))
+    for candidate in candidates:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("no cuobjdump on PATH, in CUDA_HOME/bin or from the nvidia-cuda-cuobjdump wheel: "
+                "run scripts/setup_python.sh")
+
+
+def kernel_resources(binary):
+    """{mangled kernel name: {"REG": n, "STACK": n, ...}} of a binary's sm_90a code"""
+    path = os.path.join(ROOT, binary)
+    assert os.path.exists(path), "%s is not built (make %s)" % (path, binary)
+    result = subprocess.run([find_cuobjdump(), "-res-usage", path], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    kernels = {}
+    name = None
+    for line in result.stdout.splitlines():
+        match = re.search(r"Function (\S+):", line)
+        if match:
+            name = match.group(1)
+            continue
+        if name is not None and "REG:" in line:
+            kernels[name] = {key: int(value) for key, value in re.findall(r"([A-Z]+):(\d+)", line)}
+            name = None
+    assert kernels, "cuobjdump listed no kernels in %s:\n%s" % (binary, result.stdout[:2000])
+    return kernels
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_no_kernel_spills(binary):
+    frames = {name: usage["STACK"] for name, usage in kernel_resources(binary).items() if usage.get("STACK", 0) > 0}
+    assert frames == {}, "kernels with a stack frame (spilled registers or a local array), in bytes: %s" % frames
+
+
+def test_tile_cast_fits_four_blocks_per_sm():
+    casts = {name: usage["REG"] for name, usage in kernel_resources("train_gpt2_fp8").items()
+             if "fp8_cast_transpose_kernel" in name}
+    # bf16 staging with the identity, GELU, GELU backward and layernorm transforms; fp32 master weights
+    assert len(casts) >= 5, "expected the tile cast's instantiations, found %s" % sorted(casts)
+    over = {name: registers for name, registers in casts.items() if registers > 64}
+    assert over == {}, "tile cast instantiations above 64 registers (fewer than 4 blocks per SM): %s" % over
