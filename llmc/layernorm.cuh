@@ -126,23 +126,29 @@ __global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_ou
             x128 x = cache[i];
             x128 w = load128(weight + i * x128::size);
             x128 b = load128(bias + i * x128::size);
-            x128 out;
+            float y[x128::size];
             for (int e = 0; e < x128::size; e++) {
-                out[e] = __float2bfloat16_rn(layernorm_output_element(__bfloat162float(x[e]), mean, rstd,
-                                                                      __bfloat162float(w[e]), __bfloat162float(b[e])));
+                y[e] = layernorm_output_element(__bfloat162float(x[e]), mean, rstd, __bfloat162float(w[e]),
+                                                __bfloat162float(b[e]));
             }
+            x128 out = fp8_stage_pack<floatX>(y);  // rounded to bf16 two per instruction
             if (normed_out != NULL) { store128(normed_out + row_offset + i * x128::size, out); }
-            if (FP8_PASS == LAYERNORM_FP8_AMAX) {
+            if (FP8_PASS != LAYERNORM_NO_FP8) {
                 for (int e = 0; e < x128::size; e++) { fp8_tally_amax(&tally, __bfloat162float(out[e])); }
             }
-            if (cast) {
-                uint8_t codes[x128::size];
-                for (int e = 0; e < x128::size; e++) {
-                    float value = __bfloat162float(out[e]);
-                    codes[e] = fp8_quantize(value, scale, fp8.format);
-                    fp8_tally_cast(&tally, value, scale, codes[e], fp8.format);
-                }
-                uint2 packed = fp8_pack8(codes);
+            if (cast) { cache[i] = out; }  // the row's input is not needed again
+        }
+        if (cast) {
+            // the codes of the row's output, two per conversion; the amaxes so far (this row's
+            // and the warp's earlier rows') tell whether any value can saturate (fp8_may_saturate),
+            // and where none can the counts test each code for a flush only
+            const bool row_may_saturate = __any_sync(0xffffffffu, fp8_may_saturate(bits_as_float(tally.amax_bits), scale, fp8.format));
+            for (int i = lane; i < chunks; i += WARP_SIZE) {
+                x128 out = cache[i];
+                float values[x128::size];
+                for (int e = 0; e < x128::size; e++) { values[e] = __bfloat162float(out[e]); }
+                uint2 packed = fp8_quantize8(values, scale, fp8.format);
+                fp8_tally_counts8(&tally, values, packed, scale, fp8.format, row_may_saturate);
                 if (fp8.codes != NULL) { *reinterpret_cast<uint2*>(fp8.codes + row_offset + i * x128::size) = packed; }
                 *reinterpret_cast<uint2*>(staged_codes + (size_t)local_row * C + i * x128::size) = packed;
             }

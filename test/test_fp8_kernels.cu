@@ -657,6 +657,9 @@ static void run_layernorm_fp8(ProducerCast cast, const Fp8CastOutput* out, float
     }
 }
 
+// a bf16 value whose E4M3 code at the layernorm tests' scales (448 / 3 and those of their amaxes) is 0
+static float bias_tiny_value(void) { return bf16_bits_to_float(float_to_bf16_bits(1e-7f)); }
+
 static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast cast) {
     char what[128];
     snprintf(what, sizeof(what), "%s fp8 %s N=%d C=%d", fused_residual ? "fused_residual_layernorm" : "layernorm",
@@ -666,6 +669,12 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
     float* inp2 = host_bf16_normal(n, 1.0f);
     float* weight = host_bf16_normal(C, 1.0f);
     float* bias = host_bf16_normal(C, 0.5f);
+    // the first 4 rows are constant, so their output is the bias, which saturates nothing: the
+    // one-pass cast's first warp counts flushes only; column 1's tiny weight and bias flush
+    // to zero in every row
+    for (size_t i = 0; i < (size_t)4 * C; i++) { inp1[i] = inp2[i] = 0.25f; }
+    weight[1] = bias_tiny_value();
+    bias[1] = bias_tiny_value();
     floatX *d_inp1 = device_bf16_from(inp1, n), *d_inp2 = fused_residual ? device_bf16_from(inp2, n) : NULL;
     floatX *d_weight = device_bf16_from(weight, C), *d_bias = device_bf16_from(bias, C);
     floatX *d_res_plain = (floatX*)device_alloc(n * 2), *d_res_fp8 = (floatX*)device_alloc(n * 2);
@@ -689,6 +698,7 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
     check_producer_cast(cast, &t, out_plain, &state, what);
     if (cast == PRODUCER_CAST_DELAYED) {
         CHECK(download_record(&t).saturated > 0, "%s: the test data should saturate some elements", what);
+        CHECK(download_record(&t).flushed > 0, "%s: the test data should flush some elements", what);
     }
 
     // codes only (no bf16 output): the same codes, and the output buffer untouched. The
