@@ -3,7 +3,8 @@ fused_classifier.cuh: softmax, cross-entropy loss and the logits' gradient in on
 
 Why: the logits are the largest tensor of the step (B*T*Vp bf16, 6.6 GB at B=64, T=1024),
 so every extra pass over them is expensive and no probabilities are ever stored. One
-block owns one row (a thread per 16 bytes of it, at most 1024 threads). It reads the row
+block owns one row (a thread per 16 bytes of it, at most 512 threads, each with 4 loads in
+flight: the SASS of one load at a time showed the kernel waiting on memory). It reads the row
 once, keeping an online softmax (running maximum and the sum of exp(x - maximum), rescaled
 when the maximum grows), then combines the threads' (max, sum) pairs, first by an xor
 butterfly inside each warp (both partners compute the same commutative sum, so every lane
@@ -29,7 +30,8 @@ treats a non-finite loss as a skipped step, so a bad token is loud, not silent.
 #include "cuda_utils.cuh"
 #include "fp8_cast.cuh"
 
-#define CLASSIFIER_BLOCK_SIZE 1024
+#define CLASSIFIER_BLOCK_SIZE 512
+#define CLASSIFIER_LOADS 4  // 16-byte loads a thread has in flight in each pass over its row
 
 typedef struct {
     float max;  // running maximum of the logits seen
@@ -44,7 +46,26 @@ __device__ __forceinline__ SoftmaxStats softmax_stats_combine(SoftmaxStats a, So
     return combined;
 }
 
-__global__ void __launch_bounds__(CLASSIFIER_BLOCK_SIZE)
+// the running stats after the chunk x of a row, whose first column is `column` (columns from V on are padding)
+__device__ __forceinline__ SoftmaxStats softmax_stats_add_chunk(SoftmaxStats stats, x128 x, int column, int V) {
+    float chunk_max = -FLT_MAX;
+    for (int k = 0; k < x128::size; k++) {
+        if (column + k < V) { chunk_max = fmaxf(chunk_max, __bfloat162float(x[k])); }
+    }
+    float new_max = fmaxf(stats.max, chunk_max);
+    float sum = stats.sum * expf(stats.max - new_max);
+    for (int k = 0; k < x128::size; k++) {
+        if (column + k < V) { sum += expf(__bfloat162float(x[k]) - new_max); }
+    }
+    SoftmaxStats updated = {new_max, sum};
+    return updated;
+}
+
+// one block per row; each thread walks its chunks (threadIdx.x, + blockDim.x, ...) in order,
+// loading CLASSIFIER_LOADS of them before it uses the first (two 512-thread blocks per SM at
+// up to 64 registers: 64 KB in flight per SM, and one block's barrier and reduction overlap
+// the other's loads)
+__global__ void __launch_bounds__(CLASSIFIER_BLOCK_SIZE, 2)
 fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* targets,
                         int V, int Vp, int write_dlogits, Fp8CastOutput dlogits_fp8) {
     __shared__ SoftmaxStats warp_stats[CLASSIFIER_BLOCK_SIZE / WARP_SIZE];
@@ -58,20 +79,20 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     if (threadIdx.x == 0 && target_valid) { target_logit = __bfloat162float(row[target]); }
 
     const int chunks = Vp / x128::size;
+    const int batch_stride = CLASSIFIER_LOADS * blockDim.x;
     SoftmaxStats stats = {-FLT_MAX, 0.0f};
-    for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
-        x128 x = load128(row + i * x128::size);
-        float chunk_max = -FLT_MAX;
-        for (int k = 0; k < x128::size; k++) {
-            if (i * x128::size + k < V) { chunk_max = fmaxf(chunk_max, __bfloat162float(x[k])); }
+    for (int first = threadIdx.x; first < chunks; first += batch_stride) {
+        x128 loaded[CLASSIFIER_LOADS];
+#pragma unroll
+        for (int j = 0; j < CLASSIFIER_LOADS; j++) {
+            const int i = first + j * blockDim.x;
+            loaded[j] = i < chunks ? load128(row + i * x128::size) : x128::zeros();
         }
-        float new_max = fmaxf(stats.max, chunk_max);
-        float sum = stats.sum * expf(stats.max - new_max);
-        for (int k = 0; k < x128::size; k++) {
-            if (i * x128::size + k < V) { sum += expf(__bfloat162float(x[k]) - new_max); }
+#pragma unroll
+        for (int j = 0; j < CLASSIFIER_LOADS; j++) {
+            const int i = first + j * blockDim.x;
+            if (i < chunks) { stats = softmax_stats_add_chunk(stats, loaded[j], i * x128::size, V); }
         }
-        stats.max = new_max;
-        stats.sum = sum;
     }
     for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) {
         SoftmaxStats other;
@@ -93,35 +114,47 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     uint8_t* code_row = dlogits_fp8.codes != NULL ? dlogits_fp8.codes + (size_t)blockIdx.x * Vp : NULL;
     const float scale = code_row != NULL ? dlogits_fp8.state->scale : 0.0f;
     Fp8Tally tally = fp8_tally_zero();
-    for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
-        x128 x = load128cs(row + i * x128::size);
-        x128 grad;
-        for (int k = 0; k < x128::size; k++) {
-            int column = i * x128::size + k;
-            float g = 0.0f;
-            if (column < V) {
-                float probability = expf(__bfloat162float(x[k]) - row_stats.max) * inverse_sum;
-                g = (probability - (column == target ? 1.0f : 0.0f)) * dloss;
-            }
-            grad[k] = __float2bfloat16_rn(g);
+    for (int first = threadIdx.x; first < chunks; first += batch_stride) {
+        x128 loaded[CLASSIFIER_LOADS];
+#pragma unroll
+        for (int j = 0; j < CLASSIFIER_LOADS; j++) {
+            const int i = first + j * blockDim.x;
+            loaded[j] = i < chunks ? load128cs(row + i * x128::size) : x128::zeros();
         }
-        if (code_row != NULL) {
-            uint8_t codes[x128::size];
+#pragma unroll
+        for (int j = 0; j < CLASSIFIER_LOADS; j++) {
+            const int i = first + j * blockDim.x;
+            if (i >= chunks) { break; }
+            float g[x128::size];
             for (int k = 0; k < x128::size; k++) {
-                float value = __bfloat162float(grad[k]);
-                codes[k] = fp8_quantize(value, scale, dlogits_fp8.format);
-                fp8_tally_cast(&tally, value, scale, codes[k], dlogits_fp8.format);
+                int column = i * x128::size + k;
+                g[k] = 0.0f;
+                if (column < V) {
+                    float probability = expf(__bfloat162float(loaded[j][k]) - row_stats.max) * inverse_sum;
+                    g[k] = (probability - (column == target ? 1.0f : 0.0f)) * dloss;
+                }
             }
-            *reinterpret_cast<uint2*>(code_row + i * x128::size) = fp8_pack8(codes);
-        } else {
-            store128cs(row + i * x128::size, grad);
+            x128 grad = fp8_stage_pack<floatX>(g);  // rounded to bf16 two per instruction
+            if (code_row != NULL) {
+                float values[x128::size];
+                for (int k = 0; k < x128::size; k++) { values[k] = __bfloat162float(grad[k]); }
+                uint2 codes = fp8_quantize8(values, scale, dlogits_fp8.format);
+                Fp8Tally chunk = fp8_tally_zero();  // the chunk's amax: where it cannot saturate, count flushes only
+                for (int k = 0; k < x128::size; k++) { fp8_tally_amax(&chunk, values[k]); }
+                tally.amax_bits = max(tally.amax_bits, chunk.amax_bits);
+                fp8_tally_counts8(&tally, values, codes, scale, dlogits_fp8.format,
+                                  fp8_may_saturate(bits_as_float(chunk.amax_bits), scale, dlogits_fp8.format));
+                *reinterpret_cast<uint2*>(code_row + i * x128::size) = codes;
+            } else {
+                store128cs(row + i * x128::size, grad);
+            }
         }
     }
     if (code_row != NULL) { fp8_tally_commit(tally, dlogits_fp8.record, false); }
 }
 
 // one thread per 16-byte chunk of a row, in whole warps, at most CLASSIFIER_BLOCK_SIZE (GPT-2's
-// rows of 6288 chunks: 1024 threads striding); a function of Vp only, so the bits are too
+// rows of 6288 chunks: 512 threads striding); a function of Vp only, so the bits are too
 static unsigned int fused_classifier_block_size(int Vp) {
     int threads = ceil_div(Vp / x128::size, WARP_SIZE) * WARP_SIZE;
     return (unsigned int)(threads < CLASSIFIER_BLOCK_SIZE ? threads : CLASSIFIER_BLOCK_SIZE);
