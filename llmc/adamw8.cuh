@@ -11,7 +11,10 @@ into shared memory once per thread block, and laid out there again in search ord
 (quant8_search_order), where the binary search of each encode reads them. The sorted layout
 made the lanes' reads at each search level collide in a few banks: on an H200 (2026-11-26,
 doc/benchmarks/) the adamw8 step took 2.20 ms at d12, against AdamW's 1.19 ms although it
-moves fewer bytes; the next GPU benchmark says what the search order changed.
+moves fewer bytes. Its SASS also ran a lane's 16 searches one after another, each a chain of 8
+dependent shared-memory reads; a lane now searches its 8 m values together and its 8 v values
+together, a level at a time (quant8_encode_*_values). The next GPU benchmark says what both
+changed.
 The per-element arithmetic is quant8.h's __host__ __device__ code; the new bf16 weight is
 rounded stochastically with random_u32(seed, element index counted from the tensor's start),
 as llmc/adamw.cuh does. A block whose update is not finite somewhere is not written at all.
@@ -124,11 +127,12 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
 
     // phase 2: requantize with the new absmaxes, write the parameter (and its FP8 side)
     floatX weight[ADAMW8_ELEMENTS_PER_LANE];
+    static_assert(ADAMW8_ELEMENTS_PER_LANE == QUANT8_SEARCH_BATCH, "a lane's values are searched together");
+    quant8_encode_signed_values(m, count, m_max, &shared_maps, m_code);
+    quant8_encode_unsigned_values(v, count, v_max, &shared_maps, v_code);
     #pragma unroll
     for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
         if (k >= count) { break; }
-        m_code[k] = quant8_encode_signed(m[k], m_max, &shared_maps);
-        v_code[k] = quant8_encode_unsigned(v[k], v_max, &shared_maps);
         weight[k] = stochastic_round_bf16(param[k], seed, first_index + (uint32_t)(start + k));
         if (fp8.record != NULL) {
             fp8_code[k] = fp8_weight_update_element(fp8, fp8_scale, master != NULL, param[k], weight[k], &tally);

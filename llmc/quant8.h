@@ -125,18 +125,38 @@ static inline void quant8_maps_init(Quant8Maps* maps) {
 // ----------------------------------------------------------------------------
 // element functions, shared by the kernel and the host reference
 
+#define QUANT8_SEARCH_BATCH 8  // values one encode call searches together (the kernel: a lane's 8)
+
 /*
-The index of the table value nearest to x (ties to the lower one); table ascending, 256
-entries, search the same values in quant8_search_order. First lo = the last index whose value
-is <= x (0 if none; table[0] is never compared), by 8 comparisons: at each level the
-candidate lo + step, step = 128 >> level, is node 2^level + lo / (2 step) of search.
+The index of the table value nearest to each x[k], k < count <= QUANT8_SEARCH_BATCH (ties to
+the lower one); table ascending, 256 entries, search the same values in quant8_search_order.
+First lo = the last index whose value is <= x (0 if none; table[0] is never compared), by 8
+comparisons: at each level the candidate lo + step, step = 128 >> level, is node
+2^level + lo / (2 step) of search. The searches advance one level at a time across the
+values, so on the GPU their shared-memory reads are independent and overlap: one search
+alone is a chain of 8 dependent reads, which the 2026-11-26 SASS ran 16 times in a row per
+lane.
 */
+LLMC_HD void quant8_nearest_indices(const float* table, const float* search, const float* x, int count, int* index) {
+    int node[QUANT8_SEARCH_BATCH];
+    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) { node[k] = 1; }
+    for (int level = 0; level < 8; level++) {
+        for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
+            if (k < count) { node[k] = 2 * node[k] + (search[node[k]] <= x[k] ? 1 : 0); }
+        }
+    }
+    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
+        if (k >= count) { break; }
+        int lo = node[k] - QUANT8_CODES;
+        if (lo < QUANT8_CODES - 1 && table[lo + 1] - x[k] < x[k] - table[lo]) { lo++; }
+        index[k] = lo;
+    }
+}
+
 LLMC_HD int quant8_nearest_index(const float* table, const float* search, float x) {
-    int node = 1;
-    for (int level = 0; level < 8; level++) { node = 2 * node + (search[node] <= x ? 1 : 0); }
-    int lo = node - QUANT8_CODES;
-    if (lo < QUANT8_CODES - 1 && table[lo + 1] - x < x - table[lo]) { lo++; }
-    return lo;
+    int index;
+    quant8_nearest_indices(table, search, &x, 1, &index);
+    return index;
 }
 
 // x / absmax, IEEE-rounded on both sides; an all-zero block (absmax 0) maps to 0
@@ -149,13 +169,38 @@ LLMC_HD float quant8_normalize(float x, float absmax) {
 #endif
 }
 
+// the codes of x[0..count) (count <= QUANT8_SEARCH_BATCH) in a block of absmax `absmax`:
+// normalized, then searched together
+LLMC_HD void quant8_encode_signed_values(const float* x, int count, float absmax, const Quant8Maps* maps, int8_t* codes) {
+    float normalized[QUANT8_SEARCH_BATCH];
+    int index[QUANT8_SEARCH_BATCH];
+    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) { normalized[k] = k < count ? quant8_normalize(x[k], absmax) : 0.0f; }
+    quant8_nearest_indices(maps->signed_values, maps->signed_search, normalized, count, index);
+    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
+        if (k < count) { codes[k] = (int8_t)(index[k] - QUANT8_SIGNED_ZERO_INDEX); }
+    }
+}
+
+LLMC_HD void quant8_encode_unsigned_values(const float* x, int count, float absmax, const Quant8Maps* maps, uint8_t* codes) {
+    float normalized[QUANT8_SEARCH_BATCH];
+    int index[QUANT8_SEARCH_BATCH];
+    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) { normalized[k] = k < count ? quant8_normalize(x[k], absmax) : 0.0f; }
+    quant8_nearest_indices(maps->unsigned_values, maps->unsigned_search, normalized, count, index);
+    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
+        if (k < count) { codes[k] = (uint8_t)index[k]; }
+    }
+}
+
 LLMC_HD int8_t quant8_encode_signed(float x, float absmax, const Quant8Maps* maps) {
-    return (int8_t)(quant8_nearest_index(maps->signed_values, maps->signed_search, quant8_normalize(x, absmax))
-                    - QUANT8_SIGNED_ZERO_INDEX);
+    int8_t code;
+    quant8_encode_signed_values(&x, 1, absmax, maps, &code);
+    return code;
 }
 
 LLMC_HD uint8_t quant8_encode_unsigned(float x, float absmax, const Quant8Maps* maps) {
-    return (uint8_t)quant8_nearest_index(maps->unsigned_values, maps->unsigned_search, quant8_normalize(x, absmax));
+    uint8_t code;
+    quant8_encode_unsigned_values(&x, 1, absmax, maps, &code);
+    return code;
 }
 
 LLMC_HD float quant8_decode_signed(int8_t code, float absmax, const float* signed_map) {

@@ -126,10 +126,21 @@ static int nearest_index_sorted(const float* table, float x) {
     return lo;
 }
 
+// how many of x[0..count) the batched search (quant8_nearest_indices, the kernel's) puts at
+// another index than the sorted search
+static long long batch_differs(const float* table, const float* search, const float* x, int count) {
+    int index[QUANT8_SEARCH_BATCH];
+    quant8_nearest_indices(table, search, x, count, index);
+    long long differ = 0;
+    for (int k = 0; k < count; k++) { differ += index[k] != nearest_index_sorted(table, x[k]); }
+    return differ;
+}
+
 // the search order is a layout of the sorted maps (nodes 1..255 onto indices 1..255, each once),
 // and the encode's search over it picks the same index as the sorted search, for every map value,
 // its float neighbours, every midpoint between neighbours and its neighbours (ties), random
-// values across the decades, both signs, beyond +-1, +-0, +-Inf and NaN
+// values across the decades, both signs, beyond +-1, +-0, +-Inf and NaN; one value at a time and
+// in batches of 1 to 8 searched together
 static void test_search_order(void) {
     int seen[QUANT8_CODES] = {0};
     int layout_ok = 1;
@@ -154,17 +165,28 @@ static void test_search_order(void) {
                 differ += quant8_nearest_index(table, search, probes[p]) != nearest_index_sorted(table, probes[p]);
                 checked++;
             }
+            differ += batch_differs(table, search, probes, QUANT8_SEARCH_BATCH);
+            checked += QUANT8_SEARCH_BATCH;
         }
+        float batch[QUANT8_SEARCH_BATCH];
         for (uint32_t i = 0; i < 200000; i++) {
             float x = powf(10.0f, -9.0f * uniform01(400, i)) * (uniform01(401, i) < 0.5f ? -1.0f : 1.0f);
             differ += quant8_nearest_index(table, search, x) != nearest_index_sorted(table, x);
             checked++;
+            int count = 1 + (int)(i / QUANT8_SEARCH_BATCH % QUANT8_SEARCH_BATCH);  // batches of 1, 2, ... 8 values
+            batch[i % QUANT8_SEARCH_BATCH] = x;
+            if (i % QUANT8_SEARCH_BATCH == QUANT8_SEARCH_BATCH - 1) {
+                differ += batch_differs(table, search, batch, count);
+                checked += count;
+            }
         }
         const float special[8] = {0.0f, -0.0f, 1.5f, -1.5f, INFINITY, -INFINITY, NAN, 1e-30f};
         for (int p = 0; p < 8; p++) {
             differ += quant8_nearest_index(table, search, special[p]) != nearest_index_sorted(table, special[p]);
             checked++;
         }
+        differ += batch_differs(table, search, special, 8);
+        checked += 8;
         CHECK(differ == 0, "%s map: the search-order encode differs from the sorted search on %lld of %lld values",
               is_signed ? "signed" : "unsigned", differ, checked);
     }
