@@ -59,6 +59,8 @@ recipe, linears and quantization points):
    for bit, through adamw8_update_range's 32-bit path. Conversions: the plain AdamW
    checkpoint of 5 resumes under adamw8 and the adamw8 checkpoint under plain AdamW, each
    within 1% of the run it left. FP8 (delayed) with adamw8 tracks FP8 with AdamW within 1%.
+Each section prints the second it starts at; TEST_GPT2_FIRST_SECTION=N runs sections N to 9
+only (first_section below), for GPU calls shorter than the whole binary.
 */
 #define LLM8_TESTING
 #include "train_gpt2_fp8.cu"
@@ -564,40 +566,11 @@ static void test_adamw8_runs(const RunRecord* a, const char* adamw_dir, const Ru
     free(to8.weights); free(to32.weights); free(fq.weights);
 }
 
-// one line as each numbered section (the top comment) starts, with the seconds since main began:
-// where a run's time goes on the GPU machine, whose calls are short
-static void section_starts(const char* what) {
-    static double start = -1.0;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double seconds = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
-    if (start < 0.0) { start = seconds; }
-    printf("test_gpt2 at %.1f s: %s\n", seconds - start, what);
-}
-
-int main(void) {
-    section_starts("1. the whole model against the reference");
-    ensure_writable_dir("build");
-    GPT2Config large = test_model_config(TEST_MODEL_LARGE);
-    size_t n = gpt2_num_parameters(&large);
-    write_random_shard(SHARD_PATH, 40 * B * T + 1, large.vocab_size);
-    cudaStream_t stream;
-    cudaCheck(cudaStreamCreate(&stream));
-    matmul_setup();
-
-#ifndef LLM8_NO_CUDNN
-    test_forward_backward_vs_reference(ATTENTION_CUDNN, "cudnn", 1, stream);
-#endif
-    test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback", 1, stream);
-    test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback -ge 2", 2, stream);
-    section_starts("2. bf16 10-step trajectory");
-    test_training_trajectory_vs_reference(NULL, stream);
-
-    section_starts("3-4. determinism, recompute, -ge 2");
-    RunRecord a = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);
+// 3-4: determinism, recompute, -ge 2 (a: a plain 10-step bf16 run)
+static void test_determinism_and_recompute(const RunRecord* a, size_t n, cudaStream_t stream) {
     RunRecord b = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);
-    CHECK(memcmp(a.losses, b.losses, sizeof(a.losses)) == 0, "two identical runs: losses differ");
-    CHECK(same_bits(a.weights, b.weights, n), "two identical runs: final weights differ");
+    CHECK(memcmp(a->losses, b.losses, sizeof(a->losses)) == 0, "two identical runs: losses differ");
+    CHECK(same_bits(a->weights, b.weights, n), "two identical runs: final weights differ");
 
     // recompute reruns the forward's own kernels: -r 1 vs -r 2 always, -r 0 vs -r 1 with -ge 0
     // (with -ge 1 the forward's GELU is cuBLASLt's epilogue, the recompute llm8's kernel)
@@ -613,48 +586,21 @@ int main(void) {
     RunRecord dgelu_again = train_run(10, 1, 2, NULL, 0, 0, NULL, -1, &ADAMW, stream);
     CHECK(memcmp(dgelu.losses, dgelu_again.losses, sizeof(dgelu.losses)) == 0, "-ge 2: two identical runs: losses differ");
     CHECK(same_bits(dgelu.weights, dgelu_again.weights, n), "-ge 2: two identical runs: final weights differ");
-    CHECK(!same_bits(dgelu.weights, a.weights, n), "-ge 2: the weights equal -ge 1's: the DGELU epilogue never ran");
-    check_losses_track(&dgelu, &a, 0, "-ge 2 vs -ge 1");
-
-    section_starts("5. resume");
-    const char* dir = "build/test_gpt2_ckpt";
-    ensure_writable_dir(dir);
-    RunRecord straight = train_run(10, 1, 1, dir, 5, 0, NULL, -1, &ADAMW, stream);
-    RunRecord resumed = train_run(10, 1, 1, dir, 5, 1, NULL, -1, &ADAMW, stream);
-    CHECK(memcmp(straight.losses + 5, resumed.losses + 5, 5 * sizeof(float)) == 0, "resume: losses of steps 6..10 differ");
-    CHECK(same_bits(straight.weights, resumed.weights, n), "resume: final weights differ");
-    CHECK(same_bits(straight.weights, a.weights, n), "the checkpointing run differs from a plain run");
-
-    free(b.weights); free(r1.weights); free(r2.weights); free(r0_unfused.weights); free(r1_unfused.weights); free(resumed.weights);
+    CHECK(!same_bits(dgelu.weights, a->weights, n), "-ge 2: the weights equal -ge 1's: the DGELU epilogue never ran");
+    check_losses_track(&dgelu, a, 0, "-ge 2 vs -ge 1");
+    free(b.weights); free(r1.weights); free(r2.weights); free(r0_unfused.weights); free(r1_unfused.weights);
     free(dgelu.weights); free(dgelu_again.weights);
+}
 
-    // FP8
-    Fp8Settings delayed = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS);
-    Fp8Settings current_lm_head = fp8_settings_of(FP8_MODEL_CURRENT, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
-    Fp8Settings block_lm_head = fp8_settings_of(FP8_MODEL_BLOCK, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
-    section_starts("6. FP8 forward and backward against the emulation");
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 1, "fp8 delayed", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 2, "fp8 delayed -ge 2", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &current_lm_head, 1, 1, "fp8 current+lm_head", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_lm_head, 1, 1, "fp8 block+lm_head", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_UNEVEN, &block_lm_head, 1, 1, "fp8 block+lm_head, C=192", stream);
-    Fp8Settings delayed_per_linear = fp8_settings_per_linear(FP8_MODEL_DELAYED);
-    Fp8Settings block_per_linear = fp8_settings_per_linear(FP8_MODEL_BLOCK);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 0, 1, "fp8 delayed, passes per linear", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 0, 2, "fp8 delayed, passes per linear -ge 2", stream);
-    test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_per_linear, 0, 1, "fp8 block, passes per linear", stream);
-    Fp8Settings delayed_weights = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
-    delayed_weights.weight_scaling = FP8_WEIGHTS_DELAYED;  // -fw delayed: the optimizer pass writes the weights' codes
-    delayed_weights.grad_scaling = FP8_GRADS_DELAYED;      // -fg delayed: dy cast in one pass after the first backward
-    section_starts("7. FP8 10-step trajectories");
-    test_training_trajectory_vs_reference(&delayed, stream);
-    test_training_trajectory_vs_reference(&delayed_weights, stream);
-    section_starts("8. FP8 determinism and resume");
-    const Fp8Settings* resumable[3] = {&delayed, &block_lm_head, &delayed_weights};
+// 8: FP8 determinism, resume and evaluation; returns the plain FP8 delayed run (adamw8's comparison)
+static RunRecord test_fp8_determinism_and_resume(const RunRecord* a, const Fp8Settings* delayed,
+                                                 const Fp8Settings* block_lm_head, const Fp8Settings* delayed_weights,
+                                                 size_t n, cudaStream_t stream) {
+    const Fp8Settings* resumable[3] = {delayed, block_lm_head, delayed_weights};
     const char* resumable_names[3] = {"fp8 delayed", "fp8 block+lm_head", "fp8 delayed, delayed weights and gradients+lm_head"};
     const char* resumable_dirs[3] = {"build/test_gpt2_ckpt_fp8_delayed", "build/test_gpt2_ckpt_fp8_block",
                                      "build/test_gpt2_ckpt_fp8_delayed_weights"};
-    RunRecord fp8_delayed_adamw;  // kept for the adamw8 comparison
+    RunRecord fp8_delayed_adamw;
     memset(&fp8_delayed_adamw, 0, sizeof(fp8_delayed_adamw));
     for (int k = 0; k < 3; k++) {
         const char* name = resumable_names[k];
@@ -664,7 +610,7 @@ int main(void) {
         RunRecord fb = train_run(10, 1, 1, NULL, 0, 0, resumable[k], -1, &ADAMW, stream);
         CHECK(memcmp(fa.losses, fb.losses, sizeof(fa.losses)) == 0, "[%s] two identical runs: losses differ", name);
         CHECK(same_bits(fa.weights, fb.weights, n), "[%s] two identical runs: final weights differ", name);
-        CHECK(!same_bits(fa.weights, a.weights, n), "[%s] the FP8 run's weights equal the bf16 run's: FP8 never ran", name);
+        CHECK(!same_bits(fa.weights, a->weights, n), "[%s] the FP8 run's weights equal the bf16 run's: FP8 never ran", name);
         RunRecord evaluated = train_run(10, 1, 1, NULL, 0, 0, resumable[k], 3, &ADAMW, stream);
         CHECK(memcmp(fa.losses, evaluated.losses, sizeof(fa.losses)) == 0, "[%s] an evaluation changed the losses", name);
         CHECK(same_bits(fa.weights, evaluated.weights, n), "[%s] an evaluation changed the weights", name);
@@ -677,10 +623,107 @@ int main(void) {
         free(fb.weights); free(evaluated.weights); free(fstraight.weights); free(fresumed.weights);
     }
 
-    RunRecord fp8_dgelu = train_run(10, 1, 2, NULL, 0, 0, &delayed, -1, &ADAMW, stream);
+    RunRecord fp8_dgelu = train_run(10, 1, 2, NULL, 0, 0, delayed, -1, &ADAMW, stream);
     check_losses_track(&fp8_dgelu, &fp8_delayed_adamw, 0, "fp8 delayed: -ge 2 vs -ge 1");
     CHECK(!same_bits(fp8_dgelu.weights, fp8_delayed_adamw.weights, n), "fp8 delayed -ge 2: the weights equal -ge 1's");
     free(fp8_dgelu.weights);
+    return fp8_delayed_adamw;
+}
+
+// one line as each numbered section (the top comment) starts, with the seconds since main began:
+// where a run's time goes on the GPU machine, whose calls are short
+static void section_starts(const char* what) {
+    static double start = -1.0;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double seconds = (double)now.tv_sec + 1e-9 * (double)now.tv_nsec;
+    if (start < 0.0) { start = seconds; }
+    printf("test_gpt2 at %.1f s: %s\n", seconds - start, what);
+}
+
+/*
+TEST_GPT2_FIRST_SECTION=N (default 1) starts at section N, for a GPU call too short for the
+whole binary: the runs a later section compares with (the bf16 run of 3, the checkpointing
+run of 5, the FP8 delayed run of 8) are made first, unchecked.
+*/
+static int first_section(void) {
+    const char* text = getenv("TEST_GPT2_FIRST_SECTION");
+    if (text == NULL || *text == '\0') { return 1; }
+    char* end = NULL;
+    long n = strtol(text, &end, 10);
+    if (*end != '\0' || n < 1 || n > 9) { llm8_die("TEST_GPT2_FIRST_SECTION=%s: expected a section number 1 to 9", text); }
+    return (int)n;
+}
+
+int main(void) {
+    const int first = first_section();
+    section_starts("1. the whole model against the reference");
+    ensure_writable_dir("build");
+    GPT2Config large = test_model_config(TEST_MODEL_LARGE);
+    size_t n = gpt2_num_parameters(&large);
+    write_random_shard(SHARD_PATH, 40 * B * T + 1, large.vocab_size);
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreate(&stream));
+    matmul_setup();
+
+    if (first <= 1) {
+#ifndef LLM8_NO_CUDNN
+        test_forward_backward_vs_reference(ATTENTION_CUDNN, "cudnn", 1, stream);
+#endif
+        test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback", 1, stream);
+        test_forward_backward_vs_reference(ATTENTION_FALLBACK, "fallback -ge 2", 2, stream);
+    }
+    section_starts("2. bf16 10-step trajectory");
+    if (first <= 2) { test_training_trajectory_vs_reference(NULL, stream); }
+
+    section_starts("3-4. determinism, recompute, -ge 2");
+    RunRecord a = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW, stream);  // also what 5, 8 and 9 compare with
+    if (first <= 4) { test_determinism_and_recompute(&a, n, stream); }
+
+    section_starts("5. resume");
+    const char* dir = "build/test_gpt2_ckpt";
+    ensure_writable_dir(dir);
+    RunRecord straight = train_run(10, 1, 1, dir, 5, 0, NULL, -1, &ADAMW, stream);  // 9 resumes its checkpoint
+    if (first <= 5) {
+        RunRecord resumed = train_run(10, 1, 1, dir, 5, 1, NULL, -1, &ADAMW, stream);
+        CHECK(memcmp(straight.losses + 5, resumed.losses + 5, 5 * sizeof(float)) == 0, "resume: losses of steps 6..10 differ");
+        CHECK(same_bits(straight.weights, resumed.weights, n), "resume: final weights differ");
+        CHECK(same_bits(straight.weights, a.weights, n), "the checkpointing run differs from a plain run");
+        free(resumed.weights);
+    }
+
+    // FP8
+    Fp8Settings delayed = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS);
+    Fp8Settings current_lm_head = fp8_settings_of(FP8_MODEL_CURRENT, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
+    Fp8Settings block_lm_head = fp8_settings_of(FP8_MODEL_BLOCK, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
+    section_starts("6. FP8 forward and backward against the emulation");
+    if (first <= 6) {
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 1, "fp8 delayed", stream);
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 2, "fp8 delayed -ge 2", stream);
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &current_lm_head, 1, 1, "fp8 current+lm_head", stream);
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_lm_head, 1, 1, "fp8 block+lm_head", stream);
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_UNEVEN, &block_lm_head, 1, 1, "fp8 block+lm_head, C=192", stream);
+        Fp8Settings delayed_per_linear = fp8_settings_per_linear(FP8_MODEL_DELAYED);
+        Fp8Settings block_per_linear = fp8_settings_per_linear(FP8_MODEL_BLOCK);
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 0, 1, "fp8 delayed, passes per linear", stream);
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 0, 2, "fp8 delayed, passes per linear -ge 2", stream);
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_per_linear, 0, 1, "fp8 block, passes per linear", stream);
+    }
+    Fp8Settings delayed_weights = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
+    delayed_weights.weight_scaling = FP8_WEIGHTS_DELAYED;  // -fw delayed: the optimizer pass writes the weights' codes
+    delayed_weights.grad_scaling = FP8_GRADS_DELAYED;      // -fg delayed: dy cast in one pass after the first backward
+    section_starts("7. FP8 10-step trajectories");
+    if (first <= 7) {
+        test_training_trajectory_vs_reference(&delayed, stream);
+        test_training_trajectory_vs_reference(&delayed_weights, stream);
+    }
+    section_starts("8. FP8 determinism and resume");
+    RunRecord fp8_delayed_adamw;  // what 9's FP8 adamw8 run tracks
+    if (first <= 8) {
+        fp8_delayed_adamw = test_fp8_determinism_and_resume(&a, &delayed, &block_lm_head, &delayed_weights, n, stream);
+    } else {
+        fp8_delayed_adamw = train_run(10, 1, 1, NULL, 0, 0, &delayed, -1, &ADAMW, stream);
+    }
 
     section_starts("9. adamw8");
     test_adamw8_runs(&a, dir, &straight, &delayed, &fp8_delayed_adamw, n, stream);
