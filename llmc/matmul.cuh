@@ -337,6 +337,7 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
 // then the row lanes are added in lane order (the order fp8_cast.cuh defines, which the
 // block recipe's tile cast also sums in). Nothing depends on the GPU's size or timing.
 #define DBIAS_BLOCK_COLUMNS (32 * 8)
+#define DBIAS_LOADS 4  // rows a thread loads before it sums the first (one load at a time waited on each)
 static_assert(DBIAS_BLOCK_COLUMNS == 32 * x128::size && DBIAS_ROW_LANES * 32 == DBIAS_BLOCK_COLUMNS,
               "each thread of a dbias block finishes exactly one of the block's columns");
 
@@ -348,7 +349,9 @@ size_t matmul_dbias_scratch_floats(int N, int OC) {
 // multiplies dout in place by gelu'(pre_gelu), rounded to bf16 exactly as
 // gelu_backward_inplace does; record != NULL also folds the block's amax of (that) dout
 // into record->amax_bits, for current scaling. Without them dout is only read.
-__global__ void matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
+// at most 80 registers: 3 blocks of 256 threads per SM
+__global__ void __launch_bounds__(DBIAS_BLOCK_COLUMNS, 3)
+matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
                                             const floatX* pre_gelu, Fp8CastRecord* record) {
     __shared__ float lane_sums[DBIAS_ROW_LANES][DBIAS_BLOCK_COLUMNS];
     int first_column = blockIdx.x * DBIAS_BLOCK_COLUMNS;
@@ -357,18 +360,33 @@ __global__ void matmul_dbias_partial_kernel(float* partial, floatX* dout, int N,
     float sums[x128::size] = {0.0f};
     Fp8Tally tally = fp8_tally_zero();
     if (column < OC) {
-        for (int row = blockIdx.y * DBIAS_ROWS_PER_CHUNK + threadIdx.y; row < row_end; row += DBIAS_ROW_LANES) {
-            x128 grad = load128cs(dout + (size_t)row * OC + column);
-            if (pre_gelu != NULL) {
-                x128 x = load128cs(pre_gelu + (size_t)row * OC + column);
-                for (int e = 0; e < x128::size; e++) {
-                    grad[e] = __float2bfloat16_rn(gelu_backward_element(__bfloat162float(x[e])) * __bfloat162float(grad[e]));
-                }
-                store128(dout + (size_t)row * OC + column, grad);
+        // the thread's rows in order, DBIAS_LOADS of them loaded before the first is used
+        const int stride = DBIAS_LOADS * DBIAS_ROW_LANES;
+        for (int first = blockIdx.y * DBIAS_ROWS_PER_CHUNK + threadIdx.y; first < row_end; first += stride) {
+            x128 grads[DBIAS_LOADS], pre[DBIAS_LOADS];
+#pragma unroll
+            for (int j = 0; j < DBIAS_LOADS; j++) {
+                const int row = first + j * DBIAS_ROW_LANES;
+                grads[j] = row < row_end ? load128cs(dout + (size_t)row * OC + column) : x128::zeros();
+                pre[j] = row < row_end && pre_gelu != NULL ? load128cs(pre_gelu + (size_t)row * OC + column) : x128::zeros();
             }
-            for (int e = 0; e < x128::size; e++) {
-                sums[e] += (float)grad[e];
-                fp8_tally_amax(&tally, (float)grad[e]);
+#pragma unroll
+            for (int j = 0; j < DBIAS_LOADS; j++) {
+                const int row = first + j * DBIAS_ROW_LANES;
+                if (row >= row_end) { break; }
+                x128 grad = grads[j];
+                if (pre_gelu != NULL) {
+                    float product[x128::size];
+                    for (int e = 0; e < x128::size; e++) {
+                        product[e] = gelu_backward_element(__bfloat162float(pre[j][e])) * __bfloat162float(grad[e]);
+                    }
+                    grad = fp8_stage_pack<floatX>(product);  // rounded to bf16 two per instruction
+                    store128(dout + (size_t)row * OC + column, grad);
+                }
+                for (int e = 0; e < x128::size; e++) {
+                    sums[e] += (float)grad[e];
+                    fp8_tally_amax(&tally, (float)grad[e]);
+                }
             }
         }
     }
