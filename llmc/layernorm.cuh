@@ -37,6 +37,7 @@ Why this shape:
 #define LAYERNORM_EPS 1e-5f
 #define LAYERNORM_FORWARD_WARPS 8
 #define LAYERNORM_BACKWARD_WARPS 4
+#define LAYERNORM_BACKWARD_LOADS 4  // chunks of its row a lane loads before it uses the first
 // one full wave of 4-warp blocks on a 132-SM Hopper at C=1600 (51 KB shared memory each)
 #define LAYERNORM_BACKWARD_MAX_BLOCKS 528
 #define LAYERNORM_REDUCE_GROUPS 8
@@ -342,41 +343,65 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
         const float row_rstd = rstd[row];
         float dnorm_sum = 0.0f;
         float dnorm_xhat_sum = 0.0f;
-        for (int i = lane; i < chunks; i += WARP_SIZE) {
-            x128 d = load128(dout + row_offset + i * x128::size);
-            x128 x = load128(inp + row_offset + i * x128::size);
-            x128 w = load128(weight + i * x128::size);
-            for (int half = 0; half < 2; half++) {  // 8 bf16 columns = two f128 of accumulators
-                f128 dweight_acc = warp_dweight[2 * i + half];
-                f128 dbias_acc = warp_dbias[2 * i + half];
-                for (int j = 0; j < f128::size; j++) {
-                    int k = half * f128::size + j;
-                    float dout_k = __bfloat162float(d[k]);
-                    float xhat = (__bfloat162float(x[k]) - row_mean) * row_rstd;
-                    float dnorm = __bfloat162float(w[k]) * dout_k;
-                    dnorm_sum += dnorm;
-                    dnorm_xhat_sum += dnorm * xhat;
-                    dweight_acc[j] += dout_k * xhat;
-                    dbias_acc[j] += dout_k;
+        // each pass takes the lane's chunks in order, LAYERNORM_BACKWARD_LOADS at a time loaded
+        // before the first is used (one at a time, each load was waited for)
+        const int batch_stride = LAYERNORM_BACKWARD_LOADS * WARP_SIZE;
+        for (int first = lane; first < chunks; first += batch_stride) {
+            x128 d[LAYERNORM_BACKWARD_LOADS], x[LAYERNORM_BACKWARD_LOADS];
+#pragma unroll
+            for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
+                const int i = first + b * WARP_SIZE;
+                d[b] = i < chunks ? load128(dout + row_offset + i * x128::size) : x128::zeros();
+                x[b] = i < chunks ? load128(inp + row_offset + i * x128::size) : x128::zeros();
+            }
+#pragma unroll
+            for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
+                const int i = first + b * WARP_SIZE;
+                if (i >= chunks) { break; }
+                x128 w = load128(weight + i * x128::size);
+                for (int half = 0; half < 2; half++) {  // 8 bf16 columns = two f128 of accumulators
+                    f128 dweight_acc = warp_dweight[2 * i + half];
+                    f128 dbias_acc = warp_dbias[2 * i + half];
+                    for (int j = 0; j < f128::size; j++) {
+                        int k = half * f128::size + j;
+                        float dout_k = __bfloat162float(d[b][k]);
+                        float xhat = (__bfloat162float(x[b][k]) - row_mean) * row_rstd;
+                        float dnorm = __bfloat162float(w[k]) * dout_k;
+                        dnorm_sum += dnorm;
+                        dnorm_xhat_sum += dnorm * xhat;
+                        dweight_acc[j] += dout_k * xhat;
+                        dbias_acc[j] += dout_k;
+                    }
+                    warp_dweight[2 * i + half] = dweight_acc;
+                    warp_dbias[2 * i + half] = dbias_acc;
                 }
-                warp_dweight[2 * i + half] = dweight_acc;
-                warp_dbias[2 * i + half] = dbias_acc;
             }
         }
         const float dnorm_mean = warp_reduce_sum(dnorm_sum) / C;
         const float dnorm_xhat_mean = warp_reduce_sum(dnorm_xhat_sum) / C;
-        for (int i = lane; i < chunks; i += WARP_SIZE) {  // second read of the row: L1/L2 hits
-            x128 d = load128cs(dout + row_offset + i * x128::size);
-            x128 x = load128cs(inp + row_offset + i * x128::size);
-            x128 w = load128(weight + i * x128::size);
-            x128 g = load128(dinp + row_offset + i * x128::size);
-            for (int k = 0; k < x128::size; k++) {
-                float xhat = (__bfloat162float(x[k]) - row_mean) * row_rstd;
-                float dnorm = __bfloat162float(w[k]) * __bfloat162float(d[k]);
-                float dx = (dnorm - dnorm_mean - xhat * dnorm_xhat_mean) * row_rstd;
-                g[k] = __float2bfloat16_rn(__bfloat162float(g[k]) + dx);
+        for (int first = lane; first < chunks; first += batch_stride) {  // second read of the row: L1/L2 hits
+            x128 d[LAYERNORM_BACKWARD_LOADS], x[LAYERNORM_BACKWARD_LOADS], g[LAYERNORM_BACKWARD_LOADS];
+#pragma unroll
+            for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
+                const int i = first + b * WARP_SIZE;
+                d[b] = i < chunks ? load128cs(dout + row_offset + i * x128::size) : x128::zeros();
+                x[b] = i < chunks ? load128cs(inp + row_offset + i * x128::size) : x128::zeros();
+                g[b] = i < chunks ? load128(dinp + row_offset + i * x128::size) : x128::zeros();
             }
-            store128(dinp + row_offset + i * x128::size, g);
+#pragma unroll
+            for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
+                const int i = first + b * WARP_SIZE;
+                if (i >= chunks) { break; }
+                x128 w = load128(weight + i * x128::size);
+                float sum[x128::size];
+                for (int k = 0; k < x128::size; k++) {
+                    float xhat = (__bfloat162float(x[b][k]) - row_mean) * row_rstd;
+                    float dnorm = __bfloat162float(w[k]) * __bfloat162float(d[b][k]);
+                    float dx = (dnorm - dnorm_mean - xhat * dnorm_xhat_mean) * row_rstd;
+                    sum[k] = __bfloat162float(g[b][k]) + dx;
+                }
+                store128(dinp + row_offset + i * x128::size, fp8_stage_pack<floatX>(sum));  // bf16, two per instruction
+            }
         }
     }
     __syncthreads();

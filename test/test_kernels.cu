@@ -566,6 +566,10 @@ int main(void) {
         test_gelu(s);
         test_fused_classifier(s);
     }
+    // d48's width: a lane's 6 or 7 chunks of a row take two of layernorm_backward's batches of loads
+    const Shape d48_width = {"B=2 T=16 C=1600", 2, 16, 1600, 97, 104};
+    printf("shape %s\n", d48_width.name);
+    test_layernorm(&d48_width);
     test_global_norm(&shapes[0], (size_t)50 * 1000 * 1000 + 5);
     test_global_norm(&shapes[1], 1003);
     test_global_norm(&shapes[1], (size_t)8 * 512 * 37 + 8 * 5 + 3);  // a grid of 38 blocks, the last one short
