@@ -1161,6 +1161,10 @@ int main(int argc, char** argv) {
     train_config_check_zero_stage(&tc, &fp8_settings, num_ranks);
     fp8_model_check_shapes(&fp8_settings, &model_config, tc.B * tc.T);  // e.g. the block recipe on d48: one line, no GPU touched
     AttentionBackend attention = strcmp(tc.attention, "cudnn") == 0 ? ATTENTION_CUDNN : ATTENTION_FALLBACK;
+    if (!tc.attention_deterministic && attention != ATTENTION_CUDNN) {
+        llm8_die("-ad 0: the backward with float atomics is cuDNN's (-at cudnn); -at %s is deterministic, "
+                 "leave -ad at 1", tc.attention);
+    }
     int head_size = model_config.channels / model_config.num_heads;
     const char* head_error = attention_head_size_error(attention, head_size);
     if (head_error != NULL) {
@@ -1193,7 +1197,7 @@ int main(int argc, char** argv) {
     cudaCheck(cudaStreamCreate(&stream));
     check_same_config_on_all_ranks(&multi_gpu, train_config_fingerprint(&tc, &model_config, resume_step), stream);
     matmul_setup();
-    attention_setup(attention);
+    attention_setup(attention, tc.attention_deterministic != 0);
     profiler_init(tc.kernel_timing);
 
     GPT2 model;
@@ -1227,7 +1231,9 @@ int main(int argc, char** argv) {
     print_memory_summary(&model, &tc, num_ranks);
     if (model.comm != NULL) { print_multi_gpu_summary(&model, &tc, rank, num_ranks); }
     if (fp8_settings.enabled) { print_fp8_summary(&model); }
-    printf("data | train %zu tokens | attention %s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention, tc.recompute, tc.gelu_fusion);
+    printf("data | train %zu tokens | attention %s%s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention,
+           tc.attention_deterministic ? "" : " (backward with float atomics, -ad 0: not bitwise repeatable)", tc.recompute,
+           tc.gelu_fusion);
     outlier_skip_print_settings(&outliers);
     GpuMonitor gpu_monitor;  // -lg
     memset(&gpu_monitor, 0, sizeof(gpu_monitor));

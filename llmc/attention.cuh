@@ -44,14 +44,17 @@ static bool attention_ready = false;
 static float* attention_row_dots = NULL;  // fallback backward: D_i per query row, [B][NH][T]
 static size_t attention_row_dots_count = 0;
 
-void attention_setup(AttentionBackend backend) {
+// deterministic_backward: cuDNN's deterministic backward algorithm (the fallback kernels are
+// deterministic either way); false takes its faster one, whose float atomics vary the last bits
+void attention_setup(AttentionBackend backend, bool deterministic_backward) {
     if (attention_ready) { llm8_die("attention_setup called twice without attention_teardown"); }
     if (backend == ATTENTION_CUDNN) {
 #ifdef LLM8_NO_CUDNN
+        (void)deterministic_backward;
         llm8_die("attention: this build has no cuDNN (built with -DLLM8_NO_CUDNN); "
                  "use the fallback attention backend, or rebuild with the cuDNN frontend headers");
 #else
-        cudnn_att_setup();
+        cudnn_att_setup(deterministic_backward);
 #endif
     } else if (backend != ATTENTION_FALLBACK) {
         llm8_die("attention_setup: unknown backend %d", (int)backend);

@@ -9,10 +9,12 @@ microseconds. q, k and v are strided views into the fused qkv buffer (no copies)
 dq, dk, dv are written straight into the matching views of dqkv. Tensors are bound by fixed
 uids, so executing a cached graph is a map of seven pointers.
 
-Determinism: the backward asks for cuDNN's deterministic algorithm. On Hopper (cuDNN 9.19)
-that algorithm keeps dP in a workspace of B*NH*T*T bf16 (1.5 GiB for d12 at B=64, T=1024)
-instead of accumulating dQ with float atomics; the workspace is allocated here, grown only
-when a new shape needs more.
+Determinism: the backward asks for cuDNN's deterministic algorithm unless the trainer's
+-ad 0 says otherwise (cudnn_att_setup). On Hopper (cuDNN 9.19) that algorithm keeps dP in a
+workspace of B*NH*T*T bf16 (1.5 GiB for d12 at B=64, T=1024: written and read back, about
+0.7 ms of memory traffic a layer on an H200) instead of accumulating dQ with float atomics;
+the 2026-11-26 H200 benchmark put the backward at 4.6 times its compute floor. The workspace
+is allocated here, grown only when a new shape needs more.
 
 Built with -DLLM8_NO_CUDNN this file is empty: attention.cuh then never calls it.
 */
@@ -48,6 +50,7 @@ typedef std::tuple<int, int, int, int> AttentionShape;  // B, T, NH, HS
 typedef std::shared_ptr<fe::graph::Graph> GraphPtr;
 
 static cudnnHandle_t cudnn_handle = NULL;
+static bool cudnn_deterministic_backward = true;
 static void* cudnn_workspace = NULL;
 static size_t cudnn_workspace_bytes = 0;
 static std::map<AttentionShape, GraphPtr> forward_graphs;
@@ -90,7 +93,7 @@ static void cudnn_att_check_graph(fe::error_t result, const char* step, const At
     if (result.is_bad()) { cudnn_att_die(step, shape, result.get_message()); }
 }
 
-void cudnn_att_setup(void) {
+void cudnn_att_setup(bool deterministic_backward) {
     if (cudnn_handle != NULL) { llm8_die("cudnn_att_setup called twice without cudnn_att_teardown"); }
     // cuDNN's compatibility rule: a library of the same major and the same or a later minor
     // version than the headers the build used; anything else can fail in obscure ways later
@@ -102,6 +105,7 @@ void cudnn_att_setup(void) {
                  CUDNN_MAJOR, CUDNN_MINOR, CUDNN_MAJOR);
     }
     cudnnCheck(cudnnCreate(&cudnn_handle));
+    cudnn_deterministic_backward = deterministic_backward;
 }
 
 void cudnn_att_teardown(void) {
@@ -229,7 +233,7 @@ static GraphPtr backward_graph(const AttentionShape& shape) {
     auto stats = graph_input(graph, "stats", UID_STATS, stats_layout(shape));
     stats->set_data_type(fe::DataType_t::FLOAT);
     auto options = fe::graph::SDPA_backward_attributes().set_name("attention_backward")
-        .set_causal_mask(true).set_attn_scale(attention_scale(shape)).set_deterministic_algorithm(true);
+        .set_causal_mask(true).set_attn_scale(attention_scale(shape)).set_deterministic_algorithm(cudnn_deterministic_backward);
     auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, dout, stats, options);
     mark_output(dq, UID_DQ, qkv_layout(shape));
     mark_output(dk, UID_DK, qkv_layout(shape));

@@ -23,13 +23,15 @@ cached; the workspace grows on demand (only while a new shape is first seen).
 // cuDNN's fused attention as llm8 builds it takes heads of a multiple of 8 channels, at most 128
 static inline bool cudnn_att_head_size_supported(int HS) { return HS > 0 && HS % 8 == 0 && HS <= 128; }
 
-void cudnn_att_setup(void);
+// deterministic_backward: cuDNN's deterministic backward algorithm, bitwise repeatable; false:
+// its faster one, which accumulates dQ with float atomics
+void cudnn_att_setup(bool deterministic_backward);
 void cudnn_att_teardown(void);
 
 void cudnn_att_forward(__nv_bfloat16* out, float* stats, const __nv_bfloat16* qkv,
                        int B, int T, int NH, int C, cudaStream_t stream);
 
-// dqkv is overwritten; the backward is cuDNN's deterministic algorithm (bitwise repeatable)
+// dqkv is overwritten; by the algorithm cudnn_att_setup chose
 void cudnn_att_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                         const __nv_bfloat16* out, const float* stats,
                         int B, int T, int NH, int C, cudaStream_t stream);

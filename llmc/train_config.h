@@ -35,6 +35,7 @@ typedef struct {
     const char* precision;        // bf16 | fp8
     const char* lr_schedule;
     const char* attention;        // cudnn | fallback
+    int attention_deterministic;  // -at cudnn: its deterministic backward (1) or the one with float atomics (0)
     const char* fp8_recipe;       // delayed | current | block
     const char* fp8_linears;      // comma list of LINEAR_KIND_NAMES, or all
     const char* fp8_passes;       // comma list of FP8_PASS_NAMES, <linear>.<pass> items, or all (fp8_parse_passes)
@@ -122,6 +123,8 @@ static const FlagSpec TRAIN_FLAGS[] = {
      "adamw8: tensors with 8-bit states: default (>= 4096 elements per layer, not wte/wpe: the matmul weights, and fcb/qkvb where 4C/3C >= 4096), all, none; resume with the -qs the checkpoint was written with"},
     {"-k", FLAG_CHOICE, TC_OFF(lr_schedule), 0, 0, "cosine linear constant wsd", "learning-rate schedule"},
     {"-at", FLAG_CHOICE, TC_OFF(attention), 0, 0, "cudnn fallback", "attention kernels: cuDNN flash attention or llm8's own"},
+    {"-ad", FLAG_INT, TC_OFF(attention_deterministic), 0, 1, NULL,
+     "-at cudnn's backward: 1 deterministic (runs and resumes repeat bit for bit; it stores dP, B*NH*T*T bf16 a layer, in a workspace), 0 with float atomics (no dP workspace; the last bits vary from run to run)"},
     {"-n", FLAG_INT, TC_OFF(checkpoint_every), 0, INT_MAX_FLAG, NULL, "write a checkpoint every N steps (0 = never)"},
     {"-nk", FLAG_INT, TC_OFF(checkpoints_keep), 0, INT_MAX_FLAG, NULL, "keep only the newest N checkpoints (0 = keep all), and the major ones (-nm)"},
     {"-nm", FLAG_INT, TC_OFF(checkpoints_major_every), 0, INT_MAX_FLAG, NULL, "major checkpoints: those of steps that are multiples of N, which -nk never removes (0 = none)"},
@@ -179,6 +182,7 @@ static inline TrainConfig train_config_defaults(void) {
 #else
     c.attention = "cudnn";
 #endif
+    c.attention_deterministic = 1;
     c.fp8_recipe = "delayed";
     c.fp8_linears = "qkv,attproj,fc,fcproj";
     c.fp8_passes = "fwd,dgrad,wgrad";

@@ -183,7 +183,7 @@ static void test_forward_backward_vs_reference(AttentionBackend backend, const c
                                                cudaStream_t stream) {
     GPT2Config cfg = test_model_config(TEST_MODEL_LARGE);
     float* params = random_params(&cfg);
-    attention_setup(backend);
+    attention_setup(backend, true);
     GPT2 model;
     gpt2_build(&model, &cfg, params, 1, B, T, 1, gelu_fusion, 0, ADAMW8_SELECT_DEFAULT, NULL, NULL, 0, 0, stream);
     GPT2Ref ref;
@@ -299,7 +299,7 @@ static void check_delayed_weight_codes(const GPT2* model) {
 static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaStream_t stream) {
     GPT2Config cfg = test_model_config(TEST_MODEL_SMALL);
     float* params = random_params(&cfg);
-    attention_setup(TRAINING_ATTENTION);
+    attention_setup(TRAINING_ATTENTION, true);
     GPT2 model;
     gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, 0, stream);
     GPT2Ref ref;
@@ -364,7 +364,7 @@ static void test_fp8_forward_backward_vs_reference(TestModel size, const Fp8Sett
                                                    const char* name, cudaStream_t stream) {
     GPT2Config cfg = test_model_config(size);
     float* params = random_params(&cfg);
-    attention_setup(TRAINING_ATTENTION);
+    attention_setup(TRAINING_ATTENTION, true);
     GPT2 model;
     gpt2_build(&model, &cfg, params, 1, B, T, 1, gelu_fusion, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, 0, stream);
     GPT2Ref emulated, fp32;
@@ -489,7 +489,7 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
         checkpoint_model_path(path, sizeof(path), checkpoint_dir, checkpoint_step);
         model_file_read_params(path, &cfg, params);
     }
-    attention_setup(TRAINING_ATTENTION);
+    attention_setup(TRAINING_ATTENTION, true);
     GPT2 model;
     gpt2_build(&model, &cfg, params, 1, B, T, recompute, gelu_fusion, optimizer->use_adamw8, optimizer->selection, fp8, NULL,
                0, 0, stream);

@@ -354,11 +354,20 @@ def test_gpu_trainer_refuses_a_head_size_its_attention_cannot_run(data, heads, c
     assert_one_line_error(r, f"model '{path}'", f"head size C/NH = {channels}/{heads} = {channels // heads}", expected)
 
 
+def test_nondeterministic_attention_backward_needs_cudnn(data):
+    """-ad 0 asks for cuDNN's backward with float atomics: with -at fallback it stops at startup,
+    naming both flags; -ad takes only 0 or 1"""
+    r = run(GPU, base_args(data, ["-at", "fallback", "-ad", 0]))
+    assert_one_line_error(r, "-ad 0", "-at fallback", "leave -ad at 1")
+    r = run(GPU, base_args(data, ["-ad", 2]))
+    assert_one_line_error(r, "-ad")
+
+
 @pytest.mark.parametrize("binary", TRAINERS, ids=["cpu", "gpu"])
 def test_help_lists_every_flag_with_default(binary):
     result = run(binary, ["--help"])
     assert result.returncode == 0
-    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-fg", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-n", "-nk", "-nm", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
+    flags = ["-i", "-j", "-e", "-o", "-tk", "-p", "-fr", "-fh", "-fm", "-fw", "-fg", "-f8", "-f8p", "-fn", "-opt", "-qs", "-k", "-at", "-ad", "-n", "-nk", "-nm", "-y", "-b", "-t", "-d", "-l", "-u", "-q",
              "-c", "-gc", "-x", "-v", "-m", "-s", "-g", "-h", "-a", "-w", "-r", "-ge", "-z", "-sh", "-kt",
              "-sl", "-sg", "-lg", "-pn", "-pr", "-pg", "-pi", "-pf", "-ps", "-pa", "-pt", "-pc"]
     lines = result.stdout.splitlines()
