@@ -85,6 +85,23 @@ __device__ __forceinline__ void store128cs(T* address, Packed128<T> value) {
     __stcs(reinterpret_cast<int4*>(address), value.bits());
 }
 
+/*
+N 16-byte vectors of a thread's strided walk: out[j] = the vector at element (first + j * step) *
+stride of base, zeros where first + j * step >= count. All N loads are issued before any is used,
+so they are in flight together: a loop that loads one and uses it waits out the memory latency
+every time (the 2026-11-26 SASS of several kernels). STREAMING: data read once (load128cs).
+*/
+template <int N, bool STREAMING, class T>
+__device__ __forceinline__ void load128_batch(Packed128<T> (&out)[N], const T* base, int first, int step, int count,
+                                              size_t stride) {
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const int i = first + j * step;
+        const T* address = base + (size_t)i * stride;
+        out[j] = i >= count ? Packed128<T>::zeros() : STREAMING ? load128cs(address) : load128(address);
+    }
+}
+
 // ----------------------------------------------------------------------------
 // device allocation that tells the user what to lower when the GPU is full
 

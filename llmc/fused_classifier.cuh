@@ -83,11 +83,7 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     SoftmaxStats stats = {-FLT_MAX, 0.0f};
     for (int first = threadIdx.x; first < chunks; first += batch_stride) {
         x128 loaded[CLASSIFIER_LOADS];
-#pragma unroll
-        for (int j = 0; j < CLASSIFIER_LOADS; j++) {
-            const int i = first + j * blockDim.x;
-            loaded[j] = i < chunks ? load128(row + i * x128::size) : x128::zeros();
-        }
+        load128_batch<CLASSIFIER_LOADS, false>(loaded, row, first, blockDim.x, chunks, x128::size);
 #pragma unroll
         for (int j = 0; j < CLASSIFIER_LOADS; j++) {
             const int i = first + j * blockDim.x;
@@ -116,11 +112,7 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     Fp8Tally tally = fp8_tally_zero();
     for (int first = threadIdx.x; first < chunks; first += batch_stride) {
         x128 loaded[CLASSIFIER_LOADS];
-#pragma unroll
-        for (int j = 0; j < CLASSIFIER_LOADS; j++) {
-            const int i = first + j * blockDim.x;
-            loaded[j] = i < chunks ? load128cs(row + i * x128::size) : x128::zeros();
-        }
+        load128_batch<CLASSIFIER_LOADS, true>(loaded, row, first, blockDim.x, chunks, x128::size);
 #pragma unroll
         for (int j = 0; j < CLASSIFIER_LOADS; j++) {
             const int i = first + j * blockDim.x;

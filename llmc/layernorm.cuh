@@ -348,12 +348,8 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
         const int batch_stride = LAYERNORM_BACKWARD_LOADS * WARP_SIZE;
         for (int first = lane; first < chunks; first += batch_stride) {
             x128 d[LAYERNORM_BACKWARD_LOADS], x[LAYERNORM_BACKWARD_LOADS];
-#pragma unroll
-            for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
-                const int i = first + b * WARP_SIZE;
-                d[b] = i < chunks ? load128(dout + row_offset + i * x128::size) : x128::zeros();
-                x[b] = i < chunks ? load128(inp + row_offset + i * x128::size) : x128::zeros();
-            }
+            load128_batch<LAYERNORM_BACKWARD_LOADS, false>(d, dout + row_offset, first, WARP_SIZE, chunks, x128::size);
+            load128_batch<LAYERNORM_BACKWARD_LOADS, false>(x, inp + row_offset, first, WARP_SIZE, chunks, x128::size);
 #pragma unroll
             for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
                 const int i = first + b * WARP_SIZE;
@@ -381,13 +377,9 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
         const float dnorm_xhat_mean = warp_reduce_sum(dnorm_xhat_sum) / C;
         for (int first = lane; first < chunks; first += batch_stride) {  // second read of the row: L1/L2 hits
             x128 d[LAYERNORM_BACKWARD_LOADS], x[LAYERNORM_BACKWARD_LOADS], g[LAYERNORM_BACKWARD_LOADS];
-#pragma unroll
-            for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
-                const int i = first + b * WARP_SIZE;
-                d[b] = i < chunks ? load128cs(dout + row_offset + i * x128::size) : x128::zeros();
-                x[b] = i < chunks ? load128cs(inp + row_offset + i * x128::size) : x128::zeros();
-                g[b] = i < chunks ? load128(dinp + row_offset + i * x128::size) : x128::zeros();
-            }
+            load128_batch<LAYERNORM_BACKWARD_LOADS, true>(d, dout + row_offset, first, WARP_SIZE, chunks, x128::size);
+            load128_batch<LAYERNORM_BACKWARD_LOADS, true>(x, inp + row_offset, first, WARP_SIZE, chunks, x128::size);
+            load128_batch<LAYERNORM_BACKWARD_LOADS, false>(g, dinp + row_offset, first, WARP_SIZE, chunks, x128::size);
 #pragma unroll
             for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
                 const int i = first + b * WARP_SIZE;

@@ -364,12 +364,8 @@ matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
         const int stride = DBIAS_LOADS * DBIAS_ROW_LANES;
         for (int first = blockIdx.y * DBIAS_ROWS_PER_CHUNK + threadIdx.y; first < row_end; first += stride) {
             x128 grads[DBIAS_LOADS], pre[DBIAS_LOADS];
-#pragma unroll
-            for (int j = 0; j < DBIAS_LOADS; j++) {
-                const int row = first + j * DBIAS_ROW_LANES;
-                grads[j] = row < row_end ? load128cs(dout + (size_t)row * OC + column) : x128::zeros();
-                pre[j] = row < row_end && pre_gelu != NULL ? load128cs(pre_gelu + (size_t)row * OC + column) : x128::zeros();
-            }
+            load128_batch<DBIAS_LOADS, true>(grads, dout + column, first, DBIAS_ROW_LANES, row_end, OC);
+            if (pre_gelu != NULL) { load128_batch<DBIAS_LOADS, true>(pre, pre_gelu + column, first, DBIAS_ROW_LANES, row_end, OC); }
 #pragma unroll
             for (int j = 0; j < DBIAS_LOADS; j++) {
                 const int row = first + j * DBIAS_ROW_LANES;

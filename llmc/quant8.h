@@ -169,23 +169,26 @@ LLMC_HD float quant8_normalize(float x, float absmax) {
 #endif
 }
 
-// the codes of x[0..count) (count <= QUANT8_SEARCH_BATCH) in a block of absmax `absmax`:
+// the map indices of x[0..count) (count <= QUANT8_SEARCH_BATCH) in a block of absmax `absmax`:
 // normalized, then searched together
-LLMC_HD void quant8_encode_signed_values(const float* x, int count, float absmax, const Quant8Maps* maps, int8_t* codes) {
+LLMC_HD void quant8_encode_indices(const float* table, const float* search, const float* x, int count, float absmax,
+                                   int* index) {
     float normalized[QUANT8_SEARCH_BATCH];
-    int index[QUANT8_SEARCH_BATCH];
     for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) { normalized[k] = k < count ? quant8_normalize(x[k], absmax) : 0.0f; }
-    quant8_nearest_indices(maps->signed_values, maps->signed_search, normalized, count, index);
-    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
+    quant8_nearest_indices(table, search, normalized, count, index);
+}
+
+LLMC_HD void quant8_encode_signed_values(const float* x, int count, float absmax, const Quant8Maps* maps, int8_t* codes) {
+    int index[QUANT8_SEARCH_BATCH];
+    quant8_encode_indices(maps->signed_values, maps->signed_search, x, count, absmax, index);
+    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {  // compile-time indices: the kernel's arrays stay in registers
         if (k < count) { codes[k] = (int8_t)(index[k] - QUANT8_SIGNED_ZERO_INDEX); }
     }
 }
 
 LLMC_HD void quant8_encode_unsigned_values(const float* x, int count, float absmax, const Quant8Maps* maps, uint8_t* codes) {
-    float normalized[QUANT8_SEARCH_BATCH];
     int index[QUANT8_SEARCH_BATCH];
-    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) { normalized[k] = k < count ? quant8_normalize(x[k], absmax) : 0.0f; }
-    quant8_nearest_indices(maps->unsigned_values, maps->unsigned_search, normalized, count, index);
+    quant8_encode_indices(maps->unsigned_values, maps->unsigned_search, x, count, absmax, index);
     for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
         if (k < count) { codes[k] = (uint8_t)index[k]; }
     }
