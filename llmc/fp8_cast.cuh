@@ -58,6 +58,7 @@ so tile edges fall on 16-byte boundaries; the last tile in each direction may be
 #ifndef LLMC_FP8_CAST_CUH
 #define LLMC_FP8_CAST_CUH
 
+#include <limits.h>
 #include <stdint.h>
 #include "cuda_common.h"
 #include "cuda_utils.cuh"
@@ -224,16 +225,22 @@ __device__ __forceinline__ uint2 fp8_quantize8(const float x[8], float scale, Fp
 // ----------------------------------------------------------------------------
 // the amax pass (current scaling): this use's amax into record->amax_bits
 
+// a grid-stride walk over the 16-byte vectors, FP8_STAGE_BATCH of them loaded before the first is used
 template <class In, class Transform>
 __global__ void fp8_amax_kernel(Fp8CastRecord* record, const In* in, size_t n, Transform transform) {
     constexpr int vector = (int)(16 / sizeof(In));
     Fp8Tally tally = fp8_tally_zero();
-    size_t stride = (size_t)gridDim.x * blockDim.x * vector;
-    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * vector; i < n; i += stride) {
-        Packed128<In> packed = load128cs(in + i);
-        for (int k = 0; k < vector; k++) {
-            float value = fp8_stage_to_float(fp8_stage_from_float<In>(transform(fp8_stage_to_float(packed[k]))));
-            fp8_tally_amax(&tally, value);
+    const int vectors = (int)(n / vector), step = gridDim.x * blockDim.x;
+    for (int first = blockIdx.x * blockDim.x + threadIdx.x; first < vectors; first += FP8_STAGE_BATCH * step) {
+        Packed128<In> loaded[FP8_STAGE_BATCH];
+        load128_batch<FP8_STAGE_BATCH, true>(loaded, in, first, step, vectors, vector);
+#pragma unroll
+        for (int j = 0; j < FP8_STAGE_BATCH; j++) {
+            if (first + j * step >= vectors) { break; }
+            for (int k = 0; k < vector; k++) {
+                float value = fp8_stage_to_float(fp8_stage_from_float<In>(transform(fp8_stage_to_float(loaded[j][k]))));
+                fp8_tally_amax(&tally, value);
+            }
         }
     }
     fp8_tally_commit(tally, record, true);
@@ -241,7 +248,9 @@ __global__ void fp8_amax_kernel(Fp8CastRecord* record, const In* in, size_t n, T
 
 template <class In, class Transform>
 void fp8_amax_launch(Fp8CastRecord* record, const In* in, size_t n, Transform transform, cudaStream_t stream) {
-    if (n == 0 || n % 16 != 0) { llm8_die("fp8 amax: %zu elements must be a positive multiple of 16", n); }
+    if (n == 0 || n % 16 != 0 || n / (16 / sizeof(In)) > (size_t)INT_MAX) {
+        llm8_die("fp8 amax: %zu elements must be a positive multiple of 16, in at most 2^31 16-byte vectors", n);
+    }
     const int block_size = 256;
     const size_t vectors = n / (16 / sizeof(In));
     const int blocks = (int)(vectors / block_size + 1 < 2048 ? vectors / block_size + 1 : 2048);

@@ -382,6 +382,41 @@ static void test_cast_tensor(int rows, int cols, Fp8Format format, bool nan_tile
     free(x);
 }
 
+/*
+The amax pass on a tensor longer than its grid's first sweep (2048 blocks of 256 threads, 4
+vectors each: 2^21 vectors), so threads take a second batch, the last one short: the amax is
+the host's, for a largest value planted among the last elements, then (GELU transform) in the
+first sweep.
+*/
+static void test_amax_pass_long(void) {
+    const size_t n = ((size_t)1 << 24) + ((size_t)3 << 20) + 16;  // 19 Mi + 16 bf16 elements
+    float* x = host_floats(n);
+    for (size_t i = 0; i < n; i++) {  // in [-0.5, 0.5), as stored in bf16
+        x[i] = bf16_bits_to_float(float_to_bf16_bits((float)((i * 2654435761u) % 1000u) / 1000.0f - 0.5f));
+    }
+    x[n - 3] = -7.5f;
+    floatX* d_x = device_bf16_from(x, n);
+    Fp8CastRecord* d_record = (Fp8CastRecord*)device_alloc(sizeof(Fp8CastRecord));
+    fp8_cast_records_init(d_record, 1, 0);
+    fp8_amax_launch(d_record, d_x, n, Fp8Identity(), 0);
+    Fp8CastRecord* r = (Fp8CastRecord*)download(d_record, sizeof(Fp8CastRecord));
+    CHECK(r->amax_bits == float_as_bits(7.5f), "fp8 amax pass over %zu elements: amax %g, expected 7.5", n, bits_as_float(r->amax_bits));
+    free(r);
+    x[n - 3] = 0.0f;
+    x[12345] = 3.25f;  // GELU(3.25) rounded to bf16 is the largest transformed value
+    cudaCheck(cudaFree(d_x));
+    d_x = device_bf16_from(x, n);
+    fp8_cast_records_init(d_record, 1, 0);
+    fp8_amax_launch(d_record, d_x, n, Fp8GeluTransform(), 0);
+    r = (Fp8CastRecord*)download(d_record, sizeof(Fp8CastRecord));
+    float expected = bf16_bits_to_float(float_to_bf16_bits(gelu_forward_element(3.25f)));
+    CHECK_CLOSE(bits_as_float(r->amax_bits), expected, 0.0, 1e-2, "fp8 amax pass with GELU over a long tensor");
+    free(r);
+    cudaCheck(cudaFree(d_x));
+    cudaCheck(cudaFree(d_record));
+    free(x);
+}
+
 // current scaling (and a delayed tensor's first use): amax, update, cast with the new scale
 static void test_cast_current(int rows, int cols, Fp8Recipe recipe) {
     char what[128];
@@ -1299,6 +1334,7 @@ int main(void) {
     test_cast_tensor(80, 208, FP8_E5M2, false);
     test_cast_tensor(256, 384, FP8_E4M3, false);
     test_cast_tensor(272, 208, FP8_E5M2, true);
+    test_amax_pass_long();
     test_cast_current(80, 208, FP8_RECIPE_DELAYED);
     test_cast_current(272, 208, FP8_RECIPE_CURRENT);
     test_cast_blocks(80, 208);
