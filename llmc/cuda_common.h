@@ -65,6 +65,17 @@ struct alignas(16) Packed128 {
 typedef Packed128<floatX> x128;  // 8 bf16
 typedef Packed128<float> f128;   // 4 floats
 
+// 8 floats rounded to bf16, two per conversion instruction: the bits of 8 __float2bfloat16_rn
+__device__ __forceinline__ x128 x128_from_floats(const float (&x)[x128::size]) {
+    x128 packed;
+    for (int k = 0; k < x128::size; k += 2) {
+        __nv_bfloat162 pair = __floats2bfloat162_rn(x[k], x[k + 1]);
+        packed[k] = pair.x;
+        packed[k + 1] = pair.y;
+    }
+    return packed;
+}
+
 // default caching: data that is read again soon (weights, a row read twice)
 template <class T>
 __device__ __forceinline__ Packed128<T> load128(const T* address) {

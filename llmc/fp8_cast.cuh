@@ -173,16 +173,10 @@ struct Fp8Identity {
     __device__ __forceinline__ float operator()(float x) const { return x; }
 };
 
-// bf16 pairs rounded by one conversion instruction (the same bits as two __float2bfloat16_rn)
+// transformed values as staged: bf16 (x128_from_floats, two per conversion), or fp32 as they are
 template <class In> __device__ __forceinline__ Packed128<In> fp8_stage_pack(const float (&x)[Packed128<In>::size]);
 template <> __device__ __forceinline__ Packed128<floatX> fp8_stage_pack<floatX>(const float (&x)[x128::size]) {
-    x128 packed;
-    for (int k = 0; k < x128::size; k += 2) {
-        __nv_bfloat162 pair = __floats2bfloat162_rn(x[k], x[k + 1]);
-        packed[k] = pair.x;
-        packed[k + 1] = pair.y;
-    }
-    return packed;
+    return x128_from_floats(x);
 }
 template <> __device__ __forceinline__ f128 fp8_stage_pack<float>(const float (&x)[f128::size]) {
     f128 packed;

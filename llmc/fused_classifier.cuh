@@ -126,7 +126,7 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
                     g[k] = (probability - (column == target ? 1.0f : 0.0f)) * dloss;
                 }
             }
-            x128 grad = fp8_stage_pack<floatX>(g);  // rounded to bf16 two per instruction
+            x128 grad = x128_from_floats(g);
             if (code_row != NULL) {
                 float values[x128::size];
                 for (int k = 0; k < x128::size; k++) { values[k] = __bfloat162float(grad[k]); }

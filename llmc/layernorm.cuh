@@ -132,7 +132,7 @@ __global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_ou
                 y[e] = layernorm_output_element(__bfloat162float(x[e]), mean, rstd, __bfloat162float(w[e]),
                                                 __bfloat162float(b[e]));
             }
-            x128 out = fp8_stage_pack<floatX>(y);  // rounded to bf16 two per instruction
+            x128 out = x128_from_floats(y);
             if (normed_out != NULL) { store128(normed_out + row_offset + i * x128::size, out); }
             if (FP8_PASS != LAYERNORM_NO_FP8) {
                 for (int e = 0; e < x128::size; e++) { fp8_tally_amax(&tally, __bfloat162float(out[e])); }
@@ -392,7 +392,7 @@ __global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const f
                     float dx = (dnorm - dnorm_mean - xhat * dnorm_xhat_mean) * row_rstd;
                     sum[k] = __bfloat162float(g[b][k]) + dx;
                 }
-                store128(dinp + row_offset + i * x128::size, fp8_stage_pack<floatX>(sum));  // bf16, two per instruction
+                store128(dinp + row_offset + i * x128::size, x128_from_floats(sum));
             }
         }
     }

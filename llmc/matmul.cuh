@@ -376,7 +376,7 @@ matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
                     for (int e = 0; e < x128::size; e++) {
                         product[e] = gelu_backward_element(__bfloat162float(pre[j][e])) * __bfloat162float(grad[e]);
                     }
-                    grad = fp8_stage_pack<floatX>(product);  // rounded to bf16 two per instruction
+                    grad = x128_from_floats(product);
                     store128(dout + (size_t)row * OC + column, grad);
                 }
                 for (int e = 0; e < x128::size; e++) {
