@@ -24,7 +24,7 @@ DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+
 
 
 LAUNCH_BOUNDS = re.compile(r"^[ \t]*(?:template\s*<[^>]*>\s*)?__global__\s+(?:void\s+)?__launch_bounds__\s*\(", re.M)
-KERNEL_NAME = re.compile(r"\s*(?:void\s+)?(\w+)\s*\(")
+KERNEL_NAME = re.compile(r"(?:\s|//[^\n]*|/\*.*?\*/)*(?:void\s+)?(\w+)\s*\(", re.S)  # comments may come between
 
 
 def closing_paren(text, open_index):
@@ -53,7 +53,8 @@ def launch_bounds(text):
         close = closing_paren(text, m.end() - 1)
         name = KERNEL_NAME.match(text, close + 1)
         if name is None:
-            raise SystemExit("translate.py: no kernel name after a __launch_bounds__")
+            line = text.count("\n", 0, m.start()) + 1
+            raise SystemExit(f"translate.py: no kernel name after the __launch_bounds__ of line {line}: {text[m.start():close + 1].strip()}")
         bounds[name.group(1)] = first_argument(text[m.end():close])
     return bounds
 
