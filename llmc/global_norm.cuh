@@ -14,11 +14,13 @@ further tensors' results) on the device or the host.
 #ifndef LLMC_GLOBAL_NORM_CUH
 #define LLMC_GLOBAL_NORM_CUH
 
+#include <limits.h>
 #include "cuda_common.h"
 #include "cuda_utils.cuh"
 
 #define GLOBAL_NORM_BLOCKS 1024
 #define GLOBAL_NORM_BLOCK_SIZE 512
+#define GLOBAL_NORM_LOADS 4  // 16-byte loads a thread has in flight
 
 // floats of the partials_scratch argument
 size_t global_norm_scratch_floats(void) { return GLOBAL_NORM_BLOCKS; }
@@ -29,15 +31,21 @@ static unsigned int global_norm_blocks(size_t count) {
     return (unsigned int)(blocks < 1 ? 1 : blocks > GLOBAL_NORM_BLOCKS ? GLOBAL_NORM_BLOCKS : blocks);
 }
 
+// each thread sums its chunks in order, GLOBAL_NORM_LOADS of them loaded before it uses the first
 __global__ void global_norm_partials_kernel(float* partials, const floatX* values, size_t count) {
-    const size_t chunks = count / x128::size;
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const int chunks = (int)(count / x128::size);
+    const int step = gridDim.x * blockDim.x;
     float sum = 0.0f;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < chunks; i += stride) {
-        x128 x = load128cs(values + i * x128::size);
-        for (int k = 0; k < x128::size; k++) {
-            float value = __bfloat162float(x[k]);
-            sum += value * value;
+    for (int first = blockIdx.x * blockDim.x + threadIdx.x; first < chunks; first += GLOBAL_NORM_LOADS * step) {
+        x128 loaded[GLOBAL_NORM_LOADS];
+        load128_batch<GLOBAL_NORM_LOADS, true>(loaded, values, first, step, chunks, x128::size);
+#pragma unroll
+        for (int j = 0; j < GLOBAL_NORM_LOADS; j++) {
+            if (first + j * step >= chunks) { break; }
+            for (int k = 0; k < x128::size; k++) {
+                float value = __bfloat162float(loaded[j][k]);
+                sum += value * value;
+            }
         }
     }
     // the count % 8 trailing elements, one per thread of the first block
@@ -62,6 +70,9 @@ void global_norm_squared(float* out, float* partials_scratch, const floatX* valu
                          cudaStream_t stream) {
     if (((uintptr_t)values) % 16 != 0) {
         llm8_die("global_norm_squared: values pointer %p is not 16-byte aligned", (const void*)values);
+    }
+    if (count / x128::size > (size_t)INT_MAX) {
+        llm8_die("global_norm_squared: %zu values are more than 2^31 16-byte chunks", count);
     }
     const unsigned int blocks = global_norm_blocks(count);
     global_norm_partials_kernel<<<blocks, GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(partials_scratch, values, count);
