@@ -58,7 +58,6 @@ so tile edges fall on 16-byte boundaries; the last tile in each direction may be
 #ifndef LLMC_FP8_CAST_CUH
 #define LLMC_FP8_CAST_CUH
 
-#include <limits.h>
 #include <stdint.h>
 #include "cuda_common.h"
 #include "cuda_utils.cuh"
@@ -242,8 +241,9 @@ __global__ void fp8_amax_kernel(Fp8CastRecord* record, const In* in, size_t n, T
 
 template <class In, class Transform>
 void fp8_amax_launch(Fp8CastRecord* record, const In* in, size_t n, Transform transform, cudaStream_t stream) {
-    if (n == 0 || n % 16 != 0 || n / (16 / sizeof(In)) > (size_t)INT_MAX) {
-        llm8_die("fp8 amax: %zu elements must be a positive multiple of 16, in at most 2^31 16-byte vectors", n);
+    // int indices with room for the walk's last step past the end: at most 2^30 vectors
+    if (n == 0 || n % 16 != 0 || n / (16 / sizeof(In)) > ((size_t)1 << 30)) {
+        llm8_die("fp8 amax: %zu elements must be a positive multiple of 16, in at most 2^30 16-byte vectors", n);
     }
     const int block_size = 256;
     const size_t vectors = n / (16 / sizeof(In));

@@ -14,7 +14,6 @@ further tensors' results) on the device or the host.
 #ifndef LLMC_GLOBAL_NORM_CUH
 #define LLMC_GLOBAL_NORM_CUH
 
-#include <limits.h>
 #include "cuda_common.h"
 #include "cuda_utils.cuh"
 
@@ -71,8 +70,8 @@ void global_norm_squared(float* out, float* partials_scratch, const floatX* valu
     if (((uintptr_t)values) % 16 != 0) {
         llm8_die("global_norm_squared: values pointer %p is not 16-byte aligned", (const void*)values);
     }
-    if (count / x128::size > (size_t)INT_MAX) {
-        llm8_die("global_norm_squared: %zu values are more than 2^31 16-byte chunks", count);
+    if (count / x128::size > ((size_t)1 << 30)) {  // int indices with room for the walk's last step past the end
+        llm8_die("global_norm_squared: %zu values are more than 2^30 16-byte chunks", count);
     }
     const unsigned int blocks = global_norm_blocks(count);
     global_norm_partials_kernel<<<blocks, GLOBAL_NORM_BLOCK_SIZE, 0, stream>>>(partials_scratch, values, count);
