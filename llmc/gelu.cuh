@@ -43,16 +43,22 @@ void gelu_forward(floatX* out, const floatX* inp, int N, cudaStream_t stream) {
     cudaCheck(cudaGetLastError());
 }
 
+// dout: in, the gradient of GELU's output at 8 neighbouring elements (bf16 values); out, that of
+// its input, gelu'(pre) * dout in fp32, which every caller rounds to bf16 (this kernel, the bias
+// pass and the FP8 dy cast alike, so all give the same bits)
+__device__ __forceinline__ void gelu_backward_multiply(float (&dout)[x128::size], x128 pre) {
+    for (int k = 0; k < x128::size; k++) { dout[k] = gelu_backward_element(__bfloat162float(pre[k])) * dout[k]; }
+}
+
 // d_in_out: in, the gradient of GELU's output; out, the gradient of its input
 __global__ void gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* inp, int N) {
     int i = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= N) { return; }
-    x128 d = load128cs(d_in_out + i);
-    x128 x = load128cs(inp + i);
-    for (int k = 0; k < x128::size; k++) {
-        d[k] = __float2bfloat16_rn(gelu_backward_element(__bfloat162float(x[k])) * __bfloat162float(d[k]));
-    }
-    store128(d_in_out + i, d);
+    x128 stored = load128cs(d_in_out + i);
+    float d[x128::size];
+    for (int k = 0; k < x128::size; k++) { d[k] = __bfloat162float(stored[k]); }
+    gelu_backward_multiply(d, load128cs(inp + i));
+    store128(d_in_out + i, x128_from_floats(d));
 }
 
 void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, int N, cudaStream_t stream) {
@@ -86,8 +92,7 @@ struct Fp8GeluBackwardTransform {
     template <int N>
     __device__ __forceinline__ void stage(float (&dout)[N], int row, int col) const {
         static_assert(N == x128::size, "the gradient is staged as bf16, 8 per vector like pre_gelu");
-        x128 pre = load128cs(pre_gelu + (size_t)row * cols + col);
-        for (int k = 0; k < N; k++) { dout[k] = gelu_backward_element(__bfloat162float(pre[k])) * dout[k]; }
+        gelu_backward_multiply(dout, load128cs(pre_gelu + (size_t)row * cols + col));
     }
 };
 

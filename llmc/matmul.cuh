@@ -373,9 +373,8 @@ matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
                 x128 grad = grads[j];
                 if (pre_gelu != NULL) {
                     float product[x128::size];
-                    for (int e = 0; e < x128::size; e++) {
-                        product[e] = gelu_backward_element(__bfloat162float(pre[j][e])) * __bfloat162float(grad[e]);
-                    }
+                    for (int e = 0; e < x128::size; e++) { product[e] = __bfloat162float(grad[e]); }
+                    gelu_backward_multiply(product, pre[j]);
                     grad = x128_from_floats(product);
                     store128(dout + (size_t)row * OC + column, grad);
                 }
