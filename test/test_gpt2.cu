@@ -86,11 +86,11 @@ static const int B = 4;
 static const int T = 64;
 
 /*
-The two model sizes below: on a GPU, d12 and d6 with GPT-2's vocabulary. Under cudasim (the
-CPU simulator of make simcheck, test/cudasim/), where one d12 step takes minutes, the same
-checks run on models a CPU trains in a second: 3 and 2 layers at C = 128 (one head of 64,
-what the attention kernels serve) and a 997-token vocabulary, like 50257 not a multiple of
-8 or 128.
+The model sizes below: on a GPU, d12, d6 and one block of d12's width, with GPT-2's
+vocabulary. Under cudasim (the CPU simulator of make simcheck, test/cudasim/), where one d12
+step takes minutes, the same checks run on models a CPU trains in a second: 3, 2 and 1
+layers at C = 128 (two heads of 64, the head size the attention kernels serve) and a
+997-token vocabulary, like 50257 not a multiple of 8 or 128.
 */
 typedef enum { TEST_MODEL_LARGE, TEST_MODEL_SMALL, TEST_MODEL_UNEVEN, TEST_MODEL_ONE_BLOCK } TestModel;
 
