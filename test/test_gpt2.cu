@@ -374,7 +374,7 @@ static void ref_forward_backward(GPT2Ref* ref, const DataLoader* loader) {
     gpt2ref_backward(ref, 1);
 }
 
-// see 6. above: over the logits or all gradients, with e the emulation's and f the fp32
+// see 6. above: over the logits or the gradients FP8 reaches, with e the emulation's and f the fp32
 // reference's errors of the GPU, and e_q the emulation's own error; chained runs check sizes
 // only. Returns whether the flip amplitude was checked (the FP8 error not hidden by bf16's).
 static int check_quantizes_like_emulation(const char* name, const char* what, int chained, double e, double f, double e_q) {
@@ -517,14 +517,15 @@ static void test_fp8_forward_backward_vs_reference(TestModel size, const Fp8Sett
 }
 
 // 6.'s shallow runs: on one block, each linear's forward alone and its dgrad alone, then every wgrad
-static void test_fp8_shallow_runs(int recipe, const char* recipe_name, cudaStream_t stream) {
-    static const struct { int pass; const char* name; } passes[] = {{FP8_FWD, "forward"}, {FP8_DGRAD, "dgrad"}};
+static void test_fp8_shallow_runs(Fp8ModelRecipe recipe, cudaStream_t stream) {
+    const char* recipe_name = FP8_MODEL_RECIPE_NAMES[recipe];
     char name[96];
-    for (int p = 0; p < 2; p++) {
+    for (int pass_index = 0; pass_index < 2; pass_index++) {  // FP8_PASS_NAMES order: fwd, dgrad
         for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
             Fp8Settings s = fp8_settings_of(recipe, 0);
-            s.passes[kind] = passes[p].pass;
-            snprintf(name, sizeof(name), "fp8 %s, one block, %s %s alone", recipe_name, LINEAR_KIND_NAMES[kind], passes[p].name);
+            s.passes[kind] = 1 << pass_index;
+            snprintf(name, sizeof(name), "fp8 %s, one block, %s %s alone", recipe_name, LINEAR_KIND_NAMES[kind],
+                     FP8_PASS_NAMES[pass_index]);
             test_fp8_forward_backward_vs_reference(TEST_MODEL_ONE_BLOCK, &s, 0, 1, name, stream);
         }
     }
@@ -778,8 +779,8 @@ int main(void) {
         test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 1, 1, "fp8 delayed, passes per linear", stream);
         test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_per_linear, 1, 2, "fp8 delayed, passes per linear -ge 2", stream);
         test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_per_linear, 1, 1, "fp8 block, passes per linear", stream);
-        test_fp8_shallow_runs(FP8_MODEL_DELAYED, "delayed", stream);
-        test_fp8_shallow_runs(FP8_MODEL_BLOCK, "block", stream);
+        test_fp8_shallow_runs(FP8_MODEL_DELAYED, stream);
+        test_fp8_shallow_runs(FP8_MODEL_BLOCK, stream);
     }
     Fp8Settings delayed_weights = fp8_settings_of(FP8_MODEL_DELAYED, FP8_TEST_BLOCK_LINEARS | (1 << LINEAR_LM_HEAD));
     delayed_weights.weight_scaling = FP8_WEIGHTS_DELAYED;  // -fw delayed: the optimizer pass writes the weights' codes
