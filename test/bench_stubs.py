@@ -145,6 +145,7 @@ def progress(flags, step):
     factor *= (0.98 if flags.get("-fw") == "delayed" else 1.0) * (0.95 if flags.get("-f8") == "all" else 1.0)
     factor *= 0.97 if flags.get("-fg") == "delayed" else 1.0
     factor *= 0.98 if flags.get("-ge") == "2" else 1.0
+    factor *= 0.96 if flags.get("-ad") == "0" else 1.0
     factor *= (1.01 if flags["-opt"] == "adamw8" else 1.0) * (1.1 if ranks > 1 else 1.0) * (1.05 if flags["-z"] == "3" else 1.0)
     ms = round(MODEL_MS[flags["-e"]] * factor * batch / 65536 * (1 + step / 100) * (3 if step <= WARMUP else 1), 2)
     # n/a: as on a GPU whose peak the trainer does not know
@@ -167,13 +168,15 @@ def memory_figures(flags):
 
 def breakdown_rows(flags):
     """the -kt 1 rows: the four block linears' backward (where -fg changes the output-gradient passes, and -ge 2
-    fc's), bf16's GELU backward (not with -ge 2), the optimizer step's, and the FP8 weight casts' (after it) in an FP8 run"""
+    fc's), bf16's GELU backward (not with -ge 2), the attention backward (faster with -ad 0), the optimizer step's,
+    and the FP8 weight casts' (after it) in an FP8 run"""
     scale = int(flags["-e"][1:]) / 12
     backward = (1.5 if flags["-p"] == "bf16" else 1.0 if flags.get("-fg") == "delayed" else 1.125) * scale
     rows = [("encoder fwd", 0.25)] + [(f"matmul {linear} bwd", backward) for linear in ("qkv", "attproj", "fcproj")]
     rows.insert(3, ("matmul fc bwd", backward * (0.9 if flags.get("-ge") == "2" else 1.0)))  # -ge 2: no GELU in fc's dy pass
     if flags["-p"] == "bf16" and flags.get("-ge") != "2":  # GELU's backward kernel: -ge 2 puts it in fcproj's dgrad
         rows.append(("gelu bwd", 0.5 * scale))
+    rows.append(("attention bwd", (0.625 if flags.get("-ad") == "0" else 1.25) * scale))
     rows += [(flags["-opt"], (2.5 if flags["-opt"] == "adamw" else 1.75) * scale)]
     if flags["-p"] == "fp8":
         rows.append(("fp8 weight casts", (0.25 if flags.get("-fw") == "delayed" else 0.875) * scale))

@@ -84,18 +84,20 @@ def expected_figures(bench, flags):
             "peak_mem_mib": max(progress(flags, step)["mem_mib"] for step in range(1, STEPS + 1)),
             "final_loss": timed[-1]["loss"], "optimizer_ms": rows[flags["-opt"]], "optimizer_weight_cast_ms": cast,
             "block_backward_ms": block_backward,
-            "gelu_backward_ms": sum(rows.get(row, 0.0) for row in ("matmul fcproj bwd", "matmul fc bwd", "gelu bwd"))}
+            "gelu_backward_ms": sum(rows.get(row, 0.0) for row in ("matmul fcproj bwd", "matmul fc bwd", "gelu bwd")),
+            "attention_backward_ms": rows["attention bwd"]}
 
 
 def expected_train_runs(bench):
-    """(model, B, (precision, recipe, optimizer, -fw, lm_head, -fg, fp32 master, -ge)) of every train record --quick
-    makes, in order: RUNS (adamw8 only at ADAMW8_MODELS) with master weights, then MASTER_FREE_RUNS there, then
-    GELU_FUSION_RUNS with -ge 2"""
+    """(model, B, (precision, recipe, optimizer, -fw, lm_head, -fg, fp32 master, -ge, -ad)) of every train record
+    --quick makes, in order: RUNS (adamw8 only at ADAMW8_MODELS) with master weights, then MASTER_FREE_RUNS there,
+    then DEFAULT_RUNS with -ge 2, then DEFAULT_RUNS with -ad 0"""
     runs = []
     for model, B, _ in bench.QUICK_CONFIGS:
-        runs += [(model, B, run + (True, 1)) for run in bench.RUNS if run[2] != "adamw8" or model in bench.ADAMW8_MODELS]
-        runs += [(model, B, run + (False, 1)) for run in bench.MASTER_FREE_RUNS if model in bench.ADAMW8_MODELS]
-        runs += [(model, B, run + (True, 2)) for run in bench.GELU_FUSION_RUNS]
+        runs += [(model, B, run + (True, 1, 1)) for run in bench.RUNS if run[2] != "adamw8" or model in bench.ADAMW8_MODELS]
+        runs += [(model, B, run + (False, 1, 1)) for run in bench.MASTER_FREE_RUNS if model in bench.ADAMW8_MODELS]
+        runs += [(model, B, run + (True, 2, 1)) for run in bench.DEFAULT_RUNS]
+        runs += [(model, B, run + (True, 1, 0)) for run in bench.DEFAULT_RUNS]
     return runs
 
 
@@ -105,14 +107,14 @@ def failed(flags):
 
 def train_key(r):
     return (r["model"], r["precision"], r["recipe"], r["optimizer"], r["weight_scaling"], r["lm_head"], r["grad_scaling"],
-            r["master_weights"], r["gelu_fusion"])
+            r["master_weights"], r["gelu_fusion"], r["attention_deterministic"])
 
 
 def key_cells(r):
     """the main table's first cells of a train record (-fg after -fw)"""
-    model, precision, recipe, optimizer, weights, lm_head, grads, master, gelu_fusion = train_key(r)
+    model, precision, recipe, optimizer, weights, lm_head, grads, master, gelu_fusion, attention = train_key(r)
     return " | ".join((model, precision, recipe, optimizer, weights, grads, lm_head, "yes" if master else "no",
-                       str(gelu_fusion))) + " | "
+                       str(gelu_fusion), str(attention))) + " | "
 
 
 def markdown_sections(markdown):
@@ -152,6 +154,7 @@ def test_train_records_carry_the_trainer_figures(bench_run):
         assert {k: r[k] for k in bench_stubs.memory_figures(flags)} == bench_stubs.memory_figures(flags)
         assert flags.get("-w", "1") == ("1" if r["master_weights"] else "0"), r["command"]
         assert flags.get("-ge", "1") == str(r["gelu_fusion"]), r["command"]
+        assert flags.get("-ad", "1") == str(r["attention_deterministic"]), r["command"]
         floor = floor_model.step_floor_ms(floor_model.run_from_record(r), floor_model.DEVICES["h100"])  # DEVICE: an H100
         assert r["floor_ms"] == round(floor, 3) and r["floor_ms"] > 0, r["command"]
     assert not any("floor_ms" in r for r in train if "error" in r)
@@ -209,10 +212,11 @@ def test_markdown_sections(bench_run):
     ok_train = [r for r in records if r["benchmark"] == "train" and "error" not in r]
     kernel_headings = [f"{r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} "
                        f"-fg {r['grad_scaling']} lm_head {r['lm_head']} master {'yes' if r['master_weights'] else 'no'} -ge {r['gelu_fusion']} "
-                       f"B={r['B']}: per-kernel time"
+                       f"-ad {r['attention_deterministic']} B={r['B']}: per-kernel time"
                        for r in ok_train]
     assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed", "FP8 output-gradient scaling: -fg current vs delayed",
-                              "GELU backward fusion: -ge 1 vs -ge 2", "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
+                              "GELU backward fusion: -ge 1 vs -ge 2", "Attention backward: -ad 1 vs -ad 0",
+                              "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
                               "Memory: optimizer and master weights", "Floor: measured vs the model's floor",
                               "Per-GEMM FP8 vs bf16",
                               "Multi-GPU: 2 ranks on one GPU vs 1 rank"] + kernel_headings
@@ -221,8 +225,8 @@ def test_markdown_sections(bench_run):
     rows = [l for l in sections["FP8 weight cast: -fw current vs delayed"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert [l.split(" | ")[:3] for l in rows] == [["| d12", "delayed", "adamw"], ["| d12", "delayed", "adamw8"],
                                                  ["| d48", "delayed", "adamw"], ["| d48", "delayed", "adamw8"]]
-    current = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "current", True, 1)]
-    delayed = by_key[("d12", "fp8", "delayed", "adamw", "delayed", "bf16", "current", True, 1)]
+    current = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "current", True, 1, 1)]
+    delayed = by_key[("d12", "fp8", "delayed", "adamw", "delayed", "bf16", "current", True, 1, 1)]
     assert f"| {current['tok_per_s']:.0f} | {delayed['tok_per_s']:.0f} | {delayed['tok_per_s'] / current['tok_per_s']:.3f}x | " \
            f"{current['optimizer_weight_cast_ms']:.3f} | {delayed['optimizer_weight_cast_ms']:.3f} |" in rows[0]
 
@@ -231,7 +235,7 @@ def test_markdown_sections(bench_run):
                                                  ["| d12", "delayed", "adamw", "current", "fp8"],
                                                  ["| d48", "delayed", "adamw", "current", "bf16"],
                                                  ["| d48", "delayed", "adamw", "current", "fp8"]]
-    delayed_grads = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "delayed", True, 1)]
+    delayed_grads = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "delayed", True, 1, 1)]
     assert f"| {current['tok_per_s']:.0f} | {delayed_grads['tok_per_s']:.0f} | " \
            f"{delayed_grads['tok_per_s'] / current['tok_per_s']:.3f}x | {current['block_backward_ms']:.3f} | " \
            f"{delayed_grads['block_backward_ms']:.3f} |" in rows[0]
@@ -239,7 +243,7 @@ def test_markdown_sections(bench_run):
 
     rows = [l for l in sections["FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert len(rows) == 2
-    fp8_head = by_key[("d12", "fp8", "delayed", "adamw", "current", "fp8", "current", True, 1)]
+    fp8_head = by_key[("d12", "fp8", "delayed", "adamw", "current", "fp8", "current", True, 1, 1)]
     assert rows[0].startswith(f"| d12 | delayed | adamw | current | {current['tok_per_s']:.0f} | {fp8_head['tok_per_s']:.0f} | "
                               f"{fp8_head['tok_per_s'] / current['tok_per_s']:.3f}x |")
 
@@ -249,14 +253,27 @@ def test_markdown_sections(bench_run):
     for row, (precision, recipe, weights, lm_head, grads) in zip(rows, [("bf16", "-", "-", "-", "-"),
                                                                       ("fp8", "delayed", "current", "bf16", "current")] * 2):
         model = row.split(" | ")[0][2:]
-        one, two = (by_key[(model, precision, recipe, "adamw", weights, lm_head, grads, True, g)] for g in (1, 2))
+        one, two = (by_key[(model, precision, recipe, "adamw", weights, lm_head, grads, True, g, 1)] for g in (1, 2))
         assert row == (f"| {model} | {precision} | {recipe} | {one['tok_per_s']:.0f} | {two['tok_per_s']:.0f} | "
                        f"{two['tok_per_s'] / one['tok_per_s']:.3f}x | {one['gelu_backward_ms']:.3f} | {two['gelu_backward_ms']:.3f} | "
                        f"{one['final_loss']:.4f} | {two['final_loss']:.4f} |")
         assert two["gelu_backward_ms"] < one["gelu_backward_ms"]
 
+    rows = [l for l in sections["Attention backward: -ad 1 vs -ad 0"].splitlines() if re.match(r"\| d\d+ ", l)]
+    assert [l.split(" | ")[:3] for l in rows] == [["| d12", "bf16", "-"], ["| d12", "fp8", "delayed"],
+                                                 ["| d48", "bf16", "-"], ["| d48", "fp8", "delayed"]]
+    for row, (precision, recipe, weights, lm_head, grads) in zip(rows, [("bf16", "-", "-", "-", "-"),
+                                                                      ("fp8", "delayed", "current", "bf16", "current")] * 2):
+        model = row.split(" | ")[0][2:]
+        one, zero = (by_key[(model, precision, recipe, "adamw", weights, lm_head, grads, True, 1, a)] for a in (1, 0))
+        assert row == (f"| {model} | {precision} | {recipe} | {one['tok_per_s']:.0f} | {zero['tok_per_s']:.0f} | "
+                       f"{zero['tok_per_s'] / one['tok_per_s']:.3f}x | {one['attention_backward_ms']:.3f} | "
+                       f"{zero['attention_backward_ms']:.3f} | {one['final_loss']:.4f} | {zero['final_loss']:.4f} |")
+        assert zero["attention_backward_ms"] < one["attention_backward_ms"]
+
     rows = [l for l in sections["Memory: optimizer and master weights"].splitlines() if re.match(r"\| d\d+ ", l)]
-    memory = [r for r in ok_train if r["precision"] == "bf16" and r["model"] in bench.ADAMW8_MODELS and r["gelu_fusion"] == 1]
+    memory = [r for r in ok_train if r["precision"] == "bf16" and r["model"] in bench.ADAMW8_MODELS and r["gelu_fusion"] == 1
+              and r["attention_deterministic"] == 1]
     assert len(rows) == len(memory) == 8  # d12 and d48, each optimizer with and without master weights
     for row, r in zip(rows, memory):
         m = bench_stubs.memory_figures(command_flags(r["command"]))
@@ -268,8 +285,8 @@ def test_markdown_sections(bench_run):
 
     floor = sections["Floor: measured vs the model's floor"]
     rows = [l for l in floor.splitlines() if re.match(r"\| d\d+ \| (bf16|fp8) \| \d+ \|", l)]
-    defaults = [by_key[(m, "bf16", "-", "adamw", "-", "-", "-", True, 1)] for m in ("d12", "d48")] + \
-        [by_key[(m, "fp8", "delayed", "adamw", "current", "bf16", "current", True, 1)] for m in ("d12", "d48")]
+    defaults = [by_key[(m, "bf16", "-", "adamw", "-", "-", "-", True, 1, 1)] for m in ("d12", "d48")] + \
+        [by_key[(m, "fp8", "delayed", "adamw", "current", "bf16", "current", True, 1, 1)] for m in ("d12", "d48")]
     defaults.sort(key=lambda r: records.index(r))  # in the order measured
     assert rows == [f"| {r['model']} | {r['precision']} | {r['B']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
                     f"{r['ms_per_step'] / r['floor_ms']:.2f}x |" for r in defaults]
@@ -311,7 +328,7 @@ def test_scaling_model_reads_the_default_runs_of_the_json(bench_run, tmp_path):
     default = [r for r in records if r.get("benchmark") == "train" and "error" not in r and r["model"] == "d12"
                and r["precision"] == "fp8" and r["recipe"] == "delayed" and r["optimizer"] == "adamw"
                and r["weight_scaling"] == "current" and r["lm_head"] == "bf16" and r["grad_scaling"] == "current"
-               and r["gelu_fusion"] == 1]
+               and r["gelu_fusion"] == 1 and r["attention_deterministic"] == 1]
     assert len(default) == 1
     assert table[("d12", "fp8")].ms_per_step == default[0]["ms_per_step"]
 

@@ -15,7 +15,9 @@ lm_head" section sets its tok/s beside the bf16 lm_head's (lm_head's loss parity
 scripts/compare_bf16_fp8.sh, dev/gpu_session.sh parity). The default bf16 and FP8 runs are
 also made with -ge 2 (GELU's derivative in fcproj's dgrad epilogue): a "GELU backward fusion"
 section sets their tok/s and the time of the rows GELU's backward is charged to beside -ge 1's,
-the figures that pick -ge's default for both baselines. At d12 and d48 the bf16 runs of both
+the figures that pick -ge's default for both baselines; and with -ad 0 (cuDNN's attention backward
+with float atomics, not bitwise repeatable): an "Attention backward" section sets their tok/s and
+`attention bwd` time beside the deterministic default's. At d12 and d48 the bf16 runs of both
 optimizers are also made without fp32 master weights (-w 0): a "Memory" section sets the
 persistent bytes per parameter and the optimizer state the trainer reports at startup beside
 the measured peak, for each optimizer and master-weight mode (DESIGN.md section 4). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
@@ -75,12 +77,17 @@ RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw", "curr
         ("fp8", "delayed", "adamw8", "delayed", "bf16", "current")]
 # the runs also made without fp32 master weights (-w 0), at ADAMW8_MODELS: the memory comparison
 MASTER_FREE_RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("bf16", "-", "adamw8", "-", "-", "-")]
-# the runs also made with -ge 2 (GELU's derivative in fcproj's dgrad epilogue), at every model: the default bf16
-# and FP8 runs, whose "GELU backward fusion" section sets the figures that pick -ge's default for both
-GELU_FUSION_RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw", "current", "bf16", "current")]
+# the default bf16 and FP8 runs, also made at every model with each setting of VARIED_SETTINGS changed
+DEFAULT_RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw", "current", "bf16", "current")]
+# settings of both precisions that the runs keep at their default (records written before a setting was measured
+# lack its field: the default) but DEFAULT_RUNS once more with the other value: record field -> (flag, default, other).
+# -ge 2: GELU's derivative in fcproj's dgrad epilogue ("GELU backward fusion" picks -ge's default for both);
+# -ad 0: cuDNN's attention backward with float atomics ("Attention backward": what giving up bitwise repeats buys)
+VARIED_SETTINGS = {"gelu_fusion": ("-ge", 1, 2), "attention_deterministic": ("-ad", 1, 0)}
 # the -kt 1 rows where GELU's backward is charged: fcproj's dgrad (its epilogue with -ge 2), fc's output-gradient
 # pass (FP8) or bias pass, and bf16's GELU backward kernel (absent with -ge 2)
 GELU_BACKWARD_ROWS = ("matmul fcproj bwd", "matmul fc bwd", "gelu bwd")
+ATTENTION_BACKWARD_ROW = "attention bwd"
 # the -kt 1 rows that hold the backward of the four block linears, where each output gradient's
 # cast is charged (-fg current: an amax pass and a cast pass; delayed: one pass)
 BLOCK_BACKWARD_ROWS = ("matmul qkv bwd", "matmul attproj bwd", "matmul fc bwd", "matmul fcproj bwd")
@@ -230,11 +237,12 @@ def gpu_state_markdown(records):
         return ""
     out = ["## GPU state during the timed steps (-lg 1, NVML)", "",
            "A throttled clock (power cap, thermal) lowers tok/s whatever the recipe: compare runs at the same clock.", "",
-           "| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | -ge | SM clock MHz (median / max) | "
-           "power W (median / limit) | hottest C | clock held by |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | -ge | -ad | SM clock MHz (median / max) | "
+           "power W (median / limit) | hottest C | clock held by |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | "
-                   f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {gelu_fusion_text(r)} | "
+                   f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {setting_text(r, 'gelu_fusion')} | "
+                   f"{setting_text(r, 'attention_deterministic')} | "
                    f"{figure(r['sm_clock_mhz'], '.0f')} / "
                    f"{figure(r['sm_clock_max_mhz'], '.0f')} | {figure(r['power_w'], '.0f')} / {figure(r['power_limit_w'], '.0f')} | "
                    f"{figure(r['temperature_c'], '.0f')} | {r['clock_held_by'] or 'n/a'} |")
@@ -290,14 +298,14 @@ def gradient_default(r):
     return r.get("grad_scaling", "current") in ("current", "-")
 
 
-def gelu_fusion_default(r):
-    """-ge 1: the default, and every record written before -ge 2 was measured"""
-    return r.get("gelu_fusion", 1) == 1
+def at_defaults(r, except_field=None):
+    """whether a record keeps every VARIED_SETTINGS setting but except_field at its default"""
+    return all(r.get(field, default) == default for field, (_, default, _) in VARIED_SETTINGS.items() if field != except_field)
 
 
-def gelu_fusion_text(r):
-    """the -ge column and headings: the record's -ge (1 for records written before it was measured)"""
-    return str(r.get("gelu_fusion", 1))
+def setting_text(r, field):
+    """a VARIED_SETTINGS column and heading value: the record's (the default for records written before it was measured)"""
+    return str(r.get(field, VARIED_SETTINGS[field][1]))
 
 
 def gelu_backward_ms(breakdown):
@@ -385,19 +393,26 @@ def failure_line(stderr, returncode, limit_s=None, by_time_limit=False):
 
 def model_runs(model):
     """the train runs of one model, in order: (precision, recipe, optimizer, -fw, lm_head, -fg, fp32 master weights,
-    -ge): RUNS, then MASTER_FREE_RUNS (at ADAMW8_MODELS), then GELU_FUSION_RUNS"""
-    runs = [run + (True, 1) for run in RUNS if run[2] != "adamw8" or model in ADAMW8_MODELS]
-    runs += [run + (False, 1) for run in MASTER_FREE_RUNS if model in ADAMW8_MODELS]
-    return runs + [run + (True, 2) for run in GELU_FUSION_RUNS]
+    {VARIED_SETTINGS field: value}): RUNS, then MASTER_FREE_RUNS (at ADAMW8_MODELS), then DEFAULT_RUNS with each
+    VARIED_SETTINGS setting changed in turn"""
+    defaults = {field: default for field, (_, default, _) in VARIED_SETTINGS.items()}
+    runs = [run + (True, defaults) for run in RUNS if run[2] != "adamw8" or model in ADAMW8_MODELS]
+    runs += [run + (False, defaults) for run in MASTER_FREE_RUNS if model in ADAMW8_MODELS]
+    for field, (_, _, other) in VARIED_SETTINGS.items():
+        runs += [run + (True, dict(defaults, **{field: other})) for run in DEFAULT_RUNS]
+    return runs
 
 
 def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path, master=True,
-               grads="-", gelu_fusion=1):
-    """one train run's record (an error record if it failed), or None: not started, --time-limit left too little time"""
+               grads="-", settings=None):
+    """one train run's record (an error record if it failed), or None: not started, --time-limit left too little time;
+    settings: {VARIED_SETTINGS field: value}, the defaults where absent"""
+    settings = {field: (settings or {}).get(field, default) for field, (_, default, _) in VARIED_SETTINGS.items()}
     cmd = [TRAINER, "-e", model, "-b", str(B), "-t", str(T), "-p", precision, "-x", str(steps),
            "-i", data_path, "-j", "", "-v", "0", "-s", "0", "-kt", "1", "-lg", "1", "-r", str(recompute), "-opt", optimizer]
     cmd += [] if master else ["-w", "0"]
-    cmd += [] if gelu_fusion == 1 else ["-ge", str(gelu_fusion)]
+    for field, (flag, default, _) in VARIED_SETTINGS.items():
+        cmd += [] if settings[field] == default else [flag, str(settings[field])]
     if precision == "fp8":
         cmd += ["-fr", recipe, "-fn", "0"] + (["-fw", weights] if weights != "-" else [])
         cmd += ["-f8", "all"] if lm_head == "fp8" else []
@@ -408,8 +423,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
     print("running:", shlex.join(cmd), flush=True)
     [(returncode, stdout, stderr)] = run_programs([cmd], limit[0])
     failed = {"model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
-              "lm_head": lm_head, "grad_scaling": grads, "master_weights": master, "gelu_fusion": gelu_fusion,
-              "command": command_text(cmd)}
+              "lm_head": lm_head, "grad_scaling": grads, "master_weights": master, **settings, "command": command_text(cmd)}
     if returncode != 0:
         print(stdout[-3000:], stderr[-3000:], file=sys.stderr)
         return dict(failed, error=failure_line(stderr, returncode, *limit))
@@ -420,7 +434,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
     mfus = [s["mfu"] for s in timed if s["mfu"] is not None]
     return {
         "model": model, "precision": precision, "recipe": recipe, "optimizer": optimizer, "weight_scaling": weights,
-        "lm_head": lm_head, "grad_scaling": grads, "master_weights": master, "gelu_fusion": gelu_fusion,
+        "lm_head": lm_head, "grad_scaling": grads, "master_weights": master, **settings,
         "B": B, "T": T, "recompute": recompute, "steps_timed": len(timed),
         "tok_per_s": statistics.median(s["tok_s"] for s in timed),
         "ms_per_step": statistics.median(s["ms"] for s in timed),
@@ -433,6 +447,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         "optimizer_weight_cast_ms": optimizer_and_weight_cast_ms(breakdown, optimizer) if precision == "fp8" else None,
         "block_backward_ms": block_backward_ms(breakdown),
         "gelu_backward_ms": gelu_backward_ms(breakdown),
+        "attention_backward_ms": breakdown_ms(breakdown, ATTENTION_BACKWARD_ROW),
         "command": command_text(cmd),
         "kernel_breakdown": breakdown,
     }
@@ -458,7 +473,7 @@ def is_default_run(r):
         return False
     default = ("-", "-", "-") if r["precision"] == "bf16" else ("delayed", "current", "bf16")
     return (r["optimizer"] == "adamw" and r["master_weights"] is not False and gradient_default(r)
-            and gelu_fusion_default(r) and (r["recipe"], r["weight_scaling"], r["lm_head"]) == default)
+            and at_defaults(r) and (r["recipe"], r["weight_scaling"], r["lm_head"]) == default)
 
 
 def floor_markdown(records, device):
@@ -493,7 +508,7 @@ def memory_rows(records):
     each optimizer with and without them (what the trainer reports at startup, and the peak)"""
     master_free = {r["model"] for r in records if r.get("benchmark") == "train" and r.get("master_weights") is False}
     return [r for r in records if r.get("benchmark") == "train" and "error" not in r and r["model"] in master_free
-            and r["precision"] == "bf16" and gelu_fusion_default(r)]
+            and r["precision"] == "bf16" and at_defaults(r)]
 
 
 def memory_markdown(rows):
@@ -514,11 +529,11 @@ def memory_markdown(rows):
 def paired_runs(records, key_fields, variant_field, variants, keep=lambda r: True):
     """the successful train records that keep() accepts, grouped by key_fields and told apart by
     variant_field: (key dict, {variant: record}) for every key measured in each of the two variants,
-    in the order measured. Only -ge 1 runs, unless -ge is the variant"""
+    in the order measured. Only runs with the VARIED_SETTINGS defaults, but the variant's own"""
     groups = {}
     for r in records:
         if r.get("benchmark") == "train" and "error" not in r and r.get(variant_field) in variants and keep(r) \
-                and (variant_field == "gelu_fusion" or gelu_fusion_default(r)):
+                and at_defaults(r, variant_field):
             groups.setdefault(tuple(r[f] for f in key_fields), {})[r[variant_field]] = r
     return [(dict(zip(key_fields, key)), pair) for key, pair in groups.items() if set(pair) == set(variants)]
 
@@ -589,31 +604,44 @@ def gradient_scaling_markdown(rows):
     return "\n".join(out + [""])
 
 
-def gelu_fusion_comparison(records):
-    """pairs the -ge 1 and -ge 2 runs of each configuration: tok/s, the ms of the rows GELU's backward is charged
-    to (GELU_BACKWARD_ROWS) and final loss of each"""
+def setting_comparison(records, field, ms_field):
+    """pairs the default and the other value of a VARIED_SETTINGS setting in each configuration: tok/s, the ms
+    of the -kt 1 rows the setting is about (the record's ms_field) and final loss of each"""
+    _, default, other = VARIED_SETTINGS[field]
     rows = []
     for key, pair in paired_runs(records, ("model", "precision", "recipe", "optimizer", "weight_scaling", "lm_head",
-                                           "grad_scaling"), "gelu_fusion", (1, 2)):
-        rows.append(dict(pair_row(key, pair[1], pair[2]),
-                         gelu_backward_ms=(pair[1].get("gelu_backward_ms"), pair[2].get("gelu_backward_ms"))))
+                                           "grad_scaling"), field, (default, other)):
+        rows.append(dict(pair_row(key, pair[default], pair[other]),
+                         setting_ms=(pair[default].get(ms_field), pair[other].get(ms_field))))
     return rows
 
 
-def gelu_fusion_markdown(rows):
-    """the "GELU backward fusion" section: -ge 1 (the default) vs -ge 2, bf16 and FP8"""
-    out = ["## GELU backward fusion: -ge 1 vs -ge 2", "",
-           "-ge 2 multiplies fcproj's dgrad by GELU's derivative in cuBLASLt's DGELU epilogue (reading the "
-           "pre-activation in the GEMM) instead of a pass over fc's output gradient. GELU backward = the -kt 1 rows "
-           "`matmul fcproj bwd`, `matmul fc bwd` and `gelu bwd` together. Both baselines gain from the faster setting: "
-           "make it the default (-ge) where it is faster here for bf16 and FP8 alike, and compare FP8 with bf16 at the "
-           "same -ge.", "",
-           "| model | precision | recipe | tok/s -ge 1 | tok/s -ge 2 | -ge 2 / -ge 1 | GELU backward ms -ge 1 | -ge 2 | "
-           "final loss -ge 1 | -ge 2 |",
+def setting_markdown(field, heading, description, ms_label, rows):
+    """a VARIED_SETTINGS comparison section: the default vs the other value, bf16 and FP8"""
+    flag, default, other = VARIED_SETTINGS[field]
+    a, b = f"{flag} {default}", f"{flag} {other}"
+    out = [f"## {heading}: {a} vs {b}", "", description, "",
+           f"| model | precision | recipe | tok/s {a} | tok/s {b} | {b} / {a} | {ms_label} ms {a} | {b} | final loss {a} | {b} |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        out.append(f"| {row['model']} | {row['precision']} | {row['recipe']} | " + pair_cells(row, "gelu_backward_ms"))
+        out.append(f"| {row['model']} | {row['precision']} | {row['recipe']} | " + pair_cells(row, "setting_ms"))
     return "\n".join(out + [""])
+
+
+# (field, heading, description, the ms column's label, the record's ms field) of each VARIED_SETTINGS section
+SETTING_SECTIONS = [
+    ("gelu_fusion", "GELU backward fusion",
+     "-ge 2 multiplies fcproj's dgrad by GELU's derivative in cuBLASLt's DGELU epilogue (reading the pre-activation in "
+     "the GEMM) instead of a pass over fc's output gradient. GELU backward = the -kt 1 rows `matmul fcproj bwd`, "
+     "`matmul fc bwd` and `gelu bwd` together. Both baselines gain from the faster setting: make it the default (-ge) "
+     "where it is faster here for bf16 and FP8 alike, and compare FP8 with bf16 at the same -ge.",
+     "GELU backward", "gelu_backward_ms"),
+    ("attention_deterministic", "Attention backward",
+     "-ad 0 runs cuDNN's flash-attention backward with float atomics instead of its deterministic algorithm, which "
+     "writes and reads dP (B*NH*T*T bf16 a layer). Attention bwd = the -kt 1 row `attention bwd`. -ad 1 stays the "
+     "default (runs and resumes repeat bit for bit); this says what -ad 0 buys a run that can do without.",
+     "attention bwd", "attention_backward_ms"),
+]
 
 
 def run_ranks(ranks, precision, steps, data_path, T, zero=1):
@@ -810,21 +838,23 @@ def write_report(base, records, gemm_section, run_info, complete):
                     f"{run_info['not_run']} programs not run.\n\n")
         elif not complete:
             f.write(f"**Incomplete**: this file is rewritten after every run; it stopped after {len(records)} records.\n\n")
-        f.write("| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | -ge | B | T | tok/s | ms/step | optimizer ms | MFU | peak mem MiB |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write("| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | -ge | -ad | B | T | tok/s | ms/step | "
+                "optimizer ms | MFU | peak mem MiB |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in records:
             if r["benchmark"] != "train":
                 continue
             if "error" in r:
                 f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | "
                         f"{r.get('weight_scaling', '')} | {r.get('grad_scaling', '-')} | {r.get('lm_head', '')} | {master_text(r)} | "
-                        f"{gelu_fusion_text(r)} | | | "
+                        f"{setting_text(r, 'gelu_fusion')} | {setting_text(r, 'attention_deterministic')} | | | "
                         f"error: {r['error']} | | | | |\n")
                 continue
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
             opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
             f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | "
-                    f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {gelu_fusion_text(r)} | {r['B']} | "
+                    f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {setting_text(r, 'gelu_fusion')} | "
+                    f"{setting_text(r, 'attention_deterministic')} | {r['B']} | "
                     f"{r['T']} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
         comparison = weight_cast_comparison(records)
         if comparison:
@@ -832,9 +862,10 @@ def write_report(base, records, gemm_section, run_info, complete):
         gradient_rows = gradient_scaling_comparison(records)
         if gradient_rows:
             f.write(f"\n{gradient_scaling_markdown(gradient_rows)}")
-        gelu_rows = gelu_fusion_comparison(records)
-        if gelu_rows:
-            f.write(f"\n{gelu_fusion_markdown(gelu_rows)}")
+        for field, heading, description, ms_label, ms_field in SETTING_SECTIONS:
+            setting_rows = setting_comparison(records, field, ms_field)
+            if setting_rows:
+                f.write(f"\n{setting_markdown(field, heading, description, ms_label, setting_rows)}")
         lm_head_rows = lm_head_comparison(records)
         if lm_head_rows:
             f.write(f"\n{lm_head_markdown(lm_head_rows)}")
@@ -854,7 +885,8 @@ def write_report(base, records, gemm_section, run_info, complete):
         for r in records:
             if r.get("kernel_breakdown"):
                 f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} "
-                        f"-fg {r.get('grad_scaling', '-')} lm_head {r['lm_head']} master {master_text(r)} -ge {gelu_fusion_text(r)} B={r['B']}: "
+                        f"-fg {r.get('grad_scaling', '-')} lm_head {r['lm_head']} master {master_text(r)} -ge {setting_text(r, 'gelu_fusion')} "
+                        f"-ad {setting_text(r, 'attention_deterministic')} B={r['B']}: "
                         f"per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
     os.replace(base + ".md.tmp", base + ".md")
 
@@ -914,9 +946,9 @@ def main():
         write_report(base, records, gemm_section, run_info, complete=False)
 
     for model, B, recompute in configs:
-        for precision, recipe, optimizer, weights, lm_head, grads, master, gelu_fusion in model_runs(model):
+        for precision, recipe, optimizer, weights, lm_head, grads, master, settings in model_runs(model):
             rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path,
-                             master, grads, gelu_fusion)
+                             master, grads, settings)
             if rec is None:
                 run_info["not_run"] += 1
                 continue
@@ -924,8 +956,8 @@ def main():
             add([dict(rec, benchmark="train")])
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
             if rec.get("optimizer_ms") is not None:
-                print(f"{model} {precision} {recipe} {optimizer} -fw {weights} -fg {grads} -ge {gelu_fusion}: optimizer step {rec['optimizer_ms']:.3f} ms",
-                      flush=True)
+                print(f"{model} {precision} {recipe} {optimizer} -fw {weights} -fg {grads} -ge {rec['gelu_fusion']} "
+                      f"-ad {rec['attention_deterministic']}: optimizer step {rec['optimizer_ms']:.3f} ms", flush=True)
 
     gemm_models = [model for model, _, _ in configs if model in GEMM_TARGETS]
     gemm = run_gemm(gemm_models, args.quick, device, commit) if gemm_models else None
