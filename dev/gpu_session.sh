@@ -12,9 +12,10 @@
 #                                   # benchmark the rest); summary.txt says what ran and what not
 #   bash dev/gpu_session.sh build   # make env, the cuDNN frontend from .whl/, every GPU target
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
-#   bash dev/gpu_session.sh ranks [SECTIONS]  # test/gpu_trainer_ranks.py: 2 ranks on the one GPU (all
-#                                   # sections, or those named: trajectories resume reshard twins killed);
-#                                   # RANKS_S=N stops it after N seconds, its trainers with it
+#   bash dev/gpu_session.sh ranks [SECTIONS]  # NCCL 2.30+ from .nccl/sm90 when carried (dev/nccl_wheel.sh
+#                                   # install), test_multi_gpu (its 2-rank test), then test/gpu_trainer_ranks.py:
+#                                   # 2 ranks on the one GPU (all sections, or those named: trajectories resume
+#                                   # reshard twins killed); RANKS_S=N stops them after N seconds, trainers too
 #   bash dev/gpu_session.sh bench [MODELS]  # dev/bench/bench.py --quick (--only MODELS, e.g. d12 then d48
 #                                   # in two calls), its .md and .json written into the logs
 #   bash dev/gpu_session.sh parity [SETS]  # loss parity on the offline corpus (carry dev/data/offline):
@@ -121,9 +122,25 @@ case "$stage" in
         build_all && time make PYTHON="$PYTHON" gpucheck-tests 2>&1 | tee "$LOG_DIR/gpu_tests.log"
         ;;
     ranks)
+        # the cut NCCL only here, never in first: the binaries first built load it from the venv without a relink
         shift
-        build_all && time ${RANKS_S:+timeout "$RANKS_S"} make PYTHON="$PYTHON" gpucheck-ranks RANKS_SECTIONS="$*" 2>&1 \
+        if compgen -G ".nccl/sm90/*.whl" >/dev/null; then
+            bash dev/nccl_wheel.sh install 2>&1 | tee "$LOG_DIR/nccl_install.log"
+            [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+        fi
+        build_all || exit 1
+        ranks_end=${RANKS_S:+$(($(date +%s) + RANKS_S))}
+        TEST_DEADLINE=$ranks_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh build/test_multi_gpu 2>&1 | tee "$LOG_DIR/test_multi_gpu.log"
+        multi_gpu_status=${PIPESTATUS[0]}
+        left=${ranks_end:+$((ranks_end - $(date +%s)))}
+        if [ -n "$left" ] && [ "$left" -le 0 ]; then
+            echo "not run: test/gpu_trainer_ranks.py (RANKS_S=$RANKS_S reached)" | tee "$LOG_DIR/gpu_trainer_ranks${1:+_$1}.log"
+            exit 1
+        fi
+        time ${left:+timeout "$left"} make PYTHON="$PYTHON" gpucheck-ranks RANKS_SECTIONS="$*" 2>&1 \
             | tee "$LOG_DIR/gpu_trainer_ranks${1:+_$1}.log"
+        ranks_status=${PIPESTATUS[0]}
+        [ "$multi_gpu_status" -eq 0 ] && [ "$ranks_status" -eq 0 ]
         ;;
     bench)
         # straight into the logs: bench.py rewrites its .md and .json after every run, so a call cut

@@ -18,8 +18,8 @@
 #   bash dev/nccl_wheel.sh join      # there, once every part is in .nccl/ (the last call): check the
 #                                    # pieces against SHA256, then pip-install the whole wheel
 #
-# The calls (doc/gpu-environment.md): `bash dev/nccl_wheel.sh install && RANKS_S=... bash
-# dev/gpu_session.sh ranks` carrying .nccl/sm90 and .whl; or `true` with carry [".nccl/part_00",
+# The calls (doc/gpu-environment.md): `RANKS_S=... bash dev/gpu_session.sh ranks` carrying .nccl/sm90
+# and .whl (the stage runs install first); or `true` with carry [".nccl/part_00",
 # ".nccl/SHA256"], then `true` with each next part, then `bash dev/nccl_wheel.sh join && ...`
 # with the last part and .whl.
 set -euo pipefail
@@ -55,7 +55,7 @@ cut_to_sm90() {
     wheel=$(fetch_wheel)
     "$PYTHON" dev/nccl_sm90.py "$wheel" "$PIECES_DIR/sm90" || exit 1
     rm -rf "$PIECES_DIR/whole"
-    echo "one device call: carry [\"$PIECES_DIR/sm90\", \".whl\"], command: bash dev/nccl_wheel.sh install && ..."
+    echo "one device call: carry [\"$PIECES_DIR/sm90\", \".whl\"], command: RANKS_S=... bash dev/gpu_session.sh ranks (it installs the wheel first)"
 }
 
 split_wheel() {

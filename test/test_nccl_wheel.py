@@ -308,3 +308,62 @@ def test_a_library_without_the_target_cubin_stops_the_cut(stand_in_library, tmp_
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ["error: dev/nccl_sm90.py: %s: no sm_75 cubin in it" % (tmp_path / "in" / NAME)]
     assert not wheel.exists()
+
+
+# ----------------------------------------------------------------------------
+# dev/gpu_session.sh ranks: the call that uses the carried wheel
+
+def ranks_stage(tmp_path, with_wheel, make_ranks_status=0, multi_gpu_status=0):
+    """runs dev/gpu_session.sh ranks in a checkout whose make and test/run_gpu_tests.sh are stubs that log
+    their calls (with .nccl/sm90 holding a stand-in wheel or not); returns the result, the calls in order
+    and the directory standing for the venv"""
+    checkout = tmp_path / "checkout"
+    for name in ("dev/gpu_session.sh", "dev/nccl_wheel.sh"):
+        os.makedirs(checkout / os.path.dirname(name), exist_ok=True)
+        shutil.copy(os.path.join(ROOT, name), checkout / name)
+    calls = tmp_path / "calls"
+    os.makedirs(checkout / "test")
+    (checkout / "test" / "run_gpu_tests.sh").write_text(f'echo "run_gpu_tests $*" >> {calls}\nexit {multi_gpu_status}\n')
+    stubs = tmp_path / "stubs"
+    os.makedirs(stubs)
+    (stubs / "make").write_text(f'#!/bin/sh\necho "make $*" >> {calls}\n'
+                                f'case "$*" in *gpucheck-ranks*) exit {make_ranks_status};; esac\n')
+    (stubs / "make").chmod(0o755)
+    if with_wheel:
+        os.makedirs(checkout / ".nccl" / "sm90")
+        write_wheel(checkout / ".nccl" / "sm90" / NAME, b"the cut library")
+    site = tmp_path / "site"
+    env = dict(os.environ, PYTHON=sys.executable, PIP_TARGET=str(site), PYTHONPATH=str(site), OUT=str(tmp_path / "out"),
+               PATH=f"{stubs}:{os.environ['PATH']}")
+    result = subprocess.run(["bash", str(checkout / "dev" / "gpu_session.sh"), "ranks", "twins"], capture_output=True,
+                            text=True, env=env, timeout=120)
+    return result, calls.read_text().splitlines() if calls.exists() else [], site
+
+
+def runs_both_tests(calls):
+    """the build, then test_multi_gpu, then the ranks tests of the sections named"""
+    return (any(c.startswith("make -k") for c in calls[:-2]) and calls[-2] == "run_gpu_tests build/test_multi_gpu"
+            and calls[-1].startswith("make ") and calls[-1].endswith("gpucheck-ranks RANKS_SECTIONS=twins"))
+
+
+def test_the_ranks_stage_installs_the_carried_wheel_then_runs_both_tests(tmp_path):
+    result, calls, site = ranks_stage(tmp_path, with_wheel=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "installed nvidia-nccl-cu13 9.9.9" in (tmp_path / "out" / "nccl_install.log").read_text()
+    with open(os.path.join(site, LIBRARY), "rb") as f:
+        assert f.read() == b"the cut library"
+    assert runs_both_tests(calls), calls
+
+
+def test_the_ranks_stage_without_a_carried_wheel_installs_nothing(tmp_path):
+    result, calls, site = ranks_stage(tmp_path, with_wheel=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (tmp_path / "out" / "nccl_install.log").exists() and not os.path.exists(site)
+    assert runs_both_tests(calls), calls
+
+
+def test_the_ranks_stage_fails_when_either_test_fails(tmp_path):
+    result, calls, _ = ranks_stage(tmp_path / "multi", with_wheel=False, multi_gpu_status=1)
+    assert result.returncode != 0 and runs_both_tests(calls), calls  # the ranks tests still run
+    result, _, _ = ranks_stage(tmp_path / "ranks", with_wheel=False, make_ranks_status=2)
+    assert result.returncode != 0
