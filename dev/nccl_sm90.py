@@ -120,7 +120,13 @@ def prune_section(image, offset, size, target, kept):
 
 def prune_library(data, target):
     """the library's bytes with only `target`'s images in its fatbins and its debug sections zeroed"""
-    image = bytearray(data)
+    try:
+        return prune_image(bytearray(data), target)
+    except (struct.error, ValueError) as e:  # a table or header pointing past the file's end
+        raise PruneError(f"a truncated or malformed ELF file ({e})")
+
+
+def prune_image(image, target):
     sections = elf_sections(image)
     if not any(name in sections for name in FATBIN_SECTIONS):
         raise PruneError(f"no {' or '.join(FATBIN_SECTIONS)} section")

@@ -367,3 +367,11 @@ def test_the_ranks_stage_fails_when_either_test_fails(tmp_path):
     assert result.returncode != 0 and runs_both_tests(calls), calls  # the ranks tests still run
     result, _, _ = ranks_stage(tmp_path / "ranks", with_wheel=False, make_ranks_status=2)
     assert result.returncode != 0
+
+
+def test_a_truncated_library_stops_the_cut(stand_in_library, tmp_path):
+    result, wheel = cut(tmp_path, stand_in_library[:len(stand_in_library) // 2])  # the section table is at the end
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: dev/nccl_sm90.py: {tmp_path / 'in' / NAME}: a truncated or malformed ELF file")
+    assert not wheel.exists()
