@@ -196,23 +196,69 @@ static void test_matmul(void) {
     free(dinp0); free(dweight0); free(dbias0); free(zero_bias); free(out_no_bias);
 }
 
-// the forward takes rows in blocks of REF_ROW_BLOCK: with N rows at once each row's outputs
-// must be bit for bit those of the row alone (N = 1, one row in its block), for N across
-// several blocks with a short last one
-static void test_matmul_row_blocks(void) {
-    const int C = 37, OC = 11;
+// The reference's matmuls take rows in blocks, weights in chunks, and run their inner loops as
+// AVX2 clones where the CPU has AVX2 (gpt2_ref.h): each must equal, bit for bit, the plain
+// loops below, which this file compiles for baseline x86-64 (SSE2) and which add each output's
+// terms in the order the blocked ones must keep. N runs across several row blocks with a short
+// last one, OC across two weight chunks with a short last one, and C = 37 leaves every vector
+// loop a tail.
+static void plain_matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+    for (int n = 0; n < N; n++) {
+        for (int o = 0; o < OC; o++) {
+            double acc = bias != NULL ? bias[o] : 0.0;
+            for (int c = 0; c < C; c++) { acc += (double)inp[(size_t)n * C + c] * (double)weight[(size_t)o * C + c]; }
+            out[(size_t)n * OC + o] = (float)acc;
+        }
+    }
+}
+
+static void plain_matmul_dgrad(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
+    for (int n = 0; n < N; n++) {
+        for (int o = 0; o < OC; o++) {
+            const float d = dout[(size_t)n * OC + o];
+            for (int c = 0; c < C; c++) { dinp[(size_t)n * C + c] += d * weight[(size_t)o * C + c]; }
+        }
+    }
+}
+
+static void plain_matmul_wgrad(float* dweight, const float* dout, const float* inp, int N, int C, int OC) {
+    for (int o = 0; o < OC; o++) {
+        for (int n = 0; n < N; n++) {
+            const float d = dout[(size_t)n * OC + o];
+            for (int c = 0; c < C; c++) { dweight[(size_t)o * C + c] += d * inp[(size_t)n * C + c]; }
+        }
+    }
+}
+
+static void test_matmul_blocks_and_clones(void) {
+    const int C = 37, OC = 2 * REF_WEIGHT_CHUNK + 5;
     for (int N = 1; N <= 2 * REF_ROW_BLOCK + 3; N++) {
         float* inp = alloc_normal((size_t)N * C, 0.0f, 1.0f);
         float* weight = alloc_normal((size_t)OC * C, 0.0f, 1.0f);
         float* bias = alloc_normal((size_t)OC, 0.0f, 1.0f);
-        float* out = (float*)mallocCheck((size_t)N * OC * sizeof(float));
-        float* out_rows = (float*)mallocCheck((size_t)N * OC * sizeof(float));
-        ref_matmul_forward(out, inp, weight, bias, N, C, OC);
-        for (int n = 0; n < N; n++) {
-            ref_matmul_forward(out_rows + (size_t)n * OC, inp + (size_t)n * C, weight, bias, 1, C, OC);
+        float* dout = alloc_normal((size_t)N * OC, 0.0f, 1.0f);
+        float* got[3] = {alloc_normal((size_t)N * OC, 0.0f, 1.0f), alloc_normal((size_t)N * C, 0.0f, 1.0f),
+                         alloc_normal((size_t)OC * C, 0.0f, 1.0f)};  // out, dinp, dweight (the backward adds to them)
+        float* want[3];
+        const size_t sizes[3] = {(size_t)N * OC, (size_t)N * C, (size_t)OC * C};
+        for (int k = 0; k < 3; k++) {
+            want[k] = (float*)mallocCheck(sizes[k] * sizeof(float));
+            memcpy(want[k], got[k], sizes[k] * sizeof(float));
         }
-        CHECK(memcmp(out, out_rows, (size_t)N * OC * sizeof(float)) == 0, "matmul forward of %d rows differs from row by row", N);
-        free(inp); free(weight); free(bias); free(out); free(out_rows);
+        ref_matmul_forward(got[0], inp, weight, bias, N, C, OC);
+        ref_matmul_backward_dgrad(got[1], dout, weight, N, C, OC);
+        ref_matmul_backward_wgrad(got[2], dout, inp, N, C, OC);
+        plain_matmul_forward(want[0], inp, weight, bias, N, C, OC);
+        plain_matmul_dgrad(want[1], dout, weight, N, C, OC);
+        plain_matmul_wgrad(want[2], dout, inp, N, C, OC);
+        const char* names[3] = {"forward", "dgrad", "wgrad"};
+        for (int k = 0; k < 3; k++) {
+            CHECK(memcmp(got[k], want[k], sizes[k] * sizeof(float)) == 0, "matmul %s of %d rows differs from the plain loops",
+                  names[k], N);
+            free(got[k]);
+            free(want[k]);
+        }
+        free(inp); free(weight); free(bias); free(dout);
     }
 }
 
@@ -505,7 +551,7 @@ int main(void) {
     test_encoder();
     test_layernorm();
     test_matmul();
-    test_matmul_row_blocks();
+    test_matmul_blocks_and_clones();
     test_attention();
     test_gelu();
     test_residual();
