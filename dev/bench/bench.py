@@ -237,12 +237,11 @@ def gpu_state_markdown(records):
         return ""
     out = ["## GPU state during the timed steps (-lg 1, NVML)", "",
            "A throttled clock (power cap, thermal) lowers tok/s whatever the recipe: compare runs at the same clock.", "",
-           "| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | -ge | -ad | SM clock MHz (median / max) | "
-           "power W (median / limit) | hottest C | clock held by |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | {SETTINGS_HEADS} | SM clock MHz (median / max) | "
+           "power W (median / limit) | hottest C | clock held by |", "|---" * (12 + len(VARIED_SETTINGS)) + "|"]
     for r in rows:
         out.append(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | "
-                   f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {setting_text(r, 'gelu_fusion')} | "
-                   f"{setting_text(r, 'attention_deterministic')} | "
+                   f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {settings_cells(r)} | "
                    f"{figure(r['sm_clock_mhz'], '.0f')} / "
                    f"{figure(r['sm_clock_max_mhz'], '.0f')} | {figure(r['power_w'], '.0f')} / {figure(r['power_limit_w'], '.0f')} | "
                    f"{figure(r['temperature_c'], '.0f')} | {r['clock_held_by'] or 'n/a'} |")
@@ -306,6 +305,19 @@ def at_defaults(r, except_field=None):
 def setting_text(r, field):
     """a VARIED_SETTINGS column and heading value: the record's (the default for records written before it was measured)"""
     return str(r.get(field, VARIED_SETTINGS[field][1]))
+
+
+def settings_cells(r):
+    """the record's VARIED_SETTINGS values as table cells, in the order of SETTINGS_HEADS"""
+    return " | ".join(setting_text(r, field) for field in VARIED_SETTINGS)
+
+
+def settings_words(r):
+    """the record's VARIED_SETTINGS as flags, for headings: -ge 1 -ad 1"""
+    return " ".join(f"{flag} {setting_text(r, field)}" for field, (flag, _, _) in VARIED_SETTINGS.items())
+
+
+SETTINGS_HEADS = " | ".join(flag for flag, _, _ in VARIED_SETTINGS.values())
 
 
 def gelu_backward_ms(breakdown):
@@ -838,23 +850,21 @@ def write_report(base, records, gemm_section, run_info, complete):
                     f"{run_info['not_run']} programs not run.\n\n")
         elif not complete:
             f.write(f"**Incomplete**: this file is rewritten after every run; it stopped after {len(records)} records.\n\n")
-        f.write("| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | -ge | -ad | B | T | tok/s | ms/step | "
-                "optimizer ms | MFU | peak mem MiB |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+        f.write(f"| model | precision | recipe | optimizer | -fw | -fg | lm_head | master | {SETTINGS_HEADS} | B | T | tok/s | "
+                "ms/step | optimizer ms | MFU | peak mem MiB |\n" + "|---" * (15 + len(VARIED_SETTINGS)) + "|\n")
         for r in records:
             if r["benchmark"] != "train":
                 continue
             if "error" in r:
                 f.write(f"| {r.get('model', '?')} | {r.get('precision', '?')} | {r.get('recipe', '')} | {r.get('optimizer', '')} | "
                         f"{r.get('weight_scaling', '')} | {r.get('grad_scaling', '-')} | {r.get('lm_head', '')} | {master_text(r)} | "
-                        f"{setting_text(r, 'gelu_fusion')} | {setting_text(r, 'attention_deterministic')} | | | "
+                        f"{settings_cells(r)} | | | "
                         f"error: {r['error']} | | | | |\n")
                 continue
             mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
             opt_ms = f"{r['optimizer_ms']:.3f}" if r["optimizer_ms"] is not None else "n/a"
             f.write(f"| {r['model']} | {r['precision']} | {r['recipe']} | {r['optimizer']} | {r['weight_scaling']} | "
-                    f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {setting_text(r, 'gelu_fusion')} | "
-                    f"{setting_text(r, 'attention_deterministic')} | {r['B']} | "
+                    f"{r.get('grad_scaling', '-')} | {r['lm_head']} | {master_text(r)} | {settings_cells(r)} | {r['B']} | "
                     f"{r['T']} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {opt_ms} | {mfu} | {r['peak_mem_mib']} |\n")
         comparison = weight_cast_comparison(records)
         if comparison:
@@ -885,8 +895,7 @@ def write_report(base, records, gemm_section, run_info, complete):
         for r in records:
             if r.get("kernel_breakdown"):
                 f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} "
-                        f"-fg {r.get('grad_scaling', '-')} lm_head {r['lm_head']} master {master_text(r)} -ge {setting_text(r, 'gelu_fusion')} "
-                        f"-ad {setting_text(r, 'attention_deterministic')} B={r['B']}: "
+                        f"-fg {r.get('grad_scaling', '-')} lm_head {r['lm_head']} master {master_text(r)} {settings_words(r)} B={r['B']}: "
                         f"per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
     os.replace(base + ".md.tmp", base + ".md")
 
@@ -956,8 +965,8 @@ def main():
             add([dict(rec, benchmark="train")])
             print(json.dumps({k: v for k, v in rec.items() if k != "kernel_breakdown"}), flush=True)
             if rec.get("optimizer_ms") is not None:
-                print(f"{model} {precision} {recipe} {optimizer} -fw {weights} -fg {grads} -ge {rec['gelu_fusion']} "
-                      f"-ad {rec['attention_deterministic']}: optimizer step {rec['optimizer_ms']:.3f} ms", flush=True)
+                print(f"{model} {precision} {recipe} {optimizer} -fw {weights} -fg {grads} {settings_words(rec)}: "
+                      f"optimizer step {rec['optimizer_ms']:.3f} ms", flush=True)
 
     gemm_models = [model for model, _, _ in configs if model in GEMM_TARGETS]
     gemm = run_gemm(gemm_models, args.quick, device, commit) if gemm_models else None
