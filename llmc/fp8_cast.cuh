@@ -103,6 +103,42 @@ typedef struct {
     float* scale_inv_t;
 } Fp8CastOutput;
 
+/*
+One weight of a batched launch (fp8_cast_weights_batched, fp8_transpose_codes_batched): where
+its cast goes, and where its input starts. The weights of one linear kind share a shape in
+every layer, so one launch covers them all, blockIdx.z picking the weight: the per-step weight
+casts at d12 are then 4 launches instead of 2 x 48 tiny ones, each of a few hundred tiles at
+most, under one wave of the GPU (the H200 benchmark measured 0.92 ms for their 0.11 ms floor).
+*/
+typedef struct {
+    Fp8CastOutput out;
+    size_t in_offset;  // the weight's first element, from the input base the launch is given
+} Fp8CastJob;
+
+// where the tile kernel finds its output and input offset: a launch's one cast (in the kernel's
+// parameters, which the kernel only reads, so they stay in the constant bank and cost no
+// registers), or a batch's job blockIdx.z, copied once into shared memory (read from global
+// memory, its fields took registers the 64-register cap does not have: the kernel spilled)
+// code_loop_unroll: the code passes' two-step loops (the batched kernel left them rolled,
+// indexing its codes[2] in local memory; the one-cast kernels are as before)
+struct Fp8OneCast {
+    static constexpr int code_loop_unroll = 1;
+    Fp8CastOutput out;
+    __device__ __forceinline__ const Fp8CastOutput& output() const { return out; }
+    __device__ __forceinline__ size_t input_offset() const { return 0; }
+};
+struct Fp8BatchedCasts {
+    static constexpr int code_loop_unroll = 2;
+    const Fp8CastJob* jobs;
+    __device__ __forceinline__ const Fp8CastOutput& output() const {  // every thread of the block, once
+        __shared__ Fp8CastOutput job_out;
+        if (threadIdx.x == 0) { job_out = jobs[blockIdx.z].out; }
+        __syncthreads();
+        return job_out;
+    }
+    __device__ __forceinline__ size_t input_offset() const { return jobs[blockIdx.z].in_offset; }
+};
+
 // floats per row of 128x128 block scales over a K of k elements: ceil(k / 128), padded to 16 bytes
 __host__ __device__ inline int fp8_block_scale_ld(int k) {
     int blocks = (k + FP8_TILE - 1) / FP8_TILE;
@@ -261,12 +297,15 @@ transformed_out (bf16 staging only, may be NULL): also store the transformed ten
 column_sums (may be NULL): the tile's column sums of the staged (transformed, rounded)
 values, in the bias gradient's order (DBIAS_ROWS_PER_CHUNK), at [row tile][cols].
 record_amax: fold the tile's amax into record->amax_bits (the delayed one-pass cast).
+cast: Fp8OneCast, or Fp8BatchedCasts (then transformed_out and column_sums are NULL).
 Statistics count the row-major codes when they are written, else the transposed ones.
 */
-template <class In, class Transform>
+template <class In, class Transform, class Source>
 __global__ void __launch_bounds__(FP8_TILE_THREADS, 4)
-fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_sums, const In* in, int rows, int cols,
+fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, const In* in, int rows, int cols,
                           bool record_amax, Transform transform) {
+    const Fp8CastOutput& out = cast.output();
+    in += cast.input_offset();
     constexpr int vector = (int)(16 / sizeof(In));
     constexpr int stride = FP8_TILE + vector;  // one 16-byte pad per staged row
     extern __shared__ __align__(16) unsigned char fp8_tile_memory[];
@@ -370,6 +409,7 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_
             float scale = out.scaling == FP8_SCALING_TENSOR ? tensor_scale
                         : out.scaling == FP8_SCALING_ROWS_1x128 ? row_scales[r] : tile_scale;
             uint2 codes[2];
+#pragma unroll Source::code_loop_unroll
             for (int half = 0; half < 2; half++) {  // 8 values at a time: fewer live registers
                 float x[8];
                 for (int v = 0; v < 8; v += vector) {  // 16-byte reads: the staged row is 16-byte aligned
@@ -397,6 +437,7 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_
             uint8_t* destination = out.codes_t + (size_t)(c0 + c) * rows + r0 + r;
             for (int half = 0; half < 2 && r + 16 * half < rows_here; half++) {
                 uint2 codes[2];
+#pragma unroll Source::code_loop_unroll
                 for (int quarter = 0; quarter < 2; quarter++) {
                     const int first = r + 16 * half + 8 * quarter;
                     float x[8];
@@ -417,17 +458,26 @@ fp8_cast_transpose_kernel(Fp8CastOutput out, In* transformed_out, float* column_
     fp8_tally_commit(tally, out.record, record_amax && out.scaling == FP8_SCALING_TENSOR);
 }
 
+// count tensors [rows][cols] (grid z): one from an Fp8OneCast, count from an Fp8BatchedCasts
+template <class In, class Transform, class Source>
+void fp8_cast_transpose_grid(Source cast, int count, In* transformed_out, float* column_sums, const In* in,
+                             int rows, int cols, bool record_amax, Transform transform, cudaStream_t stream) {
+    const int vector = (int)(16 / sizeof(In));
+    size_t shared_bytes = (size_t)FP8_TILE * (FP8_TILE + vector) * sizeof(In);
+    cudaCheck(cudaFuncSetAttribute(fp8_cast_transpose_kernel<In, Transform, Source>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)shared_bytes));  // fp32 staging is 66 KB, above the 48 KB default
+    dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE), count);
+    fp8_cast_transpose_kernel<In, Transform, Source><<<grid, FP8_TILE_THREADS, shared_bytes, stream>>>(
+        cast, transformed_out, column_sums, in, rows, cols, record_amax, transform);
+    cudaCheck(cudaGetLastError());
+}
+
 template <class In, class Transform>
 void fp8_cast_transpose_launch(const Fp8CastOutput* out, In* transformed_out, float* column_sums, const In* in,
                                int rows, int cols, bool record_amax, Transform transform, cudaStream_t stream) {
-    const int vector = (int)(16 / sizeof(In));
-    size_t shared_bytes = (size_t)FP8_TILE * (FP8_TILE + vector) * sizeof(In);
-    cudaCheck(cudaFuncSetAttribute(fp8_cast_transpose_kernel<In, Transform>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)shared_bytes));  // fp32 staging is 66 KB, above the 48 KB default
-    dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE));
-    fp8_cast_transpose_kernel<In, Transform><<<grid, FP8_TILE_THREADS, shared_bytes, stream>>>(
-        *out, transformed_out, column_sums, in, rows, cols, record_amax, transform);
-    cudaCheck(cudaGetLastError());
+    Fp8OneCast one = {*out};
+    fp8_cast_transpose_grid(one, 1, transformed_out, column_sums, in, rows, cols, record_amax, transform, stream);
 }
 
 /*
@@ -495,6 +545,25 @@ void fp8_cast_weight(const Fp8CastOutput* out, const float* master, const floatX
             fp8_cast_transpose_launch(out, (floatX*)NULL, (float*)NULL, weight, OC, C, false, Fp8Identity(), stream);
         }
     }
+}
+
+/*
+The casts after an optimizer step of `count` weights [OC][C] of one shape whose amaxes the pass
+wrote (fp8_cast_weight with amax_known, the same bits), in one launch: jobs is a device array
+of count Fp8CastJobs, first a host copy of jobs[0].out (checked here; every job has its kind's
+format and scaling), input the fp32 master or the bf16 weights the jobs' in_offsets count from.
+Per tensor the caller has already folded those amaxes into the states, for all the weights in
+one fp8_scaling_update_records, as fp8_cast_transpose_current_with does for one.
+*/
+template <class In>
+void fp8_cast_weights_batched(const Fp8CastJob* jobs, int count, const Fp8CastOutput* first, const In* input, int OC, int C,
+                              cudaStream_t stream) {
+    if (first->format != FP8_E4M3) { llm8_die("fp8_cast_weights_batched: weights are E4M3, got %s", fp8_format_name(first->format)); }
+    if (first->scaling == FP8_SCALING_ROWS_1x128) { llm8_die("fp8_cast_weights_batched: weights are scaled per tensor or per 128x128 block"); }
+    if (count < 1 || count > 65535) { llm8_die("fp8_cast_weights_batched: %d weights: a launch takes 1 to 65535", count); }
+    fp8_cast_check(first, OC, C, "fp8_cast_weights_batched");
+    Fp8BatchedCasts batch = {jobs};
+    fp8_cast_transpose_grid(batch, count, (In*)NULL, (float*)NULL, input, OC, C, false, Fp8Identity(), stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -674,7 +743,11 @@ codes_t (a warp reads 32 neighbouring bytes of one staged row: no bank conflicts
 cols are multiples of 16 (cuBLASLt FP8's rule), so every edge falls on 16 bytes.
 */
 __global__ void __launch_bounds__(FP8_TILE_THREADS)
-fp8_transpose_codes_kernel(const uint8_t* codes, uint8_t* codes_t, int rows, int cols) {
+fp8_transpose_codes_kernel(const uint8_t* codes, uint8_t* codes_t, int rows, int cols, const Fp8CastJob* jobs) {
+    if (jobs != NULL) {  // a batched launch: weight blockIdx.z's W and W^T
+        codes = jobs[blockIdx.z].out.codes;
+        codes_t = jobs[blockIdx.z].out.codes_t;
+    }
     constexpr int stride = FP8_TILE + 16;  // one 16-byte pad per staged row
     __shared__ uint4 tile_words[FP8_TILE * stride / 16];  // uint4: 16-byte aligned
     uint8_t* tile = reinterpret_cast<uint8_t*>(tile_words);
@@ -701,16 +774,30 @@ fp8_transpose_codes_kernel(const uint8_t* codes, uint8_t* codes_t, int rows, int
     }
 }
 
-void fp8_transpose_codes(const uint8_t* codes, uint8_t* codes_t, int rows, int cols, cudaStream_t stream) {
+static void fp8_transpose_check(const uint8_t* codes, const uint8_t* codes_t, int rows, int cols, const char* who) {
     if (rows <= 0 || cols <= 0 || rows % 16 != 0 || cols % 16 != 0) {
-        llm8_die("fp8_transpose_codes: rows=%d, cols=%d: each must be a positive multiple of 16 (cuBLASLt FP8 GEMM dimensions)",
-                 rows, cols);
+        llm8_die("%s: rows=%d, cols=%d: each must be a positive multiple of 16 (cuBLASLt FP8 GEMM dimensions)", who, rows, cols);
     }
-    if ((uintptr_t)codes % 16 != 0 || (uintptr_t)codes_t % 16 != 0) {
-        llm8_die("fp8_transpose_codes: code arrays %p and %p must be 16-byte aligned", (const void*)codes, (void*)codes_t);
+    if (codes == NULL || codes_t == NULL || (uintptr_t)codes % 16 != 0 || (uintptr_t)codes_t % 16 != 0) {
+        llm8_die("%s: code arrays %p and %p must be given and 16-byte aligned", who, (const void*)codes, (const void*)codes_t);
     }
+}
+
+void fp8_transpose_codes(const uint8_t* codes, uint8_t* codes_t, int rows, int cols, cudaStream_t stream) {
+    fp8_transpose_check(codes, codes_t, rows, cols, "fp8_transpose_codes");
     dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE));
-    fp8_transpose_codes_kernel<<<grid, FP8_TILE_THREADS, 0, stream>>>(codes, codes_t, rows, cols);
+    fp8_transpose_codes_kernel<<<grid, FP8_TILE_THREADS, 0, stream>>>(codes, codes_t, rows, cols, (const Fp8CastJob*)NULL);
+    cudaCheck(cudaGetLastError());
+}
+
+// W^T from W's codes for `count` weights [rows][cols] in one launch: jobs is a device array of
+// count Fp8CastJobs (their out.codes and out.codes_t), first a host copy of jobs[0].out
+void fp8_transpose_codes_batched(const Fp8CastJob* jobs, int count, const Fp8CastOutput* first, int rows, int cols,
+                                 cudaStream_t stream) {
+    if (count < 1 || count > 65535) { llm8_die("fp8_transpose_codes_batched: %d weights: a launch takes 1 to 65535", count); }
+    fp8_transpose_check(first->codes, first->codes_t, rows, cols, "fp8_transpose_codes_batched");
+    dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE), count);
+    fp8_transpose_codes_kernel<<<grid, FP8_TILE_THREADS, 0, stream>>>((const uint8_t*)NULL, (uint8_t*)NULL, rows, cols, jobs);
     cudaCheck(cudaGetLastError());
 }
 

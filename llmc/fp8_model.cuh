@@ -36,7 +36,8 @@ Why it is shaped so:
 - Weights (-fw, DESIGN.md section 3), per-tensor recipes: the optimizer pass writes the new
   amax of each weight it casts into its record (fp8_model_weight_update; the block linears'
   when each FP8 one runs all its GEMMs in FP8, fp8_weight_cast_in_update). current: the cast
-  follows the pass with that amax (fp8_model_cast_weights). delayed: the pass itself writes
+  follows the pass with that amax, one launch per linear kind for all the layers
+  (fp8_model_cast_weights_in_update, Fp8CastJob: 4 launches at d12, not 96 tiny ones). delayed: the pass itself writes
   W's codes with the weight state's scale (the previous step's amax, history 1,
   fp8_scaling.h), then fp8_model_weights_after_update copies that scale into the record for
   the GEMMs, folds the new amax into the state for the next step, and makes W^T from the
@@ -114,6 +115,8 @@ typedef struct {
     uint8_t* slot_w[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER];   // ZeRO-3: a gathered layer's W [OC][K]
     uint8_t* slot_w_t[FP8_LAYER_SLOTS][LINEAR_KINDS_PER_LAYER]; // and W^T [K][OC]
     size_t owned_code_bytes;             // ZeRO-3: this rank's part of the block weights' codes
+    Fp8CastJob* weight_jobs;             // device, the weights the optimizer pass casts, a kind's layers together
+                                         // (fp8_model_kind_jobs); NULL under ZeRO-3 (not cast whole)
     uint8_t* x_codes;                    // [BT][widest K of an FP8 forward] scratch
     float* x_scale_inv;
     uint8_t* dy_codes;                   // [BT][widest OC of an FP8 dgrad] scratch
@@ -318,6 +321,8 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
             fp8->slot_w_t[slot][kind] = (uint8_t*)fp8_model_carve(base, &offset, elements);
         }
     }
+    size_t weight_jobs = fp8->sharded ? 0 : (size_t)fp8_model_linears_cast_in_update(fp8);
+    fp8->weight_jobs = (Fp8CastJob*)fp8_model_carve(base, &offset, weight_jobs * sizeof(Fp8CastJob));
     fp8->x_codes = (uint8_t*)fp8_model_carve(base, &offset, bt * forward_k);
     fp8->dy_codes = (uint8_t*)fp8_model_carve(base, &offset, bt * dgrad_oc);
     fp8->dy_codes_t = (uint8_t*)fp8_model_carve(base, &offset, bt * wgrad_oc);
@@ -342,6 +347,35 @@ static void fp8_model_init_states(const Fp8Model* fp8, Fp8TensorScaling* host) {
                          s->history_len, s->margin);
         fp8_scaling_init_weight(&host[2 * n + i], fp8_model_weight_delayed(fp8, i), s->history_len, s->margin);
     }
+}
+
+/*
+The jobs of the batched weight casts and transposes (Fp8CastJob): the weights the optimizer
+pass casts, kind by kind, each kind's layers in order, so fp8_model_kind_jobs gives a launch's
+L jobs of one shape. Their codes, states and records stay where they are for the whole run.
+*/
+static void fp8_model_upload_weight_jobs(const Fp8Model* fp8, cudaStream_t stream) {
+    if (fp8->weight_jobs == NULL) { return; }
+    int count = fp8_model_linears_cast_in_update(fp8), layers = count / fp8->per_layer;
+    Fp8CastJob* host = (Fp8CastJob*)mallocCheck((size_t)count * sizeof(Fp8CastJob));
+    for (int rank = 0; rank < fp8->per_layer; rank++) {
+        for (int layer = 0; layer < layers; layer++) {
+            int i = layer * fp8->per_layer + rank;
+            Fp8CastJob* job = &host[rank * layers + layer];
+            job->out = fp8_model_w(fp8, i);
+            job->in_offset = fp8->linears[i].weight_offset;
+            fp8_cast_check(&job->out, fp8->linears[i].OC, fp8->linears[i].K, "fp8_model_create (weight casts)");
+        }
+    }
+    cudaCheck(cudaMemcpyAsync(fp8->weight_jobs, host, (size_t)count * sizeof(Fp8CastJob), cudaMemcpyHostToDevice, stream));
+    cudaCheck(cudaStreamSynchronize(stream));  // host is freed next
+    free(host);
+}
+
+// the jobs of the weights of the kind at `rank` within a layer (its linear index in layer 0), one per layer
+static inline const Fp8CastJob* fp8_model_kind_jobs(const Fp8Model* fp8, int rank) {
+    if (fp8->weight_jobs == NULL) { llm8_die("fp8_model_kind_jobs: no batched weight casts (ZeRO-3 casts each rank's parts)"); }
+    return fp8->weight_jobs + (size_t)rank * (fp8_model_linears_cast_in_update(fp8) / fp8->per_layer);
 }
 
 /*
@@ -409,6 +443,7 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
     fp8->bytes = fp8_model_layout(fp8, NULL);
     fp8->memory = cuda_malloc_checked(fp8->bytes, "FP8 buffers (codes, transposes, scaling states; -f8 lists fewer linears)");
     fp8_model_layout(fp8, (char*)fp8->memory);
+    fp8_model_upload_weight_jobs(fp8, stream);
 
     int states = 3 * fp8->num_linears;
     Fp8TensorScaling* host = (Fp8TensorScaling*)mallocCheck((size_t)states * sizeof(Fp8TensorScaling));
@@ -591,11 +626,43 @@ static inline Fp8WeightUpdate fp8_model_weight_update(const Fp8Model* fp8, int i
     return update;
 }
 
-// W^T from the W codes of FP8 linears [first, last) (the ones whose dgrad runs in FP8)
-void fp8_model_transpose_weights(const Fp8Model* fp8, int first, int last, cudaStream_t stream) {
-    for (int i = first; i < last; i++) {
+// W^T from the W codes of `layer`'s FP8 linears (the ones whose dgrad runs in FP8): ZeRO-1's
+// gather, layer by layer as each arrives
+void fp8_model_transpose_layer_weights(const Fp8Model* fp8, int layer, cudaStream_t stream) {
+    for (int i = layer * fp8->per_layer; i < (layer + 1) * fp8->per_layer; i++) {
         const Fp8Linear* lin = &fp8->linears[i];
         if (lin->w_codes_t != NULL) { fp8_transpose_codes(lin->w_codes, lin->w_codes_t, lin->OC, lin->K, stream); }
+    }
+}
+
+// W^T from the W codes of every weight the optimizer pass casts (all their passes are FP8):
+// one launch per linear kind
+void fp8_model_transpose_weights(const Fp8Model* fp8, cudaStream_t stream) {
+    int in_update = fp8_model_linears_cast_in_update(fp8);
+    for (int rank = 0; rank < fp8->per_layer && in_update > 0; rank++) {
+        Fp8CastOutput first = fp8_model_w(fp8, rank);
+        fp8_transpose_codes_batched(fp8_model_kind_jobs(fp8, rank), in_update / fp8->per_layer, &first,
+                                    fp8->linears[rank].OC, fp8->linears[rank].K, stream);
+    }
+}
+
+/*
+-fw current: the casts of the weights the optimizer pass casts, after it, with the amaxes it
+wrote (what fp8_model_cast_weight does for each with amax_known, the same bits): per tensor
+their states updated in one launch, then one batched cast per linear kind.
+*/
+static void fp8_model_cast_weights_in_update(const Fp8Model* fp8, const float* master, const floatX* params,
+                                             cudaStream_t stream) {
+    int n = fp8->num_linears, in_update = fp8_model_linears_cast_in_update(fp8);
+    if (in_update == 0) { return; }
+    if (!fp8_model_block(fp8)) { fp8_scaling_update_records(&fp8->states[2 * n], &fp8->records[2 * n], in_update, stream); }
+    for (int rank = 0; rank < fp8->per_layer; rank++) {
+        const Fp8Linear* lin = &fp8->linears[rank];
+        Fp8CastOutput first = fp8_model_w(fp8, rank);
+        const Fp8CastJob* jobs = fp8_model_kind_jobs(fp8, rank);
+        int layers = in_update / fp8->per_layer;
+        if (master != NULL) { fp8_cast_weights_batched(jobs, layers, &first, master, lin->OC, lin->K, stream); }
+        else { fp8_cast_weights_batched(jobs, layers, &first, params, lin->OC, lin->K, stream); }
     }
 }
 
@@ -621,9 +688,9 @@ void fp8_model_weights_after_update(const Fp8Model* fp8, const float* master, co
     if (fp8_model_delayed_weights(fp8)) {
         fp8_scaling_publish_scales(&fp8->states[2 * n], &fp8->records[2 * n], in_update, stream);
         fp8_scaling_update_records(&fp8->states[2 * n], &fp8->records[2 * n], in_update, stream);
-        fp8_model_transpose_weights(fp8, 0, in_update, stream);
+        fp8_model_transpose_weights(fp8, stream);
     } else {
-        for (int i = 0; i < in_update; i++) { fp8_model_cast_weight(fp8, i, master, params, true, stream); }
+        fp8_model_cast_weights_in_update(fp8, master, params, stream);
     }
     fp8_model_cast_weights_from_bf16(fp8, params, stream);
 }
@@ -646,7 +713,7 @@ void fp8_model_restore_weight_codes(const Fp8Model* fp8, const float* master, co
         if (master != NULL) { fp8_weight_codes(lin->w_codes, master + lin->weight_offset, n, w.record, stream); }
         else { fp8_weight_codes(lin->w_codes, params + lin->weight_offset, n, w.record, stream); }
     }
-    fp8_model_transpose_weights(fp8, 0, in_update, stream);
+    fp8_model_transpose_weights(fp8, stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -235,6 +235,7 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
     cudaCheck(cudaEventCreateWithFlags(&comm->reduced, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&comm->updated, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&comm->gathered, cudaEventDisableTiming));
+    comm->zero3 = zero3;  // before the stages are counted: ZeRO-3 has one
     comm->stage_gathered = (cudaEvent_t*)mallocCheck((size_t)zero_comm_num_stages(comm) * sizeof(cudaEvent_t));
     for (int s = 0; s < zero_comm_num_stages(comm); s++) {
         cudaCheck(cudaEventCreateWithFlags(&comm->stage_gathered[s], cudaEventDisableTiming));
@@ -245,7 +246,6 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
     // otherwise in bf16, each rank casting them after the gather, as one GPU casts them from its
     // bf16 weights (fp8_weight_cast_in_update). lm_head is cast from the gathered bf16 wte.
     comm->fp8_gather = fp8_model_linears_cast_in_update(fp8) > 0;
-    comm->zero3 = zero3;
     if (zero3) { zero_comm_create_zero3(comm, fp8); }
     if (comm->fp8_gather) {
         for (int k = 0; k < LINEAR_KINDS_PER_LAYER; k++) {
@@ -574,7 +574,7 @@ static void zero_comm_gather_stages(ZeroComm* comm, Fp8Model* fp8, floatX* param
         zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
         int layer = stage - 1;  // ZeRO-1's stage of layer `layer`; ZeRO-3 transposes each use's gather instead
         if (layer >= 0 && comm->fp8_gather && !comm->zero3) {
-            fp8_model_transpose_weights(fp8, layer * fp8->per_layer, (layer + 1) * fp8->per_layer, nccl_stream);
+            fp8_model_transpose_layer_weights(fp8, layer, nccl_stream);
         }
         cudaCheck(cudaEventRecord(comm->stage_gathered[stage], nccl_stream));
     }
@@ -669,7 +669,7 @@ void zero_comm_restore_weight_codes(ZeroComm* comm, Fp8Model* fp8, const floatX*
     zero_comm_broadcast_weight_codes(comm, fp8, block_linears);
     zero_comm_settle(comm, ncclGroupEnd(), "weight gather");
     zero_comm_join(comm, stream);
-    fp8_model_transpose_weights(fp8, 0, block_linears, stream);
+    fp8_model_transpose_weights(fp8, stream);
 }
 
 /*

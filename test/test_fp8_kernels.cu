@@ -9,6 +9,8 @@ Needs a GPU (make gpucheck); CI only compiles it.
   saturated / flushed / element counts equal fp8_classify's; the scale recorded; the block
   recipe's scales and their cuBLASLt layouts (VEC128: [col/128][rows], BLK128x128:
   [row/128][round_up(ceil(cols/128), 4)]).
+- the batched weight casts and W^T transposes (one launch for a kind's weights in every
+  layer): codes, W^T, records, states and block scales equal the one-weight cast's, byte for byte.
 - the block recipe's sharded weight cast (ZeRO): W in 2, 3 or 8 flat parts that cut 128x128
   blocks, partial block amaxes MAX-ed, each part cast with the global block scales, W^T
   transposed from the codes: codes and both scale layouts equal the whole-weight cast's.
@@ -528,6 +530,101 @@ static void test_cast_blocks(int rows, int cols) {
     cudaCheck(cudaFree(d_x));
     free(master);
     free(x);
+}
+
+/*
+The batched weight casts and transposes after an optimizer step (Fp8CastJob, one launch for
+`count` weights of a shape): each weight's codes, W^T, record, state and block scales equal
+the one-weight cast's (fp8_cast_weight with the amax known), byte for byte. The weights sit in
+one input buffer at offsets out of order (job z is not weight z's position), from the fp32
+master and from bf16; then W^T is cleared and fp8_transpose_codes_batched rebuilds it.
+*/
+static void test_batched_weight_casts(int rows, int cols, int count, Fp8Scaling scaling) {
+    size_t n = (size_t)rows * cols, gap = 48, stride = n + gap;  // stride: 16-byte aligned in bf16 and fp32
+    float* master = host_floats(stride * count);
+    normal_(master, stride * count, 0.0f, 0.02f, &test_rng);
+    for (size_t i = 0; i < stride * count; i += 89) { master[i] *= (float)(1 + i % 7); }  // amaxes differ by weight and tile
+    float* d_master = device_floats_from(master, stride * count);
+    floatX* d_x = device_bf16_from(master, stride * count);  // the bf16 weights
+    bool per_tensor = scaling == FP8_SCALING_TENSOR;
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, FP8_RECIPE_CURRENT, FP8_E4M3, 16, 0);
+    Fp8TensorScaling* d_states = (Fp8TensorScaling*)device_alloc((size_t)count * sizeof(Fp8TensorScaling));
+    Fp8CastRecord* d_records = (Fp8CastRecord*)device_alloc((size_t)count * sizeof(Fp8CastRecord));
+    DeviceFp8* one = (DeviceFp8*)mallocCheck((size_t)count * sizeof(DeviceFp8));
+    DeviceFp8* batched = (DeviceFp8*)mallocCheck((size_t)count * sizeof(DeviceFp8));
+    Fp8CastJob* jobs = (Fp8CastJob*)mallocCheck((size_t)count * sizeof(Fp8CastJob));
+    Fp8CastJob* d_jobs = (Fp8CastJob*)device_alloc((size_t)count * sizeof(Fp8CastJob));
+    for (int from_master = 0; from_master < 2; from_master++) {
+        char what[160];
+        snprintf(what, sizeof(what), "batched %s weight casts from %s, %d of %dx%d", per_tensor ? "per-tensor" : "128x128 block",
+                 from_master ? "fp32" : "bf16", count, rows, cols);
+        for (int z = 0; z < count; z++) {
+            size_t offset = stride * (size_t)((z * 2 + 1) % count);  // out of order (count odd)
+            one[z] = device_fp8_make(rows, cols, FP8_E4M3, scaling, &state);
+            fp8_cast_weight(&one[z].out, from_master ? d_master + offset : NULL, from_master ? NULL : d_x + offset, rows, cols,
+                            false, 0);
+            batched[z] = device_fp8_make(rows, cols, FP8_E4M3, scaling, &state);
+            cudaCheck(cudaFree(batched[z].out.record));  // the batch's records and states are one array each,
+            batched[z].out.record = d_records + z;        // as the model's, for one fp8_scaling_update_records
+            fp8_cast_records_init(batched[z].out.record, 1, 0);
+            if (per_tensor) {
+                cudaCheck(cudaFree(batched[z].out.state));
+                batched[z].out.state = d_states + z;
+                cudaCheck(cudaMemcpy(batched[z].out.state, &state, sizeof(state), cudaMemcpyHostToDevice));
+                // the optimizer pass's amax (fp8_model_weight_update)
+                if (from_master) { fp8_amax_launch(batched[z].out.record, d_master + offset, n, Fp8Identity(), 0); }
+                else { fp8_amax_launch(batched[z].out.record, d_x + offset, n, Fp8Identity(), 0); }
+            }
+            jobs[z].out = batched[z].out;
+            jobs[z].in_offset = offset;
+        }
+        cudaCheck(cudaMemcpy(d_jobs, jobs, (size_t)count * sizeof(Fp8CastJob), cudaMemcpyHostToDevice));
+        if (per_tensor) { fp8_scaling_update_records(d_states, d_records, count, 0); }
+        if (from_master) { fp8_cast_weights_batched(d_jobs, count, &jobs[0].out, (const float*)d_master, rows, cols, 0); }
+        else { fp8_cast_weights_batched(d_jobs, count, &jobs[0].out, (const floatX*)d_x, rows, cols, 0); }
+        for (int pass = 0; pass < 2; pass++) {  // the casts, then W^T again from the codes alone
+            if (pass == 1) {
+                for (int z = 0; z < count; z++) { cudaCheck(cudaMemset(batched[z].out.codes_t, 0, n)); }
+                fp8_transpose_codes_batched(d_jobs, count, &jobs[0].out, rows, cols, 0);
+            }
+            for (int z = 0; z < count; z++) {
+                char label[200];
+                snprintf(label, sizeof(label), "%s%s, weight %d", what, pass == 1 ? " (W^T transposed)" : "", z);
+                uint8_t* expected[2] = {(uint8_t*)download(one[z].out.codes, n), (uint8_t*)download(one[z].out.codes_t, n)};
+                uint8_t* got[2] = {(uint8_t*)download(batched[z].out.codes, n), (uint8_t*)download(batched[z].out.codes_t, n)};
+                CHECK(count_code_mismatches(got[0], expected[0], n, label) == 0, "%s: codes differ from the one-weight cast", label);
+                CHECK(count_code_mismatches(got[1], expected[1], n, label) == 0, "%s: W^T differs from the one-weight cast", label);
+                for (int k = 0; k < 2; k++) { free(expected[k]); free(got[k]); }
+                Fp8CastRecord r_one = download_record(&one[z]), r_batched = download_record(&batched[z]);
+                CHECK(memcmp(&r_one, &r_batched, sizeof(r_one)) == 0, "%s: record differs from the one-weight cast's", label);
+                if (per_tensor) {
+                    Fp8TensorScaling s_one = download_state(&one[z]), s_batched = download_state(&batched[z]);
+                    CHECK(memcmp(&s_one, &s_batched, sizeof(s_one)) == 0, "%s: state differs from the one-weight cast's", label);
+                } else {
+                    size_t scales = fp8_block_scale_floats(scaling, rows, cols) * sizeof(float);
+                    size_t scales_t = fp8_block_scale_floats(scaling, cols, rows) * sizeof(float);
+                    void* e[2] = {download(one[z].out.scale_inv, scales), download(one[z].out.scale_inv_t, scales_t)};
+                    void* g[2] = {download(batched[z].out.scale_inv, scales), download(batched[z].out.scale_inv_t, scales_t)};
+                    CHECK(memcmp(e[0], g[0], scales) == 0 && memcmp(e[1], g[1], scales_t) == 0,
+                          "%s: block scales differ from the one-weight cast's", label);
+                    for (int k = 0; k < 2; k++) { free(e[k]); free(g[k]); }
+                }
+            }
+        }
+        for (int z = 0; z < count; z++) {
+            device_fp8_free(&one[z]);
+            batched[z].out.record = NULL;  // the arrays', freed below
+            batched[z].out.state = NULL;
+            cudaCheck(cudaFree(batched[z].out.codes));
+            cudaCheck(cudaFree(batched[z].out.codes_t));
+            if (batched[z].out.scale_inv != NULL) { cudaCheck(cudaFree(batched[z].out.scale_inv)); }
+            if (batched[z].out.scale_inv_t != NULL) { cudaCheck(cudaFree(batched[z].out.scale_inv_t)); }
+        }
+    }
+    cudaCheck(cudaFree(d_jobs)); cudaCheck(cudaFree(d_states)); cudaCheck(cudaFree(d_records));
+    cudaCheck(cudaFree(d_master)); cudaCheck(cudaFree(d_x));
+    free(jobs); free(one); free(batched); free(master);
 }
 
 /*
@@ -1339,6 +1436,9 @@ int main(void) {
     test_cast_current(272, 208, FP8_RECIPE_CURRENT);
     test_cast_blocks(80, 208);
     test_cast_blocks(272, 208);
+    test_batched_weight_casts(272, 208, 3, FP8_SCALING_TENSOR);
+    test_batched_weight_casts(208, 400, 5, FP8_SCALING_TENSOR);
+    test_batched_weight_casts(272, 208, 3, FP8_SCALING_BLOCKS_128x128);
     test_cast_weight_block_parts(272, 208, 3);
     test_cast_weight_block_parts(384, 768, 2);
     test_cast_weight_block_parts(768, 3072, 8);
