@@ -24,7 +24,9 @@ Why it is shaped this way:
   killed run leaves either the old file or the new one. After every file of a step is
   complete (all ranks), rank 0 writes DONE_XXXXXXXX; checkpoint_find_latest only trusts steps
   with that marker, so a checkpoint cut off half way is never resumed from. checkpoint_remove
-  deletes the marker first, so a removal cut off half way is never resumed from either.
+  deletes the marker first, so a removal cut off half way is never resumed from either, and
+  a step written again (a resumed run's step) is first removed, so its marker never stands
+  over a mix of old and new files. One dir holds one run: checkpoint_check_fresh_dir.
 - Every read checks magic, version, shape and the exact file length up front, and names the
   file in a one-line error, so a truncated or foreign file never becomes silent garbage.
 - state_file_index maps a state file (header fields, where the body's arrays and each
@@ -170,6 +172,21 @@ static inline void checkpoint_remove(const char* dir, int step) {
         }
     }
     closedir(d);
+}
+
+/*
+A run that starts over (-y 0) and writes checkpoints (-n > 0) into a dir that already holds
+complete ones would mix two runs there: -nk would count the old run's later steps as the
+newest and remove the new run's checkpoints as they are written, and a later -y 1 would
+resume the old run. Refused with one line naming the newest (dir NULL: no -o).
+*/
+static inline void checkpoint_check_fresh_dir(const char* dir, int resume, int checkpoint_every) {
+    if (dir == NULL || resume || checkpoint_every <= 0) { return; }
+    int latest = checkpoint_find_latest(dir);
+    if (latest >= 0) {
+        llm8_die("-o %s already holds the checkpoints of a run (the newest: step %d): -y 1 resumes it; to start over, "
+                 "give another -o or remove them", dir, latest);
+    }
 }
 
 /*
@@ -494,6 +511,17 @@ static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEA
     index->current_shard_idx = (size_t)position[0];
     index->current_sample_idx = (size_t)position[1];
     index->num_sections = index->version == STATE_VERSION_LLMC ? 0 : header[STATE_SLOT_NUM_SECTIONS];
+    if (index->num_sections < 0 || index->num_sections > STATE_FILE_MAX_SECTIONS) {
+        llm8_die("state file '%s' claims %d sections, expected 0..%d", path, index->num_sections, STATE_FILE_MAX_SECTIONS);
+    }
+}
+
+// a state file's master weights against this run's (-w)
+static inline void state_file_check_master(const char* path, int file_has_master, int run_has_master) {
+    if (file_has_master != run_has_master) {
+        llm8_die("state file '%s' was written with use_master_weights=%d, this run has %d (resume it with -w %d)", path,
+                 file_has_master, run_has_master, file_has_master);
+    }
 }
 
 static inline void state_file_read_header(const char* path, StateFileIndex* index) {
@@ -514,9 +542,6 @@ static inline void state_file_index(const char* path, size_t shard_num_parameter
     long file_bytes;
     FILE* fp = checkpoint_open_read_(path, "state", STATE_FILE_MAGIC, header, &file_bytes);
     state_file_decode_header_(header, path, index);
-    if (index->num_sections < 0 || index->num_sections > STATE_FILE_MAX_SECTIONS) {
-        llm8_die("state file '%s' claims %d sections, expected 0..%d", path, index->num_sections, STATE_FILE_MAX_SECTIONS);
-    }
     long array_bytes = (long)(shard_num_parameters * sizeof(float));
     long at = (long)CHECKPOINT_HEADER_BYTES;
     if (index->fp32_moments) {
@@ -579,10 +604,7 @@ static inline void state_file_read(const char* path, TrainState* state, const St
         llm8_die("state file '%s' is rank %d of %d processes, this process is rank %d of %d", path, header[3], header[2],
                  loader->process_rank, loader->num_processes);
     }
-    if (header[4] != (buffers->master_weights != NULL)) {
-        llm8_die("state file '%s' was written with use_master_weights=%d, this run has %d", path, header[4],
-                 buffers->master_weights != NULL);
-    }
+    state_file_check_master(path, header[4], buffers->master_weights != NULL);
     if (header[5] != loader->should_shuffle) {
         llm8_die("state file '%s' was written with shuffling=%d, this run has %d", path, header[5], loader->should_shuffle);
     }

@@ -38,14 +38,14 @@ static inline void lr_scheduler_init(LearningRateScheduler* scheduler, const cha
     else if (strcmp(type, "linear") == 0) { scheduler->schedule = LR_LINEAR; }
     else if (strcmp(type, "constant") == 0) { scheduler->schedule = LR_CONSTANT; }
     else if (strcmp(type, "wsd") == 0) { scheduler->schedule = LR_WSD; }
-    else { llm8_die("learning rate schedule '%s' is unknown (expected cosine, linear, constant or wsd)", type); }
-    if (!(learning_rate >= 0.0f)) { llm8_die("learning rate %g must be non-negative", learning_rate); }
-    if (train_num_batches <= 0) { llm8_die("learning rate schedule needs a positive number of steps, got %d", train_num_batches); }
+    else { llm8_die("flag -k: learning rate schedule '%s' is unknown (expected cosine, linear, constant or wsd)", type); }
+    if (!(learning_rate >= 0.0f)) { llm8_die("flag -l: learning rate %g must be non-negative", learning_rate); }
+    if (train_num_batches <= 0) { llm8_die("flag -x: the learning rate schedule needs a positive number of steps, got %d", train_num_batches); }
     if (warmup_iterations < 0 || warmup_iterations > train_num_batches) {
-        llm8_die("warmup of %d steps is not in 0..%d (the number of steps)", warmup_iterations, train_num_batches);
+        llm8_die("flag -u: warmup of %d steps is not in 0..%d (the run's steps, -x)", warmup_iterations, train_num_batches);
     }
     if (!(final_learning_rate_frac >= 0.0f && final_learning_rate_frac <= 1.0f)) {
-        llm8_die("final learning rate fraction %g is not in [0, 1]", final_learning_rate_frac);
+        llm8_die("flag -q: final learning rate fraction %g is not in [0, 1]", final_learning_rate_frac);
     }
     scheduler->learning_rate = learning_rate;
     scheduler->warmup_iterations = warmup_iterations;

@@ -242,10 +242,7 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
     const StateFileIndex* index0 = &sources[0].index;
     Adamw8Layout layout;  // this rank's window
     train_state_window_(&layout, cfg, selection, use_adamw8, index0->fp32_moments, range.begin, range.end);
-    if (range.end > range.begin && index0->has_master != (master != NULL)) {
-        llm8_die("state file '%s' was written with use_master_weights=%d, this run has %d", sources[0].path,
-                 index0->has_master, master != NULL);
-    }
+    if (range.end > range.begin) { state_file_check_master(sources[0].path, index0->has_master, master != NULL); }
     if (index0->should_shuffle != loader->should_shuffle) {
         llm8_die("state file '%s' was written with shuffling=%d, this run has %d", sources[0].path,
                  index0->should_shuffle, loader->should_shuffle);

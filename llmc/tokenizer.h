@@ -35,12 +35,12 @@ typedef struct {
 
 static inline void tokenizer_init(Tokenizer* tokenizer, const char* path) {
     memset(tokenizer, 0, sizeof(*tokenizer));
-    FILE* fp = fopen(path, "rb");
-    if (fp == NULL) {
+    if (!file_exists(path)) {
         printf("warning: tokenizer file '%s' not found; samples will print token ids only "
                "(make it with dev/data/ or pass its path)\n", path);
         return;
     }
+    FILE* fp = fopenCheck(path, "rb");
     long file_bytes = file_size_bytes(fp);
     long header_bytes = (long)(TOKENIZER_HEADER_INTS * sizeof(int32_t));
     if (file_bytes < header_bytes) {

@@ -128,7 +128,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-n", FLAG_INT, TC_OFF(checkpoint_every), 0, INT_MAX_FLAG, NULL, "write a checkpoint every N steps (0 = never)"},
     {"-nk", FLAG_INT, TC_OFF(checkpoints_keep), 0, INT_MAX_FLAG, NULL, "keep only the newest N checkpoints (0 = keep all), and the major ones (-nm)"},
     {"-nm", FLAG_INT, TC_OFF(checkpoints_major_every), 0, INT_MAX_FLAG, NULL, "major checkpoints: those of steps that are multiples of N, which -nk never removes (0 = none)"},
-    {"-y", FLAG_INT, TC_OFF(resume), 0, 1, NULL, "resume from the newest complete checkpoint in -o"},
+    {"-y", FLAG_INT, TC_OFF(resume), 0, 1, NULL, "resume from the newest complete checkpoint in -o (0: an -o holding checkpoints is refused when -n writes more)"},
     {"-b", FLAG_INT, TC_OFF(B), 1, 65536, NULL, "micro-batch size per GPU (sequences)"},
     {"-t", FLAG_INT, TC_OFF(T), 1, 1048576, NULL, "sequence length"},
     {"-d", FLAG_INT, TC_OFF(total_batch_size), -1, INT_MAX_FLAG, NULL, "total batch in tokens, via gradient accumulation (-1 = B*T)"},
@@ -397,8 +397,8 @@ static inline int train_config_check_batch(TrainConfig* c, const GPT2Config* mod
     }
     int tokens_per_micro_step = (int)tokens;
     if (c->total_batch_size == -1) { c->total_batch_size = tokens_per_micro_step; }
-    if (c->total_batch_size % tokens_per_micro_step != 0) {
-        llm8_die("flag -d %d: total batch must be a multiple of B*T*processes = %d*%d*%d = %d",
+    if (c->total_batch_size == 0 || c->total_batch_size % tokens_per_micro_step != 0) {
+        llm8_die("flag -d %d: total batch must be a positive multiple of B*T*processes = %d*%d*%d = %d (or -1 for one)",
                  c->total_batch_size, c->B, c->T, num_processes, tokens_per_micro_step);
     }
     return c->total_batch_size / tokens_per_micro_step;

@@ -30,25 +30,73 @@ static inline void llm8_die(const char* fmt, ...) {
     exit(EXIT_FAILURE);
 }
 
+/*
+The path of each file fopenCheck opened, until fcloseCheck closes it, so that a failed read,
+write, seek or close names its file: "read failed (checkpoint.h:201)" left the user to guess
+which of a run's files it was. A run has a handful open at once; past LLM8_TRACKED_FILES
+the message says "an untracked file". Paths past the slot's length keep their end.
+*/
+#define LLM8_TRACKED_FILES 32
+#define LLM8_TRACKED_PATH 1024
+typedef struct {
+    FILE* fp;
+    char path[LLM8_TRACKED_PATH];
+} Llm8OpenFile;
+static Llm8OpenFile llm8_open_files[LLM8_TRACKED_FILES];
+
+static inline void llm8_track_file(FILE* fp, const char* path) {
+    Llm8OpenFile* slot = NULL;
+    for (int i = 0; i < LLM8_TRACKED_FILES && slot == NULL; i++) {
+        if (llm8_open_files[i].fp == NULL || llm8_open_files[i].fp == fp) { slot = &llm8_open_files[i]; }
+    }
+    if (slot == NULL) { return; }
+    size_t length = strlen(path), keep = LLM8_TRACKED_PATH - 1;
+    size_t start = length > keep ? length - keep : 0;
+    slot->fp = fp;
+    memcpy(slot->path, path + start, length - start);
+    slot->path[length - start] = '\0';
+}
+
+static inline void llm8_untrack_file(FILE* fp) {
+    for (int i = 0; i < LLM8_TRACKED_FILES; i++) {
+        if (llm8_open_files[i].fp == fp) { llm8_open_files[i].fp = NULL; }
+    }
+}
+
+static inline const char* llm8_file_name(FILE* fp) {
+    for (int i = 0; i < LLM8_TRACKED_FILES; i++) {
+        if (llm8_open_files[i].fp == fp) { return llm8_open_files[i].path; }
+    }
+    return "an untracked file";
+}
+
+// opens path or dies naming it; for reading it must be a regular file (a directory opens, then
+// reads as an error or as a size of 2^63 bytes)
 static inline FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {
     FILE* fp = fopen(path, mode);
+    const char* what = (mode[0] == 'r') ? "read" : "write";
     if (fp == NULL) {
-        const char* what = (mode[0] == 'r') ? "read" : "write";
         llm8_die("cannot open '%s' to %s: %s (%s:%d)", path, what, strerror(errno), file, line);
     }
+    struct stat st;
+    if (mode[0] == 'r' && fstat(fileno(fp), &st) == 0 && !S_ISREG(st.st_mode)) {
+        llm8_die("cannot open '%s' to read: %s, not a regular file (%s:%d)", path,
+                 S_ISDIR(st.st_mode) ? "a directory" : "a special file", file, line);
+    }
+    llm8_track_file(fp, path);
     return fp;
 }
 #define fopenCheck(path, mode) fopen_check(path, mode, __FILE__, __LINE__)
 
-// reads exactly nmemb items or dies; `what` names the file in the message
+// reads exactly nmemb items or dies naming the file
 static inline void fread_check(void* ptr, size_t size, size_t nmemb, FILE* stream, const char* file, int line) {
     size_t got = fread(ptr, size, nmemb, stream);
     if (got != nmemb) {
         if (feof(stream)) {
-            llm8_die("unexpected end of file: wanted %zu items of %zu bytes, got %zu (file truncated?) (%s:%d)",
-                     nmemb, size, got, file, line);
+            llm8_die("'%s': unexpected end of file: wanted %zu items of %zu bytes, got %zu (file truncated?) (%s:%d)",
+                     llm8_file_name(stream), nmemb, size, got, file, line);
         }
-        llm8_die("read failed: %s (%s:%d)", strerror(errno), file, line);
+        llm8_die("cannot read '%s': %s (%s:%d)", llm8_file_name(stream), strerror(errno), file, line);
     }
 }
 #define freadCheck(ptr, size, nmemb, stream) fread_check(ptr, size, nmemb, stream, __FILE__, __LINE__)
@@ -56,21 +104,25 @@ static inline void fread_check(void* ptr, size_t size, size_t nmemb, FILE* strea
 static inline void fwrite_check(const void* ptr, size_t size, size_t nmemb, FILE* stream, const char* file, int line) {
     size_t put = fwrite(ptr, size, nmemb, stream);
     if (put != nmemb) {
-        llm8_die("write failed after %zu of %zu items: %s (disk full?) (%s:%d)", put, nmemb, strerror(errno), file, line);
+        llm8_die("cannot write '%s': stopped after %zu of %zu items: %s (disk full?) (%s:%d)", llm8_file_name(stream), put,
+                 nmemb, strerror(errno), file, line);
     }
 }
 #define fwriteCheck(ptr, size, nmemb, stream) fwrite_check(ptr, size, nmemb, stream, __FILE__, __LINE__)
 
 static inline void fclose_check(FILE* fp, const char* file, int line) {
-    if (fclose(fp) != 0) {
-        llm8_die("close failed: %s (%s:%d)", strerror(errno), file, line);
+    char path[LLM8_TRACKED_PATH];
+    snprintf(path, sizeof(path), "%s", llm8_file_name(fp));
+    llm8_untrack_file(fp);
+    if (fclose(fp) != 0) {  // buffered writes land here: a full disk may show first at the close
+        llm8_die("cannot close '%s': %s (%s:%d)", path, strerror(errno), file, line);
     }
 }
 #define fcloseCheck(fp) fclose_check(fp, __FILE__, __LINE__)
 
 static inline void fseek_check(FILE* fp, long off, int whence, const char* file, int line) {
     if (fseek(fp, off, whence) != 0) {
-        llm8_die("seek to %ld failed: %s (%s:%d)", off, strerror(errno), file, line);
+        llm8_die("cannot seek to %ld in '%s': %s (%s:%d)", off, llm8_file_name(fp), strerror(errno), file, line);
     }
 }
 #define fseekCheck(fp, off, whence) fseek_check(fp, off, whence, __FILE__, __LINE__)

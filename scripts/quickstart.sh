@@ -3,7 +3,8 @@
 # corpus: no network needed), then trains.
 #   - with an NVIDIA GPU: builds train_gpt2_fp8 and trains GPT-2 d12 (124M) in bf16;
 #   - without one: says so, builds train_gpt2cpu and trains a tiny model on the CPU.
-# Extra arguments go to the trainer (e.g. -x 100 to stop after 100 steps).
+# Extra arguments go to the trainer (e.g. -x 100 to stop after 100 steps). Run again, the GPU
+# run resumes from its newest checkpoint in log_d12_bf16 (-y 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_python.sh
@@ -12,7 +13,7 @@ data=(-i "dev/data/offline/offline_train_*.bin" -j "dev/data/offline/offline_val
 if nvidia-smi -L >/dev/null 2>&1; then
     make train_gpt2_fp8
     exec ./train_gpt2_fp8 "${data[@]}" -e d12 -p bf16 -b 64 -t 1024 -d 524288 -l 0.0006 -u 700 -q 0.0 -c 0.1 \
-        -x 2000 -v 250 -s 500 -n 1000 -o log_d12_bf16 "$@"
+        -x 2000 -v 250 -s 500 -n 1000 -o log_d12_bf16 -y 1 "$@"
 else
     echo "no NVIDIA GPU found (nvidia-smi lists none): training a tiny model on the CPU with train_gpt2cpu instead"
     make train_gpt2cpu

@@ -390,6 +390,17 @@ static void test_state_sections(void) {
     state_file_read(path8, &got, &into8, &resumed);
     CHECK(memcmp(back[2], master, sizeof(master)) == 0, "v2 without moments does not round-trip");
 
+    // a section count out of range, in either reader (a negative one read as none before)
+    for (int bad_count = -1; bad_count <= STATE_FILE_MAX_SECTIONS + 1; bad_count += STATE_FILE_MAX_SECTIONS + 2) {
+        const char* counted = write_variant(path, "sections_count.bin", file_length(path), STATE_SLOT_NUM_SECTIONS, bad_count);
+        char expected[64];
+        snprintf(expected, sizeof(expected), "claims %d sections", bad_count);
+        CHECK_DIES("state: section count out of range (state_file_read)", expected,
+                   state_file_read(counted, &got, &into_buffers, &resumed));
+        StateFileIndex index;
+        CHECK_DIES("state: section count out of range (state_file_index)", expected, state_file_index(counted, n, &index));
+    }
+
     StateSection wrong_tag[2] = {{"adamw8_m", quantized_back, 256, 0}, {"fp8_scales", amax_back, sizeof(amax_back), 0}};
     StateBuffers wrong_tag_buffers = {n, back[0], back[1], back[2], wrong_tag, 2};
     CHECK_DIES("state: unknown section", "fp8_amax_hist", state_file_read(path, &got, &wrong_tag_buffers, &resumed));
@@ -650,6 +661,16 @@ static void test_checkpoint_paths_and_latest(void) {
           file_exists(in_dir(dir, "DONE_00000020")), "checkpoint_remove removed files of other steps");
     checkpoint_remove(dir, 30);  // removing again is harmless
 
+    // one dir, one run: starting over (-y 0) with checkpoints to write is refused where complete
+    // ones are; resuming, writing none (-n 0) or no -o is not
+    CHECK_DIES("checkpoint: -y 0 into a dir with checkpoints", "the newest: step 20", checkpoint_check_fresh_dir(dir, 0, 5));
+    CHECK_DIES("checkpoint: -y 0 into a dir with checkpoints (what to do)", "-y 1 resumes it",
+               checkpoint_check_fresh_dir(dir, 0, 5));
+    checkpoint_check_fresh_dir(dir, 1, 5);
+    checkpoint_check_fresh_dir(dir, 0, 0);
+    checkpoint_check_fresh_dir(NULL, 0, 5);
+    checkpoint_check_fresh_dir(in_dir(dir, "missing_subdir"), 0, 5);
+
     // a writer killed half way leaves the previous complete file readable
     checkpoint_model_path(path, sizeof(path), dir, 20);
     char tmp[CHECKPOINT_PATH_MAX + 8];
@@ -665,6 +686,30 @@ static void test_checkpoint_paths_and_latest(void) {
     free(params);
     free(back);
     test_remove_dir(dir);
+}
+
+// ----------------------------------------------------------------------------
+// utils.h's file helpers name the file in every failure
+
+static void test_file_errors_name_the_file(void) {
+    const char* path = in_dir(g_dir, "short_file.bin");
+    write_all(path, "0123456789", 10);
+    char buffer[64];
+    FILE* fp = fopenCheck(path, "rb");
+    freadCheck(buffer, 1, 4, fp);
+    CHECK_DIES("read past the end names the file", "short_file.bin': unexpected end of file", freadCheck(buffer, 1, 20, fp));
+    fcloseCheck(fp);
+    fp = fopenCheck(path, "rb");  // the closed file's slot is free again, and the name is the new one's
+    CHECK_DIES("seek before the start names the file", "in '", fseekCheck(fp, -5, SEEK_SET));
+    CHECK_DIES("seek before the start names the file (which)", "short_file.bin", fseekCheck(fp, -5, SEEK_SET));
+    fcloseCheck(fp);
+    FILE* full = fopenCheck("/dev/full", "wb");  // a write the disk refuses, seen at the flush of the close
+    fwriteCheck(buffer, 1, sizeof(buffer), full);
+    CHECK_DIES("a failed close names the file", "cannot close '/dev/full'", fcloseCheck(full));
+    CHECK_DIES("a directory is not a file to read", "a directory, not a regular file", fopenCheck(g_dir, "rb"));
+    FILE* untracked = tmpfile();
+    CHECK_DIES("a file fopenCheck did not open", "an untracked file", freadCheck(buffer, 1, 1, untracked));
+    fclose(untracked);
 }
 
 // ----------------------------------------------------------------------------
@@ -754,6 +799,7 @@ int main(void) {
     test_safe_printf();
     test_checkpoint_paths_and_latest();
     test_checkpoint_keep_newest();
+    test_file_errors_name_the_file();
     test_logger();
 
     test_remove_dir(g_py_dir);

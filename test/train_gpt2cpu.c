@@ -10,9 +10,9 @@ GPU casts, with the -fr -fh -fm -fw -fg -f8 -f8p settings; the scaling states go
 file, and evaluation puts them back, as on the GPU), and -opt adamw8 through the 8-bit
 AdamW host reference (llmc/quant8.h) with the GPU trainer's state-file sections and
 conversions. Flags that only mean something on a GPU (-at, -r, -ge, -kt, -z, -fn, -w,
--pa, -pt) or with a tokenizer and text (-tk, -s, -g, -h), and -nk (old checkpoints are
-kept), are accepted and have no effect here; weights are fp32 and checkpoints are llm.c's
-fp32 model files (version 3).
+-pa, -pt) or with a tokenizer and text (-tk, -s, -g, -h) are accepted and have no effect
+here; -n, -nk and -nm write and prune checkpoints as on the GPU. Weights are fp32 and
+checkpoints are llm.c's fp32 model files (version 3).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +124,7 @@ static void cpu_optimizer_step(CpuOptimizer* opt, GPT2Ref* model, float lr, floa
 static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoader* loader, OutlierSkip* outliers,
                                 const char* dir, int step) {
     char path[CHECKPOINT_PATH_MAX];
+    checkpoint_remove(dir, step);  // a step written before (a resumed run's), leftovers
     checkpoint_model_path(path, sizeof(path), dir, step);
     model_file_write(path, &model->config, model->params, 3);
     StateSection sections[CPU_FP8_SECTIONS + 1];
@@ -167,6 +168,7 @@ int main(int argc, char** argv) {
     if (tc.num_processes > 1) { llm8_die("flag -pn %d: the CPU trainer runs one process (several GPUs: train_gpt2_fp8)", tc.num_processes); }
     const char* out_dir = tc.output_log_dir[0] ? tc.output_log_dir : NULL;
     if (out_dir != NULL) { ensure_writable_dir(out_dir); }
+    checkpoint_check_fresh_dir(out_dir, tc.resume, tc.checkpoint_every);
 
     char model_path[CHECKPOINT_PATH_MAX] = "";
     int resume_step = tc.resume ? checkpoint_find_latest(out_dir) : -1;
@@ -214,6 +216,10 @@ int main(int argc, char** argv) {
         start_step = cpu_load_state(&model, &optimizer, &train_loader, &outliers, state_path, resume_step);
         printf("resumed from %s at step %d\n", model_path, start_step);
         outlier_skip_note_resume(&outliers, resume_step);
+        if (start_step >= num_steps) {
+            printf("note: -y 1 resumed at step %d, and the run has %d steps (-x): nothing left to train\n", start_step,
+                   num_steps);
+        }
     }
     Logger logger;
     logger_init(&logger, out_dir, 0, resume_step >= 0);
