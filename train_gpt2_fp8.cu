@@ -314,6 +314,9 @@ static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_c
         zero_comm_create(model->comm, multi_gpu, cfg, &model->fp8, reduce_fp32, zero3);
     }
     gpt2_cast_weights(model, stream);
+    // bounded: the weight gather waits for every peer, and the synchronous copies that may come
+    // next (a resume's state upload) would wait for it with no deadline
+    if (model->comm != NULL) { multi_gpu_wait(multi_gpu, stream, "weight gather (start)"); }
 }
 
 // ----------------------------------------------------------------------------
@@ -897,6 +900,8 @@ must be shared by all.
 static void save_checkpoint(GPT2* model, const DataLoader* loader, OutlierSkip* outliers, const char* dir, int step,
                             cudaStream_t stream) {
     char path[CHECKPOINT_PATH_MAX];
+    if (model->rank == 0) { checkpoint_remove(dir, step); }  // a step written before (a resumed run's), leftovers
+    gpt2_all_reduce(model, 0.0f, ncclSum, stream, "checkpoint barrier (before writing)");  // before any rank writes
     float* params = gpt2_gather_params_fp32(model, stream);
     if (params != NULL) {  // rank 0
         checkpoint_model_path(path, sizeof(path), dir, step);
@@ -920,7 +925,7 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, OutlierSkip* 
     adamw8_states_free_host(&opt);
     fp8_host_state_free(&fp8);
     free(master);
-    gpt2_all_reduce(model, 0.0f, ncclSum, stream, "checkpoint barrier");  // every rank's file is complete
+    gpt2_all_reduce(model, 0.0f, ncclSum, stream, "checkpoint barrier (after writing)");  // every rank's file is complete
     if (model->rank == 0) {
         checkpoint_write_done(dir, step);
         printf("wrote checkpoint %s/model_%08d.bin (+ %d state file%s, DONE)\n", dir, step, model->zero.num_ranks,
@@ -1147,6 +1152,7 @@ int main(int argc, char** argv) {
     int resume_step = -1;
     char model_path[4096] = "";
     if (out_dir != NULL) { ensure_writable_dir(out_dir); }
+    checkpoint_check_fresh_dir(out_dir, tc.resume, tc.checkpoint_every);
     if (tc.resume) {
         resume_step = checkpoint_find_latest(out_dir);
         if (resume_step >= 0) { checkpoint_model_path(model_path, sizeof(model_path), out_dir, resume_step); }
@@ -1214,6 +1220,10 @@ int main(int argc, char** argv) {
     if (resume_step >= 0) {
         start_step = load_state(&model, &train_loader, &outliers, out_dir, resume_step, grad_accum_steps, stream);
         outlier_skip_note_resume(&outliers, resume_step);
+        if (start_step >= train_num_batches) {
+            printf("note: -y 1 resumed at step %d, and the run has %d steps (-x): nothing left to train\n", start_step,
+                   train_num_batches);
+        }
     }
 
     Logger logger;  // rank 0 writes the logs
@@ -1262,6 +1272,7 @@ int main(int argc, char** argv) {
 
     for (int step = start_step; step <= train_num_batches; step++) {
         int last_step = step == train_num_batches;
+        multi_gpu_watchdog_arm(&multi_gpu, "the evaluations before step %d", step + 1);  // llmc/multi_gpu.h
         if (check_replicas && (step % tc.replica_check_every == 0 || last_step)) {
             check_replicas_identical(&model, &replicas, step, stream);
         }
@@ -1280,10 +1291,12 @@ int main(int argc, char** argv) {
             sample_text(&model, &tokenizer, tc.gen_tokens, &sample_rng, stream);
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
+            multi_gpu_watchdog_disarm(&multi_gpu);  // writing files takes as long as the disk does; the barriers are bounded
             save_checkpoint(&model, &train_loader, &outliers, out_dir, step, stream);
             if (rank == 0) { checkpoint_keep_newest(out_dir, tc.checkpoints_keep, tc.checkpoints_major_every); }
         }
         if (last_step) { break; }
+        multi_gpu_watchdog_arm(&multi_gpu, "training step %d", step + 1);
 
         cudaCheck(cudaEventRecord(start_event, stream));
         float lr = get_learning_rate(&lr_scheduler, step);
@@ -1326,8 +1339,10 @@ int main(int argc, char** argv) {
     }
     // the last update's weight gather may still run on the communication stream (the forward
     // waits for it, and none follows): its end, bounded, before the buffers it writes are freed
+    multi_gpu_watchdog_arm(&multi_gpu, "the end of training");
     if (model.comm != NULL) { zero_comm_join(model.comm, stream); }
     gpt2_wait(&model, stream, "weight gather (end of training)");
+    multi_gpu_watchdog_disarm(&multi_gpu);
     profiler_print(stdout);
     outlier_skip_print_summary(skipped_updates);
 

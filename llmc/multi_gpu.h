@@ -17,8 +17,16 @@ Why it is shaped so:
   a stream that ran collectives: it polls an event and the async error with the deadline
   (-pt, default 300 s), and on an error or the deadline calls ncclCommAbort (which stops
   the kernels) and dies with one line naming the rank and the collective.
+- The host can also block where no deadline reaches it: inside a kernel launch once the
+  stream's queue is full (about a thousand launches pending: d48's forward and backward queue
+  more than that between two waits, all behind a collective that waits for a dead peer), or
+  in a copy that synchronizes with the stream. A watchdog thread covers that: while the
+  trainer has armed it (a training step, an evaluation), it ends the process once the host has
+  made no progress for -pt s (no bounded wait completed, none under way), with one line naming
+  the rank and the armed step. It exits without ncclCommAbort, which could wait on the stuck
+  stream; the exit frees the GPU, and each peer's own wait or watchdog ends it in turn.
 - With one process nothing touches NCCL: no communicator, the float all-reduce returns
-  its input, multi_gpu_wait is a stream synchronize.
+  its input, multi_gpu_wait is a stream synchronize, no watchdog.
 */
 #ifndef LLMC_MULTI_GPU_H
 #define LLMC_MULTI_GPU_H
@@ -30,6 +38,8 @@ Why it is shaped so:
 #include <unistd.h>
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <netdb.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -60,11 +70,24 @@ typedef struct {
     int timeout_s;              // -pt: the longest any rank waits for the others
 } MultiGpuOptions;
 
+// the watchdog's state (the top comment), shared by the host thread and the watchdog thread
+typedef struct {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    int running;
+    int armed;
+    int waits;                  // bounded waits under way: they keep their own deadline
+    double deadline;            // armed and not waiting: the host must make progress by then
+    char what[160];             // what is armed, for the error line
+    int process_rank, num_processes, timeout_s;
+} MultiGpuWatchdog;
+
 typedef struct {
     int process_rank;
     int num_processes;
     int local_device_idx;       // the GPU this process uses
     int timeout_s;
+    MultiGpuWatchdog* watchdog; // NULL without a communicator
     ncclComm_t nccl_comm;       // NULL with one process
     cudaStream_t nccl_stream;   // collectives overlapped with compute run here
     float* scalar_device;       // [1], for multi_gpu_all_reduce_float
@@ -103,6 +126,92 @@ static inline double multi_gpu_now_s(void) {
 }
 
 // ----------------------------------------------------------------------------
+// the watchdog thread (the top comment)
+
+#define MULTI_GPU_WATCHDOG_POLL_US 100000
+
+static void* multi_gpu_watchdog_main(void* argument) {
+    MultiGpuWatchdog* w = (MultiGpuWatchdog*)argument;
+    for (;;) {
+        usleep(MULTI_GPU_WATCHDOG_POLL_US);
+        pthread_mutex_lock(&w->lock);
+        int running = w->running;
+        int expired = w->armed && w->waits == 0 && multi_gpu_now_s() > w->deadline;
+        char line[320];
+        if (expired) {
+            snprintf(line, sizeof(line), "error: rank %d of %d: NCCL watchdog: %s made no progress for %d s (a peer died or "
+                     "hangs?)\n", w->process_rank, w->num_processes, w->what, w->timeout_s);
+        }
+        pthread_mutex_unlock(&w->lock);
+        if (!running) { return NULL; }
+        if (expired) {  // write(2) and _exit: no lock the stuck host thread may hold (stdio's, atexit's, CUDA's)
+            ssize_t written = write(STDERR_FILENO, line, strlen(line));
+            (void)written;
+            _exit(EXIT_FAILURE);
+        }
+    }
+}
+
+static inline void multi_gpu_watchdog_start(MultiGpuConfig* cfg) {
+    MultiGpuWatchdog* w = (MultiGpuWatchdog*)calloc(1, sizeof(MultiGpuWatchdog));
+    if (w == NULL) { llm8_die("rank %d: out of host memory for the NCCL watchdog", cfg->process_rank); }
+    pthread_mutex_init(&w->lock, NULL);
+    w->running = 1;
+    w->process_rank = cfg->process_rank;
+    w->num_processes = cfg->num_processes;
+    w->timeout_s = cfg->timeout_s;
+    if (pthread_create(&w->thread, NULL, multi_gpu_watchdog_main, w) != 0) {
+        llm8_die("rank %d: cannot start the NCCL watchdog thread", cfg->process_rank);
+    }
+    cfg->watchdog = w;
+}
+
+static inline void multi_gpu_watchdog_stop(MultiGpuConfig* cfg) {
+    MultiGpuWatchdog* w = cfg->watchdog;
+    if (w == NULL) { return; }
+    pthread_mutex_lock(&w->lock);
+    w->running = 0;
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->lock);
+    free(w);
+    cfg->watchdog = NULL;
+}
+
+// from now on the host must make progress every -pt s; `what` (printf format) names the region
+static inline void multi_gpu_watchdog_arm(const MultiGpuConfig* cfg, const char* format, ...) {
+    MultiGpuWatchdog* w = cfg->watchdog;
+    if (w == NULL) { return; }
+    pthread_mutex_lock(&w->lock);
+    va_list args;
+    va_start(args, format);
+    vsnprintf(w->what, sizeof(w->what), format, args);
+    va_end(args);
+    w->armed = 1;
+    w->deadline = multi_gpu_now_s() + w->timeout_s;
+    pthread_mutex_unlock(&w->lock);
+}
+
+// host-only work that may take long (writing a checkpoint): no deadline
+static inline void multi_gpu_watchdog_disarm(const MultiGpuConfig* cfg) {
+    MultiGpuWatchdog* w = cfg->watchdog;
+    if (w == NULL) { return; }
+    pthread_mutex_lock(&w->lock);
+    w->armed = 0;
+    pthread_mutex_unlock(&w->lock);
+}
+
+// a bounded wait begins (begin = 1) or has completed (0): progress, the deadline starts again
+static inline void multi_gpu_watchdog_wait(const MultiGpuConfig* cfg, int begin) {
+    MultiGpuWatchdog* w = cfg->watchdog;
+    if (w == NULL) { return; }
+    pthread_mutex_lock(&w->lock);
+    w->waits += begin ? 1 : -1;
+    w->deadline = multi_gpu_now_s() + w->timeout_s;
+    pthread_mutex_unlock(&w->lock);
+}
+
+// ----------------------------------------------------------------------------
 // failure handling
 
 static inline void multi_gpu_abort_and_die(const MultiGpuConfig* cfg, const char* what, const char* reason) {
@@ -113,6 +222,7 @@ static inline void multi_gpu_abort_and_die(const MultiGpuConfig* cfg, const char
 // waits until an NCCL call (nonblocking communicator) has settled; dies on error or deadline
 static inline void multi_gpu_nccl_settle(const MultiGpuConfig* cfg, ncclResult_t result, const char* what) {
     double deadline = multi_gpu_now_s() + cfg->timeout_s;
+    if (result == ncclInProgress) { multi_gpu_watchdog_wait(cfg, 1); }
     while (result == ncclInProgress) {
         if (multi_gpu_now_s() > deadline) {
             char reason[128];
@@ -121,6 +231,7 @@ static inline void multi_gpu_nccl_settle(const MultiGpuConfig* cfg, ncclResult_t
         }
         usleep(MULTI_GPU_POLL_US);
         if (ncclCommGetAsyncError(cfg->nccl_comm, &result) != ncclSuccess) { result = ncclInternalError; }
+        if (result != ncclInProgress) { multi_gpu_watchdog_wait(cfg, 0); }
     }
     if (result != ncclSuccess) {
         char reason[512];
@@ -140,6 +251,7 @@ static inline void multi_gpu_wait_event(const MultiGpuConfig* cfg, cudaEvent_t d
         return;
     }
     double deadline = multi_gpu_now_s() + cfg->timeout_s;
+    multi_gpu_watchdog_wait(cfg, 1);
     for (;;) {
         cudaError_t status = cudaEventQuery(done);
         if (status == cudaSuccess) { break; }
@@ -156,6 +268,7 @@ static inline void multi_gpu_wait_event(const MultiGpuConfig* cfg, cudaEvent_t d
         }
         usleep(MULTI_GPU_POLL_US);
     }
+    multi_gpu_watchdog_wait(cfg, 0);
 }
 
 /*
@@ -250,15 +363,21 @@ static inline struct sockaddr_in multi_gpu_parse_server(const char* server) {
     return addr;
 }
 
-// waits until fd is readable (events POLLIN) or writable (POLLOUT); 0 on timeout
+// waits until fd is readable (events POLLIN) or writable (POLLOUT); 0 at the deadline. poll
+// takes int milliseconds, which -pt (up to 2^31 - 1 s) overflows: it waits an hour at most a call
 static inline int multi_gpu_poll_fd(int fd, short events, double deadline) {
-    int remaining_ms = (int)((deadline - multi_gpu_now_s()) * 1000.0);
-    if (remaining_ms <= 0) { return 0; }
-    struct pollfd p;
-    p.fd = fd;
-    p.events = events;
-    p.revents = 0;
-    return poll(&p, 1, remaining_ms) > 0;
+    for (;;) {
+        double remaining_s = deadline - multi_gpu_now_s();
+        if (remaining_s <= 0.0) { return 0; }
+        int remaining_ms = remaining_s < 3600.0 ? (int)(remaining_s * 1000.0) + 1 : 3600 * 1000;
+        struct pollfd p;
+        p.fd = fd;
+        p.events = events;
+        p.revents = 0;
+        int ready = poll(&p, 1, remaining_ms);
+        if (ready > 0) { return 1; }
+        if (ready < 0 && errno != EINTR) { return 0; }
+    }
 }
 
 // tcp: rank 0 serves the id to the other num_processes - 1 ranks; they connect and read it
@@ -339,8 +458,13 @@ static inline MultiGpuConfig multi_gpu_process_init(MultiGpuOptions* opts) {
 #ifdef USE_MPI
     if (opts->init_method == MULTI_GPU_INIT_MPI) {
         if (MPI_Init(NULL, NULL) != MPI_SUCCESS) { llm8_die("-pi mpi: MPI_Init failed (launched by mpirun?)"); }
+        int requested = opts->num_processes;  // -pn, 1 unless given
         MPI_Comm_rank(MPI_COMM_WORLD, &opts->process_rank);
         MPI_Comm_size(MPI_COMM_WORLD, &opts->num_processes);
+        if (requested > 1 && requested != opts->num_processes) {  // e.g. started by hand, each its own world of 1
+            llm8_die("flag -pn %d: MPI has %d process%s (-pi mpi takes the count from mpirun -np; without mpirun use -pi fs "
+                     "or -pi tcp)", requested, opts->num_processes, opts->num_processes == 1 ? "" : "es");
+        }
         MPI_Comm node_comm;
         MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, opts->process_rank, MPI_INFO_NULL, &node_comm);
         MPI_Comm_rank(node_comm, &cfg.local_device_idx);  // the node-local rank, made a GPU index in step 2
@@ -402,12 +526,16 @@ static inline void multi_gpu_device_init(MultiGpuConfig* cfg, const MultiGpuOpti
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclResult_t result = ncclCommInitRankConfig(&cfg->nccl_comm, cfg->num_processes, id, cfg->process_rank, &config);
-    multi_gpu_nccl_settle(cfg, result, "communicator creation (ncclCommInitRankConfig)");
+    multi_gpu_nccl_settle(cfg, result, opts->init_method == MULTI_GPU_INIT_FS
+        ? "communicator creation (ncclCommInitRankConfig; if rank 0 started after the others, they may have read an "
+          "earlier run's " MULTI_GPU_ID_FILE " in -pf: remove it and start again)"
+        : "communicator creation (ncclCommInitRankConfig)");
     if (opts->init_method == MULTI_GPU_INIT_FS && cfg->process_rank == 0) {
         // every rank has joined, so none still needs the file; a stale one would mislead the next run
         multi_gpu_id_file_remove(opts);
     }
     cudaCheck(cudaMalloc((void**)&cfg->scalar_device, sizeof(float)));
+    multi_gpu_watchdog_start(cfg);
 }
 
 // both steps at once
@@ -419,6 +547,7 @@ static inline MultiGpuConfig multi_gpu_config_init(const MultiGpuOptions* option
 }
 
 static inline void multi_gpu_config_free(MultiGpuConfig* cfg) {
+    multi_gpu_watchdog_stop(cfg);
     if (cfg->nccl_comm != NULL) {
         multi_gpu_nccl_settle(cfg, ncclCommFinalize(cfg->nccl_comm), "ncclCommFinalize");
         ncclCommDestroy(cfg->nccl_comm);

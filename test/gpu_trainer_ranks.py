@@ -85,9 +85,9 @@ def rank_commands(ranks, args, workdir, timeout_s=RANK_TIMEOUT_S):
 RANK_ENV = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
 
 
-def launch(ranks, args, workdir, timeout_s=RANK_TIMEOUT_S):
+def launch(ranks, args, workdir, timeout_s=RANK_TIMEOUT_S, env=RANK_ENV):
     """starts `ranks` processes of the trainer; returns the Popen list (for a test that signals one)"""
-    return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=RANK_ENV)
+    return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
             for cmd in rank_commands(ranks, args, workdir, timeout_s)]
 
 
@@ -325,10 +325,20 @@ def twins(setup):
 
 
 def killed_rank(setup):
-    """a killed rank: the survivor exits within -pt with one line naming its rank and the collective"""
+    """a killed rank: the survivor exits within -pt with one line naming its rank and the collective. Under cudasim
+    also with each stream's queue bounded at 4 (CUDASIM_LAUNCH_QUEUE, as a GPU's launch queue is bounded): the survivor
+    then blocks inside a launch behind the dead peer's collective, where no wait of its own has a deadline, and its
+    watchdog thread must end it"""
+    killed_rank_run(setup, "killed rank", RANK_ENV, "error: rank 0 of 2: NCCL")
+    if ON_CUDASIM:
+        killed_rank_run(setup, "killed rank, host blocked in a launch", dict(RANK_ENV, CUDASIM_LAUNCH_QUEUE="4"),
+                        "error: rank 0 of 2: NCCL watchdog: training step")
+
+
+def killed_rank_run(setup, name, env, expected_error):
     tmp, common = setup.tmp, setup.common
     kill_timeout_s = 20
-    procs = launch(2, common + ["-b", 4, "-x", 100000], tmp, timeout_s=kill_timeout_s)
+    procs = launch(2, common + ["-b", 4, "-x", 100000], tmp, timeout_s=kill_timeout_s, env=env)
     # rank 0 must reach its first step within RUN_LIMIT_S; the watchdog ends a hang before it
     watchdog = threading.Timer(RUN_LIMIT_S, lambda: [p.kill() for p in procs])
     watchdog.start()
@@ -336,18 +346,18 @@ def killed_rank(setup):
     while line and not line.startswith("step"):
         line = procs[0].stdout.readline()
     watchdog.cancel()
-    check(line.startswith("step"), f"killed rank: rank 0 reaches its first step within {RUN_LIMIT_S} s")
+    check(line.startswith("step"), f"{name}: rank 0 reaches its first step within {RUN_LIMIT_S} s")
     procs[1].send_signal(signal.SIGKILL)
     start = time.time()
     try:
         _, err = procs[0].communicate(timeout=120)
         elapsed = time.time() - start
-        check(procs[0].returncode != 0 and "error: rank 0 of 2: NCCL" in err,
-              f"killed rank: rank 0 exits with the NCCL error line (exit {procs[0].returncode}: {err.strip()[-300:]!r})")
-        check(elapsed < 3 * kill_timeout_s, f"killed rank: rank 0 exited {elapsed:.0f} s after the kill (-pt {kill_timeout_s})")
+        check(procs[0].returncode != 0 and expected_error in err,
+              f"{name}: rank 0 exits with the line {expected_error!r} (exit {procs[0].returncode}: {err.strip()[-300:]!r})")
+        check(elapsed < 3 * kill_timeout_s, f"{name}: rank 0 exited {elapsed:.0f} s after the kill (-pt {kill_timeout_s})")
     except subprocess.TimeoutExpired:
         procs[0].kill()
-        check(False, "killed rank: rank 0 still running 120 s after its peer died")
+        check(False, f"{name}: rank 0 still running 120 s after its peer died")
 
 
 

@@ -9,6 +9,8 @@ on one GPU.
   MAX all-reduce, cast with the hardware conversion, all-gather) equal to the single-rank
   host cast bit for bit, the replica check (-pc) naming the one region and rank that differ,
   and a dead peer ending the other rank with one error line in bounded time;
+- the watchdog: a host stuck in an armed region ended after -pt with one line; one that makes
+  progress, then disarms, runs on;
 - the replica check's fingerprint kernel equal to its host function at odd sizes and
   offsets, and changed by one flipped byte and by two swapped ones.
 */
@@ -375,7 +377,48 @@ static void test_two_ranks(void) {
     test_remove_dir(dir);
 }
 
+/*
+The watchdog (llmc/multi_gpu.h), each case in a child forked before this process touches CUDA:
+armed and then stuck outside any bounded wait (a sleep stands in for a launch that blocks), the
+process ends after -pt with one line naming the rank and the region; a host that completes a
+bounded wait more often than every -pt s, and then disarms, runs on past -pt and exits 0.
+*/
+static void test_watchdog(const char* dir) {
+    CHECK_DIES("watchdog: an armed host stuck for -pt", "rank 0 of 1: NCCL watchdog: the test's region made no progress for 1 s", {
+        MultiGpuOptions opts = fs_options(1, 0, dir, 1);
+        MultiGpuConfig mg = multi_gpu_config_init(&opts, 1);
+        multi_gpu_watchdog_arm(&mg, "the test's %s", "region");
+        sleep(20);
+    });
+    ChildRun run;
+    if (child_run_begin(&run)) {
+        MultiGpuOptions opts = fs_options(1, 0, dir, 1);
+        MultiGpuConfig mg = multi_gpu_config_init(&opts, 1);
+        multi_gpu_watchdog_arm(&mg, "the progressing region");
+        for (int i = 0; i < 4; i++) {  // 2.4 s armed, a completed wait every 0.6 s
+            usleep(600000);
+            multi_gpu_wait(&mg, mg.nccl_stream, "the test's wait");
+        }
+        multi_gpu_watchdog_disarm(&mg);
+        usleep(1500000);
+        multi_gpu_config_free(&mg);
+        _exit(0);
+    }
+    char text[CHILD_STDERR_MAX + 1];
+    ssize_t length = read(run.stderr_pipe[0], text, CHILD_STDERR_MAX);
+    text[length > 0 ? length : 0] = '\0';
+    close(run.stderr_pipe[0]);
+    int status = 0;
+    waitpid(run.pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "watchdog: a host making progress, then disarmed, was ended (status %d): [%s]", status, text);
+}
+
 int main(void) {
+    char watchdog_dir[256];
+    test_make_temp_dir(watchdog_dir, sizeof(watchdog_dir));
+    test_watchdog(watchdog_dir);
+    test_remove_dir(watchdog_dir);
     int version = 0;
     ncclGetVersion(&version);
     printf("NCCL runtime %d, headers %d\n", version, NCCL_VERSION_CODE);

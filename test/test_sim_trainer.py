@@ -353,6 +353,7 @@ def test_a_killed_rank_stops_its_peer_within_the_timeout():
                        env=dict(os.environ, LLM8_TRAINER=SIM_TRAINER), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "gpu_trainer_ranks: 0 failed" in r.stdout, (r.stdout + r.stderr)[-3000:]
     assert r.stdout.count("\nok   killed rank:") == 3, r.stdout[-3000:]
+    assert r.stdout.count("\nok   killed rank, host blocked in a launch:") == 3, r.stdout[-3000:]
 
 
 @pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-fw", "delayed"], ["-p", "fp8", "-fr", "block"],

@@ -123,10 +123,34 @@ class TestBadInput:
     def test_total_batch_not_divisible(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-d", 1000])), "-d", "1000", "64")
 
+    def test_no_steps(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-x", 0])), "flag -x", "positive number of steps")
+
+    def test_warmup_longer_than_the_run(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-u", 5])), "flag -u", "warmup of 5", "0..2")
+
+    def test_total_batch_zero(self, binary, data):  # once a division by zero (SIGFPE), or NaN steps with exit 0
+        assert_one_line_error(run(binary, base_args(data, ["-d", 0])), "-d 0", "positive multiple", "64")
+
     def test_unwritable_output_dir(self, binary, data):
         blocker = data / "a_file"
         blocker.write_text("not a directory")
         assert_one_line_error(run(binary, base_args(data, ["-o", blocker / "logs"])), "a_file/logs")
+
+    def test_starting_over_into_a_dir_with_checkpoints(self, binary, data):
+        out = data / "used"
+        out.mkdir()
+        (out / "DONE_00000004").write_bytes(b"")
+        assert_one_line_error(run(binary, base_args(data, ["-o", out, "-n", 2])), "used", "step 4", "-y 1")
+
+    def test_model_file_is_a_directory(self, binary, data):  # once "read failed: Is a directory (checkpoint.h:201)"
+        (data / "model_dir.bin").mkdir()
+        assert_one_line_error(run(binary, base_args(data, ["-e", data / "model_dir.bin"])), "model_dir.bin",
+                              "a directory, not a regular file")
+
+    def test_data_glob_matching_a_directory(self, binary, data):
+        (data / "d_train_000002.bin").mkdir()
+        assert_one_line_error(run(binary, base_args(data)), "d_train_000002.bin", "a directory, not a regular file")
 
     def test_missing_model_file(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-e", data / "missing_model.bin"])), "missing_model.bin")
@@ -405,14 +429,18 @@ def test_cpu_resume_is_bitwise_identical(data, tmp_path):
     r2 = run(CPU, base_args(data, ["-x", 3, "-l", 1e-3, "-k", "constant", "-n", 3, "-v", 0, "-o", split]), timeout=600)
     assert r2.returncode == 0, r2.stderr
     assert os.path.exists(split / "DONE_00000003")
+    (split / "state_00000006_00001.bin").write_bytes(b"debris of a run cut off writing step 6")
     r3 = run(CPU, base_args(data, common + ["-o", split, "-y", 1]), timeout=600)
     assert r3.returncode == 0, r3.stderr
+    assert not (split / "state_00000006_00001.bin").exists(), "writing step 6 keeps another run's file of that step"
     a = (straight / "model_00000006.bin").read_bytes()
     b = (split / "model_00000006.bin").read_bytes()
     assert a == b, "resumed run's final weights differ from the uninterrupted run's"
     la = [l for l in read_log(straight / "main.log") if " trl:" in l]
     lb = [l for l in read_log(split / "main.log") if " trl:" in l]
     assert la[3:] == lb[-3:], (la, lb)
+    r4 = run(CPU, base_args(data, common + ["-o", split, "-y", 1]), timeout=600)  # resumed at the run's end
+    assert r4.returncode == 0 and "resumed at step 6, and the run has 6 steps (-x): nothing left to train" in r4.stdout, r4.stdout
 
 
 def train_losses(out):

@@ -34,6 +34,9 @@ a cudaMallocHost buffer before the copy from it has run reaches the device, as o
 enqueued startable work first instead: work issued early for a later reader (a collective on
 a communication stream) runs as late as the waits on it allow, so a reader that does not wait
 reads the old data every time, and its bits differ from the default order's.
+CUDASIM_LAUNCH_QUEUE=N bounds each stream's queue at N pieces of work, as a GPU's launch queue
+is bounded: one more blocks the host until the oldest have run, with no deadline (behind a
+collective that waits for a dead peer, for good: what llmc/multi_gpu.h's watchdog is for).
 
 What it does not model: work running while the host goes on (queued work runs only inside a
 synchronizing call, so a race between the host and a kernel shows only through pinned

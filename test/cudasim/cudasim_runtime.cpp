@@ -516,6 +516,27 @@ static void add_unfinished(std::vector<std::shared_ptr<Completion>>* after, cons
     if (c != nullptr && !c->done) { after->push_back(c); }
 }
 
+static bool drain_until(const std::function<bool()>& satisfied, double deadline);
+
+/*
+CUDASIM_LAUNCH_QUEUE=N: at most N pieces of work pending on a stream. Enqueuing one more blocks
+the host until the stream's oldest have run, as a GPU's launch queue (about a thousand entries)
+blocks it, and as there with no deadline: behind a collective that waits for a dead peer it
+blocks for good, and only a watchdog thread can end the process (llmc/multi_gpu.h). Unset or
+0: no limit (work waits until the host observes it).
+*/
+static size_t launch_queue_limit() {
+    static const size_t limit = [] {
+        const char* text = getenv("CUDASIM_LAUNCH_QUEUE");
+        if (text == nullptr || text[0] == '\0') { return (size_t)0; }
+        char* end = nullptr;
+        long value = strtol(text, &end, 10);
+        if (*end != '\0' || value < 0) { fail(std::string("CUDASIM_LAUNCH_QUEUE=") + text + ": expected a count >= 0"); }
+        return (size_t)value;
+    }();
+    return limit;
+}
+
 std::shared_ptr<Completion> enqueue(cudaStream_t handle, const char* what, StreamWork work,
                                     std::shared_ptr<Completion> after) {
     if (draining) { fail(std::string("enqueue of ") + what + " from work that a stream runs"); }
@@ -534,6 +555,12 @@ std::shared_ptr<Completion> enqueue(cudaStream_t handle, const char* what, Strea
     }
     stream->last = queued.completion;
     stream->queue.push_back(std::move(queued));
+    const size_t limit = launch_queue_limit();
+    if (limit > 0 && stream->queue.size() > limit) {  // the host blocks, with no deadline
+        while (!drain_until([stream, limit] { return stream->queue.size() <= limit; }, now_seconds() + 0.1)) {
+            usleep(1000);
+        }
+    }
     return stream->last;
 }
 
