@@ -1192,6 +1192,7 @@ int main(int argc, char** argv) {
     if (tc.hellaswag) { evalloader_init(&eval_loader, "dev/data/hellaswag/hellaswag_val.bin", tc.B, tc.T, rank, num_ranks,
                                     model_config.vocab_size); }
     Tokenizer tokenizer;
+    train_config_check_tokenizer(&tc);
     tokenizer_init(&tokenizer, tc.tokenizer_path);
     LearningRateScheduler lr_scheduler;
     lr_scheduler_init(&lr_scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, train_num_batches, tc.final_lr_frac);

@@ -404,6 +404,15 @@ static inline int train_config_check_batch(TrainConfig* c, const GPT2Config* mod
     return c->total_batch_size / tokens_per_micro_step;
 }
 
+// a -tk the user gave must exist; the default one may be missing (samples then print token ids)
+static inline void train_config_check_tokenizer(const TrainConfig* c) {
+    const char* default_path = train_config_defaults().tokenizer_path;
+    if (strcmp(c->tokenizer_path, default_path) != 0 && !file_exists(c->tokenizer_path)) {
+        llm8_die("flag -tk %s: no such tokenizer file (leave -tk out to print token ids where %s is missing)",
+                 c->tokenizer_path, default_path);
+    }
+}
+
 static inline int train_config_uses_adamw8(const TrainConfig* c) { return strcmp(c->optimizer, "adamw8") == 0; }
 
 static inline uint32_t fingerprint_add(uint32_t hash, const void* data, size_t bytes) {  // FNV-1a

@@ -148,6 +148,11 @@ class TestBadInput:
         assert_one_line_error(run(binary, base_args(data, ["-e", data / "model_dir.bin"])), "model_dir.bin",
                               "a directory, not a regular file")
 
+    def test_missing_tokenizer_given_with_tk(self, binary, data):
+        if binary == CPU:
+            pytest.skip("the CPU trainer prints no samples: -tk has no effect there")
+        assert_one_line_error(run(binary, base_args(data, ["-tk", data / "no_tokenizer.bin"])), "-tk", "no_tokenizer.bin")
+
     def test_data_glob_matching_a_directory(self, binary, data):
         (data / "d_train_000002.bin").mkdir()
         assert_one_line_error(run(binary, base_args(data)), "d_train_000002.bin", "a directory, not a regular file")
