@@ -6,8 +6,58 @@
 #   to scripts/slurm_gpt2.sbatch);
 # - builds train_gpt2_fp8, then runs it (LLM8_TRAINER names another trainer binary, built
 #   already: e.g. ./train_gpt2cpu, which shares the flags, as the tests run these scripts);
-#   a failed run resumes (-y 1) from its last complete checkpoint, up to 3 attempts. The
-#   user's extra flags come last, so they win.
+#   a failed run resumes (-y 1) from its last complete checkpoint, up to 3 attempts; one
+#   stopped by a signal (Ctrl-C: exit status 130, kill: 143) is not retried. The user's extra
+#   flags come last, so they win;
+# - llm.c's -b fills -d in one micro-step on 8 GPUs: on more (or where B*T*GPUs does not divide
+#   -d) the largest -b below it that does, unless the user's flags set -b (fit_micro_batch).
+# needs bash 4.3+ (a nameref)
+
+# fit_micro_batch FLAGS_ARRAY_NAME NUM_GPUS USER_FLAGS...: lowers -b in the named array so that
+# B*T*NUM_GPUS divides -d, the total batch staying llm.c's; nothing if it divides already, if the
+# user gave -b, or if no -b fits (the trainer then says why in one line)
+fit_micro_batch() {
+    local -n script_flags="$1"
+    local num_gpus="$2"
+    shift 2
+    local all=("${script_flags[@]}" "$@") b="" t="" d="" arg i
+    for (( i = 0; i + 1 < ${#all[@]}; i++ )); do
+        case "${all[i]}" in
+            -b) b="${all[i + 1]}" ;;
+            -t) t="${all[i + 1]}" ;;
+            -d) d="${all[i + 1]}" ;;
+        esac
+    done
+    for arg in "$@"; do [[ "$arg" == -b ]] && return 0; done
+    [[ "$b" =~ ^[0-9]+$ && "$t" =~ ^[0-9]+$ && "$d" =~ ^[0-9]+$ ]] || return 0
+    (( b > 0 && t > 0 && d % (b * t * num_gpus) == 0 )) && return 0
+    local fit="$b"
+    while (( fit > 1 && d % (fit * t * num_gpus) != 0 )); do fit=$(( fit - 1 )); done
+    (( d % (fit * t * num_gpus) == 0 )) || return 0
+    echo "run_gpt2: -b $b x -t $t on $num_gpus GPUs does not divide -d $d: -b $fit per GPU (the total batch stays)" >&2
+    for (( i = 0; i + 1 < ${#script_flags[@]}; i++ )); do
+        [[ "${script_flags[i]}" == -b ]] && script_flags[i + 1]="$fit"
+    done
+    return 0
+}
+
+# drop_missing_tokenizer FLAGS_ARRAY_NAME: a run script's -tk names the tokenizer file its data
+# script writes; shards made elsewhere (llm.c's own scripts) come without it, and the trainer
+# refuses a -tk that does not exist, so the pair goes and samples print token ids
+drop_missing_tokenizer() {
+    local -n script_flags="$1"
+    local kept=() i
+    for (( i = 0; i < ${#script_flags[@]}; i++ )); do
+        if [[ "${script_flags[i]}" == -tk && $(( i + 1 )) -lt ${#script_flags[@]} && ! -e "${script_flags[i + 1]}" ]]; then
+            echo "run_gpt2: no tokenizer file ${script_flags[i + 1]} (the data scripts in dev/data/ write it): samples print token ids" >&2
+            i=$(( i + 1 ))
+            continue
+        fi
+        kept+=("${script_flags[i]}")
+    done
+    script_flags=("${kept[@]}")
+}
+
 run_gpt2() {
     local out_dir="${OUT_DIR:-$1}"
     shift
@@ -21,11 +71,20 @@ run_gpt2() {
         launch=(bash "${LLM8_LAUNCHER:-scripts/launch_one_node.sh}" -n "$num_gpus" --)
         zero_stage=1
     fi
+    fit_micro_batch flags "$num_gpus" "$@"
+    drop_missing_tokenizer flags
     local trainer="${LLM8_TRAINER:-./train_gpt2_fp8}"
     [[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
+    local status=0 attempt
     for attempt in 1 2 3; do
-        "${launch[@]}" "$trainer" "${flags[@]}" -o "$out_dir" -y 1 -z "$zero_stage" "$@" && return 0
-        echo "$(basename "$0"): trainer failed (attempt $attempt of 3)" >&2
+        status=0
+        "${launch[@]}" "$trainer" "${flags[@]}" -o "$out_dir" -y 1 -z "$zero_stage" "$@" || status=$?
+        (( status == 0 )) && return 0
+        if (( status == 130 || status == 143 )); then
+            echo "$(basename "$0") (-o $out_dir): stopped by a signal (exit status $status), not retried" >&2
+            return "$status"
+        fi
+        echo "$(basename "$0") (-o $out_dir): trainer failed with exit status $status (attempt $attempt of 3)" >&2
     done
-    return 1
+    return "$status"
 }

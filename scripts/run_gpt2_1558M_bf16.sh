@@ -11,7 +11,8 @@
 # Data: python dev/data/fineweb.py --type edu --version 100B   (writes dev/data/edu_fineweb100B/)
 #       python dev/data/hellaswag.py                  (for -h 1)
 # GPUs: NUM_GPUS=8 bash scripts/run_gpt2_1558M_bf16.sh runs it on 8 GPUs (scripts/launch_one_node.sh: mpirun, else -pi fs); the total batch
-#       (-d) stays the same and gradient accumulation adapts to the number of GPUs.
+#       (-d) stays the same: gradient accumulation adapts to the number of GPUs, and where -b x -t x GPUs
+#       would not divide -d (above 8 GPUs) -b shrinks to fit (scripts/run_common.sh).
 # Extra arguments are passed to the trainer after these flags (later flags win).
 # A failed run resumes (-y 1) from its last complete checkpoint (3 attempts in all, scripts/run_common.sh).
 set -euo pipefail

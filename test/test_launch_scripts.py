@@ -531,7 +531,7 @@ def test_slurm_a_failed_step_is_retried_as_new_steps_not_new_batch_runs(slurm):
     rc, out, err = sbatch(env, job, STUB_RANK_1="0 1")
     assert rc == 1, err
     assert len((env.log / "run_script.log").read_text().splitlines()) == 1
-    assert "counting_run.sh: trainer failed (attempt 3 of 3)" in err
+    assert "trainer failed with exit status 1 (attempt 3 of 3)" in err and err.startswith("counting_run.sh (-o "), err
     check_srun_steps(env, 3)
     recs = env.records()
     assert len(recs) == 12
@@ -602,3 +602,66 @@ def test_sim_trainer_two_ranks_through_slurm(slurm, sim_data, tmp_path):
     check = env.records("srun")
     assert len(check) == 1 and check[0]["args"][0] == "--ntasks=2"
     assert not (checkout / "llm8_nccl").exists()
+
+
+# ---- run_common.sh on its own: the micro-batch fit and the retries ---------------------------------
+
+RUN_COMMON_STUB_LAUNCHER = r"""#!/usr/bin/env bash
+echo "$*" >> "$STUB_LOG/launcher.log"
+exit "${STUB_STATUS:-0}"
+"""
+
+
+def run_common(tmp_path, num_gpus, user_args=(), status=0, tokenizer="tokenizer.bin"):
+    """run_gpt2 with llm.c's 124M batch flags, its launcher a stub that logs its arguments and exits with `status`;
+    returns (exit status, stderr, the launcher's argument lines)"""
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text(RUN_COMMON_STUB_LAUNCHER)
+    script = ('source "$ROOT/scripts/run_common.sh"; '
+              'run_gpt2 out_default -e d12 -tk "$TOKENIZER" -b 64 -t 1024 -d 524288 -l 0.0006 -- "$@"')
+    env = dict(os.environ, ROOT=ROOT, STUB_LOG=str(tmp_path), LLM8_LAUNCHER=str(launcher), LLM8_TRAINER="trainer",
+               NUM_GPUS=str(num_gpus), STUB_STATUS=str(status), TOKENIZER=tokenizer)
+    (tmp_path / "tokenizer.bin").write_bytes(b"")
+    r = subprocess.run(["bash", "-c", script, "run_stub.sh"] + list(user_args), env=env, capture_output=True, text=True,
+                       timeout=30, cwd=tmp_path)
+    log = tmp_path / "launcher.log"
+    return r.returncode, r.stderr, log.read_text().splitlines() if log.exists() else []
+
+
+def flag_value(line, flag):
+    words = line.split()
+    return [words[i + 1] for i in range(len(words) - 1) if words[i] == flag][-1]
+
+
+@pytest.mark.parametrize("num_gpus,user_args,expected_b", [
+    (8, [], "64"),              # llm.c's 8 GPUs: 64 x 1024 x 8 = -d, one micro-step
+    (2, [], "64"),              # fewer: gradient accumulation
+    (16, [], "32"),             # more: the per-GPU micro-batch shrinks, -d stays
+    (64, [], "8"),
+    (16, ["-b", "16"], "16"),   # the user's -b wins, untouched
+], ids=["8", "2", "16", "64", "user-b"])
+def test_run_common_fits_the_micro_batch_to_the_gpus(tmp_path, num_gpus, user_args, expected_b):
+    rc, err, lines = run_common(tmp_path, num_gpus, user_args)
+    assert rc == 0 and len(lines) == 1, err
+    assert flag_value(lines[0], "-b") == expected_b and flag_value(lines[0], "-d") == "524288", lines[0]
+    assert ("does not divide -d 524288" in err) == (expected_b not in ("64",) and not user_args), err
+
+
+@pytest.mark.parametrize("status,attempts", [(1, 3), (130, 1), (143, 1)], ids=["failure", "sigint", "sigterm"])
+def test_run_common_retries_failures_but_not_signals(tmp_path, status, attempts):
+    """a failed run resumes up to 3 times; one stopped by Ctrl-C or kill (a launcher exits 130 or 143 after stopping
+    its ranks) is not started again, and the status comes back"""
+    rc, err, lines = run_common(tmp_path, 2, status=status)
+    assert rc == status and len(lines) == attempts, (rc, err)
+    assert ("not retried" in err) == (attempts == 1), err
+
+
+def test_run_common_drops_a_missing_tokenizer(tmp_path):
+    """shards made by llm.c's scripts come without gpt2_tokenizer.bin: the run script's -tk goes (the trainer refuses
+    a -tk that does not exist), with a note; an existing one stays"""
+    (tmp_path / "missing").mkdir()
+    rc, err, lines = run_common(tmp_path / "missing", 2, tokenizer="missing_tokenizer.bin")
+    assert rc == 0 and "-tk" not in lines[0].split() and "no tokenizer file missing_tokenizer.bin" in err, (lines, err)
+    (tmp_path / "present").mkdir()
+    rc, err, lines = run_common(tmp_path / "present", 2)
+    assert rc == 0 and flag_value(lines[0], "-tk") == "tokenizer.bin" and "no tokenizer file" not in err, (lines, err)
