@@ -96,6 +96,9 @@ typedef struct {
 
 #define FP8_LAYER_SLOTS 2  // one layer in use, the next one arriving
 
+// the operand of each group of states (and records): [0, n) x, [n, 2n) dy, [2n, 3n) W
+static const char* const FP8_MODEL_STATE_GROUPS[3] = {"x", "dy", "w"};
+
 typedef struct {
     Fp8Settings settings;
     int BT;
@@ -827,6 +830,18 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
             fp8_model_check_saved_scaling(path, "-fg", &host->states[fp8->num_linears + i], want_dy == FP8_RECIPE_DELAYED);
         }
     }
+    Fp8TensorScaling* fresh = (Fp8TensorScaling*)mallocCheck(n * sizeof(Fp8TensorScaling));
+    fp8_model_init_states(fp8, fresh);
+    for (size_t i = 0; i < n; i++) {
+        const char* error = fp8_scaling_loaded_error(&host->states[i], &fresh[i]);
+        if (error != NULL) {
+            size_t linear = i % (size_t)fp8->num_linears;
+            llm8_die("state file '%s': the FP8 scaling state of %s of linear %zu (%s) is corrupt: %s", path,
+                     FP8_MODEL_STATE_GROUPS[i / (size_t)fp8->num_linears], linear,
+                     LINEAR_KIND_NAMES[fp8->linears[linear].kind], error);
+        }
+    }
+    free(fresh);
     cudaCheck(cudaMemcpyAsync(fp8->states, host->states, n * sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaMemcpyAsync(fp8->records, host->records, n * sizeof(Fp8CastRecord), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaStreamSynchronize(stream));  // host is the caller's to free
@@ -865,7 +880,7 @@ void fp8_model_log_numerics(Fp8Model* fp8, int step, cudaStream_t stream) {
     Fp8TensorScaling* states = (Fp8TensorScaling*)mallocCheck((size_t)3 * n * sizeof(Fp8TensorScaling));
     cudaCheck(cudaMemcpyAsync(states, fp8->states, (size_t)3 * n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToHost, stream));
     fp8_cast_records_read(stats, fp8->records, 3 * n, stream);  // synchronizes the stream
-    const char* operands[3] = {"x", "dy", "w"};
+    const char* const* operands = FP8_MODEL_STATE_GROUPS;
     for (int t = 0; t < 3 * n; t++) {
         const Fp8Linear* lin = &fp8->linears[t % n];
         const Fp8CastStats* s = &stats[t];

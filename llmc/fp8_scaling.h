@@ -68,7 +68,9 @@ typedef struct {
     int32_t nonfinite_count; // updates whose amax was Inf/NaN, skipped
 } Fp8TensorScaling;
 
-// fp8_max / max(amax, 1e-12) / 2^margin, bit-identical on host and device
+// fp8_max / max(amax, 1e-12) / 2^margin, bit-identical on host and device; at least the
+// smallest normal float, 2^-126, so that 1/scale (cuBLASLt's scale_inv) stays finite: a finite
+// amax near FLT_MAX under a margin of 16 would make it a subnormal and its inverse +Inf
 LLMC_HD float fp8_scale_from_amax(float amax, float fp8_max, int margin) {
     float clamped = amax > FP8_AMAX_FLOOR ? amax : FP8_AMAX_FLOOR;
 #ifdef __CUDA_ARCH__
@@ -76,7 +78,9 @@ LLMC_HD float fp8_scale_from_amax(float amax, float fp8_max, int margin) {
 #else
     float scale = fp8_max / clamped;
 #endif
-    return scale * bits_as_float((uint32_t)(127 - margin) << 23);  // * 2^-margin, exact
+    float scaled = scale * bits_as_float((uint32_t)(127 - margin) << 23);  // * 2^-margin, exact above 2^-126
+    const float smallest_normal = bits_as_float(0x00800000u);
+    return scaled >= smallest_normal ? scaled : smallest_normal;
 }
 
 LLMC_HD float fp8_reciprocal(float scale) {
@@ -143,6 +147,28 @@ LLMC_HD void fp8_scaling_init_weight(Fp8TensorScaling* s, int delayed, int histo
 static inline const char* fp8_scaling_config_error(int history_len, int margin) {
     if (history_len < 1 || history_len > FP8_AMAX_HISTORY_MAX) { return "amax history length must be in 1..1024"; }
     if (margin < 0 || margin > FP8_MARGIN_MAX) { return "margin must be in 0..16"; }
+    return NULL;
+}
+
+/*
+What is wrong with a scaling state read from a state file (NULL: nothing), against `fresh`, the
+state this run's settings initialize it to: the same recipe, format, history length and margin,
+a ring position inside the history, counts >= 0, a finite positive scale with its own inverse,
+finite non-negative amaxes in the recorded part of the ring. Anything else (a corrupt or
+foreign file) would index past the ring or cast with a scale of 0, Inf or NaN.
+*/
+static inline const char* fp8_scaling_loaded_error(const Fp8TensorScaling* s, const Fp8TensorScaling* fresh) {
+    if (s->recipe != fresh->recipe || s->fp8_max != fresh->fp8_max) { return "its recipe or format is not this run's"; }
+    if (s->history_len != fresh->history_len || s->margin != fresh->margin) { return "its history length or margin is not this run's"; }
+    if (s->position < 0 || s->position >= s->history_len) { return "its ring position lies outside its history"; }
+    if (s->recorded < 0 || s->nonfinite_count < 0) { return "a negative count"; }
+    if (!(isfinite(s->scale) && s->scale > 0.0f) || s->scale_inv != fp8_reciprocal(s->scale)) {
+        return "its scale is not a finite positive number with its inverse";
+    }
+    int valid = s->recorded < s->history_len ? s->recorded : s->history_len;
+    for (int i = 0; i < valid; i++) {
+        if (!(isfinite(s->amax_history[i]) && s->amax_history[i] >= 0.0f)) { return "a recorded amax that is not finite and >= 0"; }
+    }
     return NULL;
 }
 

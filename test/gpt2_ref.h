@@ -850,6 +850,24 @@ static inline void gpt2ref_set_fp8_emulation(GPT2Ref* model, const Fp8Emulation*
     }
 }
 
+// the scaling states just read from a state file against fresh ones of the same settings
+// (fp8_scaling_loaded_error); one line naming the file and the state on the first bad one
+static inline void gpt2ref_check_loaded_fp8(const GPT2Ref* model, const char* path) {
+    if (model->fp8_linears == NULL) { return; }
+    int count = 4 * model->config.num_layers + 1;
+    for (int i = 0; i < count; i++) {
+        Fp8LinearState fresh;
+        fp8_linear_state_init(&fresh, &model->fp8_config, i == count - 1 ? FP8_LINEAR_LM_HEAD : i % 4);
+        for (int operand = 0; operand < FP8_NUM_OPERANDS; operand++) {
+            const char* error = fp8_scaling_loaded_error(&model->fp8_linears[i].scaling[operand], &fresh.scaling[operand]);
+            if (error != NULL) {
+                llm8_die("state file '%s': the FP8 scaling state of %s of linear %d is corrupt: %s", path,
+                         FP8_OPERAND_NAMES[operand], i, error);
+            }
+        }
+    }
+}
+
 // the FP8 state of one linear (layer is ignored for lm_head); NULL when it runs in fp32
 static inline Fp8LinearState* gpt2ref_fp8_linear(GPT2Ref* model, int layer, int kind) {
     if (model->fp8_linears == NULL || model->fp8_config.passes[kind] == 0) { return NULL; }

@@ -45,6 +45,17 @@ static void test_scale_formula(void) {
     CHECK(isfinite(zero_scale) && zero_scale == FP8_E4M3_MAX / 1e-12f, "scale(0)=%g is not 448/1e-12", zero_scale);
     CHECK(fp8_scale_from_amax(1e-30f, FP8_E5M2_MAX, 0) == FP8_E5M2_MAX / 1e-12f, "amax below the floor not clamped");
     CHECK(isfinite(fp8_reciprocal(zero_scale)) && fp8_reciprocal(zero_scale) > 0.0f, "1/scale(0) is not a positive float");
+    // a finite amax near FLT_MAX under the largest margin: the scale stops at the smallest normal
+    // float, so 1/scale (the GEMMs' dequantization scale) stays finite, and the amax still fits
+    for (int format = 0; format < 2; format++) {
+        float fmax = format == 0 ? FP8_E4M3_MAX : FP8_E5M2_MAX;
+        float huge = fp8_scale_from_amax(3.0e38f, fmax, FP8_MARGIN_MAX);
+        CHECK(huge == bits_as_float(0x00800000u) && isfinite(fp8_reciprocal(huge)),
+              "scale(3e38, margin 16) = %g, 1/scale = %g: expected 2^-126 and a finite inverse", huge, fp8_reciprocal(huge));
+        Fp8Format f = format == 0 ? FP8_E4M3 : FP8_E5M2;
+        CHECK(fp8_classify(3.0e38f, huge, fp8_quantize(3.0e38f, huge, f), f) == FP8_ELEMENT_REPRESENTED,
+              "the amax saturates under the clamped scale");
+    }
     // with the scale, the amax element itself lands on max (within rounding), never saturated
     mt19937_state rng;
     manual_seed(&rng, 5);

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 
@@ -123,6 +124,23 @@ def test_resume_with_other_fp8_settings_is_refused(workdir, changed, expected):
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and all(e in errors[0] for e in expected), r.stderr[-2000:]
     assert not (out / "DONE_00000002").exists()
+
+
+def test_resume_from_a_corrupt_fp8_scaling_state_is_refused(workdir):
+    """the state file's first FP8 scaling state (x of linear 0) with its ring position past its history: the next
+    update would write past the ring on the GPU; instead one line names the file and the state"""
+    out = workdir / "fp8_corrupt_scaling"
+    r = train(workdir, ["-p", "fp8", "-x", 1, "-v", 0, "-s", 0, "-n", 1, "-o", out])
+    assert r.returncode == 0, r.stderr[-2000:]
+    state = out / "state_00000001_00000.bin"
+    blob = state.read_bytes()
+    at = blob.index(b"fp8_scaling\0") + 24 + 4096 + 16 + 12  # tag, size, then Fp8TensorScaling's position
+    state.write_bytes(blob[:at] + struct.pack("<i", 5000) + blob[at + 4:])
+    r = train(workdir, ["-p", "fp8", "-x", 2, "-v", 0, "-s", 0, "-n", 1, "-o", out, "-y", 1])
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode != 0 and len(errors) == 1, r.stderr[-2000:]
+    assert "state_00000001_00000.bin" in errors[0] and "scaling state of x of linear 0 (qkv)" in errors[0], errors
+    assert "ring position lies outside its history" in errors[0], errors
 
 
 def test_delayed_gradient_scaling_is_honoured(workdir):

@@ -632,6 +632,33 @@ def test_cpu_resume_from_corrupt_state_file_refused(data, tmp_path, corruption):
     assert_one_line_error(r2, "state_00000001_00000.bin", *fragments)
 
 
+# Fp8TensorScaling (llmc/fp8_scaling.h): amax_history[1024] floats, then scale, scale_inv, fp8_max, last_amax,
+# then int32 recipe, history_len, margin, position, recorded, nonfinite_count; the emulation's Fp8LinearState
+# (gpt2_ref.h) starts with an int, then its x state
+SCALING_HISTORY_BYTES = 4096
+SCALING_FIELDS = {"position": SCALING_HISTORY_BYTES + 16 + 12, "scale": SCALING_HISTORY_BYTES}
+SCALING_CORRUPTIONS = {
+    "position_past_the_ring": ("position", struct.pack("<i", 5000), "ring position lies outside its history"),
+    "scale_zero": ("scale", struct.pack("<f", 0.0), "not a finite positive number"),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(SCALING_CORRUPTIONS))
+def test_cpu_resume_from_corrupt_fp8_scaling_state_refused(data, tmp_path, corruption):
+    """a scaling state whose ring position lies past its history (the next update would write past the ring) or
+    whose scale is 0 (casts to nothing, an Inf dequantization): one line naming the state file and the state"""
+    field, value, message = SCALING_CORRUPTIONS[corruption]
+    common = ["-p", "fp8", "-n", 1, "-o", tmp_path / "out"]
+    r1 = run(CPU, base_args(data, common + ["-x", 1]))
+    assert r1.returncode == 0, r1.stderr
+    state = tmp_path / "out" / "state_00000001_00000.bin"
+    blob = state.read_bytes()
+    at = blob.index(b"fp8emu_linears\0") + 24 + 4 + SCALING_FIELDS[field]  # tag 16, size 8, the linear's int
+    state.write_bytes(blob[:at] + value + blob[at + 4:])
+    r2 = run(CPU, base_args(data, common + ["-x", 3, "-y", 1]))
+    assert_one_line_error(r2, "state_00000001_00000.bin", "FP8 scaling state of x of linear 0", message)
+
+
 @pytest.mark.parametrize("field", ["weight_scaling", "grad_scaling"])
 def test_cpu_resume_from_corrupt_fp8_config_refused(data, tmp_path, field):
     """the emulation's settings section (Fp8Emulation, gpt2_ref.h: recipe, passes[5], history, margin,

@@ -158,6 +158,7 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
                  fp8_config.history_len, fp8_config.margin, fp8_scaling_choice_name(fp8_config.weight_scaling),
                  fp8_config.weight_scaling, fp8_scaling_choice_name(fp8_config.grad_scaling), fp8_config.grad_scaling);
     }
+    gpt2ref_check_loaded_fp8(model, path);
     return step;
 }
 
