@@ -792,6 +792,7 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
     cudaCheck(cudaMemsetAsync(model->acts.losses, 0, BT * sizeof(float), stream));
     profiler_mark("zero grads");
     float dloss = 1.0f / (float)(BT * grad_accum_steps);
+    fp8_model_begin_step(&model->fp8, stream);
     for (int micro = 0; micro < grad_accum_steps; micro++) {
         if (!reuse_batch) { dataloader_next_batch(loader); }
         gpt2_forward(model, loader->inputs, loader->targets, dloss, 1, stream);
@@ -811,6 +812,8 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
             fp8_model_weights_after_update(&model->fp8, model->master, model->params, stream);
             profiler_mark("fp8 weight casts");
         }
+    } else {
+        fp8_model_discard_step(&model->fp8, stream);  // nor in the FP8 scaling
     }
     return r;
 }

@@ -111,6 +111,8 @@ typedef struct {
     Fp8CastRecord* records;              // device, beside the states
     Fp8TensorScaling* saved_states;      // the snapshot of fp8_model_begin_eval
     Fp8CastRecord* saved_records;
+    Fp8TensorScaling* step_states;       // the states before this training step (fp8_model_begin_step)
+    int step_x_seeded, step_dy_seeded;
     int x_seeded;                        // every state of a cast activation has been updated (host mirror)
     int dy_seeded;                       // every state of a cast output gradient has been updated (host mirror)
     int saved_x_seeded;
@@ -295,6 +297,7 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     fp8->records = (Fp8CastRecord*)fp8_model_carve(base, &offset, states * sizeof(Fp8CastRecord));
     fp8->saved_states = (Fp8TensorScaling*)fp8_model_carve(base, &offset, states * sizeof(Fp8TensorScaling));
     fp8->saved_records = (Fp8CastRecord*)fp8_model_carve(base, &offset, states * sizeof(Fp8CastRecord));
+    fp8->step_states = (Fp8TensorScaling*)fp8_model_carve(base, &offset, states * sizeof(Fp8TensorScaling));
     for (int i = 0; i < fp8->num_linears; i++) {
         Fp8Linear* lin = &fp8->linears[i];
         size_t K = (size_t)lin->K, OC = (size_t)lin->OC;
@@ -736,6 +739,27 @@ void fp8_model_end_eval(Fp8Model* fp8, cudaStream_t stream) {
     cudaCheck(cudaMemcpyAsync(fp8->states, fp8->saved_states, n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToDevice, stream));
     cudaCheck(cudaMemcpyAsync(fp8->records, fp8->saved_records, n * sizeof(Fp8CastRecord), cudaMemcpyDeviceToDevice, stream));
     fp8->x_seeded = fp8->saved_x_seeded;
+}
+
+// ----------------------------------------------------------------------------
+// a skipped training step leaves no trace in the scaling (fp8_scaling_restore says why): the
+// states are put back, all but their non-finite counts; the records keep what the casts saw,
+// for the numerics log
+
+void fp8_model_begin_step(Fp8Model* fp8, cudaStream_t stream) {
+    size_t n = (size_t)3 * fp8->num_linears;
+    if (n == 0) { return; }
+    cudaCheck(cudaMemcpyAsync(fp8->step_states, fp8->states, n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToDevice, stream));
+    fp8->step_x_seeded = fp8->x_seeded;
+    fp8->step_dy_seeded = fp8->dy_seeded;
+}
+
+void fp8_model_discard_step(Fp8Model* fp8, cudaStream_t stream) {
+    int n = 3 * fp8->num_linears;
+    if (n == 0) { return; }
+    fp8_scaling_restore_states(fp8->states, fp8->step_states, n, stream);
+    fp8->x_seeded = fp8->step_x_seeded;  // a skipped first step seeds nothing: the next one takes the seeding path
+    fp8->dy_seeded = fp8->step_dy_seeded;
 }
 
 // ----------------------------------------------------------------------------

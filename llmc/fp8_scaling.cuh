@@ -217,6 +217,19 @@ __global__ void fp8_scaling_update_records_kernel(Fp8TensorScaling* states, Fp8C
     records[i].amax_bits = 0u;
 }
 
+// one thread per tensor: the state from before a skipped step (fp8_scaling_restore)
+__global__ void fp8_scaling_restore_kernel(Fp8TensorScaling* states, const Fp8TensorScaling* before, int count) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) { fp8_scaling_restore(&states[i], &before[i]); }
+}
+
+void fp8_scaling_restore_states(Fp8TensorScaling* states, const Fp8TensorScaling* before, int count, cudaStream_t stream) {
+    if (count <= 0) { llm8_die("fp8_scaling_restore_states: count %d must be positive", count); }
+    const int block_size = 128;
+    fp8_scaling_restore_kernel<<<ceil_div(count, block_size), block_size, 0, stream>>>(states, before, count);
+    cudaCheck(cudaGetLastError());
+}
+
 // states[0..count) and records[0..count) side by side (pass &states[first], &records[first])
 void fp8_scaling_update_records(Fp8TensorScaling* states, Fp8CastRecord* records, int count, cudaStream_t stream) {
     if (count <= 0) { llm8_die("fp8_scaling_update_records: count %d must be positive", count); }

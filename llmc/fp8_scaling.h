@@ -211,6 +211,18 @@ LLMC_HD void fp8_scaling_update(Fp8TensorScaling* s, float amax) {
 }
 
 /*
+A skipped step leaves no trace in the scaling: its updates are undone by putting back the state
+from before the step, all but the count of non-finite amaxes (the numerics log reports those).
+A finite spike the step saw (a loss outlier skipped by -sl, the finite amaxes upstream of an
+overflow) would otherwise hold the delayed scales down for a whole history of uses.
+*/
+LLMC_HD void fp8_scaling_restore(Fp8TensorScaling* s, const Fp8TensorScaling* before) {
+    int32_t nonfinite_count = s->nonfinite_count;
+    *s = *before;
+    s->nonfinite_count = nonfinite_count;
+}
+
+/*
 What one cast did, for the numerics log: the amax seen, the scale used, and the fractions
 of elements saturated and flushed to zero (fp8_classify). Producers count with
 fp8_cast_stats_add (the GPU: per-block counts, then one atomicAdd per block).

@@ -7,6 +7,7 @@ block recipe) and 997 tokens (like 50257, not a multiple of 8 or 128): a step of
 hundred tokens takes about a second on the CPU.
 """
 import os
+import struct
 import subprocess
 
 import numpy as np
@@ -92,3 +93,11 @@ def write_hellaswag(path, num_examples=8, vocab=VOCAB, seed=3):
     with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(np.array(stream, dtype=np.uint16).tobytes())
+
+
+def state_section(path, tag):
+    """the bytes of a state file's tagged section (llmc/checkpoint.h: a 16-byte tag, a uint64 size, the bytes)"""
+    blob = path.read_bytes()
+    at = blob.index(tag.encode() + b"\0")
+    size = struct.unpack_from("<Q", blob, at + 16)[0]
+    return blob[at + 24: at + 24 + size]

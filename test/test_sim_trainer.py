@@ -38,7 +38,7 @@ import pytest
 
 import sim_model
 
-from sim_model import SIM_TRAINER, train
+from sim_model import SIM_TRAINER, state_section, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
@@ -273,6 +273,11 @@ def test_outlier_step_is_skipped_after_a_resume(workdir):
                        r"update skipped", r.stdout, re.M)
     assert skips == ["141"], r.stdout[-3000:]
     assert (out / "model_00000141.bin").read_bytes() == (out / "model_00000140.bin").read_bytes()
+    # nor in the FP8 scaling: the spike's activation amaxes are not in the histories (the records keep them, for the log)
+    before, after = (state_section(out / f"state_{step:08d}_00000.bin", tag) for step in (140, 141) for tag in ("fp8_scaling",))
+    assert before == after, "the skipped step changed the FP8 scaling states"
+    assert state_section(out / "state_00000140_00000.bin", "fp8_records") != state_section(out / "state_00000141_00000.bin",
+                                                                                          "fp8_records")
 
 
 def test_block_recipe_at_a_width_not_a_multiple_of_128(workdir):

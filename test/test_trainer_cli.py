@@ -745,6 +745,24 @@ def test_cpu_outlier_steps_are_skipped(tmp_path, flag, quantity):
     assert "outliers |" not in off.stdout
 
 
+def test_cpu_fp8_skipped_step_leaves_the_scaling_as_it_was(tmp_path):
+    """-p fp8 -sl 3: the skipped spike step saw activations far outside the history, but its amaxes are not kept:
+    every scaling state (the 3 of each linear, Fp8TensorScaling after the linear's int, 4136 bytes each) in step
+    141's checkpoint is step 140's, byte for byte (its non-finite counts too: the spike is finite)"""
+    out = tmp_path / "fp8"
+    r = run(CPU, spike_args(tmp_path, ["-p", "fp8", "-sl", 3, "-x", SPIKE_STEP, "-n", 1, "-nk", 2, "-o", out]), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert list(skipped_steps(r.stdout)) == [SPIKE_STEP], r.stdout[-3000:]
+    from sim_model import state_section
+    before, after = (state_section(out / f"state_{step:08d}_00000.bin", "fp8emu_linears") for step in (SPIKE_STEP - 1, SPIKE_STEP))
+    linears = 4 * 1 + 1
+    stride = len(before) // linears
+    for i in range(linears):
+        scaling = slice(i * stride + 4, i * stride + 4 + 3 * 4136)
+        assert before[scaling] == after[scaling], f"linear {i}: the skipped step changed its scaling states"
+    assert before != after, "the step's casts left no statistics (the test would not see a change)"
+
+
 def test_cpu_outlier_windows_resume_bitwise(tmp_path):
     """the windows are in the state file: a run checkpointed at step 135 and resumed skips exactly the steps the
     uninterrupted run skips (without the windows it would have none to judge by) and ends on the same model; a

@@ -80,6 +80,18 @@ static float cpu_val_loss(GPT2Ref* model, DataLoader* loader, int batches, int B
     return (float)(sum / batches);
 }
 
+// a skipped step leaves no trace in the FP8 scaling (fp8_scaling_restore, as
+// fp8_model_discard_step on the GPU): each state as it was before the step, all but its
+// non-finite count; the linears' last-cast statistics keep what the step saw
+static void cpu_fp8_discard_step(GPT2Ref* model, const Fp8LinearState* before) {
+    if (model->fp8_linears == NULL) { return; }
+    for (size_t i = 0; i < cpu_fp8_num_linears(model); i++) {
+        for (int operand = 0; operand < FP8_NUM_OPERANDS; operand++) {
+            fp8_scaling_restore(&model->fp8_linears[i].scaling[operand], &before[i].scaling[operand]);
+        }
+    }
+}
+
 // ----------------------------------------------------------------------------
 // the optimizer: fp32 AdamW in the model (adam_m, adam_v), or adamw8's host states
 
@@ -246,6 +258,8 @@ int main(int argc, char** argv) {
     printf("\n");
 
     outlier_skip_print_settings(&outliers);
+    size_t step_fp8_bytes = model.fp8_linears != NULL ? cpu_fp8_num_linears(&model) * sizeof(Fp8LinearState) : 0;
+    Fp8LinearState* step_fp8_before = step_fp8_bytes > 0 ? (Fp8LinearState*)mallocCheck(step_fp8_bytes) : NULL;
     for (int step = start_step; step <= num_steps; step++) {
         int last_step = step == num_steps;
         if (run_val && (step % tc.val_every == 0 || last_step)) {
@@ -260,6 +274,7 @@ int main(int argc, char** argv) {
         if (last_step) { break; }
 
         double t0 = now_seconds();
+        if (step_fp8_before != NULL) { memcpy(step_fp8_before, model.fp8_linears, step_fp8_bytes); }
         gpt2ref_zero_grad(&model);
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum_steps; micro++) {
@@ -276,6 +291,7 @@ int main(int argc, char** argv) {
         if (skipped) {
             skipped_updates[outcome]++;
             outlier_skip_print(step + 1, outcome, loss, norm, z, &outliers, step_outcomes_skipped(skipped_updates));
+            cpu_fp8_discard_step(&model, step_fp8_before);
         } else {
             cpu_optimizer_step(&optimizer, &model, lr, tc.weight_decay, step + 1, tc.grad_clip);
         }
@@ -286,6 +302,7 @@ int main(int argc, char** argv) {
         logger_log_train(&logger, step + 1, loss, lr, norm, (float)ms, (float)tok_per_s, 0.0f, skipped);
     }
     outlier_skip_print_summary(skipped_updates);
+    free(step_fp8_before);
     logger_free(&logger);
     cpu_optimizer_free(&optimizer);
     gpt2ref_free(&model);
