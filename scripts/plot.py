@@ -18,6 +18,7 @@ train curves only (a bias-corrected exponential moving average).
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -57,7 +58,7 @@ def parse_main_log(path):
                 step = int(fields["s"])
                 for key, value in fields.items():
                     name = series_name(key)
-                    if name is not None:
+                    if name is not None and math.isfinite(float(value)):  # a skipped step's trl:nan is no point
                         series[name][step] = float(value)
             except ValueError:
                 continue
@@ -80,8 +81,9 @@ def parse_main_jsonl(path):
             if not isinstance(record, dict) or record.get("type") not in JSONL_VALUE_KEY:
                 continue
             name, key = JSONL_VALUE_KEY[record["type"]]
-            if isinstance(record.get("step"), int) and isinstance(record.get(key), (int, float)):
-                series[name][record["step"]] = float(record[key])
+            value = record.get(key)
+            if isinstance(record.get("step"), int) and isinstance(value, (int, float)) and math.isfinite(value):
+                series[name][record["step"]] = float(value)
     return series
 
 

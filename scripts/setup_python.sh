@@ -19,6 +19,15 @@ WHISPER_VERSION="20250625"
 RANK_FILE="dev/data/cache/gpt2.tiktoken"
 RANK_FILE_SHA256="306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
+# a distribution's own Python (Debian 12, Ubuntu 24.04) refuses pip installs outside a venv (PEP 668:
+# an EXTERNALLY-MANAGED file beside its standard library); say how to go on instead of pip's page
+if "$PYTHON" -c 'import os, sys, sysconfig
+sys.exit(0 if sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'; then
+    echo "error: $PYTHON is the system's Python, which refuses pip installs (PEP 668): make a venv and run this again in it:" \
+         "python3 -m venv .venv && . .venv/bin/activate && bash $0" >&2
+    exit 1
+fi
+
 "$PYTHON" -m pip install --quiet --disable-pip-version-check \
     "numpy>=1.24" "tiktoken>=0.8" "matplotlib>=3.7" "pytest>=7"
 # the cuDNN frontend headers (header-only C++) that llmc/cudnn_att.cpp compiles against;

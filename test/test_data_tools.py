@@ -11,6 +11,7 @@ import base64
 import gzip
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -435,3 +436,39 @@ def test_plot_reads_main_jsonl(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "| jsonl_run | 9 | 5.2500 | +0.00% |" in result.stdout
     assert (tmp_path / "one.png").stat().st_size > 10_000
+
+
+def test_plot_drops_a_skipped_steps_nonfinite_loss(tmp_path):
+    """a skipped step logs trl:nan (main.log) or a NaN loss: the point is dropped, so the smoothed curve after it stays
+    finite (it fed the moving average, and every later smoothed point was NaN)"""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("plot", os.path.join(REPO, "scripts", "plot.py"))
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    log = tmp_path / "main.log"
+    log.write_text("".join(f"s:{s} trl:{'nan' if s == 5 else 6.0 - s / 10} lr:0.001 norm:1.0\n" for s in range(10)))
+    train = plot.parse_main_log(str(log))["train"]
+    assert sorted(train) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert all(math.isfinite(v) for v in plot.ema([train[s] for s in sorted(train)], 0.9))
+    jsonl = tmp_path / "main.jsonl"
+    jsonl.write_text("".join(json.dumps({"step": s, "type": "train", "loss": float("inf") if s == 5 else 6.0 - s / 10})
+                             + "\n" for s in range(10)))
+    assert sorted(plot.parse_main_jsonl(str(jsonl))["train"]) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+
+
+def test_setup_python_refuses_a_system_python_that_refuses_pip(tmp_path):
+    """scripts/setup_python.sh with a Python whose check says 'externally managed' (PEP 668, a stand-in that answers
+    the check and fails anything else, so no pip runs): one line saying to make a venv; this machine's own Python is
+    not such a one (the check itself exits 1 here)"""
+    stand_in = tmp_path / "python_externally_managed"
+    stand_in.write_text('#!/usr/bin/env bash\n[[ "$1" == -c && "$2" == *EXTERNALLY-MANAGED* ]] && exit 0\n'
+                        'echo "unexpected call: $*" >&2\nexit 3\n')
+    stand_in.chmod(0o755)
+    result = subprocess.run(["bash", os.path.join(REPO, "scripts", "setup_python.sh")], env=dict(os.environ, PYTHON=str(stand_in)),
+                            capture_output=True, text=True, timeout=60)
+    lines = error_lines(result)
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "PEP 668" in lines[0] and "python3 -m venv .venv" in lines[0], lines
+    script = open(os.path.join(REPO, "scripts", "setup_python.sh")).read()
+    check = script.split("-c '", 1)[1].split("'", 1)[0]
+    assert subprocess.run([sys.executable, "-c", check]).returncode == 1
