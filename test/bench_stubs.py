@@ -91,14 +91,14 @@ def synthetic_gemm_json(rng, models=(("d12", 64, True), ("d48", 16, False))):
     lines = [{"record": "run", "device": "Fake GPU", "cublaslt_version": 1, "iters": 5, "warmup": 2, "repeats": 5, "T": 1024}]
     expected = {}
     for model, B, has_block in models:
-        variants = ["bf16", "fp8", "fp8+cast"] + (["block", "block+cast"] if has_block else []) + ["fp8+cast-fgd"]
+        variants = ["bf16", "bf16-gemms", "fp8", "fp8+cast"] + (["block", "block+cast"] if has_block else []) + ["fp8+cast-fgd"]
         for linear in LINEARS:
             for p in ("fwd", "bwd", "fwd+bwd"):
                 for v in variants:
                     lines.append({"record": "time", "model": model, "linear": linear, "B": B, "T": 1024, "pass": p,
                                   "variant": v, "derived": linear == "total", "ms": rng.uniform(0.1, 5.0),
                                   "tflops": rng.uniform(100, 1500)})
-                for v in variants[1:]:
+                for v in variants[2:]:  # ratios of the FP8 variants (bench_baseline: bf16-gemms or bf16)
                     ratio = rng.uniform(0.5, 2.5)
                     lines.append({"record": "ratio", "model": model, "linear": linear, "B": B, "T": 1024, "pass": p,
                                   "variant": v, "ratio": ratio})
@@ -146,6 +146,7 @@ def progress(flags, step):
     factor *= 0.97 if flags.get("-fg") == "delayed" else 1.0
     factor *= 0.98 if flags.get("-ge") == "2" else 1.0
     factor *= 0.96 if flags.get("-ad") == "0" else 1.0
+    factor *= 1.02 if flags.get("-w") == "0" else 1.0
     factor *= (1.01 if flags["-opt"] == "adamw8" else 1.0) * (1.1 if ranks > 1 else 1.0) * (1.05 if flags["-z"] == "3" else 1.0)
     ms = round(MODEL_MS[flags["-e"]] * factor * batch / 65536 * (1 + step / 100) * (3 if step <= WARMUP else 1), 2)
     # n/a: as on a GPU whose peak the trainer does not know

@@ -258,3 +258,15 @@ def test_bench_mode_prints_measured_against_floor(tmp_path, capsys):
     assert re.search(r"^\| classifier \| .* \| - \| - \|$", out, re.M)  # no measured row: the floor alone
     assert "Measured rows with no floor here: gradient reduce (exposed) 0.010 ms" in out  # a multi-GPU mark
     assert "measured 150.00 ms per step in all" in out and "d48" not in out
+
+
+@pytest.mark.parametrize("gpu_name,key", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                          ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 NVL", "h100-nvl"),
+                                          ("NVIDIA H200 NVL", "h200-nvl")])
+def test_device_ceilings_by_gpu_name(gpu_name, key):
+    """the PCIe and NVL cards get their own datasheet ceilings (an H100 PCIe had the SXM's 989 TFLOP/s and 3.35 TB/s),
+    with the dense bf16 peak the trainer's MFU uses for the same name"""
+    device = fm.device_for_gpu(gpu_name)
+    assert device == fm.DEVICES[key]
+    peaks = {"h100": 989e12, "h200": 989e12, "h100-pcie": 756e12, "h100-nvl": 835e12, "h200-nvl": 835e12}
+    assert device.bf16_flops == peaks[key] and device.fp8_flops >= 2 * device.bf16_flops - 1e12

@@ -541,13 +541,16 @@ def memory_markdown(rows):
 def paired_runs(records, key_fields, variant_field, variants, keep=lambda r: True):
     """the successful train records that keep() accepts, grouped by key_fields and told apart by
     variant_field: (key dict, {variant: record}) for every key measured in each of the two variants,
-    in the order measured. Only runs with the VARIED_SETTINGS defaults, but the variant's own"""
+    in the order measured. Only runs with the VARIED_SETTINGS defaults, but the variant's own, and
+    a pair's two runs have the same master weights always (the -w 0 runs share every other key
+    field with a default run: paired with one, a -ge 2 run was compared with the -w 0 run)"""
     groups = {}
     for r in records:
         if r.get("benchmark") == "train" and "error" not in r and r.get(variant_field) in variants and keep(r) \
                 and at_defaults(r, variant_field):
-            groups.setdefault(tuple(r[f] for f in key_fields), {})[r[variant_field]] = r
-    return [(dict(zip(key_fields, key)), pair) for key, pair in groups.items() if set(pair) == set(variants)]
+            key = tuple(r[f] for f in key_fields)
+            groups.setdefault((key, r.get("master_weights")), {})[r[variant_field]] = r
+    return [(dict(zip(key_fields, key)), pair) for (key, _), pair in groups.items() if set(pair) == set(variants)]
 
 
 def pair_row(key, base, variant):
@@ -788,8 +791,10 @@ def gemm_markdown(records, tables, command, device, commit, error=None):
     if error is not None:
         return "\n".join(out + ["", f"error: {error}", ""])
     out += ["", "Ratios are bf16 time over FP8 time (above 1: FP8 is faster), for the whole model's linears: "
-            "L x (qkv + attproj + fc + fcproj) + lm_head, forward + backward. fp8 is the GEMMs alone (the delayed and "
-            "current recipes run the same GEMMs); +cast adds a standalone cast-transpose of x before the forward (the "
+            "L x (qkv + attproj + fc + fcproj) + lm_head, forward + backward, each side doing the same work: fp8 and "
+            "block are the GEMMs alone, against bf16's GEMMs alone (bf16-gemms: its backward without the bias "
+            "gradient's pass over dy); the +cast variants, whose dy pass also sums the bias gradient, against bf16's "
+            "backward with that pass. fp8 stands for the delayed and current recipes (the same GEMMs); +cast adds a standalone cast-transpose of x before the forward (the "
             "trainer fuses it into layernorm and GELU, except attproj's: an upper bound) and the dy pass (bias gradient, "
             "amax, cast, transpose) before the backward; block is the 1x128 / 128x128 block recipe; fp8+cast-fgd is "
             "fp8+cast with -fg delayed's dy pass (the cast in the bias pass: dy read once, not twice). The per-linear "
@@ -844,7 +849,7 @@ def write_report(base, records, gemm_section, run_info, complete):
                 f"`python dev/bench/bench.py{' --quick' if run_info['quick'] else ''}"
                 f"{' --only ' + run_info['only'] if run_info.get('only') else ''}"
                 f"{' --time-limit %d' % run_info['time_limit'] if run_info.get('time_limit') else ''}`, synthetic tokens, T={run_info['T']}, "
-                f"{run_info['steps']} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak.\n\n")
+                f"{run_info['steps']} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak, with llm.c's 6 N + 6 L C T FLOPs per token.\n\n")
         if run_info.get("not_run"):
             f.write(f"**Incomplete**: --time-limit {run_info['time_limit']} s was reached: {len(records)} records, "
                     f"{run_info['not_run']} programs not run.\n\n")

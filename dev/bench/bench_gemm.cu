@@ -12,7 +12,10 @@ Why it is shaped so:
   from fp8_linear_shape and gpt2_config_from_descriptor, the trainer's sources for them.
 - What each variant times, per linear and pass (y[BT][OC] = x[BT][K] W[OC][K]^T):
     bf16        fwd: matmul_forward (bias epilogue; lm_head has no bias)
-                bwd: matmul_backward (dgrad + wgrad + dbias)
+                bwd: matmul_backward (dgrad + wgrad + the bias gradient's pass over dy)
+    bf16-gemms  fwd: as bf16; bwd: matmul_backward without the bias gradient: the GEMMs alone,
+                what the GEMM-only FP8 variants (fp8, block) are measured against, while the
+                +cast variants, whose dy pass sums the bias gradient too, are measured against bf16
     fp8         fwd: matmul_forward_fp8, per-tensor E4M3 x E4M3, fast accumulation
                 bwd: matmul_backward_fp8 (dgrad E5M2 dy x E4M3 W^T, wgrad E5M2 dy^T x E4M3 x^T)
     fp8+cast    fwd: a standalone cast-transpose of x (the delayed one-pass cast), then the
@@ -47,7 +50,8 @@ Why it is shaped so:
 - fwd+bwd rows are sums of the fwd and bwd rows; a model's "total" row sums each linear's
   time times how often it runs per micro-step (L for the four block linears, 1 for
   lm_head), which weights every linear's ratio by its share of the model's GEMM time.
-  Ratios are bf16 time over FP8 time (above 1: FP8 is faster).
+  Ratios are bf16 time over FP8 time (above 1: FP8 is faster): a GEMM-only variant's over
+  bf16-gemms, a +cast variant's over bf16 (bench_baseline), so each side does the same work.
 - The tables print as markdown (dev/bench/bench.py pastes them into doc/benchmarks/), and
   --json writes one JSON object per line: a "run" record (device, settings), then per model
   "time" records (model, linear, B, T, K, OC, pass, variant, ms, tflops), "ratio" records
@@ -78,11 +82,17 @@ static const int BENCH_MODEL_BATCH[BENCH_NUM_MODELS] = {64, 32, 16, 16};
 typedef enum { PASS_FWD, PASS_BWD, PASS_FWD_BWD, PASS_WCAST, NUM_BENCH_PASSES } BenchPass;
 static const char* const BENCH_PASS_NAMES[NUM_BENCH_PASSES] = {"fwd", "bwd", "fwd+bwd", "wcast"};
 
-// each FP8 recipe's GEMM-only variant is followed by its +cast variant; last, fp8+cast with -fg delayed's dy pass
-typedef enum { VARIANT_BF16, VARIANT_FP8, VARIANT_FP8_CAST, VARIANT_BLOCK, VARIANT_BLOCK_CAST, VARIANT_FP8_CAST_FGD,
-               NUM_BENCH_VARIANTS } BenchVariant;
-static const char* const BENCH_VARIANT_NAMES[NUM_BENCH_VARIANTS] = {"bf16", "fp8", "fp8+cast", "block", "block+cast",
-                                                                     "fp8+cast-fgd"};
+// the two bf16 baselines; each FP8 recipe's GEMM-only variant followed by its +cast variant; last, fp8+cast with
+// -fg delayed's dy pass
+typedef enum { VARIANT_BF16, VARIANT_BF16_GEMMS, VARIANT_FP8, VARIANT_FP8_CAST, VARIANT_BLOCK, VARIANT_BLOCK_CAST,
+               VARIANT_FP8_CAST_FGD, NUM_BENCH_VARIANTS } BenchVariant;
+static const char* const BENCH_VARIANT_NAMES[NUM_BENCH_VARIANTS] = {"bf16", "bf16-gemms", "fp8", "fp8+cast", "block",
+                                                                     "block+cast", "fp8+cast-fgd"};
+
+// what a variant is measured against: the bf16 GEMMs alone, or bf16 with the bias gradient the dy pass also sums
+static BenchVariant bench_baseline(int variant) {
+    return variant == VARIANT_FP8 || variant == VARIANT_BLOCK ? VARIANT_BF16_GEMMS : VARIANT_BF16;
+}
 
 #define BENCH_TOTAL_ROW NUM_LINEAR_KINDS  // after the five linears: the model total
 #define BENCH_ROWS (NUM_LINEAR_KINDS + 1)
@@ -288,6 +298,10 @@ static void bench_bf16_backward(LinearBench* b, cudaStream_t stream) {
     matmul_backward(b->dinp, b->dw, b->dbias, b->dy, b->x, b->w, b->dbias_scratch, b->BT, b->K, b->OC, NULL, stream);
 }
 
+static void bench_bf16_backward_gemms(LinearBench* b, cudaStream_t stream) {
+    matmul_backward(b->dinp, b->dw, (floatX*)NULL, b->dy, b->x, b->w, b->dbias_scratch, b->BT, b->K, b->OC, NULL, stream);
+}
+
 static void bench_fp8_forward(LinearBench* b, cudaStream_t stream) {
     matmul_forward_fp8(b->out, fp8_operand(&b->x8, false), fp8_operand(&b->w8, false), b->bias, b->BT, b->K, b->OC,
                        NULL, stream);
@@ -389,6 +403,8 @@ static void bench_measure_linear(ModelBench* m, int kind, const BenchTimer* time
     double (*ms)[NUM_BENCH_VARIANTS] = m->ms[kind];
     ms[PASS_FWD][VARIANT_BF16] = bench_time_ms(timer, bench_bf16_forward, &b);
     ms[PASS_BWD][VARIANT_BF16] = bench_time_ms(timer, bench_bf16_backward, &b);
+    ms[PASS_FWD][VARIANT_BF16_GEMMS] = ms[PASS_FWD][VARIANT_BF16];  // the same launch
+    ms[PASS_BWD][VARIANT_BF16_GEMMS] = bench_time_ms(timer, bench_bf16_backward_gemms, &b);
     for (int block = 0; block <= 1; block++) {
         if (block && m->block_skip != NULL) { continue; }
         int gemm = block ? VARIANT_BLOCK : VARIANT_FP8, with_cast = gemm + 1;
@@ -440,9 +456,9 @@ static double bench_tflops(const ModelBench* m, int row, int pass, int variant) 
     return m->flops[row][pass] > 0.0 ? m->flops[row][pass] / (ms * 1e-3) / 1e12 : NAN;
 }
 
-// bf16 time over the variant's (NaN where either is missing)
+// the variant's baseline's time over its own (NaN where either is missing)
 static double bench_ratio(const ModelBench* m, int row, int pass, int variant) {
-    return m->ms[row][pass][VARIANT_BF16] / m->ms[row][pass][variant];
+    return m->ms[row][pass][bench_baseline(variant)] / m->ms[row][pass][variant];
 }
 
 // ----------------------------------------------------------------------------
@@ -456,9 +472,9 @@ static const char* bench_cell(char* buffer, size_t size, const char* format, dou
 static void bench_print_model(const ModelBench* m) {
     printf("\n### %s: L=%d, C=%d, B=%d, T=%d (BT=%d); total = L x (qkv + attproj + fc + fcproj) + lm_head\n\n",
            m->name, m->cfg.num_layers, m->cfg.channels, m->B, BENCH_T, m->BT);
-    printf("| linear | K | OC | pass | bf16 ms | TFLOP/s |");
+    printf("| linear | K | OC | pass | bf16 ms | TFLOP/s | bf16-gemms ms | TFLOP/s |");
     for (int v = VARIANT_FP8; v < NUM_BENCH_VARIANTS; v++) { printf(" %s ms | TFLOP/s | x |", BENCH_VARIANT_NAMES[v]); }
-    printf("\n|---|---|---|---|---|---|");
+    printf("\n|---|---|---|---|---|---|---|---|");
     for (int v = VARIANT_FP8; v < NUM_BENCH_VARIANTS; v++) { printf("---|---|---|"); }
     printf("\n");
     for (int row = 0; row < BENCH_ROWS; row++) {
@@ -470,7 +486,7 @@ static void bench_print_model(const ModelBench* m) {
             for (int v = 0; v < NUM_BENCH_VARIANTS; v++) {
                 printf(" %s | %s |", bench_cell(a, sizeof(a), "%.4f", m->ms[row][p][v]),
                        bench_cell(b, sizeof(b), "%.0f", bench_tflops(m, row, p, v)));
-                if (v != VARIANT_BF16) { printf(" %s |", bench_cell(c, sizeof(c), "%.2fx", bench_ratio(m, row, p, v))); }
+                if (v >= VARIANT_FP8) { printf(" %s |", bench_cell(c, sizeof(c), "%.2fx", bench_ratio(m, row, p, v))); }
             }
             printf("\n");
         }

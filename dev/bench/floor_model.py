@@ -69,12 +69,21 @@ class Device:
 DEVICES = {
     "h100": Device("H100 SXM (datasheet)", 989e12, 1979e12, 3.35e12),
     "h200": Device("H200 SXM (datasheet)", 989e12, 1979e12, 4.8e12),
+    # the same dense peaks as llmc/cuda_common.h's table (half the product pages' sparse figures)
+    "h100-pcie": Device("H100 PCIe (datasheet)", 756e12, 1513e12, 2.0e12),
+    "h100-nvl": Device("H100 NVL (datasheet)", 835e12, 1671e12, 3.9e12),
+    "h200-nvl": Device("H200 NVL (datasheet)", 835e12, 1671e12, 4.8e12),
 }
 
 
 def device_for_gpu(gpu_name):
-    """the datasheet ceilings of an nvidia-smi GPU name: the H200's when it says H200, else the H100's"""
-    return DEVICES["h200" if "H200" in gpu_name.upper() else "h100"]
+    """the datasheet ceilings of an nvidia-smi GPU name: the PCIe and NVL cards by name (the more specific names
+    first, as the trainer's peak table), then any other H200 as the SXM one, else the H100 SXM"""
+    name = gpu_name.upper()
+    for key, marks in (("h100-pcie", ("H100", "PCIE")), ("h100-nvl", ("H100", "NVL")), ("h200-nvl", ("H200", "NVL"))):
+        if all(mark in name for mark in marks):
+            return DEVICES[key]
+    return DEVICES["h200" if "H200" in name else "h100"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,7 +481,7 @@ def build_parser():
     p.add_argument("--no-master", action="store_true", help="-w 0: no fp32 master weights")
     p.add_argument("--gelu-fusion", type=int, default=1,
                    help="-ge: 0 bf16 GELU as a kernel of its own, 1 in bf16 fc's forward epilogue, 2 also DGELU in fcproj's dgrad")
-    p.add_argument("--device", default="h100", help="datasheet ceilings: h100 or h200")
+    p.add_argument("--device", default="h100", help="datasheet ceilings: " + ", ".join(DEVICES))
     p.add_argument("--bf16-tflops", type=positive_float, help="override the bf16 matrix rate (TFLOP/s)")
     p.add_argument("--fp8-tflops", type=positive_float, help="override the FP8 matrix rate (TFLOP/s)")
     p.add_argument("--bandwidth", type=positive_float, help="override the memory bandwidth (TB/s)")
