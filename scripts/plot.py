@@ -119,7 +119,7 @@ def print_table(labels, runs):
     step = comparison_step(runs)
     print(f"val loss at step {step} (the last step every run evaluated)" if step is not None
           else "val loss at each run's last evaluated step (the runs share no val step)")
-    print("| run | step | val loss | gap vs first |")
+    print("| run | step | val loss | gap vs the first run with a val loss |")
     print("|---|---|---|---|")
     baseline = None
     for label, series in zip(labels, runs):
