@@ -49,7 +49,7 @@ __global__ void global_norm_partials_kernel(float* partials, const floatX* value
     }
     // the count % 8 trailing elements, one per thread of the first block
     if (blockIdx.x == 0 && threadIdx.x < count % x128::size) {
-        float value = __bfloat162float(values[chunks * x128::size + threadIdx.x]);
+        float value = __bfloat162float(values[(size_t)chunks * x128::size + threadIdx.x]);  // past 2^31 elements
         sum += value * value;
     }
     float block_sum = block_reduce_sum(sum);
