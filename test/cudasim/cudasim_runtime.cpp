@@ -655,6 +655,21 @@ struct Allocation { void* mapping; size_t mapped_bytes; size_t bytes; };
 std::mutex allocations_mutex;
 std::map<void*, Allocation> allocations;  // by the pointer handed out
 size_t allocated_bytes = 0;
+size_t peak_allocated_bytes = 0;  // CUDASIM_MEMORY_REPORT=1 prints it at exit (the tests' measure of a run's device memory)
+
+void count_allocated(size_t bytes) {
+    static const bool report = [] {
+        const char* text = getenv("CUDASIM_MEMORY_REPORT");
+        bool on = text != nullptr && strcmp(text, "1") == 0;
+        if (on) {
+            atexit([] { fprintf(stderr, "cudasim: at most %zu bytes of device memory allocated at once\n", peak_allocated_bytes); });
+        }
+        return on;
+    }();
+    (void)report;
+    allocated_bytes += bytes;
+    if (allocated_bytes > peak_allocated_bytes) { peak_allocated_bytes = allocated_bytes; }
+}
 const size_t SIMULATED_MEMORY_BYTES = 80ull << 30;
 std::map<const char*, size_t> pinned_allocations;  // cudaMallocHost's: start, bytes
 
@@ -769,7 +784,7 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) {
     memset(start, 0xff, rounded);  // uninitialized device memory: bf16 NaN, fp32 NaN
     std::lock_guard<std::mutex> lock(allocations_mutex);
     allocations[start] = Allocation{mapping, data_bytes + page_bytes(), rounded};
-    allocated_bytes += rounded;
+    count_allocated(rounded);
     *pointer = start;
     return cudaSuccess;
 }
@@ -956,7 +971,7 @@ cudaError_t cudaMemcpy2DAsync(void* destination, size_t destination_pitch, const
 bool cudasim::device_memory_acquire(size_t bytes) {
     std::lock_guard<std::mutex> lock(allocations_mutex);
     if (allocated_bytes + bytes > SIMULATED_MEMORY_BYTES) { return false; }
-    allocated_bytes += bytes;
+    count_allocated(bytes);
     return true;
 }
 void cudasim::device_memory_release(size_t bytes) {
