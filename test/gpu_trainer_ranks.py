@@ -333,7 +333,7 @@ def killed_rank(setup):
     NCCL line within -pt; test_multi_gpu checks the watchdog itself deterministically"""
     killed_rank_run(setup, "killed rank", RANK_ENV, "error: rank 0 of 2: NCCL")
     if ON_CUDASIM:
-        killed_rank_run(setup, "killed rank, host blocked in a launch", dict(RANK_ENV, CUDASIM_LAUNCH_QUEUE="4"),
+        killed_rank_run(setup, "killed rank, launch queue of 4", dict(RANK_ENV, CUDASIM_LAUNCH_QUEUE="4"),
                         "error: rank 0 of 2: NCCL")
 
 
