@@ -378,10 +378,12 @@ static void fp8_model_upload_weight_jobs(const Fp8Model* fp8, cudaStream_t strea
     free(host);
 }
 
-// the jobs of the weights of the kind at `rank` within a layer (its linear index in layer 0), one per layer
-static inline const Fp8CastJob* fp8_model_kind_jobs(const Fp8Model* fp8, int rank) {
+// the jobs of the weights of the kind at `rank` within a layer (its linear index in layer 0), one per
+// layer: *layers of them
+static inline const Fp8CastJob* fp8_model_kind_jobs(const Fp8Model* fp8, int rank, int* layers) {
     if (fp8->weight_jobs == NULL) { llm8_die("fp8_model_kind_jobs: no batched weight casts (ZeRO-3 casts each rank's parts)"); }
-    return fp8->weight_jobs + (size_t)rank * (fp8_model_linears_cast_in_update(fp8) / fp8->per_layer);
+    *layers = fp8_model_linears_cast_in_update(fp8) / fp8->per_layer;
+    return fp8->weight_jobs + (size_t)rank * *layers;
 }
 
 /*
@@ -644,11 +646,12 @@ void fp8_model_transpose_layer_weights(const Fp8Model* fp8, int layer, cudaStrea
 // W^T from the W codes of every weight the optimizer pass casts (all their passes are FP8):
 // one launch per linear kind
 void fp8_model_transpose_weights(const Fp8Model* fp8, cudaStream_t stream) {
-    int in_update = fp8_model_linears_cast_in_update(fp8);
-    for (int rank = 0; rank < fp8->per_layer && in_update > 0; rank++) {
+    if (fp8_model_linears_cast_in_update(fp8) == 0) { return; }
+    for (int rank = 0; rank < fp8->per_layer; rank++) {
+        int layers;
+        const Fp8CastJob* jobs = fp8_model_kind_jobs(fp8, rank, &layers);
         Fp8CastOutput first = fp8_model_w(fp8, rank);
-        fp8_transpose_codes_batched(fp8_model_kind_jobs(fp8, rank), in_update / fp8->per_layer, &first,
-                                    fp8->linears[rank].OC, fp8->linears[rank].K, stream);
+        fp8_transpose_codes_batched(jobs, layers, &first, fp8->linears[rank].OC, fp8->linears[rank].K, stream);
     }
 }
 
@@ -665,8 +668,8 @@ static void fp8_model_cast_weights_in_update(const Fp8Model* fp8, const float* m
     for (int rank = 0; rank < fp8->per_layer; rank++) {
         const Fp8Linear* lin = &fp8->linears[rank];
         Fp8CastOutput first = fp8_model_w(fp8, rank);
-        const Fp8CastJob* jobs = fp8_model_kind_jobs(fp8, rank);
-        int layers = in_update / fp8->per_layer;
+        int layers;
+        const Fp8CastJob* jobs = fp8_model_kind_jobs(fp8, rank, &layers);
         if (master != NULL) { fp8_cast_weights_batched(jobs, layers, &first, master, lin->OC, lin->K, stream); }
         else { fp8_cast_weights_batched(jobs, layers, &first, params, lin->OC, lin->K, stream); }
     }

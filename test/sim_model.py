@@ -101,3 +101,9 @@ def state_section(path, tag):
     at = blob.index(tag.encode() + b"\0")
     size = struct.unpack_from("<Q", blob, at + 16)[0]
     return blob[at + 24: at + 24 + size]
+
+
+# Fp8TensorScaling (llmc/fp8_scaling.h) as state files hold it: amax_history[1024] floats, then the floats scale,
+# scale_inv, fp8_max, last_amax, then the int32s recipe, history_len, margin, position, recorded, nonfinite_count
+SCALING_FIELD_OFFSETS = {"scale": 4096, "position": 4096 + 16 + 12}
+SCALING_BYTES = 4096 + 16 + 24

@@ -632,11 +632,7 @@ def test_cpu_resume_from_corrupt_state_file_refused(data, tmp_path, corruption):
     assert_one_line_error(r2, "state_00000001_00000.bin", *fragments)
 
 
-# Fp8TensorScaling (llmc/fp8_scaling.h): amax_history[1024] floats, then scale, scale_inv, fp8_max, last_amax,
-# then int32 recipe, history_len, margin, position, recorded, nonfinite_count; the emulation's Fp8LinearState
-# (gpt2_ref.h) starts with an int, then its x state
-SCALING_HISTORY_BYTES = 4096
-SCALING_FIELDS = {"position": SCALING_HISTORY_BYTES + 16 + 12, "scale": SCALING_HISTORY_BYTES}
+# the emulation's Fp8LinearState (gpt2_ref.h) starts with an int, then its x state (sim_model.SCALING_FIELD_OFFSETS)
 SCALING_CORRUPTIONS = {
     "position_past_the_ring": ("position", struct.pack("<i", 5000), "ring position lies outside its history"),
     "scale_zero": ("scale", struct.pack("<f", 0.0), "not a finite positive number"),
@@ -653,7 +649,8 @@ def test_cpu_resume_from_corrupt_fp8_scaling_state_refused(data, tmp_path, corru
     assert r1.returncode == 0, r1.stderr
     state = tmp_path / "out" / "state_00000001_00000.bin"
     blob = state.read_bytes()
-    at = blob.index(b"fp8emu_linears\0") + 24 + 4 + SCALING_FIELDS[field]  # tag 16, size 8, the linear's int
+    from sim_model import SCALING_FIELD_OFFSETS
+    at = blob.index(b"fp8emu_linears\0") + 24 + 4 + SCALING_FIELD_OFFSETS[field]  # tag 16, size 8, the linear's int
     state.write_bytes(blob[:at] + value + blob[at + 4:])
     r2 = run(CPU, base_args(data, common + ["-x", 3, "-y", 1]))
     assert_one_line_error(r2, "state_00000001_00000.bin", "FP8 scaling state of x of linear 0", message)
@@ -747,18 +744,18 @@ def test_cpu_outlier_steps_are_skipped(tmp_path, flag, quantity):
 
 def test_cpu_fp8_skipped_step_leaves_the_scaling_as_it_was(tmp_path):
     """-p fp8 -sl 3: the skipped spike step saw activations far outside the history, but its amaxes are not kept:
-    every scaling state (the 3 of each linear, Fp8TensorScaling after the linear's int, 4136 bytes each) in step
+    every scaling state (the 3 of each linear, Fp8TensorScaling after the linear's int, sim_model.SCALING_BYTES each) in step
     141's checkpoint is step 140's, byte for byte (its non-finite counts too: the spike is finite)"""
     out = tmp_path / "fp8"
     r = run(CPU, spike_args(tmp_path, ["-p", "fp8", "-sl", 3, "-x", SPIKE_STEP, "-n", 1, "-nk", 2, "-o", out]), timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert list(skipped_steps(r.stdout)) == [SPIKE_STEP], r.stdout[-3000:]
-    from sim_model import state_section
+    from sim_model import SCALING_BYTES, state_section
     before, after = (state_section(out / f"state_{step:08d}_00000.bin", "fp8emu_linears") for step in (SPIKE_STEP - 1, SPIKE_STEP))
     linears = 4 * 1 + 1
     stride = len(before) // linears
     for i in range(linears):
-        scaling = slice(i * stride + 4, i * stride + 4 + 3 * 4136)
+        scaling = slice(i * stride + 4, i * stride + 4 + 3 * SCALING_BYTES)
         assert before[scaling] == after[scaling], f"linear {i}: the skipped step changed its scaling states"
     assert before != after, "the step's casts left no statistics (the test would not see a change)"
 
