@@ -191,7 +191,7 @@ test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS
 test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 	@bash test/run_cpu_tests.sh $(CPU_TESTS) $(CPU_CXX_TESTS)
 
-test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm $(SIM)/train_gpt2_fp8 $(BUILD)/libfake_nvml.so
+test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm $(SIM)/train_gpt2_fp8 $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
 	$(PYTHON) -m pytest -q test
 
 compile-cuda: train_gpt2_fp8 bench_gemm $(GPU_TESTS)

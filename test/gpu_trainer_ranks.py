@@ -132,6 +132,19 @@ def trainer_nccl_version():
     return version.value, found.group(1)
 
 
+def old_nccl_verdict(version, where, env):
+    """what an NCCL too old for two ranks on one GPU makes of the run: prints why and gives the exit status, 1 (a green
+    make gpucheck includes the 2-rank tests) unless LLM8_ALLOW_NO_TWO_RANKS=1 lets it pass without them (0)"""
+    why = (f"the trainer loads NCCL {version} from {where}, older than 2.30, the first that allows two ranks on one GPU "
+           "(NCCL_MULTI_RANK_GPU_ENABLE=1); pip install 'nvidia-nccl-cu13>=2.30' and rebuild (the Makefile takes the newer "
+           "of pip's and $CUDA_HOME's NCCL)")
+    if env.get("LLM8_ALLOW_NO_TWO_RANKS") == "1":
+        print(f"SKIP gpu_trainer_ranks: {why}; LLM8_ALLOW_NO_TWO_RANKS=1 lets this run pass without them", flush=True)
+        return 0
+    print(f"FAIL gpu_trainer_ranks: {why}, or set LLM8_ALLOW_NO_TWO_RANKS=1 to pass without the 2-rank tests", flush=True)
+    return 1
+
+
 # the runs' shared setting: the scratch directory, the model, the flags every trajectory run takes
 class Setup:
     def __init__(self):
@@ -378,10 +391,7 @@ def main():
         version, where = trainer_nccl_version()
         print(f"NCCL runtime {version} ({where})", flush=True)
         if version is not None and version < TWO_RANKS_ONE_GPU_MIN_NCCL:
-            print(f"SKIP gpu_trainer_ranks: the trainer loads NCCL {version} from {where}, older than 2.30, the first "
-                  "that allows two ranks on one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1); pip install 'nvidia-nccl-cu13>=2.30' "
-                  "and rebuild (the Makefile takes the newer of pip's and $CUDA_HOME's NCCL)", flush=True)
-            sys.exit(0)
+            sys.exit(old_nccl_verdict(version, where, os.environ))
     setup = Setup()
     for name in chosen:
         print(f"== {name}", flush=True)

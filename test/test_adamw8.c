@@ -215,9 +215,9 @@ static void test_quantize_error(void) {
                     int below = 0;
                     while (below < 254 && map[below + 1] <= q) { below++; }
                     double local_bound = absmax * ((map[below + 1] - map[below]) / 2.0 + ldexp(1.0, -23));
-                    worst_local = fmax(worst_local, error / local_bound);
-                    worst_ratio = fmax(worst_ratio, error / (absmax * (half_gap + ldexp(1.0, -23))));
-                    if (distribution == 0) { worst_uniform = fmax(worst_uniform, error / (absmax * half_gap)); }
+                    worst_local = worst_of(worst_local, error / local_bound);
+                    worst_ratio = worst_of(worst_ratio, error / (absmax * (half_gap + ldexp(1.0, -23))));
+                    if (distribution == 0) { worst_uniform = worst_of(worst_uniform, error / (absmax * half_gap)); }
                     if (fabsf(x[i]) == absmax) { exact_absmax = exact_absmax && back[i] == x[i]; }
                 }
             }
@@ -312,7 +312,7 @@ static void test_one_step(void) {
         double dsqrt = (s + s_lo > 0.0) ? fmin(sqrt(dv), dv / (s + s_lo)) : sqrt(dv);
         double du = (dm + 1e-6 * m_hat) / (s_lo + hp.eps) + m_hat * dsqrt / ((s + hp.eps) * (s_lo + hp.eps));
         double bound = lr * du + 2.0 * ldexp(fabs(params[i]) + lr * 10.0, -24);  // + the roundings of the update
-        worst = fmax(worst, fabs((double)p8[i] - p32) / bound);
+        worst = worst_of(worst, fabs((double)p8[i] - p32) / bound);
         mean_bound += bound / n;
         mean_update += fabs((double)p32 - params[i]) / n;
     }

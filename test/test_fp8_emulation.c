@@ -24,15 +24,21 @@ Thresholds and the measured values are in doc/fp8-numerics.md.
 
 static const char* const RECIPE_NAMES[3] = {"delayed", "current", "block"};
 
-static double sqnr_db(const float* ref, const float* got, size_t n) {
-    double signal = 0.0, noise = 0.0;
+// adds n elements to the sums of a signal-to-quantization-noise ratio over several arrays
+static void sqnr_add(double* signal, double* noise, const float* ref, const float* got, size_t n) {
     for (size_t i = 0; i < n; i++) {
         double d = (double)ref[i] - got[i];
-        signal += (double)ref[i] * ref[i];
-        noise += d * d;
+        *signal += (double)ref[i] * ref[i];
+        *noise += d * d;
     }
-    if (noise == 0.0) { return INFINITY; }
-    return 10.0 * log10(signal / noise);
+}
+
+static double sqnr_of(double signal, double noise) { return noise == 0.0 ? INFINITY : 10.0 * log10(signal / noise); }
+
+static double sqnr_db(const float* ref, const float* got, size_t n) {
+    double signal = 0.0, noise = 0.0;
+    sqnr_add(&signal, &noise, ref, got, n);
+    return sqnr_of(signal, noise);
 }
 
 static float* zeros(size_t n) {
@@ -476,9 +482,28 @@ static void sqnr_run(GPT2Ref* model) {
     }
 }
 
-// logits and every parameter gradient of the emulated model vs the fp32 one: each tensor
-// as a whole and per layer. Thresholds: logits 20 dB; gradients 20 dB where every operand is
-// E4M3 (block), `gradient_floor_db` with E5M2 gradients (see doc/fp8-numerics.md)
+// whether tensor t has a slice per layer (the rest: wte, wpe, lnfw, lnfb)
+static int tensor_is_per_layer(int t) { return !(t == PARAM_WTE || t == PARAM_WPE || t == PARAM_LNFW || t == PARAM_LNFB); }
+
+// SQNR of layer l's gradients together: every per-layer tensor's slice l
+static double layer_gradients_sqnr(const GPT2Ref* ref, const GPT2Ref* emu, int l) {
+    double signal = 0.0, noise = 0.0;
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        if (!tensor_is_per_layer(t)) { continue; }
+        size_t n = ref->param_sizes[t] / ref->config.num_layers;
+        sqnr_add(&signal, &noise, ref->grad_tensors[t] + l * n, emu->grad_tensors[t] + l * n, n);
+    }
+    return sqnr_of(signal, noise);
+}
+
+/*
+Logits and every parameter gradient of the emulated model vs the fp32 one. Thresholds: the
+logits, all gradients together, and each layer's gradients together 20 dB (the issue's
+per-layer bar); each tensor, whole and per layer, 20 dB where every operand is E4M3 (block),
+`gradient_floor_db` with E5M2 gradients: a single small slice, such as layer 0's ln1w (the
+E5M2 noise of every dgrad above it, summed with cancellation), sits below 20 dB while its layer
+as a whole passes (doc/fp8-numerics.md).
+*/
 static void model_sqnr(GPT2Ref* ref, const Fp8Emulation* e, const char* what, double gradient_floor_db) {
     GPT2Config cfg = sqnr_config();
     GPT2Ref* emu = model_new(&cfg, e);
@@ -488,8 +513,14 @@ static void model_sqnr(GPT2Ref* ref, const Fp8Emulation* e, const char* what, do
     double all_grads = sqnr_db(ref->grads, emu->grads, ref->num_parameters);
     double worst = INFINITY;
     char worst_name[64] = "";
+    double worst_layer = INFINITY;
+    for (int l = 0; l < cfg.num_layers; l++) {
+        double s = layer_gradients_sqnr(ref, emu, l);
+        CHECK(s >= 20.0, "%s: layer %d's gradients together SQNR %.2f dB < 20 dB", what, l, s);
+        if (!(s >= worst_layer)) { worst_layer = s; }
+    }
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
-        int per_layer = !(t == PARAM_WTE || t == PARAM_WPE || t == PARAM_LNFW || t == PARAM_LNFB);
+        int per_layer = tensor_is_per_layer(t);
         int slices = per_layer ? cfg.num_layers : 1;
         size_t n = ref->param_sizes[t] / slices;
         for (int l = 0; l <= slices; l++) {  // slice `slices` is the whole tensor
@@ -503,8 +534,8 @@ static void model_sqnr(GPT2Ref* ref, const Fp8Emulation* e, const char* what, do
         }
     }
     CHECK(all_grads >= 20.0, "%s: all gradients together SQNR %.2f dB < 20 dB", what, all_grads);
-    printf("model SQNR %-20s logits %.2f dB, all gradients %.2f dB, worst gradient %.2f dB (%s), loss %.5f vs %.5f\n",
-           what, logits_sqnr, all_grads, worst, worst_name, emu->mean_loss, ref->mean_loss);
+    printf("model SQNR %-20s logits %.2f dB, all gradients %.2f dB, worst layer %.2f dB, worst gradient %.2f dB (%s), "
+           "loss %.5f vs %.5f\n", what, logits_sqnr, all_grads, worst_layer, worst, worst_name, emu->mean_loss, ref->mean_loss);
     // the per-tensor statistics a numerics log would show
     if (e->recipe != FP8_EMULATE_BLOCK) {
         Fp8LinearState* fc = gpt2ref_fp8_linear(emu, 1, FP8_LINEAR_FC);
@@ -524,15 +555,15 @@ static void test_model_sqnr(void) {
     GPT2Ref* ref = model_new(&cfg, NULL);
     sqnr_run(ref);
     Fp8Emulation e = fp8_emulation_default();
-    model_sqnr(ref, &e, "default (delayed)", 14.0);
+    model_sqnr(ref, &e, "default (delayed)", 15.0);
     e.margin = 2;
     e.history_len = 4;
-    model_sqnr(ref, &e, "delayed, margin 2", 14.0);
+    model_sqnr(ref, &e, "delayed, margin 2", 15.0);
     for (int recipe = 0; recipe < 3; recipe++) {
         e = emulation_with(recipe, FP8_PASS_ALL);
         char what[64];
         snprintf(what, sizeof(what), "%s + lm_head", RECIPE_NAMES[recipe]);
-        model_sqnr(ref, &e, what, recipe == FP8_EMULATE_BLOCK ? 20.0 : 14.0);
+        model_sqnr(ref, &e, what, recipe == FP8_EMULATE_BLOCK ? 20.0 : 15.0);
     }
     model_delete(ref);
 }

@@ -947,7 +947,7 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     for (int c = 0; c < OC; c++) {
         double sum = dbias0[c];
         for (int r = 0; r < N; r++) { sum += expected[(size_t)r * OC + c]; }
-        far += fabs(dbias[c] - sum) > 1e-5 + 4e-3 * fabs(sum);  // one bf16 rounding
+        far += !(fabs(dbias[c] - sum) <= 1e-5 + 4e-3 * fabs(sum));  // one bf16 rounding
     }
     CHECK(far == 0, "%s: %zu dbias columns are off the double-precision sums", what, far);
 
@@ -1147,7 +1147,7 @@ static void test_gemm_exact(int N, int C, int OC) {
         size_t far = 0;
         for (size_t i = 0; i < ny; i++) {
             double g = gelu_forward_element(pre[i]);
-            far += fabs(out[i] - g) > 2e-3 + fabs(g) / 128.0;
+            far += !(fabs(out[i] - g) <= 2e-3 + fabs(g) / 128.0);
         }
         CHECK(far == 0, "%s: %zu GELU epilogue outputs off gelu(pre-activation)", what, far);
         printf("fp8 forward: cuBLASLt has the GELU_AUX_BIAS epilogue with FP8 operands\n");
@@ -1183,7 +1183,7 @@ static void test_gemm_exact(int N, int C, int OC) {
         size_t far = 0;
         for (size_t i = 0; i < nx; i++) {
             double want = expected[i] * gelu_backward_element(pre[i]);
-            far += fabs(got[i] - want) > 2e-3 * fabs(expected[i]) + fabs(want) / 128.0;
+            far += !(fabs(got[i] - want) <= 2e-3 * fabs(expected[i]) + fabs(want) / 128.0);
         }
         CHECK(far == 0, "%s: %zu of %zu outputs off the sums times gelu'(pre)", what, far, nx);
         printf("fp8 dgrad: cuBLASLt has the DGELU epilogue with FP8 operands (-p fp8 -ge 2 runs)\n");

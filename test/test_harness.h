@@ -32,6 +32,10 @@ __attribute__((constructor)) static void test_harness_line_buffered_stdout(void)
           what, _a, _b, (double)(atol), (double)(rtol)); \
 } while (0)
 
+// the larger of a running worst error and a new one, where a NaN, once met, stays: fmax drops
+// a NaN, and `worst <= bound` would then pass a NaN result
+static inline double worst_of(double worst, double x) { return isnan(worst) || isnan(x) ? NAN : fmax(worst, x); }
+
 static inline int test_summary(const char* name) {
     printf("%s: %d passed, %d failed\n", name, g_tests_passed, g_tests_failed);
     return g_tests_failed == 0 ? 0 : 1;

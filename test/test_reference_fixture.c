@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
     double logits_err = 0.0;
     for (int i = 0; i < BT; i++) {
         for (int j = 0; j < V; j++) {
-            logits_err = fmax(logits_err, fabs((double)model.acts.logits[(size_t)i * Vp + j] - ds.logits[(size_t)i * V + j]));
+            logits_err = worst_of(logits_err, fabs((double)model.acts.logits[(size_t)i * Vp + j] - ds.logits[(size_t)i * V + j]));
         }
     }
     printf("loss %.7f (PyTorch %.7f), max logits error %.3g\n", loss, ds.loss, logits_err);
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
         const float* expected = ds.grads + (model.grad_tensors[t] - model.grads);
         double max_err = 0.0, scale = 0.0;
         for (size_t i = 0; i < model.param_sizes[t]; i++) {
-            max_err = fmax(max_err, fabs((double)ours[i] - expected[i]));
+            max_err = worst_of(max_err, fabs((double)ours[i] - expected[i]));
             scale = fmax(scale, fabs((double)expected[i]));
         }
         printf("  d%-9s max |grad| %.3e, max error %.3e (%.2e of the scale)\n", PARAM_TENSOR_NAMES[t], scale, max_err,

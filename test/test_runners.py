@@ -129,3 +129,30 @@ def test_a_stopped_test_binary_keeps_the_lines_it_printed(tmp_path):
     subprocess.run(["cc", "-O1", "-I", ROOT, str(source), "-o", binary], check=True, timeout=60)
     result = run([binary], TEST_TIMEOUT_S="1")
     assert any(line.startswith("FAIL ") and line.endswith(": boom") for line in result.stdout.splitlines()), result.stdout
+
+
+def test_an_nccl_too_old_for_two_ranks_fails_gpucheck_unless_allowed():
+    """make gpucheck's 2-rank tests need NCCL 2.30+ (two ranks on one GPU): with an older NCCL the 2-rank test of
+    test_multi_gpu and gpu_trainer_ranks.py fail, so a green run includes them, unless LLM8_ALLOW_NO_TWO_RANKS=1 lets
+    them pass with a SKIP line (dev/gpu_session.sh's first and tests stages, which never install a newer NCCL).
+    test_multi_gpu runs under cudasim, told to report NCCL 2.28.9"""
+    import importlib
+    import sys
+    binary = os.path.join(ROOT, "build", "sim", "test_multi_gpu")
+    assert os.path.exists(binary), f"{binary} is not built (make build/sim/test_multi_gpu)"
+    env = {k: v for k, v in os.environ.items() if k != "LLM8_ALLOW_NO_TWO_RANKS"}
+    env["CUDASIM_NCCL_VERSION"] = "22809"
+    strict = subprocess.run([binary], capture_output=True, text=True, timeout=300, env=env)
+    assert strict.returncode != 0 and "NCCL 22809 is older than 2.30" in strict.stdout, strict.stdout[-2000:]
+    assert "test_multi_gpu: " in strict.stdout and ", 1 failed" in strict.stdout, strict.stdout[-2000:]
+    allowed = subprocess.run([binary], capture_output=True, text=True, timeout=300,
+                             env=dict(env, LLM8_ALLOW_NO_TWO_RANKS="1"))
+    assert allowed.returncode == 0 and "SKIP two ranks on one GPU: NCCL 22809" in allowed.stdout, allowed.stdout[-2000:]
+
+    sys.path.insert(0, os.path.join(ROOT, "test"))
+    try:
+        ranks = importlib.import_module("gpu_trainer_ranks")
+    finally:
+        sys.path.pop(0)
+    assert ranks.old_nccl_verdict(22809, "/x/libnccl.so.2", {}) == 1
+    assert ranks.old_nccl_verdict(22809, "/x/libnccl.so.2", {"LLM8_ALLOW_NO_TWO_RANKS": "1"}) == 0

@@ -192,6 +192,17 @@ def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):
         assert header[0] == 20240326 and header[1] == 5  # bf16 weights
         bits = np.frombuffer(f.read(), dtype=np.uint16)
     assert not np.any((bits & 0x7F80) == 0x7F80), "Inf or NaN reached the weights"
+    # no step happened: the weights are the input's, rounded to bf16 (nearest even), the master is the input's
+    # fp32 bit for bit, and AdamW's moments are still zero
+    start = np.fromfile(workdir / "overflow.bin", dtype=np.float32, offset=1024)
+    start_bits = start.view(np.uint32)
+    rounded = ((start_bits + 0x7FFF + ((start_bits >> 16) & 1)) >> 16).astype(np.uint16)
+    assert np.array_equal(bits, rounded), f"{np.count_nonzero(bits != rounded)} weights changed in skipped steps"
+    n = start.size
+    body = np.fromfile(out / "state_00000003_00000.bin", dtype=np.float32, offset=1024, count=3 * n)
+    m, v, master = body[:n], body[n:2 * n], body[2 * n:]
+    assert not np.any(m) and not np.any(v), "skipped steps changed AdamW's moments"
+    assert np.array_equal(master.view(np.uint32), start_bits), "skipped steps changed the fp32 master weights"
 
 
 def test_printed_memory_figures_match_the_allocations(workdir):
