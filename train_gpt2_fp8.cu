@@ -778,7 +778,7 @@ typedef struct {
 
 /*
 One optimizer step: zero the gradients, grad_accum_steps micro-steps of forward + backward
-on the loader's next batches (or, with reuse_batch, on its current batch), the global norm,
+on the loader's next batches (or, with reuse_batch, on the batch it holds: -a 1), the global norm,
 then AdamW with clipping. A non-finite loss or norm skips the update, so nothing
 non-finite ever reaches the weights or the optimizer state; so does, with outliers (-sl /
 -sg; NULL: no such checks), a loss or norm far above the previous steps' (outlier_skip.h).
@@ -1187,7 +1187,11 @@ int main(int argc, char** argv) {
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, rank, num_ranks, tc.shuffle, model_config.vocab_size);
     int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
-    if (run_val) { dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, rank, num_ranks, 0, model_config.vocab_size); }
+    int val_batches = 0;
+    if (run_val) {
+        dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, rank, num_ranks, 0, model_config.vocab_size);
+        val_batches = dataloader_eval_batches(&val_loader, tc.val_max_steps);
+    }
     int train_num_batches = tc.max_steps;
     if (train_num_batches == -1) {
         train_num_batches = (int)(train_loader.num_tokens / (size_t)tc.total_batch_size);
@@ -1224,13 +1228,18 @@ int main(int argc, char** argv) {
     OutlierSkip outliers;  // -sl / -sg, their windows restored with the state
     outlier_skip_init(&outliers, tc.skip_loss_z, tc.skip_norm_z);
     if (resume_step >= 0) {
-        start_step = load_state(&model, &train_loader, &outliers, out_dir, resume_step, grad_accum_steps, stream);
+        // -a 1 reads no batches from the loader: a resume replays none
+        start_step = load_state(&model, &train_loader, &outliers, out_dir, resume_step,
+                                tc.overfit_single_batch ? 0 : grad_accum_steps, stream);
         outlier_skip_note_resume(&outliers, resume_step);
         if (start_step >= train_num_batches) {
             printf("note: -y 1 resumed at step %d, and the run has %d steps (-x): nothing left to train\n", start_step,
                    train_num_batches);
         }
     }
+
+    // -a 1, as llm.c: every micro-step of every step trains on the run's first batch
+    if (tc.overfit_single_batch) { dataloader_fill_first_batch(&train_loader, tc.train_data_pattern); }
 
     Logger logger;  // rank 0 writes the logs
     logger_init(&logger, out_dir, rank, resume_step >= 0);
@@ -1283,7 +1292,7 @@ int main(int argc, char** argv) {
             check_replicas_identical(&model, &replicas, step, stream);
         }
         if (run_val && (step % tc.val_every == 0 || last_step)) {
-            float val_loss = evaluate_val_loss(&model, &val_loader, tc.val_max_steps, stream);
+            float val_loss = evaluate_val_loss(&model, &val_loader, val_batches, stream);
             printf("val loss %f\n", val_loss);
             logger_log_val(&logger, step, val_loss);
         }
@@ -1306,11 +1315,10 @@ int main(int argc, char** argv) {
 
         cudaCheck(cudaEventRecord(start_event, stream));
         float lr = get_learning_rate(&lr_scheduler, step);
-        int reuse_batch = tc.overfit_single_batch && step > 0;
         uint64_t traffic_before[ZERO_TRAFFIC_KINDS];
         if (model.comm != NULL) { memcpy(traffic_before, model.comm->traffic, sizeof(traffic_before)); }
-        StepResult r = gpt2_train_step(&model, &train_loader, grad_accum_steps, reuse_batch, &optimizer, &outliers, lr, step,
-                                       stream);
+        StepResult r = gpt2_train_step(&model, &train_loader, grad_accum_steps, tc.overfit_single_batch, &optimizer, &outliers,
+                                       lr, step, stream);
         if (model.comm != NULL && step == start_step) { zero_comm_print_traffic(model.comm, traffic_before, step + 1); }
         float loss = r.loss, grad_norm = r.grad_norm;
         int skip = r.outcome != STEP_UPDATED;

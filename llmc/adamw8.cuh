@@ -187,7 +187,7 @@ One 8-bit AdamW step of n elements of a tensor, starting at its element first_in
 multiple of 256: a ZeRO rank's part). master may be NULL (the bf16 weights are the
 parameters); fp8: the FP8 weight outputs (see above; zeroed: none), codes pointing at this
 run's first element; the record's amax_bits takes a max over the weight's calls (the state
-update after them clears it). params, grads and master must be 16-byte aligned, the codes 8-byte aligned, and
+update after them clears it). params, grads, master and the state codes must be 16-byte aligned, the FP8 codes 8-byte aligned, and
 the state slice must start on a 256-element block (adamw8_part_states).
 */
 void adamw8_update(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,

@@ -15,7 +15,9 @@ Why it is shaped this way:
   go in version 2, which is version 1's layout with TAGGED SECTIONS appended after the
   trailer: header [40] holds the section count, and each section is a 16-byte NUL-padded
   ASCII tag, a uint64 byte count and the bytes. Header [6] = 1 says the body has no fp32
-  m and v (an 8-bit optimizer keeps its states in sections instead). New state is a new tag,
+  m and v (an 8-bit optimizer keeps its states in sections instead). Header [7] and [8] (both
+  versions; llm.c leaves them 0) hold the writer's B and T: the saved position counts
+  samples of B*T tokens, so a run resumed with another B or T replays the loader instead. New state is a new tag,
   never a changed layout, so version 1 files (ours with nothing to add, and llm.c's) read
   unchanged; a file whose sections do not match what the run asks for is refused by tag, since
   silently dropping state would break bitwise resume. A file with no sections and fp32 m, v
@@ -56,6 +58,8 @@ Why it is shaped this way:
 #define STATE_VERSION_LLMC 1
 #define STATE_VERSION_SECTIONS 2
 #define STATE_SLOT_MOMENTS_IN_SECTIONS 6
+#define STATE_SLOT_MICRO_BATCH 7   // llm8's: the writer's B and T, 0 in llm.c's files (and llm8's before them)
+#define STATE_SLOT_SEQ_LEN 8
 #define STATE_SLOT_NUM_SECTIONS 40
 #define STATE_SECTION_TAG_BYTES 16
 #define STATE_FILE_MAX_SECTIONS 64  // sections a state file, or a run, may have
@@ -328,6 +332,7 @@ typedef struct {
     int step;
     uint64_t rng_state;             // the trainer's stochastic-rounding seed state
     uint64_t rng_state_last_update;
+    int data_reshaped;              // read: the file's B or T is not the loader's, which was left at its start
 } TrainState;
 
 // one llm8 addition to the state file (version 2); tag: up to 15 ASCII characters
@@ -377,6 +382,8 @@ static inline void state_file_write(const char* path, const TrainState* state, c
     header[4] = buffers->master_weights != NULL;
     header[5] = loader->should_shuffle;
     header[STATE_SLOT_MOMENTS_IN_SECTIONS] = !fp32_moments;
+    header[STATE_SLOT_MICRO_BATCH] = (int32_t)loader->B;
+    header[STATE_SLOT_SEQ_LEN] = (int32_t)loader->T;
     header[10] = state->step;
     uint64_t u64_fields[4] = { state->rng_state, state->rng_state_last_update,
                                (uint64_t)loader->current_shard_idx, (uint64_t)loader->current_sample_idx };
@@ -477,6 +484,7 @@ typedef struct {
     int step;
     size_t current_shard_idx;
     size_t current_sample_idx;
+    int micro_batch, seq_len;           // the writer's B and T (0: not recorded)
     int num_sections;
     long m_offset, v_offset;            // fp32_moments: shard_num_parameters floats each
     long master_offset;                 // has_master: shard_num_parameters floats
@@ -506,6 +514,12 @@ static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEA
     index->should_shuffle = header[5];
     index->fp32_moments = index->version == STATE_VERSION_LLMC || header[STATE_SLOT_MOMENTS_IN_SECTIONS] == 0;
     index->step = header[10];
+    index->micro_batch = header[STATE_SLOT_MICRO_BATCH];
+    index->seq_len = header[STATE_SLOT_SEQ_LEN];
+    if (index->micro_batch < 0 || index->seq_len < 0 || (index->micro_batch == 0) != (index->seq_len == 0)) {
+        llm8_die("state file '%s' has B=%d, T=%d in header slots %d and %d, expected both positive or both 0", path,
+                 index->micro_batch, index->seq_len, STATE_SLOT_MICRO_BATCH, STATE_SLOT_SEQ_LEN);
+    }
     uint64_t position[2];
     memcpy(position, &header[30], sizeof(position));
     index->current_shard_idx = (size_t)position[0];
@@ -593,6 +607,9 @@ static inline const StateSectionPlace* state_file_find_section(const StateFileIn
 Restores a run: fills state and the buffers, and puts the loader at the saved position (with
 its shuffle state). The file must have been written by a run with the same ranks, shuffle
 flag, master-weights use and sections; anything else is a one-line error naming the file.
+A file of another B or T (header [7], [8]) holds a position in samples of another size: the
+loader is left at its start and state->data_reshaped set, for the caller to replay it
+(train_state_read).
 */
 static inline void state_file_read(const char* path, TrainState* state, const StateBuffers* buffers, DataLoader* loader) {
     int32_t header[CHECKPOINT_HEADER_INTS];
@@ -637,14 +654,16 @@ static inline void state_file_read(const char* path, TrainState* state, const St
         freadCheck(buffers->v, sizeof(float), n, fp);
     }
     if (buffers->master_weights != NULL) { freadCheck(buffers->master_weights, sizeof(float), n, fp); }
-    dataloader_read_state(loader, fp, path);
+    state->data_reshaped = fields.micro_batch != 0 && ((size_t)fields.micro_batch != loader->B || (size_t)fields.seq_len != loader->T);
+    if (!state->data_reshaped) { dataloader_read_state(loader, fp, path); }
+    else if (loader->should_shuffle) { dataloader_skip_state(fp, path); }
     state_file_read_sections_(fp, path, file_bytes, num_sections, buffers);
     long end = ftell(fp);
     if (end != file_bytes) {
         llm8_die("state file '%s' has %ld unexpected bytes after its contents", path, file_bytes - end);
     }
     fcloseCheck(fp);
-    dataloader_resume(loader, (size_t)u64_fields[2], (size_t)u64_fields[3], path);
+    if (!state->data_reshaped) { dataloader_resume(loader, (size_t)u64_fields[2], (size_t)u64_fields[3], path); }
 }
 
 #endif // LLMC_CHECKPOINT_H

@@ -8,7 +8,9 @@ Why it is shaped this way:
   one for the last target); within a sample rank r reads the window starting at r*B*T, so
   ranks are interleaved and, over an epoch, disjoint. When shuffling, the shard order and
   the sample order inside each shard are permuted per epoch from an MT19937 seeded with
-  42 + rank, so a run is reproducible and resumable.
+  42 + rank, so a run is reproducible and resumable. As in llm.c, each epoch's shard order is
+  a shuffle of the previous epoch's (the saved order matters on resume), and each shard's
+  sample order a shuffle of the identity.
 - Bad data must fail before it can reach a kernel as an out-of-range embedding index: every
   shard's header and length are checked at init (cheap), and every token id is checked
   against the vocabulary when the shard is loaded for use. A loaded shard is held in host
@@ -19,8 +21,8 @@ Why it is shaped this way:
   file trailer via dataloader_write_state / dataloader_read_state. The rng is written in
   llm.c's struct layout (seed_, left_, next_, state_[624], MATRIX_A[2]) so the trailer is
   byte-compatible with llm.c's.
-- A checkpoint written with another number of ranks holds positions and permutations of
-  another sample size, which map to nothing in this run. The loader's walk is a function of
+- A checkpoint written with another number of ranks, B or T holds positions and permutations
+  of another sample size, which map to nothing in this run. The loader's walk is a function of
   the batch count alone (shard sizes, num_processes*B*T, the rng seeded per rank), so
   dataloader_seek_batches replays it from the shard headers (no tokens are read; the
   shuffle rng makes exactly the draws the batches would have made) and lands where a run
@@ -34,6 +36,7 @@ Why it is shaped this way:
 #include <stdint.h>
 #include <string.h>
 #include <glob.h>
+#include <limits.h>
 #include "utils.h"
 #include "rand.h"
 
@@ -151,6 +154,7 @@ static inline void dataloader_shuffle_samples_(DataLoader* loader) {
     free(loader->intra_shard_indices);
     loader->num_intra_shard_indices = num_samples;
     loader->intra_shard_indices = (int*)mallocCheck(num_samples * sizeof(int));
+    identity_permutation(loader->intra_shard_indices, (int)num_samples);
     random_permutation(loader->intra_shard_indices, (int)num_samples, &loader->shuffle_rng);
 }
 
@@ -217,11 +221,33 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
     if (loader->should_shuffle) {
         manual_seed(&loader->shuffle_rng, (uint32_t)(DATALOADER_SHUFFLE_SEED + process_rank));
         loader->shard_indices = (int*)mallocCheck(loader->num_shards * sizeof(int));
-        for (size_t i = 0; i < loader->num_shards; i++) { loader->shard_indices[i] = (int)i; }
+        identity_permutation(loader->shard_indices, (int)loader->num_shards);
     }
     loader->inputs = (int*)mallocCheck(B * T * sizeof(int));
     loader->targets = (int*)mallocCheck(B * T * sizeof(int));
     dataloader_reset(loader);
+}
+
+// batches in one epoch of this rank's windows: every shard's samples, its tail left out
+static inline size_t dataloader_epoch_batches(const DataLoader* loader) {
+    size_t batches = 0;
+    for (size_t i = 0; i < loader->num_shards; i++) { batches += dataloader_file_samples_(loader, (int)i); }
+    return batches;
+}
+
+/*
+The batches an evaluation of the val split reads, from -m's `requested` (-1: the whole split,
+llm.c's meaning): at most the split's, since past them the loader wraps and would count its
+first batches again in the mean (llm.c wraps); a note says when -m is cut so.
+*/
+static inline int dataloader_eval_batches(const DataLoader* loader, int requested) {
+    size_t available = dataloader_epoch_batches(loader);
+    if (requested > 0 && (size_t)requested <= available) { return requested; }
+    if (requested > 0) {
+        printf("note: -m %d: the val split has %zu batches of B x T, so each evaluation reads those %zu, once each\n",
+               requested, available, available);
+    }
+    return available > (size_t)INT_MAX ? INT_MAX : (int)available;
 }
 
 // fills inputs and targets with the next batch (targets are inputs shifted by one token)
@@ -414,6 +440,21 @@ static inline void dataloader_free(DataLoader* loader) {
     free(loader->inputs);
     free(loader->targets);
     memset(loader, 0, sizeof(*loader));
+}
+
+/*
+-a 1's batch, which every micro-step of the run trains on: the run's first (what a fresh loader
+reads first), into loader's inputs and targets, from a loader of its own, so loader's position
+stays where it is (at its start, or where a resume put it). pattern: the one loader came from.
+*/
+static inline void dataloader_fill_first_batch(DataLoader* loader, const char* pattern) {
+    DataLoader fresh;
+    dataloader_init(&fresh, pattern, loader->B, loader->T, loader->process_rank, loader->num_processes,
+                    loader->should_shuffle, loader->vocab_size);
+    dataloader_next_batch(&fresh);
+    memcpy(loader->inputs, fresh.inputs, loader->B * loader->T * sizeof(int));
+    memcpy(loader->targets, fresh.targets, loader->B * loader->T * sizeof(int));
+    dataloader_free(&fresh);
 }
 
 #endif // LLMC_DATALOADER_H

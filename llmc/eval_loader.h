@@ -12,6 +12,7 @@ Why it is shaped this way:
   the model's vocabulary): a bad file fails at startup with the example named, and next_batch
   cannot fail afterwards, nor hand the model an id past its embedding table.
 - Each example takes 4 rows of the batch, one per completion: row = context + completion.
+  A batch holds B / 4 examples; with B not a multiple of 4 the last rows stay empty, as in llm.c.
   The target at position t is the token at t+1; the mask is 1 exactly on the positions that
   predict completion tokens, so the mean loss under the mask scores a completion, and the
   lowest mean loss is the model's answer (llm.c's rule).
@@ -126,9 +127,9 @@ static inline void evalloader_reset(EvalLoader* loader) {
 // vocab_size: the model's; every token id in the file must be below it
 static inline void evalloader_init(EvalLoader* loader, const char* path, size_t B, size_t T,
                                    int process_rank, int num_processes, int vocab_size) {
-    if (B == 0 || B % EVAL_NUM_COMPLETIONS != 0) {
-        llm8_die("eval file '%s': batch size B=%zu must be a positive multiple of %d (one row per completion)",
-                 path, B, EVAL_NUM_COMPLETIONS);
+    if (B < EVAL_NUM_COMPLETIONS) {
+        llm8_die("eval file '%s': batch size B=%zu holds no example: each takes %d rows, one per completion (raise -b, "
+                 "or -h 0)", path, B, EVAL_NUM_COMPLETIONS);
     }
     if (T == 0) { llm8_die("eval file '%s': T must be positive", path); }
     if (num_processes <= 0 || process_rank < 0 || process_rank >= num_processes) {

@@ -100,9 +100,13 @@ static inline void normal_(float* data, size_t n, float mean, float std, mt19937
     }
 }
 
-// Fisher-Yates shuffle of an int array
-static inline void random_permutation(int* data, int n, mt19937_state* rng) {
+// Fisher-Yates shuffle of an int array, in place: llm.c shuffles its shard order this way at every
+// epoch, each epoch's order a shuffle of the last one's (a fresh order starts from identity_permutation)
+static inline void identity_permutation(int* data, int n) {
     for (int i = 0; i < n; i++) { data[i] = i; }
+}
+
+static inline void random_permutation(int* data, int n, mt19937_state* rng) {
     for (int i = n - 1; i > 0; i--) {
         int j = (int)(randint32(rng) % (uint32_t)(i + 1));
         int tmp = data[i]; data[i] = data[j]; data[j] = tmp;

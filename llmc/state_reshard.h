@@ -321,8 +321,8 @@ static inline int train_state_read_checkpoint(const char* dir, int step, size_t 
     zero_layout_init(&zero, cfg, loader->num_processes);
     ZeroRange range = zero_rank_range(&zero, loader->process_rank);
     checkpoint_state_path(extra_path, CHECKPOINT_PATH_MAX, dir, step, loader->process_rank);
-    return train_state_read(extra_path, step, loader, cfg, use_adamw8, selection, range.begin, range.end, m, v, states8, master,
-                            extra, num_extra);
+    return train_state_read(extra_path, step, batches_per_step, loader, cfg, use_adamw8, selection, range.begin, range.end, m,
+                            v, states8, master, extra, num_extra);
 }
 
 #endif // LLMC_STATE_RESHARD_H

@@ -5,6 +5,8 @@ Why it is shaped this way:
 - Only decoding is needed in C (encoding happens once, in Python, when shards are made), so
   the file is llm.c's flat decode table: header of 256 int32 ([0] 20240328, [1] version 2,
   [2] vocab size, [3] end-of-text token), then per token a uint8 length and its bytes.
+  llm.c's older version 1 has no [3]: as llm.c does, its vocab must be GPT-2's 50257 and
+  the end-of-text token is 50256.
 - Decoding is optional: a missing file prints one warning line and leaves init_ok = 0, and
   the trainer's samples print token ids instead of text. A file that exists but is wrong
   (magic, version, truncated, trailing bytes) is an error.
@@ -23,6 +25,7 @@ Why it is shaped this way:
 
 #define TOKENIZER_MAGIC 20240328
 #define TOKENIZER_VERSION 2
+#define TOKENIZER_V1_VOCAB 50257  // version 1 files: GPT-2's vocab, whose end-of-text token is the last
 #define TOKENIZER_HEADER_INTS 256
 
 typedef struct {
@@ -54,8 +57,14 @@ static inline void tokenizer_init(Tokenizer* tokenizer, const char* path) {
     if (header[0] != TOKENIZER_MAGIC) {
         llm8_die("tokenizer file '%s' has magic %d, expected %d (not an llm.c tokenizer file)", path, header[0], TOKENIZER_MAGIC);
     }
-    if (header[1] != TOKENIZER_VERSION) {
-        llm8_die("tokenizer file '%s' has version %d, expected %d", path, header[1], TOKENIZER_VERSION);
+    if (header[1] == 1) {
+        if (header[2] != TOKENIZER_V1_VOCAB) {
+            llm8_die("tokenizer file '%s' has version 1 and vocab size %d; a version-1 file (no end-of-text id) must be "
+                     "GPT-2's, %d tokens", path, header[2], TOKENIZER_V1_VOCAB);
+        }
+        header[3] = TOKENIZER_V1_VOCAB - 1;
+    } else if (header[1] != TOKENIZER_VERSION) {
+        llm8_die("tokenizer file '%s' has version %d, expected %d (or llm.c's 1)", path, header[1], TOKENIZER_VERSION);
     }
     if (header[2] <= 0 || header[3] < 0 || header[3] >= header[2]) {
         llm8_die("tokenizer file '%s': vocab size %d / end-of-text token %d are invalid", path, header[2], header[3]);

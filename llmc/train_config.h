@@ -141,7 +141,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-sg", FLAG_FLOAT, TC_OFF(skip_norm_z), 0.0, 1e6, NULL, "skip an update whose gradient norm lies more than this many standard deviations above the previous 128 steps' mean (0 = off)"},
     {"-x", FLAG_INT, TC_OFF(max_steps), -1, INT_MAX_FLAG, NULL, "number of optimizer steps (-1 = one epoch of the train data)"},
     {"-v", FLAG_INT, TC_OFF(val_every), 0, INT_MAX_FLAG, NULL, "val loss every N steps (0 = never)"},
-    {"-m", FLAG_INT, TC_OFF(val_max_steps), 1, INT_MAX_FLAG, NULL, "val batches per evaluation"},
+    {"-m", FLAG_INT, TC_OFF(val_max_steps), -1, INT_MAX_FLAG, NULL, "val batches per evaluation (-1 = the whole val split; more than it has: all of them, once)"},
     {"-s", FLAG_INT, TC_OFF(sample_every), 0, INT_MAX_FLAG, NULL, "text sample every N steps (0 = never)"},
     {"-g", FLAG_INT, TC_OFF(gen_tokens), 1, INT_MAX_FLAG, NULL, "tokens per text sample"},
     {"-h", FLAG_INT, TC_OFF(hellaswag), 0, 1, NULL, "HellaSwag accuracy at each val step"},
@@ -373,6 +373,7 @@ static inline void train_config_parse(TrainConfig* c, int argc, char** argv) {
             case FLAG_STRING: *(const char**)(base + f->offset) = text; break;
         }
     }
+    if (c->val_max_steps == 0) { llm8_die("flag -m 0: expected at least 1 val batch per evaluation, or -1 for the whole val split"); }
     if (c->resume && c->output_log_dir[0] == '\0') {
         llm8_die("flag -y 1 needs an output dir -o to resume from");
     }

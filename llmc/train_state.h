@@ -97,7 +97,7 @@ static inline void train_state_write(const char* path, int step, const DataLoade
     train_state_copy_extra_sections(sections, extra, num_extra, "train_state_write");
     int32_t bits[NUM_PARAMETER_TENSORS];
     int num_sections = num_extra + (use_adamw8 ? adamw8_state_sections(sections + num_extra, layout, states8, bits) : 0);
-    TrainState state = {step, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
+    TrainState state = {step, 0, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
     StateBuffers buffers = {layout->num_parameters, use_adamw8 ? NULL : m, use_adamw8 ? NULL : v, master, sections,
                             num_sections};
     state_file_write(path, &state, &buffers, loader);
@@ -180,8 +180,12 @@ states in the host states8 laid out for `selection` (use_adamw8 1), for the flat
 optimizer is converted (doc/adamw8.md): its fp32 moments quantized, or its 8-bit states
 dequantized, which needs the -qs it was written with. step: the checkpoint's (its file name's and
 DONE marker's); a file holding another is refused. Returns the step to continue from.
+batches_per_step: the loader's batches per optimizer step in this run (gradient accumulation; 0
+with -a 1, whose batch is not the loader's); a file of another B or T has its position replayed:
+the loader goes where a run with this B and T is after `step` steps (dataloader_seek_batches).
 */
-static inline int train_state_read(const char* path, int step, DataLoader* loader, const GPT2Config* cfg, int use_adamw8,
+static inline int train_state_read(const char* path, int step, size_t batches_per_step, DataLoader* loader,
+                                   const GPT2Config* cfg, int use_adamw8,
                                    Adamw8Selection selection, size_t flat_begin, size_t flat_end, float* m, float* v,
                                    Adamw8States* states8, float* master, const StateSection* extra, int num_extra) {
     int file_fp32 = state_file_has_fp32_moments(path);
@@ -202,6 +206,15 @@ static inline int train_state_read(const char* path, int step, DataLoader* loade
     state_file_read(path, &state, &buffers, loader);
     if (state.step != step) {
         llm8_die("state file '%s' holds step %d, expected %d (the checkpoint's step)", path, state.step, step);
+    }
+    if (state.data_reshaped) {
+        StateFileIndex header;
+        state_file_read_header(path, &header);
+        dataloader_seek_batches(loader, (size_t)step * batches_per_step);
+        printf("%s: written with B=%d T=%d, this run has B=%zu T=%zu: data loader replayed %zu batches to shard %zu "
+               "sample %zu, where a run with this B and T is at step %d\n", path, header.micro_batch, header.seq_len,
+               loader->B, loader->T, (size_t)step * batches_per_step, loader->current_shard_idx, loader->current_sample_idx,
+               step);
     }
     if (!file_fp32) { adamw8_check_bits(&layout, bits, path); }
     train_state_file_form_finish_(&form, path, &layout, selection, use_adamw8, m, v, states8);

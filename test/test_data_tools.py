@@ -324,6 +324,10 @@ def test_tokenize_folder_bad_inputs(tmp_path):
     result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--val-fraction", "1.5"])
     assert result.returncode == 1
     assert error_lines(result) == ["error: --val-fraction 1.5: expected a fraction in [0, 1)"]
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--shard-size", str(2**31)])
+    assert result.returncode == 1
+    assert error_lines(result) == [f"error: --shard-size {2**31}: expected a positive number of tokens, at most 2^31 - 1 "
+                                   "(the header's int32)"]
 
 
 def test_offline_corpus_on_a_small_folder(encoding, tmp_path):

@@ -193,6 +193,49 @@ static void test_shuffled_order(void) {
     CHECK(idx == 2 * per_rank && disjoint_and_complete, "ranks' shuffled windows are not disjoint and complete");
 }
 
+/*
+llm.c's shuffled order, written out from its dataloader: the shard order is the identity once, at
+init, and each epoch shuffles the previous epoch's order in place (Fisher-Yates from the last
+index down, j = draw % (i + 1)); a shard's sample order is the identity shuffled when the epoch
+reaches the shard. One MT19937 seeded 42 + rank makes every draw, in that order. Three epochs:
+from the second on, an order shuffled from the identity each epoch differs.
+*/
+static void fisher_yates(int* data, int n, mt19937_state* rng) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(randint32(rng) % (uint32_t)(i + 1));
+        int tmp = data[i]; data[i] = data[j]; data[j] = tmp;
+    }
+}
+
+static void test_shuffled_order_is_llmcs(void) {
+    size_t B = 1, T = 4;
+    enum { EPOCHS = 3 };
+    mt19937_state rng;
+    manual_seed(&rng, 42);
+    int shards[NUM_SHARDS], expected[EPOCHS * 256];
+    for (int i = 0; i < NUM_SHARDS; i++) { shards[i] = i; }
+    size_t count = 0;
+    for (int epoch = 0; epoch < EPOCHS; epoch++) {
+        fisher_yates(shards, NUM_SHARDS, &rng);
+        for (int p = 0; p < NUM_SHARDS; p++) {
+            int samples[256];
+            int n = (int)shard_samples(shards[p], B, T, 1);
+            for (int k = 0; k < n; k++) { samples[k] = k; }
+            fisher_yates(samples, n, &rng);
+            for (int k = 0; k < n; k++) { expected[count++] = shards[p] * 1000 + samples[k] * (int)(B * T); }
+        }
+    }
+    DataLoader loader;
+    dataloader_init(&loader, g_pattern, B, T, 0, 1, 1, VOCAB);
+    size_t first_wrong = count;
+    for (size_t i = 0; i < count; i++) {
+        dataloader_next_batch(&loader);
+        if (loader.inputs[0] != expected[i] && first_wrong == count) { first_wrong = i; }
+    }
+    CHECK(first_wrong == count, "shuffled batch %zu of %zu (%d epochs) is not llm.c's", first_wrong, count, EPOCHS);
+    dataloader_free(&loader);
+}
+
 // runs `before` batches, saves the position and shuffle state, restores a new loader from it,
 // and checks the next two epochs of batches match the uninterrupted loader
 static void check_resume(int should_shuffle, int rank, int num_processes, int before) {
@@ -391,6 +434,20 @@ static void test_eval_loader(void) {
     CHECK(evalloader_stat_losses(&loader, losses) == 1, "completion 0 has the lowest mean now");
     evalloader_free(&loader);
 
+    // B = 6 (not a multiple of 4, as llm.c allows): one example a batch, rows 4 and 5 empty and never scored
+    evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), 6, T, 0, 1, EVAL_TEST_VOCAB);
+    CHECK(loader.num_batches == 10, "B=6: %d batches for 10 examples, expected 10", loader.num_batches);
+    int spare_rows_empty = 1, labels_ok = 1;
+    for (int b = 0; b < loader.num_batches; b++) {
+        evalloader_next_batch(&loader);
+        labels_ok &= loader.label[0] == ex_label(b);
+        for (size_t i = 4 * T; i < 6 * T; i++) {
+            spare_rows_empty &= loader.inputs[i] == 0 && loader.targets[i] == 0 && loader.mask[i] == 0.0f;
+        }
+    }
+    CHECK(labels_ok && spare_rows_empty, "B=6: labels %d, spare rows empty %d", labels_ok, spare_rows_empty);
+    evalloader_free(&loader);
+
     // three ranks: ceil(10 / 3) = 4 examples each, the last rank gets 2 and padding rows
     evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), 8, T, 2, 3, EVAL_TEST_VOCAB);
     CHECK(loader.start_example_index == 8 && loader.end_example_index == 10 && loader.num_batches == 2,
@@ -415,7 +472,7 @@ static void test_eval_bad_inputs(void) {
     freadCheck(bytes, 1, (size_t)n, fp);
     fclose(fp);
 
-    CHECK_DIES("eval: B not a multiple of 4", "multiple of 4", evalloader_init(&loader, good, 6, 16, 0, 1, EVAL_TEST_VOCAB));
+    CHECK_DIES("eval: B below 4", "holds no example", evalloader_init(&loader, good, 3, 16, 0, 1, EVAL_TEST_VOCAB));
     const char* missing = in_dir(g_dir, "no_such_eval.bin");
     CHECK_DIES("eval: missing file", missing, evalloader_init(&loader, missing, 4, 16, 0, 1, EVAL_TEST_VOCAB));
     CHECK_DIES("eval: completion longer than T", good, evalloader_init(&loader, good, 4, 4, 0, 1, EVAL_TEST_VOCAB));
@@ -481,6 +538,7 @@ int main(void) {
 
     test_unshuffled_order();
     test_shuffled_order();
+    test_shuffled_order_is_llmcs();
     test_resume();
     test_shards_from_llmc();
     test_dataloader_bad_inputs();

@@ -63,6 +63,25 @@ static int files_identical(const char* a, const char* b) {
     return same;
 }
 
+// our state file against llm.c's: the same bytes, but for the B and T ours keeps in header slots
+// llm.c leaves 0 and never reads
+static int state_file_is_llmc_plus_batch_shape(const char* ours, const char* llmc, int B, int T) {
+    size_t na, nb;
+    unsigned char* x = read_all(ours, &na);
+    unsigned char* y = read_all(llmc, &nb);
+    int32_t shape[2] = {B, T}, zeros[2] = {0, 0};
+    int same = na == nb && na >= CHECKPOINT_HEADER_BYTES && memcmp(x + 4 * STATE_SLOT_MICRO_BATCH, shape, 4) == 0 &&
+               memcmp(x + 4 * STATE_SLOT_SEQ_LEN, shape + 1, 4) == 0 &&
+               memcmp(y + 4 * STATE_SLOT_MICRO_BATCH, zeros, 8) == 0;
+    if (same) {
+        memcpy(x + 4 * STATE_SLOT_MICRO_BATCH, zeros, 8);
+        same = memcmp(x, y, na) == 0;
+    }
+    free(x);
+    free(y);
+    return same;
+}
+
 // a copy of `src` with `length` bytes, and int32 header slot `slot` set to `value` (slot < 0: unchanged)
 static const char* write_variant(const char* src, const char* name, size_t length, int slot, int32_t value) {
     size_t n;
@@ -243,8 +262,9 @@ static void test_state_from_llmc(void) {
     // our writer, from the same state, reproduces the file byte for byte
     dataloader_resume(&loader, 1, 2, "test_state.bin");
     state_file_write(in_dir(g_dir, "ours_state_v1.bin"), &state, &buffers, &loader);
-    CHECK(files_identical(in_dir(g_dir, "ours_state_v1.bin"), in_dir(g_py_dir, "state_v1.bin")),
-          "our v1 state file != llm.c layout");
+    CHECK(state_file_is_llmc_plus_batch_shape(in_dir(g_dir, "ours_state_v1.bin"), in_dir(g_py_dir, "state_v1.bin"),
+                                              PY_STATE_B, PY_STATE_T),
+          "our v1 state file != llm.c layout (but for B and T in header slots 7 and 8)");
     dataloader_free(&loader);
 
     // shuffle trailer, no master weights
@@ -283,8 +303,29 @@ static void test_state_from_llmc(void) {
     // the state as read, written again, is the same file
     dataloader_resume(&loader, 0, 5, "test_state.bin");
     state_file_write(in_dir(g_dir, "ours_state_shuffle.bin"), &state, &shuffled, &loader);
-    CHECK(files_identical(in_dir(g_dir, "ours_state_shuffle.bin"), in_dir(g_py_dir, "state_v1_shuffle.bin")),
-          "our shuffled v1 state file != llm.c layout");
+    CHECK(state_file_is_llmc_plus_batch_shape(in_dir(g_dir, "ours_state_shuffle.bin"),
+                                              in_dir(g_py_dir, "state_v1_shuffle.bin"), PY_STATE_B, PY_STATE_T),
+          "our shuffled v1 state file != llm.c layout (but for B and T in header slots 7 and 8)");
+    dataloader_free(&loader);
+
+    // a file of another B (or T): its position counts samples of another size, so the loader stays at its
+    // start for the caller to replay (train_state_read); the rest is read as ever
+    DataLoader wider;
+    dataloader_init(&wider, in_dir(g_py_dir, "data_train_*.bin"), 2 * PY_STATE_B, PY_STATE_T, 0, 1, 1, 50257);
+    int32_t shard_order[2] = {wider.shard_indices[0], wider.shard_indices[1]};
+    memset(&state, 0, sizeof(state));
+    state_file_read(in_dir(g_dir, "ours_state_shuffle.bin"), &state, &shuffled, &wider);
+    CHECK(state.data_reshaped && state.step == 123 && wider.current_shard_idx == 0 && wider.current_sample_idx == 0 &&
+          wider.shard_indices[0] == shard_order[0] && wider.shard_indices[1] == shard_order[1],
+          "B=%d file read with B=%d: reshaped %d, step %d, position %zu %zu", PY_STATE_B, 2 * PY_STATE_B,
+          state.data_reshaped, state.step, wider.current_shard_idx, wider.current_sample_idx);
+    CHECK(memcmp(m, want_m, sizeof(m)) == 0 && memcmp(v, want_v, sizeof(v)) == 0, "B=%d file read with B=%d: m/v differ",
+          PY_STATE_B, 2 * PY_STATE_B);
+    dataloader_free(&wider);
+    const char* half_shape = write_variant(in_dir(g_dir, "ours_state_shuffle.bin"), "state_half_shape.bin",
+                                           file_length(in_dir(g_dir, "ours_state_shuffle.bin")), STATE_SLOT_SEQ_LEN, 0);
+    py_loader_init(&loader, 1);
+    CHECK_DIES("state: B without T", "header slots 7 and 8", state_file_read(half_shape, &state, &shuffled, &loader));
     dataloader_free(&loader);
 }
 
@@ -297,7 +338,7 @@ static void test_state_round_trip(void) {
     mt19937_state rng;
     manual_seed(&rng, 5);
     normal_(m, 3 * n, 0.0f, 1.0f, &rng);
-    TrainState state = {4567, 0xdeadbeefcafef00dull, 4566};
+    TrainState state = {4567, 0xdeadbeefcafef00dull, 4566, 0};
     StateBuffers with_master = {n, m, v, master, NULL, 0};
     StateBuffers without_master = {n, m, v, NULL, NULL, 0};
     StateBuffers into_with = {n, back, back + n, back + 2 * n, NULL, 0};
@@ -359,7 +400,7 @@ static void test_state_sections(void) {
                                 {"adamw8_m", quantized, sizeof(quantized), 0}};
     DataLoader loader;
     py_loader_init(&loader, 1);
-    TrainState state = {9, 1, 2};
+    TrainState state = {9, 1, 2, 0};
     StateBuffers buffers = {n, m, v, master, sections, 2};
     const char* path = in_dir(g_dir, "sections.bin");
     state_file_write(path, &state, &buffers, &loader);
@@ -522,14 +563,41 @@ static void test_tokenizer(void) {
     size_t length = file_length(good);
     const char* magic = write_variant(good, "tok_magic.bin", length, 0, 1);
     CHECK_DIES("tokenizer: wrong magic", magic, tokenizer_init(&tokenizer, magic));
-    const char* ver = write_variant(good, "tok_version.bin", length, 1, 1);
+    const char* ver = write_variant(good, "tok_version.bin", length, 1, 3);
     CHECK_DIES("tokenizer: wrong version", ver, tokenizer_init(&tokenizer, ver));
+    const char* v1_small = write_variant(good, "tok_v1_small.bin", length, 1, 1);
+    CHECK_DIES("tokenizer: version 1 with a vocab other than GPT-2's", v1_small, tokenizer_init(&tokenizer, v1_small));
     const char* truncated = write_variant(good, "tok_truncated.bin", length - 3, -1, 0);
     CHECK_DIES("tokenizer: truncated", truncated, tokenizer_init(&tokenizer, truncated));
     const char* longer = write_variant(good, "tok_longer.bin", length + 2, -1, 0);
     CHECK_DIES("tokenizer: trailing bytes", longer, tokenizer_init(&tokenizer, longer));
     const char* vocab = write_variant(good, "tok_vocab.bin", length, 2, 300);
     CHECK_DIES("tokenizer: vocab size vs length", vocab, tokenizer_init(&tokenizer, vocab));
+}
+
+// llm.c's version-1 tokenizer file (no end-of-text id in the header): GPT-2's 50257 tokens, the last the EOT
+static void test_version_1_tokenizer(void) {
+    const char* path = in_dir(g_dir, "tok_v1.bin");
+    FILE* fp = fopenCheck(path, "wb");
+    int32_t header[TOKENIZER_HEADER_INTS];
+    memset(header, 0, sizeof(header));
+    header[0] = TOKENIZER_MAGIC;
+    header[1] = 1;
+    header[2] = TOKENIZER_V1_VOCAB;
+    fwriteCheck(header, sizeof(header), 1, fp);
+    for (int i = 0; i < TOKENIZER_V1_VOCAB; i++) {
+        char piece[16];
+        unsigned char n = (unsigned char)snprintf(piece, sizeof(piece), "<%d>", i);
+        fwriteCheck(&n, 1, 1, fp);
+        fwriteCheck(piece, 1, n, fp);
+    }
+    fcloseCheck(fp);
+    Tokenizer tokenizer;
+    tokenizer_init(&tokenizer, path);
+    CHECK(tokenizer.init_ok && tokenizer.vocab_size == 50257 && tokenizer.eot_token == 50256,
+          "version-1 tokenizer: init_ok %d, vocab %u, eot %u", tokenizer.init_ok, tokenizer.vocab_size, tokenizer.eot_token);
+    CHECK(tokenizer.init_ok && strcmp(tokenizer_decode(&tokenizer, 50256), "<50256>") == 0, "version-1 tokenizer: last token");
+    tokenizer_free(&tokenizer);
 }
 
 static void test_safe_printf(void) {
@@ -796,6 +864,7 @@ int main(void) {
     test_state_sections();
     test_state_bad_inputs();
     test_tokenizer();
+    test_version_1_tokenizer();
     test_safe_printf();
     test_checkpoint_paths_and_latest();
     test_checkpoint_keep_newest();

@@ -178,6 +178,25 @@ def test_gelu_backward_in_the_dgrad_epilogue(workdir, precision):
     assert runs[1][1] != runs[2][1], "-ge 2 trained like -ge 1"
 
 
+def test_overfit_single_batch_reuses_the_first_batch_and_resumes(workdir):
+    """-a 1, as llm.c: every micro-step of every step trains on the first batch (with -d 2 B T, step 1's loss is the
+    -d B T run's); a resumed run takes that batch again, not an unfilled one, and goes on bit for bit"""
+    flags = ["-a", 1, "-v", 0, "-s", 0, "-l", 1e-3, "-k", "constant"]
+    runs = {}
+    for name, extra in (("one", ["-d", 256, "-x", 1]), ("straight", ["-d", 512, "-x", 4, "-n", 4])):
+        r = train(workdir, flags + extra + ["-o", workdir / f"overfit_{name}"])
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[name] = losses(r.stdout)
+    assert abs(runs["one"][1] - runs["straight"][1]) <= 1e-6 * runs["one"][1], runs
+    assert runs["straight"][4] < runs["straight"][1], runs
+    split = workdir / "overfit_split"
+    for steps, resume in ((2, 0), (4, 1)):
+        r = train(workdir, flags + ["-d", 512, "-x", steps, "-n", 2, "-y", resume, "-o", split])
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert losses(r.stdout) == {3: runs["straight"][3], 4: runs["straight"][4]}, r.stdout[-2000:]
+    assert (split / "model_00000004.bin").read_bytes() == (workdir / "overfit_straight" / "model_00000004.bin").read_bytes()
+
+
 def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):
     out = workdir / "overflow"
     sim_model.write_model(workdir / "overflow.bin", first_qkv_weight=3e38)  # every forward overflows

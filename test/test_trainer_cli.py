@@ -84,6 +84,10 @@ class TestBadInput:
     def test_outlier_skip_flag_out_of_range(self, binary, data, flag, value):
         assert_one_line_error(run(binary, base_args(data, [flag, value])), flag, str(value))
 
+    @pytest.mark.parametrize("value", [0, -2])
+    def test_val_batches_out_of_range(self, binary, data, value):
+        assert_one_line_error(run(binary, base_args(data, ["-m", value])), "-m", str(value))
+
     def test_flag_not_a_number(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-l", "fast"])), "-l", "fast")
 
@@ -446,6 +450,53 @@ def test_cpu_resume_is_bitwise_identical(data, tmp_path):
     assert la[3:] == lb[-3:], (la, lb)
     r4 = run(CPU, base_args(data, common + ["-o", split, "-y", 1]), timeout=600)  # resumed at the run's end
     assert r4.returncode == 0 and "resumed at step 6, and the run has 6 steps (-x): nothing left to train" in r4.stdout, r4.stdout
+
+
+def test_cpu_val_batches_whole_split_once(data, tmp_path):
+    """-m -1 evaluates the whole val split (llm.c's meaning); a larger -m than the split's batches reads each once, with
+    a note, instead of wrapping around and counting the first batches twice (the val shard: 5000 tokens, 78 batches of
+    B=2 x T=32)"""
+    def val_loss(m):
+        r = run(CPU, base_args(data, ["-x", 1, "-v", 1, "-m", m]), timeout=600)
+        assert r.returncode == 0, r.stderr
+        return r, re.findall(r"^val loss (\S+)$", r.stdout, re.M)
+    whole, exact, more, fewer = val_loss(-1), val_loss(78), val_loss(1000), val_loss(77)
+    assert whole[1] and whole[1] == exact[1] == more[1] != fewer[1], (whole[1], exact[1], more[1], fewer[1])
+    assert "note: -m 1000: the val split has 78 batches of B x T, so each evaluation reads those 78, once each" in more[0].stdout
+    assert "note: -m" not in whole[0].stdout + exact[0].stdout
+
+
+def state_data_position(path):
+    """a state file's loader position: (shard, sample), the uint64s at header slots 30 and 32"""
+    return struct.unpack_from("<QQ", path.read_bytes(), 120)
+
+
+@pytest.mark.parametrize("shuffle", [0, 1])
+def test_cpu_resume_with_another_micro_batch_replays_the_loader(data, tmp_path, shuffle):
+    """a checkpoint of -b 2 resumed with -b 4 (the same -d): the saved position counts samples of 2 x T tokens, so the
+    loader is replayed to where a -b 4 run is at that step (it skipped data unshuffled, and died shuffled)"""
+    common = ["-d", 256, "-sh", shuffle, "-n", 3, "-x", 6, "-v", 0]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    r = run(CPU, base_args(data, common + ["-b", 4, "-o", straight]), timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = run(CPU, base_args(data, ["-d", 256, "-sh", shuffle, "-n", 3, "-x", 3, "-v", 0, "-b", 2, "-o", split]), timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = run(CPU, base_args(data, common + ["-b", 4, "-o", split, "-y", 1]), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "written with B=2 T=32, this run has B=4 T=32: data loader replayed 6 batches" in r.stdout, r.stdout[-2000:]
+    positions = [state_data_position(d / "state_00000006_00000.bin") for d in (straight, split)]
+    assert positions[0] == positions[1] and positions[0] != (0, 0), positions
+
+
+def test_cpu_overfit_single_batch_resumes_bitwise(data, tmp_path):
+    """-a 1 trains every micro-step on the first batch; a resumed run takes that batch again (it trained on unfilled
+    token ids) and goes on bit for bit"""
+    flags = ["-a", 1, "-d", 128]  # 2 micro-steps of B=2, T=32
+    run_straight(data, tmp_path / "straight", flags)
+    r = run_split(data, tmp_path / "split", flags, flags)
+    assert r.returncode == 0, r.stderr
+    assert final_model(tmp_path / "straight") == final_model(tmp_path / "split")
+    assert train_losses(tmp_path / "straight")[3:] == train_losses(tmp_path / "split")[-3:]
 
 
 def train_losses(out):

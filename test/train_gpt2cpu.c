@@ -151,16 +151,17 @@ static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoa
 }
 
 // restores the optimizer (converting a file of the other optimizer), the FP8 scaling, the
-// data position and the -sl / -sg windows (when the file has them); returns the step
+// data position (batches_per_step: train_state_read's) and the -sl / -sg windows (when the
+// file has them); returns the step
 static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader, OutlierSkip* outliers, const char* path,
-                          int step) {
+                          int step, size_t batches_per_step) {
     StateSection sections[CPU_FP8_SECTIONS + 1];
     Fp8Emulation fp8_config;
     memset(&fp8_config, 0, sizeof(fp8_config));
     int fp8_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
     sections[fp8_sections] = outlier_skip_state_section(outliers);  // optional: absent unless written with -sl / -sg
-    step = train_state_read(path, step, loader, &model->config, opt->use_adamw8, opt->selection, 0, model->num_parameters,
-                            model->adam_m, model->adam_v, &opt->states, NULL, sections, fp8_sections + 1);
+    step = train_state_read(path, step, batches_per_step, loader, &model->config, opt->use_adamw8, opt->selection, 0,
+                            model->num_parameters, model->adam_m, model->adam_v, &opt->states, NULL, sections, fp8_sections + 1);
     outlier_skip_check_loaded(outliers, path);
     if (fp8_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
         char passes[256];
@@ -197,7 +198,11 @@ int main(int argc, char** argv) {
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, 0, 1, tc.shuffle, cfg.vocab_size);
     int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
-    if (run_val) { dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, 0, 1, 0, cfg.vocab_size); }
+    int val_batches = 0;
+    if (run_val) {
+        dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, 0, 1, 0, cfg.vocab_size);
+        val_batches = dataloader_eval_batches(&val_loader, tc.val_max_steps);
+    }
     int num_steps = tc.max_steps;
     if (num_steps == -1) {
         num_steps = (int)(train_loader.num_tokens / (size_t)tc.total_batch_size);
@@ -226,7 +231,8 @@ int main(int argc, char** argv) {
     if (resume_step >= 0) {
         char state_path[CHECKPOINT_PATH_MAX];
         checkpoint_state_path(state_path, sizeof(state_path), out_dir, resume_step, 0);
-        start_step = cpu_load_state(&model, &optimizer, &train_loader, &outliers, state_path, resume_step);
+        start_step = cpu_load_state(&model, &optimizer, &train_loader, &outliers, state_path, resume_step,
+                                    tc.overfit_single_batch ? 0 : (size_t)grad_accum_steps);  // -a 1 reads no batches
         printf("resumed from %s at step %d\n", model_path, start_step);
         outlier_skip_note_resume(&outliers, resume_step);
         if (start_step >= num_steps) {
@@ -257,13 +263,14 @@ int main(int argc, char** argv) {
     }
     printf("\n");
 
+    if (tc.overfit_single_batch) { dataloader_fill_first_batch(&train_loader, tc.train_data_pattern); }  // -a 1's batch
     outlier_skip_print_settings(&outliers);
     size_t step_fp8_bytes = model.fp8_linears != NULL ? cpu_fp8_num_linears(&model) * sizeof(Fp8LinearState) : 0;
     Fp8LinearState* step_fp8_before = step_fp8_bytes > 0 ? (Fp8LinearState*)mallocCheck(step_fp8_bytes) : NULL;
     for (int step = start_step; step <= num_steps; step++) {
         int last_step = step == num_steps;
         if (run_val && (step % tc.val_every == 0 || last_step)) {
-            float val_loss = cpu_val_loss(&model, &val_loader, tc.val_max_steps, tc.B, tc.T);
+            float val_loss = cpu_val_loss(&model, &val_loader, val_batches, tc.B, tc.T);
             printf("val loss %f\n", val_loss);
             logger_log_val(&logger, step, val_loss);
         }
@@ -278,7 +285,7 @@ int main(int argc, char** argv) {
         gpt2ref_zero_grad(&model);
         double loss_sum = 0.0;
         for (int micro = 0; micro < grad_accum_steps; micro++) {
-            if (tc.overfit_single_batch == 0 || (step == 0 && micro == 0)) { dataloader_next_batch(&train_loader); }
+            if (!tc.overfit_single_batch) { dataloader_next_batch(&train_loader); }
             loss_sum += gpt2ref_forward(&model, train_loader.inputs, train_loader.targets, tc.B, tc.T);
             gpt2ref_backward(&model, grad_accum_steps);
         }

@@ -3,7 +3,7 @@ GPT-2 BPE for llm8's data tools, built without the network.
 
 Why this module exists: tiktoken.get_encoding("gpt2") downloads vocab.bpe and
 encoder.json on first use, so on an offline machine every data script would die
-with a network traceback. The GPT-2 merge ranks are a single 1.6 MB file that
+with a network traceback. The GPT-2 merge ranks are a single 836 KB file that
 is also shipped (as gpt2.tiktoken, byte-identical to tiktoken's
 r50k_base.tiktoken) inside the openai-whisper package. So we look for the rank
 file in a fixed order and build the tiktoken Encoding from it directly:
@@ -226,8 +226,8 @@ def read_tokenizer_file(path):
     with open(path, "rb") as f:
         data = f.read()
     header = np.frombuffer(data[:1024], dtype=np.int32)
-    if len(data) < 1024 or header[0] != TOKENIZER_MAGIC or header[1] != TOKENIZER_VERSION:
-        raise ValueError(f"{path}: not a version-{TOKENIZER_VERSION} tokenizer file (magic {TOKENIZER_MAGIC})")
+    if len(data) < 1024 or header[0] != TOKENIZER_MAGIC or header[1] not in (1, TOKENIZER_VERSION):
+        raise ValueError(f"{path}: not a tokenizer file of version 1 or {TOKENIZER_VERSION} (magic {TOKENIZER_MAGIC})")
     tokens = []
     offset = 1024
     for _ in range(int(header[2])):

@@ -250,8 +250,8 @@ def add_tokenize_arguments(parser, default_prefix, default_out_dir):
 
 
 def check_tokenize_arguments(args):
-    if args.shard_size < 1:
-        die(f"--shard-size {args.shard_size}: expected a positive number of tokens")
+    if not 1 <= args.shard_size <= 2**31 - 1:
+        die(f"--shard-size {args.shard_size}: expected a positive number of tokens, at most 2^31 - 1 (the header's int32)")
     if not 0.0 <= args.val_fraction < 1.0:
         die(f"--val-fraction {args.val_fraction}: expected a fraction in [0, 1)")
     for flag, value in (("--max-train-tokens", args.max_train_tokens), ("--max-val-tokens", args.max_val_tokens)):
