@@ -1171,6 +1171,15 @@ int main(int argc, char** argv) {
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
     train_config_check_zero_stage(&tc, &fp8_settings, num_ranks);
     fp8_model_check_shapes(&fp8_settings, &model_config, tc.B * tc.T);  // e.g. the block recipe on d48: one line, no GPU touched
+    if (train_config_uses_adamw8(&tc)) {
+        int off_grid = zero_8bit_weight_off_block_grid(&model_config, adamw8_selection_from_name(tc.adamw8_states, "-qs"));
+        if (off_grid >= 0) {
+            llm8_die("-opt adamw8 -qs %s: %s's layer slice of %zu elements is not a whole number of %d-element blocks (C=%d "
+                     "is not a multiple of 16), and the update takes each layer's weight on its own: use -qs none or "
+                     "-opt adamw", tc.adamw8_states, PARAM_TENSOR_NAMES[off_grid],
+                     gpt2_param_layer_elements(&model_config, off_grid), QUANT8_BLOCK, model_config.channels);
+        }
+    }
     AttentionBackend attention = strcmp(tc.attention, "cudnn") == 0 ? ATTENTION_CUDNN : ATTENTION_FALLBACK;
     if (!tc.attention_deterministic && attention != ATTENTION_CUDNN) {
         llm8_die("-ad 0: the backward with float atomics is cuDNN's (-at cudnn); -at %s is deterministic, "

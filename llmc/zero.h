@@ -151,6 +151,24 @@ static inline int zero_tensor_is_matmul_weight(int tensor) {
     return tensor == PARAM_QKVW || tensor == PARAM_ATTPROJW || tensor == PARAM_FCW || tensor == PARAM_FCPROJW;
 }
 
+/*
+The update ranges cut each matmul weight at its layers' boundaries (the optimizer writes one
+FP8 amax per layer's weight), and a block of 256 8-bit states cannot be split between two
+calls, so an 8-bit matmul weight's per-layer slice must be a whole number of blocks. A width C
+that is a multiple of 16 always gives that (C^2, 3C^2, 4C^2); the GPU trainer refuses another
+(a checkpoint's C = 72: qkvw and attprojw) at startup, naming the tensor, instead of dying at
+its first update. Returns the first such tensor under `selection`, or -1.
+*/
+static inline int zero_8bit_weight_off_block_grid(const GPT2Config* cfg, Adamw8Selection selection) {
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        if (zero_tensor_is_matmul_weight(t) && adamw8_tensor_is_8bit(cfg, t, selection) &&
+            gpt2_param_layer_elements(cfg, t) % QUANT8_BLOCK != 0) {
+            return t;
+        }
+    }
+    return -1;
+}
+
 // one optimizer call: elements [offset, offset + n) of a rank's part of `tensor` (offset in
 // the part's coordinates), all in layer `layer`'s slice (-1: a whole-model tensor)
 typedef struct {

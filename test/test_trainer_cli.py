@@ -387,6 +387,21 @@ def test_gpu_trainer_refuses_a_head_size_its_attention_cannot_run(data, heads, c
     assert_one_line_error(r, f"model '{path}'", f"head size C/NH = {channels}/{heads} = {channels // heads}", expected)
 
 
+def test_gpu_trainer_refuses_8bit_weights_off_the_block_grid(data):
+    """adamw8 updates each layer's matmul weight on its own, in whole 256-element blocks: with C = 72 (a multiple of 8,
+    not of 16) qkvw's layer slice 3C^2 = 15552 is not, and the GPU trainer stops at startup naming it and the remedy
+    (it died at its first update); -qs none passes that check, and the CPU trainer, which updates whole tensors, trains"""
+    import sim_model
+    path = data / "c72.bin"
+    sim_model.write_model(path, layers=2, heads=9, channels=72, vocab=1000)
+    r = run(GPU, base_args(data, ["-e", path, "-opt", "adamw8"]))
+    assert_one_line_error(r, "-opt adamw8 -qs default", "qkvw's layer slice of 15552 elements", "C=72", "-qs none")
+    r = run(GPU, base_args(data, ["-e", path, "-opt", "adamw8", "-qs", "none"]))
+    assert "qkvw's layer slice" not in r.stderr, r.stderr
+    r = run(CPU, base_args(data, ["-e", path, "-opt", "adamw8", "-x", 1]))
+    assert r.returncode == 0, r.stderr
+
+
 def test_nondeterministic_attention_backward_needs_cudnn(data):
     """-ad 0 asks for cuDNN's backward with float atomics: with -at fallback it stops at startup,
     naming both flags; -ad takes only 0 or 1"""

@@ -747,6 +747,17 @@ int main(void) {
         size_t lnfb = model.param_offsets[PARAM_LNFB];
         adamw8_layout_window(&window, &model, lnfb + 64, model.num_parameters);
     });
+    // C = 72 (a checkpoint's width, a multiple of 8 but not 16): qkvw's layer slice 3C^2 = 15552 and attprojw's C^2 =
+    // 5184 are not whole blocks, which the per-layer 8-bit update needs; fcw and fcprojw (4C^2) are
+    for (int m = 0; m < 3; m++) {
+        GPT2Config cfg = gpt2_config_from_descriptor(names[m]);
+        CHECK(zero_8bit_weight_off_block_grid(&cfg, ADAMW8_SELECT_ALL) == -1, "%s: an 8-bit weight off the grid", names[m]);
+    }
+    GPT2Config c72 = gpt2_config_make(2, 1, 72, 256, 1000);
+    CHECK(zero_8bit_weight_off_block_grid(&c72, ADAMW8_SELECT_DEFAULT) == PARAM_QKVW, "C=72 -qs default: qkvw expected");
+    CHECK(zero_8bit_weight_off_block_grid(&c72, ADAMW8_SELECT_NONE) == -1, "C=72 -qs none: no 8-bit weight");
+    GPT2Config c80 = gpt2_config_make(2, 1, 80, 256, 1000);
+    CHECK(zero_8bit_weight_off_block_grid(&c80, ADAMW8_SELECT_ALL) == -1, "C=80: every layer slice is whole blocks");
     test_fp8_gather(&tiny_vocab, FP8_E5M2, 1);
     // d12's weight shapes (C = 768: 432 blocks per layer) in two layers, a small vocabulary
     GPT2Config d12_like = d12;
