@@ -835,6 +835,7 @@ static float evaluate_val_loss(GPT2* model, DataLoader* val_loader, int val_max_
     return gpt2_mean_loss(model, val_max_steps, stream);
 }
 
+// HellaSwag over every rank's examples: prints llm.c's line ("HellaSwag: correct/total = accuracy"), returns the accuracy
 static float evaluate_hellaswag(GPT2* model, EvalLoader* eval_loader, cudaStream_t stream) {
     evalloader_reset(eval_loader);
     size_t BT = (size_t)model->B * model->T;
@@ -852,21 +853,30 @@ static float evaluate_hellaswag(GPT2* model, EvalLoader* eval_loader, cudaStream
     total = eval_loader->end_example_index - eval_loader->start_example_index;  // this rank's share
     float all_correct = gpt2_all_reduce(model, (float)correct, ncclSum, stream, "HellaSwag all-reduce");
     float all_total = gpt2_all_reduce(model, (float)total, ncclSum, stream, "HellaSwag all-reduce");
-    return all_total > 0 ? all_correct / all_total : 0.0f;
+    float accuracy = all_total > 0 ? all_correct / all_total : 0.0f;
+    printf("HellaSwag: %d/%d = %f\n", (int)all_correct, (int)all_total, accuracy);
+    return accuracy;
 }
 
-// samples gen_tokens tokens after an <|endoftext|> prompt, from row 0 of the batch
-static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, mt19937_state* rng, cudaStream_t stream) {
+/*
+A text sample of gen_tokens tokens (-g, llm.c's genT): an <|endoftext|> prompt, then gen_tokens - 1
+tokens drawn one at a time from row 0 of the batch. As llm.c, each sample draws from a generator
+seeded 1337 afresh, so samples at two steps differ by the weights alone, and a resumed run prints
+what an uninterrupted one prints.
+*/
+static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, cudaStream_t stream) {
     int B = model->B, T = model->T, V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
     int eot = tokenizer->init_ok ? (int)tokenizer->eot_token : 50256;
     if (eot >= V) { eot = 0; }
     int* tokens = (int*)mallocCheck((size_t)B * T * sizeof(int));
     for (int i = 0; i < B * T; i++) { tokens[i] = eot; }
-    if (gen_tokens > T - 1) { gen_tokens = T - 1; }
+    if (gen_tokens > T) { gen_tokens = T; }
+    mt19937_state rng;
+    manual_seed(&rng, 1337);
     float* probs = (float*)mallocCheck((size_t)V * sizeof(float));
     printf("generating:\n---\n");
     fp8_model_begin_eval(&model->fp8, stream);
-    for (int t = 1; t <= gen_tokens; t++) {
+    for (int t = 1; t < gen_tokens; t++) {
         gpt2_forward(model, tokens, NULL, 1.0f, 0, stream);
         gpt2_wait(model, stream, "sampling forward");  // bounded (ZeRO-3 gathers), before the blocking copy
         cudaCheck(cudaMemcpyAsync(model->logits_row_cpu, model->acts.output + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
@@ -876,7 +886,7 @@ static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, mt199
         for (int v = 0; v < V; v++) { float x = bf16_bits_to_float(logits[v]); if (x > max_logit) { max_logit = x; } }
         double sum = 0.0;
         for (int v = 0; v < V; v++) { probs[v] = expf(bf16_bits_to_float(logits[v]) - max_logit); sum += probs[v]; }
-        float coin = randfloat32(rng) * (float)sum;
+        float coin = randfloat32(&rng) * (float)sum;
         int next = V - 1;
         double cdf = 0.0;
         for (int v = 0; v < V; v++) { cdf += probs[v]; if (coin < cdf) { next = v; break; } }
@@ -1207,7 +1217,12 @@ int main(int argc, char** argv) {
         if (train_num_batches < 1) { train_num_batches = 1; }
     }
     EvalLoader eval_loader;
-    if (tc.hellaswag) { evalloader_init(&eval_loader, "dev/data/hellaswag/hellaswag_val.bin", tc.B, tc.T, rank, num_ranks,
+    const char* hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";
+    if (tc.hellaswag && !file_exists(hellaswag_path)) {
+        llm8_die("flag -h 1: no %s (make it with python dev/data/hellaswag.py, which downloads HellaSwag's val split; "
+                 "or run with -h 0)", hellaswag_path);
+    }
+    if (tc.hellaswag) { evalloader_init(&eval_loader, hellaswag_path, tc.B, tc.T, rank, num_ranks,
                                     model_config.vocab_size); }
     Tokenizer tokenizer;
     train_config_check_tokenizer(&tc);
@@ -1284,8 +1299,6 @@ int main(int argc, char** argv) {
         replica_check_finish(&replicas, num_ranks);
     }
 
-    mt19937_state sample_rng;
-    manual_seed(&sample_rng, 1337);
     double flops_per_step = flops_per_token(c, model.num_parameters, tc.T) * tc.total_batch_size;
     double ema_ms = -1.0;
     int skipped_updates[NUM_STEP_OUTCOMES] = {0};
@@ -1305,14 +1318,14 @@ int main(int argc, char** argv) {
             printf("val loss %f\n", val_loss);
             logger_log_val(&logger, step, val_loss);
         }
-        if (tc.hellaswag && (step % (tc.val_every > 0 ? tc.val_every : train_num_batches) == 0 || last_step)) {
+        // as llm.c: at the val steps after step 0, and at the end
+        if (tc.hellaswag && ((step > 0 && step % (tc.val_every > 0 ? tc.val_every : train_num_batches) == 0) || last_step)) {
             float acc = evaluate_hellaswag(&model, &eval_loader, stream);
-            printf("HellaSwag: %.4f\n", acc);
             logger_log_eval(&logger, step, acc);
         }
         if ((rank == 0 || model.zero3) && tc.sample_every > 0 && (step > 0 && (step % tc.sample_every == 0 || last_step))) {
             // ZeRO-1's forward is local; ZeRO-3's gathers weights, so every rank samples (rank 0 prints)
-            sample_text(&model, &tokenizer, tc.gen_tokens, &sample_rng, stream);
+            sample_text(&model, &tokenizer, tc.gen_tokens, stream);
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
             multi_gpu_watchdog_disarm(&multi_gpu);  // writing files takes as long as the disk does; the barriers are bounded
@@ -1351,7 +1364,7 @@ int main(int argc, char** argv) {
         printf("step %5d/%d | loss %.6f | norm %.4f | lr %.2e | %.2f ms | %.0f tok/s | MFU %s | ETA %s | mem %.0f MiB%s\n",
                step + 1, train_num_batches, loss, grad_norm, lr, ms, tok_per_s, mfu_text, eta, gpu_memory_used_mib(),
                skip ? " | SKIPPED" : "");
-        logger_log_train(&logger, step + 1, loss, lr, grad_norm, ms, (float)tok_per_s, (float)(mfu >= 0 ? mfu : 0.0), skip);
+        logger_log_train(&logger, step, loss, lr, grad_norm, ms, (float)tok_per_s, (float)(mfu >= 0 ? mfu : 0.0), skip);
         if (gpu_monitor.enabled && (step + 1) % tc.log_gpu_every == 0) {
             GpuSample sample = gpu_monitor_sample(&gpu_monitor);
             char line[GPU_MONITOR_LINE_MAX];

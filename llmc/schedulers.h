@@ -68,7 +68,8 @@ static inline float get_learning_rate(const LearningRateScheduler* scheduler, in
     if (step < warmup) { return max_lr * (float)(step + 1) / (float)warmup; }
     switch (scheduler->schedule) {
         case LR_COSINE: {
-            float coeff = 0.5f * (1.0f + cosf((float)M_PI * lr_scheduler_progress_(scheduler, warmup, step)));
+            // M_PI times the float progress in double, then rounded, as llm.c: the same bits at every step
+            float coeff = 0.5f * (1.0f + cosf(M_PI * lr_scheduler_progress_(scheduler, warmup, step)));
             return min_lr + coeff * (max_lr - min_lr);
         }
         case LR_LINEAR:

@@ -105,8 +105,40 @@ static void test_bad_arguments(void) {
     CHECK_DIES("negative learning rate", "learning rate -0.001", lr_scheduler_init(&s, "cosine", -1e-3f, 0, 10, 0.0f));
 }
 
+/*
+llm.c's cosine schedule, its formula written out as llm.c's schedulers.h evaluates it (float
+warmup and decay ratio, M_PI times the ratio in double, cosf), for the run scripts' settings
+(-l -u -x -q of scripts/run_gpt2_{124M,350M,774M,1558M}_*.sh, as llm.c's): the same bits at
+every step, so a reproduction's learning rates are llm.c's, not a float rounding away.
+*/
+static float llmc_cosine(float lr, int warmup, int steps, float final_frac, int step) {
+    if (step < warmup) { return lr * ((float)(step + 1)) / warmup; }
+    float decay_ratio = ((float)(step - warmup)) / (steps - warmup);
+    float coeff = 0.5f * (1.0f + cosf(M_PI * decay_ratio));
+    float min_lr = lr * final_frac;
+    return min_lr + coeff * (lr - min_lr);
+}
+
+static void test_cosine_bits_are_llmcs(void) {
+    const struct { float lr; int warmup, steps; float frac; } runs[] = {
+        {6e-4f, 700, 18865, 0.0f}, {3e-4f, 700, 60000, 0.0f}, {2.5e-4f, 700, 286102, 0.0f}, {6e-4f, 700, 32000, 0.1f}};
+    for (int r = 0; r < 4; r++) {
+        LearningRateScheduler s;
+        lr_scheduler_init(&s, "cosine", runs[r].lr, runs[r].warmup, runs[r].steps, runs[r].frac);
+        int differing = 0;
+        for (int step = 0; step <= runs[r].steps; step++) {
+            float ours = get_learning_rate(&s, step);
+            float llmc = llmc_cosine(runs[r].lr, runs[r].warmup, runs[r].steps, runs[r].frac, step);
+            differing += memcmp(&ours, &llmc, sizeof(float)) != 0;
+        }
+        CHECK(differing == 0, "cosine -l %g -u %d -x %d -q %g: %d of %d steps' rates differ from llm.c's bits",
+              runs[r].lr, runs[r].warmup, runs[r].steps, runs[r].frac, differing, runs[r].steps + 1);
+    }
+}
+
 int main(void) {
     test_cosine();
+    test_cosine_bits_are_llmcs();
     test_linear();
     test_constant();
     test_wsd();

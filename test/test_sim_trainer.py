@@ -72,14 +72,22 @@ def test_training_run_with_eval_samples_logs_and_checkpoints(workdir, flags):
     assert sorted(steps) == [1, 2, 3, 4, 5, 6] and all(np.isfinite(list(steps.values())))
     assert steps[6] < steps[1], steps
     assert len(re.findall(r"^val loss \d+\.\d+$", r.stdout, re.M)) >= 2
-    assert "generating:\n---\n" in r.stdout
+    # two samples (steps 3 and 6), each of -g 8 tokens: the <|endoftext|> prompt and 7 drawn (token ids: no tokenizer here)
+    samples = re.findall(r"^generating:\n---\n(.*)\n---$", r.stdout, re.M)
+    assert len(samples) == 2 and all(len(s.split()) == 7 for s in samples), samples
+    # main.log numbers its lines as llm.c does: s:k trl is the loss of the update after k updates, like s:k tel;
+    # HellaSwag at the val steps after step 0 and at the end
     log = open(out / "main.log").read().splitlines()
-    assert any(re.fullmatch(r"s:6 trl:\d+\.\d+ lr:\S+ norm:\S+", line) for line in log), log
-    assert any(re.fullmatch(r"s:\d+ tel:\d+\.\d+", line) for line in log), log
+    train_steps = [int(m.group(1)) for m in (re.fullmatch(r"s:(\d+) trl:\d+\.\d+ lr:\S+ norm:\S+", l) for l in log) if m]
+    assert train_steps == [0, 1, 2, 3, 4, 5], log
+    assert [l.split()[0] for l in log if " tel:" in l] == ["s:0", "s:3", "s:6"], log
     eval_lines = [line for line in log if re.fullmatch(r"s:\d+ eval:[\d.]+", line)]
-    assert eval_lines and all(0.0 <= float(line.split("eval:")[1]) <= 1.0 for line in eval_lines), log
+    assert [l.split()[0] for l in eval_lines] == ["s:3", "s:6"], log
+    assert all(0.0 <= float(line.split("eval:")[1]) <= 1.0 for line in eval_lines), log
+    hellaswag = re.findall(r"^HellaSwag: (\d+)/(\d+) = ([\d.]+)$", r.stdout, re.M)  # llm.c's line
+    assert len(hellaswag) == 2 and all(int(t) == 8 and abs(int(c) / 8 - float(a)) < 1e-6 for c, t, a in hellaswag), hellaswag
     events = [json.loads(line) for line in open(out / "main.jsonl")]
-    assert [e["step"] for e in events if e["type"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert [e["step"] for e in events if e["type"] == "train"] == [0, 1, 2, 3, 4, 5]  # main.log's numbering
     for step in (3, 6):
         assert (out / f"DONE_{step:08d}").exists() and (out / f"model_{step:08d}.bin").exists()
     if "fp8" in flags:
@@ -181,12 +189,14 @@ def test_gelu_backward_in_the_dgrad_epilogue(workdir, precision):
 def test_overfit_single_batch_reuses_the_first_batch_and_resumes(workdir):
     """-a 1, as llm.c: every micro-step of every step trains on the first batch (with -d 2 B T, step 1's loss is the
     -d B T run's); a resumed run takes that batch again, not an unfilled one, and goes on bit for bit"""
-    flags = ["-a", 1, "-v", 0, "-s", 0, "-l", 1e-3, "-k", "constant"]
+    flags = ["-a", 1, "-v", 0, "-s", 2, "-g", 5, "-l", 1e-3, "-k", "constant"]
     runs = {}
     for name, extra in (("one", ["-d", 256, "-x", 1]), ("straight", ["-d", 512, "-x", 4, "-n", 4])):
         r = train(workdir, flags + extra + ["-o", workdir / f"overfit_{name}"])
         assert r.returncode == 0, r.stderr[-2000:]
         runs[name] = losses(r.stdout)
+    samples = re.findall(r"^generating:\n---\n(.*)\n---$", r.stdout, re.M)  # the straight run's, at steps 2 and 4
+    assert len(samples) == 2, r.stdout[-3000:]
     assert abs(runs["one"][1] - runs["straight"][1]) <= 1e-6 * runs["one"][1], runs
     assert runs["straight"][4] < runs["straight"][1], runs
     split = workdir / "overfit_split"
@@ -195,6 +205,8 @@ def test_overfit_single_batch_reuses_the_first_batch_and_resumes(workdir):
         assert r.returncode == 0, r.stderr[-2000:]
     assert losses(r.stdout) == {3: runs["straight"][3], 4: runs["straight"][4]}, r.stdout[-2000:]
     assert (split / "model_00000004.bin").read_bytes() == (workdir / "overfit_straight" / "model_00000004.bin").read_bytes()
+    # each sample draws from a generator seeded afresh: the resumed run's step-4 sample is the uninterrupted run's
+    assert samples[-1] == re.findall(r"^generating:\n---\n(.*)\n---$", r.stdout, re.M)[-1]
 
 
 def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):

@@ -306,7 +306,7 @@ int main(int argc, char** argv) {
         double tok_per_s = tc.total_batch_size / (ms / 1000.0);
         printf("step %4d/%d | loss %.6f | norm %.4f | lr %.2e | %.1f ms | %.0f tok/s%s\n", step + 1, num_steps, loss, norm, lr,
                ms, tok_per_s, skipped ? " | SKIPPED" : "");
-        logger_log_train(&logger, step + 1, loss, lr, norm, (float)ms, (float)tok_per_s, 0.0f, skipped);
+        logger_log_train(&logger, step, loss, lr, norm, (float)ms, (float)tok_per_s, 0.0f, skipped);
     }
     outlier_skip_print_summary(skipped_updates);
     free(step_fp8_before);
