@@ -1151,6 +1151,7 @@ static void check_replicas_identical(const GPT2* model, ReplicaCheck* replicas, 
 }
 
 int main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // each progress line reaches a pipe or file (tee, nohup) as it is printed
     TrainConfig tc = train_config_defaults();
     train_config_parse(&tc, argc, argv);
     const char* out_dir = tc.output_log_dir[0] ? tc.output_log_dir : NULL;
@@ -1177,6 +1178,7 @@ int main(int argc, char** argv) {
     int model_version = 0;
     if (model_path[0] != '\0') { model_file_read_header(model_path, &model_config, &model_version); }
     else { model_config = gpt2_config_from_descriptor(tc.model); }
+    if (resume_step >= 0) { train_config_note_resumed_model(&tc, &model_config, model_path); }
     int grad_accum_steps = train_config_check_batch(&tc, &model_config, num_ranks);
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
     train_config_check_zero_stage(&tc, &fp8_settings, num_ranks);

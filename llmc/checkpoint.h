@@ -412,14 +412,22 @@ static inline void state_file_write(const char* path, const TrainState* state, c
     checkpoint_commit_tmp_(fp, tmp_path, path);
 }
 
+// which flag a state section's tag belongs to, for the errors of a resume with other flags
+static inline const char* state_section_flag_hint_(const char* tag) {
+    if (strncmp(tag, "fp8", 3) == 0) { return "written by a -p fp8 run? resume with the same -p and FP8 flags"; }
+    if (strncmp(tag, "adamw8", 6) == 0) { return "written with -opt adamw8? resume with the same -opt and -qs"; }
+    if (strcmp(tag, "outlier_windows") == 0) { return "written with -sl or -sg? resume with them"; }
+    return "different precision or optimizer flags?";
+}
+
 // dies naming the first section the run keeps that is not optional and not among the file's
 // (found[j]: run section j was in the file)
 static inline void state_file_check_required_(const char* path, const StateSection* sections, int num_sections,
                                               const int* found) {
     for (int j = 0; j < num_sections; j++) {
         if (!sections[j].optional && !found[j]) {
-            llm8_die("state file '%s' has no section '%s', which this run keeps (different precision or optimizer flags?)",
-                     path, sections[j].tag);
+            llm8_die("state file '%s' has no section '%s', which this run keeps (%s)", path, sections[j].tag,
+                     state_section_flag_hint_(sections[j].tag));
         }
     }
 }
@@ -429,7 +437,7 @@ static inline int state_sections_find_(const StateSection* sections, int num_sec
     for (int j = 0; j < num_sections; j++) {
         if (strcmp(sections[j].tag, tag) == 0) { return j; }
     }
-    llm8_die("state file '%s' has a section '%s' this run does not keep (different precision or optimizer flags?)", path, tag);
+    llm8_die("state file '%s' has a section '%s' this run does not keep (%s)", path, tag, state_section_flag_hint_(tag));
     return -1;
 }
 

@@ -31,6 +31,19 @@ static inline void cuda_check(cudaError_t err, const char* file, int line) {
 }
 #define cudaCheck(err) cuda_check((err), __FILE__, __LINE__)
 
+// the number of GPUs; a machine without one (no device, or no driver, which the runtime reports
+// as an insufficient driver) gets one line saying so and where to go instead, not a driver hint
+static inline int cuda_device_count_or_die(void) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || (err == cudaSuccess && count == 0)) {
+        llm8_die("no usable NVIDIA GPU here (the CUDA runtime says: %s): llm8 needs a GPU and a driver for CUDA 13; "
+                 "train_gpt2cpu trains on the CPU", err == cudaSuccess ? "no devices" : cudaGetErrorString(err));
+    }
+    cudaCheck(err);
+    return count;
+}
+
 static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 static inline size_t ceil_div_size(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -164,6 +177,7 @@ static inline float bf16_dense_peak_tflops(const char* device_name) {
 
 // the current device (cudaSetDevice picks it)
 static inline DeviceInfo device_info_query(void) {
+    cuda_device_count_or_die();
     int device = 0;
     cudaCheck(cudaGetDevice(&device));
     cudaDeviceProp prop;

@@ -274,11 +274,12 @@ static inline void dataloader_resume(DataLoader* loader, size_t current_shard_id
     }
     dataloader_load_shard_(loader, current_shard_idx);
     if (current_sample_idx > loader->shard_num_samples) {
-        llm8_die("state file '%s': sample index %zu is past the %zu samples of shard '%s' (different B, T or ranks?)",
+        llm8_die("state file '%s': sample index %zu is past the %zu samples of shard '%s' (another -i, or shards changed?)",
                  source, current_sample_idx, loader->shard_num_samples, loader->glob_result.gl_pathv[loader->loaded_shard]);
     }
     if (loader->should_shuffle && loader->num_intra_shard_indices != loader->shard_num_samples) {
-        llm8_die("state file '%s': the shuffle state holds %zu samples but shard '%s' has %zu", source,
+        llm8_die("state file '%s': the shuffle state holds %zu samples but shard '%s' has %zu (another -i, or shards "
+                 "changed?)", source,
                  loader->num_intra_shard_indices, loader->glob_result.gl_pathv[loader->loaded_shard],
                  loader->shard_num_samples);
     }

@@ -202,9 +202,9 @@ static inline void fp8_parse_passes(const char* flag, const char* text, int line
     }
 }
 
-// the -fr name of a recipe number, "unknown" for one outside the enum (a state file may hold any)
+// the -fr name of a recipe number, "invalid" for one outside the enum (a state file may hold any)
 static inline const char* fp8_model_recipe_name(int recipe) {
-    return recipe >= 0 && recipe < 3 ? FP8_MODEL_RECIPE_NAMES[recipe] : "unknown";
+    return recipe >= 0 && recipe < 3 ? FP8_MODEL_RECIPE_NAMES[recipe] : "invalid";
 }
 
 static inline int fp8_model_recipe_from_name(const char* name) {

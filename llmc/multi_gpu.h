@@ -493,8 +493,7 @@ One process: no NCCL. `force_communicator` makes a one-rank communicator anyway 
 use it).
 */
 static inline void multi_gpu_device_init(MultiGpuConfig* cfg, const MultiGpuOptions* opts, int force_communicator) {
-    int device_count = 0;
-    cudaCheck(cudaGetDeviceCount(&device_count));
+    int device_count = cuda_device_count_or_die();
     int gpus_per_node = opts->gpus_per_node > 0 ? opts->gpus_per_node : device_count;
     cfg->local_device_idx = (cfg->local_device_idx >= 0 ? cfg->local_device_idx : cfg->process_rank) % gpus_per_node;
     if (cfg->local_device_idx >= device_count) {

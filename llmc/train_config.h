@@ -241,8 +241,9 @@ static inline void flag_value_to_text(const FlagSpec* f, const TrainConfig* c, c
     }
 }
 
-static inline void train_config_print_usage(FILE* out, const char* program) {
-    TrainConfig d = train_config_defaults();
+// defaults: the program's (the CPU trainer's model differs)
+static inline void train_config_print_usage(FILE* out, const char* program, const TrainConfig* defaults) {
+    const TrainConfig d = *defaults;
     fprintf(out, "Usage: %s [flags]   (flags take one value each, as in llm.c)\n", program);
     for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
         const FlagSpec* f = &TRAIN_FLAGS[i];
@@ -347,7 +348,7 @@ static inline void train_config_check_zero_stage(const TrainConfig* c, const Fp8
 static inline void train_config_parse(TrainConfig* c, int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-help") == 0) {
-            train_config_print_usage(stdout, argv[0]);
+            train_config_print_usage(stdout, argv[0], c);
             exit(EXIT_SUCCESS);
         }
     }
@@ -356,6 +357,10 @@ static inline void train_config_parse(TrainConfig* c, int argc, char** argv) {
         const FlagSpec* f = NULL;
         for (int k = 0; k < NUM_TRAIN_FLAGS; k++) {
             if (strcmp(TRAIN_FLAGS[k].name, name) == 0) { f = &TRAIN_FLAGS[k]; break; }
+        }
+        if (f == NULL && name[0] != '-') {
+            llm8_die("'%s' is not a flag: a value without its flag, or a glob the shell expanded into several files "
+                     "(quote -i and -j patterns: -i 'dir/*_train_*.bin')", name);
         }
         if (f == NULL) { llm8_die("unknown flag '%s' (see --help for the list)", name); }
         if (i + 1 >= argc) { llm8_die("flag %s needs a value (see --help)", name); }
@@ -403,6 +408,24 @@ static inline int train_config_check_batch(TrainConfig* c, const GPT2Config* mod
                  c->total_batch_size, c->B, c->T, num_processes, tokens_per_micro_step);
     }
     return c->total_batch_size / tokens_per_micro_step;
+}
+
+/*
+-y 1 takes the model from the checkpoint it resumes, whatever -e says (as llm.c); an -e naming a
+model of another shape (a descriptor, or a model file that exists) is not used, and a note says so
+instead of nothing.
+*/
+static inline void train_config_note_resumed_model(const TrainConfig* c, const GPT2Config* resumed, const char* checkpoint) {
+    GPT2Config named;
+    int version;
+    if (strstr(c->model, ".bin") == NULL) { named = gpt2_config_from_descriptor(c->model); }
+    else if (file_exists(c->model)) { model_file_read_header(c->model, &named, &version); }
+    else { return; }
+    if (memcmp(&named, resumed, sizeof(named)) != 0) {
+        printf("note: -y 1 resumes %s (L=%d NH=%d C=%d); -e %s (L=%d NH=%d C=%d) is not used\n", checkpoint,
+               resumed->num_layers, resumed->num_heads, resumed->channels, c->model, named.num_layers, named.num_heads,
+               named.channels);
+    }
 }
 
 // a -tk the user gave must exist; the default one may be missing (samples then print token ids)

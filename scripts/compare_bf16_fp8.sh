@@ -22,13 +22,15 @@
 # $OUT/fp8_<recipe>, plus _lm_head then _fg_delayed for the options given, in that order whatever
 # order they were written (adamw8: $OUT/bf16_adamw8, $OUT/fp8_<recipe>_adamw8); the PNG is
 # $OUT/loss.png, the table (also printed) $OUT/summary.md. A run already complete there is
-# resumed (-y 1), so the script can be re-run after an interruption. LLM8_TRAINER names another
+# resumed (-y 1), so the script can be re-run after an interruption. WARMUP sets -u (200 steps, or
+# a tenth of STEPS when that is less). LLM8_TRAINER names another
 # trainer binary, built already (e.g. ./train_gpt2cpu, which shares the flags: the tests run this
 # script with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="${MODEL:-d12}"
 STEPS="${STEPS:-2000}"
+WARMUP="${WARMUP:-$(( STEPS / 10 < 200 ? STEPS / 10 : 200 ))}"  # 200 steps, or a tenth of a shorter run
 OUT="${OUT:-log_compare_${MODEL}}"
 RECIPES="${RECIPES:-delayed}"
 OPTIMIZERS="${OPTIMIZERS:-adamw}"
@@ -98,7 +100,7 @@ for i in "${!names[@]}"; do
 done
 for i in "${!runs[@]}"; do
     read -r -a precision <<< "${run_flags[$i]}"
-    "$TRAINER" -e "$MODEL" "${precision[@]}" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u 200 -q 0.0 -c 0.1 -v 100 -s 0 \
+    "$TRAINER" -e "$MODEL" "${precision[@]}" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u "$WARMUP" -q 0.0 -c 0.1 -v 100 -s 0 \
         -n 500 -o "$OUT/${runs[$i]}" -y 1 "$@"
 done
 
@@ -136,6 +138,6 @@ for run, step, loss, tok in rows:
     adamw_run = run[:-len("_adamw8")] if run.endswith("_adamw8") else None
     speedup = f"{tok / base_tok:.3f}x" if tok and base_tok else "-"
     print(f"| {run} | {step if step is not None else '-'} | {loss if loss is not None else '-'} | {gap(loss, base_loss)} | "
-          f"{gap(loss, final.get(adamw_run)) if adamw_run else '-'} | {tok if tok else '-'} | {speedup} |")
+          f"{gap(loss, final.get(adamw_run)) if adamw_run else '-'} | {f'{tok:.0f}' if tok else '-'} | {speedup} |")
 EOF
 echo "wrote $OUT/loss.png and $OUT/summary.md"

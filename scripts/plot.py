@@ -110,15 +110,16 @@ def ema(values, beta):
 
 
 def comparison_step(runs):
-    """The last step with a val loss in every run, or None when the runs share none."""
-    common = set.intersection(*(set(series["val"]) for series in runs))
+    """The last step after step 0 with a val loss in every run, or None when the runs share none (the untrained
+    model's step 0 says nothing about the runs: then each run's own last val step is compared)."""
+    common = set.intersection(*(set(series["val"]) for series in runs)) - {0}
     return max(common) if common else None
 
 
 def print_table(labels, runs):
     step = comparison_step(runs)
     print(f"val loss at step {step} (the last step every run evaluated)" if step is not None
-          else "val loss at each run's last evaluated step (the runs share no val step)")
+          else "val loss at each run's last evaluated step (the runs share no val step after step 0)")
     print("| run | step | val loss | gap vs the first run with a val loss |")
     print("|---|---|---|---|")
     baseline = None
@@ -174,6 +175,9 @@ def main():
         die(f"--labels has {len(args.labels)} names for {len(args.runs)} runs")
     if args.ema is not None and not 0.0 <= args.ema < 1.0:
         die(f"--ema {args.ema}: expected a smoothing factor in [0, 1)")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        die(f"--out {args.out}: no directory {out_dir} to write it into")
     labels = args.labels or [os.path.basename(os.path.normpath(run)) for run in args.runs]
     runs = [load_run(run) for run in args.runs]
     for run, series in zip(args.runs, runs):

@@ -53,7 +53,7 @@ def load_numerics(path):
     if os.path.isdir(path):
         path = os.path.join(path, "numerics.jsonl")
     if not os.path.exists(path):
-        die(f"{path} does not exist (train with -p fp8, -o DIR and -fn N > 0 to write it)")
+        die(f"{path} does not exist (train_gpt2_fp8 writes it with -p fp8, -o DIR and -fn N > 0; train_gpt2cpu does not)")
     table = {}
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):

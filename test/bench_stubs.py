@@ -229,6 +229,8 @@ def trainer(args):
     failure = trainer_failure(flags)
     if failure is not None:
         return die(failure)
+    if os.environ.get("LLM8_STUB_NO_GPU") == "1":  # a machine without a GPU (bench.py's test)
+        return die("error: no usable NVIDIA GPU here (the CUDA runtime says: stub): llm8 needs a GPU")
     # a run that hangs (bench.py --time-limit's test): LLM8_STUB_HANG="FLAG VALUE" names the runs
     hang = os.environ.get("LLM8_STUB_HANG", "").split()
     if hang and flags.get(hang[0]) == hang[1]:

@@ -338,6 +338,18 @@ def test_only_one_model_per_device_call(tmp_path_factory):
     assert "`python dev/bench/bench.py --quick --only d48`" in open(md_path).read()
 
 
+def test_no_gpu_stops_the_benchmark_before_any_report(tmp_path_factory, monkeypatch):
+    """without a GPU every trainer run fails alike: bench.py stops at the first, with the trainer's line, and writes no
+    report of errors (make bench on a machine without a GPU wrote one into doc/benchmarks/)"""
+    with open(os.path.join(bench_stubs.ROOT, "llmc", "cuda_common.h")) as f:
+        bench = load_dev_bench_module("bench")
+        assert f'"{bench.NO_GPU_ERROR} here' in f.read(), "the trainer's no-GPU error no longer starts so"
+    monkeypatch.setenv("LLM8_STUB_NO_GPU", "1")
+    bench, code, out = run_main(tmp_path_factory)
+    assert code == "error: no usable NVIDIA GPU here (the CUDA runtime says: stub): llm8 needs a GPU (bench.py wrote no report)"
+    assert os.listdir(out) == []
+
+
 def test_a_time_limit_stops_the_run_going_and_counts_what_did_not_run(tmp_path_factory, monkeypatch):
     """--time-limit (dev/gpu_session.sh first: one device call with a fixed budget): the trainer run going
     when the time is up is killed, its process group with it, and recorded as stopped; no program

@@ -39,13 +39,17 @@ TOOLS = ("bash", "sh", "env", "basename", "dirname", "mktemp", "rm", "rmdir", "m
 HANG_S = 30  # a hanging stand-in rank sleeps this long; every wait below is far shorter
 
 # a trainer rank: records itself, then does what STUB_RANK_<its -pr> (else STUB_EVERY_RANK) says:
-# "S N" sleep S seconds and exit N; "hang" sleep; "stubborn" sleep, ignoring TERM
+# "S N" sleep S seconds and exit N; "hang" sleep; "stubborn" sleep, ignoring TERM. With STUB_TRAINS=1, rank 0 first
+# logs a train line into -o's main.log, as a run that trained a step (run_common.sh retries only such runs)
 RANK_STUB = r"""#!/usr/bin/env bash
 args=("$@")
-rank=none; pf=""
+rank=none; pf=""; out=""
 for (( i = 0; i + 1 < $#; i++ )); do
-    case "${args[i]}" in -pr) rank="${args[i+1]}" ;; -pf) pf="${args[i+1]}" ;; esac
+    case "${args[i]}" in -pr) rank="${args[i+1]}" ;; -pf) pf="${args[i+1]}" ;; -o) out="${args[i+1]}" ;; esac
 done
+if [[ "${STUB_TRAINS:-}" == 1 && "$rank" == 0 && -n "$out" ]]; then
+    mkdir -p "$out" && echo "s:0 trl:1.0000 lr:0.000600 norm:1.00" >> "$out/main.log"
+fi
 pf_state=none
 if [[ -n "$pf" ]]; then
     if [[ -d "$pf" ]]; then shopt -s nullglob dotglob; entries=("$pf"/*); pf_state="dir ${#entries[@]}"; else pf_state=missing; fi
@@ -526,9 +530,10 @@ def test_slurm_the_default_run_script(slurm):
 
 
 def test_slurm_a_failed_step_is_retried_as_new_steps_not_new_batch_runs(slurm):
-    """rank 1 fails every time: run_common.sh's 3 attempts are 3 srun steps, each with its own id dir"""
+    """rank 1 fails every time, after rank 0 trained a step: run_common.sh's 3 attempts are 3 srun steps, each with its
+    own id dir"""
     env, checkout, job = slurm
-    rc, out, err = sbatch(env, job, STUB_RANK_1="0 1")
+    rc, out, err = sbatch(env, job, STUB_RANK_1="0 1", STUB_TRAINS="1")
     assert rc == 1, err
     assert len((env.log / "run_script.log").read_text().splitlines()) == 1
     assert "trainer failed with exit status 1 (attempt 3 of 3)" in err and err.startswith("counting_run.sh (-o "), err
@@ -606,21 +611,25 @@ def test_sim_trainer_two_ranks_through_slurm(slurm, sim_data, tmp_path):
 
 # ---- run_common.sh on its own: the micro-batch fit and the retries ---------------------------------
 
+# logs its arguments; with STUB_TRAINS=1 the run trained a step first (a train line in -o's main.log)
 RUN_COMMON_STUB_LAUNCHER = r"""#!/usr/bin/env bash
 echo "$*" >> "$STUB_LOG/launcher.log"
+args=("$@")
+for (( i = 0; i + 1 < $#; i++ )); do [[ "${args[i]}" == -o ]] && out="${args[i+1]}"; done
+if [[ "${STUB_TRAINS:-}" == 1 ]]; then mkdir -p "$out" && echo "s:0 trl:1.0000 lr:0.000600 norm:1.00" >> "$out/main.log"; fi
 exit "${STUB_STATUS:-0}"
 """
 
 
-def run_common(tmp_path, num_gpus, user_args=(), status=0, tokenizer="tokenizer.bin"):
-    """run_gpt2 with llm.c's 124M batch flags, its launcher a stub that logs its arguments and exits with `status`;
-    returns (exit status, stderr, the launcher's argument lines)"""
+def run_common(tmp_path, num_gpus, user_args=(), status=0, tokenizer="tokenizer.bin", trains=True):
+    """run_gpt2 with llm.c's 124M batch flags, its launcher a stub that logs its arguments (and, trains, a step into
+    main.log) and exits with `status`; returns (exit status, stderr, the launcher's argument lines)"""
     launcher = tmp_path / "launcher.sh"
     launcher.write_text(RUN_COMMON_STUB_LAUNCHER)
     script = ('source "$ROOT/scripts/run_common.sh"; '
               'run_gpt2 out_default -e d12 -tk "$TOKENIZER" -b 64 -t 1024 -d 524288 -l 0.0006 -- "$@"')
     env = dict(os.environ, ROOT=ROOT, STUB_LOG=str(tmp_path), LLM8_LAUNCHER=str(launcher), LLM8_TRAINER="trainer",
-               NUM_GPUS=str(num_gpus), STUB_STATUS=str(status), TOKENIZER=tokenizer)
+               NUM_GPUS=str(num_gpus), STUB_STATUS=str(status), TOKENIZER=tokenizer, STUB_TRAINS="1" if trains else "0")
     (tmp_path / "tokenizer.bin").write_bytes(b"")
     r = subprocess.run(["bash", "-c", script, "run_stub.sh"] + list(user_args), env=env, capture_output=True, text=True,
                        timeout=30, cwd=tmp_path)
@@ -647,13 +656,16 @@ def test_run_common_fits_the_micro_batch_to_the_gpus(tmp_path, num_gpus, user_ar
     assert ("does not divide -d 524288" in err) == (expected_b not in ("64",) and not user_args), err
 
 
-@pytest.mark.parametrize("status,attempts", [(1, 3), (130, 1), (143, 1)], ids=["failure", "sigint", "sigterm"])
-def test_run_common_retries_failures_but_not_signals(tmp_path, status, attempts):
-    """a failed run resumes up to 3 times; one stopped by Ctrl-C or kill (a launcher exits 130 or 143 after stopping
-    its ranks) is not started again, and the status comes back"""
-    rc, err, lines = run_common(tmp_path, 2, status=status)
+@pytest.mark.parametrize("status,trains,attempts", [(1, True, 3), (1, False, 1), (130, True, 1), (143, True, 1)],
+                         ids=["failure", "failure-before-a-step", "sigint", "sigterm"])
+def test_run_common_retries_failures_but_not_signals(tmp_path, status, trains, attempts):
+    """a run that failed after training a step resumes up to 3 times; one that failed before its first step (a missing
+    shard: it would fail alike again), or was stopped by Ctrl-C or kill (a launcher exits 130 or 143 after stopping its
+    ranks), is not started again, and the status comes back"""
+    rc, err, lines = run_common(tmp_path, 2, status=status, trains=trains)
     assert rc == status and len(lines) == attempts, (rc, err)
     assert ("not retried" in err) == (attempts == 1), err
+    assert ("before its first step" in err) == (not trains), err
 
 
 def test_run_common_drops_a_missing_tokenizer(tmp_path):

@@ -74,6 +74,11 @@ class TestBadInput:
     def test_unknown_flag(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-Q", 1])), "-Q")
 
+    def test_glob_expanded_by_the_shell(self, binary, data):
+        """-i dir/*.bin unquoted: the shell hands the trainer several files, the second where a flag should be"""
+        args = base_args(data) + ["-i", data / "d_train_000001.bin", data / "d_val_000000.bin"]
+        assert_one_line_error(run(binary, args), "'" + str(data / "d_val_000000.bin") + "' is not a flag", "quote -i")
+
     def test_flag_out_of_range(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-r", 7])), "-r", "7", "0..2")
 
@@ -402,6 +407,30 @@ def test_gpu_trainer_refuses_8bit_weights_off_the_block_grid(data):
     assert r.returncode == 0, r.stderr
 
 
+def test_gpu_trainer_without_a_gpu_says_so(data):
+    """on a machine without a GPU or driver (CI), the GPU trainer's first CUDA call fails: one line that says there
+    is no GPU and names the CPU trainer, not the runtime's 'driver version is insufficient'"""
+    if subprocess.run(["bash", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
+        pytest.skip("this machine has a GPU")
+    assert_one_line_error(run(GPU, base_args(data, ["-j", ""])), "no usable NVIDIA GPU here", "train_gpt2cpu")
+
+
+def test_gpu_trainer_hellaswag_without_its_file(data):
+    """-h 1 without dev/data/hellaswag/hellaswag_val.bin: one line naming the flag and the script that makes the file,
+    at startup (the run scripts pass -h 1); the trainer runs from a directory that has no such file"""
+    r = subprocess.run([GPU] + [str(a) for a in base_args(data, ["-h", 1])], capture_output=True, text=True, timeout=120,
+                       cwd=data)
+    assert_one_line_error(r, "flag -h 1", "hellaswag_val.bin", "dev/data/hellaswag.py")
+
+
+def test_cpu_trainer_help_shows_its_own_default_model():
+    """the CPU trainer trains tiny unless -e says otherwise, and its --help says so"""
+    line = [l for l in run(CPU, ["--help"]).stdout.splitlines() if l.startswith("  -e ")]
+    assert len(line) == 1 and '(default "tiny")' in line[0], line
+    line = [l for l in run(GPU, ["--help"]).stdout.splitlines() if l.startswith("  -e ")]
+    assert len(line) == 1 and '(default "d12")' in line[0], line
+
+
 def test_nondeterministic_attention_backward_needs_cudnn(data):
     """-ad 0 asks for cuDNN's backward with float atomics: with -at fallback it stops at startup,
     naming both flags; -ad takes only 0 or 1"""
@@ -659,8 +688,29 @@ def test_cpu_fp8_delayed_gradients_are_honoured(data, tmp_path):
 @pytest.mark.parametrize("second,flag", [(["-p", "fp8", "-fr", "current"], "-fr"), (["-p", "fp8", "-fw", "delayed"], "-fw"),
                                          (["-p", "fp8", "-fg", "delayed"], "-fg")])
 def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path, second, flag):
+    """the error shows the file's settings and the run's as the flags that set them, not as enum numbers"""
     r = run_split(data, tmp_path / "split", ["-p", "fp8"], second)
-    assert_one_line_error(r, "state_00000003_00000.bin", flag)
+    default = {"-fr": "delayed", "-fw": "current", "-fg": "current"}[flag]
+    assert_one_line_error(r, "state_00000003_00000.bin", f"written with -fr delayed,", f"{flag} {default}",
+                          f"this run has -fr {second[3] if flag == '-fr' else 'delayed'}", f"{flag} {second[3]}")
+
+
+def test_cpu_resume_notes_an_unused_model_flag(data, tmp_path):
+    """-y 1 resumes the checkpoint's model whatever -e says, as llm.c; an -e of another shape gets a note, the same
+    -e none"""
+    r = run_split(data, tmp_path / "same", [], [])
+    assert r.returncode == 0 and "note: -y 1 resumes" not in r.stdout, r.stdout[-2000:]
+    r = run_split(data, tmp_path / "other", [], ["-e", "d6"])
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^note: -y 1 resumes \S+model_00000003.bin \(L=2 NH=2 C=128\); -e d6 \(L=6 NH=6 C=384\) is not used$",
+                     r.stdout, re.M), r.stdout[-2000:]
+
+
+def test_cpu_resume_of_an_fp8_run_in_bf16_names_the_flag(data, tmp_path):
+    """a checkpoint whose state sections this run does not keep (an FP8 run's scaling resumed in bf16): the error
+    says which flag wrote them"""
+    r = run_split(data, tmp_path / "split", ["-p", "fp8"], ["-p", "bf16"])
+    assert_one_line_error(r, "state_00000003_00000.bin", "'fp8emu_config'", "written by a -p fp8 run?")
 
 
 def test_cpu_fp8_resume_with_other_passes_refused(data, tmp_path):

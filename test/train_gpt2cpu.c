@@ -150,6 +150,24 @@ static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoa
     checkpoint_write_done(dir, step);
 }
 
+// a setting's flag value (name: fp8_recipe.h's, "invalid" for a number no flag gives, a corrupt file's),
+// the number beside an invalid one
+static const char* cpu_fp8_value_text(char* out, size_t size, const char* name, int value) {
+    if (strcmp(name, "invalid") != 0) { snprintf(out, size, "%s", name); } else { snprintf(out, size, "invalid (%d)", value); }
+    return out;
+}
+
+// the FP8 flags an emulation's settings stand for, as the resume error shows them
+static void cpu_fp8_settings_text(char* out, size_t size, const Fp8Emulation* e) {
+    char passes[256], recipe[32], weights[32], grads[32];
+    fp8_passes_text(passes, sizeof(passes), e->passes);
+    snprintf(out, size, "-fr %s, passes %s, -fh %d, -fm %d, -fw %s, -fg %s",
+             cpu_fp8_value_text(recipe, sizeof(recipe), fp8_model_recipe_name(e->recipe), e->recipe), passes,
+             e->history_len, e->margin,
+             cpu_fp8_value_text(weights, sizeof(weights), fp8_scaling_choice_name(e->weight_scaling), e->weight_scaling),
+             cpu_fp8_value_text(grads, sizeof(grads), fp8_scaling_choice_name(e->grad_scaling), e->grad_scaling));
+}
+
 // restores the optimizer (converting a file of the other optimizer), the FP8 scaling, the
 // data position (batches_per_step: train_state_read's) and the -sl / -sg windows (when the
 // file has them); returns the step
@@ -164,18 +182,18 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
                             model->num_parameters, model->adam_m, model->adam_v, &opt->states, NULL, sections, fp8_sections + 1);
     outlier_skip_check_loaded(outliers, path);
     if (fp8_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
-        char passes[256];
-        fp8_passes_text(passes, sizeof(passes), fp8_config.passes);
-        llm8_die("state file '%s' was written with other FP8 settings (recipe %d, passes %s, history %d, margin %d, weights %s "
-                 "(%d), gradients %s (%d)): resume with the same -fr -f8p -f8 -fh -fm -fw -fg", path, fp8_config.recipe, passes,
-                 fp8_config.history_len, fp8_config.margin, fp8_scaling_choice_name(fp8_config.weight_scaling),
-                 fp8_config.weight_scaling, fp8_scaling_choice_name(fp8_config.grad_scaling), fp8_config.grad_scaling);
+        char file_settings[512], run_settings[512];
+        cpu_fp8_settings_text(file_settings, sizeof(file_settings), &fp8_config);
+        cpu_fp8_settings_text(run_settings, sizeof(run_settings), &model->fp8_config);
+        llm8_die("state file '%s' was written with %s; this run has %s: resume with the same -fr -f8 -f8p -fh -fm -fw -fg",
+                 path, file_settings, run_settings);
     }
     gpt2ref_check_loaded_fp8(model, path);
     return step;
 }
 
 int main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);  // each progress line reaches a pipe or file (tee, nohup) as it is printed
     TrainConfig tc = train_config_defaults();
     tc.model = "tiny";
     train_config_parse(&tc, argc, argv);
@@ -192,6 +210,7 @@ int main(int argc, char** argv) {
     int model_version = 0;
     if (model_path[0]) { model_file_read_header(model_path, &cfg, &model_version); }
     else { cfg = gpt2_config_from_descriptor(tc.model); }
+    if (resume_step >= 0) { train_config_note_resumed_model(&tc, &cfg, model_path); }
     int grad_accum_steps = train_config_check_batch(&tc, &cfg, 1);
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
 

@@ -905,6 +905,10 @@ def write_report(base, records, gemm_section, run_info, complete):
     os.replace(base + ".md.tmp", base + ".md")
 
 
+# the start of the trainer's error on a machine without a GPU (llmc/cuda_common.h, cuda_device_count_or_die)
+NO_GPU_ERROR = "no usable NVIDIA GPU"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="d12 and d48 only, fewer steps and GEMM launches (make gpucheck)")
@@ -955,6 +959,8 @@ def main():
 
     def add(new_records):
         for rec in new_records:
+            if NO_GPU_ERROR in rec.get("error", ""):  # every run would fail alike: no report of errors only
+                sys.exit(f"error: {rec['error']} (bench.py wrote no report)")
             rec.update({"device": device, "commit": commit, "date": date})
         records.extend(new_records)
         write_report(base, records, gemm_section, run_info, complete=False)

@@ -20,13 +20,14 @@ TIMEOUT_SECONDS = 30
 OFFLINE_HINT = "without internet, build the offline corpus: python dev/data/offline_corpus.py"
 
 
-def die_unreachable(url, reason):
-    print(f"error: cannot reach {url} ({reason}); this script needs the internet; {OFFLINE_HINT}", file=sys.stderr)
+def die_unreachable(url, reason, offline_hint=OFFLINE_HINT):
+    print(f"error: cannot reach {url} ({reason}); this script needs the internet; {offline_hint}", file=sys.stderr)
     sys.exit(1)
 
 
-def download_file(url, path):
-    """Downloads url to path unless path exists; exits 1 with one line if the url is unreachable."""
+def download_file(url, path, offline_hint=OFFLINE_HINT):
+    """Downloads url to path unless path exists; exits 1 with one line if the url is unreachable, ending with
+    offline_hint (what to do instead without internet)."""
     if os.path.exists(path):
         print(f"{path} already exists, not downloading")
         return
@@ -39,7 +40,7 @@ def download_file(url, path):
     except (urllib.error.URLError, OSError, ValueError) as e:
         if os.path.exists(temp_path):
             os.remove(temp_path)
-        die_unreachable(url, getattr(e, "reason", None) or e)
+        die_unreachable(url, getattr(e, "reason", None) or e, offline_hint)
     os.replace(temp_path, path)
 
 

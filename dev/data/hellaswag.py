@@ -83,7 +83,8 @@ def main():
     args = parser.parse_args()
     encoding = encoding_or_exit(args.bpe_file)
     jsonl_path = os.path.join(args.out_dir, "hellaswag_val.jsonl")
-    download_file(args.url, jsonl_path)
+    download_file(args.url, jsonl_path, f"without internet, copy hellaswag_val.jsonl from a machine that has it into "
+                  f"{args.out_dir} and run this again, or train with -h 0")
     with open(jsonl_path, encoding="utf-8") as f:
         examples = [tokenize_example(encoding, json.loads(line)) for line in f if line.strip()]
     out_path = os.path.join(args.out_dir, "hellaswag_val.bin")
