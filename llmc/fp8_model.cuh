@@ -875,8 +875,8 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
     fp8->x_seeded = 1;
     fp8->dy_seeded = 1;
     for (int i = 0; i < fp8->num_linears; i++) {  // a tensor that is never cast says nothing
-        if (fp8_model_casts_x(fp8, i) && fp8_scaling_updates_seen(&host->states[i]) == 0) { fp8->x_seeded = 0; }
-        if (fp8_model_casts_dy(fp8, i) && fp8_scaling_updates_seen(&host->states[fp8->num_linears + i]) == 0) { fp8->dy_seeded = 0; }
+        if (fp8_model_casts_x(fp8, i) && !fp8_scaling_seeded(&host->states[i])) { fp8->x_seeded = 0; }
+        if (fp8_model_casts_dy(fp8, i) && !fp8_scaling_seeded(&host->states[fp8->num_linears + i])) { fp8->dy_seeded = 0; }
     }
 }
 

@@ -172,15 +172,24 @@ static inline const char* fp8_scaling_loaded_error(const Fp8TensorScaling* s, co
     return NULL;
 }
 
+// the uses the state has seen, finite or not (the tests count them)
 LLMC_HD int fp8_scaling_updates_seen(const Fp8TensorScaling* s) {
     return s->recorded + s->nonfinite_count;
 }
 
+/*
+Whether the tensor has a scale of its own: a finite amax recorded. A non-finite one records
+nothing, so a tensor whose only uses were non-finite (a first step that overflowed, skipped and
+rolled back) is seeded at its next use like a fresh one: the trainer after the rollback, the
+trainer resumed from a checkpoint of that point, and the CPU emulation all decide from this.
+*/
+LLMC_HD int fp8_scaling_seeded(const Fp8TensorScaling* s) { return s->recorded > 0; }
+
 // 1: the producer computes amax, calls fp8_scaling_update, then casts with s->scale
-//    (current scaling, and the first use of a delayed tensor);
+//    (current scaling, and a delayed tensor's seeding use);
 // 0: the producer casts with s->scale and records amax, then fp8_scaling_update (delayed).
 LLMC_HD int fp8_scaling_casts_after_update(const Fp8TensorScaling* s) {
-    return s->recipe == FP8_RECIPE_CURRENT || fp8_scaling_updates_seen(s) == 0;
+    return s->recipe == FP8_RECIPE_CURRENT || !fp8_scaling_seeded(s);
 }
 
 // max over the recorded part of the ring; 0 when nothing is recorded

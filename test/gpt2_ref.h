@@ -904,7 +904,7 @@ static inline void gpt2ref_fp8_weights_updated(GPT2Ref* model) {
             if (kind == FP8_LINEAR_LM_HEAD && layer > 0) { continue; }  // lm_head once
             Fp8LinearState* q = gpt2ref_fp8_linear(model, layer, kind);
             if (q == NULL || q->scaling[FP8_OPERAND_W].recipe != FP8_RECIPE_DELAYED) { continue; }
-            if (fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_W]) == 0) { continue; }
+            if (!fp8_scaling_seeded(&q->scaling[FP8_OPERAND_W])) { continue; }
             Fp8TensorScaling* s = &q->scaling[FP8_OPERAND_W];
             Fp8ScalePair pair = {s->scale, s->scale_inv};
             q->forward_used[FP8_OPERAND_W] = pair;

@@ -154,14 +154,19 @@ static void test_nonfinite_amax(void) {
     fp8_scaling_update(&c, 1.0f);
     fp8_scaling_update(&c, NAN);
     CHECK(c.scale == FP8_E5M2_MAX && c.nonfinite_count == 1, "current recipe: NaN amax changed the scale");
-    // a NaN on the very first use: the tensor counts as updated (the host's view), the scale stays 1
-    Fp8TensorScaling first;
+    // a NaN on the very first use records nothing: the next use seeds (current path) as a fresh tensor's does, also
+    // after the skipped step's rollback, which keeps the non-finite count
+    Fp8TensorScaling first, fresh;
     fp8_scaling_init(&first, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+    fresh = first;
     fp8_scaling_update(&first, NAN);
-    CHECK(!fp8_scaling_casts_after_update(&first) && first.scale == 1.0f && fp8_scaling_history_max(&first) == 0.0f,
-          "a NaN first use: expected delayed from now on with the initial scale 1");
+    CHECK(fp8_scaling_casts_after_update(&first) && !fp8_scaling_seeded(&first) && first.scale == 1.0f &&
+          fp8_scaling_history_max(&first) == 0.0f, "a NaN first use: expected the seeding path still, scale 1");
+    fp8_scaling_restore(&first, &fresh);
+    CHECK(fp8_scaling_casts_after_update(&first) && first.nonfinite_count == 1, "a rolled-back NaN first use must seed next");
     fp8_scaling_update(&first, 2.0f);
-    CHECK(first.scale == FP8_E4M3_MAX / 2.0f, "after a NaN first use the next finite amax does not set the scale");
+    CHECK(first.scale == FP8_E4M3_MAX / 2.0f && fp8_scaling_seeded(&first) && !fp8_scaling_casts_after_update(&first),
+          "after a NaN first use the next finite amax does not seed the scale");
     // amax = 0 is finite: recorded, huge but finite scale
     Fp8TensorScaling z;
     fp8_scaling_init(&z, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);

@@ -236,6 +236,34 @@ def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):
     assert np.array_equal(master.view(np.uint32), start_bits), "skipped steps changed the fp32 master weights"
 
 
+def test_resume_after_a_skipped_first_step_seeds_like_the_running_trainer(tmp_path):
+    """step 1 overflows (a token only the first batch holds meets a huge qkv weight) and is skipped, step 2's loss is
+    finite; -fg delayed. The skipped step's scaling is rolled back, so step 2 seeds its delayed scales again: a run
+    resumed from the checkpoint of step 1 must too (it counted the non-finite use as seeding and cast dy with the
+    initial scale 1: step 3's loss differed)"""
+    token = 7
+    sim_model.write_model(tmp_path / "model.bin", first_qkv_weight=8e35)
+    blob = bytearray((tmp_path / "model.bin").read_bytes())
+    struct.pack_into("<f", blob, 1024 + token * sim_model.CHANNELS * 4, 1.0)  # wte[token][0]: overflows qkv
+    (tmp_path / "model.bin").write_bytes(bytes(blob))
+    tokens = (np.cumsum(np.random.default_rng(1).integers(1, 3, size=60000)) % 64 + 100).astype(np.uint16)
+    tokens[10] = token  # in the first batch only
+    for name, part in (("s_train_000001.bin", tokens), ("s_val_000000.bin", tokens[1000:6000])):
+        header = np.zeros(256, dtype=np.int32)
+        header[:3] = [20240520, 1, len(part)]
+        (tmp_path / name).write_bytes(header.tobytes() + part.tobytes())
+    common = ["-p", "fp8", "-fg", "delayed", "-x", 4, "-l", 1e-3, "-v", 0, "-s", 0, "-sh", 0, "-n", 1, "-o", tmp_path / "out"]
+    straight = train(tmp_path, common)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    assert "step 1: non-finite loss" in straight.stdout and np.isfinite(losses(straight.stdout)[2]), straight.stdout[-3000:]
+    for step in (2, 3, 4):
+        (tmp_path / "out" / f"DONE_{step:08d}").unlink()
+    resumed = train(tmp_path, common + ["-y", 1])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    expected = {step: loss for step, loss in losses(straight.stdout).items() if step > 1}
+    assert losses(resumed.stdout) == expected, (losses(straight.stdout), losses(resumed.stdout))
+
+
 def test_printed_memory_figures_match_the_allocations(workdir):
     """issue 4's memory figures: the persistent bytes per parameter the trainer prints at startup (16 for AdamW with fp32
     master weights, 12 without, adamw8's less; DESIGN.md section 4) account for the device memory each run allocates.
