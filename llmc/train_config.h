@@ -144,7 +144,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-m", FLAG_INT, TC_OFF(val_max_steps), -1, INT_MAX_FLAG, NULL, "val batches per evaluation (-1 = the whole val split; more than it has: all of them, once)"},
     {"-s", FLAG_INT, TC_OFF(sample_every), 0, INT_MAX_FLAG, NULL, "text sample every N steps (0 = never)"},
     {"-g", FLAG_INT, TC_OFF(gen_tokens), 1, INT_MAX_FLAG, NULL, "tokens per text sample, its <|endoftext|> prompt included (llm.c's genT; at most -t)"},
-    {"-h", FLAG_INT, TC_OFF(hellaswag), 0, 1, NULL, "HellaSwag accuracy at each val step"},
+    {"-h", FLAG_INT, TC_OFF(hellaswag), 0, 1, NULL, "HellaSwag accuracy at the val steps after step 0 and at the end (-v 0: at the end)"},
     {"-a", FLAG_INT, TC_OFF(overfit_single_batch), 0, 1, NULL, "overfit a single batch (debugging)"},
     {"-w", FLAG_INT, TC_OFF(use_master_weights), 0, 1, NULL, "keep fp32 master weights"},
     {"-r", FLAG_INT, TC_OFF(recompute), 0, 2, NULL, "recompute in backward: 0 none, 1 GELU, 2 GELU+LayerNorm"},

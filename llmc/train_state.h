@@ -41,11 +41,12 @@ static inline int train_state_copy_extra_sections(StateSection* sections, const 
 The per-tensor state widths (the adamw8.bits section) of a state file with 8-bit states, found
 before the state is read: state_file_read stops at the first section whose size differs, which
 another -qs always causes, so this is how the error can name the flag. Walks the file as
-checkpoint.h writes it; the shuffle trailer is read into loader on the way (state_file_read
-reads the same bytes again). Returns 0 when the file is not laid out as this run expects
-(ranks, shuffling, master weights, truncation), leaving the precise error to state_file_read.
+checkpoint.h writes it, past the shuffle trailer (skipped, not read: the loader is state_file_read's
+to set, which leaves it fresh when the file's B or T differ, for a replay). Returns 0 when the
+file is not laid out as this run expects (ranks, shuffling, master weights, truncation), leaving
+the precise error to state_file_read.
 */
-static inline int state_file_find_adamw8_bits(const char* path, DataLoader* loader, const Adamw8Layout* layout,
+static inline int state_file_find_adamw8_bits(const char* path, const DataLoader* loader, const Adamw8Layout* layout,
                                               int has_master, int32_t bits[NUM_PARAMETER_TENSORS]) {
     StateSection sections[ADAMW8_NUM_SECTIONS];  // only for the bits section's tag and size
     Adamw8States no_states;
@@ -63,7 +64,7 @@ static inline int state_file_find_adamw8_bits(const char* path, DataLoader* load
         header[2] == loader->num_processes && header[3] == loader->process_rank && header[4] == has_master &&
         header[5] == loader->should_shuffle && file_bytes >= body_bytes) {
         fseekCheck(fp, body_bytes, SEEK_SET);
-        dataloader_read_state(loader, fp, path);
+        if (loader->should_shuffle) { dataloader_skip_state(fp, path); }
         for (int i = 0; i < header[STATE_SLOT_NUM_SECTIONS] && !found; i++) {
             char tag[STATE_SECTION_TAG_BYTES];
             uint64_t bytes;

@@ -120,7 +120,7 @@ for run in runs:
             record = json.loads(line)
             if record.get("type") == "val" and record.get("loss") is not None:
                 val[record["step"]] = record["loss"]
-            if record.get("type") == "train" and record["step"] > 10 and record.get("tok_per_s") is not None:
+            if record.get("type") == "train" and record["step"] >= 10 and record.get("tok_per_s") is not None:
                 tok.append(record["tok_per_s"])
     last = max(val) if val else None
     rows.append((run, last, val.get(last), statistics.median(tok) if tok else None))

@@ -7,8 +7,9 @@
 # - builds train_gpt2_fp8, then runs it (LLM8_TRAINER names another trainer binary, built
 #   already: e.g. ./train_gpt2cpu, which shares the flags, as the tests run these scripts);
 #   a failed run resumes (-y 1) from its last complete checkpoint, up to 3 attempts, when it
-#   trained at least one step (a new train line in main.log): one that failed before its first
-#   step (a missing shard, a bad flag) would fail alike again, and one stopped by a signal
+#   wrote to main.log (a step logged; the time stamp, since a run that starts over rewrites the
+#   same lines): one that failed before that (a missing shard, a bad flag) would fail alike
+#   again, and one stopped by a signal
 #   (Ctrl-C: exit status 130, kill: 143) is not retried either. The user's extra flags come
 #   last, so they win;
 # - llm.c's -b fills -d in one micro-step on 8 GPUs: on more (or where B*T*GPUs does not divide
@@ -77,17 +78,17 @@ run_gpt2() {
     drop_missing_tokenizer flags
     local trainer="${LLM8_TRAINER:-./train_gpt2_fp8}"
     [[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
-    local status=0 attempt steps_before
+    local status=0 attempt log_before
     for attempt in 1 2 3; do
         status=0
-        steps_before=$(train_lines "$out_dir")
+        log_before=$(log_stamp "$out_dir")
         "${launch[@]}" "$trainer" "${flags[@]}" -o "$out_dir" -y 1 -z "$zero_stage" "$@" || status=$?
         (( status == 0 )) && return 0
         if (( status == 130 || status == 143 )); then
             echo "$(basename "$0") (-o $out_dir): stopped by a signal (exit status $status), not retried" >&2
             return "$status"
         fi
-        if (( $(train_lines "$out_dir") == steps_before )); then
+        if [[ "$(log_stamp "$out_dir")" == "$log_before" ]]; then
             echo "$(basename "$0") (-o $out_dir): trainer failed with exit status $status before its first step, not retried" >&2
             return "$status"
         fi
@@ -96,9 +97,7 @@ run_gpt2() {
     return "$status"
 }
 
-# the train lines in a run dir's main.log so far (0 when it has none)
-train_lines() {
-    local count
-    count=$(grep -c ' trl:' "$1/main.log" 2>/dev/null) || true
-    echo "${count:-0}"
+# when a run dir's main.log was last written, to the nanosecond, and its size ("none" without one)
+log_stamp() {
+    stat -c '%y %s' "$1/main.log" 2>/dev/null || echo none
 }

@@ -35,7 +35,7 @@ LAUNCH = os.path.join(ROOT, "scripts", "launch_one_node.sh")
 SBATCH = os.path.join(ROOT, "scripts", "slurm_gpt2.sbatch")
 SIM_TRAINER = os.path.join(ROOT, "build", "sim", "train_gpt2_fp8")
 TOOLS = ("bash", "sh", "env", "basename", "dirname", "mktemp", "rm", "rmdir", "mkdir", "mv", "tr", "grep", "sleep",
-         "cat", "head", "awk")
+         "cat", "head", "awk", "stat")
 HANG_S = 30  # a hanging stand-in rank sleeps this long; every wait below is far shorter
 
 # a trainer rank: records itself, then does what STUB_RANK_<its -pr> (else STUB_EVERY_RANK) says:
@@ -611,17 +611,19 @@ def test_sim_trainer_two_ranks_through_slurm(slurm, sim_data, tmp_path):
 
 # ---- run_common.sh on its own: the micro-batch fit and the retries ---------------------------------
 
-# logs its arguments; with STUB_TRAINS=1 the run trained a step first (a train line in -o's main.log)
+# logs its arguments; with STUB_TRAINS=1 the run trained a step first (a train line appended to -o's main.log), with
+# STUB_TRAINS=rewrite it started over and wrote the same line again (main.log truncated: -y 1 found no checkpoint)
 RUN_COMMON_STUB_LAUNCHER = r"""#!/usr/bin/env bash
 echo "$*" >> "$STUB_LOG/launcher.log"
 args=("$@")
 for (( i = 0; i + 1 < $#; i++ )); do [[ "${args[i]}" == -o ]] && out="${args[i+1]}"; done
 if [[ "${STUB_TRAINS:-}" == 1 ]]; then mkdir -p "$out" && echo "s:0 trl:1.0000 lr:0.000600 norm:1.00" >> "$out/main.log"; fi
+if [[ "${STUB_TRAINS:-}" == rewrite ]]; then mkdir -p "$out" && echo "s:0 trl:1.0000 lr:0.000600 norm:1.00" > "$out/main.log"; fi
 exit "${STUB_STATUS:-0}"
 """
 
 
-def run_common(tmp_path, num_gpus, user_args=(), status=0, tokenizer="tokenizer.bin", trains=True):
+def run_common(tmp_path, num_gpus, user_args=(), status=0, tokenizer="tokenizer.bin", trains="1"):
     """run_gpt2 with llm.c's 124M batch flags, its launcher a stub that logs its arguments (and, trains, a step into
     main.log) and exits with `status`; returns (exit status, stderr, the launcher's argument lines)"""
     launcher = tmp_path / "launcher.sh"
@@ -629,7 +631,7 @@ def run_common(tmp_path, num_gpus, user_args=(), status=0, tokenizer="tokenizer.
     script = ('source "$ROOT/scripts/run_common.sh"; '
               'run_gpt2 out_default -e d12 -tk "$TOKENIZER" -b 64 -t 1024 -d 524288 -l 0.0006 -- "$@"')
     env = dict(os.environ, ROOT=ROOT, STUB_LOG=str(tmp_path), LLM8_LAUNCHER=str(launcher), LLM8_TRAINER="trainer",
-               NUM_GPUS=str(num_gpus), STUB_STATUS=str(status), TOKENIZER=tokenizer, STUB_TRAINS="1" if trains else "0")
+               NUM_GPUS=str(num_gpus), STUB_STATUS=str(status), TOKENIZER=tokenizer, STUB_TRAINS=trains)
     (tmp_path / "tokenizer.bin").write_bytes(b"")
     r = subprocess.run(["bash", "-c", script, "run_stub.sh"] + list(user_args), env=env, capture_output=True, text=True,
                        timeout=30, cwd=tmp_path)
@@ -656,8 +658,8 @@ def test_run_common_fits_the_micro_batch_to_the_gpus(tmp_path, num_gpus, user_ar
     assert ("does not divide -d 524288" in err) == (expected_b not in ("64",) and not user_args), err
 
 
-@pytest.mark.parametrize("status,trains,attempts", [(1, True, 3), (1, False, 1), (130, True, 1), (143, True, 1)],
-                         ids=["failure", "failure-before-a-step", "sigint", "sigterm"])
+@pytest.mark.parametrize("status,trains,attempts", [(1, "1", 3), (1, "rewrite", 3), (1, "0", 1), (130, "1", 1), (143, "1", 1)],
+                         ids=["failure", "failure-after-starting-over", "failure-before-a-step", "sigint", "sigterm"])
 def test_run_common_retries_failures_but_not_signals(tmp_path, status, trains, attempts):
     """a run that failed after training a step resumes up to 3 times; one that failed before its first step (a missing
     shard: it would fail alike again), or was stopped by Ctrl-C or kill (a launcher exits 130 or 143 after stopping its
@@ -665,7 +667,7 @@ def test_run_common_retries_failures_but_not_signals(tmp_path, status, trains, a
     rc, err, lines = run_common(tmp_path, 2, status=status, trains=trains)
     assert rc == status and len(lines) == attempts, (rc, err)
     assert ("not retried" in err) == (attempts == 1), err
-    assert ("before its first step" in err) == (not trains), err
+    assert ("before its first step" in err) == (trains == "0"), err
 
 
 def test_run_common_drops_a_missing_tokenizer(tmp_path):
