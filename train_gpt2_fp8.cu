@@ -1076,14 +1076,15 @@ static void print_memory_summary(const GPT2* model, const TrainConfig* tc, int n
         snprintf(eight_bit, sizeof(eight_bit), "; %.3f for the %.1f%% of parameters with 8-bit states, -qs %s", bytes.eight_bit,
                  100.0 * bytes.eight_bit_params / model->num_parameters, tc->adamw8_states);
     }
-    printf("memory | persistent %.3f bytes/parameter on one GPU (bf16 weights+grads%s, %s m+v%s) | optimizer %s m+v %.2f GiB%s | GPU memory in use %.0f MiB\n",
+    printf("memory | persistent %.3f bytes/parameter on one GPU (bf16 weights+grads%s, %s m+v%s) | optimizer %s m+v %.2f GiB%s | GPU memory in use before the first step %.0f MiB (the step lines' mem adds cuDNN's workspace and NCCL's buffers)\n",
            bytes.model, model->master ? ", fp32 master" : "", model->use_adamw8 ? "8-bit" : "fp32", eight_bit, tc->optimizer,
            gpt2_optimizer_state_bytes(model) / 1073741824.0, num_ranks > 1 ? " on this rank" : "", gpu_memory_used_mib());
 }
 
 // the multi-GPU lines: the ZeRO layout and what a step sends; under ZeRO-3 also what stays
-// sharded and the memory it saves against ZeRO-1 on this rank
-static void print_multi_gpu_summary(const GPT2* model, const TrainConfig* tc, int rank, int num_ranks) {
+// sharded on this rank (rank 0 prints) and the memory it saves against ZeRO-1, the least and
+// the most over the ranks (every rank calls this: those two are all-reduced)
+static void print_multi_gpu_summary(const GPT2* model, const TrainConfig* tc, int rank, int num_ranks, cudaStream_t stream) {
     const ZeroComm* z = model->comm;
     char fp32_scratch[64] = "";
     if (z->reduce_fp32) { snprintf(fp32_scratch, sizeof(fp32_scratch), " (fp32 scratch %.1f MiB)", z->reduce_scratch_elements * 4.0 / 1048576.0); }
@@ -1102,14 +1103,17 @@ static void print_multi_gpu_summary(const GPT2* model, const TrainConfig* tc, in
         size_t fp8_slots = (size_t)FP8_LAYER_SLOTS * 2 * fp8_weights / model->config.num_layers;  // W and W^T, bytes
         size_t bf16_slots = (size_t)FP8_LAYER_SLOTS * sizeof(floatX) * bf16_weights / model->config.num_layers;
         size_t whole_params = z->layout.padded_total * sizeof(floatX);
-        printf("zero3 | block linears' weights sharded: bf16 parameters %.1f MiB mapped of %.1f MiB, FP8 weights %.1f MiB "
+        // a rank whose own range lies in wte (rank 0) maps less of the matmul weights than the others
+        float saved_mib = (float)(((double)whole_params - model->params_buffer.mapped_bytes + 2.0 * fp8_weights
+                                   - model->fp8.owned_code_bytes - fp8_slots - bf16_slots) / 1048576.0);
+        float least_saved_mib = gpt2_all_reduce(model, saved_mib, ncclMin, stream, "zero3 memory line");
+        float most_saved_mib = gpt2_all_reduce(model, saved_mib, ncclMax, stream, "zero3 memory line");
+        printf("zero3 | block linears' weights sharded on rank %d: bf16 parameters %.1f MiB mapped of %.1f MiB, FP8 weights %.1f MiB "
                "owned + %.1f MiB in %d layer slots (whole W and W^T: %.1f MiB), bf16 layer slots %.1f MiB | saves %.1f MiB "
-               "per GPU | weights gathered per micro-step (forward and backward): %.1f MB as FP8 + %.1f MB as bf16\n",
-               model->params_buffer.mapped_bytes / 1048576.0, whole_params / 1048576.0, model->fp8.owned_code_bytes / 1048576.0,
+               "per GPU at least, %.1f at most | weights gathered per micro-step (forward and backward): %.1f MB as FP8 + %.1f MB as bf16\n",
+               rank, model->params_buffer.mapped_bytes / 1048576.0, whole_params / 1048576.0, model->fp8.owned_code_bytes / 1048576.0,
                fp8_slots / 1048576.0, FP8_LAYER_SLOTS, 2.0 * fp8_weights / 1048576.0, bf16_slots / 1048576.0,
-               ((double)whole_params - model->params_buffer.mapped_bytes + 2.0 * fp8_weights - model->fp8.owned_code_bytes
-                - fp8_slots - bf16_slots) / 1048576.0,
-               2.0 * fp8_weights / 1e6, 2.0 * sizeof(floatX) * bf16_weights / 1e6);
+               least_saved_mib, most_saved_mib, 2.0 * fp8_weights / 1e6, 2.0 * sizeof(floatX) * bf16_weights / 1e6);
     }
 }
 
@@ -1280,7 +1284,7 @@ int main(int argc, char** argv) {
            tc.precision, tc.B, tc.T, tc.total_batch_size, grad_accum_steps, train_num_batches, tc.learning_rate, tc.lr_schedule,
            tc.warmup_iterations, tc.final_lr_frac, tc.weight_decay, tc.grad_clip);
     print_memory_summary(&model, &tc, num_ranks);
-    if (model.comm != NULL) { print_multi_gpu_summary(&model, &tc, rank, num_ranks); }
+    if (model.comm != NULL) { print_multi_gpu_summary(&model, &tc, rank, num_ranks, stream); }
     if (fp8_settings.enabled) { print_fp8_summary(&model); }
     printf("data | train %zu tokens | attention %s%s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention,
            tc.attention_deterministic ? "" : " (backward with float atomics, -ad 0: not bitwise repeatable)", tc.recompute,

@@ -20,9 +20,15 @@ Why it is shaped this way:
   samples of B*T tokens, so a run resumed with another B or T replays the loader instead. New state is a new tag,
   never a changed layout, so version 1 files (ours with nothing to add, and llm.c's) read
   unchanged; a file whose sections do not match what the run asks for is refused by tag, since
-  silently dropping state would break bitwise resume. A file with no sections and fp32 m, v
-  is always written as version 1.
-- Atomic: every file is written to <path>.tmp, flushed, fsynced and renamed over <path>, so a
+  silently dropping state would break bitwise resume. A one-rank file with no sections and
+  fp32 m, v is always written as version 1.
+- Several ranks cut the optimizer state differently in llm.c and llm8. llm.c's ZeRO-1 rank q
+  holds the q-th 1/N of every layer's slice of every tensor; llm8's holds one window of the
+  flat parameters (zero.h). Header [9] = 1 marks llm8's files (llm.c leaves it 0), and llm8
+  writes several ranks' files as version 2, which llm.c refuses, so that neither reads the
+  other's shards as its own: llm8 assembles its windows from llm.c's files
+  (state_reshard.h), and llm.c continues an llm8 run of several GPUs from its model file.
+- Atomic: every file is written to <path>.tmp, flushed, fsynced and renamed over <path> (the directory synced after), so a
   killed run leaves either the old file or the new one. After every file of a step is
   complete (all ranks), rank 0 writes DONE_XXXXXXXX; checkpoint_find_latest only trusts steps
   with that marker, so a checkpoint cut off half way is never resumed from. checkpoint_remove
@@ -43,6 +49,7 @@ Why it is shaped this way:
 #include <stdint.h>
 #include <string.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include "utils.h"
 #include "element_math.h"
@@ -60,6 +67,8 @@ Why it is shaped this way:
 #define STATE_SLOT_MOMENTS_IN_SECTIONS 6
 #define STATE_SLOT_MICRO_BATCH 7   // llm8's: the writer's B and T, 0 in llm.c's files (and llm8's before them)
 #define STATE_SLOT_SEQ_LEN 8
+#define STATE_SLOT_LAYOUT 9        // llm8's: 1 in its files; llm.c's leave it 0 (state_reshard.h)
+#define STATE_LAYOUT_LLM8_WINDOWS 1
 #define STATE_SLOT_NUM_SECTIONS 40
 #define STATE_SECTION_TAG_BYTES 16
 #define STATE_FILE_MAX_SECTIONS 64  // sections a state file, or a run, may have
@@ -95,7 +104,8 @@ static inline FILE* checkpoint_open_tmp_(const char* path, char tmp_path[CHECKPO
     return fopenCheck(tmp_path, "wb");
 }
 
-// makes the finished temp file durable and moves it over `path` in one step
+// makes the finished temp file durable and moves it over `path` in one step; the directory
+// is synced too, so that the rename is on disk before a later file's (DONE after the files)
 static inline void checkpoint_commit_tmp_(FILE* fp, const char* tmp_path, const char* path) {
     if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
         llm8_die("cannot flush '%s' to disk: %s", tmp_path, strerror(errno));
@@ -104,6 +114,18 @@ static inline void checkpoint_commit_tmp_(FILE* fp, const char* tmp_path, const 
     if (rename(tmp_path, path) != 0) {
         llm8_die("cannot rename '%s' to '%s': %s", tmp_path, path, strerror(errno));
     }
+    char dir[CHECKPOINT_PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char* slash = strrchr(dir, '/');
+    if (slash == NULL) { snprintf(dir, sizeof(dir), "."); }
+    else if (slash == dir) { dir[1] = '\0'; }
+    else { *slash = '\0'; }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    // a filesystem that cannot sync a directory (some network ones: EINVAL) keeps what rename gives
+    if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP)) {
+        llm8_die("cannot sync directory '%s' after writing '%s': %s", dir, path, strerror(errno));
+    }
+    close(fd);
 }
 
 // marks step complete; call once every file of the step (all ranks) is written
@@ -114,9 +136,25 @@ static inline void checkpoint_write_done(const char* dir, int step) {
     checkpoint_commit_tmp_(fp, tmp_path, path);
 }
 
-// the steps in dir with a DONE marker (complete checkpoints), newest first, in a malloc'd
-// array (NULL when there are none; also when dir does not exist); count receives how many
-static inline int* checkpoint_complete_steps(const char* dir, int* count) {
+// the step a checkpoint file's name carries (DONE_, model_ or state_, then 8 digits), or -1;
+// marker_only: DONE_XXXXXXXX itself, no suffix
+static inline int checkpoint_name_step_(const char* name, int marker_only) {
+    const char* prefixes[3] = {"DONE_", "model_", "state_"};
+    for (int i = 0; i < (marker_only ? 1 : 3); i++) {
+        size_t length = strlen(prefixes[i]);
+        if (strncmp(name, prefixes[i], length) != 0) { continue; }
+        int step = 0, digits = 0;
+        for (const char* p = name + length; *p >= '0' && *p <= '9'; p++) { step = step * 10 + (*p - '0'); digits++; }
+        if (digits != 8 || (marker_only && name[length + 8] != '\0')) { return -1; }
+        return step;
+    }
+    return -1;
+}
+
+// the distinct steps in dir with a DONE marker (complete checkpoints; marker_only) or with any
+// checkpoint file, newest first, in a malloc'd array (NULL when there are none; also when dir
+// does not exist); count receives how many
+static inline int* checkpoint_steps_(const char* dir, int marker_only, int* count) {
     *count = 0;
     DIR* d = opendir(dir);
     if (d == NULL) { return NULL; }
@@ -124,12 +162,11 @@ static inline int* checkpoint_complete_steps(const char* dir, int* count) {
     int capacity = 0;
     struct dirent* entry;
     while ((entry = readdir(d)) != NULL) {
-        const char* name = entry->d_name;
-        if (strncmp(name, "DONE_", 5) != 0 || strlen(name) != 13) { continue; }
-        int step = 0;
-        int digits = 0;
-        for (const char* p = name + 5; *p >= '0' && *p <= '9'; p++) { step = step * 10 + (*p - '0'); digits++; }
-        if (digits != 8) { continue; }
+        int step = checkpoint_name_step_(entry->d_name, marker_only);
+        if (step < 0) { continue; }
+        int seen = 0;
+        for (int i = 0; i < *count && !seen; i++) { seen = steps[i] == step; }
+        if (seen) { continue; }
         if (*count == capacity) {
             capacity = capacity > 0 ? 2 * capacity : 16;
             steps = (int*)realloc(steps, (size_t)capacity * sizeof(int));
@@ -143,6 +180,8 @@ static inline int* checkpoint_complete_steps(const char* dir, int* count) {
     return steps;
 }
 
+static inline int* checkpoint_complete_steps(const char* dir, int* count) { return checkpoint_steps_(dir, 1, count); }
+
 // the newest step in dir with a DONE marker, or -1 (also when dir does not exist)
 static inline int checkpoint_find_latest(const char* dir) {
     int count;
@@ -153,23 +192,20 @@ static inline int checkpoint_find_latest(const char* dir) {
 }
 
 // deletes every file of a step: the DONE marker first (so the step stops counting as
-// complete), then the model file and all ranks' state files, leftover .tmp files included
+// complete), then the model file and all ranks' state files, leftover .tmp files (the
+// marker's too) included
 static inline void checkpoint_remove(const char* dir, int step) {
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_done_path(path, sizeof(path), dir, step);
     if (remove(path) != 0 && errno != ENOENT) {
         llm8_die("cannot remove '%s': %s", path, strerror(errno));
     }
-    char model_prefix[32], state_prefix[32];
-    snprintf(model_prefix, sizeof(model_prefix), "model_%08d.bin", step);
-    snprintf(state_prefix, sizeof(state_prefix), "state_%08d_", step);
     DIR* d = opendir(dir);
     if (d == NULL) { return; }
     struct dirent* entry;
     while ((entry = readdir(d)) != NULL) {
         const char* name = entry->d_name;
-        if (strncmp(name, model_prefix, strlen(model_prefix)) != 0 &&
-            strncmp(name, state_prefix, strlen(state_prefix)) != 0) { continue; }
+        if (checkpoint_name_step_(name, 0) != step) { continue; }
         int n = snprintf(path, sizeof(path), "%s/%s", dir, name);
         if (n < 0 || n >= (int)sizeof(path) || remove(path) != 0) {
             llm8_die("cannot remove checkpoint file '%s/%s': %s", dir, name, strerror(errno));
@@ -197,7 +233,9 @@ static inline void checkpoint_check_fresh_dir(const char* dir, int resume, int c
 -nk / -nm: keeps the newest `keep` complete checkpoints in dir and, of the older ones, the major
 ones (a step that is a multiple of major_every > 0); removes the rest (checkpoint_remove). keep
 0 keeps everything. Looks at what is on disk, so checkpoints of irregular steps (the last
-step, an earlier run's other -n) count like the others.
+step, an earlier run's other -n) count like the others. Also removes the files of incomplete
+steps older than the newest complete one: a checkpoint or a removal cut off half way by a
+killed run, which no later run would write over (at d48 one is about 20 GB).
 */
 static inline void checkpoint_keep_newest(const char* dir, int keep, int major_every) {
     if (keep <= 0) { return; }
@@ -207,7 +245,15 @@ static inline void checkpoint_keep_newest(const char* dir, int keep, int major_e
         if (major_every > 0 && steps[i] % major_every == 0) { continue; }
         checkpoint_remove(dir, steps[i]);
     }
+    int newest_complete = count > 0 ? steps[0] : -1;
     free(steps);
+    int* any = checkpoint_steps_(dir, 0, &count);
+    for (int i = 0; i < count; i++) {
+        char done[CHECKPOINT_PATH_MAX];
+        checkpoint_done_path(done, sizeof(done), dir, any[i]);
+        if (any[i] < newest_complete && access(done, F_OK) != 0) { checkpoint_remove(dir, any[i]); }
+    }
+    free(any);
 }
 
 // opens a checkpoint file for reading, checks its header magic, returns the header and size
@@ -372,7 +418,9 @@ static inline void state_section_tag_(char tag[STATE_SECTION_TAG_BYTES], const c
 static inline void state_file_write(const char* path, const TrainState* state, const StateBuffers* buffers,
                                     const DataLoader* loader) {
     int fp32_moments = state_buffers_fp32_moments_(buffers, path);
-    int version = (fp32_moments && buffers->num_sections == 0) ? STATE_VERSION_LLMC : STATE_VERSION_SECTIONS;
+    // several ranks' files are version 2 too: llm.c cuts a rank's state otherwise, and refuses version 2
+    int version = (fp32_moments && buffers->num_sections == 0 && loader->num_processes == 1) ? STATE_VERSION_LLMC
+                                                                                               : STATE_VERSION_SECTIONS;
     int32_t header[CHECKPOINT_HEADER_INTS];
     memset(header, 0, sizeof(header));
     header[0] = STATE_FILE_MAGIC;
@@ -384,6 +432,7 @@ static inline void state_file_write(const char* path, const TrainState* state, c
     header[STATE_SLOT_MOMENTS_IN_SECTIONS] = !fp32_moments;
     header[STATE_SLOT_MICRO_BATCH] = (int32_t)loader->B;
     header[STATE_SLOT_SEQ_LEN] = (int32_t)loader->T;
+    header[STATE_SLOT_LAYOUT] = STATE_LAYOUT_LLM8_WINDOWS;
     header[10] = state->step;
     uint64_t u64_fields[4] = { state->rng_state, state->rng_state_last_update,
                                (uint64_t)loader->current_shard_idx, (uint64_t)loader->current_sample_idx };
@@ -493,6 +542,7 @@ typedef struct {
     size_t current_shard_idx;
     size_t current_sample_idx;
     int micro_batch, seq_len;           // the writer's B and T (0: not recorded)
+    int llm8_windows;                   // header [9]: rank r holds the flat window [r S, (r + 1) S) (else llm.c's cut)
     int num_sections;
     long m_offset, v_offset;            // fp32_moments: shard_num_parameters floats each
     long master_offset;                 // has_master: shard_num_parameters floats
@@ -509,9 +559,9 @@ static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEA
         llm8_die("state file '%s' has version %d, expected %d or %d", path, index->version, STATE_VERSION_LLMC,
                  STATE_VERSION_SECTIONS);
     }
-    // flags are 0 or 1 (slot 6 is llm8's, read in version 2 only): any other value is corruption
-    int flag_slots[3] = {4, 5, STATE_SLOT_MOMENTS_IN_SECTIONS};
-    for (int i = 0; i < (index->version == STATE_VERSION_LLMC ? 2 : 3); i++) {
+    // flags are 0 or 1 (slots 6 and 9 are llm8's, 6 read in version 2 only): any other value is corruption
+    int flag_slots[4] = {4, 5, STATE_SLOT_LAYOUT, STATE_SLOT_MOMENTS_IN_SECTIONS};
+    for (int i = 0; i < (index->version == STATE_VERSION_LLMC ? 3 : 4); i++) {
         if (header[flag_slots[i]] != 0 && header[flag_slots[i]] != 1) {
             llm8_die("state file '%s' has %d in header slot %d, expected 0 or 1", path, header[flag_slots[i]], flag_slots[i]);
         }
@@ -524,6 +574,7 @@ static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEA
     index->step = header[10];
     index->micro_batch = header[STATE_SLOT_MICRO_BATCH];
     index->seq_len = header[STATE_SLOT_SEQ_LEN];
+    index->llm8_windows = header[STATE_SLOT_LAYOUT] == STATE_LAYOUT_LLM8_WINDOWS;
     if (index->micro_batch < 0 || index->seq_len < 0 || (index->micro_batch == 0) != (index->seq_len == 0)) {
         llm8_die("state file '%s' has B=%d, T=%d in header slots %d and %d, expected both positive or both 0", path,
                  index->micro_batch, index->seq_len, STATE_SLOT_MICRO_BATCH, STATE_SLOT_SEQ_LEN);
@@ -628,6 +679,10 @@ static inline void state_file_read(const char* path, TrainState* state, const St
     if (header[2] != loader->num_processes || header[3] != loader->process_rank) {
         llm8_die("state file '%s' is rank %d of %d processes, this process is rank %d of %d", path, header[3], header[2],
                  loader->process_rank, loader->num_processes);
+    }
+    if (header[2] > 1 && !fields.llm8_windows) {  // train_state_read_checkpoint reads those (state_reshard.h)
+        llm8_die("state file '%s' cuts the optimizer state as llm.c's ranks do, not as llm8's: read it through "
+                 "train_state_read_checkpoint", path);
     }
     state_file_check_master(path, header[4], buffers->master_weights != NULL);
     if (header[5] != loader->should_shuffle) {

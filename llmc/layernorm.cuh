@@ -319,8 +319,9 @@ Per row, with xhat = (x - mean) * rstd and dnorm = dout * weight:
 and the row's contributions dout * xhat and dout to the columns of dweight and dbias.
 Writes this block's column sums to partials[blockIdx.x][0..C) (dweight) and [C..2C) (dbias).
 */
-__global__ void layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
-                                          const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+__global__ void __launch_bounds__(LAYERNORM_BACKWARD_WARPS * WARP_SIZE)
+layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+                          const floatX* weight, const float* mean, const float* rstd, int N, int C) {
     extern __shared__ f128 column_sums[];  // [LAYERNORM_BACKWARD_WARPS][2][C / 4]: dweight, then dbias
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;

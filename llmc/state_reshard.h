@@ -24,7 +24,14 @@ Why it is shaped so:
   which map to nothing on M ranks. The loader is replayed (dataloader_seek_batches) to where
   an M-rank run is after `step` steps, so the run goes on with the data an uninterrupted M-rank
   run would read.
-- With N == M nothing here runs: train_state_read reads the rank's own file, as before.
+- llm.c's files of N > 1 ranks (header [9] 0: checkpoint.h) cut the state otherwise: under
+  its ZeRO-1 rank q holds the q-th 1/N of every layer's slice of every tensor, in tensor order
+  then layer order (llm.c's gpt2_update: a tensor's state starts at its flat offset / N, a
+  layer's part at layer x slice / N after it), and under its -z 0 every rank holds all of it
+  (told apart by the files' size). Each file is then a list of pieces of the flat arrays
+  (reshard_pieces_), read the same way, for any M, N == M included. llm.c keeps fp32 m and v
+  only, and no llm8 sections.
+- With llm8's files and N == M nothing here runs: train_state_read reads the rank's own file.
 Host C that also compiles as C++.
 */
 #ifndef LLMC_STATE_RESHARD_H
@@ -42,8 +49,9 @@ Host C that also compiles as C++.
 #include "zero.h"
 #include "train_state.h"
 
-// the number of ranks that wrote checkpoint `step` in dir: its rank 0 state file's header says
-static inline int checkpoint_state_num_ranks(const char* dir, int step) {
+// the number of ranks that wrote checkpoint `step` in dir, as its rank 0 state file's header
+// says; *llmc_cut: several ranks' files cut as llm.c's (header [9] 0)
+static inline int checkpoint_state_num_ranks(const char* dir, int step, int* llmc_cut) {
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
     if (access(path, F_OK) != 0) {
@@ -55,16 +63,78 @@ static inline int checkpoint_state_num_ranks(const char* dir, int step) {
         llm8_die("state file '%s' says rank %d of %d processes, expected rank 0 of 1..%d", path, header.process_rank,
                  header.num_processes, ZERO_MAX_RANKS);
     }
+    *llmc_cut = header.num_processes > 1 && !header.llm8_windows;
     return header.num_processes;
 }
+
+// how the old ranks cut the flat arrays (m, v, master)
+typedef enum {
+    RESHARD_LLM8_WINDOWS,   // rank q: [q S, (q + 1) S) (zero.h)
+    RESHARD_LLMC_ZERO1,     // llm.c -z 1: the q-th 1/N of every tensor's layer slice
+    RESHARD_LLMC_WHOLE,     // llm.c -z 0: every rank all of it
+} ReshardCut;
 
 // one old rank's file: where it is, what it holds
 typedef struct {
     char path[CHECKPOINT_PATH_MAX];
-    ZeroRange range;        // its flat parameters
+    ZeroRange range;        // its flat parameters (llm8's windows)
     Adamw8Layout window;    // its optimizer states' window
     StateFileIndex index;
 } ReshardSource;
+
+// a run of flat elements [begin, end) an old file holds from element file_element of each flat array
+typedef struct {
+    size_t begin, end;
+    size_t file_element;
+} ReshardPiece;
+
+// the pieces old rank q of N holds (at most reshard_max_pieces_); returns the count
+static inline int reshard_max_pieces_(const ZeroLayout* zero) { return NUM_PARAMETER_TENSORS * zero->num_layers; }
+static inline int reshard_pieces_(ReshardCut cut, const ZeroLayout* zero, ZeroRange range, int q, int num_ranks,
+                                  ReshardPiece* pieces) {
+    if (cut == RESHARD_LLM8_WINDOWS || cut == RESHARD_LLMC_WHOLE) {
+        if (cut == RESHARD_LLMC_WHOLE && q > 0) { return 0; }  // the same as rank 0's
+        ReshardPiece whole = {cut == RESHARD_LLMC_WHOLE ? 0 : range.begin,
+                              cut == RESHARD_LLMC_WHOLE ? zero->num_parameters : range.end, 0};
+        pieces[0] = whole;
+        return 1;
+    }
+    int count = 0;
+    for (int tensor = 0; tensor < NUM_PARAMETER_TENSORS; tensor++) {
+        int per_layer = zero_tensor_is_per_layer(tensor);
+        for (int layer = 0; layer < (per_layer ? zero->num_layers : 1); layer++) {
+            ZeroRange slice = zero_slice_range(zero, tensor, per_layer ? layer : -1);
+            size_t part = (slice.end - slice.begin) / (size_t)num_ranks;
+            ReshardPiece piece = {slice.begin + (size_t)q * part, slice.begin + (size_t)(q + 1) * part,
+                                  zero->tensor_offsets[tensor] / (size_t)num_ranks + (size_t)layer * part};
+            pieces[count++] = piece;
+        }
+    }
+    return count;
+}
+
+/*
+How llm.c's N > 1 ranks cut a checkpoint: -z 1 files hold num_parameters / N floats per array,
+-z 0 files all of them (rank 0's header says which: its file's size). -z 1 needs every tensor's
+layer slice to divide by N (llm.c stops otherwise), so a file that does not is -z 0's.
+*/
+static inline ReshardCut reshard_llmc_cut_(const char* path, const StateFileIndex* header, const ZeroLayout* zero) {
+    if (header->version != STATE_VERSION_LLMC) {
+        llm8_die("state file '%s' is rank %d of %d, version %d, with header slot %d 0: an llm8 file of several ranks from "
+                 "before that slot marked llm8's cut (2026-11-27); resume from its model file (-e) instead",
+                 path, header->process_rank, header->num_processes, header->version, STATE_SLOT_LAYOUT);
+    }
+    size_t n = (size_t)header->num_processes;
+    for (int tensor = 0; tensor < NUM_PARAMETER_TENSORS; tensor++) {
+        size_t slice = zero->tensor_sizes[tensor] / (zero_tensor_is_per_layer(tensor) ? (size_t)zero->num_layers : 1);
+        if (slice % n != 0) { return RESHARD_LLMC_WHOLE; }
+    }
+    FILE* fp = fopenCheck(path, "rb");
+    long body = file_size_bytes(fp) - (long)CHECKPOINT_HEADER_BYTES;
+    fcloseCheck(fp);
+    long whole_moments = (long)(2 * zero->num_parameters * sizeof(float));
+    return body >= whole_moments ? RESHARD_LLMC_WHOLE : RESHARD_LLMC_ZERO1;
+}
 
 static inline void reshard_check_agrees_(const ReshardSource* source, const ReshardSource* rank0, const char* what,
                                          int value, int rank0_value) {
@@ -95,16 +165,18 @@ static inline void reshard_eight_bit_window_(ReshardSource* s, const GPT2Config*
 }
 
 /*
-The N files of checkpoint `step`, each checked against rank 0's and indexed; in files with 8-bit
-states, each rank's window as N ranks cut it under -qs `selection`. Free with free().
+The N files of checkpoint `step`, each checked against rank 0's and indexed, and how they cut
+the flat arrays (*cut); in files with 8-bit states, each rank's window as N ranks cut it under
+-qs `selection`. Free with free().
 */
 static inline ReshardSource* reshard_sources_open_(const char* dir, int step, int num_ranks, const GPT2Config* cfg,
-                                                   Adamw8Selection selection) {
+                                                   Adamw8Selection selection, ReshardCut* cut) {
     ZeroLayout zero;
     zero_layout_init(&zero, cfg, num_ranks);
     Adamw8Layout model;
     adamw8_layout_init(&model, cfg, selection);
     ReshardSource* sources = (ReshardSource*)mallocCheck((size_t)num_ranks * sizeof(ReshardSource));
+    *cut = RESHARD_LLM8_WINDOWS;
     for (int q = 0; q < num_ranks; q++) {
         ReshardSource* s = &sources[q];
         checkpoint_state_path(s->path, sizeof(s->path), dir, step, q);
@@ -120,7 +192,14 @@ static inline ReshardSource* reshard_sources_open_(const char* dir, int step, in
                      "file says %d ranks) at step %d", s->path, header.process_rank, header.num_processes, header.step,
                      step, dir, q, num_ranks, num_ranks, step);
         }
-        state_file_index(s->path, s->range.end - s->range.begin, &s->index);
+        if (q == 0 && num_ranks > 1 && !header.llm8_windows) { *cut = reshard_llmc_cut_(s->path, &header, &zero); }
+        if (q > 0 && header.llm8_windows != sources[0].index.llm8_windows) {
+            llm8_die("state file '%s' %s header slot %d, rank 0's '%s' does not: files of different checkpoints?", s->path,
+                     header.llm8_windows ? "has llm8's mark in" : "lacks llm8's mark in", STATE_SLOT_LAYOUT, sources[0].path);
+        }
+        size_t held = *cut == RESHARD_LLM8_WINDOWS ? s->range.end - s->range.begin
+                    : *cut == RESHARD_LLMC_WHOLE ? zero.num_parameters : zero.num_parameters / (size_t)num_ranks;
+        state_file_index(s->path, held, &s->index);
         const StateFileIndex* a = &s->index;
         const StateFileIndex* b = &sources[0].index;
         reshard_check_agrees_(s, &sources[0], "version", a->version, b->version);
@@ -202,6 +281,11 @@ static inline int reshard_arrays_(ReshardArray arrays[ADAMW8_NUM_SECTIONS + 1], 
     return count;
 }
 
+// the arrays of flat parameters (the body's), against adamw8's sections
+static inline int reshard_array_is_flat_(const char* tag) {
+    return strcmp(tag, "m") == 0 || strcmp(tag, "v") == 0 || strcmp(tag, "master") == 0;
+}
+
 // where array `tag` of an indexed file lies (reshard_check_sections_ made sure the sections exist)
 static inline long reshard_array_offset_(const StateFileIndex* index, const char* tag) {
     if (strcmp(tag, "m") == 0) { return index->m_offset; }
@@ -223,7 +307,7 @@ static inline size_t reshard_read_overlap_(FILE* fp, long offset, const ReshardA
 
 /*
 Resumes rank loader->process_rank of loader->num_processes (M) from checkpoint `step` in dir,
-written by file_ranks (N != M) ranks: the rank's window of the optimizer state and master,
+written by file_ranks ranks (N != M, or N cut as llm.c cuts them): the rank's window of the optimizer state and master,
 assembled from the old files and left in the form this run keeps (train_state_read's m, v,
 states8, master; fp32 <-> 8-bit converted when the optimizers differ), the extra sections from
 old rank r % N's file (its path goes to extra_path), and the loader replayed by step *
@@ -238,7 +322,8 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
     ZeroLayout zero;
     zero_layout_init(&zero, cfg, loader->num_processes);
     ZeroRange range = zero_rank_range(&zero, rank);
-    ReshardSource* sources = reshard_sources_open_(dir, step, file_ranks, cfg, selection);
+    ReshardCut cut;
+    ReshardSource* sources = reshard_sources_open_(dir, step, file_ranks, cfg, selection, &cut);
     const StateFileIndex* index0 = &sources[0].index;
     Adamw8Layout layout;  // this rank's window
     train_state_window_(&layout, cfg, selection, use_adamw8, index0->fp32_moments, range.begin, range.end);
@@ -255,9 +340,15 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
     int num_arrays = reshard_arrays_(wanted, form.fp32, master != NULL, range, &layout, &form.states, form.m, form.v, master);
     size_t bytes_read[ADAMW8_NUM_SECTIONS + 1] = {0};
     int files_read = 0;
+    ZeroLayout old_zero;
+    zero_layout_init(&old_zero, cfg, file_ranks);
+    ReshardPiece* pieces = (ReshardPiece*)mallocCheck((size_t)reshard_max_pieces_(&old_zero) * sizeof(ReshardPiece));
     for (int q = 0; q < file_ranks; q++) {
         const ReshardSource* s = &sources[q];
-        if (s->range.end <= range.begin || s->range.begin >= range.end) { continue; }
+        int num_pieces = reshard_pieces_(cut, &old_zero, s->range, q, file_ranks, pieces);
+        int overlaps = 0;
+        for (int p = 0; p < num_pieces; p++) { overlaps |= pieces[p].end > range.begin && pieces[p].begin < range.end; }
+        if (!overlaps) { continue; }
         files_read++;
         ReshardArray held[ADAMW8_NUM_SECTIONS + 1];
         Adamw8States no_states;
@@ -265,10 +356,21 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
         reshard_arrays_(held, form.fp32, master != NULL, s->range, &s->window, &no_states, NULL, NULL, NULL);
         FILE* fp = fopenCheck(s->path, "rb");
         for (int i = 0; i < num_arrays; i++) {
-            bytes_read[i] += reshard_read_overlap_(fp, reshard_array_offset_(&s->index, held[i].tag), &held[i], &wanted[i]);
+            long offset = reshard_array_offset_(&s->index, held[i].tag);
+            if (!reshard_array_is_flat_(held[i].tag)) {  // adamw8's, in llm8's windows only
+                bytes_read[i] += reshard_read_overlap_(fp, offset, &held[i], &wanted[i]);
+                continue;
+            }
+            for (int p = 0; p < num_pieces; p++) {
+                ReshardArray piece = {held[i].tag, NULL, pieces[p].begin * sizeof(float),
+                                      (pieces[p].end - pieces[p].begin) * sizeof(float)};
+                bytes_read[i] += reshard_read_overlap_(fp, offset + (long)(pieces[p].file_element * sizeof(float)), &piece,
+                                                       &wanted[i]);
+            }
         }
         fcloseCheck(fp);
     }
+    free(pieces);
     for (int i = 0; i < num_arrays; i++) {
         if (bytes_read[i] != wanted[i].bytes) {
             llm8_die("checkpoint %d in '%s': the %d state files hold %zu of the %zu bytes of '%s' rank %d of %d needs",
@@ -290,10 +392,11 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
 
     size_t batches = (size_t)step * batches_per_step;
     dataloader_seek_batches(loader, batches);
-    printf("%s: rank %d of %d resumed a checkpoint of %d ranks: optimizer state and master assembled from %d of its "
+    const char* cut_names[] = {"", " (llm.c's -z 1 cut)", " (llm.c's -z 0: each holds all)"};
+    printf("%s: rank %d of %d resumed a checkpoint of %d ranks%s: optimizer state and master assembled from %d of its "
            "state files, per-rank state (FP8 scaling) from rank %d's; data loader replayed %zu batches to shard %zu "
            "sample %zu, where a %d-rank run is at step %d\n", sources[0].path, rank, loader->num_processes, file_ranks,
-           files_read, rank % file_ranks, batches, loader->current_shard_idx, loader->current_sample_idx,
+           cut_names[cut], files_read, rank % file_ranks, batches, loader->current_shard_idx, loader->current_sample_idx,
            loader->num_processes, step);
     train_state_file_form_finish_(&form, sources[0].path, &layout, selection, use_adamw8, m, v, states8);
     free(sources);
@@ -312,8 +415,9 @@ static inline int train_state_read_checkpoint(const char* dir, int step, size_t 
                                               float* m, float* v, Adamw8States* states8, float* master,
                                               const StateSection* extra, int num_extra,
                                               char extra_path[CHECKPOINT_PATH_MAX]) {
-    int file_ranks = checkpoint_state_num_ranks(dir, step);
-    if (file_ranks != loader->num_processes) {
+    int llmc_cut;
+    int file_ranks = checkpoint_state_num_ranks(dir, step, &llmc_cut);
+    if (file_ranks != loader->num_processes || llmc_cut) {
         return train_state_read_resharded(dir, step, file_ranks, batches_per_step, loader, cfg, use_adamw8, selection,
                                           m, v, states8, master, extra, num_extra, extra_path);
     }

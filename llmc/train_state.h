@@ -98,7 +98,12 @@ static inline void train_state_write(const char* path, int step, const DataLoade
     train_state_copy_extra_sections(sections, extra, num_extra, "train_state_write");
     int32_t bits[NUM_PARAMETER_TENSORS];
     int num_sections = num_extra + (use_adamw8 ? adamw8_state_sections(sections + num_extra, layout, states8, bits) : 0);
-    TrainState state = {step, 0, 0, 0};  // stochastic rounding seeds derive from the step: no RNG state to keep
+    // llm8's stochastic rounding seeds derive from the step: no RNG state to keep. llm.c draws its
+    // seeds from header [20] (and [22]) with xorshift, which stays 0 from 0, so llm.c continuing this
+    // checkpoint would round every step alike: a nonzero state, llm.c's starting one advanced by the step
+    uint64_t llmc_rng_state = 13371337ull + (uint64_t)loader->process_rank + (uint64_t)step * 0x9E3779B97F4A7C15ull;
+    if (llmc_rng_state == 0) { llmc_rng_state = 13371337ull; }
+    TrainState state = {step, llmc_rng_state, llmc_rng_state, 0};
     StateBuffers buffers = {layout->num_parameters, use_adamw8 ? NULL : m, use_adamw8 ? NULL : v, master, sections,
                             num_sections};
     state_file_write(path, &state, &buffers, loader);

@@ -20,6 +20,12 @@ Files:
   hellaswag.bin                     10 examples
   state_v1.bin                      rank 0 of 1, master weights, no shuffle
   state_v1_shuffle.bin              rank 0 of 1, no master weights, shuffle trailer
+  llmc_z1_n2/, llmc_z1_n4/          checkpoint 5 of llm.c's 2 and 4 ranks under -z 1 (its
+                                    ZeRO-1 cut: rank q holds the q-th 1/N of every layer's
+                                    slice of every tensor), master weights, no shuffle:
+                                    state_00000005_0000q.bin
+  llmc_z0_n2/                       the same under -z 0: every rank holds all of it
+  llmc_ranks_expected.bin           the whole m, v and master those cut (float32, in turn)
 """
 import os
 import struct
@@ -39,10 +45,13 @@ def header(*values):
     return h
 
 
+def param_sizes():
+    return [VP * C, MAXT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
+            L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C]
+
+
 def num_params():
-    sizes = [VP * C, MAXT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
-             L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C]
-    return sum(sizes)
+    return sum(param_sizes())
 
 
 def to_bf16_bits(x):
@@ -154,6 +163,42 @@ def write_states(out):
         f.write(struct.pack("<II", 0, 0x9908B0DF))
 
 
+def llmc_zero1_indices(num_ranks, rank):
+    """the flat parameters llm.c's ZeRO-1 rank holds, in its optimizer arrays' order: for each
+    tensor, for each of its layers (wte, wpe, lnfw, lnfb have one), the rank-th 1/N of that
+    layer's slice (train_gpt2.cu gpt2_update: multi_gpu_get_shard_offset of the slice, and the
+    optimizer state at the tensor's offset / N plus layer x shard size)"""
+    pieces, offset = [], 0
+    for tensor, size in enumerate(param_sizes()):
+        layers = L if 2 <= tensor <= 13 else 1
+        layer_size = size // layers
+        part = layer_size // num_ranks
+        for layer in range(layers):
+            begin = offset + layer * layer_size + rank * part
+            pieces.append(np.arange(begin, begin + part))
+        offset += size
+    return np.concatenate(pieces)
+
+
+def write_llmc_rank_states(out):
+    n = num_params()
+    i = np.arange(n, dtype=np.float32)
+    m, v, master = i * 0.5, i * 0.25 + 1.0, -i / 8.0
+    with open(os.path.join(out, "llmc_ranks_expected.bin"), "wb") as f:
+        for a in (m, v, master):
+            f.write(a.astype(np.float32).tobytes())
+    for name, num_ranks, zero_stage in (("llmc_z1_n2", 2, 1), ("llmc_z1_n4", 4, 1), ("llmc_z0_n2", 2, 0)):
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        for rank in range(num_ranks):
+            held = llmc_zero1_indices(num_ranks, rank) if zero_stage == 1 else np.arange(n)
+            h = header(20240527, 1, num_ranks, rank, 1, 0)
+            h[10] = 5
+            with open(os.path.join(out, name, "state_00000005_%05d.bin" % rank), "wb") as f:
+                f.write(h.tobytes())
+                for a in (m, v, master):
+                    f.write(a[held].astype(np.float32).tobytes())
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: python3 test/make_llmc_files.py OUT_DIR")
@@ -164,6 +209,7 @@ def main():
     write_tokenizer(out)
     write_hellaswag(out)
     write_states(out)
+    write_llmc_rank_states(out)
 
 
 if __name__ == "__main__":

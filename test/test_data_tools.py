@@ -401,6 +401,44 @@ def test_unreachable_network_is_one_clear_line(encoding, tmp_path):
     assert not (tmp_path / "hs" / "hellaswag_val.jsonl.part").exists()
 
 
+def test_fineweb_streams_documents_into_shards(encoding, tmp_path):
+    """fineweb.py without the internet: a local HTTP server stands in for the hub (its reachability check) and a
+    `datasets` module of our own for the package, whose streamed rows (id, text) must come out as llm.c shards
+    under the FineWeb names, each document once, whole, prefixed with EOT, in the stream's order, val held out by
+    document"""
+    import http.server
+    import threading
+    docs = {f"<urn:uuid:{i:04d}>": f"Document {i}: " + "fine web text " * (i % 7 + 1) for i in range(300)}
+    fake = tmp_path / "fake_packages"
+    fake.mkdir()
+    (fake / "datasets.py").write_text(
+        "import json, os\n"
+        "def load_dataset(repo, name, split, streaming):\n"
+        "    assert (repo, name, split, streaming) == ('HuggingFaceFW/fineweb', 'sample-10BT', 'train', True)\n"
+        "    with open(os.environ['FAKE_FINEWEB_ROWS']) as f:\n"
+        "        yield from (json.loads(line) for line in f)\n")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in docs.items()))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "fw"
+        result = run_script(["dev/data/fineweb.py", "--version", "10B", "--out-dir", str(out), "--shard-size", "2000"],
+                            env={"HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
+                                 "PYTHONPATH": str(fake), "FAKE_FINEWEB_ROWS": str(rows)})
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    train = documents_of(encoding, split_shards(out, "fineweb", "train"))
+    val = documents_of(encoding, split_shards(out, "fineweb", "val"))
+    assert os.path.basename(split_shards(out, "fineweb", "val")[0]) == "fineweb_val_000000.bin"
+    assert len(split_shards(out, "fineweb", "train")) > 1, "several train shards of 2000 tokens"
+    assert val and not set(val) & set(train)
+    assert sorted(train + val) == sorted(docs.values())
+    order = list(docs.values())
+    assert train == sorted(train, key=order.index), "train documents in the stream's order"
+
+
 # --- scripts/plot.py ----------------------------------------------------------------------
 
 def test_plot_writes_png_and_gap_table(tmp_path):

@@ -63,18 +63,18 @@ static int files_identical(const char* a, const char* b) {
     return same;
 }
 
-// our state file against llm.c's: the same bytes, but for the B and T ours keeps in header slots
-// llm.c leaves 0 and never reads
+// our state file against llm.c's: the same bytes, but for the B and T and the layout mark ours
+// keeps in header slots 7 to 9, which llm.c leaves 0 and never reads
 static int state_file_is_llmc_plus_batch_shape(const char* ours, const char* llmc, int B, int T) {
     size_t na, nb;
     unsigned char* x = read_all(ours, &na);
     unsigned char* y = read_all(llmc, &nb);
-    int32_t shape[2] = {B, T}, zeros[2] = {0, 0};
-    int same = na == nb && na >= CHECKPOINT_HEADER_BYTES && memcmp(x + 4 * STATE_SLOT_MICRO_BATCH, shape, 4) == 0 &&
-               memcmp(x + 4 * STATE_SLOT_SEQ_LEN, shape + 1, 4) == 0 &&
-               memcmp(y + 4 * STATE_SLOT_MICRO_BATCH, zeros, 8) == 0;
+    int32_t llm8_slots[3] = {B, T, STATE_LAYOUT_LLM8_WINDOWS}, zeros[3] = {0, 0, 0};
+    int same = na == nb && na >= CHECKPOINT_HEADER_BYTES && STATE_SLOT_SEQ_LEN == STATE_SLOT_MICRO_BATCH + 1 &&
+               STATE_SLOT_LAYOUT == STATE_SLOT_SEQ_LEN + 1 && memcmp(x + 4 * STATE_SLOT_MICRO_BATCH, llm8_slots, 12) == 0 &&
+               memcmp(y + 4 * STATE_SLOT_MICRO_BATCH, zeros, 12) == 0;
     if (same) {
-        memcpy(x + 4 * STATE_SLOT_MICRO_BATCH, zeros, 8);
+        memcpy(x + 4 * STATE_SLOT_MICRO_BATCH, zeros, 12);
         same = memcmp(x, y, na) == 0;
     }
     free(x);
@@ -264,7 +264,7 @@ static void test_state_from_llmc(void) {
     state_file_write(in_dir(g_dir, "ours_state_v1.bin"), &state, &buffers, &loader);
     CHECK(state_file_is_llmc_plus_batch_shape(in_dir(g_dir, "ours_state_v1.bin"), in_dir(g_py_dir, "state_v1.bin"),
                                               PY_STATE_B, PY_STATE_T),
-          "our v1 state file != llm.c layout (but for B and T in header slots 7 and 8)");
+          "our v1 state file != llm.c layout (but for header slots 7 to 9: B, T and the layout mark)");
     dataloader_free(&loader);
 
     // shuffle trailer, no master weights
@@ -305,7 +305,7 @@ static void test_state_from_llmc(void) {
     state_file_write(in_dir(g_dir, "ours_state_shuffle.bin"), &state, &shuffled, &loader);
     CHECK(state_file_is_llmc_plus_batch_shape(in_dir(g_dir, "ours_state_shuffle.bin"),
                                               in_dir(g_py_dir, "state_v1_shuffle.bin"), PY_STATE_B, PY_STATE_T),
-          "our shuffled v1 state file != llm.c layout (but for B and T in header slots 7 and 8)");
+          "our shuffled v1 state file != llm.c layout (but for header slots 7 to 9: B, T and the layout mark)");
     dataloader_free(&loader);
 
     // a file of another B (or T): its position counts samples of another size, so the loader stays at its
@@ -645,6 +645,12 @@ static void test_checkpoint_keep_newest(void) {
         checkpoint_write_done(dir, steps[i]);
     }
     touch(in_dir(dir, "model_00000014.bin"));  // step 14: not complete
+    // debris of killed runs, older than the newest complete step: a checkpoint cut off before
+    // its marker (10), one whose removal was cut off after its marker went (11), a marker's .tmp (8)
+    touch(in_dir(dir, "model_00000010.bin"));
+    touch(in_dir(dir, "state_00000010_00001.bin.tmp"));
+    touch(in_dir(dir, "state_00000011_00000.bin"));
+    touch(in_dir(dir, "DONE_00000008.tmp"));
     int count;
     int* listed = checkpoint_complete_steps(dir, &count);
     int newest_first = count == num_steps;
@@ -666,7 +672,13 @@ static void test_checkpoint_keep_newest(void) {
         CHECK(model == kept && state == kept && done == kept, "-nk 3 -nm 4: step %d has model %d state %d DONE %d, "
               "expected %s", steps[i], model, state, done, kept ? "all" : "none");
     }
-    CHECK(file_exists(in_dir(dir, "model_00000014.bin")), "an incomplete checkpoint was removed");
+    CHECK(file_exists(in_dir(dir, "model_00000014.bin")), "an incomplete checkpoint newer than the newest complete one "
+          "(being written) was removed");
+    const char* debris[] = {"model_00000010.bin", "state_00000010_00001.bin.tmp", "state_00000011_00000.bin",
+                            "DONE_00000008.tmp"};
+    for (int i = 0; i < 4; i++) {
+        CHECK(!file_exists(in_dir(dir, debris[i])), "-nk 3: '%s' of an older incomplete step was left", debris[i]);
+    }
     checkpoint_keep_newest(dir, 1, 0);
     listed = checkpoint_complete_steps(dir, &count);
     CHECK(count == 1 && listed[0] == 13, "-nk 1: %d left", count);
@@ -682,7 +694,8 @@ static void test_checkpoint_paths_and_latest(void) {
     checkpoint_done_path(path, sizeof(path), "out", 1500);
     CHECK(strcmp(path, "out/DONE_00001500") == 0, "done path %s", path);
     char tiny[8];
-    CHECK_DIES("checkpoint: path too long", "out", checkpoint_model_path(tiny, sizeof(tiny), "out", 1));
+    volatile size_t tiny_size = sizeof(tiny);  // opaque to the compiler, which would warn of the truncation tested here
+    CHECK_DIES("checkpoint: path too long", "out", checkpoint_model_path(tiny, tiny_size, "out", 1));
 
     char dir[256];
     test_make_temp_dir(dir, sizeof(dir));

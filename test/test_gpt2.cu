@@ -118,6 +118,12 @@ static GPT2Config test_model_config(TestModel size) {
 }
 
 static const char* SHARD_PATH = "build/test_gpt2_data_train_000000.bin";
+// the training runs' data: uniform random tokens cannot be learned (the first loss is already
+// about ln V), so losses that track the reference's, or another run's (adamw8 against AdamW),
+// would not show an update that does less or more than it should; this shard's tokens cycle
+// through 64 of the vocabulary, each one's successor fixed, which 10 updates learn measurably
+static const char* LEARNABLE_SHARD_PATH = "build/test_gpt2_learnable_train_000000.bin";
+#define LEARNABLE_CYCLE 64
 
 // relative L2 error over one tensor, or over several: add each one's squares, then take the ratio
 typedef struct { double difference, norm; } SquaredL2;
@@ -135,7 +141,8 @@ static double relative_l2_error(const float* got, const float* want, size_t n) {
     return relative_l2_of(sums);
 }
 
-static void write_random_shard(const char* path, size_t num_tokens, int vocab) {
+// learnable: a cycle of LEARNABLE_CYCLE tokens spread over the vocabulary; else uniform random tokens
+static void write_shard(const char* path, size_t num_tokens, int vocab, int learnable) {
     mt19937_state rng;
     manual_seed(&rng, 7);
     int32_t header[256] = {0};
@@ -143,7 +150,9 @@ static void write_random_shard(const char* path, size_t num_tokens, int vocab) {
     header[1] = 1;
     header[2] = (int32_t)num_tokens;
     uint16_t* tokens = (uint16_t*)mallocCheck(num_tokens * sizeof(uint16_t));
-    for (size_t i = 0; i < num_tokens; i++) { tokens[i] = (uint16_t)(randint32(&rng) % (uint32_t)vocab); }
+    for (size_t i = 0; i < num_tokens; i++) {
+        tokens[i] = (uint16_t)(learnable ? (i % LEARNABLE_CYCLE) * 7919 % (size_t)vocab : randint32(&rng) % (uint32_t)vocab);
+    }
     FILE* fp = fopenCheck(path, "wb");
     fwriteCheck(header, sizeof(int32_t), 256, fp);
     fwriteCheck(tokens, sizeof(uint16_t), num_tokens, fp);
@@ -332,20 +341,31 @@ static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaSt
     Fp8Emulation emulation;
     if (fp8 != NULL) { emulation = fp8_emulation_from_settings(fp8); gpt2ref_set_fp8_emulation(&ref, &emulation); }
     DataLoader loader, ref_loader;
-    dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
-    dataloader_init(&ref_loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
+    dataloader_init(&loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
+    dataloader_init(&ref_loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     OptimizerConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     float lr = 3e-4f;
+    float first_loss = 0.0f, first_ref_loss = 0.0f, loss = 0.0f, ref_loss = 0.0f;
     for (int step = 0; step < 10; step++) {
         StepResult r = gpt2_train_step(&model, &loader, 1, 0, &opt, NULL, lr, step, stream);
         dataloader_next_batch(&ref_loader);
-        float ref_loss = gpt2ref_forward(&ref, ref_loader.inputs, ref_loader.targets, B, T);
+        ref_loss = gpt2ref_forward(&ref, ref_loader.inputs, ref_loader.targets, B, T);
         gpt2ref_zero_grad(&ref);
         gpt2ref_backward(&ref, 1);
         gpt2ref_adamw_update(&ref, lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, step + 1, opt.grad_clip);
         printf("%s step %d: loss gpu %.6f ref %.6f\n", fp8 != NULL ? "fp8" : "bf16", step + 1, r.loss, ref_loss);
         CHECK_CLOSE(r.loss, ref_loss, 0.0, 1e-2, fp8 != NULL ? "fp8 10-step trajectory loss" : "10-step trajectory loss");
+        loss = r.loss;
+        if (step == 0) { first_loss = loss; first_ref_loss = ref_loss; }
     }
+    // what 9 updates took off the loss: the reference's must be sizeable, for the comparison to
+    // see an update that does too little or too much (half the learning rate: about half of it)
+    float fall = first_loss - loss, ref_fall = first_ref_loss - ref_loss;
+    printf("%s: 9 updates took %.4f off the loss, the reference's %.4f\n", fp8 != NULL ? "fp8" : "bf16", fall, ref_fall);
+    CHECK(ref_fall > 0.05f * first_ref_loss, "the trajectory's data is not learned: the reference's loss fell by %g of %g",
+          ref_fall, first_ref_loss);
+    CHECK(fabsf(fall - ref_fall) <= 0.1f * ref_fall, "%s 10-step trajectory: the loss fell by %g, the reference's by %g",
+          fp8 != NULL ? "fp8" : "bf16", fall, ref_fall);
     if (fp8 != NULL && fp8->weight_scaling == FP8_WEIGHTS_DELAYED) { check_delayed_weight_codes(&model); }
     free(params);
     dataloader_free(&loader);
@@ -565,7 +585,7 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
     gpt2_build(&model, &cfg, params, 1, B, T, recompute, gelu_fusion, optimizer->use_adamw8, optimizer->selection, fp8, NULL,
                0, 0, stream);
     DataLoader loader, val_loader;
-    dataloader_init(&loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
+    dataloader_init(&loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     dataloader_init(&val_loader, SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     OutlierSkip no_checks;  // -sl / -sg off, as the trainer's default
     outlier_skip_init(&no_checks, 0.0f, 0.0f);
@@ -732,7 +752,8 @@ int main(void) {
     ensure_writable_dir("build");
     GPT2Config large = test_model_config(TEST_MODEL_LARGE);
     size_t n = gpt2_num_parameters(&large);
-    write_random_shard(SHARD_PATH, 40 * B * T + 1, large.vocab_size);
+    write_shard(SHARD_PATH, 40 * B * T + 1, large.vocab_size, 0);
+    write_shard(LEARNABLE_SHARD_PATH, 40 * B * T + 1, large.vocab_size, 1);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     matmul_setup();

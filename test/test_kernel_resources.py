@@ -8,7 +8,11 @@ NVIDIA's nvidia-cuda-cuobjdump wheel):
   tighter than the code: the tile cast with 8 loads in flight under its 64-register cap
   spilled 136 bytes;
 - the FP8 tile cast (llmc/fp8_cast.cuh) fits 64 registers in every instantiation, so 4 of its
-  256-thread blocks share an SM: the occupancy its staging's loads in flight were sized for.
+  256-thread blocks share an SM: the occupancy its staging's loads in flight were sized for;
+- a kernel above 64 registers declares __launch_bounds__. A block's threads share the SM's
+  65536 registers: without a bound, nothing stops a launch of up to 1024 threads from asking
+  for more, which a GPU refuses at the launch ("too many resources requested") and cudasim
+  cannot see; with one, ptxas keeps the registers within it and cudasim refuses a wider launch.
 """
 import glob
 import os
@@ -21,6 +25,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARIES = ["train_gpt2_fp8", "bench_gemm"]
+KERNEL_SOURCES = ["train_gpt2_fp8.cu", "dev/bench/bench_gemm.cu"] + sorted(
+    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "llmc", "*.cu*")))
+REGISTERS_PER_SM = 65536
+MAX_THREADS_PER_BLOCK = 1024
 
 
 def find_cuobjdump():
@@ -70,3 +78,29 @@ def test_tile_cast_fits_four_blocks_per_sm():
     assert len(casts) >= 5, "expected the tile cast's instantiations, found %s" % sorted(casts)
     over = {name: registers for name, registers in casts.items() if registers > 64}
     assert over == {}, "tile cast instantiations above 64 registers (fewer than 4 blocks per SM): %s" % over
+
+
+def kernels_with_launch_bounds():
+    """the names of the kernels whose source declares __launch_bounds__"""
+    names = set()
+    for source in KERNEL_SOURCES:
+        with open(os.path.join(ROOT, source)) as f:
+            names.update(re.findall(r"__launch_bounds__\([^)]*\)\s*(\w+)\s*\(", f.read()))
+    return names
+
+
+def plain_name(mangled):
+    """a kernel's name from its Itanium-mangled one (_Z<length><name>...)"""
+    match = re.match(r"_Z(\d+)", mangled)
+    return mangled[match.end():match.end() + int(match.group(1))] if match else mangled
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+def test_kernels_any_launch_fits_the_register_file(binary):
+    bounded = kernels_with_launch_bounds()
+    assert "layernorm_backward_kernel" in bounded, "the __launch_bounds__ parse found %s" % sorted(bounded)
+    limit = REGISTERS_PER_SM // MAX_THREADS_PER_BLOCK
+    unbounded = {name: usage["REG"] for name, usage in kernel_resources(binary).items()
+                 if usage["REG"] > limit and plain_name(name) not in bounded}
+    assert unbounded == {}, ("kernels above %d registers without __launch_bounds__ (a launch of 1024 threads would be "
+                             "refused on a GPU): %s" % (limit, unbounded))

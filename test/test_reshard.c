@@ -28,7 +28,7 @@ static char g_dir[256];
 static char g_pattern[300];
 
 static const char* in_dir(const char* dir, const char* name) {
-    static char paths[4][512];
+    static char paths[4][1024];
     static int next = 0;
     char* out = paths[next++ % 4];
     snprintf(out, sizeof(paths[0]), "%s/%s", dir, name);
@@ -504,9 +504,87 @@ static void test_optional_section(const GPT2Config* cfg) {
     one_rank_free(&s);
 }
 
+/*
+llm.c's checkpoints of several ranks (test/make_llmc_files.py writes them as llm.c's ZeRO-1 and
+-z 0 ranks do, from a whole m, v and master it also writes): every rank of M = 1, 2, 3 (M = N
+included) must read its window of the whole arrays bit for bit, whatever cut the files have
+*/
+static void test_llmc_rank_checkpoints(void) {
+    char py_dir[512];
+    if (!test_make_llmc_files(g_dir, py_dir, sizeof(py_dir))) { return; }
+    GPT2Config cfg = gpt2_config_make(2, 2, 16, 8, 60);  // make_llmc_files.py's model
+    size_t n = gpt2_num_parameters(&cfg);
+    float* whole = (float*)mallocCheck(3 * n * sizeof(float));  // m, v, master
+    FILE* fp = fopenCheck(in_dir(py_dir, "llmc_ranks_expected.bin"), "rb");
+    freadCheck(whole, sizeof(float), 3 * n, fp);
+    fcloseCheck(fp);
+    const char* dirs[] = {"llmc_z1_n2", "llmc_z1_n4", "llmc_z0_n2"};
+    char pattern[700];
+    snprintf(pattern, sizeof(pattern), "%s/data_train_*.bin", py_dir);
+    for (int d = 0; d < 3; d++) {
+        for (int num_ranks = 1; num_ranks <= 3; num_ranks++) {
+            ZeroLayout zero;
+            zero_layout_init(&zero, &cfg, num_ranks);
+            for (int rank = 0; rank < num_ranks; rank++) {
+                ZeroRange range = zero_rank_range(&zero, rank);
+                size_t count = range.end - range.begin;
+                float* got = (float*)mallocCheck(3 * count * sizeof(float) + 1);
+                DataLoader loader;
+                dataloader_init(&loader, pattern, 2, 8, rank, num_ranks, 0, 50257);
+                char extra_path[CHECKPOINT_PATH_MAX];
+                int step = train_state_read_checkpoint(in_dir(py_dir, dirs[d]), 5, 1, &loader, &cfg, 0, ADAMW8_SELECT_DEFAULT,
+                                                       got, got + count, NULL, got + 2 * count, NULL, 0, extra_path);
+                int same = step == 5;
+                for (int a = 0; a < 3; a++) {
+                    same = same && memcmp(got + a * count, whole + a * n + range.begin, count * sizeof(float)) == 0;
+                }
+                CHECK(same, "%s: rank %d of %d read another window of m, v or master than llm.c's files cut (step %d)",
+                      dirs[d], rank, num_ranks, step);
+                free(got);
+                dataloader_free(&loader);
+            }
+        }
+    }
+    free(whole);
+    test_remove_dir(py_dir);
+}
+
+// llm8's files of several ranks carry its mark in header slot 9 and are version 2 (which llm.c
+// refuses), with nothing else to make them so; one rank's stay llm.c's version 1
+static void test_rank_files_are_marked(void) {
+    GPT2Config cfg = gpt2_config_make(2, 4, 256, 32, TEST_VOCAB);
+    size_t n = gpt2_num_parameters(&cfg);
+    float* zeros = (float*)calloc(n, sizeof(float));
+    for (int num_ranks = 1; num_ranks <= 2; num_ranks++) {
+        ZeroLayout zero;
+        zero_layout_init(&zero, &cfg, num_ranks);
+        ZeroRange range = zero_rank_range(&zero, 0);
+        Adamw8Layout model, window;
+        adamw8_layout_init(&model, &cfg, ADAMW8_SELECT_NONE);
+        adamw8_layout_window(&window, &model, range.begin, range.end);
+        DataLoader loader;
+        loader_init(&loader, 0, num_ranks, 0);
+        const char* path = in_dir(g_dir, "marked_state.bin");
+        train_state_write(path, 3, &loader, &window, 0, zeros, zeros, NULL, NULL, NULL, 0);
+        int32_t header[CHECKPOINT_HEADER_INTS];
+        FILE* fp = fopenCheck(path, "rb");
+        freadCheck(header, sizeof(int32_t), CHECKPOINT_HEADER_INTS, fp);
+        fcloseCheck(fp);
+        CHECK(header[1] == (num_ranks == 1 ? STATE_VERSION_LLMC : STATE_VERSION_SECTIONS) &&
+              header[STATE_SLOT_LAYOUT] == STATE_LAYOUT_LLM8_WINDOWS && header[20] != 0,
+              "%d ranks: a state file of version %d, slot %d = %d, llm.c's rng state slot 20 = %d", num_ranks, header[1],
+              STATE_SLOT_LAYOUT, header[STATE_SLOT_LAYOUT], header[20]);
+        dataloader_free(&loader);
+        unlink(path);
+    }
+    free(zeros);
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     write_shards();
+    test_llmc_rank_checkpoints();
+    test_rank_files_are_marked();
     test_seek_batches();
     // every tensor on the 256 grid (C = 256): every -qs runs on every rank count
     GPT2Config small = gpt2_config_make(2, 4, 256, 32, TEST_VOCAB);

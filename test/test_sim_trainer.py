@@ -97,7 +97,21 @@ def test_training_run_with_eval_samples_logs_and_checkpoints(workdir, flags):
             for linear in ("qkv", "attproj", "fc", "fcproj"):
                 for operand in ("x", "w", "dy"):
                     assert f"L{layer}.{linear}.{operand}" in tensors, sorted(tensors)
-        assert all(row["amax"] > 0 and row["scale"] > 0 and 0 <= row["frac_saturated"] <= 1 for row in rows)
+        assert all(row["amax"] > 0 and row["scale"] > 0 and 0 <= row["frac_saturated"] <= 1 and
+                   0 <= row["frac_flushed"] <= 1 and row["nonfinite"] == 0 for row in rows), rows
+        # every cast counts whole tensors: B*T*K codes of a linear's x, K*OC of its W, B*T*OC of its dy (-b 4 -t 64)
+        c = sim_model.CHANNELS
+        shapes = {"qkv": (c, 3 * c), "attproj": (c, c), "fc": (c, 4 * c), "fcproj": (4 * c, c)}
+        for row in rows:
+            if row["linear"] not in shapes:
+                continue
+            k, oc = shapes[row["linear"]]
+            whole = {"x": 4 * 64 * k, "w": k * oc, "dy": 4 * 64 * oc}[row["operand"]]
+            assert row["elements"] > 0 and row["elements"] % whole == 0, (row, whole)
+        # the weights are cast with the scale of their own amax (-fw current): none saturates, and the gradients'
+        # E5M2 codes flush some of dy's smallest values
+        assert all(row["frac_saturated"] == 0 for row in rows if row["operand"] == "w"), rows
+        assert any(row["frac_flushed"] > 0 for row in rows if row["operand"] == "dy"), rows
 
 
 @pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-fg", "delayed"],
@@ -449,6 +463,38 @@ def test_two_ranks_give_the_same_bits_in_any_stream_order(workdir):
     assert sorted(a) == [1, 2, 3] and a == b, (a, b)
 
 
+def test_out_of_gpu_memory_says_what_to_lower(workdir):
+    """a GPU too small for the run (cudasim's device cut to 8 MiB): one line naming what was asked for and the flags
+    that lower it, and a non-zero exit, not a CUDA error code"""
+    cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-t", 64, "-b", 4, "-x", 1, "-v", 0, "-s", 0]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600, cwd=workdir,
+                       env=dict(os.environ, CUDASIM_MEMORY_BYTES=str(8 << 20)))
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode != 0 and len(errors) == 1, r.stderr[-2000:]
+    assert re.match(r"error: out of GPU memory: \d+\.\d+ GiB requested for .+, \d+\.\d+ GiB free of 0\.01 GiB; lower the "
+                    r"batch size \(-b\), turn on activation recompute \(-r\), or use a higher ZeRO stage$", errors[0]), errors
+
+
+def test_ranks_started_with_different_flags_stop_at_startup(workdir):
+    """each rank launched by hand with its own command line, one of them mistyped (here -l): the ranks compare a
+    fingerprint of their flags and model at startup, and every rank stops with one line saying so, before training"""
+    fs_dir = workdir / "ranks_mismatch"
+    os.makedirs(fs_dir, exist_ok=True)
+    env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
+    procs = []
+    for rank, lr in ((0, "1e-3"), (1, "2e-3")):
+        cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-t", 64, "-b", 4, "-x", 1, "-v", 0, "-s", 0,
+               "-l", lr, "-pn", 2, "-pr", rank, "-pg", 1, "-pt", 120, "-pi", "fs", "-pf", fs_dir]
+        procs.append(subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      cwd=workdir, env=env))
+    outputs = [p.communicate(timeout=600) for p in procs]
+    for rank, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert p.returncode != 0 and len(errors) == 1, (rank, err[-2000:])
+        assert f"rank {rank} of 2: the ranks were started with different flags, models or checkpoints" in errors[0], errors
+        assert "step " not in out, out[-2000:]
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_tcp_id_exchange_without_its_peer_stops_within_the_timeout(workdir, rank):
     """-pi tcp with the other rank never started: rank 0 waits for a connection, rank 1 for an answer, each -pt 2
@@ -555,6 +601,9 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
     codes, many, _ = train_ranks(workdir, ranks, common + rank_flags + ["-d", ranks * 4 * 64, "-o", workdir / (name + "_n")],
                                  "newest-first", name=name, data=twin_shard(workdir))
     assert codes == [0] * ranks, many[-2000:]
+    if "-z" in rank_flags:  # the memory ZeRO-3 saves differs by rank (rank 0's range lies in wte): both ends are printed
+        saved = re.search(r"saves (-?[\d.]+) MiB per GPU at least, (-?[\d.]+) at most", many)
+        assert saved and float(saved[1]) <= float(saved[2]), many[:3000]
     a, b = losses(one), losses(many)
     assert sorted(a) == [1, 2, 3] and sorted(b) == [1, 2, 3], (a, b)
     assert all(abs(a[s] - b[s]) <= (0 if ranks == 2 else 1e-6 * abs(a[s])) for s in a), (a, b)

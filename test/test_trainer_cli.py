@@ -135,8 +135,8 @@ class TestBadInput:
     def test_no_steps(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-x", 0])), "flag -x", "positive number of steps")
 
-    def test_warmup_longer_than_the_run(self, binary, data):
-        assert_one_line_error(run(binary, base_args(data, ["-u", 5])), "flag -u", "warmup of 5", "0..2")
+    def test_negative_warmup(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-u", -1])), "flag -u", "-1 is out of range", "0..")
 
     def test_total_batch_zero(self, binary, data):  # once a division by zero (SIGFPE), or NaN steps with exit 0
         assert_one_line_error(run(binary, base_args(data, ["-d", 0])), "-d 0", "positive multiple", "64")
@@ -496,6 +496,16 @@ def test_cpu_resume_is_bitwise_identical(data, tmp_path):
     assert r4.returncode == 0 and "resumed at step 6, and the run has 6 steps (-x): nothing left to train" in r4.stdout, r4.stdout
 
 
+def test_cpu_warmup_longer_than_the_run_warms_up_throughout(data, tmp_path):
+    """llm.c's scripts' -u 700 with a short -x (a smoke test, the quickstart's -x 50): as in llm.c the run warms up
+    all along, at lr * (step + 1) / warmup, with a note"""
+    result = run(CPU, base_args(data, ["-u", 8, "-x", 3, "-l", 1e-3, "-o", tmp_path / "out"]), timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "note: -u 8 is longer than the run's 3 steps (-x): the learning rate warms up throughout" in result.stdout
+    rates = [float(l.split("lr:")[1].split()[0]) for l in read_log(tmp_path / "out" / "main.log") if " trl:" in l]
+    assert rates == pytest.approx([1e-3 * (k + 1) / 8 for k in range(3)], rel=1e-5), rates
+
+
 def test_cpu_val_batches_whole_split_once(data, tmp_path):
     """-m -1 evaluates the whole val split (llm.c's meaning); a larger -m than the split's batches reads each once, with
     a note, instead of wrapping around and counting the first batches twice (the val shard: 5000 tokens, 78 batches of
@@ -719,6 +729,41 @@ def test_cpu_resume_notes_an_unused_model_flag(data, tmp_path):
     assert r.returncode == 0, r.stderr
     assert re.search(r"^note: -y 1 resumes \S+model_00000003.bin \(L=2 NH=2 C=128\); -e d6 \(L=6 NH=6 C=384\) is not used$",
                      r.stdout, re.M), r.stdout[-2000:]
+
+
+def add_master_weights(out, step, scale):
+    """rewrites a CPU run's checkpoint as a GPU run with -w 1 writes it: the state file (version 1: fp32 m and v, no
+    sections) gets header slot 4 = 1 and, after v, the fp32 master weights: the model file's weights times scale"""
+    state = out / f"state_{step:08d}_00000.bin"
+    model = np.fromfile(out / f"model_{step:08d}.bin", dtype=np.int32, count=256)
+    assert model[1] == 3, "the CPU trainer writes fp32 model files"
+    weights = np.fromfile(out / f"model_{step:08d}.bin", dtype=np.float32, offset=1024)
+    raw = bytearray(state.read_bytes())
+    header = np.frombuffer(raw[:1024], dtype=np.int32).copy()
+    assert header[1] == 1 and header[4] == 0, header[:8]
+    header[4] = 1
+    body_end = 1024 + 2 * 4 * weights.size
+    state.write_bytes(header.tobytes() + bytes(raw[1024:body_end]) + (weights * np.float32(scale)).tobytes() +
+                      bytes(raw[body_end:]))
+
+
+def test_cpu_resumes_a_checkpoint_with_master_weights(data, tmp_path):
+    """a GPU run's checkpoint (-w 1, llm.c's default too) keeps fp32 master weights in the state file. The CPU trainer,
+    whose weights are fp32 (no -w), takes them as its weights: the model file's own values resume as the plain
+    checkpoint does, bit for bit, and other values train on from there"""
+    plain = run_split(data, tmp_path / "plain", [], [])
+    assert plain.returncode == 0, plain.stderr
+    common = ["-l", 1e-3, "-k", "constant", "-n", 3, "-v", 0]
+    for name, scale in (("same", 1.0), ("halved", 0.5)):
+        out = tmp_path / name
+        first = run(CPU, base_args(data, common + ["-o", out, "-x", 3]), timeout=600)
+        assert first.returncode == 0, first.stderr
+        add_master_weights(out, 3, scale)
+        resumed = run(CPU, base_args(data, common + ["-o", out, "-x", 6, "-y", 1]), timeout=600)
+        assert resumed.returncode == 0, resumed.stderr
+        assert "state_00000003_00000.bin: the weights are its fp32 master weights" in resumed.stdout, resumed.stdout[-2000:]
+    assert final_model(tmp_path / "same") == final_model(tmp_path / "plain")
+    assert train_losses(tmp_path / "halved")[3:] != train_losses(tmp_path / "plain")[3:]
 
 
 def test_cpu_resume_of_an_fp8_run_in_bf16_names_the_flag(data, tmp_path):

@@ -170,7 +170,9 @@ static void cpu_fp8_settings_text(char* out, size_t size, const Fp8Emulation* e)
 
 // restores the optimizer (converting a file of the other optimizer), the FP8 scaling, the
 // data position (batches_per_step: train_state_read's) and the -sl / -sg windows (when the
-// file has them); returns the step
+// file has them); returns the step. A file with fp32 master weights (a GPU run's, -w 1; the CPU
+// trainer has no bf16 weights, so no -w) gives the weights: the model file holds them rounded
+// to bf16
 static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader, OutlierSkip* outliers, const char* path,
                           int step, size_t batches_per_step) {
     StateSection sections[CPU_FP8_SECTIONS + 1];
@@ -178,8 +180,17 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
     memset(&fp8_config, 0, sizeof(fp8_config));
     int fp8_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
     sections[fp8_sections] = outlier_skip_state_section(outliers);  // optional: absent unless written with -sl / -sg
+    StateFileIndex header;
+    state_file_read_header(path, &header);
+    float* master = header.has_master ? (float*)mallocCheck(model->num_parameters * sizeof(float)) : NULL;
     step = train_state_read(path, step, batches_per_step, loader, &model->config, opt->use_adamw8, opt->selection, 0,
-                            model->num_parameters, model->adam_m, model->adam_v, &opt->states, NULL, sections, fp8_sections + 1);
+                            model->num_parameters, model->adam_m, model->adam_v, &opt->states, master, sections,
+                            fp8_sections + 1);
+    if (master != NULL) {
+        memcpy(model->params, master, model->num_parameters * sizeof(float));
+        free(master);
+        printf("%s: the weights are its fp32 master weights\n", path);
+    }
     outlier_skip_check_loaded(outliers, path);
     if (fp8_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
         char file_settings[512], run_settings[512];

@@ -670,7 +670,14 @@ void count_allocated(size_t bytes) {
     allocated_bytes += bytes;
     if (allocated_bytes > peak_allocated_bytes) { peak_allocated_bytes = allocated_bytes; }
 }
-const size_t SIMULATED_MEMORY_BYTES = 80ull << 30;
+// the device's memory: an H100's 80 GiB, or CUDASIM_MEMORY_BYTES (a test's smaller GPU, to run out of)
+size_t simulated_memory_bytes() {
+    static const size_t bytes = [] {
+        const char* text = getenv("CUDASIM_MEMORY_BYTES");
+        return text != nullptr ? (size_t)strtoull(text, nullptr, 10) : (size_t)(80ull << 30);
+    }();
+    return bytes;
+}
 std::map<const char*, size_t> pinned_allocations;  // cudaMallocHost's: start, bytes
 
 // how long a query (cudaEventQuery, cudaStreamQuery) lets queued work wait for peers
@@ -776,7 +783,7 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) {
     // inaccessible page, so a write past the end faults where it happens
     size_t rounded = (bytes + 255) & ~(size_t)255;
     if (rounded == 0) { rounded = 256; }
-    if (allocated_bytes + rounded > SIMULATED_MEMORY_BYTES) { last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
+    if (allocated_bytes + rounded > simulated_memory_bytes()) { last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
     size_t data_bytes = 0;
     char* mapping = map_before_guard_page(rounded, &data_bytes);
     if (mapping == nullptr) { last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
@@ -828,8 +835,8 @@ cudaError_t cudaMemsetAsync(void* destination, int value, size_t bytes, cudaStre
     return enqueue_memset(destination, value, bytes, stream);
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-    *total_bytes = SIMULATED_MEMORY_BYTES;
-    *free_bytes = SIMULATED_MEMORY_BYTES - allocated_bytes;
+    *total_bytes = simulated_memory_bytes();
+    *free_bytes = simulated_memory_bytes() - allocated_bytes;
     return cudaSuccess;
 }
 
@@ -879,7 +886,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
     memset(prop, 0, sizeof(*prop));
     snprintf(prop->name, sizeof(prop->name), "cudasim (CPU)");
     prop->multiProcessorCount = 132;
-    prop->totalGlobalMem = SIMULATED_MEMORY_BYTES;
+    prop->totalGlobalMem = simulated_memory_bytes();
     prop->major = 9;
     prop->minor = 0;
     prop->warpSize = 32;
@@ -970,7 +977,7 @@ cudaError_t cudaMemcpy2DAsync(void* destination, size_t destination_pitch, const
 // device memory not from cudaMalloc (the driver's cuMemCreate) counts in cudaMemGetInfo too
 bool cudasim::device_memory_acquire(size_t bytes) {
     std::lock_guard<std::mutex> lock(allocations_mutex);
-    if (allocated_bytes + bytes > SIMULATED_MEMORY_BYTES) { return false; }
+    if (allocated_bytes + bytes > simulated_memory_bytes()) { return false; }
     count_allocated(bytes);
     return true;
 }
