@@ -3,6 +3,7 @@
 # NVML, cuDNN (system and pip), the cuDNN frontend headers, NCCL, MPI, Python packages.
 # `make env` runs it; paste its output into doc/gpu-environment.md when it changes.
 set -u
+PY=${PYTHON:-python3}  # the build's Python (dev/gpu_session.sh: the machine's torch venv)
 section() { printf '\n## %s\n' "$1"; }
 section "Machine (kernel 4.4.0 is gVisor: no compute-sanitizer, no ncu counters there)"
 uname -r
@@ -15,8 +16,9 @@ command -v nvcc && nvcc --version | tail -2
 section "CUDA libraries"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do ls "$d" 2>/dev/null | grep -E 'cublasLt|cudnn\.so|nccl' | sed "s|^|$d/|"; done
 section "Python"
-python3 --version
-python3 - <<'PY'
+echo "$PY"
+"$PY" --version
+"$PY" - <<'PY'
 import importlib, os, sysconfig
 site = sysconfig.get_paths()["purelib"]
 print("site-packages:", site)
@@ -35,9 +37,12 @@ except Exception as e:
 for sub in ["nvidia/cudnn/include/cudnn_version.h", "include/cudnn_frontend.h", "nvidia/nccl/include/nccl.h"]:
     p = os.path.join(site, sub)
     print(sub, "->", p if os.path.exists(p) else "missing")
+# the frontend headers dev/gpu_session.sh unpacks from the carried wheel (.whl/), where the Makefile also looks
+p = os.path.join("build", "site", "include", "cudnn_frontend.h")
+print("build/site/include/cudnn_frontend.h ->", os.path.abspath(p) if os.path.exists(p) else "missing (not unpacked yet)")
 PY
 section "cuDNN version header"
-for h in /usr/local/cuda/include/cudnn_version.h $(python3 -c "import sysconfig;print(sysconfig.get_paths()['purelib'])")/nvidia/cudnn/include/cudnn_version.h; do
+for h in /usr/local/cuda/include/cudnn_version.h $("$PY" -c "import sysconfig;print(sysconfig.get_paths()['purelib'])")/nvidia/cudnn/include/cudnn_version.h; do
   [ -f "$h" ] && { echo "$h:"; grep -E '#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ' "$h"; }
 done
 section "NCCL and MPI"

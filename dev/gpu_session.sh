@@ -10,6 +10,9 @@
 #                                   # then d12's quick benchmark, all within FIRST_S (420) seconds
 #                                   # (the tests until FIRST_BENCH_S (120) before the end, the
 #                                   # benchmark the rest); summary.txt says what ran and what not
+#   bash dev/gpu_session.sh rerun NAME  # a second call after build/NAME failed in first: the build brought
+#                                   # up to date, then that test binary alone (rerun_NAME.log; TEST_TIMEOUT_S,
+#                                   # TEST_GPT2_FIRST_SECTION as test/run_gpu_tests.sh and test_gpt2 read them)
 #   bash dev/gpu_session.sh build   # make env, the cuDNN frontend from .whl/, every GPU target
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
 #   bash dev/gpu_session.sh ranks [SECTIONS]  # NCCL 2.30+ from .nccl/sm90 when carried (dev/nccl_wheel.sh
@@ -44,13 +47,25 @@ PYTHON=${PYTHON:-python3}
 export PYTHON PYTHONUNBUFFERED=1
 JOBS=$(nproc)
 
-# the carried wheels (the cuDNN frontend headers) into build/site, once, before anything builds
+# the carried wheels' headers (the cuDNN frontend's include/, all the build takes from them) into
+# build/site, once, before anything builds. Unzipped, not pip-installed: the frontend wheel is built
+# per CPython version, and pip refuses one of another version than the machine's. A failure is
+# logged and leaves the build to NO_CUDNN=1 (build_all), not the call without logs
 install_wheels() {
-    if compgen -G ".whl/*.whl" >/dev/null && [ ! -f build/site/include/cudnn_frontend.h ]; then
-        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target build/site .whl/*.whl \
-            || { echo "error: dev/gpu_session.sh: could not install the wheels in .whl/ into build/site" >&2; exit 1; }
-    fi
+    compgen -G ".whl/*.whl" >/dev/null && [ ! -f build/site/include/cudnn_frontend.h ] || return 0
+    "$PYTHON" - .whl/*.whl <<'PY' 2>&1 | tee -a "$LOG_DIR/build.log"
+import sys, zipfile
+for wheel in sys.argv[1:]:
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall("build/site", [n for n in z.namelist() if n.startswith("include/")])
+    except (OSError, zipfile.BadZipFile) as e:
+        print(f"build: could not unpack the headers of {wheel}: {e}")
+PY
 }
+
+# make env, bounded: a machine where nvidia-smi or the torch import hangs still builds and tests
+write_env() { timeout 60 make env PYTHON="$PYTHON" >"$LOG_DIR/env.txt" 2>&1 || echo "(make env: exit $?)" >>"$LOG_DIR/env.txt"; }
 
 # [SECONDS]: stop the build after that long; -k: a target that fails leaves the others built,
 # so their tests still run. Without cuDNN or its frontend headers (.whl not carried) everything
@@ -58,14 +73,39 @@ install_wheels() {
 # build.log says so in its first line
 build_all() {
     install_wheels
+    if [ -n "${1:-}" ] && [ "$1" -le 0 ]; then
+        echo "build: not run, no time left ($1 s)" | tee -a "$LOG_DIR/build.log"
+        return 1
+    fi
     local no_cudnn=
     if ! make -s PYTHON="$PYTHON" check-cudnn >/dev/null 2>&1; then
         no_cudnn=NO_CUDNN=1
         echo "build: NO_CUDNN=1, no cuDNN attention tested ($(make -s PYTHON="$PYTHON" check-cudnn 2>&1 | head -n 1))" \
             | tee -a "$LOG_DIR/build.log"
+    elif ! ${1:+timeout "$1"} make -s PYTHON="$PYTHON" build/cudnn_att.o >>"$LOG_DIR/build.log" 2>&1; then
+        # every binary links cudnn_att.o: headers that do not build with this cuDNN would fail them all
+        no_cudnn=NO_CUDNN=1
+        echo "build: NO_CUDNN=1, no cuDNN attention tested (build/cudnn_att.o did not build: above)" | tee -a "$LOG_DIR/build.log"
     fi
     ${1:+timeout "$1"} make -k -j"$JOBS" PYTHON="$PYTHON" $no_cudnn train_gpt2_fp8 bench_gemm gpu-tests 2>&1 \
         | tee -a "$LOG_DIR/build.log" | tail -5
+    # a target that failed leaves the others to test (make -k): the stages go on, build.log says which
+    [ "${PIPESTATUS[0]}" -eq 124 ] && echo "build: stopped at its deadline (${1:-} s)" | tee -a "$LOG_DIR/build.log"
+    return 0
+}
+
+# first's summary.txt: the GPU, the build's errors, the test counts and every FAIL line, the benchmark's main table
+first_summary() {
+    echo "== first: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"
+    echo "build: $([ "$make_errors" -eq 0 ] && echo ok || echo "$make_errors make errors (build.log)")"
+    grep -h -E '^build: (NO_CUDNN=1|stopped|not run|could not)' "$LOG_DIR/build.log"
+    tail -n 1 "$LOG_DIR/gpu_tests.log"
+    grep -E '^(!!|-- |FAIL|SKIP)' "$LOG_DIR/gpu_tests.log" | head -n 20
+    # the report's main table (one row per train run): its header up to the first blank line
+    awk '/^\| model \| precision \|/ {on = 1} on && /^$/ {exit} on' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
+    grep -h -E '^\*\*Incomplete' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
+    echo "bench: $(tail -n 1 "$LOG_DIR/bench_d12.log")"
+    echo "seconds used: $((${FIRST_S:-420} - end + $(date +%s))) of FIRST_S=${FIRST_S:-420}"
 }
 
 # the GPU test binaries, the quick and basic ones first, so a budget cut leaves the largest
@@ -88,13 +128,15 @@ case "$stage" in
         end=$(($(date +%s) + ${FIRST_S:-420}))
         tests_end=$((end - ${FIRST_BENCH_S:-120}))
         install_wheels
-        make env PYTHON="$PYTHON" >"$LOG_DIR/env.txt" 2>&1
+        write_env
         build_all $((tests_end - $(date +%s)))
         make_errors=$(grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log")
         mapfile -t tests < <(gpu_test_binaries)
         # the 2-rank test needs NCCL 2.30+, which only the ranks stage installs: here its SKIP line shows in summary.txt
         LLM8_ALLOW_NO_TWO_RANKS=1 TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 \
             | tee "$LOG_DIR/gpu_tests.log"
+        echo "not run yet: the benchmark comes after the tests" >"$LOG_DIR/bench_d12.log"
+        first_summary >"$LOG_DIR/summary.txt"  # a call cut off in the benchmark still says how the tests went
         left=$((end - $(date +%s)))
         [ "$left" -lt 0 ] && left=0  # an overrun leaves nothing, not a negative time
         if [ "$left" -ge 20 ]; then
@@ -102,22 +144,25 @@ case "$stage" in
         else
             echo "not run: ${left} s left of FIRST_S" >"$LOG_DIR/bench_d12.log"
         fi
-        {
-            echo "== first: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"
-            echo "build: $([ "$make_errors" -eq 0 ] && echo ok || echo "$make_errors make errors (build.log)")"
-            grep -h '^build: NO_CUDNN=1' "$LOG_DIR/build.log"
-            tail -n 1 "$LOG_DIR/gpu_tests.log"
-            grep -E '^(!!|-- |FAIL|SKIP)' "$LOG_DIR/gpu_tests.log" | head -n 20
-            # the report's main table (one row per train run): its header up to the first blank line
-            awk '/^\| model \| precision \|/ {on = 1} on && /^$/ {exit} on' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
-            grep -h -E '^\*\*Incomplete' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
-            echo "bench: $(tail -n 1 "$LOG_DIR/bench_d12.log")"
-            echo "seconds used: $((${FIRST_S:-420} - end + $(date +%s))) of FIRST_S=${FIRST_S:-420}"
-        } | tee "$LOG_DIR/summary.txt"
+        first_summary | tee "$LOG_DIR/summary.txt"
+        ;;
+    rerun)
+        # a session's second call after a test binary failed in first: the build brought up to date
+        # (a no-op on the warm machine, the whole build on a fresh one), then that binary alone, its
+        # whole output in rerun_NAME.log; TEST_TIMEOUT_S bounds it (set it under what status has left)
+        name=${2:?usage: dev/gpu_session.sh rerun NAME (a test binary, e.g. test_gpt2)}
+        name=${name#build/}
+        build_all || true  # a failed target leaves the others: this one may still be built
+        [ -x "build/$name" ] || { echo "error: dev/gpu_session.sh: build/$name was not built (build.log)" | tee "$LOG_DIR/rerun_$name.log" >&2; exit 1; }
+        LLM8_ALLOW_NO_TWO_RANKS=1 PYTHON="$PYTHON" bash test/run_gpu_tests.sh "build/$name" >"$LOG_DIR/rerun_$name.log" 2>&1
+        status=$?
+        grep -E "^($name|FAIL|!!|SKIP)" "$LOG_DIR/rerun_$name.log" | tail -n 40
+        exit "$status"
         ;;
     build)
         install_wheels
-        make env PYTHON="$PYTHON" 2>&1 | tee "$LOG_DIR/env.txt"
+        write_env
+        cat "$LOG_DIR/env.txt"
         time build_all
         ;;
     tests)
@@ -204,7 +249,7 @@ case "$stage" in
         exit $status
         ;;
     *)
-        echo "error: dev/gpu_session.sh: stage '$stage' (expected first, build, tests, ranks, bench, parity or sanitize)" >&2
+        echo "error: dev/gpu_session.sh: stage '$stage' (expected first, rerun, build, tests, ranks, bench, parity or sanitize)" >&2
         exit 2
         ;;
 esac

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zipfile
 
 import pytest
 
@@ -505,3 +506,67 @@ def test_gpu_session_first_stage_without_a_benchmark(tmp_path):
     summary = (out / "summary.txt").read_text().splitlines()
     assert not [f for f in os.listdir(out) if f.endswith(".md")]
     assert re.fullmatch(r"bench: not run: \d s left of FIRST_S", summary[-2]), summary
+
+
+def fake_tool(directory, name, body):
+    (directory / name).write_text("#!/bin/sh\n" + body + "\n")
+    (directory / name).chmod(0o755)
+
+
+def test_gpu_session_unpacks_the_frontend_headers_of_any_python(tmp_path):
+    """the cuDNN frontend wheel is built per CPython version, and pip refuses one of another version than the
+    machine's (which ended the call with no logs at all): the build takes only its include/ headers, so they are
+    unzipped into build/site whatever the wheel's tag, and env.txt says where they are"""
+    root, fakes, out, _ = first_stage_fakes(tmp_path)
+    (root / ".whl").mkdir()
+    with zipfile.ZipFile(root / ".whl" / "nvidia_cudnn_frontend-1.0.0-cp399-cp399-manylinux_2_28_x86_64.whl", "w") as z:
+        z.writestr("include/cudnn_frontend.h", "// the frontend\n")
+        z.writestr("cudnn/__init__.py", "")
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable,
+               FIRST_S="6", FIRST_BENCH_S="0")
+    subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True, timeout=60, env=env)
+    assert (root / "build" / "site" / "include" / "cudnn_frontend.h").read_text() == "// the frontend\n"
+    assert not (root / "build" / "site" / "cudnn").exists(), "only the headers are unpacked"
+    assert (out / "summary.txt").exists()
+
+
+def test_gpu_session_builds_without_cudnn_when_its_attention_does_not_compile(tmp_path):
+    """headers found (check-cudnn passes) but build/cudnn_att.o fails, which every binary links: the build goes on
+    with NO_CUDNN=1 and says so, instead of failing every target"""
+    root, fakes = copy_of_the_scripts(tmp_path), tmp_path / "bin"
+    fakes.mkdir()
+    fake_tool(fakes, "make", 'case "$*" in *check-cudnn*) exit 0;; *cudnn_att.o*) echo "cudnn_att.cpp: error"; exit 2;; '
+                             '*) echo "make $*";; esac')
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable)
+    result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "build"], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    log = (out / "build.log").read_text()
+    assert "build: NO_CUDNN=1, no cuDNN attention tested (build/cudnn_att.o did not build: above)" in log, log
+    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm gpu-tests$", log, re.M), log
+
+
+def test_gpu_session_rerun_runs_one_binary_after_the_build(tmp_path):
+    """rerun NAME (a session's second call after NAME failed in first; the machine may have started afresh): the
+    build brought up to date first, then that binary alone, its whole output in rerun_NAME.log, its failure the
+    stage's exit status"""
+    root, fakes = copy_of_the_scripts(tmp_path), tmp_path / "bin"
+    fakes.mkdir()
+    fake_tool(fakes, "make", 'echo "make $*" >> "$OUT/make_calls"')
+    fake_tool(fakes, "nvidia-smi", 'echo "NVIDIA H100 80GB HBM3"')
+    (root / "build").mkdir()
+    fake_tool(root / "build", "test_fp8_kernels", 'echo "a line of detail"; echo "FAIL x"; echo "test_fp8_kernels: 5 passed, 1 failed"; exit 1')
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable)
+    result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "rerun", "build/test_fp8_kernels"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode != 0
+    assert "gpu-tests" in (out / "make_calls").read_text(), "the build is brought up to date first"
+    log = (out / "rerun_test_fp8_kernels.log").read_text()
+    assert "a line of detail" in log and "test_fp8_kernels: 5 passed, 1 failed" in log, log
+    assert "FAIL x" in result.stdout and "test_fp8_kernels: 5 passed, 1 failed" in result.stdout, result.stdout
+    missing = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "rerun", "test_nothing"], capture_output=True,
+                             text=True, timeout=60, env=env)
+    assert missing.returncode != 0 and "build/test_nothing was not built" in missing.stderr, missing.stderr
