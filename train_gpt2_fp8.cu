@@ -860,9 +860,13 @@ static float evaluate_hellaswag(GPT2* model, EvalLoader* eval_loader, cudaStream
 
 /*
 A text sample of gen_tokens tokens (-g, llm.c's genT): an <|endoftext|> prompt, then gen_tokens - 1
-tokens drawn one at a time from row 0 of the batch. As llm.c, each sample draws from a generator
-seeded 1337 afresh, so samples at two steps differ by the weights alone, and a resumed run prints
-what an uninterrupted one prints.
+tokens drawn one at a time from row 0 of the batch. As llm.c, each sample draws its coins from a
+generator seeded 1337 afresh (llm.c's xorshift*: rand.h), so samples at two steps differ by the
+weights alone, and a resumed run prints what an uninterrupted one prints; and a draw is llm.c's
+sample_softmax: the exponentials of the logits as they are, summed in double, the coin scaled by
+that sum, the first token whose float running sum passes it. So the same weights give llm.c's
+sample. Only a logit above 80 (exp overflows float at 88.7, which GPT-2's logits do not reach)
+is shifted by the largest first.
 */
 static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, cudaStream_t stream) {
     int B = model->B, T = model->T, V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
@@ -871,9 +875,8 @@ static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, cudaS
     int* tokens = (int*)mallocCheck((size_t)B * T * sizeof(int));
     for (int i = 0; i < B * T; i++) { tokens[i] = eot; }
     if (gen_tokens > T) { gen_tokens = T; }
-    mt19937_state rng;
-    manual_seed(&rng, 1337);
-    float* probs = (float*)mallocCheck((size_t)V * sizeof(float));
+    uint64_t coins = 1337;
+    float* logits = (float*)mallocCheck((size_t)V * sizeof(float));
     printf("generating:\n---\n");
     fp8_model_begin_eval(&model->fp8, stream);
     for (int t = 1; t < gen_tokens; t++) {
@@ -881,22 +884,24 @@ static void sample_text(GPT2* model, Tokenizer* tokenizer, int gen_tokens, cudaS
         gpt2_wait(model, stream, "sampling forward");  // bounded (ZeRO-3 gathers), before the blocking copy
         cudaCheck(cudaMemcpyAsync(model->logits_row_cpu, model->acts.output + (size_t)(t - 1) * Vp, (size_t)Vp * sizeof(floatX),
                                   cudaMemcpyDeviceToHost, stream));
-        const uint16_t* logits = (const uint16_t*)model->logits_row_cpu;
+        const uint16_t* row = (const uint16_t*)model->logits_row_cpu;
         float max_logit = -INFINITY;
-        for (int v = 0; v < V; v++) { float x = bf16_bits_to_float(logits[v]); if (x > max_logit) { max_logit = x; } }
-        double sum = 0.0;
-        for (int v = 0; v < V; v++) { probs[v] = expf(bf16_bits_to_float(logits[v]) - max_logit); sum += probs[v]; }
-        float coin = randfloat32(&rng) * (float)sum;
+        for (int v = 0; v < V; v++) { logits[v] = bf16_bits_to_float(row[v]); max_logit = fmaxf(max_logit, logits[v]); }
+        float shift = max_logit > 80.0f ? max_logit : 0.0f;
+        double norm = 0.0;
+        for (int v = 0; v < V; v++) { norm += expf(logits[v] - shift); }
+        float coin = xorshift_star_f32(&coins);
+        coin *= norm;  // in double, rounded to float, as llm.c's
         int next = V - 1;
-        double cdf = 0.0;
-        for (int v = 0; v < V; v++) { cdf += probs[v]; if (coin < cdf) { next = v; break; } }
+        float cdf = 0.0f;
+        for (int v = 0; v < V; v++) { cdf += expf(logits[v] - shift); if (coin < cdf) { next = v; break; } }
         tokens[t] = next;
         if (tokenizer->init_ok) { safe_printf(tokenizer_decode(tokenizer, (uint32_t)next)); } else { printf("%d ", next); }
         fflush(stdout);
     }
     fp8_model_end_eval(&model->fp8, stream);
     printf("\n---\n");
-    free(probs);
+    free(logits);
     free(tokens);
 }
 

@@ -73,21 +73,31 @@ write_env() { timeout 60 make env PYTHON="$PYTHON" >"$LOG_DIR/env.txt" 2>&1 || e
 # build.log says so in its first line
 build_all() {
     install_wheels
-    if [ -n "${1:-}" ] && [ "$1" -le 0 ]; then
-        echo "build: not run, no time left ($1 s)" | tee -a "$LOG_DIR/build.log"
+    local deadline=${1:+$(($(date +%s) + $1))}
+    # the seconds left before the deadline as a timeout prefix (none without a deadline; at least 1)
+    limit() { [ -z "$deadline" ] && return 0; local left=$((deadline - $(date +%s))); echo "timeout $((left > 1 ? left : 1))"; }
+    if [ -n "$deadline" ] && [ "$1" -le 0 ]; then
+        echo "build: not run, no time left (${1} s)" | tee -a "$LOG_DIR/build.log"
         return 1
     fi
-    local no_cudnn=
+    local no_cudnn= status
     if ! make -s PYTHON="$PYTHON" check-cudnn >/dev/null 2>&1; then
         no_cudnn=NO_CUDNN=1
         echo "build: NO_CUDNN=1, no cuDNN attention tested ($(make -s PYTHON="$PYTHON" check-cudnn 2>&1 | head -n 1))" \
             | tee -a "$LOG_DIR/build.log"
-    elif ! ${1:+timeout "$1"} make -s PYTHON="$PYTHON" build/cudnn_att.o >>"$LOG_DIR/build.log" 2>&1; then
+    else
         # every binary links cudnn_att.o: headers that do not build with this cuDNN would fail them all
-        no_cudnn=NO_CUDNN=1
-        echo "build: NO_CUDNN=1, no cuDNN attention tested (build/cudnn_att.o did not build: above)" | tee -a "$LOG_DIR/build.log"
+        $(limit) make -s PYTHON="$PYTHON" build/cudnn_att.o >>"$LOG_DIR/build.log" 2>&1
+        status=$?
+        if [ "$status" -eq 124 ]; then
+            echo "build: stopped at its deadline (${1:-} s), in build/cudnn_att.o" | tee -a "$LOG_DIR/build.log"
+            return 0
+        elif [ "$status" -ne 0 ]; then
+            no_cudnn=NO_CUDNN=1
+            echo "build: NO_CUDNN=1, no cuDNN attention tested (build/cudnn_att.o did not build: above)" | tee -a "$LOG_DIR/build.log"
+        fi
     fi
-    ${1:+timeout "$1"} make -k -j"$JOBS" PYTHON="$PYTHON" $no_cudnn train_gpt2_fp8 bench_gemm gpu-tests 2>&1 \
+    $(limit) make -k -j"$JOBS" PYTHON="$PYTHON" $no_cudnn train_gpt2_fp8 bench_gemm gpu-tests 2>&1 \
         | tee -a "$LOG_DIR/build.log" | tail -5
     # a target that failed leaves the others to test (make -k): the stages go on, build.log says which
     [ "${PIPESTATUS[0]}" -eq 124 ] && echo "build: stopped at its deadline (${1:-} s)" | tee -a "$LOG_DIR/build.log"
@@ -153,6 +163,9 @@ case "$stage" in
         name=${2:?usage: dev/gpu_session.sh rerun NAME (a test binary, e.g. test_gpt2)}
         name=${name#build/}
         build_all || true  # a failed target leaves the others: this one may still be built
+        # a target that did not rebuild leaves its old binary: say so before its results
+        errors=$(grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log" 2>/dev/null)
+        [ "${errors:-0}" -eq 0 ] || echo "build: ${errors} make errors (build.log): build/$name may be older than the sources"
         [ -x "build/$name" ] || { echo "error: dev/gpu_session.sh: build/$name was not built (build.log)" | tee "$LOG_DIR/rerun_$name.log" >&2; exit 1; }
         LLM8_ALLOW_NO_TWO_RANKS=1 PYTHON="$PYTHON" bash test/run_gpu_tests.sh "build/$name" >"$LOG_DIR/rerun_$name.log" 2>&1
         status=$?

@@ -2,7 +2,8 @@
 checkpoint.h: model files, resume-state files, and making a checkpoint atomic.
 
 Why it is shaped this way:
-- Files stay byte-compatible with llm.c, so checkpoints move both ways:
+- Files stay byte-compatible with llm.c, so checkpoints move both ways (one rank's; several
+  ranks' below):
   model_XXXXXXXX.bin: 256 int32 header ([0] 20240326, [1] 3 = fp32 or 5 = bf16 params,
   [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp), then all parameters in gpt2_config.h's
   order. state_XXXXXXXX_RRRRR.bin (one per rank), version 1, is llm.c's layout exactly:
@@ -28,6 +29,8 @@ Why it is shaped this way:
   writes several ranks' files as version 2, which llm.c refuses, so that neither reads the
   other's shards as its own: llm8 assembles its windows from llm.c's files
   (state_reshard.h), and llm.c continues an llm8 run of several GPUs from its model file.
+  llm8's files from before the mark are told by what llm.c never writes: version 2, or B and T
+  in [7] and [8] (written since 2026-11-26).
 - Atomic: every file is written to <path>.tmp, flushed, fsynced and renamed over <path> (the directory synced after), so a
   killed run leaves either the old file or the new one. After every file of a step is
   complete (all ranks), rank 0 writes DONE_XXXXXXXX; checkpoint_find_latest only trusts steps
@@ -136,17 +139,25 @@ static inline void checkpoint_write_done(const char* dir, int step) {
     checkpoint_commit_tmp_(fp, tmp_path, path);
 }
 
-// the step a checkpoint file's name carries (DONE_, model_ or state_, then 8 digits), or -1;
-// marker_only: DONE_XXXXXXXX itself, no suffix
+// the step of a checkpoint file's name, or -1: DONE_XXXXXXXX, model_XXXXXXXX.bin and
+// state_XXXXXXXX_RRRRR.bin, each also with a .tmp suffix (a write cut off); marker_only: DONE_XXXXXXXX
+// itself. Exact names only: other files in -o (a model_00000100.bin.bak) are never a step's
 static inline int checkpoint_name_step_(const char* name, int marker_only) {
     const char* prefixes[3] = {"DONE_", "model_", "state_"};
+    const char* suffixes[3] = {"", ".bin", "_#####.bin"};  // '#': a digit
     for (int i = 0; i < (marker_only ? 1 : 3); i++) {
         size_t length = strlen(prefixes[i]);
         if (strncmp(name, prefixes[i], length) != 0) { continue; }
-        int step = 0, digits = 0;
-        for (const char* p = name + length; *p >= '0' && *p <= '9'; p++) { step = step * 10 + (*p - '0'); digits++; }
-        if (digits != 8 || (marker_only && name[length + 8] != '\0')) { return -1; }
-        return step;
+        int step = 0;
+        const char* p = name + length;
+        for (int digits = 0; digits < 8; digits++, p++) {
+            if (*p < '0' || *p > '9') { return -1; }
+            step = step * 10 + (*p - '0');
+        }
+        for (const char* s = suffixes[i]; *s; s++, p++) {
+            if (*s == '#' ? (*p < '0' || *p > '9') : *p != *s) { return -1; }
+        }
+        return (strcmp(p, "") == 0 || (!marker_only && strcmp(p, ".tmp") == 0)) ? step : -1;
     }
     return -1;
 }
@@ -574,7 +585,9 @@ static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEA
     index->step = header[10];
     index->micro_batch = header[STATE_SLOT_MICRO_BATCH];
     index->seq_len = header[STATE_SLOT_SEQ_LEN];
-    index->llm8_windows = header[STATE_SLOT_LAYOUT] == STATE_LAYOUT_LLM8_WINDOWS;
+    // llm8's mark, or what llm.c never writes (older llm8 files): version 2, or B and T
+    index->llm8_windows = header[STATE_SLOT_LAYOUT] == STATE_LAYOUT_LLM8_WINDOWS ||
+                          index->version == STATE_VERSION_SECTIONS || index->micro_batch != 0;
     if (index->micro_batch < 0 || index->seq_len < 0 || (index->micro_batch == 0) != (index->seq_len == 0)) {
         llm8_die("state file '%s' has B=%d, T=%d in header slots %d and %d, expected both positive or both 0", path,
                  index->micro_batch, index->seq_len, STATE_SLOT_MICRO_BATCH, STATE_SLOT_SEQ_LEN);

@@ -173,7 +173,7 @@ static inline void outlier_skip_note_resume(const OutlierSkip* s, int step) {
 /*
 The state file section of the windows: optional, so a checkpoint written without -sl/-sg
 resumes (with empty windows), and the trainers write it only when a check is on, which keeps
-a plain bf16 AdamW state file llm.c's version 1.
+a plain bf16 AdamW state file of one rank llm.c's version 1.
 */
 static inline StateSection outlier_skip_state_section(OutlierSkip* s) {
     StateSection section = {"outlier_windows", s->windows, sizeof(s->windows), 1};

@@ -1,6 +1,6 @@
 /*
 rand.h: Mersenne Twister (MT19937) and Box-Muller normals for deterministic weight init
-and data shuffling.
+and data shuffling; llm.c's xorshift* coins for text samples.
 
 Why: initialization and shuffling must be reproducible across runs, machines and the
 CPU/GPU trainers, so they run on the host from a fixed seed. The generator state is a
@@ -102,6 +102,21 @@ static inline void normal_(float* data, size_t n, float mean, float std, mt19937
 
 // Fisher-Yates shuffle of an int array, in place: llm.c shuffles its shard order this way at every
 // epoch, each epoch's order a shuffle of the last one's (a fresh order starts from identity_permutation)
+/*
+The coins of text samples, as llm.c draws them (train_gpt2.cu's sampling loop, random_f32):
+xorshift* (Vigna 2016: shifts 12, 25 and 27 of a 64-bit state, the upper 32 bits of its
+product with 0x2545F4914F6CDD1D), the coin the top 24 of those bits over 2^24, from a state
+seeded 1337 for every sample. With the same weights a sample is then llm.c's, token for token.
+*/
+static inline uint32_t xorshift_star_u32(uint64_t* state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+static inline float xorshift_star_f32(uint64_t* state) { return (float)(xorshift_star_u32(state) >> 8) / 16777216.0f; }
+
 static inline void identity_permutation(int* data, int n) {
     for (int i = 0; i < n; i++) { data[i] = i; }
 }

@@ -14,8 +14,8 @@ Why it is shaped this way: runs here are compared against llm.c runs and against
             lr * final_frac of the shape 1 - sqrt(progress) (Hägele et al. 2024,
             arXiv:2405.18392, as llm.c). The decay starts at max(0.8 * steps, warmup).
 Past train_num_batches the decay stays at its end value instead of failing. A warmup longer
-than the run (llm.c's scripts' -u 700 with a short -x) warms up throughout, as in llm.c, with
-a note saying so.
+than the run (llm.c's scripts' -u 700 with a short -x) warms up throughout, as llm.c's
+schedules do (but for its constant one, which never warms up), with a note saying so.
 */
 #ifndef LLMC_SCHEDULERS_H
 #define LLMC_SCHEDULERS_H
@@ -46,7 +46,7 @@ static inline void lr_scheduler_init(LearningRateScheduler* scheduler, const cha
     if (warmup_iterations < 0) { llm8_die("flag -u: warmup of %d steps is negative", warmup_iterations); }
     if (warmup_iterations > train_num_batches) {
         printf("note: -u %d is longer than the run's %d steps (-x): the learning rate warms up throughout, to %d/%d of -l "
-               "at the last step, as in llm.c\n", warmup_iterations, train_num_batches, train_num_batches, warmup_iterations);
+               "at the last step\n", warmup_iterations, train_num_batches, train_num_batches, warmup_iterations);
     }
     if (!(final_learning_rate_frac >= 0.0f && final_learning_rate_frac <= 1.0f)) {
         llm8_die("flag -q: final learning rate fraction %g is not in [0, 1]", final_learning_rate_frac);

@@ -115,15 +115,12 @@ static inline int reshard_pieces_(ReshardCut cut, const ZeroLayout* zero, ZeroRa
 
 /*
 How llm.c's N > 1 ranks cut a checkpoint: -z 1 files hold num_parameters / N floats per array,
--z 0 files all of them (rank 0's header says which: its file's size). -z 1 needs every tensor's
-layer slice to divide by N (llm.c stops otherwise), so a file that does not is -z 0's.
+-z 0 files all of them (rank 0's file's size says which: a -z 0 body is at least its m, v and
+master, which a -z 1 body reaches only with a shuffle trailer of 4 bytes a parameter or more, in
+toy models). -z 1 needs every tensor's layer slice to divide by N (llm.c stops otherwise), so a
+file that does not is -z 0's.
 */
 static inline ReshardCut reshard_llmc_cut_(const char* path, const StateFileIndex* header, const ZeroLayout* zero) {
-    if (header->version != STATE_VERSION_LLMC) {
-        llm8_die("state file '%s' is rank %d of %d, version %d, with header slot %d 0: an llm8 file of several ranks from "
-                 "before that slot marked llm8's cut (2026-11-27); resume from its model file (-e) instead",
-                 path, header->process_rank, header->num_processes, header->version, STATE_SLOT_LAYOUT);
-    }
     size_t n = (size_t)header->num_processes;
     for (int tensor = 0; tensor < NUM_PARAMETER_TENSORS; tensor++) {
         size_t slice = zero->tensor_sizes[tensor] / (zero_tensor_is_per_layer(tensor) ? (size_t)zero->num_layers : 1);
@@ -132,8 +129,8 @@ static inline ReshardCut reshard_llmc_cut_(const char* path, const StateFileInde
     FILE* fp = fopenCheck(path, "rb");
     long body = file_size_bytes(fp) - (long)CHECKPOINT_HEADER_BYTES;
     fcloseCheck(fp);
-    long whole_moments = (long)(2 * zero->num_parameters * sizeof(float));
-    return body >= whole_moments ? RESHARD_LLMC_WHOLE : RESHARD_LLMC_ZERO1;
+    long whole_arrays = (long)((2 + (size_t)header->has_master) * zero->num_parameters * sizeof(float));
+    return body >= whole_arrays ? RESHARD_LLMC_WHOLE : RESHARD_LLMC_ZERO1;
 }
 
 static inline void reshard_check_agrees_(const ReshardSource* source, const ReshardSource* rank0, const char* what,
@@ -194,8 +191,9 @@ static inline ReshardSource* reshard_sources_open_(const char* dir, int step, in
         }
         if (q == 0 && num_ranks > 1 && !header.llm8_windows) { *cut = reshard_llmc_cut_(s->path, &header, &zero); }
         if (q > 0 && header.llm8_windows != sources[0].index.llm8_windows) {
-            llm8_die("state file '%s' %s header slot %d, rank 0's '%s' does not: files of different checkpoints?", s->path,
-                     header.llm8_windows ? "has llm8's mark in" : "lacks llm8's mark in", STATE_SLOT_LAYOUT, sources[0].path);
+            llm8_die("state file '%s' was written by %s, rank 0's '%s' by %s (header slots 7 to 9, version): files of "
+                     "different checkpoints?", s->path, header.llm8_windows ? "llm8" : "llm.c", sources[0].path,
+                     header.llm8_windows ? "llm.c" : "llm8");
         }
         size_t held = *cut == RESHARD_LLM8_WINDOWS ? s->range.end - s->range.begin
                     : *cut == RESHARD_LLMC_WHOLE ? zero.num_parameters : zero.num_parameters / (size_t)num_ranks;

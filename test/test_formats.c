@@ -651,6 +651,10 @@ static void test_checkpoint_keep_newest(void) {
     touch(in_dir(dir, "state_00000010_00001.bin.tmp"));
     touch(in_dir(dir, "state_00000011_00000.bin"));
     touch(in_dir(dir, "DONE_00000008.tmp"));
+    // a user's files beside the checkpoints, named like them but not theirs: never removed
+    const char* foreign[] = {"model_00000005.bin.bak", "model_00000005_export.safetensors", "state_00000012.json",
+                             "state_00000002_0001.bin", "DONE_00000002.old"};
+    for (int i = 0; i < 5; i++) { touch(in_dir(dir, foreign[i])); }
     int count;
     int* listed = checkpoint_complete_steps(dir, &count);
     int newest_first = count == num_steps;
@@ -678,6 +682,9 @@ static void test_checkpoint_keep_newest(void) {
                             "DONE_00000008.tmp"};
     for (int i = 0; i < 4; i++) {
         CHECK(!file_exists(in_dir(dir, debris[i])), "-nk 3: '%s' of an older incomplete step was left", debris[i]);
+    }
+    for (int i = 0; i < 5; i++) {
+        CHECK(file_exists(in_dir(dir, foreign[i])), "-nk 3: '%s', not a checkpoint file, was removed", foreign[i]);
     }
     checkpoint_keep_newest(dir, 1, 0);
     listed = checkpoint_complete_steps(dir, &count);

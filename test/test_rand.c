@@ -79,8 +79,22 @@ static void test_tiny_init_is_frozen(int threads) {
     free(params);
 }
 
+// llm.c's sampling coins from its seed 1337: the first five words and coins, computed by an
+// independent implementation of xorshift* (Python's integers, masked to 64 bits)
+static void test_sample_coins_are_llmcs(void) {
+    const uint32_t words[5] = {989205090u, 818269915u, 1335155955u, 3876892996u, 2941700015u};
+    uint64_t state = 1337, coin_state = 1337;
+    for (int i = 0; i < 5; i++) {
+        uint32_t word = xorshift_star_u32(&state);
+        float coin = xorshift_star_f32(&coin_state);
+        CHECK(word == words[i] && coin == (float)(words[i] >> 8) / 16777216.0f,
+              "xorshift* draw %d from 1337: %u (coin %.9g), expected %u", i, word, coin, words[i]);
+    }
+}
+
 int main(void) {
     test_stream_matches_the_standard();
+    test_sample_coins_are_llmcs();
     size_t sizes[] = {1, 2, 3, 16, 1001, 1 << 20, (1 << 20) + 1};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         test_normal_matches_its_definition(sizes[i], 1);

@@ -580,9 +580,74 @@ static void test_rank_files_are_marked(void) {
     free(zeros);
 }
 
+// sets int32 header slot `slot` of the file at path to value
+static void patch_header_slot(const char* path, int slot, int32_t value) {
+    FILE* fp = fopenCheck(path, "r+b");
+    fseekCheck(fp, slot * (long)sizeof(int32_t), SEEK_SET);
+    fwriteCheck(&value, sizeof(value), 1, fp);
+    fcloseCheck(fp);
+}
+
+/*
+llm8's files of several ranks from before header slot 9 marked them: version 1 (no sections)
+with B and T in slots 7 and 8, or version 2. llm.c writes neither, so they are read as llm8's
+windows (read as llm.c's cut, a 2-rank file whose windows need no padding has the sizes of
+llm.c's and would be read on the wrong parameters)
+*/
+static void test_older_llm8_rank_files(void) {
+    GPT2Config cfg = gpt2_config_make(2, 4, 256, 32, TEST_VOCAB);
+    size_t n = gpt2_num_parameters(&cfg);
+    float* m = (float*)mallocCheck(n * sizeof(float));
+    float* v = (float*)mallocCheck(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { m[i] = uniform_pm1(1, i); v[i] = 1.0f + uniform_pm1(2, i); }
+    ZeroLayout zero;
+    zero_layout_init(&zero, &cfg, 2);
+    Adamw8Layout model;
+    adamw8_layout_init(&model, &cfg, ADAMW8_SELECT_NONE);
+    for (int with_section = 0; with_section <= 1; with_section++) {
+        unsigned char extra_bytes[EXTRA_BYTES];
+        StateSection extra = {"test.per_rank", extra_bytes, EXTRA_BYTES, 0};
+        for (int q = 0; q < 2; q++) {
+            ZeroRange range = zero_rank_range(&zero, q);
+            Adamw8Layout window;
+            adamw8_layout_window(&window, &model, range.begin, range.end);
+            DataLoader loader;
+            loader_after_steps(&loader, q, 2, 0, TEST_STEP);
+            fill_extra(extra_bytes, q);
+            char path[CHECKPOINT_PATH_MAX];
+            checkpoint_state_path(path, sizeof(path), g_dir, TEST_STEP, q);
+            train_state_write(path, TEST_STEP, &loader, &window, 0, m + range.begin, v + range.begin, NULL, NULL, &extra,
+                              with_section);
+            patch_header_slot(path, STATE_SLOT_LAYOUT, 0);  // as 8fb4f48 wrote them
+            if (!with_section) { patch_header_slot(path, 1, STATE_VERSION_LLMC); }
+            dataloader_free(&loader);
+        }
+        for (int r = 0; r < 2; r++) {
+            ZeroRange range = zero_rank_range(&zero, r);
+            size_t count = range.end - range.begin;
+            float* got = (float*)mallocCheck(2 * count * sizeof(float));
+            DataLoader loader;
+            loader_init(&loader, r, 2, 0);
+            char extra_path[CHECKPOINT_PATH_MAX];
+            train_state_read_checkpoint(g_dir, TEST_STEP, batches_per_step(2), &loader, &cfg, 0, ADAMW8_SELECT_DEFAULT, got,
+                                        got + count, NULL, NULL, &extra, with_section, extra_path);
+            CHECK(memcmp(got, m + range.begin, count * sizeof(float)) == 0 &&
+                  memcmp(got + count, v + range.begin, count * sizeof(float)) == 0,
+                  "an older llm8 file of 2 ranks (version %d, no mark): rank %d read other moments than it wrote",
+                  with_section ? 2 : 1, r);
+            free(got);
+            dataloader_free(&loader);
+        }
+        checkpoint_remove(g_dir, TEST_STEP);
+    }
+    free(m);
+    free(v);
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     write_shards();
+    test_older_llm8_rank_files();
     test_llmc_rank_checkpoints();
     test_rank_files_are_marked();
     test_seek_batches();
