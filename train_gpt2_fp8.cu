@@ -1291,6 +1291,9 @@ int main(int argc, char** argv) {
     print_memory_summary(&model, &tc, num_ranks);
     if (model.comm != NULL) { print_multi_gpu_summary(&model, &tc, rank, num_ranks, stream); }
     if (fp8_settings.enabled) { print_fp8_summary(&model); }
+    if (tc.sample_every > 0 && tc.gen_tokens > tc.T) {
+        printf("note: -g %d is longer than -t %d: samples stop at %d tokens\n", tc.gen_tokens, tc.T, tc.T);
+    }
     printf("data | train %zu tokens | attention %s%s | recompute %d | gelu fusion %d\n", train_loader.num_tokens, tc.attention,
            tc.attention_deterministic ? "" : " (backward with float atomics, -ad 0: not bitwise repeatable)", tc.recompute,
            tc.gelu_fusion);

@@ -463,6 +463,15 @@ def test_two_ranks_give_the_same_bits_in_any_stream_order(workdir):
     assert sorted(a) == [1, 2, 3] and a == b, (a, b)
 
 
+def test_a_sample_longer_than_the_sequence_stops_at_it(workdir):
+    """-g above -t: the sample stops at T tokens (the prompt and T - 1 drawn), with a note at startup"""
+    r = train(workdir, ["-x", 1, "-v", 0, "-s", 1, "-g", 100])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "note: -g 100 is longer than -t 64: samples stop at 64 tokens" in r.stdout, r.stdout[:3000]
+    samples = re.findall(r"^generating:\n---\n(.*)\n---$", r.stdout, re.M)
+    assert len(samples) == 1 and len(samples[0].split()) == 63, samples
+
+
 def test_out_of_gpu_memory_says_what_to_lower(workdir):
     """a GPU too small for the run (cudasim's device cut to 8 MiB): one line naming what was asked for and the flags
     that lower it, and a non-zero exit, not a CUDA error code"""

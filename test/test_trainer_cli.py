@@ -496,6 +496,15 @@ def test_cpu_resume_is_bitwise_identical(data, tmp_path):
     assert r4.returncode == 0 and "resumed at step 6, and the run has 6 steps (-x): nothing left to train" in r4.stdout, r4.stdout
 
 
+def test_cpu_trainer_notes_that_it_runs_no_hellaswag(data):
+    """-h 1 is accepted by the CPU trainer (one flag table) and does nothing there: it says so rather than train as if
+    HellaSwag were measured"""
+    result = run(CPU, base_args(data, ["-h", 1]))
+    assert result.returncode == 0, result.stderr
+    assert "note: -h 1 has no effect in train_gpt2cpu: HellaSwag runs in train_gpt2_fp8" in result.stdout
+    assert "note: -h" not in run(CPU, base_args(data)).stdout
+
+
 def test_cpu_warmup_longer_than_the_run_warms_up_throughout(data, tmp_path):
     """llm.c's scripts' -u 700 with a short -x (a smoke test, the quickstart's -x 50): as in llm.c the run warms up
     all along, at lr * (step + 1) / warmup, with a note"""

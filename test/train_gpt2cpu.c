@@ -11,7 +11,7 @@ file, and evaluation puts them back, as on the GPU), and -opt adamw8 through the
 AdamW host reference (llmc/quant8.h) with the GPU trainer's state-file sections and
 conversions. Flags that only mean something on a GPU (-at, -r, -ge, -kt, -z, -fn, -w,
 -pa, -pt) or with a tokenizer and text (-tk, -s, -g, -h) are accepted and have no effect
-here; -n, -nk and -nm write and prune checkpoints as on the GPU. Weights are fp32 and
+here (-h 1 with a note: a run could be taken for one that measured HellaSwag); -n, -nk and -nm write and prune checkpoints as on the GPU. Weights are fp32 and
 checkpoints are llm.c's fp32 model files (version 3).
 */
 #include <stdio.h>
@@ -222,6 +222,7 @@ int main(int argc, char** argv) {
     if (model_path[0]) { model_file_read_header(model_path, &cfg, &model_version); }
     else { cfg = gpt2_config_from_descriptor(tc.model); }
     if (resume_step >= 0) { train_config_note_resumed_model(&tc, &cfg, model_path); }
+    if (tc.hellaswag) { printf("note: -h 1 has no effect in train_gpt2cpu: HellaSwag runs in train_gpt2_fp8\n"); }
     int grad_accum_steps = train_config_check_batch(&tc, &cfg, 1);
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
 
