@@ -104,6 +104,9 @@ build_all() {
     return 0
 }
 
+# the failed make targets build.log holds (make -k went on past them)
+build_errors() { grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log" 2>/dev/null; }
+
 # first's summary.txt: the GPU, the build's errors, the test counts and every FAIL line, the benchmark's main table
 first_summary() {
     echo "== first: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"
@@ -140,7 +143,7 @@ case "$stage" in
         install_wheels
         write_env
         build_all $((tests_end - $(date +%s)))
-        make_errors=$(grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log")
+        make_errors=$(build_errors)
         mapfile -t tests < <(gpu_test_binaries)
         # the 2-rank test needs NCCL 2.30+, which only the ranks stage installs: here its SKIP line shows in summary.txt
         LLM8_ALLOW_NO_TWO_RANKS=1 TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 \
@@ -164,7 +167,7 @@ case "$stage" in
         name=${name#build/}
         build_all || true  # a failed target leaves the others: this one may still be built
         # a target that did not rebuild leaves its old binary: say so before its results
-        errors=$(grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log" 2>/dev/null)
+        errors=$(build_errors)
         [ "${errors:-0}" -eq 0 ] || echo "build: ${errors} make errors (build.log): build/$name may be older than the sources"
         [ -x "build/$name" ] || { echo "error: dev/gpu_session.sh: build/$name was not built (build.log)" | tee "$LOG_DIR/rerun_$name.log" >&2; exit 1; }
         LLM8_ALLOW_NO_TWO_RANKS=1 PYTHON="$PYTHON" bash test/run_gpu_tests.sh "build/$name" >"$LOG_DIR/rerun_$name.log" 2>&1

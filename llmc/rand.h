@@ -100,8 +100,6 @@ static inline void normal_(float* data, size_t n, float mean, float std, mt19937
     }
 }
 
-// Fisher-Yates shuffle of an int array, in place: llm.c shuffles its shard order this way at every
-// epoch, each epoch's order a shuffle of the last one's (a fresh order starts from identity_permutation)
 /*
 The coins of text samples, as llm.c draws them (train_gpt2.cu's sampling loop, random_f32):
 xorshift* (Vigna 2016: shifts 12, 25 and 27 of a 64-bit state, the upper 32 bits of its
@@ -121,6 +119,8 @@ static inline void identity_permutation(int* data, int n) {
     for (int i = 0; i < n; i++) { data[i] = i; }
 }
 
+// Fisher-Yates shuffle of an int array, in place: llm.c shuffles its shard order this way at every
+// epoch, each epoch's order a shuffle of the last one's (a fresh order starts from identity_permutation)
 static inline void random_permutation(int* data, int n, mt19937_state* rng) {
     for (int i = n - 1; i > 0; i--) {
         int j = (int)(randint32(rng) % (uint32_t)(i + 1));

@@ -92,10 +92,14 @@ typedef struct {
 static inline int reshard_max_pieces_(const ZeroLayout* zero) { return NUM_PARAMETER_TENSORS * zero->num_layers; }
 static inline int reshard_pieces_(ReshardCut cut, const ZeroLayout* zero, ZeroRange range, int q, int num_ranks,
                                   ReshardPiece* pieces) {
-    if (cut == RESHARD_LLM8_WINDOWS || cut == RESHARD_LLMC_WHOLE) {
-        if (cut == RESHARD_LLMC_WHOLE && q > 0) { return 0; }  // the same as rank 0's
-        ReshardPiece whole = {cut == RESHARD_LLMC_WHOLE ? 0 : range.begin,
-                              cut == RESHARD_LLMC_WHOLE ? zero->num_parameters : range.end, 0};
+    if (cut == RESHARD_LLM8_WINDOWS) {
+        ReshardPiece window = {range.begin, range.end, 0};
+        pieces[0] = window;
+        return 1;
+    }
+    if (cut == RESHARD_LLMC_WHOLE) {
+        if (q > 0) { return 0; }  // the same as rank 0's
+        ReshardPiece whole = {0, zero->num_parameters, 0};
         pieces[0] = whole;
         return 1;
     }

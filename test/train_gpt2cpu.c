@@ -11,8 +11,9 @@ file, and evaluation puts them back, as on the GPU), and -opt adamw8 through the
 AdamW host reference (llmc/quant8.h) with the GPU trainer's state-file sections and
 conversions. Flags that only mean something on a GPU (-at, -r, -ge, -kt, -z, -fn, -w,
 -pa, -pt) or with a tokenizer and text (-tk, -s, -g, -h) are accepted and have no effect
-here (-h 1 with a note: a run could be taken for one that measured HellaSwag); -n, -nk and -nm write and prune checkpoints as on the GPU. Weights are fp32 and
-checkpoints are llm.c's fp32 model files (version 3).
+here (-h 1 with a note: a run could be taken for one that measured HellaSwag); -n, -nk and
+-nm write and prune checkpoints as on the GPU. Weights are fp32 and checkpoints are llm.c's
+fp32 model files (version 3).
 */
 #include <stdio.h>
 #include <stdlib.h>
