@@ -377,7 +377,7 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
                             dinp_pre_gelu, stream);
         }
     } else {
-        if (dout_pre_gelu != NULL) { gelu_backward_inplace(dout, dout_pre_gelu, BT * OC, stream); profiler_mark("gelu bwd"); }
+        if (dout_pre_gelu != NULL) { gelu_backward_inplace(dout, dout_pre_gelu, (size_t)BT * OC, stream); profiler_mark("gelu bwd"); }
         matmul_backward(dinp, dweight, dbias, dout, inp, weight, model->acts.scratch_f, BT, K, OC, dinp_pre_gelu, stream);
     }
 }
@@ -506,7 +506,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
         } else {
             gpt2_linear_forward(model, l, LINEAR_FC, la.fch, la.ln2, gpt2_block_weight(model, l, LINEAR_FC), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
             profiler_mark("matmul fc fwd");
-            gelu_forward(la.fch_gelu, la.fch, BT * 4 * C, stream);
+            gelu_forward(la.fch_gelu, la.fch, (size_t)BT * 4 * C, stream);
             profiler_mark("gelu fwd");
         }
         gpt2_linear_forward(model, l, LINEAR_FCPROJ, a->scratch_btc, la.fch_gelu, gpt2_block_weight(model, l, LINEAR_FCPROJ), layer_tensor(model, p, PARAM_FCPROJB, l), NULL, stream);
@@ -567,7 +567,7 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
 
         // MLP: dresidual holds d(residual3) = d(fcproj output); scratch_bt4c gets d(GELU output)
         if (model->recompute >= 1 && gpt2_reads_bf16_input(model, l, LINEAR_FCPROJ, FP8_WGRAD)) {
-            gelu_forward(la.fch_gelu, la.fch, BT * 4 * C, stream);
+            gelu_forward(la.fch_gelu, la.fch, (size_t)BT * 4 * C, stream);
             profiler_mark("gelu recompute");
         }
         const floatX* gelu_in_dgrad = model->gelu_fusion >= 2 ? la.fch : NULL;  // -ge 2: DGELU in fcproj's dgrad
@@ -1176,8 +1176,7 @@ int main(int argc, char** argv) {
     GPT2Config model_config;
     int resume_step = -1;
     char model_path[4096] = "";
-    if (out_dir != NULL) { ensure_writable_dir(out_dir); }
-    checkpoint_check_fresh_dir(out_dir, tc.resume, tc.checkpoint_every);
+    checkpoint_claim_dir(out_dir, rank, tc.resume, tc.checkpoint_every);
     if (tc.resume) {
         resume_step = checkpoint_find_latest(out_dir);
         if (resume_step >= 0) { checkpoint_model_path(model_path, sizeof(model_path), out_dir, resume_step); }

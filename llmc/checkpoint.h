@@ -37,7 +37,7 @@ Why it is shaped this way:
   with that marker, so a checkpoint cut off half way is never resumed from. checkpoint_remove
   deletes the marker first, so a removal cut off half way is never resumed from either, and
   a step written again (a resumed run's step) is first removed, so its marker never stands
-  over a mix of old and new files. One dir holds one run: checkpoint_check_fresh_dir.
+  over a mix of old and new files. One dir holds one run: checkpoint_claim_dir.
 - Every read checks magic, version, shape and the exact file length up front, and names the
   file in a one-line error, so a truncated or foreign file never becomes silent garbage.
 - state_file_index maps a state file (header fields, where the body's arrays and each
@@ -54,6 +54,7 @@ Why it is shaped this way:
 #include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <sys/file.h>
 #include "utils.h"
 #include "element_math.h"
 #include "gpt2_config.h"
@@ -165,14 +166,31 @@ static inline int checkpoint_name_step_(const char* name, int marker_only) {
 // the distinct steps in dir with a DONE marker (complete checkpoints; marker_only) or with any
 // checkpoint file, newest first, in a malloc'd array (NULL when there are none; also when dir
 // does not exist); count receives how many
+// opens dir for listing; NULL only when it does not exist. Any other failure (no read permission,
+// an I/O error, a stale network handle) dies: read as "no checkpoints", -y 1 started over and
+// wrote the new run's files over the old run's
+static inline DIR* checkpoint_open_dir_(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL && errno != ENOENT) { llm8_die("cannot list checkpoint dir '%s': %s", dir, strerror(errno)); }
+    return d;
+}
+
+// the next entry of dir, NULL at its end; a failed read dies as checkpoint_open_dir_ does
+static inline struct dirent* checkpoint_next_entry_(DIR* d, const char* dir) {
+    errno = 0;
+    struct dirent* entry = readdir(d);
+    if (entry == NULL && errno != 0) { llm8_die("cannot list checkpoint dir '%s': %s", dir, strerror(errno)); }
+    return entry;
+}
+
 static inline int* checkpoint_steps_(const char* dir, int marker_only, int* count) {
     *count = 0;
-    DIR* d = opendir(dir);
+    DIR* d = checkpoint_open_dir_(dir);
     if (d == NULL) { return NULL; }
     int* steps = NULL;
     int capacity = 0;
     struct dirent* entry;
-    while ((entry = readdir(d)) != NULL) {
+    while ((entry = checkpoint_next_entry_(d, dir)) != NULL) {
         int step = checkpoint_name_step_(entry->d_name, marker_only);
         if (step < 0) { continue; }
         int seen = 0;
@@ -211,10 +229,10 @@ static inline void checkpoint_remove(const char* dir, int step) {
     if (remove(path) != 0 && errno != ENOENT) {
         llm8_die("cannot remove '%s': %s", path, strerror(errno));
     }
-    DIR* d = opendir(dir);
+    DIR* d = checkpoint_open_dir_(dir);
     if (d == NULL) { return; }
     struct dirent* entry;
-    while ((entry = readdir(d)) != NULL) {
+    while ((entry = checkpoint_next_entry_(d, dir)) != NULL) {
         const char* name = entry->d_name;
         if (checkpoint_name_step_(name, 0) != step) { continue; }
         int n = snprintf(path, sizeof(path), "%s/%s", dir, name);
@@ -241,6 +259,43 @@ static inline void checkpoint_check_fresh_dir(const char* dir, int resume, int c
 }
 
 /*
+-o's checks at startup, before any step runs (dir NULL: no -o; nothing to check):
+- it exists (created as mkdir -p) and can be written and listed (ensure_writable_dir);
+- its longest checkpoint file name (a state file's .tmp) fits CHECKPOINT_PATH_MAX: found only at
+  the first save, a long -o cost every step before it;
+- rank 0 holds an exclusive lock on <dir>/.llm8.lock while it runs: two runs in one -o (a job
+  started twice, a requeue while the old one still runs) would write the same .tmp files and
+  mark a mix of both complete. A filesystem without locks (some network ones) gets a note;
+- a fresh run does not mix its checkpoints with another's (checkpoint_check_fresh_dir).
+*/
+#define CHECKPOINT_LOCK_NAME ".llm8.lock"
+static inline void checkpoint_claim_dir(const char* dir, int process_rank, int resume, int checkpoint_every) {
+    if (dir == NULL) { return; }
+    const char* longest_name = "/state_00000000_00000.bin.tmp";
+    if (strlen(dir) + strlen(longest_name) >= CHECKPOINT_PATH_MAX) {
+        llm8_die("-o %s: %zu characters, too long for its checkpoint files (at most %zu)", dir, strlen(dir),
+                 CHECKPOINT_PATH_MAX - 1 - strlen(longest_name));
+    }
+    ensure_writable_dir(dir);
+    if (process_rank == 0) {
+        char lock_path[CHECKPOINT_PATH_MAX];
+        path_in_dir(lock_path, sizeof(lock_path), dir, CHECKPOINT_LOCK_NAME);
+        int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);  // held open, so locked, until exit
+        if (fd < 0) { llm8_die("-o %s: cannot open '%s': %s", dir, lock_path, strerror(errno)); }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            if (errno == EWOULDBLOCK) {
+                llm8_die("-o %s is in use by another run ('%s' is locked): two runs in one -o would mix their "
+                         "checkpoints; wait for it to end or give another -o", dir, lock_path);
+            }
+            printf("note: -o %s: cannot lock '%s' (%s): nothing stops a second run from using this -o\n", dir,
+                   lock_path, strerror(errno));
+            close(fd);
+        }
+    }
+    checkpoint_check_fresh_dir(dir, resume, checkpoint_every);
+}
+
+/*
 -nk / -nm: keeps the newest `keep` complete checkpoints in dir and, of the older ones, the major
 ones (a step that is a multiple of major_every > 0); removes the rest (checkpoint_remove). keep
 0 keeps everything. Looks at what is on disk, so checkpoints of irregular steps (the last
@@ -262,7 +317,9 @@ static inline void checkpoint_keep_newest(const char* dir, int keep, int major_e
     for (int i = 0; i < count; i++) {
         char done[CHECKPOINT_PATH_MAX];
         checkpoint_done_path(done, sizeof(done), dir, any[i]);
-        if (any[i] < newest_complete && access(done, F_OK) != 0) { checkpoint_remove(dir, any[i]); }
+        if (any[i] >= newest_complete || access(done, F_OK) == 0) { continue; }
+        if (errno != ENOENT) { llm8_die("cannot check '%s': %s", done, strerror(errno)); }
+        checkpoint_remove(dir, any[i]);
     }
     free(any);
 }

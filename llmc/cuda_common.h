@@ -47,6 +47,21 @@ static inline int cuda_device_count_or_die(void) {
 static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 static inline size_t ceil_div_size(size_t a, size_t b) { return (a + b - 1) / b; }
 
+// the grid of an elementwise kernel whose threads each take one 16-byte vector (8 bf16) of an
+// n-element tensor. Counts are size_t: the largest activations (B*T*4C) pass 2^31 elements at
+// shapes that fit one GPU, where an int count wrapped and the kernel silently skipped most of
+// the tensor
+static inline unsigned int vector_kernel_grid(size_t n, int block_size, const char* who) {
+    if (n == 0 || n % 8 != 0) {
+        llm8_die("%s: %zu elements must be a positive multiple of 8 (16-byte vector access)", who, n);
+    }
+    size_t blocks = ceil_div_size(n / 8, (size_t)block_size);
+    if (blocks > 0x7fffffffu) {
+        llm8_die("%s: %zu elements need %zu blocks of %d threads, above CUDA's 2^31-1", who, n, blocks, block_size);
+    }
+    return (unsigned int)blocks;
+}
+
 // ----------------------------------------------------------------------------
 // the activation / weight / gradient type, bf16 in both precisions (FP8 copies live beside)
 

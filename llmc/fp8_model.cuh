@@ -65,6 +65,7 @@ Why it is shaped so:
 #include "cuda_common.h"
 #include "gpt2_config.h"
 #include "checkpoint.h"
+#include "logger.h"
 #include "fp8_recipe.h"
 #include "fp8_scaling.h"
 #include "fp8_scaling.cuh"
@@ -886,12 +887,8 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
 void fp8_model_open_numerics_log(Fp8Model* fp8, const char* dir, int resume) {
     if (fp8->num_linears == 0 || dir == NULL || fp8->settings.numerics_every == 0) { return; }
     char path[4096];
-    snprintf(path, sizeof(path), "%s/numerics.jsonl", dir);
-    fp8->numerics_file = fopenCheck(path, resume ? "a" : "w");
-}
-
-static void fp8_json_number(FILE* fp, const char* key, double value) {
-    if (isfinite(value)) { fprintf(fp, ",\"%s\":%.9g", key, value); } else { fprintf(fp, ",\"%s\":null", key); }
+    path_in_dir(path, sizeof(path), dir, "numerics.jsonl");
+    fp8->numerics_file = open_line_log(path, resume);
 }
 
 /*
@@ -918,15 +915,15 @@ void fp8_model_log_numerics(Fp8Model* fp8, int step, cudaStream_t stream) {
         Fp8Format format = (t / n == 1 && !fp8_model_block(fp8)) ? FP8_E5M2 : FP8_E4M3;
         fprintf(fp8->numerics_file, "{\"step\":%d,\"tensor\":\"%s\",\"layer\":%d,\"linear\":\"%s\",\"operand\":\"%s\",\"format\":\"%s\"",
                 step, name, lin->layer, LINEAR_KIND_NAMES[lin->kind], operands[t / n], fp8_format_name(format));
-        fp8_json_number(fp8->numerics_file, "amax", s->amax);
-        fp8_json_number(fp8->numerics_file, "scale", s->scale);
-        fp8_json_number(fp8->numerics_file, "frac_saturated", fp8_cast_stats_fraction(s->saturated, s->elements));
-        fp8_json_number(fp8->numerics_file, "frac_flushed", fp8_cast_stats_fraction(s->flushed, s->elements));
+        json_number(fp8->numerics_file, "amax", s->amax);
+        json_number(fp8->numerics_file, "scale", s->scale);
+        json_number(fp8->numerics_file, "frac_saturated", fp8_cast_stats_fraction(s->saturated, s->elements));
+        json_number(fp8->numerics_file, "frac_flushed", fp8_cast_stats_fraction(s->flushed, s->elements));
         fprintf(fp8->numerics_file, ",\"elements\":%llu", (unsigned long long)s->elements);
         if (!fp8_model_block(fp8)) { fprintf(fp8->numerics_file, ",\"nonfinite\":%d", states[t].nonfinite_count); }
         fprintf(fp8->numerics_file, "}\n");
     }
-    fflush(fp8->numerics_file);
+    fflushCheck(fp8->numerics_file);
     free(stats);
     free(states);
 }

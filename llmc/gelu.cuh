@@ -19,14 +19,8 @@ GELU epilogue followed by a cast, which writes and reads that bf16 tensor).
 #include "element_math.h"
 #include "fp8_cast.cuh"
 
-static inline void gelu_check_count(int N, const char* who) {
-    if (N <= 0 || N % 8 != 0) {
-        llm8_die("%s: N=%d elements must be a positive multiple of 8 (16-byte vector access)", who, N);
-    }
-}
-
-__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, int N) {
-    int i = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+__global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= N) { return; }
     x128 x = load128cs(inp + i);
     x128 y;
@@ -36,10 +30,9 @@ __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, int N) {
     store128(out + i, y);
 }
 
-void gelu_forward(floatX* out, const floatX* inp, int N, cudaStream_t stream) {
-    gelu_check_count(N, "gelu_forward");
+void gelu_forward(floatX* out, const floatX* inp, size_t N, cudaStream_t stream) {
     const int block_size = 256;
-    gelu_forward_kernel<<<ceil_div(N / x128::size, block_size), block_size, 0, stream>>>(out, inp, N);
+    gelu_forward_kernel<<<vector_kernel_grid(N, block_size, "gelu_forward"), block_size, 0, stream>>>(out, inp, N);
     cudaCheck(cudaGetLastError());
 }
 
@@ -51,8 +44,8 @@ __device__ __forceinline__ void gelu_backward_multiply(float (&dout)[x128::size]
 }
 
 // d_in_out: in, the gradient of GELU's output; out, the gradient of its input
-__global__ void gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* inp, int N) {
-    int i = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
+__global__ void gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* inp, size_t N) {
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
     if (i >= N) { return; }
     x128 stored = load128cs(d_in_out + i);
     float d[x128::size];
@@ -61,10 +54,10 @@ __global__ void gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* inp
     store128(d_in_out + i, x128_from_floats(d));
 }
 
-void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, int N, cudaStream_t stream) {
-    gelu_check_count(N, "gelu_backward_inplace");
+void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t N, cudaStream_t stream) {
     const int block_size = 256;
-    gelu_backward_inplace_kernel<<<ceil_div(N / x128::size, block_size), block_size, 0, stream>>>(d_in_out, inp, N);
+    gelu_backward_inplace_kernel<<<vector_kernel_grid(N, block_size, "gelu_backward_inplace"), block_size, 0, stream>>>(
+        d_in_out, inp, N);
     cudaCheck(cudaGetLastError());
 }
 

@@ -1,6 +1,5 @@
 /*
-layernorm.cuh: layernorm forward (plain and fused with the residual add), its backward,
-and the residual add.
+layernorm.cuh: layernorm forward (plain and fused with the residual add) and its backward.
 
 Why this shape:
 - One warp per row. A row is C bf16 (at most 3.2 KB at C=1600), so a warp moves it in a
@@ -445,30 +444,6 @@ void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scr
     cudaCheck(cudaGetLastError());
     layernorm_backward_reduce_kernel<<<ceil_div(2 * C, WARP_SIZE), LAYERNORM_REDUCE_GROUPS * WARP_SIZE, 0, stream>>>(
         dweight, dbias, scratch, num_blocks, C);
-    cudaCheck(cudaGetLastError());
-}
-
-// ----------------------------------------------------------------------------
-// residual: out = bf16(a + b), N elements
-
-__global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, int N) {
-    int i = (blockIdx.x * blockDim.x + threadIdx.x) * x128::size;
-    if (i >= N) { return; }
-    x128 va = load128cs(a + i);
-    x128 vb = load128cs(b + i);
-    x128 sum;
-    for (int k = 0; k < x128::size; k++) {
-        sum[k] = __float2bfloat16_rn(__bfloat162float(va[k]) + __bfloat162float(vb[k]));
-    }
-    store128(out + i, sum);
-}
-
-void residual_forward(floatX* out, const floatX* a, const floatX* b, int N, cudaStream_t stream) {
-    if (N <= 0 || N % 8 != 0) {
-        llm8_die("residual_forward: N=%d elements must be a positive multiple of 8 (16-byte vector access)", N);
-    }
-    const int block_size = 256;
-    residual_forward_kernel<<<ceil_div(N / x128::size, block_size), block_size, 0, stream>>>(out, a, b, N);
     cudaCheck(cudaGetLastError());
 }
 

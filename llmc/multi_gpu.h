@@ -302,7 +302,7 @@ static inline float multi_gpu_all_reduce_float(const MultiGpuConfig* cfg, float 
 
 // -pi fs: the file in -pf through which rank 0 hands out the NCCL id
 static inline void multi_gpu_id_file_path(const MultiGpuOptions* opts, char* path, size_t size) {
-    snprintf(path, size, "%s/%s", opts->fs_path, MULTI_GPU_ID_FILE);
+    path_in_dir(path, size, opts->fs_path, MULTI_GPU_ID_FILE);
 }
 
 static inline void multi_gpu_id_file_remove(const MultiGpuOptions* opts) {

@@ -17,6 +17,7 @@ has to remember. Plain C that also compiles as C++ (nvcc, g++), host only.
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 // print "error: <message>" as one line to stderr and exit(1)
 static inline void llm8_die(const char* fmt, ...) {
@@ -120,6 +121,15 @@ static inline void fclose_check(FILE* fp, const char* file, int line) {
 }
 #define fcloseCheck(fp) fclose_check(fp, __FILE__, __LINE__)
 
+// flushes a file written as it goes (the logs), or dies naming it: glibc drops what a failed
+// flush held, so the fclose after it reports nothing and a full disk went unnoticed (exit 0)
+static inline void fflush_check(FILE* fp, const char* file, int line) {
+    if (fflush(fp) != 0 || ferror(fp)) {
+        llm8_die("cannot write '%s': %s (disk full?) (%s:%d)", llm8_file_name(fp), strerror(errno), file, line);
+    }
+}
+#define fflushCheck(fp) fflush_check(fp, __FILE__, __LINE__)
+
 static inline void fseek_check(FILE* fp, long off, int whence, const char* file, int line) {
     if (fseek(fp, off, whence) != 0) {
         llm8_die("cannot seek to %ld in '%s': %s (%s:%d)", off, llm8_file_name(fp), strerror(errno), file, line);
@@ -142,6 +152,37 @@ static inline long file_size_bytes(FILE* fp) {
     long size = ftell(fp);
     fseekCheck(fp, 0, SEEK_SET);
     return size;
+}
+
+// out = dir/name, or dies naming both: a path cut short by snprintf would name another file
+// (a long -o once made main.log and main.jsonl one file, two streams interleaved)
+static inline void path_in_dir(char* out, size_t out_size, const char* dir, const char* name) {
+    int n = snprintf(out, out_size, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= out_size) {
+        llm8_die("path '%s/%s' is longer than %zu characters", dir, name, out_size - 1);
+    }
+}
+
+/*
+Opens a log written a line per record: truncated for a fresh run, appended to for a resumed one.
+A last line cut short (a full disk, a kill during the write) is ended first, so the resumed run's
+first record starts a line of its own instead of corrupting both.
+*/
+static inline FILE* open_line_log(const char* path, int append) {
+    int torn = 0;
+    if (append) {
+        FILE* fp = fopen(path, "rb");
+        if (fp != NULL) {
+            torn = fseek(fp, -1, SEEK_END) == 0 && fgetc(fp) != '\n';
+            fclose(fp);
+        }
+    }
+    FILE* fp = fopenCheck(path, append ? "a" : "w");
+    if (torn) {
+        fputc('\n', fp);
+        fflushCheck(fp);
+    }
+    return fp;
 }
 
 static inline int file_exists(const char* path) {
@@ -173,8 +214,12 @@ static inline void ensure_writable_dir(const char* dir) {
         *end = saved;
         if (saved == '\0') { break; }
     }
+    // a resume lists the dir to find its checkpoints: one it cannot read would look empty
+    if (access(dir, R_OK | X_OK) != 0) {
+        llm8_die("output dir '%s' cannot be listed (it needs read and search permission): %s", dir, strerror(errno));
+    }
     char probe[4096];
-    snprintf(probe, sizeof(probe), "%s/.llm8_write_probe", dir);
+    path_in_dir(probe, sizeof(probe), dir, ".llm8_write_probe");
     FILE* fp = fopen(probe, "wb");
     if (fp == NULL) {
         llm8_die("output dir '%s' is not writable: %s", dir, strerror(errno));

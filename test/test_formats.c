@@ -776,6 +776,46 @@ static void test_checkpoint_paths_and_latest(void) {
     test_remove_dir(dir);
 }
 
+// -o at startup: too long a path, a second run in the same dir, a dir that cannot be listed
+static void test_checkpoint_claim_dir(void) {
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    char long_dir[CHECKPOINT_PATH_MAX];
+    memset(long_dir, 'a', sizeof(long_dir) - 1);
+    long_dir[0] = '/';
+    long_dir[CHECKPOINT_PATH_MAX - 29] = '\0';  // 4067 characters, and the state file's .tmp name: 4096
+    checkpoint_claim_dir(NULL, 0, 0, 5);
+    CHECK_DIES("-o too long for its checkpoint files", "too long for its checkpoint files (at most 4066)",
+               checkpoint_claim_dir(long_dir, 0, 0, 5));
+
+    char run_dir[512];
+    snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
+    checkpoint_claim_dir(run_dir, 0, 0, 5);  // creates it, and holds its lock until this process ends
+    CHECK(file_exists(in_dir(run_dir, CHECKPOINT_LOCK_NAME)), "no lock file in -o");
+    CHECK_DIES("a second run in the same -o", "is in use by another run", checkpoint_claim_dir(run_dir, 0, 1, 5));
+    CHECK_DIES("a second run in the same -o (named)", CHECKPOINT_LOCK_NAME "' is locked", checkpoint_claim_dir(run_dir, 0, 0, 0));
+    checkpoint_claim_dir(run_dir, 1, 1, 5);  // rank 1 of the same run takes no lock
+
+    // a dir that cannot be listed is not an empty one: -y 1 would start over in it (root reads
+    // any dir, so the check drops to nobody, where it can)
+    char closed_dir[512];
+    snprintf(closed_dir, sizeof(closed_dir), "%s/closed", dir);
+    ensure_writable_dir(closed_dir);
+    CHECK(chmod(dir, 0711) == 0 && chmod(closed_dir, 0333) == 0, "chmod of the test dirs");
+    #define AS_NOBODY(statement) do { if (geteuid() == 0 && setuid(65534) != 0) { _exit(3); } statement; } while (0)
+    CHECK_DIES("checkpoints of a dir that cannot be listed", "cannot list checkpoint dir",
+               AS_NOBODY(checkpoint_find_latest(closed_dir)));
+    CHECK_DIES("removing a step of a dir that cannot be listed", "cannot list checkpoint dir",
+               AS_NOBODY(checkpoint_remove(closed_dir, 3)));
+    CHECK_DIES("-o that cannot be listed", "cannot be listed (it needs read and search permission)",
+               AS_NOBODY(checkpoint_claim_dir(closed_dir, 0, 1, 5)));
+    #undef AS_NOBODY
+    CHECK(chmod(closed_dir, 0755) == 0 && chmod(dir, 0700) == 0, "chmod back");
+    test_remove_dir(closed_dir);
+    test_remove_dir(run_dir);
+    test_remove_dir(dir);
+}
+
 // ----------------------------------------------------------------------------
 // utils.h's file helpers name the file in every failure
 
@@ -794,6 +834,14 @@ static void test_file_errors_name_the_file(void) {
     FILE* full = fopenCheck("/dev/full", "wb");  // a write the disk refuses, seen at the flush of the close
     fwriteCheck(buffer, 1, sizeof(buffer), full);
     CHECK_DIES("a failed close names the file", "cannot close '/dev/full'", fcloseCheck(full));
+    full = fopenCheck("/dev/full", "wb");  // the logs flush each line: the flush must see the failure
+    fputs("s:1 trl:5.0000\n", full);
+    CHECK_DIES("a failed flush names the file", "cannot write '/dev/full'", fflushCheck(full));
+    fcloseCheck(fopenCheck("/dev/null", "wb"));  // the slot of the file the child had open is the parent's to free
+    char too_long[64];
+    volatile size_t too_long_size = sizeof(too_long);  // opaque to the compiler, which would warn of the truncation tested here
+    CHECK_DIES("a path longer than its buffer", "is longer than 63 characters",
+               path_in_dir(too_long, too_long_size, "/a/dir/of/forty/characters/or/so/xxxxxx", "numerics.jsonl.and.more."));
     CHECK_DIES("a directory is not a file to read", "a directory, not a regular file", fopenCheck(g_dir, "rb"));
     FILE* untracked = tmpfile();
     CHECK_DIES("a file fopenCheck did not open", "an untracked file", freadCheck(buffer, 1, 1, untracked));
@@ -808,6 +856,15 @@ static char* read_text(const char* path) {
     char* text = (char*)read_all(path, &n);
     text[n] = '\0';
     return text;
+}
+
+// a run that logs one val loss into dir (resume: appending), and the main.log it leaves
+static char* log_one_val(const char* dir, int resume, int step, float val_loss) {
+    Logger logger;
+    logger_init(&logger, dir, 0, resume);
+    logger_log_val(&logger, step, val_loss);
+    logger_free(&logger);
+    return read_text(in_dir(dir, "main.log"));
 }
 
 static void test_logger(void) {
@@ -844,18 +901,29 @@ static void test_logger(void) {
     logger_free(&logger);
 
     // resume appends, a fresh run truncates
-    logger_init(&logger, dir, 0, 1);
-    logger_log_val(&logger, 2, 9.0f);
-    logger_free(&logger);
-    log = read_text(in_dir(dir, "main.log"));
+    log = log_one_val(dir, 1, 2, 9.0f);
     CHECK(strstr(log, "s:0 tel:10.5000\n") != NULL && strstr(log, "s:2 tel:9.0000\n") != NULL, "resume must append");
     free(log);
-    logger_init(&logger, dir, 0, 0);
-    logger_log_val(&logger, 3, 8.0f);
-    logger_free(&logger);
-    log = read_text(in_dir(dir, "main.log"));
+    log = log_one_val(dir, 0, 3, 8.0f);
     CHECK(strcmp(log, "s:3 tel:8.0000\n") == 0, "fresh run must truncate: [%s]", log);
     free(log);
+
+    // a resumed run ends a line a kill or a full disk cut short before it appends its own
+    write_all(in_dir(dir, "main.log"), "s:3 tel:8.0000\ns:4 trl:7.5", 26);
+    log = log_one_val(dir, 1, 5, 7.0f);
+    CHECK(strcmp(log, "s:3 tel:8.0000\ns:4 trl:7.5\ns:5 tel:7.0000\n") == 0, "resume after a torn line: [%s]", log);
+    free(log);
+
+    // a line the disk refuses ends the run naming the log (glibc drops a failed flush's buffer,
+    // so the close after it would report nothing)
+    char full_dir[256];
+    test_make_temp_dir(full_dir, sizeof(full_dir));
+    CHECK(symlink("/dev/full", in_dir(full_dir, "main.log")) == 0, "symlink main.log to /dev/full");
+    CHECK_DIES("main.log on a full disk", "main.log': No space left on device", {
+        logger_init(&logger, full_dir, 0, 0);
+        logger_log_val(&logger, 1, 7.0f);
+    });
+    test_remove_dir(full_dir);
 
     // other ranks and no log dir write nothing
     char dir2[256];
@@ -888,6 +956,7 @@ int main(void) {
     test_safe_printf();
     test_checkpoint_paths_and_latest();
     test_checkpoint_keep_newest();
+    test_checkpoint_claim_dir();
     test_file_errors_name_the_file();
     test_logger();
 

@@ -211,8 +211,7 @@ int main(int argc, char** argv) {
     train_config_parse(&tc, argc, argv);
     if (tc.num_processes > 1) { llm8_die("flag -pn %d: the CPU trainer runs one process (several GPUs: train_gpt2_fp8)", tc.num_processes); }
     const char* out_dir = tc.output_log_dir[0] ? tc.output_log_dir : NULL;
-    if (out_dir != NULL) { ensure_writable_dir(out_dir); }
-    checkpoint_check_fresh_dir(out_dir, tc.resume, tc.checkpoint_every);
+    checkpoint_claim_dir(out_dir, 0, tc.resume, tc.checkpoint_every);
 
     char model_path[CHECKPOINT_PATH_MAX] = "";
     int resume_step = tc.resume ? checkpoint_find_latest(out_dir) : -1;
