@@ -29,7 +29,8 @@ Why it is shaped so:
     to bf16 two per instruction (fp8_stage_pack), and reads what else it needs (layernorm's
     weight and bias, GELU backward's pre-activation) 16 bytes at a time (Transform::stage);
   - the code passes convert two values per instruction (fp8_quantize2) and take the counts
-    8 at a time (fp8_tally_counts8), the amax once while staging;
+    8 at a time (fp8_tally_counts8), the amax once while staging; where nothing can saturate,
+    the flushes are counted from the zeros of the packed codes and values, a word at a time;
   - per tensor, one barrier vote (__syncthreads_or) tells the tile whether any of its values
     can saturate under the known scale (exactly, from the amaxes: fp8_may_saturate); where
     none can, the counts test each code for a flush only.
@@ -412,12 +413,14 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
 #pragma unroll Source::code_loop_unroll
             for (int half = 0; half < 2; half++) {  // 8 values at a time: fewer live registers
                 float x[8];
+                int zeros = 0;
                 for (int v = 0; v < 8; v += vector) {  // 16-byte reads: the staged row is 16-byte aligned
                     Packed128<In> staged = load128(tile + r * stride + c + 8 * half + v);
                     for (int k = 0; k < vector; k++) { x[v + k] = fp8_stage_to_float(staged[k]); }
+                    zeros += packed_zero_count(staged);
                 }
                 codes[half] = fp8_quantize8(x, scale, out.format);
-                fp8_tally_counts8(&tally, x, codes[half], scale, out.format, tile_may_saturate);
+                fp8_tally_counts8(&tally, x, codes[half], scale, out.format, tile_may_saturate, zeros);
             }
             *reinterpret_cast<uint4*>(out.codes + (size_t)(r0 + r) * cols + c0 + c) =
                 make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
@@ -443,7 +446,9 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
                     float x[8];
                     for (int k = 0; k < 8; k++) { x[k] = fp8_stage_to_float(tile[(first + k) * stride + c]); }
                     codes[quarter] = fp8_quantize8(x, scale, out.format);
-                    if (!count_rows) { fp8_tally_counts8(&tally, x, codes[quarter], scale, out.format, tile_may_saturate); }
+                    if (!count_rows) {
+                        fp8_tally_counts8(&tally, x, codes[quarter], scale, out.format, tile_may_saturate, fp8_zero_count8(x));
+                    }
                 }
                 *reinterpret_cast<uint4*>(destination + 16 * half) = make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
             }

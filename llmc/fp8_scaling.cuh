@@ -93,20 +93,61 @@ __device__ __forceinline__ void fp8_tally_cast(Fp8Tally* t, float x, float scale
     t->elements++;
 }
 
+/*
+Zeros counted a word at a time, for the flush count of a cast that cannot saturate. A flushed
+element is a nonzero value whose code is ±0, and a value that is ±0 always gets a ±0 code, so
+flushed = (codes that are ±0) - (values that are ±0). Each is a carry-free test of a packed
+word: with the sign bits masked off a field is at most 0x7f (a code) or 0x7fff (a bf16), and
+adding 0x7f (0x7fff) sets the field's top bit exactly where the field is nonzero, carrying
+nothing into the next one. Testing each code beside its value had cost about 6 instructions
+an element, a large share of a memory-bound cast's budget (doc/performance.md).
+*/
+__device__ __forceinline__ uint32_t fp8_zero_fields_(uint32_t word, uint32_t low_bits, uint32_t top_bits) {
+    uint32_t magnitude = word & low_bits;
+    return ~((magnitude + low_bits) | magnitude) & top_bits;
+}
+
+// how many of 8 packed codes are ±0
+__device__ __forceinline__ int fp8_zero_codes8(uint2 codes) {
+    return __popc(fp8_zero_fields_(codes.x, 0x7f7f7f7fu, 0x80808080u)) +
+           __popc(fp8_zero_fields_(codes.y, 0x7f7f7f7fu, 0x80808080u));
+}
+
+// how many values of a 16-byte vector are ±0: 8 bf16 two per word, or 4 floats
+__device__ __forceinline__ int packed_zero_count(x128 v) {
+    int4 b = v.bits();
+    return __popc(fp8_zero_fields_((uint32_t)b.x, 0x7fff7fffu, 0x80008000u)) +
+           __popc(fp8_zero_fields_((uint32_t)b.y, 0x7fff7fffu, 0x80008000u)) +
+           __popc(fp8_zero_fields_((uint32_t)b.z, 0x7fff7fffu, 0x80008000u)) +
+           __popc(fp8_zero_fields_((uint32_t)b.w, 0x7fff7fffu, 0x80008000u));
+}
+__device__ __forceinline__ int packed_zero_count(f128 v) {
+    int zeros = 0;
+    for (int k = 0; k < f128::size; k++) { zeros += v[k] == 0.0f; }
+    return zeros;
+}
+
+// the same of 8 values held as floats
+__device__ __forceinline__ int fp8_zero_count8(const float x[8]) {
+    int zeros = 0;
+    for (int k = 0; k < 8; k++) { zeros += x[k] == 0.0f; }
+    return zeros;
+}
+
 // the counts of 8 codes just cast with one scale (codes: x[0]'s in the lowest byte), for a
 // cast whose staging already tallied the amax of x: fp8_tally_cast's counts without the amax,
 // the scale's minimum taken once. may_saturate false (fp8_may_saturate of an amax over these
-// values said no) leaves only the flushed test per element.
+// values said no) leaves only the flushes, counted from the zeros: zero_values is how many of x
+// are ±0 (packed_zero_count of the vectors they came from).
 __device__ __forceinline__ void fp8_tally_counts8(Fp8Tally* t, const float x[8], uint2 codes, float scale,
-                                                  Fp8Format format, bool may_saturate) {
+                                                  Fp8Format format, bool may_saturate, int zero_values) {
     t->min_scale_bits = min(t->min_scale_bits, float_as_bits(scale));
-    for (int k = 0; k < 8; k++) {
-        const uint8_t code = (uint8_t)((k < 4 ? codes.x : codes.y) >> (8 * (k % 4)));
-        if (may_saturate) {
-            fp8_tally_status(t, x[k], scale, code, format);
-        } else {
-            t->flushed += fp8_flushed(x[k], code);
+    if (may_saturate) {
+        for (int k = 0; k < 8; k++) {
+            fp8_tally_status(t, x[k], scale, (uint8_t)((k < 4 ? codes.x : codes.y) >> (8 * (k % 4))), format);
         }
+    } else {
+        t->flushed += (uint32_t)(fp8_zero_codes8(codes) - zero_values);
     }
     t->elements += 8;
 }

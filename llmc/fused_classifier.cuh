@@ -135,7 +135,8 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
                 for (int k = 0; k < x128::size; k++) { fp8_tally_amax(&chunk, values[k]); }
                 tally.amax_bits = max(tally.amax_bits, chunk.amax_bits);
                 fp8_tally_counts8(&tally, values, codes, scale, dlogits_fp8.format,
-                                  fp8_may_saturate(bits_as_float(chunk.amax_bits), scale, dlogits_fp8.format));
+                                  fp8_may_saturate(bits_as_float(chunk.amax_bits), scale, dlogits_fp8.format),
+                                  packed_zero_count(grad));
                 *reinterpret_cast<uint2*>(code_row + i * x128::size) = codes;
             } else {
                 store128cs(row + i * x128::size, grad);

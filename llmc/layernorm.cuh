@@ -35,6 +35,8 @@ Why this shape:
 
 #define LAYERNORM_EPS 1e-5f
 #define LAYERNORM_FORWARD_WARPS 8
+#define LAYERNORM_FORWARD_LOADS 3   // chunks of its row a lane loads before it uses the first (C = 768: all of them)
+#define LAYERNORM_FORWARD_MIN_BLOCKS 4  // per SM: caps the forward at 64 registers (it took 80 with its loads batched)
 #define LAYERNORM_BACKWARD_WARPS 4
 #define LAYERNORM_BACKWARD_LOADS 4  // chunks of its row a lane loads before it uses the first
 // one full wave of 4-warp blocks on a 132-SM Hopper at C=1600 (51 KB shared memory each)
@@ -75,9 +77,11 @@ typedef enum {
 static_assert(LAYERNORM_FP8_BLOCK_ROWS == 32, "the x^T store packs 32 tokens per column");
 
 template <int FP8_PASS>
-__global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_out, float* mean_out, float* rstd_out,
-                                         const floatX* inp1, const floatX* inp2,
-                                         const floatX* weight, const floatX* bias, int N, int C, Fp8CastOutput fp8) {
+__global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM_FORWARD_MIN_BLOCKS) layernorm_forward_kernel(floatX* __restrict__ residual_out, floatX* __restrict__ normed_out,
+                                         float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                         const floatX* __restrict__ inp1, const floatX* __restrict__ inp2,
+                                         const floatX* __restrict__ weight, const floatX* __restrict__ bias, int N, int C,
+                                         Fp8CastOutput fp8) {
     constexpr bool cast = FP8_PASS == LAYERNORM_FP8_CAST;
     extern __shared__ x128 row_caches[];  // [LAYERNORM_FORWARD_WARPS][C / 8], then cast: codes [BLOCK_ROWS][C]
     constexpr int rows_per_warp = cast ? LAYERNORM_FP8_ROWS_PER_WARP : 1;
@@ -96,24 +100,35 @@ __global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_ou
         if (row >= N) { break; }  // whole warps leave the loop; the barriers below are outside it
         const size_t row_offset = (size_t)row * C;
 
+        // a lane issues the loads of LAYERNORM_FORWARD_LOADS chunks of both inputs before it uses
+        // the first (the SASS had a round trip a chunk), and stores the residual in the next pass,
+        // not between them. Without inp2 the second batch reloads inp1 (cache hits): a branch
+        // around it made the first batch wait
         float sum = 0.0f;
-        for (int i = lane; i < chunks; i += WARP_SIZE) {
-            x128 x = load128cs(inp1 + row_offset + i * x128::size);
-            if (inp2 != NULL) {
-                x128 branch = load128cs(inp2 + row_offset + i * x128::size);
-                for (int e = 0; e < x128::size; e++) {
-                    x[e] = __float2bfloat16_rn(__bfloat162float(x[e]) + __bfloat162float(branch[e]));
+        for (int first = lane; first < chunks; first += WARP_SIZE * LAYERNORM_FORWARD_LOADS) {
+            x128 x[LAYERNORM_FORWARD_LOADS], branch[LAYERNORM_FORWARD_LOADS];
+            load128_batch<LAYERNORM_FORWARD_LOADS, true>(x, inp1 + row_offset, first, WARP_SIZE, chunks, x128::size);
+            load128_batch<LAYERNORM_FORWARD_LOADS, true>(branch, (inp2 != NULL ? inp2 : inp1) + row_offset, first, WARP_SIZE,
+                                                         chunks, x128::size);
+#pragma unroll
+            for (int j = 0; j < LAYERNORM_FORWARD_LOADS; j++) {
+                const int i = first + j * WARP_SIZE;
+                if (i >= chunks) { break; }
+                if (inp2 != NULL) {
+                    for (int e = 0; e < x128::size; e++) {
+                        x[j][e] = __float2bfloat16_rn(__bfloat162float(x[j][e]) + __bfloat162float(branch[j][e]));
+                    }
                 }
-                store128(residual_out + row_offset + i * x128::size, x);
+                cache[i] = x[j];
+                for (int e = 0; e < x128::size; e++) { sum += __bfloat162float(x[j][e]); }
             }
-            cache[i] = x;
-            for (int e = 0; e < x128::size; e++) { sum += __bfloat162float(x[e]); }
         }
         const float mean = warp_reduce_sum(sum) / C;
 
         float squared_deviations = 0.0f;
         for (int i = lane; i < chunks; i += WARP_SIZE) {
             x128 x = cache[i];
+            if (inp2 != NULL) { store128(residual_out + row_offset + i * x128::size, x); }
             for (int e = 0; e < x128::size; e++) {
                 float deviation = __bfloat162float(x[e]) - mean;
                 squared_deviations += deviation * deviation;
@@ -148,7 +163,7 @@ __global__ void layernorm_forward_kernel(floatX* residual_out, floatX* normed_ou
                 float values[x128::size];
                 for (int e = 0; e < x128::size; e++) { values[e] = __bfloat162float(out[e]); }
                 uint2 packed = fp8_quantize8(values, scale, fp8.format);
-                fp8_tally_counts8(&tally, values, packed, scale, fp8.format, row_may_saturate);
+                fp8_tally_counts8(&tally, values, packed, scale, fp8.format, row_may_saturate, packed_zero_count(out));
                 if (fp8.codes != NULL) { *reinterpret_cast<uint2*>(fp8.codes + row_offset + i * x128::size) = packed; }
                 *reinterpret_cast<uint2*>(staged_codes + (size_t)local_row * C + i * x128::size) = packed;
             }

@@ -350,6 +350,9 @@ size_t matmul_dbias_scratch_floats(int N, int OC) {
 // gelu_backward_inplace does; record != NULL also folds the block's amax of (that) dout
 // into record->amax_bits, for current scaling. Without them dout is only read.
 // at most 80 registers: 3 blocks of 256 threads per SM
+// GELU: pre_gelu is given, a template argument so that its loads join dout's batch (a branch
+// around them had split the batch, two round trips where one does)
+template <bool GELU>
 __global__ void __launch_bounds__(DBIAS_BLOCK_COLUMNS, 3)
 matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
                                             const floatX* pre_gelu, Fp8CastRecord* record) {
@@ -365,13 +368,13 @@ matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
         for (int first = blockIdx.y * DBIAS_ROWS_PER_CHUNK + threadIdx.y; first < row_end; first += stride) {
             x128 grads[DBIAS_LOADS], pre[DBIAS_LOADS];
             load128_batch<DBIAS_LOADS, true>(grads, dout + column, first, DBIAS_ROW_LANES, row_end, OC);
-            if (pre_gelu != NULL) { load128_batch<DBIAS_LOADS, true>(pre, pre_gelu + column, first, DBIAS_ROW_LANES, row_end, OC); }
+            if constexpr (GELU) { load128_batch<DBIAS_LOADS, true>(pre, pre_gelu + column, first, DBIAS_ROW_LANES, row_end, OC); }
 #pragma unroll
             for (int j = 0; j < DBIAS_LOADS; j++) {
                 const int row = first + j * DBIAS_ROW_LANES;
                 if (row >= row_end) { break; }
                 x128 grad = grads[j];
-                if (pre_gelu != NULL) {
+                if constexpr (GELU) {
                     float product[x128::size];
                     for (int e = 0; e < x128::size; e++) { product[e] = __bfloat162float(grad[e]); }
                     gelu_backward_multiply(product, pre[j]);
@@ -396,18 +399,44 @@ matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
     if (record != NULL) { fp8_tally_commit(tally, record, true); }
 }
 
-__global__ void matmul_dbias_finish_kernel(floatX* dbias, const float* partial, int chunks, int OC) {
-    int column = blockIdx.x * blockDim.x + threadIdx.x;
-    if (column >= OC) { return; }
+/*
+dbias += the chunk partials, added in chunk order from 0.0f. A block finishes 32 columns: its
+8 warps stage DBIAS_FINISH_ROWS chunks of them in shared memory (each thread's 16 loads in
+flight together, a warp's 32 columns one 128-byte row), then the first warp adds them in order.
+A thread per column reading its own partials (the first version) had 3 to 12 blocks for the
+whole GPU and one round trip to memory per few chunks: 512 chunks at B*T = 65536.
+*/
+#define DBIAS_FINISH_COLUMNS WARP_SIZE
+#define DBIAS_FINISH_WARPS 8
+#define DBIAS_FINISH_ROWS (DBIAS_FINISH_WARPS * 16)
+__global__ void __launch_bounds__(DBIAS_FINISH_WARPS * WARP_SIZE)
+matmul_dbias_finish_kernel(floatX* dbias, const float* partial, int chunks, int OC) {
+    __shared__ float staged[DBIAS_FINISH_ROWS][DBIAS_FINISH_COLUMNS];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int column = blockIdx.x * DBIAS_FINISH_COLUMNS + lane;
     float total = 0.0f;
-    for (int chunk = 0; chunk < chunks; chunk++) { total += partial[(size_t)chunk * OC + column]; }
-    dbias[column] = (floatX)((float)dbias[column] + total);
+    for (int first = 0; first < chunks; first += DBIAS_FINISH_ROWS) {
+        float loaded[DBIAS_FINISH_ROWS / DBIAS_FINISH_WARPS];  // all loads issued, then all stored
+#pragma unroll
+        for (int j = 0; j < DBIAS_FINISH_ROWS / DBIAS_FINISH_WARPS; j++) {
+            const int chunk = first + warp + j * DBIAS_FINISH_WARPS;
+            loaded[j] = chunk < chunks && column < OC ? partial[(size_t)chunk * OC + column] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < DBIAS_FINISH_ROWS / DBIAS_FINISH_WARPS; j++) { staged[warp + j * DBIAS_FINISH_WARPS][lane] = loaded[j]; }
+        __syncthreads();
+        if (warp == 0) {
+            const int rows = min(DBIAS_FINISH_ROWS, chunks - first);
+            for (int r = 0; r < rows; r++) { total += staged[r][lane]; }
+        }
+        __syncthreads();
+    }
+    if (warp == 0 && column < OC) { dbias[column] = (floatX)((float)dbias[column] + total); }
 }
 
 // dbias += the chunk partials in dbias_scratch, in chunk order
 static void matmul_dbias_finish(floatX* dbias, const float* dbias_scratch, int N, int OC, cudaStream_t stream) {
-    const int finish_block = 256;
-    matmul_dbias_finish_kernel<<<ceil_div(OC, finish_block), finish_block, 0, stream>>>(
+    matmul_dbias_finish_kernel<<<ceil_div(OC, DBIAS_FINISH_COLUMNS), DBIAS_FINISH_WARPS * WARP_SIZE, 0, stream>>>(
         dbias, dbias_scratch, ceil_div(N, DBIAS_ROWS_PER_CHUNK), OC);
     cudaCheck(cudaGetLastError());
 }
@@ -418,7 +447,11 @@ static void matmul_dbias_launch(floatX* dbias, float* dbias_scratch, floatX* dou
     if (dbias_scratch == NULL) { llm8_die("matmul backward: the bias gradient needs dbias_scratch"); }
     dim3 grid(ceil_div(OC, DBIAS_BLOCK_COLUMNS), ceil_div(N, DBIAS_ROWS_PER_CHUNK));
     dim3 block(32, DBIAS_ROW_LANES);
-    matmul_dbias_partial_kernel<<<grid, block, 0, stream>>>(dbias_scratch, dout, N, OC, pre_gelu, record);
+    if (pre_gelu != NULL) {
+        matmul_dbias_partial_kernel<true><<<grid, block, 0, stream>>>(dbias_scratch, dout, N, OC, pre_gelu, record);
+    } else {
+        matmul_dbias_partial_kernel<false><<<grid, block, 0, stream>>>(dbias_scratch, dout, N, OC, pre_gelu, record);
+    }
     cudaCheck(cudaGetLastError());
     if (dbias != NULL) { matmul_dbias_finish(dbias, dbias_scratch, N, OC, stream); }
 }

@@ -341,6 +341,11 @@ static void test_cast_tensor(int rows, int cols, Fp8Format format, bool nan_tile
     x[9] = 3.0f;
     x[(size_t)2 * cols + 1] = -2.0f;
     x[n - 5] = 1e-12f;  // a flush in the last tile, which saturates nothing unless nan_tile
+    // the flushes there are counted from the zeros of codes and values (fp8_tally_counts8):
+    // signed zeros are no flush, a denormal bf16 is one
+    x[n - 7] = -0.0f;
+    x[n - 9] = bf16_bits_to_float(0x0003u);  // a denormal bf16 (and float)
+    x[n - 11] = bf16_bits_to_float(0x8001u);
     if (nan_tile) {
         x[n - 1] = NAN;
         x[n - 2] = 2.5f;
@@ -512,8 +517,13 @@ static void test_cast_blocks(int rows, int cols) {
         device_fp8_free(&w);
     }
 
-    // per-tensor weight cast from the fp32 master: current scaling, state as the host's
+    // per-tensor weight cast from the fp32 master: current scaling, state as the host's. It
+    // saturates nothing, so flushes are counted from the zeros: plant signed zeros, a denormal and
+    // values that flush
     snprintf(what, sizeof(what), "per-tensor weight cast from fp32 %dx%d", rows, cols);
+    const float planted[6] = {0.0f, -0.0f, 1e-40f, -1e-9f, 1e-9f, -0.0f};
+    for (int k = 0; k < 6; k++) { master[(size_t)k * 37] = planted[k]; }
+    cudaCheck(cudaMemcpy(d_master, master, n * sizeof(float), cudaMemcpyHostToDevice));
     Fp8TensorScaling state;
     fp8_scaling_init(&state, FP8_RECIPE_CURRENT, FP8_E4M3, 16, 0);
     DeviceFp8 w = device_fp8_make(rows, cols, FP8_E4M3, FP8_SCALING_TENSOR, &state);
@@ -523,6 +533,7 @@ static void test_cast_blocks(int rows, int cols) {
     CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
     HostCast hw = host_cast(master, rows, cols, FP8_E4M3, scale_of_tensor, &state.scale);
     check_cast(&w, &hw, false, what);
+    CHECK(hw.stats.flushed >= 3 && hw.stats.saturated == 0, "%s: the test data should flush, not saturate", what);
     host_cast_free(&hw);
     device_fp8_free(&w);
 

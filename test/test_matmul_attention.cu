@@ -639,6 +639,9 @@ int main(void) {
     if (!has_gpu) { return test_summary("test_matmul_attention"); }
     matmul_setup();
     test_matmul_exact(256, 768, 2304);
+    // 130 bias chunks, the last one short: the finish kernel stages 128 at a time; and 40
+    // columns, the second block of 32 partly past OC
+    test_matmul_exact(128 * 129 + 40, 16, 40);
     test_matmul_forward_gaussian(256, 768, 2304, true, false);   // qkv
     test_matmul_forward_gaussian(256, 768, 3072, true, true);    // fc with GELU_AUX_BIAS
     test_matmul_forward_gaussian(256, 768, 3072, false, true);   // GELU_AUX
