@@ -265,8 +265,8 @@ static void test_gelu(void) {
         float x = (float)(i * 1e-4);  // [-12, 12]
         double expected = gelu_double(x);
         double got = gelu_forward_element(x);
-        // tanhf and the float argument are good to a few ulps of values of size ~1, and the
-        // result is x/2 times that: abs error ~1e-7 * max(1, |x|)
+        // exp2f, the division and the float argument are good to a few ulps of values of size
+        // ~1, and the result is x times that: abs error ~1e-7 * max(1, |x|)
         double forward_bound = 5e-7 * fmax(1.0, fabs(x)) + 1e-6 * fabs(expected);
         if (fabs(got - expected) > forward_bound) { bad_forward++; }
         if (fabs(got - expected) / forward_bound > worst_forward) { worst_forward = fabs(got - expected) / forward_bound; }
