@@ -362,14 +362,14 @@ layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, con
         // before the first is used (one at a time, each load was waited for)
         const int batch_stride = LAYERNORM_BACKWARD_LOADS * WARP_SIZE;
         for (int first = lane; first < chunks; first += batch_stride) {
-            x128 d[LAYERNORM_BACKWARD_LOADS], x[LAYERNORM_BACKWARD_LOADS];
+            x128 d[LAYERNORM_BACKWARD_LOADS], x[LAYERNORM_BACKWARD_LOADS], w[LAYERNORM_BACKWARD_LOADS];
             load128_batch<LAYERNORM_BACKWARD_LOADS, false>(d, dout + row_offset, first, WARP_SIZE, chunks, x128::size);
             load128_batch<LAYERNORM_BACKWARD_LOADS, false>(x, inp + row_offset, first, WARP_SIZE, chunks, x128::size);
+            load128_batch<LAYERNORM_BACKWARD_LOADS, false>(w, weight, first, WARP_SIZE, chunks, x128::size);
 #pragma unroll
             for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
                 const int i = first + b * WARP_SIZE;
                 if (i >= chunks) { break; }
-                x128 w = load128(weight + i * x128::size);
                 for (int half = 0; half < 2; half++) {  // 8 bf16 columns = two f128 of accumulators
                     f128 dweight_acc = warp_dweight[2 * i + half];
                     f128 dbias_acc = warp_dbias[2 * i + half];
@@ -377,7 +377,7 @@ layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, con
                         int k = half * f128::size + j;
                         float dout_k = __bfloat162float(d[b][k]);
                         float xhat = (__bfloat162float(x[b][k]) - row_mean) * row_rstd;
-                        float dnorm = __bfloat162float(w[k]) * dout_k;
+                        float dnorm = __bfloat162float(w[b][k]) * dout_k;
                         dnorm_sum += dnorm;
                         dnorm_xhat_sum += dnorm * xhat;
                         dweight_acc[j] += dout_k * xhat;
@@ -392,18 +392,19 @@ layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, con
         const float dnorm_xhat_mean = warp_reduce_sum(dnorm_xhat_sum) / C;
         for (int first = lane; first < chunks; first += batch_stride) {  // second read of the row: L1/L2 hits
             x128 d[LAYERNORM_BACKWARD_LOADS], x[LAYERNORM_BACKWARD_LOADS], g[LAYERNORM_BACKWARD_LOADS];
+            x128 w[LAYERNORM_BACKWARD_LOADS];
             load128_batch<LAYERNORM_BACKWARD_LOADS, true>(d, dout + row_offset, first, WARP_SIZE, chunks, x128::size);
             load128_batch<LAYERNORM_BACKWARD_LOADS, true>(x, inp + row_offset, first, WARP_SIZE, chunks, x128::size);
             load128_batch<LAYERNORM_BACKWARD_LOADS, false>(g, dinp + row_offset, first, WARP_SIZE, chunks, x128::size);
+            load128_batch<LAYERNORM_BACKWARD_LOADS, false>(w, weight, first, WARP_SIZE, chunks, x128::size);
 #pragma unroll
             for (int b = 0; b < LAYERNORM_BACKWARD_LOADS; b++) {
                 const int i = first + b * WARP_SIZE;
                 if (i >= chunks) { break; }
-                x128 w = load128(weight + i * x128::size);
                 float sum[x128::size];
                 for (int k = 0; k < x128::size; k++) {
                     float xhat = (__bfloat162float(x[b][k]) - row_mean) * row_rstd;
-                    float dnorm = __bfloat162float(w[k]) * __bfloat162float(d[b][k]);
+                    float dnorm = __bfloat162float(w[b][k]) * __bfloat162float(d[b][k]);
                     float dx = (dnorm - dnorm_mean - xhat * dnorm_xhat_mean) * row_rstd;
                     sum[k] = __bfloat162float(g[b][k]) + dx;
                 }
