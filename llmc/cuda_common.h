@@ -124,6 +124,18 @@ __device__ __forceinline__ void store128cs(T* address, Packed128<T> value) {
     __stcs(reinterpret_cast<int4*>(address), value.bits());
 }
 
+// the 16-byte vector at address where valid, else zeros; chosen as 4 words, not as 8 bf16, whose
+// select compiled to two predicated byte permutes an element (a predicated load into zeroed registers)
+template <bool STREAMING, class T>
+__device__ __forceinline__ Packed128<T> load128_or_zeros(const T* address, bool valid) {
+    int4 bits = make_int4(0, 0, 0, 0);
+    if (valid) {
+        const int4* words = reinterpret_cast<const int4*>(address);
+        bits = STREAMING ? __ldcs(words) : *words;
+    }
+    return Packed128<T>(bits);
+}
+
 /*
 N 16-byte vectors of a thread's strided walk: out[j] = the vector at element (first + j * step) *
 stride of base, zeros where first + j * step >= count. All N loads are issued before any is used,
@@ -136,12 +148,7 @@ __device__ __forceinline__ void load128_batch(Packed128<T> (&out)[N], const T* b
 #pragma unroll
     for (int j = 0; j < N; j++) {
         const int i = first + j * step;
-        const int4* address = reinterpret_cast<const int4*>(base + (size_t)i * stride);
-        // chosen as 4 words, not as 8 bf16: a select of Packed128<floatX> compiled to two
-        // predicated byte permutes per element, about 64 instructions a batch of 4
-        int4 bits = make_int4(0, 0, 0, 0);
-        if (i < count) { bits = STREAMING ? __ldcs(address) : *address; }
-        out[j] = Packed128<T>(bits);
+        out[j] = load128_or_zeros<STREAMING>(base + (size_t)i * stride, i < count);
     }
 }
 

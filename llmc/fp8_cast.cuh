@@ -196,16 +196,21 @@ template <> __device__ __forceinline__ float fp8_stage_from_float<float>(float x
 
 /*
 Transforms: what a cast applies to each stored element before it stages and casts it.
-- stage(x, row, col): the 16-byte vector x[0..N) of row `row`, columns col..col+N, as
+- stage(x, row, col, aux): the 16-byte vector x[0..N) of row `row`, columns col..col+N, as
   floats, transformed in place. Vector-wide, so a transform that reads other tensors at the
-  same positions (layernorm.cuh's weight and bias, GELU backward's pre-activation) loads
-  them 16 bytes at a time, and row statistics once per vector.
+  same positions (layernorm.cuh's weight and bias) loads them 16 bytes at a time, and row
+  statistics once per vector.
+- reads_aux: the transform reads a second bf16 tensor of the input's shape at the staged
+  positions (GELU backward's pre-activation), at aux_at(row, col). The tile cast loads it in
+  the batch with the input and hands it to stage as aux (zeros otherwise): loaded inside stage,
+  each vector's load was waited for before the next was issued.
 - operator()(x): element-wise transforms also serve the amax pass, which has no positions.
 - passes_through: staging keeps the loaded bits as they are (no conversion to float and
   back), the plain cast's case.
 */
 struct Fp8Identity {
     static constexpr bool passes_through = true;
+    static constexpr bool reads_aux = false;
     __device__ __forceinline__ float operator()(float x) const { return x; }
 };
 
@@ -222,13 +227,14 @@ template <> __device__ __forceinline__ f128 fp8_stage_pack<float>(const float (&
 
 // one loaded 16-byte vector of row `row` from column `col`, transformed as the tile stages it
 template <class In, class Transform>
-__device__ __forceinline__ Packed128<In> fp8_stage_vector(Packed128<In> loaded, const Transform& transform, int row, int col) {
+__device__ __forceinline__ Packed128<In> fp8_stage_vector(Packed128<In> loaded, const Transform& transform, int row, int col,
+                                                          x128 aux) {
     if constexpr (Transform::passes_through) {
         return loaded;
     } else {
         float x[Packed128<In>::size];
         for (int k = 0; k < Packed128<In>::size; k++) { x[k] = fp8_stage_to_float(loaded[k]); }
-        transform.stage(x, row, col);
+        transform.stage(x, row, col, aux);
         return fp8_stage_pack<In>(x);
     }
 }
@@ -334,16 +340,20 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
     const In* source = in + (size_t)(r0 + first_row) * cols + c0 + c;
     for (int batch = 0; batch < FP8_TILE / rows_per_pass; batch += FP8_STAGE_BATCH) {
         Packed128<In> loaded[FP8_STAGE_BATCH];
+        x128 aux[FP8_STAGE_BATCH];
 #pragma unroll
         for (int j = 0; j < FP8_STAGE_BATCH; j++) {
             const int r = first_row + (batch + j) * rows_per_pass;
-            loaded[j] = r < rows_here && c < cols_here ? load128cs(source + (batch + j) * pass_step) : Packed128<In>::zeros();
+            const bool inside = r < rows_here && c < cols_here;
+            loaded[j] = load128_or_zeros<true>(source + (batch + j) * pass_step, inside);
+            if constexpr (Transform::reads_aux) { aux[j] = load128_or_zeros<true>(transform.aux_at(r0 + r, c0 + c), inside); }
+            else { aux[j] = x128::zeros(); }
         }
 #pragma unroll
         for (int j = 0; j < FP8_STAGE_BATCH; j++) {
             const int r = first_row + (batch + j) * rows_per_pass;
             if (r >= rows_here || c >= cols_here) { continue; }
-            Packed128<In> staged = fp8_stage_vector(loaded[j], transform, r0 + r, c0 + c);
+            Packed128<In> staged = fp8_stage_vector(loaded[j], transform, r0 + r, c0 + c, aux[j]);
             for (int k = 0; k < vector; k++) { fp8_tally_amax(&tally, fp8_stage_to_float(staged[k])); }
             *reinterpret_cast<int4*>(tile + r * stride + c) = staged.bits();
             if (transformed_out != NULL) { store128(transformed_out + (size_t)(r0 + r) * cols + c0 + c, staged); }

@@ -67,25 +67,28 @@ void gelu_backward_inplace(floatX* d_in_out, const floatX* inp, size_t N, cudaSt
 // the bf16 GELU output, as gelu_forward_kernel stores it (the tile cast rounds the result to bf16)
 struct Fp8GeluTransform {
     static constexpr bool passes_through = false;
+    static constexpr bool reads_aux = false;
     __device__ __forceinline__ float operator()(float x) const { return gelu_forward_element(x); }
     template <int N>
-    __device__ __forceinline__ void stage(float (&x)[N], int, int) const {
+    __device__ __forceinline__ void stage(float (&x)[N], int, int, x128) const {
         for (int k = 0; k < N; k++) { x[k] = gelu_forward_element(x[k]); }
     }
 };
 
 // the bf16 dout * gelu'(pre_gelu), as gelu_backward_inplace stores it (the tile cast rounds
 // the product to bf16): the one pass over fc's output gradient when its scale is known
-// (-fg delayed, the block recipe; matmul_backward_fp8_dout). pre_gelu is read 16 bytes at a
-// time at the staged vector's positions.
+// (-fg delayed, the block recipe; matmul_backward_fp8_dout). pre_gelu is the aux tensor: the
+// tile cast loads it 16 bytes at a time, in the batch with dout.
 struct Fp8GeluBackwardTransform {
     static constexpr bool passes_through = false;
+    static constexpr bool reads_aux = true;
     const floatX* pre_gelu;  // [rows][cols], the tile's rows and cols
     int cols;
+    __device__ __forceinline__ const floatX* aux_at(int row, int col) const { return pre_gelu + (size_t)row * cols + col; }
     template <int N>
-    __device__ __forceinline__ void stage(float (&dout)[N], int row, int col) const {
+    __device__ __forceinline__ void stage(float (&dout)[N], int, int, x128 pre) const {
         static_assert(N == x128::size, "the gradient is staged as bf16, 8 per vector like pre_gelu");
-        gelu_backward_multiply(dout, load128cs(pre_gelu + (size_t)row * cols + col));
+        gelu_backward_multiply(dout, pre);
     }
 };
 

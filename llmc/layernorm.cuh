@@ -255,8 +255,9 @@ struct LayernormOutputTransform {
     const floatX* weight;
     const floatX* bias;
     static constexpr bool passes_through = false;
+    static constexpr bool reads_aux = false;
     template <int N>
-    __device__ __forceinline__ void stage(float (&x)[N], int row, int col) const {
+    __device__ __forceinline__ void stage(float (&x)[N], int row, int col, x128) const {
         static_assert(N == x128::size, "layernorm's input is staged as bf16, 8 per vector like its weight and bias");
         const float row_mean = mean[row], row_rstd = rstd[row];
         x128 w = load128(weight + col), b = load128(bias + col);
