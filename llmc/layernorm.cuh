@@ -36,7 +36,7 @@ Why this shape:
 #define LAYERNORM_EPS 1e-5f
 #define LAYERNORM_FORWARD_WARPS 8
 #define LAYERNORM_FORWARD_LOADS 3   // chunks of its row a lane loads before it uses the first (C = 768: all of them)
-#define LAYERNORM_FORWARD_MIN_BLOCKS 4  // per SM: caps the forward at 64 registers (it took 80 with its loads batched)
+#define LAYERNORM_FORWARD_MIN_BLOCKS 3  // per SM (24 warps, each with 6 loads in flight at C = 768): at most 80 registers
 #define LAYERNORM_BACKWARD_WARPS 4
 #define LAYERNORM_BACKWARD_LOADS 4  // chunks of its row a lane loads before it uses the first
 // one full wave of 4-warp blocks on a 132-SM Hopper at C=1600 (51 KB shared memory each)
@@ -136,22 +136,30 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM
         }
         const float rstd = 1.0f / sqrtf(warp_reduce_sum(squared_deviations) / C + LAYERNORM_EPS);
 
+        // the weight and bias chunks, too, are loaded a batch at a time (one at a time, each
+        // was waited for between the stores)
         const bool computes_output = normed_out != NULL || FP8_PASS != LAYERNORM_NO_FP8;
-        for (int i = lane; computes_output && i < chunks; i += WARP_SIZE) {
-            x128 x = cache[i];
-            x128 w = load128(weight + i * x128::size);
-            x128 b = load128(bias + i * x128::size);
-            float y[x128::size];
-            for (int e = 0; e < x128::size; e++) {
-                y[e] = layernorm_output_element(__bfloat162float(x[e]), mean, rstd, __bfloat162float(w[e]),
-                                                __bfloat162float(b[e]));
+        for (int first = lane; computes_output && first < chunks; first += WARP_SIZE * LAYERNORM_FORWARD_LOADS) {
+            x128 w[LAYERNORM_FORWARD_LOADS], b[LAYERNORM_FORWARD_LOADS];
+            load128_batch<LAYERNORM_FORWARD_LOADS, false>(w, weight, first, WARP_SIZE, chunks, x128::size);
+            load128_batch<LAYERNORM_FORWARD_LOADS, false>(b, bias, first, WARP_SIZE, chunks, x128::size);
+#pragma unroll
+            for (int j = 0; j < LAYERNORM_FORWARD_LOADS; j++) {
+                const int i = first + j * WARP_SIZE;
+                if (i >= chunks) { break; }
+                x128 x = cache[i];
+                float y[x128::size];
+                for (int e = 0; e < x128::size; e++) {
+                    y[e] = layernorm_output_element(__bfloat162float(x[e]), mean, rstd, __bfloat162float(w[j][e]),
+                                                    __bfloat162float(b[j][e]));
+                }
+                x128 out = x128_from_floats(y);
+                if (normed_out != NULL) { store128(normed_out + row_offset + i * x128::size, out); }
+                if (FP8_PASS != LAYERNORM_NO_FP8) {
+                    for (int e = 0; e < x128::size; e++) { fp8_tally_amax(&tally, __bfloat162float(out[e])); }
+                }
+                if (cast) { cache[i] = out; }  // the row's input is not needed again
             }
-            x128 out = x128_from_floats(y);
-            if (normed_out != NULL) { store128(normed_out + row_offset + i * x128::size, out); }
-            if (FP8_PASS != LAYERNORM_NO_FP8) {
-                for (int e = 0; e < x128::size; e++) { fp8_tally_amax(&tally, __bfloat162float(out[e])); }
-            }
-            if (cast) { cache[i] = out; }  // the row's input is not needed again
         }
         if (cast) {
             // the codes of the row's output, two per conversion; the amaxes so far (this row's
