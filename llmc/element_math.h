@@ -137,11 +137,17 @@ LLMC_HD float gelu_forward_element(float x) {
 
 // d gelu(x) / dx = s + x ds/dx, ds/dx = 2 u'(x) e s^2, where e s is 1 - s without its rounding.
 // e is capped at 2^126, so that it stays finite (e s^2 is never inf * 0) and s at least 2^-126.
+// Where the cap holds (x below about -10) or e s^2 is 0 (x above about 10) the derivative is s:
+// the second term is below s's rounding there, and x u'(x) overflows for |x| above 1e13 (inf * 0
+// was NaN). A NaN x compares false and stays NaN.
 LLMC_HD float gelu_backward_element(float x) {
-    float e = exp2_approx(fminf(-2.0f * GELU_LOG2E * gelu_tanh_argument_(x), 126.0f));
+    float exponent = -2.0f * GELU_LOG2E * gelu_tanh_argument_(x);
+    float e = exp2_approx(fminf(exponent, 126.0f));
     float s = gelu_reciprocal_(1.0f + e);
+    float e_s2 = (e * s) * s;
+    if (exponent >= 126.0f || e_s2 == 0.0f) { return s; }
     float du_dx = GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
-    return s + 2.0f * x * du_dx * (e * s) * s;
+    return s + 2.0f * x * du_dx * e_s2;
 }
 
 // ----------------------------------------------------------------------------

@@ -47,17 +47,16 @@ __device__ __forceinline__ SoftmaxStats softmax_stats_combine(SoftmaxStats a, So
 }
 
 /*
-e^(x - max) of a logit, as 2^(x log2(e) - max log2(e)): one FFMA and one exp2_approx, where expf's
-range reduction took about 10 instructions, twice a logit, in a kernel bound by its instruction
-issue (about 24 instructions a logit in the first pass by the SASS). max_log2e = max *
-CLASSIFIER_LOG2E; the rounded product and the approximate exp2 add a relative error of about
-1e-6 (|max| <= 30), far below the bf16 gradient's 4e-3; terms below 2^-126 (of a sum >= 1, and
-gradients below bf16's reach at dloss = 1/(B T)) become 0.
+e^(x - max) of a logit, as 2^((x - max) log2(e)): an add, a multiply and one exp2_approx, where
+expf's range reduction took about 10 instructions, twice a logit, in a kernel bound by its
+instruction issue (about 24 instructions a logit in the first pass by the SASS). The difference
+first, so that no logit size overflows (max log2(e) does above 2.4e38); the roundings and the
+approximate exp2 add a relative error of about 3e-6 to the terms that count (x - max > -20), far
+below the bf16 gradient's 4e-3; terms below 2^-126 (of a sum >= 1, and gradients below bf16's
+reach at dloss = 1/(B T)) become 0.
 */
 #define CLASSIFIER_LOG2E 1.4426950408889634f
-__device__ __forceinline__ float classifier_exp(float x, float max_log2e) {
-    return exp2_approx(fmaf(x, CLASSIFIER_LOG2E, -max_log2e));
-}
+__device__ __forceinline__ float classifier_exp(float x, float max) { return exp2_approx((x - max) * CLASSIFIER_LOG2E); }
 
 // the running stats after the chunk x of a row, whose first column is `column` (columns from V on are padding)
 __device__ __forceinline__ SoftmaxStats softmax_stats_add_chunk(SoftmaxStats stats, x128 x, int column, int V) {
@@ -68,9 +67,8 @@ __device__ __forceinline__ SoftmaxStats softmax_stats_add_chunk(SoftmaxStats sta
     }
     float new_max = fmaxf(stats.max, chunk_max);
     float sum = stats.sum * expf(stats.max - new_max);
-    const float new_max_log2e = new_max * CLASSIFIER_LOG2E;
     for (int k = 0; k < x128::size; k++) {
-        if (whole || column + k < V) { sum += classifier_exp(__bfloat162float(x[k]), new_max_log2e); }
+        if (whole || column + k < V) { sum += classifier_exp(__bfloat162float(x[k]), new_max); }
     }
     SoftmaxStats updated = {new_max, sum};
     return updated;
@@ -122,7 +120,6 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     }
     if (!write_dlogits) { return; }
     const float inverse_sum = 1.0f / row_stats.sum;
-    const float max_log2e = row_stats.max * CLASSIFIER_LOG2E;
     uint8_t* code_row = dlogits_fp8.codes != NULL ? dlogits_fp8.codes + (size_t)blockIdx.x * Vp : NULL;
     const float scale = code_row != NULL ? dlogits_fp8.state->scale : 0.0f;
     Fp8Tally tally = fp8_tally_zero();
@@ -139,7 +136,7 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
                 int column = i * x128::size + k;
                 g[k] = 0.0f;
                 if (whole || column < V) {
-                    float probability = classifier_exp(__bfloat162float(loaded[j][k]), max_log2e) * inverse_sum;
+                    float probability = classifier_exp(__bfloat162float(loaded[j][k]), row_stats.max) * inverse_sum;
                     g[k] = (probability - (column == target ? 1.0f : 0.0f)) * dloss;
                 }
             }

@@ -124,8 +124,10 @@ static inline void fclose_check(FILE* fp, const char* file, int line) {
 // flushes a file written as it goes (the logs), or dies naming it: glibc drops what a failed
 // flush held, so the fclose after it reports nothing and a full disk went unnoticed (exit 0)
 static inline void fflush_check(FILE* fp, const char* file, int line) {
+    errno = 0;
     if (fflush(fp) != 0 || ferror(fp)) {
-        llm8_die("cannot write '%s': %s (disk full?) (%s:%d)", llm8_file_name(fp), strerror(errno), file, line);
+        llm8_die("cannot write '%s': %s (disk full?) (%s:%d)", llm8_file_name(fp),
+                 errno != 0 ? strerror(errno) : "an earlier write failed", file, line);
     }
 }
 #define fflushCheck(fp) fflush_check(fp, __FILE__, __LINE__)
@@ -170,7 +172,8 @@ first record starts a line of its own instead of corrupting both.
 */
 static inline FILE* open_line_log(const char* path, int append) {
     int torn = 0;
-    if (append) {
+    struct stat st;
+    if (append && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {  // not a FIFO: opened to read, it would wait for a writer
         FILE* fp = fopen(path, "rb");
         if (fp != NULL) {
             torn = fseek(fp, -1, SEEK_END) == 0 && fgetc(fp) != '\n';

@@ -287,6 +287,17 @@ static void test_gelu(void) {
         if (!isfinite(y) || !isfinite(d)) { nonfinite++; }
     }
     CHECK(nonfinite == 0, "gelu: %d non-finite results for large |x|", nonfinite);
+    // far out, where x u'(x) overflows a float (|x| above about 1e13): the derivative is s, 0 or
+    // 1, not inf * 0; GELU itself is 0 or x. NaN stays NaN
+    const float far_out[] = {1e12f, 1.2e13f, 1e19f, 3e38f, INFINITY};
+    for (int i = 0; i < 5; i++) {
+        CHECK(gelu_backward_element(far_out[i]) == 1.0f, "gelu'(%g) = %g, expected 1", far_out[i], gelu_backward_element(far_out[i]));
+        CHECK(fabsf(gelu_backward_element(-far_out[i])) < 1e-30f, "gelu'(%g) = %g, expected 0", -far_out[i],
+              gelu_backward_element(-far_out[i]));
+        CHECK(fabsf(gelu_forward_element(-far_out[i])) < 1e-30f || isinf(far_out[i]), "gelu(%g) = %g, expected 0", -far_out[i],
+              gelu_forward_element(-far_out[i]));
+    }
+    CHECK(isnan(gelu_backward_element(NAN)) && isnan(gelu_forward_element(NAN)), "gelu of NaN must be NaN");
     CHECK_CLOSE(gelu_forward_element(1e4f), 1e4, 0.0, 1e-6, "gelu(1e4) = 1e4");
     CHECK_CLOSE(gelu_backward_element(1e4f), 1.0, 1e-6, 0.0, "gelu'(1e4) = 1");
     CHECK_CLOSE(gelu_forward_element(-1e4f), 0.0, 1e-6, 0.0, "gelu(-1e4) = 0");
