@@ -39,8 +39,9 @@ is deterministic).
 
 #define ADAMW8_WARPS_PER_BLOCK 8
 #define ADAMW8_ELEMENTS_PER_LANE (QUANT8_BLOCK / WARP_SIZE)  // 8
+#define ADAMW8_MIN_BLOCKS 4  // per SM: at most 64 registers (69 left 3 blocks, 24 warps an SM), no spills
 
-__global__ void __launch_bounds__(ADAMW8_WARPS_PER_BLOCK * WARP_SIZE)
+__global__ void __launch_bounds__(ADAMW8_WARPS_PER_BLOCK * WARP_SIZE, ADAMW8_MIN_BLOCKS)
 adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
                      const Quant8Maps* maps, AdamWElementParams hp, float grad_scale, uint32_t seed,
                      uint32_t first_index, Fp8WeightUpdate fp8) {

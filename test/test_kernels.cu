@@ -480,8 +480,11 @@ static void test_global_norm(const Shape* s, size_t count) {
 }
 
 // AdamW on the GPU vs its host reference (adamw_update_bf16_ref, the same element functions):
-// must be bit-identical, the FP8 weight outputs too (the amax; delayed: the codes)
-static void test_adamw(const Shape* s, size_t n, int with_master, int delayed) {
+// must be bit-identical, the FP8 weight outputs too (the amax; delayed: the codes). split > 0:
+// two calls, elements [0, split) and [split, n), as ZeRO's parts of a tensor; the second's
+// arrays start at an element that is not a multiple of 4 where split is not, so it runs the
+// one-element kernel (a multiple of 4: the 4-element one)
+static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, size_t split) {
     uint16_t* params = random_bf16(n, -0.1f, 0.1f);
     uint16_t* grads = random_bf16(n, -0.05f, 0.05f);
     float* master = bf16_to_floats(params, n);
@@ -505,7 +508,15 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed) {
     Fp8WeightOutputs fp8;
     fp8_weight_outputs_init(&fp8, n, delayed, 0.05f);  // the previous step's amax: the values reach 0.1, some saturate
     fp8_weight_outputs_clear(&fp8);
-    adamw_update(d_params, d_master, d_grads, d_m, d_v, n, hp, grad_scale, seed, first_index, fp8_weight_outputs_device(&fp8, 0), 0);
+    if (split == 0) {
+        adamw_update(d_params, d_master, d_grads, d_m, d_v, n, hp, grad_scale, seed, first_index,
+                     fp8_weight_outputs_device(&fp8, 0), 0);
+    } else {
+        adamw_update(d_params, d_master, d_grads, d_m, d_v, split, hp, grad_scale, seed, first_index,
+                     fp8_weight_outputs_device(&fp8, 0), 0);
+        adamw_update(d_params + split, with_master ? d_master + split : NULL, d_grads + split, d_m + split, d_v + split,
+                     n - split, hp, grad_scale, seed, first_index + (uint32_t)split, fp8_weight_outputs_device(&fp8, split), 0);
+    }
     uint16_t* got_params = (uint16_t*)host_copy(d_params, n * 2);
     float* got_m = (float*)host_copy(d_m, n * sizeof(float));
     float* got_v = (float*)host_copy(d_v, n * sizeof(float));
@@ -521,8 +532,8 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed) {
         if (!same) { if (bad == 0) { first = i; } bad++; }
     }
     char what[160];
-    snprintf(what, sizeof(what), "adamw_update [%s, %s master, n=%zu, %s weights]", s->name, with_master ? "fp32" : "no", n,
-             delayed ? "delayed" : "current");
+    snprintf(what, sizeof(what), "adamw_update [%s, %s master, n=%zu split at %zu, %s weights]", s->name,
+             with_master ? "fp32" : "no", n, split, delayed ? "delayed" : "current");
     CHECK(bad == 0, "%s: %zu elements not bit-identical to the host reference (first %zu)", what, bad, first);
     fp8_weight_outputs_check(&fp8, n, what);
 
@@ -588,9 +599,11 @@ int main(void) {
     test_global_norm(&shapes[1], 1003);
     test_global_norm(&shapes[1], (size_t)8 * 512 * 37 + 8 * 5 + 3);  // a grid of 38 blocks, the last one short
     for (int delayed = 0; delayed < 2; delayed++) {
-        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 1, delayed);
-        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 0, delayed);
-        test_adamw(&shapes[1], 37, 1, delayed);
+        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 1, delayed, 0);
+        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 0, delayed, 0);
+        test_adamw(&shapes[1], 37, 1, delayed, 0);
+        test_adamw(&shapes[1], 1003, 1, delayed, 5);  // the second part misaligned: one element a thread
+        test_adamw(&shapes[1], 1003, 0, delayed, 8);  // the second part aligned, from element 8
     }
     return test_summary("test_kernels");
 }
