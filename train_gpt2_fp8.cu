@@ -678,12 +678,20 @@ static void gpt2_update(GPT2* model, float learning_rate, float beta1, float bet
                                                      gpt2_param_is_decayed(i) ? weight_decay : 0.0f, t);
         int count = zero_update_ranges(&model->zero, model->rank, i, ranges);
         size_t part = model->owned.begin + model->opt_layout.param_offsets[i];  // flat
-        for (int r = 0; r < count; r++) {
-            size_t flat = part + ranges[r].offset;
+        for (int r = 0, next; r < count; r = next) {
+            size_t flat = part + ranges[r].offset, n = ranges[r].n;
+            Fp8WeightUpdate fp8 = gpt2_weight_update(model, i, ranges[r].layer, flat);
+            // layer slices with no FP8 outputs (all of a bf16 run's) go in one call: one launch a
+            // tensor instead of one a layer, and the same bits (the rounding index runs on)
+            for (next = r + 1; next < count && fp8.record == NULL && ranges[next].offset == ranges[r].offset + n &&
+                               gpt2_weight_update(model, i, ranges[next].layer, part + ranges[next].offset).record == NULL;
+                 next++) {
+                n += ranges[next].n;
+            }
             float* master = model->master ? model->master + (flat - model->owned.begin) : NULL;
-            adamw8_update_range(&model->opt_layout, &model->opt_states, model->opt_maps, i, ranges[r].offset, ranges[r].n,
-                                model->params + flat, master, model->grads + flat, hp, grad_scale, update_seed(step, i),
-                                gpt2_weight_update(model, i, ranges[r].layer, flat), stream);
+            adamw8_update_range(&model->opt_layout, &model->opt_states, model->opt_maps, i, ranges[r].offset, n,
+                                model->params + flat, master, model->grads + flat, hp, grad_scale, update_seed(step, i), fp8,
+                                stream);
         }
         // wte and wpe, the first tensors, are what the next forward reads first: with several ranks they
         // travel now, behind the rest of the update
