@@ -18,7 +18,8 @@ Why it is shaped so:
 - The optimizer works per tensor, so zero_tensor_part gives the piece of tensor i a rank
   owns, in the tensor's own coordinates, and where it sits in the rank's shard;
   zero_update_ranges cuts it into the optimizer's calls: one per layer slice of a matmul
-  weight, since each slice is its own FP8 tensor whose amax the optimizer pass computes.
+  weight, since each slice is its own FP8 tensor whose amax the optimizer pass computes
+  (the trainer joins consecutive slices that have no FP8 outputs into one call).
 - Gradients are reduced per layer while the backward pass goes on: chunk l (l < L) holds
   layer l's twelve slices, complete as soon as layer l's backward is done; chunk L holds
   wte, wpe, lnfw, lnfb, complete at the end. A contiguous rank range does not cut a chunk

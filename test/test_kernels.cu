@@ -484,7 +484,7 @@ static void test_global_norm(const Shape* s, size_t count) {
 // two calls, elements [0, split) and [split, n), as ZeRO's parts of a tensor; the second's
 // arrays start at an element that is not a multiple of 4 where split is not, so it runs the
 // one-element kernel (a multiple of 4: the 4-element one)
-static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, size_t split) {
+static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, size_t split, int misaligned_m) {
     uint16_t* params = random_bf16(n, -0.1f, 0.1f);
     uint16_t* grads = random_bf16(n, -0.05f, 0.05f);
     float* master = bf16_to_floats(params, n);
@@ -502,7 +502,12 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, s
     floatX* d_params = (floatX*)device_copy(params, n * 2);
     float* d_master = with_master ? (float*)device_copy(master, n * sizeof(float)) : NULL;
     floatX* d_grads = (floatX*)device_copy(grads, n * 2);
-    float* d_m = (float*)device_copy(m, n * sizeof(float));
+    // misaligned_m: m alone starts a float past 16-byte alignment, so the call must take the
+    // one-element kernel although every other array would allow 4 elements a thread
+    const size_t m_shift = misaligned_m ? 1 : 0;
+    float* d_m_base = (float*)cuda_malloc_checked((n + m_shift) * sizeof(float), "adamw m");
+    float* d_m = d_m_base + m_shift;
+    cudaCheck(cudaMemcpy(d_m, m, n * sizeof(float), cudaMemcpyHostToDevice));
     float* d_v = (float*)device_copy(v, n * sizeof(float));
     const uint32_t first_index = 1000;  // as the part of a tensor from its element 1000
     Fp8WeightOutputs fp8;
@@ -532,13 +537,13 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, s
         if (!same) { if (bad == 0) { first = i; } bad++; }
     }
     char what[160];
-    snprintf(what, sizeof(what), "adamw_update [%s, %s master, n=%zu split at %zu, %s weights]", s->name,
-             with_master ? "fp32" : "no", n, split, delayed ? "delayed" : "current");
+    snprintf(what, sizeof(what), "adamw_update [%s, %s master, n=%zu split at %zu%s, %s weights]", s->name,
+             with_master ? "fp32" : "no", n, split, misaligned_m ? ", m misaligned" : "", delayed ? "delayed" : "current");
     CHECK(bad == 0, "%s: %zu elements not bit-identical to the host reference (first %zu)", what, bad, first);
     fp8_weight_outputs_check(&fp8, n, what);
 
     fp8_weight_outputs_free(&fp8);
-    cudaCheck(cudaFree(d_params)); cudaCheck(cudaFree(d_grads)); cudaCheck(cudaFree(d_m)); cudaCheck(cudaFree(d_v));
+    cudaCheck(cudaFree(d_params)); cudaCheck(cudaFree(d_grads)); cudaCheck(cudaFree(d_m_base)); cudaCheck(cudaFree(d_v));
     if (with_master) { cudaCheck(cudaFree(d_master)); free(got_master); }
     free(params); free(grads); free(master); free(m); free(v); free(got_params); free(got_m); free(got_v);
 }
@@ -599,11 +604,12 @@ int main(void) {
     test_global_norm(&shapes[1], 1003);
     test_global_norm(&shapes[1], (size_t)8 * 512 * 37 + 8 * 5 + 3);  // a grid of 38 blocks, the last one short
     for (int delayed = 0; delayed < 2; delayed++) {
-        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 1, delayed, 0);
-        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 0, delayed, 0);
-        test_adamw(&shapes[1], 37, 1, delayed, 0);
-        test_adamw(&shapes[1], 1003, 1, delayed, 5);  // the second part misaligned: one element a thread
-        test_adamw(&shapes[1], 1003, 0, delayed, 8);  // the second part aligned, from element 8
+        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 1, delayed, 0, 0);
+        test_adamw(&shapes[0], (size_t)(1 << 22) + 3, 0, delayed, 0, 0);
+        test_adamw(&shapes[1], 37, 1, delayed, 0, 0);
+        test_adamw(&shapes[1], 1003, 1, delayed, 5, 0);  // the second part misaligned: one element a thread
+        test_adamw(&shapes[1], 1003, 0, delayed, 8, 0);  // the second part aligned, from element 8
+        test_adamw(&shapes[1], 1003, 1, delayed, 0, 1);
     }
     return test_summary("test_kernels");
 }
