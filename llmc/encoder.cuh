@@ -1,7 +1,7 @@
 /*
 encoder.cuh: token + position embedding, forward and backward.
 
-Why: the forward is a gather, one 16-byte vector per thread. The backward is a scatter-add
+Why: the forward is a gather, one 16-byte vector per thread, a block per row. The backward is a scatter-add
 into wte rows, where many positions share a token; the usual float atomicAdd would make
 the gradient depend on thread timing. Instead the host, which has the batch's tokens
 anyway, sorts the positions by token (a stable counting sort, so positions stay in
@@ -21,20 +21,21 @@ All calls must use the same stream (the device workload buffer is reused in stre
 #define LLMC_ENCODER_CUH
 
 #include "cuda_common.h"
+#include "cuda_utils.cuh"
 
 // ----------------------------------------------------------------------------
 // forward: out[b][t][:] = wte[inp[b][t]][:] + wpe[t][:]
 
-__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
-                                       int BT, int T, int C) {
-    const int chunks_per_row = C / x128::size;
-    int chunk = blockIdx.x * blockDim.x + threadIdx.x;
-    if (chunk >= BT * chunks_per_row) { return; }
-    int bt = chunk / chunks_per_row;
-    int c = (chunk % chunks_per_row) * x128::size;
-    int t = bt % T;
-    x128 token_vec = load128cs(wte + (size_t)inp[bt] * C + c);  // rows of wte: scattered, read once
-    x128 position_vec = load128(wpe + (size_t)t * C + c);       // rows of wpe: reused across b
+// One block per row (grid x: B*T rows fit its 2^31 - 1, not grid y's 65535), its threads
+// across the row's 16-byte chunks (grid y where a row is wider than a block). The row's token
+// and position come from the block index: no division per thread (a flat index took two, about
+// half the kernel's instructions by the SASS), and the wpe load does not wait for the token's.
+__global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX* wte, const floatX* wpe, int T, int C) {
+    const int bt = blockIdx.x;
+    const int c = (blockIdx.y * blockDim.x + threadIdx.x) * x128::size;
+    if (c >= C) { return; }
+    x128 position_vec = load128(wpe + (size_t)(bt % T) * C + c);  // rows of wpe: reused across b
+    x128 token_vec = load128cs(wte + (size_t)inp[bt] * C + c);    // rows of wte: scattered, read once
     x128 result;
     for (int k = 0; k < x128::size; k++) {
         result[k] = __float2bfloat16_rn(__bfloat162float(token_vec[k]) + __bfloat162float(position_vec[k]));
@@ -51,9 +52,10 @@ static inline void encoder_check_channels(int C, const char* who) {
 void encoder_forward(floatX* out, const int* inp, const floatX* wte, const floatX* wpe,
                      int B, int T, int C, cudaStream_t stream) {
     encoder_check_channels(C, "encoder_forward");
-    const int block_size = 256;
-    int total_chunks = B * T * (C / x128::size);
-    encoder_forward_kernel<<<ceil_div(total_chunks, block_size), block_size, 0, stream>>>(out, inp, wte, wpe, B * T, T, C);
+    const int chunks = C / x128::size;
+    const int block_size = chunks < 256 ? ceil_div(chunks, WARP_SIZE) * WARP_SIZE : 256;  // whole warps
+    dim3 grid(B * T, ceil_div(chunks, block_size));
+    encoder_forward_kernel<<<grid, block_size, 0, stream>>>(out, inp, wte, wpe, T, C);
     cudaCheck(cudaGetLastError());
 }
 
