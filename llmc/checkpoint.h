@@ -235,10 +235,8 @@ static inline void checkpoint_remove(const char* dir, int step) {
     while ((entry = checkpoint_next_entry_(d, dir)) != NULL) {
         const char* name = entry->d_name;
         if (checkpoint_name_step_(name, 0) != step) { continue; }
-        int n = snprintf(path, sizeof(path), "%s/%s", dir, name);
-        if (n < 0 || n >= (int)sizeof(path) || remove(path) != 0) {
-            llm8_die("cannot remove checkpoint file '%s/%s': %s", dir, name, strerror(errno));
-        }
+        path_in_dir(path, sizeof(path), dir, name);
+        if (remove(path) != 0) { llm8_die("cannot remove checkpoint file '%s': %s", path, strerror(errno)); }
     }
     closedir(d);
 }
