@@ -358,6 +358,30 @@ codes of the forward's and the weight's casts, and a bf16 GEMM of the other pass
 as that pass left it (the pass stores the product into dout whenever a bf16 GEMM reads it),
 with inp or weight. All bf16: dout is multiplied in place first.
 */
+/*
+What the layernorm backward that writes linear (layer, kind)'s output gradient takes from it for
+the linear (layernorm.cuh's LayernormDinpUses): attproj's dy is ln2's residual gradient, and
+fcproj's is ln1's of the layer above (lnf's for the last layer); layer -1 (ln1 of layer 0,
+which feeds the encoder) is no linear's. The bias gradient, wherever the linear's backward
+would read dy for it alone (a bf16 backward's bias pass; current scaling's amax pass), and then
+the amax too for an FP8 cast of current scaling. A one-pass FP8 cast (a known scale) sums the
+bias itself as it reads dy for the codes, so there the layernorm takes nothing.
+*/
+static LayernormDinpUses gpt2_layernorm_dinp_uses(GPT2* model, int layer, int kind) {
+    LayernormDinpUses uses = LAYERNORM_DINP_UNUSED;
+    if (layer < 0) { return uses; }
+    if (kind != LINEAR_ATTPROJ && kind != LINEAR_FCPROJ) { llm8_die("gpt2_layernorm_dinp_uses: linear kind %d is no layernorm's", kind); }
+    const Fp8Model* fp8 = &model->fp8;
+    int i = fp8_model_linear(fp8, layer, kind);
+    if (fp8_model_casts_dy(fp8, i)) {
+        Fp8CastOutput dy = fp8_model_dy(fp8, i);
+        if (dy.scaling != FP8_SCALING_TENSOR || fp8_model_dout_scale(fp8, i) != FP8_DOUT_NEEDS_AMAX) { return uses; }
+        uses.amax_record = dy.record;
+    }
+    uses.bias_grad = layer_tensor(model, model->grads, kind == LINEAR_ATTPROJ ? PARAM_ATTPROJB : PARAM_FCPROJB, layer);
+    return uses;
+}
+
 static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp, floatX* dweight, floatX* dbias,
                                  floatX* dout, const floatX* inp, const floatX* weight, const floatX* dout_pre_gelu,
                                  const floatX* dinp_pre_gelu, cudaStream_t stream) {
@@ -366,9 +390,17 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
     int BT = model->B * model->T, K, OC;
     gpt2_linear_shape(model, kind, &K, &OC);
     bool dgrad_fp8 = fp8_model_runs(fp8, i, FP8_DGRAD), wgrad_fp8 = fp8_model_runs(fp8, i, FP8_WGRAD);
+    // dy written by a layernorm backward: the bias gradient (and the amax) may be taken already
+    bool dy_from_layernorm = kind == LINEAR_ATTPROJ || kind == LINEAR_FCPROJ;
+    LayernormDinpUses taken = dy_from_layernorm ? gpt2_layernorm_dinp_uses(model, layer, kind) : LAYERNORM_DINP_UNUSED;
+    if (taken.bias_grad != NULL) {
+        if (taken.bias_grad != dbias) { llm8_die("gpt2_linear_backward: layernorm backward summed another bias than this linear's"); }
+        dbias = NULL;
+    }
     if (dgrad_fp8 || wgrad_fp8) {
         Fp8CastOutput dy = fp8_model_dy(fp8, i), x = fp8_model_x(fp8, i), w = fp8_model_w(fp8, i);
-        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, dout_pre_gelu, BT, OC, fp8_model_dout_scale(fp8, i), stream);
+        Fp8DoutScale dy_scale = taken.amax_record != NULL ? FP8_DOUT_AMAX_RECORDED : fp8_model_dout_scale(fp8, i);
+        matmul_backward_fp8_dout(&dy, dbias, model->acts.scratch_f, dout, dout_pre_gelu, BT, OC, dy_scale, stream);
         matmul_backward_fp8(dgrad_fp8 ? dinp : NULL, wgrad_fp8 ? dweight : NULL, CUDA_R_16BF, fp8_operand(&dy, false),
                             fp8_operand(&dy, true), fp8_operand(&w, true), fp8_operand(&x, true), BT, K, OC,
                             dinp_pre_gelu, stream);
@@ -552,7 +584,8 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
     profiler_mark("matmul lm_head bwd");
     cudaCheck(cudaMemsetAsync(a->dresidual, 0, (size_t)BT * C * sizeof(floatX), stream));
     layernorm_backward(a->dresidual, param_tensor(model, g, PARAM_LNFW), param_tensor(model, g, PARAM_LNFB), a->scratch_f, a->scratch_btc,
-                       a->residual3 + (size_t)(L - 1) * BT * C, param_tensor(model, p, PARAM_LNFW), a->lnf_mean, a->lnf_rstd, BT, C, stream);
+                       a->residual3 + (size_t)(L - 1) * BT * C, param_tensor(model, p, PARAM_LNFW), a->lnf_mean, a->lnf_rstd, BT, C,
+                       gpt2_layernorm_dinp_uses(model, L - 1, LINEAR_FCPROJ), stream);
     profiler_mark("layernorm bwd");
 
     ZeroComm* zero3 = model->zero3 ? model->comm : NULL;  // -z 3: the layers' weights again (FP8: W and W^T), one layer ahead
@@ -583,7 +616,8 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
                              NULL, stream);
         profiler_mark("matmul fc bwd");
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN2W, l), layer_tensor(model, g, PARAM_LN2B, l), a->scratch_f, a->scratch_btc,
-                           la.residual2, layer_tensor(model, p, PARAM_LN2W, l), la.ln2_mean, la.ln2_rstd, BT, C, stream);
+                           la.residual2, layer_tensor(model, p, PARAM_LN2W, l), la.ln2_mean, la.ln2_rstd, BT, C,
+                           gpt2_layernorm_dinp_uses(model, l, LINEAR_ATTPROJ), stream);
         profiler_mark("layernorm bwd");
 
         // attention: dresidual now holds d(residual2) = d(attproj output)
@@ -601,7 +635,8 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
         profiler_mark("matmul qkv bwd");
         if (zero3 != NULL) { zero_comm_release_layer(zero3, l, stream); }
         layernorm_backward(a->dresidual, layer_tensor(model, g, PARAM_LN1W, l), layer_tensor(model, g, PARAM_LN1B, l), a->scratch_f, a->scratch_btc,
-                           la.residual, layer_tensor(model, p, PARAM_LN1W, l), la.ln1_mean, la.ln1_rstd, BT, C, stream);
+                           la.residual, layer_tensor(model, p, PARAM_LN1W, l), la.ln1_mean, la.ln1_rstd, BT, C,
+                           gpt2_layernorm_dinp_uses(model, l - 1, LINEAR_FCPROJ), stream);
         profiler_mark("layernorm bwd");
         if (reduce && model->comm != NULL) { zero_comm_reduce_chunk(model->comm, g, l, stream); }
     }

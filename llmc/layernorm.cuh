@@ -25,6 +25,11 @@ Why this shape:
   scratch; a second small kernel adds the partials of all blocks in block order and adds
   the total into dweight/dbias. The grid size depends only on N (never on the device), so
   the order of every sum, and therefore every bit, is fixed.
+- The residual gradient the backward writes is the output gradient dy of a linear (attproj
+  under ln2, fcproj under ln1 and lnf), whose bias gradient is dy's column sums and whose FP8
+  cast under current scaling needs dy's amax first. The backward takes both as it writes dy
+  (LayernormDinpUses), the same way as its own column sums, so that no pass reads dy for them
+  alone: that saves reading B*T*C bf16 twice a layer, in bf16 runs as in FP8.
 */
 #ifndef LLMC_LAYERNORM_CUH
 #define LLMC_LAYERNORM_CUH
@@ -39,8 +44,10 @@ Why this shape:
 #define LAYERNORM_FORWARD_MIN_BLOCKS 3  // per SM (24 warps, each with 6 loads in flight at C = 768): at most 80 registers
 #define LAYERNORM_BACKWARD_WARPS 4
 #define LAYERNORM_BACKWARD_LOADS 4  // chunks of its row a lane loads before it uses the first
-// one full wave of 4-warp blocks on a 132-SM Hopper at C=1600 (51 KB shared memory each)
+// one full wave of 4-warp blocks on a 132-SM Hopper at C=1600 (51 KB shared memory each; two
+// waves with the residual gradient's column sums as well, 77 KB)
 #define LAYERNORM_BACKWARD_MAX_BLOCKS 528
+#define LAYERNORM_BACKWARD_MAX_SUMS 3  // column sums a block keeps: dweight, dbias, and the residual gradient's
 #define LAYERNORM_REDUCE_GROUPS 8
 
 static inline void layernorm_check_shape(int N, int C, const char* who) {
@@ -331,34 +338,56 @@ static inline int layernorm_backward_num_blocks(int N) {
     return blocks < LAYERNORM_BACKWARD_MAX_BLOCKS ? blocks : LAYERNORM_BACKWARD_MAX_BLOCKS;
 }
 
-// bytes of the `scratch` argument of layernorm_backward: one dweight+dbias partial row per block
+// bytes of the `scratch` argument of layernorm_backward: one partial row of the column sums
+// (dweight, dbias and the residual gradient's) per block
 size_t layernorm_backward_scratch_bytes(int N, int C) {
-    return (size_t)layernorm_backward_num_blocks(N) * 2 * C * sizeof(float);
+    return (size_t)layernorm_backward_num_blocks(N) * LAYERNORM_BACKWARD_MAX_SUMS * C * sizeof(float);
 }
+
+/*
+What layernorm backward also takes from the residual gradient dinp it writes. In GPT-2 that
+gradient is the output gradient dy of the linear below in the backward order (ln2's is
+attproj's, ln1's and lnf's are the fcproj's of the layer under them), whose backward would
+otherwise read all of dy again just for these (the bf16 backward's bias pass; current
+scaling's amax pass before the FP8 cast, matmul_backward_fp8_dout): here they cost no read.
+*/
+typedef struct {
+    floatX* bias_grad;          // += the column sums of dinp as written (bf16); NULL: not summed
+    Fp8CastRecord* amax_record; // its amax_bits takes dinp's amax, as a cast's amax pass would; NULL: none
+} LayernormDinpUses;
+
+static const LayernormDinpUses LAYERNORM_DINP_UNUSED = {NULL, NULL};
 
 /*
 Per row, with xhat = (x - mean) * rstd and dnorm = dout * weight:
   dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
-and the row's contributions dout * xhat and dout to the columns of dweight and dbias.
-Writes this block's column sums to partials[blockIdx.x][0..C) (dweight) and [C..2C) (dbias).
+and the row's contributions dout * xhat and dout to the columns of dweight and dbias, and
+(SUM_DINP) the new dinp, as stored, to its own column sums. Writes this block's column sums to
+partials[blockIdx.x][0..C) (dweight), [C..2C) (dbias) and [2C..3C) (SUM_DINP: dinp's);
+dinp_amax != NULL: the amax of the new dinp into dinp_amax->amax_bits.
 */
+template <bool SUM_DINP>
 __global__ void __launch_bounds__(LAYERNORM_BACKWARD_WARPS * WARP_SIZE)
-layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, const floatX* inp,
+layernorm_backward_kernel(floatX* dinp, float* partials, Fp8CastRecord* dinp_amax, const floatX* dout, const floatX* inp,
                           const floatX* weight, const float* mean, const float* rstd, int N, int C) {
-    extern __shared__ f128 column_sums[];  // [LAYERNORM_BACKWARD_WARPS][2][C / 4]: dweight, then dbias
+    constexpr int sums = SUM_DINP ? 3 : 2;
+    extern __shared__ f128 column_sums[];  // [LAYERNORM_BACKWARD_WARPS][sums][C / 4]: dweight, dbias, dinp
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
     const int chunks = C / x128::size;
-    f128* warp_dweight = column_sums + (size_t)warp * 2 * (C / f128::size);
+    f128* warp_dweight = column_sums + (size_t)warp * sums * (C / f128::size);
     f128* warp_dbias = warp_dweight + C / f128::size;
+    f128* warp_dinp = warp_dbias + C / f128::size;  // SUM_DINP only
     // each lane owns the accumulators of its x128 chunks (two f128 each) for the whole
     // kernel, so no other lane ever touches them and no warp barrier is needed
     for (int i = lane; i < chunks; i += WARP_SIZE) {
         for (int half = 0; half < 2; half++) {
             warp_dweight[2 * i + half] = f128::zeros();
             warp_dbias[2 * i + half] = f128::zeros();
+            if constexpr (SUM_DINP) { warp_dinp[2 * i + half] = f128::zeros(); }
         }
     }
+    uint32_t dinp_amax_bits = 0u;
 
     for (int row = blockIdx.x * LAYERNORM_BACKWARD_WARPS + warp; row < N;
          row += gridDim.x * LAYERNORM_BACKWARD_WARPS) {
@@ -417,58 +446,84 @@ layernorm_backward_kernel(floatX* dinp, float* partials, const floatX* dout, con
                     float dx = (dnorm - dnorm_mean - xhat * dnorm_xhat_mean) * row_rstd;
                     sum[k] = __bfloat162float(g[b][k]) + dx;
                 }
-                store128(dinp + row_offset + i * x128::size, x128_from_floats(sum));
+                const x128 stored = x128_from_floats(sum);
+                store128(dinp + row_offset + i * x128::size, stored);
+                if constexpr (SUM_DINP) {
+                    for (int half = 0; half < 2; half++) {
+                        f128 dinp_acc = warp_dinp[2 * i + half];
+                        for (int j = 0; j < f128::size; j++) { dinp_acc[j] += __bfloat162float(stored[half * f128::size + j]); }
+                        warp_dinp[2 * i + half] = dinp_acc;
+                    }
+                }
+                // unconditional: a test of dinp_amax here took the kernel from 72 to 140 registers
+                for (int k = 0; k < x128::size; k++) {
+                    dinp_amax_bits = max(dinp_amax_bits, fp8_amax_bits(__bfloat162float(stored[k])));
+                }
             }
         }
     }
     __syncthreads();
 
-    const float* sums = reinterpret_cast<const float*>(column_sums);
-    float* block_partials = partials + (size_t)blockIdx.x * 2 * C;
-    for (int column = threadIdx.x; column < 2 * C; column += blockDim.x) {
+    const float* warp_sums = reinterpret_cast<const float*>(column_sums);
+    float* block_partials = partials + (size_t)blockIdx.x * sums * C;
+    for (int column = threadIdx.x; column < sums * C; column += blockDim.x) {
         float total = 0.0f;
-        for (int w = 0; w < LAYERNORM_BACKWARD_WARPS; w++) { total += sums[(size_t)w * 2 * C + column]; }
+        for (int w = 0; w < LAYERNORM_BACKWARD_WARPS; w++) { total += warp_sums[(size_t)w * sums * C + column]; }
         block_partials[column] = total;
+    }
+    if (dinp_amax != NULL) {
+        Fp8Tally tally = fp8_tally_zero();
+        tally.amax_bits = dinp_amax_bits;
+        fp8_tally_commit(tally, dinp_amax, true);
     }
 }
 
-// each block owns 32 of the 2C columns; its 8 warps sum interleaved subsets of the block
+// each block owns 32 of the sums * C columns; its 8 warps sum interleaved subsets of the block
 // partials (warp g takes blocks g, g+8, ...), then warp 0 adds the 8 group sums in order
-__global__ void layernorm_backward_reduce_kernel(floatX* dweight, floatX* dbias, const float* partials,
-                                                 int num_blocks, int C) {
+__global__ void layernorm_backward_reduce_kernel(floatX* dweight, floatX* dbias, floatX* dinp_sums, const float* partials,
+                                                 int num_blocks, int sums, int C) {
     __shared__ float group_sums[LAYERNORM_REDUCE_GROUPS][WARP_SIZE];
     const int lane = threadIdx.x % WARP_SIZE;
     const int group = threadIdx.x / WARP_SIZE;
     const int column = blockIdx.x * WARP_SIZE + lane;
+    const int columns = sums * C;
     float sum = 0.0f;
-    if (column < 2 * C) {
-        for (int b = group; b < num_blocks; b += LAYERNORM_REDUCE_GROUPS) { sum += partials[(size_t)b * 2 * C + column]; }
+    if (column < columns) {
+        for (int b = group; b < num_blocks; b += LAYERNORM_REDUCE_GROUPS) { sum += partials[(size_t)b * columns + column]; }
     }
     group_sums[group][lane] = sum;
     __syncthreads();
-    if (group == 0 && column < 2 * C) {
+    if (group == 0 && column < columns) {
         float total = 0.0f;
         for (int g = 0; g < LAYERNORM_REDUCE_GROUPS; g++) { total += group_sums[g][lane]; }
-        floatX* target = column < C ? dweight + column : dbias + (column - C);
+        floatX* target = column < C ? dweight + column : column < 2 * C ? dbias + (column - C) : dinp_sums + (column - 2 * C);
         *target = __float2bfloat16_rn(__bfloat162float(*target) + total);
     }
 }
 
-// dinp += (the residual stream's gradient), dweight += , dbias += ; scratch holds
-// layernorm_backward_scratch_bytes(N, C) bytes
+// dinp += (the residual stream's gradient), dweight += , dbias += , and what `uses` asks of the
+// new dinp; scratch holds layernorm_backward_scratch_bytes(N, C) bytes
 void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias, float* scratch, const floatX* dout,
                         const floatX* inp, const floatX* weight, const float* mean, const float* rstd,
-                        int N, int C, cudaStream_t stream) {
+                        int N, int C, LayernormDinpUses uses, cudaStream_t stream) {
     layernorm_check_shape(N, C, "layernorm_backward");
     const int num_blocks = layernorm_backward_num_blocks(N);
-    size_t shared_bytes = (size_t)LAYERNORM_BACKWARD_WARPS * 2 * C * sizeof(float);
-    cudaCheck(cudaFuncSetAttribute(layernorm_backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)shared_bytes));
-    layernorm_backward_kernel<<<num_blocks, LAYERNORM_BACKWARD_WARPS * WARP_SIZE, shared_bytes, stream>>>(
-        dinp, scratch, dout, inp, weight, mean, rstd, N, C);
+    const int sums = uses.bias_grad != NULL ? 3 : 2;
+    size_t shared_bytes = (size_t)LAYERNORM_BACKWARD_WARPS * sums * C * sizeof(float);
+    if (uses.bias_grad != NULL) {
+        cudaCheck(cudaFuncSetAttribute(layernorm_backward_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)shared_bytes));
+        layernorm_backward_kernel<true><<<num_blocks, LAYERNORM_BACKWARD_WARPS * WARP_SIZE, shared_bytes, stream>>>(
+            dinp, scratch, uses.amax_record, dout, inp, weight, mean, rstd, N, C);
+    } else {
+        cudaCheck(cudaFuncSetAttribute(layernorm_backward_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)shared_bytes));
+        layernorm_backward_kernel<false><<<num_blocks, LAYERNORM_BACKWARD_WARPS * WARP_SIZE, shared_bytes, stream>>>(
+            dinp, scratch, uses.amax_record, dout, inp, weight, mean, rstd, N, C);
+    }
     cudaCheck(cudaGetLastError());
-    layernorm_backward_reduce_kernel<<<ceil_div(2 * C, WARP_SIZE), LAYERNORM_REDUCE_GROUPS * WARP_SIZE, 0, stream>>>(
-        dweight, dbias, scratch, num_blocks, C);
+    layernorm_backward_reduce_kernel<<<ceil_div(sums * C, WARP_SIZE), LAYERNORM_REDUCE_GROUPS * WARP_SIZE, 0, stream>>>(
+        dweight, dbias, uses.bias_grad, scratch, num_blocks, sums, C);
     cudaCheck(cudaGetLastError());
 }
 

@@ -683,7 +683,13 @@ bool matmul_backward_fp8_supported(floatX* dinp, void* dweight, cudaDataType_t d
 }
 
 // what matmul_backward_fp8_dout knows of dout's scale before its pass (described there)
-typedef enum { FP8_DOUT_NEEDS_AMAX, FP8_DOUT_SCALE_KNOWN, FP8_DOUT_SCALE_BOUND, FP8_DOUT_CODES_WRITTEN } Fp8DoutScale;
+typedef enum {
+    FP8_DOUT_NEEDS_AMAX,
+    FP8_DOUT_AMAX_RECORDED,
+    FP8_DOUT_SCALE_KNOWN,
+    FP8_DOUT_SCALE_BOUND,
+    FP8_DOUT_CODES_WRITTEN,
+} Fp8DoutScale;
 
 /*
 The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs. With
@@ -701,6 +707,10 @@ then the bias sums finish (dbias += , when dbias != NULL).
   own and the GELU product and the bias ride on it: pass 1 reads dout (and pre_gelu, writing
   dout), the state update makes the scale, pass 2 reads dout and casts. Bytes per element:
   2 [+ 2 read + 2 written] + 2 + 1 per code array.
+- FP8_DOUT_AMAX_RECORDED (the same current scaling, where dout's producer took its amax and
+  summed the bias as it wrote dout: layernorm backward's LayernormDinpUses, for attproj and
+  fcproj): pass 1 is not needed; the state update, then pass 2. dbias must be NULL (summed).
+  Bytes per element: 2 + 1 per code array.
 - FP8_DOUT_SCALE_KNOWN (-fg delayed after seeding, with the state's scale; the block
   recipe's 1x128 tiles, always): one tile-cast pass applies GELU's derivative, sums the bias
   columns and casts; per tensor it records this dout's amax, and the state update follows
@@ -732,8 +742,12 @@ void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* db
         fp8_transpose_codes(fp8->codes, fp8->codes_t, N, OC, stream);
         return;
     }
-    if (per_tensor && scale == FP8_DOUT_NEEDS_AMAX) {
-        matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, fp8->record, N, OC, stream);
+    if (scale == FP8_DOUT_AMAX_RECORDED && (!per_tensor || dbias != NULL || pre_gelu != NULL)) {
+        llm8_die("matmul_backward_fp8_dout: an amax recorded by dout's producer is per tensor, with the bias summed "
+                 "there and no GELU");
+    }
+    if (per_tensor && (scale == FP8_DOUT_NEEDS_AMAX || scale == FP8_DOUT_AMAX_RECORDED)) {
+        if (scale == FP8_DOUT_NEEDS_AMAX) { matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, fp8->record, N, OC, stream); }
         fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
         fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, dout, N, OC, false, Fp8Identity(), stream);
     } else {  // one tile pass; per tensor with a known scale, the state update after it

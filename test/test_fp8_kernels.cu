@@ -1012,6 +1012,52 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     for (int i = 0; i < 8; i++) { cudaCheck(cudaFree(buffers[i])); }
 }
 
+/*
+FP8_DOUT_AMAX_RECORDED: dy's producer (layernorm backward, LayernormDinpUses) took the amax and
+summed the bias as it wrote dy, so the pass only updates the state from that amax and casts: the
+same state and codes as current scaling's two passes, with dout and the scratch left untouched.
+An amax other than dout's own (twice it) shows the scale comes from the record, not from dout.
+*/
+static void test_backward_dout_amax_recorded(int N, int OC) {
+    char what[96];
+    snprintf(what, sizeof(what), "matmul_backward_fp8_dout amax recorded N=%d OC=%d", N, OC);
+    size_t n = (size_t)N * OC;
+    float* dout = host_bf16_normal(n, 1e-3f);
+    floatX* d_dout = device_bf16_from(dout, n);
+    size_t partial_bytes = matmul_dbias_scratch_floats(N, OC) * sizeof(float);
+    float* d_scratch = (float*)device_alloc(partial_bytes);
+    cudaCheck(cudaMemset(d_scratch, 0x7f, partial_bytes));
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
+    DeviceFp8 t = device_fp8_make(N, OC, FP8_E5M2, FP8_SCALING_TENSOR, &state);
+    float recorded_amax = 2.0f * host_amax(dout, n);
+    uint32_t recorded_bits = fp8_amax_bits(recorded_amax);
+    cudaCheck(cudaMemcpy(&t.out.record->amax_bits, &recorded_bits, sizeof(recorded_bits), cudaMemcpyHostToDevice));
+    matmul_backward_fp8_dout(&t.out, NULL, d_scratch, d_dout, NULL, N, OC, FP8_DOUT_AMAX_RECORDED, 0);
+
+    fp8_scaling_update(&state, recorded_amax);
+    Fp8TensorScaling device_state = download_state(&t);
+    CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
+    Fp8CastRecord record = download_record(&t);
+    CHECK(record.scale == state.scale && record.amax_bits == 0u,
+          "%s: record holds scale %g and amax bits 0x%x, expected the scale %g and the amax consumed", what, record.scale,
+          record.amax_bits, state.scale);
+    HostCast h = host_cast(dout, N, OC, FP8_E5M2, scale_of_tensor, &state.scale);
+    check_cast(&t, &h, false, what);
+    host_cast_free(&h);
+    float* after = download_bf16_as_floats(d_dout, n);
+    CHECK(count_float_mismatches(after, dout, n, what) == 0, "%s: dout changed", what);
+    uint8_t* scratch = (uint8_t*)download(d_scratch, partial_bytes);
+    size_t touched = 0;
+    for (size_t i = 0; i < partial_bytes; i++) { touched += scratch[i] != 0x7f; }
+    CHECK(touched == 0, "%s: %zu bytes of the bias scratch written (the bias is summed by dout's producer)", what, touched);
+    CHECK_DIES("matmul_backward_fp8_dout amax recorded with a dbias", "bias summed there",
+               matmul_backward_fp8_dout(&t.out, (floatX*)d_scratch, d_scratch, d_dout, NULL, N, OC, FP8_DOUT_AMAX_RECORDED, 0));
+    free(dout); free(after); free(scratch);
+    device_fp8_free(&t);
+    cudaCheck(cudaFree(d_dout)); cudaCheck(cudaFree(d_scratch));
+}
+
 // ----------------------------------------------------------------------------
 // the transpose of codes (W^T from W's codes; lm_head's dy^T from the classifier's codes)
 
@@ -1468,6 +1514,7 @@ int main(void) {
     test_backward_dout(272, 832, true, DOUT_DELAYED);
     test_backward_dout(272, 208, true, DOUT_BLOCK);
     test_backward_dout(144, 400, false, DOUT_BLOCK);
+    test_backward_dout_amax_recorded(272, 832);
     test_transpose_codes(16, 16);
     test_transpose_codes(144, 400);   // rows: a 16-row last tile
     test_transpose_codes(176, 272);   // rows: a 48-row last tile (32 + 16)

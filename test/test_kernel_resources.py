@@ -9,6 +9,8 @@ NVIDIA's nvidia-cuda-cuobjdump wheel):
   spilled 136 bytes;
 - the FP8 tile cast (llmc/fp8_cast.cuh) fits 64 registers in every instantiation, so 4 of its
   256-thread blocks share an SM: the occupancy its staging's loads in flight were sized for;
+- layernorm backward stays within the 80 registers it had before it took the residual
+  gradient's sums and amax;
 - a kernel above 64 registers declares __launch_bounds__. A block's threads share the SM's
   65536 registers: without a bound, nothing stops a launch of up to 1024 threads from asking
   for more, which a GPU refuses at the launch ("too many resources requested") and cudasim
@@ -78,6 +80,16 @@ def test_tile_cast_fits_four_blocks_per_sm():
     assert len(casts) >= 5, "expected the tile cast's instantiations, found %s" % sorted(casts)
     over = {name: registers for name, registers in casts.items() if registers > 64}
     assert over == {}, "tile cast instantiations above 64 registers (fewer than 4 blocks per SM): %s" % over
+
+
+def test_layernorm_backward_registers():
+    """at most 80 registers (6 blocks of 4 warps per SM), what it had before it also summed the residual
+    gradient it writes: a run-time test of its amax record inside the unrolled loop took it to 140 (3 blocks)"""
+    kernels = {name: usage["REG"] for name, usage in kernel_resources("train_gpt2_fp8").items()
+               if plain_name(name) == "layernorm_backward_kernel"}
+    assert len(kernels) == 2, "expected layernorm_backward_kernel with and without the residual gradient's sums: %s" % kernels
+    over = {name: registers for name, registers in kernels.items() if registers > 80}
+    assert over == {}, "layernorm_backward_kernel above 80 registers: %s" % over
 
 
 def kernels_with_launch_bounds():

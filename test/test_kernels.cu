@@ -266,7 +266,8 @@ static void test_layernorm(const Shape* s) {
         cudaCheck(cudaMemcpy(d_dinp, dinp0, n * 2, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(d_dweight, dweight0, C * 2, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(d_dbias, dbias0, C * 2, cudaMemcpyHostToDevice));
-        layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp1, d_weight, d_mean, d_rstd, N, C, 0);
+        layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp1, d_weight, d_mean, d_rstd, N, C,
+                           LAYERNORM_DINP_UNUSED, 0);
         dinps[run] = (uint16_t*)host_copy(d_dinp, n * 2);
         dweights[run] = (uint16_t*)host_copy(d_dweight, C * 2);
         dbiases[run] = (uint16_t*)host_copy(d_dbias, C * 2);
@@ -289,6 +290,128 @@ static void test_layernorm(const Shape* s) {
     for (int run = 0; run < 2; run++) {
         free(outs[run]); free(means[run]); free(rstds[run]); free(dinps[run]); free(dweights[run]); free(dbiases[run]);
     }
+}
+
+// A linear's bias gradient as layernorm_backward sums the dinp it wrote (LayernormDinpUses): each
+// warp its rows in order, each block its warps in order, then LAYERNORM_REDUCE_GROUPS groups of
+// interleaved blocks, each in block order, added in group order, and the total into bias0's bf16
+static uint16_t* host_layernorm_dinp_bias(const uint16_t* bias0, const uint16_t* dinp, int N, int C) {
+    const int blocks = layernorm_backward_num_blocks(N);
+    float* partials = (float*)mallocCheck((size_t)blocks * C * sizeof(float));
+    for (int b = 0; b < blocks; b++) {
+        for (int c = 0; c < C; c++) {
+            float block_sum = 0.0f;
+            for (int w = 0; w < LAYERNORM_BACKWARD_WARPS; w++) {
+                float warp_sum = 0.0f;
+                for (int row = b * LAYERNORM_BACKWARD_WARPS + w; row < N; row += blocks * LAYERNORM_BACKWARD_WARPS) {
+                    warp_sum += bf16_bits_to_float(dinp[(size_t)row * C + c]);
+                }
+                block_sum += warp_sum;
+            }
+            partials[(size_t)b * C + c] = block_sum;
+        }
+    }
+    uint16_t* bias = (uint16_t*)mallocCheck((size_t)C * 2);
+    for (int c = 0; c < C; c++) {
+        float total = 0.0f;
+        for (int g = 0; g < LAYERNORM_REDUCE_GROUPS; g++) {
+            float group_sum = 0.0f;
+            for (int b = g; b < blocks; b += LAYERNORM_REDUCE_GROUPS) { group_sum += partials[(size_t)b * C + c]; }
+            total += group_sum;
+        }
+        bias[c] = float_to_bf16_bits(bf16_bits_to_float(bias0[c]) + total);
+    }
+    free(partials);
+    return bias;
+}
+
+/*
+layernorm_backward's LayernormDinpUses: the column sums of the dinp it writes into a linear's
+bias gradient and dinp's amax into a record, with dinp, dweight and dbias bitwise as without
+them. N above LAYERNORM_BACKWARD_MAX_BLOCKS * LAYERNORM_BACKWARD_WARPS rows, so warps take
+several rows and the order of the sums shows.
+*/
+static void test_layernorm_dinp_uses(const Shape* s) {
+    const int N = s->B * s->T, C = s->C;
+    const size_t n = (size_t)N * C;
+    uint16_t* inp = random_bf16(n, -2.0f, 2.0f);
+    uint16_t* weight = random_bf16(C, 0.5f, 1.5f);
+    uint16_t* bias = random_bf16(C, -0.2f, 0.2f);
+    uint16_t* dout = random_bf16(n, -1.0f, 1.0f);
+    uint16_t* dinp0 = random_bf16(n, -0.5f, 0.5f);
+    uint16_t* ln_grads0 = random_bf16(2 * C, -0.5f, 0.5f);  // dweight, dbias
+    uint16_t* linear_bias0 = random_bf16(C, -0.5f, 0.5f);
+    float* inp_f = bf16_to_floats(inp, n);
+    float* weight_f = bf16_to_floats(weight, C);
+    float* bias_f = bf16_to_floats(bias, C);
+    float* out = (float*)mallocCheck(n * sizeof(float));
+    float* mean = (float*)mallocCheck(N * sizeof(float));
+    float* rstd = (float*)mallocCheck(N * sizeof(float));
+    ref_layernorm_forward(out, mean, rstd, inp_f, weight_f, bias_f, N, C);
+
+    floatX* d_inp = (floatX*)device_copy(inp, n * 2);
+    floatX* d_weight = (floatX*)device_copy(weight, C * 2);
+    floatX* d_dout = (floatX*)device_copy(dout, n * 2);
+    float* d_mean = (float*)device_copy(mean, N * sizeof(float));
+    float* d_rstd = (float*)device_copy(rstd, N * sizeof(float));
+    floatX* d_dinp = (floatX*)cuda_malloc_checked(n * 2, "ln dinp");
+    floatX* d_ln_grads = (floatX*)cuda_malloc_checked(2 * C * 2, "ln dweight, dbias");
+    floatX* d_linear_bias = (floatX*)cuda_malloc_checked(C * 2, "linear dbias");
+    float* d_scratch = (float*)cuda_malloc_checked(layernorm_backward_scratch_bytes(N, C), "ln scratch");
+    Fp8CastRecord* d_record = (Fp8CastRecord*)cuda_malloc_checked(sizeof(Fp8CastRecord), "record");
+
+    // runs: 0 nothing taken, 1 the bias and the amax, 2 the amax alone
+    uint16_t* dinps[3];
+    uint16_t* ln_grads[3];
+    uint32_t amax_bits[3];
+    uint16_t* linear_bias = NULL;
+    for (int run = 0; run < 3; run++) {
+        cudaCheck(cudaMemcpy(d_dinp, dinp0, n * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_ln_grads, ln_grads0, 2 * C * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_linear_bias, linear_bias0, C * 2, cudaMemcpyHostToDevice));
+        fp8_cast_records_init(d_record, 1, 0);
+        LayernormDinpUses uses = LAYERNORM_DINP_UNUSED;
+        if (run == 1) { uses.bias_grad = d_linear_bias; }
+        if (run >= 1) { uses.amax_record = d_record; }
+        layernorm_backward(d_dinp, d_ln_grads, d_ln_grads + C, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C,
+                           uses, 0);
+        dinps[run] = (uint16_t*)host_copy(d_dinp, n * 2);
+        ln_grads[run] = (uint16_t*)host_copy(d_ln_grads, 2 * C * 2);
+        Fp8CastRecord* record = (Fp8CastRecord*)host_copy(d_record, sizeof(Fp8CastRecord));
+        amax_bits[run] = record->amax_bits;
+        free(record);
+        if (run == 1) { linear_bias = (uint16_t*)host_copy(d_linear_bias, C * 2); }
+    }
+    uint32_t expected_amax = 0u;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits = fp8_amax_bits(bf16_bits_to_float(dinps[0][i]));
+        if (bits > expected_amax) { expected_amax = bits; }
+    }
+    uint16_t* expected_bias = host_layernorm_dinp_bias(linear_bias0, dinps[0], N, C);
+    for (int run = 1; run < 3; run++) {
+        check_bitwise_equal("layernorm_backward dinp, with uses", s, dinps[0], dinps[run], n * 2);
+        check_bitwise_equal("layernorm_backward dweight and dbias, with uses", s, ln_grads[0], ln_grads[run], 2 * C * 2);
+        CHECK(amax_bits[run] == expected_amax, "layernorm_backward dinp amax [%s], run %d: got %.9g, expected %.9g", s->name,
+              run, bits_as_float(amax_bits[run]), bits_as_float(expected_amax));
+    }
+    CHECK(amax_bits[0] == 0u, "layernorm_backward [%s]: no record given, yet the record changed", s->name);
+    check_bitwise_equal("layernorm_backward the linear's bias gradient, in its order", s, linear_bias, expected_bias, C * 2);
+    // and against the plain column sums in double (what the separate bias pass would give, to its rounding)
+    float* plain_bias = (float*)mallocCheck(C * sizeof(float));
+    for (int c = 0; c < C; c++) {
+        double sum = 0.0;
+        for (int row = 0; row < N; row++) { sum += bf16_bits_to_float(dinps[0][(size_t)row * C + c]); }
+        plain_bias[c] = (float)(bf16_bits_to_float(linear_bias0[c]) + sum);
+    }
+    check_bf16_close("layernorm_backward the linear's bias gradient", s, linear_bias, plain_bias, C, 1e-2, 8e-3);
+
+    cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_weight)); cudaCheck(cudaFree(d_dout)); cudaCheck(cudaFree(d_mean));
+    cudaCheck(cudaFree(d_rstd)); cudaCheck(cudaFree(d_dinp)); cudaCheck(cudaFree(d_ln_grads));
+    cudaCheck(cudaFree(d_linear_bias)); cudaCheck(cudaFree(d_scratch)); cudaCheck(cudaFree(d_record));
+    free(inp); free(weight); free(bias); free(dout); free(dinp0); free(ln_grads0); free(linear_bias0);
+    free(inp_f); free(weight_f); free(bias_f); free(out); free(mean); free(rstd);
+    free(linear_bias); free(expected_bias); free(plain_bias);
+    for (int run = 0; run < 3; run++) { free(dinps[run]); free(ln_grads[run]); }
 }
 
 static void test_gelu(const Shape* s) {
@@ -600,6 +723,10 @@ int main(void) {
     const Shape d48_width = {"B=2 T=16 C=1600", 2, 16, 1600, 97, 104};
     printf("shape %s\n", d48_width.name);
     test_layernorm(&d48_width);
+    // more rows than layernorm_backward's grid has warps (528 x 4): a warp sums several rows
+    const Shape many_rows = {"B=1 T=4261 C=40", 1, 4261, 40, 97, 104};
+    test_layernorm_dinp_uses(&many_rows);
+    test_layernorm_dinp_uses(&d48_width);
     test_global_norm(&shapes[0], (size_t)50 * 1000 * 1000 + 5);
     test_global_norm(&shapes[1], 1003);
     test_global_norm(&shapes[1], (size_t)8 * 512 * 37 + 8 * 5 + 3);  // a grid of 38 blocks, the last one short

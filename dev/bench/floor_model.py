@@ -206,13 +206,17 @@ def step_kernels(run):
         else:  # cuBLASLt's GELU_AUX epilogue writes the pre-activation beside GELU's output
             gemm(region, f"{name} forward GEMM", N, OC, K, BF16, BF16, BF16 * (2 if gelu_aux else 1), False)
 
-    def linear_backward(region, name, K, OC, fp8, bias=True, gelu=False, dgrad_gelu=False, codes_from_producer=False):
+    def linear_backward(region, name, K, OC, fp8, bias=True, gelu=False, dgrad_gelu=False, codes_from_producer=False,
+                        dy_from_layernorm=False):
         """dgrad, wgrad (accumulated into the bf16 gradient) and the bias gradient of one linear;
         gelu: dout is first multiplied by gelu'(pre_gelu) (fc): pre_gelu read, and the product written
         back into dout where a later pass reads it (not by the one-pass cast: both GEMMs read codes);
         dgrad_gelu: the dgrad GEMM's DGELU epilogue multiplies dinp by gelu'(pre_gelu) (fcproj, -ge 2);
         codes_from_producer: per tensor, dout's producer wrote its codes (the classifier's, with the scale
-        of the gradients' bound), so only their transpose is left"""
+        of the gradients' bound), so only their transpose is left;
+        dy_from_layernorm: dout is the residual gradient a layernorm backward wrote (attproj, fcproj), which
+        summed the bias and, for current scaling, took the amax as it wrote it (LayernormDinpUses): no
+        pass of its own for them"""
         n = N * OC
         gelu_bytes = 2 * BF16 if gelu else 0
         if fp8 and codes_from_producer and not block:  # fp8_transpose_codes: a byte read and written per element
@@ -220,13 +224,15 @@ def step_kernels(run):
         elif fp8 and (block or run.grad_scaling == "delayed"):  # a known scale: one tile pass (matmul_backward_fp8_dout)
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}{'bias, ' if bias else ''}{'1x128' if block else 'delayed'} cast",
                 n * (BF16 + (BF16 if gelu else 0) + 2 * code + (partials if bias else 0)))
+        elif fp8 and dy_from_layernorm:  # per tensor, current scaling: the amax and the bias came with dy
+            add(region, f"{name} dy: cast to dy, dy^T (amax and bias from layernorm backward)", n * (BF16 + 2 * FP8))
         elif fp8:  # per tensor, current scaling (E5M2): the partials kernel runs even without a bias, for the amax
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}bias partials, amax", n * (BF16 + gelu_bytes + partials))
             add(region, f"{name} dy: cast to dy, dy^T (reads dy again)", n * (BF16 + 2 * FP8))
         else:
             if gelu:
                 add("gelu bwd", f"{name} GELU backward", n * (BF16 + gelu_bytes))
-            if bias:
+            if bias and not dy_from_layernorm:
                 add(region, f"{name} bias gradient", n * (BF16 + partials))
         x, dy = (code, code) if fp8 else (BF16, BF16)
         gemm(region, f"{name} dgrad GEMM{' (DGELU: pre-GELU read)' if dgrad_gelu else ''}", N, K, OC, dy,
@@ -272,7 +278,8 @@ def step_kernels(run):
     # ---- backward
     linear_backward("matmul lm_head bwd", "lm_head", C, Vp, fp8_lm_head, bias=False, codes_from_producer=True)
     add("layernorm bwd", "dresidual zeroed", N * C * BF16)
-    # dout and the input read, dinp read and written (+=), mean and rstd read
+    # dout and the input read, dinp read and written (+=), mean and rstd read (and, for the linear whose
+    # dy dinp is, its bias sums and amax taken on the way: no bytes of their own)
     layernorm_backward_bytes = N * C * 4 * BF16 + N * 2 * FP32
     add("layernorm bwd", "lnf backward", layernorm_backward_bytes)
     # the recomputes run only where a bf16 GEMM reads the tensor (never in an all-FP8 block)
@@ -281,12 +288,12 @@ def step_kernels(run):
         if recompute_gelu:
             add("gelu recompute", "GELU", N * 4 * C * 2 * BF16)
         dgelu_epilogue = run.gelu_fusion >= 2  # GELU's derivative in fcproj's dgrad, not on fc's dout
-        linear_backward("matmul fcproj bwd", "fcproj", 4 * C, C, fp8_blocks, dgrad_gelu=dgelu_epilogue)
+        linear_backward("matmul fcproj bwd", "fcproj", 4 * C, C, fp8_blocks, dgrad_gelu=dgelu_epilogue, dy_from_layernorm=True)
         if recompute_layernorm:  # mean and rstd are not written again
             add("layernorm recompute", "ln2", N * C * 2 * BF16)
         linear_backward("matmul fc bwd", "fc", C, 4 * C, fp8_blocks, gelu=not dgelu_epilogue)
         add("layernorm bwd", "ln2 backward", layernorm_backward_bytes)
-        linear_backward("matmul attproj bwd", "attproj", C, C, fp8_blocks)
+        linear_backward("matmul attproj bwd", "attproj", C, C, fp8_blocks, dy_from_layernorm=True)
         # five causal products (the scores again, dV, dP, dQ, dK); qkv, out, dout, the statistics read, dqkv written
         add("attention bwd", "causal flash attention backward", N * 8 * C * BF16 + N * NH * FP32,
             flops=5.0 * run.B * run.T * run.T * C, kind="attention", rate="bf16")
