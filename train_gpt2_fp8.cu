@@ -344,21 +344,6 @@ static void gpt2_linear_forward(GPT2* model, int layer, int kind, floatX* out, c
 }
 
 /*
-The backward of one linear: dinp = dout weight (overwritten), dweight += dout^T inp,
-dbias += column sums of dout. GELU's derivative, between fcproj's dgrad and fc's backward, is
-applied at one of two places: dout_pre_gelu != NULL: dout is the gradient of GELU's output, to
-be multiplied by gelu'(dout_pre_gelu) (fc, whose output went through GELU; -ge 0 and 1);
-dinp_pre_gelu != NULL: the dgrad GEMM's DGELU epilogue multiplies dinp by gelu'(dinp_pre_gelu)
-(fcproj, whose input came out of GELU; -ge 2), and fc's dout arrives multiplied. dgrad and wgrad are FP8 or
-bf16 each on its own (-f8p). With either in FP8, the pass that casts dout
-(matmul_backward_fp8_dout) also applies GELU's derivative and sums the bias, and writes the
-codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad; where the classifier wrote lm_head's
-dy codes, only their transpose); the FP8 GEMMs read those and the
-codes of the forward's and the weight's casts, and a bf16 GEMM of the other pass reads dout
-as that pass left it (the pass stores the product into dout whenever a bf16 GEMM reads it),
-with inp or weight. All bf16: dout is multiplied in place first.
-*/
-/*
 What the layernorm backward that writes linear (layer, kind)'s output gradient takes from it for
 the linear (layernorm.cuh's LayernormDinpUses): attproj's dy is ln2's residual gradient, and
 fcproj's is ln1's of the layer above (lnf's for the last layer); layer -1 (ln1 of layer 0,
@@ -382,6 +367,23 @@ static LayernormDinpUses gpt2_layernorm_dinp_uses(GPT2* model, int layer, int ki
     return uses;
 }
 
+/*
+The backward of one linear: dinp = dout weight (overwritten), dweight += dout^T inp,
+dbias += column sums of dout. GELU's derivative, between fcproj's dgrad and fc's backward, is
+applied at one of two places: dout_pre_gelu != NULL: dout is the gradient of GELU's output, to
+be multiplied by gelu'(dout_pre_gelu) (fc, whose output went through GELU; -ge 0 and 1);
+dinp_pre_gelu != NULL: the dgrad GEMM's DGELU epilogue multiplies dinp by gelu'(dinp_pre_gelu)
+(fcproj, whose input came out of GELU; -ge 2), and fc's dout arrives multiplied. dgrad and wgrad are FP8 or
+bf16 each on its own (-f8p). With either in FP8, the pass that casts dout
+(matmul_backward_fp8_dout) also applies GELU's derivative and sums the bias (unless the
+layernorm backward that wrote dout took the bias and the amax: gpt2_layernorm_dinp_uses), and writes the
+codes the FP8 GEMMs read (dy for dgrad, dy^T for wgrad; where the classifier wrote lm_head's
+dy codes, only their transpose); the FP8 GEMMs read those and the
+codes of the forward's and the weight's casts, and a bf16 GEMM of the other pass reads dout
+as that pass left it (the pass stores the product into dout whenever a bf16 GEMM reads it),
+with inp or weight. All bf16: dout is multiplied in place first, and the bias summed by its
+own pass unless that layernorm backward summed it.
+*/
 static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp, floatX* dweight, floatX* dbias,
                                  floatX* dout, const floatX* inp, const floatX* weight, const floatX* dout_pre_gelu,
                                  const floatX* dinp_pre_gelu, cudaStream_t stream) {

@@ -52,7 +52,8 @@ static inline const char* fp8_scaling_choice_name(int choice) {
 typedef enum { FP8_WEIGHTS_CURRENT, FP8_WEIGHTS_DELAYED } Fp8WeightScaling;
 
 // how the per-tensor recipes scale the output gradients dy (-fg): current (DESIGN.md section 3:
-// an amax pass, then the cast; dy read twice), or delayed (the amax history's scale, so the
+// an amax pass, then the cast; dy read twice, once for attproj and fcproj, whose amax and bias
+// layernorm backward takes as it writes their dy), or delayed (the amax history's scale, so the
 // pass that sums the bias also casts: dy read once; the first backward seeds the history)
 typedef enum { FP8_GRADS_CURRENT, FP8_GRADS_DELAYED } Fp8GradScaling;
 

@@ -45,7 +45,9 @@ D scale or amax pointer with a bf16 D, so no amax comes out of a GEMM); wgrad ac
 with beta = 1 into the bf16 gradient or an fp32 buffer. Fast accumulation only in the
 per-tensor forward. The dgrad of fcproj through GELU and the bias gradient move into the
 pass that reads dy anyway (matmul_backward_fp8_dout): current scaling's amax pass, or the one
-tile-cast pass of a known scale (-fg delayed, the block recipe, lm_head's bound). dgrad and
+tile-cast pass of a known scale (-fg delayed, the block recipe, lm_head's bound); for attproj
+and fcproj under current scaling the trainer has layernorm backward, which writes their dy,
+take the bias sums and the amax instead (FP8_DOUT_AMAX_RECORDED). dgrad and
 wgrad are FP8 or bf16 each on its own: the cast writes only the codes an FP8 GEMM reads,
 and matmul_backward runs the bf16 one alone (NULL for the other's output).
 */
@@ -697,8 +699,9 @@ pre_gelu != NULL the gradient is dout * gelu'(pre_gelu) (fc's dout is fcproj's d
 stored back into dout where something reads it afterwards: the cast pass of current scaling,
 or a bf16 GEMM of the other pass when only one of dgrad and wgrad is FP8. A one-pass cast that
 writes both code arrays leaves dout as it was: nothing reads the product, so it is not
-written (2 bytes per element saved). The bias partials are summed in fixed order (as matmul_backward, so
-dbias has the bf16 path's bits). The cast writes the codes for an FP8 dgrad (fp8->codes) and
+written (2 bytes per element saved). The bias partials are summed in fixed order (as matmul_backward's,
+so dbias has its bits; the trainer's attproj and fcproj sum theirs in layernorm backward instead,
+in that kernel's order, in bf16 runs and under current scaling). The cast writes the codes for an FP8 dgrad (fp8->codes) and
 the transpose for an FP8 wgrad (fp8->codes_t), either one NULL when its GEMM runs in bf16;
 then the bias sums finish (dbias += , when dbias != NULL).
 - FP8_DOUT_NEEDS_AMAX (per-tensor current scaling, E5M2; a delayed state's first use): the

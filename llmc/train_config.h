@@ -113,7 +113,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-fw", FLAG_CHOICE, TC_OFF(fp8_weight_scaling), 0, 0, "current delayed",
      "fp8 weight scaling (-fr delayed|current) of the block linears' weights when each FP8 one runs all three GEMMs in FP8: current (cast after the optimizer step, with the new amax) or delayed (cast inside it, with the previous step's amax and the -fm margin); lm_head, and the others, are cast from bf16 after the step, current"},
     {"-fg", FLAG_CHOICE, TC_OFF(fp8_grad_scaling), 0, 0, "current delayed",
-     "fp8 output-gradient scaling (-fr delayed|current): current (an amax pass, then the cast: dy read twice) or delayed (the cast rides on the bias-gradient pass with an amax history's scale: dy read once); an FP8 lm_head's gradient is scaled from its bound |dlogit| <= dloss either way"},
+     "fp8 output-gradient scaling (-fr delayed|current): current (an amax pass, then the cast: dy read twice, once for attproj and fcproj, whose amax layernorm backward takes) or delayed (the cast rides on the bias-gradient pass with an amax history's scale: dy read once); an FP8 lm_head's gradient is scaled from its bound |dlogit| <= dloss either way"},
     {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8 (in the passes -f8p gives them), a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
     {"-f8p", FLAG_STRING, TC_OFF(fp8_passes), 0, 0, NULL, "fp8: GEMM passes in FP8, a comma list of fwd,dgrad,wgrad (for every -f8 linear), <linear>.<pass> (e.g. fc.wgrad: that linear only), or all; the union runs in FP8, the rest in bf16"},
     {"-fn", FLAG_INT, TC_OFF(fp8_numerics_every), 0, INT_MAX_FLAG, NULL, "fp8: numerics log (numerics.jsonl in -o) every N steps (0 = never)"},

@@ -1053,6 +1053,12 @@ static void test_backward_dout_amax_recorded(int N, int OC) {
     CHECK(touched == 0, "%s: %zu bytes of the bias scratch written (the bias is summed by dout's producer)", what, touched);
     CHECK_DIES("matmul_backward_fp8_dout amax recorded with a dbias", "bias summed there",
                matmul_backward_fp8_dout(&t.out, (floatX*)d_scratch, d_scratch, d_dout, NULL, N, OC, FP8_DOUT_AMAX_RECORDED, 0));
+    CHECK_DIES("matmul_backward_fp8_dout amax recorded with GELU", "no GELU",
+               matmul_backward_fp8_dout(&t.out, NULL, d_scratch, d_dout, d_dout, N, OC, FP8_DOUT_AMAX_RECORDED, 0));
+    DeviceFp8 tiles = device_fp8_make(N, OC, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL);
+    CHECK_DIES("matmul_backward_fp8_dout amax recorded with 1x128 tiles", "is per tensor",
+               matmul_backward_fp8_dout(&tiles.out, NULL, d_scratch, d_dout, NULL, N, OC, FP8_DOUT_AMAX_RECORDED, 0));
+    device_fp8_free(&tiles);
     free(dout); free(after); free(scratch);
     device_fp8_free(&t);
     cudaCheck(cudaFree(d_dout)); cudaCheck(cudaFree(d_scratch));

@@ -43,7 +43,9 @@ recipe, linears and quantization points):
      the GPU's sizes (C = 768, vocab 50257); with the gradient casts' scale 1.25x off (codes
      and dequantization scale alike), 1.32 to 1.36.
    - Chained runs: delayed on d12 (also with -ge 2: GELU's derivative in fcproj's FP8 dgrad
-     epilogue, fc's dy amax pass without it), current and block with lm_head in FP8 on d6,
+     epilogue, fc's dy amax pass without it), delayed with -fg delayed on d6 (seeded by the
+     warm-ups: every dy cast in one tile pass that sums the bias, where without it layernorm
+     backward sums attproj's and fcproj's), current and block with lm_head in FP8 on d6,
      block with lm_head on a 2-layer model of C = 192 (whose tiles along K end short, as
      d48's), and delayed (also -ge 2: DGELU in fcproj's bf16 dgrad before fc's FP8 one) and
      block on d6 with the passes chosen per linear (fp8_settings_per_linear: forward alone,
@@ -792,6 +794,9 @@ int main(void) {
     if (first <= 6) {
         test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 1, "fp8 delayed", stream);
         test_fp8_forward_backward_vs_reference(TEST_MODEL_LARGE, &delayed, 1, 2, "fp8 delayed -ge 2", stream);
+        Fp8Settings delayed_grads = delayed;
+        delayed_grads.grad_scaling = FP8_GRADS_DELAYED;
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_grads, 1, 1, "fp8 delayed -fg delayed", stream);
         test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &current_lm_head, 1, 1, "fp8 current+lm_head", stream);
         test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_lm_head, 1, 1, "fp8 block+lm_head", stream);
         test_fp8_forward_backward_vs_reference(TEST_MODEL_UNEVEN, &block_lm_head, 1, 1, "fp8 block+lm_head, C=192", stream);

@@ -23,7 +23,10 @@ Why it is shaped so:
                      attproj, whose input, the attention output, is cast on its own), so
                      fp8 and fp8+cast bound the forward from below and above.
                 bwd: matmul_backward_fp8_dout (bias grad + amax + cast + transpose of dy,
-                     which replaces bf16's dbias) then the GEMMs.
+                     which replaces bf16's dbias) then the GEMMs. For attproj and fcproj
+                     the trainer takes dy's bias sums (both precisions) and amax (-fg
+                     current) in layernorm backward, which writes dy: there bf16-gemms is
+                     what bf16 pays, and fp8+cast overstates FP8's dy pass by one read.
     fp8+cast-fgd  as fp8+cast, with the output gradient scaled as under -fg delayed: the dy
                 pass casts with the state's (seeded) scale in the same pass that sums the
                 bias, reading dy once, where fp8+cast (-fg current, the default) reads it twice.

@@ -13,6 +13,8 @@ indexing, shared memory, barriers and warp collectives run as written, and the G
 What it checks that a GPU would not report: threads of one block waiting at different
 __syncthreads (or some exited), a warp collective whose mask names a lane that never
 arrives, device buffers read before written (cudaMalloc fills them with 0xff: bf16 NaN),
+shared memory read before the block wrote it (dynamic and static shared memory start each
+block as 0xff bytes, CUDASIM_FRESH_SHARED),
 writes past an allocation or past a block's dynamic shared memory (a guard page after each),
 a launch wider than 1024 threads (or than the kernel's __launch_bounds__, which a GPU refuses
 at the launch) or with more dynamic shared memory than the kernel's attribute allows. And what a GPU faults on but x86 does not: a uint2/int4/Packed128 access
@@ -108,6 +110,26 @@ struct ThreadCoordinates {
 };
 const ThreadCoordinates& coordinates();
 void* dynamic_shared_memory();
+// a number of its own for each block run (never 0), for CUDASIM_FRESH_SHARED
+uint64_t block_serial();
+
+// Static __shared__ memory holds garbage at the start of every block on a GPU. Here a static
+// __shared__ variable is a thread_local, which would keep the previous block's values (so a
+// read before the block's first write would see plausible numbers): translate.py follows each
+// declaration with CUDASIM_FRESH_SHARED(name), and the first thread of a block to pass it fills
+// the variable with 0xff bytes (NaN as a float), as dynamic_shared_memory() is filled.
+inline void fresh_shared(void* memory, size_t bytes, uint64_t* filled_for_block) {
+    uint64_t block = block_serial();
+    if (*filled_for_block != block) {
+        *filled_for_block = block;
+        memset(memory, 0xff, bytes);
+    }
+}
+#define CUDASIM_FRESH_SHARED(name)                                                  \
+    do {                                                                            \
+        static thread_local uint64_t cudasim_filled_for_block_##name = 0;           \
+        cudasim::fresh_shared((void*)&(name), sizeof(name), &cudasim_filled_for_block_##name); \
+    } while (0)
 
 // Stream-ordered work (cudasim_runtime.cpp): enqueue puts `work` at the end of `stream`'s
 // queue (0: the legacy default stream); it runs when the host must observe it (a

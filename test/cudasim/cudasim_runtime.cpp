@@ -27,6 +27,7 @@ thread calls the API (the queues take no lock); blocks of one kernel run on Open
 #include <string>
 #include <vector>
 #include <map>
+#include <atomic>
 #include <mutex>
 #include <deque>
 #include <memory>
@@ -181,6 +182,12 @@ const ThreadCoordinates& coordinates() {
     return current_fiber->coordinates;
 }
 void* dynamic_shared_memory() { return dynamic_shared.start; }
+static std::atomic<uint64_t> blocks_started{0};
+static thread_local uint64_t running_block_serial = 0;
+uint64_t block_serial() {
+    if (running_block_serial == 0) { fail("static __shared__ memory used outside a kernel"); }
+    return running_block_serial;
+}
 int lane_id() { return current_fiber->linear % 32; }
 
 static void yield_to_scheduler() { switch_context(&current_fiber->context, &scheduler_context); }
@@ -429,10 +436,13 @@ static void run_one_block(const LaunchConfig& config, const char* name, const st
     if (sigsetjmp(kernel_fault_jump, 0) != 0) {  // abandon_kernel: this block ends here
         current_fiber = nullptr;
         current_block = nullptr;
+        running_block_serial = 0;
         return;
     }
     current_block = &block;
+    running_block_serial = ++blocks_started;
     run_block(block);
+    running_block_serial = 0;
     current_block = nullptr;
 }
 

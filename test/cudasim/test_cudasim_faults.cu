@@ -10,7 +10,11 @@ refuses too (run under cudasim only):
   launch (cudaErrorLaunchOutOfResources, not sticky), and nothing of it runs;
 - __syncthreads_or returns, in every thread, whether any thread of the block passed a
   nonzero predicate to that barrier: one thread, none, all, over consecutive barriers (each
-  barrier's vote is its own).
+  barrier's vote is its own);
+- static __shared__ memory holds garbage (0xff bytes) at the start of every block, not the
+  values the previous block on the same OS thread left (a read before the block's first
+  write shows), in a kernel and in a __device__ function it calls twice (the second call
+  sees the first call's value: one variable per block).
 */
 #include "llmc/cuda_common.h"
 #include "test/test_harness.h"
@@ -63,6 +67,41 @@ static void test_syncthreads_or(void) {
     cudaCheck(cudaFree(votes));
 }
 
+// the word of static shared memory a __device__ function keeps: returns what it held, stores `value`
+__device__ uint32_t swap_shared_word(uint32_t value) {
+    __shared__ uint32_t word;
+    uint32_t before = word;
+    word = value;
+    return before;
+}
+
+// one thread a block: seen[3 b] the kernel's own shared word before its first write, seen[3 b + 1]
+// and [3 b + 2] what the function's word held at its first and second call
+__global__ void shared_before_write_kernel(uint32_t* seen) {
+    __shared__ uint32_t word;
+    seen[3 * blockIdx.x] = word;
+    word = blockIdx.x;
+    seen[3 * blockIdx.x + 1] = swap_shared_word(100 + blockIdx.x);
+    seen[3 * blockIdx.x + 2] = swap_shared_word(200 + blockIdx.x);
+}
+
+static void test_static_shared_starts_as_garbage(void) {
+    const int blocks = 4;
+    uint32_t* seen;
+    cudaCheck(cudaMalloc(&seen, 3 * blocks * sizeof(uint32_t)));
+    shared_before_write_kernel<<<blocks, 1>>>(seen);
+    uint32_t host[3 * blocks];
+    cudaCheck(cudaMemcpy(host, seen, sizeof(host), cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (int b = 0; b < blocks; b++) {
+        wrong += host[3 * b] != 0xffffffffu || host[3 * b + 1] != 0xffffffffu || host[3 * b + 2] != 100u + b;
+    }
+    CHECK(wrong == 0, "static __shared__ memory: %d of %d blocks did not start from 0xff bytes in the kernel and its "
+          "function, or lost the function's word between its calls (block 1 saw 0x%x, 0x%x, %u)", wrong, blocks,
+          host[3], host[4], host[5]);
+    cudaCheck(cudaFree(seen));
+}
+
 int main() {
     CHECK(!shared_write_faults(63), "writing the last byte of 64 bytes of dynamic shared memory faults");
     CHECK(shared_write_faults(64), "writing one byte past 64 bytes of dynamic shared memory does not fault");
@@ -95,6 +134,7 @@ int main() {
     CHECK(host_flag == 1, "64 threads for __launch_bounds__(64) did not run");
 
     test_syncthreads_or();
+    test_static_shared_starts_as_garbage();
 
     load_pair_kernel<<<1, 1>>>(out, in, 1);
     cudaError_t error = cudaDeviceSynchronize();

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """translate.py: rewrites CUDA sources into C++ that compiles against cudasim.h.
 
-Three rewrites, nothing else (the kernels must run as written):
+Four rewrites, nothing else (the kernels must run as written):
   kernel<T><<<grid, block, shared, stream>>>(args)
       -> cudasim::launch(cudasim::LaunchConfig(grid, block, shared, stream), kernel<T>, "kernel<T>")(args)
      and, for a kernel declared __launch_bounds__(N, ...) in any of the files translated together,
@@ -10,6 +10,8 @@ Three rewrites, nothing else (the kernels must run as written):
       -> T* name = reinterpret_cast<T*>(cudasim::dynamic_shared_memory());
   reinterpret_cast<To>(x)
       -> cudasim::checked_reinterpret_cast<To>(x)   (a misaligned vector access faults, cudasim.h)
+  __shared__ T name[...];   (static shared memory, a declaration of one line)
+      -> __shared__ T name[...]; CUDASIM_FRESH_SHARED(name);   (garbage at each block's start)
 
 Usage: translate.py OUT_DIR FILE...   (each FILE is written to OUT_DIR/FILE, same relative
 path, so #include "llmc/x.cuh" finds the translated copy when OUT_DIR is first on -I)
@@ -21,6 +23,9 @@ import sys
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>\s*\(", re.S)
 REINTERPRET_CAST = re.compile(r"\breinterpret_cast\s*<")
 DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([\w:<>]+(?:\s+[\w:<>]+)*?)\s+(\w+)\s*\[\s*\]\s*;")
+
+
+STATIC_SHARED = re.compile(r"^([ \t]*__shared__\s+[^;{}()]*?\b(\w+)\s*(?:\[[^\];]*\]\s*)*;)", re.M)
 
 
 LAUNCH_BOUNDS = re.compile(r"^[ \t]*(?:template\s*<[^>]*>\s*)?__global__\s+(?:void\s+)?__launch_bounds__\s*\(", re.M)
@@ -73,6 +78,9 @@ def translate(text, bounds=None):
     text = DYNAMIC_SHARED.sub(
         lambda m: f"{m.group(1)}* {m.group(2)} = reinterpret_cast<{m.group(1)}*>(cudasim::dynamic_shared_memory());",
         text)
+    text = STATIC_SHARED.sub(lambda m: f"{m.group(1)} CUDASIM_FRESH_SHARED({m.group(2)});", text)
+    if re.search(r"^[ \t]*__shared__\b(?!.*CUDASIM_FRESH_SHARED)", text, re.M):
+        raise SystemExit("translate.py: a static __shared__ declaration the rewrite does not recognise is left")
     text = REINTERPRET_CAST.sub("cudasim::checked_reinterpret_cast<", text)
     if "<<<" in text:
         raise SystemExit("translate.py: a kernel launch the rewrite does not recognise is left")
