@@ -674,12 +674,17 @@ static float gpt2_all_reduce(const GPT2* model, float value, ncclRedOp_t op, cud
     return multi_gpu != NULL ? multi_gpu_all_reduce_float(multi_gpu, value, op, stream, what) : value;
 }
 
-// global gradient norm over the owned (reduced) gradients of every rank; one host sync: the
-// progress line and the skip decision need it
-static float gpt2_grad_norm(GPT2* model, cudaStream_t stream) {
+// global gradient norm over the owned (reduced) gradients of every rank, in two halves: the
+// kernel is queued first (gpt2_grad_norm_launch), and the host reads its result after it has
+// read the loss (gpt2_grad_norm_read), so the GPU sums the gradients while the host sums the
+// losses, and one wait serves both. The progress line and the skip decision need the norm.
+static void gpt2_grad_norm_launch(GPT2* model, cudaStream_t stream) {
     global_norm_squared(model->norm_squared, model->acts.scratch_f, model->grads + model->owned.begin,
                         model->owned.end - model->owned.begin, stream);
     profiler_mark("grad norm");
+}
+
+static float gpt2_grad_norm_read(GPT2* model, cudaStream_t stream) {
     float norm_squared;
     // the bounded wait first: a copy into pageable memory returns only once it completed, so
     // queued behind the gradient reduce it would block on a dead peer with no deadline
@@ -844,8 +849,9 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
         gpt2_backward(model, micro == grad_accum_steps - 1, stream);
     }
     StepResult r;
+    gpt2_grad_norm_launch(model, stream);
     r.loss = gpt2_mean_loss(model, grad_accum_steps, stream);
-    r.grad_norm = gpt2_grad_norm(model, stream);
+    r.grad_norm = gpt2_grad_norm_read(model, stream);
     r.outcome = outlier_skip_judge(outliers, r.loss, r.grad_norm, &r.skip_z);
     if (r.outcome == STEP_UPDATED) {
         float grad_scale = (opt->grad_clip > 0.0f && r.grad_norm > opt->grad_clip) ? opt->grad_clip / r.grad_norm : 1.0f;
