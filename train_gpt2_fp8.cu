@@ -347,15 +347,15 @@ static void gpt2_linear_forward(GPT2* model, int layer, int kind, floatX* out, c
 What the layernorm backward that writes linear (layer, kind)'s output gradient takes from it for
 the linear (layernorm.cuh's LayernormDinpUses): attproj's dy is ln2's residual gradient, and
 fcproj's is ln1's of the layer above (lnf's for the last layer); layer -1 (ln1 of layer 0,
-which feeds the encoder) is no linear's. The bias gradient, wherever the linear's backward
+which feeds the encoder) is no linear's, and no layernorm writes the dy of qkv, fc or lm_head:
+for them it takes nothing. The bias gradient, wherever the linear's backward
 would read dy for it alone (a bf16 backward's bias pass; current scaling's amax pass), and then
 the amax too for an FP8 cast of current scaling. A one-pass FP8 cast (a known scale) sums the
 bias itself as it reads dy for the codes, so there the layernorm takes nothing.
 */
 static LayernormDinpUses gpt2_layernorm_dinp_uses(GPT2* model, int layer, int kind) {
     LayernormDinpUses uses = LAYERNORM_DINP_UNUSED;
-    if (layer < 0) { return uses; }
-    if (kind != LINEAR_ATTPROJ && kind != LINEAR_FCPROJ) { llm8_die("gpt2_layernorm_dinp_uses: linear kind %d is no layernorm's", kind); }
+    if (layer < 0 || (kind != LINEAR_ATTPROJ && kind != LINEAR_FCPROJ)) { return uses; }
     const Fp8Model* fp8 = &model->fp8;
     int i = fp8_model_linear(fp8, layer, kind);
     if (fp8_model_casts_dy(fp8, i)) {
@@ -392,9 +392,8 @@ static void gpt2_linear_backward(GPT2* model, int layer, int kind, floatX* dinp,
     int BT = model->B * model->T, K, OC;
     gpt2_linear_shape(model, kind, &K, &OC);
     bool dgrad_fp8 = fp8_model_runs(fp8, i, FP8_DGRAD), wgrad_fp8 = fp8_model_runs(fp8, i, FP8_WGRAD);
-    // dy written by a layernorm backward: the bias gradient (and the amax) may be taken already
-    bool dy_from_layernorm = kind == LINEAR_ATTPROJ || kind == LINEAR_FCPROJ;
-    LayernormDinpUses taken = dy_from_layernorm ? gpt2_layernorm_dinp_uses(model, layer, kind) : LAYERNORM_DINP_UNUSED;
+    // where a layernorm backward wrote dy, it may have taken the bias gradient (and the amax) already
+    LayernormDinpUses taken = gpt2_layernorm_dinp_uses(model, layer, kind);
     if (taken.bias_grad != NULL) {
         if (taken.bias_grad != dbias) { llm8_die("gpt2_linear_backward: layernorm backward summed another bias than this linear's"); }
         dbias = NULL;
