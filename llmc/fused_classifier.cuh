@@ -49,7 +49,8 @@ __device__ __forceinline__ SoftmaxStats softmax_stats_combine(SoftmaxStats a, So
 /*
 e^(x - max) of a logit, as 2^((x - max) log2(e)): an add, a multiply and one exp2_approx, where
 expf's range reduction took about 10 instructions, twice a logit, in a kernel bound by its
-instruction issue (about 24 instructions a logit in the first pass by the SASS). The difference
+instruction issue (the first pass had about 24 instructions a logit by the SASS; about 9 since
+the whole chunks run without column tests). The difference
 first, so that no logit size overflows (max log2(e) does above 2.4e38); the roundings and the
 approximate exp2 add a relative error of about 3e-6 to the terms that count (x - max > -20), far
 below the bf16 gradient's 4e-3; terms below 2^-126 (of a sum >= 1, and gradients below bf16's
@@ -58,20 +59,60 @@ reach at dloss = 1/(B T)) become 0.
 #define CLASSIFIER_LOG2E 1.4426950408889634f
 __device__ __forceinline__ float classifier_exp(float x, float max) { return exp2_approx((x - max) * CLASSIFIER_LOG2E); }
 
-// the running stats after the chunk x of a row, whose first column is `column` (columns from V on are padding)
+/*
+Per chunk of 8 logits from column `column`. WHOLE: every column is below V (all chunks of a
+row but the one V falls in and the padding chunks after it), so none is tested. The kernel
+walks the whole chunks in loops of their own and the few others after them: with the test in
+the one loop, the compiler predicated every column (about 3 instructions a logit, in each
+pass), and with a branch between two versions in it, it merged them back into that code.
+*/
+// the running stats after the chunk x
+template <bool WHOLE>
 __device__ __forceinline__ SoftmaxStats softmax_stats_add_chunk(SoftmaxStats stats, x128 x, int column, int V) {
-    const bool whole = column + x128::size <= V;  // all but the chunk V falls in: no test per column
     float chunk_max = -FLT_MAX;
     for (int k = 0; k < x128::size; k++) {
-        if (whole || column + k < V) { chunk_max = fmaxf(chunk_max, __bfloat162float(x[k])); }
+        if (WHOLE || column + k < V) { chunk_max = fmaxf(chunk_max, __bfloat162float(x[k])); }
     }
     float new_max = fmaxf(stats.max, chunk_max);
-    float sum = stats.sum * expf(stats.max - new_max);
+    float sum = __fmul_rn(stats.sum, expf(stats.max - new_max));  // rounded before the first term is added: no FFMA
     for (int k = 0; k < x128::size; k++) {
-        if (whole || column + k < V) { sum += classifier_exp(__bfloat162float(x[k]), new_max); }
+        if (WHOLE || column + k < V) { sum += classifier_exp(__bfloat162float(x[k]), new_max); }
     }
     SoftmaxStats updated = {new_max, sum};
     return updated;
+}
+
+/*
+The chunk x's gradients (softmax - onehot(target)) * dloss, 0 from V on: written over it in
+bf16, or as the E5M2 codes under `scale` into code_row, counted in tally.
+*/
+template <bool WHOLE>
+__device__ __forceinline__ void classifier_write_chunk_gradients(floatX* row, uint8_t* code_row, x128 x, int column, int V,
+                                                                 int target, float row_max, float inverse_sum, float dloss,
+                                                                 float scale, Fp8Format format, Fp8Tally* tally) {
+    const unsigned int target_k = (unsigned int)target - (unsigned int)column;  // below 8 in the target's chunk only
+    float g[x128::size];
+    for (int k = 0; k < x128::size; k++) {
+        g[k] = 0.0f;
+        if (WHOLE || column + k < V) {
+            float probability = classifier_exp(__bfloat162float(x[k]), row_max) * inverse_sum;
+            g[k] = (probability - ((unsigned int)k == target_k ? 1.0f : 0.0f)) * dloss;
+        }
+    }
+    x128 grad = x128_from_floats(g);
+    if (code_row != NULL) {
+        float values[x128::size];
+        for (int k = 0; k < x128::size; k++) { values[k] = __bfloat162float(grad[k]); }
+        uint2 codes = fp8_quantize8(values, scale, format);
+        Fp8Tally chunk = fp8_tally_zero();  // the chunk's amax: where it cannot saturate, count flushes only
+        for (int k = 0; k < x128::size; k++) { fp8_tally_amax(&chunk, values[k]); }
+        tally->amax_bits = max(tally->amax_bits, chunk.amax_bits);
+        fp8_tally_counts8(tally, values, codes, scale, format, fp8_may_saturate(bits_as_float(chunk.amax_bits), scale, format),
+                          packed_zero_count(grad));
+        *reinterpret_cast<uint2*>(code_row + column) = codes;
+    } else {
+        store128cs(row + column, grad);
+    }
 }
 
 // one block per row; each thread walks its chunks (threadIdx.x, + blockDim.x, ...) in order,
@@ -92,16 +133,22 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     if (threadIdx.x == 0 && target_valid) { target_logit = __bfloat162float(row[target]); }
 
     const int chunks = Vp / x128::size;
+    const int whole_chunks = V / x128::size;  // the chunks with no column from V on
     const int batch_stride = CLASSIFIER_LOADS * blockDim.x;
     SoftmaxStats stats = {-FLT_MAX, 0.0f};
-    for (int first = threadIdx.x; first < chunks; first += batch_stride) {
+    for (int first = threadIdx.x; first < whole_chunks; first += batch_stride) {
         x128 loaded[CLASSIFIER_LOADS];
-        load128_batch<CLASSIFIER_LOADS, false>(loaded, row, first, blockDim.x, chunks, x128::size);
+        load128_batch<CLASSIFIER_LOADS, false>(loaded, row, first, blockDim.x, whole_chunks, x128::size);
 #pragma unroll
         for (int j = 0; j < CLASSIFIER_LOADS; j++) {
             const int i = first + j * blockDim.x;
-            if (i < chunks) { stats = softmax_stats_add_chunk(stats, loaded[j], i * x128::size, V); }
+            if (i < whole_chunks) { stats = softmax_stats_add_chunk<true>(stats, loaded[j], i * x128::size, V); }
         }
+    }
+    // the chunk V falls in is the last of its thread's walk with real columns (the padding chunks
+    // after it add nothing), so the sums are those of one walk over every chunk in order
+    if (whole_chunks < chunks && threadIdx.x == whole_chunks % blockDim.x) {
+        stats = softmax_stats_add_chunk<false>(stats, load128(row + whole_chunks * x128::size), whole_chunks * x128::size, V);
     }
     for (int offset = WARP_SIZE / 2; offset > 0; offset /= 2) {
         SoftmaxStats other;
@@ -122,40 +169,22 @@ fused_classifier_kernel(floatX* logits, float* losses, float dloss, const int* t
     const float inverse_sum = 1.0f / row_stats.sum;
     uint8_t* code_row = dlogits_fp8.codes != NULL ? dlogits_fp8.codes + (size_t)blockIdx.x * Vp : NULL;
     const float scale = code_row != NULL ? dlogits_fp8.state->scale : 0.0f;
+    const Fp8Format format = dlogits_fp8.format;
     Fp8Tally tally = fp8_tally_zero();
-    for (int first = threadIdx.x; first < chunks; first += batch_stride) {
+    for (int first = threadIdx.x; first < whole_chunks; first += batch_stride) {
         x128 loaded[CLASSIFIER_LOADS];
-        load128_batch<CLASSIFIER_LOADS, true>(loaded, row, first, blockDim.x, chunks, x128::size);
+        load128_batch<CLASSIFIER_LOADS, true>(loaded, row, first, blockDim.x, whole_chunks, x128::size);
 #pragma unroll
         for (int j = 0; j < CLASSIFIER_LOADS; j++) {
             const int i = first + j * blockDim.x;
-            if (i >= chunks) { break; }
-            float g[x128::size];
-            const bool whole = (i + 1) * x128::size <= V;
-            for (int k = 0; k < x128::size; k++) {
-                int column = i * x128::size + k;
-                g[k] = 0.0f;
-                if (whole || column < V) {
-                    float probability = classifier_exp(__bfloat162float(loaded[j][k]), row_stats.max) * inverse_sum;
-                    g[k] = (probability - (column == target ? 1.0f : 0.0f)) * dloss;
-                }
-            }
-            x128 grad = x128_from_floats(g);
-            if (code_row != NULL) {
-                float values[x128::size];
-                for (int k = 0; k < x128::size; k++) { values[k] = __bfloat162float(grad[k]); }
-                uint2 codes = fp8_quantize8(values, scale, dlogits_fp8.format);
-                Fp8Tally chunk = fp8_tally_zero();  // the chunk's amax: where it cannot saturate, count flushes only
-                for (int k = 0; k < x128::size; k++) { fp8_tally_amax(&chunk, values[k]); }
-                tally.amax_bits = max(tally.amax_bits, chunk.amax_bits);
-                fp8_tally_counts8(&tally, values, codes, scale, dlogits_fp8.format,
-                                  fp8_may_saturate(bits_as_float(chunk.amax_bits), scale, dlogits_fp8.format),
-                                  packed_zero_count(grad));
-                *reinterpret_cast<uint2*>(code_row + i * x128::size) = codes;
-            } else {
-                store128cs(row + i * x128::size, grad);
-            }
+            if (i >= whole_chunks) { break; }
+            classifier_write_chunk_gradients<true>(row, code_row, loaded[j], i * x128::size, V, target, row_stats.max,
+                                                   inverse_sum, dloss, scale, format, &tally);
         }
+    }
+    for (int i = whole_chunks + threadIdx.x; i < chunks; i += blockDim.x) {  // the chunk V falls in, and the padding
+        classifier_write_chunk_gradients<false>(row, code_row, load128cs(row + i * x128::size), i * x128::size, V, target,
+                                                row_stats.max, inverse_sum, dloss, scale, format, &tally);
     }
     if (code_row != NULL) { fp8_tally_commit(tally, dlogits_fp8.record, false); }
 }
