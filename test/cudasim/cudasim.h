@@ -112,17 +112,23 @@ const ThreadCoordinates& coordinates();
 void* dynamic_shared_memory();
 // a number of its own for each block run (never 0), for CUDASIM_FRESH_SHARED
 uint64_t block_serial();
+// CUDASIM_FRESH_SHARED: the running block has a static __shared__ variable of `bytes`; counted
+// against a GPU's limits (48 KB static, 227 KB static + dynamic), beyond which the block ends
+// with cudaErrorLaunchOutOfResources (a GPU refuses such a kernel at its build or launch)
+void static_shared_declared(size_t bytes);
 
 // Static __shared__ memory holds garbage at the start of every block on a GPU. Here a static
 // __shared__ variable is a thread_local, which would keep the previous block's values (so a
 // read before the block's first write would see plausible numbers): translate.py follows each
 // declaration with CUDASIM_FRESH_SHARED(name), and the first thread of a block to pass it fills
-// the variable with 0xff bytes (NaN as a float), as dynamic_shared_memory() is filled.
+// the variable with 0xff bytes (NaN as a float), as dynamic_shared_memory() is filled, and
+// counts its size into the block's static shared memory.
 inline void fresh_shared(void* memory, size_t bytes, uint64_t* filled_for_block) {
     uint64_t block = block_serial();
     if (*filled_for_block != block) {
         *filled_for_block = block;
         memset(memory, 0xff, bytes);
+        static_shared_declared(bytes);
     }
 }
 #define CUDASIM_FRESH_SHARED(name)                                                  \

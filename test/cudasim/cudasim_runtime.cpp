@@ -131,6 +131,8 @@ struct Block {
     std::vector<Warp> warps;
     const char* kernel_name = nullptr;
     std::function<void()> const* body = nullptr;
+    size_t dynamic_shared_bytes = 0;
+    size_t static_shared_bytes = 0;  // of the static __shared__ variables the block has reached so far
 };
 
 static thread_local Block* current_block = nullptr;
@@ -373,7 +375,8 @@ static void run_block(Block& block) {
 
 static std::map<const void*, int> max_dynamic_shared_by_kernel;
 static const int DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024;
-static const int OPT_IN_DYNAMIC_SHARED_LIMIT = 227 * 1024;  // H100
+static const int OPT_IN_DYNAMIC_SHARED_LIMIT = 227 * 1024;  // H100: static + dynamic of one block
+static const size_t STATIC_SHARED_LIMIT = 48 * 1024;        // ptxas refuses more static __shared__
 static thread_local cudaError_t last_error = cudaSuccess;
 
 static uint64_t launch_count = 0;
@@ -386,6 +389,17 @@ bool kernel_running() { return current_block != nullptr; }
 void abandon_kernel(cudaError_t error) {
     sticky_error = error;
     siglongjmp(kernel_fault_jump, 1);
+}
+void static_shared_declared(size_t bytes) {
+    Block& block = *current_block;
+    block.static_shared_bytes += bytes;
+    if (block.static_shared_bytes > STATIC_SHARED_LIMIT ||
+        block.static_shared_bytes + block.dynamic_shared_bytes > (size_t)OPT_IN_DYNAMIC_SHARED_LIMIT) {
+        fprintf(stderr, "cudasim: kernel %s has %zu bytes of static shared memory and %zu of dynamic a block; a GPU "
+                "allows at most %zu static and %d together\n", block.kernel_name, block.static_shared_bytes,
+                block.dynamic_shared_bytes, STATIC_SHARED_LIMIT, OPT_IN_DYNAMIC_SHARED_LIMIT);
+        abandon_kernel(cudaErrorLaunchOutOfResources);
+    }
 }
 void misaligned_access(const void* address, size_t alignment) {
     fprintf(stderr, "cudasim: misaligned address in %s: %p accessed as a type aligned to %zu bytes\n",
@@ -416,6 +430,7 @@ static void run_one_block(const LaunchConfig& config, const char* name, const st
     block.warps.resize((threads + 31) / 32);
     block.kernel_name = name;
     block.body = &body;
+    block.dynamic_shared_bytes = config.dynamic_shared_bytes;
     const dim3 block_idx((unsigned)(linear_block % grid.x), (unsigned)(linear_block / grid.x % grid.y),
                          (unsigned)(linear_block / ((long)grid.x * grid.y)));
     int linear = 0;

@@ -15,6 +15,9 @@ refuses too (run under cudasim only):
   values the previous block on the same OS thread left (a read before the block's first
   write shows), in a kernel and in a __device__ function it calls twice (the second call
   sees the first call's value: one variable per block).
+- a block's static __shared__ memory counts against a GPU's limits: more than 48 KB of it, or
+  more than 227 KB of static and dynamic together, ends the kernel with an error (in forked
+  children); 40 KB static with 180 KB dynamic runs.
 */
 #include "llmc/cuda_common.h"
 #include "test/test_harness.h"
@@ -40,6 +43,56 @@ static bool shared_write_faults(int index) {
     int status = 0;
     waitpid(run.pid, &status, 0);
     return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
+}
+
+__global__ void big_static_shared_kernel(int* out) {
+    __shared__ unsigned char big[52 * 1024];
+    big[threadIdx.x] = 1;
+    *out = big[0];
+}
+__global__ void static_and_dynamic_shared_kernel(int* out) {
+    __shared__ unsigned char fixed[40 * 1024];
+    extern __shared__ unsigned char flexible[];
+    fixed[threadIdx.x] = 1;
+    flexible[threadIdx.x] = 2;
+    *out = fixed[0] + flexible[0];
+}
+
+// a child runs one of the kernels above (dynamic_kb > 0: the second, with that much dynamic
+// shared memory): SHARED_KERNEL_RAN (no CUDA error, the right value), SHARED_KERNEL_REFUSED
+// (a CUDA error and cudasim's line on the shared memory) or SHARED_KERNEL_OTHER
+enum { SHARED_KERNEL_RAN, SHARED_KERNEL_REFUSED, SHARED_KERNEL_OTHER };
+static int shared_kernel_outcome(int dynamic_kb) {
+    ChildRun run;
+    if (child_run_begin(&run)) {
+        int* out;
+        if (cudaMalloc(&out, sizeof(int)) != cudaSuccess) { _exit(2); }
+        if (dynamic_kb == 0) {
+            big_static_shared_kernel<<<1, 1>>>(out);
+        } else {
+            cudaFuncSetAttribute(static_and_dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 dynamic_kb * 1024);
+            static_and_dynamic_shared_kernel<<<1, 1, dynamic_kb * 1024>>>(out);
+        }
+        if (cudaDeviceSynchronize() != cudaSuccess) { _exit(1); }
+        int got = 0;
+        cudaMemcpy(&got, out, sizeof(int), cudaMemcpyDeviceToHost);
+        _exit(got == (dynamic_kb == 0 ? 1 : 3) ? 0 : 2);
+    }
+    char text[CHILD_STDERR_MAX + 1];
+    size_t length = 0;
+    ssize_t got;
+    while (length < CHILD_STDERR_MAX && (got = read(run.stderr_pipe[0], text + length, CHILD_STDERR_MAX - length)) > 0) {
+        length += (size_t)got;
+    }
+    text[length] = '\0';
+    close(run.stderr_pipe[0]);
+    int status = 0;
+    waitpid(run.pid, &status, 0);
+    if (!WIFEXITED(status)) { return SHARED_KERNEL_OTHER; }
+    if (WEXITSTATUS(status) == 0 && length == 0) { return SHARED_KERNEL_RAN; }
+    if (WEXITSTATUS(status) == 1 && strstr(text, "of static shared memory") != NULL) { return SHARED_KERNEL_REFUSED; }
+    return SHARED_KERNEL_OTHER;
 }
 
 __global__ void __launch_bounds__(64) mark_kernel(int* flag) { *flag = 1; }
@@ -105,6 +158,12 @@ static void test_static_shared_starts_as_garbage(void) {
 int main() {
     CHECK(!shared_write_faults(63), "writing the last byte of 64 bytes of dynamic shared memory faults");
     CHECK(shared_write_faults(64), "writing one byte past 64 bytes of dynamic shared memory does not fault");
+    CHECK(shared_kernel_outcome(0) == SHARED_KERNEL_REFUSED, "a kernel with 52 KB of static shared memory was not "
+          "refused (a GPU allows 48 KB)");
+    CHECK(shared_kernel_outcome(180) == SHARED_KERNEL_RAN, "a kernel with 40 KB of static and 180 KB of dynamic shared "
+          "memory did not run");
+    CHECK(shared_kernel_outcome(190) == SHARED_KERNEL_REFUSED, "a kernel with 40 KB of static and 190 KB of dynamic "
+          "shared memory was not refused (a GPU allows 227 KB together)");
     uint32_t host_in[4] = {11, 22, 33, 44};
     uint32_t* in;
     uint2* out;
