@@ -115,6 +115,10 @@ train_gpt2_fp8: train_gpt2_fp8.cu $(LLMC_HEADERS) $(ATTENTION_OBJS) | check-cuda
 bench_gemm: dev/bench/bench_gemm.cu $(LLMC_HEADERS) | check-cuda
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDFLAGS) -o $@
 
+# which FP8-output GELU epilogues the GPU's cuBLASLt has (dev/bench/probe_epilogues.cu): asks, does not time
+probe_epilogues: dev/bench/probe_epilogues.cu $(LLMC_HEADERS) | check-cuda
+	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDFLAGS) -o $@
+
 train_gpt2cpu: test/train_gpt2cpu.c $(LLMC_HEADERS) test/gpt2_ref.h
 	$(CC) $(CFLAGS) -fopenmp $< -lm -o $@
 
@@ -191,10 +195,10 @@ test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS
 test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 	@bash test/run_cpu_tests.sh $(CPU_TESTS) $(CPU_CXX_TESTS)
 
-test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm $(SIM)/train_gpt2_fp8 $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
+test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues $(SIM)/train_gpt2_fp8 $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
 	$(PYTHON) -m pytest -q test
 
-compile-cuda: train_gpt2_fp8 bench_gemm $(GPU_TESTS)
+compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues $(GPU_TESTS)
 
 # the C tests built with AddressSanitizer and UBSan, and the cudasim tests with UBSan, into
 # $(BUILD)/sanitize: what the -O3 builds run past silently (a read past a buffer, a use after
@@ -237,4 +241,4 @@ env:
 	    bash dev/gpu_env.sh
 
 clean:
-	rm -rf $(BUILD) train_gpt2_fp8 train_gpt2cpu bench_gemm
+	rm -rf $(BUILD) train_gpt2_fp8 train_gpt2cpu bench_gemm probe_epilogues

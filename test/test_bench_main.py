@@ -424,7 +424,8 @@ def test_sigterm_kills_the_running_trainer(tmp_path):
 def first_stage_fakes(tmp_path):
     """the scripts' copy, and stand-ins on a PATH directory: make (no cuDNN frontend headers, so check-cudnn fails
     and the build gets NO_CUDNN=1; one target fails), nvidia-smi, a test binary per test/test_*.cu printing 10
-    passes (test_fp8_kernels one failure, test_gpt2 hangs); returns (root, PATH directory, OUT, test names)"""
+    passes (test_fp8_kernels one failure, test_gpt2 hangs), and ./probe_epilogues printing a one-row table; returns
+    (root, PATH directory, OUT, test names)"""
     root, fakes, out = copy_of_the_scripts(tmp_path), tmp_path / "bin", tmp_path / "out"
     names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(bench_stubs.ROOT, "test", "test_*.cu")))
     (root / "build").mkdir()
@@ -434,6 +435,10 @@ def first_stage_fakes(tmp_path):
         path = root / "build" / name
         path.write_text("#!/bin/sh\n" + body.get(name, f'echo "{name}: 10 passed, 0 failed"') + "\n")
         path.chmod(0o755)
+    probe = root / "probe_epilogues"
+    probe.write_text('#!/bin/sh\necho "## cuBLASLt FP8 GEMMs with FP8 outputs through GELU epilogues (Fake H100)"\n'
+                     'echo; echo "| case | heuristic | run | amax D written |"; echo "| fc fwd: E4M3 D | yes | yes | - |"\n')
+    probe.chmod(0o755)
     fakes.mkdir()
     make = ('case "$*" in env*) echo "the machine";; '
             '*check-cudnn*) echo "error: cuDNN frontend headers (cudnn_frontend.h) not found" >&2; exit 2;; '
@@ -466,10 +471,13 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     summary = (out / "summary.txt").read_text().splitlines()
     assert summary[:3] == ["== first: Fake H100, 580.1", "build: 1 make errors (build.log)",
                            "build: NO_CUDNN=1, no cuDNN attention tested (error: cuDNN frontend headers (cudnn_frontend.h) not found)"]
-    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm gpu-tests$", (out / "build.log").read_text(), re.M)
+    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests$", (out / "build.log").read_text(), re.M)
     # test_gpt2 runs last and is cut at the tests' deadline; the others ran, in the stage's order
     assert summary[3] == f"gpu tests: {10 * (len(names) - 2) + 5} passed, 2 failed", summary
     assert "!! build/test_gpt2 ran past TEST_DEADLINE (" in summary[4], summary
+    # probe_epilogues' table: in env.txt after the build, in the summary after the tests
+    assert "## cuBLASLt FP8 GEMMs with FP8 outputs through GELU epilogues (Fake H100)" in (out / "env.txt").read_text()
+    assert "| fc fwd: E4M3 D | yes | yes | - |" in summary, summary
     ran = re.findall(r"^== build/(\w+)$", (out / "gpu_tests.log").read_text(), re.M)
     assert ran[:3] == ["test_kernels", "test_matmul_attention", "test_fp8_kernels"] and ran[-1] == "test_gpt2", ran
     assert sorted(ran) == names
@@ -498,14 +506,17 @@ def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):
 
 def test_gpu_session_first_stage_without_a_benchmark(tmp_path):
     """FIRST_BENCH_S=0 (env, build and tests only, the rest of a call for another stage): the tests take the whole
-    FIRST_S and the summary says the benchmark did not run"""
+    FIRST_S and the summary says the benchmark did not run; with ./probe_epilogues not built, the summary says
+    why it has no table"""
     root, fakes, out, names = first_stage_fakes(tmp_path)
+    (root / "probe_epilogues").unlink()
     env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable,
                FIRST_S="6", FIRST_BENCH_S="0")
     subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True, timeout=60, env=env)
     summary = (out / "summary.txt").read_text().splitlines()
     assert not [f for f in os.listdir(out) if f.endswith(".md")]
     assert re.fullmatch(r"bench: not run: \d s left of FIRST_S", summary[-2]), summary
+    assert "probe_epilogues: no table ((probe_epilogues: exit 127))" in summary, summary
 
 
 def fake_tool(directory, name, body):
@@ -544,7 +555,7 @@ def test_gpu_session_builds_without_cudnn_when_its_attention_does_not_compile(tm
     assert result.returncode == 0, result.stderr
     log = (out / "build.log").read_text()
     assert "build: NO_CUDNN=1, no cuDNN attention tested (build/cudnn_att.o did not build: above)" in log, log
-    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm gpu-tests$", log, re.M), log
+    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests$", log, re.M), log
 
 
 def test_gpu_session_rerun_runs_one_binary_after_the_build(tmp_path):

@@ -983,3 +983,14 @@ def test_cpu_corrupt_outlier_windows_are_refused(tmp_path):
     state.write_bytes(bytes(data))
     r = run(CPU, spike_args(tmp_path, ["-sl", 3, "-x", 6, "-y", 1, "-o", out]), timeout=600)
     assert_one_line_error(r, str(state), "outlier_windows", "loss window (count 100000")
+
+
+def test_probe_epilogues_command_line():
+    """./probe_epilogues (dev/bench/probe_epilogues.cu) takes no flags: --help prints its usage, anything else is
+    one error line naming it; without a GPU (CI) it says so in one line"""
+    probe = os.path.join(ROOT, "probe_epilogues")
+    r = run(probe, ["--help"])
+    assert r.returncode == 0 and r.stdout.startswith("usage: ./probe_epilogues"), r.stdout
+    assert_one_line_error(run(probe, ["--models"]), "unknown argument '--models'")
+    if subprocess.run(["bash", "-c", "nvidia-smi -L"], capture_output=True).returncode != 0:
+        assert_one_line_error(run(probe, []), "no usable NVIDIA GPU here")
