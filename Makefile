@@ -149,7 +149,8 @@ $(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh) 
 SIM = $(BUILD)/sim
 SIM_CXX = $(CXX) -std=c++17 -O2 -fopenmp -I$(NCCL_INCLUDE) -I$(CUDA_HOME)/include -I$(SIM) -I. \
     -include test/cudasim/cudasim.h -DLLM8_NO_CUDNN
-SIM_INPUTS = $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh test/test_*.cu test/cudasim/test_*.cu) train_gpt2_fp8.cu
+SIM_INPUTS = $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh test/test_*.cu test/cudasim/test_*.cu) train_gpt2_fp8.cu \
+    dev/bench/probe_epilogues.cu
 SIM_RUNTIME = $(patsubst test/cudasim/%.cpp,$(SIM)/%.o,$(wildcard test/cudasim/cudasim_*.cpp))
 SIM_TESTS = $(patsubst test/%.cu,$(SIM)/%,$(wildcard test/test_*.cu)) \
     $(patsubst test/cudasim/%.cu,$(SIM)/%,$(wildcard test/cudasim/test_*.cu))
@@ -172,6 +173,10 @@ $(SIM)/test_cudasim_%: $(SIM)/.translated $(SIM_RUNTIME)
 $(SIM)/train_gpt2_fp8: $(SIM)/.translated $(SIM_RUNTIME)
 	$(SIM_CXX) -x c++ $(SIM)/train_gpt2_fp8.cu -x none $(SIM_RUNTIME) -lm -ldl -o $@
 
+# the probe's own code (descriptors, the table, the run of each accepted case) against cudasim's cuBLASLt
+$(SIM)/probe_epilogues: $(SIM)/.translated $(SIM_RUNTIME)
+	$(SIM_CXX) -x c++ $(SIM)/dev/bench/probe_epilogues.cu -x none $(SIM_RUNTIME) -lm -ldl -o $@
+
 # the GPU test binaries under cudasim (part of make test: a few minutes on 2 cores)
 test-sim: $(SIM_TESTS)
 	@RUNNER_NAME="cudasim tests" bash test/run_cpu_tests.sh $(SIM_TESTS)
@@ -190,12 +195,12 @@ test:
 	$(MAKE) -j$(JOBS) test-build
 	$(MAKE) test-cpu test-sim test-python
 
-test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS) $(SIM)/train_gpt2_fp8 $(BUILD)/libfake_nvml.so
+test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS) $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(BUILD)/libfake_nvml.so
 
 test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 	@bash test/run_cpu_tests.sh $(CPU_TESTS) $(CPU_CXX_TESTS)
 
-test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues $(SIM)/train_gpt2_fp8 $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
+test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
 	$(PYTHON) -m pytest -q test
 
 compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues $(GPU_TESTS)

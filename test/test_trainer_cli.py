@@ -994,3 +994,20 @@ def test_probe_epilogues_command_line():
     assert_one_line_error(run(probe, ["--models"]), "unknown argument '--models'")
     if subprocess.run(["bash", "-c", "nvidia-smi -L"], capture_output=True).returncode != 0:
         assert_one_line_error(run(probe, []), "no usable NVIDIA GPU here")
+
+
+def test_probe_epilogues_under_cudasim():
+    """the probe's own code on cudasim's cuBLASLt, which has the bf16-D epilogues the trainer uses but no FP8 D: the
+    two controls are accepted and run once (a misaligned scale pointer, refused on an H200, would fail them), and
+    each FP8-D case says which attribute was refused instead of ending the probe"""
+    probe = os.path.join(ROOT, "build", "sim", "probe_epilogues")
+    r = run(probe, [])
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| fc") or line.startswith("| fcproj")]
+    assert len(rows) == 8, r.stdout
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        if "(control" in cells[0]:
+            assert cells[1:] == ["yes", "yes", "-"], row
+        else:
+            assert cells[1] == "CUBLASLT_MATMUL_DESC_D_SCALE_POINTER refused: CUBLAS_STATUS_NOT_SUPPORTED", row
