@@ -93,6 +93,20 @@ struct alignas(16) Packed128 {
 typedef Packed128<floatX> x128;  // 8 bf16
 typedef Packed128<float> f128;   // 4 floats
 
+/*
+Element k of x as a float, taken from the word that holds it: an even element is the low half
+shifted up, an odd one the high half masked, one instruction each. __bfloat162float(x[k])
+compiled an odd element to a byte permute that moved the high half down and a shift that moved
+it back up, an extra instruction for every second element of every loop over a tensor's values.
+Exact: a bf16 is the top half of its float. k is meant to be known at compile time (an unrolled
+loop); a run-time k still works, through selects between the words.
+*/
+__device__ __forceinline__ float x128_float(const x128& x, int k) {
+    const int4 words = x.bits();
+    const uint32_t word = (uint32_t)(k < 4 ? (k < 2 ? words.x : words.y) : (k < 6 ? words.z : words.w));
+    return __uint_as_float(k % 2 == 0 ? word << 16 : word & 0xffff0000u);
+}
+
 // 8 floats rounded to bf16, two per conversion instruction: the bits of 8 __float2bfloat16_rn
 __device__ __forceinline__ x128 x128_from_floats(const float (&x)[x128::size]) {
     x128 packed;

@@ -38,7 +38,7 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
     x128 token_vec = load128cs(wte + (size_t)inp[bt] * C + c);    // rows of wte: scattered, read once
     x128 result;
     for (int k = 0; k < x128::size; k++) {
-        result[k] = __float2bfloat16_rn(__bfloat162float(token_vec[k]) + __bfloat162float(position_vec[k]));
+        result[k] = __float2bfloat16_rn(x128_float(token_vec, k) + x128_float(position_vec, k));
     }
     store128(out + (size_t)bt * C + c, result);
 }
@@ -171,12 +171,12 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dout, co
     int end = bucket_starts[bucket + 1];
     for (int i = bucket_starts[bucket]; i < end; i++) {
         x128 grad = load128cs(dout + (size_t)positions[i] * C + c);
-        for (int k = 0; k < x128::size; k++) { sum[k] += __bfloat162float(grad[k]); }
+        for (int k = 0; k < x128::size; k++) { sum[k] += x128_float(grad, k); }
     }
     floatX* row = dwte + (size_t)bucket_tokens[bucket] * C + c;
     x128 accumulated = load128(row);
     for (int k = 0; k < x128::size; k++) {
-        accumulated[k] = __float2bfloat16_rn(__bfloat162float(accumulated[k]) + sum[k]);
+        accumulated[k] = __float2bfloat16_rn(x128_float(accumulated, k) + sum[k]);
     }
     store128(row, accumulated);
 }
@@ -192,12 +192,12 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
     for (int k = 0; k < x128::size; k++) { sum[k] = 0.0f; }
     for (int b = 0; b < B; b++) {
         x128 grad = load128cs(dout + ((size_t)b * T + t) * C + c);
-        for (int k = 0; k < x128::size; k++) { sum[k] += __bfloat162float(grad[k]); }
+        for (int k = 0; k < x128::size; k++) { sum[k] += x128_float(grad, k); }
     }
     floatX* row = dwpe + (size_t)t * C + c;
     x128 accumulated = load128(row);
     for (int k = 0; k < x128::size; k++) {
-        accumulated[k] = __float2bfloat16_rn(__bfloat162float(accumulated[k]) + sum[k]);
+        accumulated[k] = __float2bfloat16_rn(x128_float(accumulated, k) + sum[k]);
     }
     store128(row, accumulated);
 }

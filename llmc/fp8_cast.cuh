@@ -190,6 +190,9 @@ static inline void fp8_cast_check(const Fp8CastOutput* out, int rows, int cols, 
 
 __device__ __forceinline__ float fp8_stage_to_float(floatX x) { return __bfloat162float(x); }
 __device__ __forceinline__ float fp8_stage_to_float(float x) { return x; }
+// element k of a staged 16-byte vector as a float (bf16: x128_float, an instruction each)
+__device__ __forceinline__ float fp8_stage_to_float(const x128& v, int k) { return x128_float(v, k); }
+__device__ __forceinline__ float fp8_stage_to_float(const f128& v, int k) { return v[k]; }
 template <class T> __device__ __forceinline__ T fp8_stage_from_float(float x);
 template <> __device__ __forceinline__ floatX fp8_stage_from_float<floatX>(float x) { return __float2bfloat16_rn(x); }
 template <> __device__ __forceinline__ float fp8_stage_from_float<float>(float x) { return x; }
@@ -233,7 +236,7 @@ __device__ __forceinline__ Packed128<In> fp8_stage_vector(Packed128<In> loaded, 
         return loaded;
     } else {
         float x[Packed128<In>::size];
-        for (int k = 0; k < Packed128<In>::size; k++) { x[k] = fp8_stage_to_float(loaded[k]); }
+        for (int k = 0; k < Packed128<In>::size; k++) { x[k] = fp8_stage_to_float(loaded, k); }
         transform.stage(x, row, col, aux);
         return fp8_stage_pack<In>(x);
     }
@@ -274,7 +277,7 @@ __global__ void fp8_amax_kernel(Fp8CastRecord* record, const In* in, size_t n, T
         for (int j = 0; j < FP8_STAGE_BATCH; j++) {
             if (first + j * step >= vectors) { break; }
             for (int k = 0; k < vector; k++) {
-                float value = fp8_stage_to_float(fp8_stage_from_float<In>(transform(fp8_stage_to_float(loaded[j][k]))));
+                float value = fp8_stage_to_float(fp8_stage_from_float<In>(transform(fp8_stage_to_float(loaded[j], k))));
                 fp8_tally_amax(&tally, value);
             }
         }
@@ -354,7 +357,7 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
             const int r = first_row + (batch + j) * rows_per_pass;
             if (r >= rows_here || c >= cols_here) { continue; }
             Packed128<In> staged = fp8_stage_vector(loaded[j], transform, r0 + r, c0 + c, aux[j]);
-            for (int k = 0; k < vector; k++) { fp8_tally_amax(&tally, fp8_stage_to_float(staged[k])); }
+            for (int k = 0; k < vector; k++) { fp8_tally_amax(&tally, fp8_stage_to_float(staged, k)); }
             *reinterpret_cast<int4*>(tile + r * stride + c) = staged.bits();
             if (transformed_out != NULL) { store128(transformed_out + (size_t)(r0 + r) * cols + c0 + c, staged); }
         }
@@ -426,7 +429,7 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
                 int zeros = 0;
                 for (int v = 0; v < 8; v += vector) {  // 16-byte reads: the staged row is 16-byte aligned
                     Packed128<In> staged = load128(tile + r * stride + c + 8 * half + v);
-                    for (int k = 0; k < vector; k++) { x[v + k] = fp8_stage_to_float(staged[k]); }
+                    for (int k = 0; k < vector; k++) { x[v + k] = fp8_stage_to_float(staged, k); }
                     zeros += packed_zero_count(staged);
                 }
                 codes[half] = fp8_quantize8(x, scale, out.format);

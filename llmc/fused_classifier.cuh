@@ -49,8 +49,9 @@ __device__ __forceinline__ SoftmaxStats softmax_stats_combine(SoftmaxStats a, So
 /*
 e^(x - max) of a logit, as 2^((x - max) log2(e)): an add, a multiply and one exp2_approx, where
 expf's range reduction took about 10 instructions, twice a logit, in a kernel bound by its
-instruction issue (the first pass had about 24 instructions a logit by the SASS; about 9 since
-the whole chunks run without column tests). The difference
+instruction issue (the first pass had about 24 instructions a logit by the SASS; about 8 since
+the whole chunks run without column tests and odd elements convert in one instruction,
+x128_float). The difference
 first, so that no logit size overflows (max log2(e) does above 2.4e38); the roundings and the
 approximate exp2 add a relative error of about 3e-6 to the terms that count (x - max > -20), far
 below the bf16 gradient's 4e-3; terms below 2^-126 (of a sum >= 1, and gradients below bf16's
@@ -71,12 +72,12 @@ template <bool WHOLE>
 __device__ __forceinline__ SoftmaxStats softmax_stats_add_chunk(SoftmaxStats stats, x128 x, int column, int V) {
     float chunk_max = -FLT_MAX;
     for (int k = 0; k < x128::size; k++) {
-        if (WHOLE || column + k < V) { chunk_max = fmaxf(chunk_max, __bfloat162float(x[k])); }
+        if (WHOLE || column + k < V) { chunk_max = fmaxf(chunk_max, x128_float(x, k)); }
     }
     float new_max = fmaxf(stats.max, chunk_max);
     float sum = __fmul_rn(stats.sum, expf(stats.max - new_max));  // rounded before the first term is added: no FFMA
     for (int k = 0; k < x128::size; k++) {
-        if (WHOLE || column + k < V) { sum += classifier_exp(__bfloat162float(x[k]), new_max); }
+        if (WHOLE || column + k < V) { sum += classifier_exp(x128_float(x, k), new_max); }
     }
     SoftmaxStats updated = {new_max, sum};
     return updated;
@@ -95,14 +96,14 @@ __device__ __forceinline__ void classifier_write_chunk_gradients(floatX* row, ui
     for (int k = 0; k < x128::size; k++) {
         g[k] = 0.0f;
         if (WHOLE || column + k < V) {
-            float probability = classifier_exp(__bfloat162float(x[k]), row_max) * inverse_sum;
+            float probability = classifier_exp(x128_float(x, k), row_max) * inverse_sum;
             g[k] = (probability - ((unsigned int)k == target_k ? 1.0f : 0.0f)) * dloss;
         }
     }
     x128 grad = x128_from_floats(g);
     if (code_row != NULL) {
         float values[x128::size];
-        for (int k = 0; k < x128::size; k++) { values[k] = __bfloat162float(grad[k]); }
+        for (int k = 0; k < x128::size; k++) { values[k] = x128_float(grad, k); }
         uint2 codes = fp8_quantize8(values, scale, format);
         Fp8Tally chunk = fp8_tally_zero();  // the chunk's amax: where it cannot saturate, count flushes only
         for (int k = 0; k < x128::size; k++) { fp8_tally_amax(&chunk, values[k]); }
@@ -115,7 +116,7 @@ __device__ __forceinline__ void classifier_write_chunk_gradients(floatX* row, ui
     }
 }
 
-// one block per row; each thread walks its chunks (threadIdx.x, + blockDim.x, ...) in order,
+// one block per row; each thread walks its whole chunks (threadIdx.x, + blockDim.x, ...) in order,
 // loading CLASSIFIER_LOADS of them before it uses the first (two 512-thread blocks per SM at
 // up to 64 registers: 64 KB in flight per SM, and one block's barrier and reduction overlap
 // the other's loads)

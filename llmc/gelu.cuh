@@ -25,7 +25,7 @@ __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
     x128 x = load128cs(inp + i);
     x128 y;
     for (int k = 0; k < x128::size; k++) {
-        y[k] = __float2bfloat16_rn(gelu_forward_element(__bfloat162float(x[k])));
+        y[k] = __float2bfloat16_rn(gelu_forward_element(x128_float(x, k)));
     }
     store128(out + i, y);
 }
@@ -40,7 +40,7 @@ void gelu_forward(floatX* out, const floatX* inp, size_t N, cudaStream_t stream)
 // its input, gelu'(pre) * dout in fp32, which every caller rounds to bf16 (this kernel, the bias
 // pass and the FP8 dy cast alike, so all give the same bits)
 __device__ __forceinline__ void gelu_backward_multiply(float (&dout)[x128::size], x128 pre) {
-    for (int k = 0; k < x128::size; k++) { dout[k] = gelu_backward_element(__bfloat162float(pre[k])) * dout[k]; }
+    for (int k = 0; k < x128::size; k++) { dout[k] = gelu_backward_element(x128_float(pre, k)) * dout[k]; }
 }
 
 // d_in_out: in, the gradient of GELU's output; out, the gradient of its input
@@ -49,7 +49,7 @@ __global__ void gelu_backward_inplace_kernel(floatX* d_in_out, const floatX* inp
     if (i >= N) { return; }
     x128 stored = load128cs(d_in_out + i);
     float d[x128::size];
-    for (int k = 0; k < x128::size; k++) { d[k] = __bfloat162float(stored[k]); }
+    for (int k = 0; k < x128::size; k++) { d[k] = x128_float(stored, k); }
     gelu_backward_multiply(d, load128cs(inp + i));
     store128(d_in_out + i, x128_from_floats(d));
 }

@@ -42,7 +42,7 @@ __global__ void global_norm_partials_kernel(float* partials, const floatX* value
         for (int j = 0; j < GLOBAL_NORM_LOADS; j++) {
             if (first + j * step >= chunks) { break; }
             for (int k = 0; k < x128::size; k++) {
-                float value = __bfloat162float(loaded[j][k]);
+                float value = x128_float(loaded[j], k);
                 sum += value * value;
             }
         }

@@ -123,11 +123,11 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM
                 if (i >= chunks) { break; }
                 if (inp2 != NULL) {
                     for (int e = 0; e < x128::size; e++) {
-                        x[j][e] = __float2bfloat16_rn(__bfloat162float(x[j][e]) + __bfloat162float(branch[j][e]));
+                        x[j][e] = __float2bfloat16_rn(x128_float(x[j], e) + x128_float(branch[j], e));
                     }
                 }
                 cache[i] = x[j];
-                for (int e = 0; e < x128::size; e++) { sum += __bfloat162float(x[j][e]); }
+                for (int e = 0; e < x128::size; e++) { sum += x128_float(x[j], e); }
             }
         }
         const float mean = warp_reduce_sum(sum) / C;
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM
             x128 x = cache[i];
             if (inp2 != NULL) { store128(residual_out + row_offset + i * x128::size, x); }
             for (int e = 0; e < x128::size; e++) {
-                float deviation = __bfloat162float(x[e]) - mean;
+                float deviation = x128_float(x, e) - mean;
                 squared_deviations += deviation * deviation;
             }
         }
@@ -157,13 +157,12 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM
                 x128 x = cache[i];
                 float y[x128::size];
                 for (int e = 0; e < x128::size; e++) {
-                    y[e] = layernorm_output_element(__bfloat162float(x[e]), mean, rstd, __bfloat162float(w[j][e]),
-                                                    __bfloat162float(b[j][e]));
+                    y[e] = layernorm_output_element(x128_float(x, e), mean, rstd, x128_float(w[j], e), x128_float(b[j], e));
                 }
                 x128 out = x128_from_floats(y);
                 if (normed_out != NULL) { store128(normed_out + row_offset + i * x128::size, out); }
                 if (FP8_PASS != LAYERNORM_NO_FP8) {
-                    for (int e = 0; e < x128::size; e++) { fp8_tally_amax(&tally, __bfloat162float(out[e])); }
+                    for (int e = 0; e < x128::size; e++) { fp8_tally_amax(&tally, x128_float(out, e)); }
                 }
                 if (cast) { cache[i] = out; }  // the row's input is not needed again
             }
@@ -176,7 +175,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM
             for (int i = lane; i < chunks; i += WARP_SIZE) {
                 x128 out = cache[i];
                 float values[x128::size];
-                for (int e = 0; e < x128::size; e++) { values[e] = __bfloat162float(out[e]); }
+                for (int e = 0; e < x128::size; e++) { values[e] = x128_float(out, e); }
                 uint2 packed = fp8_quantize8(values, scale, fp8.format);
                 fp8_tally_counts8(&tally, values, packed, scale, fp8.format, row_may_saturate, packed_zero_count(out));
                 if (fp8.codes != NULL) { *reinterpret_cast<uint2*>(fp8.codes + row_offset + i * x128::size) = packed; }
@@ -277,7 +276,7 @@ struct LayernormOutputTransform {
         const float row_mean = mean[row], row_rstd = rstd[row];
         x128 w = load128(weight + col), b = load128(bias + col);
         for (int k = 0; k < N; k++) {
-            x[k] = layernorm_output_element(x[k], row_mean, row_rstd, __bfloat162float(w[k]), __bfloat162float(b[k]));
+            x[k] = layernorm_output_element(x[k], row_mean, row_rstd, x128_float(w, k), x128_float(b, k));
         }
     }
 };
@@ -413,9 +412,9 @@ layernorm_backward_kernel(floatX* dinp, float* partials, Fp8CastRecord* dinp_ama
                     f128 dbias_acc = warp_dbias[2 * i + half];
                     for (int j = 0; j < f128::size; j++) {
                         int k = half * f128::size + j;
-                        float dout_k = __bfloat162float(d[b][k]);
-                        float xhat = (__bfloat162float(x[b][k]) - row_mean) * row_rstd;
-                        float dnorm = __bfloat162float(w[b][k]) * dout_k;
+                        float dout_k = x128_float(d[b], k);
+                        float xhat = (x128_float(x[b], k) - row_mean) * row_rstd;
+                        float dnorm = x128_float(w[b], k) * dout_k;
                         dnorm_sum += dnorm;
                         dnorm_xhat_sum += dnorm * xhat;
                         dweight_acc[j] += dout_k * xhat;
@@ -441,23 +440,23 @@ layernorm_backward_kernel(floatX* dinp, float* partials, Fp8CastRecord* dinp_ama
                 if (i >= chunks) { break; }
                 float sum[x128::size];
                 for (int k = 0; k < x128::size; k++) {
-                    float xhat = (__bfloat162float(x[b][k]) - row_mean) * row_rstd;
-                    float dnorm = __bfloat162float(w[b][k]) * __bfloat162float(d[b][k]);
+                    float xhat = (x128_float(x[b], k) - row_mean) * row_rstd;
+                    float dnorm = x128_float(w[b], k) * x128_float(d[b], k);
                     float dx = (dnorm - dnorm_mean - xhat * dnorm_xhat_mean) * row_rstd;
-                    sum[k] = __bfloat162float(g[b][k]) + dx;
+                    sum[k] = x128_float(g[b], k) + dx;
                 }
                 const x128 stored = x128_from_floats(sum);
                 store128(dinp + row_offset + i * x128::size, stored);
                 if constexpr (SUM_DINP) {
                     for (int half = 0; half < 2; half++) {
                         f128 dinp_acc = warp_dinp[2 * i + half];
-                        for (int j = 0; j < f128::size; j++) { dinp_acc[j] += __bfloat162float(stored[half * f128::size + j]); }
+                        for (int j = 0; j < f128::size; j++) { dinp_acc[j] += x128_float(stored, half * f128::size + j); }
                         warp_dinp[2 * i + half] = dinp_acc;
                     }
                 }
                 // unconditional: a test of dinp_amax here took the kernel from 72 to 140 registers
                 for (int k = 0; k < x128::size; k++) {
-                    dinp_amax_bits = max(dinp_amax_bits, fp8_amax_bits(__bfloat162float(stored[k])));
+                    dinp_amax_bits = max(dinp_amax_bits, fp8_amax_bits(x128_float(stored, k)));
                 }
             }
         }

@@ -21,6 +21,8 @@ per element |gpu - ref| <= atol + rtol * |ref|, in the spirit of llm.c's bf16 ch
   1e-6 * dloss; padding columns exactly 0; with FP8 codes instead (an FP8 lm_head), every code
   bit-exact against the host encode of the bf16 gradient under the bound's scale;
 - global norm: rtol 1e-5 against a double sum;
+- x128_float (every loop over packed bf16 reads through it): bit-exact for all 65536 patterns
+  at every position of a vector;
 - AdamW: bit-exact against its host reference (quant8.h's adamw_update_bf16_ref, the same
   element functions), the FP8 weight outputs too: the amax, and the delayed weight cast's
   codes under a scale from a smaller previous amax (so some saturate).
@@ -674,6 +676,42 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, s
 }
 
 // the MFU denominator: datasheet names as cudaGetDeviceProperties reports them
+/*
+x128_float against __bfloat162float for every bf16 bit pattern at every position of the vector
+(vector i holds pattern 8 i + k at position k, so each pattern is at each position once over
+8 launches' worth of rotations), the NaNs and infinities included: the conversion is exact.
+*/
+__global__ void x128_float_kernel(float* out, const floatX* in, int vectors) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= vectors) { return; }
+    x128 x = load128(in + (size_t)i * x128::size);
+    for (int k = 0; k < x128::size; k++) { out[(size_t)i * x128::size + k] = x128_float(x, k); }
+}
+
+static void test_x128_float(void) {
+    const int patterns = 65536, vectors = patterns / x128::size;
+    uint16_t* in = (uint16_t*)mallocCheck(patterns * sizeof(uint16_t));
+    floatX* d_in = (floatX*)cuda_malloc_checked(patterns * sizeof(uint16_t), "x128_float input");
+    float* d_out = (float*)cuda_malloc_checked(patterns * sizeof(float), "x128_float output");
+    float* out = (float*)mallocCheck(patterns * sizeof(float));
+    size_t wrong = 0;
+    for (int rotation = 0; rotation < x128::size; rotation++) {
+        for (int i = 0; i < patterns; i++) { in[i] = (uint16_t)((i / x128::size) * x128::size + (i + rotation) % x128::size); }
+        cudaCheck(cudaMemcpy(d_in, in, patterns * sizeof(uint16_t), cudaMemcpyHostToDevice));
+        x128_float_kernel<<<ceil_div(vectors, 256), 256>>>(d_out, d_in, vectors);
+        cudaCheck(cudaGetLastError());
+        cudaCheck(cudaMemcpy(out, d_out, patterns * sizeof(float), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < patterns; i++) {
+            uint32_t got, want = (uint32_t)in[i] << 16;
+            memcpy(&got, &out[i], sizeof(got));
+            wrong += got != want;
+        }
+    }
+    CHECK(wrong == 0, "x128_float: %zu of %d conversions differ from the bf16's float bits", wrong, x128::size * patterns);
+    free(in); free(out);
+    cudaCheck(cudaFree(d_in)); cudaCheck(cudaFree(d_out));
+}
+
 static void test_device_peaks(void) {
     CHECK(bf16_dense_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0f, "H100 SXM peak");
     CHECK(bf16_dense_peak_tflops("NVIDIA H100 PCIe") == 756.0f, "H100 PCIe peak");
@@ -721,6 +759,17 @@ int main(void) {
         test_gelu(s);
         test_fused_classifier(s);
     }
+    // the classifier's chunks with no padding column among them (V a multiple of 8), none at all
+    // (Vp = V), and a row shorter than one chunk (V < 8): its whole-chunk loops and the rest
+    const Shape classifier_edges[] = {
+        {"B=2 T=8 V=96 Vp=112", 2, 8, 40, 96, 112},
+        {"B=2 T=8 V=96 Vp=96", 2, 8, 40, 96, 96},
+        {"B=2 T=8 V=5 Vp=16", 2, 8, 40, 5, 16},
+    };
+    for (int i = 0; i < 3; i++) {
+        printf("shape %s\n", classifier_edges[i].name);
+        test_fused_classifier(&classifier_edges[i]);
+    }
     // d48's width: a lane's 6 or 7 chunks of a row take two of layernorm_backward's batches of loads
     const Shape d48_width = {"B=2 T=16 C=1600", 2, 16, 1600, 97, 104};
     printf("shape %s\n", d48_width.name);
@@ -729,6 +778,7 @@ int main(void) {
     const Shape many_rows = {"B=1 T=4261 C=40", 1, 4261, 40, 97, 104};
     test_layernorm_dinp_uses(&many_rows);
     test_layernorm_dinp_uses(&d48_width);
+    test_x128_float();
     test_global_norm(&shapes[0], (size_t)50 * 1000 * 1000 + 5);
     test_global_norm(&shapes[1], 1003);
     test_global_norm(&shapes[1], (size_t)8 * 512 * 37 + 8 * 5 + 3);  // a grid of 38 blocks, the last one short
