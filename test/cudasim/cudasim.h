@@ -113,8 +113,9 @@ void* dynamic_shared_memory();
 // a number of its own for each block run (never 0), for CUDASIM_FRESH_SHARED
 uint64_t block_serial();
 // CUDASIM_FRESH_SHARED: the running block has a static __shared__ variable of `bytes`; counted
-// against a GPU's limits (48 KB static, 227 KB static + dynamic), beyond which the block ends
-// with cudaErrorLaunchOutOfResources (a GPU refuses such a kernel at its build or launch)
+// against a GPU's limits (48 KB static; static + dynamic 48 KB, or 227 KB for a kernel whose
+// cudaFuncAttributeMaxDynamicSharedMemorySize was raised), beyond which the block ends with
+// cudaErrorLaunchOutOfResources (a GPU refuses such a kernel at its build or launch)
 void static_shared_declared(size_t bytes);
 
 // Static __shared__ memory holds garbage at the start of every block on a GPU. Here a static

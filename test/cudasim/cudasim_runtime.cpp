@@ -133,6 +133,7 @@ struct Block {
     std::function<void()> const* body = nullptr;
     size_t dynamic_shared_bytes = 0;
     size_t static_shared_bytes = 0;  // of the static __shared__ variables the block has reached so far
+    size_t shared_limit = 0;         // static + dynamic: 48 KB, or 227 KB once the kernel opted in
 };
 
 static thread_local Block* current_block = nullptr;
@@ -394,10 +395,13 @@ void static_shared_declared(size_t bytes) {
     Block& block = *current_block;
     block.static_shared_bytes += bytes;
     if (block.static_shared_bytes > STATIC_SHARED_LIMIT ||
-        block.static_shared_bytes + block.dynamic_shared_bytes > (size_t)OPT_IN_DYNAMIC_SHARED_LIMIT) {
+        block.static_shared_bytes + block.dynamic_shared_bytes > block.shared_limit) {
         fprintf(stderr, "cudasim: kernel %s has %zu bytes of static shared memory and %zu of dynamic a block; a GPU "
-                "allows at most %zu static and %d together\n", block.kernel_name, block.static_shared_bytes,
-                block.dynamic_shared_bytes, STATIC_SHARED_LIMIT, OPT_IN_DYNAMIC_SHARED_LIMIT);
+                "allows at most %zu static and %zu together (%s)\n", block.kernel_name, block.static_shared_bytes,
+                block.dynamic_shared_bytes, STATIC_SHARED_LIMIT, block.shared_limit,
+                block.shared_limit > (size_t)DEFAULT_DYNAMIC_SHARED_LIMIT
+                    ? "its cudaFuncAttributeMaxDynamicSharedMemorySize was raised"
+                    : "without raising its cudaFuncAttributeMaxDynamicSharedMemorySize");
         abandon_kernel(cudaErrorLaunchOutOfResources);
     }
 }
@@ -410,7 +414,7 @@ void misaligned_access(const void* address, size_t alignment) {
 
 // block number `linear_block` of a launch, on the calling OS thread's fibers
 static void run_one_block(const LaunchConfig& config, const char* name, const std::function<void()>& body,
-                          long linear_block, uint64_t launch_number) {
+                          long linear_block, uint64_t launch_number, size_t shared_limit) {
     const dim3 grid = config.grid, block_dim = config.block;
     const int threads = (int)(block_dim.x * block_dim.y * block_dim.z);
     if ((int)fiber_pool.size() < threads) {
@@ -431,6 +435,7 @@ static void run_one_block(const LaunchConfig& config, const char* name, const st
     block.kernel_name = name;
     block.body = &body;
     block.dynamic_shared_bytes = config.dynamic_shared_bytes;
+    block.shared_limit = shared_limit;
     const dim3 block_idx((unsigned)(linear_block % grid.x), (unsigned)(linear_block / grid.x % grid.y),
                          (unsigned)(linear_block / ((long)grid.x * grid.y)));
     int linear = 0;
@@ -484,11 +489,14 @@ void launch_grid(const LaunchConfig& config, const void* kernel_address, const c
         return;
     }
     const uint64_t launch_number = ++launch_count;
-    enqueue(config.stream, name, [config, name, body, blocks, launch_number](double) {
+    // static and dynamic shared memory together: 48 KB, or up to 227 KB for a kernel that raised its limit
+    const size_t shared_total_limit = found != max_dynamic_shared_by_kernel.end() ? (size_t)OPT_IN_DYNAMIC_SHARED_LIMIT
+                                                                                   : (size_t)DEFAULT_DYNAMIC_SHARED_LIMIT;
+    enqueue(config.stream, name, [config, name, body, blocks, launch_number, shared_total_limit](double) {
         // blocks are independent on a GPU too: the OS threads (OpenMP) each run whole blocks
         #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
         for (long b = 0; b < blocks; b++) {
-            run_one_block(config, name, body, b, launch_number);
+            run_one_block(config, name, body, b, launch_number, shared_total_limit);
         }
         return true;
     });

@@ -15,9 +15,10 @@ refuses too (run under cudasim only):
   values the previous block on the same OS thread left (a read before the block's first
   write shows), in a kernel and in a __device__ function it calls twice (the second call
   sees the first call's value: one variable per block).
-- a block's static __shared__ memory counts against a GPU's limits: more than 48 KB of it, or
-  more than 227 KB of static and dynamic together, ends the kernel with an error (in forked
-  children); 40 KB static with 180 KB dynamic runs.
+- a block's static __shared__ memory counts against a GPU's limits: more than 48 KB of it,
+  more than 48 KB of static and dynamic together for a kernel that did not raise its dynamic
+  limit, or more than 227 KB for one that did, ends the kernel with an error (in forked
+  children); 40 KB static with 4 KB dynamic, or with 180 KB after raising the limit, runs.
 */
 #include "llmc/cuda_common.h"
 #include "test/test_harness.h"
@@ -59,10 +60,11 @@ __global__ void static_and_dynamic_shared_kernel(int* out) {
 }
 
 // a child runs one of the kernels above (dynamic_kb > 0: the second, with that much dynamic
-// shared memory): SHARED_KERNEL_RAN (no CUDA error, the right value), SHARED_KERNEL_REFUSED
-// (a CUDA error and cudasim's line on the shared memory) or SHARED_KERNEL_OTHER
+// shared memory, its limit raised to it first if raise_limit): SHARED_KERNEL_RAN (no CUDA error,
+// the right value), SHARED_KERNEL_REFUSED (a CUDA error and cudasim's line on the shared memory)
+// or SHARED_KERNEL_OTHER
 enum { SHARED_KERNEL_RAN, SHARED_KERNEL_REFUSED, SHARED_KERNEL_OTHER };
-static int shared_kernel_outcome(int dynamic_kb) {
+static int shared_kernel_outcome(int dynamic_kb, bool raise_limit) {
     ChildRun run;
     if (child_run_begin(&run)) {
         int* out;
@@ -70,8 +72,10 @@ static int shared_kernel_outcome(int dynamic_kb) {
         if (dynamic_kb == 0) {
             big_static_shared_kernel<<<1, 1>>>(out);
         } else {
-            cudaFuncSetAttribute(static_and_dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 dynamic_kb * 1024);
+            if (raise_limit) {
+                cudaFuncSetAttribute(static_and_dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     dynamic_kb * 1024);
+            }
             static_and_dynamic_shared_kernel<<<1, 1, dynamic_kb * 1024>>>(out);
         }
         if (cudaDeviceSynchronize() != cudaSuccess) { _exit(1); }
@@ -158,12 +162,16 @@ static void test_static_shared_starts_as_garbage(void) {
 int main() {
     CHECK(!shared_write_faults(63), "writing the last byte of 64 bytes of dynamic shared memory faults");
     CHECK(shared_write_faults(64), "writing one byte past 64 bytes of dynamic shared memory does not fault");
-    CHECK(shared_kernel_outcome(0) == SHARED_KERNEL_REFUSED, "a kernel with 52 KB of static shared memory was not "
-          "refused (a GPU allows 48 KB)");
-    CHECK(shared_kernel_outcome(180) == SHARED_KERNEL_RAN, "a kernel with 40 KB of static and 180 KB of dynamic shared "
-          "memory did not run");
-    CHECK(shared_kernel_outcome(190) == SHARED_KERNEL_REFUSED, "a kernel with 40 KB of static and 190 KB of dynamic "
-          "shared memory was not refused (a GPU allows 227 KB together)");
+    CHECK(shared_kernel_outcome(0, false) == SHARED_KERNEL_REFUSED, "a kernel with 52 KB of static shared memory was "
+          "not refused (a GPU allows 48 KB)");
+    CHECK(shared_kernel_outcome(4, false) == SHARED_KERNEL_RAN, "a kernel with 40 KB of static and 4 KB of dynamic "
+          "shared memory did not run");
+    CHECK(shared_kernel_outcome(44, false) == SHARED_KERNEL_REFUSED, "a kernel with 40 KB of static and 44 KB of dynamic "
+          "shared memory, its limit not raised, was not refused (a GPU allows 48 KB together)");
+    CHECK(shared_kernel_outcome(180, true) == SHARED_KERNEL_RAN, "a kernel with 40 KB of static and 180 KB of dynamic "
+          "shared memory, its limit raised, did not run");
+    CHECK(shared_kernel_outcome(190, true) == SHARED_KERNEL_REFUSED, "a kernel with 40 KB of static and 190 KB of "
+          "dynamic shared memory was not refused (a GPU allows 227 KB together)");
     uint32_t host_in[4] = {11, 22, 33, 44};
     uint32_t* in;
     uint2* out;
