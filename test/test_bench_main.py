@@ -477,7 +477,10 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     assert "!! build/test_gpt2 ran past TEST_DEADLINE (" in summary[4], summary
     # probe_epilogues' table: in env.txt after the build, in the summary after the tests
     assert "## cuBLASLt FP8 GEMMs with FP8 outputs through GELU epilogues (Fake H100)" in (out / "env.txt").read_text()
-    assert "| fc fwd: E4M3 D | yes | yes | - |" in summary, summary
+    probe_at = summary.index("## cuBLASLt FP8 GEMMs with FP8 outputs through GELU epilogues (Fake H100)")
+    assert summary[probe_at + 1:probe_at + 3] == ["| case | heuristic | run | amax D written |",
+                                                  "| fc fwd: E4M3 D | yes | yes | - |"], summary
+    assert probe_at > 4 and probe_at < summary.index("bench: " + (out / "bench_d12.log").read_text().splitlines()[-1]), summary
     ran = re.findall(r"^== build/(\w+)$", (out / "gpu_tests.log").read_text(), re.M)
     assert ran[:3] == ["test_kernels", "test_matmul_attention", "test_fp8_kernels"] and ran[-1] == "test_gpt2", ran
     assert sorted(ran) == names

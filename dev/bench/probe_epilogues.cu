@@ -7,17 +7,21 @@ Why these: doc/performance.md's floor model says an H100 needs bytes out of the 
 meet DESIGN.md section 7's targets, and two of its largest memory-bound passes read a GEMM's
 bf16 output only to cast it:
 - fc's forward writes the bf16 pre-activation, and the GELU cast reads it to write fcproj's
-  E4M3 x and x^T (4 bytes an element in, 2 out, beside the GEMM's 2). With GELU_AUX_BIAS and an
-  E4M3 D under the activation's delayed scale, the GEMM would write x's codes and the bf16
+  E4M3 x and x^T (2 bytes an element in, 2 out, beside the GEMM's 2). With GELU_AUX_BIAS and an
+  E4M3 D under the activation's delayed scale, the GEMM would write x's codes and the
   pre-activation (its aux, which the backward reads), leaving a byte transpose for x^T;
 - fcproj's dgrad writes bf16, and fc's dy pass reads it with the pre-activation to apply GELU's
   derivative and write E5M2 dy and dy^T. With DGELU and an E5M2 D under -fg delayed's scale, the
   GEMM would write dy's codes (the amax from AMAX_D), leaving the transpose and the bias
   gradient (DGELU_BGRAD, or a pass over the codes).
-The cuBLAS documentation does not say which epilogues an FP8 D takes, so each case is put to
-cublasLtMatmulAlgoGetHeuristic at d12's shape (B=64, T=1024), and each case it accepts is run
-once at 256 x 256 x 256 on zeroed operands (that it launches and finishes; no numerics). The bf16-D
-cases are the controls: the trainer runs them today (the -ge 2 DGELU, the GELU epilogue).
+cublasLt.h allows an E4M3 or fp16 aux with an E4M3 D "with some restrictions" and says no more
+(nothing on bf16, on DGELU's aux with an E5M2 D, on the bias types), so each case is put to
+cublasLtMatmulAlgoGetHeuristic at d12's shape (B=64, T=1024) with the trainer's preferences, and
+each case it accepts is run once at 256 x 256 x 256 on zeroed operands (that it launches and
+finishes: some refusals come only from cublasLtMatmul; no numerics). The bf16-D cases are the
+controls, as the trainer runs them today (the FP8 fc forward with its bias, -ge 2's DGELU).
+A "yes" for DGELU_BGRAD is a bias gradient cuBLASLt writes (not accumulates) in its own order,
+not llm8's fixed one (matmul.cuh): using it would change how the bias gradient is summed.
 
 Usage: ./probe_epilogues (a GPU); prints one markdown table. dev/gpu_session.sh's first stage
 puts it in env.txt and summary.txt. An attribute cuBLASLt refuses is a row of the table, not the
@@ -30,11 +34,21 @@ no FP8 D: there the controls run and the FP8-D cases name the refused D scale po
 #include "llmc/cuda_common.h"
 #include "llmc/matmul.cuh"
 
+/*
+One case: fc's forward (E4M3 x E4M3, fast accumulation) or fcproj's dgrad (E4M3 W^T x E5M2 dy),
+its D, C, aux and bias types (PROBE_UNSET: the attribute left at cuBLASLt's default, as the
+trainer leaves it), and whether it asks for D's amax. cublasLt.h: "for fp8 kernels with output
+type CUDA_R_8F_E4M3 the aux data type can be CUDA_R_8F_E4M3 or CUDA_R_16F", bf16 not named; an
+FP8 D takes a bf16 or fp16 C; hence the fp16 and E4M3 variants beside the bf16 the trainer keeps
+its pre-activation in.
+*/
+#define PROBE_UNSET ((cudaDataType_t)-1)
 typedef struct {
     const char* name;
-    cudaDataType_t a_type, b_type, d_type;
+    bool forward;
     cublasLtEpilogue_t epilogue;
-    bool aux, bias, amax_d, fast_accumulate;
+    cudaDataType_t d_type, c_type, aux_type, bias_type;
+    bool amax_d;
 } EpilogueCase;
 
 // d12's fc: C = 768 in, 4C = 3072 out, BT = 65536 rows; the dgrad of fcproj has the same m, n, k
@@ -46,30 +60,34 @@ typedef struct {
 // (matmul.cuh: measured on an H200's cuBLASLt 13.1), and so does cudasim
 #define PROBE_SLOT 4
 
+#define BF16 CUDA_R_16BF
+#define F16 CUDA_R_16F
+#define E4M3 CUDA_R_8F_E4M3
+#define E5M2 CUDA_R_8F_E5M2
 static const EpilogueCase PROBE_CASES[] = {
-    {"fc fwd: bf16 D, GELU_AUX_BIAS (control)", CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_16BF,
-     CUBLASLT_EPILOGUE_GELU_AUX_BIAS, true, true, false, true},
-    {"fc fwd: E4M3 D, GELU_BIAS", CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3,
-     CUBLASLT_EPILOGUE_GELU_BIAS, false, true, false, true},
-    {"fc fwd: E4M3 D, GELU_AUX_BIAS, bf16 aux", CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3,
-     CUBLASLT_EPILOGUE_GELU_AUX_BIAS, true, true, false, true},
-    {"fc fwd: E4M3 D, GELU_AUX_BIAS, bf16 aux, amax D", CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3,
-     CUBLASLT_EPILOGUE_GELU_AUX_BIAS, true, true, true, true},
-    {"fcproj dgrad: bf16 D, DGELU (control, -ge 2)", CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_16BF,
-     CUBLASLT_EPILOGUE_DGELU, true, false, false, false},
-    {"fcproj dgrad: E5M2 D, DGELU", CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8F_E5M2,
-     CUBLASLT_EPILOGUE_DGELU, true, false, false, false},
-    {"fcproj dgrad: E5M2 D, DGELU, amax D", CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8F_E5M2,
-     CUBLASLT_EPILOGUE_DGELU, true, false, true, false},
-    {"fcproj dgrad: E5M2 D, DGELU_BGRAD, amax D", CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8F_E5M2,
-     CUBLASLT_EPILOGUE_DGELU_BGRAD, true, true, true, false},
+    {"fc fwd: bf16 D, BIAS (control: the trainer's)", true, CUBLASLT_EPILOGUE_BIAS, BF16, BF16, PROBE_UNSET, PROBE_UNSET, false},
+    {"fc fwd: E4M3 D, GELU_BIAS, amax", true, CUBLASLT_EPILOGUE_GELU_BIAS, E4M3, BF16, PROBE_UNSET, BF16, true},
+    {"fc fwd: E4M3 D, GELU_AUX_BIAS, bf16 aux, amax", true, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, E4M3, BF16, BF16, BF16, true},
+    {"fc fwd: E4M3 D, GELU_AUX_BIAS, fp16 aux, amax", true, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, E4M3, BF16, F16, BF16, true},
+    {"fc fwd: E4M3 D, GELU_AUX_BIAS, fp16 aux, C and bias, amax", true, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, E4M3, F16, F16, F16, true},
+    {"fc fwd: E4M3 D, GELU_AUX_BIAS, E4M3 aux, amax", true, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, E4M3, BF16, E4M3, BF16, true},
+    {"fcproj dgrad: bf16 D, DGELU (control: -ge 2)", false, CUBLASLT_EPILOGUE_DGELU, BF16, BF16, PROBE_UNSET, PROBE_UNSET, false},
+    {"fcproj dgrad: E5M2 D, DGELU, bf16 aux", false, CUBLASLT_EPILOGUE_DGELU, E5M2, BF16, BF16, PROBE_UNSET, false},
+    {"fcproj dgrad: E5M2 D, DGELU, bf16 aux, amax", false, CUBLASLT_EPILOGUE_DGELU, E5M2, BF16, BF16, PROBE_UNSET, true},
+    {"fcproj dgrad: E5M2 D, DGELU, fp16 aux and C, amax", false, CUBLASLT_EPILOGUE_DGELU, E5M2, F16, F16, PROBE_UNSET, true},
+    {"fcproj dgrad: E5M2 D, DGELU_BGRAD, bf16 aux and bias, amax", false, CUBLASLT_EPILOGUE_DGELU_BGRAD, E5M2, BF16, BF16, BF16, true},
+    {"fcproj dgrad: E5M2 D, DGELU_BGRAD, fp16 aux, C and bias, amax", false, CUBLASLT_EPILOGUE_DGELU_BGRAD, E5M2, F16, F16, F16, true},
 };
+#undef BF16
+#undef F16
+#undef E4M3
+#undef E5M2
 #define PROBE_NUM_CASES ((int)(sizeof(PROBE_CASES) / sizeof(PROBE_CASES[0])))
 
 // device memory every case points into: operands and outputs of the run, scales, amax, bias
 typedef struct {
     void *a, *b, *d, *c, *aux, *bias;
-    float *scales;  // a, b, d scales (1.0) and the amax slot, 16 bytes apart (PROBE_SLOT)
+    float *scales;  // a, b, d, aux scales (1.0) and the amax slot, 16 bytes apart (PROBE_SLOT)
 } ProbeBuffers;
 
 static bool is_fp8(cudaDataType_t type) { return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2; }
@@ -93,6 +111,15 @@ static void probe_set(ProbePlan* plan, cublasLtMatmulDescAttributes_t attribute,
 }
 #define PROBE_SET(plan, attribute, value) probe_set(plan, attribute, #attribute, &(value), sizeof(value))
 
+static bool epilogue_has_aux(cublasLtEpilogue_t epilogue) {
+    return epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU
+        || epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+static bool epilogue_has_bias(cublasLtEpilogue_t epilogue) {  // a bias (forward) or the bias gradient it writes
+    return epilogue == CUBLASLT_EPILOGUE_BIAS || epilogue == CUBLASLT_EPILOGUE_GELU_BIAS
+        || epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+
 static ProbePlan probe_plan(const EpilogueCase* p, const ProbeBuffers* buf, int m, int n, int k) {
     ProbePlan plan;
     plan.status = CUBLAS_STATUS_SUCCESS;
@@ -105,31 +132,37 @@ static ProbePlan probe_plan(const EpilogueCase* p, const ProbeBuffers* buf, int 
     float* a_scale = buf->scales;
     float* b_scale = buf->scales + PROBE_SLOT;
     float* d_scale = buf->scales + 2 * PROBE_SLOT;
-    float* amax = buf->scales + 3 * PROBE_SLOT;
+    float* aux_scale = buf->scales + 3 * PROBE_SLOT;
+    float* amax = buf->scales + 4 * PROBE_SLOT;
     PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a_scale);
     PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b_scale);
     if (is_fp8(p->d_type)) { PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, d_scale); }
     if (p->amax_d) { PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, amax); }
-    if (p->fast_accumulate) {
+    if (p->forward) {
         int8_t fast = 1;
         PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
     }
-    if (p->bias) {  // a bias (forward) or the bias gradient it writes (BGRAD), bf16
-        int32_t bias_type = CUDA_R_16BF;
+    if (epilogue_has_bias(p->epilogue)) {
         PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_BIAS_POINTER, buf->bias);
-        PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+        if (p->bias_type != PROBE_UNSET) {
+            int32_t bias_type = p->bias_type;
+            PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+        }
     }
-    if (p->aux) {  // the pre-activation, bf16 [n][m]: written by GELU_AUX, read by DGELU
+    if (epilogue_has_aux(p->epilogue)) {  // the pre-activation [n][m]: written by GELU_AUX, read by DGELU
         int64_t aux_ld = m;
-        int32_t aux_type = CUDA_R_16BF;
         PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, buf->aux);
         PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, aux_ld);
-        PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type);
+        if (p->aux_type != PROBE_UNSET) {
+            int32_t aux_type = p->aux_type;
+            PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, aux_type);
+        }
+        if (is_fp8(p->aux_type)) { PROBE_SET(&plan, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_POINTER, aux_scale); }
     }
-    cublasCheck(cublasLtMatrixLayoutCreate(&plan.a, p->a_type, k, m, k));
-    cublasCheck(cublasLtMatrixLayoutCreate(&plan.b, p->b_type, k, n, k));
-    // an FP8 D takes a bf16 C (cuBLAS docs' FP8 type table); beta = 0, so C is never read
-    cublasCheck(cublasLtMatrixLayoutCreate(&plan.c, is_fp8(p->d_type) ? CUDA_R_16BF : p->d_type, m, n, m));
+    cudaDataType_t b_type = p->forward ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;  // x, or dy
+    cublasCheck(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, k, m, k));  // W, or W^T
+    cublasCheck(cublasLtMatrixLayoutCreate(&plan.b, b_type, k, n, k));
+    cublasCheck(cublasLtMatrixLayoutCreate(&plan.c, p->c_type, m, n, m));  // beta = 0: C is never read
     cublasCheck(cublasLtMatrixLayoutCreate(&plan.d, p->d_type, m, n, m));
     return plan;
 }
@@ -146,11 +179,16 @@ static void probe_plan_destroy(ProbePlan* plan) {
 static cublasStatus_t probe_heuristic(const ProbePlan* plan, cublasLtMatmulHeuristicResult_t* result, int* found) {
     *found = 0;
     if (plan->status != CUBLAS_STATUS_SUCCESS) { return plan->status; }
+    // the trainer's preferences (matmul.cuh's matmul_plan_create): split-K only with fp32 partials;
+    // every buffer here comes from cudaMalloc, so 256-byte alignment, the heuristic's default
     cublasLtMatmulPreference_t preference;
     cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
     uint64_t workspace_bytes = MATMUL_WORKSPACE_BYTES;
+    uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                      &workspace_bytes, sizeof(workspace_bytes)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                     &reduction_schemes, sizeof(reduction_schemes)));
     cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(matmul_cublaslt_handle, plan->desc, plan->a, plan->b, plan->c,
                                                            plan->d, preference, 1, result, found);
     cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
@@ -176,10 +214,10 @@ int main(int argc, char** argv) {
     }
     buf.bias = cuda_malloc_checked(run * 2, "probe bias");
     cudaCheck(cudaMemset(buf.bias, 0, run * 2));
-    float scales[4 * PROBE_SLOT] = {};
-    for (int i = 0; i < 3; i++) { scales[i * PROBE_SLOT] = 1.0f; }
+    float scales[5 * PROBE_SLOT] = {};
+    for (int i = 0; i < 4; i++) { scales[i * PROBE_SLOT] = 1.0f; }
     const float amax_unwritten = -1.0f;  // the amax slot starts below any amax: a written one is >= 0
-    scales[3 * PROBE_SLOT] = amax_unwritten;
+    scales[4 * PROBE_SLOT] = amax_unwritten;
     buf.scales = (float*)cuda_malloc_checked(sizeof(scales), "probe scales");
     cudaCheck(cudaMemcpy(buf.scales, scales, sizeof(scales), cudaMemcpyHostToDevice));
 
@@ -212,7 +250,7 @@ int main(int argc, char** argv) {
             status = probe_heuristic(&plan, &result, &found);
             if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
                 const float alpha = 1.0f, beta = 0.0f;
-                cudaCheck(cudaMemcpy(buf.scales + 3 * PROBE_SLOT, &amax_unwritten, sizeof(float), cudaMemcpyHostToDevice));
+                cudaCheck(cudaMemcpy(buf.scales + 4 * PROBE_SLOT, &amax_unwritten, sizeof(float), cudaMemcpyHostToDevice));
                 status = cublasLtMatmul(matmul_cublaslt_handle, plan.desc, &alpha, buf.a, plan.a, buf.b, plan.b, &beta,
                                         buf.c, plan.c, buf.d, plan.d, &result.algo, matmul_cublaslt_workspace,
                                         MATMUL_WORKSPACE_BYTES, 0);
@@ -226,7 +264,7 @@ int main(int argc, char** argv) {
                 }
                 if (p->amax_d && status == CUBLAS_STATUS_SUCCESS) {
                     float amax = amax_unwritten;
-                    cudaCheck(cudaMemcpy(&amax, buf.scales + 3 * PROBE_SLOT, sizeof(float), cudaMemcpyDeviceToHost));
+                    cudaCheck(cudaMemcpy(&amax, buf.scales + 4 * PROBE_SLOT, sizeof(float), cudaMemcpyDeviceToHost));
                     snprintf(amax_written, sizeof(amax_written), "%s", amax >= 0.0f ? "yes" : "no");
                 }
             } else {
