@@ -105,10 +105,9 @@ __device__ __forceinline__ void classifier_write_chunk_gradients(floatX* row, ui
         float values[x128::size];
         for (int k = 0; k < x128::size; k++) { values[k] = x128_float(grad, k); }
         uint2 codes = fp8_quantize8(values, scale, format);
-        Fp8Tally chunk = fp8_tally_zero();  // the chunk's amax: where it cannot saturate, count flushes only
-        for (int k = 0; k < x128::size; k++) { fp8_tally_amax(&chunk, values[k]); }
-        tally->amax_bits = max(tally->amax_bits, chunk.amax_bits);
-        fp8_tally_counts8(tally, values, codes, scale, format, fp8_may_saturate(bits_as_float(chunk.amax_bits), scale, format),
+        const uint32_t chunk_amax_bits = x128_amax_bits(grad);  // where it cannot saturate, count flushes only
+        tally->amax_bits = max(tally->amax_bits, chunk_amax_bits);
+        fp8_tally_counts8(tally, values, codes, scale, format, fp8_may_saturate(bits_as_float(chunk_amax_bits), scale, format),
                           packed_zero_count(grad));
         *reinterpret_cast<uint2*>(code_row + column) = codes;
     } else {

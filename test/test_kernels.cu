@@ -22,7 +22,8 @@ per element |gpu - ref| <= atol + rtol * |ref|, in the spirit of llm.c's bf16 ch
   bit-exact against the host encode of the bf16 gradient under the bound's scale;
 - global norm: rtol 1e-5 against a double sum;
 - x128_float (every loop over packed bf16 reads through it): bit-exact for all 65536 patterns
-  at every position of a vector;
+  at every position of a vector; x128_amax_bits exact against the floats' largest
+  fp8_amax_bits;
 - AdamW: bit-exact against its host reference (quant8.h's adamw_update_bf16_ref, the same
   element functions), the FP8 weight outputs too: the amax, and the delayed weight cast's
   codes under a scale from a smaller previous amax (so some saturate).
@@ -677,15 +678,18 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, s
 
 // the MFU denominator: datasheet names as cudaGetDeviceProperties reports them
 /*
-x128_float against __bfloat162float for every bf16 bit pattern at every position of the vector
-(vector i holds pattern 8 i + k at position k, so each pattern is at each position once over
-8 launches' worth of rotations), the NaNs and infinities included: the conversion is exact.
+x128_float against the bf16's float bits for every bf16 bit pattern at every position of the
+vector (vector i holds the patterns 8 i .. 8 i + 7, rotated by 0..7 over 8 launches, so each
+pattern is at each position once), the NaNs and infinities included: the conversion is exact.
+And x128_amax_bits of each vector against the largest fp8_amax_bits of its 8 floats (signs,
+infinities and NaNs, whose order is the float bits').
 */
-__global__ void x128_float_kernel(float* out, const floatX* in, int vectors) {
+__global__ void x128_float_kernel(float* out, uint32_t* amax_bits, const floatX* in, int vectors) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= vectors) { return; }
     x128 x = load128(in + (size_t)i * x128::size);
     for (int k = 0; k < x128::size; k++) { out[(size_t)i * x128::size + k] = x128_float(x, k); }
+    amax_bits[i] = x128_amax_bits(x);
 }
 
 static void test_x128_float(void) {
@@ -694,22 +698,34 @@ static void test_x128_float(void) {
     floatX* d_in = (floatX*)cuda_malloc_checked(patterns * sizeof(uint16_t), "x128_float input");
     float* d_out = (float*)cuda_malloc_checked(patterns * sizeof(float), "x128_float output");
     float* out = (float*)mallocCheck(patterns * sizeof(float));
-    size_t wrong = 0;
+    uint32_t* d_amax = (uint32_t*)cuda_malloc_checked(vectors * sizeof(uint32_t), "x128_amax_bits output");
+    uint32_t* amax = (uint32_t*)mallocCheck(vectors * sizeof(uint32_t));
+    size_t wrong = 0, wrong_amax = 0;
     for (int rotation = 0; rotation < x128::size; rotation++) {
         for (int i = 0; i < patterns; i++) { in[i] = (uint16_t)((i / x128::size) * x128::size + (i + rotation) % x128::size); }
         cudaCheck(cudaMemcpy(d_in, in, patterns * sizeof(uint16_t), cudaMemcpyHostToDevice));
-        x128_float_kernel<<<ceil_div(vectors, 256), 256>>>(d_out, d_in, vectors);
+        x128_float_kernel<<<ceil_div(vectors, 256), 256>>>(d_out, d_amax, d_in, vectors);
         cudaCheck(cudaGetLastError());
         cudaCheck(cudaMemcpy(out, d_out, patterns * sizeof(float), cudaMemcpyDeviceToHost));
-        for (int i = 0; i < patterns; i++) {
-            uint32_t got, want = (uint32_t)in[i] << 16;
-            memcpy(&got, &out[i], sizeof(got));
-            wrong += got != want;
+        cudaCheck(cudaMemcpy(amax, d_amax, vectors * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+        for (int v = 0; v < vectors; v++) {
+            uint32_t want_amax = 0;
+            for (int k = 0; k < x128::size; k++) {
+                int i = v * x128::size + k;
+                uint32_t got, want = (uint32_t)in[i] << 16;
+                memcpy(&got, &out[i], sizeof(got));
+                wrong += got != want;
+                uint32_t magnitude = fp8_amax_bits(bf16_bits_to_float(in[i]));
+                want_amax = magnitude > want_amax ? magnitude : want_amax;
+            }
+            wrong_amax += amax[v] != want_amax;
         }
     }
     CHECK(wrong == 0, "x128_float: %zu of %d conversions differ from the bf16's float bits", wrong, x128::size * patterns);
-    free(in); free(out);
-    cudaCheck(cudaFree(d_in)); cudaCheck(cudaFree(d_out));
+    CHECK(wrong_amax == 0, "x128_amax_bits: %zu of %d vectors differ from their floats' largest fp8_amax_bits", wrong_amax,
+          x128::size * vectors);
+    free(in); free(out); free(amax);
+    cudaCheck(cudaFree(d_in)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_amax));
 }
 
 static void test_device_peaks(void) {

@@ -328,6 +328,12 @@ static inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4);
 static inline float __uint_as_float(unsigned u) { float x; memcpy(&x, &u, 4); return x; }
 static inline int __float_as_int(float x) { int u; memcpy(&u, &x, 4); return u; }
 static inline float __int_as_float(int u) { float x; memcpy(&x, &u, 4); return x; }
+// SIMD video intrinsics: each 16-bit half compared on its own, unsigned
+static inline unsigned __vmaxu2(unsigned a, unsigned b) {
+    unsigned low = (a & 0xffffu) > (b & 0xffffu) ? (a & 0xffffu) : (b & 0xffffu);
+    unsigned high = (a >> 16) > (b >> 16) ? (a >> 16) : (b >> 16);
+    return (high << 16) | low;
+}
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
