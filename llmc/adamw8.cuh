@@ -79,9 +79,9 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
         } else {
             x128 p = load128cs(params + start);
             #pragma unroll
-            for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) { param[k] = __bfloat162float(p[k]); }
+            for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) { param[k] = x128_float(p, k); }
         }
-        for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) { grad[k] = __bfloat162float(g[k]); }
+        for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) { grad[k] = x128_float(g, k); }
     } else {
         #pragma unroll
         for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {

@@ -284,9 +284,13 @@ __global__ void fp8_amax_kernel(Fp8CastRecord* record, const In* in, size_t n, T
 #pragma unroll
         for (int j = 0; j < FP8_STAGE_BATCH; j++) {
             if (first + j * step >= vectors) { break; }
-            float transformed[vector];  // then stored as the tensor's type, as the cast stages it
-            for (int k = 0; k < vector; k++) { transformed[k] = transform(fp8_stage_to_float(loaded[j], k)); }
-            fp8_tally_amax_staged(&tally, fp8_stage_pack<In>(transformed));
+            if constexpr (Transform::passes_through) {  // the values as stored, as the plain cast stages them
+                fp8_tally_amax_staged(&tally, loaded[j]);
+            } else {  // transformed, then stored as the tensor's type, as the cast stages them
+                float transformed[vector];
+                for (int k = 0; k < vector; k++) { transformed[k] = transform(fp8_stage_to_float(loaded[j], k)); }
+                fp8_tally_amax_staged(&tally, fp8_stage_pack<In>(transformed));
+            }
         }
     }
     fp8_tally_commit(tally, record, true);

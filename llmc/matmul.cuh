@@ -378,15 +378,13 @@ matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
                 x128 grad = grads[j];
                 if constexpr (GELU) {
                     float product[x128::size];
-                    for (int e = 0; e < x128::size; e++) { product[e] = __bfloat162float(grad[e]); }
+                    for (int e = 0; e < x128::size; e++) { product[e] = x128_float(grad, e); }
                     gelu_backward_multiply(product, pre[j]);
                     grad = x128_from_floats(product);
                     store128(dout + (size_t)row * OC + column, grad);
                 }
-                for (int e = 0; e < x128::size; e++) {
-                    sums[e] += (float)grad[e];
-                    fp8_tally_amax(&tally, (float)grad[e]);
-                }
+                for (int e = 0; e < x128::size; e++) { sums[e] += x128_float(grad, e); }
+                tally.amax_bits = max(tally.amax_bits, x128_amax_bits(grad));
             }
         }
     }

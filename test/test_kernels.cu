@@ -676,11 +676,11 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, s
     free(params); free(grads); free(master); free(m); free(v); free(got_params); free(got_m); free(got_v);
 }
 
-// the MFU denominator: datasheet names as cudaGetDeviceProperties reports them
 /*
 x128_float against the bf16's float bits for every bf16 bit pattern at every position of the
-vector (vector i holds the patterns 8 i .. 8 i + 7, rotated by 0..7 over 8 launches, so each
-pattern is at each position once), the NaNs and infinities included: the conversion is exact.
+vector (vector v holds the patterns v + 8192 m, m = 0..7, rotated by 0..7 over 8 launches, so
+each pattern is at each position once, and each vector mixes signs and exponents), the NaNs and
+infinities included: the conversion is exact.
 And x128_amax_bits of each vector against the largest fp8_amax_bits of its 8 floats (signs,
 infinities and NaNs, whose order is the float bits').
 */
@@ -702,7 +702,9 @@ static void test_x128_float(void) {
     uint32_t* amax = (uint32_t*)mallocCheck(vectors * sizeof(uint32_t));
     size_t wrong = 0, wrong_amax = 0;
     for (int rotation = 0; rotation < x128::size; rotation++) {
-        for (int i = 0; i < patterns; i++) { in[i] = (uint16_t)((i / x128::size) * x128::size + (i + rotation) % x128::size); }
+        for (int i = 0; i < patterns; i++) {  // vector v: patterns v + 8192 m, its 8 top-3-bit ranges (sign, exponent)
+            in[i] = (uint16_t)(i / x128::size + (patterns / x128::size) * ((i + rotation) % x128::size));
+        }
         cudaCheck(cudaMemcpy(d_in, in, patterns * sizeof(uint16_t), cudaMemcpyHostToDevice));
         x128_float_kernel<<<ceil_div(vectors, 256), 256>>>(d_out, d_amax, d_in, vectors);
         cudaCheck(cudaGetLastError());
@@ -728,6 +730,7 @@ static void test_x128_float(void) {
     cudaCheck(cudaFree(d_in)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_amax));
 }
 
+// the MFU denominator: datasheet names as cudaGetDeviceProperties reports them
 static void test_device_peaks(void) {
     CHECK(bf16_dense_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0f, "H100 SXM peak");
     CHECK(bf16_dense_peak_tflops("NVIDIA H100 PCIe") == 756.0f, "H100 PCIe peak");
