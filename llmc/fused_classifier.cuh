@@ -7,9 +7,9 @@ block owns one row (a thread per 16 bytes of it, at most 512 threads, each with 
 flight: the SASS of one load at a time showed the kernel waiting on memory). It reads the row
 once, keeping an online softmax (running maximum and the sum of exp(x - maximum), rescaled
 when the maximum grows), then combines the threads' (max, sum) pairs, first by an xor
-butterfly inside each warp (both partners compute the same commutative sum, so every lane
-ends with identical bits) and then across warps in warp order: the result does not depend
-on timing. If the gradient is wanted, a second read of the row (mostly from L2) overwrites
+butterfly inside each warp (lane 0's pair is the warp's; on the GPU the partners' sums may
+differ in the last bit, as ptxas folds a different product into an FMA on each side) and then
+across warps in warp order: the result does not depend on timing. If the gradient is wanted, a second read of the row (mostly from L2) overwrites
 it in place with (softmax - onehot) * dloss, and with zeros in the padding columns V..Vp, so
 the lm_head backward never sees garbage. An FP8
 lm_head whose backward GEMMs are both FP8 (per-tensor recipes) reads no bf16 gradient at all:
