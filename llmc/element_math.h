@@ -111,16 +111,23 @@ LLMC_HD float layernorm_output_element(float x, float mean, float rstd, float we
 // computed as x * s with s = 0.5 (1 + tanh u) = 1 / (1 + e), e = e^-2u. On the GPU e is one
 // exp2_approx and 1 / (1 + e) one approximate reciprocal, where tanhf took about 20 instructions
 // with its branches: a large share of the budget of the memory-bound GELU kernels and casts
-// (SASS, 2026-11-27: the bf16 forward kernel went from 232 to 128 instructions for 8 elements). The
+// (SASS, 2026-11-27: the bf16 forward kernel went from 232 to 128 instructions for 8 elements, 104
+// with the folded constants below). The
 // form has no cancellation where tanh nears -1: for x below about -5, 1 + tanhf(u) was 0 or a
 // few ulps of 1, now s is good to a few ulps relative. Not bit-exact across host and device
 // (the GPU's exp2 and reciprocal are good to about 2 ulps, the host's are correctly rounded);
 // tests compare with a tolerance.
 
-#define GELU_SCALING_FACTOR 0.7978845608028654f  // sqrt(2/pi)
-#define GELU_LOG2E 1.4426950408889634f
+// The exponent of e = 2^E, E = -2 log2(e) u = x (GELU_E1 + GELU_E3 x^2), and twice u's derivative,
+// 2 u' = GELU_D1 + GELU_D3 x^2: the constants folded (computed in double, rounded once), so each is
+// a multiply and one fmaf on x^2 (the GPU had run u as written, four multiplies and an add, then
+// two more for the factor -2 log2(e)). fmaf rounds once on the host too, so both sides agree.
+#define GELU_E1 -2.3022082f     // -2 log2(e) sqrt(2/pi)
+#define GELU_E3 -0.10294324f    // -2 log2(e) sqrt(2/pi) 0.044715
+#define GELU_D1 1.5957692f      // 2 sqrt(2/pi)
+#define GELU_D3 0.21406445f     // 2 sqrt(2/pi) 3 0.044715
 
-LLMC_HD float gelu_tanh_argument_(float x) { return GELU_SCALING_FACTOR * (x + 0.044715f * x * x * x); }
+LLMC_HD float gelu_exponent_(float x, float x2) { return x * fmaf(GELU_E3, x2, GELU_E1); }
 
 // 1 / y: one approximate reciprocal on the GPU (0 for y above 2^126), a division on the host
 LLMC_HD float gelu_reciprocal_(float y) {
@@ -132,7 +139,7 @@ LLMC_HD float gelu_reciprocal_(float y) {
 }
 
 LLMC_HD float gelu_forward_element(float x) {
-    return x * gelu_reciprocal_(1.0f + exp2_approx(-2.0f * GELU_LOG2E * gelu_tanh_argument_(x)));
+    return x * gelu_reciprocal_(1.0f + exp2_approx(gelu_exponent_(x, x * x)));
 }
 
 // d gelu(x) / dx = s + x ds/dx, ds/dx = 2 u'(x) e s^2, where e s is 1 - s without its rounding.
@@ -141,13 +148,13 @@ LLMC_HD float gelu_forward_element(float x) {
 // the second term is below s's rounding there, and x u'(x) overflows for |x| above 1e13 (inf * 0
 // was NaN). A NaN x compares false and stays NaN.
 LLMC_HD float gelu_backward_element(float x) {
-    float exponent = -2.0f * GELU_LOG2E * gelu_tanh_argument_(x);
+    const float x2 = x * x;
+    float exponent = gelu_exponent_(x, x2);
     float e = exp2_approx(fminf(exponent, 126.0f));
     float s = gelu_reciprocal_(1.0f + e);
     float e_s2 = (e * s) * s;
     if (exponent >= 126.0f || e_s2 == 0.0f) { return s; }
-    float du_dx = GELU_SCALING_FACTOR * (1.0f + 3.0f * 0.044715f * x * x);
-    return s + 2.0f * x * du_dx * e_s2;
+    return s + x * fmaf(GELU_D3, x2, GELU_D1) * e_s2;
 }
 
 // ----------------------------------------------------------------------------
