@@ -228,14 +228,6 @@ template <> __device__ __forceinline__ f128 fp8_stage_pack<float>(const float (&
     return packed;
 }
 
-// a staged vector's amax into the tally: bf16 two halves at a time (x128_amax_bits), fp32 per value
-__device__ __forceinline__ void fp8_tally_amax_staged(Fp8Tally* t, const x128& v) {
-    t->amax_bits = max(t->amax_bits, x128_amax_bits(v));
-}
-__device__ __forceinline__ void fp8_tally_amax_staged(Fp8Tally* t, const f128& v) {
-    for (int k = 0; k < f128::size; k++) { fp8_tally_amax(t, v[k]); }
-}
-
 // one loaded 16-byte vector of row `row` from column `col`, transformed as the tile stages it
 template <class In, class Transform>
 __device__ __forceinline__ Packed128<In> fp8_stage_vector(Packed128<In> loaded, const Transform& transform, int row, int col,
@@ -285,11 +277,11 @@ __global__ void fp8_amax_kernel(Fp8CastRecord* record, const In* in, size_t n, T
         for (int j = 0; j < FP8_STAGE_BATCH; j++) {
             if (first + j * step >= vectors) { break; }
             if constexpr (Transform::passes_through) {  // the values as stored, as the plain cast stages them
-                fp8_tally_amax_staged(&tally, loaded[j]);
+                fp8_tally_amax(&tally, loaded[j]);
             } else {  // transformed, then stored as the tensor's type, as the cast stages them
                 float transformed[vector];
                 for (int k = 0; k < vector; k++) { transformed[k] = transform(fp8_stage_to_float(loaded[j], k)); }
-                fp8_tally_amax_staged(&tally, fp8_stage_pack<In>(transformed));
+                fp8_tally_amax(&tally, fp8_stage_pack<In>(transformed));
             }
         }
     }
@@ -368,7 +360,7 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
             const int r = first_row + (batch + j) * rows_per_pass;
             if (r >= rows_here || c >= cols_here) { continue; }
             Packed128<In> staged = fp8_stage_vector(loaded[j], transform, r0 + r, c0 + c, aux[j]);
-            fp8_tally_amax_staged(&tally, staged);
+            fp8_tally_amax(&tally, staged);
             *reinterpret_cast<int4*>(tile + r * stride + c) = staged.bits();
             if (transformed_out != NULL) { store128(transformed_out + (size_t)(r0 + r) * cols + c0 + c, staged); }
         }

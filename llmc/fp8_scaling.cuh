@@ -77,6 +77,13 @@ __device__ __forceinline__ Fp8Tally fp8_tally_zero(void) {
 __device__ __forceinline__ void fp8_tally_amax(Fp8Tally* t, float x) {
     t->amax_bits = max(t->amax_bits, fp8_amax_bits(x));
 }
+// the same of a 16-byte vector: bf16 two halves at a time (x128_amax_bits), fp32 value by value
+__device__ __forceinline__ void fp8_tally_amax(Fp8Tally* t, const x128& v) {
+    t->amax_bits = max(t->amax_bits, x128_amax_bits(v));
+}
+__device__ __forceinline__ void fp8_tally_amax(Fp8Tally* t, const f128& v) {
+    for (int k = 0; k < f128::size; k++) { fp8_tally_amax(t, v[k]); }
+}
 
 // what the cast of one element did to it (fp8_classify), counted; the caller counts the element
 __device__ __forceinline__ void fp8_tally_status(Fp8Tally* t, float x, float scale, uint8_t code, Fp8Format format) {

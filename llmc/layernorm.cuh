@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM
                 x128 out = x128_from_floats(y);
                 if (normed_out != NULL) { store128(normed_out + row_offset + i * x128::size, out); }
                 if (FP8_PASS != LAYERNORM_NO_FP8) {
-                    tally.amax_bits = max(tally.amax_bits, x128_amax_bits(out));
+                    fp8_tally_amax(&tally, out);
                 }
                 if (cast) { cache[i] = out; }  // the row's input is not needed again
             }

@@ -384,7 +384,7 @@ matmul_dbias_partial_kernel(float* partial, floatX* dout, int N, int OC,
                     store128(dout + (size_t)row * OC + column, grad);
                 }
                 for (int e = 0; e < x128::size; e++) { sums[e] += x128_float(grad, e); }
-                tally.amax_bits = max(tally.amax_bits, x128_amax_bits(grad));
+                fp8_tally_amax(&tally, grad);
             }
         }
     }
