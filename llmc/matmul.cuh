@@ -213,6 +213,29 @@ static inline void matmul_desc_set(cublasLtMatmulDesc_t desc, cublasLtMatmulDesc
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes));
 }
 
+// the heuristic's preferences for a GEMM on these operands (C is D): the workspace, split-K only
+// with fp32 partials, and the operands' alignments; the caller destroys it
+static cublasLtMatmulPreference_t matmul_preference_create(const void* a, const void* b, const void* d) {
+    cublasLtMatmulPreference_t preference;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
+    uint64_t workspace_bytes = MATMUL_WORKSPACE_BYTES;
+    uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &workspace_bytes, sizeof(workspace_bytes)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                     &reduction_schemes, sizeof(reduction_schemes)));
+    const uint32_t alignments[4] = {matmul_pointer_alignment(a), matmul_pointer_alignment(b),
+                                    matmul_pointer_alignment(d), matmul_pointer_alignment(d)};
+    const cublasLtMatmulPreferenceAttributes_t alignment_attributes[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++) {
+        cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i], &alignments[i],
+                                                         sizeof(alignments[i])));
+    }
+    return preference;
+}
+
 // the cuBLASLt objects of one GEMM and the heuristic's first algorithm (found == 0: none)
 typedef struct {
     cublasLtMatmulDesc_t desc;
@@ -265,23 +288,7 @@ static void matmul_plan_create(MatmulPlan* plan, const MatmulSpec* spec) {
     cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_b, spec->b_type, b_rows, b_cols, b_rows));
     cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_d, spec->d_type, spec->m, spec->n, spec->m));
 
-    cublasLtMatmulPreference_t preference;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
-    uint64_t workspace_bytes = MATMUL_WORKSPACE_BYTES;
-    uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                     &workspace_bytes, sizeof(workspace_bytes)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                     &reduction_schemes, sizeof(reduction_schemes)));
-    const uint32_t alignments[4] = {matmul_pointer_alignment(spec->a), matmul_pointer_alignment(spec->b),
-                                    matmul_pointer_alignment(spec->d), matmul_pointer_alignment(spec->d)};
-    const cublasLtMatmulPreferenceAttributes_t alignment_attributes[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++) {
-        cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, alignment_attributes[i], &alignments[i],
-                                                         sizeof(alignments[i])));
-    }
+    cublasLtMatmulPreference_t preference = matmul_preference_create(spec->a, spec->b, spec->d);
     plan->found = 0;
     plan->status = cublasLtMatmulAlgoGetHeuristic(matmul_cublaslt_handle, desc, plan->layout_a, plan->layout_b,
                                                   plan->layout_d, plan->layout_d, preference, 1, &plan->heuristic,

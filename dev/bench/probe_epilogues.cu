@@ -175,20 +175,13 @@ static void probe_plan_destroy(ProbePlan* plan) {
     cublasCheck(cublasLtMatmulDescDestroy(plan->desc));
 }
 
-// the heuristic's first algorithm for the plan; its status (found 0: none)
-static cublasStatus_t probe_heuristic(const ProbePlan* plan, cublasLtMatmulHeuristicResult_t* result, int* found) {
+// the heuristic's first algorithm for the plan, under the trainer's preferences (matmul.cuh); its
+// status (found 0: none)
+static cublasStatus_t probe_heuristic(const ProbePlan* plan, const ProbeBuffers* buf,
+                                      cublasLtMatmulHeuristicResult_t* result, int* found) {
     *found = 0;
     if (plan->status != CUBLAS_STATUS_SUCCESS) { return plan->status; }
-    // the trainer's preferences (matmul.cuh's matmul_plan_create): split-K only with fp32 partials;
-    // every buffer here comes from cudaMalloc, so 256-byte alignment, the heuristic's default
-    cublasLtMatmulPreference_t preference;
-    cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
-    uint64_t workspace_bytes = MATMUL_WORKSPACE_BYTES;
-    uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                     &workspace_bytes, sizeof(workspace_bytes)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                                     &reduction_schemes, sizeof(reduction_schemes)));
+    cublasLtMatmulPreference_t preference = matmul_preference_create(buf->a, buf->b, buf->d);
     cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(matmul_cublaslt_handle, plan->desc, plan->a, plan->b, plan->c,
                                                            plan->d, preference, 1, result, found);
     cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
@@ -235,7 +228,7 @@ int main(int argc, char** argv) {
         ProbePlan plan = probe_plan(p, &buf, PROBE_M, PROBE_N, PROBE_K);
         cublasLtMatmulHeuristicResult_t result;
         int found = 0;
-        cublasStatus_t status = probe_heuristic(&plan, &result, &found);
+        cublasStatus_t status = probe_heuristic(&plan, &buf, &result, &found);
         probe_plan_destroy(&plan);
         char heuristic[160], ran[64] = "-", amax_written[16] = "-";
         if (plan.refused != NULL) {
@@ -247,7 +240,7 @@ int main(int argc, char** argv) {
         }
         if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
             plan = probe_plan(p, &buf, PROBE_RUN_SIZE, PROBE_RUN_SIZE, PROBE_RUN_SIZE);
-            status = probe_heuristic(&plan, &result, &found);
+            status = probe_heuristic(&plan, &buf, &result, &found);
             if (status == CUBLAS_STATUS_SUCCESS && found > 0) {
                 const float alpha = 1.0f, beta = 0.0f;
                 cudaCheck(cudaMemcpy(buf.scales + 4 * PROBE_SLOT, &amax_unwritten, sizeof(float), cudaMemcpyHostToDevice));
