@@ -91,6 +91,23 @@ def documents_of(encoding, paths):
     return documents
 
 
+def stream_of(encoding, texts):
+    """llm.c's token stream of documents in order: each one EOT, then its encode_ordinary tokens."""
+    return [token for text in texts for token in [EOT] + encoding.encode_ordinary(text)]
+
+
+def assert_stream_split(out_dir, prefix, stream, val_tokens, shard_size):
+    """The layout of llm.c's scripts, rebuilt here from the stream: val is its first val_tokens
+    tokens, train every token after them; each split in shards of shard_size tokens but its last
+    (val counting from 000000, train from 000001)."""
+    for split, tokens, first_index in (("val", stream[:val_tokens], 0), ("train", stream[val_tokens:], 1)):
+        paths = split_shards(out_dir, prefix, split)
+        expected = [tokens[i:i + shard_size] for i in range(0, len(tokens), shard_size)]
+        assert [os.path.basename(p) for p in paths] == [f"{prefix}_{split}_{first_index + i:06d}.bin"
+                                                       for i in range(len(expected))], split
+        assert [tokenize_folder.read_shard(p).tolist() for p in paths] == expected, split
+
+
 # --- GPT-2 BPE ----------------------------------------------------------------------------
 
 def test_known_encodings(encoding):
@@ -305,6 +322,36 @@ def test_tokenize_folder_splits_by_document_and_is_deterministic(encoding, tmp_p
     assert (tmp_path / "out1" / "gpt2_tokenizer.bin").is_file()
 
 
+def test_tokenize_folder_stream_split_is_llmc_layout(encoding, tmp_path):
+    """--split stream: the first --val-tokens tokens of the stream (the documents in path order, each
+    EOT-prefixed) are val and all after them train, the boundary document cut in two, a document longer
+    than a shard running over several; --max-train-tokens still caps train"""
+    texts = make_documents(tmp_path / "in", 40)
+    texts[os.path.join("part2", "zz_long.txt")] = "a long document " * 60
+    (tmp_path / "in" / "part2" / "zz_long.txt").write_text(texts[os.path.join("part2", "zz_long.txt")], encoding="utf-8")
+    stream = stream_of(encoding, [texts[relpath] for relpath in sorted(texts)])  # the walk's order here
+    starts = [i for i, token in enumerate(stream) if token == EOT]
+    assert len(stream) - starts[-1] > 2 * 37, "the long document spans more than two shards"
+    for val_tokens in (100, starts[7], starts[7] + 1, 37):  # mid-document, on a boundary, one past, under a shard
+        out = str(tmp_path / f"out{val_tokens}")
+        result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--prefix", "t", "--out-dir", out,
+                             "--shard-size", "37", "--split", "stream", "--val-tokens", str(val_tokens)])
+        assert result.returncode == 0, result.stderr
+        assert_stream_split(out, "t", stream, val_tokens, 37)
+    # one shard of val (the default --val-tokens), capped train
+    out = str(tmp_path / "capped")
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--prefix", "t", "--out-dir", out,
+                         "--shard-size", "37", "--split", "stream", "--max-train-tokens", "80"])
+    assert result.returncode == 0, result.stderr
+    assert_stream_split(out, "t", stream[:37 + 80], 37, 37)
+    # a stream shorter than its val part (the default, one shard of 100M tokens): no train split, one clear line
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--prefix", "t", "--out-dir",
+                         str(tmp_path / "short"), "--split", "stream"])
+    assert result.returncode == 1
+    assert error_lines(result) == [f"error: the stream ended within its first 100,000,000 tokens (--val-tokens), "
+                                   "which are all val: the train split is empty; lower --val-tokens or add documents"]
+
+
 def test_rerun_removes_stale_shards(encoding, tmp_path):
     make_documents(tmp_path / "in", 30)
     out = str(tmp_path / "out")
@@ -328,6 +375,23 @@ def test_tokenize_folder_bad_inputs(tmp_path):
     assert result.returncode == 1
     assert error_lines(result) == [f"error: --shard-size {2**31}: expected a positive number of tokens, at most 2^31 - 1 "
                                    "(the header's int32)"]
+    # a flag of the other split is refused, not ignored
+    for flags, message in (
+            (["--split", "stream", "--val-fraction", "0.3"],
+             "error: --val-fraction 0.3: only with --split document (--split stream takes the first --val-tokens "
+             "tokens of the stream as val)"),
+            (["--split", "stream", "--max-val-tokens", "10"],
+             "error: --max-val-tokens 10: only with --split document (--split stream takes the first --val-tokens "
+             "tokens of the stream as val)"),
+            (["--val-tokens", "100"],
+             "error: --val-tokens 100: only with --split stream (--split document holds out --val-fraction of the "
+             "documents)"),
+            (["--split", "stream", "--val-tokens", "0"], "error: --val-tokens 0: expected a positive number of tokens")):
+        result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), *flags])
+        assert result.returncode == 1, flags
+        assert error_lines(result) == [message], flags
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--split", "halves"])
+    assert result.returncode == 2 and "invalid choice: 'halves'" in result.stderr
 
 
 def test_offline_corpus_on_a_small_folder(encoding, tmp_path):
@@ -372,15 +436,26 @@ def test_offline_corpus_missing_source(tmp_path):
 
 
 def test_tinyshakespeare_from_a_local_url(encoding, tmp_path):
-    speeches = [f"SPEAKER{i}:\nLine {i} of the play, spoken aloud.\n\n" for i in range(80)] + ["THE END.\n"]
+    """llm.c's tokens: each speech (text up to and with its blank line) one EOT-prefixed document, the first
+    32,768 tokens val and the rest train; --split document holds out whole speeches instead"""
+    speeches = [f"SPEAKER{i}:\nLine {i} of the play, spoken aloud.\n\n" for i in range(3000)] + ["THE END.\n"]
     (tmp_path / "input.txt").write_text("".join(speeches), encoding="utf-8")
+    url = (tmp_path / "input.txt").as_uri()
     out = str(tmp_path / "ts")
-    result = run_script(["dev/data/tinyshakespeare.py", "--url", (tmp_path / "input.txt").as_uri(), "--out-dir", out])
+    result = run_script(["dev/data/tinyshakespeare.py", "--url", url, "--out-dir", out])
+    assert result.returncode == 0, result.stderr
+    stream = stream_of(encoding, speeches)
+    assert len(stream) > 32768 + 1000
+    assert_stream_split(out, "tiny_shakespeare", stream, 32768, 100_000_000)
+
+    out = str(tmp_path / "ts_by_speech")
+    result = run_script(["dev/data/tinyshakespeare.py", "--url", url, "--out-dir", out, "--split", "document"])
     assert result.returncode == 0, result.stderr
     val_docs = documents_of(encoding, split_shards(out, "tiny_shakespeare", "val"))
     train_docs = documents_of(encoding, split_shards(out, "tiny_shakespeare", "train"))
     assert val_docs and train_docs and not set(val_docs) & set(train_docs)
     assert sorted(val_docs + train_docs) == sorted(speeches), "each speech is one document"
+    assert 0.05 < len(val_docs) / len(speeches) < 0.15, "about 10% of the speeches"
 
 
 def test_unreachable_network_is_one_clear_line(encoding, tmp_path):
@@ -403,9 +478,9 @@ def test_unreachable_network_is_one_clear_line(encoding, tmp_path):
 
 def test_fineweb_streams_documents_into_shards(encoding, tmp_path):
     """fineweb.py without the internet: a local HTTP server stands in for the hub (its reachability check) and a
-    `datasets` module of our own for the package, whose streamed rows (id, text) must come out as llm.c shards
-    under the FineWeb names, each document once, whole, prefixed with EOT, in the stream's order, val held out by
-    document"""
+    `datasets` module of our own for the package, whose streamed rows (id, text) must come out as llm.c's shards
+    under the FineWeb names: the stream of EOT-prefixed documents in order, its first shard val and the rest train
+    (llm.c's layout); with --split document, each document once, whole, val held out by document"""
     import http.server
     import threading
     docs = {f"<urn:uuid:{i:04d}>": f"Document {i}: " + "fine web text " * (i % 7 + 1) for i in range(300)}
@@ -421,13 +496,22 @@ def test_fineweb_streams_documents_into_shards(encoding, tmp_path):
     rows.write_text("".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in docs.items()))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}", "PYTHONPATH": str(fake),
+           "FAKE_FINEWEB_ROWS": str(rows)}
     try:
+        llmc_layout = tmp_path / "fw_stream"
+        result = run_script(["dev/data/fineweb.py", "--version", "10B", "--out-dir", str(llmc_layout),
+                             "--shard-size", "2000"], env=env)
+        assert result.returncode == 0, result.stderr
         out = tmp_path / "fw"
-        result = run_script(["dev/data/fineweb.py", "--version", "10B", "--out-dir", str(out), "--shard-size", "2000"],
-                            env={"HF_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
-                                 "PYTHONPATH": str(fake), "FAKE_FINEWEB_ROWS": str(rows)})
+        result = run_script(["dev/data/fineweb.py", "--version", "10B", "--out-dir", str(out), "--shard-size", "2000",
+                             "--split", "document"], env=env)
     finally:
         server.shutdown()
+    stream = stream_of(encoding, list(docs.values()))
+    assert len(stream) > 2 * 2000, "val and at least two train shards"
+    assert_stream_split(str(llmc_layout), "fineweb", stream, 2000, 2000)
+
     assert result.returncode == 0, result.stderr
     train = documents_of(encoding, split_shards(out, "fineweb", "train"))
     val = documents_of(encoding, split_shards(out, "fineweb", "val"))

@@ -6,14 +6,19 @@ sample is streamed from the Hugging Face hub (HF_ENDPOINT is honored), so no
 28 GB parquet cache is kept; documents keep the dataset's order, each prefixed
 with the EOT token.
 
-Shard names are llm.c's (fineweb_val_000000.bin, fineweb_train_000001.bin, ...,
-in dev/data/fineweb10B/ etc.), so llm.c's run commands find them. The split is
-llm8's: val is held out by document (a hash of the FineWeb document id picks
-about 1% of the 10B sample, 0.1% of the 100B one) and capped at one shard,
-about the 100M tokens llm.c's val shard has; llm.c instead takes the first
-100M tokens of the stream.
+Shard names and contents are llm.c's (fineweb_val_000000.bin,
+fineweb_train_000001.bin, ..., in dev/data/fineweb10B/ etc.), so llm.c's run
+commands find them and val losses compare with llm.c's runs: val is the first
+--shard-size tokens of the stream (100M), train every token after them, in
+shards of --shard-size, the document at each boundary cut in two. That is what
+llm.c's fineweb.py writes from the same documents in the same order (it loads the
+sample whole, this script streams it: the datasets library reads the sample's
+files in the same order either way; not checked against llm.c's files here, which
+has no internet). --split document holds val out by document instead (a hash of
+the FineWeb document id picks about 1% of the 10B sample, 0.1% of the 100B one,
+capped at one shard), so no document is in both splits.
 
-Usage: python dev/data/fineweb.py --version 10B [--type edu] [--shard-size N]
+Usage: python dev/data/fineweb.py --version 10B [--type edu] [--shard-size N] [--split document]
 """
 
 import argparse
@@ -40,13 +45,12 @@ def main():
     parser = argparse.ArgumentParser(description="Download and tokenize a FineWeb sample (needs the internet)")
     parser.add_argument("--type", choices=sorted(HUB_REPOS), default="classic", help="classic FineWeb or FineWeb-Edu")
     parser.add_argument("--version", choices=sorted(SAMPLE_NAMES), default="10B", help="sample size in tokens")
-    add_tokenize_arguments(parser, default_prefix=None, default_out_dir=None)
-    parser.set_defaults(val_fraction=None, max_val_tokens=None)
+    add_tokenize_arguments(parser, default_prefix=None, default_out_dir=None, split="stream",
+                           val_fraction=None, max_val_tokens=None)
     args = parser.parse_args()
     args.prefix = args.prefix or NAME_PREFIXES[args.type]
     args.out_dir = args.out_dir or os.path.join(DATA_DIR, f"{NAME_PREFIXES[args.type]}{args.version}")
-    args.val_fraction = VAL_FRACTIONS[args.version] if args.val_fraction is None else args.val_fraction
-    args.max_val_tokens = args.shard_size if args.max_val_tokens is None else args.max_val_tokens
+    args.split_defaults.update(val_fraction=VAL_FRACTIONS[args.version], max_val_tokens=args.shard_size)
     check_tokenize_arguments(args)
 
     check_reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))

@@ -110,11 +110,10 @@ def unique_text_documents(files):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Build llm8's offline corpus from text already on this machine",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_tokenize_arguments(parser, default_prefix="offline", default_out_dir=DEFAULT_OUT_DIR)
-    parser.set_defaults(val_fraction=DEFAULT_VAL_FRACTION, max_train_tokens=DEFAULT_MAX_TRAIN_TOKENS,
-                        max_val_tokens=DEFAULT_MAX_VAL_TOKENS)
+    parser = argparse.ArgumentParser(description="Build llm8's offline corpus from text already on this machine")
+    add_tokenize_arguments(parser, default_prefix="offline", default_out_dir=DEFAULT_OUT_DIR,
+                           val_fraction=DEFAULT_VAL_FRACTION, max_train_tokens=DEFAULT_MAX_TRAIN_TOKENS,
+                           max_val_tokens=DEFAULT_MAX_VAL_TOKENS)
     parser.add_argument("--source", action="append", default=None, metavar="DIR",
                         help="use these folders instead of the Python stdlib and doc folders (repeatable)")
     args = parser.parse_args()

@@ -2,10 +2,11 @@
 TinyShakespeare (1 MB of Shakespeare's plays) as llm.c GPT-2 token shards.
 
 Needs the internet (the text comes from GitHub). As in llm.c, every speech
-(text between blank lines) is a document with the EOT token in front. Unlike
-llm.c, which takes the first 32,768 tokens as val, the val split here is held
-out by document like every other llm8 dataset (about 10% of the speeches,
-chosen by a hash of the speech number), so no speech is cut in two.
+(text between blank lines) is a document with the EOT token in front, and the
+first 32,768 tokens are val, the rest train: llm.c's tokens, in llm8's shard
+names (for the text at DEFAULT_URL, llm.c's script reports 32,768 val and
+305,260 train tokens). --split document holds out about 10% of the speeches instead (chosen by
+a hash of the speech number), so no speech is cut in two.
 
 Writes dev/data/tinyshakespeare/tiny_shakespeare_val_000000.bin,
 tiny_shakespeare_train_000001.bin and gpt2_tokenizer.bin.
@@ -21,6 +22,7 @@ from tokenize_folder import add_tokenize_arguments, check_tokenize_arguments, ru
 
 DEFAULT_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tinyshakespeare")
+LLMC_VAL_TOKENS = 32768  # llm.c's val split: the first 32,768 tokens
 
 
 def speeches(text):
@@ -32,8 +34,8 @@ def speeches(text):
 def main():
     parser = argparse.ArgumentParser(description="Download and tokenize TinyShakespeare (needs the internet)")
     parser.add_argument("--url", default=DEFAULT_URL, help="where to download input.txt from")
-    add_tokenize_arguments(parser, default_prefix="tiny_shakespeare", default_out_dir=DATA_DIR)
-    parser.set_defaults(val_fraction=0.1)
+    add_tokenize_arguments(parser, default_prefix="tiny_shakespeare", default_out_dir=DATA_DIR, split="stream",
+                           val_fraction=0.1, val_tokens=LLMC_VAL_TOKENS)
     args = parser.parse_args()
     check_tokenize_arguments(args)
     text_path = os.path.join(args.out_dir, "tiny_shakespeare.txt")

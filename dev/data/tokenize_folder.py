@@ -9,9 +9,17 @@ train/val shards", so that stream lives here once, in tokenize_documents().
   [2] = token count), then the tokens as uint16.
 - Each document is prefixed with the EOT token 50256, as llm.c's scripts do,
   and encoded with encode_ordinary (a literal "<|endoftext|>" in a text is text).
-- The val split is held out BY DOCUMENT: sha256 of the document id (the path
-  relative to the input folder) decides, so no document is in both splits, and
-  the split does not depend on where the folder lives or on the file order.
+- Two ways to split val from train (--split):
+  - document (the default here): the val split is held out BY DOCUMENT: sha256 of
+    the document id (the path relative to the input folder) decides, so no
+    document is in both splits, and the split does not depend on where the folder
+    lives or on the file order;
+  - stream (llm.c's way, the default of fineweb.py and tinyshakespeare.py): the
+    first --val-tokens tokens of the whole stream are val and every token after
+    them is train, the document at the boundary cut in two. With --val-tokens equal
+    to --shard-size this is exactly llm.c's FineWeb layout (val is the stream's
+    first shard), so the same documents in the same order give llm.c's bytes and
+    val losses that compare with llm.c's runs.
 - Shards of one split are exactly --shard-size tokens except the last one.
   Names: <prefix>_val_000000.bin (val first, as llm.c's fineweb does), then
   <prefix>_train_000001.bin, ...; old shards with the same prefix are removed
@@ -43,6 +51,7 @@ SHARD_VERSION = 1
 HEADER_INTS = 256
 DEFAULT_SHARD_SIZE = 100_000_000
 DEFAULT_VAL_FRACTION = 0.05
+SPLITS = ("document", "stream")
 TOKENIZER_FILENAME = "gpt2_tokenizer.bin"
 
 
@@ -145,9 +154,11 @@ class ShardWriter:
         return self.max_tokens is not None and self.num_tokens >= self.max_tokens
 
     def add(self, tokens):
-        """Appends one document's tokens (cut at max_tokens)."""
+        """Appends one document's tokens, cut at max_tokens; returns the cut-off rest."""
+        rest = []
         if self.max_tokens is not None:
-            tokens = tokens[:self.max_tokens - self.num_tokens]
+            room = self.max_tokens - self.num_tokens
+            tokens, rest = tokens[:room], tokens[room:]
         self.num_documents += 1
         self.num_tokens += len(tokens)
         position = 0
@@ -160,6 +171,7 @@ class ShardWriter:
             position += count
             if self.filled == self.shard_size:
                 self.flush()
+        return rest
 
     def flush(self):
         if self.filled == 0:
@@ -181,19 +193,28 @@ def remove_old_shards(out_dir, prefix):
 
 def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_SHARD_SIZE,
                        val_fraction=DEFAULT_VAL_FRACTION, max_train_tokens=None, max_val_tokens=None,
-                       workers=1):
+                       workers=1, val_tokens=None):
     """
     documents: iterable of (doc_id, get_text) in a fixed order; get_text() returns the
     document's text, or None to skip it (binary, not UTF-8, empty).
+    val_tokens None: the by-document split (val_fraction of the documents, capped at
+    max_val_tokens); a count: the stream split, the first val_tokens tokens are val
+    (val_fraction and max_val_tokens unused).
     Writes <prefix>_val_000000.bin, ... and <prefix>_train_000001.bin, ... into out_dir and
     returns {"val": ShardWriter, "train": ShardWriter, "skipped": number of skipped documents}.
     """
     os.makedirs(out_dir, exist_ok=True)
     remove_old_shards(out_dir, prefix)
+    by_stream = val_tokens is not None
     writers = {
-        "val": ShardWriter(out_dir, prefix, "val", 0, shard_size, max_val_tokens),
+        "val": ShardWriter(out_dir, prefix, "val", 0, shard_size, val_tokens if by_stream else max_val_tokens),
         "train": ShardWriter(out_dir, prefix, "train", 1, shard_size, max_train_tokens),
     }
+
+    def split_of(doc_id):
+        if by_stream:  # decided when the tokens are added: val until it is full
+            return "train" if writers["val"].is_full() else "val"
+        return "val" if is_val_document(doc_id, val_fraction) else "train"
 
     def encode_text(text):
         tokens = encoding.encode_ordinary(text)
@@ -211,7 +232,7 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
             if not slice_of_documents:
                 break
             for doc_id, get_text in slice_of_documents:
-                split = "val" if is_val_document(doc_id, val_fraction) else "train"
+                split = split_of(doc_id)
                 if writers[split].is_full():
                     continue
                 text = get_text()
@@ -220,11 +241,15 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
                 else:
                     skipped += 1
             for (split, _), tokens in zip(batch, pool.map(encode_text, [text for _, text in batch])):
-                if not writers[split].is_full():
+                if by_stream:  # val until it is full; the boundary document's rest, and all after it, train
+                    if not writers["val"].is_full():
+                        tokens = writers["val"].add(tokens)
+                    split = "train"
+                if tokens and not writers[split].is_full():
                     writers[split].add(tokens)
     for writer in writers.values():
         writer.flush()
-    if writers["val"].num_tokens == 0:
+    if not by_stream and writers["val"].num_tokens == 0:
         print(f"warning: no document fell into the val split (val fraction {val_fraction}); "
               f"raise --val-fraction or add documents", file=sys.stderr)
     return {"val": writers["val"], "train": writers["train"], "skipped": skipped}
@@ -237,25 +262,61 @@ def print_summary(result):
     print(f"skipped {result['skipped']:,} documents (binary, not UTF-8, empty or duplicate)")
 
 
-def add_tokenize_arguments(parser, default_prefix, default_out_dir):
-    parser.add_argument("--out-dir", default=default_out_dir, help="where the shards and gpt2_tokenizer.bin go")
-    parser.add_argument("--prefix", default=default_prefix, help="shard name prefix: PREFIX_val_000000.bin, PREFIX_train_000001.bin")
+def add_tokenize_arguments(parser, default_prefix, default_out_dir, split="document",
+                           val_fraction=DEFAULT_VAL_FRACTION, max_train_tokens=0, max_val_tokens=0, val_tokens=None):
+    """The flags every dataset script shares, with that script's defaults. The flags of one split
+    (--val-fraction, --max-val-tokens: document; --val-tokens: stream) parse as None when not
+    given, so check_tokenize_arguments can refuse one given with the other split; it fills in the
+    defaults (a script may change split_defaults before, as fineweb.py does per --version)."""
+    parser.set_defaults(split_defaults={"val_fraction": val_fraction, "max_val_tokens": max_val_tokens,
+                                        "val_tokens": val_tokens})
+    parser.add_argument("--out-dir", default=default_out_dir,
+                        help=f"where the shards and gpt2_tokenizer.bin go (default {default_out_dir or 'per dataset'})")
+    parser.add_argument("--prefix", default=default_prefix, help="shard name prefix: PREFIX_val_000000.bin, PREFIX_train_000001.bin "
+                             f"(default {default_prefix or 'per dataset'})")
     parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="tokens per shard (default 100M, as llm.c)")
-    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
-                        help="fraction of documents held out for val, chosen by a hash of the document id")
-    parser.add_argument("--max-train-tokens", type=int, default=0, help="stop the train split at this many tokens (0 = no cap)")
-    parser.add_argument("--max-val-tokens", type=int, default=0, help="stop the val split at this many tokens (0 = no cap)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer threads")
+    parser.add_argument("--split", choices=SPLITS, default=split,
+                        help="document: hold out --val-fraction of the documents, chosen by a hash of the document id; "
+                             "stream: the first --val-tokens tokens of the stream are val, the rest train, as llm.c "
+                             f"splits (default {split})")
+    parser.add_argument("--val-fraction", type=float, default=None,
+                        help="--split document: the fraction of documents held out for val "
+                             f"(default {'per --version' if val_fraction is None else val_fraction})")
+    parser.add_argument("--max-val-tokens", type=int, default=None,
+                        help="--split document: stop the val split at this many tokens "
+                             f"(0 = no cap; default {'one shard' if max_val_tokens is None else max_val_tokens})")
+    parser.add_argument("--val-tokens", type=int, default=None,
+                        help="--split stream: how many tokens at the start of the stream are val "
+                             f"(default {'one shard, --shard-size, as llm.c' if val_tokens is None else val_tokens})")
+    parser.add_argument("--max-train-tokens", type=int, default=max_train_tokens,
+                        help=f"stop the train split at this many tokens (0 = no cap; default {max_train_tokens})")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer threads (default: the CPU count, %(default)s)")
     add_bpe_argument(parser)
 
 
 def check_tokenize_arguments(args):
+    """Checks the shared flags and fills in the split's defaults (add_tokenize_arguments)."""
     if not 1 <= args.shard_size <= 2**31 - 1:
         die(f"--shard-size {args.shard_size}: expected a positive number of tokens, at most 2^31 - 1 (the header's int32)")
-    if not 0.0 <= args.val_fraction < 1.0:
-        die(f"--val-fraction {args.val_fraction}: expected a fraction in [0, 1)")
+    defaults = args.split_defaults
+    if args.split == "document":
+        if args.val_tokens is not None:
+            die(f"--val-tokens {args.val_tokens}: only with --split stream "
+                "(--split document holds out --val-fraction of the documents)")
+        args.val_fraction = defaults["val_fraction"] if args.val_fraction is None else args.val_fraction
+        args.max_val_tokens = defaults["max_val_tokens"] if args.max_val_tokens is None else args.max_val_tokens
+        if not 0.0 <= args.val_fraction < 1.0:
+            die(f"--val-fraction {args.val_fraction}: expected a fraction in [0, 1)")
+    else:
+        for flag, value in (("--val-fraction", args.val_fraction), ("--max-val-tokens", args.max_val_tokens)):
+            if value is not None:
+                die(f"{flag} {value}: only with --split document (--split stream takes the first --val-tokens "
+                    "tokens of the stream as val)")
+        args.val_tokens = (defaults["val_tokens"] or args.shard_size) if args.val_tokens is None else args.val_tokens
+        if args.val_tokens < 1:
+            die(f"--val-tokens {args.val_tokens}: expected a positive number of tokens")
     for flag, value in (("--max-train-tokens", args.max_train_tokens), ("--max-val-tokens", args.max_val_tokens)):
-        if value < 0:
+        if value is not None and value < 0:
             die(f"{flag} {value}: expected a token count >= 0 (0 = no cap)")
     if args.workers < 1:
         die(f"--workers {args.workers}: expected at least 1")
@@ -267,7 +328,11 @@ def run_tokenize(args, documents):
     """The shared tail of the dataset scripts: encoding, shards, tokenizer file, summary."""
     encoding = encoding_or_exit(args.bpe_file)
     result = tokenize_documents(documents, encoding, args.out_dir, args.prefix, args.shard_size, args.val_fraction,
-                                args.max_train_tokens or None, args.max_val_tokens or None, args.workers)
+                                args.max_train_tokens or None, args.max_val_tokens or None, args.workers,
+                                args.val_tokens if args.split == "stream" else None)
+    if args.split == "stream" and result["val"].num_tokens > 0 and result["train"].num_tokens == 0:
+        die(f"the stream ended within its first {args.val_tokens:,} tokens (--val-tokens), which are all val: "
+            "the train split is empty; lower --val-tokens or add documents")
     write_tokenizer_file(encoding, os.path.join(args.out_dir, TOKENIZER_FILENAME))
     print(f"wrote {os.path.join(args.out_dir, TOKENIZER_FILENAME)}")
     print_summary(result)
