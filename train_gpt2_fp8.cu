@@ -162,6 +162,13 @@ static void gpt2_init_layout(GPT2* model, const GPT2Config* cfg) {
     model->num_parameters = offset;
 }
 
+// each value to the nearest bf16, in place: llm.c stores its random init in bf16 and its fp32 master
+// weights start from those bf16 weights, so a run from a descriptor starts where llm.c's does
+static void params_round_to_bf16(float* params, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) { params[i] = bf16_bits_to_float(float_to_bf16_bits(params[i])); }
+}
+
 // uploads fp32 parameters: bf16 copy by round-to-nearest (all), and the fp32 master (owned range) if kept
 static void gpt2_upload_params(GPT2* model, const float* params_cpu, int use_master_weights) {
     size_t n = model->num_parameters, padded = model->zero.padded_total;
@@ -1303,7 +1310,10 @@ int main(int argc, char** argv) {
     GPT2 model;
     float* params_cpu = (float*)mallocCheck(gpt2_num_parameters(&model_config) * sizeof(float));
     if (model_path[0] != '\0') { model_file_read_params(model_path, &model_config, params_cpu); }
-    else { gpt2_init_params_random(params_cpu, &model_config, GPT2_INIT_SEED); }
+    else {
+        gpt2_init_params_random(params_cpu, &model_config, GPT2_INIT_SEED);
+        params_round_to_bf16(params_cpu, gpt2_num_parameters(&model_config));
+    }
     gpt2_build(&model, &model_config, params_cpu, tc.use_master_weights, tc.B, tc.T, tc.recompute, tc.gelu_fusion,
                train_config_uses_adamw8(&tc), adamw8_selection_from_name(tc.adamw8_states, "-qs"), &fp8_settings, &multi_gpu,
                strcmp(tc.grad_reduce, "fp32") == 0, tc.zero_stage == 3, stream);

@@ -119,7 +119,8 @@ static inline GPT2Config gpt2_config_from_descriptor(const char* desc) {
 }
 
 /*
-Random init in llm.c's order, so a given seed gives the same weights llm.c would:
+Random init in llm.c's order with llm.c's (PyTorch's) normal_, so a given seed gives the fp32
+values llm.c draws (the GPU trainer then keeps their bf16 rounding, as llm.c does):
 layernorm weights 1, biases 0, wte (first V rows only) / wpe / the four matmul weights
 N(0, 0.02), the two projections back into the residual (attproj, fcproj) scaled by
 1/sqrt(2L). Matmul weights are drawn one layer at a time, layer-major, tensor order within

@@ -6,14 +6,13 @@ Why: initialization and shuffling must be reproducible across runs, machines and
 CPU/GPU trainers, so they run on the host from a fixed seed. The generator state is a
 plain struct, so it can be written into the resume state file and restored exactly.
 
-normal_ draws its uniforms in one sequential pass (the generator is a sequence) and turns
-them into normals in a second, parallel pass (OpenMP where the build enables it): the
-transform (log, sqrt, cos, sin in double) is most of the time (15.5 ns of 17 per value on
-one core before: d48's 1.56 billion weights took over 20 s on every start). Each pair of
-values depends only on its own two uniforms, so the result is the same bits for any
-number of threads. The twist is written without index wrap-around, which halved the cost
-of a uniform (2.3 -> 1.1 ns). test/test_rand.c holds the stream to the C++ standard's
-check value and the tiny model's init to a frozen fingerprint.
+The stream is std::mt19937's, and so PyTorch's and llm.c's for the same seed; normal_ is
+PyTorch's (and llm.c's) Box-Muller, so the random init draws llm.c's weights. normal_ draws
+its uniforms in one sequential pass (the generator is a sequence) and turns them into normals
+in a second, parallel pass. The twist is written without index wrap-around, which halved the
+cost of a uniform (2.3 -> 1.1 ns). test/test_rand.c holds the stream to the C++ standard's
+check value, normal_ to PyTorch's own output, and the tiny model's init to a frozen
+fingerprint.
 */
 #ifndef LLMC_RAND_H
 #define LLMC_RAND_H
@@ -74,29 +73,73 @@ static inline float randfloat32(mt19937_state* rng) {
     return (float)(randint32(rng) & ((1u << 24) - 1)) * (1.0f / (float)(1u << 24));
 }
 
-// Box-Muller: the pair of N(mean, std) values of two uniforms in [0, 1)
-static inline void normal_pair(float uniform1, float uniform2, float mean, float std, float* first, float* second) {
-    const double two_pi = 6.283185307179586;
-    double u1 = 1.0 - (double)uniform1;  // (0, 1]: log is finite
-    double radius = sqrt(-2.0 * log(u1));
-    *first = (float)(mean + std * radius * cos(two_pi * (double)uniform2));
-    *second = (float)(mean + std * radius * sin(two_pi * (double)uniform2));
+// uniform in [0, 1) with 53 bits of resolution, from two words (the first the high one)
+static inline double randfloat64(mt19937_state* rng) {
+    uint64_t high = randint32(rng);
+    uint64_t low = randint32(rng);
+    return (double)(((high << 32) | low) & ((1ull << 53) - 1)) * (1.0 / (double)(1ull << 53));
 }
 
-// fills data[0..n) with N(mean, std): value pair k from uniforms 2k and 2k+1 of the stream
-// (an odd n drops the last pair's second value)
+/*
+normal_ is PyTorch's CPU normal_, as llm.c's rand.h reproduces it, so that a seed gives llm.c's
+weights (and PyTorch's, to its libm's last bit). Box-Muller in float:
+- n >= 16: n uniforms (randfloat32) in stream order, then each whole block of 16 becomes 16
+  normals: value t and t + 8 of the block (t < 8) from uniform t (the radius, of 1 - u) and
+  uniform t + 8 (the angle). When 16 does not divide n, 16 more uniforms are drawn and the
+  last 16 positions are made again from them as one block (over what the last whole block
+  wrote there and over the tail's uniforms).
+- n < 16: value pairs from two 53-bit uniforms each rounded to float, the angle from the first
+  and the radius from the second, the pair's second value kept in double for the next position.
+The constants are llm.c's: the log's argument is offset by 1e-12 (in double, then rounded to
+float: it matters only where 1 - u rounds to 0) and the angle is 2 pi u in double, rounded to
+float. The blocks are independent, so they run in parallel (OpenMP where the build enables it:
+the transform is most of the time, d48's 1.56 billion weights on every start) with the same bits
+for any number of threads.
+*/
+#define NORMAL_TWO_PI 6.283185307179586  // 2 pi in double, as llm.c's 2.0 * M_PI
+#define NORMAL_LOG_OFFSET 1e-12
+
+// the radius sqrt(-2 ln(1 - u)) of a uniform u, in float
+static inline float normal_radius_(float uniform) {
+    return sqrtf(-2.0f * logf((float)((double)(1.0f - uniform) + NORMAL_LOG_OFFSET)));
+}
+
+static inline float normal_angle_(float uniform) { return (float)(NORMAL_TWO_PI * (double)uniform); }
+
+// 16 uniforms in place to 16 N(mean, std) values
+static inline void normal_block16_(float* x, float mean, float std) {
+    for (int t = 0; t < 8; t++) {
+        float radius = normal_radius_(x[t]);
+        float angle = normal_angle_(x[t + 8]);
+        x[t] = radius * cosf(angle) * std + mean;
+        x[t + 8] = radius * sinf(angle) * std + mean;
+    }
+}
+
 static inline void normal_(float* data, size_t n, float mean, float std, mt19937_state* rng) {
-    size_t pairs = n / 2;
-    for (size_t i = 0; i < 2 * pairs; i++) { data[i] = randfloat32(rng); }  // exact in float (24 bits)
+    if (n < 16) {
+        double held = 0.0;  // the pair's second value
+        for (size_t t = 0; t < n; t++) {
+            if (t % 2 == 1) { data[t] = (float)(held * std + mean); continue; }
+            float angle_uniform = (float)randfloat64(rng);
+            float radius_uniform = (float)randfloat64(rng);
+            float radius = normal_radius_(radius_uniform);
+            float angle = normal_angle_(angle_uniform);
+            held = (double)(radius * sinf(angle));
+            data[t] = radius * cosf(angle) * std + mean;
+        }
+        return;
+    }
+    for (size_t i = 0; i < n; i++) { data[i] = randfloat32(rng); }  // exact in float (24 bits)
+    size_t blocks = n / 16;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
 #endif
-    for (size_t k = 0; k < pairs; k++) {
-        normal_pair(data[2 * k], data[2 * k + 1], mean, std, &data[2 * k], &data[2 * k + 1]);
-    }
-    if (n % 2 != 0) {
-        float uniform1 = randfloat32(rng), uniform2 = randfloat32(rng), unused;
-        normal_pair(uniform1, uniform2, mean, std, &data[n - 1], &unused);
+    for (size_t b = 0; b < blocks; b++) { normal_block16_(data + 16 * b, mean, std); }
+    if (n % 16 != 0) {
+        float* last = data + n - 16;
+        for (int i = 0; i < 16; i++) { last[i] = randfloat32(rng); }
+        normal_block16_(last, mean, std);
     }
 }
 

@@ -7,15 +7,18 @@ normal_ now spreads its work over threads. So:
 - the MT19937 stream against the C++ standard's check value: a default-seeded std::mt19937
   (seed 5489) returns 4123659995 on its 10000th call ([rand.eng.mt] in the C++ standard),
   independent of our code;
-- normal_ against its definition, pair k from uniforms 2k and 2k+1 of the stream, computed
-  here one value at a time (an odd n drops the last pair's second value), for 1 and 4 threads;
+- normal_ against PyTorch's own output for seed 137 (the values llm.c's rand.h records), so the
+  random init is llm.c's;
+- normal_ against its definition, written out here one value at a time, for 1 and 4 threads,
+  at sizes under 16, whole blocks of 16 and not (the redrawn last block);
 - the stream after normal_ is where its definition leaves it (shuffles and later tensors);
 - gpt2_init_params_random of the tiny model: a fingerprint (FNV-1a over the bytes) frozen
-  from the code before normal_ went parallel.
+  from the code when normal_ became PyTorch's.
 */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <omp.h>
 #include "test/test_harness.h"
 #include "llmc/utils.h"
@@ -30,16 +33,36 @@ static void test_stream_matches_the_standard(void) {
     CHECK(value == 4123659995u, "the 10000th MT19937 word after seed 5489 is %u, the C++ standard says 4123659995", value);
 }
 
-// normal_'s definition, one value at a time from the stream
+// normal_'s definition (PyTorch's CPU normal_, llm.c's rand.h), written out one value at a time
+static float radius_of(float uniform) { return sqrtf(-2.0f * logf((float)((double)(1.0f - uniform) + 1e-12))); }
+static float angle_of(float uniform) { return (float)(2.0 * 3.141592653589793 * (double)uniform); }
+
 static void normal_by_definition(float* data, size_t n, float mean, float std, mt19937_state* rng) {
-    const double two_pi = 6.283185307179586;
-    for (size_t i = 0; i < n; i += 2) {
-        double u1 = 1.0 - (double)randfloat32(rng);
-        double u2 = (double)randfloat32(rng);
-        double radius = sqrt(-2.0 * log(u1));
-        data[i] = (float)(mean + std * radius * cos(two_pi * u2));
-        if (i + 1 < n) { data[i + 1] = (float)(mean + std * radius * sin(two_pi * u2)); }
+    if (n < 16) {  // pairs: the angle's 53-bit uniform, then the radius's
+        for (size_t i = 0; i < n; i += 2) {
+            uint64_t a_high = randint32(rng), a_low = randint32(rng), r_high = randint32(rng), r_low = randint32(rng);
+            // the low 53 bits of the 64-bit word over 2^53
+            float u_angle = (float)((double)(((a_high << 32) | a_low) & 0x1fffffffffffffull) / 9007199254740992.0);
+            float u_radius = (float)((double)(((r_high << 32) | r_low) & 0x1fffffffffffffull) / 9007199254740992.0);
+            float radius = radius_of(u_radius), angle = angle_of(u_angle);
+            data[i] = radius * cosf(angle) * std + mean;
+            if (i + 1 < n) { data[i + 1] = (float)((double)(radius * sinf(angle)) * std + mean); }
+        }
+        return;
     }
+    float* uniforms = (float*)mallocCheck((n + 16) * sizeof(float));
+    for (size_t i = 0; i < n + (n % 16 != 0 ? 16 : 0); i++) { uniforms[i] = randfloat32(rng); }
+    for (size_t i = 0; i < n; i++) {
+        // position i is made from the block it falls in: a whole block of the first n uniforms, or,
+        // past the last whole block's start n - 16 when 16 does not divide n, the redrawn block
+        int redrawn = n % 16 != 0 && i >= n - 16;
+        size_t block = redrawn ? n : i / 16 * 16;  // the redrawn uniforms sit after the first n
+        size_t t = redrawn ? i - (n - 16) : i % 16;
+        const float* u = uniforms + block;
+        float radius = radius_of(u[t % 8]), angle = angle_of(u[t % 8 + 8]);
+        data[i] = radius * (t < 8 ? cosf(angle) : sinf(angle)) * std + mean;
+    }
+    free(uniforms);
 }
 
 static void test_normal_matches_its_definition(size_t n, int threads) {
@@ -59,6 +82,42 @@ static void test_normal_matches_its_definition(size_t n, int threads) {
     free(want);
 }
 
+/*
+PyTorch's own output (torch.manual_seed(137), five torch.randint(0, 0xFFFFFFFF, [1]), t = torch.zeros(8);
+t.normal_(), one more randint, a 16-element normal_, one more randint), as llm.c's rand.h records it. The
+words must match exactly; the normals to the 6 decimals llm.c prints them with (printf %f) when it says its
+code and PyTorch's give the same output: PyTorch computes the 16-blocks' angle in float (llm.c: in double)
+and the under-16 path in double (llm.c: mostly float), about 1e-6 relative apart. A wrong pairing or draw
+order misses by far more.
+*/
+static void test_normal_matches_pytorch(void) {
+    const uint32_t words[5] = {4053805790u, 2173880614u, 380293709u, 1237255315u, 2986595568u};
+    const double normals8[8] = {0.7947664260864258, 1.4369317293167114, -0.2292192131280899, 0.47556325793266296,
+                                -0.6334410905838013, -0.5791953802108765, -0.0925704762339592, -0.8659197092056274};
+    const double normals16[16] = {-1.2813878059387207, -2.646395683288574, -0.06569503247737885, 0.2180829495191574,
+                                  -0.46536165475845337, -0.33108410239219666, 2.5485482215881348, 0.10425379872322083,
+                                  0.8460659980773926, 0.9462448358535767, -0.2913765013217926, 0.34313806891441345,
+                                  -1.1186704635620117, -0.18305328488349915, -2.3153159618377686, 0.3961987793445587};
+    mt19937_state rng;
+    manual_seed(&rng, 137u);
+    for (int i = 0; i < 5; i++) {
+        uint32_t word = randint32(&rng);
+        CHECK(word == words[i], "seed 137, word %d: %u, PyTorch draws %u", i, word, words[i]);
+    }
+    float t8[8], t16[16];
+    normal_(t8, 8, 0.0f, 1.0f, &rng);
+    uint32_t between = randint32(&rng);
+    normal_(t16, 16, 0.0f, 1.0f, &rng);
+    uint32_t after = randint32(&rng);
+    CHECK(between == 2186503452u && after == 2756748748u,
+          "the words after PyTorch's normal_ of 8 and of 16: %u and %u, PyTorch's 2186503452 and 2756748748", between, after);
+    for (int i = 0; i < 24; i++) {
+        float got = i < 8 ? t8[i] : t16[i - 8];
+        double want = i < 8 ? normals8[i] : normals16[i - 8];
+        CHECK(fabs(got - want) <= 1e-6, "normal_ value %d: %.9g, PyTorch's %.9g", i, got, want);
+    }
+}
+
 static uint64_t fnv1a(const void* data, size_t bytes) {
     const unsigned char* b = (const unsigned char*)data;
     uint64_t h = 1469598103934665603ull;
@@ -73,8 +132,8 @@ static void test_tiny_init_is_frozen(int threads) {
     omp_set_num_threads(threads);
     gpt2_init_params_random(params, &cfg, 42u);
     uint64_t h = fnv1a(params, n * sizeof(float));
-    CHECK(n == 6966784 && h == 0xd23e5f2812ad1a17ull,
-          "tiny init (seed 42, %d threads): %zu parameters, fingerprint %016llx; the frozen one is 6966784, d23e5f2812ad1a17",
+    CHECK(n == 6966784 && h == 0x93587f53676a0159ull,
+          "tiny init (seed 42, %d threads): %zu parameters, fingerprint %016llx; the frozen one is 6966784, 93587f53676a0159",
           threads, n, (unsigned long long)h);
     free(params);
 }
@@ -95,7 +154,8 @@ static void test_sample_coins_are_llmcs(void) {
 int main(void) {
     test_stream_matches_the_standard();
     test_sample_coins_are_llmcs();
-    size_t sizes[] = {1, 2, 3, 16, 1001, 1 << 20, (1 << 20) + 1};
+    test_normal_matches_pytorch();
+    size_t sizes[] = {1, 2, 3, 8, 15, 16, 17, 31, 32, 1001, 1 << 20, (1 << 20) + 1};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         test_normal_matches_its_definition(sizes[i], 1);
         test_normal_matches_its_definition(sizes[i], 4);
