@@ -1396,7 +1396,8 @@ int main(int argc, char** argv) {
             float acc = evaluate_hellaswag(&model, &eval_loader, stream);
             logger_log_eval(&logger, step, acc);
         }
-        if ((rank == 0 || model.zero3) && tc.sample_every > 0 && (step > 0 && (step % tc.sample_every == 0 || last_step))) {
+        // as llm.c: every -s steps after step 0, and at the end (-x 0: the model as it starts)
+        if ((rank == 0 || model.zero3) && tc.sample_every > 0 && ((step > 0 && step % tc.sample_every == 0) || last_step)) {
             // ZeRO-1's forward is local; ZeRO-3's gathers weights, so every rank samples (rank 0 prints)
             sample_text(&model, &tokenizer, tc.gen_tokens, stream);
         }

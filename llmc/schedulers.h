@@ -42,9 +42,9 @@ static inline void lr_scheduler_init(LearningRateScheduler* scheduler, const cha
     else if (strcmp(type, "wsd") == 0) { scheduler->schedule = LR_WSD; }
     else { llm8_die("flag -k: learning rate schedule '%s' is unknown (expected cosine, linear, constant or wsd)", type); }
     if (!(learning_rate >= 0.0f)) { llm8_die("flag -l: learning rate %g must be non-negative", learning_rate); }
-    if (train_num_batches <= 0) { llm8_die("flag -x: the learning rate schedule needs a positive number of steps, got %d", train_num_batches); }
+    if (train_num_batches < 0) { llm8_die("flag -x: %d steps is negative (-1 trains one epoch, 0 only evaluates)", train_num_batches); }
     if (warmup_iterations < 0) { llm8_die("flag -u: warmup of %d steps is negative", warmup_iterations); }
-    if (warmup_iterations > train_num_batches) {
+    if (train_num_batches > 0 && warmup_iterations > train_num_batches) {  // -x 0 asks for no rate
         printf("note: -u %d is longer than the run's %d steps (-x): the learning rate warms up throughout, to %d/%d of -l "
                "at the last step\n", warmup_iterations, train_num_batches, train_num_batches, warmup_iterations);
     }

@@ -139,7 +139,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-gc", FLAG_FLOAT, TC_OFF(grad_clip), 0.0, 1e6, NULL, "clip the global gradient norm to this (0 = no clipping)"},
     {"-sl", FLAG_FLOAT, TC_OFF(skip_loss_z), 0.0, 1e6, NULL, "skip an update whose loss lies more than this many standard deviations above the previous 128 steps' mean (0 = off)"},
     {"-sg", FLAG_FLOAT, TC_OFF(skip_norm_z), 0.0, 1e6, NULL, "skip an update whose gradient norm lies more than this many standard deviations above the previous 128 steps' mean (0 = off)"},
-    {"-x", FLAG_INT, TC_OFF(max_steps), -1, INT_MAX_FLAG, NULL, "number of optimizer steps (-1 = one epoch of the train data)"},
+    {"-x", FLAG_INT, TC_OFF(max_steps), -1, INT_MAX_FLAG, NULL, "number of optimizer steps (-1 = one epoch of the train data, 0 = evaluate only: val loss, HellaSwag and a sample of the model, as llm.c)"},
     {"-v", FLAG_INT, TC_OFF(val_every), 0, INT_MAX_FLAG, NULL, "val loss every N steps (0 = never)"},
     {"-m", FLAG_INT, TC_OFF(val_max_steps), -1, INT_MAX_FLAG, NULL, "val batches per evaluation (-1 = the whole val split; more than it has: all of them, once)"},
     {"-s", FLAG_INT, TC_OFF(sample_every), 0, INT_MAX_FLAG, NULL, "text sample every N steps (0 = never)"},

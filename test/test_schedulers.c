@@ -101,7 +101,7 @@ static void test_bad_arguments(void) {
     CHECK_DIES("unknown schedule (choices)", "cosine, linear, constant or wsd",
                lr_scheduler_init(&s, "step", 1e-3f, 0, 10, 0.0f));
     CHECK_DIES("negative warmup", "warmup of -1", lr_scheduler_init(&s, "cosine", 1e-3f, -1, 10, 0.0f));
-    CHECK_DIES("no steps", "positive number of steps", lr_scheduler_init(&s, "cosine", 1e-3f, 0, 0, 0.0f));
+    CHECK_DIES("negative steps", "-2 steps is negative", lr_scheduler_init(&s, "cosine", 1e-3f, 0, -2, 0.0f));
     CHECK_DIES("final fraction above 1", "fraction 1.5", lr_scheduler_init(&s, "cosine", 1e-3f, 0, 10, 1.5f));
     CHECK_DIES("negative learning rate", "learning rate -0.001", lr_scheduler_init(&s, "cosine", -1e-3f, 0, 10, 0.0f));
 }

@@ -466,6 +466,21 @@ def test_two_ranks_give_the_same_bits_in_any_stream_order(workdir):
     assert sorted(a) == [1, 2, 3] and a == b, (a, b)
 
 
+def test_x_0_evaluates_the_model_and_trains_nothing(workdir):
+    """-x 0, as in llm.c: step 0 is the last step, so the run measures the model it starts from (val loss, HellaSwag, a
+    sample) and takes no step; no checkpoint is written, -n 1 notwithstanding"""
+    out = workdir / "eval_only"
+    r = train(workdir, ["-x", 0, "-v", 3, "-s", 3, "-g", 8, "-h", 1, "-n", 1, "-o", out])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert losses(r.stdout) == {}, r.stdout[-3000:]
+    assert len(re.findall(r"^val loss \d+\.\d+$", r.stdout, re.M)) == 1, r.stdout[-3000:]
+    assert len(re.findall(r"^HellaSwag: \d+/8 = [\d.]+$", r.stdout, re.M)) == 1, r.stdout[-3000:]
+    assert len(re.findall(r"^generating:\n---\n(.*)\n---$", r.stdout, re.M)) == 1, r.stdout[-3000:]
+    log = [line.split() for line in (out / "main.log").read_text().splitlines()]
+    assert [fields[0] for fields in log] == ["s:0", "s:0"] and sorted(f[1].split(":")[0] for f in log) == ["eval", "tel"]
+    assert not any(name.startswith(("model_", "state_", "DONE_")) for name in os.listdir(out))
+
+
 def test_a_sample_longer_than_the_sequence_stops_at_it(workdir):
     """-g above -t: the sample stops at T tokens (the prompt and T - 1 drawn), with a note at startup"""
     r = train(workdir, ["-x", 1, "-v", 0, "-s", 1, "-g", 100])

@@ -132,8 +132,8 @@ class TestBadInput:
     def test_total_batch_not_divisible(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-d", 1000])), "-d", "1000", "64")
 
-    def test_no_steps(self, binary, data):
-        assert_one_line_error(run(binary, base_args(data, ["-x", 0])), "flag -x", "positive number of steps")
+    def test_negative_steps(self, binary, data):
+        assert_one_line_error(run(binary, base_args(data, ["-x", -2])), "flag -x", "-2 is out of range")
 
     def test_negative_warmup(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-u", -1])), "flag -u", "-1 is out of range", "0..")
@@ -494,6 +494,19 @@ def test_cpu_resume_is_bitwise_identical(data, tmp_path):
     assert la[3:] == lb[-3:], (la, lb)
     r4 = run(CPU, base_args(data, common + ["-o", split, "-y", 1]), timeout=600)  # resumed at the run's end
     assert r4.returncode == 0 and "resumed at step 6, and the run has 6 steps (-x): nothing left to train" in r4.stdout, r4.stdout
+
+
+def test_cpu_x_0_evaluates_only(data, tmp_path):
+    """-x 0, as in llm.c: step 0 is the last step, so the run evaluates the model as it starts (val loss) and trains
+    nothing: no step, no checkpoint (even with -n), no note about a warmup longer than the run"""
+    out = tmp_path / "eval_only"
+    result = run(CPU, base_args(data, ["-x", 0, "-v", 5, "-m", 2, "-u", 10, "-n", 1, "-o", out]), timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert read_log(out / "main.log") == [l for l in read_log(out / "main.log") if l.startswith("s:0 tel:")]
+    assert len(read_log(out / "main.log")) == 1
+    assert result.stdout.count("val loss") == 1 and not re.search(r"^step +\d+/", result.stdout, re.M), result.stdout[-1500:]
+    assert not any(name.startswith(("model_", "state_", "DONE_")) for name in os.listdir(out))
+    assert "note: -u" not in result.stdout
 
 
 def test_cpu_trainer_notes_that_it_runs_no_hellaswag(data):
