@@ -1292,8 +1292,9 @@ int main(int argc, char** argv) {
     if (tc.hellaswag) { evalloader_init(&eval_loader, hellaswag_path, tc.B, tc.T, rank, num_ranks,
                                     model_config.vocab_size); }
     Tokenizer tokenizer;
-    train_config_check_tokenizer(&tc);
-    tokenizer_init(&tokenizer, tc.tokenizer_path);
+    char tokenizer_path[4096];
+    train_config_tokenizer_path(&tc, tokenizer_path, sizeof(tokenizer_path));
+    tokenizer_init(&tokenizer, tokenizer_path);
     LearningRateScheduler lr_scheduler;
     lr_scheduler_init(&lr_scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, train_num_batches, tc.final_lr_frac);
 

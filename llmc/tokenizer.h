@@ -38,6 +38,11 @@ typedef struct {
 
 static inline void tokenizer_init(Tokenizer* tokenizer, const char* path) {
     memset(tokenizer, 0, sizeof(*tokenizer));
+    if (path[0] == '\0') {
+        printf("note: no tokenizer file (-tk, or gpt2_tokenizer.bin beside the -i shards or in the current folder, as "
+               "dev/data/ and llm.c write it): samples print token ids\n");
+        return;
+    }
     if (!file_exists(path)) {
         printf("warning: tokenizer file '%s' not found; samples will print token ids only "
                "(make it with dev/data/ or pass its path)\n", path);

@@ -104,7 +104,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-j", FLAG_STRING, TC_OFF(val_data_pattern), 0, 0, NULL, "val data shard glob (\"\" disables val)"},
     {"-e", FLAG_STRING, TC_OFF(model), 0, 0, NULL, "model: tiny|d6|d12|d24|d36|d48, or a model_*.bin checkpoint"},
     {"-o", FLAG_STRING, TC_OFF(output_log_dir), 0, 0, NULL, "output dir for main.log, main.jsonl and checkpoints (\"\" = none)"},
-    {"-tk", FLAG_STRING, TC_OFF(tokenizer_path), 0, 0, NULL, "decode tokenizer file, for text samples"},
+    {"-tk", FLAG_STRING, TC_OFF(tokenizer_path), 0, 0, NULL, "decode tokenizer file, for text samples (\"\" = the gpt2_tokenizer.bin beside the -i shards, else ./gpt2_tokenizer.bin as in llm.c, else token ids)"},
     {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16 fp8", "matmul precision (the -f flags below apply to fp8)"},
     {"-fr", FLAG_CHOICE, TC_OFF(fp8_recipe), 0, 0, "delayed current block",
      "fp8 scaling: delayed (activations from an amax history; gradients as -fg says, weights as -fw says), current, or block (1x128/128x128 tiles, all E4M3)"},
@@ -174,7 +174,7 @@ static inline TrainConfig train_config_defaults(void) {
     c.val_data_pattern = "dev/data/offline/offline_val_*.bin";
     c.model = "d12";
     c.output_log_dir = "";
-    c.tokenizer_path = "dev/data/offline/gpt2_tokenizer.bin";
+    c.tokenizer_path = "";
     c.precision = "bf16";
     c.lr_schedule = "cosine";
 #ifdef LLM8_NO_CUDNN
@@ -428,13 +428,31 @@ static inline void train_config_note_resumed_model(const TrainConfig* c, const G
     }
 }
 
-// a -tk the user gave must exist; the default one may be missing (samples then print token ids)
-static inline void train_config_check_tokenizer(const TrainConfig* c) {
-    const char* default_path = train_config_defaults().tokenizer_path;
-    if (strcmp(c->tokenizer_path, default_path) != 0 && !file_exists(c->tokenizer_path)) {
-        llm8_die("flag -tk %s: no such tokenizer file (leave -tk out to print token ids where %s is missing)",
-                 c->tokenizer_path, default_path);
+/*
+The decode tokenizer file for text samples, into path (path_size bytes). A -tk the user gave must exist.
+Left out: the gpt2_tokenizer.bin that the data scripts in dev/data/ write beside their shards, in the
+folder of the -i glob (when that folder has no wildcard), else llm.c's default ./gpt2_tokenizer.bin
+(where its starter pack puts it); with neither, "" (samples then print token ids).
+*/
+#define TOKENIZER_FILENAME "gpt2_tokenizer.bin"
+static inline void train_config_tokenizer_path(const TrainConfig* c, char* path, size_t path_size) {
+    if (c->tokenizer_path[0] != '\0') {
+        if (!file_exists(c->tokenizer_path)) {
+            llm8_die("flag -tk %s: no such tokenizer file (leave -tk out to use the %s beside the -i shards, or "
+                     "./%s)", c->tokenizer_path, TOKENIZER_FILENAME, TOKENIZER_FILENAME);
+        }
+        snprintf(path, path_size, "%s", c->tokenizer_path);
+        return;
     }
+    const char* slash = strrchr(c->train_data_pattern, '/');
+    size_t folder_length = slash == NULL ? 0 : (size_t)(slash - c->train_data_pattern);
+    int literal_folder = strcspn(c->train_data_pattern, "*?[") > folder_length;
+    if (slash != NULL && literal_folder &&
+        snprintf(path, path_size, "%.*s/%s", (int)folder_length, c->train_data_pattern, TOKENIZER_FILENAME) < (int)path_size &&
+        file_exists(path)) {
+        return;
+    }
+    snprintf(path, path_size, "%s", file_exists(TOKENIZER_FILENAME) ? TOKENIZER_FILENAME : "");
 }
 
 static inline int train_config_uses_adamw8(const TrainConfig* c) { return strcmp(c->optimizer, "adamw8") == 0; }

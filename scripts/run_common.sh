@@ -44,23 +44,6 @@ fit_micro_batch() {
     return 0
 }
 
-# drop_missing_tokenizer FLAGS_ARRAY_NAME: a run script's -tk names the tokenizer file its data
-# script writes; shards made elsewhere (llm.c's own scripts) come without it, and the trainer
-# refuses a -tk that does not exist, so the pair goes and samples print token ids
-drop_missing_tokenizer() {
-    local -n script_flags="$1"
-    local kept=() i
-    for (( i = 0; i < ${#script_flags[@]}; i++ )); do
-        if [[ "${script_flags[i]}" == -tk && $(( i + 1 )) -lt ${#script_flags[@]} && ! -e "${script_flags[i + 1]}" ]]; then
-            echo "run_gpt2: no tokenizer file ${script_flags[i + 1]} (the data scripts in dev/data/ write it): samples print token ids" >&2
-            i=$(( i + 1 ))
-            continue
-        fi
-        kept+=("${script_flags[i]}")
-    done
-    script_flags=("${kept[@]}")
-}
-
 run_gpt2() {
     local out_dir="${OUT_DIR:-$1}"
     shift
@@ -75,7 +58,6 @@ run_gpt2() {
         zero_stage=1
     fi
     fit_micro_batch flags "$num_gpus" "$@"
-    drop_missing_tokenizer flags
     local trainer="${LLM8_TRAINER:-./train_gpt2_fp8}"
     [[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
     local status=0 attempt log_before

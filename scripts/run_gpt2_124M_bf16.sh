@@ -24,7 +24,6 @@ run_gpt2 log_gpt2_124M_bf16 \
     -e d12 \
     -i "dev/data/fineweb10B/fineweb_train_*.bin" \
     -j "dev/data/fineweb10B/fineweb_val_*.bin" \
-    -tk "dev/data/fineweb10B/gpt2_tokenizer.bin" \
     -b 64 -t 1024 -d 524288 \
     -l 0.0006 -q 0.0 -u 700 -c 0.1 \
     -x 18865 \

@@ -24,7 +24,6 @@ run_gpt2 log_gpt2_1558M_bf16 \
     -e d48 \
     -i "dev/data/edu_fineweb100B/edu_fineweb_train_*.bin" \
     -j "dev/data/edu_fineweb100B/edu_fineweb_val_*.bin" \
-    -tk "dev/data/edu_fineweb100B/gpt2_tokenizer.bin" \
     -b 16 -t 1024 -d 1048576 \
     -l 0.0006 -q 0.1 -u 700 -c 0.1 -k cosine \
     -x 32000 \

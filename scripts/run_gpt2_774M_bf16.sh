@@ -23,7 +23,6 @@ run_gpt2 log_gpt2_774M_bf16 \
     -e d36 \
     -i "dev/data/fineweb100B/fineweb_train_*.bin" \
     -j "dev/data/fineweb100B/fineweb_val_*.bin" \
-    -tk "dev/data/fineweb100B/gpt2_tokenizer.bin" \
     -b 32 -t 1024 -d 524288 \
     -l 0.00025 -q 0.0 -u 700 -c 0.1 \
     -x 286102 \

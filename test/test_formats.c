@@ -10,6 +10,8 @@ Run from the repository root: build/test_formats
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 #include "llmc/utils.h"
@@ -18,6 +20,7 @@ Run from the repository root: build/test_formats
 #include "llmc/checkpoint.h"
 #include "llmc/tokenizer.h"
 #include "llmc/logger.h"
+#include "llmc/train_config.h"
 
 // the shapes make_llmc_files.py uses
 #define PY_STATE_NUM_PARAMS 100
@@ -575,6 +578,45 @@ static void test_tokenizer(void) {
     CHECK_DIES("tokenizer: vocab size vs length", vocab, tokenizer_init(&tokenizer, vocab));
 }
 
+// the tokenizer file the GPU trainer decodes samples with: -tk (which must exist), else the gpt2_tokenizer.bin
+// beside the -i shards (a folder without wildcards), else ./gpt2_tokenizer.bin as in llm.c, else none
+static void test_tokenizer_lookup(void) {
+    char shards[512], bare[512], cwd_dir[512], saved_cwd[4096], path[4096], pattern[1200];
+    snprintf(shards, sizeof(shards), "%s/with_tokenizer", g_dir);
+    snprintf(bare, sizeof(bare), "%s/without_tokenizer", g_dir);
+    snprintf(cwd_dir, sizeof(cwd_dir), "%s/run_here", g_dir);
+    CHECK(mkdir(shards, 0755) == 0 && mkdir(bare, 0755) == 0 && mkdir(cwd_dir, 0755) == 0, "tokenizer lookup: folders");
+    fcloseCheck(fopenCheck(in_dir(shards, "gpt2_tokenizer.bin"), "wb"));
+    CHECK(getcwd(saved_cwd, sizeof(saved_cwd)) != NULL && chdir(cwd_dir) == 0, "tokenizer lookup: chdir");
+    TrainConfig c = train_config_defaults();
+    CHECK(c.tokenizer_path[0] == '\0', "-tk's default is the lookup (\"\"), not a path");
+
+    snprintf(pattern, sizeof(pattern), "%s/d_train_*.bin", shards);
+    c.train_data_pattern = pattern;
+    train_config_tokenizer_path(&c, path, sizeof(path));
+    CHECK(strcmp(path, in_dir(shards, "gpt2_tokenizer.bin")) == 0, "beside the shards: got '%s'", path);
+
+    snprintf(pattern, sizeof(pattern), "%s/d_train_*.bin", bare);
+    train_config_tokenizer_path(&c, path, sizeof(path));
+    CHECK(strcmp(path, "") == 0, "no tokenizer beside the shards nor here: got '%s'", path);
+    fcloseCheck(fopenCheck("gpt2_tokenizer.bin", "wb"));
+    train_config_tokenizer_path(&c, path, sizeof(path));
+    CHECK(strcmp(path, "gpt2_tokenizer.bin") == 0, "llm.c's ./gpt2_tokenizer.bin: got '%s'", path);
+    snprintf(pattern, sizeof(pattern), "%s/with_token*/d_train_*.bin", g_dir);  // a wildcard folder names no one folder
+    train_config_tokenizer_path(&c, path, sizeof(path));
+    CHECK(strcmp(path, "gpt2_tokenizer.bin") == 0, "a wildcard in the shards' folder: got '%s'", path);
+    c.train_data_pattern = "d_train_*.bin";  // shards in the current folder
+    train_config_tokenizer_path(&c, path, sizeof(path));
+    CHECK(strcmp(path, "gpt2_tokenizer.bin") == 0, "shards in the current folder: got '%s'", path);
+
+    c.tokenizer_path = in_dir(shards, "gpt2_tokenizer.bin");
+    train_config_tokenizer_path(&c, path, sizeof(path));
+    CHECK(strcmp(path, c.tokenizer_path) == 0, "-tk: got '%s'", path);
+    c.tokenizer_path = in_dir(bare, "gpt2_tokenizer.bin");
+    CHECK_DIES("-tk naming a missing file", "flag -tk", train_config_tokenizer_path(&c, path, sizeof(path)));
+    CHECK(remove("gpt2_tokenizer.bin") == 0 && chdir(saved_cwd) == 0, "tokenizer lookup: back to the start folder");
+}
+
 // llm.c's version-1 tokenizer file (no end-of-text id in the header): GPT-2's 50257 tokens, the last the EOT
 static void test_version_1_tokenizer(void) {
     const char* path = in_dir(g_dir, "tok_v1.bin");
@@ -952,6 +994,7 @@ int main(void) {
     test_state_sections();
     test_state_bad_inputs();
     test_tokenizer();
+    test_tokenizer_lookup();
     test_version_1_tokenizer();
     test_safe_printf();
     test_checkpoint_paths_and_latest();

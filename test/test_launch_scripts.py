@@ -623,16 +623,15 @@ exit "${STUB_STATUS:-0}"
 """
 
 
-def run_common(tmp_path, num_gpus, user_args=(), status=0, tokenizer="tokenizer.bin", trains="1"):
+def run_common(tmp_path, num_gpus, user_args=(), status=0, trains="1"):
     """run_gpt2 with llm.c's 124M batch flags, its launcher a stub that logs its arguments (and, trains, a step into
     main.log) and exits with `status`; returns (exit status, stderr, the launcher's argument lines)"""
     launcher = tmp_path / "launcher.sh"
     launcher.write_text(RUN_COMMON_STUB_LAUNCHER)
     script = ('source "$ROOT/scripts/run_common.sh"; '
-              'run_gpt2 out_default -e d12 -tk "$TOKENIZER" -b 64 -t 1024 -d 524288 -l 0.0006 -- "$@"')
+              'run_gpt2 out_default -e d12 -b 64 -t 1024 -d 524288 -l 0.0006 -- "$@"')
     env = dict(os.environ, ROOT=ROOT, STUB_LOG=str(tmp_path), LLM8_LAUNCHER=str(launcher), LLM8_TRAINER="trainer",
-               NUM_GPUS=str(num_gpus), STUB_STATUS=str(status), TOKENIZER=tokenizer, STUB_TRAINS=trains)
-    (tmp_path / "tokenizer.bin").write_bytes(b"")
+               NUM_GPUS=str(num_gpus), STUB_STATUS=str(status), STUB_TRAINS=trains)
     r = subprocess.run(["bash", "-c", script, "run_stub.sh"] + list(user_args), env=env, capture_output=True, text=True,
                        timeout=30, cwd=tmp_path)
     log = tmp_path / "launcher.log"
@@ -669,13 +668,3 @@ def test_run_common_retries_failures_but_not_signals(tmp_path, status, trains, a
     assert ("not retried" in err) == (attempts == 1), err
     assert ("before its first step" in err) == (trains == "0"), err
 
-
-def test_run_common_drops_a_missing_tokenizer(tmp_path):
-    """shards made by llm.c's scripts come without gpt2_tokenizer.bin: the run script's -tk goes (the trainer refuses
-    a -tk that does not exist), with a note; an existing one stays"""
-    (tmp_path / "missing").mkdir()
-    rc, err, lines = run_common(tmp_path / "missing", 2, tokenizer="missing_tokenizer.bin")
-    assert rc == 0 and "-tk" not in lines[0].split() and "no tokenizer file missing_tokenizer.bin" in err, (lines, err)
-    (tmp_path / "present").mkdir()
-    rc, err, lines = run_common(tmp_path / "present", 2)
-    assert rc == 0 and flag_value(lines[0], "-tk") == "tokenizer.bin" and "no tokenizer file" not in err, (lines, err)
