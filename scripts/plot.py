@@ -13,7 +13,11 @@ step appears twice (a resumed run) the later line wins.
 
 The table compares runs at the last step for which every run has a val loss,
 so runs of different lengths are compared fairly; --ema smooths the plotted
-train curves only (a bias-corrected exponential moving average).
+train curves only (a bias-corrected exponential moving average). --reference
+SIZE (124M, 350M, 774M, 1558M) draws on the HellaSwag panel the accuracy of
+OpenAI's GPT-2 checkpoint of that size, as llm.c's eval (the same file and
+scoring as -h 1) measured it, and of the GPT-3 of about that size, from the
+GPT-3 paper: the lines llm.c's dev/vislog.ipynb draws.
 """
 
 import argparse
@@ -31,6 +35,16 @@ SERIES_KEYS = {
     "train": ("trl", "train_loss"),
     "val": ("tel", "val_loss"),
     "hellaswag": ("eval", "hellaswag"),
+}
+
+
+# HellaSwag accuracy by GPT-2 size: OpenAI's GPT-2 checkpoints under llm.c's eval, and GPT-3 125M, 350M, 760M
+# and 1.3B from the GPT-3 paper (the values of llm.c's dev/vislog.ipynb)
+HELLASWAG_REFERENCES = {
+    "124M": (0.294463, 0.337),
+    "350M": (0.375224, 0.436),
+    "774M": (0.431986, 0.510),
+    "1558M": (0.488946, 0.547),
 }
 
 
@@ -136,8 +150,8 @@ def print_table(labels, runs):
         print(f"| {label} | {run_step} | {loss:.4f} | {gap:+.2f}% |")
 
 
-def plot_runs(labels, runs, beta, out_path, title):
-    panels = [name for name in SERIES_KEYS if any(series[name] for series in runs)]
+def plot_runs(labels, runs, beta, out_path, title, reference=None):
+    panels = [name for name in SERIES_KEYS if any(series[name] for series in runs) or (name == "hellaswag" and reference)]
     figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for axis, name in zip(axes[0], panels):
         for index, (label, series) in enumerate(zip(labels, runs)):
@@ -151,6 +165,10 @@ def plot_runs(labels, runs, beta, out_path, title):
                 axis.plot(steps, ema(values, beta), color=color, label=f"{label} (ema {beta})")
             else:
                 axis.plot(steps, values, color=color, label=label, marker="o" if len(steps) < 30 else None)
+        if name == "hellaswag" and reference:
+            gpt2, gpt3 = HELLASWAG_REFERENCES[reference]
+            axis.axhline(gpt2, color="red", linestyle="--", label=f"OpenAI GPT-2 {reference} checkpoint")
+            axis.axhline(gpt3, color="green", linestyle="--", label=f"GPT-3 (paper), about {reference}")
         axis.set_xlabel("step")
         axis.set_ylabel("accuracy" if name == "hellaswag" else "loss")
         axis.set_title(f"{name} {'accuracy' if name == 'hellaswag' else 'loss'}")
@@ -170,6 +188,8 @@ def main():
     parser.add_argument("--ema", type=float, default=None, metavar="BETA", help="smooth train curves, e.g. 0.9")
     parser.add_argument("--out", default="loss.png", help="PNG to write")
     parser.add_argument("--title", default=None)
+    parser.add_argument("--reference", choices=sorted(HELLASWAG_REFERENCES, key=lambda size: float(size[:-1])),
+                        default=None, help="draw OpenAI's GPT-2 checkpoint and GPT-3 HellaSwag accuracies of this size")
     args = parser.parse_args()
     if args.labels is not None and len(args.labels) != len(args.runs):
         die(f"--labels has {len(args.labels)} names for {len(args.runs)} runs")
@@ -183,9 +203,15 @@ def main():
     for run, series in zip(args.runs, runs):
         if not series["train"] and not series["val"]:
             die(f"{run}: no train (trl) or val (tel) loss lines found")
-    plot_runs(labels, runs, args.ema, args.out, args.title)
+    plot_runs(labels, runs, args.ema, args.out, args.title, args.reference)
     print(f"wrote {args.out}")
     print_table(labels, runs)
+    if args.reference:
+        gpt2, gpt3 = HELLASWAG_REFERENCES[args.reference]
+        last = [f"{label} {series['hellaswag'][max(series['hellaswag'])]:.4f}" for label, series in zip(labels, runs)
+                if series["hellaswag"]]
+        print(f"HellaSwag: OpenAI GPT-2 {args.reference} checkpoint {gpt2:.4f}, GPT-3 (paper) {gpt3:.3f}"
+              + (f"; last of each run: {', '.join(last)}" if last else ""))
 
 
 if __name__ == "__main__":

@@ -564,6 +564,23 @@ def test_plot_writes_png_and_gap_table(tmp_path):
     assert "| bf16 | 100 | 4.5000 | +0.00% |" in result.stdout and "| short | 30 | 5.0000 | +11.11% |" in result.stdout
 
 
+def test_plot_hellaswag_references(tmp_path):
+    """--reference 124M: the HellaSwag panel gets OpenAI's GPT-2 124M checkpoint and GPT-3 125M accuracies (llm.c's
+    vislog values), printed beside each run's last accuracy; an unknown size is refused"""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "main.log").write_text("s:0 trl:5.0000 lr:0.0006 norm:1.00\ns:0 tel:5.1000\ns:10 trl:4.0000 lr:0.0006 "
+                                  "norm:1.00\ns:10 tel:4.1000\ns:10 eval:0.2712\n")
+    result = run_script(["scripts/plot.py", str(run), "--reference", "124M", "--out", str(tmp_path / "ref.png")])
+    assert result.returncode == 0, result.stderr
+    assert "HellaSwag: OpenAI GPT-2 124M checkpoint 0.2945, GPT-3 (paper) 0.337; last of each run: run 0.2712" in result.stdout
+    plain = run_script(["scripts/plot.py", str(run), "--out", str(tmp_path / "plain.png")])
+    assert plain.returncode == 0 and "HellaSwag:" not in plain.stdout
+    assert (tmp_path / "ref.png").read_bytes() != (tmp_path / "plain.png").read_bytes(), "the reference lines are drawn"
+    result = run_script(["scripts/plot.py", str(run), "--reference", "125M"])
+    assert result.returncode == 2 and "invalid choice: '125M'" in result.stderr
+
+
 def test_plot_reads_main_jsonl(tmp_path):
     run = tmp_path / "jsonl_run"
     run.mkdir()
