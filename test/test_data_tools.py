@@ -500,8 +500,8 @@ def test_fineweb_streams_documents_into_shards(encoding, tmp_path):
            "FAKE_FINEWEB_ROWS": str(rows)}
     try:
         llmc_layout = tmp_path / "fw_stream"
-        result = run_script(["dev/data/fineweb.py", "--version", "10B", "--out-dir", str(llmc_layout),
-                             "--shard-size", "2000"], env=env)
+        result = run_script(["dev/data/fineweb.py", "-v", "10B", "--out-dir", str(llmc_layout), "-s", "2000"],
+                            env=env)  # llm.c's spellings of --version and --shard-size
         assert result.returncode == 0, result.stderr
         out = tmp_path / "fw"
         result = run_script(["dev/data/fineweb.py", "--version", "10B", "--out-dir", str(out), "--shard-size", "2000",

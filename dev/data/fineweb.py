@@ -19,6 +19,7 @@ the FineWeb document id picks about 1% of the 10B sample, 0.1% of the 100B one,
 capped at one shard), so no document is in both splits.
 
 Usage: python dev/data/fineweb.py --version 10B [--type edu] [--shard-size N] [--split document]
+(llm.c's spellings work too: python dev/data/fineweb.py -t edu -v 100B -s N)
 """
 
 import argparse
@@ -43,8 +44,8 @@ def fineweb_documents(rows):
 
 def main():
     parser = argparse.ArgumentParser(description="Download and tokenize a FineWeb sample (needs the internet)")
-    parser.add_argument("--type", choices=sorted(HUB_REPOS), default="classic", help="classic FineWeb or FineWeb-Edu")
-    parser.add_argument("--version", choices=sorted(SAMPLE_NAMES), default="10B", help="sample size in tokens")
+    parser.add_argument("-t", "--type", choices=sorted(HUB_REPOS), default="classic", help="classic FineWeb or FineWeb-Edu")
+    parser.add_argument("-v", "--version", choices=sorted(SAMPLE_NAMES), default="10B", help="sample size in tokens")
     add_tokenize_arguments(parser, default_prefix=None, default_out_dir=None, split="stream",
                            val_fraction=None, max_val_tokens=None)
     args = parser.parse_args()

@@ -274,7 +274,8 @@ def add_tokenize_arguments(parser, default_prefix, default_out_dir, split="docum
                         help=f"where the shards and gpt2_tokenizer.bin go (default {default_out_dir or 'per dataset'})")
     parser.add_argument("--prefix", default=default_prefix, help="shard name prefix: PREFIX_val_000000.bin, PREFIX_train_000001.bin "
                              f"(default {default_prefix or 'per dataset'})")
-    parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="tokens per shard (default 100M, as llm.c)")
+    parser.add_argument("-s", "--shard-size", "--shard_size", dest="shard_size", type=int, default=DEFAULT_SHARD_SIZE,
+                        help="tokens per shard (default 100M, as llm.c; -s and --shard_size are llm.c's spellings)")
     parser.add_argument("--split", choices=SPLITS, default=split,
                         help="document: hold out --val-fraction of the documents, chosen by a hash of the document id; "
                              "stream: the first --val-tokens tokens of the stream are val, the rest train, as llm.c "
