@@ -1291,10 +1291,10 @@ int main(int argc, char** argv) {
     }
     if (tc.hellaswag) { evalloader_init(&eval_loader, hellaswag_path, tc.B, tc.T, rank, num_ranks,
                                     model_config.vocab_size); }
-    Tokenizer tokenizer;
+    Tokenizer tokenizer;  // for text samples only
     char tokenizer_path[4096];
     train_config_tokenizer_path(&tc, tokenizer_path, sizeof(tokenizer_path));
-    tokenizer_init(&tokenizer, tokenizer_path);
+    if (tc.sample_every > 0) { tokenizer_init(&tokenizer, tokenizer_path); } else { memset(&tokenizer, 0, sizeof(tokenizer)); }
     LearningRateScheduler lr_scheduler;
     lr_scheduler_init(&lr_scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, train_num_batches, tc.final_lr_frac);
 

@@ -350,6 +350,13 @@ def test_tokenize_folder_stream_split_is_llmc_layout(encoding, tmp_path):
     assert result.returncode == 1
     assert error_lines(result) == [f"error: the stream ended within its first 100,000,000 tokens (--val-tokens), "
                                    "which are all val: the train split is empty; lower --val-tokens or add documents"]
+    # ... and where a dataset was already, it stays as it was: the new shards are staged until they pass
+    before = {name: (tmp_path / "capped" / name).read_bytes() for name in os.listdir(tmp_path / "capped")}
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--prefix", "t", "--out-dir",
+                         str(tmp_path / "capped"), "--split", "stream"])
+    assert result.returncode == 1
+    assert error_lines(result)[0].endswith(f"(the shards in {tmp_path / 'capped'} are as they were)"), result.stderr
+    assert {name: (tmp_path / "capped" / name).read_bytes() for name in os.listdir(tmp_path / "capped")} == before
 
 
 def test_rerun_removes_stale_shards(encoding, tmp_path):
@@ -438,7 +445,9 @@ def test_offline_corpus_missing_source(tmp_path):
 def test_tinyshakespeare_from_a_local_url(encoding, tmp_path):
     """llm.c's tokens: each speech (text up to and with its blank line) one EOT-prefixed document, the first
     32,768 tokens val and the rest train; --split document holds out whole speeches instead"""
-    speeches = [f"SPEAKER{i}:\nLine {i} of the play, spoken aloud.\n\n" for i in range(3000)] + ["THE END.\n"]
+    # the text ends in a blank line, so its last speech is empty: llm.c writes it as a lone EOT, and so does the
+    # stream split (the by-document split skips empty documents)
+    speeches = [f"SPEAKER{i}:\nLine {i} of the play, spoken aloud.\n\n" for i in range(3000)] + ["THE END.\n\n", ""]
     (tmp_path / "input.txt").write_text("".join(speeches), encoding="utf-8")
     url = (tmp_path / "input.txt").as_uri()
     out = str(tmp_path / "ts")
@@ -454,7 +463,7 @@ def test_tinyshakespeare_from_a_local_url(encoding, tmp_path):
     val_docs = documents_of(encoding, split_shards(out, "tiny_shakespeare", "val"))
     train_docs = documents_of(encoding, split_shards(out, "tiny_shakespeare", "train"))
     assert val_docs and train_docs and not set(val_docs) & set(train_docs)
-    assert sorted(val_docs + train_docs) == sorted(speeches), "each speech is one document"
+    assert sorted(val_docs + train_docs) == sorted(speeches[:-1]), "each speech is one document, the empty one none"
     assert 0.05 < len(val_docs) / len(speeches) < 0.15, "about 10% of the speeches"
 
 
@@ -484,6 +493,7 @@ def test_fineweb_streams_documents_into_shards(encoding, tmp_path):
     import http.server
     import threading
     docs = {f"<urn:uuid:{i:04d}>": f"Document {i}: " + "fine web text " * (i % 7 + 1) for i in range(300)}
+    docs["<urn:uuid:0150>"] = ""  # an empty row: in llm.c's layout one EOT, as llm.c's fineweb.py writes it
     fake = tmp_path / "fake_packages"
     fake.mkdir()
     (fake / "datasets.py").write_text(
@@ -518,7 +528,7 @@ def test_fineweb_streams_documents_into_shards(encoding, tmp_path):
     assert os.path.basename(split_shards(out, "fineweb", "val")[0]) == "fineweb_val_000000.bin"
     assert len(split_shards(out, "fineweb", "train")) > 1, "several train shards of 2000 tokens"
     assert val and not set(val) & set(train)
-    assert sorted(train + val) == sorted(docs.values())
+    assert sorted(train + val) == sorted(text for text in docs.values() if text), "the empty row is skipped"
     order = list(docs.values())
     assert train == sorted(train, key=order.index), "train documents in the stream's order"
 

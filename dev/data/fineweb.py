@@ -61,7 +61,7 @@ def main():
         print("error: fineweb.py needs the `datasets` package: pip install datasets", file=sys.stderr)
         sys.exit(1)
     rows = datasets.load_dataset(HUB_REPOS[args.type], name=SAMPLE_NAMES[args.version], split="train", streaming=True)
-    run_tokenize(args, fineweb_documents(rows))
+    run_tokenize(args, fineweb_documents(rows), f"the FineWeb sample {SAMPLE_NAMES[args.version]} gave no text")
 
 
 if __name__ == "__main__":

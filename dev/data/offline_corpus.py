@@ -133,9 +133,9 @@ def main():
     if not files:
         die("no text files found in " + ", ".join(folder for _, folder, _ in sources))
 
-    result = run_tokenize(args, unique_text_documents(files))
-    if result["train"].num_tokens == 0 or result["val"].num_tokens == 0:
-        die("the offline corpus came out empty in train or val; pass --source DIR with text files")
+    result = run_tokenize(args, unique_text_documents(files),
+                          "the offline corpus came out empty in train or val; pass --source DIR with text files",
+                          require_val=True)
     print(f"offline corpus in {args.out_dir}: a d12 run of 2000 steps x 524,288 tokens reads "
           f"{2000 * 524288 / max(1, result['train'].num_tokens):.0f} epochs of this train split")
 

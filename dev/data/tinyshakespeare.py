@@ -43,7 +43,7 @@ def main():
     with open(text_path, encoding="utf-8") as f:
         text = f.read()
     documents = [(f"speech{index:06d}", lambda speech=speech: speech) for index, speech in enumerate(speeches(text))]
-    run_tokenize(args, documents)
+    run_tokenize(args, documents, f"{text_path} holds no text")
 
 
 if __name__ == "__main__":

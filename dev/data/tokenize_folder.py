@@ -38,6 +38,7 @@ import gzip
 import hashlib
 import itertools
 import os
+import shutil
 import sys
 import zlib
 from multiprocessing.pool import ThreadPool
@@ -191,20 +192,37 @@ def remove_old_shards(out_dir, prefix):
             print(f"removed old shard {path}")
 
 
+def staging_dir(out_dir, prefix):
+    """Where run_tokenize writes the new shards until they are complete and checked."""
+    return os.path.join(out_dir, f".{prefix}.partial")
+
+
+def publish_shards(result, out_dir, prefix):
+    """Replaces the old shards of prefix in out_dir with the staged ones, and forgets the staging folder."""
+    remove_old_shards(out_dir, prefix)
+    for writer in (result["val"], result["train"]):
+        published = [os.path.join(out_dir, os.path.basename(path)) for path in writer.paths]
+        for staged, path in zip(writer.paths, published):
+            os.replace(staged, path)
+        writer.paths = published
+    os.rmdir(staging_dir(out_dir, prefix))
+
+
 def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_SHARD_SIZE,
                        val_fraction=DEFAULT_VAL_FRACTION, max_train_tokens=None, max_val_tokens=None,
                        workers=1, val_tokens=None):
     """
     documents: iterable of (doc_id, get_text) in a fixed order; get_text() returns the
-    document's text, or None to skip it (binary, not UTF-8, empty).
+    document's text, or None to skip it (binary, not UTF-8). An empty text is skipped too in
+    the by-document split; in the stream split it is a document of one EOT, as llm.c writes it.
     val_tokens None: the by-document split (val_fraction of the documents, capped at
     max_val_tokens); a count: the stream split, the first val_tokens tokens are val
     (val_fraction and max_val_tokens unused).
-    Writes <prefix>_val_000000.bin, ... and <prefix>_train_000001.bin, ... into out_dir and
-    returns {"val": ShardWriter, "train": ShardWriter, "skipped": number of skipped documents}.
+    Writes <prefix>_val_000000.bin, ... and <prefix>_train_000001.bin, ... into out_dir (run_tokenize
+    gives a staging folder) and returns {"val": ShardWriter, "train": ShardWriter, "skipped":
+    number of skipped documents}.
     """
     os.makedirs(out_dir, exist_ok=True)
-    remove_old_shards(out_dir, prefix)
     by_stream = val_tokens is not None
     writers = {
         "val": ShardWriter(out_dir, prefix, "val", 0, shard_size, val_tokens if by_stream else max_val_tokens),
@@ -236,7 +254,7 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
                 if writers[split].is_full():
                     continue
                 text = get_text()
-                if text:
+                if text or (by_stream and text is not None):
                     batch.append((split, text))
                 else:
                     skipped += 1
@@ -325,15 +343,28 @@ def check_tokenize_arguments(args):
         die(f"--prefix '{args.prefix}': expected a non-empty name without '{os.sep}'")
 
 
-def run_tokenize(args, documents):
-    """The shared tail of the dataset scripts: encoding, shards, tokenizer file, summary."""
+def run_tokenize(args, documents, empty_error, require_val=False):
+    """The shared tail of the dataset scripts: encoding, shards, tokenizer file, summary. The new shards
+    are written into a staging folder and replace the old ones only once complete, with a train split
+    (and a val split, require_val): otherwise the old dataset stays and the run stops with one line,
+    empty_error where there was no text at all."""
     encoding = encoding_or_exit(args.bpe_file)
-    result = tokenize_documents(documents, encoding, args.out_dir, args.prefix, args.shard_size, args.val_fraction,
+    staging = staging_dir(args.out_dir, args.prefix)
+    shutil.rmtree(staging, ignore_errors=True)  # a run cut off before
+    result = tokenize_documents(documents, encoding, staging, args.prefix, args.shard_size, args.val_fraction,
                                 args.max_train_tokens or None, args.max_val_tokens or None, args.workers,
                                 args.val_tokens if args.split == "stream" else None)
+    problem = None
     if args.split == "stream" and result["val"].num_tokens > 0 and result["train"].num_tokens == 0:
-        die(f"the stream ended within its first {args.val_tokens:,} tokens (--val-tokens), which are all val: "
-            "the train split is empty; lower --val-tokens or add documents")
+        problem = (f"the stream ended within its first {args.val_tokens:,} tokens (--val-tokens), which are all val: "
+                   "the train split is empty; lower --val-tokens or add documents")
+    elif result["train"].num_tokens == 0 or (require_val and result["val"].num_tokens == 0):
+        problem = empty_error
+    if problem is not None:
+        shutil.rmtree(staging, ignore_errors=True)
+        die(problem + (f" (the shards in {args.out_dir} are as they were)" if glob.glob(
+            os.path.join(glob.escape(args.out_dir), f"{glob.escape(args.prefix)}_*.bin")) else ""))
+    publish_shards(result, args.out_dir, args.prefix)
     write_tokenizer_file(encoding, os.path.join(args.out_dir, TOKENIZER_FILENAME))
     print(f"wrote {os.path.join(args.out_dir, TOKENIZER_FILENAME)}")
     print_summary(result)
@@ -350,9 +381,7 @@ def main():
     if not files:
         die(f"no files found under {' '.join(args.inputs)}")
     documents = [(doc_id, lambda path=path: read_text_file(path)) for doc_id, path in files]
-    result = run_tokenize(args, documents)
-    if result["train"].num_tokens == 0:
-        die(f"no text found in {' '.join(args.inputs)} (every file was binary, not UTF-8, or empty)")
+    run_tokenize(args, documents, f"no text found in {' '.join(args.inputs)} (every file was binary, not UTF-8, or empty)")
 
 
 if __name__ == "__main__":
