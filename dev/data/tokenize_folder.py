@@ -22,8 +22,10 @@ train/val shards", so that stream lives here once, in tokenize_documents().
     val losses that compare with llm.c's runs.
 - Shards of one split are exactly --shard-size tokens except the last one.
   Names: <prefix>_val_000000.bin (val first, as llm.c's fineweb does), then
-  <prefix>_train_000001.bin, ...; old shards with the same prefix are removed
-  first, so a smaller rerun never leaves stale shards behind.
+  <prefix>_train_000001.bin, ... They are written into a staging folder
+  (.<prefix>.partial in --out-dir) and replace the old shards with the same prefix
+  only once complete and checked: a smaller rerun leaves no stale shards behind,
+  and a run that fails (an empty split, an interruption) leaves the old dataset.
 - Deterministic: documents go in a fixed order through an order-preserving
   thread pool (tiktoken releases the GIL while encoding), so two runs write
   identical bytes whatever --workers is.
