@@ -73,7 +73,9 @@ def make_documents(folder, count):
 
 
 def split_shards(out_dir, prefix, split):
-    names = sorted(name for name in os.listdir(out_dir) if name.startswith(f"{prefix}_{split}_"))
+    """a split's shard files: numbered, or llm.c's one file <prefix>_<split>.bin"""
+    names = sorted(name for name in os.listdir(out_dir)
+                   if name.startswith(f"{prefix}_{split}_") or name == f"{prefix}_{split}.bin")
     return [os.path.join(out_dir, name) for name in names]
 
 
@@ -96,15 +98,17 @@ def stream_of(encoding, texts):
     return [token for text in texts for token in [EOT] + encoding.encode_ordinary(text)]
 
 
-def assert_stream_split(out_dir, prefix, stream, val_tokens, shard_size):
+def assert_stream_split(out_dir, prefix, stream, val_tokens, shard_size, one_file_names=False):
     """The layout of llm.c's scripts, rebuilt here from the stream: val is its first val_tokens
     tokens, train every token after them; each split in shards of shard_size tokens but its last
-    (val counting from 000000, train from 000001)."""
+    (val counting from 000000, train from 000001; one_file_names: a split of one shard is
+    <prefix>_<split>.bin, as llm.c names TinyShakespeare's files)."""
     for split, tokens, first_index in (("val", stream[:val_tokens], 0), ("train", stream[val_tokens:], 1)):
         paths = split_shards(out_dir, prefix, split)
         expected = [tokens[i:i + shard_size] for i in range(0, len(tokens), shard_size)]
-        assert [os.path.basename(p) for p in paths] == [f"{prefix}_{split}_{first_index + i:06d}.bin"
-                                                       for i in range(len(expected))], split
+        names = ([f"{prefix}_{split}.bin"] if one_file_names and len(expected) == 1 else
+                 [f"{prefix}_{split}_{first_index + i:06d}.bin" for i in range(len(expected))])
+        assert [os.path.basename(p) for p in paths] == names, split
         assert [tokenize_folder.read_shard(p).tolist() for p in paths] == expected, split
 
 
@@ -455,7 +459,12 @@ def test_tinyshakespeare_from_a_local_url(encoding, tmp_path):
     assert result.returncode == 0, result.stderr
     stream = stream_of(encoding, speeches)
     assert len(stream) > 32768 + 1000
-    assert_stream_split(out, "tiny_shakespeare", stream, 32768, 100_000_000)
+    assert_stream_split(out, "tiny_shakespeare", stream, 32768, 100_000_000, one_file_names=True)  # llm.c's files
+    # a small --shard-size: numbered shards, and a rerun replaces llm.c's one-file names
+    result = run_script(["dev/data/tinyshakespeare.py", "--url", url, "--out-dir", out, "-s", "20000"])
+    assert result.returncode == 0, result.stderr
+    assert_stream_split(out, "tiny_shakespeare", stream, 32768, 20000, one_file_names=True)
+    assert not os.path.exists(os.path.join(out, "tiny_shakespeare_train.bin"))
 
     out = str(tmp_path / "ts_by_speech")
     result = run_script(["dev/data/tinyshakespeare.py", "--url", url, "--out-dir", out, "--split", "document"])

@@ -27,13 +27,13 @@ case "$dataset" in
 esac
 
 shopt -s nullglob
-train_shards=("$data_dir/${prefix}"_train_*.bin)
-val_shards=("$data_dir/${prefix}"_val_*.bin)
+train_shards=("$data_dir/${prefix}"_train*.bin)  # numbered shards, or llm.c's one file (TinyShakespeare)
+val_shards=("$data_dir/${prefix}"_val*.bin)
 if (( ${#train_shards[@]} > 0 && ${#val_shards[@]} > 0 )) && [[ -f "$data_dir/gpt2_tokenizer.bin" ]]; then
     echo "$dataset data already prepared in $data_dir (delete it to rebuild)"
 else
     "$PYTHON" "$script" "$@"
 fi
 
-echo "train with: -i '$data_dir/${prefix}_train_*.bin' -j '$data_dir/${prefix}_val_*.bin'"
+echo "train with: -i '$data_dir/${prefix}_train*.bin' -j '$data_dir/${prefix}_val*.bin'"
 echo "tokenizer:  $data_dir/gpt2_tokenizer.bin"

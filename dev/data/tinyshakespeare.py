@@ -3,13 +3,13 @@ TinyShakespeare (1 MB of Shakespeare's plays) as llm.c GPT-2 token shards.
 
 Needs the internet (the text comes from GitHub). As in llm.c, every speech
 (text between blank lines) is a document with the EOT token in front, and the
-first 32,768 tokens are val, the rest train: llm.c's tokens, in llm8's shard
-names (for the text at DEFAULT_URL, llm.c's script reports 32,768 val and
-305,260 train tokens). --split document holds out about 10% of the speeches instead (chosen by
+first 32,768 tokens are val, the rest train: llm.c's files (for the text at
+DEFAULT_URL, llm.c's script reports 32,768 val and 305,260 train tokens). --split document holds out about 10% of the speeches instead (chosen by
 a hash of the speech number), so no speech is cut in two.
 
-Writes dev/data/tinyshakespeare/tiny_shakespeare_val_000000.bin,
-tiny_shakespeare_train_000001.bin and gpt2_tokenizer.bin.
+Writes dev/data/tinyshakespeare/tiny_shakespeare_val.bin, tiny_shakespeare_train.bin
+(llm.c's names; a split of several shards, with a small --shard-size, gets numbered
+ones) and gpt2_tokenizer.bin.
 
 Usage: python dev/data/tinyshakespeare.py [--url URL]
 """
@@ -43,7 +43,7 @@ def main():
     with open(text_path, encoding="utf-8") as f:
         text = f.read()
     documents = [(f"speech{index:06d}", lambda speech=speech: speech) for index, speech in enumerate(speeches(text))]
-    run_tokenize(args, documents, f"{text_path} holds no text")
+    run_tokenize(args, documents, f"{text_path} holds no text", one_file_names=True)
 
 
 if __name__ == "__main__":

@@ -188,8 +188,11 @@ class ShardWriter:
 
 
 def remove_old_shards(out_dir, prefix):
+    """Removes <prefix>_<split>_NNNNNN.bin and the one-file <prefix>_<split>.bin of both splits."""
     for split in ("train", "val"):
-        for path in sorted(glob.glob(os.path.join(glob.escape(out_dir), f"{glob.escape(prefix)}_{split}_*.bin"))):
+        pattern = f"{glob.escape(prefix)}_{split}"
+        for path in sorted(glob.glob(os.path.join(glob.escape(out_dir), pattern + "_*.bin")) +
+                           glob.glob(os.path.join(glob.escape(out_dir), pattern + ".bin"))):
             os.remove(path)
             print(f"removed old shard {path}")
 
@@ -199,11 +202,13 @@ def staging_dir(out_dir, prefix):
     return os.path.join(out_dir, f".{prefix}.partial")
 
 
-def publish_shards(result, out_dir, prefix):
-    """Replaces the old shards of prefix in out_dir with the staged ones, and forgets the staging folder."""
+def publish_shards(result, out_dir, prefix, one_file_names=False):
+    """Replaces the old shards of prefix in out_dir with the staged ones, and forgets the staging folder.
+    one_file_names: a split of one shard is named <prefix>_<split>.bin, as llm.c names TinyShakespeare's."""
     remove_old_shards(out_dir, prefix)
     for writer in (result["val"], result["train"]):
-        published = [os.path.join(out_dir, os.path.basename(path)) for path in writer.paths]
+        published = [os.path.join(out_dir, f"{prefix}_{writer.split}.bin" if one_file_names and len(writer.paths) == 1
+                                  else os.path.basename(path)) for path in writer.paths]
         for staged, path in zip(writer.paths, published):
             os.replace(staged, path)
         writer.paths = published
@@ -345,11 +350,11 @@ def check_tokenize_arguments(args):
         die(f"--prefix '{args.prefix}': expected a non-empty name without '{os.sep}'")
 
 
-def run_tokenize(args, documents, empty_error, require_val=False):
+def run_tokenize(args, documents, empty_error, require_val=False, one_file_names=False):
     """The shared tail of the dataset scripts: encoding, shards, tokenizer file, summary. The new shards
     are written into a staging folder and replace the old ones only once complete, with a train split
     (and a val split, require_val): otherwise the old dataset stays and the run stops with one line,
-    empty_error where there was no text at all."""
+    empty_error where there was no text at all. one_file_names: publish_shards'."""
     encoding = encoding_or_exit(args.bpe_file)
     staging = staging_dir(args.out_dir, args.prefix)
     shutil.rmtree(staging, ignore_errors=True)  # a run cut off before
@@ -366,7 +371,7 @@ def run_tokenize(args, documents, empty_error, require_val=False):
         shutil.rmtree(staging, ignore_errors=True)
         die(problem + (f" (the shards in {args.out_dir} are as they were)" if glob.glob(
             os.path.join(glob.escape(args.out_dir), f"{glob.escape(args.prefix)}_*.bin")) else ""))
-    publish_shards(result, args.out_dir, args.prefix)
+    publish_shards(result, args.out_dir, args.prefix, one_file_names)
     write_tokenizer_file(encoding, os.path.join(args.out_dir, TOKENIZER_FILENAME))
     print(f"wrote {os.path.join(args.out_dir, TOKENIZER_FILENAME)}")
     print_summary(result)
