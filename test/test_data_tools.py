@@ -363,6 +363,35 @@ def test_tokenize_folder_stream_split_is_llmc_layout(encoding, tmp_path):
     assert {name: (tmp_path / "capped" / name).read_bytes() for name in os.listdir(tmp_path / "capped")} == before
 
 
+def test_rerun_replaces_only_its_own_shards(encoding, tmp_path):
+    """a rerun clears a staging folder an interrupted run left, and removes only its prefix's shards (six-digit
+    numbers or the one-file name), not those of another prefix that starts with it"""
+    make_documents(tmp_path / "in", 30)
+    out = tmp_path / "out"
+    (out / ".t.partial").mkdir(parents=True)
+    (out / ".t.partial" / "t_train_000009.bin").write_bytes(b"left by an interrupted run")
+    others = ["t_train_val_000000.bin", "t_val_extra_000001.bin", "t_train_x.bin"]
+    for name in others:
+        (out / name).write_bytes(b"another prefix's shard")
+    (out / "t_train.bin").write_bytes(b"this prefix's one-file shard")
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--prefix", "t", "--out-dir", str(out)])
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(out)) == sorted(others + ["gpt2_tokenizer.bin", "t_train_000001.bin", "t_val_000000.bin"])
+
+
+def test_stream_of_empty_documents_is_no_text(tmp_path):
+    """the stream split keeps an empty document as a lone EOT, but input with no text at all is still refused"""
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        (tmp_path / "in" / f"empty{i}.txt").write_text("")
+    for flags in ([], ["--val-tokens", "1"]):
+        result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out"),
+                             "--split", "stream", *flags])
+        assert result.returncode == 1, flags
+        assert error_lines(result) == [f"error: no text found in {tmp_path / 'in'} (every file was binary, not UTF-8, "
+                                       "or empty)"], flags
+
+
 def test_rerun_removes_stale_shards(encoding, tmp_path):
     make_documents(tmp_path / "in", 30)
     out = str(tmp_path / "out")
@@ -427,6 +456,15 @@ def test_offline_corpus_on_a_small_folder(encoding, tmp_path):
     assert sorted(everything) == sorted(list(texts.values()) + [gz_text]), "text files once each, .gz decompressed"
     assert not set(val_docs) & set(train_docs)
     assert os.path.isfile(os.path.join(out, "gpt2_tokenizer.bin"))
+
+    # a run whose val split comes out empty stops, and the corpus stays as it was
+    before = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
+    empty_val = run_script(["dev/data/offline_corpus.py", "--source", str(source), "--out-dir", out,
+                            "--val-fraction", "0", "--max-train-tokens", "0", "--max-val-tokens", "0"])
+    assert empty_val.returncode == 1
+    assert error_lines(empty_val)[-1] == ("error: the offline corpus came out empty in train or val; pass --source DIR "
+                                          f"with text files (the shards in {out} are as they were)"), empty_val.stderr
+    assert {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)} == before
 
     # the cap cuts the train split at exactly that many tokens; a rerun gives the same bytes
     capped = run_script(["dev/data/offline_corpus.py", "--source", str(source), "--out-dir", out,

@@ -181,20 +181,20 @@ class ShardWriter:
             return
         path = shard_path(self.out_dir, self.prefix, self.split, self.next_index)
         write_shard(path, self.buffer[:self.filled])
-        print(f"wrote {self.filled:,} tokens to {path}")
+        print(f"wrote {self.filled:,} tokens ({os.path.basename(path)})")
         self.paths.append(path)
         self.next_index += 1
         self.filled = 0
 
 
-def remove_old_shards(out_dir, prefix):
-    """Removes <prefix>_<split>_NNNNNN.bin and the one-file <prefix>_<split>.bin of both splits."""
+def old_shards(out_dir, prefix):
+    """The shards of prefix in out_dir: <prefix>_<split>_NNNNNN.bin and the one-file <prefix>_<split>.bin of
+    both splits (six digits exactly, so another prefix that starts with this one keeps its files)."""
+    paths = []
     for split in ("train", "val"):
-        pattern = f"{glob.escape(prefix)}_{split}"
-        for path in sorted(glob.glob(os.path.join(glob.escape(out_dir), pattern + "_*.bin")) +
-                           glob.glob(os.path.join(glob.escape(out_dir), pattern + ".bin"))):
-            os.remove(path)
-            print(f"removed old shard {path}")
+        pattern = os.path.join(glob.escape(out_dir), f"{glob.escape(prefix)}_{split}")
+        paths += glob.glob(pattern + "_" + "[0-9]" * 6 + ".bin") + glob.glob(pattern + ".bin")
+    return sorted(paths)
 
 
 def staging_dir(out_dir, prefix):
@@ -203,15 +203,22 @@ def staging_dir(out_dir, prefix):
 
 
 def publish_shards(result, out_dir, prefix, one_file_names=False):
-    """Replaces the old shards of prefix in out_dir with the staged ones, and forgets the staging folder.
-    one_file_names: a split of one shard is named <prefix>_<split>.bin, as llm.c names TinyShakespeare's."""
-    remove_old_shards(out_dir, prefix)
+    """Replaces the old shards of prefix in out_dir with the staged ones: the new ones are moved in first
+    (over old ones of the same name), then the old ones left over are removed, so no moment has neither
+    dataset; then forgets the staging folder. one_file_names: a split of one shard is named
+    <prefix>_<split>.bin, as llm.c names TinyShakespeare's."""
+    old = old_shards(out_dir, prefix)
     for writer in (result["val"], result["train"]):
         published = [os.path.join(out_dir, f"{prefix}_{writer.split}.bin" if one_file_names and len(writer.paths) == 1
                                   else os.path.basename(path)) for path in writer.paths]
         for staged, path in zip(writer.paths, published):
             os.replace(staged, path)
         writer.paths = published
+    new = set(result["val"].paths + result["train"].paths)
+    for path in old:
+        if path not in new:
+            os.remove(path)
+            print(f"removed old shard {path}")
     os.rmdir(staging_dir(out_dir, prefix))
 
 
@@ -227,7 +234,7 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
     (val_fraction and max_val_tokens unused).
     Writes <prefix>_val_000000.bin, ... and <prefix>_train_000001.bin, ... into out_dir (run_tokenize
     gives a staging folder) and returns {"val": ShardWriter, "train": ShardWriter, "skipped":
-    number of skipped documents}.
+    number of skipped documents, "texts": number of documents with any text}.
     """
     os.makedirs(out_dir, exist_ok=True)
     by_stream = val_tokens is not None
@@ -249,6 +256,7 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
     # Texts are read in this thread, in order (get_text may keep state, e.g. de-duplication);
     # only the encoding runs in the pool. One batch at a time bounds memory for streamed datasets.
     skipped = 0
+    texts = 0  # documents with any text (the stream split keeps empty ones as a lone EOT)
     document_iterator = iter(documents)
     with ThreadPool(workers) as pool:
         while not (writers["val"].is_full() and writers["train"].is_full()):
@@ -263,6 +271,7 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
                 text = get_text()
                 if text or (by_stream and text is not None):
                     batch.append((split, text))
+                    texts += bool(text)
                 else:
                     skipped += 1
             for (split, _), tokens in zip(batch, pool.map(encode_text, [text for _, text in batch])):
@@ -277,7 +286,7 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
     if not by_stream and writers["val"].num_tokens == 0:
         print(f"warning: no document fell into the val split (val fraction {val_fraction}); "
               f"raise --val-fraction or add documents", file=sys.stderr)
-    return {"val": writers["val"], "train": writers["train"], "skipped": skipped}
+    return {"val": writers["val"], "train": writers["train"], "skipped": skipped, "texts": texts}
 
 
 def print_summary(result):
@@ -362,15 +371,16 @@ def run_tokenize(args, documents, empty_error, require_val=False, one_file_names
                                 args.max_train_tokens or None, args.max_val_tokens or None, args.workers,
                                 args.val_tokens if args.split == "stream" else None)
     problem = None
-    if args.split == "stream" and result["val"].num_tokens > 0 and result["train"].num_tokens == 0:
+    if result["texts"] == 0:
+        problem = empty_error
+    elif args.split == "stream" and result["val"].num_tokens > 0 and result["train"].num_tokens == 0:
         problem = (f"the stream ended within its first {args.val_tokens:,} tokens (--val-tokens), which are all val: "
                    "the train split is empty; lower --val-tokens or add documents")
     elif result["train"].num_tokens == 0 or (require_val and result["val"].num_tokens == 0):
         problem = empty_error
     if problem is not None:
         shutil.rmtree(staging, ignore_errors=True)
-        die(problem + (f" (the shards in {args.out_dir} are as they were)" if glob.glob(
-            os.path.join(glob.escape(args.out_dir), f"{glob.escape(args.prefix)}_*.bin")) else ""))
+        die(problem + (f" (the shards in {args.out_dir} are as they were)" if old_shards(args.out_dir, args.prefix) else ""))
     publish_shards(result, args.out_dir, args.prefix, one_file_names)
     write_tokenizer_file(encoding, os.path.join(args.out_dir, TOKENIZER_FILENAME))
     print(f"wrote {os.path.join(args.out_dir, TOKENIZER_FILENAME)}")
