@@ -71,6 +71,15 @@ static inline const char* llm8_file_name(FILE* fp) {
     return "an untracked file";
 }
 
+// files fopenCheck opened that fcloseCheck has not closed: the tests hold every module to closing
+// what it opens through fcloseCheck (a plain fclose leaves the slot, which then names no file, or
+// a later file at the same address wrongly, in an error)
+static inline int llm8_open_file_count(void) {
+    int open = 0;
+    for (int i = 0; i < LLM8_TRACKED_FILES; i++) { open += llm8_open_files[i].fp != NULL; }
+    return open;
+}
+
 // opens path or dies naming it; for reading it must be a regular file (a directory opens, then
 // reads as an error or as a size of 2^63 bytes)
 static inline FILE* fopen_check(const char* path, const char* mode, const char* file, int line) {

@@ -44,7 +44,7 @@ static void write_shard(const char* path, const uint16_t* tokens, size_t num_tok
     FILE* fp = fopenCheck(path, "wb");
     fwriteCheck(header, sizeof(header), 1, fp);
     fwriteCheck(tokens, sizeof(uint16_t), num_tokens, fp);
-    fclose(fp);
+    fcloseCheck(fp);
 }
 
 static uint16_t* make_tokens(int shard, size_t n) {
@@ -246,13 +246,13 @@ static void check_resume(int should_shuffle, int rank, int num_processes, int be
     const char* path = in_dir(g_dir, "loader_state.bin");
     FILE* fp = fopenCheck(path, "wb");
     dataloader_write_state(&loader, fp);
-    fclose(fp);
+    fcloseCheck(fp);
 
     dataloader_init(&resumed, g_pattern, B, T, rank, num_processes, should_shuffle, VOCAB);
     dataloader_next_batch(&resumed);  // move it away from the start, so resume has to do the work
     fp = fopenCheck(path, "rb");
     dataloader_read_state(&resumed, fp, path);
-    fclose(fp);
+    fcloseCheck(fp);
     dataloader_resume(&resumed, loader.current_shard_idx, loader.current_sample_idx, path);
     int same = 1;
     for (int i = 0; i < 2 * 120; i++) {
@@ -330,7 +330,7 @@ static void test_dataloader_bad_inputs(void) {
     write_shard(header_only, tokens, 0, 20240520, 1, 100);
     FILE* fp = fopenCheck(header_only, "wb");  // 10 bytes: not even a header
     fwriteCheck(tokens, 1, 10, fp);
-    fclose(fp);
+    fcloseCheck(fp);
     CHECK_DIES("shards: shorter than header", header_only, dataloader_init(&loader, header_only, 2, 4, 0, 1, 0, VOCAB));
     const char* few = in_dir(g_dir, "few_tokens.bin");
     write_shard(few, tokens, 8, 20240520, 1, 8);
@@ -470,7 +470,7 @@ static void test_eval_bad_inputs(void) {
     long n = file_size_bytes(fp);
     unsigned char* bytes = (unsigned char*)mallocCheck((size_t)n + 4);
     freadCheck(bytes, 1, (size_t)n, fp);
-    fclose(fp);
+    fcloseCheck(fp);
 
     CHECK_DIES("eval: B below 4", "holds no example", evalloader_init(&loader, good, 3, 16, 0, 1, EVAL_TEST_VOCAB));
     const char* missing = in_dir(g_dir, "no_such_eval.bin");
@@ -503,7 +503,7 @@ static void test_eval_bad_inputs(void) {
         const char* path = in_dir(g_dir, variants[i].name);
         fp = fopenCheck(path, "wb");
         fwriteCheck(copy, 1, (size_t)variants[i].length, fp);
-        fclose(fp);
+        fcloseCheck(fp);
         free(copy);
         CHECK_DIES(variants[i].what, path, evalloader_init(&loader, path, 4, 16, 0, 1, EVAL_TEST_VOCAB));
     }
@@ -514,7 +514,7 @@ static void test_eval_bad_inputs(void) {
     const char* count_path = in_dir(g_dir, "eval_count.bin");
     fp = fopenCheck(count_path, "wb");
     fwriteCheck(bytes, 1, (size_t)n, fp);
-    fclose(fp);
+    fcloseCheck(fp);
     memcpy(bytes + 8, &saved_count, 4);
     CHECK_DIES("eval: example count past the file", "claims 2147483647 examples",
                evalloader_init(&loader, count_path, 4, 16, 0, 1, EVAL_TEST_VOCAB));
@@ -526,7 +526,7 @@ static void test_eval_bad_inputs(void) {
     const char* claims = in_dir(g_dir, "eval_claims.bin");
     fp = fopenCheck(claims, "wb");
     fwriteCheck(bytes, 1, (size_t)n, fp);
-    fclose(fp);
+    fcloseCheck(fp);
     CHECK_DIES("eval: example bytes vs fields", "its fields take", evalloader_init(&loader, claims, 4, 16, 0, 1, EVAL_TEST_VOCAB));
     free(bytes);
 }
@@ -547,5 +547,6 @@ int main(void) {
 
     test_remove_dir(g_py_dir);
     test_remove_dir(g_dir);
+    CHECK(llm8_open_file_count() == 0, "%d files opened by fopenCheck are not closed by fcloseCheck", llm8_open_file_count());
     return test_summary("test_dataloader");
 }
