@@ -504,6 +504,7 @@ def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):
     result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "ranks", "twins"], capture_output=True,
                             text=True, timeout=60, env=env)
     assert time.monotonic() - started < 15
+    assert result.returncode != 0, "a ranks stage cut off by RANKS_S must not report success"
     assert (tmp_path / "out" / "gpu_trainer_ranks_twins.log").read_text() == "ranks started\n"
 
 

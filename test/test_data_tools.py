@@ -352,7 +352,7 @@ def test_tokenize_folder_stream_split_is_llmc_layout(encoding, tmp_path):
     result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--prefix", "t", "--out-dir",
                          str(tmp_path / "short"), "--split", "stream"])
     assert result.returncode == 1
-    assert error_lines(result) == [f"error: the stream ended within its first 100,000,000 tokens (--val-tokens), "
+    assert error_lines(result) == ["error: the stream ended within its first 100,000,000 tokens (--val-tokens), "
                                    "which are all val: the train split is empty; lower --val-tokens or add documents"]
     # ... and where a dataset was already, it stays as it was: the new shards are staged until they pass
     before = {name: (tmp_path / "capped" / name).read_bytes() for name in os.listdir(tmp_path / "capped")}

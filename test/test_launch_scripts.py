@@ -486,7 +486,7 @@ def test_slurm_fs_runs_the_script_once_and_one_srun_step(slurm):
     env, checkout, job = slurm
     rc, out, err = sbatch(env, job, ["-x", "5"])
     assert rc == 0, err
-    assert f"slurm_gpt2.sbatch: job 4242: scripts/counting_run.sh on 4 GPUs (2 nodes), NCCL id by fs" in out
+    assert "slurm_gpt2.sbatch: job 4242: scripts/counting_run.sh on 4 GPUs (2 nodes), NCCL id by fs" in out
     runs = (env.log / "run_script.log").read_text().splitlines()
     assert runs == [f"NUM_GPUS=4 LLM8_LAUNCHER={checkout}/scripts/slurm_gpt2.sbatch args=-x 5"]
     check_srun_steps(env, 1)

@@ -738,7 +738,7 @@ def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path, second, flag):
     """the error shows the file's settings and the run's as the flags that set them, not as enum numbers"""
     r = run_split(data, tmp_path / "split", ["-p", "fp8"], second)
     default = {"-fr": "delayed", "-fw": "current", "-fg": "current"}[flag]
-    assert_one_line_error(r, "state_00000003_00000.bin", f"written with -fr delayed,", f"{flag} {default}",
+    assert_one_line_error(r, "state_00000003_00000.bin", "written with -fr delayed,", f"{flag} {default}",
                           f"this run has -fr {second[3] if flag == '-fr' else 'delayed'}", f"{flag} {second[3]}")
 
 
@@ -927,7 +927,7 @@ def test_cpu_outlier_steps_are_skipped(tmp_path, flag, quantity):
     assert r.returncode == 0, r.stderr[-2000:]
     skipped = skipped_steps(r.stdout)
     other = {"-sl": "-sg", "-sg": "-sl"}[flag]
-    assert f"outliers | skip an update whose loss" in r.stdout and f"({flag} 3)" in r.stdout and f"({other} off)" in r.stdout
+    assert "outliers | skip an update whose loss" in r.stdout and f"({flag} 3)" in r.stdout and f"({other} off)" in r.stdout
     assert list(skipped) == [SPIKE_STEP] and skipped[SPIKE_STEP] == (quantity, flag), r.stdout[-3000:]
     assert (out / f"model_{SPIKE_STEP:08d}.bin").read_bytes() == (out / f"model_{SPIKE_STEP - 1:08d}.bin").read_bytes()
     summary = {"-sl": "1 for a loss outlier (-sl)", "-sg": "1 for a gradient norm outlier (-sg)"}[flag]
