@@ -854,5 +854,6 @@ int main(void) {
     test_quadratic();
     test_gpt2_training();
     test_remove_dir(g_dir);
+    CHECK(llm8_open_file_count() == 0, "%d files opened by fopenCheck are not closed by fcloseCheck", llm8_open_file_count());
     return test_summary("test_adamw8");
 }

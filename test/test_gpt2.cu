@@ -832,5 +832,6 @@ int main(void) {
     matmul_teardown();
     cudaCheck(cudaStreamDestroy(stream));
     section_starts("done");
+    CHECK(llm8_open_file_count() == 0, "%d files opened by fopenCheck are not closed by fcloseCheck", llm8_open_file_count());
     return test_summary("test_gpt2");
 }

@@ -147,5 +147,6 @@ int main(int argc, char** argv) {
     debug_state_free(&ds);
     free(params);
     gpt2ref_free(&model);
+    CHECK(llm8_open_file_count() == 0, "%d files opened by fopenCheck are not closed by fcloseCheck", llm8_open_file_count());
     return test_summary("test_reference_fixture");
 }

@@ -663,5 +663,6 @@ int main(void) {
     GPT2Config d12_like = gpt2_config_make(1, 12, 768, 64, 1000);
     test_shape(&d12_like, "d12 L=1");
     test_remove_dir(g_dir);
+    CHECK(llm8_open_file_count() == 0, "%d files opened by fopenCheck are not closed by fcloseCheck", llm8_open_file_count());
     return test_summary("test_reshard");
 }
