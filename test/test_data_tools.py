@@ -580,6 +580,73 @@ def test_fineweb_streams_documents_into_shards(encoding, tmp_path):
     assert train == sorted(train, key=order.index), "train documents in the stream's order"
 
 
+# --- dev/data/starter_pack.py -----------------------------------------------------------------
+
+STARTER_PACK = {  # name: (where llm.c's download_starter_pack.sh puts it, magic, version)
+    "gpt2_124M.bin": ("", 20240326, 3), "gpt2_124M_bf16.bin": ("", 20240326, 5),
+    "gpt2_124M_debug_state.bin": ("", 20240327, 2), "gpt2_tokenizer.bin": ("", 20240328, 2),
+    "tiny_shakespeare_train.bin": ("dev/data/tinyshakespeare", 20240520, 1),
+    "tiny_shakespeare_val.bin": ("dev/data/tinyshakespeare", 20240520, 1),
+    "hellaswag_val.bin": ("dev/data/hellaswag", 20240522, 1),
+}
+
+
+def fake_starter_pack(folder):
+    """a mirror of the pack: each file with its llm.c header (a shard's length as its token count says)"""
+    folder.mkdir()
+    for i, (name, (_, magic, version)) in enumerate(STARTER_PACK.items()):
+        tokens = 100 + i
+        header = struct.pack("<256i", magic, version, tokens, *([0] * 253))
+        (folder / name).write_bytes(header + bytes(range(256)) * (2 * tokens // 256) + bytes(2 * tokens % 256))
+    return f"file://{folder}/"
+
+
+def test_starter_pack_lands_where_llmc_puts_it(tmp_path):
+    """every file at llm.c's place, byte for byte, nothing staged left; a rerun checks them and downloads nothing"""
+    base_url, root = fake_starter_pack(tmp_path / "pack"), tmp_path / "checkout"
+    result = run_script(["dev/data/starter_pack.py", "--base-url", base_url, "--root", str(root)])
+    assert result.returncode == 0, result.stderr
+    for name, (folder, _, _) in STARTER_PACK.items():
+        assert (root / folder / name).read_bytes() == (tmp_path / "pack" / name).read_bytes(), name
+    assert not [p for p in root.rglob("*") if p.is_file() and p.name not in STARTER_PACK]
+    assert "./train_gpt2_fp8 -e gpt2_124M_bf16.bin -i dev/data/tinyshakespeare/tiny_shakespeare_train.bin" in result.stdout
+    result = run_script(["dev/data/starter_pack.py", "--base-url", "file:///nowhere/", "--root", str(root)])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("already there, checked") == len(STARTER_PACK)
+
+
+def test_starter_pack_refuses_what_is_not_llmc_format(tmp_path):
+    """an error page served under a file's name, a truncated shard already in place, an unreachable file and an unknown
+    name: each one line naming the file, exit 1, and no refused or partial file left under the file's name"""
+    base_url, root = fake_starter_pack(tmp_path / "pack"), tmp_path / "checkout"
+    (tmp_path / "pack" / "hellaswag_val.bin").write_text("<!DOCTYPE html><html>Not Found</html>" * 40)
+    result = run_script(["dev/data/starter_pack.py", "--base-url", base_url, "--root", str(root), "gpt2_tokenizer.bin",
+                         "hellaswag_val.bin"])
+    assert result.returncode == 1
+    assert len(error_lines(result)) == 1 and "hellaswag_val.bin" in error_lines(result)[0], result.stderr
+    assert "magic" in error_lines(result)[0] and "expected 20240522" in error_lines(result)[0]
+    assert (root / "gpt2_tokenizer.bin").exists(), "the files before the refused one are kept"
+    assert not list((root / "dev" / "data" / "hellaswag").iterdir())
+
+    shard = root / "dev" / "data" / "tinyshakespeare" / "tiny_shakespeare_val.bin"
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes((tmp_path / "pack" / "tiny_shakespeare_val.bin").read_bytes()[:-2])  # cut off by a kill
+    result = run_script(["dev/data/starter_pack.py", "--base-url", base_url, "--root", str(root),
+                         "tiny_shakespeare_val.bin"])
+    assert result.returncode == 1
+    assert len(error_lines(result)) == 1 and str(shard) in error_lines(result)[0] and "truncated" in result.stderr
+
+    result = run_script(["dev/data/starter_pack.py", "--base-url", f"file://{tmp_path}/empty/", "--root", str(root),
+                         "gpt2_124M.bin"])
+    assert result.returncode == 1
+    assert len(error_lines(result)) == 1 and "gpt2_124M.bin" in error_lines(result)[0], result.stderr
+    assert not [p for p in root.iterdir() if p.name.startswith("gpt2_124M.bin")]
+
+    result = run_script(["dev/data/starter_pack.py", "--root", str(root), "gpt2_350M.bin"])
+    assert result.returncode == 1 and error_lines(result) == [
+        "error: 'gpt2_350M.bin' is not a starter-pack file (expected some of: " + ", ".join(STARTER_PACK) + ")"]
+
+
 # --- scripts/plot.py ----------------------------------------------------------------------
 
 def test_plot_writes_png_and_gap_table(tmp_path):
