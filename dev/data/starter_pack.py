@@ -20,31 +20,29 @@ too), under which the files have the same names.
 import argparse
 import os
 import struct
-import sys
 
 from download import download_file
+from gpt2_bpe import TOKENIZER_MAGIC
+from hellaswag import EVAL_MAGIC, EVAL_VERSION
+from tokenize_folder import HEADER_INTS, SHARD_MAGIC, SHARD_VERSION, TOKENIZER_FILENAME, die
 
 BASE_URL = "https://huggingface.co/datasets/karpathy/llmc-starter-pack/resolve/main/"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HEADER_BYTES = 256 * 4
+HEADER_BYTES = HEADER_INTS * 4
+MODEL_MAGIC, DEBUG_STATE_MAGIC = 20240326, 20240327  # llm.c's model file and debug state
 
 # name: (folder under the root, magic, the versions llm.c writes, what it is); the formats are llm.c's
 FILES = {
-    "gpt2_124M.bin": ("", 20240326, (3,), "GPT-2 124M, fp32 model file"),
-    "gpt2_124M_bf16.bin": ("", 20240326, (5,), "GPT-2 124M, bf16 model file"),
-    "gpt2_124M_debug_state.bin": ("", 20240327, (2,), "llm.c's debug state of GPT-2 124M"),
-    "gpt2_tokenizer.bin": ("", 20240328, (1, 2), "GPT-2 decode tokenizer"),
-    "tiny_shakespeare_train.bin": ("dev/data/tinyshakespeare", 20240520, (1,), "TinyShakespeare train shard"),
-    "tiny_shakespeare_val.bin": ("dev/data/tinyshakespeare", 20240520, (1,), "TinyShakespeare val shard"),
-    "hellaswag_val.bin": ("dev/data/hellaswag", 20240522, (1,), "HellaSwag eval file"),
+    "gpt2_124M.bin": ("", MODEL_MAGIC, (3,), "GPT-2 124M, fp32 model file"),
+    "gpt2_124M_bf16.bin": ("", MODEL_MAGIC, (5,), "GPT-2 124M, bf16 model file"),
+    "gpt2_124M_debug_state.bin": ("", DEBUG_STATE_MAGIC, (2,), "llm.c's debug state of GPT-2 124M"),
+    TOKENIZER_FILENAME: ("", TOKENIZER_MAGIC, (1, 2), "GPT-2 decode tokenizer"),
+    "tiny_shakespeare_train.bin": ("dev/data/tinyshakespeare", SHARD_MAGIC, (SHARD_VERSION,), "TinyShakespeare train shard"),
+    "tiny_shakespeare_val.bin": ("dev/data/tinyshakespeare", SHARD_MAGIC, (SHARD_VERSION,), "TinyShakespeare val shard"),
+    "hellaswag_val.bin": ("dev/data/hellaswag", EVAL_MAGIC, (EVAL_VERSION,), "HellaSwag eval file"),
 }
 OFFLINE_HINT = ("without internet, copy these files from a machine that has them, or use the offline corpus: "
                 "bash dev/data/prepare_default.sh")
-
-
-def die(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(1)
 
 
 def header_problem(path, name):
@@ -59,7 +57,7 @@ def header_problem(path, name):
         return f"magic {header[0]}, expected {magic} (not a {what}: an error page or another file?)"
     if header[1] not in versions:
         return f"version {header[1]}, expected {' or '.join(map(str, versions))} ({what})"
-    if magic == 20240520 and size != HEADER_BYTES + 2 * header[2]:
+    if magic == SHARD_MAGIC and size != HEADER_BYTES + 2 * header[2]:
         return f"{size} bytes, but its header says {header[2]} tokens ({HEADER_BYTES + 2 * header[2]} bytes): truncated"
     return None
 
