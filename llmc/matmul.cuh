@@ -142,12 +142,20 @@ static void matmul_check_spec(const MatmulSpec* spec) {
     int d_bytes = cuda_data_type_bytes(spec->d_type, spec->name);
     if (b_bytes < smallest_bytes) { smallest_bytes = b_bytes; }
     if (d_bytes < smallest_bytes) { smallest_bytes = d_bytes; }
+    // every matrix is packed, so its leading dimension is its stored rows: m for D (and the aux), k or m
+    // for A, k or n for B. Those must keep each column 16-byte aligned; the other dimension is free
+    // (a bf16 GEMM takes any B*T, as llm.c's do). FP8 GEMMs need all three multiples of 16 (cuBLASLt's rule).
+    bool fp8 = smallest_bytes == 1;
     int multiple = 16 / smallest_bytes;
-    if (spec->m <= 0 || spec->n <= 0 || spec->k <= 0
-        || spec->m % multiple != 0 || spec->n % multiple != 0 || spec->k % multiple != 0) {
-        llm8_die("matmul %s: m=%d n=%d k=%d: each must be a positive multiple of %d for cuBLASLt "
-                 "(rows of %d-byte elements must start 16-byte aligned)",
-                 spec->name, spec->m, spec->n, spec->k, multiple, smallest_bytes);
+    int a_leading = spec->transpose_a ? spec->k : spec->m;
+    int b_leading = spec->transpose_b ? spec->n : spec->k;
+    bool positive = spec->m > 0 && spec->n > 0 && spec->k > 0;
+    bool aligned = fp8 ? spec->m % 16 == 0 && spec->n % 16 == 0 && spec->k % 16 == 0
+                       : spec->m % multiple == 0 && a_leading % multiple == 0 && b_leading % multiple == 0;
+    if (!positive || !aligned) {
+        llm8_die("matmul %s: m=%d n=%d k=%d: %s must be a positive multiple of %d for cuBLASLt (%s)",
+                 spec->name, spec->m, spec->n, spec->k, fp8 ? "each" : "m and the leading dimensions of A and B",
+                 multiple, fp8 ? "FP8 GEMM dimensions" : "columns of packed 2-byte elements start 16-byte aligned");
     }
     matmul_check_aligned(spec->name, "A", spec->a);
     matmul_check_aligned(spec->name, "B", spec->b);

@@ -620,6 +620,16 @@ static void test_bad_input(void) {
     floatX* fake = (floatX*)(uintptr_t)0x100000;  // aligned, never dereferenced: the checks come first
     CHECK_DIES("matmul C not a multiple of 8", "multiple of 8",
                matmul_forward(fake, fake, fake, NULL, 256, 770, 2304, NULL, 0));
+    CHECK_DIES("matmul OC not a multiple of 8", "multiple of 8",
+               matmul_forward(fake, fake, fake, NULL, 256, 768, 2302, NULL, 0));
+    CHECK_DIES("fp8 matmul B*T not a multiple of 16", "multiple of 16",
+               {
+                   MatmulSpec spec = {};  // an FP8 forward of 189 tokens
+                   spec.name = "fp8 test"; spec.m = 768; spec.n = 189; spec.k = 768; spec.transpose_a = true;
+                   spec.a = fake; spec.b = fake; spec.d = fake;
+                   spec.a_type = CUDA_R_8F_E4M3; spec.b_type = CUDA_R_8F_E4M3; spec.d_type = CUDA_R_16BF;
+                   matmul_cublaslt(&spec, 0);
+               });
     CHECK_DIES("matmul misaligned pointer", "not 16-byte aligned",
                matmul_forward(fake, fake + 1, fake, NULL, 256, 768, 2304, NULL, 0));
     CHECK_DIES("fallback attention head size 96", "head size",
@@ -650,6 +660,11 @@ int main(void) {
     test_matmul_backward_gaussian(256, 3072, 768, true, true);   // fcproj: its input is gelu(fc)
     test_matmul_backward_gaussian(256, 768, 3072, false, false); // no bias
     test_matmul_backward_gaussian(2056, 64, 264, true, false);   // a partial dbias row chunk, OC not a multiple of 256
+    // B*T = 189 tokens (-b 3 -t 63): a bf16 GEMM takes any token count, as llm.c's do (only the leading
+    // dimensions keep columns 16-byte aligned); the wgrad's K and the dbias row chunks are then odd
+    test_matmul_exact(189, 64, 40);
+    test_matmul_forward_gaussian(189, 128, 512, true, true);
+    test_matmul_backward_gaussian(189, 512, 128, true, true);
     matmul_teardown();
 
     test_attention(2, 64, 12, 768);

@@ -361,6 +361,30 @@ def test_a_descriptor_starts_from_the_cpu_trainers_random_init(workdir):
     assert losses(r.stdout)[1] == pytest.approx(losses(c.stdout)[1], rel=1e-4)
 
 
+def test_bf16_takes_a_token_count_not_a_multiple_of_8(workdir):
+    """-b 3 -t 63, 189 tokens a step: a bf16 GEMM takes any B*T, as llm.c's do (cuBLASLt needs only the leading
+    dimensions, C and OC, to keep columns 16-byte aligned; llmc/matmul.cuh had asked it of B*T too and stopped at the
+    first GEMM). The run, val loss included, tracks train_gpt2cpu's fp32 losses at bf16's precision; FP8 still needs
+    B*T a multiple of 16 and says so at startup"""
+    common = ["-e", "model.bin", "-i", "s_train_*.bin", "-j", "s_val_*.bin", "-b", 3, "-t", 63, "-x", 3, "-l", 3e-3,
+              "-v", 3, "-s", 0]
+    gpu = subprocess.run([str(c) for c in [SIM_TRAINER] + common + ["-p", "bf16"]], capture_output=True, text=True,
+                         timeout=300, cwd=workdir)
+    assert gpu.returncode == 0, gpu.stdout[-2000:] + gpu.stderr[-2000:]
+    cpu = subprocess.run([str(c) for c in [os.path.join(ROOT, "train_gpt2cpu")] + common], capture_output=True,
+                         text=True, timeout=300, cwd=workdir)
+    assert cpu.returncode == 0, cpu.stderr[-2000:]
+    a, b = losses(gpu.stdout), losses(cpu.stdout)
+    assert sorted(a) == [1, 2, 3] and sorted(b) == [1, 2, 3], (a, b)
+    assert all(a[s] == pytest.approx(b[s], rel=2e-3) for s in a), (a, b)
+    val_gpu, val_cpu = ([float(v) for v in re.findall(r"^val loss (\S+)$", out, re.M)] for out in (gpu.stdout, cpu.stdout))
+    assert len(val_gpu) == len(val_cpu) == 2, (gpu.stdout[-2000:], cpu.stdout[-2000:])
+    assert all(g == pytest.approx(c, rel=2e-3) for g, c in zip(val_gpu, val_cpu)), (val_gpu, val_cpu)
+    fp8 = subprocess.run([str(c) for c in [SIM_TRAINER] + common + ["-p", "fp8"]], capture_output=True, text=True,
+                         timeout=300, cwd=workdir)
+    assert fp8.returncode != 0 and "B*T = 189 must be a positive multiple of 16" in fp8.stderr, fp8.stderr[-2000:]
+
+
 def test_x_minus_1_trains_one_epoch(workdir):
     """-x -1: as many steps as the train shards hold total batches (2000 tokens, 512 a step: 3)"""
     sim_model.write_shard(workdir / "epoch_train_000000.bin", 2000, 4, learnable=True)
