@@ -1268,6 +1268,11 @@ int main(int argc, char** argv) {
         llm8_die("model '%s': head size C/NH = %d/%d = %d: %s", model_path[0] != '\0' ? model_path : tc.model,
                  model_config.channels, model_config.num_heads, head_size, head_error);
     }
+    if (model_config.padded_vocab_size % 8 != 0) {  // C is one already: the head size is
+        llm8_die("model '%s': padded vocab Vp = %d must be a multiple of 8 (lm_head's bf16 GEMM has Vp rows, each "
+                 "starting 16-byte aligned); llm.c's files pad V to a multiple of 128 (50304)",
+                 model_path[0] != '\0' ? model_path : tc.model, model_config.padded_vocab_size);
+    }
 
     // data: validated before the GPU is touched
     DataLoader train_loader, val_loader;

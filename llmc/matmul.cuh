@@ -608,7 +608,8 @@ void matmul_fp8_check_shapes(const char* linear, int N, int C, int OC) {
     for (int i = 0; i < 3; i++) {
         if (dims[i] <= 0 || dims[i] % 16 != 0) {
             llm8_die("fp8 %s linear: %s = %d must be a positive multiple of 16 for cuBLASLt FP8 GEMMs; "
-                     "change the model width or the batch, or run it with -p bf16", linear, names[i], dims[i]);
+                     "change the model width or the batch, leave %s out of -f8, or run with -p bf16", linear, names[i],
+                     dims[i], linear);
         }
     }
 }

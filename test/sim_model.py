@@ -27,9 +27,10 @@ def train(workdir, args, model="model.bin", timeout=900, data="s_train_*.bin", v
 
 
 def write_model(path, layers=LAYERS, heads=HEADS, channels=CHANNELS, vocab=VOCAB, max_t=1024, seed=5,
-                first_qkv_weight=None):
-    """first_qkv_weight: a value for layer 0's qkv weight [0][0] (3e38 makes every forward overflow)"""
-    L, C, padded = layers, channels, (vocab + 127) // 128 * 128
+                first_qkv_weight=None, padded_vocab=None):
+    """first_qkv_weight: a value for layer 0's qkv weight [0][0] (3e38 makes every forward overflow);
+    padded_vocab: Vp, if not vocab rounded up to a multiple of 128 as llm.c writes it"""
+    L, C, padded = layers, channels, padded_vocab or (vocab + 127) // 128 * 128
     header = np.zeros(256, dtype=np.int32)
     header[:8] = [20240326, 3, max_t, vocab, L, heads, C, padded]
     rng = np.random.default_rng(seed)

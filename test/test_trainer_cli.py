@@ -392,6 +392,23 @@ def test_gpu_trainer_refuses_a_head_size_its_attention_cannot_run(data, heads, c
     assert_one_line_error(r, f"model '{path}'", f"head size C/NH = {channels}/{heads} = {channels // heads}", expected)
 
 
+def test_gpu_trainer_refuses_a_padded_vocab_its_gemms_cannot_take(data):
+    """lm_head's GEMM has Vp rows: a model file whose Vp is not a multiple of 8 stops the GPU trainer at startup,
+    naming the file (it died at the first GEMM, in cuBLASLt's terms); one whose Vp is a multiple of 8 but not of 16
+    passes in bf16 and with lm_head in FP8 is refused naming lm_head and the remedy. The CPU trainer takes any Vp"""
+    import sim_model
+    for padded in (1004, 1000):  # the shards' ids lie below 1000
+        sim_model.write_model(data / f"vp{padded}.bin", layers=1, vocab=1000, padded_vocab=padded)
+    r = run(GPU, base_args(data, ["-e", data / "vp1004.bin"]))
+    assert_one_line_error(r, f"model '{data / 'vp1004.bin'}'", "padded vocab Vp = 1004 must be a multiple of 8", "50304")
+    r = run(GPU, base_args(data, ["-e", data / "vp1000.bin", "-p", "fp8", "-f8", "all"]))
+    assert_one_line_error(r, "fp8 lm_head linear", "OC (output width) = 1000", "leave lm_head out of -f8")
+    r = run(GPU, base_args(data, ["-e", data / "vp1000.bin"]))
+    assert "Vp" not in r.stderr and "multiple of" not in r.stderr, r.stderr
+    r = run(CPU, base_args(data, ["-e", data / "vp1004.bin", "-x", 1]))
+    assert r.returncode == 0, r.stderr
+
+
 def test_gpu_trainer_refuses_8bit_weights_off_the_block_grid(data):
     """adamw8 updates each layer's matmul weight on its own, in whole 256-element blocks: with C = 72 (a multiple of 8,
     not of 16) qkvw's layer slice 3C^2 = 15552 is not, and the GPU trainer stops at startup naming it and the remedy
