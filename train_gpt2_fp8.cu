@@ -1249,12 +1249,24 @@ int main(int argc, char** argv) {
     train_config_check_zero_stage(&tc, &fp8_settings, num_ranks);
     fp8_model_check_shapes(&fp8_settings, &model_config, tc.B * tc.T);  // e.g. the block recipe on d48: one line, no GPU touched
     if (train_config_uses_adamw8(&tc)) {
-        int off_grid = zero_8bit_weight_off_block_grid(&model_config, adamw8_selection_from_name(tc.adamw8_states, "-qs"));
+        Adamw8Selection selection = adamw8_selection_from_name(tc.adamw8_states, "-qs");
+        int off_grid = zero_8bit_weight_off_block_grid(&model_config, selection);
         if (off_grid >= 0) {
             llm8_die("-opt adamw8 -qs %s: %s's layer slice of %zu elements is not a whole number of %d-element blocks (C=%d "
                      "is not a multiple of 16), and the update takes each layer's weight on its own: use -qs none or "
                      "-opt adamw", tc.adamw8_states, PARAM_TENSOR_NAMES[off_grid],
                      gpt2_param_layer_elements(&model_config, off_grid), QUANT8_BLOCK, model_config.channels);
+        }
+        int cut_rank;
+        size_t cut_element;
+        off_grid = zero_8bit_part_off_block_grid(&model_config, num_ranks, selection, &cut_rank, &cut_element);
+        if (off_grid >= 0) {
+            llm8_die("-opt adamw8 -qs %s over %d GPUs: rank %d's part of %s starts at its element %zu, inside a %d-element "
+                     "block of 8-bit states (this model's tensors do not all start on that grid, and the shards are cut "
+                     "for the flat parameters): use another number of GPUs, -qs %s or -opt adamw", tc.adamw8_states,
+                     num_ranks, cut_rank, PARAM_TENSOR_NAMES[off_grid], cut_element, QUANT8_BLOCK,
+                     selection == ADAMW8_SELECT_ALL && !adamw8_tensor_is_8bit(&model_config, off_grid, ADAMW8_SELECT_DEFAULT)
+                         ? "default" : "none");
         }
     }
     AttentionBackend attention = strcmp(tc.attention, "cudnn") == 0 ? ATTENTION_CUDNN : ATTENTION_FALLBACK;

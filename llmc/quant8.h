@@ -449,7 +449,7 @@ static inline void adamw8_layout_window(Adamw8Layout* window, const Adamw8Layout
         if (model->bits[t] == 8) {
             if (part_begin % QUANT8_BLOCK != 0) {
                 llm8_die("8-bit AdamW states of %s: a shard starts at its element %zu, inside a %d-element block "
-                         "(use -qs default, which keeps this tensor in 32 bits, or another number of GPUs)",
+                         "(zero_8bit_part_off_block_grid refuses such a run at startup)",
                          PARAM_TENSOR_NAMES[t], part_begin, QUANT8_BLOCK);
             }
             size_t padded_end = part_end == n ? (n + QUANT8_BLOCK - 1) / QUANT8_BLOCK * QUANT8_BLOCK : part_end;

@@ -14,7 +14,8 @@ Why it is shaped so:
   AdamW block straddles two ranks, and a rank's 8-bit states are a slice of the single-GPU
   states (quant8.h's adamw8_layout_window). Otherwise (d48: C = 1600) only lnfb starts off
   the grid; zero_tensor_part says so through `block_aligned`. lnfb keeps 32-bit states by
-  default; with -qs all a shard boundary inside it is refused by adamw8_layout_window.
+  default; a shard boundary inside an 8-bit tensor's block (there with -qs all, or in other
+  shapes) is refused at startup (zero_8bit_part_off_block_grid).
 - The optimizer works per tensor, so zero_tensor_part gives the piece of tensor i a rank
   owns, in the tensor's own coordinates, and where it sits in the rank's shard;
   zero_update_ranges cuts it into the optimizer's calls: one per layer slice of a matmul
@@ -165,6 +166,34 @@ static inline int zero_8bit_weight_off_block_grid(const GPT2Config* cfg, Adamw8S
         if (zero_tensor_is_matmul_weight(t) && adamw8_tensor_is_8bit(cfg, t, selection) &&
             gpt2_param_layer_elements(cfg, t) % QUANT8_BLOCK != 0) {
             return t;
+        }
+    }
+    return -1;
+}
+
+/*
+A rank's part of an 8-bit tensor must start on the tensor's block grid (adamw8_layout_window):
+the shard boundaries are multiples of 256 of the flat vector, so that holds wherever a tensor
+starts on the grid, as every tensor of d12, d24 and d36 does, and all but lnfb of d48. Other
+shapes (a checkpoint with L = 3, C = 384: ln1w's L C = 1152 puts every later tensor off it)
+can cut an 8-bit tensor inside a block for some number of ranks. The trainer asks this at
+startup, on every rank alike, so all of them stop with the same line before any collective
+(the rank whose part it was had died at its first update, the others in a gather). Returns
+the first such tensor under `selection` (and the rank and element where its part begins), or -1.
+*/
+static inline int zero_8bit_part_off_block_grid(const GPT2Config* cfg, int num_ranks, Adamw8Selection selection,
+                                                int* rank, size_t* element) {
+    ZeroLayout layout;
+    zero_layout_init(&layout, cfg, num_ranks);
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        if (!adamw8_tensor_is_8bit(cfg, t, selection)) { continue; }
+        for (int r = 0; r < num_ranks; r++) {
+            ZeroPart part;
+            if (zero_tensor_part(&layout, r, t, &part) && !part.block_aligned) {
+                *rank = r;
+                *element = part.begin;
+                return t;
+            }
         }
     }
     return -1;

@@ -124,15 +124,9 @@ static void one_rank_free(OneRank* s) {
 
 // 0 when some rank of N would cut an 8-bit tensor of `selection` off its block grid (the trainer refuses that at startup)
 static int ranks_can_run(const GPT2Config* cfg, Adamw8Selection selection, int num_ranks) {
-    ZeroLayout z;
-    zero_layout_init(&z, cfg, num_ranks);
-    for (int r = 0; r < num_ranks; r++) {
-        for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
-            ZeroPart part;
-            if (adamw8_tensor_is_8bit(cfg, t, selection) && zero_tensor_part(&z, r, t, &part) && !part.block_aligned) { return 0; }
-        }
-    }
-    return 1;
+    int rank;
+    size_t element;
+    return zero_8bit_part_off_block_grid(cfg, num_ranks, selection, &rank, &element) < 0;
 }
 
 // the window's slice of whole-model states (pointers into them: a window's arrays are slices)

@@ -703,6 +703,46 @@ static void test_fp8_block_gather(const GPT2Config* cfg) {
     free(clean); free(params); free(slices); free(ref_scales); free(ref_codes); free(scales); free(codes); free(local_amax);
 }
 
+/*
+zero_8bit_part_off_block_grid, the trainer's startup check: GPT-2's shapes keep every rank's part
+of every 8-bit tensor on its block grid under -qs default at 1 to 512 ranks (under -qs all, d48's
+lnfb, which starts off the grid, may be cut); L = 3, C = 384 puts attprojw and the tensors after
+it off the grid, and 3 ranks cut attprojw inside a block, where the optimizer's window dies.
+*/
+static void test_8bit_parts_on_the_block_grid(void) {
+    const char* names[] = {"d12", "d24", "d36", "d48"};
+    for (int m = 0; m < 4; m++) {
+        GPT2Config cfg = gpt2_config_from_descriptor(names[m]);
+        for (int ranks = 1; ranks <= 512; ranks++) {
+            int rank = -1;
+            size_t element = 0;
+            int tensor = zero_8bit_part_off_block_grid(&cfg, ranks, ADAMW8_SELECT_DEFAULT, &rank, &element);
+            CHECK(tensor == -1, "%s over %d ranks -qs default: rank %d's part of %s off the grid", names[m], ranks, rank,
+                  tensor >= 0 ? PARAM_TENSOR_NAMES[tensor] : "-");
+            tensor = zero_8bit_part_off_block_grid(&cfg, ranks, ADAMW8_SELECT_ALL, &rank, &element);
+            CHECK(tensor == -1 || (m == 3 && tensor == PARAM_LNFB), "%s over %d ranks -qs all: %s off the grid",
+                  names[m], ranks, tensor >= 0 ? PARAM_TENSOR_NAMES[tensor] : "-");
+        }
+    }
+    GPT2Config l3 = gpt2_config_make(3, 3, 384, 128, 1000);
+    int rank = -1;
+    size_t element = 0;
+    CHECK(zero_8bit_part_off_block_grid(&l3, 3, ADAMW8_SELECT_DEFAULT, &rank, &element) == PARAM_ATTPROJW &&
+          rank == 1 && element == 147072, "L=3 C=384 over 3 ranks: attprojw at rank 1's element 147072 expected, "
+          "got rank %d element %zu", rank, element);
+    CHECK(zero_8bit_part_off_block_grid(&l3, 1, ADAMW8_SELECT_DEFAULT, &rank, &element) == -1, "L=3 C=384, 1 rank");
+    CHECK(zero_8bit_part_off_block_grid(&l3, 3, ADAMW8_SELECT_NONE, &rank, &element) == -1, "L=3 C=384 -qs none");
+    CHECK_DIES("rank 1's 8-bit window of L=3 C=384 over 3 ranks", "attprojw: a shard starts at its element 147072", {
+        ZeroLayout layout;
+        zero_layout_init(&layout, &l3, 3);
+        ZeroRange range = zero_rank_range(&layout, 1);
+        Adamw8Layout model;
+        Adamw8Layout window;
+        adamw8_layout_init(&model, &l3, ADAMW8_SELECT_DEFAULT);
+        adamw8_layout_window(&window, &model, range.begin, range.end);
+    });
+}
+
 int main(void) {
     const char* names[] = {"tiny", "d12", "d48"};
     for (int m = 0; m < 3; m++) {
@@ -758,6 +798,7 @@ int main(void) {
     CHECK(zero_8bit_weight_off_block_grid(&c72, ADAMW8_SELECT_NONE) == -1, "C=72 -qs none: no 8-bit weight");
     GPT2Config c80 = gpt2_config_make(2, 1, 80, 256, 1000);
     CHECK(zero_8bit_weight_off_block_grid(&c80, ADAMW8_SELECT_ALL) == -1, "C=80: every layer slice is whole blocks");
+    test_8bit_parts_on_the_block_grid();
     test_fp8_gather(&tiny_vocab, FP8_E5M2, 1);
     // d12's weight shapes (C = 768: 432 blocks per layer) in two layers, a small vocabulary
     GPT2Config d12_like = d12;
