@@ -6,9 +6,9 @@ Why: the trainer's options multiply (precision, scaling recipe, weight and gradi
 which linears and passes run in FP8, optimizer, master weights, recompute, GELU fusion, ZeRO
 stage, rank count, gradient reduce, schedule), and test_sim_trainer.py checks a hand-picked
 dozen of the combinations. This driver draws them at random, with a random model (1-3 layers,
-1-3 heads of 64 or 128, vocabularies that are and are not multiples of 128) and batch shape,
-and checks each drawn run (build/sim/train_gpt2_fp8 on the twin-batch shard: every sample the
-same B*T tokens, so the rank count changes no bit):
+1-3 heads of 64 or 128, vocabularies that are and are not multiples of 128), batch shape and
+gradient accumulation, and checks each drawn run (build/sim/train_gpt2_fp8 on the twin-batch
+shard: every sample the same B*T tokens, so the rank count changes no bit):
 - it trains 4 steps with finite losses, or stops at startup with exactly one error line
   (REFUSED: a combination the trainer declines, which the report lists for a reader to judge);
 - its first loss is train_gpt2cpu's fp32 loss within bf16's (3e-3) or FP8's (3e-2) precision;
@@ -52,7 +52,7 @@ def losses(stdout):
 
 
 def draw(rng):
-    """(model shape, batch shape, flags, ranks, extra flags of the N-rank run)"""
+    """(model shape, (B, T, micro-steps per step), flags, ranks, extra flags of the N-rank run)"""
     heads, head_size = rng.choice([1, 2, 3]), rng.choice([64, 128])
     model = dict(layers=rng.choice([1, 2, 3]), heads=heads, channels=heads * head_size, vocab=rng.choice([997, 1000, 2048]))
     B, T = rng.choice([(4, 64), (2, 128), (8, 32)])
@@ -83,7 +83,8 @@ def draw(rng):
     zero3 = f.get("-fw") != "delayed" and "-f8p" not in f  # what -z 3 takes (now and then drawn anyway)
     rank_flags = ["-z", 3 if (zero3 or rng.random() < 0.1) and rng.random() < 0.5 else 1] \
         + (["-pa", "fp32"] if ranks == 3 else [])
-    return model, (B, T), [str(a) for kv in f.items() for a in kv], ranks, [str(a) for a in rank_flags]
+    accumulation = rng.choice([1, 1, 2])  # micro-steps per step
+    return model, (B, T, accumulation), [str(a) for kv in f.items() for a in kv], ranks, [str(a) for a in rank_flags]
 
 
 class Case:
@@ -93,7 +94,8 @@ class Case:
         self.seed, self.dir = seed, os.path.join(workdir, f"seed{seed}")
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
-        self.model, (self.B, self.T), self.flags, self.ranks, self.rank_flags = draw(random.Random(seed))
+        self.model, (self.B, self.T, self.accumulation), self.flags, self.ranks, self.rank_flags = \
+            draw(random.Random(seed))
         self.model_path = os.path.join(self.dir, "model.bin")
         sim_model.write_model(self.model_path, max_t=128, seed=seed, **self.model)
         self.shard = os.path.join(self.dir, "twin_train_000000.bin")
@@ -102,10 +104,11 @@ class Case:
     def describe(self):
         m = self.model
         return (f"seed {self.seed}: L={m['layers']} NH={m['heads']} C={m['channels']} V={m['vocab']} B={self.B} T={self.T} "
-                f"{' '.join(self.flags)} | {self.ranks} ranks {' '.join(self.rank_flags)}")
+                f"x{self.accumulation} {' '.join(self.flags)} | {self.ranks} ranks {' '.join(self.rank_flags)}")
 
     def args(self, ranks, out, extra=()):
-        return ["-e", self.model_path, "-i", self.shard, "-j", "", "-b", self.B, "-t", self.T, "-d", ranks * self.B * self.T,
+        return ["-e", self.model_path, "-i", self.shard, "-j", "", "-b", self.B, "-t", self.T,
+                "-d", ranks * self.B * self.T * self.accumulation,
                 "-x", 4, "-n", 2, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-gc", 0, "-o", os.path.join(self.dir, out)] \
             + self.flags + list(extra)
 

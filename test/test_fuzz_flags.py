@@ -13,7 +13,7 @@ import fuzz_flags
 
 
 @pytest.mark.parametrize("seed,expected", [
-    (1, "OK"),       # FP8 current recipe, -fg delayed, -r 2, adamw8 -qs none without master weights; 2 ranks, ZeRO-3
+    (1, "OK"),       # FP8 current recipe, -fg delayed, -r 2, adamw8 -qs none, no master weights, 2 micro-steps; ZeRO-3
     (5, "REFUSED"),  # L=3, C=384 and adamw8 over 3 ranks: attprojw's 8-bit states would be cut inside a block
 ])
 def test_fuzz_flags_seed(seed, expected):
