@@ -527,12 +527,26 @@ static inline void state_file_write(const char* path, const TrainState* state, c
     checkpoint_commit_tmp_(fp, tmp_path, path);
 }
 
+// how a state file's section and the run's disagree
+typedef enum { SECTION_ONLY_IN_FILE, SECTION_ONLY_IN_RUN, SECTION_OTHER_SIZE } StateSectionMismatch;
+
 // which flag a state section's tag belongs to, for the errors of a resume with other flags
-static inline const char* state_section_flag_hint_(const char* tag) {
-    if (strncmp(tag, "fp8", 3) == 0) { return "written by a -p fp8 run? resume with the same -p and FP8 flags"; }
-    if (strncmp(tag, "adamw8", 6) == 0) { return "written with -opt adamw8? resume with the same -opt and -qs"; }
+static inline const char* state_section_flag_hint_(const char* tag, StateSectionMismatch mismatch) {
+    if (strncmp(tag, "fp8", 3) == 0) {
+        return mismatch == SECTION_ONLY_IN_FILE ? "written by a -p fp8 run? resume with the same -p and FP8 flags"
+             : mismatch == SECTION_ONLY_IN_RUN ? "written by a -p bf16 run? resume with -p bf16"
+             : "written with other FP8 linears or passes? resume with the same -f8 and -f8p";
+    }
+    if (strncmp(tag, "adamw8", 6) == 0) { return "written with other -opt or -qs? resume with the same -opt and -qs"; }
     if (strcmp(tag, "outlier_windows") == 0) { return "written with -sl or -sg? resume with them"; }
     return "different precision or optimizer flags?";
+}
+
+static inline void state_section_check_size_(const char* path, const char* tag, uint64_t file_bytes, size_t run_bytes) {
+    if (file_bytes != run_bytes) {
+        llm8_die("state file '%s': section '%s' is %llu bytes, this run expects %zu (%s)", path, tag,
+                 (unsigned long long)file_bytes, run_bytes, state_section_flag_hint_(tag, SECTION_OTHER_SIZE));
+    }
 }
 
 // dies naming the first section the run keeps that is not optional and not among the file's
@@ -542,7 +556,7 @@ static inline void state_file_check_required_(const char* path, const StateSecti
     for (int j = 0; j < num_sections; j++) {
         if (!sections[j].optional && !found[j]) {
             llm8_die("state file '%s' has no section '%s', which this run keeps (%s)", path, sections[j].tag,
-                     state_section_flag_hint_(sections[j].tag));
+                     state_section_flag_hint_(sections[j].tag, SECTION_ONLY_IN_RUN));
         }
     }
 }
@@ -552,7 +566,8 @@ static inline int state_sections_find_(const StateSection* sections, int num_sec
     for (int j = 0; j < num_sections; j++) {
         if (strcmp(sections[j].tag, tag) == 0) { return j; }
     }
-    llm8_die("state file '%s' has a section '%s' this run does not keep (%s)", path, tag, state_section_flag_hint_(tag));
+    llm8_die("state file '%s' has a section '%s' this run does not keep (%s)", path, tag,
+             state_section_flag_hint_(tag, SECTION_ONLY_IN_FILE));
     return -1;
 }
 
@@ -576,10 +591,7 @@ static inline void state_file_read_sections_(FILE* fp, const char* path, long fi
         if (found[j]) { llm8_die("state file '%s' has section '%s' twice", path, tag); }
         found[j] = 1;
         const StateSection* match = &buffers->sections[j];
-        if (bytes != match->bytes) {
-            llm8_die("state file '%s': section '%s' is %llu bytes, this run expects %zu", path, tag,
-                     (unsigned long long)bytes, match->bytes);
-        }
+        state_section_check_size_(path, tag, bytes, match->bytes);
         if ((uint64_t)(file_bytes - ftell(fp)) < bytes) {
             llm8_die("state file '%s': section '%s' is truncated", path, tag);
         }

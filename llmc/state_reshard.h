@@ -237,10 +237,7 @@ static inline void reshard_check_sections_(const ReshardSource* s, const StateSe
     for (int i = 0; i < num_expected; i++) {
         const StateSectionPlace* place = state_file_find_section(index, expected[i].tag);
         if (place == NULL) { continue; }  // optional, and not in this file
-        if (place->bytes != expected[i].bytes) {
-            llm8_die("state file '%s': section '%s' is %llu bytes, this run expects %zu", s->path, expected[i].tag,
-                     (unsigned long long)place->bytes, expected[i].bytes);
-        }
+        state_section_check_size_(s->path, expected[i].tag, place->bytes, expected[i].bytes);
     }
 }
 

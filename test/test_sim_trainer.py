@@ -138,7 +138,9 @@ def test_resume_is_bitwise(workdir, flags):
     (["-f8p", "fwd"], ["FP8 passes qkv=fwd,dgrad,wgrad", "qkv=fwd attproj=fwd", "resume with the same -fr -f8 -f8p"]),
     (["-fw", "delayed"], ["written with -fw current; this run has -fw delayed: resume with the same -fw"]),
     (["-fg", "delayed"], ["written with -fg current; this run has -fg delayed: resume with the same -fg"]),
-], ids=["-fr", "-f8p", "-fw", "-fg"])
+    (["-f8", "all"], ["section 'fp8_scaling' is", "other FP8 linears or passes? resume with the same -f8 and -f8p"]),
+    (["-p", "bf16"], ["has a section 'fp8_settings' this run does not keep", "written by a -p fp8 run?"]),
+], ids=["-fr", "-f8p", "-fw", "-fg", "-f8", "-p"])
 def test_resume_with_other_fp8_settings_is_refused(workdir, changed, expected):
     """a checkpoint of the default FP8 run resumed with another recipe, other FP8 passes, or the weights' or
     gradients' scaling changed: one error line naming what the state file holds and what this run asks for"""
@@ -151,6 +153,17 @@ def test_resume_with_other_fp8_settings_is_refused(workdir, changed, expected):
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and all(e in errors[0] for e in expected), r.stderr[-2000:]
     assert not (out / "DONE_00000002").exists()
+
+
+def test_resume_of_a_bf16_run_in_fp8_is_refused(workdir):
+    """a bf16 checkpoint holds no FP8 scaling state: resumed with -p fp8, one line saying it was a bf16 run's"""
+    out = workdir / "bf16_checkpoint_for_fp8"
+    r = train(workdir, ["-p", "bf16", "-x", 1, "-v", 0, "-s", 0, "-n", 1, "-o", out])
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = train(workdir, ["-p", "fp8", "-x", 2, "-v", 0, "-s", 0, "-n", 1, "-o", out, "-y", 1])
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode != 0 and len(errors) == 1, r.stderr[-2000:]
+    assert "has no section 'fp8_" in errors[0] and "written by a -p bf16 run? resume with -p bf16" in errors[0], errors
 
 
 def test_resume_from_a_corrupt_fp8_scaling_state_is_refused(workdir):
