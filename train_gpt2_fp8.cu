@@ -1216,6 +1216,35 @@ static void check_replicas_identical(const GPT2* model, ReplicaCheck* replicas, 
            replicas->total_bytes / 1e6, replicas->num_ranks);
 }
 
+/*
+Startup, on every rank alike: no rank's shard may cut an 8-bit tensor's states inside a block
+(zero_8bit_part_off_block_grid). Where one would, the line names the nearest rank counts that
+cut none (1 never does).
+*/
+static void check_8bit_shards_on_block_grid(const GPT2Config* cfg, int num_ranks, Adamw8Selection selection,
+                                            const char* qs_name) {
+    int rank;
+    size_t element;
+    int off_grid = zero_8bit_part_off_block_grid(cfg, num_ranks, selection, &rank, &element);
+    if (off_grid < 0) { return; }
+    int fewer = 1, more = 0, other_rank;
+    size_t other_element;
+    for (int n = num_ranks - 1; n > 1 && fewer == 1; n--) {
+        if (zero_8bit_part_off_block_grid(cfg, n, selection, &other_rank, &other_element) < 0) { fewer = n; }
+    }
+    for (int n = num_ranks + 1; n <= 4 * num_ranks && more == 0; n++) {
+        if (zero_8bit_part_off_block_grid(cfg, n, selection, &other_rank, &other_element) < 0) { more = n; }
+    }
+    char counts[64];
+    if (more > 0) { snprintf(counts, sizeof(counts), "%d or %d would do", fewer, more); }
+    else { snprintf(counts, sizeof(counts), "%d would do", fewer); }
+    int default_keeps_32bit = selection == ADAMW8_SELECT_ALL && !adamw8_tensor_is_8bit(cfg, off_grid, ADAMW8_SELECT_DEFAULT);
+    llm8_die("-opt adamw8 -qs %s over %d GPUs: rank %d's part of %s starts at its element %zu, inside a %d-element block "
+             "of 8-bit states (this model's tensors do not all start on that grid, and the shards are cut for the flat "
+             "parameters): use another number of GPUs (%s), -qs %s or -opt adamw", qs_name, num_ranks, rank,
+             PARAM_TENSOR_NAMES[off_grid], element, QUANT8_BLOCK, counts, default_keeps_32bit ? "default" : "none");
+}
+
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // each progress line reaches a pipe or file (tee, nohup) as it is printed
     TrainConfig tc = train_config_defaults();
@@ -1257,17 +1286,7 @@ int main(int argc, char** argv) {
                      "-opt adamw", tc.adamw8_states, PARAM_TENSOR_NAMES[off_grid],
                      gpt2_param_layer_elements(&model_config, off_grid), QUANT8_BLOCK, model_config.channels);
         }
-        int cut_rank;
-        size_t cut_element;
-        off_grid = zero_8bit_part_off_block_grid(&model_config, num_ranks, selection, &cut_rank, &cut_element);
-        if (off_grid >= 0) {
-            llm8_die("-opt adamw8 -qs %s over %d GPUs: rank %d's part of %s starts at its element %zu, inside a %d-element "
-                     "block of 8-bit states (this model's tensors do not all start on that grid, and the shards are cut "
-                     "for the flat parameters): use another number of GPUs, -qs %s or -opt adamw", tc.adamw8_states,
-                     num_ranks, cut_rank, PARAM_TENSOR_NAMES[off_grid], cut_element, QUANT8_BLOCK,
-                     selection == ADAMW8_SELECT_ALL && !adamw8_tensor_is_8bit(&model_config, off_grid, ADAMW8_SELECT_DEFAULT)
-                         ? "default" : "none");
-        }
+        check_8bit_shards_on_block_grid(&model_config, num_ranks, selection, tc.adamw8_states);
     }
     AttentionBackend attention = strcmp(tc.attention, "cudnn") == 0 ? ATTENTION_CUDNN : ATTENTION_FALLBACK;
     if (!tc.attention_deterministic && attention != ATTENTION_CUDNN) {

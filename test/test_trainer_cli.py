@@ -426,14 +426,14 @@ def test_gpu_trainer_refuses_8bit_weights_off_the_block_grid(data):
 
 def test_gpu_trainer_refuses_8bit_states_cut_inside_a_block_on_every_rank(data):
     """L = 3, C = 384 puts attprojw off the 256-element block grid, and 3 ranks would cut its 8-bit states inside a
-    block: every rank stops at startup with the same line naming the rank, the tensor and the remedies (the rank whose
-    part it was died in its optimizer setup, the others in the first weight gather, with an NCCL error); 2 ranks,
-    -qs none and 1 rank pass that check"""
+    block: every rank stops at startup with the same line naming the rank, the tensor and the remedies, with the
+    nearest rank counts that work (the rank whose part it was died in its optimizer setup, the others in the first
+    weight gather, with an NCCL error); 2 ranks, -qs none and 1 rank pass that check"""
     import sim_model
     path = data / "l3c384.bin"
     sim_model.write_model(path, layers=3, heads=3, channels=384, vocab=1000, max_t=128)
     expected = ("-opt adamw8 -qs default over 3 GPUs: rank 1's part of attprojw starts at its element 147072, inside a "
-                "256-element block", "use another number of GPUs, -qs none or -opt adamw")
+                "256-element block", "use another number of GPUs (2 or 4 would do), -qs none or -opt adamw")
     for rank in (0, 1, 2):
         r = run(GPU, base_args(data, ["-e", path, "-opt", "adamw8", "-pn", 3, "-pr", rank]))
         assert_one_line_error(r, *expected)
