@@ -1219,7 +1219,7 @@ static void check_replicas_identical(const GPT2* model, ReplicaCheck* replicas, 
 /*
 Startup, on every rank alike: no rank's shard may cut an 8-bit tensor's states inside a block
 (zero_8bit_part_off_block_grid). Where one would, the line names the nearest rank counts that
-cut none (1 never does).
+cut none (1 never does; above N, the first within N + 64).
 */
 static void check_8bit_shards_on_block_grid(const GPT2Config* cfg, int num_ranks, Adamw8Selection selection,
                                             const char* qs_name) {
@@ -1232,7 +1232,7 @@ static void check_8bit_shards_on_block_grid(const GPT2Config* cfg, int num_ranks
     for (int n = num_ranks - 1; n > 1 && fewer == 1; n--) {
         if (zero_8bit_part_off_block_grid(cfg, n, selection, &other_rank, &other_element) < 0) { fewer = n; }
     }
-    for (int n = num_ranks + 1; n <= 4 * num_ranks && more == 0; n++) {
+    for (int n = num_ranks + 1; n <= num_ranks + 64 && n <= ZERO_MAX_RANKS && more == 0; n++) {
         if (zero_8bit_part_off_block_grid(cfg, n, selection, &other_rank, &other_element) < 0) { more = n; }
     }
     char counts[64];
