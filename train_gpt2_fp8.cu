@@ -1294,15 +1294,16 @@ int main(int argc, char** argv) {
                  "leave -ad at 1", tc.attention);
     }
     int head_size = model_config.channels / model_config.num_heads;
+    const char* model_name = model_path[0] != '\0' ? model_path : tc.model;
     const char* head_error = attention_head_size_error(attention, head_size);
     if (head_error != NULL) {
-        llm8_die("model '%s': head size C/NH = %d/%d = %d: %s", model_path[0] != '\0' ? model_path : tc.model,
-                 model_config.channels, model_config.num_heads, head_size, head_error);
+        llm8_die("model '%s': head size C/NH = %d/%d = %d: %s", model_name, model_config.channels, model_config.num_heads,
+                 head_size, head_error);
     }
     if (model_config.padded_vocab_size % 8 != 0) {  // C is one already: the head size is
         llm8_die("model '%s': padded vocab Vp = %d must be a multiple of 8 (lm_head's bf16 GEMM has Vp rows, each "
-                 "starting 16-byte aligned); llm.c's files pad V to a multiple of 128 (50304)",
-                 model_path[0] != '\0' ? model_path : tc.model, model_config.padded_vocab_size);
+                 "starting 16-byte aligned); llm.c's files pad V to a multiple of 128 (50304)", model_name,
+                 model_config.padded_vocab_size);
     }
 
     // data: validated before the GPU is touched
@@ -1380,7 +1381,7 @@ int main(int argc, char** argv) {
     printf("llm8 | device %s (%d SMs, bf16 peak %.0f TFLOP/s)\n", device.name, device.sm_count, device.bf16_peak_tflops);
     printf("model | L=%d NH=%d C=%d maxT=%d V=%d Vp=%d | %zu parameters (%.1fM) | %s\n", c->num_layers, c->num_heads, c->channels,
            c->max_seq_len, c->vocab_size, c->padded_vocab_size, model.num_parameters, model.num_parameters / 1e6,
-           model_path[0] ? model_path : tc.model);
+           model_name);
     printf("train | precision %s | B=%d T=%d | total batch %d tokens = %d micro-steps | %d steps | lr %g (%s, warmup %d, final frac %g) | wd %g | clip %g\n",
            tc.precision, tc.B, tc.T, tc.total_batch_size, grad_accum_steps, train_num_batches, tc.learning_rate, tc.lr_schedule,
            tc.warmup_iterations, tc.final_lr_frac, tc.weight_decay, tc.grad_clip);

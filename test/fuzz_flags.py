@@ -25,7 +25,6 @@ test/test_fuzz_flags.py runs two fixed seeds under pytest (make test). A seed ta
 import argparse
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -40,15 +39,10 @@ import sim_model  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIM = os.path.join(ROOT, "build", "sim", "train_gpt2_fp8")
 CPU = os.path.join(ROOT, "train_gpt2cpu")
-STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss (\S+) \|", re.M)
 RUN_LIMIT_S = 900
 LINEARS = ["qkv", "attproj", "fc", "fcproj", "lm_head"]
 PASSES = ["fwd", "dgrad", "wgrad"]
 bench = load_dev_bench_module("bench")  # run_programs: the ranks side by side, killed at a limit
-
-
-def losses(stdout):
-    return {int(s): float(l) for s, l in STEP_RE.findall(stdout)}
 
 
 def draw(rng):
@@ -149,14 +143,14 @@ def check(case):
     if codes != [0]:
         refused = refusal(codes, errors)
         return ("REFUSED", refused) if refused else ("BUG", f"1 rank: exit {codes}: {one[-1500:]}")
-    straight = losses(one)
+    straight = sim_model.step_losses(one)
     if sorted(straight) != [1, 2, 3, 4] or not np.all(np.isfinite(list(straight.values()))):
         return "BUG", f"1 rank: losses {straight}"
     model_one = case.model_bytes("one")
 
     cpu = subprocess.run([str(a) for a in [CPU] + case.args(1, "cpu")[:-len(case.flags)] + ["-x", 1, "-n", 0]],
                          capture_output=True, text=True, timeout=RUN_LIMIT_S, cwd=case.dir)
-    reference = losses(cpu.stdout)
+    reference = sim_model.step_losses(cpu.stdout)
     tolerance = 3e-3 if case.flags[1] == "bf16" else 3e-2
     if cpu.returncode != 0 or 1 not in reference:
         return "BUG", f"train_gpt2cpu: exit {cpu.returncode}: {cpu.stderr[-800:]}"
@@ -165,7 +159,7 @@ def check(case):
 
     case.drop_last_checkpoint("one")
     codes, resumed, _ = case.run(1, "one", ["-y", 1])
-    again = losses(resumed)
+    again = sim_model.step_losses(resumed)
     if codes != [0] or sorted(again) != [3, 4] or any(again[s] != straight[s] for s in again):
         return "BUG", f"resume: exit {codes}, losses {again} vs {straight}: {resumed[-1000:]}"
     if case.model_bytes("one") != model_one:
@@ -176,7 +170,7 @@ def check(case):
         refused = refusal(codes, errors)
         return ("REFUSED", f"{case.ranks} ranks: {refused}") if refused else \
             ("BUG", f"{case.ranks} ranks: exit {codes}: {many[-1500:]}")
-    twin = losses(many)
+    twin = sim_model.step_losses(many)
     exact = case.ranks == 2
     if sorted(twin) != [1, 2, 3, 4] or any(abs(twin[s] - straight[s]) > (0 if exact else 1e-6 * abs(straight[s]))
                                           for s in straight):
@@ -186,7 +180,7 @@ def check(case):
 
     case.drop_last_checkpoint("many")
     codes, resumed, _ = case.run(1, "many", ["-y", 1])
-    again = losses(resumed)
+    again = sim_model.step_losses(resumed)
     if codes != [0] or sorted(again) != [3, 4] or \
             any(abs(again[s] - straight[s]) > (0 if exact else 1e-6 * abs(straight[s])) for s in again):
         return "BUG", f"{case.ranks} ranks resumed on 1: exit {codes}, losses {again} vs {straight}: {resumed[-1000:]}"

@@ -56,7 +56,6 @@ import sim_model
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER = os.environ.get("LLM8_TRAINER", os.path.join(ROOT, "train_gpt2_fp8"))
 ON_CUDASIM = "LLM8_TRAINER" in os.environ and "/sim/" in os.environ["LLM8_TRAINER"]
-STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
 # RUN_LIMIT_S: the wall time one multi-rank run may take before its ranks are killed (a hang
 # outside a collective, which -pt does not see, must not take the whole device call)
 if ON_CUDASIM:  # test/sim_model.py's model
@@ -103,8 +102,7 @@ def run(ranks, args, workdir, env=RANK_ENV):
     return [-1 if code is None else code for code, _, _ in results], results[0][1]
 
 
-def losses(stdout):
-    return {int(s): float(l) for s, l in STEP_RE.findall(stdout)}
+losses = sim_model.step_losses
 
 
 ZERO3_FP8 = "fp8 delayed adamw8 ZeRO-3 (2 ranks -z 3 vs 1 rank -z 1)"

@@ -7,12 +7,21 @@ block recipe) and 997 tokens (like 50257, not a multiple of 8 or 128): a step of
 hundred tokens takes about a second on the CPU.
 """
 import os
+import re
 import struct
 import subprocess
 
 import numpy as np
 
 LAYERS, HEADS, CHANNELS, VOCAB = 2, 2, 128, 997
+STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)  # a trainer's progress line
+
+
+def step_losses(stdout):
+    """{step: loss} from a trainer's progress lines"""
+    return {int(s): float(l) for s, l in STEP_RE.findall(stdout)}
+
+
 SIM_TRAINER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "sim", "train_gpt2_fp8")
 
 

@@ -46,7 +46,6 @@ import sim_model
 from sim_model import SIM_TRAINER, state_section, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEP_RE = re.compile(r"^step\s+(\d+)/\d+ \| loss ([-\d.naninf]+) \|", re.M)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +58,7 @@ def workdir(tmp_path_factory):
     return d
 
 
-def losses(stdout):
-    return {int(s): float(l) for s, l in STEP_RE.findall(stdout)}
+losses = sim_model.step_losses
 
 
 @pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-opt", "adamw8", "-fn", 2]], ids=["bf16", "fp8-adamw8"])
