@@ -75,7 +75,8 @@ ifeq ($(NO_USE_MPI),1)
   MPI_LIBS =
 else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
   MPI_FLAGS = -DUSE_MPI -I$(OPENMPI_DIR)/include
-  MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath,$(OPENMPI_DIR)/lib -lmpi
+  # -Xlinker twice, not nvcc's -Xlinker -rpath,DIR: g++ (the cudasim trainer below) passes that on whole
+  MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath -Xlinker $(OPENMPI_DIR)/lib -lmpi
 endif
 
 .PHONY: all test test-build test-cpu test-sim test-python compile-cuda test-sanitizers simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
@@ -170,8 +171,10 @@ $(SIM)/test_%: $(SIM)/.translated $(SIM_RUNTIME)
 $(SIM)/test_cudasim_%: $(SIM)/.translated $(SIM_RUNTIME)
 	$(SIM_CXX) -x c++ $(SIM)/test/cudasim/test_cudasim_$*.cu -x none $(SIM_RUNTIME) -lm -o $@
 
+# with OpenMPI where the GPU trainer has it, so that mpirun's launch (-pi mpi) runs under
+# cudasim too (test_sim_trainer.py)
 $(SIM)/train_gpt2_fp8: $(SIM)/.translated $(SIM_RUNTIME)
-	$(SIM_CXX) -x c++ $(SIM)/train_gpt2_fp8.cu -x none $(SIM_RUNTIME) -lm -ldl -o $@
+	$(SIM_CXX) $(MPI_FLAGS) -x c++ $(SIM)/train_gpt2_fp8.cu -x none $(SIM_RUNTIME) $(MPI_LIBS) -lm -ldl -o $@
 
 # the probe's own code (descriptors, the table, the run of each accepted case) against cudasim's cuBLASLt
 $(SIM)/probe_epilogues: $(SIM)/.translated $(SIM_RUNTIME)

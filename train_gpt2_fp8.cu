@@ -1143,16 +1143,17 @@ static void print_memory_summary(const GPT2* model, const TrainConfig* tc, int n
            gpt2_optimizer_state_bytes(model) / 1073741824.0, num_ranks > 1 ? " on this rank" : "", gpu_memory_used_mib());
 }
 
-// the multi-GPU lines: the ZeRO layout and what a step sends; under ZeRO-3 also what stays
-// sharded on this rank (rank 0 prints) and the memory it saves against ZeRO-1, the least and
-// the most over the ranks (every rank calls this: those two are all-reduced)
-static void print_multi_gpu_summary(const GPT2* model, const TrainConfig* tc, int rank, int num_ranks, cudaStream_t stream) {
+// the multi-GPU lines: the ZeRO layout, how the ranks met (-pi, auto resolved) and what a step
+// sends; under ZeRO-3 also what stays sharded on this rank (rank 0 prints) and the memory it saves
+// against ZeRO-1, the least and the most over the ranks (every rank calls this: those two are all-reduced)
+static void print_multi_gpu_summary(const GPT2* model, const TrainConfig* tc, MultiGpuInitMethod id_exchange, int rank,
+                                    int num_ranks, cudaStream_t stream) {
     const ZeroComm* z = model->comm;
     char fp32_scratch[64] = "";
     if (z->reduce_fp32) { snprintf(fp32_scratch, sizeof(fp32_scratch), " (fp32 scratch %.1f MiB)", z->reduce_scratch_elements * 4.0 / 1048576.0); }
     printf("zero | ZeRO-%d over %d ranks (-pi %s) | %zu parameters per rank (%zu padding) | weights gathered per step: "
            "%.1f MB as FP8 + %.1f MB as bf16 (all bf16: %.1f MB) | gradients reduced per step: %.1f MB %s%s\n",
-           model->zero3 ? 3 : 1, num_ranks, tc->nccl_init, z->layout.shard_size, z->layout.padded_total - z->layout.num_parameters,
+           model->zero3 ? 3 : 1, num_ranks, multi_gpu_init_method_name(id_exchange), z->layout.shard_size, z->layout.padded_total - z->layout.num_parameters,
            z->gathered_bytes_fp8 / 1e6, z->gathered_bytes_bf16 / 1e6,
            zero_comm_received_bytes(&z->layout, rank, 0, z->layout.num_parameters, 2) / 1e6,
            (z->reduce_fp32 ? 4.0 : 2.0) * z->layout.num_parameters / 1e6, tc->grad_reduce, fp32_scratch);
@@ -1386,7 +1387,7 @@ int main(int argc, char** argv) {
            tc.precision, tc.B, tc.T, tc.total_batch_size, grad_accum_steps, train_num_batches, tc.learning_rate, tc.lr_schedule,
            tc.warmup_iterations, tc.final_lr_frac, tc.weight_decay, tc.grad_clip);
     print_memory_summary(&model, &tc, num_ranks);
-    if (model.comm != NULL) { print_multi_gpu_summary(&model, &tc, rank, num_ranks, stream); }
+    if (model.comm != NULL) { print_multi_gpu_summary(&model, &tc, multi_gpu_options.init_method, rank, num_ranks, stream); }
     if (fp8_settings.enabled) { print_fp8_summary(&model); }
     if (tc.sample_every > 0 && tc.gen_tokens > tc.T) {
         printf("note: -g %d is longer than -t %d: samples stop at %d tokens\n", tc.gen_tokens, tc.T, tc.T);

@@ -47,6 +47,9 @@ Why it is shaped so:
 #include <cuda_runtime.h>
 #include <nccl.h>
 #ifdef USE_MPI
+// C only: OpenMPI's C++ bindings (mpicxx.h, which mpi.h includes in C++ where the library was
+// built with them, as Debian's is) need libmpi_cxx at link time, and nothing here uses them
+#define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
 #endif
 #include "utils.h"
@@ -117,6 +120,11 @@ static inline MultiGpuInitMethod multi_gpu_init_method_from_name(const char* nam
     if (strcmp(name, "tcp") == 0) { return MULTI_GPU_INIT_TCP; }
     llm8_die("flag -pi: '%s' is not an init method (expected mpi, fs or tcp)", name);
     return MULTI_GPU_INIT_FS;  // unreachable
+}
+
+// the name -pi gives a method (for the trainer's startup line, where -pi auto has been resolved)
+static inline const char* multi_gpu_init_method_name(MultiGpuInitMethod method) {
+    return method == MULTI_GPU_INIT_MPI ? "mpi" : method == MULTI_GPU_INIT_TCP ? "tcp" : "fs";
 }
 
 static inline double multi_gpu_now_s(void) {

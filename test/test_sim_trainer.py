@@ -33,6 +33,7 @@ make gpucheck's (test/test_gpt2.cu, test/gpu_trainer_ranks.py).
 import json
 import os
 import re
+import shutil
 import socket
 import struct
 import subprocess
@@ -690,3 +691,63 @@ def test_twin_batches_resume_on_another_rank_count_bit_for_bit(workdir, first, s
     a, b = losses(straight), losses(resumed)
     assert sorted(b) == [4, 5, 6] and all(a[s] == b[s] for s in b), (a, b)
     assert (out_dir / "model_00000006.bin").read_bytes() == straight_model, "the resumed run's model file differs"
+
+
+# ---- mpirun (-pi mpi, the default under mpirun): the launch llm.c users know ---------------------
+
+def mpi_launch_env():
+    """the environment for mpirun's ranks here: the one cudasim GPU shared (NCCL_MULTI_RANK_GPU_ENABLE), mpirun as
+    root allowed (CI runs as root) and more ranks than cores. Skips where the sim trainer was built without OpenMPI
+    (the Makefile links it where it finds mpi.h) or mpirun is missing; LLM8_REQUIRE_MPI=1 (.ci/run, which installs
+    OpenMPI) makes that a failure"""
+    linked = os.path.exists(SIM_TRAINER) and "libmpi" in subprocess.run(["ldd", SIM_TRAINER], capture_output=True,
+                                                                         text=True).stdout
+    missing = None if linked and shutil.which("mpirun") else "mpirun, or the sim trainer built with OpenMPI"
+    if missing and os.environ.get("LLM8_REQUIRE_MPI") == "1":
+        pytest.fail(f"LLM8_REQUIRE_MPI=1 but {missing} is missing (apt-get install openmpi-bin libopenmpi-dev, rebuild)")
+    if missing:
+        pytest.skip(f"no {missing}")
+    return dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1", CUDA_VISIBLE_DEVICES="0", OMPI_ALLOW_RUN_AS_ROOT="1",
+                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
+
+
+@pytest.mark.parametrize("flags,rank_flags", [
+    (["-p", "fp8", "-opt", "adamw8"], []),
+    (["-p", "fp8", "-fr", "current"], ["-z", 3]),
+], ids=["zero1-fp8-adamw8", "zero3-fp8"])
+def test_mpirun_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, flags, rank_flags):
+    """scripts/launch_one_node.sh -m mpi -n 2 (mpirun -np 2) starts the trainer with no rank flags: each rank takes its
+    rank, the count and its GPU from MPI, and rank 0's NCCL id reaches rank 1 by MPI_Bcast. On twin batches the two
+    ranks must train the 1-rank model bit for bit (the twin test above), and the startup line says how they met"""
+    env = mpi_launch_env()
+    name = "mpirun_twin_" + "_".join(map(str, flags + rank_flags))
+    common = flags + ["-x", 3, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-gc", 0, "-n", 3]
+    codes, one, _ = train_ranks(workdir, 1, common + ["-d", 4 * 64, "-o", workdir / (name + "_1")], data=twin_shard(workdir))
+    assert codes == [0], one[-2000:]
+    cmd = ["bash", os.path.join(ROOT, "scripts", "launch_one_node.sh"), "-m", "mpi", "-n", 2, "--", SIM_TRAINER,
+           "-e", "model.bin", "-i", twin_shard(workdir), "-t", 64, "-b", 4] + common + rank_flags + \
+          ["-d", 2 * 4 * 64, "-o", workdir / (name + "_2")]
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=900, cwd=workdir, env=env)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert f"ZeRO-{3 if rank_flags else 1} over 2 ranks (-pi mpi)" in result.stdout, result.stdout[:3000]
+    a, b = losses(one), losses(result.stdout)
+    assert sorted(a) == [1, 2, 3] and a == b, (a, b)
+    model_1 = (workdir / (name + "_1") / "model_00000003.bin").read_bytes()
+    assert (workdir / (name + "_2") / "model_00000003.bin").read_bytes() == model_1, \
+        "the 2 mpirun ranks' model file differs from the 1-rank run's"
+
+
+@pytest.mark.parametrize("extra,expected", [
+    (["-pn", 3], r"error: flag -pn 3: MPI has 2 processes \(-pi mpi takes the count from mpirun -np"),
+    (["-i", "missing_*.bin"], r"error: .*missing_\*\.bin"),
+], ids=["pn-contradicts-mpirun", "missing-data"])
+def test_mpirun_ranks_stop_with_one_line_each(workdir, extra, expected):
+    """under mpirun every rank stops with its own one-line error (and mpirun with a non-zero status): a -pn that
+    contradicts mpirun's -np (two hand-started copies would each be rank 0 of 1), and data a rank cannot read"""
+    env = mpi_launch_env()
+    cmd = ["mpirun", "-np", 2, "--bind-to", "none", SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin",
+           "-t", 64, "-b", 4, "-x", 1, "-v", 0, "-s", 0] + extra
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
+    assert result.returncode != 0, result.stdout[-2000:]
+    errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and all(re.match(expected, e) for e in errors), (result.stdout + result.stderr)[-3000:]

@@ -342,15 +342,22 @@ def test_tokens_per_micro_step_beyond_int_range_are_refused(data):
     assert_one_line_error(result, "-b 65536", "2147483648", "lower -b")
 
 
-def test_mpirun_without_mpi_support_is_refused(data):
-    """mpirun starting N copies of a binary built without MPI: each would train alone as rank 0 of 1 on GPU 0"""
+def test_ranks_that_cannot_learn_their_rank_are_refused(data):
+    """Copies that would each train alone as rank 0 of 1 on GPU 0, writing the same files. Built without MPI: mpirun
+    starting N copies (it sets OMPI_COMM_WORLD_SIZE). Built with it (the Makefile found OpenMPI, as CI installs it):
+    a copy started by hand with -pi mpi -pn 2 is a world of 1 (MPI_Init without mpirun); test_sim_trainer.py runs
+    the real mpirun"""
     if not os.path.exists(GPU):
         pytest.fail(f"{GPU} is not built (make train_gpt2_fp8)")
     if "libmpi" in subprocess.run(["ldd", GPU], capture_output=True, text=True).stdout:
-        pytest.skip("this train_gpt2_fp8 is built with MPI: mpirun's ranks come from MPI")
-    result = subprocess.run([GPU] + [str(a) for a in base_args(data)], capture_output=True, text=True, timeout=120,
-                            cwd=ROOT, env=dict(os.environ, OMPI_COMM_WORLD_SIZE="2"))
-    assert_one_line_error(result, "mpirun", "2 processes", "without MPI", "-pi fs")
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        result = subprocess.run([GPU] + [str(a) for a in base_args(data, ["-pi", "mpi", "-pn", 2])], capture_output=True,
+                                text=True, timeout=120, cwd=ROOT, env=env)
+        assert_one_line_error(result, "flag -pn 2", "MPI has 1 process", "mpirun -np", "-pi fs")
+    else:
+        result = subprocess.run([GPU] + [str(a) for a in base_args(data)], capture_output=True, text=True, timeout=120,
+                                cwd=ROOT, env=dict(os.environ, OMPI_COMM_WORLD_SIZE="2"))
+        assert_one_line_error(result, "mpirun", "2 processes", "without MPI", "-pi fs")
 
 
 def test_each_rank_checks_its_data_before_the_gpu(data):
