@@ -1093,19 +1093,11 @@ static MultiGpuOptions multi_gpu_options_from_flags(const TrainConfig* tc) {
     opts.timeout_s = tc->nccl_timeout_s;
     if (strcmp(tc->nccl_init, "auto") != 0) { opts.init_method = multi_gpu_init_method_from_name(tc->nccl_init); }
     else {
+        // (a binary without MPI that mpirun started is refused by multi_gpu_check_launcher_world)
 #ifdef USE_MPI
         int under_mpirun = getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMIX_RANK") != NULL;
 #else
         int under_mpirun = 0;
-        // mpirun (OpenMPI sets OMPI_COMM_WORLD_SIZE) started several copies of a binary that cannot
-        // ask MPI for its rank: each would be rank 0 of 1 and train alone on GPU 0, writing the same
-        // files as the others. The Makefile builds with MPI only where it finds OpenMPI's mpi.h.
-        const char* mpi_size = getenv("OMPI_COMM_WORLD_SIZE");
-        if (mpi_size != NULL && atoi(mpi_size) > 1 && tc->num_processes == 1) {
-            llm8_die("started by mpirun as %s processes, but this binary was built without MPI (the Makefile found no "
-                     "OpenMPI mpi.h under OPENMPI_DIR; rebuild with OPENMPI_DIR=<OpenMPI prefix>, or launch with "
-                     "scripts/launch_one_node.sh -m fs or -pi fs -pf DIR -pn N -pr R)", mpi_size);
-        }
 #endif
         opts.init_method = under_mpirun ? MULTI_GPU_INIT_MPI : MULTI_GPU_INIT_FS;
     }

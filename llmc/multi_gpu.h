@@ -455,6 +455,34 @@ static inline void multi_gpu_options_check(const MultiGpuOptions* opts) {
 }
 
 /*
+A launcher that started N copies of the program while each copy sees a world of 1 (no rank
+flags, an MPI other than the one built in, or none built in) would have N processes each train
+the whole model alone, on GPU 0, into the same -o. The variable each launcher sets in every copy
+gives it away: OpenMPI's mpirun OMPI_COMM_WORLD_SIZE, MPICH's and Intel MPI's mpiexec (and
+srun --mpi=pmi2) PMI_SIZE, srun SLURM_STEP_NUM_TASKS (a batch script's own shell is no srun step).
+*/
+static inline void multi_gpu_check_launcher_world(const MultiGpuOptions* opts) {
+    if (opts->num_processes != 1) { return; }
+    static const struct { const char* variable; const char* launcher; } worlds[] = {
+        {"OMPI_COMM_WORLD_SIZE", "mpirun"}, {"PMI_SIZE", "an MPI launcher"}, {"SLURM_STEP_NUM_TASKS", "srun"}};
+    for (size_t i = 0; i < sizeof(worlds) / sizeof(worlds[0]); i++) {
+        const char* value = getenv(worlds[i].variable);
+        if (value == NULL || atoi(value) <= 1) { continue; }
+#ifdef USE_MPI
+        const char* remedy = i == 0 ? "leave -pi at auto (MPI under mpirun), or give every rank -pn N -pr R with -pi fs|tcp"
+            : "launch with this build's OpenMPI (mpirun, or srun --mpi=pmix), or give every rank -pn N -pr R with -pi fs|tcp "
+              "(scripts/slurm_gpt2.sbatch does)";
+#else
+        const char* remedy = "this binary was built without MPI (the Makefile found no OpenMPI mpi.h under OPENMPI_DIR; "
+            "rebuild with OPENMPI_DIR=<OpenMPI prefix>), so give every rank -pn N -pr R with -pi fs|tcp "
+            "(scripts/launch_one_node.sh -m fs and scripts/slurm_gpt2.sbatch do)";
+#endif
+        llm8_die("started by %s as %s processes (%s), but this one is rank 0 of 1: each would train alone, on GPU 0, "
+                 "into the same files; %s", worlds[i].launcher, value, worlds[i].variable, remedy);
+    }
+}
+
+/*
 Step 1, no GPU touched: the rank and the process count. With -pi mpi they come from MPI
 (MPI_Init here), otherwise from -pr and -pn. The trainer checks its data between the two
 steps, knowing its rank, so bad input still fails before any CUDA call.
@@ -481,6 +509,7 @@ static inline MultiGpuConfig multi_gpu_process_init(MultiGpuOptions* opts) {
     }
 #endif
     multi_gpu_options_check(opts);
+    multi_gpu_check_launcher_world(opts);
     if (opts->init_method == MULTI_GPU_INIT_FS && opts->num_processes > 1 && opts->process_rank == 0 &&
         opts->fs_path != NULL) {
         // an id left in -pf by an earlier run that failed before its ranks joined (rank 0 removes

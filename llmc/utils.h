@@ -19,15 +19,20 @@ has to remember. Plain C that also compiles as C++ (nvcc, g++), host only.
 #include <sys/types.h>
 #include <unistd.h>
 
-// print "error: <message>" as one line to stderr and exit(1)
+// print "error: <message>" as one line to stderr and exit(1). The line goes out in one write:
+// ranks that die together share mpirun's (or a terminal's) stderr, and stderr is unbuffered, so
+// three writes a line (prefix, message, newline) came out interleaved as "error: error: ..."
 static inline void llm8_die(const char* fmt, ...) {
+    char line[8192];
+    int prefix = snprintf(line, sizeof(line), "error: ");
     va_list args;
     va_start(args, fmt);
-    fflush(stdout);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, "\n");
+    vsnprintf(line + prefix, sizeof(line) - prefix - 1, fmt, args);  // one byte kept for the newline
     va_end(args);
+    size_t length = strlen(line);
+    line[length] = '\n';
+    fflush(stdout);
+    fwrite(line, 1, length + 1, stderr);
     exit(EXIT_FAILURE);
 }
 
