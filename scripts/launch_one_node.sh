@@ -11,8 +11,9 @@
 #   -m mpi|fs  how ranks start: mpi is `mpirun -np N --bind-to none CMD` (the trainer, built with
 #              OpenMPI, takes rank, size and its GPU from MPI); fs starts the N ranks here with
 #              `-pi fs -pf DIR -pn N -pr R -pg G`. Default: $LLM8_LAUNCH_METHOD, else mpi when
-#              mpirun is on PATH, else fs. (mpirun as root also needs OMPI_ALLOW_RUN_AS_ROOT=1
-#              and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.)
+#              mpirun is on PATH, else fs. As root (GPU containers often are) it sets
+#              OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, without which OpenMPI's
+#              mpirun refuses to start (other MPIs ignore them); values already set are kept.
 #
 # Why it is shaped so:
 # - mpirun is the launcher llm.c users know; --bind-to none keeps each rank's threads off a single
@@ -89,6 +90,10 @@ done
 
 if [[ "$method" == mpi ]]; then
     command -v mpirun > /dev/null || die "-m mpi: mpirun is not on PATH (install OpenMPI, or use -m fs)"
+    if (( EUID == 0 )); then
+        export OMPI_ALLOW_RUN_AS_ROOT="${OMPI_ALLOW_RUN_AS_ROOT:-1}"
+        export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}"
+    fi
     exec mpirun -np "$num_ranks" --bind-to none "$@"
 fi
 

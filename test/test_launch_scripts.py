@@ -80,7 +80,11 @@ RUN_SCRIPT_STUB = r"""#!/usr/bin/env bash
 """
 
 MPIRUN_STUB = r"""#!/usr/bin/env bash
-printf 'arg=%s\n' "$@" > "$STUB_LOG/.mpirun.$$" && mv "$STUB_LOG/.mpirun.$$" "$STUB_LOG/mpirun.$$"
+{
+    echo "OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT-unset}"
+    echo "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM-unset}"
+    printf 'arg=%s\n' "$@"
+} > "$STUB_LOG/.mpirun.$$" && mv "$STUB_LOG/.mpirun.$$" "$STUB_LOG/mpirun.$$"
 """
 
 NVIDIA_SMI_STUB = r"""#!/usr/bin/env bash
@@ -181,7 +185,7 @@ class Env:
         self.rank = write_exe(tmp_path / "rank_stub", RANK_STUB)
         self.run_script = write_exe(tmp_path / "run_stub.sh", RUN_SCRIPT_STUB)
         self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("SLURM_", "LLM8_", "STUB_"))
+                    if not k.startswith(("SLURM_", "LLM8_", "STUB_", "OMPI_"))
                     and k not in ("CUDA_VISIBLE_DEVICES", "NCCL_MULTI_RANK_GPU_ENABLE", "NUM_GPUS", "OUT_DIR", "MODEL",
                                   "PRECISION", "RUN_SCRIPT")}
         self.env.update(PATH=f"{self.stubs}:{tools}", TMPDIR=str(self.tmpdir), STUB_LOG=str(self.log))
@@ -448,6 +452,19 @@ def test_launch_method(env, method_args, extra, mpirun, expect):
         assert env.records() == []
     else:
         assert env.records("mpirun") == [] and sorted(env.ranks()) == [0, 1]
+
+
+@pytest.mark.parametrize("preset", [None, "0"], ids=["unset", "user-set"])
+def test_mpirun_as_root_is_allowed_unless_the_user_said(env, preset):
+    """OpenMPI's mpirun refuses root unless both variables are 1 (GPU containers often run as root): the launcher sets
+    them for root, keeps a value the user set, and leaves them unset for anyone else"""
+    env.stub("mpirun", MPIRUN_STUB)
+    rc, out, err = env.launch(["-n", "2", "-m", "mpi", "--", env.rank], cvd="0,1", OMPI_ALLOW_RUN_AS_ROOT=preset)
+    assert rc == 0, err
+    (rec,) = env.records("mpirun")
+    expected = (preset or "1") if os.geteuid() == 0 else (preset or "unset")
+    assert rec["OMPI_ALLOW_RUN_AS_ROOT"] == expected, rec
+    assert rec["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == ("1" if os.geteuid() == 0 else "unset"), rec
 
 
 # ---- slurm_gpt2.sbatch ----------------------------------------------------------------------
