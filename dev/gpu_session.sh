@@ -19,7 +19,7 @@
 #   bash dev/gpu_session.sh ranks [SECTIONS]  # NCCL 2.30+ from .nccl/sm90 when carried (dev/nccl_wheel.sh
 #                                   # install), test_multi_gpu (its 2-rank test), then test/gpu_trainer_ranks.py:
 #                                   # 2 ranks on the one GPU (all sections, or those named: trajectories resume
-#                                   # reshard twins killed); RANKS_S=N stops them after N seconds, trainers too
+#                                   # reshard twins mpirun killed); RANKS_S=N stops them after N seconds, trainers too
 #   bash dev/gpu_session.sh bench [MODELS]  # dev/bench/bench.py --quick (--only MODELS, e.g. d12 then d48
 #                                   # in two calls), its .md and .json written into the logs
 #   bash dev/gpu_session.sh parity [SETS]  # loss parity on the offline corpus (carry dev/data/offline):

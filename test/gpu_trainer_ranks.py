@@ -30,10 +30,12 @@ batches, a 2-rank resume, and a killed rank.
   -pa fp32 under ZeRO-3: a gather or a scale wrong alike on every rank shows here, where -pc
   cannot see it. A checkpoint of 1 rank resumed
   on 2, and of 2 on 1, goes on bit for bit.
+- mpirun (scripts/launch_one_node.sh -m mpi): 2 ranks that take their rank from MPI train the
+  1-rank model bit for bit on twin batches (a SKIP line without mpirun or an MPI build).
 - A killed rank: the survivor exits non-zero within -pt seconds with the error line naming
   its rank and the collective.
 Sections (arguments, in this order by default): trajectories (with traffic and stream order),
-resume, reshard, twins, killed; a device call cut off at its limit goes on with the rest.
+resume, reshard, twins, mpirun, killed; a device call cut off at its limit goes on with the rest.
 Not collected by pytest (the CPU suite): run by test/run_gpu_tests.sh after the test binaries,
 and by make simcheck against the cudasim build of the trainer (LLM8_TRAINER names it; make
 test runs the killed section so, from test/test_sim_trainer.py): there
@@ -42,6 +44,7 @@ test/sim_model.py's 2-layer, C = 128, 997-token model and T = 64 stand in for d6
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -288,16 +291,22 @@ def reshard(setup):
             check(worst < tolerance, f"{name}: steps 5..8 within {tolerance:g} of the uninterrupted run (worst {worst:.2e})")
 
 
+def twin_flags(setup):
+    """the flags of a twin-batch run at -b 4, on a shard whose every sample is the same B*T tokens (written once): each
+    of N ranks computes what 1 rank does and the average over ranks is exact (x + x halved), so ZeRO must train the
+    1-rank model bit for bit (no clipping: the global norm sums the ranks' partial sums, its last bit may differ from
+    one sum)"""
+    shard = os.path.join(setup.tmp, "twin_train_000001.bin")
+    if not os.path.exists(shard):
+        sim_model.write_shard(shard, 400_000, 4, VOCAB, period=4 * SEQ_LEN)
+    return ["-e", setup.model, "-t", SEQ_LEN, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-gc", 0, "-i", shard, "-j", "",
+            "-b", 4, "-n", 4]
+
+
 def twins(setup):
     """twin batches: 2 ranks train the 1-rank model bit for bit, and reshard resumes go on bit for bit"""
     tmp = setup.tmp
-    # every sample of the shard is the same B*T tokens, so each of 2 ranks computes what 1 rank does and the average
-    # over ranks is exact (x + x halved): ZeRO must train the 1-rank model bit for bit (no clipping: the global norm
-    # sums the ranks' partial sums, its last bit may differ from one sum)
-    twin_shard = os.path.join(tmp, "twin_train_000001.bin")
-    sim_model.write_shard(twin_shard, 400_000, 4, VOCAB, period=4 * SEQ_LEN)
-    twin_common = ["-e", setup.model, "-t", SEQ_LEN, "-v", 0, "-s", 0, "-l", 1e-3, "-sh", 0, "-gc", 0, "-i", twin_shard,
-                   "-j", "", "-b", 4, "-n", 4]
+    twin_common = twin_flags(setup)
     # 3 ranks with -pa fp32 (3x and 3x / 3 are exact in fp32) cut the replicated tensors between owners, which
     # 2 ranks do not at d6; their mean loss may round in its last bit, so it is compared to 1e-6
     for ranks, name, extra, rank_extra in ((2, "bf16", ["-p", "bf16"], []),
@@ -334,6 +343,33 @@ def twins(setup):
         check(codes == [0] * second and sorted(b) == [5, 6, 7, 8] and all(a.get(s) == b[s] for s in b)
               and open(model_file, "rb").read() == straight_model,
               f"{name}: steps 5..8 and the step-8 model bit for bit those of the uninterrupted run")
+
+
+def mpirun_launch(setup):
+    """mpirun's launch, as llm.c users start several GPUs: scripts/launch_one_node.sh -m mpi -n 2 gives the trainer no
+    rank flags (rank, count and GPU from MPI, the NCCL id by MPI_Bcast); on twin batches the 2 ranks train the 1-rank
+    model bit for bit. A SKIP line where mpirun or the trainer's MPI is missing (the Makefile links OpenMPI where it
+    finds it)"""
+    if "libmpi" not in subprocess.run(["ldd", TRAINER], capture_output=True, text=True).stdout or not shutil.which("mpirun"):
+        print(f"SKIP mpirun: {'no mpirun on PATH' if shutil.which('mpirun') is None else TRAINER + ' is built without MPI'}",
+              flush=True)
+        return
+    dirs = [os.path.join(setup.tmp, f"mpirun_twin_{n}") for n in (1, 2)]
+    flags = twin_flags(setup) + ["-p", "fp8", "-opt", "adamw8", "-x", 4]
+    codes1, out1 = run(1, flags + ["-d", 4 * SEQ_LEN, "-o", dirs[0]], setup.tmp)
+    launcher = ["bash", os.path.join(ROOT, "scripts", "launch_one_node.sh"), "-m", "mpi", "-n", "2", "--", TRAINER]
+    env = dict(RANK_ENV, CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0],
+               OMPI_MCA_rmaps_base_oversubscribe="1")  # the 2 ranks share the first GPU, and may outnumber the cores
+    ((code, out, err),) = bench.run_programs([launcher + [str(a) for a in flags + ["-d", 2 * 4 * SEQ_LEN, "-o", dirs[1],
+                                                                                  "-pt", RANK_TIMEOUT_S]]], RUN_LIMIT_S, env)
+    if code != 0:
+        print(f"mpirun failed ({code}):\n{out[-2000:]}\n{err[-2000:]}", flush=True)
+    models = [os.path.join(d, "model_00000004.bin") for d in dirs]
+    same_model = all(os.path.exists(m) for m in models) and open(models[0], "rb").read() == open(models[1], "rb").read()
+    one, two = losses(out1), losses(out or "")
+    check(codes1 == [0] and code == 0 and "ZeRO-1 over 2 ranks (-pi mpi)" in (out or "") and len(one) == 4 and one == two
+          and same_model, "mpirun -np 2 (launch_one_node.sh -m mpi), FP8 adamw8 on twin batches: ranks from MPI, the "
+                          "1-rank model bit for bit (losses and model file)")
 
 
 def killed_rank(setup):
@@ -375,7 +411,8 @@ def killed_rank_run(setup, name, env, expected_error):
 
 
 
-SECTIONS = {"trajectories": trajectories, "resume": resume, "reshard": reshard, "twins": twins, "killed": killed_rank}
+SECTIONS = {"trajectories": trajectories, "resume": resume, "reshard": reshard, "twins": twins, "mpirun": mpirun_launch,
+            "killed": killed_rank}
 
 
 def main():

@@ -116,7 +116,7 @@ def test_multi_rank_runs_refuse_an_unknown_section():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unknown section 'twin'" in lines[0] and "trajectories resume reshard twins killed" in lines[0]
+    assert len(lines) == 1 and "unknown section 'twin'" in lines[0] and "trajectories resume reshard twins mpirun killed" in lines[0]
 
 
 def test_a_stopped_test_binary_keeps_the_lines_it_printed(tmp_path):
