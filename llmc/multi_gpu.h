@@ -469,7 +469,8 @@ static inline void multi_gpu_check_launcher_world(const MultiGpuOptions* opts) {
         const char* value = getenv(worlds[i].variable);
         if (value == NULL || atoi(value) <= 1) { continue; }
 #ifdef USE_MPI
-        const char* remedy = i == 0 ? "leave -pi at auto (MPI under mpirun), or give every rank -pn N -pr R with -pi fs|tcp"
+        int openmpi = i == 0;  // the MPI this build links: under its mpirun only -pi (or -pn) can have kept MPI out
+        const char* remedy = openmpi ? "leave -pi at auto (MPI under mpirun), or give every rank -pn N -pr R with -pi fs|tcp"
             : "launch with this build's OpenMPI (mpirun, or srun --mpi=pmix), or give every rank -pn N -pr R with -pi fs|tcp "
               "(scripts/slurm_gpt2.sbatch does)";
 #else

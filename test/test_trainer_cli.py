@@ -49,10 +49,12 @@ def data(tmp_path):
     return tmp_path
 
 
-def run(binary, args, timeout=120):
+def run(binary, args, timeout=120, env_extra=None):
+    """binary with args from the checkout's root; env_extra: variables added to this environment"""
     if not os.path.exists(binary):
         pytest.fail(f"{binary} is not built (make train_gpt2cpu train_gpt2_fp8)")
-    return subprocess.run([binary] + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run([binary] + [str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=dict(os.environ, **(env_extra or {})))
 
 
 def base_args(data, extra=()):
@@ -342,12 +344,6 @@ def test_tokens_per_micro_step_beyond_int_range_are_refused(data):
     assert_one_line_error(result, "-b 65536", "2147483648", "lower -b")
 
 
-def gpu_trainer_has_mpi():
-    if not os.path.exists(GPU):
-        pytest.fail(f"{GPU} is not built (make train_gpt2_fp8)")
-    return "libmpi" in subprocess.run(["ldd", GPU], capture_output=True, text=True).stdout
-
-
 @pytest.mark.parametrize("variable,value,flags,fragments", [
     ("SLURM_STEP_NUM_TASKS", "2", [], ["started by srun as 2 processes (SLURM_STEP_NUM_TASKS)", "-pn N -pr R"]),
     ("PMI_SIZE", "3", [], ["started by an MPI launcher as 3 processes (PMI_SIZE)", "-pn N -pr R"]),
@@ -356,18 +352,14 @@ def gpu_trainer_has_mpi():
 def test_copies_a_launcher_started_as_rank_0_of_1_are_refused(data, variable, value, flags, fragments):
     """N copies, each rank 0 of 1 (no rank flags, or an MPI the binary cannot talk to), would each train alone on GPU 0
     into the same files: the launcher's variable gives them away, before any data or GPU is touched"""
-    gpu_trainer_has_mpi()
-    result = subprocess.run([GPU] + [str(a) for a in base_args(data, flags)], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT, env=dict(os.environ, **{variable: value}))
+    result = run(GPU, base_args(data, flags), env_extra={variable: value})
     assert_one_line_error(result, *fragments, "rank 0 of 1")
 
 
 def test_a_one_task_srun_step_is_no_world(data):
     """srun -n 1 (or an interactive srun --pty shell) sets SLURM_STEP_NUM_TASKS=1: a plain single-GPU run. On this
     machine the trainer goes on to its GPU check, which is its first failure without a GPU"""
-    gpu_trainer_has_mpi()
-    result = subprocess.run([GPU] + [str(a) for a in base_args(data)], capture_output=True, text=True, timeout=120,
-                            cwd=ROOT, env=dict(os.environ, SLURM_STEP_NUM_TASKS="1"))
+    result = run(GPU, base_args(data), env_extra={"SLURM_STEP_NUM_TASKS": "1"})
     assert "srun" not in result.stderr and "CUDA" in result.stderr, result.stderr[-2000:]
 
 
@@ -376,14 +368,14 @@ def test_ranks_that_cannot_learn_their_rank_are_refused(data):
     starting N copies (it sets OMPI_COMM_WORLD_SIZE). Built with it (the Makefile found OpenMPI, as CI installs it):
     a copy started by hand with -pi mpi -pn 2 is a world of 1 (MPI_Init without mpirun); test_sim_trainer.py runs
     the real mpirun"""
-    if gpu_trainer_has_mpi():
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        result = subprocess.run([GPU] + [str(a) for a in base_args(data, ["-pi", "mpi", "-pn", 2])], capture_output=True,
-                                text=True, timeout=120, cwd=ROOT, env=env)
+    if not os.path.exists(GPU):
+        pytest.fail(f"{GPU} is not built (make train_gpt2_fp8)")
+    if "libmpi" in subprocess.run(["ldd", GPU], capture_output=True, text=True).stdout:
+        result = run(GPU, base_args(data, ["-pi", "mpi", "-pn", 2]),
+                     env_extra={"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
         assert_one_line_error(result, "flag -pn 2", "MPI has 1 process", "mpirun -np", "-pi fs")
     else:
-        result = subprocess.run([GPU] + [str(a) for a in base_args(data)], capture_output=True, text=True, timeout=120,
-                                cwd=ROOT, env=dict(os.environ, OMPI_COMM_WORLD_SIZE="2"))
+        result = run(GPU, base_args(data), env_extra={"OMPI_COMM_WORLD_SIZE": "2"})
         assert_one_line_error(result, "mpirun", "2 processes", "without MPI", "-pi fs")
 
 
