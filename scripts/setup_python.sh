@@ -3,7 +3,8 @@
 #
 #   bash scripts/setup_python.sh
 #
-# 1. pip installs numpy, tiktoken (data tools), matplotlib (scripts/plot.py), pytest (tests),
+# 1. pip installs numpy, tiktoken (data tools), matplotlib (scripts/plot.py), pytest and
+#    pytest-xdist (tests; make test runs them on every core),
 #    the cuDNN frontend headers the CUDA build needs (nvidia-cudnn-frontend, no deps), and
 #    cuobjdump (nvidia-cuda-cuobjdump, no deps) for the kernel-resource test.
 # 2. If no GPT-2 rank file can be found (see dev/data/gpt2_bpe.py for the search order), it
@@ -29,7 +30,7 @@ sys.exit(0 if sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysc
 fi
 
 "$PYTHON" -m pip install --quiet --disable-pip-version-check \
-    "numpy>=1.24" "tiktoken>=0.8" "matplotlib>=3.7" "pytest>=7"
+    "numpy>=1.24" "tiktoken>=0.8" "matplotlib>=3.7" "pytest>=7" "pytest-xdist>=3"
 # the cuDNN frontend headers (header-only C++) that llmc/cudnn_att.cpp compiles against;
 # --no-deps: its Python extras pull in large packages the build does not use
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps "nvidia-cudnn-frontend>=1.8"
