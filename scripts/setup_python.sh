@@ -30,7 +30,7 @@ sys.exit(0 if sys.prefix == sys.base_prefix and os.path.exists(os.path.join(sysc
 fi
 
 "$PYTHON" -m pip install --quiet --disable-pip-version-check \
-    "numpy>=1.24" "tiktoken>=0.8" "matplotlib>=3.7" "pytest>=7" "pytest-xdist>=3"
+    "numpy>=1.24" "tiktoken>=0.8" "matplotlib>=3.7" "pytest>=7" "pytest-xdist>=3.2"
 # the cuDNN frontend headers (header-only C++) that llmc/cudnn_att.cpp compiles against;
 # --no-deps: its Python extras pull in large packages the build does not use
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps "nvidia-cudnn-frontend>=1.8"

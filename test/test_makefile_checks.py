@@ -4,10 +4,12 @@ piece, or has a CUDA older than 13, gets one `error:` line naming what is missin
 supply it, and make stops before compiling anything. Each case runs make in the checkout with
 the variable that would point at the piece overridden (NVCC, CUDNN_INCLUDE,
 CUDNN_FRONTEND_PATH, NCCL_INCLUDE), so nothing on the machine has to be uninstalled; stand-in
-nvcc scripts report an old or an unreadable release.
+nvcc scripts report an old or an unreadable release. Also how make test-python starts pytest:
+one worker per core only where a pytest-xdist that can do it is installed.
 """
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -111,3 +113,35 @@ def test_sanitizer_target_covers_every_test():
         assert len(built) == 1 and "-fsanitize=undefined" in built[0], name
     runs = [c for c in commands if "test/run_cpu_tests.sh" in c]
     assert len(runs) == 2 and "ASAN_OPTIONS=detect_leaks=0" in result.stdout, runs
+
+
+def stand_in_python(tmp_path, xdist_version):
+    """this Python with a stand-in xdist module of the given version (None: no xdist at all) first on its path"""
+    modules = tmp_path / "modules"
+    (modules / "xdist").mkdir(parents=True)
+    init = "raise ImportError('no xdist')\n" if xdist_version is None else "__version__ = '%s'\n" % xdist_version
+    (modules / "xdist" / "__init__.py").write_text(init)
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\nPYTHONPATH="%s" exec "%s" "$@"\n' % (modules, sys.executable))
+    python.chmod(0o755)
+    return str(python)
+
+
+@pytest.mark.parametrize("xdist_version, jobs, workers", [
+    ("3.8.0", "2", True),
+    ("3.2", "16", True),
+    ("3.1.0", "2", False),   # no worksteal before 3.2
+    (None, "2", False),
+    ("3.8.0", "1", False),
+])
+def test_pytest_runs_one_worker_per_core_where_xdist_can(tmp_path, xdist_version, jobs, workers):
+    """make test-python: pytest-xdist 3.2+ and more than one job give one worker per job, each on one OpenMP thread,
+    idle workers taking the others' queued tests; otherwise plain pytest, which needs nothing more"""
+    python = stand_in_python(tmp_path, xdist_version)
+    result = make("-n", "test-python", "PYTHON=" + python, "JOBS=" + jobs)
+    assert result.returncode == 0, result.stderr
+    command = result.stdout.strip().splitlines()[-1]
+    if workers:
+        assert command == "OMP_NUM_THREADS=1 %s -m pytest -n %s --dist worksteal -q test" % (python, jobs)
+    else:
+        assert command == "%s -m pytest -q test" % python
