@@ -24,6 +24,11 @@ Fallback design: no B*NH*T*T buffer anywhere; one warp per row; every sum in a f
   Kernel 2 recomputes each score with the same products in the same order as kernel 1,
   so both see bitwise the same P.
 Rows are ordered longest first, so the long causal rows do not start last.
+Each lane's per-key values of a chunk (the forward's probability, the backward's P and dS)
+reach the other lanes through the warp's row of shared memory, read by all lanes at once (a
+broadcast): a __syncwarp before the chunk's reads and one after, where a shuffle per key is
+32 warp collectives a chunk. Under test/cudasim each collective is a fiber switch per lane:
+the shuffles made these kernels two thirds of test_gpt2's switches, and its run 35% longer.
 */
 #ifndef LLMC_ATTENTION_CUH
 #define LLMC_ATTENTION_CUH
@@ -142,6 +147,7 @@ __global__ void __launch_bounds__(ATTENTION_WARPS_PER_BLOCK * WARP_SIZE)
 attention_forward_fallback_kernel(floatX* out, float* stats, const floatX* qkv, int B, int T, int NH, float scale) {
     constexpr int DIMS_PER_LANE = HS / WARP_SIZE;
     __shared__ float query_shared[ATTENTION_WARPS_PER_BLOCK][HS];
+    __shared__ float p_shared[ATTENTION_WARPS_PER_BLOCK][WARP_SIZE];
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * ATTENTION_WARPS_PER_BLOCK + warp;
     if (row >= B * NH * T) { return; }  // whole warps only; the kernel syncs warps, never the block
@@ -168,11 +174,14 @@ attention_forward_fallback_kernel(floatX* out, float* stats, const floatX* qkv, 
         running_max = new_max;
         for (int k = 0; k < DIMS_PER_LANE; k++) { acc[k] *= correction; }
         int chunk = min(WARP_SIZE, i - j0 + 1);
+        p_shared[warp][lane] = p;
+        __syncwarp();  // the chunk's values, all written before any lane reads them
         for (int jj = 0; jj < chunk; jj++) {
-            float p_jj = __shfl_sync(0xffffffffu, p, jj);
+            float p_jj = p_shared[warp][jj];
             const floatX* v = values + (j0 + jj) * C3;
             for (int k = 0; k < DIMS_PER_LANE; k++) { acc[k] += p_jj * (float)v[lane + k * WARP_SIZE]; }
         }
+        __syncwarp();  // all lanes have read them: the next chunk may overwrite them
     }
     floatX* o = out + ((size_t)b * T + i) * C + h * HS;
     for (int k = 0; k < DIMS_PER_LANE; k++) { o[lane + k * WARP_SIZE] = (floatX)(acc[k] / running_sum); }
@@ -187,6 +196,7 @@ attention_backward_query_kernel(floatX* dqkv, float* row_dots, const floatX* dou
     constexpr int DIMS_PER_LANE = HS / WARP_SIZE;
     __shared__ float query_shared[ATTENTION_WARPS_PER_BLOCK][HS];
     __shared__ float dout_shared[ATTENTION_WARPS_PER_BLOCK][HS];
+    __shared__ float dscore_shared[ATTENTION_WARPS_PER_BLOCK][WARP_SIZE];
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * ATTENTION_WARPS_PER_BLOCK + warp;
     if (row >= B * NH * T) { return; }
@@ -222,11 +232,14 @@ attention_backward_query_kernel(floatX* dqkv, float* row_dots, const floatX* dou
             dscore = p * (attention_dot<HS>(dout_row, values + j * C3) - row_dot);
         }
         int chunk = min(WARP_SIZE, i - j0 + 1);
+        dscore_shared[warp][lane] = dscore;
+        __syncwarp();
         for (int jj = 0; jj < chunk; jj++) {
-            float dscore_jj = __shfl_sync(0xffffffffu, dscore, jj);
+            float dscore_jj = dscore_shared[warp][jj];
             const floatX* k_row = keys + (j0 + jj) * C3;
             for (int k = 0; k < DIMS_PER_LANE; k++) { dq[k] += dscore_jj * (float)k_row[lane + k * WARP_SIZE]; }
         }
+        __syncwarp();  // all lanes have read them: the next chunk may overwrite them
     }
     floatX* dq_out = dqkv + ((size_t)b * T + i) * C3 + h * HS;
     for (int k = 0; k < DIMS_PER_LANE; k++) { dq_out[lane + k * WARP_SIZE] = (floatX)(scale * dq[k]); }
@@ -240,6 +253,8 @@ attention_backward_key_kernel(floatX* dqkv, const float* row_dots, const floatX*
     constexpr int DIMS_PER_LANE = HS / WARP_SIZE;
     __shared__ float key_shared[ATTENTION_WARPS_PER_BLOCK][HS];
     __shared__ float value_shared[ATTENTION_WARPS_PER_BLOCK][HS];
+    __shared__ float p_shared[ATTENTION_WARPS_PER_BLOCK][WARP_SIZE];
+    __shared__ float dscore_shared[ATTENTION_WARPS_PER_BLOCK][WARP_SIZE];
     int warp = threadIdx.x / WARP_SIZE, lane = threadIdx.x % WARP_SIZE;
     int row = blockIdx.x * ATTENTION_WARPS_PER_BLOCK + warp;
     if (row >= B * NH * T) { return; }
@@ -267,9 +282,12 @@ attention_backward_key_kernel(floatX* dqkv, const float* row_dots, const floatX*
             dscore = p * (attention_dot<HS>(value, douts + i * C) - row_dot[i]);
         }
         int chunk = min(WARP_SIZE, T - i0);
+        p_shared[warp][lane] = p;
+        dscore_shared[warp][lane] = dscore;
+        __syncwarp();
         for (int ii = 0; ii < chunk; ii++) {
-            float p_ii = __shfl_sync(0xffffffffu, p, ii);
-            float dscore_ii = __shfl_sync(0xffffffffu, dscore, ii);
+            float p_ii = p_shared[warp][ii];
+            float dscore_ii = dscore_shared[warp][ii];
             const floatX* q_row = queries + (i0 + ii) * C3;
             const floatX* dout_row = douts + (i0 + ii) * C;
             for (int k = 0; k < DIMS_PER_LANE; k++) {
@@ -278,6 +296,7 @@ attention_backward_key_kernel(floatX* dqkv, const float* row_dots, const floatX*
                 dk[k] += dscore_ii * (float)q_row[d];
             }
         }
+        __syncwarp();
     }
     floatX* dk_out = dqkv + ((size_t)b * T + j) * C3 + C + h * HS;
     floatX* dv_out = dk_out + C;
