@@ -500,22 +500,30 @@ struct OperandScale {
 typedef float Lanes __attribute__((vector_size(32)));
 const int LANES = 8;
 
-// sum of a[i] * b[i] in fp32: two 8-lane accumulators along K, then the lanes in order
-float dot(const float* a, const float* b, uint64_t count) {
-    Lanes even = {}, odd = {};
+// sums[c] = the sum of a[i] * b[c][i] in fp32 for COLUMNS rows b[c] of op(B)^T, each in the
+// same order: two 8-lane accumulators along K, then the lanes in order. A load of a serves
+// every column (the GEMM's time is in these loads); a column's bits do not depend on COLUMNS.
+template <int COLUMNS>
+void dots(const float* a, const float* const* b, uint64_t count, float* sums) {
+    Lanes even[COLUMNS] = {}, odd[COLUMNS] = {};
     uint64_t i = 0;
     for (; i + 2 * LANES <= count; i += 2 * LANES) {
-        Lanes a0, a1, b0, b1;
+        Lanes a0, a1;
         memcpy(&a0, a + i, sizeof(Lanes)); memcpy(&a1, a + i + LANES, sizeof(Lanes));
-        memcpy(&b0, b + i, sizeof(Lanes)); memcpy(&b1, b + i + LANES, sizeof(Lanes));
-        even += a0 * b0;
-        odd += a1 * b1;
+        for (int c = 0; c < COLUMNS; c++) {
+            Lanes b0, b1;
+            memcpy(&b0, b[c] + i, sizeof(Lanes)); memcpy(&b1, b[c] + i + LANES, sizeof(Lanes));
+            even[c] += a0 * b0;
+            odd[c] += a1 * b1;
+        }
     }
-    Lanes both = even + odd;
-    float sum = 0.0f;
-    for (int lane = 0; lane < LANES; lane++) { sum += both[lane]; }
-    for (; i < count; i++) { sum += a[i] * b[i]; }
-    return sum;
+    for (int c = 0; c < COLUMNS; c++) {
+        Lanes both = even[c] + odd[c];
+        float sum = 0.0f;
+        for (int lane = 0; lane < LANES; lane++) { sum += both[lane]; }
+        for (uint64_t tail = i; tail < count; tail++) { sum += a[tail] * b[c][tail]; }
+        sums[c] = sum;
+    }
 }
 
 // GPT-2's tanh approximation (see the top comment), 0.5 x (1 + tanh(y)), written as
@@ -557,32 +565,43 @@ void compute(const Problem& p, const Pointers& data, float alpha, float beta) {
     const OperandScale scale_a(desc.scale_mode[0], desc.scale[0], m, k), scale_b(desc.scale_mode[1], desc.scale[1], n, k);
     const uint64_t segment = p.block_scaled ? 128 : k;
     const int64_t column_block = 16;  // columns of D per task: their rows of op(B)^T stay in cache
+    const int group = 4;  // columns of D whose dot products share the loads of A's row (dots)
     #pragma omp parallel for schedule(static) if (!in_forked_child)
     for (int64_t first_column = 0; first_column < (int64_t)n; first_column += column_block) {
         const uint64_t end_column = std::min<uint64_t>(n, first_column + column_block);
         for (uint64_t i = 0; i < m; i++) {
             const float* a_row = a_rows.data() + i * k;
-            for (uint64_t j = first_column; j < end_column; j++) {
-                const float* b_row = b_rows.data() + j * k;
-                float product = 0.0f;
+            for (uint64_t first = first_column; first < end_column; first += group) {
+                const int columns = (int)std::min<uint64_t>(group, end_column - first);
+                float products[group] = {};
                 for (uint64_t start = 0; start < k; start += segment) {
-                    const uint64_t block = start / 128;
-                    product += dot(a_row + start, b_row + start, std::min(segment, k - start)) *
-                               scale_a.at(i, block) * scale_b.at(j, block);
+                    const uint64_t block = start / 128, length = std::min(segment, k - start);
+                    const float* b_segments[group];
+                    float sums[group];
+                    for (int c = 0; c < columns; c++) { b_segments[c] = b_rows.data() + (first + c) * k + start; }
+                    if (columns == group) {
+                        dots<group>(a_row + start, b_segments, length, sums);
+                    } else {
+                        for (int c = 0; c < columns; c++) { dots<1>(a_row + start, b_segments + c, length, sums + c); }
+                    }
+                    for (int c = 0; c < columns; c++) { products[c] += sums[c] * scale_a.at(i, block) * scale_b.at(first + c, block); }
                 }
-                float value = alpha * product;
-                if (beta != 0.0f) {  // the sum rounded to D's type first, as measured (the top comment)
-                    value = rounded_to(d_layout.type, value) + beta * load_element(data.c, c_layout.type, i + j * (size_t)c_layout.ld);
+                for (int c = 0; c < columns; c++) {
+                    const uint64_t j = first + c;
+                    float value = alpha * products[c];
+                    if (beta != 0.0f) {  // the sum rounded to D's type first, as measured (the top comment)
+                        value = rounded_to(d_layout.type, value) + beta * load_element(data.c, c_layout.type, i + j * (size_t)c_layout.ld);
+                    }
+                    if (p.has_bias) { value += load_element(desc.bias, p.bias_type, i); }
+                    const size_t aux_index = i + j * (size_t)desc.aux_ld;
+                    if (p.dgelu) {
+                        value *= gelu_tanh_derivative(load_element(desc.aux, p.aux_type, aux_index));
+                    } else if (p.has_aux) {
+                        store_element(desc.aux, p.aux_type, aux_index, value);
+                    }
+                    if (p.gelu) { value = gelu_tanh(value); }
+                    store_element(data.d, d_layout.type, i + j * (size_t)d_layout.ld, value);
                 }
-                if (p.has_bias) { value += load_element(desc.bias, p.bias_type, i); }
-                const size_t aux_index = i + j * (size_t)desc.aux_ld;
-                if (p.dgelu) {
-                    value *= gelu_tanh_derivative(load_element(desc.aux, p.aux_type, aux_index));
-                } else if (p.has_aux) {
-                    store_element(desc.aux, p.aux_type, aux_index, value);
-                }
-                if (p.gelu) { value = gelu_tanh(value); }
-                store_element(data.d, d_layout.type, i + j * (size_t)d_layout.ld, value);
             }
         }
     }
