@@ -502,7 +502,8 @@ const int LANES = 8;
 
 // sums[c] = the sum of a[i] * b[c][i] in fp32 for COLUMNS rows b[c] of op(B)^T, each in the
 // same order: two 8-lane accumulators along K, then the lanes in order. A load of a serves
-// every column (the GEMM's time is in these loads); a column's bits do not depend on COLUMNS.
+// every column (test_gpt2 under cudasim: 232 -> 222 s at 4 columns); a column's bits do not
+// depend on COLUMNS.
 template <int COLUMNS>
 void dots(const float* a, const float* const* b, uint64_t count, float* sums) {
     Lanes even[COLUMNS] = {}, odd[COLUMNS] = {};
