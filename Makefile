@@ -209,9 +209,9 @@ test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 # (scripts/setup_python.sh installs it), each worker's trainers on one OpenMP thread: two
 # workers of two threads each on two cores spin on each other's barriers. An idle worker
 # takes tests queued for the other (worksteal): the slow ones would otherwise end the run
-# on one core. On a machine like CI's (2 cores): 10.7 and 11.9 min in two runs this way, 12.4
-# and 11.7 with xdist's default queues, 14.9 with OpenMP's default threads, 17.7 on one worker
-# (at 1466685); 10.4 min at 649e36e, whose cudasim runs the fallback attention's kernels faster
+# on one core. On a machine like CI's (2 cores), the same tests took 10.7 and 11.9 min this
+# way, 12.4 and 11.7 with xdist's default queues, 14.9 with OpenMP's default threads and 17.7
+# on one worker (the commit messages of 1466685 and 3456434 have the later figures)
 PYTEST_XDIST = $(shell $(PYTHON) -c 'import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split(".")[:2])) < (3, 2))' 2>/dev/null && echo yes)
 PYTEST_RUN = $(if $(and $(PYTEST_XDIST),$(filter-out 1,$(JOBS))),OMP_NUM_THREADS=1 $(PYTHON) -m pytest -n $(JOBS) --dist worksteal,$(PYTHON) -m pytest)
 test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
