@@ -99,8 +99,9 @@ def test_missing_nccl():
 
 def test_sanitizer_target_covers_every_test():
     # make test-sanitizers builds each C test with ASan and UBSan and each cudasim test with
-    # UBSan (the Makefile says why not ASan there); -n prints the commands without running them
-    result = make("-n", "test-sanitizers")
+    # UBSan (the Makefile says why not ASan there); -n prints the commands without running them,
+    # -B all of them, also in a checkout where make test-sanitizers has built them already
+    result = make("-B", "-n", "test-sanitizers")
     assert result.returncode == 0, result.stderr
     commands = result.stdout.splitlines()
     tests = sorted(name for name in os.listdir(os.path.join(ROOT, "test")) if name.startswith("test_"))
