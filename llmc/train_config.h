@@ -340,7 +340,7 @@ static inline void train_config_check_zero_stage(const TrainConfig* c, const Fp8
         fp8_linears++;
     }
     if (fp8_linears == 0) { return; }  // every block linear gathered in bf16
-    if (fp8->recipe == FP8_MODEL_BLOCK) { llm8_die("flag -z 3 gathers per-tensor-scaled FP8 weights: use -fr delayed or current, or -z 1"); }
+    if (fp8->recipe == FP8_MODEL_BLOCK) { llm8_die("flag -z 3 with -fr block: ZeRO-3 gathers only per-tensor-scaled FP8 weights, not 128x128 block-scaled ones: use -fr delayed or current, or -z 1"); }
     if (fp8->weight_scaling == FP8_WEIGHTS_DELAYED) { llm8_die("flag -z 3 needs -fw current (-fw delayed writes whole weights in the optimizer pass)"); }
 }
 

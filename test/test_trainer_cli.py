@@ -309,7 +309,7 @@ def test_zero_stage_0_refused_with_several_gpus(data):
 @pytest.mark.parametrize("extra,fragments", [
     (["-z", 2], ["-z 2", "0 (one GPU), 1 and 3"]),
     (["-z", 3], ["-z 3", "several GPUs", "-z 1"]),
-    (["-pn", 2, "-z", 3, "-p", "fp8", "-fr", "block"], ["-z 3", "-fr delayed or current"]),
+    (["-pn", 2, "-z", 3, "-p", "fp8", "-fr", "block"], ["-z 3 with -fr block", "-fr delayed or current"]),
     (["-pn", 2, "-z", 3, "-p", "fp8", "-fw", "delayed"], ["-z 3", "-fw current"]),
     (["-pn", 2, "-z", 3, "-p", "fp8", "-f8p", "fwd,fc.dgrad,fc.wgrad"], ["-z 3", "qkv", "-z 1"]),
     (["-pn", 2, "-z", 3, "-p", "fp8", "-f8", "qkv,attproj", "-f8p", "qkv.fwd,qkv.dgrad,qkv.wgrad,attproj.wgrad"], ["-z 3", "attproj", "-z 1"]),
