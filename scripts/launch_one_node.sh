@@ -22,8 +22,10 @@
 #   never be read.
 # - In fs mode this script is the process manager: Ctrl-C, TERM or HUP sends TERM to every rank (a
 #   script's background jobs ignore SIGINT, so it cannot be forwarded as is; a second signal sends
-#   KILL). The first rank that fails is named and the others are stopped at once, instead of waiting
-#   out their -pt timeout; the exit status is that rank's.
+#   KILL). Under nohup, HUP stays ignored, by this script and the ranks alike, as nohup asks (bash
+#   cannot trap a signal that was ignored when it started). The first rank that fails is named and
+#   the others are stopped at once, instead of waiting out their -pt timeout; the exit status is
+#   that rank's.
 # - A run script is not started N times (it builds, retries and resumes once for all ranks): a
 #   command that is a shell script (*.sh, or bash/sh ...) runs once with NUM_GPUS=N, and
 #   scripts/run_common.sh calls this script back (LLM8_LAUNCHER) for the trainer itself.

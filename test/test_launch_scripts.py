@@ -160,11 +160,13 @@ def write_exe(path, text):
     return str(path)
 
 
-def sigint_as_in_a_terminal():
-    """SIGINT at its default in the launcher, as a command typed at a terminal gets it: pytest run as a
-    background job of a script (or under nohup) passes SIGINT on ignored, and bash cannot trap a signal
-    ignored at its start, so the Ctrl-C test would measure how pytest was started, not the launcher"""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def signals_as_in_a_terminal():
+    """INT, TERM and HUP at their defaults in the launcher, as a command typed at a terminal gets them:
+    pytest run as a background job of a script passes SIGINT on ignored, and under nohup SIGHUP, and
+    bash cannot trap a signal ignored at its start, so the signal tests would measure how pytest was
+    started, not the launcher (under nohup the HUP test failed: the launcher ignored HUP, as nohup asks)"""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 class Env:
@@ -215,7 +217,7 @@ class Env:
         assert len(by_rank) == len(recs), [r["file"] for r in recs]
         return by_rank
 
-    def popen(self, cmd, env_extra, cwd=None):
+    def popen(self, cmd, env_extra, cwd=None, preexec=signals_as_in_a_terminal):
         env = dict(self.env)
         for k, v in env_extra.items():
             if v is None:
@@ -223,7 +225,7 @@ class Env:
             else:
                 env[k] = str(v)
         return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env, cwd=cwd or self.tmp, start_new_session=True, preexec_fn=sigint_as_in_a_terminal)
+                                env=env, cwd=cwd or self.tmp, start_new_session=True, preexec_fn=preexec)
 
     def finish(self, proc, timeout):
         """(returncode, stdout, stderr); a run past timeout is killed (its whole session) and fails the test"""
@@ -357,21 +359,35 @@ def test_a_signal_stops_every_rank(env, sig):
     assert os.listdir(env.tmpdir) == []
 
 
-def test_a_second_signal_kills_ranks_that_ignore_term(env):
+def hup_ignored_as_under_nohup():
+    signals_as_in_a_terminal()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("stub,preexec,first", [
+    ("stubborn", signals_as_in_a_terminal, signal.SIGTERM),
+    ("hang", hup_ignored_as_under_nohup, signal.SIGHUP),
+], ids=["a-second-signal-kills-ranks-that-ignore-term", "under-nohup-hup-is-ignored"])
+def test_a_launch_that_goes_on_after_a_signal(env, stub, preexec, first):
+    """ranks that ignore TERM outlive the first signal's TERM, and the second signal KILLs them; a launch
+    started with HUP ignored (nohup) goes on after a HUP, the launcher and its ranks alike, as nohup
+    asks (bash cannot trap it), and TERM stops it"""
     proc = env.popen(["bash", LAUNCH, "-n", 2, "-m", "fs", "--", env.rank], {"CUDA_VISIBLE_DEVICES": "0,1",
-                                                                             "STUB_EVERY_RANK": "stubborn"})
+                                                                             "STUB_EVERY_RANK": stub},
+                     preexec=preexec)
     try:
         assert wait_for(lambda: len(env.records()) == 2), "the ranks did not start"
         time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(first)
         time.sleep(1.0)
         pids = [int(rec["pid"]) for rec in env.records()]
-        assert proc.poll() is None and all(alive(p) for p in pids), "TERM alone stopped ranks that ignore it?"
+        assert proc.poll() is None and all(alive(p) for p in pids), f"{first.name} stopped the launch"
         proc.send_signal(signal.SIGTERM)
         rc, out, err = env.finish(proc, timeout=10)
     finally:
         kill_session(proc)
     assert rc == 128 + signal.SIGTERM, err
+    assert err.splitlines()[0] == "launch_one_node.sh: TERM: stopping all 2 ranks (again to kill them)", err  # not HUP
     assert not [p for p in pids if alive(p)]
     assert os.listdir(env.tmpdir) == []
 
