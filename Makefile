@@ -8,14 +8,18 @@ PYTHON ?= python3
 # -O3: GCC vectorizes the CPU reference's fp32 loops (the matmul backward's) only at -O3, its -O2
 # cost model refusing loops that need a scalar tail; no -ffast-math, so every result stays IEEE
 # and bitwise what -O2 gives (the CPU tests pass unchanged either way)
-CFLAGS = -std=gnu11 -O3 -Wall -Wextra -I.
+# FORMAT_CHECK, in every compile: a call of llm8_die or another printf-like function (declared with
+# a format attribute) whose arguments do not match its format stops the build; a warning would let
+# a bad-input error print garbage or crash where it should print its one line
+FORMAT_CHECK = -Werror=format
+CFLAGS = -std=gnu11 -O3 -Wall -Wextra $(FORMAT_CHECK) -I.
 BUILD = build
 
 # ---- CUDA toolkit ---------------------------------------------------------------------
 NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 GPU_ARCH ?= sm_90a
-NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -I. -Xcompiler -Wall --expt-relaxed-constexpr
+NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -I. -Xcompiler -Wall,$(FORMAT_CHECK) --expt-relaxed-constexpr
 NVCC_LDFLAGS = -lcublasLt -lcublas -ldl -Xlinker -rpath,$(CUDA_HOME)/lib64
 
 # ---- cuDNN and its frontend headers: /usr/local/cuda, or Python's site-packages ---------
@@ -139,7 +143,7 @@ $(BUILD)/test_gpu_monitor: $(BUILD)/libfake_nvml.so
 # GPU tests include the CPU reference, which parallelizes with OpenMP
 # C++ CPU tests: they include CUDA's host-side headers (cuda_fp8.h) but need neither nvcc nor a GPU
 $(BUILD)/test_%: test/test_%.cpp $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD) check-cuda
-	$(CXX) -std=c++17 -O2 -Wall -Wextra -I. -I$(CUDA_HOME)/include $< -lm -o $@
+	$(CXX) -std=c++17 -O2 -Wall -Wextra $(FORMAT_CHECK) -I. -I$(CUDA_HOME)/include $< -lm -o $@
 
 $(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn check-nccl
 	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(NCCL_FLAGS) $(ATTENTION_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NCCL_LIBS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(MPI_LIBS) -lgomp -o $@
@@ -148,7 +152,7 @@ $(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh) 
 # translate.py rewrites the launches; g++ compiles with cudasim.h force-included; the
 # cudasim_*.cpp files emulate the CUDA runtime, cuBLASLt, NCCL and the driver's VMM calls.
 SIM = $(BUILD)/sim
-SIM_CXX = $(CXX) -std=c++17 -O2 -fopenmp -I$(NCCL_INCLUDE) -I$(CUDA_HOME)/include -I$(SIM) -I. \
+SIM_CXX = $(CXX) -std=c++17 -O2 $(FORMAT_CHECK) -fopenmp -I$(NCCL_INCLUDE) -I$(CUDA_HOME)/include -I$(SIM) -I. \
     -include test/cudasim/cudasim.h -DLLM8_NO_CUDNN
 SIM_INPUTS = $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh test/test_*.cu test/cudasim/test_*.cu) train_gpt2_fp8.cu \
     dev/bench/probe_epilogues.cu
@@ -227,7 +231,7 @@ compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues $(GPU_TESTS)
 # its buffers allocated), and cudasim's tests get no ASan: its fibers switch stacks by hand,
 # which ASan mistakes for overflows.
 SANITIZE = $(BUILD)/sanitize
-SANITIZE_CFLAGS = -std=gnu11 -O1 -g -Wall -Wextra -I. -fsanitize=address,undefined -fno-omit-frame-pointer \
+SANITIZE_CFLAGS = -std=gnu11 -O1 -g -Wall -Wextra $(FORMAT_CHECK) -I. -fsanitize=address,undefined -fno-omit-frame-pointer \
     -fno-sanitize-recover=undefined
 SANITIZE_SIM_CXX = $(CXX) -fsanitize=undefined -fno-sanitize-recover=undefined -g
 SANITIZE_CPU_TESTS = $(patsubst $(BUILD)/%,$(SANITIZE)/%,$(CPU_TESTS))

@@ -187,7 +187,7 @@ static inline void multi_gpu_watchdog_stop(MultiGpuConfig* cfg) {
 }
 
 // from now on the host must make progress every -pt s; `what` (printf format) names the region
-static inline void multi_gpu_watchdog_arm(const MultiGpuConfig* cfg, const char* format, ...) {
+__attribute__((format(printf, 2, 3))) static inline void multi_gpu_watchdog_arm(const MultiGpuConfig* cfg, const char* format, ...) {
     MultiGpuWatchdog* w = cfg->watchdog;
     if (w == NULL) { return; }
     pthread_mutex_lock(&w->lock);

@@ -107,7 +107,7 @@ static inline void replica_layer_prefix(char* out, size_t size, int layer) {
 }
 
 // a region that must be bitwise identical on every rank; the name is printf-formatted
-static inline void replica_check_add(ReplicaCheck* check, const void* data, size_t bytes, const char* format, ...) {
+__attribute__((format(printf, 4, 5))) static inline void replica_check_add(ReplicaCheck* check, const void* data, size_t bytes, const char* format, ...) {
     if (bytes == 0) { return; }
     if (check->count == check->capacity) {
         check->capacity = check->capacity > 0 ? 2 * check->capacity : 64;

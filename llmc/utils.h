@@ -22,7 +22,7 @@ has to remember. Plain C that also compiles as C++ (nvcc, g++), host only.
 // print "error: <message>" as one line to stderr and exit(1). The line goes out in one write:
 // ranks that die together share mpirun's (or a terminal's) stderr, and stderr is unbuffered, so
 // three writes a line (prefix, message, newline) came out interleaved as "error: error: ..."
-static inline void llm8_die(const char* fmt, ...) {
+__attribute__((noreturn, format(printf, 1, 2))) static inline void llm8_die(const char* fmt, ...) {
     char line[8192];
     int prefix = snprintf(line, sizeof(line), "error: ");
     va_list args;

@@ -116,6 +116,37 @@ def test_sanitizer_target_covers_every_test():
     assert len(runs) == 2 and "ASAN_OPTIONS=detect_leaks=0" in result.stdout, runs
 
 
+def make_variable(name):
+    result = make("--eval", "print-variable-%: ; @echo $($*)", "print-variable-" + name)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.mark.parametrize("compiler, flags, suffix", [
+    ("CC", "CFLAGS", ".c"),                      # the CPU trainer and the C tests
+    ("CXX", "FORMAT_CHECK", ".cpp"),             # the C++ CPU tests (their rule adds -Wall -Wextra)
+    ("NVCC", "NVCC_FLAGS", ".cu"),               # the trainer and the GPU tests, host side
+    ("SIM_CXX", "", ".cpp"),                     # the cudasim builds
+])
+def test_a_format_that_does_not_match_its_arguments_stops_the_build(tmp_path, compiler, flags, suffix):
+    """llm8_die is declared printf-like, and every compile makes a format mismatch an error (FORMAT_CHECK):
+    an error message built from the wrong arguments would print garbage or crash instead of its one line"""
+    command = make_variable(compiler) + " " + (make_variable(flags) if flags else "")
+    for name, call, fails in [("matches", 'llm8_die("flag %s: %d", "-b", argc)', False),
+                              ("mismatch", 'llm8_die("flag %s: %d", argc, "-b")', True)]:
+        source = tmp_path / (name + suffix)
+        # by its path in this checkout: SIM_CXX looks in build/sim first, where cudasim's copies are
+        source.write_text('#include "%s"\nint main(int argc, char** argv) {\n'
+                          '    (void)argv;\n    if (argc > 9) { %s; }\n    return 0;\n}\n'
+                          % (os.path.join(ROOT, "llmc", "utils.h"), call))
+        result = subprocess.run("%s -c %s -o %s" % (command, source, tmp_path / (name + ".o")),
+                                shell=True, capture_output=True, text=True, timeout=120)
+        if fails:
+            assert result.returncode != 0 and "format" in result.stderr, (command, result.stderr)
+        else:
+            assert result.returncode == 0, (command, result.stderr)
+
+
 def stand_in_python(tmp_path, xdist_version):
     """this Python with a stand-in xdist module of the given version (None: no xdist at all) first on its path"""
     modules = tmp_path / "modules"

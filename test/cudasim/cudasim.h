@@ -220,13 +220,6 @@ T slot_value(const WarpSlot* slots, int lane) {
 }
 
 template <class T>
-T shfl(unsigned mask, T value, int source_lane, int width, const char* what) {
-    const WarpSlot* slots = warp_exchange(mask, &value, sizeof(T), what);
-    int lane = lane_id();
-    int segment_start = lane & ~(width - 1);
-    return slot_value<T>(slots, segment_start + (source_lane & (width - 1)));
-}
-template <class T>
 T shfl_xor(unsigned mask, T value, int lane_mask, int width) {
     const WarpSlot* slots = warp_exchange(mask, &value, sizeof(T), "__shfl_xor_sync");
     int lane = lane_id();
@@ -264,16 +257,6 @@ template <class T>
 static inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
     return cudasim::shfl_xor(mask, value, lane_mask, width);
 }
-template <class T>
-static inline T __shfl_sync(unsigned mask, T value, int source_lane, int width = 32) {
-    return cudasim::shfl(mask, value, source_lane, width, "__shfl_sync");
-}
-template <class T>
-static inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32) {
-    int lane = cudasim::lane_id() & (width - 1);
-    int source = lane + (int)delta < width ? lane + (int)delta : lane;
-    return cudasim::shfl(mask, value, source, width, "__shfl_down_sync");
-}
 // CUDA has these for int and unsigned
 template <class T>
 static inline T __reduce_add_sync(unsigned mask, T value) {
@@ -293,13 +276,6 @@ static inline int __all_sync(unsigned mask, int predicate) {
 static inline int __any_sync(unsigned mask, int predicate) {
     return cudasim::warp_reduce(mask, predicate != 0, [](bool a, bool b) { return a || b; }, "__any_sync");
 }
-static inline unsigned __ballot_sync(unsigned mask, int predicate) {
-    int p = predicate != 0;
-    const cudasim::WarpSlot* slots = cudasim::warp_exchange(mask, &p, sizeof(p), "__ballot_sync");
-    unsigned bits = 0;
-    for (int l = 0; l < 32; l++) { if ((mask & (1u << l)) && cudasim::slot_value<int>(slots, l)) { bits |= 1u << l; } }
-    return bits;
-}
 
 // atomics: blocks run on several OS threads, so these are real read-modify-writes
 template <class T, class Update>
@@ -314,19 +290,12 @@ static inline T cudasim_atomic_update(T* address, Update update) {
 template <class T> static inline T atomicAdd(T* address, T value) { return cudasim_atomic_update(address, [=](T old) { return (T)(old + value); }); }
 template <class T> static inline T atomicMax(T* address, T value) { return cudasim_atomic_update(address, [=](T old) { return value > old ? value : old; }); }
 template <class T> static inline T atomicMin(T* address, T value) { return cudasim_atomic_update(address, [=](T old) { return value < old ? value : old; }); }
-template <class T> static inline T atomicExch(T* address, T value) { return cudasim_atomic_update(address, [=](T) { return value; }); }
-template <class T> static inline T atomicCAS(T* address, T compare, T value) { return cudasim_atomic_update(address, [=](T old) { return old == compare ? value : old; }); }
-static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 // loads and stores with cache hints, and the bit casts
 template <class T> static inline T __ldcs(const T* address) { return *address; }
-template <class T> static inline T __ldg(const T* address) { return *address; }
-template <class T> static inline T __ldcg(const T* address) { return *address; }
 template <class T> static inline void __stcs(T* address, T value) { *address = value; }
-template <class T> static inline void __stcg(T* address, T value) { *address = value; }
 static inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
 static inline float __uint_as_float(unsigned u) { float x; memcpy(&x, &u, 4); return x; }
-static inline int __float_as_int(float x) { int u; memcpy(&u, &x, 4); return u; }
 static inline float __int_as_float(int u) { float x; memcpy(&x, &u, 4); return x; }
 // SIMD video intrinsics: each 16-bit half compared on its own, unsigned
 static inline unsigned __vmaxu2(unsigned a, unsigned b) {
@@ -336,12 +305,7 @@ static inline unsigned __vmaxu2(unsigned a, unsigned b) {
 }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __frcp_rn(float a) { return 1.0f / a; }
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
-static inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
-static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 // the kernel-pointer overload of the runtime call (cuda_runtime.h has it for nvcc only)
 template <class... Params>
 static inline cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attribute, int value) {
