@@ -99,7 +99,7 @@ const char* status_name(cublasStatus_t status) {
 }
 
 __attribute__((format(printf, 2, 3)))
-__attribute__((format(printf, 2, 3))) cublasStatus_t refuse(cublasStatus_t status, const char* format, ...) {
+cublasStatus_t refuse(cublasStatus_t status, const char* format, ...) {
     char text[512];
     va_list args;
     va_start(args, format);
