@@ -1,0 +1,112 @@
+"""
+dev/gpu_prepare.sh (here, before a GPU session's first device call) in a stand-in checkout: pip,
+dev/nccl_wheel.sh and dev/data/prepare_default.sh are stubs that log their calls and write what
+the real ones would, so the test checks what is made when, what is left alone, and each device
+call's carry size against the tool's 64 MiB.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WHEEL = "nvidia_cudnn_frontend-9.9.9-cp312-cp312-manylinux_2_28_x86_64.whl"
+MIB = 1 << 20
+
+
+def checkout_with_stubs(tmp_path, corpus_mib=1, pip_fails=False, ignore_whl=True):
+    """a git checkout holding dev/gpu_prepare.sh and stub helpers; returns (checkout, calls log, env)"""
+    checkout = tmp_path / "checkout"
+    calls = tmp_path / "calls"
+    os.makedirs(checkout / "dev" / "data")
+    shutil.copy(os.path.join(ROOT, "dev", "gpu_prepare.sh"), checkout / "dev" / "gpu_prepare.sh")
+    (checkout / ".gitignore").write_text(("/.whl/\n" if ignore_whl else "") + "/.nccl/\n/dev/data/offline/\n")
+    (checkout / "dev" / "nccl_wheel.sh").write_text(
+        f'echo "nccl_wheel $*" >> {calls}\nmkdir -p .nccl/sm90\n'
+        f'truncate -s {35 * MIB} .nccl/sm90/nvidia_nccl_cu13-2.32.3-py3-none-manylinux_2_27_x86_64.whl\n')
+    (checkout / "dev" / "data" / "prepare_default.sh").write_text(
+        f'echo "prepare_default $*" >> {calls}\nmkdir -p dev/data/offline\n'
+        f'[ -f dev/data/offline/offline_train_000001.bin ] || truncate -s {corpus_mib * MIB} dev/data/offline/offline_train_000001.bin\n')
+    subprocess.run(["git", "init", "-q"], cwd=checkout, check=True)
+    subprocess.run(["git", "add", "."], cwd=checkout, check=True)
+    # pip download writes a stand-in wheel (or fails); every other use is the real Python
+    python = tmp_path / "python3"
+    python.write_text(f'#!/bin/sh\nif [ "$1 $2 $3" = "-m pip download" ]; then\n'
+                      f'  echo "pip $*" >> {calls}\n'
+                      + ('  exit 1\n' if pip_fails else
+                         '  while [ "$1" != "-d" ]; do shift; done\n'
+                         f'  mkdir -p "$2" && truncate -s {11 * MIB} "$2/{WHEEL}"\n  exit 0\n')
+                      + f'fi\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return checkout, calls, dict(os.environ, PYTHON=str(python))
+
+
+def prepare(checkout, env, *parts):
+    return subprocess.run(["bash", str(checkout / "dev" / "gpu_prepare.sh")] + list(parts), capture_output=True,
+                          text=True, cwd=checkout, env=env, timeout=60)
+
+
+def carry_lines(stdout):
+    return [line for line in stdout.splitlines() if ": carry [" in line]
+
+
+def test_a_bare_checkout_gets_all_three_and_a_second_run_fetches_nothing(tmp_path):
+    checkout, calls, env = checkout_with_stubs(tmp_path)
+    result = prepare(checkout, env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    made = calls.read_text().splitlines()
+    assert len(made) == 3 and made[0].startswith("pip -m pip download") and "--python-version 3.12" in made[0]
+    assert made[0].endswith("nvidia-cudnn-frontend") and made[1:] == ["nccl_wheel sm90", "prepare_default "]
+    assert (checkout / ".whl" / WHEEL).exists()
+    lines = carry_lines(result.stdout)
+    assert [line.split(": carry ")[0] for line in lines] == ["first, rerun, build, tests, bench, sanitize", "ranks", "parity"]
+    assert lines[0].split(": carry ")[1].startswith('[".whl"]: 11.0 MiB with the tree, fits'), lines
+    assert lines[1].split(": carry ")[1].startswith('[".whl", ".nccl/sm90"]: 46.0 MiB with the tree, fits'), lines
+    assert lines[2].split(": carry ")[1].startswith('[".whl", "dev/data/offline"]: 12.0 MiB with the tree, fits'), lines
+    # the prepare script is idempotent itself; the wheels are not fetched again
+    again = prepare(checkout, env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert calls.read_text().splitlines()[3:] == ["prepare_default "]
+    assert f"whl: .whl/{WHEEL} is there" in again.stdout and carry_lines(again.stdout) == lines
+
+
+def test_a_carry_over_the_device_tools_limit_fails_naming_the_call(tmp_path):
+    checkout, _, env = checkout_with_stubs(tmp_path, corpus_mib=60)
+    result = prepare(checkout, env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = carry_lines(result.stdout)
+    assert re.fullmatch(r'parity: carry \[".whl", "dev/data/offline"\]: 71\.\d MiB with the tree, '
+                        r"OVER the device tool's 64 MiB", lines[2]), lines
+    assert lines[0].endswith("fits") and lines[1].endswith("fits")
+
+
+def test_the_parts_named_only_and_the_rest_reported_missing_without_failing(tmp_path):
+    checkout, calls, env = checkout_with_stubs(tmp_path)
+    result = prepare(checkout, env, "whl")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(calls.read_text().splitlines()) == 1
+    lines = carry_lines(result.stdout)
+    assert lines[0].endswith("fits")
+    assert lines[1] == 'ranks: carry [".whl", ".nccl/sm90"]: .nccl/sm90 missing (bash dev/gpu_prepare.sh nccl makes it)'
+    assert lines[2] == ('parity: carry [".whl", "dev/data/offline"]: dev/data/offline missing '
+                        '(bash dev/gpu_prepare.sh data makes it)')
+
+
+def test_bad_parts_a_failed_download_and_an_unignored_wheel_folder_stop_it_with_one_line(tmp_path):
+    checkout, calls, env = checkout_with_stubs(tmp_path / "a")
+    result = prepare(checkout, env, "whl", "cudnn")
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        "error: dev/gpu_prepare.sh: unknown part 'cudnn' (expected some of: whl nccl data)"]
+    assert not calls.exists()
+
+    checkout, _, env = checkout_with_stubs(tmp_path / "b", pip_fails=True)
+    result = prepare(checkout, env)
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        "error: dev/gpu_prepare.sh: could not download nvidia-cudnn-frontend into .whl/"]
+
+    checkout, calls, env = checkout_with_stubs(tmp_path / "c", ignore_whl=False)
+    result = prepare(checkout, env)
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        "error: dev/gpu_prepare.sh: .whl/ is not ignored by git (.gitignore): it would travel with every call"]
+    assert not calls.exists()
