@@ -121,6 +121,9 @@ first_summary() {
         || echo "probe_epilogues: no table ($(grep -h -E '^\(probe_epilogues' "$LOG_DIR/env.txt"))"
     # the report's main table (one row per train run): its header up to the first blank line
     awk '/^\| model \| precision \|/ {on = 1} on && /^$/ {exit} on' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
+    # the FP8 over bf16 ratio of the default runs and of their repeats: the noise on every ratio above
+    grep -h -E '^\| d[0-9]+ \| [0-9.]+x \| [0-9.]+x \|$' "$LOG_DIR"/*-quick-d12.md 2>/dev/null \
+        | sed 's/^/FP8 over bf16 (default runs | first | repeat): /'
     grep -h -E '^\*\*Incomplete' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
     echo "bench: $(tail -n 1 "$LOG_DIR/bench_d12.log")"
     echo "seconds used: $((${FIRST_S:-420} - end + $(date +%s))) of FIRST_S=${FIRST_S:-420}"

@@ -11,6 +11,7 @@ functions) and fails the runs trainer_failure() names.
 
 No pytest and no numpy here: the stubs start once per benchmark run.
 """
+import hashlib
 import json
 import os
 import random
@@ -136,9 +137,25 @@ def trainer_failure(flags):
     return None
 
 
-def progress(flags, step):
+# a run made again with the same flags in the same directory is this much slower for each time before (a GPU
+# that warmed up over the benchmark): bench.py's "Repeatability" section must show it
+REPEAT_SLOWDOWN = 1.02
+
+
+def earlier_runs(args):
+    """how many times the stub trainer ran these arguments before in its working directory (counted in a file there)"""
+    os.makedirs(".stub_runs", exist_ok=True)
+    path = os.path.join(".stub_runs", hashlib.sha256(shlex.join(args).encode()).hexdigest())
+    count = int(read(path)) if os.path.exists(path) else 0
+    with open(path, "w") as f:
+        f.write(str(count + 1))
+    return count
+
+
+def progress(flags, step, repeat=0):
     """the figures of one progress line, as printed (ms, tok/s, MFU text, mem MiB, loss): each flag
-    that bench.py varies changes them, the warmup steps are slow, and ms grows with the step"""
+    that bench.py varies changes them, the warmup steps are slow, ms grows with the step, and with
+    each repeat of the same run (REPEAT_SLOWDOWN)"""
     fp8, ranks = flags["-p"] == "fp8", int(flags["-pn"])
     batch = int(flags["-d"]) if flags["-d"] != "-1" else int(flags["-b"]) * int(flags["-t"]) * ranks
     factor = (0.8 if fp8 else 1.0) * {"current": 1.03, "block": 1.1}.get(flags.get("-fr"), 1.0)
@@ -148,6 +165,7 @@ def progress(flags, step):
     factor *= 0.96 if flags.get("-ad") == "0" else 1.0
     factor *= 1.02 if flags.get("-w") == "0" else 1.0
     factor *= (1.01 if flags["-opt"] == "adamw8" else 1.0) * (1.1 if ranks > 1 else 1.0) * (1.05 if flags["-z"] == "3" else 1.0)
+    factor *= REPEAT_SLOWDOWN ** repeat
     ms = round(MODEL_MS[flags["-e"]] * factor * batch / 65536 * (1 + step / 100) * (3 if step <= WARMUP else 1), 2)
     # n/a: as on a GPU whose peak the trainer does not know
     mfu = "n/a" if (flags["-e"], flags["-opt"]) == ("d48", "adamw8") else "%.1f%%" % (4000 / ms)
@@ -243,11 +261,11 @@ def trainer(args):
     print(memory_line_format() % (memory["persistent_bytes_per_param"], ", fp32 master" if flags.get("-w", "1") == "1" else "",
                                   "8-bit" if flags["-opt"] == "adamw8" else "fp32", eight_bit, flags["-opt"],
                                   memory["optimizer_state_gib"], "", 1234.0))
-    fmt, steps = progress_format(), int(flags["-x"])
+    fmt, steps, repeat = progress_format(), int(flags["-x"]), earlier_runs(args)
     for step in range(1, steps + 1):
         if step == 1 and flags["-pn"] != "1":
             print(comm_line(traffic_mb(flags), "bf16")[0], end="")
-        p = progress(flags, step)
+        p = progress(flags, step, repeat)
         print(fmt % (step, steps, p["loss"], 1.5, 6e-4, p["ms"], p["tok_s"], p["mfu"], "0h00m01s", p["mem_mib"], ""))
     if flags["-kt"] == "1":
         print(breakdown_text(breakdown_rows(flags)))

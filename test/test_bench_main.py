@@ -73,16 +73,16 @@ def command_flags(command):
     return bench_stubs.trainer_flags(args[1:])
 
 
-def expected_figures(bench, flags):
-    """what bench.py must make of the stub trainer's output for these flags"""
-    timed = [progress(flags, step) for step in range(bench.WARMUP_STEPS + 1, STEPS + 1)]
+def expected_figures(bench, flags, repeat=0):
+    """what bench.py must make of the stub trainer's output for these flags (the repeat-th rerun of them)"""
+    timed = [progress(flags, step, repeat) for step in range(bench.WARMUP_STEPS + 1, STEPS + 1)]
     mfus = [float(p["mfu"][:-1]) / 100 for p in timed if p["mfu"] != "n/a"]
     rows = {name: float("%.3f" % ms) for name, ms in breakdown_rows(flags)}
     cast = rows[flags["-opt"]] + rows["fp8 weight casts"] if flags["-p"] == "fp8" else None
     block_backward = sum(rows[f"matmul {linear} bwd"] for linear in ("qkv", "attproj", "fc", "fcproj"))
     return {"tok_per_s": statistics.median(p["tok_s"] for p in timed), "ms_per_step": statistics.median(p["ms"] for p in timed),
             "mfu": statistics.median(mfus) if mfus else None,
-            "peak_mem_mib": max(progress(flags, step)["mem_mib"] for step in range(1, STEPS + 1)),
+            "peak_mem_mib": max(progress(flags, step, repeat)["mem_mib"] for step in range(1, STEPS + 1)),
             "final_loss": timed[-1]["loss"], "optimizer_ms": rows[flags["-opt"]], "optimizer_weight_cast_ms": cast,
             "block_backward_ms": block_backward,
             "gelu_backward_ms": sum(rows.get(row, 0.0) for row in ("matmul fcproj bwd", "matmul fc bwd", "gelu bwd")),
@@ -128,7 +128,7 @@ def test_main_writes_both_files_and_exits_1_for_the_failed_runs(bench_run):
     bench, code, records, markdown, md_name = bench_run
     assert code == 1
     assert re.fullmatch(r"\d{4}-\d\d-\d\d-nvidia-h100-80gb-hbm3-quick\.md", md_name), md_name
-    assert {r["benchmark"] for r in records} == {"train", "gemm", "ranks"}
+    assert {r["benchmark"] for r in records} == {"train", "repeat", "gemm", "ranks"}
     assert all(r["device"] == DEVICE and r["commit"] == COMMIT and md_name.startswith(r["date"]) for r in records)
     assert [r for r in records if "error" in r] == [
         r for r in records if r["benchmark"] == "train" and r["model"] == "d48" and r["recipe"] == "block"
@@ -207,6 +207,40 @@ def test_markdown_main_table_has_a_row_per_train_run(bench_run):
                        f"{mfu} | {e['peak_mem_mib']} |")
 
 
+def test_the_default_runs_are_made_again_after_each_models_runs_and_set_beside_their_first(bench_run):
+    """each model's default FP8 and bf16 runs once more, in that order, right after the model's train runs: records
+    with "benchmark": "repeat" and the rerun's figures (the stub runs a repeat REPEAT_SLOWDOWN slower), left out of
+    every other section, and the "Repeatability" table of each run's two measurements and of both FP8/bf16 ratios"""
+    bench, _, records, markdown, _ = bench_run
+    kinds = [(r["benchmark"], r.get("model")) for r in records if r["benchmark"] in ("train", "repeat")]
+    d12_runs, d48_runs = len(bench.model_runs("d12")), len(bench.model_runs("d48"))
+    assert kinds == [("train", "d12")] * d12_runs + [("repeat", "d12")] * 2 + [("train", "d48")] * d48_runs \
+        + [("repeat", "d48")] * 2
+    repeats = [r for r in records if r["benchmark"] == "repeat"]
+    assert [(r["model"], r["precision"]) for r in repeats] == [("d12", "fp8"), ("d12", "bf16"), ("d48", "fp8"), ("d48", "bf16")]
+    first = {(r["model"], r["precision"]): r for r in records if bench.is_default_run(r)}
+    assert len(first) == 4
+    for r in repeats:
+        flags = command_flags(r["command"])
+        assert r["command"] == first[(r["model"], r["precision"])]["command"]
+        assert {k: r[k] for k in expected_figures(bench, flags, 1)} == expected_figures(bench, flags, 1), r["command"]
+    table = markdown_sections(markdown)["Repeatability: the default runs made again"]
+    rows = [line for line in table.splitlines() if re.match(r"\| d\d+ ", line)]
+    for (model, precision), line in zip([("d12", "bf16"), ("d12", "fp8"), ("d48", "bf16"), ("d48", "fp8")], rows[:4]):
+        once, again = first[(model, precision)], next(r for r in repeats if (r["model"], r["precision"]) == (model, precision))
+        assert again["tok_per_s"] < once["tok_per_s"]  # the stub's slowdown reached the record
+        assert line == (f"| {model} | {precision} | {once['tok_per_s']:.0f} | {again['tok_per_s']:.0f} | "
+                        f"{again['tok_per_s'] / once['tok_per_s']:.3f}x | n/a | n/a |"), line
+    for model, line in zip(("d12", "d48"), rows[4:]):
+        bf16 = [r for r in repeats if (r["model"], r["precision"]) == (model, "bf16")][0]
+        fp8 = [r for r in repeats if (r["model"], r["precision"]) == (model, "fp8")][0]
+        ratio_first = first[(model, "fp8")]["tok_per_s"] / first[(model, "bf16")]["tok_per_s"]
+        assert line == f"| {model} | {ratio_first:.3f}x | {fp8['tok_per_s'] / bf16['tok_per_s']:.3f}x |", line
+    assert len(rows) == 6
+    # the reruns are no train records: no second per-kernel section, and the other sections pair first runs only
+    assert markdown.count("## d12 bf16 - adamw -fw - -fg - lm_head - master yes -ge 1 -ad 1 B=64: per-kernel time") == 1
+
+
 def test_markdown_sections(bench_run):
     bench, _, records, markdown, _ = bench_run
     sections = markdown_sections(markdown)
@@ -218,7 +252,8 @@ def test_markdown_sections(bench_run):
     assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed", "FP8 output-gradient scaling: -fg current vs delayed",
                               "GELU backward fusion: -ge 1 vs -ge 2", "Attention backward: -ad 1 vs -ad 0",
                               "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
-                              "Memory: optimizer and master weights", "Floor: measured vs the model's floor",
+                              "Memory: optimizer and master weights", "Repeatability: the default runs made again",
+                              "Floor: measured vs the model's floor",
                               "Per-GEMM FP8 vs bf16",
                               "Multi-GPU: 2 ranks on one GPU vs 1 rank"] + kernel_headings
 
@@ -334,7 +369,7 @@ def test_only_one_model_per_device_call(tmp_path_factory):
     assert re.fullmatch(r"\d{4}-\d\d-\d\d-nvidia-h100-80gb-hbm3-quick-d48\.md", os.path.basename(md_path)), md_path
     records = json.load(open(md_path[:-3] + ".json"))
     assert {r["model"] for r in records if r["benchmark"] == "train"} == {"d48"}
-    assert {r["benchmark"] for r in records} == {"train", "gemm"}  # the multi-GPU runs are d12's
+    assert {r["benchmark"] for r in records} == {"train", "repeat", "gemm"}  # the multi-GPU runs are d12's
     assert code == 1  # the stub's d48 block run fails
     assert "`python dev/bench/bench.py --quick --only d48`" in open(md_path).read()
 
@@ -368,8 +403,8 @@ def test_a_time_limit_stops_the_run_going_and_counts_what_did_not_run(tmp_path_f
     assert [r.get("weight_scaling") for r in records] == ["-", "current", "delayed"]
     assert "error" not in records[0] and "error" not in records[1]
     assert re.fullmatch(r"stopped at --time-limit, after \d+ s", records[2]["error"]), records[2]["error"]
-    # d12's other 12 train runs, its GEMMs and the 6 multi-rank runs
-    not_run = len(bench.model_runs("d12")) - 3 + 1 + 6
+    # d12's other train runs, its 2 repeats, its GEMMs and the 6 multi-rank runs
+    not_run = len(bench.model_runs("d12")) - 3 + 2 + 1 + 6
     markdown = open(md_path).read()
     assert f"**Incomplete**: --time-limit 8 s was reached: 3 records, {not_run} programs not run." in markdown
     assert "`python dev/bench/bench.py --quick --only d12 --time-limit 8`" in markdown
@@ -457,14 +492,15 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     time left, the call ends within FIRST_S, and what comes back is at most 8 files (the device tool's limit)
     with summary.txt naming the GPU, the build's errors, the test counts and the benchmark's rows"""
     root, fakes, out, names = first_stage_fakes(tmp_path)
-    # the benchmark's window: bench.py starts no program with under MIN_PROGRAM_S (20) left, so 30 leaves the
-    # 15 fake runs 10 s, which a busy 2-core machine needs (22 left 2 s, and a loaded run lost its last one)
+    # the benchmark's window: bench.py starts no program with under MIN_PROGRAM_S (20) left, so 34 leaves the
+    # 15 fake runs and the 2 repeats 14 s, which a busy 2-core machine needs (the 15 runs alone with 2 s left:
+    # a loaded run lost its last one; with 10 s they were all made)
     env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable,
-               FIRST_S="40", FIRST_BENCH_S="30")
+               FIRST_S="44", FIRST_BENCH_S="34")
     started = time.monotonic()
     result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True,
                             timeout=120, env=env)
-    assert time.monotonic() - started < 40 + 5, result.stdout[-3000:]
+    assert time.monotonic() - started < 44 + 5, result.stdout[-3000:]
     files = sorted(os.listdir(out))
     assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files), files
     assert {"env.txt", "build.log", "gpu_tests.log", "bench_d12.log", "summary.txt"} <= set(files), files
@@ -489,7 +525,10 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     assert md[:-3] + ".json" in files
     rows = [line for line in summary if line.startswith("| d12 |")]
     assert len(rows) == len(load_dev_bench_module("bench").model_runs("d12")), summary
-    assert re.fullmatch(r"seconds used: \d+ of FIRST_S=40", summary[-1]) and int(summary[-1].split()[2]) <= 41, summary
+    # and the FP8 over bf16 ratio of the default runs' first measurements and of their repeats
+    [ratios] = [line for line in summary if line.startswith("FP8 over bf16 (default runs | first | repeat): ")]
+    assert re.fullmatch(r"FP8 over bf16 \(default runs \| first \| repeat\): \| d12 \| [\d.]+x \| [\d.]+x \|", ratios), ratios
+    assert re.fullmatch(r"seconds used: \d+ of FIRST_S=44", summary[-1]) and int(summary[-1].split()[2]) <= 45, summary
 
 
 def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):

@@ -20,7 +20,10 @@ with float atomics, not bitwise repeatable): an "Attention backward" section set
 `attention bwd` time beside the deterministic default's. At d12 and d48 the bf16 runs of both
 optimizers are also made without fp32 master weights (-w 0): a "Memory" section sets the
 persistent bytes per parameter and the optimizer state the trainer reports at startup beside
-the measured peak, for each optimizer and master-weight mode (DESIGN.md section 4). Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
+the measured peak, for each optimizer and master-weight mode (DESIGN.md section 4). After a
+model's other runs its default bf16 and FP8 runs are made again, FP8 first (records with
+"benchmark": "repeat"): a "Repeatability" section sets each beside its first measurement and
+the FP8 over bf16 ratio of each pass, the run-to-run noise every comparison carries. Then ./bench_gemm (dev/bench/bench_gemm.cu) times every linear's GEMMs
 in bf16 and in FP8, with and without the casts around them, for the same model sizes; its
 tables and a summary against DESIGN.md section 7's "FP8 GEMMs incl. casts over bf16 GEMMs"
 targets go into a "Per-GEMM FP8 vs bf16" section of the markdown, and its JSON lines into
@@ -78,7 +81,8 @@ RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw", "curr
         ("fp8", "delayed", "adamw8", "delayed", "bf16", "current")]
 # the runs also made without fp32 master weights (-w 0), at ADAMW8_MODELS: the memory comparison
 MASTER_FREE_RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("bf16", "-", "adamw8", "-", "-", "-")]
-# the default bf16 and FP8 runs, also made at every model with each setting of VARIED_SETTINGS changed
+# the default bf16 and FP8 runs, also made at every model with each setting of VARIED_SETTINGS changed, and made
+# again after the model's other runs in the reverse order ("benchmark": "repeat"; the "Repeatability" section)
 DEFAULT_RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw", "current", "bf16", "current")]
 # settings of both precisions that the runs keep at their default (records written before a setting was measured
 # lack its field: the default) but DEFAULT_RUNS once more with the other value: record field -> (flag, default, other).
@@ -511,6 +515,42 @@ def floor_markdown(records, device):
     return "\n".join(out + [""])
 
 
+def repeat_rows(records):
+    """the "Repeatability" section's rows: (model, {precision: (first record, repeat record)}) for each model
+    whose default bf16 or FP8 run was made again, in the order measured"""
+    rows = {}
+    for r in records:
+        if r.get("benchmark") == "repeat" and "error" not in r:
+            first = [f for f in records if is_default_run(f) and (f["model"], f["precision"]) == (r["model"], r["precision"])]
+            if first:
+                rows.setdefault(r["model"], {})[r["precision"]] = (first[0], r)
+    return list(rows.items())
+
+
+def repeat_markdown(rows):
+    out = ["## Repeatability: the default runs made again", "",
+           "After each model's other runs, its default bf16 and FP8 runs are made a second time, FP8 first (the reverse "
+           "of their first order), so that a clock or a temperature that drifted over the runs shows. The change between "
+           "two measurements of one run is the noise every figure in this report carries: a difference between settings "
+           "smaller than it is not measured.", "",
+           "| model | precision | tok/s first | tok/s repeat | repeat / first | SM clock MHz first | repeat |",
+           "|---|---|---|---|---|---|---|"]
+    ratios = []
+    for model, pairs in rows:
+        for precision, (first, again) in sorted(pairs.items()):
+            out.append(f"| {model} | {precision} | {first['tok_per_s']:.0f} | {again['tok_per_s']:.0f} | "
+                       f"{again['tok_per_s'] / first['tok_per_s']:.3f}x | {figure(first.get('sm_clock_mhz'), '.0f')} | "
+                       f"{figure(again.get('sm_clock_mhz'), '.0f')} |")
+        if set(pairs) == {"bf16", "fp8"}:
+            (bf16_first, bf16_again), (fp8_first, fp8_again) = pairs["bf16"], pairs["fp8"]
+            ratios.append(f"| {model} | {fp8_first['tok_per_s'] / bf16_first['tok_per_s']:.3f}x | "
+                          f"{fp8_again['tok_per_s'] / bf16_again['tok_per_s']:.3f}x |")
+    if ratios:
+        out += ["", "FP8 over bf16, the default runs, from each pass:", "", "| model | first runs | repeats |", "|---|---|---|"]
+        out += ratios
+    return "\n".join(out + [""])
+
+
 def master_text(record):
     """the fp32 master weights column: yes (the default), no (-w 0)"""
     return "no" if record.get("master_weights") is False else "yes"
@@ -890,6 +930,8 @@ def write_report(base, records, gemm_section, run_info, complete):
         gpu_section = gpu_state_markdown(records)
         if gpu_section:
             f.write(f"\n{gpu_section}")
+        if repeat_rows(records):
+            f.write(f"\n{repeat_markdown(repeat_rows(records))}")
         floor_section = floor_markdown(records, run_info["device"])
         if floor_section:
             f.write(f"\n{floor_section}")
@@ -899,7 +941,7 @@ def write_report(base, records, gemm_section, run_info, complete):
         if ranks_records:
             f.write("\n" + ranks_markdown(ranks_records))
         for r in records:
-            if r.get("kernel_breakdown"):
+            if r["benchmark"] == "train" and r.get("kernel_breakdown"):
                 f.write(f"\n## {r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} "
                         f"-fg {r.get('grad_scaling', '-')} lm_head {r['lm_head']} master {master_text(r)} {settings_words(r)} B={r['B']}: "
                         f"per-kernel time\n\n`{r['command']}`\n\n{r['kernel_breakdown']}\n")
@@ -979,6 +1021,13 @@ def main():
             if rec.get("optimizer_ms") is not None:
                 print(f"{model} {precision} {recipe} {optimizer} -fw {weights} -fg {grads} {settings_words(rec)}: "
                       f"optimizer step {rec['optimizer_ms']:.3f} ms", flush=True)
+        for precision, recipe, optimizer, weights, lm_head, grads in reversed(DEFAULT_RUNS):
+            rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path,
+                             True, grads)
+            if rec is None:
+                run_info["not_run"] += 1
+                continue
+            add([dict(rec, benchmark="repeat")])
 
     gemm_models = [model for model, _, _ in configs if model in GEMM_TARGETS]
     gemm = run_gemm(gemm_models, args.quick, device, commit) if gemm_models else None
