@@ -157,9 +157,30 @@ REF_VECTOR_CLONES static inline void ref_block_dot(double* __restrict__ acc, con
     }
 }
 
-// y[0..n) += a * x[0..n)
-REF_VECTOR_CLONES static inline void ref_axpy(float* __restrict__ y, float a, const float* __restrict__ x, int n) {
-    for (int i = 0; i < n; i++) { y[i] += a * x[i]; }
+// y[0..n) += a[0] x[0][0..n), then += a[1] x[1][0..n), ..., k terms in turn (a's terms a_stride
+// floats apart, x's rows x_stride): k axpys one after another, bit for bit (each element adds the
+// rounded product a[j] x[j][i] in j order), but with REF_AXPY_LANES elements of y held in
+// registers across the k terms, where one axpy a call loaded and stored all of y k times and
+// paid a call through the clone's dispatch each time (41% of a tiny CPU model's step, perf)
+#define REF_AXPY_LANES 32
+REF_VECTOR_CLONES static void ref_axpy_terms(float* __restrict__ y, const float* __restrict__ a, size_t a_stride,
+                                             const float* __restrict__ x, size_t x_stride, int k, int n) {
+    int i0 = 0;
+    for (; i0 + REF_AXPY_LANES <= n; i0 += REF_AXPY_LANES) {
+        float acc[REF_AXPY_LANES];
+        for (int r = 0; r < REF_AXPY_LANES; r++) { acc[r] = y[i0 + r]; }
+        for (int j = 0; j < k; j++) {
+            const float a_j = a[(size_t)j * a_stride];
+            const float* x_j = x + (size_t)j * x_stride + i0;
+            for (int r = 0; r < REF_AXPY_LANES; r++) { acc[r] += a_j * x_j[r]; }
+        }
+        for (int r = 0; r < REF_AXPY_LANES; r++) { y[i0 + r] = acc[r]; }
+    }
+    for (int i = i0; i < n; i++) {
+        float acc = y[i];
+        for (int j = 0; j < k; j++) { acc += a[(size_t)j * a_stride] * x[(size_t)j * x_stride + i]; }
+        y[i] = acc;
+    }
 }
 
 // out[N][OC] = inp[N][C] . weight[OC][C]^T + bias[OC] (bias may be NULL)
@@ -190,9 +211,9 @@ static inline void ref_matmul_forward(float* out, const float* inp, const float*
 // REF_WEIGHT_CHUNK weight rows at a time to a block of REF_ROW_BLOCK input-gradient rows (row
 // by row, each row streamed the whole weight from memory: lm_head's 154 MB, 256 times a batch),
 // and the wgrad takes REF_WEIGHT_CHUNK weight-gradient rows at a time through the N input rows
-// (each input row read once for all of them, not once per weight row). Every element still adds
-// its terms in the same order (o ascending in dinp, n ascending in dweight), so the results are
-// bitwise those of the plain loops.
+// (each input row read once for all of them, not once per weight row), REF_WEIGHT_CHUNK input
+// rows to a ref_axpy_terms call. Every element still adds its terms in the same order (o
+// ascending in dinp, n ascending in dweight), so the results are bitwise those of the plain loops.
 #define REF_WEIGHT_CHUNK 32
 
 // dinp[N][C] += dout . weight (dgrad)
@@ -201,11 +222,9 @@ static inline void ref_matmul_backward_dgrad(float* dinp, const float* dout, con
     for (int n0 = 0; n0 < N; n0 += REF_ROW_BLOCK) {
         const int n_end = N - n0 < REF_ROW_BLOCK ? N : n0 + REF_ROW_BLOCK;
         for (int o0 = 0; o0 < OC; o0 += REF_WEIGHT_CHUNK) {
-            const int o_end = OC - o0 < REF_WEIGHT_CHUNK ? OC : o0 + REF_WEIGHT_CHUNK;
+            const int terms = OC - o0 < REF_WEIGHT_CHUNK ? OC - o0 : REF_WEIGHT_CHUNK;
             for (int n = n0; n < n_end; n++) {
-                for (int o = o0; o < o_end; o++) {
-                    ref_axpy(dinp + (size_t)n * C, dout[(size_t)n * OC + o], weight + (size_t)o * C, C);
-                }
+                ref_axpy_terms(dinp + (size_t)n * C, dout + (size_t)n * OC + o0, 1, weight + (size_t)o0 * C, C, terms, C);
             }
         }
     }
@@ -216,9 +235,11 @@ static inline void ref_matmul_backward_wgrad(float* dweight, const float* dout, 
     REF_PARALLEL_FOR
     for (int o0 = 0; o0 < OC; o0 += REF_WEIGHT_CHUNK) {
         const int o_end = OC - o0 < REF_WEIGHT_CHUNK ? OC : o0 + REF_WEIGHT_CHUNK;
-        for (int n = 0; n < N; n++) {
+        for (int n0 = 0; n0 < N; n0 += REF_WEIGHT_CHUNK) {
+            const int terms = N - n0 < REF_WEIGHT_CHUNK ? N - n0 : REF_WEIGHT_CHUNK;
             for (int o = o0; o < o_end; o++) {
-                ref_axpy(dweight + (size_t)o * C, dout[(size_t)n * OC + o], inp + (size_t)n * C, C);
+                ref_axpy_terms(dweight + (size_t)o * C, dout + (size_t)n0 * OC + o, (size_t)OC, inp + (size_t)n0 * C, C,
+                               terms, C);
             }
         }
     }

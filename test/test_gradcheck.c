@@ -231,7 +231,7 @@ static void plain_matmul_wgrad(float* dweight, const float* dout, const float* i
 }
 
 static void test_matmul_blocks_and_clones(void) {
-    const int C = 37, OC = 2 * REF_WEIGHT_CHUNK + 5;
+    const int C = 2 * REF_AXPY_LANES + 5, OC = 2 * REF_WEIGHT_CHUNK + 5;  // every block, lane block and tail
     for (int N = 1; N <= 2 * REF_ROW_BLOCK + 3; N++) {
         float* inp = alloc_normal((size_t)N * C, 0.0f, 1.0f);
         float* weight = alloc_normal((size_t)OC * C, 0.0f, 1.0f);
