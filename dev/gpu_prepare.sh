@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Here, before a GPU session's first device call: makes ready the ignored paths that the calls
 # of dev/gpu_session.sh carry, since the device machine cannot download, and checks that each
-# call's carry fits the device tool's 64 MiB. These paths are not in git, and a machine of this
-# side can come back without them (it did on 2026-11-29): a call that carries a missing path
-# runs without it, and `first` then builds with NO_CUDNN=1 and benchmarks the wrong attention.
+# call's carry fits the device tool's 64 MiB. These paths are not in git, and the machine
+# without the GPU can come back without them (it did on 2026-11-29): a call that carries a
+# missing path runs without it, and `first` then builds with NO_CUDNN=1 and benchmarks the
+# wrong attention.
 #
 #   bash dev/gpu_prepare.sh             # all three, each only when missing
 #   bash dev/gpu_prepare.sh whl data    # some of them: whl, nccl, data
