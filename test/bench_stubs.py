@@ -247,6 +247,9 @@ def trainer(args):
     failure = trainer_failure(flags)
     if failure is not None:
         return die(failure)
+    repeat = earlier_runs(args)
+    if repeat and os.environ.get("LLM8_STUB_FAIL_REPEATS") == "1":  # a GPU that fails later in the benchmark
+        return die("error: CUDA error: an illegal memory access was encountered (stub)")
     if os.environ.get("LLM8_STUB_NO_GPU") == "1":  # a machine without a GPU (bench.py's test)
         return die("error: no usable NVIDIA GPU here (the CUDA runtime says: stub): llm8 needs a GPU")
     # a run that hangs (bench.py --time-limit's test): LLM8_STUB_HANG="FLAG VALUE" names the runs
@@ -261,7 +264,7 @@ def trainer(args):
     print(memory_line_format() % (memory["persistent_bytes_per_param"], ", fp32 master" if flags.get("-w", "1") == "1" else "",
                                   "8-bit" if flags["-opt"] == "adamw8" else "fp32", eight_bit, flags["-opt"],
                                   memory["optimizer_state_gib"], "", 1234.0))
-    fmt, steps, repeat = progress_format(), int(flags["-x"]), earlier_runs(args)
+    fmt, steps = progress_format(), int(flags["-x"])
     for step in range(1, steps + 1):
         if step == 1 and flags["-pn"] != "1":
             print(comm_line(traffic_mb(flags), "bf16")[0], end="")

@@ -241,6 +241,19 @@ def test_the_default_runs_are_made_again_after_each_models_runs_and_set_beside_t
     assert markdown.count("## d12 bf16 - adamw -fw - -fg - lm_head - master yes -ge 1 -ad 1 B=64: per-kernel time") == 1
 
 
+def test_a_failed_repeat_shows_its_error_and_no_ratio(tmp_path_factory, monkeypatch):
+    """a repeat that fails (the stub fails every rerun) is a row with its error, not a ratio from half the runs"""
+    monkeypatch.setenv("LLM8_STUB_FAIL_REPEATS", "1")
+    bench, code, out = run_main(tmp_path_factory, "--only", "d12")
+    assert code == 1
+    [md_path] = glob.glob(os.path.join(out, "*.md"))
+    table = markdown_sections(open(md_path).read())["Repeatability: the default runs made again"]
+    rows = [line for line in table.splitlines() if line.startswith("| d12 ")]
+    assert [line.split(" | ")[1] for line in rows] == ["bf16", "fp8"], rows
+    assert all(" | error: CUDA error: an illegal memory access was encountered (stub) | " in line for line in rows), rows
+    assert "FP8 over bf16, the default runs, from each pass" not in table
+
+
 def test_markdown_sections(bench_run):
     bench, _, records, markdown, _ = bench_run
     sections = markdown_sections(markdown)

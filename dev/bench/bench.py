@@ -517,10 +517,11 @@ def floor_markdown(records, device):
 
 def repeat_rows(records):
     """the "Repeatability" section's rows: (model, {precision: (first record, repeat record)}) for each model
-    whose default bf16 or FP8 run was made again, in the order measured"""
+    whose default bf16 or FP8 run was made again (a failed repeat too: its error goes in the table), in the
+    order measured"""
     rows = {}
     for r in records:
-        if r.get("benchmark") == "repeat" and "error" not in r:
+        if r.get("benchmark") == "repeat":
             first = [f for f in records if is_default_run(f) and (f["model"], f["precision"]) == (r["model"], r["precision"])]
             if first:
                 rows.setdefault(r["model"], {})[r["precision"]] = (first[0], r)
@@ -538,10 +539,14 @@ def repeat_markdown(rows):
     ratios = []
     for model, pairs in rows:
         for precision, (first, again) in sorted(pairs.items()):
+            if "error" in again:
+                out.append(f"| {model} | {precision} | {first['tok_per_s']:.0f} | error: {again['error']} | | "
+                           f"{figure(first.get('sm_clock_mhz'), '.0f')} | |")
+                continue
             out.append(f"| {model} | {precision} | {first['tok_per_s']:.0f} | {again['tok_per_s']:.0f} | "
                        f"{again['tok_per_s'] / first['tok_per_s']:.3f}x | {figure(first.get('sm_clock_mhz'), '.0f')} | "
                        f"{figure(again.get('sm_clock_mhz'), '.0f')} |")
-        if set(pairs) == {"bf16", "fp8"}:
+        if set(pairs) == {"bf16", "fp8"} and not any("error" in again for _, again in pairs.values()):
             (bf16_first, bf16_again), (fp8_first, fp8_again) = pairs["bf16"], pairs["fp8"]
             ratios.append(f"| {model} | {fp8_first['tok_per_s'] / bf16_first['tok_per_s']:.3f}x | "
                           f"{fp8_again['tok_per_s'] / bf16_again['tok_per_s']:.3f}x |")
