@@ -233,9 +233,11 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     // layer: the forward writes it and its consumers read it right away (or, in all-FP8
     // linears, only its FP8 cast does)
     Activations* a = &model->acts;
-    a->ln1_stride = model->recompute < 2 && gpt2_stores_bf16_input(model, 0, LINEAR_QKV) ? BT * C : 0;
-    a->ln2_stride = model->recompute < 2 && gpt2_stores_bf16_input(model, 0, LINEAR_FC) ? BT * C : 0;
-    a->fch_gelu_stride = model->recompute < 1 && gpt2_stores_bf16_input(model, 0, LINEAR_FCPROJ) ? BT * 4 * C : 0;
+    int r = model->recompute;
+    a->ln1_stride = r < linear_input_recompute_level(LINEAR_QKV) && gpt2_stores_bf16_input(model, 0, LINEAR_QKV) ? BT * C : 0;
+    a->ln2_stride = r < linear_input_recompute_level(LINEAR_FC) && gpt2_stores_bf16_input(model, 0, LINEAR_FC) ? BT * C : 0;
+    a->fch_gelu_stride = r < linear_input_recompute_level(LINEAR_FCPROJ) && gpt2_stores_bf16_input(model, 0, LINEAR_FCPROJ)
+                       ? BT * 4 * C : 0;
     size_t ln1_layers = a->ln1_stride ? L : 1, ln2_layers = a->ln2_stride ? L : 1, gelu_layers = a->fch_gelu_stride ? L : 1;
     a->encoded = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "activations: encoded");
     a->ln1 = (floatX*)cuda_malloc_checked(ln1_layers * BT * C * sizeof(floatX), "activations: ln1 (-r 2 saves this)");
@@ -312,8 +314,8 @@ static void gpt2_build(GPT2* model, const GPT2Config* cfg, const float* params_c
     model->zero3 = zero3;
     Fp8Settings bf16_only = {};
     Fp8WeightSharding sharding = {zero3, model->owned.begin, model->owned.end};
-    fp8_model_create(&model->fp8, fp8 != NULL ? fp8 : &bf16_only, cfg, B * T, model->param_offsets, model->param_sizes, &sharding,
-                     stream);
+    fp8_model_create(&model->fp8, fp8 != NULL ? fp8 : &bf16_only, cfg, B * T, recompute, model->param_offsets,
+                     model->param_sizes, &sharding, stream);
     gpt2_upload_params(model, params_cpu, use_master_weights);
     gpt2_allocate_state(model, B, T);
     if (num_ranks > 1) {
@@ -574,6 +576,48 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
     }
 }
 
+/*
+-r: block linear (layer, kind)'s input for its wgrad where the forward did not keep it,
+recomputed from what the forward made it from: for a bf16 wgrad the GELU output (-r 1) or
+the layernorm output (-r 2, mean and rstd not written again); for an FP8 wgrad its x^T codes
+(fp8_model.cuh's recompute), at the levels of linear_input_recompute_level. The same kernels
+or casts as the forward's, so -r changes no result.
+*/
+static void gpt2_recompute_input(GPT2* model, int layer, int kind, const LayerActivations* la, cudaStream_t stream) {
+    const Fp8Model* fp8 = &model->fp8;
+    int i = fp8_model_linear(fp8, layer, kind);
+    bool bf16_wgrad = gpt2_reads_bf16_input(model, layer, kind, FP8_WGRAD);
+    bool recomputed = bf16_wgrad ? model->recompute >= linear_input_recompute_level(kind) && kind != LINEAR_ATTPROJ
+                                 : fp8_model_recasts_x_t(fp8, i);
+    if (!recomputed) { return; }
+    floatX* p = model->params;
+    int BT = model->B * model->T, C = model->config.channels;
+    bool ln1 = kind == LINEAR_QKV;
+    const floatX* ln_weight = layer_tensor(model, p, ln1 ? PARAM_LN1W : PARAM_LN2W, layer);
+    const floatX* ln_bias = layer_tensor(model, p, ln1 ? PARAM_LN1B : PARAM_LN2B, layer);
+    switch (kind) {
+        case LINEAR_FCPROJ:
+            if (bf16_wgrad) { gelu_forward(la->fch_gelu, la->fch, (size_t)BT * 4 * C, stream); }
+            else { fp8_model_recast_gelu(fp8, i, la->fch, stream); }
+            profiler_mark("gelu recompute");
+            break;
+        case LINEAR_ATTPROJ:
+            fp8_model_recast_activation(fp8, i, la->atty, stream);
+            profiler_mark("fp8 cast attention out recompute");
+            break;
+        default: {  // qkv: ln1 of the layer's input; fc: ln2 of the residual after attention
+            const floatX* ln_input = ln1 ? la->residual : la->residual2;
+            if (bf16_wgrad) {
+                layernorm_forward(ln1 ? la->ln1 : la->ln2, NULL, NULL, ln_input, ln_weight, ln_bias, BT, C, stream);
+            } else {
+                fp8_model_recast_layernorm(fp8, i, ln_input, ln1 ? la->ln1_mean : la->ln2_mean, ln1 ? la->ln1_rstd : la->ln2_rstd,
+                                           ln_weight, ln_bias, stream);
+            }
+            profiler_mark("layernorm recompute");
+        }
+    }
+}
+
 // Backward of the last gpt2_forward (which must have written dlogits). Gradients add
 // into model->grads, so micro-steps accumulate. With several ranks and reduce set (the last
 // micro-step), each layer's gradients go to their owners as soon as they are complete.
@@ -607,18 +651,12 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
         floatX* dqkv = a->scratch_bt4c;  // 3C of the 4C scratch, free once the MLP backward is done
 
         // MLP: dresidual holds d(residual3) = d(fcproj output); scratch_bt4c gets d(GELU output)
-        if (model->recompute >= 1 && gpt2_reads_bf16_input(model, l, LINEAR_FCPROJ, FP8_WGRAD)) {
-            gelu_forward(la.fch_gelu, la.fch, (size_t)BT * 4 * C, stream);
-            profiler_mark("gelu recompute");
-        }
+        gpt2_recompute_input(model, l, LINEAR_FCPROJ, &la, stream);
         const floatX* gelu_in_dgrad = model->gelu_fusion >= 2 ? la.fch : NULL;  // -ge 2: DGELU in fcproj's dgrad
         gpt2_linear_backward(model, l, LINEAR_FCPROJ, a->scratch_bt4c, layer_tensor(model, g, PARAM_FCPROJW, l), layer_tensor(model, g, PARAM_FCPROJB, l),
                              a->dresidual, la.fch_gelu, gpt2_block_weight(model, l, LINEAR_FCPROJ), NULL, gelu_in_dgrad, stream);
         profiler_mark("matmul fcproj bwd");
-        if (model->recompute >= 2 && gpt2_reads_bf16_input(model, l, LINEAR_FC, FP8_WGRAD)) {
-            layernorm_forward(la.ln2, NULL, NULL, la.residual2, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), BT, C, stream);
-            profiler_mark("layernorm recompute");
-        }
+        gpt2_recompute_input(model, l, LINEAR_FC, &la, stream);
         gpt2_linear_backward(model, l, LINEAR_FC, a->scratch_btc, layer_tensor(model, g, PARAM_FCW, l), layer_tensor(model, g, PARAM_FCB, l),
                              a->scratch_bt4c, la.ln2, gpt2_block_weight(model, l, LINEAR_FC), gelu_in_dgrad != NULL ? NULL : la.fch,
                              NULL, stream);
@@ -629,15 +667,13 @@ static void gpt2_backward(GPT2* model, int reduce, cudaStream_t stream) {
         profiler_mark("layernorm bwd");
 
         // attention: dresidual now holds d(residual2) = d(attproj output)
+        gpt2_recompute_input(model, l, LINEAR_ATTPROJ, &la, stream);
         gpt2_linear_backward(model, l, LINEAR_ATTPROJ, a->scratch_btc, layer_tensor(model, g, PARAM_ATTPROJW, l), layer_tensor(model, g, PARAM_ATTPROJB, l),
                              a->dresidual, la.atty, gpt2_block_weight(model, l, LINEAR_ATTPROJ), NULL, NULL, stream);
         profiler_mark("matmul attproj bwd");
         attention_backward(dqkv, a->scratch_btc, la.qkv, la.atty, la.att_stats, B, T, NH, C, stream);
         profiler_mark("attention bwd");
-        if (model->recompute >= 2 && gpt2_reads_bf16_input(model, l, LINEAR_QKV, FP8_WGRAD)) {
-            layernorm_forward(la.ln1, NULL, NULL, la.residual, layer_tensor(model, p, PARAM_LN1W, l), layer_tensor(model, p, PARAM_LN1B, l), BT, C, stream);
-            profiler_mark("layernorm recompute");
-        }
+        gpt2_recompute_input(model, l, LINEAR_QKV, &la, stream);
         gpt2_linear_backward(model, l, LINEAR_QKV, a->scratch_btc, layer_tensor(model, g, PARAM_QKVW, l), layer_tensor(model, g, PARAM_QKVB, l),
                              dqkv, la.ln1, gpt2_block_weight(model, l, LINEAR_QKV), NULL, NULL, stream);
         profiler_mark("matmul qkv bwd");

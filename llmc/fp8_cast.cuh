@@ -105,6 +105,21 @@ typedef struct {
 } Fp8CastOutput;
 
 /*
+What a tile cast writes into its Fp8CastRecord:
+- FP8_RECORD_COUNTS: the statistics (elements, saturated, flushed; the interval's amax and
+  smallest scale) and, per tensor, the scale it used, which the GEMMs read; this use's amax
+  is the amax pass's (current scaling) or is not folded into a state (block recipes);
+- FP8_RECORD_AMAX: also this use's amax, into record->amax_bits for the state update after it
+  (the one-pass cast with a known per-tensor scale: delayed);
+- FP8_RECORD_NOTHING, a replay: the backward casts an activation again whose x^T the forward
+  did not keep (-r, fp8_model.cuh), per tensor with the scale the forward's cast used (the
+  record's, which the wgrad GEMM reads as x^T's dequantization scale), and records nothing,
+  so the statistics and the amax histories see each training use once. The block recipe's
+  tiles find the same amaxes, so the same scales, as the forward's cast did.
+*/
+typedef enum { FP8_RECORD_COUNTS = 0, FP8_RECORD_AMAX = 1, FP8_RECORD_NOTHING = 2 } Fp8CastRecording;
+
+/*
 One weight of a batched launch (fp8_cast_weights_batched, fp8_transpose_codes_batched): where
 its cast goes, and where its input starts. The weights of one linear kind share a shape in
 every layer, so one launch covers them all, blockIdx.z picking the weight: the per-step weight
@@ -309,15 +324,16 @@ One 128 x 128 tile per block (the last ones short), FP8_TILE_THREADS threads.
 transformed_out (bf16 staging only, may be NULL): also store the transformed tensor.
 column_sums (may be NULL): the tile's column sums of the staged (transformed, rounded)
 values, in the bias gradient's order (DBIAS_ROWS_PER_CHUNK), at [row tile][cols].
-record_amax: fold the tile's amax into record->amax_bits (the delayed one-pass cast).
+recording: what goes into out.record (Fp8CastRecording; a replay takes its per-tensor scale from it).
 cast: Fp8OneCast, or Fp8BatchedCasts (then transformed_out and column_sums are NULL).
 Statistics count the row-major codes when they are written, else the transposed ones.
 */
 template <class In, class Transform, class Source>
 __global__ void __launch_bounds__(FP8_TILE_THREADS, 4)
 fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, const In* in, int rows, int cols,
-                          bool record_amax, Transform transform) {
+                          Fp8CastRecording recording, Transform transform) {
     const Fp8CastOutput& out = cast.output();
+    const bool replay = recording == FP8_RECORD_NOTHING;
     in += cast.input_offset();
     constexpr int vector = (int)(16 / sizeof(In));
     constexpr int stride = FP8_TILE + vector;  // one 16-byte pad per staged row
@@ -367,7 +383,7 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
     }
     // per tensor, the scale is known before any code: if no staged value of the tile saturates
     // under it (exact from the amaxes, fp8_may_saturate), the code passes count flushes only
-    const float tensor_scale = out.scaling == FP8_SCALING_TENSOR ? out.state->scale : 0.0f;
+    const float tensor_scale = out.scaling != FP8_SCALING_TENSOR ? 0.0f : replay ? out.record->scale : out.state->scale;
     const bool tile_may_saturate = __syncthreads_or(
         out.scaling != FP8_SCALING_TENSOR || fp8_may_saturate(bits_as_float(tally.amax_bits), tensor_scale, out.format));
 
@@ -471,18 +487,19 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
         }
     }
 
+    if (replay) { return; }  // the whole block: recording is the launch's
     // per-tensor: the scale this cast used, for the GEMMs and the log (same value from every block)
     if (out.scaling == FP8_SCALING_TENSOR && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
         out.record->scale = tensor_scale;
         out.record->scale_inv = out.state->scale_inv;
     }
-    fp8_tally_commit(tally, out.record, record_amax && out.scaling == FP8_SCALING_TENSOR);
+    fp8_tally_commit(tally, out.record, recording == FP8_RECORD_AMAX && out.scaling == FP8_SCALING_TENSOR);
 }
 
 // count tensors [rows][cols] (grid z): one from an Fp8OneCast, count from an Fp8BatchedCasts
 template <class In, class Transform, class Source>
 void fp8_cast_transpose_grid(Source cast, int count, In* transformed_out, float* column_sums, const In* in,
-                             int rows, int cols, bool record_amax, Transform transform, cudaStream_t stream) {
+                             int rows, int cols, Fp8CastRecording recording, Transform transform, cudaStream_t stream) {
     const int vector = (int)(16 / sizeof(In));
     size_t shared_bytes = (size_t)FP8_TILE * (FP8_TILE + vector) * sizeof(In);
     cudaCheck(cudaFuncSetAttribute(fp8_cast_transpose_kernel<In, Transform, Source>,
@@ -490,15 +507,15 @@ void fp8_cast_transpose_grid(Source cast, int count, In* transformed_out, float*
                                    (int)shared_bytes));  // fp32 staging is 66 KB, above the 48 KB default
     dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE), count);
     fp8_cast_transpose_kernel<In, Transform, Source><<<grid, FP8_TILE_THREADS, shared_bytes, stream>>>(
-        cast, transformed_out, column_sums, in, rows, cols, record_amax, transform);
+        cast, transformed_out, column_sums, in, rows, cols, recording, transform);
     cudaCheck(cudaGetLastError());
 }
 
 template <class In, class Transform>
 void fp8_cast_transpose_launch(const Fp8CastOutput* out, In* transformed_out, float* column_sums, const In* in,
-                               int rows, int cols, bool record_amax, Transform transform, cudaStream_t stream) {
+                               int rows, int cols, Fp8CastRecording recording, Transform transform, cudaStream_t stream) {
     Fp8OneCast one = {*out};
-    fp8_cast_transpose_grid(one, 1, transformed_out, column_sums, in, rows, cols, record_amax, transform, stream);
+    fp8_cast_transpose_grid(one, 1, transformed_out, column_sums, in, rows, cols, recording, transform, stream);
 }
 
 /*
@@ -509,7 +526,7 @@ template <class In, class Transform>
 void fp8_cast_transpose_with(const Fp8CastOutput* out, In* transformed_out, const In* in, int rows, int cols,
                              Transform transform, const char* who, cudaStream_t stream) {
     fp8_cast_check(out, rows, cols, who);
-    fp8_cast_transpose_launch(out, transformed_out, (float*)NULL, in, rows, cols, true, transform, stream);
+    fp8_cast_transpose_launch(out, transformed_out, (float*)NULL, in, rows, cols, FP8_RECORD_AMAX, transform, stream);
 }
 
 /*
@@ -524,7 +541,20 @@ void fp8_cast_transpose_current_with(const Fp8CastOutput* out, In* transformed_o
     if (out->scaling != FP8_SCALING_TENSOR) { llm8_die("%s: current scaling is per tensor; the block recipe casts per tile", who); }
     if (!amax_known) { fp8_amax_launch(out->record, in, (size_t)rows * cols, transform, stream); }
     fp8_scaling_update_records(out->state, out->record, 1, stream);
-    fp8_cast_transpose_launch(out, transformed_out, (float*)NULL, in, rows, cols, false, transform, stream);
+    fp8_cast_transpose_launch(out, transformed_out, (float*)NULL, in, rows, cols, FP8_RECORD_COUNTS, transform, stream);
+}
+
+/*
+A replay (FP8_RECORD_NOTHING): the codes an earlier cast of the same input through the same
+transform wrote, written again into out's arrays (with -r, the x^T a wgrad reads, cast again
+in the backward instead of kept since the forward). The caller gives out with only the
+arrays to write; nothing is recorded.
+*/
+template <class In, class Transform>
+void fp8_cast_transpose_replay_with(const Fp8CastOutput* out, const In* in, int rows, int cols, Transform transform,
+                                    const char* who, cudaStream_t stream) {
+    fp8_cast_check(out, rows, cols, who);
+    fp8_cast_transpose_launch(out, (In*)NULL, (float*)NULL, in, rows, cols, FP8_RECORD_NOTHING, transform, stream);
 }
 
 // ----------------------------------------------------------------------------
@@ -539,6 +569,11 @@ void fp8_cast_transpose(const Fp8CastOutput* out, const floatX* in, int rows, in
 void fp8_cast_transpose_current(const Fp8CastOutput* out, const floatX* in, int rows, int cols, cudaStream_t stream) {
     fp8_cast_transpose_current_with(out, (floatX*)NULL, in, rows, cols, false, Fp8Identity(),
                                     "fp8_cast_transpose_current", stream);
+}
+
+// the replay of fp8_cast_transpose's codes from the same bf16 in (e.g. the attention output's x^T, -r 2)
+void fp8_cast_transpose_replay(const Fp8CastOutput* out, const floatX* in, int rows, int cols, cudaStream_t stream) {
+    fp8_cast_transpose_replay_with(out, in, rows, cols, Fp8Identity(), "fp8_cast_transpose_replay", stream);
 }
 
 /*
@@ -561,9 +596,9 @@ void fp8_cast_weight(const Fp8CastOutput* out, const float* master, const floatX
         if (out->scaling != FP8_SCALING_BLOCKS_128x128) { llm8_die("fp8_cast_weight: the block recipe scales weights per 128x128 block"); }
         fp8_cast_check(out, OC, C, "fp8_cast_weight");
         if (master != NULL) {
-            fp8_cast_transpose_launch(out, (float*)NULL, (float*)NULL, master, OC, C, false, Fp8Identity(), stream);
+            fp8_cast_transpose_launch(out, (float*)NULL, (float*)NULL, master, OC, C, FP8_RECORD_COUNTS, Fp8Identity(), stream);
         } else {
-            fp8_cast_transpose_launch(out, (floatX*)NULL, (float*)NULL, weight, OC, C, false, Fp8Identity(), stream);
+            fp8_cast_transpose_launch(out, (floatX*)NULL, (float*)NULL, weight, OC, C, FP8_RECORD_COUNTS, Fp8Identity(), stream);
         }
     }
 }
@@ -584,7 +619,7 @@ void fp8_cast_weights_batched(const Fp8CastJob* jobs, int count, const Fp8CastOu
     if (count < 1 || count > 65535) { llm8_die("fp8_cast_weights_batched: %d weights: a launch takes 1 to 65535", count); }
     fp8_cast_check(first, OC, C, "fp8_cast_weights_batched");
     Fp8BatchedCasts batch = {jobs};
-    fp8_cast_transpose_grid(batch, count, (In*)NULL, (float*)NULL, input, OC, C, false, Fp8Identity(), stream);
+    fp8_cast_transpose_grid(batch, count, (In*)NULL, (float*)NULL, input, OC, C, FP8_RECORD_COUNTS, Fp8Identity(), stream);
 }
 
 // ----------------------------------------------------------------------------

@@ -22,6 +22,16 @@ Why it is shaped so:
   are kept per linear, cast once per optimizer step. The block recipe adds the tile scales
   of each (fp8_block_scale_floats). So x is cast for an FP8 forward or wgrad, dy for an FP8
   dgrad or wgrad, W for an FP8 forward or dgrad (fp8_model_casts_x / _dy / _w).
+- Recompute (-r, as bf16 recomputes the GELU and layernorm outputs its wgrads read): x^T
+  is the FP8 run's activation memory, so -r 1 keeps no fcproj x^T from the forward and -r 2
+  none of qkv's, attproj's and fc's either (linear_input_recompute_level). The forward casts such an
+  x into its codes only (x^T written only where no FP8 forward writes codes, to a scratch,
+  for the statistics); the backward casts it again into one x^T scratch just before the
+  wgrad (fp8_model_recast_gelu, _layernorm, _activation: fcproj's GELU of the stored
+  pre-activation, a layernorm output from the stored input, mean and rstd, the stored
+  attention output), as a replay (fp8_cast.cuh's FP8_RECORD_NOTHING): with the scale the
+  forward's cast used, recording nothing. The codes are the forward's, bit for bit, so -r
+  changes memory and time, never results.
 - Activation scaling (doc/fp8-numerics.md, the cast protocol): a delayed activation that
   was never updated takes the current path once (first-step seeding); afterwards its
   producer casts in one pass and fp8_model_end_forward folds every activation's amax into
@@ -79,8 +89,9 @@ typedef struct {
     int layer;                // -1 for lm_head
     int K, OC;                // y[BT][OC] = x[BT][K] W[OC][K]^T
     size_t weight_offset;     // the weight's first element in the parameter buffers
-    uint8_t* x_codes_t;       // [K][BT], from the forward's cast to the wgrad (FP8 wgrad only)
+    uint8_t* x_codes_t;       // [K][BT], from the forward's cast to the wgrad (FP8 wgrad only; -r: the scratch)
     float* x_scale_inv_t;     // block recipe: its 128x1 tile scales
+    int x_t_recast;           // -r: x^T is not kept from the forward but cast again for the wgrad
     uint8_t* w_codes;         // [OC][K] (FP8 forward only)
     uint8_t* w_codes_t;       // [K][OC] (FP8 dgrad only)
     float* w_scale_inv;       // block recipe: 128x128 block scales of w_codes and w_codes_t
@@ -129,6 +140,8 @@ typedef struct {
     uint8_t* dy_codes_t;                 // [widest OC of an FP8 wgrad][BT] scratch
     float* dy_scale_inv;
     float* dy_scale_inv_t;
+    uint8_t* x_t_recast_codes;           // [widest K of a recast x^T][BT] scratch (-r)
+    float* x_t_recast_scale_inv;
     void* memory;                        // one allocation holds every buffer above
     size_t bytes;
     FILE* numerics_file;                 // numerics.jsonl, NULL: not logging
@@ -181,6 +194,11 @@ static inline bool fp8_model_runs(const Fp8Model* fp8, int i, Fp8Pass pass) {
 // whether linear i's input x is cast (for an FP8 forward or an FP8 wgrad)
 static inline bool fp8_model_casts_x(const Fp8Model* fp8, int i) {
     return fp8_model_runs(fp8, i, FP8_FWD) || fp8_model_runs(fp8, i, FP8_WGRAD);
+}
+
+// -r: whether linear i's x^T is cast again for its wgrad (fp8_model_recast_gelu and the others)
+static inline bool fp8_model_recasts_x_t(const Fp8Model* fp8, int i) {
+    return i >= 0 && fp8->linears[i].x_t_recast;
 }
 
 // whether linear i's output gradient dy is cast (for an FP8 dgrad or an FP8 wgrad)
@@ -292,7 +310,7 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     size_t offset = 0;
     int states = 3 * fp8->num_linears;
     bool block = fp8_model_block(fp8);
-    int forward_k = 0, dgrad_oc = 0, wgrad_oc = 0;
+    int forward_k = 0, dgrad_oc = 0, wgrad_oc = 0, recast_k = 0;
     size_t bt = (size_t)fp8->BT;
     fp8->states = (Fp8TensorScaling*)fp8_model_carve(base, &offset, states * sizeof(Fp8TensorScaling));
     fp8->records = (Fp8CastRecord*)fp8_model_carve(base, &offset, states * sizeof(Fp8CastRecord));
@@ -308,11 +326,13 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
         if (dgrad && lin->OC > dgrad_oc) { dgrad_oc = lin->OC; }
         if (wgrad && lin->OC > wgrad_oc) { wgrad_oc = lin->OC; }
         bool sharded = fp8->sharded && lin->layer >= 0;  // W lives in owned_codes and the slots
-        lin->x_codes_t = (uint8_t*)fp8_model_carve(base, &offset, wgrad ? K * bt : 0);
+        bool x_t_kept = wgrad && !lin->x_t_recast;
+        if (lin->x_t_recast && lin->K > recast_k) { recast_k = lin->K; }
+        lin->x_codes_t = (uint8_t*)fp8_model_carve(base, &offset, x_t_kept ? K * bt : 0);
         lin->w_codes = (uint8_t*)fp8_model_carve(base, &offset, forward && !sharded ? OC * K : 0);
         lin->w_codes_t = (uint8_t*)fp8_model_carve(base, &offset, dgrad && !sharded ? K * OC : 0);
         lin->owned_codes = (uint8_t*)fp8_model_carve(base, &offset, sharded ? lin->owned_end - lin->owned_begin : 0);
-        size_t x_t_scales = wgrad ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, lin->K, fp8->BT) : 0;
+        size_t x_t_scales = x_t_kept ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, lin->K, fp8->BT) : 0;
         size_t w_scales = forward ? fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->OC, lin->K) : 0;
         size_t w_t_scales = dgrad ? fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, lin->K, lin->OC) : 0;
         lin->x_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? x_t_scales * sizeof(float) : 0);
@@ -339,6 +359,14 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     fp8->x_scale_inv = (float*)fp8_model_carve(base, &offset, block ? x_scales * sizeof(float) : 0);
     fp8->dy_scale_inv = (float*)fp8_model_carve(base, &offset, block ? dy_scales * sizeof(float) : 0);
     fp8->dy_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? dy_t_scales * sizeof(float) : 0);
+    size_t recast_scales = recast_k > 0 ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, recast_k, fp8->BT) : 0;
+    fp8->x_t_recast_codes = (uint8_t*)fp8_model_carve(base, &offset, bt * recast_k);
+    fp8->x_t_recast_scale_inv = (float*)fp8_model_carve(base, &offset, block ? recast_scales * sizeof(float) : 0);
+    for (int i = 0; i < fp8->num_linears; i++) {
+        if (!fp8->linears[i].x_t_recast) { continue; }
+        fp8->linears[i].x_codes_t = fp8->x_t_recast_codes;
+        fp8->linears[i].x_scale_inv_t = fp8->x_t_recast_scale_inv;
+    }
     return offset;
 }
 
@@ -391,10 +419,11 @@ static inline const Fp8CastJob* fp8_model_kind_jobs(const Fp8Model* fp8, int ran
 The FP8 model for micro-batches of BT tokens (nothing when settings->enabled is 0). Weight
 i's slices come from param_offsets / param_sizes (gpt2_config.h's order); the weights are
 not cast yet: fp8_model_cast_weights does that once the parameters are on the GPU.
+recompute: the trainer's -r (which x^T the backward casts again, linear_input_recompute_level).
 sharding (NULL or not enabled: every weight whole) is ZeRO-3's: the block linears keep the
 codes of the rank's part only, plus the two layer slots (the top comment).
 */
-void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Config* cfg, int BT,
+void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Config* cfg, int BT, int recompute,
                       const size_t* param_offsets, const size_t* param_sizes, const Fp8WeightSharding* sharding,
                       cudaStream_t stream) {
     memset(fp8, 0, sizeof(*fp8));
@@ -429,6 +458,7 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
             lin->layer = l;
             fp8_linear_shape((LinearKind)kind, cfg->channels, cfg->padded_vocab_size, &lin->K, &lin->OC);
             lin->weight_offset = param_offsets[weight_tensor[kind]] + (size_t)l * (param_sizes[weight_tensor[kind]] / L);
+            lin->x_t_recast = (settings->passes[kind] & FP8_WGRAD) != 0 && recompute >= linear_input_recompute_level(kind);
             if (sharding != NULL && sharding->enabled) {
                 size_t begin = lin->weight_offset, end = begin + (size_t)lin->OC * lin->K;
                 size_t lo = begin > sharding->owned_begin ? begin : sharding->owned_begin;
@@ -487,13 +517,27 @@ static inline bool fp8_model_x_scale_known(const Fp8Model* fp8) {
 }
 
 /*
+The forward's cast of linear i's input: fp8_model_x, but where the backward casts x^T again
+(-r) and an FP8 forward's codes are written (they carry the statistics), no x^T. A cast for
+the wgrad alone still writes x^T, into the recast scratch, which the backward overwrites.
+*/
+static inline Fp8CastOutput fp8_model_x_in_forward(const Fp8Model* fp8, int i) {
+    Fp8CastOutput out = fp8_model_x(fp8, i);
+    if (fp8_model_recasts_x_t(fp8, i) && out.codes != NULL) {
+        out.codes_t = NULL;
+        out.scale_inv_t = NULL;
+    }
+    return out;
+}
+
+/*
 Casts linear i's input x (bf16 [BT][K], as stored) with the recipe's path: the block
 recipe's tiles; current scaling (the current recipe, and a delayed activation's first use);
 or the delayed one-pass cast. E.g. the attention output; the producers that cast in their
 own pass have their launchers below.
 */
 void fp8_model_cast_activation(const Fp8Model* fp8, int i, const floatX* x, cudaStream_t stream) {
-    Fp8CastOutput out = fp8_model_x(fp8, i);
+    Fp8CastOutput out = fp8_model_x_in_forward(fp8, i);
     if (fp8_model_x_scale_known(fp8)) {
         fp8_cast_transpose(&out, x, fp8->BT, fp8->linears[i].K, stream);
     } else {
@@ -508,7 +552,7 @@ into FP8, and into normed_out (bf16) unless it is NULL. mean and rstd are needed
 void fp8_model_layernorm_forward(const Fp8Model* fp8, int i, floatX* residual_out, floatX* normed_out, float* mean,
                                  float* rstd, const floatX* inp1, const floatX* inp2, const floatX* weight,
                                  const floatX* bias, cudaStream_t stream) {
-    Fp8CastOutput x = fp8_model_x(fp8, i);
+    Fp8CastOutput x = fp8_model_x_in_forward(fp8, i);
     if (fp8_model_x_scale_known(fp8)) {
         layernorm_forward_fp8(&x, residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, fp8->BT,
                               fp8->linears[i].K, stream);
@@ -520,12 +564,46 @@ void fp8_model_layernorm_forward(const Fp8Model* fp8, int i, floatX* residual_ou
 
 // linear i's x = GELU(pre_gelu) straight into FP8 (and into out, bf16, unless out is NULL)
 void fp8_model_gelu_forward(const Fp8Model* fp8, int i, floatX* out, const floatX* pre_gelu, cudaStream_t stream) {
-    Fp8CastOutput x = fp8_model_x(fp8, i);
+    Fp8CastOutput x = fp8_model_x_in_forward(fp8, i);
     if (fp8_model_x_scale_known(fp8)) {
         gelu_forward_fp8(&x, out, pre_gelu, fp8->BT, fp8->linears[i].K, stream);
     } else {
         gelu_forward_fp8_current(&x, out, pre_gelu, fp8->BT, fp8->linears[i].K, stream);
     }
+}
+
+/*
+-r: linear i's x^T, not kept from the forward, cast again into the recast scratch just before
+its wgrad reads it, as a replay of the forward's cast (fp8_cast.cuh's FP8_RECORD_NOTHING: the
+codes the forward would have kept, bit for bit, with nothing recorded), from what the forward
+cast it from. The replay's Fp8CastOutput is x's with x^T only.
+*/
+static Fp8CastOutput fp8_model_x_t_replay(const Fp8Model* fp8, int i, const char* who) {
+    if (!fp8_model_recasts_x_t(fp8, i)) { llm8_die("%s: linear %d keeps its x^T from the forward", who, i); }
+    Fp8CastOutput x_t = fp8_model_x(fp8, i);
+    x_t.codes = NULL;
+    x_t.scale_inv = NULL;
+    return x_t;
+}
+
+// fcproj's x^T: GELU of the stored pre-activation
+void fp8_model_recast_gelu(const Fp8Model* fp8, int i, const floatX* pre_gelu, cudaStream_t stream) {
+    Fp8CastOutput x_t = fp8_model_x_t_replay(fp8, i, "fp8_model_recast_gelu");
+    gelu_forward_fp8_replay(&x_t, pre_gelu, fp8->BT, fp8->linears[i].K, stream);
+}
+
+// qkv's and fc's x^T: the layernorm of its stored input inp (the residual sum where the
+// forward fused the add), with the mean and rstd the forward wrote
+void fp8_model_recast_layernorm(const Fp8Model* fp8, int i, const floatX* inp, const float* mean, const float* rstd,
+                                const floatX* weight, const floatX* bias, cudaStream_t stream) {
+    Fp8CastOutput x_t = fp8_model_x_t_replay(fp8, i, "fp8_model_recast_layernorm");
+    layernorm_forward_fp8_replay(&x_t, inp, mean, rstd, weight, bias, fp8->BT, fp8->linears[i].K, stream);
+}
+
+// attproj's x^T: the stored attention output
+void fp8_model_recast_activation(const Fp8Model* fp8, int i, const floatX* x, cudaStream_t stream) {
+    Fp8CastOutput x_t = fp8_model_x_t_replay(fp8, i, "fp8_model_recast_activation");
+    fp8_cast_transpose_replay(&x_t, x, fp8->BT, fp8->linears[i].K, stream);
 }
 
 // after every forward: the delayed activations' amaxes into their states (one kernel)

@@ -30,6 +30,18 @@ typedef enum { LINEAR_QKV, LINEAR_ATTPROJ, LINEAR_FC, LINEAR_FCPROJ, LINEAR_LM_H
 static const char* const LINEAR_KIND_NAMES[NUM_LINEAR_KINDS] = {"qkv", "attproj", "fc", "fcproj", "lm_head"};
 #define LINEAR_KINDS_PER_LAYER 4  // qkv, attproj, fc, fcproj; lm_head is once per model
 
+/*
+The -r level from which the backward recomputes linear kind's wgrad input instead of keeping
+it from the forward: fcproj's (GELU's output) from 1; qkv's and fc's (layernorm outputs) and
+attproj's (the attention output) from 2. A bf16 run keeps the attention output for the
+attention backward anyway, so for attproj only an FP8 wgrad's x^T is cast again. lm_head's
+(lnf's output) is one buffer, not one per layer: always kept (a level above -r's 0 to 2).
+*/
+#define RECOMPUTE_LEVEL_NEVER 3
+static inline int linear_input_recompute_level(int kind) {
+    return kind == LINEAR_FCPROJ ? 1 : kind == LINEAR_LM_HEAD ? RECOMPUTE_LEVEL_NEVER : 2;
+}
+
 typedef enum { FP8_FWD = 1, FP8_DGRAD = 2, FP8_WGRAD = 4 } Fp8Pass;
 #define NUM_FP8_PASSES 3
 static const char* const FP8_PASS_NAMES[NUM_FP8_PASSES] = {"fwd", "dgrad", "wgrad"};

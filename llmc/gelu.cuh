@@ -108,4 +108,10 @@ void gelu_forward_fp8_current(const Fp8CastOutput* fp8, floatX* out, const float
     fp8_cast_transpose_current_with(fp8, out, inp, rows, cols, false, Fp8GeluTransform(), "gelu_forward_fp8_current", stream);
 }
 
+// the replay of either's codes from the same inp (fp8_cast_transpose_replay_with; -r 1: fcproj's
+// x^T, cast again in the backward)
+void gelu_forward_fp8_replay(const Fp8CastOutput* fp8, const floatX* inp, int rows, int cols, cudaStream_t stream) {
+    fp8_cast_transpose_replay_with(fp8, inp, rows, cols, Fp8GeluTransform(), "gelu_forward_fp8_replay", stream);
+}
+
 #endif // LLMC_GELU_CUH

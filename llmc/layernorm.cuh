@@ -298,7 +298,8 @@ static void layernorm_forward_two_pass(const Fp8CastOutput* fp8, floatX* residua
     layernorm_forward_launch<FP8_PASS>(residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias, N, C, fp8, stream);
     if (FP8_PASS == LAYERNORM_FP8_AMAX) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
     LayernormOutputTransform output = {mean, rstd, weight, bias};
-    fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, inp2 == NULL ? inp1 : residual_out, N, C, false, output, stream);
+    fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, inp2 == NULL ? inp1 : residual_out, N, C, FP8_RECORD_COUNTS, output,
+                              stream);
 }
 
 void layernorm_forward_fp8(const Fp8CastOutput* fp8, floatX* residual_out, floatX* normed_out, float* mean, float* rstd,
@@ -327,6 +328,21 @@ void layernorm_forward_fp8_current(const Fp8CastOutput* fp8, floatX* residual_ou
     }
     layernorm_forward_two_pass<LAYERNORM_FP8_AMAX>(fp8, residual_out, normed_out, mean, rstd, inp1, inp2, weight, bias,
                                                    N, C, stream);
+}
+
+/*
+The replay of an FP8 layernorm forward's codes (fp8_cast_transpose_replay_with; -r 2: the x^T
+of qkv and fc, cast again in the backward): the tile cast normalizes inp, the layernorm's
+stored input (the residual sum where the forward fused the add), with the mean and rstd the
+forward wrote, as the two-pass paths above do. The delayed recipe's one-pass cast computes
+each element with the same layernorm_output_element from the same mean and rstd, so the
+codes of every path come out again, bit for bit.
+*/
+void layernorm_forward_fp8_replay(const Fp8CastOutput* fp8, const floatX* inp, const float* mean, const float* rstd,
+                                  const floatX* weight, const floatX* bias, int N, int C, cudaStream_t stream) {
+    layernorm_check_fp8(fp8, mean, rstd, true, N, C, "layernorm_forward_fp8_replay");
+    LayernormOutputTransform output = {mean, rstd, weight, bias};
+    fp8_cast_transpose_replay_with(fp8, inp, N, C, output, "layernorm_forward_fp8_replay", stream);
 }
 
 // ----------------------------------------------------------------------------

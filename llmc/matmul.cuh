@@ -766,16 +766,17 @@ void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* db
     if (per_tensor && (scale == FP8_DOUT_NEEDS_AMAX || scale == FP8_DOUT_AMAX_RECORDED)) {
         if (scale == FP8_DOUT_NEEDS_AMAX) { matmul_dbias_launch(NULL, dbias_scratch, dout, pre_gelu, fp8->record, N, OC, stream); }
         fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
-        fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, dout, N, OC, false, Fp8Identity(), stream);
+        fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, dout, N, OC, FP8_RECORD_COUNTS, Fp8Identity(), stream);
     } else {  // one tile pass; per tensor with a known scale, the state update after it
         bool update_after = per_tensor && scale == FP8_DOUT_SCALE_KNOWN;
+        Fp8CastRecording recording = update_after ? FP8_RECORD_AMAX : FP8_RECORD_COUNTS;
         float* column_sums = dbias != NULL ? dbias_scratch : NULL;
         if (pre_gelu != NULL) {
             Fp8GeluBackwardTransform gelu_backward = {pre_gelu, OC};
             floatX* product = fp8->codes == NULL || fp8->codes_t == NULL ? dout : NULL;  // a bf16 GEMM reads it
-            fp8_cast_transpose_launch(fp8, product, column_sums, dout, N, OC, update_after, gelu_backward, stream);
+            fp8_cast_transpose_launch(fp8, product, column_sums, dout, N, OC, recording, gelu_backward, stream);
         } else {
-            fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, update_after, Fp8Identity(), stream);
+            fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, recording, Fp8Identity(), stream);
         }
         if (update_after) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
     }

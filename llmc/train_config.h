@@ -147,7 +147,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-h", FLAG_INT, TC_OFF(hellaswag), 0, 1, NULL, "HellaSwag accuracy at the val steps after step 0 and at the end (-v 0: at the end)"},
     {"-a", FLAG_INT, TC_OFF(overfit_single_batch), 0, 1, NULL, "overfit a single batch (debugging)"},
     {"-w", FLAG_INT, TC_OFF(use_master_weights), 0, 1, NULL, "keep fp32 master weights"},
-    {"-r", FLAG_INT, TC_OFF(recompute), 0, 2, NULL, "recompute in backward: 0 none, 1 GELU, 2 GELU+LayerNorm"},
+    {"-r", FLAG_INT, TC_OFF(recompute), 0, 2, NULL, "recompute in backward: 0 none, 1 GELU, 2 GELU+LayerNorm (FP8: the wgrads' x^T of those)"},
     {"-ge", FLAG_INT, TC_OFF(gelu_fusion), 0, 2, NULL, "GELU in the cuBLASLt epilogues (as llm.c's -ge): 0 none, 1 forward (bf16 fc), 2 also backward (fcproj's dgrad times GELU's derivative)"},
     {"-z", FLAG_INT, TC_OFF(zero_stage), 0, 3, NULL, "ZeRO stage with several GPUs (on one GPU 0 and 1 are the same): 1 shards the optimizer state; 3 also the block linears' weights, gathered per layer as FP8 (linears with every pass in FP8) or bf16 (with none)"},
     {"-sh", FLAG_INT, TC_OFF(shuffle), 0, 1, NULL, "shuffle shards and samples each epoch (deterministic)"},

@@ -199,8 +199,27 @@ def test_current_scaling_costs_more_than_delayed_and_recompute_adds_work():
         return fm.step_floor_ms(fm.Run(**dict(dict(model="d12", B=64), **run)), H100)
     assert floor(precision="fp8", recipe="current") > floor(precision="fp8", recipe="delayed")
     assert floor(recompute=2) > floor(recompute=1) > floor(recompute=0)
-    assert floor(precision="fp8", recompute=2) == floor(precision="fp8")  # nothing is recomputed in an all-FP8 block
+    assert floor(precision="fp8", recompute=2) > floor(precision="fp8", recompute=1) > floor(precision="fp8")
     assert floor(precision="fp8", weight_scaling="delayed") < floor(precision="fp8", weight_scaling="current")
+
+
+@pytest.mark.parametrize("recipe", fm.RECIPES)
+def test_fp8_recompute_moves_the_x_t_writes_into_replays(recipe):
+    """-r in an FP8 block: the forward's casts write no x^T of the recast linears, and the backward casts each again
+    from what the forward cast it from (the bytes of x^T move, not grow): per layer and token, -r 1 reads fcproj's
+    4C bf16 pre-activation once more, -r 2 also C bf16 each for qkv's, attproj's and fc's inputs and the two
+    layernorms' mean and rstd. The regions where they are charged: -kt 1's "gelu recompute" (-r 1), "layernorm
+    recompute" and "fp8 cast attention out recompute" (-r 2)"""
+    L, C, N = 12, 768, 64 * 1024
+
+    def kernels(r):
+        return fm.step_kernels(fm.Run(model="d12", B=64, precision="fp8", recipe=recipe, recompute=r))
+    moved = {r: sum(k.bytes for k in kernels(r)) for r in (0, 1, 2)}
+    assert moved[1] - moved[0] == pytest.approx(L * N * 4 * C * 2)
+    assert moved[2] - moved[1] == pytest.approx(L * N * (3 * C * 2 + 2 * 2 * 4))
+    regions = {r: {k.region for k in kernels(r)} for r in (0, 1, 2)}
+    assert regions[1] - regions[0] == {"gelu recompute"}
+    assert regions[2] - regions[1] == {"layernorm recompute", "fp8 cast attention out recompute"}
 
 
 def test_comparison_table_splits_gemms_attention_and_the_rest():

@@ -21,6 +21,10 @@ Needs a GPU (make gpucheck); CI only compiles it.
   the plain kernels' bit for bit, the codes and x^T are the host cast of those outputs (with
   the host state machine's scale, or the host's tile scales in their cuBLASLt layouts), and
   without a bf16 output (codes only) the same codes come and no bf16 is written.
+- replays (-r: x^T cast again in the backward) of the plain cast per tensor (delayed and
+  current) and in 1x128 tiles, of layernorm and of GELU, each recipe: after the state's scale
+  has moved on, x^T and its tile scales come out bit for bit as the cast wrote them, and the
+  codes, the record and the state are untouched.
 - dy: the fused pass gives dout * gelu' equal to gelu_backward_inplace, the bias gradient
   equal to the bf16 path's bit for bit (and within 1e-5 relative of a double sum), twice
   the same bits, and codes cast with the host-updated scale.
@@ -318,6 +322,56 @@ static void check_cast(const DeviceFp8* t, const HostCast* h, bool transposed_on
           bits_as_float(r.interval_amax_bits), h->stats.amax);
 }
 
+/*
+The replay of the cast t just made (-r: the backward casts x^T again instead of keeping it;
+fp8_cast.cuh's FP8_RECORD_NOTHING), after the state has moved on as it does between the forward
+and the backward (per tensor: a scale unlike the cast's, which the replay must take from the
+record): replay(x_t), given t's output with x^T only, writes x^T (and its 1x128 scales) bit
+for bit as the cast did, and changes nothing else: not the codes, the record or the state.
+*/
+template <class Replay>
+static void check_replay(const DeviceFp8* t, Replay replay, const char* what) {
+    size_t n = (size_t)t->rows * t->cols;
+    Fp8TensorScaling moved;
+    if (t->out.state != NULL) {
+        moved = download_state(t);
+        moved.scale *= 2.0f;
+        moved.scale_inv *= 0.5f;
+        cudaCheck(cudaMemcpy(t->out.state, &moved, sizeof(moved), cudaMemcpyHostToDevice));
+    }
+    bool block = t->out.scaling != FP8_SCALING_TENSOR;
+    size_t scale_bytes = block ? fp8_block_scale_floats(t->out.scaling, t->cols, t->rows) * sizeof(float) : 0;
+    uint8_t* codes = (uint8_t*)download(t->out.codes, n);
+    uint8_t* codes_t = (uint8_t*)download(t->out.codes_t, n);
+    float* scale_inv_t = block ? (float*)download(t->out.scale_inv_t, scale_bytes) : NULL;
+    Fp8CastRecord record = download_record(t);
+    cudaCheck(cudaMemset(t->out.codes_t, 0x55, n));
+    if (block) { cudaCheck(cudaMemset(t->out.scale_inv_t, 0, scale_bytes)); }
+
+    Fp8CastOutput x_t = t->out;
+    x_t.codes = NULL;
+    x_t.scale_inv = NULL;
+    replay(&x_t);
+    char label[256];
+    snprintf(label, sizeof(label), "%s replay codes_t", what);
+    uint8_t* replayed = (uint8_t*)download(t->out.codes_t, n);
+    CHECK(count_code_mismatches(replayed, codes_t, n, label) == 0, "%s: the replay's x^T differs from the cast's", what);
+    uint8_t* codes_after = (uint8_t*)download(t->out.codes, n);
+    CHECK(memcmp(codes_after, codes, n) == 0, "%s: the replay wrote the row-major codes", what);
+    if (block) {
+        float* replayed_scales = (float*)download(t->out.scale_inv_t, scale_bytes);
+        CHECK(memcmp(replayed_scales, scale_inv_t, scale_bytes) == 0, "%s: the replay's x^T tile scales differ", what);
+        free(replayed_scales);
+    }
+    Fp8CastRecord record_after = download_record(t);
+    CHECK(memcmp(&record_after, &record, sizeof(record)) == 0, "%s: the replay changed the record", what);
+    if (t->out.state != NULL) {
+        Fp8TensorScaling state_after = download_state(t);
+        CHECK(memcmp(&state_after, &moved, sizeof(moved)) == 0, "%s: the replay changed the state", what);
+    }
+    free(codes); free(codes_t); free(scale_inv_t); free(replayed); free(codes_after);
+}
+
 // ----------------------------------------------------------------------------
 // casts with per-tensor scaling
 
@@ -366,6 +420,9 @@ static void test_cast_tensor(int rows, int cols, Fp8Format format, bool nan_tile
           what, r.scale, r.scale_inv, state.scale, state.scale_inv);
     CHECK(r.amax_bits == float_as_bits(host_amax(x, n)), "%s: pending amax %g, expected %g", what,
           bits_as_float(r.amax_bits), host_amax(x, n));
+    Fp8TensorScaling cast_state = download_state(&t);
+    check_replay(&t, [&](const Fp8CastOutput* x_t) { fp8_cast_transpose_replay(x_t, d_x, rows, cols, 0); }, what);
+    cudaCheck(cudaMemcpy(t.out.state, &cast_state, sizeof(cast_state), cudaMemcpyHostToDevice));  // as the cast left it
 
     // the delayed update: the device state equals the host state machine's, byte for byte
     fp8_scaling_update_records(t.out.state, t.out.record, 1, 0);
@@ -442,6 +499,7 @@ static void test_cast_current(int rows, int cols, Fp8Recipe recipe) {
     HostCast h = host_cast(x, rows, cols, FP8_E4M3, scale_of_tensor, &state.scale);
     check_cast(&t, &h, false, what);
     CHECK(download_record(&t).amax_bits == 0u, "%s: the cast after the update must not record amax again", what);
+    check_replay(&t, [&](const Fp8CastOutput* x_t) { fp8_cast_transpose_replay(x_t, d_x, rows, cols, 0); }, what);
     host_cast_free(&h);
     device_fp8_free(&t);
     cudaCheck(cudaFree(d_x));
@@ -495,6 +553,7 @@ static void test_cast_blocks(int rows, int cols) {
     HostCast h = host_cast(x, rows, cols, FP8_E4M3, scale_of_tile, &context);
     check_cast(&t, &h, false, what);
     check_block_scales(&t, &context, what);
+    check_replay(&t, [&](const Fp8CastOutput* x_t) { fp8_cast_transpose_replay(x_t, d_x, rows, cols, 0); }, what);
     host_cast_free(&h);
     tile_context_free(&context);
     device_fp8_free(&t);
@@ -839,6 +898,11 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
     CHECK(count_float_mismatches(stats + 2 * N, stats, 2 * N, what) == 0, "%s: mean/rstd differ from the plain kernel's", what);
     if (fused_residual) { check_same_bf16(d_res_fp8, d_res_plain, n, what, "the residual sum"); }
     check_producer_cast(cast, &t, out_plain, &state, what);
+    // the replay normalizes the stored input (the residual sum where fused) with the mean and rstd written
+    check_replay(&t, [&](const Fp8CastOutput* x_t) {
+        layernorm_forward_fp8_replay(x_t, fused_residual ? d_res_fp8 : d_inp1, d_stats + 2 * N, d_stats + 3 * N, d_weight,
+                                     d_bias, N, C, 0);
+    }, what);
     if (cast == PRODUCER_CAST_DELAYED) {
         CHECK(download_record(&t).saturated > 0, "%s: the test data should saturate some elements", what);
         CHECK(download_record(&t).flushed > 0, "%s: the test data should flush some elements", what);
@@ -885,6 +949,7 @@ static void test_gelu_fp8(int N, int C, ProducerCast cast) {
     float* fused = download_bf16_as_floats(d_fused, n);
     CHECK(count_float_mismatches(fused, plain, n, what) == 0, "%s: bf16 GELU output differs from gelu_forward's", what);
     check_producer_cast(cast, &t, plain, &state, what);
+    check_replay(&t, [&](const Fp8CastOutput* x_t) { gelu_forward_fp8_replay(x_t, d_pre, N, C, 0); }, what);
     device_fp8_free(&t);
     free(pre); free(plain); free(fused);
     cudaCheck(cudaFree(d_pre)); cudaCheck(cudaFree(d_plain)); cudaCheck(cudaFree(d_fused));

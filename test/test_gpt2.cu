@@ -69,7 +69,9 @@ recipe, linears and quantization points):
    transpose, and the state holds the next step's scale, the new amax's.
 8. FP8 determinism, FP8 resume (delayed; block with lm_head; delayed weights with lm_head,
    whose resume rebuilds the codes with the saved scale), and an evaluation forward in the
-   middle of a run changes nothing: all bitwise.
+   middle of a run changes nothing: all bitwise. So does recompute, which in FP8 casts the
+   wgrads' x^T again in the backward: -r 0, 1 and 2 give the same losses, -r 0 and 2 the
+   same weights after 3 steps.
 8-bit AdamW (-opt adamw8, d12 as in 3 and 5):
 9. 10 steps track the fp32-AdamW run: each loss within 1% relative. Two runs are bitwise
    equal, and resume is bitwise. -qs none (every tensor keeps fp32 states) is plain AdamW bit
@@ -704,6 +706,13 @@ static RunRecord test_fp8_determinism_and_resume(const RunRecord* a, const Fp8Se
         CHECK(memcmp(fa.losses, fb.losses, sizeof(fa.losses)) == 0, "[%s] two identical runs: losses differ", name);
         CHECK(same_bits(fa.weights, fb.weights, n), "[%s] two identical runs: final weights differ", name);
         CHECK(!same_bits(fa.weights, a->weights, n), "[%s] the FP8 run's weights equal the bf16 run's: FP8 never ran", name);
+        // recompute: the wgrads' x^T cast again in the backward (fcproj's from -r 1, all from -r 2), not kept
+        RunRecord kept = train_run(3, 0, 1, NULL, 0, 0, resumable[k], -1, &ADAMW, stream);
+        RunRecord recast = train_run(3, 2, 1, NULL, 0, 0, resumable[k], -1, &ADAMW, stream);
+        CHECK(memcmp(kept.losses, fa.losses, 3 * sizeof(float)) == 0, "[%s] -r 0 vs -r 1: losses differ", name);
+        CHECK(memcmp(recast.losses, fa.losses, 3 * sizeof(float)) == 0, "[%s] -r 2 vs -r 1: losses differ", name);
+        CHECK(same_bits(kept.weights, recast.weights, n), "[%s] -r 0 vs -r 2: weights after 3 steps differ", name);
+        free(kept.weights); free(recast.weights);
         RunRecord evaluated = train_run(10, 1, 1, NULL, 0, 0, resumable[k], 3, &ADAMW, stream);
         CHECK(memcmp(fa.losses, evaluated.losses, sizeof(fa.losses)) == 0, "[%s] an evaluation changed the losses", name);
         CHECK(same_bits(fa.weights, evaluated.weights, n), "[%s] an evaluation changed the weights", name);

@@ -6,6 +6,9 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   main.jsonl, numerics.jsonl rows for every FP8 tensor, DONE markers;
 - -y 1 resumes bitwise: the resumed steps print the losses of the uninterrupted run;
 - -ge 2 (GELU's derivative in fcproj's dgrad epilogue), bf16 and FP8: trains, tracking -ge 1;
+- -r 0, 1 and 2 in FP8 (each recipe, and with only some wgrads in FP8): the same losses, model,
+  state and numerics files, bit for bit, and the device memory falls by exactly the x^T codes
+  the backward casts again instead of keeping;
 - a descriptor (-e tiny, and -y 1 with no checkpoint yet) draws train_gpt2cpu's random init;
   -x -1 trains one epoch;
 - a run whose every forward overflows (a weight of 3e38): its non-finite steps are counted
@@ -312,6 +315,46 @@ def test_printed_memory_figures_match_the_allocations(workdir):
     for name, (persistent, _, peak) in measured.items():
         expected = (base_persistent - persistent) * parameters
         assert abs((base_peak - peak) - expected) <= 0.001 * parameters + 0.005 * abs(expected), (name, base_peak - peak, expected)
+
+
+@pytest.mark.parametrize("flags", [["-fr", "delayed"], ["-fr", "current", "-ge", "2"], ["-fr", "block", "-f8", "all"],
+                                   ["-fr", "delayed", "-f8p", "fwd,fc.wgrad,fcproj.wgrad"]],
+                         ids=["delayed", "current-ge2", "block-lm_head", "delayed-wgrad-alone"])
+def test_fp8_recompute_changes_memory_not_results(workdir, flags):
+    """-r in FP8: the wgrads' x^T codes are not kept from the forward but cast again in the backward (fcproj's from
+    -r 1, qkv's, attproj's and fc's from -r 2) as replays of the forward's casts: the same losses, model and state
+    files and numerics log as -r 0, bit for bit, in every recipe (the first step of delayed takes the current path;
+    where only the wgrad is FP8 the forward writes x^T all the same). The most device memory allocated at once
+    (CUDASIM_MEMORY_REPORT) falls by the x^T codes no longer kept per layer, less the one scratch that holds them
+    (and in the block recipe their 1x128 scales)"""
+    L, C, BT = sim_model.LAYERS, sim_model.CHANNELS, 4 * 64
+    block = "block" in flags
+    fc_wgrad_alone = "-f8p" in flags  # qkv and attproj run in FP8 in the forward only: no x^T
+    runs = {}
+    for r in (0, 1, 2):
+        out = workdir / f"fp8_recompute_{flags[1]}_{len(flags)}_{r}"
+        cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-j", "", "-t", 64, "-b", 4, "-x", 3, "-v", 0,
+               "-s", 0, "-n", 3, "-fn", 1, "-p", "fp8", "-r", r, "-o", out] + flags
+        result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=workdir,
+                                env=dict(os.environ, CUDASIM_MEMORY_REPORT="1"))
+        assert result.returncode == 0, result.stderr[-2000:]
+        peak = int(re.search(r"cudasim: at most (\d+) bytes of device memory allocated at once", result.stderr).group(1))
+        files = [open(out / name, "rb").read() for name in ("model_00000003.bin", "state_00000003_00000.bin", "numerics.jsonl")]
+        runs[r] = (losses(result.stdout), files, peak)
+    assert len(runs[0][0]) == 3, runs[0][0]
+    for r in (1, 2):
+        assert runs[r][0] == runs[0][0], (r, runs[r][0], runs[0][0])
+        for name, got, want in zip(("model", "state", "numerics log"), runs[r][1], runs[0][1]):
+            assert got == want, f"-r {r}: the {name} file differs from -r 0's"
+
+    def x_t_bytes(K):  # a kept x^T and, in the block recipe, its 1x128 scales (one per 128 tokens of each of K rows)
+        return K * BT + (4 * K * ((BT + 127) // 128) if block else 0)
+    recast_widths = {1: [4 * C], 2: [C, 4 * C] if fc_wgrad_alone else [C, C, C, 4 * C]}  # fcproj's K is 4C
+    for r in (1, 2):
+        expected = L * sum(map(x_t_bytes, recast_widths[r])) - x_t_bytes(4 * C)
+        if fc_wgrad_alone and r == 2:  # qkv's bf16 wgrad reads ln1, which -r 2 recomputes too (one layer's bf16 buffer)
+            expected += (L - 1) * BT * C * 2
+        assert runs[0][2] - runs[r][2] == expected, (r, runs[0][2] - runs[r][2], expected)
 
 
 def test_gpu_lines_every_n_steps(workdir):

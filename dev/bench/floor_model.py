@@ -18,7 +18,8 @@ Why it is shaped so:
 - The kernels and their bytes follow the code paths of train_gpt2_fp8.cu for one run
   configuration (Run): precision, FP8 recipe, -fw, lm_head's precision, optimizer, -w, -r,
   -ge, with the default -f8p (every pass of an FP8 linear in FP8, so no bf16 copy of an FP8
-  linear's input is written and nothing is recomputed in an FP8 block).
+  linear's input is written; -r in an FP8 block casts the wgrads' x^T again in the backward
+  instead, and the forward's casts write no x^T of those linears).
 - Attention counts causal work only (half of the T x T scores): 2 B T^2 C FLOPs forward and
   2.5 times that backward (flash attention recomputes the scores: five matrix products to the
   forward's two). The trainer's MFU counts PaLM's 12 L C T per token instead (non-causal),
@@ -181,24 +182,41 @@ def step_kernels(run):
         moved = m * k * a_bytes + k * n * b_bytes + m * n * (out_bytes * (2 if accumulate else 1) + aux_in_bytes)
         add(region, what, moved, 2.0 * m * n * k, "gemm", "fp8" if fp8 else "bf16")
 
-    def layernorm_forward(region, what, fused, fp8_out):
+    def recast(kind):
+        """whether -r casts this block linear's x^T again in the backward (linear_input_recompute_level):
+        fcproj's from -r 1, qkv's, attproj's and fc's from -r 2; lm_head's never"""
+        return fp8_blocks and kind != "lm_head" and run.recompute >= (1 if kind == "fcproj" else 2)
+
+    def cast_outputs(kind):
+        """(names, count) of the code arrays the forward's cast of the linear's input writes: x and x^T, or x
+        alone where x^T is recast"""
+        return ("x", 1) if recast(kind) else ("x, x^T", 2)
+
+    def layernorm_forward(region, what, fused, fp8_out, kind=None):
         """layernorm of N x C (fused: of residual_out = inp1 + inp2, which it also writes). fp8_out: the
-        next linear takes x and x^T codes (its forward and wgrad in FP8) and no bf16 copy is written"""
+        next linear (kind) takes x and x^T codes (its forward and wgrad in FP8) and no bf16 copy is written"""
         io = N * C * BF16 * (3 if fused else 1) + N * 2 * FP32  # inputs read (and residual written), mean and rstd written
-        codes = N * C * 2 * code
+        outputs, arrays = cast_outputs(kind)
+        codes = N * C * arrays * code
         if not fp8_out:
             add(region, f"{what} (bf16 out)", io + N * C * BF16)
         elif not two_pass_layernorm:
-            add(region, f"{what} (x, x^T codes in the same pass)", io + codes)
+            add(region, f"{what} ({outputs} codes in the same pass)", io + codes)
         else:
             add(region, f"{what}: statistics{' and amax' if amax_pass else ''}", io)
-            add(region, f"{what}: tile cast (the output recomputed from the stored input, mean and rstd)",
+            add(region, f"{what}: tile cast to {outputs} (the output recomputed from the stored input, mean and rstd)",
                 N * C * BF16 + N * 2 * FP32 + codes)
 
-    def activation_cast(region, what, elements):
-        """a bf16 tensor (attention output; pre-GELU, cast as GELU of it) to x and x^T codes: one read,
-        two with current scaling's amax pass"""
-        add(region, what, elements * ((2 if amax_pass else 1) * BF16 + 2 * code))
+    def activation_cast(region, what, elements, kind):
+        """a bf16 tensor (attention output; pre-GELU, cast as GELU of it) to x and x^T codes (x alone where
+        x^T is recast): one read, two with current scaling's amax pass"""
+        outputs, arrays = cast_outputs(kind)
+        add(region, f"{what} -> {outputs} of {kind}", elements * ((2 if amax_pass else 1) * BF16 + arrays * code))
+
+    def replay_x_t(region, what, elements, extra_bytes=0):
+        """-r: a replay of the forward's cast, x^T only, from what it was cast from (a bf16 tensor of the
+        given elements, and extra_bytes: a layernorm's mean and rstd), with the scale the forward used"""
+        add(region, f"{what} -> x^T again", elements * (BF16 + code) + extra_bytes)
 
     def linear_forward(region, name, K, OC, fp8, gelu_aux=False):
         if fp8:
@@ -244,19 +262,19 @@ def step_kernels(run):
 
     # ---- forward
     add("encoder fwd", "wte rows + wpe -> encoded", N * C * 2 * BF16 + run.T * C * BF16 + N * INT32)
-    layernorm_forward("layernorm fwd", "ln1 of layer 0", fused=False, fp8_out=fp8_blocks)
+    layernorm_forward("layernorm fwd", "ln1 of layer 0", fused=False, fp8_out=fp8_blocks, kind="qkv")
     for l in range(L):
         linear_forward("matmul qkv fwd", "qkv", C, 3 * C, fp8_blocks)
         # causal: half of the T x T scores, two products (Q K^T, P V); qkv read, out and the row statistics written
         add("attention fwd", "causal flash attention", N * 4 * C * BF16 + N * NH * FP32,
             flops=2.0 * run.B * run.T * run.T * C, kind="attention", rate="bf16")
         if fp8_blocks:
-            activation_cast("fp8 cast attention out", "attention output -> x, x^T", N * C)
+            activation_cast("fp8 cast attention out", "attention output", N * C, "attproj")
         linear_forward("matmul attproj fwd", "attproj", C, C, fp8_blocks)
-        layernorm_forward("residual+layernorm fwd", "residual + ln2", fused=True, fp8_out=fp8_blocks)
+        layernorm_forward("residual+layernorm fwd", "residual + ln2", fused=True, fp8_out=fp8_blocks, kind="fc")
         if fp8_blocks:  # GELU is the element transform of fcproj's input cast; no bf16 GELU output
             linear_forward("matmul fc fwd", "fc", C, 4 * C, True)
-            activation_cast("gelu+fp8 cast fwd", "GELU(pre-GELU) -> x, x^T of fcproj", N * 4 * C)
+            activation_cast("gelu+fp8 cast fwd", "GELU(pre-GELU)", N * 4 * C, "fcproj")
         elif run.gelu_fusion >= 1:
             linear_forward("matmul fc+gelu fwd", "fc", C, 4 * C, False, gelu_aux=True)
         else:
@@ -265,7 +283,7 @@ def step_kernels(run):
         linear_forward("matmul fcproj fwd", "fcproj", 4 * C, C, fp8_blocks)
         last = l == L - 1
         layernorm_forward("residual+layernorm fwd", "residual + lnf" if last else "residual + next ln1",
-                          fused=True, fp8_out=fp8_lm_head if last else fp8_blocks)
+                          fused=True, fp8_out=fp8_lm_head if last else fp8_blocks, kind="lm_head" if last else "qkv")
     linear_forward("matmul lm_head fwd", "lm_head", C, Vp, fp8_lm_head)
     # logits read, dlogits written in place (all Vp columns); the kernel reads a row twice (statistics,
     # then the gradient), the second time from L2 (a row is 2 Vp bytes); targets read, losses +=.
@@ -282,23 +300,33 @@ def step_kernels(run):
     # dy dinp is, its bias sums and amax taken on the way: no bytes of their own)
     layernorm_backward_bytes = N * C * 4 * BF16 + N * 2 * FP32
     add("layernorm bwd", "lnf backward", layernorm_backward_bytes)
-    # the recomputes run only where a bf16 GEMM reads the tensor (never in an all-FP8 block)
+    # the bf16 recomputes where a bf16 wgrad reads the GELU or layernorm output; in an FP8 block the
+    # replays of its x^T casts (recast), read where the forward read: mean and rstd are not written again
     recompute_gelu, recompute_layernorm = run.recompute >= 1 and not fp8_blocks, run.recompute >= 2 and not fp8_blocks
+    stats = N * 2 * FP32
     for l in range(L):
         if recompute_gelu:
             add("gelu recompute", "GELU", N * 4 * C * 2 * BF16)
+        if recast("fcproj"):
+            replay_x_t("gelu recompute", "GELU(pre-GELU) of fcproj", N * 4 * C)
         dgelu_epilogue = run.gelu_fusion >= 2  # GELU's derivative in fcproj's dgrad, not on fc's dout
         linear_backward("matmul fcproj bwd", "fcproj", 4 * C, C, fp8_blocks, dgrad_gelu=dgelu_epilogue, dy_from_layernorm=True)
-        if recompute_layernorm:  # mean and rstd are not written again
+        if recompute_layernorm:
             add("layernorm recompute", "ln2", N * C * 2 * BF16)
+        if recast("fc"):
+            replay_x_t("layernorm recompute", "ln2 of the stored residual", N * C, stats)
         linear_backward("matmul fc bwd", "fc", C, 4 * C, fp8_blocks, gelu=not dgelu_epilogue)
         add("layernorm bwd", "ln2 backward", layernorm_backward_bytes)
+        if recast("attproj"):
+            replay_x_t("fp8 cast attention out recompute", "attention output", N * C)
         linear_backward("matmul attproj bwd", "attproj", C, C, fp8_blocks, dy_from_layernorm=True)
         # five causal products (the scores again, dV, dP, dQ, dK); qkv, out, dout, the statistics read, dqkv written
         add("attention bwd", "causal flash attention backward", N * 8 * C * BF16 + N * NH * FP32,
             flops=5.0 * run.B * run.T * run.T * C, kind="attention", rate="bf16")
         if recompute_layernorm:
             add("layernorm recompute", "ln1", N * C * 2 * BF16)
+        if recast("qkv"):
+            replay_x_t("layernorm recompute", "ln1 of the layer's input", N * C, stats)
         linear_backward("matmul qkv bwd", "qkv", C, 3 * C, fp8_blocks)
         add("layernorm bwd", "ln1 backward", layernorm_backward_bytes)
     # two kernels, each reading all of dresidual: dwte += per distinct token (its row read and written), dwpe +=
