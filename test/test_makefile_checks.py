@@ -140,7 +140,8 @@ def test_a_format_that_does_not_match_its_arguments_stops_the_build(tmp_path, co
                           '    (void)argv;\n    if (argc > 9) { %s; }\n    return 0;\n}\n'
                           % (os.path.join(ROOT, "llmc", "utils.h"), call))
         result = subprocess.run("%s -c %s -o %s" % (command, source, tmp_path / (name + ".o")),
-                                shell=True, capture_output=True, text=True, timeout=120)
+                                shell=True, capture_output=True, text=True, timeout=120,
+                                cwd=ROOT)  # the Makefile's paths (SIM_CXX's -include test/cudasim/cudasim.h) are the root's
         if fails:
             assert result.returncode != 0 and "format" in result.stderr, (command, result.stderr)
         else:
