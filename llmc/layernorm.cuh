@@ -68,8 +68,10 @@ static inline void layernorm_check_shape(int N, int C, const char* who) {
 //   the bf16 output the bf16 path would see) with the scale of fp8.state, the codes go to
 //   fp8.codes row by row and into a shared [LAYERNORM_FP8_BLOCK_ROWS][C] staging tile;
 //   after a block barrier each thread writes one column of the tile to x^T (fp8.codes_t,
-//   [C][N]) as two 16-byte stores, 32 consecutive tokens: whole 32-byte sectors. amax,
-//   counts and the scale used go to fp8.record (one atomic per block and counter).
+//   [C][N]) as two 16-byte stores, 32 consecutive tokens: whole 32-byte sectors. Without
+//   x^T (-r 2 casts it again in the backward) there is no staging tile, and the launch asks
+//   for no shared memory for it. amax, counts and the scale used go to fp8.record (one
+//   atomic per block and counter).
 // - LAYERNORM_FP8_AMAX, current scaling's first pass: only the output's amax into
 //   fp8.record; the cast follows (layernorm_forward_fp8_current).
 
@@ -90,7 +92,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM
                                          const floatX* __restrict__ weight, const floatX* __restrict__ bias, int N, int C,
                                          Fp8CastOutput fp8) {
     constexpr bool cast = FP8_PASS == LAYERNORM_FP8_CAST;
-    extern __shared__ x128 row_caches[];  // [LAYERNORM_FORWARD_WARPS][C / 8], then cast: codes [BLOCK_ROWS][C]
+    extern __shared__ x128 row_caches[];  // [LAYERNORM_FORWARD_WARPS][C / 8], then (cast with x^T) codes [BLOCK_ROWS][C]
     constexpr int rows_per_warp = cast ? LAYERNORM_FP8_ROWS_PER_WARP : 1;
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
@@ -179,7 +181,7 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM
                 uint2 packed = fp8_quantize8(values, scale, fp8.format);
                 fp8_tally_counts8(&tally, values, packed, scale, fp8.format, row_may_saturate, packed_zero_count(out));
                 if (fp8.codes != NULL) { *reinterpret_cast<uint2*>(fp8.codes + row_offset + i * x128::size) = packed; }
-                *reinterpret_cast<uint2*>(staged_codes + (size_t)local_row * C + i * x128::size) = packed;
+                if (fp8.codes_t != NULL) { *reinterpret_cast<uint2*>(staged_codes + (size_t)local_row * C + i * x128::size) = packed; }
             }
         }
         if (lane == 0 && mean_out != NULL) { mean_out[row] = mean; }
@@ -187,9 +189,9 @@ __global__ void __launch_bounds__(LAYERNORM_FORWARD_WARPS * WARP_SIZE, LAYERNORM
     }
 
     if (cast) {
-        __syncthreads();
-        const int rows_here = min(LAYERNORM_FP8_BLOCK_ROWS, N - block_first_row);  // 16 or 32 (N % 16 == 0)
         if (fp8.codes_t != NULL) {
+            __syncthreads();
+            const int rows_here = min(LAYERNORM_FP8_BLOCK_ROWS, N - block_first_row);  // 16 or 32 (N % 16 == 0)
             for (int c = threadIdx.x; c < C; c += blockDim.x) {
                 uint8_t column[LAYERNORM_FP8_BLOCK_ROWS];
                 for (int r = 0; r < LAYERNORM_FP8_BLOCK_ROWS; r++) {
@@ -220,7 +222,7 @@ static void layernorm_forward_launch(floatX* residual_out, floatX* normed_out, f
     const bool cast = FP8_PASS == LAYERNORM_FP8_CAST;
     const int block_rows = cast ? LAYERNORM_FP8_BLOCK_ROWS : LAYERNORM_FORWARD_WARPS;
     size_t shared_bytes = (size_t)LAYERNORM_FORWARD_WARPS * C * sizeof(floatX);
-    if (cast) { shared_bytes += (size_t)LAYERNORM_FP8_BLOCK_ROWS * C; }
+    if (cast && fp8->codes_t != NULL) { shared_bytes += (size_t)LAYERNORM_FP8_BLOCK_ROWS * C; }  // the x^T staging tile
     cudaCheck(cudaFuncSetAttribute(layernorm_forward_kernel<FP8_PASS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    (int)shared_bytes));  // above 48 KB (C > 3072; FP8 cast: C > 1024) needs the opt-in
     Fp8CastOutput fp8_out = {};

@@ -20,7 +20,8 @@ Needs a GPU (make gpucheck); CI only compiles it.
   delayed one-pass cast, current scaling, the block recipe's tiles): their bf16 outputs equal
   the plain kernels' bit for bit, the codes and x^T are the host cast of those outputs (with
   the host state machine's scale, or the host's tile scales in their cuBLASLt layouts), and
-  without a bf16 output (codes only) the same codes come and no bf16 is written.
+  without a bf16 output (codes only) the same codes come and no bf16 is written; without x^T
+  (-r 2's forward of qkv and fc) the same codes and record, and no x^T is written.
 - replays (-r: x^T cast again in the backward) of the plain cast per tensor (delayed and
   current) and in 1x128 tiles, of layernorm and of GELU, each recipe: after the state's scale
   has moved on, x^T and its tile scales come out bit for bit as the cast wrote them, and the
@@ -923,6 +924,26 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
     for (size_t i = 0; i < n; i++) { written += untouched[i] != 0.0f; }
     CHECK(written == 0, "%s: %zu bf16 outputs written although normed_out is NULL", what, written);
     if (fused_residual) { check_same_bf16(d_res_fp8, d_res_plain, n, what, "codes only: the residual sum"); }
+
+    // x's codes without x^T (the forward of a linear whose x^T -r casts again; the one-pass cast
+    // then stages no tile): the same codes and record, and x^T left alone
+    uint8_t* codes_with_t = (uint8_t*)download(t.out.codes, n);
+    Fp8CastRecord record_with_t = download_record(&t);
+    producer_cast_reset(&t, &state);
+    cudaCheck(cudaMemset(t.out.codes_t, 0x55, n));
+    Fp8CastOutput x_only = t.out;
+    x_only.codes_t = NULL;
+    x_only.scale_inv_t = NULL;
+    run_layernorm_fp8(cast, &x_only, residual, NULL, d_stats + 2 * N, d_stats + 3 * N, d_inp1, d_inp2, d_weight, d_bias, N, C);
+    uint8_t* codes_without_t = (uint8_t*)download(t.out.codes, n);
+    uint8_t* codes_t_left = (uint8_t*)download(t.out.codes_t, n);
+    Fp8CastRecord record_without_t = download_record(&t);
+    size_t t_written = 0;
+    for (size_t i = 0; i < n; i++) { t_written += codes_t_left[i] != 0x55; }
+    CHECK(memcmp(codes_without_t, codes_with_t, n) == 0, "%s: without x^T the codes differ", what);
+    CHECK(memcmp(&record_without_t, &record_with_t, sizeof(Fp8CastRecord)) == 0, "%s: without x^T the record differs", what);
+    CHECK(t_written == 0, "%s: %zu x^T bytes written although codes_t is NULL", what, t_written);
+    free(codes_with_t); free(codes_without_t); free(codes_t_left);
 
     device_fp8_free(&t);
     free(untouched); free(stats); free(out_plain); free(out_fp8); free(inp1); free(inp2); free(weight); free(bias);
