@@ -590,11 +590,7 @@ static void gpt2_recompute_input(GPT2* model, int layer, int kind, const LayerAc
     bool recomputed = bf16_wgrad ? model->recompute >= linear_input_recompute_level(kind) && kind != LINEAR_ATTPROJ
                                  : fp8_model_recasts_x_t(fp8, i);
     if (!recomputed) { return; }
-    floatX* p = model->params;
     int BT = model->B * model->T, C = model->config.channels;
-    bool ln1 = kind == LINEAR_QKV;
-    const floatX* ln_weight = layer_tensor(model, p, ln1 ? PARAM_LN1W : PARAM_LN2W, layer);
-    const floatX* ln_bias = layer_tensor(model, p, ln1 ? PARAM_LN1B : PARAM_LN2B, layer);
     switch (kind) {
         case LINEAR_FCPROJ:
             if (bf16_wgrad) { gelu_forward(la->fch_gelu, la->fch, (size_t)BT * 4 * C, stream); }
@@ -606,7 +602,10 @@ static void gpt2_recompute_input(GPT2* model, int layer, int kind, const LayerAc
             profiler_mark("fp8 cast attention out recompute");
             break;
         default: {  // qkv: ln1 of the layer's input; fc: ln2 of the residual after attention
+            bool ln1 = kind == LINEAR_QKV;
             const floatX* ln_input = ln1 ? la->residual : la->residual2;
+            const floatX* ln_weight = layer_tensor(model, model->params, ln1 ? PARAM_LN1W : PARAM_LN2W, layer);
+            const floatX* ln_bias = layer_tensor(model, model->params, ln1 ? PARAM_LN1B : PARAM_LN2B, layer);
             if (bf16_wgrad) {
                 layernorm_forward(ln1 ? la->ln1 : la->ln2, NULL, NULL, ln_input, ln_weight, ln_bias, BT, C, stream);
             } else {
