@@ -117,7 +117,7 @@ first_summary() {
     tail -n 1 "$LOG_DIR/gpu_tests.log"
     grep -E '^(!!|-- |FAIL|SKIP)' "$LOG_DIR/gpu_tests.log" | head -n 20
     # probe_epilogues' table (env.txt), or why there is none
-    grep -A 30 -E '^## cuBLASLt FP8 GEMMs with FP8 outputs' "$LOG_DIR/env.txt" | grep -E '^(## |\| |error)' \
+    grep -A 30 -E '^## cuBLASLt FP8 GEMMs through GELU epilogues' "$LOG_DIR/env.txt" | grep -E '^(## |\| |error)' \
         || echo "probe_epilogues: no table ($(grep -h -E '^\(probe_epilogues' "$LOG_DIR/env.txt"))"
     # the report's main table (one row per train run): its header up to the first blank line
     awk '/^\| model \| precision \|/ {on = 1} on && /^$/ {exit} on' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
@@ -152,7 +152,7 @@ case "$stage" in
         write_env
         build_all $((tests_end - $(date +%s)))
         make_errors=$(build_errors)
-        # which FP8-output GELU epilogues cuBLASLt has (a second or two): into env.txt, the machine's facts
+        # which FP8 GELU epilogues (FP8 outputs, bf16 with amax) cuBLASLt has (a second or two): into env.txt, the machine's facts
         { echo; timeout 30 ./probe_epilogues 2>&1 || echo "(probe_epilogues: exit $?)"; } >>"$LOG_DIR/env.txt"
         mapfile -t tests < <(gpu_test_binaries)
         # the 2-rank test needs NCCL 2.30+, which only the ranks stage installs: here its SKIP line shows in summary.txt

@@ -484,7 +484,7 @@ def first_stage_fakes(tmp_path):
         path.write_text("#!/bin/sh\n" + body.get(name, f'echo "{name}: 10 passed, 0 failed"') + "\n")
         path.chmod(0o755)
     probe = root / "probe_epilogues"
-    probe.write_text('#!/bin/sh\necho "## cuBLASLt FP8 GEMMs with FP8 outputs through GELU epilogues (Fake H100)"\n'
+    probe.write_text('#!/bin/sh\necho "## cuBLASLt FP8 GEMMs through GELU epilogues: FP8 outputs, bf16 with amax (Fake H100)"\n'
                      'echo; echo "| case | heuristic | run | amax D written |"; echo "| fc fwd: E4M3 D | yes | yes | - |"\n')
     probe.chmod(0o755)
     fakes.mkdir()
@@ -525,8 +525,8 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     assert summary[3] == f"gpu tests: {10 * (len(names) - 2) + 5} passed, 2 failed", summary
     assert "!! build/test_gpt2 ran past TEST_DEADLINE (" in summary[4], summary
     # probe_epilogues' table: in env.txt after the build, in the summary after the tests
-    assert "## cuBLASLt FP8 GEMMs with FP8 outputs through GELU epilogues (Fake H100)" in (out / "env.txt").read_text()
-    probe_at = summary.index("## cuBLASLt FP8 GEMMs with FP8 outputs through GELU epilogues (Fake H100)")
+    assert "## cuBLASLt FP8 GEMMs through GELU epilogues: FP8 outputs, bf16 with amax (Fake H100)" in (out / "env.txt").read_text()
+    probe_at = summary.index("## cuBLASLt FP8 GEMMs through GELU epilogues: FP8 outputs, bf16 with amax (Fake H100)")
     assert summary[probe_at + 1:probe_at + 3] == ["| case | heuristic | run | amax D written |",
                                                   "| fc fwd: E4M3 D | yes | yes | - |"], summary
     assert probe_at > 4 and probe_at < summary.index("bench: " + (out / "bench_d12.log").read_text().splitlines()[-1]), summary

@@ -1071,17 +1071,24 @@ def test_probe_epilogues_command_line():
 
 
 def test_probe_epilogues_under_cudasim():
-    """the probe's own code on cudasim's cuBLASLt, which has the bf16-D epilogues the trainer uses but no FP8 D: the
-    two controls are accepted and run once (a misaligned scale pointer, refused on an H200, would fail them), and
-    each FP8-D case says which attribute was refused instead of ending the probe"""
+    """the probe's own code on cudasim's cuBLASLt, which has the bf16-D epilogues the trainer uses but no FP8 D and
+    no D amax: the two controls are accepted and run once (a misaligned scale pointer, refused on an H200, would fail
+    them), and each other case says which attribute was refused instead of ending the probe: an FP8 D's scale, or a
+    bf16 D's amax"""
     probe = os.path.join(ROOT, "build", "sim", "probe_epilogues")
     r = run(probe, [])
     assert r.returncode == 0, r.stderr[-2000:]
+    # dev/gpu_session.sh's summary finds the table by its title
+    with open(os.path.join(ROOT, "dev", "gpu_session.sh")) as f:
+        title = re.search(r"grep -A \d+ -E '(\^## cuBLASLt[^']*)' \"\$LOG_DIR/env.txt\"", f.read())
+    assert title and re.match(title.group(1), r.stdout), r.stdout[:200]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| fc") or line.startswith("| fcproj")]
-    assert len(rows) == 12 and sum("(control" in row for row in rows) == 2, r.stdout
+    assert len(rows) == 14 and sum("(control" in row for row in rows) == 2, r.stdout
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         if "(control" in cells[0]:
             assert cells[1:] == ["yes", "yes", "-"], row
+        elif "bf16 D" in cells[0]:
+            assert cells[1] == "CUBLASLT_MATMUL_DESC_AMAX_D_POINTER refused: CUBLAS_STATUS_NOT_SUPPORTED", row
         else:
             assert cells[1] == "CUBLASLT_MATMUL_DESC_D_SCALE_POINTER refused: CUBLAS_STATUS_NOT_SUPPORTED", row

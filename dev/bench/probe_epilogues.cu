@@ -1,10 +1,10 @@
 /*
-probe_epilogues.cu: whether this GPU's cuBLASLt has FP8 GEMMs that write FP8 codes through a
-GELU epilogue, the fusions that would take bytes out of llm8's FP8 path. It asks, it does not
-time: the answer decides whether building them is worth a session.
+probe_epilogues.cu: whether this GPU's cuBLASLt has FP8 GEMMs that write FP8 codes, or a bf16
+output's amax, through a GELU epilogue: the fusions that would take bytes out of llm8's FP8
+path. It asks, it does not time: the answer decides whether building them is worth a session.
 
 Why these: doc/performance.md's floor model says an H100 needs bytes out of the FP8 path to
-meet DESIGN.md section 7's targets, and two of its largest memory-bound passes read a GEMM's
+meet DESIGN.md section 7's targets, and three of its largest memory-bound passes read a GEMM's
 bf16 output only to cast it:
 - fc's forward writes the bf16 pre-activation, and the GELU cast reads it to write fcproj's
   E4M3 x and x^T (2 bytes an element in, 2 out, beside the GEMM's 2). With GELU_AUX_BIAS and an
@@ -14,6 +14,12 @@ bf16 output only to cast it:
   derivative and write E5M2 dy and dy^T. With DGELU and an E5M2 D under -fg delayed's scale, the
   GEMM would write dy's codes (the amax from AMAX_D), leaving the transpose and the bias
   gradient (DGELU_BGRAD, or a pass over the codes).
+- under the default -fg current, fc's dy needs its amax before any code is written, so today a
+  first pass reads fcproj's bf16 dgrad and the pre-activation for GELU's derivative, the bias
+  partials and the amax, writing dy (6 bytes an element), and the cast reads dy again (4). With
+  -ge 2's DGELU, a bf16 D and AMAX_D (cublasLt.h: D's amax "in the output matrix", no type named),
+  the GEMM would write dy and its amax, and one cast pass would read it for the codes, dy^T and
+  the bias partials: 8 bytes an element in all instead of 12 (-ge 1) or 10 (-ge 2 today).
 cublasLt.h allows an E4M3 or fp16 aux with an E4M3 D "with some restrictions" and says no more
 (nothing on bf16, on DGELU's aux with an E5M2 D, on the bias types), so each case is put to
 cublasLtMatmulAlgoGetHeuristic at d12's shape (B=64, T=1024) with the trainer's preferences, and
@@ -72,6 +78,8 @@ static const EpilogueCase PROBE_CASES[] = {
     {"fc fwd: E4M3 D, GELU_AUX_BIAS, fp16 aux, C and bias, amax", true, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, E4M3, F16, F16, F16, true},
     {"fc fwd: E4M3 D, GELU_AUX_BIAS, E4M3 aux, amax", true, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, E4M3, BF16, E4M3, BF16, true},
     {"fcproj dgrad: bf16 D, DGELU (control: -ge 2)", false, CUBLASLT_EPILOGUE_DGELU, BF16, BF16, PROBE_UNSET, PROBE_UNSET, false},
+    {"fcproj dgrad: bf16 D, DGELU, amax (-fg current)", false, CUBLASLT_EPILOGUE_DGELU, BF16, BF16, PROBE_UNSET, PROBE_UNSET, true},
+    {"fcproj dgrad: bf16 D, DGELU_BGRAD, bf16 bias, amax (-fg current)", false, CUBLASLT_EPILOGUE_DGELU_BGRAD, BF16, BF16, PROBE_UNSET, BF16, true},
     {"fcproj dgrad: E5M2 D, DGELU, bf16 aux", false, CUBLASLT_EPILOGUE_DGELU, E5M2, BF16, BF16, PROBE_UNSET, false},
     {"fcproj dgrad: E5M2 D, DGELU, bf16 aux, amax", false, CUBLASLT_EPILOGUE_DGELU, E5M2, BF16, BF16, PROBE_UNSET, true},
     {"fcproj dgrad: E5M2 D, DGELU, fp16 aux and C, amax", false, CUBLASLT_EPILOGUE_DGELU, E5M2, F16, F16, PROBE_UNSET, true},
@@ -191,7 +199,7 @@ static cublasStatus_t probe_heuristic(const ProbePlan* plan, const ProbeBuffers*
 int main(int argc, char** argv) {
     if (argc > 1) {
         bool help = strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0;
-        printf("usage: ./probe_epilogues (no flags): which FP8-output GELU epilogues this GPU's cuBLASLt has "
+        printf("usage: ./probe_epilogues (no flags): which FP8 GELU epilogues (FP8 outputs, bf16 with amax) this GPU's cuBLASLt has "
                "(dev/bench/probe_epilogues.cu)\n");
         if (!help) { llm8_die("probe_epilogues: unknown argument '%s' (it takes none)", argv[1]); }
         return 0;
@@ -218,7 +226,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     cudaCheck(cudaGetDevice(&device));
     cudaCheck(cudaGetDeviceProperties(&prop, device));
-    printf("## cuBLASLt FP8 GEMMs with FP8 outputs through GELU epilogues (%s, cuBLASLt %zu)\n\n", prop.name,
+    printf("## cuBLASLt FP8 GEMMs through GELU epilogues: FP8 outputs, bf16 with amax (%s, cuBLASLt %zu)\n\n", prop.name,
            cublasLtGetVersion());
     printf("Heuristic at m=%d n=%d k=%d (d12's fc forward and fcproj dgrad, B=64); run once at %d^3 on zeros.\n\n",
            PROBE_M, PROBE_N, PROBE_K, PROBE_RUN_SIZE);
