@@ -6,6 +6,12 @@ trainer's flag table) on the tiny model: every flag a script passes must parse a
 range check (the test's flags come last and only shrink the run: model, data, batch, steps),
 an FP8 script must train in FP8, and the comparison must train bf16 and each FP8 recipe asked
 for, then write the PNG and one table row per run.
+
+scripts/quickstart.sh, the README's first command, runs whole in a checkout of links to this
+one (its own dev/data, where the corpus goes, and its own root, where the logs go), so it
+changes nothing here: without a GPU it trains the tiny model with train_gpt2cpu; with one
+(a stub nvidia-smi and make) it runs its d12 command line on the cudasim trainer, shrunk the
+same way.
 """
 import glob
 import os
@@ -15,7 +21,8 @@ import tarfile
 
 import pytest
 
-from test_trainer_cli import data  # noqa: F401 (the fixture: a small train/val split)
+from test_trainer_cli import data, random_tokens, write_shard  # noqa: F401 (data: the fixture, a small train/val split)
+from fuzz_inputs import write_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = os.path.join(ROOT, "train_gpt2cpu")
@@ -204,3 +211,63 @@ def test_gpu_session_parity_stage_needs_the_corpus(tmp_path):
                             text=True, timeout=60, cwd=ROOT, env=env)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert "parity needs the offline corpus" in result.stderr and "carry dev/data/offline" in result.stderr
+
+
+def linked_checkout(where):
+    """a checkout at `where` whose entries are links to this one's, but for scripts/quickstart.sh's outputs: the
+    offline corpus (dev/data/offline, here made small: the shards and the decode table prepare_default.sh finds
+    already there) and the logs it writes at the root; where the trainer runs, its links are the ones to change"""
+    where.mkdir()
+    for name in os.listdir(ROOT):
+        if name not in (".git", "dev"):
+            os.symlink(os.path.join(ROOT, name), where / name)
+    (where / "dev" / "data").mkdir(parents=True)
+    for name in os.listdir(os.path.join(ROOT, "dev")):
+        if name != "data":
+            os.symlink(os.path.join(ROOT, "dev", name), where / "dev" / name)
+    for name in os.listdir(os.path.join(ROOT, "dev", "data")):
+        if name != "offline":
+            os.symlink(os.path.join(ROOT, "dev", "data", name), where / "dev" / "data" / name)
+    corpus = where / "dev" / "data" / "offline"
+    corpus.mkdir()
+    write_shard(corpus / "offline_train_000001.bin", random_tokens(20000, 1))
+    write_shard(corpus / "offline_val_000000.bin", random_tokens(5000, 2))
+    write_tokenizer(corpus / "gpt2_tokenizer.bin", vocab=50257)
+    return where
+
+
+def run_quickstart(checkout, args, gpu):
+    """scripts/quickstart.sh ARGS in `checkout`, with nvidia-smi listing a GPU or none (a stub first on PATH); with
+    one, make is a stub too (the GPU build is not this test's: make test compiles it)"""
+    stubs = checkout.parent / "stubs"
+    stubs.mkdir(exist_ok=True)
+    for name, body in [("nvidia-smi", "exit 0" if gpu else "exit 9")] + ([("make", 'echo "make $*"')] if gpu else []):
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{stubs}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(["bash", str(checkout / "scripts" / "quickstart.sh")] + [str(a) for a in args],
+                          capture_output=True, text=True, timeout=300, cwd=checkout.parent, env=env)
+
+
+def test_quickstart_without_a_gpu_trains_the_tiny_model_on_the_cpu(tmp_path):
+    checkout = linked_checkout(tmp_path / "checkout")
+    result = run_quickstart(checkout, ["-x", 2], gpu=False)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
+    assert "offline data already prepared in dev/data/offline" in result.stdout, result.stdout[-2000:]
+    assert "no NVIDIA GPU found (nvidia-smi lists none): training a tiny model on the CPU" in result.stdout
+    assert re.findall(r"^step\s+(\d+)/2 ", result.stdout, re.M) == ["1", "2"], result.stdout[-2000:]
+    assert (checkout / "log_tiny_cpu" / "main.log").read_text().startswith("s:"), "no main.log in log_tiny_cpu/"
+
+
+def test_quickstart_with_a_gpu_runs_its_d12_command_line(tmp_path):
+    """every flag of the GPU branch's d12 run parses and trains on the GPU trainer (cudasim's), the test's flags
+    last and only shrinking it: model, batch, sequence, total batch, steps, val batches, samples"""
+    checkout = linked_checkout(tmp_path / "checkout")
+    os.remove(checkout / "train_gpt2_fp8")
+    os.symlink(os.path.join(ROOT, "build", "sim", "train_gpt2_fp8"), checkout / "train_gpt2_fp8")
+    result = run_quickstart(checkout, ["-e", "tiny", "-b", 2, "-t", 32, "-d", 64, "-x", 2, "-m", 2, "-s", 0], gpu=True)
+    assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
+    assert result.stdout.count("make train_gpt2_fp8\n") == 1 and "no NVIDIA GPU" not in result.stdout, result.stdout[-2000:]
+    assert re.search(r"^train \| precision bf16 \| B=2 T=32 \| total batch 64 tokens", result.stdout, re.M), result.stdout[:3000]
+    assert re.findall(r"^step\s+(\d+)/2 ", result.stdout, re.M) == ["1", "2"], result.stdout[-2000:]
+    assert (checkout / "log_d12_bf16" / "main.log").exists()
