@@ -5,7 +5,8 @@ supply it, and make stops before compiling anything. Each case runs make in the 
 the variable that would point at the piece overridden (NVCC, CUDNN_INCLUDE,
 CUDNN_FRONTEND_PATH, NCCL_INCLUDE), so nothing on the machine has to be uninstalled; stand-in
 nvcc scripts report an old or an unreadable release. Also how make test-python starts pytest:
-one worker per core only where a pytest-xdist that can do it is installed.
+one worker per core only where a pytest-xdist that can do it is installed, and `make env`, the
+first command of a GPU session, here without a GPU.
 """
 import os
 import subprocess
@@ -36,6 +37,20 @@ def test_the_machines_toolchain_passes():
     result = make("check-cuda", "check-cudnn", "check-nccl")
     assert result.returncode == 0, result.stderr
     assert error_lines(result) == []
+
+
+def test_make_env_prints_every_section_without_a_gpu():
+    """`make env` (dev/gpu_env.sh) runs first in a GPU session's first call, whose output goes into
+    doc/gpu-environment.md: it must get through every section on any machine (a missing nvidia-smi or NVML is a
+    line of it, not the end), with the NCCL the Makefile picked and this nvcc's release"""
+    result = make("env")
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout + result.stderr
+    sections = [line[3:] for line in output.splitlines() if line.startswith("## ")]
+    assert [s.split(" (")[0] for s in sections] == ["Machine", "GPU and driver", "NVML", "nvcc", "CUDA libraries",
+                                                     "Python", "cuDNN version header", "NCCL and MPI"], output[-3000:]
+    assert "release 13." in output and "NCCL the build uses: " in output, output[-3000:]
+    assert "run this through make env to see it" not in output, output[-3000:]
 
 
 def test_missing_nvcc(tmp_path):
