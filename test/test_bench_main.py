@@ -637,3 +637,36 @@ def test_gpu_session_rerun_runs_one_binary_after_the_build(tmp_path):
     missing = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "rerun", "test_nothing"], capture_output=True,
                              text=True, timeout=60, env=env)
     assert missing.returncode != 0 and "build/test_nothing was not built" in missing.stderr, missing.stderr
+
+
+def test_gpu_session_sanitize_stage_tells_a_timeout_from_an_error(tmp_path):
+    """sanitize (compute-sanitizer memcheck over the kernel tests, each at most SANITIZE_S): every binary runs and
+    logs its exit; one that runs out of time (124) is no failure, one with memcheck errors (its --error-exitcode 99)
+    fails the stage, and without compute-sanitizer it stops in one line before building"""
+    root, fakes = copy_of_the_scripts(tmp_path), tmp_path / "bin"
+    fakes.mkdir()
+    fake_tool(fakes, "make", 'echo "make $*" >> "$OUT/make_calls"')
+    # the binary's name picks what memcheck does with it: clean, a timeout, or errors
+    fake_tool(fakes, "compute-sanitizer", 'case "$5" in *test_fp8_kernels) sleep 30;; '
+                                          '*test_matmul_attention) echo "========= ERROR SUMMARY: 1 error"; exit 99;; '
+                                          '*) echo "========= ERROR SUMMARY: 0 errors";; esac')
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable, SANITIZE_S="1")
+    session = ["bash", str(root / "dev" / "gpu_session.sh"), "sanitize"]
+    result = subprocess.run(session, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "gpu-tests" in (out / "make_calls").read_text(), "the build is brought up to date first"
+    exits = re.findall(r"^build/(\w+): exit (\d+)$", (out / "sanitize.log").read_text(), re.M)
+    assert exits == [("test_kernels", "0"), ("test_fp8_kernels", "124"), ("test_adamw8_gpu", "0"),
+                     ("test_matmul_attention", "99")], exits
+    # the same timeout with no errors anywhere: the stage passes
+    fake_tool(fakes, "compute-sanitizer", 'case "$5" in *test_fp8_kernels) sleep 30;; esac')
+    timed_out = subprocess.run(session, capture_output=True, text=True, timeout=60, env=env)
+    assert timed_out.returncode == 0 and "build/test_fp8_kernels: exit 124" in timed_out.stdout, timed_out.stdout
+    if not os.path.exists("/usr/local/cuda/bin/compute-sanitizer"):  # the stage's fallback, off PATH
+        os.remove(fakes / "compute-sanitizer")
+        env["PATH"] = f"{fakes}:/usr/bin:/bin"
+        missing = subprocess.run(session, capture_output=True, text=True, timeout=60, env=env)
+        assert missing.returncode == 1 and missing.stderr == "error: dev/gpu_session.sh: compute-sanitizer not found\n", \
+            missing.stderr
