@@ -23,6 +23,7 @@ import pytest
 
 from test_trainer_cli import data, random_tokens, write_shard  # noqa: F401 (data: the fixture, a small train/val split)
 from fuzz_inputs import write_tokenizer
+from test_bench_main import fake_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU = os.path.join(ROOT, "train_gpt2cpu")
@@ -242,8 +243,7 @@ def run_quickstart(checkout, args, gpu):
     stubs = checkout.parent / "stubs"
     stubs.mkdir(exist_ok=True)
     for name, body in [("nvidia-smi", "exit 0" if gpu else "exit 9")] + ([("make", 'echo "make $*"')] if gpu else []):
-        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
-        (stubs / name).chmod(0o755)
+        fake_tool(stubs, name, body)
     env = dict(os.environ, PATH=f"{stubs}{os.pathsep}{os.environ['PATH']}")
     return subprocess.run(["bash", str(checkout / "scripts" / "quickstart.sh")] + [str(a) for a in args],
                           capture_output=True, text=True, timeout=300, cwd=checkout.parent, env=env)
