@@ -17,9 +17,10 @@ bf16 output only to cast it:
 - under the default -fg current, fc's dy needs its amax before any code is written, so today a
   first pass reads fcproj's bf16 dgrad and the pre-activation for GELU's derivative, the bias
   partials and the amax, writing dy (6 bytes an element), and the cast reads dy again (4). With
-  -ge 2's DGELU, a bf16 D and AMAX_D (cublasLt.h: D's amax "in the output matrix", no type named),
-  the GEMM would write dy and its amax, and one cast pass would read it for the codes, dy^T and
-  the bias partials: 8 bytes an element in all instead of 12 (-ge 1) or 10 (-ge 2 today).
+  -ge 2's DGELU, a bf16 D and AMAX_D, the GEMM would write dy and its amax, and one cast pass
+  would read it for the codes, dy^T and the bias partials: 8 bytes an element in all instead of
+  12 (-ge 1) or 10 (-ge 2 today). DESIGN.md section 3 says CUDA 13 refuses an amax pointer with a
+  bf16 D (cublasLt.h names no D type for AMAX_D): these two rows expect a "no" and check it.
 cublasLt.h allows an E4M3 or fp16 aux with an E4M3 D "with some restrictions" and says no more
 (nothing on bf16, on DGELU's aux with an E5M2 D, on the bias types), so each case is put to
 cublasLtMatmulAlgoGetHeuristic at d12's shape (B=64, T=1024) with the trainer's preferences, and
