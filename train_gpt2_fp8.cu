@@ -359,8 +359,9 @@ fcproj's is ln1's of the layer above (lnf's for the last layer); layer -1 (ln1 o
 which feeds the encoder) is no linear's, and no layernorm writes the dy of qkv, fc or lm_head:
 for them it takes nothing. The bias gradient, wherever the linear's backward
 would read dy for it alone (a bf16 backward's bias pass; current scaling's amax pass), and then
-the amax too for an FP8 cast of current scaling. A one-pass FP8 cast (a known scale) sums the
-bias itself as it reads dy for the codes, so there the layernorm takes nothing.
+the amax too for an FP8 cast of current scaling (-fg current, and -fg pow2, whose cast then
+needs no prediction). A one-pass FP8 cast (a known scale) sums the bias itself as it reads dy
+for the codes, so there the layernorm takes nothing.
 */
 static LayernormDinpUses gpt2_layernorm_dinp_uses(GPT2* model, int layer, int kind) {
     LayernormDinpUses uses = LAYERNORM_DINP_UNUSED;
@@ -369,7 +370,8 @@ static LayernormDinpUses gpt2_layernorm_dinp_uses(GPT2* model, int layer, int ki
     int i = fp8_model_linear(fp8, layer, kind);
     if (fp8_model_casts_dy(fp8, i)) {
         Fp8CastOutput dy = fp8_model_dy(fp8, i);
-        if (dy.scaling != FP8_SCALING_TENSOR || fp8_model_dout_scale(fp8, i) != FP8_DOUT_NEEDS_AMAX) { return uses; }
+        Fp8DoutScale scale = fp8_model_dout_scale(fp8, i);  // pow2's prediction is never needed where the amax is taken
+        if (dy.scaling != FP8_SCALING_TENSOR || (scale != FP8_DOUT_NEEDS_AMAX && scale != FP8_DOUT_SCALE_PREDICTED)) { return uses; }
         uses.amax_record = dy.record;
     }
     uses.bias_grad = layer_tensor(model, model->grads, kind == LINEAR_ATTPROJ ? PARAM_ATTPROJB : PARAM_FCPROJB, layer);
@@ -1521,6 +1523,7 @@ int main(int argc, char** argv) {
     multi_gpu_watchdog_disarm(&multi_gpu);
     profiler_print(stdout);
     outlier_skip_print_summary(skipped_updates);
+    fp8_model_print_predictions(&model.fp8, stream);
 
     cudaCheck(cudaEventDestroy(start_event));
     cudaCheck(cudaEventDestroy(end_event));

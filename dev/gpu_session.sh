@@ -27,7 +27,8 @@
 #                                   # named): optimizers (bf16, bf16 + adamw8, FP8 delayed, FP8 delayed
 #                                   # + adamw8), lm_head (bf16, FP8 delayed, FP8 delayed with an FP8
 #                                   # lm_head), fg_delayed (bf16, FP8 delayed, FP8 delayed with
-#                                   # -fg delayed): scripts/compare_bf16_fp8.sh once a set
+#                                   # -fg delayed, FP8 delayed with -fg pow2):
+#                                   # scripts/compare_bf16_fp8.sh once a set
 #                                   # (summary_SET.md, loss_SET.png); a run a set shares with an
 #                                   # earlier one is resumed, not trained again, and so is a run cut
 #                                   # off (checkpoints every 500 steps) on the same warm machine
@@ -232,10 +233,11 @@ case "$stage" in
             exit 1
         fi
         # (set, RECIPES, OPTIMIZERS): each set trains bf16 and FP8 delayed (resumed when an earlier set
-        # trained them) and adds its own runs; -fg delayed (a candidate default, not yet measured) comes
-        # last, so a call cut off short of it has still finished the sets before it, summaries written
+        # trained them) and adds its own runs; -fg delayed and -fg pow2 (candidate defaults, not yet
+        # measured) come last, so a call cut off short of them has still finished the sets before them,
+        # summaries written
         sets=("optimizers|delayed|adamw adamw8" "lm_head|delayed delayed+lm_head|adamw"
-              "fg_delayed|delayed delayed+fg_delayed|adamw")
+              "fg_delayed|delayed delayed+fg_delayed delayed+fg_pow2|adamw")
         shift
         for name in "$@"; do
             [[ " optimizers lm_head fg_delayed " == *" $name "* ]] \

@@ -40,7 +40,11 @@ Why it is shaped so:
   pass (cast with the history's scale, record this amax). Current (gradients under -fg
   current, weights under -fw current, and a delayed tensor's first use): amax pass, update
   kernel, cast pass; the input is read twice because the scale must be known before the
-  first code is written.
+  first code is written. Current with power-of-two scales (gradients under -fg pow2, after the
+  first backward): the scale changes only where the amax crosses a power of two, so one pass
+  casts with the last use's scale as a prediction, the update kernel gives the verdict, and a
+  recast launch reads the input again only where the prediction failed (FP8_RECORD_PREDICTED,
+  FP8_RECORD_RECAST): current scaling's codes, at about delayed's bytes.
 - Codes are fp8_quantize(value, scale) from fp8.h, where value is the tensor as stored in
   bf16 (the rounded GELU or layernorm output, as the bf16 path sees it) or the fp32 weight:
   bit-exact with the host encode the CPU reference and the tests use.
@@ -102,6 +106,7 @@ typedef struct {
     Fp8CastRecord* record;
     float* scale_inv;
     float* scale_inv_t;
+    Fp8Prediction* prediction;  // per tensor, for FP8_RECORD_PREDICTED and _RECAST (else NULL)
 } Fp8CastOutput;
 
 /*
@@ -116,8 +121,22 @@ What a tile cast writes into its Fp8CastRecord:
   record's, which the wgrad GEMM reads as x^T's dequantization scale), and records nothing,
   so the statistics and the amax histories see each training use once. The block recipe's
   tiles find the same amaxes, so the same scales, as the forward's cast did.
+- FP8_RECORD_PREDICTED (per tensor, with out.prediction): FP8_RECORD_AMAX's cast with the
+  state's scale taken as a prediction of this use's (CURRENT_POW2 output gradients: the last
+  use's power of two), its counts held in out.prediction until fp8_scaling_settle_prediction
+  folds the amax into the state and keeps them, or drops them and sets out.prediction->recast;
+- FP8_RECORD_RECAST (the same): the same launch again, after that verdict: where recast is 0
+  every block returns at once (a launch, no bytes); else FP8_RECORD_COUNTS' cast with the
+  state's new scale, over every output the predicted cast wrote (codes, column sums,
+  transformed_out: the same bits where they do not depend on the scale).
 */
-typedef enum { FP8_RECORD_COUNTS = 0, FP8_RECORD_AMAX = 1, FP8_RECORD_NOTHING = 2 } Fp8CastRecording;
+typedef enum {
+    FP8_RECORD_COUNTS = 0,
+    FP8_RECORD_AMAX = 1,
+    FP8_RECORD_NOTHING = 2,
+    FP8_RECORD_PREDICTED = 3,
+    FP8_RECORD_RECAST = 4,
+} Fp8CastRecording;
 
 /*
 One weight of a batched launch (fp8_cast_weights_batched, fp8_transpose_codes_batched): where
@@ -333,6 +352,7 @@ __global__ void __launch_bounds__(FP8_TILE_THREADS, 4)
 fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, const In* in, int rows, int cols,
                           Fp8CastRecording recording, Transform transform) {
     const Fp8CastOutput& out = cast.output();
+    if (recording == FP8_RECORD_RECAST && out.prediction->recast == 0u) { return; }  // the prediction held: the whole block
     const bool replay = recording == FP8_RECORD_NOTHING;
     in += cast.input_offset();
     constexpr int vector = (int)(16 / sizeof(In));
@@ -493,7 +513,9 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
         out.record->scale = tensor_scale;
         out.record->scale_inv = out.state->scale_inv;
     }
-    fp8_tally_commit(tally, out.record, recording == FP8_RECORD_AMAX && out.scaling == FP8_SCALING_TENSOR);
+    const bool predicted = recording == FP8_RECORD_PREDICTED;
+    fp8_tally_commit(tally, out.record, (recording == FP8_RECORD_AMAX || predicted) && out.scaling == FP8_SCALING_TENSOR,
+                     predicted ? out.prediction : NULL);
 }
 
 // count tensors [rows][cols] (grid z): one from an Fp8OneCast, count from an Fp8BatchedCasts
@@ -514,6 +536,10 @@ void fp8_cast_transpose_grid(Source cast, int count, In* transformed_out, float*
 template <class In, class Transform>
 void fp8_cast_transpose_launch(const Fp8CastOutput* out, In* transformed_out, float* column_sums, const In* in,
                                int rows, int cols, Fp8CastRecording recording, Transform transform, cudaStream_t stream) {
+    if ((recording == FP8_RECORD_PREDICTED || recording == FP8_RECORD_RECAST) &&
+        (out->scaling != FP8_SCALING_TENSOR || out->prediction == NULL)) {
+        llm8_die("fp8_cast_transpose_launch: a predicted scale is per tensor, with an Fp8Prediction");
+    }
     Fp8OneCast one = {*out};
     fp8_cast_transpose_grid(one, 1, transformed_out, column_sums, in, rows, cols, recording, transform, stream);
 }

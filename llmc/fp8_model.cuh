@@ -39,7 +39,9 @@ Why it is shaped so:
   record, which the backward GEMMs read, so updating right after the forward is exact. The
   host knows which path to take without reading the GPU: x_seeded flips after the first
   forward, and is read from the states on resume. Output gradients under -fg delayed
-  likewise: dy_seeded flips after the first backward (fp8_model_dy_scale_known). lm_head's
+  likewise: dy_seeded flips after the first backward (fp8_model_dy_scale_known); under -fg
+  pow2 the one pass after it predicts the scale and a recast follows where it was wrong
+  (fp8_model_dout_scale). lm_head's
   output gradient, the logits' gradient, has a bound instead (fp8_gradient_recipe): before a
   forward that writes it, its state takes the bound as its amax (fp8_model_begin_dlogits), and
   the classifier writes its codes where both of lm_head's backward GEMMs read codes.
@@ -140,6 +142,7 @@ typedef struct {
     uint8_t* dy_codes_t;                 // [widest OC of an FP8 wgrad][BT] scratch
     float* dy_scale_inv;
     float* dy_scale_inv_t;
+    Fp8Prediction* dy_prediction;        // -fg pow2: the predicted dy cast in flight (one at a time, as the scratches)
     uint8_t* x_t_recast_codes;           // [widest K of a recast x^T][BT] scratch (-r)
     float* x_t_recast_scale_inv;
     void* memory;                        // one allocation holds every buffer above
@@ -264,6 +267,7 @@ static inline Fp8CastOutput fp8_model_dy(const Fp8Model* fp8, int i) {
     out.record = &fp8->records[fp8->num_linears + i];
     out.scale_inv = dgrad ? fp8->dy_scale_inv : NULL;
     out.scale_inv_t = wgrad ? fp8->dy_scale_inv_t : NULL;
+    out.prediction = fp8->dy_prediction;
     return out;
 }
 
@@ -359,6 +363,8 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     fp8->x_scale_inv = (float*)fp8_model_carve(base, &offset, block ? x_scales * sizeof(float) : 0);
     fp8->dy_scale_inv = (float*)fp8_model_carve(base, &offset, block ? dy_scales * sizeof(float) : 0);
     fp8->dy_scale_inv_t = (float*)fp8_model_carve(base, &offset, block ? dy_t_scales * sizeof(float) : 0);
+    bool predicts = fp8->settings.grad_scaling == FP8_GRADS_POW2;
+    fp8->dy_prediction = (Fp8Prediction*)fp8_model_carve(base, &offset, predicts ? sizeof(Fp8Prediction) : 0);
     size_t recast_scales = recast_k > 0 ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, recast_k, fp8->BT) : 0;
     fp8->x_t_recast_codes = (uint8_t*)fp8_model_carve(base, &offset, bt * recast_k);
     fp8->x_t_recast_scale_inv = (float*)fp8_model_carve(base, &offset, block ? recast_scales * sizeof(float) : 0);
@@ -437,8 +443,8 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
         llm8_die("fp8_model_create: delayed weight scaling needs a per-tensor recipe, and weights the optimizer pass casts "
                  "(train_config_fp8_settings)");
     }
-    if (settings->grad_scaling == FP8_GRADS_DELAYED && settings->recipe == FP8_MODEL_BLOCK) {
-        llm8_die("fp8_model_create: delayed gradient scaling needs a per-tensor recipe (train_config_fp8_settings)");
+    if (settings->grad_scaling != FP8_GRADS_CURRENT && settings->recipe == FP8_MODEL_BLOCK) {
+        llm8_die("fp8_model_create: delayed or pow2 gradient scaling needs a per-tensor recipe (train_config_fp8_settings)");
     }
     const int weight_tensor[LINEAR_KINDS_PER_LAYER] = {PARAM_QKVW, PARAM_ATTPROJW, PARAM_FCW, PARAM_FCPROJW};
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
@@ -491,6 +497,7 @@ void fp8_model_create(Fp8Model* fp8, const Fp8Settings* settings, const GPT2Conf
     cudaCheck(cudaStreamSynchronize(stream));  // host is freed next
     free(host);
     fp8_cast_records_init(fp8->records, states, stream);
+    if (fp8->dy_prediction != NULL) { cudaCheck(cudaMemsetAsync(fp8->dy_prediction, 0, sizeof(Fp8Prediction), stream)); }
     fp8->x_seeded = 0;
     fp8->dy_seeded = 0;
 }
@@ -653,12 +660,25 @@ const Fp8CastOutput* fp8_model_begin_dlogits(const Fp8Model* fp8, float dloss, F
     return out;
 }
 
-// what the cast of FP8 linear i's output gradient knows of its scale (matmul_backward_fp8_dout)
+// what the cast of FP8 linear i's output gradient knows of its scale (matmul_backward_fp8_dout):
+// under -fg pow2 after the first backward, the last use's power of two predicts it (the first
+// backward takes current's path, as it seeds -fg delayed's histories)
 static inline Fp8DoutScale fp8_model_dout_scale(const Fp8Model* fp8, int i) {
     if (i == fp8_model_linear(fp8, -1, LINEAR_LM_HEAD) && fp8_model_dlogits_bounded(fp8)) {
         return fp8_model_classifier_casts_dlogits(fp8) ? FP8_DOUT_CODES_WRITTEN : FP8_DOUT_SCALE_BOUND;
     }
-    return fp8_model_dy_scale_known(fp8) ? FP8_DOUT_SCALE_KNOWN : FP8_DOUT_NEEDS_AMAX;
+    if (fp8_model_dy_scale_known(fp8)) { return FP8_DOUT_SCALE_KNOWN; }
+    return fp8->settings.grad_scaling == FP8_GRADS_POW2 && fp8->dy_seeded ? FP8_DOUT_SCALE_PREDICTED : FP8_DOUT_NEEDS_AMAX;
+}
+
+// -fg pow2: how often the predicted scale of an output gradient held, a line at the end of training
+void fp8_model_print_predictions(const Fp8Model* fp8, cudaStream_t stream) {
+    if (fp8->dy_prediction == NULL) { return; }
+    Fp8Prediction held;
+    cudaCheck(cudaMemcpyAsync(&held, fp8->dy_prediction, sizeof(held), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    printf("fp8 | -fg pow2: %llu output gradients cast with a predicted scale, %llu cast again (%.2f%%)\n",
+           held.predictions, held.recasts, held.predictions > 0 ? 100.0 * (double)held.recasts / (double)held.predictions : 0.0);
 }
 
 // after every backward: each FP8 output gradient's state has been updated at least once
@@ -896,13 +916,18 @@ void fp8_model_download(const Fp8Model* fp8, Fp8HostState* host, cudaStream_t st
     cudaCheck(cudaStreamSynchronize(stream));
 }
 
+// the -fw / -fg value a state's recipe stands for (fp8_recipe.h's names; "invalid": a corrupt file's)
+static const char* fp8_model_scaling_flag_value(int32_t recipe) {
+    return recipe == FP8_RECIPE_CURRENT ? "current" : recipe == FP8_RECIPE_DELAYED ? "delayed"
+         : recipe == FP8_RECIPE_CURRENT_POW2 ? "pow2" : "invalid";
+}
+
 // a per-tensor scaling choice (-fw: the weights' states, -fg: the gradients'), as saved, against this run's
 static void fp8_model_check_saved_scaling(const char* path, const char* flag, const Fp8TensorScaling* saved,
-                                          bool want_delayed) {
-    bool saved_delayed = saved->recipe == FP8_RECIPE_DELAYED;
-    if (saved_delayed != want_delayed) {
+                                          Fp8Recipe want) {
+    if (saved->recipe != (int32_t)want) {
         llm8_die("state file '%s' was written with %s %s; this run has %s %s: resume with the same %s", path, flag,
-                 saved_delayed ? "delayed" : "current", flag, want_delayed ? "delayed" : "current", flag);
+                 fp8_model_scaling_flag_value(saved->recipe), flag, fp8_model_scaling_flag_value(want), flag);
     }
 }
 
@@ -930,10 +955,11 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
                  fp8_model_recipe_name(want.recipe), want_text, want.history_len, want.margin, want.num_linears);
     }
     if (fp8->settings.recipe != FP8_MODEL_BLOCK) {  // -fw and -fg are in the states: the recipe they were made with
-        fp8_model_check_saved_scaling(path, "-fw", &host->states[2 * fp8->num_linears], fp8_model_delayed_weights(fp8));
+        fp8_model_check_saved_scaling(path, "-fw", &host->states[2 * fp8->num_linears],
+                                      fp8_model_delayed_weights(fp8) ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT);
         for (int i = 0; i < fp8->num_linears; i++) {
             Fp8Recipe want_dy = fp8_gradient_recipe(fp8->settings.grad_scaling, fp8->linears[i].kind);
-            fp8_model_check_saved_scaling(path, "-fg", &host->states[fp8->num_linears + i], want_dy == FP8_RECIPE_DELAYED);
+            fp8_model_check_saved_scaling(path, "-fg", &host->states[fp8->num_linears + i], want_dy);
         }
     }
     Fp8TensorScaling* fresh = (Fp8TensorScaling*)mallocCheck(n * sizeof(Fp8TensorScaling));

@@ -51,12 +51,16 @@ static const char* const FP8_MODEL_RECIPE_NAMES[3] = {"delayed", "current", "blo
 
 #define FP8_ALL_PASSES (FP8_FWD | FP8_DGRAD | FP8_WGRAD)
 
-// -fw and -fg choose between the same two per-tensor scalings, named alike
-static const char* const FP8_SCALING_CHOICE_NAMES[2] = {"current", "delayed"};
+// -fw and -fg choose between per-tensor scalings named alike: -fw the first two, -fg all three
+// (Fp8WeightScaling, Fp8GradScaling)
+#define FP8_WEIGHT_SCALING_CHOICES 2
+#define FP8_GRAD_SCALING_CHOICES 3
+static const char* const FP8_SCALING_CHOICE_NAMES[FP8_GRAD_SCALING_CHOICES] = {"current", "delayed", "pow2"};
 
-// the name of a -fw or -fg value; "invalid" for one no flag gives (a corrupted state file's)
-static inline const char* fp8_scaling_choice_name(int choice) {
-    return choice == 0 || choice == 1 ? FP8_SCALING_CHOICE_NAMES[choice] : "invalid";
+// the name of a value of a flag with `choices` values; "invalid" for one it does not give (a
+// corrupted state file's)
+static inline const char* fp8_scaling_choice_name(int choice, int choices) {
+    return choice >= 0 && choice < choices ? FP8_SCALING_CHOICE_NAMES[choice] : "invalid";
 }
 
 // how the per-tensor recipes scale the weights (-fw): cast after the optimizer pass with the new
@@ -65,9 +69,12 @@ typedef enum { FP8_WEIGHTS_CURRENT, FP8_WEIGHTS_DELAYED } Fp8WeightScaling;
 
 // how the per-tensor recipes scale the output gradients dy (-fg): current (DESIGN.md section 3:
 // an amax pass, then the cast; dy read twice, once for attproj and fcproj, whose amax and bias
-// layernorm backward takes as it writes their dy), or delayed (the amax history's scale, so the
-// pass that sums the bias also casts: dy read once; the first backward seeds the history)
-typedef enum { FP8_GRADS_CURRENT, FP8_GRADS_DELAYED } Fp8GradScaling;
+// layernorm backward takes as it writes their dy), delayed (the amax history's scale, so the
+// pass that sums the bias also casts: dy read once; the first backward seeds the history), or
+// pow2 (current scaling with the scale rounded down to a power of two, fp8_scaling.h's
+// CURRENT_POW2: cast in one pass with the last use's scale, and again where this use's amax
+// gave another; the first backward takes current's path)
+typedef enum { FP8_GRADS_CURRENT, FP8_GRADS_DELAYED, FP8_GRADS_POW2 } Fp8GradScaling;
 
 typedef struct {
     int enabled;                  // -p fp8
@@ -228,12 +235,12 @@ static inline int fp8_model_recipe_from_name(const char* name) {
     return -1;
 }
 
-// -fw's or -fg's value (flag names the flag in the error)
-static inline int fp8_scaling_choice_from_name(const char* flag, const char* name) {
-    for (int i = 0; i < 2; i++) {
+// -fw's or -fg's value, one of the first `choices` names (flag names the flag in the error)
+static inline int fp8_scaling_choice_from_name(const char* flag, const char* name, int choices) {
+    for (int i = 0; i < choices; i++) {
         if (strcmp(name, FP8_SCALING_CHOICE_NAMES[i]) == 0) { return i; }
     }
-    llm8_die("flag %s: '%s' is not one of current, delayed", flag, name);
+    llm8_die("flag %s: '%s' is not one of current, delayed%s", flag, name, choices > 2 ? ", pow2" : "");
     return -1;
 }
 
@@ -289,7 +296,8 @@ scale it used, so the ratio can be read there.
 */
 static inline Fp8Recipe fp8_gradient_recipe(int grad_scaling, int kind) {
     if (kind == LINEAR_LM_HEAD) { return FP8_RECIPE_CURRENT; }  // updated with the bound before each use
-    return grad_scaling == FP8_GRADS_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT;
+    return grad_scaling == FP8_GRADS_DELAYED ? FP8_RECIPE_DELAYED
+         : grad_scaling == FP8_GRADS_POW2 ? FP8_RECIPE_CURRENT_POW2 : FP8_RECIPE_CURRENT;
 }
 
 // whether a block linear casts its output gradient (an FP8 dgrad or wgrad): what -fg acts on

@@ -56,6 +56,24 @@ static_assert(offsetof(Fp8CastRecord, scale_inv) == 0 && offsetof(Fp8CastRecord,
               && sizeof(Fp8CastRecord) % 16 == 0,
               "every record of a 16-byte aligned array has a 16-byte aligned scale_inv, its scale next");
 
+/*
+A predicted cast (fp8_cast.cuh's FP8_RECORD_PREDICTED: -fg pow2's output gradients) in flight:
+its counts, held apart from the record's until fp8_scaling_settle_prediction keeps them (the
+prediction was this use's scale) or drops them and sets recast (the recast counts its own).
+Outside the record, whose layout the state files hold: it lives from the predicted cast to its
+recast, within one output gradient's pass, so nothing of it is saved but two counts of this
+process's predictions, for the trainer's last lines.
+*/
+typedef struct {
+    unsigned long long elements;
+    unsigned long long saturated;
+    unsigned long long flushed;
+    unsigned long long predictions;  // every verdict so far
+    unsigned long long recasts;      // the wrong ones
+    uint32_t recast;  // 1: the prediction was wrong, the recast runs
+    uint32_t unused_padding;
+} Fp8Prediction;
+
 // ----------------------------------------------------------------------------
 // per-thread tally of a cast, committed once per block
 
@@ -171,14 +189,19 @@ __device__ __forceinline__ Fp8Tally fp8_tally_warp_reduce(Fp8Tally t) {
 }
 
 // a reduced tally into the record, one atomic per field it changes; record_amax: also fold
-// the amax into record->amax_bits (a use whose amax the next state update takes)
-__device__ __forceinline__ void fp8_tally_add(Fp8Tally t, Fp8CastRecord* record, bool record_amax) {
+// the amax into record->amax_bits (a use whose amax the next state update takes); held (a
+// predicted cast's, else NULL): the counts go there, and the scale nowhere (the record holds
+// the one it used), until fp8_scaling_settle_prediction keeps or drops them
+__device__ __forceinline__ void fp8_tally_add(Fp8Tally t, Fp8CastRecord* record, bool record_amax, Fp8Prediction* held) {
     atomicMax(&record->interval_amax_bits, t.amax_bits);
     if (record_amax) { atomicMax(&record->amax_bits, t.amax_bits); }
-    if (t.min_scale_bits != FP8_NO_SCALE_BITS) { atomicMin(&record->interval_min_scale_bits, t.min_scale_bits); }
-    if (t.elements != 0u) { atomicAdd(&record->elements, (unsigned long long)t.elements); }
-    if (t.saturated != 0u) { atomicAdd(&record->saturated, (unsigned long long)t.saturated); }
-    if (t.flushed != 0u) { atomicAdd(&record->flushed, (unsigned long long)t.flushed); }
+    if (t.min_scale_bits != FP8_NO_SCALE_BITS && held == NULL) { atomicMin(&record->interval_min_scale_bits, t.min_scale_bits); }
+    unsigned long long* elements = held != NULL ? &held->elements : &record->elements;
+    unsigned long long* saturated = held != NULL ? &held->saturated : &record->saturated;
+    unsigned long long* flushed = held != NULL ? &held->flushed : &record->flushed;
+    if (t.elements != 0u) { atomicAdd(elements, (unsigned long long)t.elements); }
+    if (t.saturated != 0u) { atomicAdd(saturated, (unsigned long long)t.saturated); }
+    if (t.flushed != 0u) { atomicAdd(flushed, (unsigned long long)t.flushed); }
 }
 
 /*
@@ -186,7 +209,7 @@ Reduces the tallies of the whole block and adds them to the record (fp8_tally_ad
 thread of the block must call it (it has block barriers); the block is
 blockDim.x * blockDim.y * blockDim.z threads, a multiple of 32.
 */
-__device__ void fp8_tally_commit(Fp8Tally t, Fp8CastRecord* record, bool record_amax) {
+__device__ void fp8_tally_commit(Fp8Tally t, Fp8CastRecord* record, bool record_amax, Fp8Prediction* held = NULL) {
     __shared__ uint32_t warp_values[5][WARP_SIZE];
     const int thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
     const int threads = blockDim.x * blockDim.y * blockDim.z;
@@ -212,14 +235,14 @@ __device__ void fp8_tally_commit(Fp8Tally t, Fp8CastRecord* record, bool record_
         b.flushed = valid ? warp_values[3][lane] : 0u;
         b.min_scale_bits = valid ? warp_values[4][lane] : FP8_NO_SCALE_BITS;
         b = fp8_tally_warp_reduce(b);
-        if (lane == 0) { fp8_tally_add(b, record, record_amax); }
+        if (lane == 0) { fp8_tally_add(b, record, record_amax, held); }
     }
 }
 
 // the same for one warp on its own, in kernels whose warps finish independently (adamw8.cuh)
 __device__ __forceinline__ void fp8_tally_commit_warp(Fp8Tally t, Fp8CastRecord* record, bool record_amax) {
     Fp8Tally w = fp8_tally_warp_reduce(t);
-    if (threadIdx.x % WARP_SIZE == 0) { fp8_tally_add(w, record, record_amax); }
+    if (threadIdx.x % WARP_SIZE == 0) { fp8_tally_add(w, record, record_amax, NULL); }
 }
 
 // ----------------------------------------------------------------------------
@@ -283,6 +306,41 @@ void fp8_scaling_update_records(Fp8TensorScaling* states, Fp8CastRecord* records
     if (count <= 0) { llm8_die("fp8_scaling_update_records: count %d must be positive", count); }
     const int block_size = 128;
     fp8_scaling_update_records_kernel<<<ceil_div(count, block_size), block_size, 0, stream>>>(states, records, count);
+    cudaCheck(cudaGetLastError());
+}
+
+/*
+One thread: after a predicted cast (fp8_cast.cuh's FP8_RECORD_PREDICTED: the state's scale, which
+under CURRENT_POW2 is the last use's), the state's update with this use's amax, then the verdict.
+The same scale: the codes are this use's, and the cast's held counts and its scale join the
+interval's statistics. Another: the record takes the new scale and the recast is asked for
+(FP8_RECORD_RECAST), which counts its own. Either way the codes and the numerics log are what
+current scaling's two passes (amax, update, cast) make under the same state.
+*/
+__global__ void fp8_scaling_settle_prediction_kernel(Fp8TensorScaling* state, Fp8CastRecord* record, Fp8Prediction* held) {
+    const float predicted = record->scale;
+    fp8_scaling_update(state, bits_as_float(record->amax_bits));
+    record->amax_bits = 0u;
+    const bool kept = state->scale == predicted;
+    if (kept) {
+        record->interval_min_scale_bits = min(record->interval_min_scale_bits, float_as_bits(predicted));
+        record->elements += held->elements;
+        record->saturated += held->saturated;
+        record->flushed += held->flushed;
+    } else {
+        record->scale = state->scale;
+        record->scale_inv = state->scale_inv;
+    }
+    held->recast = kept ? 0u : 1u;
+    held->predictions++;
+    held->recasts += kept ? 0ull : 1ull;
+    held->elements = 0ull;
+    held->saturated = 0ull;
+    held->flushed = 0ull;
+}
+
+void fp8_scaling_settle_prediction(Fp8TensorScaling* state, Fp8CastRecord* record, Fp8Prediction* held, cudaStream_t stream) {
+    fp8_scaling_settle_prediction_kernel<<<1, 1, 0, stream>>>(state, record, held);
     cudaCheck(cudaGetLastError());
 }
 

@@ -28,6 +28,14 @@ Why it is shaped so:
   multiplication by 2^-margin. The scale is not rounded to a power of two: an FP8 cast
   loses nothing by a non-power-of-two scale, and it uses the whole range. scale_inv is
   1/scale, also one correctly rounded division. Both sides therefore agree bit for bit.
+- CURRENT_POW2 (gradients under -fg pow2) is current scaling with the scale rounded down to a
+  power of two: the largest 2^k with amax * 2^k <= fp8_max, then / 2^margin
+  (fp8_scale_pow2_from_amax, exact on both sides). The codes are then a function of this use's
+  amax alone, as in CURRENT, but the scale changes only where the amax crosses a power of two,
+  so the GPU can cast in one pass with the last use's scale and cast again only where this
+  use's turned out different (matmul.cuh's FP8_DOUT_SCALE_PREDICTED). What it costs: the
+  amax lands in [fp8_max / 2, fp8_max], not on fp8_max, so the scale is up to 2x smaller than
+  CURRENT's and values up to 2x larger than CURRENT's smallest flush to zero.
 - amax = 0 (an all-zero tensor) is a finite amax: recorded, and the clamp to 1e-12 gives a
   large finite scale (448e12 for E4M3); zeros encode to zero under any scale.
 - A jump above the history (delayed): this use saturates (the numerics log shows its
@@ -52,7 +60,7 @@ Why it is shaped so:
 #define FP8_AMAX_FLOOR 1e-12f
 #define FP8_MARGIN_MAX 16
 
-typedef enum { FP8_RECIPE_DELAYED = 0, FP8_RECIPE_CURRENT = 1 } Fp8Recipe;
+typedef enum { FP8_RECIPE_DELAYED = 0, FP8_RECIPE_CURRENT = 1, FP8_RECIPE_CURRENT_POW2 = 2 } Fp8Recipe;
 
 typedef struct {
     float amax_history[FP8_AMAX_HISTORY_MAX]; // ring of the last history_len finite amaxes
@@ -79,6 +87,22 @@ LLMC_HD float fp8_scale_from_amax(float amax, float fp8_max, int margin) {
     float scale = fp8_max / clamped;
 #endif
     float scaled = scale * bits_as_float((uint32_t)(127 - margin) << 23);  // * 2^-margin, exact above 2^-126
+    const float smallest_normal = bits_as_float(0x00800000u);
+    return scaled >= smallest_normal ? scaled : smallest_normal;
+}
+
+/*
+CURRENT_POW2's scale: the largest power of two 2^k with max(amax, 1e-12) * 2^k <= fp8_max, times
+2^-margin, at least 2^-126: the exponent of the correctly rounded quotient fp8_max / amax, which
+is the exact quotient's. Rounding cannot cross a power of two 2^k: up, it would need an amax in
+(fp8_max 2^-k, fp8_max 2^-k (1 + 2^-25)], and fp8_max 2^-k is a float, the next one 2^-24 or
+more above it (relative); down, 2^k itself is a float. Both sides agree bit for bit
+(test_fp8_scaling checks it against a reference in double).
+*/
+LLMC_HD float fp8_scale_pow2_from_amax(float amax, float fp8_max, int margin) {
+    float quotient = fp8_scale_from_amax(amax, fp8_max, 0);  // clamps amax to 1e-12, and is a normal float
+    float scale = bits_as_float(float_as_bits(quotient) & 0x7f800000u);  // 2^exponent
+    float scaled = scale * bits_as_float((uint32_t)(127 - margin) << 23);
     const float smallest_normal = bits_as_float(0x00800000u);
     return scaled >= smallest_normal ? scaled : smallest_normal;
 }
@@ -189,7 +213,7 @@ LLMC_HD int fp8_scaling_seeded(const Fp8TensorScaling* s) { return s->recorded >
 //    (current scaling, and a delayed tensor's seeding use);
 // 0: the producer casts with s->scale and records amax, then fp8_scaling_update (delayed).
 LLMC_HD int fp8_scaling_casts_after_update(const Fp8TensorScaling* s) {
-    return s->recipe == FP8_RECIPE_CURRENT || !fp8_scaling_seeded(s);
+    return s->recipe != FP8_RECIPE_DELAYED || !fp8_scaling_seeded(s);
 }
 
 // max over the recorded part of the ring; 0 when nothing is recorded
@@ -202,8 +226,9 @@ LLMC_HD float fp8_scaling_history_max(const Fp8TensorScaling* s) {
 
 /*
 One use of the tensor: record its amax and compute the scale for the next cast.
-CURRENT: the new scale comes from this amax alone. DELAYED: from the max of the history,
-this amax included. A non-finite amax changes nothing but the counters (see above).
+CURRENT: the new scale comes from this amax alone (CURRENT_POW2: rounded down to a power of
+two). DELAYED: from the max of the history, this amax included. A non-finite amax changes
+nothing but the counters (see above).
 */
 LLMC_HD void fp8_scaling_update(Fp8TensorScaling* s, float amax) {
     s->last_amax = amax;
@@ -214,8 +239,12 @@ LLMC_HD void fp8_scaling_update(Fp8TensorScaling* s, float amax) {
     s->amax_history[s->position] = amax;
     s->position = s->position + 1 == s->history_len ? 0 : s->position + 1;
     s->recorded++;
-    float scaling_amax = s->recipe == FP8_RECIPE_CURRENT ? amax : fp8_scaling_history_max(s);
-    s->scale = fp8_scale_from_amax(scaling_amax, s->fp8_max, s->margin);
+    if (s->recipe == FP8_RECIPE_CURRENT_POW2) {
+        s->scale = fp8_scale_pow2_from_amax(amax, s->fp8_max, s->margin);
+    } else {
+        float scaling_amax = s->recipe == FP8_RECIPE_CURRENT ? amax : fp8_scaling_history_max(s);
+        s->scale = fp8_scale_from_amax(scaling_amax, s->fp8_max, s->margin);
+    }
     s->scale_inv = fp8_reciprocal(s->scale);
 }
 

@@ -703,9 +703,23 @@ typedef enum {
     FP8_DOUT_NEEDS_AMAX,
     FP8_DOUT_AMAX_RECORDED,
     FP8_DOUT_SCALE_KNOWN,
+    FP8_DOUT_SCALE_PREDICTED,
     FP8_DOUT_SCALE_BOUND,
     FP8_DOUT_CODES_WRITTEN,
 } Fp8DoutScale;
+
+// matmul_backward_fp8_dout's tile pass over dout: GELU's derivative applied first where pre_gelu is
+// given (the product stored into dout, in place, where a bf16 GEMM reads it: store_product), the
+// bias columns summed into column_sums (may be NULL), the codes cast as recording says
+static void matmul_dout_tile_cast(const Fp8CastOutput* fp8, float* column_sums, floatX* dout, const floatX* pre_gelu,
+                                  bool store_product, int N, int OC, Fp8CastRecording recording, cudaStream_t stream) {
+    if (pre_gelu != NULL) {
+        Fp8GeluBackwardTransform gelu_backward = {pre_gelu, OC};
+        fp8_cast_transpose_launch(fp8, store_product ? dout : NULL, column_sums, dout, N, OC, recording, gelu_backward, stream);
+    } else {
+        fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, recording, Fp8Identity(), stream);
+    }
+}
 
 /*
 The fused pass over a linear's output gradient dout [N][OC] before its FP8 GEMMs. With
@@ -734,6 +748,13 @@ then the bias sums finish (dbias += , when dbias != NULL).
   (the cast copied the scale it used into the record, which the GEMMs read). Bytes per
   element: 2 [+ 2 read, + 2 written for a bf16 GEMM] + 1 per code array, against the bf16
   path's 2 for the bias alone.
+- FP8_DOUT_SCALE_PREDICTED (-fg pow2 after the first backward, per tensor: current scaling with
+  power-of-two scales, CURRENT_POW2): SCALE_KNOWN's tile pass with the state's scale, the last
+  use's, as a prediction of this use's; the state update (fp8_scaling_settle_prediction) finds
+  whether this dout's amax gives the same power of two; if not, the same pass runs again with
+  the new scale (fp8_cast.cuh's FP8_RECORD_RECAST, whose blocks return at once otherwise).
+  Bytes per element: SCALE_KNOWN's, twice where the amax crossed a power of two; the codes,
+  bias and statistics are FP8_DOUT_NEEDS_AMAX's under the same state, bit for bit.
 - FP8_DOUT_SCALE_BOUND (per tensor, where the state was updated from a bound on |dout| before
   its producer ran: lm_head's, fp8_model_begin_dlogits): the same one tile-cast pass with the
   state's scale, recording no amax and updating nothing after.
@@ -768,17 +789,23 @@ void matmul_backward_fp8_dout(const Fp8CastOutput* fp8, floatX* dbias, float* db
         fp8_scaling_update_records(fp8->state, fp8->record, 1, stream);
         fp8_cast_transpose_launch(fp8, (floatX*)NULL, (float*)NULL, dout, N, OC, FP8_RECORD_COUNTS, Fp8Identity(), stream);
     } else {  // one tile pass; per tensor with a known scale, the state update after it
-        bool update_after = per_tensor && scale == FP8_DOUT_SCALE_KNOWN;
-        Fp8CastRecording recording = update_after ? FP8_RECORD_AMAX : FP8_RECORD_COUNTS;
-        float* column_sums = dbias != NULL ? dbias_scratch : NULL;
-        if (pre_gelu != NULL) {
-            Fp8GeluBackwardTransform gelu_backward = {pre_gelu, OC};
-            floatX* product = fp8->codes == NULL || fp8->codes_t == NULL ? dout : NULL;  // a bf16 GEMM reads it
-            fp8_cast_transpose_launch(fp8, product, column_sums, dout, N, OC, recording, gelu_backward, stream);
-        } else {
-            fp8_cast_transpose_launch(fp8, (floatX*)NULL, column_sums, dout, N, OC, recording, Fp8Identity(), stream);
+        if (scale == FP8_DOUT_SCALE_PREDICTED && (!per_tensor || fp8->prediction == NULL)) {
+            llm8_die("matmul_backward_fp8_dout: a predicted scale is per tensor, with an Fp8Prediction");
         }
+        bool update_after = per_tensor && scale == FP8_DOUT_SCALE_KNOWN;
+        Fp8CastRecording recording = scale == FP8_DOUT_SCALE_PREDICTED ? FP8_RECORD_PREDICTED
+                                   : update_after ? FP8_RECORD_AMAX : FP8_RECORD_COUNTS;
+        float* column_sums = dbias != NULL ? dbias_scratch : NULL;
+        bool store_product = pre_gelu != NULL && (fp8->codes == NULL || fp8->codes_t == NULL);  // a bf16 GEMM reads it
+        matmul_dout_tile_cast(fp8, column_sums, dout, pre_gelu, store_product, N, OC, recording, stream);
         if (update_after) { fp8_scaling_update_records(fp8->state, fp8->record, 1, stream); }
+        if (scale == FP8_DOUT_SCALE_PREDICTED) {
+            fp8_scaling_settle_prediction(fp8->state, fp8->record, fp8->prediction, stream);
+            // the recast reads dout as the pass left it: where the GELU product went into dout, the
+            // product itself (the same staged values, so the same codes and column sums)
+            const floatX* recast_pre_gelu = store_product ? NULL : pre_gelu;
+            matmul_dout_tile_cast(fp8, column_sums, dout, recast_pre_gelu, false, N, OC, FP8_RECORD_RECAST, stream);
+        }
     }
     if (dbias != NULL) { matmul_dbias_finish(dbias, dbias_scratch, N, OC, stream); }
 }

@@ -112,8 +112,8 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-fm", FLAG_INT, TC_OFF(fp8_margin), 0, FP8_MARGIN_MAX, NULL, "fp8 scale margin: per-tensor scales are divided by 2^margin"},
     {"-fw", FLAG_CHOICE, TC_OFF(fp8_weight_scaling), 0, 0, "current delayed",
      "fp8 weight scaling (-fr delayed|current) of the block linears' weights when each FP8 one runs all three GEMMs in FP8: current (cast after the optimizer step, with the new amax) or delayed (cast inside it, with the previous step's amax and the -fm margin); lm_head, and the others, are cast from bf16 after the step, current"},
-    {"-fg", FLAG_CHOICE, TC_OFF(fp8_grad_scaling), 0, 0, "current delayed",
-     "fp8 output-gradient scaling (-fr delayed|current): current (an amax pass, then the cast: dy read twice, once for attproj and fcproj, whose amax layernorm backward takes) or delayed (the cast rides on the bias-gradient pass with an amax history's scale: dy read once); an FP8 lm_head's gradient is scaled from its bound |dlogit| <= dloss either way"},
+    {"-fg", FLAG_CHOICE, TC_OFF(fp8_grad_scaling), 0, 0, "current delayed pow2",
+     "fp8 output-gradient scaling (-fr delayed|current): current (an amax pass, then the cast: dy read twice, once for attproj and fcproj, whose amax layernorm backward takes), delayed (the cast rides on the bias-gradient pass with an amax history's scale: dy read once) or pow2 (current with the scale rounded down to a power of two: the cast rides on that pass with the last use's scale, and runs again where dy's amax crossed a power of two); an FP8 lm_head's gradient is scaled from its bound |dlogit| <= dloss under all three"},
     {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8 (in the passes -f8p gives them), a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
     {"-f8p", FLAG_STRING, TC_OFF(fp8_passes), 0, 0, NULL, "fp8: GEMM passes in FP8, a comma list of fwd,dgrad,wgrad (for every -f8 linear), <linear>.<pass> (e.g. fc.wgrad: that linear only), or all; the union runs in FP8, the rest in bf16"},
     {"-fn", FLAG_INT, TC_OFF(fp8_numerics_every), 0, INT_MAX_FLAG, NULL, "fp8: numerics log (numerics.jsonl in -o) every N steps (0 = never)"},
@@ -284,21 +284,22 @@ static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
     s.recipe = fp8_model_recipe_from_name(c->fp8_recipe);
     s.history_len = c->fp8_history;
     s.margin = c->fp8_margin;
-    s.weight_scaling = fp8_scaling_choice_from_name("-fw", c->fp8_weight_scaling);
-    s.grad_scaling = fp8_scaling_choice_from_name("-fg", c->fp8_grad_scaling);
+    s.weight_scaling = fp8_scaling_choice_from_name("-fw", c->fp8_weight_scaling, FP8_WEIGHT_SCALING_CHOICES);
+    s.grad_scaling = fp8_scaling_choice_from_name("-fg", c->fp8_grad_scaling, FP8_GRAD_SCALING_CHOICES);
     fp8_parse_passes("-f8p", c->fp8_passes, fp8_parse_linears("-f8", c->fp8_linears), s.passes);
     s.numerics_every = c->fp8_numerics_every;
     if (s.weight_scaling == FP8_WEIGHTS_DELAYED && s.recipe == FP8_MODEL_BLOCK) {
         llm8_die("flag -fw delayed: -fr block scales each 128x128 weight block by its own amax; "
                  "use -fw current with -fr block, or -fr delayed|current");
     }
-    if (s.grad_scaling == FP8_GRADS_DELAYED && s.recipe == FP8_MODEL_BLOCK) {
-        llm8_die("flag -fg delayed: -fr block scales each 1x128 gradient tile by its own amax, in one pass already; "
-                 "use -fg current with -fr block, or -fr delayed|current");
+    if (s.grad_scaling != FP8_GRADS_CURRENT && s.recipe == FP8_MODEL_BLOCK) {
+        llm8_die("flag -fg %s: -fr block scales each 1x128 gradient tile by its own amax, in one pass already; "
+                 "use -fg current with -fr block, or -fr delayed|current", c->fp8_grad_scaling);
     }
-    if (s.grad_scaling == FP8_GRADS_DELAYED && !fp8_block_linears_cast_dy(s.passes)) {
-        llm8_die("flag -fg delayed: -f8 %s -f8p %s casts no block linear's output gradient, and lm_head's is scaled from "
-                 "its bound |dlogit| <= dloss under either -fg; use -fg current", c->fp8_linears, c->fp8_passes);
+    if (s.grad_scaling != FP8_GRADS_CURRENT && !fp8_block_linears_cast_dy(s.passes)) {
+        llm8_die("flag -fg %s: -f8 %s -f8p %s casts no block linear's output gradient, and lm_head's is scaled from "
+                 "its bound |dlogit| <= dloss under any -fg; use -fg current", c->fp8_grad_scaling, c->fp8_linears,
+                 c->fp8_passes);
     }
     if (s.weight_scaling == FP8_WEIGHTS_DELAYED && !fp8_weights_cast_in_update(s.passes)) {
         int partial = fp8_block_kind_with_bf16_pass(s.passes);

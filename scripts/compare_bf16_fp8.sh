@@ -12,20 +12,22 @@
 #   RECIPES="delayed current block" bash scripts/compare_bf16_fp8.sh   # every recipe, one PNG
 #   RECIPES="delayed delayed+lm_head" bash scripts/compare_bf16_fp8.sh # +lm_head: lm_head in FP8 too (-f8 all)
 #   RECIPES="delayed delayed+fg_delayed" bash scripts/compare_bf16_fp8.sh  # +fg_delayed: -fg delayed (not with block)
+#   RECIPES="delayed delayed+fg_pow2" bash scripts/compare_bf16_fp8.sh     # +fg_pow2: -fg pow2 (not with block)
 #   OPTIMIZERS="adamw adamw8" bash scripts/compare_bf16_fp8.sh         # bf16 and FP8, each optimizer
 #   MODEL=d24 STEPS=5000 OUT=log_cmp bash scripts/compare_bf16_fp8.sh -b 32
 #
 # Extra arguments go to every run after the script's flags (later flags win): data flags
 # -i/-j, or FP8 flags, which bf16 ignores. A RECIPES item is a recipe followed by any of the
-# options +lm_head and +fg_delayed, in any order, each at most once (block+fg_delayed is refused,
-# as the trainer refuses -fg delayed with -fr block). The runs land in $OUT/bf16 and
-# $OUT/fp8_<recipe>, plus _lm_head then _fg_delayed for the options given, in that order whatever
-# order they were written (adamw8: $OUT/bf16_adamw8, $OUT/fp8_<recipe>_adamw8); the PNG is
-# $OUT/loss.png, the table (also printed) $OUT/summary.md. A run already complete there is
-# resumed (-y 1), so the script can be re-run after an interruption. WARMUP sets -u (200 steps, or
-# a tenth of STEPS when that is less). LLM8_TRAINER names another
-# trainer binary, built already (e.g. ./train_gpt2cpu, which shares the flags: the tests run this
-# script with it).
+# options +lm_head, +fg_delayed and +fg_pow2, in any order, each at most once; +fg_delayed and
+# +fg_pow2 both set -fg, so not both in one item (refused), and block+fg_delayed and
+# block+fg_pow2 are refused, as the trainer refuses -fg delayed and -fg pow2 with -fr block. The
+# runs land in $OUT/bf16 and $OUT/fp8_<recipe>, plus _lm_head then _fg_delayed or _fg_pow2 for
+# the options given, in that order whatever order they were written (adamw8: $OUT/bf16_adamw8,
+# $OUT/fp8_<recipe>_adamw8); the PNG is $OUT/loss.png, the table (also printed) $OUT/summary.md.
+# A run already complete there is resumed (-y 1), so the script can be re-run after an
+# interruption. WARMUP sets -u (200 steps, or a tenth of STEPS when that is less). LLM8_TRAINER
+# names another trainer binary, built already (e.g. ./train_gpt2cpu, which shares the flags: the
+# tests run this script with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="${MODEL:-d12}"
@@ -41,9 +43,9 @@ PYTHON="${PYTHON:-python3}"
 names=(bf16)
 flags=("-p bf16")
 # a RECIPES item's options, in run-name order, and the flags each adds
-OPTIONS=(lm_head fg_delayed)
-OPTION_FLAGS=("-f8 all" "-fg delayed")
-ACCEPTED="+lm_head and +fg_delayed, in any order, each at most once"
+OPTIONS=(lm_head fg_delayed fg_pow2)
+OPTION_FLAGS=("-f8 all" "-fg delayed" "-fg pow2")
+ACCEPTED="+lm_head, and +fg_delayed or +fg_pow2, in any order, each at most once"
 for item in $RECIPES; do
     recipe="${item%%+*}"
     case "$recipe" in
@@ -66,10 +68,16 @@ for item in $RECIPES; do
         fi
         given+="$option "
     done
-    if [[ "$recipe" == block && "$given" == *" fg_delayed "* ]]; then
-        echo "error: RECIPES: '$item': the trainer refuses -fg delayed with -fr block (its 1x128 gradient tiles are cast in one pass already); use +fg_delayed with delayed or current" >&2
+    if [[ "$given" == *" fg_delayed "* && "$given" == *" fg_pow2 "* ]]; then
+        echo "error: RECIPES: '$item': +fg_delayed and +fg_pow2 both set -fg (one -fg per run): give one of them" >&2
         exit 2
     fi
+    for option in fg_delayed fg_pow2; do
+        if [[ "$recipe" == block && "$given" == *" $option "* ]]; then
+            echo "error: RECIPES: '$item': the trainer refuses -fg ${option#fg_} with -fr block (its 1x128 gradient tiles are cast in one pass already); use +$option with delayed or current" >&2
+            exit 2
+        fi
+    done
     name="fp8_$recipe"
     flag="-p fp8 -fr $recipe"
     for i in "${!OPTIONS[@]}"; do

@@ -65,7 +65,7 @@ def draw(rng):
             f["-f8p"] = ",".join(items)
         if f["-fr"] != "block":  # -fw delayed needs every pass in FP8 (now and then drawn anyway: the refusal)
             f["-fw"] = rng.choice(["current", "delayed"]) if "-f8p" not in f or rng.random() < 0.1 else "current"
-            f["-fg"] = rng.choice(["current", "delayed"])
+            f["-fg"] = rng.choice(["current", "delayed", "pow2"])
         f["-fh"], f["-fm"] = rng.choice([1, 2, 16]), rng.choice([0, 0, 1, 3])
     f["-opt"] = rng.choice(["adamw", "adamw8"])
     if f["-opt"] == "adamw8":

@@ -412,7 +412,9 @@ Scales, per recipe:
   here gpt2ref_fp8_weights_updated does that step's part after each optimizer step (the scale
   pair into forward_used[W], the new amax into the state) and the forwards quantize with
   the pair; the first forward seeds the state with a current cast, as the GPU's start cast;
-- dy: per tensor, current (delayed under -fg delayed: an amax history, seeded by its first use), E5M2;
+- dy: per tensor, current (delayed under -fg delayed: an amax history, seeded by its first use;
+  under -fg pow2 current with the scale rounded down to a power of two, which the GPU's one-pass
+  prediction reproduces bit for bit and so needs no emulation of its own), E5M2;
 - BLOCK: no state: every operand E4M3 with one scale per tile, amax/448 with no margin,
   tiles along each GEMM's K: x and dy 1x128 along C / OC for forward and dgrad, and
   128x1 (along N) for wgrad, where K is N (so x and dy are re-cast transposed, as the
@@ -445,7 +447,7 @@ typedef struct {
     int history_len;                   // delayed amax history, 1..1024
     int margin;                        // delayed and current scales are divided by 2^margin
     int weight_scaling;                // Fp8WeightScaling (fp8_recipe.h): W current, or delayed (per-tensor recipes)
-    int grad_scaling;                  // Fp8GradScaling (fp8_recipe.h): dy current, or delayed (per-tensor recipes)
+    int grad_scaling;                  // Fp8GradScaling (fp8_recipe.h): dy current, delayed or pow2 (per-tensor recipes)
 } Fp8Emulation;
 
 // the default FP8 recipe: delayed activations, current gradients and weights, all three
@@ -492,15 +494,15 @@ static inline void fp8_emulation_validate(const Fp8Emulation* e) {
     if (e->weight_scaling == FP8_WEIGHTS_DELAYED && e->recipe == FP8_EMULATE_BLOCK) {
         llm8_die("fp8 emulation: delayed weight scaling needs a per-tensor recipe");
     }
-    if (e->grad_scaling != FP8_GRADS_CURRENT && e->grad_scaling != FP8_GRADS_DELAYED) {
-        llm8_die("fp8 emulation: gradient scaling %d is unknown (expected current or delayed)", e->grad_scaling);
+    if (e->grad_scaling != FP8_GRADS_CURRENT && e->grad_scaling != FP8_GRADS_DELAYED && e->grad_scaling != FP8_GRADS_POW2) {
+        llm8_die("fp8 emulation: gradient scaling %d is unknown (expected current, delayed or pow2)", e->grad_scaling);
     }
-    if (e->grad_scaling == FP8_GRADS_DELAYED && e->recipe == FP8_EMULATE_BLOCK) {
-        llm8_die("fp8 emulation: delayed gradient scaling needs a per-tensor recipe");
+    if (e->grad_scaling != FP8_GRADS_CURRENT && e->recipe == FP8_EMULATE_BLOCK) {
+        llm8_die("fp8 emulation: delayed or pow2 gradient scaling needs a per-tensor recipe");
     }
-    if (e->grad_scaling == FP8_GRADS_DELAYED && !fp8_block_linears_cast_dy(e->passes)) {
-        llm8_die("fp8 emulation: delayed gradient scaling acts on the block linears' output gradients, and these passes "
-                 "cast none (lm_head's is scaled from its bound; fp8_gradient_recipe)");
+    if (e->grad_scaling != FP8_GRADS_CURRENT && !fp8_block_linears_cast_dy(e->passes)) {
+        llm8_die("fp8 emulation: delayed or pow2 gradient scaling acts on the block linears' output gradients, and these "
+                 "passes cast none (lm_head's is scaled from its bound; fp8_gradient_recipe)");
     }
     if (e->weight_scaling == FP8_WEIGHTS_DELAYED && !fp8_weights_cast_in_update(e->passes)) {
         llm8_die("fp8 emulation: delayed weight scaling acts on the weights the optimizer pass casts, and these passes leave "

@@ -156,6 +156,7 @@ def test_train_records_carry_the_trainer_figures(bench_run):
         assert flags.get("-w", "1") == ("1" if r["master_weights"] else "0"), r["command"]
         assert flags.get("-ge", "1") == str(r["gelu_fusion"]), r["command"]
         assert flags.get("-ad", "1") == str(r["attention_deterministic"]), r["command"]
+        assert flags.get("-fg", "-") == r["grad_scaling"], r["command"]  # -fg current, delayed, pow2 given as such
         floor = floor_model.step_floor_ms(floor_model.run_from_record(r), floor_model.DEVICES["h100"])  # DEVICE: an H100
         assert r["floor_ms"] == round(floor, 3) and r["floor_ms"] > 0, r["command"]
     assert not any("floor_ms" in r for r in train if "error" in r)
@@ -262,7 +263,8 @@ def test_markdown_sections(bench_run):
                        f"-fg {r['grad_scaling']} lm_head {r['lm_head']} master {'yes' if r['master_weights'] else 'no'} -ge {r['gelu_fusion']} "
                        f"-ad {r['attention_deterministic']} B={r['B']}: per-kernel time"
                        for r in ok_train]
-    assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed", "FP8 output-gradient scaling: -fg current vs delayed",
+    assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed",
+                              "FP8 output-gradient scaling: -fg current vs delayed vs pow2",
                               "GELU backward fusion: -ge 1 vs -ge 2", "Attention backward: -ad 1 vs -ad 0",
                               "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
                               "Memory: optimizer and master weights", "Repeatability: the default runs made again",
@@ -279,16 +281,25 @@ def test_markdown_sections(bench_run):
     assert f"| {current['tok_per_s']:.0f} | {delayed['tok_per_s']:.0f} | {delayed['tok_per_s'] / current['tok_per_s']:.3f}x | " \
            f"{current['optimizer_weight_cast_ms']:.3f} | {delayed['optimizer_weight_cast_ms']:.3f} |" in rows[0]
 
-    rows = [l for l in sections["FP8 output-gradient scaling: -fg current vs delayed"].splitlines() if re.match(r"\| d\d+ ", l)]
+    # -fg current, delayed and pow2 of the default FP8 run; the FP8-lm_head twin is made without pow2
+    rows = [l for l in sections["FP8 output-gradient scaling: -fg current vs delayed vs pow2"].splitlines()
+            if re.match(r"\| d\d+ ", l)]
     assert [l.split(" | ")[:5] for l in rows] == [["| d12", "delayed", "adamw", "current", "bf16"],
                                                  ["| d12", "delayed", "adamw", "current", "fp8"],
                                                  ["| d48", "delayed", "adamw", "current", "bf16"],
                                                  ["| d48", "delayed", "adamw", "current", "fp8"]]
-    delayed_grads = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "delayed", True, 1, 1)]
-    assert f"| {current['tok_per_s']:.0f} | {delayed_grads['tok_per_s']:.0f} | " \
-           f"{delayed_grads['tok_per_s'] / current['tok_per_s']:.3f}x | {current['block_backward_ms']:.3f} | " \
-           f"{delayed_grads['block_backward_ms']:.3f} |" in rows[0]
-    assert delayed_grads["block_backward_ms"] < current["block_backward_ms"]
+    for row in rows:
+        model, lm_head = row.split(" | ")[0][2:], row.split(" | ")[4]
+        runs = [by_key.get((model, "fp8", "delayed", "adamw", "current", lm_head, grads, True, 1, 1))
+                for grads in ("current", "delayed", "pow2")]
+        assert (runs[2] is None) == (lm_head == "fp8"), row
+        base = runs[0]
+        cells = [f"{r['tok_per_s']:.0f}" if r else "-" for r in runs]
+        cells += [f"{r['tok_per_s'] / base['tok_per_s']:.3f}x" if r else "-" for r in runs[1:]]
+        cells += [f"{r['block_backward_ms']:.3f}" if r else "-" for r in runs]
+        cells += [f"{r['final_loss']:.4f}" if r else "-" for r in runs]
+        assert row.endswith(" | " + " | ".join(cells) + " |"), row
+        assert all(r["block_backward_ms"] < base["block_backward_ms"] for r in runs[1:] if r), row
 
     rows = [l for l in sections["FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert len(rows) == 2

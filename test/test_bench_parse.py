@@ -137,35 +137,63 @@ def test_bench_runs_the_default_fp8_run_with_an_fp8_lm_head():
     assert all((lm_head == "-") == (precision == "bf16") for precision, _, _, _, lm_head, _ in bench.RUNS)
 
 
-def test_bench_runs_the_default_fp8_run_with_delayed_gradient_scaling():
-    """-fg's default is decided on a pair: the default FP8 run with -fg current and with -fg delayed; -fg is
-    "-" exactly where the trainer takes no -fg (bf16, and the block recipe, which refuses -fg delayed)"""
+def test_bench_runs_the_default_fp8_run_with_delayed_and_pow2_gradient_scaling():
+    """-fg's default is decided on the default FP8 run with -fg current, delayed and pow2 (pow2 once: not with the
+    FP8-lm_head twin, which is made with current and delayed); -fg is "-" exactly where the trainer takes no -fg
+    (bf16, and the block recipe, which refuses -fg delayed and pow2)"""
     bench = load_bench()
     assert ("fp8", "delayed", "adamw", "current", "bf16", "delayed") in bench.RUNS
+    assert ("fp8", "delayed", "adamw", "current", "fp8", "delayed") in bench.RUNS
+    assert [run for run in bench.RUNS if run[5] == "pow2"] == [("fp8", "delayed", "adamw", "current", "bf16", "pow2")]
     assert all((grads == "-") == (precision == "bf16" or recipe == "block")
                for precision, recipe, _, _, _, grads in bench.RUNS + bench.MASTER_FREE_RUNS)
+    assert {run[5] for run in bench.RUNS} == {"-"} | set(bench.GRADIENT_SCALINGS)
 
 
-def test_gradient_scaling_comparison_pairs_current_and_delayed_runs():
+def test_gradient_scaling_comparison_sets_current_delayed_and_pow2_side_by_side():
+    """a row per (model, recipe, optimizer, -fw, lm_head) measured with -fg current and at least one of delayed and
+    pow2; a run not made is "-" (the FP8-lm_head twin has no pow2 run), and n/a the block backward ms of a measured
+    run without those rows"""
     bench = load_bench()
+
+    def run(model, grads, tok_s, loss, ms, lm_head="bf16", weights="current"):
+        return dict(train_record(model, "adamw", weights, tok_s, 2.0, loss, lm_head=lm_head), grad_scaling=grads,
+                    block_backward_ms=ms)
     records = [
-        dict(train_record("d12", "adamw", "current", 500000.0, 2.0, 7.25), grad_scaling="current", block_backward_ms=10.0),
-        dict(train_record("d12", "adamw", "current", 530000.0, 2.0, 7.26), grad_scaling="delayed", block_backward_ms=8.5),
-        dict(train_record("d12", "adamw", "delayed", 510000.0, 1.5, 7.26), grad_scaling="current"),  # no -fg delayed twin
-        dict(train_record("d48", "adamw", "current", 50000.0, 20.0, 7.0), grad_scaling="current", block_backward_ms=None),
-        dict(train_record("d48", "adamw", "current", 51000.0, 20.0, 7.01), grad_scaling="delayed", block_backward_ms=None),
+        run("d12", "current", 500000.0, 7.25, 10.0),
+        run("d12", "delayed", 530000.0, 7.26, 8.5),
+        run("d12", "pow2", 520000.0, 7.255, 9.0),
+        run("d12", "current", 510000.0, 7.26, 9.5, weights="delayed"),  # no -fg delayed or pow2 twin: no row
+        run("d12", "current", 600000.0, 7.3, 9.0, lm_head="fp8"),
+        run("d12", "delayed", 630000.0, 7.31, 7.5, lm_head="fp8"),  # no pow2 run: "-" there
+        run("d48", "current", 50000.0, 7.0, None),
+        {"benchmark": "train", "model": "d48", "precision": "fp8", "recipe": "delayed", "optimizer": "adamw",
+         "weight_scaling": "current", "lm_head": "bf16", "grad_scaling": "delayed", "error": "OOM"},
+        run("d48", "pow2", 51000.0, 7.01, None),
+        run("d24", "delayed", 90000.0, 7.1, 5.0),  # no -fg current run to compare with: no row
+        run("d24", "pow2", 91000.0, 7.1, 5.0),
         {"benchmark": "train", "model": "d12", "precision": "bf16", "recipe": "-", "optimizer": "adamw", "weight_scaling": "-",
          "lm_head": "-", "grad_scaling": "-", "tok_per_s": 450000.0, "final_loss": 7.2},
     ]
     rows = bench.gradient_scaling_comparison(records)
-    assert [(r["model"], r["weight_scaling"]) for r in rows] == [("d12", "current"), ("d48", "current")]
-    assert rows[0]["tok_per_s"] == (500000.0, 530000.0) and abs(rows[0]["speedup"] - 1.06) < 1e-12
+    assert [(r["model"], r["lm_head"]) for r in rows] == [("d12", "bf16"), ("d12", "fp8"), ("d48", "bf16")]
+    assert rows[0]["tok_per_s"] == (500000.0, 530000.0, 520000.0) and rows[0]["speedup"] == pytest.approx((1.06, 1.04))
+    assert rows[0]["block_backward_ms"] == (10.0, 8.5, 9.0) and rows[0]["final_loss"] == (7.25, 7.26, 7.255)
+    assert rows[1]["tok_per_s"] == (600000.0, 630000.0, None) and rows[1]["speedup"] == pytest.approx((1.05, None))
+    assert rows[2]["tok_per_s"] == (50000.0, None, 51000.0)
     markdown = bench.gradient_scaling_markdown(rows).splitlines()
-    assert markdown[0] == "## FP8 output-gradient scaling: -fg current vs delayed"
-    assert "| d12 | delayed | adamw | current | bf16 | 500000 | 530000 | 1.060x | 10.000 | 8.500 | 7.2500 | 7.2600 |" in markdown
-    assert "| d48 | delayed | adamw | current | bf16 | 50000 | 51000 | 1.020x | n/a | n/a | 7.0000 | 7.0100 |" in markdown
-    # the -fw and lm_head pairs leave the -fg delayed run out
+    assert markdown[0] == "## FP8 output-gradient scaling: -fg current vs delayed vs pow2"
+    assert markdown[4] == ("| model | recipe | optimizer | -fw | lm_head | tok/s current | delayed | pow2 | delayed / current | "
+                           "pow2 / current | block backward ms current | delayed | pow2 | final loss current | delayed | pow2 |")
+    assert markdown[6:] == [
+        "| d12 | delayed | adamw | current | bf16 | 500000 | 530000 | 520000 | 1.060x | 1.040x | 10.000 | 8.500 | 9.000 | "
+        "7.2500 | 7.2600 | 7.2550 |",
+        "| d12 | delayed | adamw | current | fp8 | 600000 | 630000 | - | 1.050x | - | 9.000 | 7.500 | - | 7.3000 | 7.3100 | - |",
+        "| d48 | delayed | adamw | current | bf16 | 50000 | - | 51000 | - | 1.020x | n/a | - | n/a | 7.0000 | - | 7.0100 |"]
+    assert all(line.count("|") == markdown[5].count("|") for line in markdown[4:])
+    # the -fw and lm_head pairs leave the -fg delayed and pow2 runs out
     assert [r["model"] for r in bench.weight_cast_comparison(records)] == ["d12"]
+    assert [r["tok_per_s"] for r in bench.lm_head_comparison(records)] == [(500000.0, 600000.0)]
 
 
 def test_lm_head_comparison_pairs_bf16_and_fp8_lm_heads():

@@ -69,8 +69,8 @@ def test_matrix_flops_follow_the_closed_forms():
 
 
 def test_fp8_lm_head_output_gradient_codes_come_from_the_classifier():
-    for recipe in ("current", "delayed"):  # per tensor, either -fg: the classifier writes the codes, a transpose follows
-        for grad_scaling in ("current", "delayed"):
+    for recipe in ("current", "delayed"):  # per tensor, any -fg: the classifier writes the codes, a transpose follows
+        for grad_scaling in fm.GRAD_SCALINGS:
             passes = kernels("matmul lm_head bwd", "lm_head dy", precision="fp8", recipe=recipe, lm_head="fp8",
                              grad_scaling=grad_scaling)
             assert [k.what for k in passes] == ["lm_head dy^T: transpose of the codes the classifier wrote"], passes
@@ -133,6 +133,63 @@ def test_gelu_backward_in_the_dgrad_epilogue():
     assert (amax.bytes, cast.bytes) == (n * (2 + 4 / 128), n * (2 + 2))
     [one] = kernels("matmul fc bwd", "fc dy", precision="fp8", recipe="delayed", grad_scaling="delayed", gelu_fusion=2)[:1]
     assert one.bytes == n * (2 + 2 + 4 / 128)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+@pytest.mark.parametrize("gelu_fusion", [1, 2])
+def test_pow2_gradient_scaling_is_delayeds_one_pass_where_no_layernorm_took_dys_amax(recipe, gelu_fusion):
+    """-fg pow2 casts dy in one tile pass with the last use's scale (a prediction the floor takes to hold: the recast
+    where dy's amax crossed a power of two is not modeled): qkv's and fc's dy passes are -fg delayed's, byte for byte.
+    attproj's and fcproj's dy come with their amax and bias sums from layernorm backward (gpt2_layernorm_dinp_uses), as
+    under -fg current, so their cast is current's, which reads no bias partials: the step moves delayed's bytes less
+    those partials (fp32 per 128 rows, C columns, two linears a layer)"""
+    L = 12
+
+    def dy_passes(grad_scaling, linear):
+        return [(k.what, k.bytes) for k in kernels(f"matmul {linear} bwd", f"{linear} dy", precision="fp8", recipe=recipe,
+                                                   grad_scaling=grad_scaling, gelu_fusion=gelu_fusion)]
+    for linear in ("qkv", "fc"):
+        pow2, delayed = dy_passes("pow2", linear), dy_passes("delayed", linear)
+        assert len(pow2) == len(delayed) == L and "pow2 (predicted scale) cast" in pow2[0][0], pow2[0]
+        assert [b for _, b in pow2] == [b for _, b in delayed] and [w.replace("pow2 (predicted scale)", "delayed")
+                                                                   for w, _ in pow2] == [w for w, _ in delayed]
+    for linear in ("attproj", "fcproj"):
+        assert dy_passes("pow2", linear) == dy_passes("current", linear)
+        assert [w for w, _ in dy_passes("pow2", linear)] == [f"{linear} dy: cast to dy, dy^T (amax and bias from layernorm backward)"] * L
+
+    def step(grad_scaling):
+        return fm.step_kernels(fm.Run(**dict(SMALL, precision="fp8", recipe=recipe, grad_scaling=grad_scaling,
+                                             gelu_fusion=gelu_fusion)))
+    pow2, delayed = step("pow2"), step("delayed")
+    assert {k.region for k in pow2} == {k.region for k in delayed}
+    assert sum(k.bytes for k in pow2) == pytest.approx(sum(k.bytes for k in delayed) - L * 2 * N * C * 4 / 128, rel=1e-12)
+    assert sum(k.flops for k in pow2) == sum(k.flops for k in delayed)
+    # at d12 B=64: the partials' time at the bandwidth (the casts are memory-bound) under delayed's, below current's
+    d12 = dict(model="d12", B=64, precision="fp8", recipe=recipe, gelu_fusion=gelu_fusion)
+    floors = {g: fm.step_floor_ms(fm.Run(**d12, grad_scaling=g), H100) for g in fm.GRAD_SCALINGS}
+    partials_ms = L * 2 * (64 * 1024) * C * 4 / 128 / H100.bandwidth * 1e3
+    assert floors["delayed"] - floors["pow2"] == pytest.approx(partials_ms, rel=1e-6), floors
+    assert floors["pow2"] < floors["current"], floors
+
+
+def test_pow2_and_delayed_gradient_scaling_need_a_per_tensor_recipe(capsys):
+    """the trainer refuses -fg delayed and -fg pow2 with -fr block (its 1x128 tiles are cast in one pass already):
+    so does the model, in one line, and the run's label names the -fg it models"""
+    for grad_scaling in ("delayed", "pow2"):
+        with pytest.raises(fm.CliError, match=rf"^gradient scaling '{grad_scaling}' needs a per-tensor recipe \(the "
+                                              rf"trainer refuses -fg {grad_scaling} with -fr block\)$"):
+            fm.step_kernels(fm.Run(precision="fp8", recipe="block", grad_scaling=grad_scaling))
+        assert fm.main(["--precision", "fp8", "--recipe", "block", "--grad-scaling", grad_scaling]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"floor_model.py: error: gradient scaling '{grad_scaling}' needs a per-tensor recipe " \
+                                    f"(the trainer refuses -fg {grad_scaling} with -fr block)\n", err
+        assert fm.main(["--precision", "fp8", "--grad-scaling", grad_scaling, "-b", "8"]) == 0
+        assert f"**d12 fp8 delayed -fw current -fg {grad_scaling} adamw**, B=8 T=1024" in capsys.readouterr().out
+    assert fm.main(["--precision", "fp8", "--grad-scaling", "pow3"]) == 2
+    assert capsys.readouterr().err == \
+        "floor_model.py: error: gradient scaling 'pow3': expected one of current, delayed, pow2\n"
+    assert fm.main(["--precision", "fp8", "-b", "8"]) == 0  # -fg current, the default, is not named
+    assert "**d12 fp8 delayed -fw current adamw**" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("optimizer, master, persistent", [

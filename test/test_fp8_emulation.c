@@ -11,7 +11,8 @@ what the GPU's FP8 path is checked against, checked itself against fp32:
 - the -f8 / -f8p flags: the per-linear passes they give, and each refusal;
 - the whole model: logits and every parameter gradient vs fp32, per recipe, lm_head too;
 - training: a tiny model, 200 AdamW steps in emulated FP8 (default recipe; with delayed weight
-  scaling; with delayed gradient scaling; with lm_head in FP8, alone and with delayed gradients)
+  scaling; with delayed and with power-of-two gradient scaling; with lm_head in FP8, alone and
+  with delayed gradients)
   vs fp32, on a fixed corpus with structure, final losses within 2%;
 - delayed weight scaling: the forwards quantize W with the scale its last optimizer step
   used (the previous step's amax), through gradient accumulation and evaluations;
@@ -753,6 +754,9 @@ static void test_training(void) {
     Fp8Emulation delayed_grads = fp8_emulation_default();  // -fg delayed: dy cast with its amax history's scale
     delayed_grads.grad_scaling = FP8_GRADS_DELAYED;
     check_trained_variant("delayed gradients", &delayed_grads, corpus, final32, first8, final8);
+    Fp8Emulation pow2_grads = fp8_emulation_default();  // -fg pow2: dy's own amax, its scale a power of two
+    pow2_grads.grad_scaling = FP8_GRADS_POW2;
+    check_trained_variant("power-of-two gradient scales", &pow2_grads, corpus, final32, first8, final8);
     Fp8Emulation lm_head = fp8_emulation_default();  // -f8 all: lm_head's three GEMMs in FP8 too
     lm_head.passes[FP8_LINEAR_LM_HEAD] = FP8_PASS_ALL;
     check_trained_variant("lm_head in FP8", &lm_head, corpus, final32, first8, final8);

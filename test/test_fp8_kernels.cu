@@ -981,11 +981,17 @@ static void test_gelu_fp8(int N, int C, ProducerCast cast) {
 
 // how the dy pass scales: per tensor from this dy's amax (two passes), per tensor from a bound
 // the state took before (one pass: lm_head's dy), per tensor with a delayed state's known scale
-// (one pass), or 1x128 tiles (one pass)
-typedef enum { DOUT_CURRENT, DOUT_BOUND, DOUT_DELAYED, DOUT_BLOCK } DoutScaling;
-static const char* const DOUT_SCALING_NAMES[4] = {"current", "bound", "delayed", "block"};
-static const Fp8DoutScale DOUT_PASS_SCALE[4] = {FP8_DOUT_NEEDS_AMAX, FP8_DOUT_SCALE_BOUND, FP8_DOUT_SCALE_KNOWN,
-                                                FP8_DOUT_SCALE_KNOWN};
+// (one pass), 1x128 tiles (one pass), or per tensor from this dy's amax rounded down to a power
+// of two (-fg pow2), the last use's scale predicting it: rightly (its amax was this dy's), too
+// small (64 times this amax: no code saturates, many flush) or too large (1/64 of it: many
+// saturate), the last two cast again
+typedef enum { DOUT_CURRENT, DOUT_BOUND, DOUT_DELAYED, DOUT_BLOCK, DOUT_POW2_RIGHT, DOUT_POW2_LOW, DOUT_POW2_HIGH } DoutScaling;
+static const char* const DOUT_SCALING_NAMES[7] = {"current", "bound", "delayed", "block", "pow2 predicted right",
+                                                  "pow2 predicted too small", "pow2 predicted too large"};
+static const Fp8DoutScale DOUT_PASS_SCALE[7] = {FP8_DOUT_NEEDS_AMAX, FP8_DOUT_SCALE_BOUND, FP8_DOUT_SCALE_KNOWN,
+                                                FP8_DOUT_SCALE_KNOWN, FP8_DOUT_SCALE_PREDICTED, FP8_DOUT_SCALE_PREDICTED,
+                                                FP8_DOUT_SCALE_PREDICTED};
+static const float DOUT_POW2_SEED_TIMES_AMAX[7] = {0.0f, 0.0f, 0.0f, 0.0f, 1.0f, 64.0f, 1.0f / 64.0f};
 
 // DOUT_BOUND: what fp8_model_begin_dlogits does before dout's producer runs, with a bound of 4x
 // dout's amax (above any GELU product's: gelu' < 1.2), on the device and on the host mirror
@@ -1010,14 +1016,27 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     floatX* d_dbias = device_bf16_from(dbias0, OC);
     floatX* d_dbias_expected = device_bf16_from(dbias0, OC);
     float* d_scratch = (float*)device_alloc(matmul_dbias_scratch_floats(N, OC) * sizeof(float));
+    bool pow2 = DOUT_PASS_SCALE[scaling] == FP8_DOUT_SCALE_PREDICTED;
     Fp8TensorScaling state;
-    fp8_scaling_init(&state, scaling == DOUT_DELAYED ? FP8_RECIPE_DELAYED : FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
+    fp8_scaling_init(&state, scaling == DOUT_DELAYED ? FP8_RECIPE_DELAYED : pow2 ? FP8_RECIPE_CURRENT_POW2 : FP8_RECIPE_CURRENT,
+                     FP8_E5M2, 16, 0);
     if (scaling == DOUT_DELAYED) { fp8_scaling_update(&state, 0.5f); }  // seeded: a scale unlike this dout's own
-    DeviceFp8 t = block ? device_fp8_make(N, OC, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL)
-                        : device_fp8_make(N, OC, FP8_E5M2, FP8_SCALING_TENSOR, &state);
 
     // the expected dout and dbias through the bf16 path's kernels
     if (with_gelu) { gelu_backward_inplace(d_expected, d_pre, (int)n, 0); }
+    if (pow2) {  // the last use, whose scale predicts this one's
+        float* product = download_bf16_as_floats(d_expected, n);
+        fp8_scaling_update(&state, DOUT_POW2_SEED_TIMES_AMAX[scaling] * host_amax(product, n));
+        free(product);
+    }
+    DeviceFp8 t = block ? device_fp8_make(N, OC, FP8_E4M3, FP8_SCALING_ROWS_1x128, NULL)
+                        : device_fp8_make(N, OC, FP8_E5M2, FP8_SCALING_TENSOR, &state);
+    const float predicted_scale = state.scale;
+    const Fp8TensorScaling seeded = state;  // the state the pass starts from
+    if (pow2) {
+        t.out.prediction = (Fp8Prediction*)device_alloc(sizeof(Fp8Prediction));
+        cudaCheck(cudaMemset(t.out.prediction, 0, sizeof(Fp8Prediction)));
+    }
     matmul_dbias_launch(d_dbias_expected, d_scratch, d_expected, NULL, NULL, N, OC, 0);
     size_t partial_bytes = matmul_dbias_scratch_floats(N, OC) * sizeof(float);
     float* partials_expected = (float*)download(d_scratch, partial_bytes);
@@ -1055,32 +1074,53 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
         check_block_scales(&t, &context, what);
         host_cast_free(&h);
         tile_context_free(&context);
-    } else {  // current: the scale from this dout's amax; delayed: the state's scale, then this amax recorded;
-              // bound: the state's scale, and no update
+    } else {  // current and pow2: the scale from this dout's amax; delayed: the state's scale, then this amax
+              // recorded; bound: the state's scale, and no update
         float scale_used = state.scale;
         if (scaling != DOUT_BOUND) { fp8_scaling_update(&state, host_amax(expected, n)); }
-        if (scaling == DOUT_CURRENT) { scale_used = state.scale; }
+        if (scaling == DOUT_CURRENT || pow2) { scale_used = state.scale; }
         Fp8TensorScaling device_state = download_state(&t);
         CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host state machine", what);
         Fp8CastRecord record = download_record(&t);
-        CHECK(record.scale == scale_used && record.amax_bits == 0u,
+        CHECK(record.scale == scale_used && record.scale_inv == state.scale_inv && record.amax_bits == 0u,
               "%s: record holds scale %g and amax bits 0x%x, expected the scale used %g and the amax consumed", what,
               record.scale, record.amax_bits, scale_used);
+        if (pow2) {  // the verdict, and the predicted cast's held counts settled
+            bool recast = scale_used != predicted_scale;
+            CHECK(recast == (scaling != DOUT_POW2_RIGHT), "%s: the prediction %g of the scale %g was %s", what,
+                  predicted_scale, scale_used, recast ? "wrong" : "right");
+            Fp8Prediction* held = (Fp8Prediction*)download(t.out.prediction, sizeof(Fp8Prediction));
+            CHECK(held->recast == (recast ? 1u : 0u) && held->elements == 0ull && held->saturated == 0ull &&
+                  held->flushed == 0ull, "%s: recast %u and held counts %llu %llu %llu, expected %d and none", what,
+                  held->recast, held->elements, held->saturated, held->flushed, (int)recast);
+            free(held);
+        }
         HostCast h = host_cast(expected, N, OC, FP8_E5M2, scale_of_tensor, &scale_used);
         check_cast(&t, &h, false, what);
         host_cast_free(&h);
     }
 
     // one code array only (wgrad in FP8, dgrad in bf16): the bf16 dgrad reads the product, so it is stored
-    if (with_gelu && DOUT_PASS_SCALE[scaling] == FP8_DOUT_SCALE_KNOWN) {
+    // (pow2: from the same seeded state, so a wrong prediction's recast reads the stored product, once, and
+    // writes the codes the pass above wrote)
+    if (with_gelu && (DOUT_PASS_SCALE[scaling] == FP8_DOUT_SCALE_KNOWN || pow2)) {
         Fp8CastOutput wgrad_only = t.out;
         wgrad_only.codes = NULL;
         wgrad_only.scale_inv = NULL;
+        uint8_t* codes_t_before = (uint8_t*)download(t.out.codes_t, n);
+        if (pow2) { cudaCheck(cudaMemcpy(t.out.state, &seeded, sizeof(seeded), cudaMemcpyHostToDevice)); }
         floatX* d_dout3 = device_bf16_from(dout, n);
-        matmul_backward_fp8_dout(&wgrad_only, NULL, d_scratch, d_dout3, d_pre, N, OC, FP8_DOUT_SCALE_KNOWN, 0);
+        matmul_backward_fp8_dout(&wgrad_only, NULL, d_scratch, d_dout3, d_pre, N, OC, DOUT_PASS_SCALE[scaling], 0);
         float* product = download_bf16_as_floats(d_dout3, n);
         CHECK(count_float_mismatches(product, expected, n, what) == 0, "%s: with a bf16 dgrad, dout is not the product", what);
+        if (pow2) {
+            uint8_t* codes_t = (uint8_t*)download(t.out.codes_t, n);
+            CHECK(count_code_mismatches(codes_t, codes_t_before, n, what) == 0,
+                  "%s: with a bf16 dgrad, the transposed codes differ from those of both code arrays", what);
+            free(codes_t);
+        }
         free(product);
+        free(codes_t_before);
         cudaCheck(cudaFree(d_dout3));
     }
 
@@ -1093,6 +1133,7 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     CHECK(count_float_mismatches(dbias2, dbias, OC, what) == 0, "%s: the bias gradient is not bitwise deterministic", what);
 
     free(dout); free(pre); free(dbias0); free(got); free(expected); free(dbias); free(dbias_expected); free(dbias2);
+    if (t.out.prediction != NULL) { cudaCheck(cudaFree(t.out.prediction)); }
     device_fp8_free(&t);
     void* buffers[8] = {d_dout, d_expected, d_pre, d_dbias, d_dbias_expected, d_scratch, d_dbias2, d_dout2};
     for (int i = 0; i < 8; i++) { cudaCheck(cudaFree(buffers[i])); }
@@ -1606,6 +1647,12 @@ int main(void) {
     test_backward_dout(272, 832, true, DOUT_DELAYED);
     test_backward_dout(272, 208, true, DOUT_BLOCK);
     test_backward_dout(144, 400, false, DOUT_BLOCK);
+    test_backward_dout(80, 208, false, DOUT_POW2_RIGHT);
+    test_backward_dout(272, 832, true, DOUT_POW2_RIGHT);
+    test_backward_dout(80, 208, false, DOUT_POW2_LOW);
+    test_backward_dout(272, 832, true, DOUT_POW2_LOW);
+    test_backward_dout(80, 208, false, DOUT_POW2_HIGH);
+    test_backward_dout(272, 832, true, DOUT_POW2_HIGH);
     test_backward_dout_amax_recorded(272, 832);
     test_transpose_codes(16, 16);
     test_transpose_codes(144, 400);   // rows: a 16-row last tile

@@ -1,8 +1,8 @@
 /*
 test_fp8_scaling.c: the per-tensor scaling state machine of llmc/fp8_scaling.h, the code the
 GPU's scale-update kernel runs: the scale formula and its exactness, margin, amax = 0,
-Inf and NaN amax, first-step seeding, a jump above the history, ring wrap-around, both
-recipes, the cast protocol (update before or after the cast), the config checks, and the
+Inf and NaN amax, first-step seeding, a jump above the history, ring wrap-around, the three
+recipes (power-of-two current scaling's scale against a reference in double), the cast protocol (update before or after the cast), the config checks, and the
 cast statistics.
 */
 #include "test/test_harness.h"
@@ -80,6 +80,67 @@ static void test_current_recipe(void) {
         CHECK(s.scale == fp8_scale_from_amax(amaxes[i], FP8_E5M2_MAX, 0), "current scale at use %d ignores the history?", i);
         CHECK(s.scale_inv == 1.0f / s.scale, "scale_inv is not 1/scale");
     }
+}
+
+/*
+CURRENT_POW2 (-fg pow2): the scale is the largest power of two 2^k with amax * 2^k <= fp8_max
+(then / 2^margin), against a reference in double over random amaxes of every exponent and on
+the edges: amaxes at a power of two times fp8_max's mantissa (where amax * 2^k == fp8_max
+exactly) and one float either side, where a rounded quotient would pick the wrong power. Under
+it the amax never saturates, and lands in the top octave [fp8_max / 2, fp8_max]. The state
+machine casts after the update, as current scaling, and moves the scale only where the amax
+crosses a power of two, which is what lets the GPU predict it (matmul.cuh).
+*/
+static double pow2_scale_reference(double amax, double fp8_max, int margin) {
+    double clamped = amax > FP8_AMAX_FLOOR ? amax : (double)FP8_AMAX_FLOOR;
+    double scale = ldexp(1.0, (int)floor(log2(fp8_max / clamped)) + 2);
+    while (clamped * scale > fp8_max) { scale *= 0.5; }  // log2 in double may be off by one near a power
+    scale = ldexp(scale, -margin);
+    return scale >= ldexp(1.0, -126) ? scale : ldexp(1.0, -126);
+}
+
+static void test_pow2_recipe(void) {
+    mt19937_state rng;
+    manual_seed(&rng, 11);
+    int wrong = 0, outside = 0;
+    for (int format = 0; format < 2; format++) {
+        Fp8Format f = format == 0 ? FP8_E4M3 : FP8_E5M2;
+        float fmax = format == 0 ? FP8_E4M3_MAX : FP8_E5M2_MAX;
+        for (int i = 0; i < 200000; i++) {
+            float a;
+            if (i < 600) {  // fmax's mantissa at every exponent the clamp and the smallest normal leave, and a float either side
+                float edge = ldexpf(fmax, i / 3 - 140);
+                a = i % 3 == 0 ? edge : i % 3 == 1 ? nextafterf(edge, 0.0f) : nextafterf(edge, INFINITY);
+            } else {
+                a = bits_as_float(randint32(&rng) % 0x7f800000u);  // any finite positive float
+            }
+            int margin = i % 5 == 4 ? 3 : 0;
+            float s = fp8_scale_pow2_from_amax(a, fmax, margin);
+            wrong += (double)s != pow2_scale_reference(a, fmax, margin);
+            if (margin == 0 && a >= FP8_AMAX_FLOOR && s > bits_as_float(0x00800000u)) {  // unclamped: the top octave
+                float top = a * s;
+                outside += !(top <= fmax && top > 0.5f * fmax);
+                outside += fp8_classify(a, s, fp8_quantize(a, s, f), f) != FP8_ELEMENT_REPRESENTED;
+            }
+        }
+    }
+    CHECK(wrong == 0, "%d power-of-two scales differ from the reference in double", wrong);
+    CHECK(outside == 0, "%d amaxes saturated or fell below fp8_max / 2 under their power-of-two scale", outside);
+    CHECK(fp8_scale_pow2_from_amax(0.0f, FP8_E5M2_MAX, 0) == (float)pow2_scale_reference(0.0, FP8_E5M2_MAX, 0),
+          "amax 0 is not clamped to 1e-12 like current scaling's");
+
+    Fp8TensorScaling s;
+    fp8_scaling_init(&s, FP8_RECIPE_CURRENT_POW2, FP8_E5M2, 16, 0);
+    const float amaxes[] = {1.0f, 1.5f, 1.75f, 0.9f, 2.0f, 0.001f};  // 57344 = 1.75 * 2^15
+    const float scales[] = {32768.0f, 32768.0f, 32768.0f, 32768.0f, 16384.0f, 32768.0f * 1024.0f};
+    for (int i = 0; i < 6; i++) {
+        CHECK(fp8_scaling_casts_after_update(&s), "pow2 scaling must cast after the update (use %d)", i);
+        fp8_scaling_update(&s, amaxes[i]);
+        CHECK(s.scale == scales[i] && s.scale_inv == 1.0f / scales[i], "use %d, amax %g: scale %g, expected %g", i,
+              amaxes[i], s.scale, scales[i]);
+    }
+    fp8_scaling_update(&s, NAN);  // non-finite: nothing moves, as in every recipe
+    CHECK(s.scale == scales[5] && s.nonfinite_count == 1, "a NaN amax moved the pow2 scale");
 }
 
 static void test_delayed_seeding_and_history(void) {
@@ -224,6 +285,7 @@ static void test_config_errors(void) {
 int main(void) {
     test_scale_formula();
     test_current_recipe();
+    test_pow2_recipe();
     test_delayed_seeding_and_history();
     test_margin();
     test_nonfinite_amax();

@@ -806,6 +806,9 @@ int main(void) {
         Fp8Settings delayed_grads = delayed;
         delayed_grads.grad_scaling = FP8_GRADS_DELAYED;
         test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &delayed_grads, 1, 1, "fp8 delayed -fg delayed", stream);
+        Fp8Settings pow2_grads = delayed;  // -fg pow2: after the 2 warmup backwards, dy cast with a predicted scale
+        pow2_grads.grad_scaling = FP8_GRADS_POW2;
+        test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &pow2_grads, 1, 1, "fp8 delayed -fg pow2", stream);
         test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &current_lm_head, 1, 1, "fp8 current+lm_head", stream);
         test_fp8_forward_backward_vs_reference(TEST_MODEL_SMALL, &block_lm_head, 1, 1, "fp8 block+lm_head", stream);
         test_fp8_forward_backward_vs_reference(TEST_MODEL_UNEVEN, &block_lm_head, 1, 1, "fp8 block+lm_head, C=192", stream);

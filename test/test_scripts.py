@@ -110,7 +110,7 @@ def test_compare_refuses_an_unknown_recipe(tmp_path):
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         "error: RECIPES: 'fast' is not an FP8 recipe (expected delayed, current or block, optionally followed by "
-        "+lm_head and +fg_delayed, in any order, each at most once)"]
+        "+lm_head, and +fg_delayed or +fg_pow2, in any order, each at most once)"]
 
 
 def test_compare_fg_delayed_option_in_any_order(data, tmp_path):
@@ -137,26 +137,58 @@ def test_compare_fg_delayed_option_in_any_order(data, tmp_path):
         "bf16", "fp8_delayed_lm_head_fg_delayed"]
 
 
+def test_compare_fg_pow2_option(data, tmp_path):
+    """+fg_pow2 passes -fg pow2 (the trainer's startup line says so) and names the run _fg_pow2, after _lm_head
+    whatever the order written"""
+    out = tmp_path / "cmp"
+    args = ["-b", 2, "-t", 32, "-u", 1, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2, "-m", 2, "-n", 2]
+    result = run_script("compare_bf16_fp8.sh", args, {"MODEL": "tiny", "STEPS": "2", "OUT": str(out),
+                                                      "RECIPES": "current+fg_pow2+lm_head delayed+fg_pow2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = re.findall(r"^\| (\w+) \| 2 \|", (out / "summary.md").read_text(), re.M)
+    assert rows == ["bf16", "fp8_current_lm_head_fg_pow2", "fp8_delayed_fg_pow2"], result.stdout[-2000:]
+    fp8_runs = re.findall(r"^precision fp8 emulated, recipe (\w+), weights \w+, gradients (\w+), passes (.*)\| optimizer",
+                          result.stdout, re.M)
+    assert [(recipe, grads) for recipe, grads, _ in fp8_runs] == [("current", "pow2"), ("delayed", "pow2")], \
+        result.stdout[-3000:]
+    assert ["lm_head=fwd,dgrad,wgrad" in passes for _, _, passes in fp8_runs] == [True, False], fp8_runs
+
+
 @pytest.mark.parametrize("item,reason", [
     ("delayed+fp4", "unknown option '+fp4'"),
     ("current+fg_delayed+lm_head+fg_delayed", "option '+fg_delayed' given twice"),
+    ("delayed+fg_pow2+fg_pow2", "option '+fg_pow2' given twice"),
+    ("delayed+fg_pow3", "unknown option '+fg_pow3'"),
     ("delayed+", "unknown option '+'"),
 ])
 def test_compare_refuses_a_bad_recipe_option(item, reason, tmp_path):
     result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
     assert result.returncode == 2 and not (tmp_path / "cmp").exists()
     assert result.stderr.strip().splitlines() == [
-        f"error: RECIPES: '{item}': {reason} (accepted: +lm_head and +fg_delayed, in any order, each at most once)"]
+        f"error: RECIPES: '{item}': {reason} (accepted: +lm_head, and +fg_delayed or +fg_pow2, in any order, each at most "
+        "once)"]
 
 
-@pytest.mark.parametrize("item", ["block+fg_delayed", "block+fg_delayed+lm_head"])
-def test_compare_refuses_block_with_fg_delayed(item, tmp_path):
-    """the trainer refuses -fg delayed with -fr block: the script says so before any run"""
+@pytest.mark.parametrize("item,grads", [("block+fg_delayed", "delayed"), ("block+fg_delayed+lm_head", "delayed"),
+                                        ("block+fg_pow2", "pow2"), ("block+lm_head+fg_pow2", "pow2")])
+def test_compare_refuses_block_with_fg_delayed_or_pow2(item, grads, tmp_path):
+    """the trainer refuses -fg delayed and -fg pow2 with -fr block: the script says so before any run"""
     result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
     assert result.returncode == 2 and not (tmp_path / "cmp").exists()
     assert result.stderr.strip().splitlines() == [
-        f"error: RECIPES: '{item}': the trainer refuses -fg delayed with -fr block (its 1x128 gradient tiles are "
-        "cast in one pass already); use +fg_delayed with delayed or current"]
+        f"error: RECIPES: '{item}': the trainer refuses -fg {grads} with -fr block (its 1x128 gradient tiles are "
+        f"cast in one pass already); use +fg_{grads} with delayed or current"]
+
+
+@pytest.mark.parametrize("item", ["delayed+fg_delayed+fg_pow2", "current+fg_pow2+lm_head+fg_delayed",
+                                  "block+fg_pow2+fg_delayed"])
+def test_compare_refuses_fg_delayed_with_fg_pow2(item, tmp_path):
+    """+fg_delayed and +fg_pow2 are the same flag (-fg) with two values: one item takes one of them, said in one line
+    before any run (the block recipe's refusal of either comes after)"""
+    result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
+    assert result.returncode == 2 and not (tmp_path / "cmp").exists()
+    assert result.stderr.strip().splitlines() == [
+        f"error: RECIPES: '{item}': +fg_delayed and +fg_pow2 both set -fg (one -fg per run): give one of them"]
 
 
 def test_gpu_session_parity_stage_dry_run(data, tmp_path):
@@ -174,19 +206,21 @@ def test_gpu_session_parity_stage_dry_run(data, tmp_path):
     lm_head = (logs / "summary_lm_head.md").read_text()
     assert re.findall(r"^\| (\w+) \| 4 \|", lm_head, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_lm_head"]
     fg_delayed = (logs / "summary_fg_delayed.md").read_text()
-    assert re.findall(r"^\| (\w+) \| 4 \|", fg_delayed, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_fg_delayed"]
+    assert re.findall(r"^\| (\w+) \| 4 \|", fg_delayed, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_fg_delayed",
+                                                                "fp8_delayed_fg_pow2"]
     parity_log = (logs / "parity.log").read_text()
     assert parity_log.count("resumed from") == 4, parity_log[-3000:]  # bf16 and fp8_delayed, in each later set
-    # the sets in order, the -fg delayed run last (a session cut off short of it loses the least)
+    # the sets in order, the -fg delayed and -fg pow2 runs last (a session cut off short of them loses the least)
     trained = re.findall(r"^precision fp8 emulated, recipe delayed, weights \w+, gradients (\w+)", parity_log, re.M)
-    assert trained[-1] == "delayed" and "delayed" not in trained[:-1], trained
+    assert trained[-2:] == ["delayed", "pow2"] and set(trained[:-2]) == {"current"}, trained
     for name in ("loss_optimizers.png", "loss_lm_head.png", "loss_fg_delayed.png"):
         assert (logs / name).stat().st_size > 0, name
     # every run's main.log in one archive: a device call returns at most 8 files
     assert len(os.listdir(logs)) <= 8, sorted(os.listdir(logs))
     with tarfile.open(logs / "parity_main_logs.tar.gz") as archive:
         assert sorted(archive.getnames()) == [f"./{run}/main.log" for run in ("bf16", "bf16_adamw8", "fp8_delayed", "fp8_delayed_adamw8",
-                                                                               "fp8_delayed_fg_delayed", "fp8_delayed_lm_head")]
+                                                                               "fp8_delayed_fg_delayed", "fp8_delayed_fg_pow2",
+                                                                               "fp8_delayed_lm_head")]
 
 
 def test_gpu_session_parity_stage_runs_the_sets_named(data, tmp_path):

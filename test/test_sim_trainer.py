@@ -140,9 +140,10 @@ def test_resume_is_bitwise(workdir, flags):
     (["-f8p", "fwd"], ["FP8 passes qkv=fwd,dgrad,wgrad", "qkv=fwd attproj=fwd", "resume with the same -fr -f8 -f8p"]),
     (["-fw", "delayed"], ["written with -fw current; this run has -fw delayed: resume with the same -fw"]),
     (["-fg", "delayed"], ["written with -fg current; this run has -fg delayed: resume with the same -fg"]),
+    (["-fg", "pow2"], ["written with -fg current; this run has -fg pow2: resume with the same -fg"]),
     (["-f8", "all"], ["section 'fp8_scaling' is", "other FP8 linears or passes? resume with the same -f8 and -f8p"]),
     (["-p", "bf16"], ["has a section 'fp8_settings' this run does not keep", "written by a -p fp8 run?"]),
-], ids=["-fr", "-f8p", "-fw", "-fg", "-f8", "-p"])
+], ids=["-fr", "-f8p", "-fw", "-fg", "-fg-pow2", "-f8", "-p"])
 def test_resume_with_other_fp8_settings_is_refused(workdir, changed, expected):
     """a checkpoint of the default FP8 run resumed with another recipe, other FP8 passes, or the weights' or
     gradients' scaling changed: one error line naming what the state file holds and what this run asks for"""
@@ -185,18 +186,26 @@ def test_resume_from_a_corrupt_fp8_scaling_state_is_refused(workdir):
     assert "ring position lies outside its history" in errors[0], errors
 
 
-def test_delayed_gradient_scaling_is_honoured(workdir):
+def test_gradient_scalings_are_honoured(workdir):
     """-fg delayed: the first backward seeds each dy history with the current path (the same first step),
-    then the one-pass cast with the history's scale trains other bits than -fg current"""
+    then the one-pass cast with the history's scale trains other bits than -fg current. -fg pow2: the first
+    backward takes the current path with power-of-two scales, which already changes the first update (the loss
+    of step 1 is the same), then the one pass with the predicted scale"""
     runs = {}
-    for grads in ("current", "delayed"):
+    for grads in ("current", "delayed", "pow2"):
         out = workdir / f"grads_{grads}"
         r = train(workdir, ["-p", "fp8", "-fg", grads, "-x", 3, "-v", 0, "-s", 0, "-n", 3, "-o", out])
         assert r.returncode == 0, r.stderr[-2000:]
         assert f"gradients {grads})" in r.stdout, r.stdout[:2000]
-        runs[grads] = (losses(r.stdout), open(out / "model_00000003.bin", "rb").read())
-    assert runs["current"][0][1] == runs["delayed"][0][1]
+        runs[grads] = (losses(r.stdout), open(out / "model_00000003.bin", "rb").read(), r.stdout)
+    assert runs["current"][0][1] == runs["delayed"][0][1] == runs["pow2"][0][1]
     assert runs["current"][1] != runs["delayed"][1], "-fg delayed trained like -fg current"
+    assert runs["current"][1] != runs["pow2"][1], "-fg pow2 trained like -fg current"
+    assert runs["current"][0][2] != runs["pow2"][0][2], "-fg pow2's first update was -fg current's"
+    # steps 2 and 3 predict fc's and qkv's dy scales in every layer: a line says how many held
+    predicted = re.findall(r"-fg pow2: (\d+) output gradients cast with a predicted scale, (\d+) cast again", runs["pow2"][2])
+    layers = int(re.search(r"\bL=(\d+) ", runs["pow2"][2]).group(1))
+    assert predicted and int(predicted[0][0]) == 2 * 2 * layers and int(predicted[0][1]) <= int(predicted[0][0]), predicted
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])

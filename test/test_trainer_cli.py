@@ -225,12 +225,14 @@ class TestBadInput:
         assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fw", "lazy"])), "-fw", "lazy", "current delayed")
 
     def test_fp8_unknown_gradient_scaling(self, binary, data):
-        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fg", "history"])), "-fg", "history", "current delayed")
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fg", "history"])), "-fg", "history",
+                              "current delayed pow2")
 
-    def test_fp8_delayed_gradients_refused_with_block_recipe(self, binary, data):
+    @pytest.mark.parametrize("scaling", ["delayed", "pow2"])
+    def test_fp8_one_pass_gradients_refused_with_block_recipe(self, binary, data, scaling):
         """the block recipe's 1x128 gradient tiles are scaled by their own amax, in one pass already"""
-        r = run(binary, base_args(data, ["-p", "fp8", "-fr", "block", "-fg", "delayed"]))
-        assert_one_line_error(r, "-fg delayed", "-fr block", "-fg current")
+        r = run(binary, base_args(data, ["-p", "fp8", "-fr", "block", "-fg", scaling]))
+        assert_one_line_error(r, f"-fg {scaling}", "-fr block", "-fg current")
 
     def test_fp8_delayed_weights_refused_with_block_recipe(self, binary, data):
         """block scales come from each 128x128 block's own amax: there is no per-tensor scale to delay"""
@@ -253,15 +255,16 @@ class TestBadInput:
         else:
             assert_one_line_error(r, "-fw delayed", f"-f8p {passes}", f"leaves {refused} a bf16 GEMM", "-fw current")
 
+    @pytest.mark.parametrize("scaling", ["delayed", "pow2"])
     @pytest.mark.parametrize("linears,passes,refused", [
         ("lm_head", "all", True), ("qkv,lm_head", "fwd", True), ("fc,lm_head", "fwd,fc.wgrad", False)])
-    def test_fp8_delayed_gradients_need_a_block_linear_dy(self, binary, data, linears, passes, refused):
-        """-fg delayed scales the block linears' output gradients; lm_head's is scaled from its bound either way, so
-        with no block linear's dy cast the flag would do nothing"""
-        r = run(binary, base_args(data, ["-p", "fp8", "-f8", linears, "-f8p", passes, "-fg", "delayed",
+    def test_fp8_one_pass_gradients_need_a_block_linear_dy(self, binary, data, linears, passes, refused, scaling):
+        """-fg delayed and pow2 scale the block linears' output gradients; lm_head's is scaled from its bound under any
+        -fg, so with no block linear's dy cast the flag would do nothing"""
+        r = run(binary, base_args(data, ["-p", "fp8", "-f8", linears, "-f8p", passes, "-fg", scaling,
                                          "-i", data / "nothing_train_*.bin"]))
         if refused:
-            assert_one_line_error(r, "-fg delayed", f"-f8 {linears} -f8p {passes}", "no block linear", "bound",
+            assert_one_line_error(r, f"-fg {scaling}", f"-f8 {linears} -f8p {passes}", "no block linear", "bound",
                                   "-fg current")
         else:
             assert_one_line_error(r, "nothing_train_")  # the flags pass: the run gets as far as the (missing) data

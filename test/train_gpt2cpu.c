@@ -165,8 +165,8 @@ static void cpu_fp8_settings_text(char* out, size_t size, const Fp8Emulation* e)
     snprintf(out, size, "-fr %s, passes %s, -fh %d, -fm %d, -fw %s, -fg %s",
              cpu_fp8_value_text(recipe, sizeof(recipe), fp8_model_recipe_name(e->recipe), e->recipe), passes,
              e->history_len, e->margin,
-             cpu_fp8_value_text(weights, sizeof(weights), fp8_scaling_choice_name(e->weight_scaling), e->weight_scaling),
-             cpu_fp8_value_text(grads, sizeof(grads), fp8_scaling_choice_name(e->grad_scaling), e->grad_scaling));
+             cpu_fp8_value_text(weights, sizeof(weights), fp8_scaling_choice_name(e->weight_scaling, FP8_WEIGHT_SCALING_CHOICES), e->weight_scaling),
+             cpu_fp8_value_text(grads, sizeof(grads), fp8_scaling_choice_name(e->grad_scaling, FP8_GRAD_SCALING_CHOICES), e->grad_scaling));
 }
 
 // restores the optimizer (converting a file of the other optimizer), the FP8 scaling, the

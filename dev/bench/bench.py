@@ -8,9 +8,11 @@ after the optimizer step; -fw delayed: the optimizer step writes the codes): a "
 cast" section sets their tok/s and their optimizer + weight-cast time (the -kt 1 rows
 "adamw"/"adamw8" and "fp8 weight casts") side by side, the figures that pick -fw's default
 (DESIGN.md section 3). The default FP8 run, and its FP8-lm_head twin, are also made with delayed
-output-gradient scaling (-fg delayed): an "FP8 output-gradient scaling" section sets its tok/s and the four block
-linears' backward time (where the dy passes are charged) beside -fg current's, the figures that
-pick -fg's default. The default FP8 run is also made with lm_head in FP8 (-f8 all): an "FP8
+output-gradient scaling (-fg delayed), and the default FP8 run with power-of-two current scaling
+(-fg pow2: dy cast in one pass with the last use's scale, again where dy's amax crossed a power
+of two): an "FP8 output-gradient scaling" section sets their tok/s and the four block linears'
+backward time (where the dy passes are charged) beside -fg current's, the figures that pick -fg's
+default. The default FP8 run is also made with lm_head in FP8 (-f8 all): an "FP8
 lm_head" section sets its tok/s beside the bf16 lm_head's (lm_head's loss parity comes from
 scripts/compare_bf16_fp8.sh, dev/gpu_session.sh parity). The default bf16 and FP8 runs are
 also made with -ge 2 (GELU's derivative in fcproj's dgrad epilogue): a "GELU backward fusion"
@@ -76,6 +78,7 @@ QUICK_CONFIGS = [("d12", 64, 0), ("d48", 16, 1)]
 RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw", "current", "bf16", "current"),
         ("fp8", "delayed", "adamw", "delayed", "bf16", "current"), ("fp8", "delayed", "adamw", "current", "fp8", "current"),
         ("fp8", "delayed", "adamw", "current", "bf16", "delayed"), ("fp8", "delayed", "adamw", "current", "fp8", "delayed"),
+        ("fp8", "delayed", "adamw", "current", "bf16", "pow2"),
         ("fp8", "current", "adamw", "current", "bf16", "current"), ("fp8", "block", "adamw", "-", "bf16", "-"),
         ("bf16", "-", "adamw8", "-", "-", "-"), ("fp8", "delayed", "adamw8", "current", "bf16", "current"),
         ("fp8", "delayed", "adamw8", "delayed", "bf16", "current")]
@@ -94,7 +97,8 @@ VARIED_SETTINGS = {"gelu_fusion": ("-ge", 1, 2), "attention_deterministic": ("-a
 GELU_BACKWARD_ROWS = ("matmul fcproj bwd", "matmul fc bwd", "gelu bwd")
 ATTENTION_BACKWARD_ROW = "attention bwd"
 # the -kt 1 rows that hold the backward of the four block linears, where each output gradient's
-# cast is charged (-fg current: an amax pass and a cast pass; delayed: one pass)
+# cast is charged (-fg current: an amax pass and a cast pass; delayed: one pass; pow2: one pass, run again where
+# dy's amax crossed a power of two)
 BLOCK_BACKWARD_ROWS = ("matmul qkv bwd", "matmul attproj bwd", "matmul fc bwd", "matmul fcproj bwd")
 # the -kt 1 row of the FP8 weight casts after the optimizer step (with -fw delayed: the scale
 # bookkeeping and W^T from the codes the step wrote)
@@ -584,11 +588,12 @@ def memory_markdown(rows):
     return "\n".join(out + [""])
 
 
-def paired_runs(records, key_fields, variant_field, variants, keep=lambda r: True):
+def paired_runs(records, key_fields, variant_field, variants, keep=lambda r: True, required=None):
     """the successful train records that keep() accepts, grouped by key_fields and told apart by
-    variant_field: (key dict, {variant: record}) for every key measured in each of the two variants,
-    in the order measured. Only runs with the VARIED_SETTINGS defaults, but the variant's own, and
-    a pair's two runs have the same master weights always (the -w 0 runs share every other key
+    variant_field: (key dict, {variant: record}) for every key measured in each of the variants (or in
+    each of those required, with the others where they were measured), in the order measured. Only
+    runs with the VARIED_SETTINGS defaults, but the variant's own, and a pair's runs have the same
+    master weights always (the -w 0 runs share every other key
     field with a default run: paired with one, a -ge 2 run was compared with the -w 0 run)"""
     groups = {}
     for r in records:
@@ -596,7 +601,8 @@ def paired_runs(records, key_fields, variant_field, variants, keep=lambda r: Tru
                 and at_defaults(r, variant_field):
             key = tuple(r[f] for f in key_fields)
             groups.setdefault((key, r.get("master_weights")), {})[r[variant_field]] = r
-    return [(dict(zip(key_fields, key)), pair) for (key, _), pair in groups.items() if set(pair) == set(variants)]
+    need = set(variants if required is None else required)
+    return [(dict(zip(key_fields, key)), pair) for (key, _), pair in groups.items() if need <= set(pair)]
 
 
 def pair_row(key, base, variant):
@@ -637,31 +643,53 @@ def lm_head_markdown(rows):
     return "\n".join(out + [""])
 
 
+# the -fg values the "FP8 output-gradient scaling" section sets side by side, the default first
+GRADIENT_SCALINGS = ("current", "delayed", "pow2")
+
+
 def gradient_scaling_comparison(records):
-    """pairs the -fg current and -fg delayed runs of each (model, recipe, optimizer, -fw, lm_head): tok/s,
-    the block linears' backward ms (where the output-gradient casts are charged) and final loss of each"""
+    """sets the -fg current, delayed and pow2 runs of each (model, recipe, optimizer, -fw, lm_head) side by side, for
+    every key measured with -fg current and at least one of the others (the FP8-lm_head twin has no pow2 run; records
+    written before pow2 existed none): per -fg, tok/s, the block linears' backward ms (where the output-gradient casts
+    are charged) and final loss (None where not measured), and each other -fg's tok/s over current's"""
     rows = []
-    for key, pair in paired_runs(records, ("model", "recipe", "optimizer", "weight_scaling", "lm_head"), "grad_scaling",
-                                 ("current", "delayed")):
-        current, delayed = pair["current"], pair["delayed"]
-        rows.append(dict(pair_row(key, current, delayed),
-                         block_backward_ms=(current.get("block_backward_ms"), delayed.get("block_backward_ms"))))
+    for key, runs in paired_runs(records, ("model", "recipe", "optimizer", "weight_scaling", "lm_head"), "grad_scaling",
+                                 GRADIENT_SCALINGS, required=("current",)):
+        if len(runs) < 2:
+            continue
+        measured = [runs.get(g) for g in GRADIENT_SCALINGS]
+
+        def each(value, among=measured):
+            return tuple(None if r is None else value(r) for r in among)
+        rows.append({**key, "tok_per_s": each(lambda r: r["tok_per_s"]),
+                     "speedup": each(lambda r: r["tok_per_s"] / runs["current"]["tok_per_s"], measured[1:]),
+                     "block_backward_ms": each(lambda r: r.get("block_backward_ms")),
+                     "final_loss": each(lambda r: r["final_loss"])})
     return rows
 
 
 def gradient_scaling_markdown(rows):
-    """the "FP8 output-gradient scaling" section: -fg current (DESIGN.md's) vs -fg delayed"""
-    out = ["## FP8 output-gradient scaling: -fg current vs delayed", "",
+    """the "FP8 output-gradient scaling" section: -fg current (DESIGN.md's) vs -fg delayed vs -fg pow2; "-": the run
+    was not made, "n/a": its block backward rows are missing"""
+    out = ["## FP8 output-gradient scaling: -fg current vs delayed vs pow2", "",
            "current reads each output gradient twice (an amax pass that also sums the bias, then the cast); delayed casts "
-           "it in the bias pass with an amax history's scale. Block backward = the -kt 1 rows of the four block linears' "
-           "backward together, where those passes are charged. Make delayed the default only where it is faster here and "
-           "its loss matches over a long run (scripts/compare_bf16_fp8.sh, RECIPES=\"delayed delayed+fg_delayed\").", "",
-           "| model | recipe | optimizer | -fw | lm_head | tok/s current | tok/s delayed | delayed / current | block backward ms "
-           "current | delayed | final loss current | delayed |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "it in the bias pass with an amax history's scale; pow2 is current scaling with the scale rounded down to a "
+           "power of two, cast in the bias pass with the last use's scale and cast again only where the amax crossed a "
+           "power of two (attproj's and fcproj's amax comes from layernorm backward, as current's). Block backward = the -kt 1 rows of the four block "
+           "linears' backward together, where those passes are charged. Make delayed or pow2 the default only where it "
+           "is faster here and its loss matches over a long run (scripts/compare_bf16_fp8.sh, "
+           "RECIPES=\"delayed delayed+fg_delayed delayed+fg_pow2\"; dev/gpu_session.sh parity fg_delayed). -: not run.", "",
+           "| model | recipe | optimizer | -fw | lm_head | tok/s current | delayed | pow2 | delayed / current | "
+           "pow2 / current | block backward ms current | delayed | pow2 | final loss current | delayed | pow2 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
+        measured = row["tok_per_s"]
+        tok = ["-" if v is None else f"{v:.0f}" for v in measured]
+        speedup = ["-" if v is None else f"{v:.3f}x" for v in row["speedup"]]
+        ms = [("-" if m is None else "n/a") if v is None else f"{v:.3f}" for v, m in zip(row["block_backward_ms"], measured)]
+        loss = ["-" if v is None else f"{v:.4f}" for v in row["final_loss"]]
         out.append(f"| {row['model']} | {row['recipe']} | {row['optimizer']} | {row['weight_scaling']} | {row['lm_head']} | "
-                   + pair_cells(row, "block_backward_ms"))
+                   + " | ".join(tok + speedup + ms + loss) + " |")
     return "\n".join(out + [""])
 
 

@@ -16,7 +16,7 @@ Why it is shaped so:
   beside a measured -kt 1 row; test/test_floor_model.py checks that every name here is one
   the trainer marks, and that every mark of a one-GPU step is modeled.
 - The kernels and their bytes follow the code paths of train_gpt2_fp8.cu for one run
-  configuration (Run): precision, FP8 recipe, -fw, lm_head's precision, optimizer, -w, -r,
+  configuration (Run): precision, FP8 recipe, -fw, -fg, lm_head's precision, optimizer, -w, -r,
   -ge, with the default -f8p (every pass of an FP8 linear in FP8, so no bf16 copy of an FP8
   linear's input is written; -r in an FP8 block casts the wgrads' x^T again in the backward
   instead, and the forward's casts write no x^T of those linears).
@@ -30,7 +30,10 @@ Why it is shaped so:
   --bandwidth to see the floor the hardware actually allows.
 - Not in the floor (doc/performance.md, "The floor"): launch gaps and host waits, the scaling
   state's tiny kernels, bias and layernorm-weight reads, the weights' 128x128 block scales,
-  the first step's extra work (plans, a delayed recipe's seeding pass), multi-GPU regions.
+  the first step's extra work (plans, a delayed recipe's seeding pass, -fg delayed's and -fg
+  pow2's first backward, which casts dy with current's two passes), -fg pow2's recasts (at
+  most one recast per dy cast, where dy's amax crossed a power of two: not modeled, a floor
+  assumes the prediction holds), multi-GPU regions.
 
 Usage: python dev/bench/floor_model.py --model d12 -b 64 --precision bf16 fp8 [--kernels 10]
        python dev/bench/floor_model.py --model d48 -b 16 -r 1 --precision fp8 --recipe block --device h200
@@ -49,6 +52,7 @@ HEAD_SIZE = 64  # gpt2_config.h: heads = C / 64
 BF16, FP8, FP32, INT32 = 2, 1, 4, 4  # bytes per element
 RECIPES = ("delayed", "current", "block")
 WEIGHT_SCALINGS = ("current", "delayed")
+GRAD_SCALINGS = ("current", "delayed", "pow2")
 OPTIMIZERS = ("adamw", "adamw8")
 ADAMW8_MIN_8BIT_ELEMENTS = 4096  # quant8.h: per-layer slices this small keep 32-bit states
 QUANT8_BLOCK = 256               # quant8.h: one fp32 absmax per 256 elements per state
@@ -97,7 +101,8 @@ class Run:
     precision: str = "bf16"     # -p
     recipe: str = "delayed"     # -fr (FP8 only)
     weight_scaling: str = "current"  # -fw (FP8 only; the block recipe casts its 128x128 blocks after the update)
-    grad_scaling: str = "current"    # -fg (FP8 per-tensor recipes): delayed casts dy in the bias pass
+    grad_scaling: str = "current"    # -fg (FP8 per-tensor recipes): delayed casts dy in the bias pass, pow2 too
+                                     # where no layernorm backward took dy's amax (qkv, fc)
     lm_head: str = "bf16"       # bf16, or fp8 (-f8 all)
     optimizer: str = "adamw"    # -opt
     master: bool = True         # -w
@@ -132,12 +137,13 @@ def check_run(run):
         raise CliError(f"model {run.model!r}: expected one of {', '.join(scaling_model.PRESETS)}")
     for name, value, allowed in (("precision", run.precision, scaling_model.PRECISIONS), ("recipe", run.recipe, RECIPES),
                                  ("weight scaling", run.weight_scaling, WEIGHT_SCALINGS),
-                                 ("gradient scaling", run.grad_scaling, WEIGHT_SCALINGS),
+                                 ("gradient scaling", run.grad_scaling, GRAD_SCALINGS),
                                  ("lm_head", run.lm_head, scaling_model.PRECISIONS), ("optimizer", run.optimizer, OPTIMIZERS)):
         if value not in allowed:
             raise CliError(f"{name} {value!r}: expected one of {', '.join(allowed)}")
-    if run.recipe == "block" and run.grad_scaling == "delayed":
-        raise CliError("gradient scaling 'delayed' needs a per-tensor recipe (the trainer refuses -fg delayed with -fr block)")
+    if run.recipe == "block" and run.grad_scaling in ("delayed", "pow2"):
+        raise CliError(f"gradient scaling {run.grad_scaling!r} needs a per-tensor recipe (the trainer refuses "
+                       f"-fg {run.grad_scaling} with -fr block)")
     if run.B <= 0 or run.T <= 0 or run.T > scaling_model.MAX_SEQ_LEN:
         raise CliError(f"B={run.B}, T={run.T}: expected B > 0 and 0 < T <= {scaling_model.MAX_SEQ_LEN}")
     if run.recompute not in (0, 1, 2):
@@ -233,16 +239,19 @@ def step_kernels(run):
         codes_from_producer: per tensor, dout's producer wrote its codes (the classifier's, with the scale
         of the gradients' bound), so only their transpose is left;
         dy_from_layernorm: dout is the residual gradient a layernorm backward wrote (attproj, fcproj), which
-        summed the bias and, for current scaling, took the amax as it wrote it (LayernormDinpUses): no
-        pass of its own for them"""
+        summed the bias and, for current scaling (-fg current, and -fg pow2, whose cast then needs no
+        prediction), took the amax as it wrote it (LayernormDinpUses): no pass of its own for them"""
         n = N * OC
         gelu_bytes = 2 * BF16 if gelu else 0
         if fp8 and codes_from_producer and not block:  # fp8_transpose_codes: a byte read and written per element
             add(region, f"{name} dy^T: transpose of the codes the classifier wrote", n * 2 * FP8)
-        elif fp8 and (block or run.grad_scaling == "delayed"):  # a known scale: one tile pass (matmul_backward_fp8_dout)
-            add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}{'bias, ' if bias else ''}{'1x128' if block else 'delayed'} cast",
+        elif fp8 and (block or run.grad_scaling == "delayed" or (run.grad_scaling == "pow2" and not dy_from_layernorm)):
+            # a known scale: one tile pass (matmul_backward_fp8_dout); -fg pow2's is the last use's, a prediction
+            # (FP8_DOUT_SCALE_PREDICTED), taken to hold: its recast where dy's amax crossed a power of two is not modeled
+            cast = "1x128" if block else "pow2 (predicted scale)" if run.grad_scaling == "pow2" else "delayed"
+            add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}{'bias, ' if bias else ''}{cast} cast",
                 n * (BF16 + (BF16 if gelu else 0) + 2 * code + (partials if bias else 0)))
-        elif fp8 and dy_from_layernorm:  # per tensor, current scaling: the amax and the bias came with dy
+        elif fp8 and dy_from_layernorm:  # per tensor, current scaling (-fg current, pow2): the amax and the bias came with dy
             add(region, f"{name} dy: cast to dy, dy^T (amax and bias from layernorm backward)", n * (BF16 + 2 * FP8))
         elif fp8:  # per tensor, current scaling (E5M2): the partials kernel runs even without a bias, for the amax
             add(region, f"{name} dy: {'GELU bwd, ' if gelu else ''}bias partials, amax", n * (BF16 + gelu_bytes + partials))
@@ -386,7 +395,7 @@ def run_label(run):
     if not run.fp8:
         return f"{run.model} bf16 {run.optimizer}{master}"
     head = ", lm_head fp8" if run.lm_head == "fp8" else ""
-    fw = "" if run.recipe == "block" else f" -fw {run.weight_scaling}" + (" -fg delayed" if run.grad_scaling == "delayed" else "")
+    fw = "" if run.recipe == "block" else f" -fw {run.weight_scaling}" + (f" -fg {run.grad_scaling}" if run.grad_scaling != "current" else "")
     return f"{run.model} fp8 {run.recipe}{fw}{head} {run.optimizer}{master}"
 
 
@@ -510,7 +519,11 @@ def build_parser():
     p.add_argument("--precision", nargs="+", default=["bf16", "fp8"], help="bf16 and/or fp8: one table each, compared")
     p.add_argument("--recipe", default="delayed", help="FP8 recipe: delayed, current, block")
     p.add_argument("--weight-scaling", default="current", help="-fw: current or delayed")
-    p.add_argument("--grad-scaling", default="current", help="-fg: current or delayed (per-tensor recipes)")
+    p.add_argument("--grad-scaling", default="current",
+                   help="-fg: current, delayed or pow2 (per-tensor recipes). pow2 is modeled as delayed's one pass where "
+                   "no layernorm backward took dy's amax (qkv, fc) and as current's cast where one did (attproj, fcproj); "
+                   "its recasts (at most one recast per cast, where dy's amax crossed a power of two) are not modeled: "
+                   "a floor assumes the prediction holds")
     p.add_argument("--lm-head", default="bf16", help="lm_head's precision in FP8 runs: bf16 or fp8")
     p.add_argument("--optimizer", default="adamw", help="adamw or adamw8")
     p.add_argument("--no-master", action="store_true", help="-w 0: no fp32 master weights")
