@@ -1521,9 +1521,9 @@ int main(int argc, char** argv) {
     if (model.comm != NULL) { zero_comm_join(model.comm, stream); }
     gpt2_wait(&model, stream, "weight gather (end of training)");
     multi_gpu_watchdog_disarm(&multi_gpu);
+    fp8_model_print_predictions(&model.fp8, stream);
     profiler_print(stdout);
     outlier_skip_print_summary(skipped_updates);
-    fp8_model_print_predictions(&model.fp8, stream);
 
     cudaCheck(cudaEventDestroy(start_event));
     cudaCheck(cudaEventDestroy(end_event));

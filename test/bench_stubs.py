@@ -22,6 +22,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAINER_SOURCE = os.path.join(ROOT, "train_gpt2_fp8.cu")
+FP8_MODEL_SOURCE = os.path.join(ROOT, "llmc", "fp8_model.cuh")
+# the stub's -fg pow2 runs: of every 40 predicted output-gradient casts, 7 cast again
+STUB_PREDICTIONS, STUB_RECASTS = 40, 7
 GEMM_SOURCE = os.path.join(ROOT, "dev", "bench", "bench_gemm.cu")
 LINEARS = ["qkv", "attproj", "fc", "fcproj", "lm_head", "total"]
 
@@ -44,6 +47,13 @@ def memory_line_format():
     match = re.search(r'printf\("(memory \| persistent [^"]*)\\n"', read(TRAINER_SOURCE))
     assert match, "the memory line printf not found in train_gpt2_fp8.cu"
     return match.group(1)
+
+
+def predictions_line_format():
+    """-fg pow2's last line (llmc/fp8_model.cuh's fp8_model_print_predictions), as a Python % format"""
+    match = re.search(r'printf\("(fp8 \| -fg pow2: [^"]*)\\n"', read(FP8_MODEL_SOURCE))
+    assert match, "the -fg pow2 predictions printf not found in llmc/fp8_model.cuh"
+    return match.group(1).replace("%llu", "%d")
 
 
 def breakdown_text(rows):
@@ -273,6 +283,8 @@ def trainer(args):
             print(comm_line(traffic_mb(flags), "bf16")[0], end="")
         p = progress(flags, step, repeat)
         print(fmt % (step, steps, p["loss"], 1.5, 6e-4, p["ms"], p["tok_s"], p["mfu"], "0h00m01s", p["mem_mib"], ""))
+    if flags.get("-fg") == "pow2":  # before the breakdown, as the trainer prints it
+        print(predictions_line_format() % (STUB_PREDICTIONS, STUB_RECASTS, 100.0 * STUB_RECASTS / STUB_PREDICTIONS))
     if flags["-kt"] == "1":
         print(breakdown_text(breakdown_rows(flags)))
     return 0

@@ -298,6 +298,8 @@ def test_markdown_sections(bench_run):
         cells += [f"{r['tok_per_s'] / base['tok_per_s']:.3f}x" if r else "-" for r in runs[1:]]
         cells += [f"{r['block_backward_ms']:.3f}" if r else "-" for r in runs]
         cells += [f"{r['final_loss']:.4f}" if r else "-" for r in runs]
+        cells += [f"{100.0 * runs[2]['recast_fraction']:.1f}%" if runs[2] else "-"]  # from the trainer's last line
+        assert runs[2] is None or runs[2]["recast_fraction"] == bench_stubs.STUB_RECASTS / bench_stubs.STUB_PREDICTIONS
         assert row.endswith(" | " + " | ".join(cells) + " |"), row
         assert all(r["block_backward_ms"] < base["block_backward_ms"] for r in runs[1:] if r), row
 

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from bench_stubs import breakdown_text, comm_line, progress_format, synthetic_gemm_json
+from bench_stubs import breakdown_text, comm_line, predictions_line_format, progress_format, synthetic_gemm_json
 from dev_modules import load_dev_bench_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +42,16 @@ def test_bench_parses_the_trainer_progress_line():
     assert steps[0] == {"step": 1, "loss": 10.4, "ms": 141.0, "tok_s": 468001, "mfu": 0.382, "mem_mib": 61234}
     assert steps[3]["mfu"] is None
     assert breakdown.startswith("kernel breakdown")
+
+
+def test_bench_parses_the_pow2_predictions_line():
+    """-fg pow2's last line, in llmc/fp8_model.cuh's format: the share of predicted casts cast again; None without
+    the line (every other run) or without a prediction (a one-step run: the first backward predicts nothing)"""
+    bench = load_bench()
+    line = predictions_line_format() % (480, 36, 7.5)
+    assert bench.parse_recast_fraction("step 1/2 | ...\n" + line + "\nkernel breakdown\n") == 36 / 480
+    assert bench.parse_recast_fraction("step 1/2 | ...\n") is None
+    assert bench.parse_recast_fraction(predictions_line_format() % (0, 0, 0.0)) is None
 
 
 # -lg's line exactly as llmc/gpu_monitor.h writes it (test_gpu_monitor.c and test_sim_trainer.py pin the same text)
@@ -156,13 +166,13 @@ def test_gradient_scaling_comparison_sets_current_delayed_and_pow2_side_by_side(
     run without those rows"""
     bench = load_bench()
 
-    def run(model, grads, tok_s, loss, ms, lm_head="bf16", weights="current"):
+    def run(model, grads, tok_s, loss, ms, lm_head="bf16", weights="current", recast=None):
         return dict(train_record(model, "adamw", weights, tok_s, 2.0, loss, lm_head=lm_head), grad_scaling=grads,
-                    block_backward_ms=ms)
+                    block_backward_ms=ms, recast_fraction=recast)
     records = [
         run("d12", "current", 500000.0, 7.25, 10.0),
         run("d12", "delayed", 530000.0, 7.26, 8.5),
-        run("d12", "pow2", 520000.0, 7.255, 9.0),
+        run("d12", "pow2", 520000.0, 7.255, 9.0, recast=0.125),
         run("d12", "current", 510000.0, 7.26, 9.5, weights="delayed"),  # no -fg delayed or pow2 twin: no row
         run("d12", "current", 600000.0, 7.3, 9.0, lm_head="fp8"),
         run("d12", "delayed", 630000.0, 7.31, 7.5, lm_head="fp8"),  # no pow2 run: "-" there
@@ -184,12 +194,16 @@ def test_gradient_scaling_comparison_sets_current_delayed_and_pow2_side_by_side(
     markdown = bench.gradient_scaling_markdown(rows).splitlines()
     assert markdown[0] == "## FP8 output-gradient scaling: -fg current vs delayed vs pow2"
     assert markdown[4] == ("| model | recipe | optimizer | -fw | lm_head | tok/s current | delayed | pow2 | delayed / current | "
-                           "pow2 / current | block backward ms current | delayed | pow2 | final loss current | delayed | pow2 |")
+                           "pow2 / current | block backward ms current | delayed | pow2 | final loss current | delayed | pow2 | "
+                           "pow2 cast again |")
+    # the last cell: the pow2 run's share of predictions cast again; "-" without a pow2 run, n/a without its line
     assert markdown[6:] == [
         "| d12 | delayed | adamw | current | bf16 | 500000 | 530000 | 520000 | 1.060x | 1.040x | 10.000 | 8.500 | 9.000 | "
-        "7.2500 | 7.2600 | 7.2550 |",
-        "| d12 | delayed | adamw | current | fp8 | 600000 | 630000 | - | 1.050x | - | 9.000 | 7.500 | - | 7.3000 | 7.3100 | - |",
-        "| d48 | delayed | adamw | current | bf16 | 50000 | - | 51000 | - | 1.020x | n/a | - | n/a | 7.0000 | - | 7.0100 |"]
+        "7.2500 | 7.2600 | 7.2550 | 12.5% |",
+        "| d12 | delayed | adamw | current | fp8 | 600000 | 630000 | - | 1.050x | - | 9.000 | 7.500 | - | 7.3000 | 7.3100 | - | "
+        "- |",
+        "| d48 | delayed | adamw | current | bf16 | 50000 | - | 51000 | - | 1.020x | n/a | - | n/a | 7.0000 | - | 7.0100 | "
+        "n/a |"]
     assert all(line.count("|") == markdown[5].count("|") for line in markdown[4:])
     # the -fw and lm_head pairs leave the -fg delayed and pow2 runs out
     assert [r["model"] for r in bench.weight_cast_comparison(records)] == ["d12"]

@@ -189,6 +189,19 @@ def gpu_name():
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown-gpu"
 
 
+# -fg pow2's last line (llmc/fp8_model.cuh, fp8_model_print_predictions): its predictions and how many were cast again
+PREDICTIONS_RE = re.compile(r"^fp8 \| -fg pow2: (\d+) output gradients cast with a predicted scale, (\d+) cast again")
+
+
+def parse_recast_fraction(stdout):
+    """-fg pow2: the fraction of its predicted output-gradient casts cast again (None: no such line, or no prediction)"""
+    for line in stdout.splitlines():
+        m = PREDICTIONS_RE.match(line.strip())
+        if m and int(m.group(1)) > 0:
+            return int(m.group(2)) / int(m.group(1))
+    return None
+
+
 def parse_run(stdout):
     steps = []
     for line in stdout.splitlines():
@@ -469,6 +482,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         "block_backward_ms": block_backward_ms(breakdown),
         "gelu_backward_ms": gelu_backward_ms(breakdown),
         "attention_backward_ms": breakdown_ms(breakdown, ATTENTION_BACKWARD_ROW),
+        "recast_fraction": parse_recast_fraction(stdout),
         "command": command_text(cmd),
         "kernel_breakdown": breakdown,
     }
@@ -664,7 +678,8 @@ def gradient_scaling_comparison(records):
         rows.append({**key, "tok_per_s": each(lambda r: r["tok_per_s"]),
                      "speedup": each(lambda r: r["tok_per_s"] / runs["current"]["tok_per_s"], measured[1:]),
                      "block_backward_ms": each(lambda r: r.get("block_backward_ms")),
-                     "final_loss": each(lambda r: r["final_loss"])})
+                     "final_loss": each(lambda r: r["final_loss"]),
+                     "pow2_recast_fraction": runs["pow2"].get("recast_fraction") if "pow2" in runs else None})
     return rows
 
 
@@ -676,20 +691,24 @@ def gradient_scaling_markdown(rows):
            "it in the bias pass with an amax history's scale; pow2 is current scaling with the scale rounded down to a "
            "power of two, cast in the bias pass with the last use's scale and cast again only where the amax crossed a "
            "power of two (attproj's and fcproj's amax comes from layernorm backward, as current's). Block backward = the -kt 1 rows of the four block "
-           "linears' backward together, where those passes are charged. Make delayed or pow2 the default only where it "
+           "linears' backward together, where those passes are charged; pow2 cast again = the share of its predicted "
+           "casts whose scale was wrong, from the run's last line. Make delayed or pow2 the default only where it "
            "is faster here and its loss matches over a long run (scripts/compare_bf16_fp8.sh, "
            "RECIPES=\"delayed delayed+fg_delayed delayed+fg_pow2\"; dev/gpu_session.sh parity fg_delayed). -: not run.", "",
            "| model | recipe | optimizer | -fw | lm_head | tok/s current | delayed | pow2 | delayed / current | "
-           "pow2 / current | block backward ms current | delayed | pow2 | final loss current | delayed | pow2 |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "pow2 / current | block backward ms current | delayed | pow2 | final loss current | delayed | pow2 | "
+           "pow2 cast again |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         measured = row["tok_per_s"]
         tok = ["-" if v is None else f"{v:.0f}" for v in measured]
         speedup = ["-" if v is None else f"{v:.3f}x" for v in row["speedup"]]
         ms = [("-" if m is None else "n/a") if v is None else f"{v:.3f}" for v, m in zip(row["block_backward_ms"], measured)]
         loss = ["-" if v is None else f"{v:.4f}" for v in row["final_loss"]]
+        recast = row.get("pow2_recast_fraction")
+        recast_cell = [("-" if measured[2] is None else "n/a") if recast is None else f"{100.0 * recast:.1f}%"]
         out.append(f"| {row['model']} | {row['recipe']} | {row['optimizer']} | {row['weight_scaling']} | {row['lm_head']} | "
-                   + " | ".join(tok + speedup + ms + loss) + " |")
+                   + " | ".join(tok + speedup + ms + loss + recast_cell) + " |")
     return "\n".join(out + [""])
 
 
