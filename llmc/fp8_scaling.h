@@ -35,7 +35,7 @@ Why it is shaped so:
   so the GPU can cast in one pass with the last use's scale and cast again only where this
   use's turned out different (matmul.cuh's FP8_DOUT_SCALE_PREDICTED). What it costs: the
   amax lands in [fp8_max / 2, fp8_max], not on fp8_max, so the scale is up to 2x smaller than
-  CURRENT's and values up to 2x larger than CURRENT's smallest flush to zero.
+  CURRENT's, and values up to twice as large as those CURRENT flushes to zero flush too.
 - amax = 0 (an all-zero tensor) is a finite amax: recorded, and the clamp to 1e-12 gives a
   large finite scale (448e12 for E4M3); zeros encode to zero under any scale.
 - A jump above the history (delayed): this use saturates (the numerics log shows its
