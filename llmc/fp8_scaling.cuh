@@ -280,12 +280,16 @@ __device__ __forceinline__ uint8_t fp8_weight_update_element(const Fp8WeightUpda
 // ----------------------------------------------------------------------------
 // state updates and the records' life cycle
 
-// one thread per tensor: fold this use's amax into the state, clear it for the next use
+// fold this use's amax (the record's) into the state, clear it for the next use
+__device__ __forceinline__ void fp8_scaling_fold_record(Fp8TensorScaling* state, Fp8CastRecord* record) {
+    fp8_scaling_update(state, bits_as_float(record->amax_bits));
+    record->amax_bits = 0u;
+}
+
+// one thread per tensor: fp8_scaling_fold_record
 __global__ void fp8_scaling_update_records_kernel(Fp8TensorScaling* states, Fp8CastRecord* records, int count) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= count) { return; }
-    fp8_scaling_update(&states[i], bits_as_float(records[i].amax_bits));
-    records[i].amax_bits = 0u;
+    if (i < count) { fp8_scaling_fold_record(&states[i], &records[i]); }
 }
 
 // one thread per tensor: the state from before a skipped step (fp8_scaling_restore)
@@ -319,8 +323,7 @@ current scaling's two passes (amax, update, cast) make under the same state.
 */
 __global__ void fp8_scaling_settle_prediction_kernel(Fp8TensorScaling* state, Fp8CastRecord* record, Fp8Prediction* held) {
     const float predicted = record->scale;
-    fp8_scaling_update(state, bits_as_float(record->amax_bits));
-    record->amax_bits = 0u;
+    fp8_scaling_fold_record(state, record);
     const bool kept = state->scale == predicted;
     if (kept) {
         record->interval_min_scale_bits = min(record->interval_min_scale_bits, float_as_bits(predicted));
