@@ -70,7 +70,7 @@ typedef struct {
     float* ln1_rstd;      // [L][B][T]
     floatX* qkv;          // [L][B][T][3C]
     floatX* atty;         // [L][B][T][C]
-    float* att_stats;     // [L][B][NH][T] logsumexp per query row
+    float* att_stats;     // [L][B][NH][T] logsumexp per query row, each layer's att_stats_stride apart
     floatX* residual2;    // [L][B][T][C]
     floatX* ln2;          // [L][B][T][C] (or one layer's, ln2_stride 0)
     float* ln2_mean;      // [L][B][T]
@@ -89,6 +89,7 @@ typedef struct {
     float* scratch_f;     // dbias / layernorm / norm partial sums
     size_t scratch_f_floats;
     size_t ln1_stride, ln2_stride, fch_gelu_stride; // elements from one layer's copy to the next (0: one shared buffer)
+    size_t att_stats_stride; // B*NH*T rounded up to 4 floats: attention wants every layer's stats 16-byte aligned
 } Activations;
 
 // one layer's slices of the activations
@@ -245,7 +246,8 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     a->ln1_rstd = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln1 rstd");
     a->qkv = (floatX*)cuda_malloc_checked(L * BT * 3 * C * sizeof(floatX), "activations: qkv");
     a->atty = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: attention output");
-    a->att_stats = (float*)cuda_malloc_checked(L * B * NH * T * sizeof(float), "activations: attention stats");
+    a->att_stats_stride = (BT * NH + 3) / 4 * 4;  // B*T*NH need not be a multiple of 4 (-b 3 -t 63, NH=2)
+    a->att_stats = (float*)cuda_malloc_checked(L * a->att_stats_stride * sizeof(float), "activations: attention stats");
     a->residual2 = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: residual2");
     a->ln2 = (floatX*)cuda_malloc_checked(ln2_layers * BT * C * sizeof(floatX), "activations: ln2 (-r 2 saves this)");
     a->ln2_mean = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln2 mean");
@@ -451,7 +453,7 @@ static void gpt2_layernorm_forward(GPT2* model, int layer, int kind, floatX* res
 // layer l's slices of the activations
 static LayerActivations gpt2_layer_activations(const GPT2* model, int l) {
     const Activations* a = &model->acts;
-    size_t BT = (size_t)model->B * model->T, C = model->config.channels, NH = model->config.num_heads;
+    size_t BT = (size_t)model->B * model->T, C = model->config.channels;
     LayerActivations la;
     la.residual = l == 0 ? a->encoded : a->residual3 + (size_t)(l - 1) * BT * C;
     la.ln1 = a->ln1 + l * a->ln1_stride;
@@ -459,7 +461,7 @@ static LayerActivations gpt2_layer_activations(const GPT2* model, int l) {
     la.ln1_rstd = a->ln1_rstd + l * BT;
     la.qkv = a->qkv + l * BT * 3 * C;
     la.atty = a->atty + l * BT * C;
-    la.att_stats = a->att_stats + l * BT * NH;
+    la.att_stats = a->att_stats + l * a->att_stats_stride;
     la.residual2 = a->residual2 + l * BT * C;
     la.ln2 = a->ln2 + l * a->ln2_stride;
     la.ln2_mean = a->ln2_mean + l * BT;

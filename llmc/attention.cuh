@@ -103,7 +103,9 @@ static int attention_check_shape(const char* what, int B, int T, int NH, int C) 
     return HS;
 }
 
-// bf16 buffers are read 16 bytes at a time (and cuDNN wants the same)
+// bf16 buffers are read 16 bytes at a time, and cuDNN assumes 16-byte alignment of every pointer
+// it takes, the fp32 stats included: it chooses its kernels by that, and does not check the stats
+// pointer (a layer's slice of the trainer's stats is aligned only if padded: train_gpt2_fp8.cu)
 static void attention_check_aligned(const char* what, const char* buffer_name, const void* pointer) {
     if (((uintptr_t)pointer) % 16 != 0) {
         llm8_die("attention %s: %s pointer %p is not 16-byte aligned", what, buffer_name, pointer);
@@ -347,6 +349,7 @@ void attention_forward(floatX* out, float* stats, const floatX* qkv, int B, int 
     int HS = attention_check_shape("forward", B, T, NH, C);
     attention_check_aligned("forward", "out", out);
     attention_check_aligned("forward", "qkv", qkv);
+    attention_check_aligned("forward", "stats", stats);
 #ifndef LLM8_NO_CUDNN
     if (attention_backend == ATTENTION_CUDNN) {
         cudnn_att_forward(out, stats, qkv, B, T, NH, C, stream);
@@ -368,6 +371,7 @@ void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv, con
     attention_check_aligned("backward", "dout", dout);
     attention_check_aligned("backward", "qkv", qkv);
     attention_check_aligned("backward", "out", out);
+    attention_check_aligned("backward", "stats", stats);
 #ifndef LLM8_NO_CUDNN
     if (attention_backend == ATTENTION_CUDNN) {
         cudnn_att_backward(dqkv, dout, qkv, out, stats, B, T, NH, C, stream);

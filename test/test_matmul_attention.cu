@@ -634,6 +634,8 @@ static void test_bad_input(void) {
                matmul_forward(fake, fake + 1, fake, NULL, 256, 768, 2304, NULL, 0));
     CHECK_DIES("fallback attention head size 96", "head size",
                { attention_setup(ATTENTION_FALLBACK, true); attention_forward(fake, NULL, fake, 2, 64, 8, 768, 0); });
+    CHECK_DIES("attention stats pointer not 16-byte aligned", "stats pointer",
+               { attention_setup(ATTENTION_FALLBACK, true); attention_backward(fake, fake, fake, fake, (const float*)fake + 2, 2, 64, 12, 768, 0); });
 #ifdef LLM8_NO_CUDNN
     CHECK_DIES("cudnn attention in a build without cuDNN", "no cuDNN", attention_setup(ATTENTION_CUDNN, true));
 #endif
@@ -675,5 +677,6 @@ int main(void) {
     test_attention(2, 1024, 12, 768);
 #endif
     test_attention(1, 128, 6, 768);  // HS=128
+    test_attention(3, 63, 2, 128);   // an odd T (-b 3 -t 63): B*NH*T stats floats, not a multiple of 4
     return test_summary("test_matmul_attention");
 }
