@@ -918,6 +918,15 @@ static StepResult gpt2_train_step(GPT2* model, DataLoader* loader, int grad_accu
 // evaluation and sampling: in FP8 they run the FP8 forward, with the scaling states and
 // records put back afterwards (fp8_model_begin_eval), so evaluating never changes training
 
+/*
+The val loss over val_max_steps batches. Every VAL_BATCHES_PER_WAIT batches the host waits for the
+GPU, bounded (gpt2_wait): with several ranks the watchdog (llmc/multi_gpu.h) counts such a wait as
+progress, and a ZeRO-1 val forward has no collective or wait of its own, so a long val (-m -1 at
+d48: thousands of batches) with the host blocked in a full launch queue outlasted -pt and was
+ended as a hang.
+*/
+#define VAL_BATCHES_PER_WAIT 4
+
 static float evaluate_val_loss(GPT2* model, DataLoader* val_loader, int val_max_steps, cudaStream_t stream) {
     dataloader_reset(val_loader);
     size_t BT = (size_t)model->B * model->T;
@@ -926,6 +935,7 @@ static float evaluate_val_loss(GPT2* model, DataLoader* val_loader, int val_max_
     for (int i = 0; i < val_max_steps; i++) {
         dataloader_next_batch(val_loader);
         gpt2_forward(model, val_loader->inputs, val_loader->targets, 1.0f, 0, stream);
+        if ((i + 1) % VAL_BATCHES_PER_WAIT == 0) { gpt2_wait(model, stream, "val forward"); }
     }
     fp8_model_end_eval(&model->fp8, stream);
     return gpt2_mean_loss(model, val_max_steps, stream);

@@ -57,7 +57,7 @@ Why it is shaped so:
 
 #define MULTI_GPU_DEFAULT_TIMEOUT_S 300
 #define MULTI_GPU_DEFAULT_PORT 12345
-#define MULTI_GPU_POLL_US 1000
+#define MULTI_GPU_ID_POLL_US 100000  // the id exchange polls its file or server every 0.1 s
 #define MULTI_GPU_ID_FILE "llm8_nccl_id.bin"
 
 typedef enum { MULTI_GPU_INIT_MPI, MULTI_GPU_INIT_FS, MULTI_GPU_INIT_TCP } MultiGpuInitMethod;
@@ -227,9 +227,25 @@ static inline void multi_gpu_abort_and_die(const MultiGpuConfig* cfg, const char
     llm8_die("rank %d of %d: NCCL %s: %s", cfg->process_rank, cfg->num_processes, what, reason);
 }
 
+/*
+The bounded waits' pause between two polls: 5 us at first, doubling up to 100 us. A nonblocking
+communicator's call returns ncclInProgress while NCCL's own thread launches it, which takes
+microseconds, so a fixed 1 ms pause (until 2026-11-29) held the host about 1 ms per collective
+call: 2L + 5 a ZeRO-1 step, and ZeRO-3's gathers before the layer's kernels were queued. A wait
+for the GPU sees its event within 100 us, where 1 ms added up to 1 ms to each of the step's waits.
+*/
+#define MULTI_GPU_POLL_FIRST_US 5
+#define MULTI_GPU_POLL_LONGEST_US 100
+
+static inline void multi_gpu_poll_pause(useconds_t* pause_us) {
+    usleep(*pause_us);
+    *pause_us = *pause_us * 2 < MULTI_GPU_POLL_LONGEST_US ? *pause_us * 2 : MULTI_GPU_POLL_LONGEST_US;
+}
+
 // waits until an NCCL call (nonblocking communicator) has settled; dies on error or deadline
 static inline void multi_gpu_nccl_settle(const MultiGpuConfig* cfg, ncclResult_t result, const char* what) {
     double deadline = multi_gpu_now_s() + cfg->timeout_s;
+    useconds_t pause_us = MULTI_GPU_POLL_FIRST_US;
     if (result == ncclInProgress) { multi_gpu_watchdog_wait(cfg, 1); }
     while (result == ncclInProgress) {
         if (multi_gpu_now_s() > deadline) {
@@ -237,7 +253,7 @@ static inline void multi_gpu_nccl_settle(const MultiGpuConfig* cfg, ncclResult_t
             snprintf(reason, sizeof(reason), "still in progress after %d s (a peer died or hangs?)", cfg->timeout_s);
             multi_gpu_abort_and_die(cfg, what, reason);
         }
-        usleep(MULTI_GPU_POLL_US);
+        multi_gpu_poll_pause(&pause_us);
         if (ncclCommGetAsyncError(cfg->nccl_comm, &result) != ncclSuccess) { result = ncclInternalError; }
         if (result != ncclInProgress) { multi_gpu_watchdog_wait(cfg, 0); }
     }
@@ -259,6 +275,7 @@ static inline void multi_gpu_wait_event(const MultiGpuConfig* cfg, cudaEvent_t d
         return;
     }
     double deadline = multi_gpu_now_s() + cfg->timeout_s;
+    useconds_t pause_us = MULTI_GPU_POLL_FIRST_US;
     multi_gpu_watchdog_wait(cfg, 1);
     for (;;) {
         cudaError_t status = cudaEventQuery(done);
@@ -274,7 +291,7 @@ static inline void multi_gpu_wait_event(const MultiGpuConfig* cfg, cudaEvent_t d
             snprintf(reason, sizeof(reason), "did not complete within %d s (a peer died or hangs?)", cfg->timeout_s);
             multi_gpu_abort_and_die(cfg, what, reason);
         }
-        usleep(MULTI_GPU_POLL_US);
+        multi_gpu_poll_pause(&pause_us);
     }
     multi_gpu_watchdog_wait(cfg, 0);
 }
@@ -346,7 +363,7 @@ static inline void multi_gpu_id_exchange_fs(ncclUniqueId* id, const MultiGpuOpti
             llm8_die("rank %d: no NCCL id from rank 0 in '%s' after %d s (is -pf shared by all ranks, is rank 0 up?)",
                      opts->process_rank, path, opts->timeout_s);
         }
-        usleep(100 * MULTI_GPU_POLL_US);
+        usleep(MULTI_GPU_ID_POLL_US);
     }
 }
 
@@ -432,7 +449,7 @@ static inline void multi_gpu_id_exchange_tcp(ncclUniqueId* id, const MultiGpuOpt
             llm8_die("rank %d: no NCCL id from rank 0 at %s after %d s (is rank 0 up, is the port open?)",
                      opts->process_rank, opts->server, opts->timeout_s);
         }
-        usleep(100 * MULTI_GPU_POLL_US);
+        usleep(MULTI_GPU_ID_POLL_US);
     }
 }
 

@@ -161,7 +161,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-pf", FLAG_STRING, TC_OFF(nccl_fs_path), 0, 0, NULL, "-pi fs: a directory every rank sees"},
     {"-ps", FLAG_STRING, TC_OFF(nccl_server), 0, 0, NULL, "-pi tcp: rank 0's IPv4 address, a.b.c.d or a.b.c.d:port (port 12345)"},
     {"-pa", FLAG_CHOICE, TC_OFF(grad_reduce), 0, 0, "bf16 fp32",
-     "gradient reduce across GPUs: bf16 on the wire, or fp32 (widened, summed in fp32, rounded to bf16 once; twice the bytes)"},
+     "gradient reduce across GPUs: bf16 on the wire, or fp32 (widened, summed in fp32, divided by N, rounded to bf16 once; twice the bytes)"},
     {"-pt", FLAG_INT, TC_OFF(nccl_timeout_s), 1, INT_MAX_FLAG, NULL, "seconds any rank waits for the others before it exits with an error"},
     {"-pc", FLAG_INT, TC_OFF(replica_check_every), 0, INT_MAX_FLAG, NULL, "several GPUs: every N steps (and at the end) check that all ranks hold bitwise identical gathered weights, else exit naming the tensor (0 = never)"},
 };

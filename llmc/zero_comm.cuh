@@ -9,10 +9,14 @@ Why it is shaped so:
   runs on the owned range, and this module moves bytes between ranks.
 - Gradients: chunk l is layer l's slices, complete when layer l's backward is done. The
   compute stream records an event there and the communication stream (multi_gpu.h's
-  nccl_stream) waits for it, then runs one NCCL group of ncclReduce(ncclAvg) per owner
+  nccl_stream) waits for it, then runs one NCCL group of ncclReduce(ncclSum) per owner
   piece, in place: the backward of layer l - 1 overlaps the reduction of layer l. Each
   rank's gradients are a mean over its tokens, so the average over ranks is the global
-  mean. bf16 on the wire by default; never FP8 (NCCL re-rounds at every hop). With -pa fp32
+  mean: the owner divides its pieces' sum by N in fp32 and rounds to bf16 once
+  (zero_mean_pieces_kernel). Not ncclAvg: NCCL multiplies each rank's value by 1/N rounded
+  to the element type before summing (its PreMulSum), and bf16's 1/3 is 0.333984375, so a
+  bf16 average over 3, 6 or 7 ranks came out 0.2% off, every gradient and the norm alike.
+  bf16 on the wire by default; never FP8 (NCCL re-rounds at every hop). With -pa fp32
   the chunk's pieces are first widened into an fp32 scratch (on the communication stream,
   so it still overlaps the backward), reduced in fp32 and rounded to bf16 once, on the
   owner, into its gradients: twice the bytes, and the sum of N ranks no longer collects N
@@ -91,8 +95,8 @@ typedef struct {
     int reduce_fp32;            // -pa fp32: gradients reduced in fp32 through reduce_scratch
     float* reduce_scratch;      // device [largest chunk], -pa fp32 only
     size_t reduce_scratch_elements;
-    ZeroPiece* pieces_device;   // the pieces again, for the widen/narrow kernels (-pa fp32 only)
-    size_t* scratch_offsets;    // device [chunk][max_pieces]: where each piece sits in the scratch
+    ZeroPiece* pieces_device;   // the pieces again, for the widen and mean kernels
+    size_t* scratch_offsets;    // device [chunk][max_pieces]: where each piece sits in the scratch (-pa fp32 only)
     cudaEvent_t reduced;        // on the communication stream, after the last chunk
     cudaEvent_t updated;        // on the compute stream, after the update: the gathers wait for it
     cudaEvent_t gathered;       // on the communication stream: zero_comm_join's
@@ -164,10 +168,17 @@ static inline size_t zero_comm_received_bytes(const ZeroLayout* layout, int rank
     return ((end - begin) - (lo < hi ? hi - lo : 0)) * bytes;
 }
 
-// the fp32 reduce's device tables: each chunk's pieces back to back in the scratch
-static void zero_comm_create_fp32_reduce(ZeroComm* comm) {
+// the gradient reduce's device tables: the pieces, and with -pa fp32 where each sits in the
+// scratch (each chunk's pieces back to back)
+static void zero_comm_create_reduce_tables(ZeroComm* comm) {
     int chunks = zero_num_chunks(&comm->layout);
     size_t table = (size_t)chunks * comm->max_pieces;
+    comm->pieces_device = (ZeroPiece*)cuda_malloc_checked(table * sizeof(ZeroPiece), "gradient reduce pieces");
+    cudaCheck(cudaMemcpy(comm->pieces_device, comm->pieces, table * sizeof(ZeroPiece), cudaMemcpyHostToDevice));
+    if (!comm->reduce_fp32) {
+        cudaCheck(cudaDeviceSynchronize());  // the table is read on the non-blocking NCCL stream (below)
+        return;
+    }
     size_t* offsets = (size_t*)mallocCheck(table * sizeof(size_t));
     for (int c = 0; c < chunks; c++) {
         size_t at = 0;
@@ -180,9 +191,7 @@ static void zero_comm_create_fp32_reduce(ZeroComm* comm) {
     }
     comm->reduce_scratch = (float*)cuda_malloc_checked(comm->reduce_scratch_elements * sizeof(float),
                                                        "fp32 gradient reduce scratch (-pa fp32; -pa bf16 needs none)");
-    comm->pieces_device = (ZeroPiece*)cuda_malloc_checked(table * sizeof(ZeroPiece), "fp32 gradient reduce pieces");
     comm->scratch_offsets = (size_t*)cuda_malloc_checked(table * sizeof(size_t), "fp32 gradient reduce offsets");
-    cudaCheck(cudaMemcpy(comm->pieces_device, comm->pieces, table * sizeof(ZeroPiece), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(comm->scratch_offsets, offsets, table * sizeof(size_t), cudaMemcpyHostToDevice));
     // the tables are read on the non-blocking NCCL stream, which does not wait for these copies
     // on the legacy stream (from pageable memory cudaMemcpy may return before they land)
@@ -231,7 +240,7 @@ void zero_comm_create(ZeroComm* comm, const MultiGpuConfig* multi_gpu, const GPT
         cudaCheck(cudaEventCreateWithFlags(&comm->chunk_ready[c], cudaEventDisableTiming));
     }
     comm->reduce_fp32 = reduce_fp32;
-    if (reduce_fp32) { zero_comm_create_fp32_reduce(comm); }
+    zero_comm_create_reduce_tables(comm);
     cudaCheck(cudaEventCreateWithFlags(&comm->reduced, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&comm->updated, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&comm->gathered, cudaEventDisableTiming));
@@ -289,9 +298,9 @@ void zero_comm_free(ZeroComm* comm) {
     if (comm->amax_bits != NULL) { cudaCheck(cudaFree(comm->amax_bits)); }
     if (comm->block_amax_bits != NULL) { cudaCheck(cudaFree(comm->block_amax_bits)); }
     free(comm->block_amax_offsets);
+    cudaCheck(cudaFree(comm->pieces_device));
     if (comm->reduce_fp32) {
         cudaCheck(cudaFree(comm->reduce_scratch));
-        cudaCheck(cudaFree(comm->pieces_device));
         cudaCheck(cudaFree(comm->scratch_offsets));
     }
     free(comm->pieces);
@@ -334,9 +343,13 @@ static inline void zero_comm_join(ZeroComm* comm, cudaStream_t stream) {
 // gradients
 
 /*
--pa fp32: between the gradients' pieces and the fp32 scratch, one launch per chunk. Block
-row y handles piece y; widen copies every piece into the scratch, narrow rounds back (to
-nearest even) only the pieces `rank` owns, the only ones the reduce left meaningful.
+After a chunk's sums, one launch each, block row y handling piece y. -pa fp32's widen copies
+every piece into the fp32 scratch before the reduce. The mean kernel writes only the pieces
+`rank` owns, the only ones the reduce left meaningful: their sum (the fp32 scratch, or with
+-pa bf16 the gradients themselves, in place) divided by the rank count in fp32 (correctly
+rounded, so exact for a power of two and for N equal sums), rounded to bf16 once (to nearest
+even). sum_offsets: where each piece's sum sits in `sums`; NULL: at its own place in the
+gradients (sums == grads).
 */
 __global__ void zero_widen_pieces_kernel(float* scratch, const floatX* grads, const ZeroPiece* pieces,
                                          const size_t* offsets) {
@@ -347,13 +360,14 @@ __global__ void zero_widen_pieces_kernel(float* scratch, const floatX* grads, co
     }
 }
 
-__global__ void zero_narrow_pieces_kernel(floatX* grads, const float* scratch, const ZeroPiece* pieces, const size_t* offsets,
-                                          int rank) {
+template <typename Sum>
+__global__ void zero_mean_pieces_kernel(floatX* grads, const Sum* sums, const ZeroPiece* pieces, const size_t* sum_offsets,
+                                        int rank, float num_ranks) {
     const ZeroPiece piece = pieces[blockIdx.y];
     if (piece.owner != rank) { return; }
-    const float* in = scratch + offsets[blockIdx.y];
+    const Sum* in = sums + (sum_offsets != NULL ? sum_offsets[blockIdx.y] : piece.begin);
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < piece.end - piece.begin; i += (size_t)gridDim.x * blockDim.x) {
-        grads[piece.begin + i] = (floatX)in[i];
+        grads[piece.begin + i] = (floatX)__fdiv_rn((float)in[i], num_ranks);
     }
 }
 
@@ -377,17 +391,21 @@ void zero_comm_reduce_chunk(ZeroComm* comm, floatX* grads, int chunk, cudaStream
     for (int p = 0; p < num_pieces; p++) {
         size_t count = pieces[p].end - pieces[p].begin;
         void* at = comm->reduce_fp32 ? (void*)(comm->reduce_scratch + scratch_at) : (void*)(grads + pieces[p].begin);
-        zero_comm_settle(comm, ncclReduce(at, at, count, comm->reduce_fp32 ? ncclFloat32 : ncclBfloat16, ncclAvg,
+        zero_comm_settle(comm, ncclReduce(at, at, count, comm->reduce_fp32 ? ncclFloat32 : ncclBfloat16, ncclSum,
                                           pieces[p].owner, nccl, nccl_stream), "gradient reduce (ncclReduce)");
         comm->traffic[ZERO_TRAFFIC_GRAD_REDUCE] += count * (comm->reduce_fp32 ? sizeof(float) : sizeof(floatX));
         scratch_at += count;
     }
     zero_comm_settle(comm, ncclGroupEnd(), "gradient reduce");
+    float num_ranks = (float)comm->layout.num_ranks;
     if (comm->reduce_fp32) {
-        zero_narrow_pieces_kernel<<<grid, 256, 0, nccl_stream>>>(grads, comm->reduce_scratch, comm->pieces_device + table_at,
-                                                                 comm->scratch_offsets + table_at, comm->rank);
-        cudaCheck(cudaGetLastError());
+        zero_mean_pieces_kernel<float><<<grid, 256, 0, nccl_stream>>>(grads, comm->reduce_scratch, comm->pieces_device + table_at,
+                                                                      comm->scratch_offsets + table_at, comm->rank, num_ranks);
+    } else {
+        zero_mean_pieces_kernel<floatX><<<grid, 256, 0, nccl_stream>>>(grads, grads, comm->pieces_device + table_at, nullptr,
+                                                                       comm->rank, num_ranks);
     }
+    cudaCheck(cudaGetLastError());
     if (chunk == zero_num_chunks(&comm->layout) - 1) { cudaCheck(cudaEventRecord(comm->reduced, nccl_stream)); }
 }
 

@@ -41,6 +41,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -515,20 +516,21 @@ def free_tcp_port():
 
 
 def train_ranks(workdir, ranks, args, stream_order="", rank1_env=None, name=None, data="s_train_*.bin", id_exchange="fs",
-                rank1_args=()):
+                rank1_args=(), timeout_s=300, env_extra=None):
     """`ranks` ranks of the sim trainer (ZeRO-1 unless args say -z 3; the NCCL id through a file, -pi fs, or with
-    id_exchange="tcp" from rank 0 at 127.0.0.1, -pi tcp; one rank: no -pn) with CUDASIM_STREAM_ORDER=stream_order
-    ("": random), rank 1 with rank1_env added to its environment and rank1_args after its flags; returns (exit codes,
-    rank 0's stdout and stderr, the last rank's stderr)"""
+    id_exchange="tcp" from rank 0 at 127.0.0.1, -pi tcp; one rank: no -pn; -pt timeout_s) with
+    CUDASIM_STREAM_ORDER=stream_order ("": random) and env_extra in every rank's environment, rank 1 with rank1_env
+    added to its environment and rank1_args after its flags; returns (exit codes, rank 0's stdout and stderr, the
+    last rank's stderr)"""
     fs_dir = workdir / f"ranks_{name or stream_order or 'random'}"
     os.makedirs(fs_dir, exist_ok=True)
-    env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1", CUDASIM_STREAM_ORDER=stream_order)
+    env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1", CUDASIM_STREAM_ORDER=stream_order, **(env_extra or {}))
     procs = []
     exchange = ["-pi", "fs", "-pf", fs_dir] if id_exchange == "fs" else ["-pi", "tcp", "-ps", f"127.0.0.1:{free_tcp_port()}"]
     for rank in range(ranks):
         cmd = [SIM_TRAINER, "-e", "model.bin", "-i", data, "-t", 64, "-b", 4] + list(args)
         if ranks > 1:
-            cmd += ["-pn", ranks, "-pr", rank, "-pg", 1, "-pt", 300] + exchange
+            cmd += ["-pn", ranks, "-pr", rank, "-pg", 1, "-pt", timeout_s] + exchange
         if rank == 1:
             cmd += list(rank1_args)
         rank_env = dict(env, **(rank1_env or {})) if rank == 1 else env
@@ -552,6 +554,23 @@ def test_two_ranks_give_the_same_bits_in_any_stream_order(workdir):
     assert "ZeRO-1 over 2 ranks (-pi fs)" in default and "ZeRO-1 over 2 ranks (-pi tcp)" in newest_first, newest_first[:3000]
     a, b = losses(default), losses(newest_first)
     assert sorted(a) == [1, 2, 3] and a == b, (a, b)
+
+
+def test_a_long_val_is_progress_for_the_watchdog(workdir):
+    """2 ranks, -pt 5, each stream's queue bounded at 4 (CUDASIM_LAUNCH_QUEUE, as a GPU's launch queue is bounded, so
+    the host blocks in a launch while the queue drains), -x 0's val of 40 batches a rank (about 10 s here, twice -pt;
+    4 batches take about 1 s): a ZeRO-1 val forward has no collective and no wait of its own, so the watchdog saw no
+    progress and ended the run as a hang; the val loss's bounded wait every 4 batches is progress. Both ranks finish
+    and print the val loss"""
+    sim_model.write_shard(workdir / "long_val_000000.bin", 2 * 40 * 4 * 64 + 1, 2, learnable=True)
+    args = ["-j", "long_val_*.bin", "-x", 0, "-m", 40, "-s", 0]
+    started = time.monotonic()
+    codes, rank0, rank1_err = train_ranks(workdir, 2, args, name="long_val", timeout_s=5,
+                                          env_extra={"CUDASIM_LAUNCH_QUEUE": "4"})
+    elapsed = time.monotonic() - started
+    assert codes == [0, 0], rank0[-2000:] + rank1_err[-2000:]
+    assert len(re.findall(r"^val loss \S+$", rank0, re.M)) == 1, rank0[-2000:]
+    assert elapsed > 5, f"the run took {elapsed:.1f} s: too short for its val to outlast -pt 5 s (raise -m)"
 
 
 def test_x_0_evaluates_the_model_and_trains_nothing(workdir):
@@ -717,6 +736,22 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
     model_1 = (workdir / (name + "_1") / "model_00000003.bin").read_bytes()
     model_n = (workdir / (name + "_n") / "model_00000003.bin").read_bytes()
     assert model_1 == model_n, f"the {ranks}-rank run's model file differs from the 1-rank run's"
+
+
+def test_three_ranks_average_bf16_gradients_without_a_bias(workdir):
+    """3 ranks with -pa bf16 on twin batches: each rank's gradient is the 1-rank run's g, and their average must be g
+    up to bf16 rounding, not a scaled g. NCCL's ncclAvg multiplies each rank's bf16 value by 1/3 rounded to bf16
+    (0.333984375) before summing (cudasim does as NCCL does: test/cudasim/cudasim_nccl.cpp), which made the average
+    0.2% large, the gradient norm with it; the ranks now sum (ncclSum) and the owner divides by 3 in fp32. Step 1's
+    gradient norm matches the 1-rank run's within 5e-4 (the bias was 2e-3)"""
+    common = ["-p", "bf16", "-x", 1, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0]
+    codes, one, _ = train_ranks(workdir, 1, common + ["-d", 4 * 64], data=twin_shard(workdir))
+    assert codes == [0], one[-2000:]
+    codes, three, _ = train_ranks(workdir, 3, common + ["-d", 3 * 4 * 64], name="twin_3_bf16_average",
+                                  data=twin_shard(workdir))
+    assert codes == [0, 0, 0], three[-2000:]
+    norms = [float(re.search(r"^step +1/1 \| loss \S+ \| norm (\S+) ", out, re.M)[1]) for out in (one, three)]
+    assert abs(norms[1] / norms[0] - 1) < 5e-4, norms
 
 
 @pytest.mark.parametrize("first,second,flags", [

@@ -40,9 +40,11 @@ What NCCL documents and this does:
 - Reductions follow rank order 0, 1, ..., N-1, rounding to the element type after each step,
   so they are deterministic. NCCL documents neither the order nor the precision: it reduces
   in the element type along its ring or tree, in an order that depends on the algorithm, so
-  with more than two ranks its low bits may differ from these. ncclAvg is the sum divided
-  by N (rounded once more; NCCL does not document whether it divides before or after
-  summing: the same for N a power of two, barring overflow and subnormals). MAX and MIN of
+  with more than two ranks its low bits may differ from these. ncclAvg is NCCL's, which its
+  documentation leaves out (its source, src/enqueue.cc, hostToDevRedOp): integers summed,
+  then divided; floating types each multiplied by 1/N, rounded to float and then to the
+  element type, before the sum (PreMulSum): bf16's 1/3 is 0.333984375, so a bf16 average
+  over 3 ranks comes out 0.2% large. MAX and MIN of
   floating types follow fmax/fmin (a NaN operand loses; NCCL documents nothing on NaN).
   FP8 sums saturate to the largest finite value (cuda_fp8.h's conversion; undocumented).
 - ncclCommFinalize waits until every rank has finalized (the documented "globally
@@ -234,6 +236,8 @@ template <class T> T narrow(double v) { return T(v); }
 template <class T, bool integral = std::is_integral<T>::value>
 struct Arithmetic {  // integers: sum and product wrap (computed unsigned), avg truncates
     using U = typename std::make_unsigned<T>::type;
+    static constexpr bool average_premultiplies = false;  // ncclAvg: the sum, then divided
+    static T average_factor(int) { return T(1); }
     static T sum(T a, T b) { return (T)(U)((U)a + (U)b); }
     static T prod(T a, T b) { return (T)(U)((U)a * (U)b); }
     static T max(T a, T b) { return a > b ? a : b; }
@@ -243,24 +247,30 @@ struct Arithmetic {  // integers: sum and product wrap (computed unsigned), avg 
 template <class T>
 struct Arithmetic<T, false> {  // floating types through double, each result rounded once to T: sums
     // and products of two float (or narrower) values are exact in double, so that is the correctly
-    // rounded result in T (a quotient by N not a power of two may round twice: off by an ulp at worst)
+    // rounded result in T
     static T sum(T a, T b) { return narrow<T>(widen(a) + widen(b)); }
     static T prod(T a, T b) { return narrow<T>(widen(a) * widen(b)); }
     static T max(T a, T b) { return narrow<T>(fmax(widen(a), widen(b))); }
     static T min(T a, T b) { return narrow<T>(fmin(widen(a), widen(b))); }
-    static T divide(T a, int n) { return narrow<T>(widen(a) / n); }
+    static constexpr bool average_premultiplies = true;  // ncclAvg: each value times 1/N, then the sum
+    static T average_factor(int n) { return narrow<T>((double)(float)(1.0 / n)); }
 };
 
 template <class T>
 void reduce_typed(void* destination, const char* const* sources, int nsources, size_t count, ncclRedOp_t op) {
     using A = Arithmetic<T>;
     T* out = (T*)destination;
+    const bool premultiply = op == ncclAvg && A::average_premultiplies;
+    const T factor = A::average_factor(nsources);
+    auto source = [&](int q, size_t i) {
+        T v;
+        memcpy(&v, sources[q] + i * sizeof(T), sizeof(T));
+        return premultiply ? A::prod(v, factor) : v;
+    };
     for (size_t i = 0; i < count; i++) {
-        T value;
-        memcpy(&value, sources[0] + i * sizeof(T), sizeof(T));
+        T value = source(0, i);
         for (int q = 1; q < nsources; q++) {
-            T next;
-            memcpy(&next, sources[q] + i * sizeof(T), sizeof(T));
+            T next = source(q, i);
             switch (op) {
                 case ncclSum: case ncclAvg: value = A::sum(value, next); break;
                 case ncclProd: value = A::prod(value, next); break;
@@ -269,7 +279,9 @@ void reduce_typed(void* destination, const char* const* sources, int nsources, s
                 default: break;
             }
         }
-        if (op == ncclAvg) { value = A::divide(value, nsources); }
+        if constexpr (!A::average_premultiplies) {
+            if (op == ncclAvg) { value = A::divide(value, nsources); }
+        }
         memcpy(&out[i], &value, sizeof(T));
     }
 }
