@@ -53,6 +53,15 @@ JOBS=$(nproc)
 # build/site, once, before anything builds. Unzipped, not pip-installed: the frontend wheel is built
 # per CPython version, and pip refuses one of another version than the machine's. A failure is
 # logged and leaves the build to NO_CUDNN=1 (build_all), not the call without logs
+# the ranks stage's NCCL_DEBUG_FILE logs, the non-empty ones, into one file of the call's logs
+collect_nccl_warnings() {
+    local log="$LOG_DIR/nccl_warnings.log" f
+    for f in build/nccl-debug/*; do
+        [ -s "$f" ] && { echo "== $f"; cat "$f"; }
+    done > "$log"
+    [ -s "$log" ] || rm -f "$log"
+}
+
 install_wheels() {
     compgen -G ".whl/*.whl" >/dev/null && [ ! -f build/site/include/cudnn_frontend.h ] || return 0
     "$PYTHON" - .whl/*.whl <<'PY' 2>&1 | tee -a "$LOG_DIR/build.log"
@@ -203,6 +212,11 @@ case "$stage" in
             [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
         fi
         build_all || exit 1
+        # NCCL's warnings from every rank: the trainer sends the stdout of ranks above 0 to /dev/null, where NCCL
+        # would log; one file a process here, joined into nccl_warnings.log when the stage ends (none: no file)
+        rm -rf build/nccl-debug && mkdir -p build/nccl-debug
+        export NCCL_DEBUG=${NCCL_DEBUG:-WARN} NCCL_DEBUG_FILE="$PWD/build/nccl-debug/nccl.%h.%p"
+        trap 'collect_nccl_warnings' EXIT
         ranks_end=${RANKS_S:+$(($(date +%s) + RANKS_S))}
         TEST_DEADLINE=$ranks_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh build/test_multi_gpu 2>&1 | tee "$LOG_DIR/test_multi_gpu.log"
         multi_gpu_status=${PIPESTATUS[0]}

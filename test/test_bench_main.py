@@ -559,10 +559,13 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
 
 def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):
     """RANKS_S=N bash dev/gpu_session.sh ranks: the multi-rank tests are stopped after N seconds (a session's second,
-    short call), here with a make that hangs in gpucheck-ranks"""
+    short call), here with a make that hangs in gpucheck-ranks. What NCCL wrote to NCCL_DEBUG_FILE before (a rank
+    above 0 has no stdout) comes back in one log"""
     root, fakes = copy_of_the_scripts(tmp_path), tmp_path / "bin"
     fakes.mkdir()
-    (fakes / "make").write_text('#!/bin/sh\ncase "$*" in *gpucheck-ranks*) echo "ranks started"; sleep 60;; esac\n')
+    (fakes / "make").write_text('#!/bin/sh\ncase "$*" in *gpucheck-ranks*) echo "ranks started"; '
+                                'echo "NCCL WARN rank 1 lost" > "$(echo "$NCCL_DEBUG_FILE" | sed "s/%h/host/; s/%p/42/")"; '
+                                'sleep 60;; esac\n')
     (fakes / "make").chmod(0o755)
     env = dict(os.environ, OUT=str(tmp_path / "out"), PATH=f"{fakes}:{os.environ['PATH']}", RANKS_S="2")
     started = time.monotonic()
@@ -571,6 +574,7 @@ def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):
     assert time.monotonic() - started < 15
     assert result.returncode != 0, "a ranks stage cut off by RANKS_S must not report success"
     assert (tmp_path / "out" / "gpu_trainer_ranks_twins.log").read_text() == "ranks started\n"
+    assert (tmp_path / "out" / "nccl_warnings.log").read_text().splitlines()[-1] == "NCCL WARN rank 1 lost"
 
 
 def test_gpu_session_first_stage_without_a_benchmark(tmp_path):
