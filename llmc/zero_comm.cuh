@@ -347,8 +347,8 @@ After a chunk's sums, one launch each, block row y handling piece y. -pa fp32's 
 every piece into the fp32 scratch before the reduce. The mean kernel writes only the pieces
 `rank` owns, the only ones the reduce left meaningful: their sum (the fp32 scratch, or with
 -pa bf16 the gradients themselves, in place) divided by the rank count in fp32 (correctly
-rounded, so exact for a power of two and for N equal sums), rounded to bf16 once (to nearest
-even). sum_offsets: where each piece's sum sits in `sums`; NULL: at its own place in the
+rounded: exact for a power of two, and for an exact sum of N equal values), rounded to bf16
+once (to nearest even). sum_offsets: where each piece's sum sits in `sums`; NULL: at its own place in the
 gradients (sums == grads).
 */
 __global__ void zero_widen_pieces_kernel(float* scratch, const floatX* grads, const ZeroPiece* pieces,
