@@ -743,7 +743,7 @@ def test_three_ranks_average_bf16_gradients_without_a_bias(workdir):
     up to bf16 rounding, not a scaled g. NCCL's ncclAvg multiplies each rank's bf16 value by 1/3 rounded to bf16
     (0.333984375) before summing (cudasim does as NCCL does: test/cudasim/cudasim_nccl.cpp), which made the average
     0.2% large, the gradient norm with it; the ranks now sum (ncclSum) and the owner divides by 3 in fp32. Step 1's
-    gradient norm matches the 1-rank run's within 5e-4 (the bias was 2e-3)"""
+    gradient norm matches the 1-rank run's within 5e-4 (with ncclAvg it was 1.5e-3 off)"""
     common = ["-p", "bf16", "-x", 1, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0]
     codes, one, _ = train_ranks(workdir, 1, common + ["-d", 4 * 64], data=twin_shard(workdir))
     assert codes == [0], one[-2000:]
