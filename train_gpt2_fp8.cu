@@ -246,7 +246,7 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     a->ln1_rstd = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln1 rstd");
     a->qkv = (floatX*)cuda_malloc_checked(L * BT * 3 * C * sizeof(floatX), "activations: qkv");
     a->atty = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: attention output");
-    a->att_stats_stride = (BT * NH + 3) / 4 * 4;  // B*T*NH need not be a multiple of 4 (-b 3 -t 63, NH=2)
+    a->att_stats_stride = ceil_div_size(BT * NH, 4) * 4;  // B*T*NH need not be a multiple of 4 (-b 3 -t 63, NH=2)
     a->att_stats = (float*)cuda_malloc_checked(L * a->att_stats_stride * sizeof(float), "activations: attention stats");
     a->residual2 = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: residual2");
     a->ln2 = (floatX*)cuda_malloc_checked(ln2_layers * BT * C * sizeof(floatX), "activations: ln2 (-r 2 saves this)");

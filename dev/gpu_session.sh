@@ -49,10 +49,6 @@ PYTHON=${PYTHON:-python3}
 export PYTHON PYTHONUNBUFFERED=1
 JOBS=$(nproc)
 
-# the carried wheels' headers (the cuDNN frontend's include/, all the build takes from them) into
-# build/site, once, before anything builds. Unzipped, not pip-installed: the frontend wheel is built
-# per CPython version, and pip refuses one of another version than the machine's. A failure is
-# logged and leaves the build to NO_CUDNN=1 (build_all), not the call without logs
 # the ranks stage's NCCL_DEBUG_FILE logs, the non-empty ones, into one file of the call's logs
 collect_nccl_warnings() {
     local log="$LOG_DIR/nccl_warnings.log" f
@@ -62,6 +58,10 @@ collect_nccl_warnings() {
     [ -s "$log" ] || rm -f "$log"
 }
 
+# the carried wheels' headers (the cuDNN frontend's include/, all the build takes from them) into
+# build/site, once, before anything builds. Unzipped, not pip-installed: the frontend wheel is built
+# per CPython version, and pip refuses one of another version than the machine's. A failure is
+# logged and leaves the build to NO_CUDNN=1 (build_all), not the call without logs
 install_wheels() {
     compgen -G ".whl/*.whl" >/dev/null && [ ! -f build/site/include/cudnn_frontend.h ] || return 0
     "$PYTHON" - .whl/*.whl <<'PY' 2>&1 | tee -a "$LOG_DIR/build.log"

@@ -168,19 +168,12 @@ static inline size_t zero_comm_received_bytes(const ZeroLayout* layout, int rank
     return ((end - begin) - (lo < hi ? hi - lo : 0)) * bytes;
 }
 
-// the gradient reduce's device tables: the pieces, and with -pa fp32 where each sits in the
-// scratch (each chunk's pieces back to back)
-static void zero_comm_create_reduce_tables(ZeroComm* comm) {
-    int chunks = zero_num_chunks(&comm->layout);
-    size_t table = (size_t)chunks * comm->max_pieces;
-    comm->pieces_device = (ZeroPiece*)cuda_malloc_checked(table * sizeof(ZeroPiece), "gradient reduce pieces");
-    cudaCheck(cudaMemcpy(comm->pieces_device, comm->pieces, table * sizeof(ZeroPiece), cudaMemcpyHostToDevice));
-    if (!comm->reduce_fp32) {
-        cudaCheck(cudaDeviceSynchronize());  // the table is read on the non-blocking NCCL stream (below)
-        return;
-    }
+// -pa fp32: where each piece sits in the scratch (each chunk's pieces back to back), and the
+// scratch, which holds the largest chunk
+static void zero_comm_create_fp32_scratch(ZeroComm* comm) {
+    size_t table = (size_t)zero_num_chunks(&comm->layout) * comm->max_pieces;
     size_t* offsets = (size_t*)mallocCheck(table * sizeof(size_t));
-    for (int c = 0; c < chunks; c++) {
+    for (int c = 0; c < zero_num_chunks(&comm->layout); c++) {
         size_t at = 0;
         for (int p = 0; p < comm->num_pieces[c]; p++) {
             const ZeroPiece* piece = &comm->pieces[(size_t)c * comm->max_pieces + p];
@@ -193,10 +186,18 @@ static void zero_comm_create_reduce_tables(ZeroComm* comm) {
                                                        "fp32 gradient reduce scratch (-pa fp32; -pa bf16 needs none)");
     comm->scratch_offsets = (size_t*)cuda_malloc_checked(table * sizeof(size_t), "fp32 gradient reduce offsets");
     cudaCheck(cudaMemcpy(comm->scratch_offsets, offsets, table * sizeof(size_t), cudaMemcpyHostToDevice));
+    free(offsets);
+}
+
+// the gradient reduce's device tables: the pieces (for the widen and mean kernels), and -pa fp32's
+static void zero_comm_create_reduce_tables(ZeroComm* comm) {
+    size_t table = (size_t)zero_num_chunks(&comm->layout) * comm->max_pieces;
+    comm->pieces_device = (ZeroPiece*)cuda_malloc_checked(table * sizeof(ZeroPiece), "gradient reduce pieces");
+    cudaCheck(cudaMemcpy(comm->pieces_device, comm->pieces, table * sizeof(ZeroPiece), cudaMemcpyHostToDevice));
+    if (comm->reduce_fp32) { zero_comm_create_fp32_scratch(comm); }
     // the tables are read on the non-blocking NCCL stream, which does not wait for these copies
     // on the legacy stream (from pageable memory cudaMemcpy may return before they land)
     cudaCheck(cudaDeviceSynchronize());
-    free(offsets);
 }
 
 /*
