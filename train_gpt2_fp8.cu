@@ -88,7 +88,7 @@ typedef struct {
     floatX* dresidual;    // [B][T][C] gradient of the residual stream
     float* scratch_f;     // dbias / layernorm / norm partial sums
     size_t scratch_f_floats;
-    size_t ln1_stride, ln2_stride, fch_gelu_stride; // elements from one layer's copy to the next (0: one shared buffer)
+    size_t ln1_stride, ln2_stride, fch_gelu_stride; // elements from one layer's copy to the next, a multiple of 256 bytes (0: one shared buffer)
     size_t att_stats_stride; // B*NH*T rounded up to 4 floats: attention wants every layer's stats 16-byte aligned
 } Activations;
 
@@ -218,6 +218,13 @@ static int gpt2_stores_bf16_input(const GPT2* model, int layer, int kind) {
     return gpt2_reads_bf16_input(model, layer, kind, FP8_FWD) || gpt2_reads_bf16_input(model, layer, kind, FP8_WGRAD);
 }
 
+// elements from one layer's slice of a per-layer bf16 activation to the next: `elements`
+// rounded up so that every slice starts 256-byte aligned, as a buffer of its own does
+static size_t layer_slice_stride(size_t elements) {
+    const size_t per_256_bytes = 256 / sizeof(floatX);
+    return ceil_div_size(elements, per_256_bytes) * per_256_bytes;
+}
+
 static void gpt2_allocate_state(GPT2* model, int B, int T) {
     const GPT2Config* cfg = &model->config;
     size_t padded = model->zero.padded_total;
@@ -232,16 +239,22 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     // a layer's bf16 layernorm or GELU output is kept for the backward only when a bf16 GEMM
     // reads it there (and -r does not recompute it); else one layer's buffer serves every
     // layer: the forward writes it and its consumers read it right away (or, in all-FP8
-    // linears, only its FP8 cast does)
+    // linears, only its FP8 cast does). Every kept layer's slice starts 256-byte aligned, as the
+    // shared buffer does: cuBLASLt's heuristic may choose another algorithm (other bits) for a
+    // less aligned operand, and -r must not change the bits
     Activations* a = &model->acts;
     int r = model->recompute;
-    a->ln1_stride = r < linear_input_recompute_level(LINEAR_QKV) && gpt2_stores_bf16_input(model, 0, LINEAR_QKV) ? BT * C : 0;
-    a->ln2_stride = r < linear_input_recompute_level(LINEAR_FC) && gpt2_stores_bf16_input(model, 0, LINEAR_FC) ? BT * C : 0;
+    a->ln1_stride = r < linear_input_recompute_level(LINEAR_QKV) && gpt2_stores_bf16_input(model, 0, LINEAR_QKV)
+                  ? layer_slice_stride(BT * C) : 0;
+    a->ln2_stride = r < linear_input_recompute_level(LINEAR_FC) && gpt2_stores_bf16_input(model, 0, LINEAR_FC)
+                  ? layer_slice_stride(BT * C) : 0;
     a->fch_gelu_stride = r < linear_input_recompute_level(LINEAR_FCPROJ) && gpt2_stores_bf16_input(model, 0, LINEAR_FCPROJ)
-                       ? BT * 4 * C : 0;
-    size_t ln1_layers = a->ln1_stride ? L : 1, ln2_layers = a->ln2_stride ? L : 1, gelu_layers = a->fch_gelu_stride ? L : 1;
+                       ? layer_slice_stride(BT * 4 * C) : 0;
+    size_t ln1_bytes = (a->ln1_stride ? L * a->ln1_stride : BT * C) * sizeof(floatX);
+    size_t ln2_bytes = (a->ln2_stride ? L * a->ln2_stride : BT * C) * sizeof(floatX);
+    size_t gelu_bytes = (a->fch_gelu_stride ? L * a->fch_gelu_stride : BT * 4 * C) * sizeof(floatX);
     a->encoded = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "activations: encoded");
-    a->ln1 = (floatX*)cuda_malloc_checked(ln1_layers * BT * C * sizeof(floatX), "activations: ln1 (-r 2 saves this)");
+    a->ln1 = (floatX*)cuda_malloc_checked(ln1_bytes, "activations: ln1 (-r 2 saves this)");
     a->ln1_mean = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln1 mean");
     a->ln1_rstd = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln1 rstd");
     a->qkv = (floatX*)cuda_malloc_checked(L * BT * 3 * C * sizeof(floatX), "activations: qkv");
@@ -249,11 +262,11 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     a->att_stats_stride = ceil_div_size(BT * NH, 4) * 4;  // B*T*NH need not be a multiple of 4 (-b 3 -t 63, NH=2)
     a->att_stats = (float*)cuda_malloc_checked(L * a->att_stats_stride * sizeof(float), "activations: attention stats");
     a->residual2 = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: residual2");
-    a->ln2 = (floatX*)cuda_malloc_checked(ln2_layers * BT * C * sizeof(floatX), "activations: ln2 (-r 2 saves this)");
+    a->ln2 = (floatX*)cuda_malloc_checked(ln2_bytes, "activations: ln2 (-r 2 saves this)");
     a->ln2_mean = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln2 mean");
     a->ln2_rstd = (float*)cuda_malloc_checked(L * BT * sizeof(float), "activations: ln2 rstd");
     a->fch = (floatX*)cuda_malloc_checked(L * BT * 4 * C * sizeof(floatX), "activations: fc pre-GELU");
-    a->fch_gelu = (floatX*)cuda_malloc_checked(gelu_layers * BT * 4 * C * sizeof(floatX), "activations: GELU (-r 1 saves this)");
+    a->fch_gelu = (floatX*)cuda_malloc_checked(gelu_bytes, "activations: GELU (-r 1 saves this)");
     a->residual3 = (floatX*)cuda_malloc_checked(L * BT * C * sizeof(floatX), "activations: residual3");
     a->lnf = (floatX*)cuda_malloc_checked(BT * C * sizeof(floatX), "activations: lnf");
     a->lnf_mean = (float*)cuda_malloc_checked(BT * sizeof(float), "activations: lnf mean");

@@ -200,6 +200,21 @@ static void zero_comm_create_reduce_tables(ZeroComm* comm) {
     cudaCheck(cudaDeviceSynchronize());
 }
 
+#define ZERO3_SLOT_ALIGNMENT 256  // bytes: what cuBLASLt's heuristic asks of an operand at most (matmul.cuh)
+
+/*
+Where layer `layer`'s gathered bf16 weight of block linear `kind` starts in its slot: as many
+bytes past the slot's 256-byte aligned start as its slice of the parameters is past 256-byte
+alignment. cuBLASLt's heuristic picks its algorithm by the operands' alignment (matmul.cuh's
+preference), and an algorithm by its order of summation sets the bits: so the GEMM reads the
+weight at the alignment it has in one GPU's parameters, and ZeRO-3 trains that run's bits.
+(A slice of GPT-2's weights is 256-byte aligned anyway; one of C = 192 need not be.)
+*/
+static inline floatX* zero_comm_slot_weight(const ZeroComm* comm, int layer, int kind) {
+    ZeroRange slice = zero_slice_range(&comm->layout, zero_comm_weight_tensor(kind), layer);
+    return comm->slot_bf16[layer % FP8_LAYER_SLOTS][kind] + slice.begin % (ZERO3_SLOT_ALIGNMENT / sizeof(floatX));
+}
+
 /*
 ZeRO-3's part of zero_comm_create: the bf16 layer slots
 of the linears with no FP8 GEMM, the slots' events. Each linear must be all FP8 (with the
@@ -215,8 +230,9 @@ static void zero_comm_create_zero3(ZeroComm* comm, const Fp8Model* fp8) {
     for (int kind = 0; kind < LINEAR_KINDS_PER_LAYER; kind++) {
         int t = zero_comm_weight_tensor(kind);
         for (int slot = 0; slot < FP8_LAYER_SLOTS && fp8->rank_in_layer[kind] < 0; slot++) {
-            size_t slice = layout->tensor_sizes[t] / (size_t)layout->num_layers;
-            comm->slot_bf16[slot][kind] = (floatX*)cuda_malloc_checked(slice * sizeof(floatX), "ZeRO-3 bf16 layer slot");
+            size_t slice = layout->tensor_sizes[t] / (size_t)layout->num_layers;  // + room for zero_comm_slot_weight's offset
+            comm->slot_bf16[slot][kind] = (floatX*)cuda_malloc_checked(slice * sizeof(floatX) + ZERO3_SLOT_ALIGNMENT,
+                                                                       "ZeRO-3 bf16 layer slot");
         }
     }
     for (int slot = 0; slot < FP8_LAYER_SLOTS; slot++) {
@@ -754,7 +770,7 @@ void zero_comm_gather_layer(ZeroComm* comm, Fp8Model* fp8, const floatX* params,
         int i = fp8_model_linear(fp8, layer, kind);
         if (i < 0) {
             ZeroRange slice = zero_slice_range(&comm->layout, zero_comm_weight_tensor(kind), layer);
-            zero_comm_broadcast_pieces(comm, comm->slot_bf16[slot][kind], params, 0, slice.begin, slice.end, ncclBfloat16,
+            zero_comm_broadcast_pieces(comm, zero_comm_slot_weight(comm, layer, kind), params, 0, slice.begin, slice.end, ncclBfloat16,
                                        sizeof(floatX), "ZeRO-3 layer gather (ncclBroadcast)");
             continue;
         }
@@ -784,7 +800,7 @@ void zero_comm_use_layer(ZeroComm* comm, Fp8Model* fp8, int layer, cudaStream_t 
 // the gathered bf16 weight of bf16 block linear (layer, kind), in use since zero_comm_use_layer
 // (NULL for an FP8 linear: its GEMMs read the codes)
 static inline const floatX* zero_comm_layer_weight(const ZeroComm* comm, int layer, int kind) {
-    return comm->slot_bf16[layer % FP8_LAYER_SLOTS][kind];
+    return comm->slot_bf16[layer % FP8_LAYER_SLOTS][kind] != NULL ? zero_comm_slot_weight(comm, layer, kind) : NULL;
 }
 
 // layer `layer`'s last GEMM is enqueued on `compute`: its slot may take the next layer after it

@@ -8,7 +8,9 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
 - -ge 2 (GELU's derivative in fcproj's dgrad epilogue), bf16 and FP8: trains, tracking -ge 1;
 - -r 0, 1 and 2 in FP8 (each recipe, and with only some wgrads in FP8): the same losses, model,
   state and numerics files, bit for bit, and the device memory falls by exactly the x^T codes
-  the backward casts again instead of keeping;
+  the backward casts again instead of keeping; in bf16 too where a layer's activations are not
+  a multiple of 256 bytes (cudasim's cuBLASLt, like the library, may sum in another order for
+  a less aligned operand);
 - a descriptor (-e tiny, and -y 1 with no checkpoint yet) draws train_gpt2cpu's random init;
   -x -1 trains one epoch;
 - a run whose every forward overflows (a weight of 3e38): its non-finite steps are counted
@@ -28,7 +30,8 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   mode) match the device memory the runs allocate (CUDASIM_MEMORY_REPORT);
 - 2 ranks whose batches are twins (a shard of one repeated sample) train the 1-rank model bit
   for bit, model file included, under ZeRO-1 (bf16, FP8 with adamw8, delayed weights, block)
-  and ZeRO-3, and so do 3 ranks with -pa fp32 (ZeRO-1 and ZeRO-3); a checkpoint of 1 rank
+  and ZeRO-3 (also at C = 192, whose weight slices are not all 256-byte aligned), and so do 3
+  ranks with -pa fp32 (ZeRO-1 and ZeRO-3); a checkpoint of 1 rank
   resumed on 2, and of 2 on 1, goes on bit for bit.
 test/sim_model.py's small model keeps a step near a second. The same program on a GPU is
 make gpucheck's (test/test_gpt2.cu, test/gpu_trainer_ranks.py).
@@ -58,6 +61,10 @@ def workdir(tmp_path_factory):
     """a model file, train/val shards, and the HellaSwag file where the trainer looks for it"""
     d = tmp_path_factory.mktemp("sim_trainer")
     sim_model.write_run_files(d, 60_000)
+    # C = 192 (3 heads of 64): slices not all 256-byte aligned (qkvb's 3C bf16 are 1152 bytes, a layer's B*T*C need
+    # not be a multiple of 128 either)
+    sim_model.write_model(d / "model_c192.bin", layers=1, heads=3, channels=192)
+    sim_model.write_model(d / "model_c192_l2.bin", layers=2, heads=3, channels=192)
     os.makedirs(d / "dev" / "data" / "hellaswag")
     sim_model.write_hellaswag(d / "dev" / "data" / "hellaswag" / "hellaswag_val.bin")
     return d
@@ -450,6 +457,27 @@ def test_bf16_takes_a_token_count_not_a_multiple_of_8(workdir):
     assert fp8.returncode != 0 and "B*T = 189 must be a positive multiple of 16" in fp8.stderr, fp8.stderr[-2000:]
 
 
+def test_bf16_recompute_changes_memory_not_results_at_unaligned_layer_slices(workdir):
+    """-r 0, 1 and 2 in bf16 at C = 192 (3 heads of 64), B*T = 189, 2 layers: a layer's B*T*C bf16 activations are
+    72576 bytes, not a multiple of 256, so layer 1's kept ln1 and ln2 outputs would sit 128 bytes past cuBLASLt's 256-byte
+    alignment where -r's one shared buffer is 256-byte aligned; cuBLASLt's heuristic may pick another algorithm for
+    the less aligned pointer (cudasim's sums in another order), and -r would change the bits. The trainer starts each
+    layer's slice at 256 bytes: the same losses and model file, bit for bit (-ge 0: the fused GELU forward is
+    cuBLASLt's, the recompute llm8's kernel)"""
+    runs = {}
+    for r in (0, 1, 2):
+        out = workdir / f"bf16_recompute_c192_{r}"
+        cmd = [SIM_TRAINER, "-e", "model_c192_l2.bin", "-i", "s_train_*.bin", "-j", "", "-b", 3, "-t", 63, "-x", 3,
+               "-v", 0, "-s", 0, "-n", 3, "-p", "bf16", "-ge", 0, "-r", r, "-o", out]
+        result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=workdir)
+        assert result.returncode == 0, result.stderr[-2000:]
+        runs[r] = (losses(result.stdout), open(out / "model_00000003.bin", "rb").read())
+    assert sorted(runs[0][0]) == [1, 2, 3], runs[0][0]
+    for r in (1, 2):
+        assert runs[r][0] == runs[0][0], (r, runs[r][0], runs[0][0])
+        assert runs[r][1] == runs[0][1], f"-r {r}: the model file differs from -r 0's"
+
+
 def test_x_minus_1_trains_one_epoch(workdir):
     """-x -1: as many steps as the train shards hold total batches (2000 tokens, 512 a step: 3)"""
     sim_model.write_shard(workdir / "epoch_train_000000.bin", 2000, 4, learnable=True)
@@ -700,9 +728,10 @@ def twin_shard(workdir):
     (2, ["-p", "fp8", "-f8", "all", "-f8p", "fwd", "-fr", "current", "-opt", "adamw8"], []),
     (3, ["-p", "fp8", "-opt", "adamw8", "-pa", "fp32"], []),
     (3, ["-p", "fp8", "-fr", "current", "-opt", "adamw8", "-pa", "fp32"], ["-z", 3]),
+    (2, ["-p", "bf16", "-e", "model_c192.bin"], ["-z", 3]),
 ], ids=["2-bf16", "2-fp8-adamw8-no-master", "2-fp8-delayed-weights", "2-fp8-block-no-master", "2-fp8-zero3", "2-fp8-lm-head",
         "2-fp8-lm-head-delayed-weights", "2-fp8-lm-head-block", "2-fp8-partial-passes", "2-fp8-partial-lm-head-current", "3-fp8-adamw8-fp32-reduce",
-        "3-fp8-zero3-fp32-reduce"])
+        "3-fp8-zero3-fp32-reduce", "2-bf16-zero3-c192"])
 def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ranks, flags, rank_flags):
     """Every sample of the shard is the same B*T tokens, so each of N ranks x -b 4 computes exactly what 1 rank x -b 4
     computes: the same loss and FP8 amaxes, and a gradient whose average over the ranks is itself: exact for 2 ranks
@@ -712,7 +741,9 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
     cast (from its fp32 master part, or with -w 0 from its bf16 weights). So ZeRO-1 and ZeRO-3 must train the 1-rank model bit for bit: the same model file (the losses too, but for
     3 ranks their mean may round: compared to 1e-6). Unlike -pc, this also sees bytes wrong alike on every rank, or
     a checkpoint read before the last gather arrived (the 3-rank ZeRO-3 case found that one): the ranks run their
-    streams' work newest first, so whatever reads without waiting reads early. No clipping: the global norm sums
+    streams' work newest first, so whatever reads without waiting reads early. At C = 192 a layer's attproj weight
+    sits 128 bytes past 256-byte alignment in the parameters, and ZeRO-3's gathered copy must too: cudasim's cuBLASLt,
+    like the library's heuristic, may take another algorithm (other bits) for another alignment. No clipping: the global norm sums
     the ranks' partial sums, so its last bit may differ from one rank's single sum"""
     name = f"twin_{ranks}_" + "_".join(map(str, flags + rank_flags))
     common = flags + ["-x", 3, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-gc", 0, "-n", 3]

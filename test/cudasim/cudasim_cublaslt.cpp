@@ -25,7 +25,13 @@ factors layouts" in the cuBLAS documentation; rows are m for A, n for B).
 Numerics: operands are decoded exactly to fp32 (bf16, E4M3, E5M2 are subsets of it); each
 dot product is accumulated in fp32 in a fixed order (16 lanes along K, then the lanes in
 order), per 128-element K block when block scaling applies; the epilogue runs in fp32 and D
-is rounded once (bf16: round to nearest even). So results are deterministic and at least as
+is rounded once (bf16: round to nearest even). The order is the algorithm's, and the
+heuristic picks its algorithm by the MIN_ALIGNMENT preferences as the library may: one
+promised 256-byte alignment on all four matrices (and cublasLtMatmul without an algorithm)
+sums as above, any less aligned promise takes 8 lanes along K instead, whose bits differ. So
+a claim that two configurations give the same bits fails here when they hand the same GEMM
+pointers of different alignment (a per-layer slice at an odd offset in one, a buffer of its
+own in the other), as it may on a GPU. So results are deterministic and at least as
 accurate as a GPU's; FAST_ACCUM is accepted and changes nothing. One rounding more, as an
 H200 showed (cuBLASLt 13.1, bf16 and FP8 operands alike): with beta != 0 the sum is rounded
 to D's type before C is added, so a bf16 D += is rounded twice (an fp32 D's sum stays exact).
@@ -501,10 +507,10 @@ typedef float Lanes __attribute__((vector_size(32)));
 const int LANES = 8;
 
 // sums[c] = the sum of a[i] * b[c][i] in fp32 for COLUMNS rows b[c] of op(B)^T, each in the
-// same order: two 8-lane accumulators along K, then the lanes in order. A load of a serves
-// every column (test_gpt2 under cudasim: 232 -> 222 s at 4 columns); a column's bits do not
-// depend on COLUMNS.
-template <int COLUMNS>
+// same order: two 8-lane accumulators along K (one with SPLIT false: the less aligned
+// algorithm's order), then the lanes in order. A load of a serves every column (test_gpt2
+// under cudasim: 232 -> 222 s at 4 columns); a column's bits do not depend on COLUMNS.
+template <int COLUMNS, bool SPLIT>
 void dots(const float* a, const float* const* b, uint64_t count, float* sums) {
     Lanes even[COLUMNS] = {}, odd[COLUMNS] = {};
     uint64_t i = 0;
@@ -515,7 +521,7 @@ void dots(const float* a, const float* const* b, uint64_t count, float* sums) {
             Lanes b0, b1;
             memcpy(&b0, b[c] + i, sizeof(Lanes)); memcpy(&b1, b[c] + i + LANES, sizeof(Lanes));
             even[c] += a0 * b0;
-            odd[c] += a1 * b1;
+            if (SPLIT) { odd[c] += a1 * b1; } else { even[c] += a1 * b1; }
         }
     }
     for (int c = 0; c < COLUMNS; c++) {
@@ -557,7 +563,20 @@ struct Pointers {
     void* d;
 };
 
-void compute(const Problem& p, const Pointers& data, float alpha, float beta) {
+const int DOT_GROUP = 4;  // columns of D whose dot products share the loads of A's row (dots)
+
+// one K segment's dot products for `columns` (at most DOT_GROUP) columns of D in the algorithm's order
+template <bool SPLIT>
+void segment_dots(const float* a, const float* const* b, uint64_t count, int columns, float* sums) {
+    if (columns == DOT_GROUP) {
+        dots<DOT_GROUP, SPLIT>(a, b, count, sums);
+    } else {
+        for (int c = 0; c < columns; c++) { dots<1, SPLIT>(a, b + c, count, sums + c); }
+    }
+}
+
+// fully_aligned: the algorithm was chosen for 256-byte alignment of every matrix (top comment)
+void compute(const Problem& p, const Pointers& data, float alpha, float beta, bool fully_aligned) {
     const MatmulDesc& desc = *p.desc;
     const MatrixLayout &c_layout = *p.layouts[2], &d_layout = *p.layouts[3];
     const uint64_t m = p.m, n = p.n, k = p.k;
@@ -566,7 +585,7 @@ void compute(const Problem& p, const Pointers& data, float alpha, float beta) {
     const OperandScale scale_a(desc.scale_mode[0], desc.scale[0], m, k), scale_b(desc.scale_mode[1], desc.scale[1], n, k);
     const uint64_t segment = p.block_scaled ? 128 : k;
     const int64_t column_block = 16;  // columns of D per task: their rows of op(B)^T stay in cache
-    const int group = 4;  // columns of D whose dot products share the loads of A's row (dots)
+    const int group = DOT_GROUP;
     #pragma omp parallel for schedule(static) if (!in_forked_child)
     for (int64_t first_column = 0; first_column < (int64_t)n; first_column += column_block) {
         const uint64_t end_column = std::min<uint64_t>(n, first_column + column_block);
@@ -580,10 +599,10 @@ void compute(const Problem& p, const Pointers& data, float alpha, float beta) {
                     const float* b_segments[group];
                     float sums[group];
                     for (int c = 0; c < columns; c++) { b_segments[c] = b_rows.data() + (first + c) * k + start; }
-                    if (columns == group) {
-                        dots<group>(a_row + start, b_segments, length, sums);
+                    if (fully_aligned) {
+                        segment_dots<true>(a_row + start, b_segments, length, columns, sums);
                     } else {
-                        for (int c = 0; c < columns; c++) { dots<1>(a_row + start, b_segments + c, length, sums + c); }
+                        segment_dots<false>(a_row + start, b_segments, length, columns, sums);
                     }
                     for (int c = 0; c < columns; c++) { products[c] += sums[c] * scale_a.at(i, block) * scale_b.at(first + c, block); }
                 }
@@ -703,9 +722,9 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     return set_attribute("preference", attribute, preference_slot(preference_of(preference), attribute), buffer, bytes);
 }
 
-// One algorithm (the emulation has one) for any problem the checks admit at the promised
-// alignments; it needs no workspace. The algorithm remembers the promised alignments, which
-// cublasLtMatmul then holds the pointers to.
+// One algorithm for any problem the checks admit at the promised alignments; it needs no
+// workspace. The algorithm remembers the promised alignments, which cublasLtMatmul then holds
+// the pointers to, and which choose its order of summation (the top comment).
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
                                               cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                               cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
@@ -807,8 +826,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         queued->problem.layouts[i] = &queued->layouts[i];
     }
     const Pointers data{A, B, C, D};
-    cudasim::enqueue(stream, "cublasLtMatmul", [queued, data, alpha_value, beta_value](double) {
-        compute(queued->problem, data, alpha_value, beta_value);
+    bool fully_aligned = true;
+    for (int i = 0; i < 4 && algo != nullptr; i++) { fully_aligned = fully_aligned && algo->data[1 + i] == ALIGNMENT_CAP; }
+    cudasim::enqueue(stream, "cublasLtMatmul", [queued, data, alpha_value, beta_value, fully_aligned](double) {
+        compute(queued->problem, data, alpha_value, beta_value, fully_aligned);
         return true;
     });
     return CUBLAS_STATUS_SUCCESS;

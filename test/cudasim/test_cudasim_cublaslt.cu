@@ -120,6 +120,67 @@ static void test_bf16_accumulate_rounds_sum_first(cublasLtHandle_t handle, char*
     cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b)); cudaCheck(cudaFree(d));
 }
 
+/*
+The heuristic picks its algorithm by the promised alignments, and the emulation's algorithms
+sum in different orders (cudasim_cublaslt.cpp's top comment), so a claim that two
+configurations give the same bits fails here where they hand a GEMM differently aligned
+pointers, as it may on a GPU. One 16 x 16 fp32 output, K = 32, A all ones, B's column
+2^24, 1, -2^24, 1 in groups of 8 along K: summed in two 8-lane accumulators each lane is
+(2^24 - 2^24) + (1 + 1) = 2, output 16; in one, ((2^24 + 1) - 2^24) + 1 = 1 (2^24 + 1 rounds
+to 2^24), output 8. With no preference set 256 bytes are promised.
+*/
+static void test_order_follows_promised_alignment(cublasLtHandle_t handle, char* workspace) {
+    const int n = 16, k = 32;
+    const uint16_t group_values[4] = {0x4b80, 0x3f80, 0xcb80, 0x3f80};  // bf16 2^24, 1, -2^24, 1
+    uint16_t a_host[k * n], b_host[k * n];
+    for (int i = 0; i < k * n; i++) {
+        a_host[i] = 0x3f80;
+        b_host[i] = group_values[(i % k) / 8];
+    }
+    uint16_t *a, *b;
+    float* d;
+    cudaCheck(cudaMalloc(&a, sizeof(a_host)));
+    cudaCheck(cudaMalloc(&b, sizeof(b_host)));
+    cudaCheck(cudaMalloc(&d, sizeof(float) * n * n));
+    cudaCheck(cudaMemcpy(a, a_host, sizeof(a_host), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(b, b_host, sizeof(b_host), cudaMemcpyHostToDevice));
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t layout_ab, layout_d;
+    lt_check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "order desc");
+    int32_t transpose = CUBLAS_OP_T;
+    lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)), "order TRANSA");
+    lt_check(cublasLtMatrixLayoutCreate(&layout_ab, CUDA_R_16BF, k, n, k), "order A/B layout");
+    lt_check(cublasLtMatrixLayoutCreate(&layout_d, CUDA_R_32F, n, n, n), "order D layout");
+    const uint32_t promised_a[2] = {256, 128};
+    const float expected[2] = {16.0f, 8.0f};
+    for (int c = 0; c < 2; c++) {
+        cublasLtMatmulPreference_t preference;
+        lt_check(cublasLtMatmulPreferenceCreate(&preference), "order preference");
+        if (promised_a[c] != 256) {
+            lt_check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                          &promised_a[c], sizeof(promised_a[c])), "order alignment");
+        }
+        cublasLtMatmulHeuristicResult_t result;
+        int found = 0;
+        lt_check(cublasLtMatmulAlgoGetHeuristic(handle, desc, layout_ab, layout_ab, layout_d, layout_d, preference, 1,
+                                                &result, &found), "order heuristic");
+        const float alpha = 1.0f, beta = 0.0f;
+        lt_check(cublasLtMatmul(handle, desc, &alpha, a, layout_ab, b, layout_ab, &beta, d, layout_d, d, layout_d,
+                                &result.algo, workspace, 1 << 20, 0), "order matmul");
+        float got[n * n];
+        cudaCheck(cudaMemcpy(got, d, sizeof(got), cudaMemcpyDeviceToHost));
+        int bad = 0;
+        for (int i = 0; i < n * n; i++) { bad += got[i] != expected[c]; }
+        CHECK(bad == 0, "A promised %u-byte aligned: %d of %d outputs are not %g (first %g)", promised_a[c], bad, n * n,
+              expected[c], got[0]);
+        cublasLtMatmulPreferenceDestroy(preference);
+    }
+    cublasLtMatrixLayoutDestroy(layout_ab);
+    cublasLtMatrixLayoutDestroy(layout_d);
+    cublasLtMatmulDescDestroy(desc);
+    cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b)); cudaCheck(cudaFree(d));
+}
+
 int main() {
     // codes: small integers, exact in E4M3; A stored K x M (column m contiguous along K)
     uint8_t* a_host = (uint8_t*)malloc((size_t)K * M);
@@ -233,6 +294,7 @@ int main() {
     cudaCheck(cudaDeviceSynchronize());
 
     test_bf16_accumulate_rounds_sum_first(handle, workspace);
+    test_order_follows_promised_alignment(handle, workspace);
 
     lt_check(cublasLtDestroy(handle), "destroy");
     void* buffers[6] = {a, b, d, scales_a, scales_b, workspace};
