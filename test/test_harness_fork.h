@@ -49,19 +49,26 @@ static inline int child_run_begin(ChildRun* run) {
     return 0;
 }
 
-// parent side: collects the child's stderr and checks the one-line error contract
-static inline void child_run_check_dies(ChildRun* run, const char* what, const char* must_contain) {
-    char text[CHILD_STDERR_MAX + 1];
-    size_t length = 0;
+// parent side: the child's stderr (at most CHILD_STDERR_MAX bytes, into text[CHILD_STDERR_MAX + 1],
+// NUL-terminated) once it has ended; returns its wait status, *length the bytes read
+static inline int child_run_collect(ChildRun* run, char* text, size_t* length) {
+    *length = 0;
     ssize_t got;
-    while ((got = read(run->stderr_pipe[0], text + length, CHILD_STDERR_MAX - length)) > 0) {
-        length += (size_t)got;
-        if (length == CHILD_STDERR_MAX) { break; }
+    while (*length < CHILD_STDERR_MAX && (got = read(run->stderr_pipe[0], text + *length, CHILD_STDERR_MAX - *length)) > 0) {
+        *length += (size_t)got;
     }
-    text[length] = '\0';
+    text[*length] = '\0';
     close(run->stderr_pipe[0]);
     int status = 0;
     waitpid(run->pid, &status, 0);
+    return status;
+}
+
+// parent side: collects the child's stderr and checks the one-line error contract
+static inline void child_run_check_dies(ChildRun* run, const char* what, const char* must_contain) {
+    char text[CHILD_STDERR_MAX + 1];
+    size_t length;
+    int status = child_run_collect(run, text, &length);
     int exited = WIFEXITED(status);
     CHECK(exited, "%s: child did not exit normally (signal %d; a crash or a hang)", what,
           WIFSIGNALED(status) ? WTERMSIG(status) : 0);

@@ -405,11 +405,8 @@ static void test_watchdog(const char* dir) {
         _exit(0);
     }
     char text[CHILD_STDERR_MAX + 1];
-    ssize_t length = read(run.stderr_pipe[0], text, CHILD_STDERR_MAX);
-    text[length > 0 ? length : 0] = '\0';
-    close(run.stderr_pipe[0]);
-    int status = 0;
-    waitpid(run.pid, &status, 0);
+    size_t length;
+    int status = child_run_collect(&run, text, &length);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
           "watchdog: a host making progress, then disarmed, was ended (status %d): [%s]", status, text);
 }

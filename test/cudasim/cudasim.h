@@ -17,7 +17,8 @@ shared memory read before the block wrote it (dynamic and static shared memory s
 block as 0xff bytes, CUDASIM_FRESH_SHARED),
 writes past an allocation or past a block's dynamic shared memory (a guard page after each),
 a launch wider than 1024 threads (or than the kernel's __launch_bounds__, which a GPU refuses
-at the launch) or with more dynamic shared memory than the kernel's attribute allows. And what a GPU faults on but x86 does not: a uint2/int4/Packed128 access
+at the launch) or with more dynamic shared memory than the kernel's attribute allows, a CUDA
+call in a process forked after its parent called CUDA (which CUDA does not support). And what a GPU faults on but x86 does not: a uint2/int4/Packed128 access
 through a misaligned pointer (checked_reinterpret_cast below: cudaErrorMisalignedAddress).
 
 A data race between the threads of a block shows as a result that depends on the order

@@ -41,6 +41,24 @@ namespace cudasim {
     abort();
 }
 
+/*
+CUDA does not survive fork(): a process forked after its parent called CUDA may not call it
+(on a GPU such a call fails with cudaErrorInitializationError, or hangs). The tests fork before
+their first CUDA call (test_multi_gpu's ranks, the CHECK_DIES of bad input), or their child
+must die before it reaches one; a child that calls CUDA anyway stops here naming the call,
+where it would otherwise pass a test that a GPU fails.
+*/
+static bool called_cuda = false, forked_after_cuda = false;
+static const int fork_watch = pthread_atfork(nullptr, nullptr, [] { forked_after_cuda = called_cuda; });
+
+static void note_cuda_call(const char* call) {
+    if (forked_after_cuda) {
+        fail(std::string(call) + " in a process forked after its parent had called CUDA, which CUDA does not support "
+             "(on a GPU it fails): fork before the first CUDA call");
+    }
+    called_cuda = true;
+}
+
 // ----------------------------------------------------------------------------------------
 // fibers: on x86-64 a switch saves the callee-saved registers and the stack pointer (glibc's
 // swapcontext also saves the signal mask, a system call per switch, and was 30% of the
@@ -576,6 +594,7 @@ static size_t launch_queue_limit() {
 
 std::shared_ptr<Completion> enqueue(cudaStream_t handle, const char* what, StreamWork work,
                                     std::shared_ptr<Completion> after) {
+    note_cuda_call(what);  // kernel launches, copies, memsets, cuBLASLt's GEMMs, NCCL's collectives
     if (draining) { fail(std::string("enqueue of ") + what + " from work that a stream runs"); }
     CUstream_st* stream = stream_of(handle);
     QueuedWork queued{std::move(work), what, enqueued_count++, {}, std::make_shared<Completion>()};
@@ -816,6 +835,7 @@ bool cudasim::synchronize_all_streams(double deadline) {
 extern "C" {
 
 cudaError_t cudaMalloc(void** pointer, size_t bytes) {
+    cudasim::note_cuda_call(__func__);
     // the allocation ends (rounded up to 256 bytes, CUDA's alignment) right before an
     // inaccessible page, so a write past the end faults where it happens
     size_t rounded = (bytes + 255) & ~(size_t)255;
@@ -834,6 +854,7 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) {
 }
 
 cudaError_t cudaFree(void* pointer) {
+    cudasim::note_cuda_call(__func__);
     if (pointer == nullptr) { return cudaSuccess; }
     synchronize_all_streams(INFINITY);  // documented: cudaFree synchronizes the device
     std::lock_guard<std::mutex> lock(allocations_mutex);
@@ -846,12 +867,14 @@ cudaError_t cudaFree(void* pointer) {
 }
 
 cudaError_t cudaMallocHost(void** pointer, size_t bytes) {
+    cudasim::note_cuda_call(__func__);
     *pointer = malloc(bytes > 0 ? bytes : 1);
     if (*pointer == nullptr) { return cudaErrorMemoryAllocation; }
     pinned_allocations[(const char*)*pointer] = bytes > 0 ? bytes : 1;
     return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* pointer) {
+    cudasim::note_cuda_call(__func__);
     if (pointer == nullptr) { return cudaSuccess; }
     synchronize_all_streams(INFINITY);  // queued copies may still read or write it
     if (pinned_allocations.erase((const char*)pointer) == 0) { fail("cudaFreeHost of a pointer cudaMallocHost did not return"); }
@@ -872,6 +895,7 @@ cudaError_t cudaMemsetAsync(void* destination, int value, size_t bytes, cudaStre
     return enqueue_memset(destination, value, bytes, stream);
 }
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    cudasim::note_cuda_call(__func__);
     *total_bytes = simulated_memory_bytes();
     *free_bytes = simulated_memory_bytes() - allocated_bytes;
     return cudaSuccess;
@@ -905,6 +929,7 @@ const char* cudaGetErrorName(cudaError_t error) {
 }
 
 cudaError_t cudaFuncSetAttribute(const void* function, cudaFuncAttribute attribute, int value) {
+    cudasim::note_cuda_call(__func__);
     if (attribute == cudaFuncAttributeMaxDynamicSharedMemorySize) {
         if (value > OPT_IN_DYNAMIC_SHARED_LIMIT) { return cudaErrorInvalidValue; }
         max_dynamic_shared_by_kernel[function] = value;
@@ -912,14 +937,27 @@ cudaError_t cudaFuncSetAttribute(const void* function, cudaFuncAttribute attribu
     return cudaSuccess;
 }
 
-cudaError_t cudaSetDevice(int) { return cudaSuccess; }
-cudaError_t cudaGetDevice(int* device) { *device = 0; return cudaSuccess; }
-cudaError_t cudaGetDeviceCount(int* count) { *count = 1; return cudaSuccess; }
+cudaError_t cudaSetDevice(int) {
+    cudasim::note_cuda_call(__func__);
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+    cudasim::note_cuda_call(__func__);
+    *device = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* count) {
+    cudasim::note_cuda_call(__func__);
+    *count = 1;
+    return cudaSuccess;
+}
 cudaError_t cudaDeviceSynchronize(void) {
+    cudasim::note_cuda_call(__func__);
     synchronize_all_streams(INFINITY);
     return sticky_error;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
+    cudasim::note_cuda_call(__func__);
     memset(prop, 0, sizeof(*prop));
     snprintf(prop->name, sizeof(prop->name), "cudasim (CPU)");
     prop->multiProcessorCount = 132;
@@ -932,6 +970,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+    cudasim::note_cuda_call(__func__);
     switch (attribute) {
         case cudaDevAttrMultiProcessorCount: *value = 132; break;
         case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = OPT_IN_DYNAMIC_SHARED_LIMIT; break;
@@ -944,6 +983,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
 
 // streams and events (the queues are above)
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+    cudasim::note_cuda_call(__func__);
     *stream = new CUstream_st;
     (*stream)->blocking = (flags & cudaStreamNonBlocking) == 0;
     all_streams.push_back(*stream);
@@ -953,45 +993,61 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWith
 // the documentation lets the work queued on a destroyed stream finish later; running it now is
 // one order a GPU may take
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    cudasim::note_cuda_call(__func__);
     drain_until([stream] { return stream->queue.empty(); }, INFINITY);
     all_streams.erase(std::find(all_streams.begin(), all_streams.end(), stream));
     delete stream;
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
+    cudasim::note_cuda_call(__func__);
     CUstream_st* stream = stream_of(handle);
     drain_until([stream] { return stream->queue.empty(); }, INFINITY);
     return sticky_error;
 }
 cudaError_t cudaStreamQuery(cudaStream_t handle) {
+    cudasim::note_cuda_call(__func__);
     CUstream_st* stream = stream_of(handle);
     bool done = drain_until([stream] { return stream->queue.empty(); }, now_seconds() + QUERY_WAIT_S);
     return sticky_error != cudaSuccess ? sticky_error : done ? cudaSuccess : cudaErrorNotReady;
 }
 // waits for the event's most recent record at the time of the call (none yet: no wait)
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
+    cudasim::note_cuda_call(__func__);
     enqueue(stream, "cudaStreamWaitEvent", [](double) { return true; }, event->recorded);
     return cudaSuccess;
 }
 
-cudaError_t cudaEventCreate(cudaEvent_t* event) { *event = new CUevent_st; return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
+    cudasim::note_cuda_call(__func__);
+    *event = new CUevent_st;
+    return cudaSuccess;
+}
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned) { return cudaEventCreate(event); }
-cudaError_t cudaEventDestroy(cudaEvent_t event) { delete event; return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    cudasim::note_cuda_call(__func__);
+    delete event;
+    return cudaSuccess;
+}
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    cudasim::note_cuda_call(__func__);
     event->recorded = enqueue(stream, "cudaEventRecord", [](double) { return true; });
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    cudasim::note_cuda_call(__func__);
     std::shared_ptr<Completion> recorded = event->recorded;
     if (recorded != nullptr) { drain_until([&] { return recorded->done; }, INFINITY); }
     return sticky_error;
 }
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+    cudasim::note_cuda_call(__func__);
     std::shared_ptr<Completion> recorded = event->recorded;
     bool done = recorded == nullptr || drain_until([&] { return recorded->done; }, now_seconds() + QUERY_WAIT_S);
     return sticky_error != cudaSuccess ? sticky_error : done ? cudaSuccess : cudaErrorNotReady;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    cudasim::note_cuda_call(__func__);
     if (start->recorded == nullptr || end->recorded == nullptr) { return cudaErrorInvalidResourceHandle; }
     if (!start->recorded->done || !end->recorded->done) { return cudaErrorNotReady; }
     *ms = (float)((end->recorded->seconds - start->recorded->seconds) * 1000.0);

@@ -19,6 +19,9 @@ refuses too (run under cudasim only):
   more than 48 KB of static and dynamic together for a kernel that did not raise its dynamic
   limit, or more than 227 KB for one that did, ends the kernel with an error (in forked
   children); 40 KB static with 4 KB dynamic, or with 180 KB after raising the limit, runs.
+- CUDA does not survive fork(): once this process has called CUDA, a forked child's
+  cudaMalloc, kernel launch or memset stops the child with cudasim's line (on a GPU it would
+  fail), and a child that makes no CUDA call exits as it likes.
 */
 #include "llmc/cuda_common.h"
 #include "test/test_harness.h"
@@ -84,15 +87,8 @@ static int shared_kernel_outcome(int dynamic_kb, bool raise_limit) {
         _exit(got == (dynamic_kb == 0 ? 1 : 3) ? 0 : 2);
     }
     char text[CHILD_STDERR_MAX + 1];
-    size_t length = 0;
-    ssize_t got;
-    while (length < CHILD_STDERR_MAX && (got = read(run.stderr_pipe[0], text + length, CHILD_STDERR_MAX - length)) > 0) {
-        length += (size_t)got;
-    }
-    text[length] = '\0';
-    close(run.stderr_pipe[0]);
-    int status = 0;
-    waitpid(run.pid, &status, 0);
+    size_t length;
+    int status = child_run_collect(&run, text, &length);
     if (!WIFEXITED(status)) { return SHARED_KERNEL_OTHER; }
     if (WEXITSTATUS(status) == 0 && length == 0) { return SHARED_KERNEL_RAN; }
     if (WEXITSTATUS(status) == 1 && strstr(text, "of static shared memory") != NULL) { return SHARED_KERNEL_REFUSED; }
@@ -100,6 +96,23 @@ static int shared_kernel_outcome(int dynamic_kb, bool raise_limit) {
 }
 
 __global__ void __launch_bounds__(64) mark_kernel(int* flag) { *flag = 1; }
+
+// a child forked after this process called CUDA makes call `which` (0 none, 1 cudaMalloc, 2 a
+// kernel launch, 3 cudaMemsetAsync): whether it was stopped, by SIGABRT with cudasim's line
+static bool forked_child_call_stopped(int which, int* flag) {
+    ChildRun run;
+    if (child_run_begin(&run)) {
+        void* memory = nullptr;
+        if (which == 1) { (void)cudaMalloc(&memory, 16); }
+        if (which == 2) { mark_kernel<<<1, 1>>>(flag); }
+        if (which == 3) { (void)cudaMemsetAsync(flag, 0, sizeof(int), 0); }
+        _exit(0);
+    }
+    char text[CHILD_STDERR_MAX + 1];
+    size_t length;
+    int status = child_run_collect(&run, text, &length);
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT && strstr(text, "forked after its parent had called CUDA") != NULL;
+}
 
 // votes[3 * thread + k]: what barrier k returned to the thread (predicates: thread 37 only,
 // none, every thread)
@@ -202,6 +215,12 @@ int main() {
 
     test_syncthreads_or();
     test_static_shared_starts_as_garbage();
+    CHECK(!forked_child_call_stopped(0, flag), "a child forked after CUDA calls, making none itself, was stopped");
+    const char* calls[4] = {"", "cudaMalloc", "a kernel launch", "cudaMemsetAsync"};
+    for (int which = 1; which <= 3; which++) {
+        CHECK(forked_child_call_stopped(which, flag), "a child forked after this process called CUDA made %s unstopped",
+              calls[which]);
+    }
 
     load_pair_kernel<<<1, 1>>>(out, in, 1);
     cudaError_t error = cudaDeviceSynchronize();
