@@ -18,13 +18,16 @@ that follows its reads. The barrier is a futex on a sequence word bumped at ever
 
 What NCCL documents and this does:
 - Nonblocking communicators (config.blocking = 0): a host-side call (creation, finalization)
-  that cannot finish because a peer has not arrived returns ncclInProgress after a short wait
-  (collectives only enqueue, so they return ncclSuccess); the operation continues in
-  ncclCommGetAsyncError, which reports ncclInProgress until it completes. The documentation
-  requires the state to reach ncclSuccess before the next NCCL call on the communicator and
-  before CUDA work that depends on it; a call made earlier stops the program (a usage error
-  a GPU would turn into a race). Blocking communicators wait in the call for as long as the
-  peers live.
+  that cannot finish because a peer has not arrived returns ncclInProgress after a short wait;
+  the operation continues in ncclCommGetAsyncError, which reports ncclInProgress until it
+  completes. A collective (or a group's, at ncclGroupEnd) returns ncclInProgress always, as
+  NCCL may: NCCL's own thread puts it on its stream later, here at the first
+  ncclCommGetAsyncError after the call. So CUDA work the host puts on that stream (an event
+  record, a kernel) before the state reaches ncclSuccess runs before the collective, as it may
+  on a GPU. The documentation requires the state to reach ncclSuccess before the next NCCL call
+  on the communicator and before CUDA work that depends on it; an NCCL call made earlier stops
+  the program (a usage error a GPU would turn into a race). Blocking communicators wait in the
+  call for as long as the peers live, and put a collective on its stream in the call.
 - A peer that exited (or aborted or destroyed its communicator) before reaching the point a
   rank waits at gives ncclRemoteError ("a remote process exiting prematurely" is one of its
   documented causes), with the rank, the pid and the operation in ncclGetLastError. A peer
@@ -329,7 +332,9 @@ struct ncclComm {
     uint32_t barriers_passed = 0;
     uint64_t operations_issued = 0;
     std::deque<Operation> pending;      // host-side operations (creation, finalization) not complete
-    ncclResult_t state = ncclSuccess;   // ncclInProgress while pending is not empty, or an error
+    // a nonblocking communicator's collectives not yet on their stream (ncclCommGetAsyncError puts them there)
+    std::vector<std::pair<cudaStream_t, std::deque<Operation>>> unlaunched;
+    ncclResult_t state = ncclSuccess;   // ncclInProgress while pending or unlaunched is not empty, or an error
     // collectives run from the streams' queues, which outlive the communicator: Abort and
     // Destroy set this and the queued ones are dropped
     std::shared_ptr<bool> released = std::make_shared<bool>(false);
@@ -636,7 +641,19 @@ void enqueue_collectives(ncclComm* comm, cudaStream_t stream, std::deque<Operati
     }, comm->last_collective);
 }
 
-// a collective: queued in a group, else enqueued on its stream
+// a launch of collectives: on its stream now for a blocking communicator; for a nonblocking one
+// later, when ncclCommGetAsyncError polls (ncclInProgress until then)
+ncclResult_t launch_collectives(ncclComm* comm, cudaStream_t stream, std::deque<Operation> operations) {
+    if (comm->blocking) {
+        enqueue_collectives(comm, stream, std::move(operations));
+        return ncclSuccess;
+    }
+    comm->unlaunched.emplace_back(stream, std::move(operations));
+    comm->state = ncclInProgress;
+    return ncclInProgress;
+}
+
+// a collective: queued in a group, else launched
 ncclResult_t issue(Kind kind, const void* send, void* recv, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                    int root, ncclComm* comm, cudaStream_t stream) {
     if (comm == nullptr) { return record_error(ncclInvalidArgument, std::string(kind_name(kind)) + ": NULL communicator"); }
@@ -657,8 +674,7 @@ ncclResult_t issue(Kind kind, const void* send, void* recv, size_t count, ncclDa
         group_operations.push_back(GroupedOperation{comm, operation, stream});
         return ncclSuccess;
     }
-    enqueue_collectives(comm, stream, {operation});
-    return ncclSuccess;
+    return launch_collectives(comm, stream, {operation});
 }
 
 } // namespace
@@ -785,7 +801,13 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
     if (comm == nullptr || async_error == nullptr) { return ncclInvalidArgument; }
-    if (comm->state == ncclInProgress) { progress(comm, now_s() + ASYNC_ERROR_WAIT_S); }
+    if (!comm->unlaunched.empty()) {  // NCCL's thread puts them on their streams, and the call has settled
+        for (auto& launch : comm->unlaunched) { enqueue_collectives(comm, launch.first, std::move(launch.second)); }
+        comm->unlaunched.clear();
+        if (comm->state == ncclInProgress) { comm->state = ncclSuccess; }  // nothing run: the streams run them later
+    } else if (comm->state == ncclInProgress) {
+        progress(comm, now_s() + ASYNC_ERROR_WAIT_S);
+    }
     *async_error = comm->state;
     return ncclSuccess;
 }
@@ -847,6 +869,7 @@ ncclResult_t ncclGroupEnd() {
     }
     // one launch per communicator (a group spanning several would need every rank to list
     // them in the same order; llm8's groups hold one), on its operations' stream
+    ncclResult_t result = ncclSuccess;
     for (ncclComm* comm : comms) {
         std::deque<Operation> operations;
         cudaStream_t stream = nullptr;
@@ -858,10 +881,10 @@ ncclResult_t ncclGroupEnd() {
             stream = g.stream;
             operations.push_back(g.op);
         }
-        enqueue_collectives(comm, stream, std::move(operations));
+        if (launch_collectives(comm, stream, std::move(operations)) == ncclInProgress) { result = ncclInProgress; }
     }
     group_operations.clear();
-    return ncclSuccess;
+    return result;
 }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,

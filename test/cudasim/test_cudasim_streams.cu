@@ -10,8 +10,13 @@ pseudo-random order among the streams whose next work may start. So:
 - a host write to a cudaMallocHost buffer before the copy reading it has run (its event not
   synchronized) reaches the device; a pageable source is staged at the call;
 - cudaMemcpyAsync into pageable memory returns with the copy done;
-- a kernel's arguments are taken at the launch.
+- a kernel's arguments are taken at the launch;
+- a collective of a nonblocking NCCL communicator returns ncclInProgress and reaches its
+  stream at the next ncclCommGetAsyncError, so a kernel the host puts on that stream before
+  it polls runs first (as it may on a GPU, where NCCL's own thread launches the collective);
+  a blocking communicator's collective is on its stream when the call returns.
 */
+#include <nccl.h>
 #include "llmc/cuda_common.h"
 #include "test/test_harness.h"
 
@@ -47,6 +52,35 @@ static int stale_trials(cudaStream_t writer, cudaStream_t reader, bool wait, int
     free(host);
     cudaCheck(cudaEventDestroy(written));
     return stale;
+}
+
+// polls until the communicator's last call has settled; its final state
+static ncclResult_t settle(ncclComm_t comm, ncclResult_t result) {
+    while (result == ncclInProgress) {
+        if (ncclCommGetAsyncError(comm, &result) != ncclSuccess) { return ncclInternalError; }
+    }
+    return result;
+}
+
+// a one-rank all-reduce of x (5) into y on `stream`, then y filled with 7 on the same stream
+// before the host polls: what y holds after both, and what the all-reduce call returned
+static int collective_then_fill(bool blocking, int* x, int* y, cudaStream_t stream, ncclResult_t* returned) {
+    ncclUniqueId id;
+    ncclComm_t comm;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = blocking ? 1 : 0;
+    CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
+    CHECK(settle(comm, ncclCommInitRankConfig(&comm, 1, id, 0, &config)) == ncclSuccess, "one-rank communicator");
+    fill_kernel<<<4, 64, 0, stream>>>(x, N, 5);
+    cudaCheck(cudaStreamSynchronize(stream));
+    *returned = ncclAllReduce(x, y, N, ncclInt32, ncclSum, comm, stream);
+    fill_kernel<<<4, 64, 0, stream>>>(y, N, 7);
+    CHECK(settle(comm, *returned) == ncclSuccess, "the all-reduce did not settle");
+    cudaCheck(cudaStreamSynchronize(stream));
+    int host = 0;
+    cudaCheck(cudaMemcpy(&host, y + N - 1, sizeof(int), cudaMemcpyDeviceToHost));
+    CHECK(settle(comm, ncclCommFinalize(comm)) == ncclSuccess && ncclCommDestroy(comm) == ncclSuccess, "communicator end");
+    return host;
 }
 
 int main() {
@@ -101,6 +135,14 @@ int main() {
     cudaCheck(cudaMemcpyAsync(host, y, N * sizeof(int), cudaMemcpyDeviceToHost, second));
     CHECK(host[0] == 7 && host[N - 1] == 7, "a kernel argument changed after the launch reached the kernel (%d)", host[0]);
     CHECK(cudaEventQuery(uploaded) == cudaSuccess, "the event of a finished stream is not complete");
+
+    ncclResult_t returned;
+    int after = collective_then_fill(false, x, y, first, &returned);
+    CHECK(returned == ncclInProgress && after == 5, "nonblocking all-reduce: returned %d (expected ncclInProgress), "
+          "then y = %d (expected 5: the fill put on the stream before the poll ran first)", (int)returned, after);
+    after = collective_then_fill(true, x, y, first, &returned);
+    CHECK(returned == ncclSuccess && after == 7, "blocking all-reduce: returned %d (expected ncclSuccess), then y = %d "
+          "(expected 7: the fill after the collective)", (int)returned, after);
 
     cudaCheck(cudaEventDestroy(uploaded));
     cudaCheck(cudaFreeHost(pinned));
