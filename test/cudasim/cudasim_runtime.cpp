@@ -836,10 +836,12 @@ extern "C" {
 
 cudaError_t cudaMalloc(void** pointer, size_t bytes) {
     cudasim::note_cuda_call(__func__);
+    // 0 bytes: success and no allocation, *pointer as it was (CUDA documents nothing here; its
+    // runtime leaves the pointer as it was or sets NULL, by version): the caller gets no memory
+    if (bytes == 0) { return cudaSuccess; }
     // the allocation ends (rounded up to 256 bytes, CUDA's alignment) right before an
     // inaccessible page, so a write past the end faults where it happens
     size_t rounded = (bytes + 255) & ~(size_t)255;
-    if (rounded == 0) { rounded = 256; }
     if (allocated_bytes + rounded > simulated_memory_bytes()) { last_error = cudaErrorMemoryAllocation; return cudaErrorMemoryAllocation; }
     size_t data_bytes = 0;
     char* mapping = map_before_guard_page(rounded, &data_bytes);

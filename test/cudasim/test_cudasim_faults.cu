@@ -19,6 +19,8 @@ refuses too (run under cudasim only):
   more than 48 KB of static and dynamic together for a kernel that did not raise its dynamic
   limit, or more than 227 KB for one that did, ends the kernel with an error (in forked
   children); 40 KB static with 4 KB dynamic, or with 180 KB after raising the limit, runs.
+- cudaMalloc of 0 bytes succeeds and allocates nothing: the pointer stays as it was (CUDA
+  documents nothing; runtimes leave it or set NULL), so no caller can use such a buffer;
 - CUDA does not survive fork(): once this process has called CUDA, a forked child's
   cudaMalloc, kernel launch or memset stops the child with cudasim's line (on a GPU it would
   fail), and a child that makes no CUDA call exits as it likes.
@@ -185,6 +187,9 @@ int main() {
           "shared memory, its limit raised, did not run");
     CHECK(shared_kernel_outcome(190, true) == SHARED_KERNEL_REFUSED, "a kernel with 40 KB of static and 190 KB of "
           "dynamic shared memory was not refused (a GPU allows 227 KB together)");
+    void* nothing = (void*)(uintptr_t)0x1000;
+    CHECK(cudaMalloc(&nothing, 0) == cudaSuccess && nothing == (void*)(uintptr_t)0x1000,
+          "cudaMalloc of 0 bytes failed or set the pointer (%p)", nothing);
     uint32_t host_in[4] = {11, 22, 33, 44};
     uint32_t* in;
     uint2* out;
