@@ -70,7 +70,8 @@ static int collective_then_fill(bool blocking, int* x, int* y, cudaStream_t stre
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = blocking ? 1 : 0;
     CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
-    CHECK(settle(comm, ncclCommInitRankConfig(&comm, 1, id, 0, &config)) == ncclSuccess, "one-rank communicator");
+    ncclResult_t created = ncclCommInitRankConfig(&comm, 1, id, 0, &config);  // comm is set before it is polled
+    CHECK(settle(comm, created) == ncclSuccess, "one-rank communicator");
     fill_kernel<<<4, 64, 0, stream>>>(x, N, 5);
     cudaCheck(cudaStreamSynchronize(stream));
     *returned = ncclAllReduce(x, y, N, ncclInt32, ncclSum, comm, stream);
