@@ -25,14 +25,14 @@ factors layouts" in the cuBLAS documentation; rows are m for A, n for B).
 Numerics: operands are decoded exactly to fp32 (bf16, E4M3, E5M2 are subsets of it); each
 dot product is accumulated in fp32 in a fixed order (16 lanes along K, then the lanes in
 order), per 128-element K block when block scaling applies; the epilogue runs in fp32 and D
-is rounded once (bf16: round to nearest even). The order is the algorithm's, and the
-heuristic picks its algorithm by the MIN_ALIGNMENT preferences as the library may: one
+is rounded once (bf16: round to nearest even). So results are deterministic and at least as
+accurate as a GPU's; FAST_ACCUM is accepted and changes nothing. The order is the algorithm's,
+and the heuristic picks its algorithm by the MIN_ALIGNMENT preferences as the library may: a
 promised 256-byte alignment on all four matrices (and cublasLtMatmul without an algorithm)
 sums as above, any less aligned promise takes 8 lanes along K instead, whose bits differ. So
 a claim that two configurations give the same bits fails here when they hand the same GEMM
 pointers of different alignment (a per-layer slice at an odd offset in one, a buffer of its
-own in the other), as it may on a GPU. So results are deterministic and at least as
-accurate as a GPU's; FAST_ACCUM is accepted and changes nothing. One rounding more, as an
+own in the other), as it may on a GPU. One rounding more, as an
 H200 showed (cuBLASLt 13.1, bf16 and FP8 operands alike): with beta != 0 the sum is rounded
 to D's type before C is added, so a bf16 D += is rounded twice (an fp32 D's sum stays exact).
 The emulation does that always, and matched the H200 on every element of the exact tests
@@ -585,19 +585,18 @@ void compute(const Problem& p, const Pointers& data, float alpha, float beta, bo
     const OperandScale scale_a(desc.scale_mode[0], desc.scale[0], m, k), scale_b(desc.scale_mode[1], desc.scale[1], n, k);
     const uint64_t segment = p.block_scaled ? 128 : k;
     const int64_t column_block = 16;  // columns of D per task: their rows of op(B)^T stay in cache
-    const int group = DOT_GROUP;
     #pragma omp parallel for schedule(static) if (!in_forked_child)
     for (int64_t first_column = 0; first_column < (int64_t)n; first_column += column_block) {
         const uint64_t end_column = std::min<uint64_t>(n, first_column + column_block);
         for (uint64_t i = 0; i < m; i++) {
             const float* a_row = a_rows.data() + i * k;
-            for (uint64_t first = first_column; first < end_column; first += group) {
-                const int columns = (int)std::min<uint64_t>(group, end_column - first);
-                float products[group] = {};
+            for (uint64_t first = first_column; first < end_column; first += DOT_GROUP) {
+                const int columns = (int)std::min<uint64_t>(DOT_GROUP, end_column - first);
+                float products[DOT_GROUP] = {};
                 for (uint64_t start = 0; start < k; start += segment) {
                     const uint64_t block = start / 128, length = std::min(segment, k - start);
-                    const float* b_segments[group];
-                    float sums[group];
+                    const float* b_segments[DOT_GROUP];
+                    float sums[DOT_GROUP];
                     for (int c = 0; c < columns; c++) { b_segments[c] = b_rows.data() + (first + c) * k + start; }
                     if (fully_aligned) {
                         segment_dots<true>(a_row + start, b_segments, length, columns, sums);
