@@ -1062,7 +1062,9 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, OutlierSkip* 
     adamw8_states_free_host(&opt);
     fp8_host_state_free(&fp8);
     free(master);
-    gpt2_all_reduce(model, 0.0f, ncclSum, stream, "checkpoint barrier (after writing)");  // every rank's file is complete
+    // every rank's file is complete: the peers wait for rank 0's model file too, within -pt
+    gpt2_all_reduce(model, 0.0f, ncclSum, stream,
+                    "checkpoint barrier (after writing: checkpoints slower to write than -pt need a larger -pt)");
     if (model->rank == 0) {
         checkpoint_write_done(dir, step);
         printf("wrote checkpoint %s/model_%08d.bin (+ %d state file%s, DONE)\n", dir, step, model->zero.num_ranks,
@@ -1319,9 +1321,8 @@ int main(int argc, char** argv) {
     char model_path[4096] = "";
     checkpoint_claim_dir(out_dir, rank, tc.resume, tc.checkpoint_every);
     if (tc.resume) {
-        resume_step = checkpoint_find_latest(out_dir);
+        resume_step = checkpoint_resume_step(out_dir);
         if (resume_step >= 0) { checkpoint_model_path(model_path, sizeof(model_path), out_dir, resume_step); }
-        else { printf("-y 1: no complete checkpoint in %s, starting from scratch\n", out_dir); }
     }
     if (model_path[0] == '\0' && strstr(tc.model, ".bin") != NULL) { snprintf(model_path, sizeof(model_path), "%s", tc.model); }
     int model_version = 0;

@@ -18,7 +18,10 @@ Why it is shaped this way:
   ASCII tag, a uint64 byte count and the bytes. Header [6] = 1 says the body has no fp32
   m and v (an 8-bit optimizer keeps its states in sections instead). Header [7] and [8] (both
   versions; llm.c leaves them 0) hold the writer's B and T: the saved position counts
-  samples of B*T tokens, so a run resumed with another B or T replays the loader instead. New state is a new tag,
+  samples of B*T tokens, so a run resumed with another B or T replays the loader instead.
+  Header [42] (uint64, both versions; 0 in llm.c's files and llm8's before 2026-11-29) holds
+  the parameters per body array: a state of another model is refused by it before its trailer
+  and sections are read from inside its arrays. New state is a new tag,
   never a changed layout, so version 1 files (ours with nothing to add, and llm.c's) read
   unchanged; a file whose sections do not match what the run asks for is refused by tag, since
   silently dropping state would break bitwise resume. A one-rank file with no sections and
@@ -74,6 +77,7 @@ Why it is shaped this way:
 #define STATE_SLOT_LAYOUT 9        // llm8's: 1 in its files; llm.c's leave it 0 (state_reshard.h)
 #define STATE_LAYOUT_LLM8_WINDOWS 1
 #define STATE_SLOT_NUM_SECTIONS 40
+#define STATE_SLOT_SHARD_PARAMETERS 42  // llm8's: uint64 in slots 42-43, the parameters each body array holds (0: not recorded)
 #define STATE_SECTION_TAG_BYTES 16
 #define STATE_FILE_MAX_SECTIONS 64  // sections a state file, or a run, may have
 #define CHECKPOINT_PATH_MAX 4096
@@ -218,6 +222,27 @@ static inline int checkpoint_find_latest(const char* dir) {
     int latest = count > 0 ? steps[0] : -1;
     free(steps);
     return latest;
+}
+
+/*
+-y 1's step: the newest complete checkpoint in dir, or -1, and then a line saying the run starts
+from scratch, naming the newest step whose files lack their DONE marker if there is one (its
+write was cut off, or its marker lost: a user who knows every file of it complete can restore
+the marker; this run would remove that step's files when it writes the step itself).
+*/
+static inline int checkpoint_resume_step(const char* dir) {
+    int latest = checkpoint_find_latest(dir);
+    if (latest >= 0) { return latest; }
+    int count;
+    int* steps = checkpoint_steps_(dir, 0, &count);
+    if (count > 0) {
+        printf("-y 1: no complete checkpoint in %s (step %d's files have no DONE_%08d: a write cut off?), starting "
+               "from scratch\n", dir, steps[0], steps[0]);
+    } else {
+        printf("-y 1: no complete checkpoint in %s, starting from scratch\n", dir);
+    }
+    free(steps);
+    return -1;
 }
 
 // deletes every file of a step: the DONE marker first (so the step stops counting as
@@ -505,6 +530,8 @@ static inline void state_file_write(const char* path, const TrainState* state, c
     memcpy(&header[20], &u64_fields[0], 2 * sizeof(uint64_t));
     memcpy(&header[30], &u64_fields[2], 2 * sizeof(uint64_t));
     header[STATE_SLOT_NUM_SECTIONS] = buffers->num_sections;
+    uint64_t shard_parameters = buffers->shard_num_parameters;
+    memcpy(&header[STATE_SLOT_SHARD_PARAMETERS], &shard_parameters, sizeof(shard_parameters));
 
     char tmp_path[CHECKPOINT_PATH_MAX];
     FILE* fp = checkpoint_open_tmp_(path, tmp_path);
@@ -622,6 +649,7 @@ typedef struct {
     int micro_batch, seq_len;           // the writer's B and T (0: not recorded)
     int llm8_windows;                   // header [9]: rank r holds the flat window [r S, (r + 1) S) (else llm.c's cut)
     int num_sections;
+    uint64_t shard_num_parameters;      // header [42-43]: the writer's parameters per body array (0: not recorded)
     long m_offset, v_offset;            // fp32_moments: shard_num_parameters floats each
     long master_offset;                 // has_master: shard_num_parameters floats
     long trailer_offset;                // should_shuffle: the loader's trailer
@@ -664,8 +692,21 @@ static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEA
     index->current_shard_idx = (size_t)position[0];
     index->current_sample_idx = (size_t)position[1];
     index->num_sections = index->version == STATE_VERSION_LLMC ? 0 : header[STATE_SLOT_NUM_SECTIONS];
+    memcpy(&index->shard_num_parameters, &header[STATE_SLOT_SHARD_PARAMETERS], sizeof(index->shard_num_parameters));
     if (index->num_sections < 0 || index->num_sections > STATE_FILE_MAX_SECTIONS) {
         llm8_die("state file '%s' claims %d sections, expected 0..%d", path, index->num_sections, STATE_FILE_MAX_SECTIONS);
+    }
+}
+
+/*
+A state file's parameters per body array (llm8 records them; llm.c's files, and llm8's before it,
+do not) against what this run reads: a state of another model would otherwise pass as long as it
+is larger, and its shuffle trailer and sections be read from inside its arrays.
+*/
+static inline void state_file_check_parameters_(const char* path, const StateFileIndex* index, size_t expected) {
+    if (index->shard_num_parameters != 0 && index->shard_num_parameters != (uint64_t)expected) {
+        llm8_die("state file '%s' holds %llu parameters per rank, this run %zu: a state of another model?", path,
+                 (unsigned long long)index->shard_num_parameters, expected);
     }
 }
 
@@ -695,6 +736,7 @@ static inline void state_file_index(const char* path, size_t shard_num_parameter
     long file_bytes;
     FILE* fp = checkpoint_open_read_(path, "state", STATE_FILE_MAGIC, header, &file_bytes);
     state_file_decode_header_(header, path, index);
+    state_file_check_parameters_(path, index, shard_num_parameters);
     long array_bytes = (long)(shard_num_parameters * sizeof(float));
     long at = (long)CHECKPOINT_HEADER_BYTES;
     if (index->fp32_moments) {
@@ -764,6 +806,7 @@ static inline void state_file_read(const char* path, TrainState* state, const St
         llm8_die("state file '%s' cuts the optimizer state as llm.c's ranks do, not as llm8's: read it through "
                  "train_state_read_checkpoint", path);
     }
+    state_file_check_parameters_(path, &fields, buffers->shard_num_parameters);
     state_file_check_master(path, header[4], buffers->master_weights != NULL);
     if (header[5] != loader->should_shuffle) {
         llm8_die("state file '%s' was written with shuffling=%d, this run has %d", path, header[5], loader->should_shuffle);

@@ -965,10 +965,12 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
     Fp8TensorScaling* fresh = (Fp8TensorScaling*)mallocCheck(n * sizeof(Fp8TensorScaling));
     fp8_model_init_states(fp8, fresh);
     for (size_t i = 0; i < n; i++) {
+        const char* what = "scaling state";
         const char* error = fp8_scaling_loaded_error(&host->states[i], &fresh[i]);
+        if (error == NULL) { what = "cast record"; error = fp8_cast_record_loaded_error(&host->records[i]); }
         if (error != NULL) {
             size_t linear = i % (size_t)fp8->num_linears;
-            llm8_die("state file '%s': the FP8 scaling state of %s of linear %zu (%s) is corrupt: %s", path,
+            llm8_die("state file '%s': the FP8 %s of %s of linear %zu (%s) is corrupt: %s", path, what,
                      FP8_MODEL_STATE_GROUPS[i / (size_t)fp8->num_linears], linear,
                      LINEAR_KIND_NAMES[fp8->linears[linear].kind], error);
         }

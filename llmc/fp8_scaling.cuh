@@ -87,6 +87,28 @@ typedef struct {
 
 #define FP8_NO_SCALE_BITS 0x7f800000u  // +Inf: nothing cast yet
 
+/*
+What is wrong with a record read from a state file (NULL: nothing). Every record a run writes
+has a finite positive scale with its own inverse (fp8_cast_records_init's 1, or a state's scale
+copied with its scale_inv), a pending amax that is a finite float's fp8_amax_bits (0 once
+folded), an interval scale that is a scale or FP8_NO_SCALE_BITS, and counts of saturated and
+flushed elements within the elements cast. The GEMMs read scale_inv and -fw delayed rebuilds
+the weight codes from scale until the tensor's next cast, which for a weight is the next
+update: a NaN there makes every forward NaN, every step is skipped, and no update ever comes.
+*/
+static inline const char* fp8_cast_record_loaded_error(const Fp8CastRecord* r) {
+    if (!(isfinite(r->scale) && r->scale > 0.0f) || r->scale_inv != fp8_reciprocal(r->scale)) {
+        return "its scale is not a finite positive number with its inverse";
+    }
+    if (!isfinite(bits_as_float(r->amax_bits))) { return "its pending amax is not finite"; }
+    float interval_scale = bits_as_float(r->interval_min_scale_bits);
+    if (r->interval_min_scale_bits != FP8_NO_SCALE_BITS && !(isfinite(interval_scale) && interval_scale > 0.0f)) {
+        return "its interval's smallest scale is not a finite positive number";
+    }
+    if (r->saturated > r->elements || r->flushed > r->elements) { return "it counts more saturated or flushed elements than it cast"; }
+    return NULL;
+}
+
 __device__ __forceinline__ Fp8Tally fp8_tally_zero(void) {
     Fp8Tally t = {0u, FP8_NO_SCALE_BITS, 0u, 0u, 0u};
     return t;

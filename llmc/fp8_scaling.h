@@ -177,15 +177,18 @@ static inline const char* fp8_scaling_config_error(int history_len, int margin) 
 /*
 What is wrong with a scaling state read from a state file (NULL: nothing), against `fresh`, the
 state this run's settings initialize it to: the same recipe, format, history length and margin,
-a ring position inside the history, counts >= 0, a finite positive scale with its own inverse,
-finite non-negative amaxes in the recorded part of the ring. Anything else (a corrupt or
-foreign file) would index past the ring or cast with a scale of 0, Inf or NaN.
+a ring position inside the history and where the count of amaxes recorded puts it (every
+update moves both), counts >= 0, a finite positive scale with its own inverse, finite
+non-negative amaxes in the recorded part of the ring. Anything else (a corrupt or foreign
+file) would index past the ring, cast with a scale of 0, Inf or NaN, or count a slot never
+recorded (a corrupt one's huge amax flushing the tensor for a history of uses) as history.
 */
 static inline const char* fp8_scaling_loaded_error(const Fp8TensorScaling* s, const Fp8TensorScaling* fresh) {
     if (s->recipe != fresh->recipe || s->fp8_max != fresh->fp8_max) { return "its recipe or format is not this run's"; }
     if (s->history_len != fresh->history_len || s->margin != fresh->margin) { return "its history length or margin is not this run's"; }
     if (s->position < 0 || s->position >= s->history_len) { return "its ring position lies outside its history"; }
     if (s->recorded < 0 || s->nonfinite_count < 0) { return "a negative count"; }
+    if (s->position != s->recorded % s->history_len) { return "its ring position does not follow its count of amaxes"; }
     if (!(isfinite(s->scale) && s->scale > 0.0f) || s->scale_inv != fp8_reciprocal(s->scale)) {
         return "its scale is not a finite positive number with its inverse";
     }

@@ -397,6 +397,9 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
            "sample %zu, where a %d-rank run is at step %d\n", sources[0].path, rank, loader->num_processes, file_ranks,
            cut_names[cut], files_read, rank % file_ranks, batches, loader->current_shard_idx, loader->current_sample_idx,
            loader->num_processes, step);
+    char source[CHECKPOINT_PATH_MAX + 64];
+    snprintf(source, sizeof(source), "checkpoint %d in '%s' (its state files)", step, dir);
+    train_state_check_values_(&form, &layout, master, source);
     train_state_file_form_finish_(&form, sources[0].path, &layout, selection, use_adamw8, m, v, states8);
     free(sources);
     return step;

@@ -13,6 +13,7 @@ across the files of a checkpoint written with another number of ranks.
 #ifndef LLMC_TRAIN_STATE_H
 #define LLMC_TRAIN_STATE_H
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "utils.h"
@@ -166,6 +167,38 @@ static inline void train_state_file_form_finish_(TrainStateFileForm* form, const
     }
 }
 
+// dies naming `source` and the first of values[0..count) that is not finite (or, non_negative, below 0)
+static inline void train_state_check_array_(const char* source, const char* what, const float* values, size_t count,
+                                            int non_negative) {
+    for (size_t i = 0; i < count; i++) {
+        if (!isfinite(values[i]) || (non_negative && values[i] < 0.0f)) {
+            llm8_die("%s: %s %zu of this rank's window is %g, expected a finite number%s", source, what, i,
+                     values[i], non_negative ? " >= 0" : "");
+        }
+    }
+}
+
+/*
+The optimizer state a file holds, as read (before any conversion): every moment and master
+weight finite, every v and 8-bit block absmax finite and >= 0. A file that passes every shape
+check can still carry a NaN (a disk error, a file another tool wrote): the first update would
+write it into the weights, since a NaN moment is no non-finite gradient, which the step's skip
+catches; a NaN absmax would leave its block frozen for good. source: the file (or files) in errors.
+*/
+static inline void train_state_check_values_(const TrainStateFileForm* form, const Adamw8Layout* layout,
+                                             const float* master, const char* source) {
+    if (form->fp32) {
+        train_state_check_array_(source, "AdamW m of parameter", form->m, layout->num_parameters, 0);
+        train_state_check_array_(source, "AdamW v of parameter", form->v, layout->num_parameters, 1);
+    } else {
+        train_state_check_array_(source, "adamw8 m absmax of block", form->states.m_absmax, layout->num_blocks, 1);
+        train_state_check_array_(source, "adamw8 v absmax of block", form->states.v_absmax, layout->num_blocks, 1);
+        train_state_check_array_(source, "adamw8 32-bit m of element", form->states.m32, layout->num_fp32, 0);
+        train_state_check_array_(source, "adamw8 32-bit v of element", form->states.v32, layout->num_fp32, 1);
+    }
+    if (master != NULL) { train_state_check_array_(source, "master weight of parameter", master, layout->num_parameters, 0); }
+}
+
 /*
 The layout of flat parameters [flat_begin, flat_end) in which the states are read: -qs's
 selection when the file or the run keeps 8-bit states, else every tensor 32-bit (plain AdamW
@@ -223,6 +256,9 @@ static inline int train_state_read(const char* path, int step, size_t batches_pe
                step);
     }
     if (!file_fp32) { adamw8_check_bits(&layout, bits, path); }
+    char source[CHECKPOINT_PATH_MAX + 16];
+    snprintf(source, sizeof(source), "state file '%s'", path);
+    train_state_check_values_(&form, &layout, master, source);
     train_state_file_form_finish_(&form, path, &layout, selection, use_adamw8, m, v, states8);
     return state.step;
 }

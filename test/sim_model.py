@@ -117,3 +117,7 @@ def state_section(path, tag):
 # scale_inv, fp8_max, last_amax, then the int32s recipe, history_len, margin, position, recorded, nonfinite_count
 SCALING_FIELD_OFFSETS = {"scale": 4096, "position": 4096 + 16 + 12}
 SCALING_BYTES = 4096 + 16 + 24
+# Fp8CastRecord (llmc/fp8_scaling.cuh): the floats scale_inv and scale, the uint32s amax_bits, interval_amax_bits,
+# interval_min_scale_bits and padding, then the uint64 counts elements, saturated and flushed
+RECORD_FIELD_OFFSETS = {"scale_inv": 0, "scale": 4, "amax_bits": 8, "elements": 24, "saturated": 32}
+RECORD_BYTES = 48

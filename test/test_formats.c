@@ -67,17 +67,21 @@ static int files_identical(const char* a, const char* b) {
 }
 
 // our state file against llm.c's: the same bytes, but for the B and T and the layout mark ours
-// keeps in header slots 7 to 9, which llm.c leaves 0 and never reads
-static int state_file_is_llmc_plus_batch_shape(const char* ours, const char* llmc, int B, int T) {
+// keeps in header slots 7 to 9 and the parameter count in 42-43, which llm.c leaves 0 and never reads
+static int state_file_is_llmc_plus_llm8_slots(const char* ours, const char* llmc, int B, int T, uint64_t shard_parameters) {
     size_t na, nb;
     unsigned char* x = read_all(ours, &na);
     unsigned char* y = read_all(llmc, &nb);
     int32_t llm8_slots[3] = {B, T, STATE_LAYOUT_LLM8_WINDOWS}, zeros[3] = {0, 0, 0};
+    uint64_t no_count = 0;
     int same = na == nb && na >= CHECKPOINT_HEADER_BYTES && STATE_SLOT_SEQ_LEN == STATE_SLOT_MICRO_BATCH + 1 &&
                STATE_SLOT_LAYOUT == STATE_SLOT_SEQ_LEN + 1 && memcmp(x + 4 * STATE_SLOT_MICRO_BATCH, llm8_slots, 12) == 0 &&
-               memcmp(y + 4 * STATE_SLOT_MICRO_BATCH, zeros, 12) == 0;
+               memcmp(y + 4 * STATE_SLOT_MICRO_BATCH, zeros, 12) == 0 &&
+               memcmp(x + 4 * STATE_SLOT_SHARD_PARAMETERS, &shard_parameters, 8) == 0 &&
+               memcmp(y + 4 * STATE_SLOT_SHARD_PARAMETERS, &no_count, 8) == 0;
     if (same) {
         memcpy(x + 4 * STATE_SLOT_MICRO_BATCH, zeros, 12);
+        memcpy(x + 4 * STATE_SLOT_SHARD_PARAMETERS, &no_count, 8);
         same = memcmp(x, y, na) == 0;
     }
     free(x);
@@ -265,9 +269,9 @@ static void test_state_from_llmc(void) {
     // our writer, from the same state, reproduces the file byte for byte
     dataloader_resume(&loader, 1, 2, "test_state.bin");
     state_file_write(in_dir(g_dir, "ours_state_v1.bin"), &state, &buffers, &loader);
-    CHECK(state_file_is_llmc_plus_batch_shape(in_dir(g_dir, "ours_state_v1.bin"), in_dir(g_py_dir, "state_v1.bin"),
-                                              PY_STATE_B, PY_STATE_T),
-          "our v1 state file != llm.c layout (but for header slots 7 to 9: B, T and the layout mark)");
+    CHECK(state_file_is_llmc_plus_llm8_slots(in_dir(g_dir, "ours_state_v1.bin"), in_dir(g_py_dir, "state_v1.bin"),
+                                             PY_STATE_B, PY_STATE_T, n),
+          "our v1 state file != llm.c layout (but for header slots 7 to 9 and 42-43: B, T, the layout mark, the parameters)");
     dataloader_free(&loader);
 
     // shuffle trailer, no master weights
@@ -306,9 +310,10 @@ static void test_state_from_llmc(void) {
     // the state as read, written again, is the same file
     dataloader_resume(&loader, 0, 5, "test_state.bin");
     state_file_write(in_dir(g_dir, "ours_state_shuffle.bin"), &state, &shuffled, &loader);
-    CHECK(state_file_is_llmc_plus_batch_shape(in_dir(g_dir, "ours_state_shuffle.bin"),
-                                              in_dir(g_py_dir, "state_v1_shuffle.bin"), PY_STATE_B, PY_STATE_T),
-          "our shuffled v1 state file != llm.c layout (but for header slots 7 to 9: B, T and the layout mark)");
+    CHECK(state_file_is_llmc_plus_llm8_slots(in_dir(g_dir, "ours_state_shuffle.bin"),
+                                             in_dir(g_py_dir, "state_v1_shuffle.bin"), PY_STATE_B, PY_STATE_T, n),
+          "our shuffled v1 state file != llm.c layout (but for header slots 7 to 9 and 42-43: B, T, the layout mark, "
+          "the parameters)");
     dataloader_free(&loader);
 
     // a file of another B (or T): its position counts samples of another size, so the loader stays at its
@@ -443,6 +448,18 @@ static void test_state_sections(void) {
                    state_file_read(counted, &got, &into_buffers, &resumed));
         StateFileIndex index;
         CHECK_DIES("state: section count out of range (state_file_index)", expected, state_file_index(counted, n, &index));
+    }
+
+    // another model's state (a parameter count other than this run's in slots 42-43), in either reader: refused
+    // by the count before its trailer and sections are looked for inside its arrays
+    {
+        char expected[96];
+        snprintf(expected, sizeof(expected), "holds %zu parameters per rank, this run %zu", (size_t)n, (size_t)n - 1);
+        StateBuffers smaller = into_buffers;
+        smaller.shard_num_parameters = n - 1;
+        CHECK_DIES("state: another model's (state_file_read)", expected, state_file_read(path, &got, &smaller, &resumed));
+        StateFileIndex index;
+        CHECK_DIES("state: another model's (state_file_index)", expected, state_file_index(path, n - 1, &index));
     }
 
     StateSection wrong_tag[2] = {{"adamw8_m", quantized_back, 256, 0}, {"fp8_scales", amax_back, sizeof(amax_back), 0}};

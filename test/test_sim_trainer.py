@@ -24,8 +24,8 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   gather's deliveries to rank 1 (CUDASIM_NCCL_LOSE_BROADCAST);
 - a killed rank stops its peer within -pt (test/gpu_trainer_ranks.py's killed section), also
   with each stream's launch queue bounded (where the survivor may block inside a launch);
-- a skipped step (-sl) leaves the FP8 scaling states as they were; a corrupt scaling state in a
-  state file is refused with one line;
+- a skipped step (-sl) leaves the FP8 scaling states as they were; a corrupt scaling state or cast
+  record in a state file is refused with one line;
 - the memory figures the trainer prints (bytes per parameter, each optimizer and master-weight
   mode) match the device memory the runs allocate (CUDASIM_MEMORY_REPORT);
 - 2 ranks whose batches are twins (a shard of one repeated sample) train the 1-rank model bit
@@ -177,21 +177,42 @@ def test_resume_of_a_bf16_run_in_fp8_is_refused(workdir):
     assert "has no section 'fp8_" in errors[0] and "written by a -p bf16 run? resume with -p bf16" in errors[0], errors
 
 
-def test_resume_from_a_corrupt_fp8_scaling_state_is_refused(workdir):
-    """the state file's first FP8 scaling state (x of linear 0) with its ring position past its history: the next
-    update would write past the ring on the GPU; instead one line names the file and the state"""
-    out = workdir / "fp8_corrupt_scaling"
+# (section, tensor group, field, bytes, what the error says): the x state of linear 0 with its ring position past
+# its history (the next update would write past the ring on the GPU); qkv's weight record with a NaN scale_inv (the
+# GEMMs' dequantization scale until the next update, which never comes: every step would be skipped) or a NaN
+# pending amax (folded into the next weight scale)
+FP8_STATE_CORRUPTIONS = {
+    "state_position": ("fp8_scaling", "x", "position", struct.pack("<i", 5000),
+                       "FP8 scaling state of x of linear 0 (qkv) is corrupt: its ring position lies outside its history"),
+    "record_scale_inv": ("fp8_records", "w", "scale_inv", struct.pack("<f", float("nan")),
+                         "FP8 cast record of w of linear 0 (qkv) is corrupt: its scale is not a finite positive"),
+    "record_amax": ("fp8_records", "w", "amax_bits", struct.pack("<I", 0x7fc00000),
+                    "FP8 cast record of w of linear 0 (qkv) is corrupt: its pending amax is not finite"),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(FP8_STATE_CORRUPTIONS))
+def test_resume_from_a_corrupt_fp8_state_is_refused(workdir, corruption):
+    """a state file's FP8 scaling state or cast record that no run writes: one line names the file and the tensor,
+    and the run stops before its first step"""
+    section, group, field, value, message = FP8_STATE_CORRUPTIONS[corruption]
+    out = workdir / f"fp8_corrupt_{corruption}"
     r = train(workdir, ["-p", "fp8", "-x", 1, "-v", 0, "-s", 0, "-n", 1, "-o", out])
     assert r.returncode == 0, r.stderr[-2000:]
     state = out / "state_00000001_00000.bin"
     blob = state.read_bytes()
-    at = blob.index(b"fp8_scaling\0") + 24 + sim_model.SCALING_FIELD_OFFSETS["position"]  # after the tag and size
-    state.write_bytes(blob[:at] + struct.pack("<i", 5000) + blob[at + 4:])
+    if section == "fp8_scaling":
+        offset = sim_model.SCALING_FIELD_OFFSETS[field]
+    else:  # 3 n records: x, dy, then w of each linear
+        linears = len(sim_model.state_section(state, section)) // sim_model.RECORD_BYTES // 3
+        offset = ("x", "dy", "w").index(group) * linears * sim_model.RECORD_BYTES + sim_model.RECORD_FIELD_OFFSETS[field]
+    at = blob.index(section.encode() + b"\0") + 24 + offset  # after the tag and size
+    state.write_bytes(blob[:at] + value + blob[at + len(value):])
     r = train(workdir, ["-p", "fp8", "-x", 2, "-v", 0, "-s", 0, "-n", 1, "-o", out, "-y", 1])
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode != 0 and len(errors) == 1, r.stderr[-2000:]
-    assert "state_00000001_00000.bin" in errors[0] and "scaling state of x of linear 0 (qkv)" in errors[0], errors
-    assert "ring position lies outside its history" in errors[0], errors
+    assert "state_00000001_00000.bin" in errors[0] and message in errors[0], errors
+    assert not losses(r.stdout), r.stdout[-2000:]
 
 
 def test_gradient_scalings_are_honoured(workdir):

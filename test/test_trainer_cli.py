@@ -894,17 +894,85 @@ def test_cpu_resume_from_corrupt_state_file_refused(data, tmp_path, corruption):
     assert_one_line_error(r2, "state_00000001_00000.bin", *fragments)
 
 
+def patch_state_float(section, index, value):
+    """float `index` of a state file's array: "m" or "v" of the body (fp32 moments, after the 1024-byte header; the
+    parameter count in header slots 42-43), else the section tagged `section` (a 16-byte tag, a uint64 size)"""
+    def patch(blob):
+        if section in ("m", "v"):
+            at = 1024 + 4 * (index + (struct.unpack_from("<Q", blob, 4 * 42)[0] if section == "v" else 0))
+        else:
+            at = blob.index(section.encode() + b"\0") + 24 + 4 * index
+        return blob[:at] + struct.pack("<f", value) + blob[at + 4:]
+    return patch
+
+
+# values no run writes, in state files that pass every check of their shape: the first update would take the
+# moment into the weights (a NaN moment is no non-finite gradient, which skips the step), a NaN absmax would leave
+# its block frozen
+STATE_VALUE_CORRUPTIONS = {
+    "adamw_m_nan": ("adamw", patch_state_float("m", 7, float("nan")), "AdamW m of parameter 7 of this rank's window is nan"),
+    "adamw_v_negative": ("adamw", patch_state_float("v", 5, -1.0), "AdamW v of parameter 5 of this rank's window is -1, expected a finite number >= 0"),
+    "adamw8_absmax_inf": ("adamw8", patch_state_float("adamw8.v_absmax", 3, float("inf")), "adamw8 v absmax of block 3"),
+    "adamw8_m32_nan": ("adamw8", patch_state_float("adamw8.m32", 0, float("nan")), "adamw8 32-bit m of element 0"),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(STATE_VALUE_CORRUPTIONS))
+def test_cpu_resume_from_state_with_non_finite_values_refused(data, tmp_path, corruption):
+    """a moment or absmax that is NaN, Inf or (v) negative: one line naming the state file and the value"""
+    optimizer, patch, message = STATE_VALUE_CORRUPTIONS[corruption]
+    common = ["-opt", optimizer, "-n", 1, "-o", tmp_path / "out"]
+    r1 = run(CPU, base_args(data, common + ["-x", 1]))
+    assert r1.returncode == 0, r1.stderr
+    state = tmp_path / "out" / "state_00000001_00000.bin"
+    state.write_bytes(patch(state.read_bytes()))
+    r2 = run(CPU, base_args(data, common + ["-x", 3, "-y", 1]))
+    assert_one_line_error(r2, "state_00000001_00000.bin", message)
+
+
+def test_cpu_resume_without_a_complete_checkpoint_names_the_incomplete_step(data, tmp_path):
+    """-y 1 where the newest files lack their DONE marker (a write cut off): the run starts from scratch, as llm.c's
+    does, and its line names the step it passed over"""
+    out = tmp_path / "out"
+    r1 = run(CPU, base_args(data, ["-n", 1, "-o", out, "-x", 1]))
+    assert r1.returncode == 0, r1.stderr
+    (out / "DONE_00000001").unlink()
+    r2 = run(CPU, base_args(data, ["-n", 1, "-o", out, "-x", 1, "-y", 1]))
+    assert r2.returncode == 0, r2.stderr
+    assert (f"-y 1: no complete checkpoint in {out} (step 1's files have no DONE_00000001: a write cut off?), "
+            "starting from scratch") in r2.stdout, r2.stdout[-2000:]
+    assert (out / "DONE_00000001").exists()
+
+
+def test_cpu_resume_with_a_state_of_another_model_refused(data, tmp_path):
+    """a checkpoint whose state file is a larger model's (2 layers, the model file 1): refused by the parameter
+    count the state records (header slots 42-43), before its shuffle trailer is read from inside its arrays (which
+    named a count of shards in the quintillions)"""
+    from sim_model import write_model
+    for layers in (1, 2):
+        write_model(tmp_path / f"model_l{layers}.bin", layers=layers, vocab=1000)
+    out = tmp_path / "out"
+    common = ["-i", data / "d_train_*.bin", "-j", "", "-b", 2, "-t", 32, "-v", 0, "-s", 0, "-n", 1, "-o", out]
+    r1 = run(CPU, ["-e", tmp_path / "model_l2.bin", "-x", 1] + common)
+    assert r1.returncode == 0, r1.stderr
+    (out / "model_00000001.bin").write_bytes((tmp_path / "model_l1.bin").read_bytes())
+    r2 = run(CPU, ["-e", tmp_path / "model_l1.bin", "-x", 2, "-y", 1] + common)
+    assert_one_line_error(r2, "state_00000001_00000.bin", "parameters per rank, this run", "a state of another model?")
+
+
 # the emulation's Fp8LinearState (gpt2_ref.h) starts with an int, then its x state (sim_model.SCALING_FIELD_OFFSETS)
 SCALING_CORRUPTIONS = {
     "position_past_the_ring": ("position", struct.pack("<i", 5000), "ring position lies outside its history"),
     "scale_zero": ("scale", struct.pack("<f", 0.0), "not a finite positive number"),
+    "position_off_its_count": ("position", struct.pack("<i", 3), "ring position does not follow its count of amaxes"),
 }
 
 
 @pytest.mark.parametrize("corruption", sorted(SCALING_CORRUPTIONS))
 def test_cpu_resume_from_corrupt_fp8_scaling_state_refused(data, tmp_path, corruption):
-    """a scaling state whose ring position lies past its history (the next update would write past the ring) or
-    whose scale is 0 (casts to nothing, an Inf dequantization): one line naming the state file and the state"""
+    """a scaling state whose ring position lies past its history (the next update would write past the ring), or
+    is not where its count of amaxes puts it (a slot never recorded would count as history), or whose scale is 0
+    (casts to nothing, an Inf dequantization): one line naming the state file and the state"""
     field, value, message = SCALING_CORRUPTIONS[corruption]
     common = ["-p", "fp8", "-n", 1, "-o", tmp_path / "out"]
     r1 = run(CPU, base_args(data, common + ["-x", 1]))

@@ -9,8 +9,10 @@ versions of them: -p fp8 through its FP8 emulation (quantize-dequantize at the p
 GPU casts, with the -fr -fh -fm -fw -fg -f8 -f8p settings; the scaling states go into the state
 file, and evaluation puts them back, as on the GPU), and -opt adamw8 through the 8-bit
 AdamW host reference (llmc/quant8.h) with the GPU trainer's state-file sections and
-conversions. Flags that only mean something on a GPU (-at, -r, -ge, -kt, -z, -fn, -w,
--pa, -pt) or with a tokenizer and text (-tk, -s, -g, -h) are accepted and have no effect
+conversions. Flags that only mean something on a GPU (-at, -ad, -r, -ge, -kt, -lg, -z,
+-fn, -w) or with several processes (-pr, -pg, -pi, -pf, -ps, -pa, -pt, -pc; -pn above 1 is
+refused) or with a tokenizer and text (-tk, -s, -g, -h) are accepted, with any value the
+flag table allows (-z 2 and -ad 0 included, which the GPU trainer refuses), and have no effect
 here (-h 1 with a note: a run could be taken for one that measured HellaSwag); -n, -nk and
 -nm write and prune checkpoints as on the GPU. Weights are fp32 and checkpoints are llm.c's
 fp32 model files (version 3).
@@ -214,7 +216,7 @@ int main(int argc, char** argv) {
     checkpoint_claim_dir(out_dir, 0, tc.resume, tc.checkpoint_every);
 
     char model_path[CHECKPOINT_PATH_MAX] = "";
-    int resume_step = tc.resume ? checkpoint_find_latest(out_dir) : -1;
+    int resume_step = tc.resume ? checkpoint_resume_step(out_dir) : -1;
     if (resume_step >= 0) { checkpoint_model_path(model_path, sizeof(model_path), out_dir, resume_step); }
     else if (strstr(tc.model, ".bin") != NULL) { snprintf(model_path, sizeof(model_path), "%s", tc.model); }
     GPT2Config cfg;
