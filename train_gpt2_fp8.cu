@@ -1049,10 +1049,10 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, OutlierSkip* 
     size_t n = model->owned.end - model->owned.begin;
     float* master = model->master ? device_to_host_floats(model->master, n) : NULL;
     Fp8HostState fp8;
-    StateSection sections[FP8_STATE_SECTIONS + 1];
+    StateSection sections[FP8_STATE_SECTIONS + OUTLIER_SKIP_SECTIONS];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
     fp8_model_download(&model->fp8, &fp8, 0);
-    if (outlier_skip_enabled(outliers)) { sections[num_sections++] = outlier_skip_state_section(outliers); }
+    num_sections += outlier_skip_state_sections(outliers, 0, sections + num_sections);
     Adamw8States opt;  // host copy; adamw8's go in tagged sections, plain AdamW's m32/v32 are llm.c's m and v
     adamw8_states_alloc_host(&opt, &model->opt_layout);
     adamw8_states_copy(&opt, &model->opt_states, &model->opt_layout, cudaMemcpyDeviceToHost);
@@ -1090,9 +1090,9 @@ static int load_state(GPT2* model, DataLoader* loader, OutlierSkip* outliers, co
     adamw8_states_alloc_host(&opt, &model->opt_layout);
     float* master = model->master ? (float*)mallocCheck(n * sizeof(float)) : NULL;
     Fp8HostState fp8;
-    StateSection sections[FP8_STATE_SECTIONS + 1];
+    StateSection sections[FP8_STATE_SECTIONS + OUTLIER_SKIP_SECTIONS];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
-    sections[num_sections++] = outlier_skip_state_section(outliers);  // optional: absent unless written with -sl / -sg
+    num_sections += outlier_skip_state_sections(outliers, 1, sections + num_sections);  // optional, both
     int resumed_step = train_state_read_checkpoint(dir, step, (size_t)grad_accum_steps, loader, &model->config,
                                                    model->use_adamw8, model->adamw8_selection,
                                                    model->use_adamw8 ? NULL : opt.m32, model->use_adamw8 ? NULL : opt.v32,
@@ -1468,7 +1468,6 @@ int main(int argc, char** argv) {
 
     double flops_per_step = flops_per_token(c, model.num_parameters, tc.T) * tc.total_batch_size;
     double ema_ms = -1.0;
-    int skipped_updates[NUM_STEP_OUTCOMES] = {0};
     cudaEvent_t start_event, end_event;
     cudaCheck(cudaEventCreate(&start_event));
     cudaCheck(cudaEventCreate(&end_event));
@@ -1513,8 +1512,7 @@ int main(int argc, char** argv) {
         float loss = r.loss, grad_norm = r.grad_norm;
         int skip = r.outcome != STEP_UPDATED;
         if (skip) {
-            skipped_updates[r.outcome]++;
-            outlier_skip_print(step + 1, r.outcome, loss, grad_norm, r.skip_z, &outliers, step_outcomes_skipped(skipped_updates));
+            outlier_skip_print(step + 1, r.outcome, loss, grad_norm, r.skip_z, &outliers);
         }
         cudaCheck(cudaEventRecord(end_event, stream));
         gpt2_wait(&model, stream, "step end (weight gather)");  // bounded: the gather may wait for a dead peer
@@ -1549,7 +1547,7 @@ int main(int argc, char** argv) {
     multi_gpu_watchdog_disarm(&multi_gpu);
     fp8_model_print_predictions(&model.fp8, stream);
     profiler_print(stdout);
-    outlier_skip_print_summary(skipped_updates);
+    outlier_skip_print_summary(&outliers);
 
     cudaCheck(cudaEventDestroy(start_event));
     cudaCheck(cudaEventDestroy(end_event));

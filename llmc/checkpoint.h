@@ -50,6 +50,7 @@ Why it is shaped this way:
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -403,6 +404,23 @@ static inline void model_file_read_header(const char* path, GPT2Config* cfg, int
     fcloseCheck(fp);
 }
 
+// a NaN or Inf weight makes every forward non-finite: every step would be skipped and the run end with nothing
+// trained, so a model file holding one (corrupt, or saved from a run that diverged) dies naming the tensor
+static inline void model_file_check_finite_(const char* path, const GPT2Config* cfg, const float* params) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_param_sizes(cfg, sizes);
+    size_t begin = 0;
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        for (size_t i = 0; i < sizes[t]; i++) {
+            if (!isfinite(params[begin + i])) {
+                llm8_die("model file '%s': element %zu of %s is %g, expected a finite number", path, i,
+                         PARAM_TENSOR_NAMES[t], params[begin + i]);
+            }
+        }
+        begin += sizes[t];
+    }
+}
+
 // params holds gpt2_num_parameters(cfg) floats; bf16 files are widened exactly
 static inline void model_file_read_params(const char* path, const GPT2Config* cfg, float* params) {
     GPT2Config file_cfg;
@@ -426,6 +444,7 @@ static inline void model_file_read_params(const char* path, const GPT2Config* cf
         free(chunk);
     }
     fcloseCheck(fp);
+    model_file_check_finite_(path, cfg, params);
 }
 
 // version 3 writes fp32; version 5 rounds to bf16 (nearest even), as llm.c's bf16 files

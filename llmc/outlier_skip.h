@@ -16,7 +16,8 @@ Why it is shaped so:
   skipped for it.
 - The windows are plain data, kept in the state file (an optional section: a checkpoint
   written without them resumes with empty windows), so a resumed run skips exactly the steps
-  an uninterrupted one skips. The mean and variance are recomputed from the values in window
+  an uninterrupted one skips. So are the counts of skipped updates (any cause, non-finite
+  included): a resumed run's lines count the whole run, as an uninterrupted one's do. The mean and variance are recomputed from the values in window
   order at each score, so they depend on the values alone, not on a running sum's history.
 - Host only: both trainers, every rank alike (the loss and norm it sees are all-reduced).
 */
@@ -66,11 +67,13 @@ static inline void outlier_window_add(OutlierWindow* w, double x) {
 typedef enum { STEP_UPDATED, STEP_SKIPPED_NONFINITE, STEP_SKIPPED_LOSS_OUTLIER, STEP_SKIPPED_NORM_OUTLIER,
                NUM_STEP_OUTCOMES } StepOutcome;
 
-// the checks of a run: the flags' thresholds (0: that check is off) and the two windows
+// the checks of a run: the flags' thresholds (0: that check is off), the two windows, and the
+// updates skipped so far by cause (skipped[STEP_UPDATED] stays 0)
 typedef struct {
     float max_loss_z;  // -sl
     float max_norm_z;  // -sg
     OutlierWindow windows[2];  // the loss's, the gradient norm's
+    int32_t skipped[NUM_STEP_OUTCOMES];
 } OutlierSkip;
 
 static inline void outlier_skip_init(OutlierSkip* s, float max_loss_z, float max_norm_z) {
@@ -84,8 +87,9 @@ static inline int outlier_skip_enabled(const OutlierSkip* s) { return s->max_los
 /*
 One optimizer step's verdict on its loss and gradient norm, before its update: skipped for a
 non-finite value, else for a loss or norm z-score above its threshold (the loss's checked
-first), else updated. Both values then enter their windows. z_out (may be NULL) receives the
-z-score that skipped the step, NAN otherwise. s may be NULL: only the non-finite policy.
+first), else updated. Both values then enter their windows, and a skip its count. z_out (may
+be NULL) receives the z-score that skipped the step, NAN otherwise. s may be NULL: only the
+non-finite policy.
 */
 static inline StepOutcome outlier_skip_judge(OutlierSkip* s, float loss, float grad_norm, double* z_out) {
     StepOutcome outcome = !isfinite(loss) || !isfinite(grad_norm) ? STEP_SKIPPED_NONFINITE : STEP_UPDATED;
@@ -102,6 +106,7 @@ static inline StepOutcome outlier_skip_judge(OutlierSkip* s, float loss, float g
         }
         outlier_window_add(&s->windows[0], loss);
         outlier_window_add(&s->windows[1], grad_norm);
+        if (outcome != STEP_UPDATED) { s->skipped[outcome]++; }
     }
     if (z_out != NULL) { *z_out = z; }
     return outcome;
@@ -117,9 +122,15 @@ static inline void outlier_skip_print_settings(const OutlierSkip* s) {
            "above the previous %d steps' mean\n", loss, norm, OUTLIER_WINDOW);
 }
 
-// the line a trainer prints when step `step` (1-based) skipped its update; so_far: skipped updates of any cause
+// how many of the run's steps skipped their update, of any cause
+static inline int outlier_skip_total_skipped(const OutlierSkip* s) {
+    return s->skipped[STEP_SKIPPED_NONFINITE] + s->skipped[STEP_SKIPPED_LOSS_OUTLIER] + s->skipped[STEP_SKIPPED_NORM_OUTLIER];
+}
+
+// the line a trainer prints when step `step` (1-based) skipped its update (judged by outlier_skip_judge)
 static inline void outlier_skip_print(int step, StepOutcome outcome, float loss, float grad_norm, double z,
-                                      const OutlierSkip* s, int so_far) {
+                                      const OutlierSkip* s) {
+    int so_far = outlier_skip_total_skipped(s);
     if (outcome == STEP_SKIPPED_NONFINITE) {
         printf("step %d: non-finite %s (loss %f, norm %f): update skipped (%d so far)\n", step,
                isfinite(loss) ? "gradient norm" : "loss", loss, grad_norm, so_far);
@@ -132,22 +143,17 @@ static inline void outlier_skip_print(int step, StepOutcome outcome, float loss,
     }
 }
 
-// how many of a run's steps skipped their update (counts: steps per StepOutcome)
-static inline int step_outcomes_skipped(const int counts[NUM_STEP_OUTCOMES]) {
-    return counts[STEP_SKIPPED_NONFINITE] + counts[STEP_SKIPPED_LOSS_OUTLIER] + counts[STEP_SKIPPED_NORM_OUTLIER];
-}
-
 // a run's last word on its skipped updates, by cause (nothing when none was skipped)
-static inline void outlier_skip_print_summary(const int counts[NUM_STEP_OUTCOMES]) {
-    int total = step_outcomes_skipped(counts);
+static inline void outlier_skip_print_summary(const OutlierSkip* s) {
+    int total = outlier_skip_total_skipped(s);
     if (total == 0) { return; }
     printf("%d updates were skipped: %d for a non-finite loss or gradient norm, %d for a loss outlier (-sl), %d for a "
-           "gradient norm outlier (-sg)\n", total, counts[STEP_SKIPPED_NONFINITE], counts[STEP_SKIPPED_LOSS_OUTLIER],
-           counts[STEP_SKIPPED_NORM_OUTLIER]);
+           "gradient norm outlier (-sg)\n", total, s->skipped[STEP_SKIPPED_NONFINITE],
+           s->skipped[STEP_SKIPPED_LOSS_OUTLIER], s->skipped[STEP_SKIPPED_NORM_OUTLIER]);
 }
 
-// after the windows were read from state file `path`: dies, naming it, when they cannot be a window's (a corrupt
-// or foreign file must not index past the ring)
+// after the sections were read from state file `path`: dies, naming it, when the windows cannot be a window's (a
+// corrupt or foreign file must not index past the ring) or a count of skipped updates is negative
 static inline void outlier_skip_check_loaded(const OutlierSkip* s, const char* path) {
     for (int k = 0; k < 2; k++) {
         const OutlierWindow* w = &s->windows[k];
@@ -158,6 +164,12 @@ static inline void outlier_skip_check_loaded(const OutlierSkip* s, const char* p
             llm8_die("state file '%s': section 'outlier_windows' holds no valid %s window (count %d, next %d; expected "
                      "0..%d values, all finite)", path, k == 0 ? "loss" : "gradient norm", (int)w->count, (int)w->next,
                      OUTLIER_WINDOW);
+        }
+    }
+    for (int outcome = 0; outcome < NUM_STEP_OUTCOMES; outcome++) {
+        if (s->skipped[outcome] < 0 || (outcome == STEP_UPDATED && s->skipped[outcome] != 0)) {
+            llm8_die("state file '%s': section 'skipped_updates' holds %d for outcome %d (expected counts >= 0, the "
+                     "first 0)", path, (int)s->skipped[outcome], outcome);
         }
     }
 }
@@ -171,13 +183,24 @@ static inline void outlier_skip_note_resume(const OutlierSkip* s, int step) {
 }
 
 /*
-The state file section of the windows: optional, so a checkpoint written without -sl/-sg
-resumes (with empty windows), and the trainers write it only when a check is on, which keeps
-a plain bf16 AdamW state file of one rank llm.c's version 1.
+The state file sections, both optional: the windows, written when a check is on (a checkpoint
+written without -sl/-sg resumes with empty windows), and the counts of skipped updates, written
+once a step was skipped (one written before any resumes with none). A plain bf16 AdamW state
+file of one rank whose run skipped nothing so stays llm.c's version 1. for_reading: both, for
+the reader to fill where the file has them; else those this run writes. Returns how many.
 */
-static inline StateSection outlier_skip_state_section(OutlierSkip* s) {
-    StateSection section = {"outlier_windows", s->windows, sizeof(s->windows), 1};
-    return section;
+#define OUTLIER_SKIP_SECTIONS 2
+static inline int outlier_skip_state_sections(OutlierSkip* s, int for_reading, StateSection sections[OUTLIER_SKIP_SECTIONS]) {
+    int count = 0;
+    if (for_reading || outlier_skip_enabled(s)) {
+        StateSection windows = {"outlier_windows", s->windows, sizeof(s->windows), 1};
+        sections[count++] = windows;
+    }
+    if (for_reading || outlier_skip_total_skipped(s) > 0) {
+        StateSection skipped = {"skipped_updates", s->skipped, sizeof(s->skipped), 1};
+        sections[count++] = skipped;
+    }
+    return count;
 }
 
 #endif // LLMC_OUTLIER_SKIP_H

@@ -112,9 +112,21 @@ static void test_verdicts(void) {
 static void test_state_section(void) {
     OutlierSkip s;
     outlier_skip_init(&s, 2.0f, 0.0f);
-    StateSection section = outlier_skip_state_section(&s);
-    CHECK(strcmp(section.tag, "outlier_windows") == 0 && section.data == (void*)s.windows &&
-          section.bytes == sizeof(s.windows) && section.optional, "the state section: tag, data, size, optional");
+    StateSection sections[OUTLIER_SKIP_SECTIONS];
+    CHECK(outlier_skip_state_sections(&s, 1, sections) == 2 && strcmp(sections[0].tag, "outlier_windows") == 0 &&
+          sections[0].data == (void*)s.windows && sections[0].bytes == sizeof(s.windows) && sections[0].optional &&
+          strcmp(sections[1].tag, "skipped_updates") == 0 && sections[1].data == (void*)s.skipped &&
+          sections[1].bytes == sizeof(s.skipped) && sections[1].optional, "the state sections: tags, data, sizes, optional");
+    // written: the windows with a check on, the counts once a step was skipped
+    CHECK(outlier_skip_state_sections(&s, 0, sections) == 1 && sections[0].data == (void*)s.windows, "-sl on, nothing skipped");
+    OutlierSkip off;
+    outlier_skip_init(&off, 0.0f, 0.0f);
+    CHECK(outlier_skip_state_sections(&off, 0, sections) == 0, "checks off, nothing skipped: no section (llm.c's version 1)");
+    double z;
+    CHECK(outlier_skip_judge(&off, NAN, 1.0f, &z) == STEP_SKIPPED_NONFINITE && off.skipped[STEP_SKIPPED_NONFINITE] == 1 &&
+          outlier_skip_total_skipped(&off) == 1, "a skip is counted");
+    CHECK(outlier_skip_state_sections(&off, 0, sections) == 1 && sections[0].data == (void*)off.skipped,
+          "checks off, a step skipped: the counts");
     CHECK(sizeof(s.windows) == 2 * (OUTLIER_WINDOW * sizeof(double) + 2 * sizeof(int32_t)),
           "the windows' bytes (%zu) are not the packed layout the state file keeps", sizeof(s.windows));
 }
@@ -139,6 +151,9 @@ static void test_loaded_windows_checked(void) {
     bad = s;
     bad.windows[0].values[7] = NAN;
     CHECK_DIES("a NaN in the window", "all finite", outlier_skip_check_loaded(&bad, "s.bin"));
+    bad = s;
+    bad.skipped[STEP_SKIPPED_LOSS_OUTLIER] = -2;
+    CHECK_DIES("a negative count of skips", "section 'skipped_updates' holds -2", outlier_skip_check_loaded(&bad, "s.bin"));
 }
 
 int main(void) {

@@ -301,6 +301,11 @@ def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):
     m, v, master = body[:n], body[n:2 * n], body[2 * n:]
     assert not np.any(m) and not np.any(v), "skipped steps changed AdamW's moments"
     assert np.array_equal(master.view(np.uint32), start_bits), "skipped steps changed the fp32 master weights"
+    # resumed, the count of skipped updates goes on from the checkpoint's (a state section): the whole run's
+    r = train(workdir, ["-p", "fp8", "-x", 4, "-v", 0, "-s", 0, "-n", 4, "-o", out, "-y", 1], model="overflow.bin")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "update skipped (4 so far)" in r.stdout, r.stdout[-2000:]
+    assert re.search(r"^4 updates were skipped: 4 for a non-finite", r.stdout, re.M), r.stdout[-2000:]
 
 
 def test_resume_after_a_skipped_first_step_seeds_like_the_running_trainer(tmp_path):

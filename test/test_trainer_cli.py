@@ -944,6 +944,20 @@ def test_cpu_resume_without_a_complete_checkpoint_names_the_incomplete_step(data
     assert (out / "DONE_00000001").exists()
 
 
+def test_cpu_model_file_with_a_non_finite_weight_refused(data, tmp_path):
+    """a model file holding a NaN (corrupt, or saved from a run that diverged) would make every forward non-finite
+    and every step skip: one line names the file, the tensor and the element"""
+    from sim_model import write_model
+    model = tmp_path / "model.bin"
+    write_model(model, layers=1, vocab=1000)
+    blob = model.read_bytes()
+    C, maxT, padded = 128, 1024, 1024  # sim_model's width; V = 1000 padded to a multiple of 128
+    at = 1024 + 4 * (padded * C + maxT * C + 3)  # ln1w's element 3, after wte and wpe
+    model.write_bytes(blob[:at] + struct.pack("<f", float("nan")) + blob[at + 4:])
+    r = run(CPU, ["-e", model, "-i", data / "d_train_*.bin", "-j", "", "-b", 2, "-t", 32, "-x", 1, "-v", 0, "-s", 0])
+    assert_one_line_error(r, "model.bin", "element 3 of ln1w is nan, expected a finite number")
+
+
 def test_cpu_resume_with_a_state_of_another_model_refused(data, tmp_path):
     """a checkpoint whose state file is a larger model's (2 layers, the model file 1): refused by the parameter
     count the state records (header slots 42-43), before its shuffle trailer is read from inside its arrays (which
@@ -1111,6 +1125,16 @@ def test_cpu_outlier_windows_resume_bitwise(tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     assert "has no -sl/-sg windows (written without them): the checks start 128 steps from now" in second.stdout
     assert not skipped_steps(second.stdout)
+    # resumed after a skip: the counts come back with the state, so the run's lines count the whole run
+    after_skip = tmp_path / "after_skip"
+    first = run(CPU, spike_args(tmp_path, ["-sl", 3, "-x", SPIKE_STEP + 2, "-n", SPIKE_STEP + 2, "-o", after_skip]),
+                timeout=600)
+    assert first.returncode == 0 and SPIKE_STEP in skipped_steps(first.stdout), first.stdout[-3000:]
+    second = run(CPU, spike_args(tmp_path, ["-sl", 3, "-x", 150, "-n", 150, "-y", 1, "-o", after_skip]), timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    summary = re.compile(r"^\d+ updates were skipped: .*$", re.M)
+    assert summary.findall(straight.stdout), straight.stdout[-3000:]
+    assert summary.findall(second.stdout) == summary.findall(straight.stdout), second.stdout[-3000:]
 
 
 def test_cpu_corrupt_outlier_windows_are_refused(tmp_path):

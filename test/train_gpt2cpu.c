@@ -142,10 +142,10 @@ static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoa
     checkpoint_remove(dir, step);  // a step written before (a resumed run's), leftovers
     checkpoint_model_path(path, sizeof(path), dir, step);
     model_file_write(path, &model->config, model->params, 3);
-    StateSection sections[CPU_FP8_SECTIONS + 1];
+    StateSection sections[CPU_FP8_SECTIONS + OUTLIER_SKIP_SECTIONS];
     Fp8Emulation fp8_config;
     int num_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
-    if (outlier_skip_enabled(outliers)) { sections[num_sections++] = outlier_skip_state_section(outliers); }
+    num_sections += outlier_skip_state_sections(outliers, 0, sections + num_sections);
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
     // 8-bit states in sections, no fp32 m and v (doc/adamw8.md); plain AdamW: llm.c's m and v
     train_state_write(path, step, loader, &opt->layout, opt->use_adamw8, model->adam_m, model->adam_v, &opt->states, NULL,
@@ -178,17 +178,17 @@ static void cpu_fp8_settings_text(char* out, size_t size, const Fp8Emulation* e)
 // to bf16
 static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader, OutlierSkip* outliers, const char* path,
                           int step, size_t batches_per_step) {
-    StateSection sections[CPU_FP8_SECTIONS + 1];
+    StateSection sections[CPU_FP8_SECTIONS + OUTLIER_SKIP_SECTIONS];
     Fp8Emulation fp8_config;
     memset(&fp8_config, 0, sizeof(fp8_config));
     int fp8_sections = cpu_fp8_state_sections(model, &fp8_config, sections);
-    sections[fp8_sections] = outlier_skip_state_section(outliers);  // optional: absent unless written with -sl / -sg
+    int num_sections = fp8_sections + outlier_skip_state_sections(outliers, 1, sections + fp8_sections);  // optional
     StateFileIndex header;
     state_file_read_header(path, &header);
     float* master = header.has_master ? (float*)mallocCheck(model->num_parameters * sizeof(float)) : NULL;
     step = train_state_read(path, step, batches_per_step, loader, &model->config, opt->use_adamw8, opt->selection, 0,
                             model->num_parameters, model->adam_m, model->adam_v, &opt->states, master, sections,
-                            fp8_sections + 1);
+                            num_sections);
     if (master != NULL) {
         memcpy(model->params, master, model->num_parameters * sizeof(float));
         free(master);
@@ -260,7 +260,6 @@ int main(int argc, char** argv) {
     int start_step = 0;
     OutlierSkip outliers;  // -sl / -sg, their windows restored with the state
     outlier_skip_init(&outliers, tc.skip_loss_z, tc.skip_norm_z);
-    int skipped_updates[NUM_STEP_OUTCOMES] = {0};
     if (resume_step >= 0) {
         char state_path[CHECKPOINT_PATH_MAX];
         checkpoint_state_path(state_path, sizeof(state_path), out_dir, resume_step, 0);
@@ -329,8 +328,7 @@ int main(int argc, char** argv) {
         StepOutcome outcome = outlier_skip_judge(&outliers, loss, norm, &z);  // non-finite, -sl, -sg
         int skipped = outcome != STEP_UPDATED;
         if (skipped) {
-            skipped_updates[outcome]++;
-            outlier_skip_print(step + 1, outcome, loss, norm, z, &outliers, step_outcomes_skipped(skipped_updates));
+            outlier_skip_print(step + 1, outcome, loss, norm, z, &outliers);
             cpu_fp8_discard_step(&model, step_fp8_before);
         } else {
             cpu_optimizer_step(&optimizer, &model, lr, tc.weight_decay, step + 1, tc.grad_clip);
@@ -341,7 +339,7 @@ int main(int argc, char** argv) {
                ms, tok_per_s, skipped ? " | SKIPPED" : "");
         logger_log_train(&logger, step, loss, lr, norm, (float)ms, (float)tok_per_s, 0.0f, skipped);
     }
-    outlier_skip_print_summary(skipped_updates);
+    outlier_skip_print_summary(&outliers);
     free(step_fp8_before);
     logger_free(&logger);
     cpu_optimizer_free(&optimizer);
