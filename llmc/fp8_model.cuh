@@ -932,6 +932,32 @@ static void fp8_model_check_saved_scaling(const char* path, const char* flag, co
 }
 
 /*
+A current-scaled weight's saved record holds the scale its last cast took from the weights,
+which the start cast (fp8_model_cast_weights, before fp8_model_upload) has just taken again
+from the restored ones: a record that differs belongs to other weights (the state of another
+checkpoint, or a corrupt record whose scale and inverse still agree), and would dequantize these
+weights' codes with another scale. Delayed weights (-fw delayed) hold the previous step's scale,
+which their codes are rebuilt with (fp8_model_restore_weight_codes); the block recipe's weights
+keep theirs per block, beside the codes.
+*/
+static void fp8_model_check_weight_records(const Fp8Model* fp8, const Fp8HostState* host, const char* path,
+                                           cudaStream_t stream) {
+    int n = fp8->num_linears;
+    if (fp8_model_block(fp8)) { return; }
+    Fp8CastRecord* cast = (Fp8CastRecord*)mallocCheck((size_t)n * sizeof(Fp8CastRecord));
+    cudaCheck(cudaMemcpyAsync(cast, &fp8->records[2 * n], (size_t)n * sizeof(Fp8CastRecord), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaStreamSynchronize(stream));
+    for (int i = 0; i < n; i++) {
+        const Fp8CastRecord* saved = &host->records[2 * n + i];
+        if (!fp8_model_casts_w(fp8, i) || fp8_model_weight_delayed(fp8, i) || saved->scale == cast[i].scale) { continue; }
+        llm8_die("state file '%s': the FP8 weight of linear %d (%s) was cast with scale %g before the save, its restored "
+                 "weights give %g: the state belongs to other weights (another checkpoint's?)", path, i,
+                 LINEAR_KIND_NAMES[fp8->linears[i].kind], saved->scale, cast[i].scale);
+    }
+    free(cast);
+}
+
+/*
 A state read from `path` back onto the device (refused, naming the flags, when it was
 written with other FP8 settings). Call after fp8_model_cast_weights on the restored weights:
 that cast rebuilt the weight codes (under -fw current the same bytes as before the save; under
@@ -976,6 +1002,7 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
         }
     }
     free(fresh);
+    fp8_model_check_weight_records(fp8, host, path, stream);
     cudaCheck(cudaMemcpyAsync(fp8->states, host->states, n * sizeof(Fp8TensorScaling), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaMemcpyAsync(fp8->records, host->records, n * sizeof(Fp8CastRecord), cudaMemcpyHostToDevice, stream));
     cudaCheck(cudaStreamSynchronize(stream));  // host is the caller's to free

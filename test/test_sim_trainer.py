@@ -177,17 +177,26 @@ def test_resume_of_a_bf16_run_in_fp8_is_refused(workdir):
     assert "has no section 'fp8_" in errors[0] and "written by a -p bf16 run? resume with -p bf16" in errors[0], errors
 
 
-# (section, tensor group, field, bytes, what the error says): the x state of linear 0 with its ring position past
-# its history (the next update would write past the ring on the GPU); qkv's weight record with a NaN scale_inv (the
-# GEMMs' dequantization scale until the next update, which never comes: every step would be skipped) or a NaN
-# pending amax (folded into the next weight scale)
+def quartered_scale(pair):
+    """a record's scale_inv and scale (8 bytes) made 4/s and s/4: still each other's inverse, exactly"""
+    scale_inv, scale = struct.unpack("<ff", pair)
+    return struct.pack("<ff", scale_inv * 4, scale / 4)
+
+
+# (section, tensor group, field, the field's new bytes from its old, what the error says): the x state of linear 0
+# with its ring position past its history (the next update would write past the ring on the GPU); qkv's weight
+# record with a NaN scale_inv (the GEMMs' dequantization scale until the next update, which never comes: every step
+# would be skipped), a NaN pending amax (folded into the next weight scale), or its scale and inverse quartered
+# together (the codes the restored weights cast to would be read 4x too large: the loss changed)
 FP8_STATE_CORRUPTIONS = {
-    "state_position": ("fp8_scaling", "x", "position", struct.pack("<i", 5000),
+    "state_position": ("fp8_scaling", "x", "position", lambda old: struct.pack("<i", 5000),
                        "FP8 scaling state of x of linear 0 (qkv) is corrupt: its ring position lies outside its history"),
-    "record_scale_inv": ("fp8_records", "w", "scale_inv", struct.pack("<f", float("nan")),
+    "record_scale_inv": ("fp8_records", "w", "scale_inv", lambda old: struct.pack("<f", float("nan")),
                          "FP8 cast record of w of linear 0 (qkv) is corrupt: its scale is not a finite positive"),
-    "record_amax": ("fp8_records", "w", "amax_bits", struct.pack("<I", 0x7fc00000),
+    "record_amax": ("fp8_records", "w", "amax_bits", lambda old: struct.pack("<I", 0x7fc00000),
                     "FP8 cast record of w of linear 0 (qkv) is corrupt: its pending amax is not finite"),
+    "record_scale_pair": ("fp8_records", "w", "scale_inv", quartered_scale,
+                          "FP8 weight of linear 0 (qkv) was cast with scale"),
 }
 
 
@@ -195,7 +204,7 @@ FP8_STATE_CORRUPTIONS = {
 def test_resume_from_a_corrupt_fp8_state_is_refused(workdir, corruption):
     """a state file's FP8 scaling state or cast record that no run writes: one line names the file and the tensor,
     and the run stops before its first step"""
-    section, group, field, value, message = FP8_STATE_CORRUPTIONS[corruption]
+    section, group, field, patch, message = FP8_STATE_CORRUPTIONS[corruption]
     out = workdir / f"fp8_corrupt_{corruption}"
     r = train(workdir, ["-p", "fp8", "-x", 1, "-v", 0, "-s", 0, "-n", 1, "-o", out])
     assert r.returncode == 0, r.stderr[-2000:]
@@ -207,6 +216,7 @@ def test_resume_from_a_corrupt_fp8_state_is_refused(workdir, corruption):
         linears = len(sim_model.state_section(state, section)) // sim_model.RECORD_BYTES // 3
         offset = ("x", "dy", "w").index(group) * linears * sim_model.RECORD_BYTES + sim_model.RECORD_FIELD_OFFSETS[field]
     at = blob.index(section.encode() + b"\0") + 24 + offset  # after the tag and size
+    value = patch(blob[at:at + 8])
     state.write_bytes(blob[:at] + value + blob[at + len(value):])
     r = train(workdir, ["-p", "fp8", "-x", 2, "-v", 0, "-s", 0, "-n", 1, "-o", out, "-y", 1])
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
