@@ -933,8 +933,9 @@ static void fp8_model_check_saved_scaling(const char* path, const char* flag, co
 
 /*
 A current-scaled weight's saved record holds the scale its last cast took from the weights,
-which the start cast (fp8_model_cast_weights, before fp8_model_upload) has just taken again
-from the restored ones: a record that differs belongs to other weights (the state of another
+which the start cast before fp8_model_upload (fp8_model_cast_weights; with several ranks
+zero_comm_refresh_weights, with the same all-reduced amax) has just taken again from the
+restored ones: a record that differs belongs to other weights (the state of another
 checkpoint, or a corrupt record whose scale and inverse still agree), and would dequantize these
 weights' codes with another scale. Delayed weights (-fw delayed) hold the previous step's scale,
 which their codes are rebuilt with (fp8_model_restore_weight_codes); the block recipe's weights
@@ -959,10 +960,12 @@ static void fp8_model_check_weight_records(const Fp8Model* fp8, const Fp8HostSta
 
 /*
 A state read from `path` back onto the device (refused, naming the flags, when it was
-written with other FP8 settings). Call after fp8_model_cast_weights on the restored weights:
+written with other FP8 settings; and, naming the tensor, when a state or record is one no run
+writes, or a current-scaled weight's record does not match the restored weights). Call after
+the start cast of the restored weights (fp8_model_cast_weights, or zero_comm_refresh_weights):
 that cast rebuilt the weight codes (under -fw current the same bytes as before the save; under
--fw delayed fp8_model_restore_weight_codes comes next) but also counted as a use, which the
-saved states and records now overwrite.
+-fw delayed fp8_model_restore_weight_codes comes next), gave the scales the weight records are
+checked against, and counted as a use, which the saved states and records now overwrite.
 */
 void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path, cudaStream_t stream) {
     size_t n = (size_t)3 * fp8->num_linears;

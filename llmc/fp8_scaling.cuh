@@ -3,7 +3,8 @@ fp8_scaling.cuh: the device side of FP8 scaling. Per FP8 tensor the trainer keep
 Fp8TensorScaling (llmc/fp8_scaling.h: the amax history and the scale) and one
 Fp8CastRecord (this file: what the casts of the tensor did). Casts read the state and
 write the record; one small kernel folds the records into the states; every N steps the
-host reads the records back for the numerics log.
+host reads the records back for the numerics log, and a resume checks the records a state
+file brings (fp8_cast_record_loaded_error) before they go back to the device.
 
 Why it is shaped so:
 - No host sync per step (DESIGN.md section 3). A cast kernel reads the scale from the
@@ -97,15 +98,15 @@ the weight codes from scale until the tensor's next cast, which for a weight is 
 update: a NaN there makes every forward NaN, every step is skipped, and no update ever comes.
 */
 static inline const char* fp8_cast_record_loaded_error(const Fp8CastRecord* r) {
-    if (!(isfinite(r->scale) && r->scale > 0.0f) || r->scale_inv != fp8_reciprocal(r->scale)) {
-        return "its scale is not a finite positive number with its inverse";
-    }
+    if (!fp8_scale_pair_valid(r->scale, r->scale_inv)) { return FP8_SCALE_PAIR_ERROR; }
     if (!isfinite(bits_as_float(r->amax_bits))) { return "its pending amax is not finite"; }
     float interval_scale = bits_as_float(r->interval_min_scale_bits);
     if (r->interval_min_scale_bits != FP8_NO_SCALE_BITS && !(isfinite(interval_scale) && interval_scale > 0.0f)) {
         return "its interval's smallest scale is not a finite positive number";
     }
-    if (r->saturated > r->elements || r->flushed > r->elements) { return "it counts more saturated or flushed elements than it cast"; }
+    if (r->saturated > r->elements || r->flushed > r->elements) {
+        return "it counts more saturated or flushed elements than it cast";
+    }
     return NULL;
 }
 

@@ -174,6 +174,13 @@ static inline const char* fp8_scaling_config_error(int history_len, int margin) 
     return NULL;
 }
 
+// a scale as every state and record holds one (read from a state file: fp8_scaling_loaded_error,
+// fp8_cast_record_loaded_error): finite and positive, beside its own inverse
+#define FP8_SCALE_PAIR_ERROR "its scale is not a finite positive number with its inverse"
+static inline int fp8_scale_pair_valid(float scale, float scale_inv) {
+    return isfinite(scale) && scale > 0.0f && scale_inv == fp8_reciprocal(scale);
+}
+
 /*
 What is wrong with a scaling state read from a state file (NULL: nothing), against `fresh`, the
 state this run's settings initialize it to: the same recipe, format, history length and margin,
@@ -189,9 +196,7 @@ static inline const char* fp8_scaling_loaded_error(const Fp8TensorScaling* s, co
     if (s->position < 0 || s->position >= s->history_len) { return "its ring position lies outside its history"; }
     if (s->recorded < 0 || s->nonfinite_count < 0) { return "a negative count"; }
     if (s->position != s->recorded % s->history_len) { return "its ring position does not follow its count of amaxes"; }
-    if (!(isfinite(s->scale) && s->scale > 0.0f) || s->scale_inv != fp8_reciprocal(s->scale)) {
-        return "its scale is not a finite positive number with its inverse";
-    }
+    if (!fp8_scale_pair_valid(s->scale, s->scale_inv)) { return FP8_SCALE_PAIR_ERROR; }
     int valid = s->recorded < s->history_len ? s->recorded : s->history_len;
     for (int i = 0; i < valid; i++) {
         if (!(isfinite(s->amax_history[i]) && s->amax_history[i] >= 0.0f)) { return "a recorded amax that is not finite and >= 0"; }

@@ -17,8 +17,9 @@ Why it is shaped so:
 - The windows are plain data, kept in the state file (an optional section: a checkpoint
   written without them resumes with empty windows), so a resumed run skips exactly the steps
   an uninterrupted one skips. So are the counts of skipped updates (any cause, non-finite
-  included): a resumed run's lines count the whole run, as an uninterrupted one's do. The mean and variance are recomputed from the values in window
-  order at each score, so they depend on the values alone, not on a running sum's history.
+  included): a resumed run's lines count the whole run, as an uninterrupted one's do. The
+  mean and variance are recomputed from the values in window order at each score, so they
+  depend on the values alone, not on a running sum's history.
 - Host only: both trainers, every rank alike (the loss and norm it sees are all-reduced).
 */
 #ifndef LLMC_OUTLIER_SKIP_H
