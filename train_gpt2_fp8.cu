@@ -1,5 +1,5 @@
 /*
-train_gpt2_fp8.cu: GPT-2 pretraining on one GPU, llm.c style: config, model (parameters,
+train_gpt2_fp8.cu: GPT-2 pretraining on one GPU or several, llm.c style: config, model (parameters,
 activations), forward, backward, update, main loop and CLI in one translation unit.
 
 Why one file: as in llm.c, the whole training step reads top to bottom in one place; the
@@ -13,8 +13,10 @@ adamw8): the 8-bit states replace the fp32 m and v in place (llmc/adamw8.cuh), a
 checkpoint of either optimizer resumes under both. Several GPUs (-pn, mpirun) run ZeRO-1:
 each rank keeps the optimizer state of its range of the parameters only (llmc/zero.h), the
 backward reduces each layer's gradients to their owners as it goes, and after the update the
-weights are gathered back, the FP8 matmul weights as FP8 (llmc/zero_comm.cuh). One GPU is the
-one-rank case of the same code: it owns everything and nothing is communicated.
+weights are gathered back, the FP8 matmul weights as FP8 (llmc/zero_comm.cuh). ZeRO-3 (-z 3)
+keeps the block linears' weights sharded too, each layer's gathered just before its use
+(llmc/sparse_buffer.cuh backs only the rank's own part). One GPU is the one-rank case of
+the same code: it owns everything and nothing is communicated.
 
 Everything that can be checked without the GPU (flags, model file headers, data shards,
 output dir) is checked before the first CUDA call, so bad input fails fast with one line.
@@ -26,7 +28,7 @@ output dir) is checked before the first CUDA call, so bad input fails fast with 
 #include <time.h>
 #include <unistd.h>
 #include "llmc/utils.h"            // fail-fast I/O, llm8_die, flag parsing helpers
-#include "llmc/rand.h"             // mt19937: init and sampling randomness
+#include "llmc/rand.h"             // llm.c's xorshift* coins for text samples
 #include "llmc/element_math.h"     // bf16 rounding, AdamW element update (shared with the CPU reference)
 #include "llmc/gpt2_config.h"      // GPT2Config, the 16 parameter tensors, random init
 #include "llmc/train_config.h"     // the command line (one table: flags, defaults, ranges, help)
@@ -87,7 +89,6 @@ typedef struct {
     floatX* scratch_bt4c; // [B][T][4C] backward scratch (also dqkv)
     floatX* dresidual;    // [B][T][C] gradient of the residual stream
     float* scratch_f;     // dbias / layernorm / norm partial sums
-    size_t scratch_f_floats;
     size_t ln1_stride, ln2_stride, fch_gelu_stride; // elements from one layer's copy to the next, a multiple of 256 bytes (0: one shared buffer)
     size_t att_stats_stride; // B*NH*T rounded up to 4 floats: attention wants every layer's stats 16-byte aligned
 } Activations;
@@ -283,7 +284,6 @@ static void gpt2_allocate_state(GPT2* model, int B, int T) {
     size_t ln_scratch = layernorm_backward_scratch_bytes((int)BT, (int)C) / sizeof(float) + 1;
     if (ln_scratch > scratch_floats) { scratch_floats = ln_scratch; }
     if (global_norm_scratch_floats() > scratch_floats) { scratch_floats = global_norm_scratch_floats(); }
-    a->scratch_f_floats = scratch_floats;
     a->scratch_f = (float*)cuda_malloc_checked(scratch_floats * sizeof(float), "float scratch");
 
     model->B = B;

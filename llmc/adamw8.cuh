@@ -189,7 +189,7 @@ multiple of 256: a ZeRO rank's part). master may be NULL (the bf16 weights are t
 parameters); fp8: the FP8 weight outputs (see above; zeroed: none), codes pointing at this
 run's first element; the record's amax_bits takes a max over the weight's calls (the state
 update after them clears it). params, grads, master and the state codes must be 16-byte aligned, the FP8 codes 8-byte aligned, and
-the state slice must start on a 256-element block (adamw8_part_states).
+the state slice must start on a 256-element block (adamw8_layout_window cuts them so; checked below).
 */
 void adamw8_update(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
                    const Quant8Maps* maps_device, AdamWElementParams hp, float grad_scale, uint32_t seed,

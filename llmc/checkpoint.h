@@ -671,7 +671,6 @@ typedef struct {
     uint64_t shard_num_parameters;      // header [42-43]: the writer's parameters per body array (0: not recorded)
     long m_offset, v_offset;            // fp32_moments: shard_num_parameters floats each
     long master_offset;                 // has_master: shard_num_parameters floats
-    long trailer_offset;                // should_shuffle: the loader's trailer
     StateSectionPlace sections[STATE_FILE_MAX_SECTIONS];
 } StateFileIndex;
 
@@ -772,7 +771,6 @@ static inline void state_file_index(const char* path, size_t shard_num_parameter
                  shard_num_parameters);
     }
     fseekCheck(fp, at, SEEK_SET);
-    index->trailer_offset = at;
     if (index->should_shuffle) { dataloader_skip_state(fp, path); }
     for (int i = 0; i < index->num_sections; i++) {
         StateSectionPlace* place = &index->sections[i];

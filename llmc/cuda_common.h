@@ -205,8 +205,6 @@ typedef struct {
     char name[256];
     int sm_count;
     size_t total_memory_bytes;
-    int compute_major;
-    int compute_minor;
     float bf16_peak_tflops;  // dense, no sparsity; 0 when the device is not in the table (MFU n/a)
     char pci_bus_id[32];     // "dddd:bb:dd.0", as NVML finds the device (-lg, gpu_monitor.h)
 } DeviceInfo;
@@ -240,8 +238,6 @@ static inline DeviceInfo device_info_query(void) {
     snprintf(info.name, sizeof(info.name), "%s", prop.name);
     info.sm_count = prop.multiProcessorCount;
     info.total_memory_bytes = prop.totalGlobalMem;
-    info.compute_major = prop.major;
-    info.compute_minor = prop.minor;
     info.bf16_peak_tflops = bf16_dense_peak_tflops(prop.name);
     snprintf(info.pci_bus_id, sizeof(info.pci_bus_id), "%04x:%02x:%02x.0", (unsigned)prop.pciDomainID, (unsigned)prop.pciBusID,
              (unsigned)prop.pciDeviceID);

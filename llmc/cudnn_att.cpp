@@ -7,7 +7,7 @@ built the first time that shape is seen and kept in a map, because building a gr
 (heuristics, plan compilation) costs milliseconds to seconds while executing one costs
 microseconds. q, k and v are strided views into the fused qkv buffer (no copies), and
 dq, dk, dv are written straight into the matching views of dqkv. Tensors are bound by fixed
-uids, so executing a cached graph is a map of seven pointers.
+uids, so executing a cached graph is a map of five pointers (forward) or nine (backward).
 
 Determinism: the backward asks for cuDNN's deterministic algorithm unless the trainer's
 -ad 0 says otherwise (cudnn_att_setup). On Hopper (cuDNN 9.19) that algorithm keeps dP in a
@@ -56,6 +56,7 @@ static size_t cudnn_workspace_bytes = 0;
 static std::map<AttentionShape, GraphPtr> forward_graphs;
 static std::map<AttentionShape, GraphPtr> backward_graphs;
 
+// cuda_common.h's cudaCheck, again: that header holds device code, and nvcc compiles this .cpp as host C++
 static void cudnn_att_check_cuda(cudaError_t err, const char* file, int line) {
     if (err != cudaSuccess) {
         llm8_die("CUDA error %s: %s (%s:%d)", cudaGetErrorName(err), cudaGetErrorString(err), file, line);

@@ -62,7 +62,6 @@ typedef struct {
     // the shard in memory
     int loaded_shard;           // index into glob_result, -1 when none
     uint16_t* shard_tokens;
-    size_t shard_num_tokens;
     size_t shard_num_samples;   // samples of num_processes*B*T (+1) tokens in this shard
     // position: the next batch is sample current_sample_idx of shard current_shard_idx
     size_t current_shard_idx;
@@ -133,7 +132,6 @@ static inline void dataloader_load_shard_file_(DataLoader* loader, int file_inde
         }
     }
     loader->loaded_shard = file_index;
-    loader->shard_num_tokens = num_tokens;
     loader->shard_num_samples = dataloader_file_samples_(loader, file_index);
 }
 
@@ -266,6 +264,9 @@ static inline void dataloader_next_batch(DataLoader* loader) {
 
 // continues at a saved position; when shuffling, dataloader_read_state must come first.
 // `source` names the file the position came from, in the error when it fits no batch here
+// (llm8's files record their B and T, and another B or T replays the loader instead; llm.c's do not)
+#define DATALOADER_RESUME_MISFIT_HINT "another -i, the shards changed, or an llm.c state file, which does not record " \
+                                      "B and T, resumed with another -b or -t?"
 static inline void dataloader_resume(DataLoader* loader, size_t current_shard_idx, size_t current_sample_idx,
                                      const char* source) {
     if (current_shard_idx >= loader->num_shards) {
@@ -274,12 +275,12 @@ static inline void dataloader_resume(DataLoader* loader, size_t current_shard_id
     }
     dataloader_load_shard_(loader, current_shard_idx);
     if (current_sample_idx > loader->shard_num_samples) {
-        llm8_die("state file '%s': sample index %zu is past the %zu samples of shard '%s' (another -i, or shards changed?)",
+        llm8_die("state file '%s': sample index %zu is past the %zu samples of shard '%s' (" DATALOADER_RESUME_MISFIT_HINT ")",
                  source, current_sample_idx, loader->shard_num_samples, loader->glob_result.gl_pathv[loader->loaded_shard]);
     }
     if (loader->should_shuffle && loader->num_intra_shard_indices != loader->shard_num_samples) {
-        llm8_die("state file '%s': the shuffle state holds %zu samples but shard '%s' has %zu (another -i, or shards "
-                 "changed?)", source,
+        llm8_die("state file '%s': the shuffle state holds %zu samples but shard '%s' has %zu (" DATALOADER_RESUME_MISFIT_HINT
+                 ")", source,
                  loader->num_intra_shard_indices, loader->glob_result.gl_pathv[loader->loaded_shard],
                  loader->shard_num_samples);
     }

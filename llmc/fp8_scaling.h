@@ -76,6 +76,13 @@ typedef struct {
     int32_t nonfinite_count; // updates whose amax was Inf/NaN, skipped
 } Fp8TensorScaling;
 
+// scale * 2^-margin (exact above 2^-126), at least the smallest normal float 2^-126
+LLMC_HD float fp8_scale_apply_margin_(float scale, int margin) {
+    float scaled = scale * bits_as_float((uint32_t)(127 - margin) << 23);
+    const float smallest_normal = bits_as_float(0x00800000u);
+    return scaled >= smallest_normal ? scaled : smallest_normal;
+}
+
 // fp8_max / max(amax, 1e-12) / 2^margin, bit-identical on host and device; at least the
 // smallest normal float, 2^-126, so that 1/scale (cuBLASLt's scale_inv) stays finite: a finite
 // amax near FLT_MAX under a margin of 16 would make it a subnormal and its inverse +Inf
@@ -86,9 +93,7 @@ LLMC_HD float fp8_scale_from_amax(float amax, float fp8_max, int margin) {
 #else
     float scale = fp8_max / clamped;
 #endif
-    float scaled = scale * bits_as_float((uint32_t)(127 - margin) << 23);  // * 2^-margin, exact above 2^-126
-    const float smallest_normal = bits_as_float(0x00800000u);
-    return scaled >= smallest_normal ? scaled : smallest_normal;
+    return fp8_scale_apply_margin_(scale, margin);
 }
 
 /*
@@ -102,9 +107,7 @@ more above it (relative); down, 2^k itself is a float. Both sides agree bit for 
 LLMC_HD float fp8_scale_pow2_from_amax(float amax, float fp8_max, int margin) {
     float quotient = fp8_scale_from_amax(amax, fp8_max, 0);  // clamps amax to 1e-12, and is a normal float
     float scale = bits_as_float(float_as_bits(quotient) & 0x7f800000u);  // 2^exponent
-    float scaled = scale * bits_as_float((uint32_t)(127 - margin) << 23);
-    const float smallest_normal = bits_as_float(0x00800000u);
-    return scaled >= smallest_normal ? scaled : smallest_normal;
+    return fp8_scale_apply_margin_(scale, margin);
 }
 
 LLMC_HD float fp8_reciprocal(float scale) {
@@ -270,8 +273,9 @@ LLMC_HD void fp8_scaling_restore(Fp8TensorScaling* s, const Fp8TensorScaling* be
 
 /*
 What one cast did, for the numerics log: the amax seen, the scale used, and the fractions
-of elements saturated and flushed to zero (fp8_classify). Producers count with
-fp8_cast_stats_add (the GPU: per-block counts, then one atomicAdd per block).
+of elements saturated and flushed to zero (fp8_classify). The CPU reference counts with
+fp8_cast_stats_add; the GPU's casts count per block and add each block's counts once
+(fp8_scaling.cuh's Fp8Tally).
 */
 typedef struct {
     float amax;

@@ -103,18 +103,23 @@ static inline GPT2Config gpt2_config_make(int L, int NH, int C, int maxT, int V)
     return cfg;
 }
 
-// "d12" / "d24" / "d36" / "d48" (GPT-2 124M/350M/774M/1558M), "d6" and "tiny" for quick runs
+// "d12" / "d24" / "d36" / "d48" (GPT-2 124M/350M/774M/1558M), "d6" and "tiny" for quick runs;
+// llm.c's explicit form "gpt2:dN" names the same models (its "gpt3:cN" models are not built here)
 static inline GPT2Config gpt2_config_from_descriptor(const char* desc) {
     static const struct { const char* name; int L, NH, C; } presets[] = {
         {"tiny", 2, 2, 128}, {"d6", 6, 6, 384}, {"d12", 12, 12, 768},
         {"d24", 24, 16, 1024}, {"d36", 36, 20, 1280}, {"d48", 48, 25, 1600},
     };
+    const char* gpt2_prefix = "gpt2:";
+    const char* name = strncmp(desc, gpt2_prefix, strlen(gpt2_prefix)) == 0 && desc[strlen(gpt2_prefix)] == 'd'
+                           ? desc + strlen(gpt2_prefix) : desc;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
-        if (strcmp(desc, presets[i].name) == 0) {
+        if (strcmp(name, presets[i].name) == 0) {
             return gpt2_config_make(presets[i].L, presets[i].NH, presets[i].C, GPT2_DEFAULT_MAXT, GPT2_DEFAULT_VOCAB);
         }
     }
-    llm8_die("model descriptor '%s' is unknown (expected tiny, d6, d12, d24, d36, d48, or a .bin checkpoint)", desc);
+    llm8_die("model descriptor '%s' is unknown (expected tiny, d6, d12, d24, d36, d48, llm.c's gpt2:dN for those dN, "
+             "or a .bin checkpoint)", desc);
     return gpt2_config_make(0, 0, 0, 0, 0); // unreachable
 }
 

@@ -592,14 +592,6 @@ static inline void multi_gpu_device_init(MultiGpuConfig* cfg, const MultiGpuOpti
     multi_gpu_watchdog_start(cfg);
 }
 
-// both steps at once
-static inline MultiGpuConfig multi_gpu_config_init(const MultiGpuOptions* options, int force_communicator) {
-    MultiGpuOptions opts = *options;
-    MultiGpuConfig cfg = multi_gpu_process_init(&opts);
-    multi_gpu_device_init(&cfg, &opts, force_communicator);
-    return cfg;
-}
-
 static inline void multi_gpu_config_free(MultiGpuConfig* cfg) {
     multi_gpu_watchdog_stop(cfg);
     if (cfg->nccl_comm != NULL) {

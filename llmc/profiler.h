@@ -30,7 +30,7 @@ typedef struct {
     int num_names;
     int steps;
     int in_step;         // marks count only between profiler_begin_step and profiler_end_step
-    long dropped_marks;  // marks past PROFILER_MAX_MARKS in a step: their time goes to the next mark
+    long dropped_marks;  // marks past PROFILER_MAX_MARKS in a step: not recorded, the step's time after the last recorded one uncounted
 } KernelProfiler;
 
 static KernelProfiler g_profiler;

@@ -153,12 +153,6 @@ LLMC_HD void quant8_nearest_indices(const float* table, const float* search, con
     }
 }
 
-LLMC_HD int quant8_nearest_index(const float* table, const float* search, float x) {
-    int index;
-    quant8_nearest_indices(table, search, &x, 1, &index);
-    return index;
-}
-
 // x / absmax, IEEE-rounded on both sides; an all-zero block (absmax 0) maps to 0
 LLMC_HD float quant8_normalize(float x, float absmax) {
     if (!(absmax > 0.0f)) { return 0.0f; }
@@ -390,7 +384,6 @@ typedef struct {
     size_t sizes[NUM_PARAMETER_TENSORS];          // elements (a window: of the tensor's part, 0 for none)
     size_t param_offsets[NUM_PARAMETER_TENSORS];  // into the flat parameter buffer (llm.c order; a window: into its range)
     size_t part_begins[NUM_PARAMETER_TENSORS];    // a window: the part's first element within its tensor (else 0)
-    size_t flat_begin;                            // a window: its first flat parameter (else 0)
     size_t codes_begin, blocks_begin, fp32_begin; // a window: where its arrays start in the model's (else 0)
     int32_t bits[NUM_PARAMETER_TENSORS];          // 8 or 32
     size_t code_offsets[NUM_PARAMETER_TENSORS];   // 8-bit tensors: first code (a multiple of 256)
@@ -433,7 +426,6 @@ guarantee it wherever a tensor starts on the grid); otherwise this dies naming t
 static inline void adamw8_layout_window(Adamw8Layout* window, const Adamw8Layout* model, size_t begin, size_t end) {
     memset(window, 0, sizeof(*window));
     memcpy(window->bits, model->bits, sizeof(model->bits));
-    window->flat_begin = begin;
     window->num_parameters = end - begin;
     size_t codes_begin = SIZE_MAX, blocks_begin = SIZE_MAX, fp32_begin = SIZE_MAX;
     size_t codes_end = 0, blocks_end = 0, fp32_end = 0;

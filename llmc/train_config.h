@@ -102,7 +102,7 @@ typedef struct {
 static const FlagSpec TRAIN_FLAGS[] = {
     {"-i", FLAG_STRING, TC_OFF(train_data_pattern), 0, 0, NULL, "train data shard glob"},
     {"-j", FLAG_STRING, TC_OFF(val_data_pattern), 0, 0, NULL, "val data shard glob (\"\" disables val)"},
-    {"-e", FLAG_STRING, TC_OFF(model), 0, 0, NULL, "model: tiny|d6|d12|d24|d36|d48, or a model_*.bin checkpoint"},
+    {"-e", FLAG_STRING, TC_OFF(model), 0, 0, NULL, "model: tiny|d6|d12|d24|d36|d48 (or llm.c's gpt2:d6 ... gpt2:d48), or a model_*.bin checkpoint"},
     {"-o", FLAG_STRING, TC_OFF(output_log_dir), 0, 0, NULL, "output dir for main.log, main.jsonl and checkpoints (\"\" = none)"},
     {"-tk", FLAG_STRING, TC_OFF(tokenizer_path), 0, 0, NULL, "decode tokenizer file, for text samples (\"\" = the gpt2_tokenizer.bin beside the -i shards, else ./gpt2_tokenizer.bin as in llm.c, else token ids)"},
     {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16 fp8", "matmul precision (the -f flags below apply to fp8)"},
@@ -327,7 +327,8 @@ need a per-tensor recipe (the block recipe's scales are per 128x128 block) and -
 static inline void train_config_check_zero_stage(const TrainConfig* c, const Fp8Settings* fp8, int num_ranks) {
     if (c->zero_stage == 2) { llm8_die("flag -z 2: llm8 has ZeRO stages 0 (one GPU), 1 and 3"); }
     if (num_ranks > 1 && c->zero_stage == 0) {
-        llm8_die("flag -z 0: with %d GPUs the optimizer state is sharded: -z 1 (or -z 3)", num_ranks);
+        llm8_die("flag -z 0: with %d GPUs llm8 shards the optimizer state: -z 1 (the default) makes the same updates with "
+                 "1/N of the state per GPU, or -z 3", num_ranks);
     }
     if (c->zero_stage != 3) { return; }
     if (num_ranks < 2) { llm8_die("flag -z 3 shards the weights over several GPUs (-pn or mpirun); with one GPU use -z 1"); }

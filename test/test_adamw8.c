@@ -115,6 +115,13 @@ static float test_value(int distribution, uint32_t k, uint32_t i, int is_signed)
     return is_signed ? x : fabsf(x);
 }
 
+// the encode's search for one value
+static int quant8_nearest_index(const float* table, const float* search, float x) {
+    int index;
+    quant8_nearest_indices(table, search, &x, 1, &index);
+    return index;
+}
+
 // the sorted-order binary search the encode did before quant8_search_order: the last index whose
 // value is <= x (0 if none), then the nearer of it and the next, ties to the lower
 static int nearest_index_sorted(const float* table, float x) {

@@ -7,7 +7,7 @@ fc weight (768 x 3072) and an odd size (9999: a short last block and a lane with
 8 elements). With and without the fp32 master; with a NaN gradient in one block (that block
 must stay untouched, its codes rewritten with the step's scale); and adamw8_update_range over
 all 16 tensors of a small model, which sends the 32-bit tensors through adamw_update (against
-adamw_update_bf16_ref). Each case in both weight scalings. Needs a GPU (make gpucheck).
+adamw_update_bf16_ref). Each case in both weight scalings. Runs on a GPU under make gpucheck, and under cudasim in make test.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +17,7 @@ adamw_update_bf16_ref). Each case in both weight scalings. Needs a GPU (make gpu
 #include "llmc/adamw8.cuh"
 #include "test/test_harness.h"
 #include "test/fp8_weight_outputs.cuh"
+#include "test/gpu_test_copies.cuh"
 
 static float uniform01(uint32_t seed, uint32_t index) {
     return ((float)(random_u32(seed, index) >> 8) + 0.5f) / 16777216.0f;
@@ -27,16 +28,8 @@ static float gaussian(uint32_t seed, uint32_t index) {
     return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
 }
 
-static void* device_copy(const void* host, size_t bytes) {
-    void* d = cuda_malloc_checked(bytes, "a test tensor");
-    cudaCheck(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-
 static int device_equals(const void* device, const void* host, size_t bytes) {
-    void* back = mallocCheck(bytes);
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(back, device, bytes, cudaMemcpyDeviceToHost));
+    void* back = host_copy(device, bytes);
     int same = memcmp(back, host, bytes) == 0;
     free(back);
     return same;

@@ -26,7 +26,7 @@ Run from the repository root: build/test_formats
 #define PY_STATE_NUM_PARAMS 100
 #define PY_STATE_B 2
 #define PY_STATE_T 8
-#define PY_SHARD1_TOKENS 777
+#define PY_SHUFFLE_BATCHES (123 * 6)  // state_v1_shuffle.bin: step 123 of 6 micro-batches
 
 static char g_dir[256];     // scratch dir for our files
 static char g_py_dir[512];  // files from make_llmc_files.py
@@ -194,6 +194,24 @@ static void test_model_round_trip(void) {
     free(back);
 }
 
+// the descriptors -e takes: llm8's names and llm.c's explicit gpt2:dN form of the same models
+static void test_model_descriptors(void) {
+    const char* names[] = {"d6", "d12", "d24", "d36", "d48"};
+    for (int i = 0; i < 5; i++) {
+        char explicit_name[16];
+        snprintf(explicit_name, sizeof(explicit_name), "gpt2:%s", names[i]);
+        GPT2Config plain = gpt2_config_from_descriptor(names[i]), llmc = gpt2_config_from_descriptor(explicit_name);
+        CHECK(memcmp(&plain, &llmc, sizeof(plain)) == 0 && plain.num_layers == atoi(names[i] + 1),
+              "%s: %d layers, %s: %d", explicit_name, llmc.num_layers, names[i], plain.num_layers);
+    }
+    GPT2Config d48 = gpt2_config_from_descriptor("gpt2:d48");
+    CHECK(d48.channels == 1600 && d48.num_heads == 25 && d48.padded_vocab_size == 50304, "gpt2:d48: C %d, NH %d, Vp %d",
+          d48.channels, d48.num_heads, d48.padded_vocab_size);
+    CHECK_DIES("descriptor: a depth llm8 does not build", "'gpt2:d13'", gpt2_config_from_descriptor("gpt2:d13"));
+    CHECK_DIES("descriptor: gpt2: before a non-depth", "'gpt2:tiny'", gpt2_config_from_descriptor("gpt2:tiny"));
+    CHECK_DIES("descriptor: llm.c's GPT-3 form", "'gpt3:c768'", gpt2_config_from_descriptor("gpt3:c768"));
+}
+
 static void test_model_bad_inputs(void) {
     GPT2Config cfg;
     int version;
@@ -274,31 +292,51 @@ static void test_state_from_llmc(void) {
           "our v1 state file != llm.c layout (but for header slots 7 to 9 and 42-43: B, T, the layout mark, the parameters)");
     dataloader_free(&loader);
 
-    // shuffle trailer, no master weights
+    // shuffled, no master weights: llm.c's loader after PY_SHUFFLE_BATCHES batches, its trailer from
+    // make_llmc_files.py's model of llm.c's loader; read, it must be llm8's own loader after as many
     py_loader_init(&loader, 1);
+    char shuffle_path[1024];  // (in_dir's paths are reused after 8 calls)
+    snprintf(shuffle_path, sizeof(shuffle_path), "%s", in_dir(g_py_dir, "state_v1_shuffle.bin"));
     StateBuffers shuffled = {n, m, v, NULL, NULL, 0};
-    state_file_read(in_dir(g_py_dir, "state_v1_shuffle.bin"), &state, &shuffled, &loader);
-    size_t shard_samples = (PY_SHARD1_TOKENS - 1) / (PY_STATE_B * PY_STATE_T);
-    CHECK(loader.shard_indices[0] == 1 && loader.shard_indices[1] == 0, "shuffle trailer: shard order");
-    int reversed = loader.num_intra_shard_indices == shard_samples;
-    for (size_t i = 0; reversed && i < shard_samples; i++) {
-        reversed = loader.intra_shard_indices[i] == (int)(shard_samples - 1 - i);
-    }
-    CHECK(reversed, "shuffle trailer: sample order not the reversed range of %zu", shard_samples);
-    mt19937_state want_rng;
-    manual_seed(&want_rng, 42);
-    CHECK(memcmp(loader.shuffle_rng.state, want_rng.state, sizeof(want_rng.state)) == 0 &&
-          loader.shuffle_rng.index == 7, "shuffle trailer: rng state (index %u)", loader.shuffle_rng.index);
-    CHECK(loader.current_shard_idx == 0 && loader.current_sample_idx == 5 && loader.loaded_shard == 1,
-          "shuffle trailer: position");
+    memset(&state, 0, sizeof(state));
+    state_file_read(shuffle_path, &state, &shuffled, &loader);
+    CHECK(state.step == 123 && !state.data_reshaped && memcmp(m, want_m, sizeof(m)) == 0 &&
+          memcmp(v, want_v, sizeof(v)) == 0, "state_v1_shuffle: step %d, reshaped %d, or m/v differ", state.step,
+          state.data_reshaped);
+    DataLoader ran;
+    py_loader_init(&ran, 1);
+    for (int b = 0; b < PY_SHUFFLE_BATCHES; b++) { dataloader_next_batch(&ran); }
+    CHECK(loader.current_shard_idx == ran.current_shard_idx && loader.current_sample_idx == ran.current_sample_idx &&
+          loader.loaded_shard == ran.loaded_shard, "shuffle trailer: position shard %zu sample %zu (file %d), llm8's "
+          "loader after %d batches is at %zu %zu (file %d)", loader.current_shard_idx, loader.current_sample_idx,
+          loader.loaded_shard, PY_SHUFFLE_BATCHES, ran.current_shard_idx, ran.current_sample_idx, ran.loaded_shard);
+    CHECK(memcmp(loader.shard_indices, ran.shard_indices, ran.num_shards * sizeof(int)) == 0 &&
+          loader.num_intra_shard_indices == ran.num_intra_shard_indices &&
+          memcmp(loader.intra_shard_indices, ran.intra_shard_indices, ran.num_intra_shard_indices * sizeof(int)) == 0,
+          "shuffle trailer: shard or sample order is not llm8's loader's after %d batches", PY_SHUFFLE_BATCHES);
+    CHECK(memcmp(loader.shuffle_rng.state, ran.shuffle_rng.state, sizeof(ran.shuffle_rng.state)) == 0 &&
+          loader.shuffle_rng.index == ran.shuffle_rng.index, "shuffle trailer: rng state (index %u, llm8's loader's %u)",
+          loader.shuffle_rng.index, ran.shuffle_rng.index);
+    size_t trailer_samples = loader.num_intra_shard_indices;
+    // the next batch is llm.c's next (make_llmc_files.py wrote its B*T + 1 tokens), and llm8's loader's
+    uint16_t next_tokens[PY_STATE_B * PY_STATE_T + 1];
+    FILE* next_fp = fopenCheck(in_dir(g_py_dir, "state_v1_shuffle_next.bin"), "rb");
+    freadCheck(next_tokens, sizeof(uint16_t), PY_STATE_B * PY_STATE_T + 1, next_fp);
+    fcloseCheck(next_fp);
     dataloader_next_batch(&loader);
-    size_t sample = shard_samples - 1 - 5;
-    CHECK(loader.inputs[0] == (int)((sample * 16 * 31 + 1007) % 50000), "shuffled resume: wrong first token %d",
-          loader.inputs[0]);
+    dataloader_next_batch(&ran);
+    int llmcs_next = 1;
+    for (int i = 0; i < PY_STATE_B * PY_STATE_T; i++) {
+        llmcs_next = llmcs_next && loader.inputs[i] == next_tokens[i] && loader.targets[i] == next_tokens[i + 1];
+    }
+    CHECK(llmcs_next, "shuffled resume: the next batch is not llm.c's (first input %d, llm.c's %d)", loader.inputs[0],
+          next_tokens[0]);
+    CHECK(memcmp(loader.inputs, ran.inputs, sizeof(int) * PY_STATE_B * PY_STATE_T) == 0,
+          "shuffled resume: the next batch is not llm8's loader's after %d batches", PY_SHUFFLE_BATCHES);
+    dataloader_free(&ran);
     // llm.c's freshly seeded generator (left_ 1, next_ 0) twists on its next draw
-    size_t rng_offset = 1024 + 2 * n * 4 + 8 + 2 * 4 + 8 + shard_samples * 4;
-    write_variant(in_dir(g_py_dir, "state_v1_shuffle.bin"), "fresh_rng_a.bin", file_length(in_dir(g_py_dir, "state_v1_shuffle.bin")),
-                  (int)(rng_offset + 8) / 4, 1);
+    size_t rng_offset = 1024 + 2 * n * 4 + 8 + 2 * 4 + 8 + trailer_samples * 4;
+    write_variant(shuffle_path, "fresh_rng_a.bin", file_length(shuffle_path), (int)(rng_offset + 8) / 4, 1);
     const char* fresh = write_variant(in_dir(g_dir, "fresh_rng_a.bin"), "fresh_rng.bin",
                                       file_length(in_dir(g_dir, "fresh_rng_a.bin")), (int)(rng_offset + 12) / 4, 0);
     DataLoader fresh_loader;
@@ -307,13 +345,24 @@ static void test_state_from_llmc(void) {
     CHECK(fresh_loader.shuffle_rng.index == MT19937_N, "llm.c's fresh rng state must map to index N, got %u",
           fresh_loader.shuffle_rng.index);
     dataloader_free(&fresh_loader);
+    // llm.c never sets the generator's seed_ (its bytes are whatever its stack held): not read
+    const char* seeded = write_variant(shuffle_path, "junk_seed.bin", file_length(shuffle_path), (int)rng_offset / 4,
+                                       0x5eed5eed);
+    DataLoader seeded_loader, again;
+    py_loader_init(&seeded_loader, 1);
+    py_loader_init(&again, 1);
+    state_file_read(seeded, &state, &shuffled, &seeded_loader);
+    state_file_read(shuffle_path, &state, &shuffled, &again);
+    CHECK(memcmp(&seeded_loader.shuffle_rng, &again.shuffle_rng, sizeof(again.shuffle_rng)) == 0,
+          "llm.c's unset seed_ changed the generator read");
+    dataloader_free(&seeded_loader);
     // the state as read, written again, is the same file
-    dataloader_resume(&loader, 0, 5, "test_state.bin");
-    state_file_write(in_dir(g_dir, "ours_state_shuffle.bin"), &state, &shuffled, &loader);
-    CHECK(state_file_is_llmc_plus_llm8_slots(in_dir(g_dir, "ours_state_shuffle.bin"),
-                                             in_dir(g_py_dir, "state_v1_shuffle.bin"), PY_STATE_B, PY_STATE_T, n),
+    state_file_write(in_dir(g_dir, "ours_state_shuffle.bin"), &state, &shuffled, &again);
+    CHECK(state_file_is_llmc_plus_llm8_slots(in_dir(g_dir, "ours_state_shuffle.bin"), shuffle_path, PY_STATE_B, PY_STATE_T,
+                                             n),
           "our shuffled v1 state file != llm.c layout (but for header slots 7 to 9 and 42-43: B, T, the layout mark, "
           "the parameters)");
+    dataloader_free(&again);
     dataloader_free(&loader);
 
     // a file of another B (or T): its position counts samples of another size, so the loader stays at its
@@ -1013,6 +1062,7 @@ int main(void) {
 
     test_model_files_from_llmc();
     test_model_round_trip();
+    test_model_descriptors();
     test_model_bad_inputs();
     test_state_from_llmc();
     test_state_round_trip();

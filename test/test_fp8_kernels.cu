@@ -2,7 +2,7 @@
 test_fp8_kernels.cu: the FP8 kernels (llmc/fp8_cast.cuh, llmc/fp8_scaling.cuh, the FP8
 parts of llmc/layernorm.cuh, llmc/gelu.cuh and llmc/matmul.cuh) against the host: fp8.h's
 software encode, fp8_scaling.h's state machine, and exact or double-precision GEMMs.
-Needs a GPU (make gpucheck); CI only compiles it.
+Runs on a GPU under make gpucheck, and under cudasim (test/cudasim) in make test.
 - casts, bit for bit: every code (row-major and transposed) equals fp8_quantize on the host
   of the value as stored (bf16, or the fp32 master weight), at shapes that are not
   multiples of the 128 tile (80 x 208, 272 x 208) and at 256 x 384; amax exact; the
@@ -58,6 +58,7 @@ Needs a GPU (make gpucheck); CI only compiles it.
 #include "test/bf16_accumulate.h"
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
+#include "test/gpu_test_copies.cuh"
 
 static mt19937_state test_rng;
 
@@ -95,23 +96,11 @@ static floatX* device_bf16_from(const float* x, size_t n) {
     return d;
 }
 
-static float* device_floats_from(const float* x, size_t n) {
-    float* d = (float*)device_alloc(n * sizeof(float));
-    cudaCheck(cudaMemcpy(d, x, n * sizeof(float), cudaMemcpyHostToDevice));
-    return d;
-}
-
-static void* download(const void* d, size_t bytes) {
-    void* h = mallocCheck(bytes);
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
-    return h;
-}
+static float* device_floats_from(const float* x, size_t n) { return (float*)device_copy(x, n * sizeof(float)); }
 
 static float* download_bf16_as_floats(const floatX* d, size_t n) {
-    uint16_t* bits = (uint16_t*)download(d, n * sizeof(uint16_t));
-    float* x = host_floats(n);
-    for (size_t i = 0; i < n; i++) { x[i] = bf16_bits_to_float(bits[i]); }
+    uint16_t* bits = (uint16_t*)host_copy(d, n * sizeof(uint16_t));
+    float* x = bf16_bits_to_floats(bits, n);
     free(bits);
     return x;
 }
@@ -179,7 +168,7 @@ static void device_fp8_free(DeviceFp8* t) {
 
 static Fp8CastRecord download_record(const DeviceFp8* t) {
     Fp8CastRecord r;
-    Fp8CastRecord* h = (Fp8CastRecord*)download(t->out.record, sizeof(Fp8CastRecord));
+    Fp8CastRecord* h = (Fp8CastRecord*)host_copy(t->out.record, sizeof(Fp8CastRecord));
     r = *h;
     free(h);
     return r;
@@ -187,7 +176,7 @@ static Fp8CastRecord download_record(const DeviceFp8* t) {
 
 static Fp8TensorScaling download_state(const DeviceFp8* t) {
     Fp8TensorScaling s;
-    Fp8TensorScaling* h = (Fp8TensorScaling*)download(t->out.state, sizeof(Fp8TensorScaling));
+    Fp8TensorScaling* h = (Fp8TensorScaling*)host_copy(t->out.state, sizeof(Fp8TensorScaling));
     s = *h;
     free(h);
     return s;
@@ -300,12 +289,12 @@ static void check_cast(const DeviceFp8* t, const HostCast* h, bool transposed_on
     size_t n = (size_t)t->rows * t->cols;
     char label[256];
     if (!transposed_only) {
-        uint8_t* codes = (uint8_t*)download(t->out.codes, n);
+        uint8_t* codes = (uint8_t*)host_copy(t->out.codes, n);
         snprintf(label, sizeof(label), "%s codes", what);
         CHECK(count_code_mismatches(codes, h->codes, n, label) == 0, "%s: codes differ from the host encode", what);
         free(codes);
     }
-    uint8_t* codes_t = (uint8_t*)download(t->out.codes_t, n);
+    uint8_t* codes_t = (uint8_t*)host_copy(t->out.codes_t, n);
     snprintf(label, sizeof(label), "%s codes_t", what);
     CHECK(count_code_mismatches(codes_t, h->codes_t, n, label) == 0, "%s: transposed codes differ from the host encode", what);
     free(codes_t);
@@ -342,9 +331,9 @@ static void check_replay(const DeviceFp8* t, Replay replay, const char* what) {
     }
     bool block = t->out.scaling != FP8_SCALING_TENSOR;
     size_t scale_bytes = block ? fp8_block_scale_floats(t->out.scaling, t->cols, t->rows) * sizeof(float) : 0;
-    uint8_t* codes = (uint8_t*)download(t->out.codes, n);
-    uint8_t* codes_t = (uint8_t*)download(t->out.codes_t, n);
-    float* scale_inv_t = block ? (float*)download(t->out.scale_inv_t, scale_bytes) : NULL;
+    uint8_t* codes = (uint8_t*)host_copy(t->out.codes, n);
+    uint8_t* codes_t = (uint8_t*)host_copy(t->out.codes_t, n);
+    float* scale_inv_t = block ? (float*)host_copy(t->out.scale_inv_t, scale_bytes) : NULL;
     Fp8CastRecord record = download_record(t);
     cudaCheck(cudaMemset(t->out.codes_t, 0x55, n));
     if (block) { cudaCheck(cudaMemset(t->out.scale_inv_t, 0, scale_bytes)); }
@@ -355,12 +344,12 @@ static void check_replay(const DeviceFp8* t, Replay replay, const char* what) {
     replay(&x_t);
     char label[256];
     snprintf(label, sizeof(label), "%s replay codes_t", what);
-    uint8_t* replayed = (uint8_t*)download(t->out.codes_t, n);
+    uint8_t* replayed = (uint8_t*)host_copy(t->out.codes_t, n);
     CHECK(count_code_mismatches(replayed, codes_t, n, label) == 0, "%s: the replay's x^T differs from the cast's", what);
-    uint8_t* codes_after = (uint8_t*)download(t->out.codes, n);
+    uint8_t* codes_after = (uint8_t*)host_copy(t->out.codes, n);
     CHECK(memcmp(codes_after, codes, n) == 0, "%s: the replay wrote the row-major codes", what);
     if (block) {
-        float* replayed_scales = (float*)download(t->out.scale_inv_t, scale_bytes);
+        float* replayed_scales = (float*)host_copy(t->out.scale_inv_t, scale_bytes);
         CHECK(memcmp(replayed_scales, scale_inv_t, scale_bytes) == 0, "%s: the replay's x^T tile scales differ", what);
         free(replayed_scales);
     }
@@ -464,7 +453,7 @@ static void test_amax_pass_long(void) {
     Fp8CastRecord* d_record = (Fp8CastRecord*)device_alloc(sizeof(Fp8CastRecord));
     fp8_cast_records_init(d_record, 1, 0);
     fp8_amax_launch(d_record, d_x, n, Fp8Identity(), 0);
-    Fp8CastRecord* r = (Fp8CastRecord*)download(d_record, sizeof(Fp8CastRecord));
+    Fp8CastRecord* r = (Fp8CastRecord*)host_copy(d_record, sizeof(Fp8CastRecord));
     CHECK(r->amax_bits == float_as_bits(7.5f), "fp8 amax pass over %zu elements: amax %g, expected 7.5", n, bits_as_float(r->amax_bits));
     free(r);
     x[n - 3] = 0.0f;
@@ -473,7 +462,7 @@ static void test_amax_pass_long(void) {
     d_x = device_bf16_from(x, n);
     fp8_cast_records_init(d_record, 1, 0);
     fp8_amax_launch(d_record, d_x, n, Fp8GeluTransform(), 0);
-    r = (Fp8CastRecord*)download(d_record, sizeof(Fp8CastRecord));
+    r = (Fp8CastRecord*)host_copy(d_record, sizeof(Fp8CastRecord));
     float expected = bf16_bits_to_float(float_to_bf16_bits(gelu_forward_element(3.25f)));
     CHECK_CLOSE(bits_as_float(r->amax_bits), expected, 0.0, 1e-2, "fp8 amax pass with GELU over a long tensor");
     free(r);
@@ -515,8 +504,8 @@ static void check_block_scales(const DeviceFp8* t, const TileContext* context, c
     Fp8Scaling scaling = context->scaling;
     size_t floats = fp8_block_scale_floats(scaling, rows, cols);
     size_t floats_t = fp8_block_scale_floats(scaling, cols, rows);
-    float* got = (float*)download(t->out.scale_inv, floats * sizeof(float));
-    float* got_t = (float*)download(t->out.scale_inv_t, floats_t * sizeof(float));
+    float* got = (float*)host_copy(t->out.scale_inv, floats * sizeof(float));
+    float* got_t = (float*)host_copy(t->out.scale_inv_t, floats_t * sizeof(float));
     size_t bad = 0;
     for (int r = 0; r < rows; r++) {
         for (int c = 0; c < cols; c++) {
@@ -662,8 +651,8 @@ static void test_batched_weight_casts(int rows, int cols, int count, Fp8Scaling 
             for (int z = 0; z < count; z++) {
                 char label[200];
                 snprintf(label, sizeof(label), "%s%s, weight %d", what, pass == 1 ? " (W^T transposed)" : "", z);
-                uint8_t* expected[2] = {(uint8_t*)download(one[z].out.codes, n), (uint8_t*)download(one[z].out.codes_t, n)};
-                uint8_t* got[2] = {(uint8_t*)download(batched[z].out.codes, n), (uint8_t*)download(batched[z].out.codes_t, n)};
+                uint8_t* expected[2] = {(uint8_t*)host_copy(one[z].out.codes, n), (uint8_t*)host_copy(one[z].out.codes_t, n)};
+                uint8_t* got[2] = {(uint8_t*)host_copy(batched[z].out.codes, n), (uint8_t*)host_copy(batched[z].out.codes_t, n)};
                 CHECK(count_code_mismatches(got[0], expected[0], n, label) == 0, "%s: codes differ from the one-weight cast", label);
                 CHECK(count_code_mismatches(got[1], expected[1], n, label) == 0, "%s: W^T differs from the one-weight cast", label);
                 for (int k = 0; k < 2; k++) { free(expected[k]); free(got[k]); }
@@ -675,8 +664,8 @@ static void test_batched_weight_casts(int rows, int cols, int count, Fp8Scaling 
                 } else {
                     size_t scales = fp8_block_scale_floats(scaling, rows, cols) * sizeof(float);
                     size_t scales_t = fp8_block_scale_floats(scaling, cols, rows) * sizeof(float);
-                    void* e[2] = {download(one[z].out.scale_inv, scales), download(one[z].out.scale_inv_t, scales_t)};
-                    void* g[2] = {download(batched[z].out.scale_inv, scales), download(batched[z].out.scale_inv_t, scales_t)};
+                    void* e[2] = {host_copy(one[z].out.scale_inv, scales), host_copy(one[z].out.scale_inv_t, scales_t)};
+                    void* g[2] = {host_copy(batched[z].out.scale_inv, scales), host_copy(batched[z].out.scale_inv_t, scales_t)};
                     CHECK(memcmp(e[0], g[0], scales) == 0 && memcmp(e[1], g[1], scales_t) == 0,
                           "%s: block scales differ from the one-weight cast's", label);
                     for (int k = 0; k < 2; k++) { free(e[k]); free(g[k]); }
@@ -732,7 +721,7 @@ static void test_cast_weight_block_parts(int rows, int cols, int parts) {
                 size_t first = bounds[k], count = bounds[k + 1] - bounds[k];
                 if (from_master) { fp8_block_amax_part(d_amax, d_master + first, first, count, cols, 0); }
                 else { fp8_block_amax_part(d_amax, d_x + first, first, count, cols, 0); }
-                uint32_t* partial = (uint32_t*)download(d_amax, blocks * sizeof(uint32_t));
+                uint32_t* partial = (uint32_t*)host_copy(d_amax, blocks * sizeof(uint32_t));
                 for (size_t b = 0; b < blocks; b++) { global[b] = partial[b] > global[b] ? partial[b] : global[b]; }
                 free(partial);
             }
@@ -750,10 +739,10 @@ static void test_cast_weight_block_parts(int rows, int cols, int parts) {
             size_t floats = fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, rows, cols);
             size_t floats_t = fp8_block_scale_floats(FP8_SCALING_BLOCKS_128x128, cols, rows);
             for (int c = 0; c < 2; c++) {
-                codes[c][0] = (uint8_t*)download(casts[c]->out.codes, n);
-                codes[c][1] = (uint8_t*)download(casts[c]->out.codes_t, n);
-                scales[c][0] = (float*)download(casts[c]->out.scale_inv, floats * sizeof(float));
-                scales[c][1] = (float*)download(casts[c]->out.scale_inv_t, floats_t * sizeof(float));
+                codes[c][0] = (uint8_t*)host_copy(casts[c]->out.codes, n);
+                codes[c][1] = (uint8_t*)host_copy(casts[c]->out.codes_t, n);
+                scales[c][0] = (float*)host_copy(casts[c]->out.scale_inv, floats * sizeof(float));
+                scales[c][1] = (float*)host_copy(casts[c]->out.scale_inv_t, floats_t * sizeof(float));
             }
             CHECK(memcmp(codes[0][0], codes[1][0], n) == 0, "%s: W codes differ from the whole-weight cast", what);
             CHECK(memcmp(codes[0][1], codes[1][1], n) == 0, "%s: W^T codes differ from the whole-weight cast", what);
@@ -895,7 +884,7 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
     float* out_plain = download_bf16_as_floats(d_out_plain, n);
     float* out_fp8 = download_bf16_as_floats(d_out_fp8, n);
     CHECK(count_float_mismatches(out_fp8, out_plain, n, what) == 0, "%s: bf16 output differs from the plain kernel's", what);
-    float* stats = (float*)download(d_stats, 4 * N * sizeof(float));
+    float* stats = (float*)host_copy(d_stats, 4 * N * sizeof(float));
     CHECK(count_float_mismatches(stats + 2 * N, stats, 2 * N, what) == 0, "%s: mean/rstd differ from the plain kernel's", what);
     if (fused_residual) { check_same_bf16(d_res_fp8, d_res_plain, n, what, "the residual sum"); }
     check_producer_cast(cast, &t, out_plain, &state, what);
@@ -927,7 +916,7 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
 
     // x's codes without x^T (the forward of a linear whose x^T -r casts again; the one-pass cast
     // then stages no tile): the same codes and record, and x^T left alone
-    uint8_t* codes_with_t = (uint8_t*)download(t.out.codes, n);
+    uint8_t* codes_with_t = (uint8_t*)host_copy(t.out.codes, n);
     Fp8CastRecord record_with_t = download_record(&t);
     producer_cast_reset(&t, &state);
     cudaCheck(cudaMemset(t.out.codes_t, 0x55, n));
@@ -935,8 +924,8 @@ static void test_layernorm_fp8(int N, int C, bool fused_residual, ProducerCast c
     x_only.codes_t = NULL;
     x_only.scale_inv_t = NULL;
     run_layernorm_fp8(cast, &x_only, residual, NULL, d_stats + 2 * N, d_stats + 3 * N, d_inp1, d_inp2, d_weight, d_bias, N, C);
-    uint8_t* codes_without_t = (uint8_t*)download(t.out.codes, n);
-    uint8_t* codes_t_left = (uint8_t*)download(t.out.codes_t, n);
+    uint8_t* codes_without_t = (uint8_t*)host_copy(t.out.codes, n);
+    uint8_t* codes_t_left = (uint8_t*)host_copy(t.out.codes_t, n);
     Fp8CastRecord record_without_t = download_record(&t);
     size_t t_written = 0;
     for (size_t i = 0; i < n; i++) { t_written += codes_t_left[i] != 0x55; }
@@ -1039,12 +1028,12 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
     }
     matmul_dbias_launch(d_dbias_expected, d_scratch, d_expected, NULL, NULL, N, OC, 0);
     size_t partial_bytes = matmul_dbias_scratch_floats(N, OC) * sizeof(float);
-    float* partials_expected = (float*)download(d_scratch, partial_bytes);
+    float* partials_expected = (float*)host_copy(d_scratch, partial_bytes);
     cudaCheck(cudaMemset(d_scratch, 0xff, partial_bytes));  // NaNs: the pass must write every partial
     if (scaling == DOUT_BOUND) { update_with_bound(&t, &state, dout, n); }
     matmul_backward_fp8_dout(&t.out, d_dbias, d_scratch, d_dout, with_gelu ? d_pre : NULL, N, OC, DOUT_PASS_SCALE[scaling], 0);
     // the fp32 chunk partials, bit for bit (the bf16 dbias alone would hide a different order)
-    float* partials = (float*)download(d_scratch, partial_bytes);
+    float* partials = (float*)host_copy(d_scratch, partial_bytes);
     CHECK(memcmp(partials, partials_expected, partial_bytes) == 0,
           "%s: the bias gradient's fp32 chunk partials differ from the bf16 path's (summation order)", what);
     free(partials); free(partials_expected);
@@ -1089,7 +1078,7 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
             bool recast = scale_used != predicted_scale;
             CHECK(recast == (scaling != DOUT_POW2_RIGHT), "%s: the prediction %g of the scale %g was %s", what,
                   predicted_scale, scale_used, recast ? "wrong" : "right");
-            Fp8Prediction* held = (Fp8Prediction*)download(t.out.prediction, sizeof(Fp8Prediction));
+            Fp8Prediction* held = (Fp8Prediction*)host_copy(t.out.prediction, sizeof(Fp8Prediction));
             CHECK(held->recast == (recast ? 1u : 0u) && held->elements == 0ull && held->saturated == 0ull &&
                   held->flushed == 0ull, "%s: recast %u and held counts %llu %llu %llu, expected %d and none", what,
                   held->recast, held->elements, held->saturated, held->flushed, (int)recast);
@@ -1107,14 +1096,14 @@ static void test_backward_dout(int N, int OC, bool with_gelu, DoutScaling scalin
         Fp8CastOutput wgrad_only = t.out;
         wgrad_only.codes = NULL;
         wgrad_only.scale_inv = NULL;
-        uint8_t* codes_t_before = (uint8_t*)download(t.out.codes_t, n);
+        uint8_t* codes_t_before = (uint8_t*)host_copy(t.out.codes_t, n);
         if (pow2) { cudaCheck(cudaMemcpy(t.out.state, &seeded, sizeof(seeded), cudaMemcpyHostToDevice)); }
         floatX* d_dout3 = device_bf16_from(dout, n);
         matmul_backward_fp8_dout(&wgrad_only, NULL, d_scratch, d_dout3, d_pre, N, OC, DOUT_PASS_SCALE[scaling], 0);
         float* product = download_bf16_as_floats(d_dout3, n);
         CHECK(count_float_mismatches(product, expected, n, what) == 0, "%s: with a bf16 dgrad, dout is not the product", what);
         if (pow2) {
-            uint8_t* codes_t = (uint8_t*)download(t.out.codes_t, n);
+            uint8_t* codes_t = (uint8_t*)host_copy(t.out.codes_t, n);
             CHECK(count_code_mismatches(codes_t, codes_t_before, n, what) == 0,
                   "%s: with a bf16 dgrad, the transposed codes differ from those of both code arrays", what);
             free(codes_t);
@@ -1174,7 +1163,7 @@ static void test_backward_dout_amax_recorded(int N, int OC) {
     host_cast_free(&h);
     float* after = download_bf16_as_floats(d_dout, n);
     CHECK(count_float_mismatches(after, dout, n, what) == 0, "%s: dout changed", what);
-    uint8_t* scratch = (uint8_t*)download(d_scratch, partial_bytes);
+    uint8_t* scratch = (uint8_t*)host_copy(d_scratch, partial_bytes);
     size_t touched = 0;
     for (size_t i = 0; i < partial_bytes; i++) { touched += scratch[i] != 0x7f; }
     CHECK(touched == 0, "%s: %zu bytes of the bias scratch written (the bias is summed by dout's producer)", what, touched);
@@ -1207,7 +1196,7 @@ static void test_transpose_codes(int rows, int cols) {
     cudaCheck(cudaMemcpy(d_codes, codes, n, cudaMemcpyHostToDevice));
     cudaCheck(cudaMemset(d_codes_t, 0xa5, n + guard));
     fp8_transpose_codes(d_codes, d_codes_t, rows, cols, 0);
-    uint8_t* got = (uint8_t*)download(d_codes_t, n + guard);
+    uint8_t* got = (uint8_t*)host_copy(d_codes_t, n + guard);
     size_t wrong = 0, first = n;
     for (int r = 0; r < rows; r++) {
         for (int c = 0; c < cols; c++) {
@@ -1393,7 +1382,7 @@ static void test_gemm_exact(int N, int C, int OC) {
                             ext.operand, N, C, OC, NULL, 0);
         if (fp32) {
             expected = host_gemm_nt(dytq, xtq, dw0, OC, C, N);
-            float* g = (float*)download(d_dw, nw * sizeof(float));
+            float* g = (float*)host_copy(d_dw, nw * sizeof(float));
             size_t bad = 0;
             for (size_t i = 0; i < nw; i++) { bad += (double)g[i] != expected[i]; }
             CHECK(bad == 0, "%s: %zu sums not exact", what, bad);

@@ -89,7 +89,7 @@ static inline void child_run_check_dies(ChildRun* run, const char* what, const c
 } while (0)
 
 // ----------------------------------------------------------------------------
-// scratch directories (flat: files only)
+// scratch directories (files, and folders of them: make_llmc_files.py's checkpoint dirs)
 
 static inline void test_make_temp_dir(char* out, size_t out_size) {
     snprintf(out, out_size, "/tmp/llm8_test_XXXXXX");
@@ -103,8 +103,9 @@ static inline void test_remove_dir(const char* dir) {
     char path[4096];
     while ((entry = readdir(d)) != NULL) {
         if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) { continue; }
-        snprintf(path, sizeof(path), "%s/%s", dir, entry->d_name);
-        unlink(path);
+        int length = snprintf(path, sizeof(path), "%s/%s", dir, entry->d_name);
+        if (length < 0 || (size_t)length >= sizeof(path)) { continue; }
+        if (unlink(path) != 0) { test_remove_dir(path); }  // a folder
     }
     closedir(d);
     rmdir(dir);

@@ -2,7 +2,7 @@
 test_kernels.cu: every non-matmul kernel against the fp32 CPU reference (test/gpt2_ref.h),
 run twice for bitwise determinism, at a realistic shape (B=4, T=64, C=768, V=50257,
 Vp=50304) and an odd small one (B=3, T=5, C=40, V=97, Vp=104: C not a multiple of 64, a
-row shorter than a warp's reach, V not a multiple of 8). Needs a GPU (make gpucheck).
+row shorter than a warp's reach, V not a multiple of 8). Runs on a GPU under make gpucheck, and under cudasim in make test.
 
 Inputs are random bf16; the reference gets the same values converted to fp32. Tolerances,
 per element |gpu - ref| <= atol + rtol * |ref|, in the spirit of llm.c's bf16 checks
@@ -45,6 +45,7 @@ per element |gpu - ref| <= atol + rtol * |ref|, in the spirit of llm.c's bf16 ch
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 #include "test/fp8_weight_outputs.cuh"
+#include "test/gpu_test_copies.cuh"
 
 typedef struct { const char* name; int B, T, C, V, Vp; } Shape;
 
@@ -60,25 +61,6 @@ static float rand_uniform(float lo, float hi) {
 static uint16_t* random_bf16(size_t n, float lo, float hi) {
     uint16_t* h = (uint16_t*)mallocCheck(n * sizeof(uint16_t));
     for (size_t i = 0; i < n; i++) { h[i] = float_to_bf16_bits(rand_uniform(lo, hi)); }
-    return h;
-}
-
-static float* bf16_to_floats(const uint16_t* h, size_t n) {
-    float* f = (float*)mallocCheck(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) { f[i] = bf16_bits_to_float(h[i]); }
-    return f;
-}
-
-static void* device_copy(const void* host, size_t bytes) {
-    void* d = cuda_malloc_checked(bytes, "a test tensor");
-    cudaCheck(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
-
-static void* host_copy(const void* device, size_t bytes) {
-    void* h = mallocCheck(bytes);
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(h, device, bytes, cudaMemcpyDeviceToHost));
     return h;
 }
 
@@ -140,12 +122,12 @@ static void test_encoder(const Shape* s) {
     uint16_t* dout = random_bf16(act_n, -1.0f, 1.0f);
     uint16_t* dwte0 = random_bf16(wte_n, -0.5f, 0.5f);
     uint16_t* dwpe0 = random_bf16(wpe_n, -0.5f, 0.5f);
-    float* wte_f = bf16_to_floats(wte, wte_n);
-    float* wpe_f = bf16_to_floats(wpe, wpe_n);
-    float* dout_f = bf16_to_floats(dout, act_n);
+    float* wte_f = bf16_bits_to_floats(wte, wte_n);
+    float* wpe_f = bf16_bits_to_floats(wpe, wpe_n);
+    float* dout_f = bf16_bits_to_floats(dout, act_n);
     float* ref_out = (float*)mallocCheck(act_n * sizeof(float));
-    float* ref_dwte = bf16_to_floats(dwte0, wte_n);
-    float* ref_dwpe = bf16_to_floats(dwpe0, wpe_n);
+    float* ref_dwte = bf16_bits_to_floats(dwte0, wte_n);
+    float* ref_dwpe = bf16_bits_to_floats(dwpe0, wpe_n);
     ref_encoder_forward(ref_out, tokens, wte_f, wpe_f, B, T, C);
     ref_encoder_backward(ref_dwte, ref_dwpe, dout_f, tokens, B, T, C);
 
@@ -195,11 +177,11 @@ static void test_layernorm(const Shape* s) {
     uint16_t* dinp0 = random_bf16(n, -0.5f, 0.5f);
     uint16_t* dweight0 = random_bf16(C, -0.5f, 0.5f);
     uint16_t* dbias0 = random_bf16(C, -0.5f, 0.5f);
-    float* inp1_f = bf16_to_floats(inp1, n);
-    float* inp2_f = bf16_to_floats(inp2, n);
-    float* weight_f = bf16_to_floats(weight, C);
-    float* bias_f = bf16_to_floats(bias, C);
-    float* dout_f = bf16_to_floats(dout, n);
+    float* inp1_f = bf16_bits_to_floats(inp1, n);
+    float* inp2_f = bf16_bits_to_floats(inp2, n);
+    float* weight_f = bf16_bits_to_floats(weight, C);
+    float* bias_f = bf16_bits_to_floats(bias, C);
+    float* dout_f = bf16_bits_to_floats(dout, n);
 
     floatX* d_inp1 = (floatX*)device_copy(inp1, n * 2);
     floatX* d_inp2 = (floatX*)device_copy(inp2, n * 2);
@@ -256,9 +238,9 @@ static void test_layernorm(const Shape* s) {
 
     // layernorm_backward on inp1 with the reference statistics (so only the backward is tested)
     ref_layernorm_forward(ref_out, ref_mean, ref_rstd, inp1_f, weight_f, bias_f, N, C);
-    float* ref_dinp = bf16_to_floats(dinp0, n);
-    float* ref_dweight = bf16_to_floats(dweight0, C);
-    float* ref_dbias = bf16_to_floats(dbias0, C);
+    float* ref_dinp = bf16_bits_to_floats(dinp0, n);
+    float* ref_dweight = bf16_bits_to_floats(dweight0, C);
+    float* ref_dbias = bf16_bits_to_floats(dbias0, C);
     ref_layernorm_backward(ref_dinp, ref_dweight, ref_dbias, dout_f, inp1_f, weight_f, ref_mean, ref_rstd, N, C);
     cudaCheck(cudaMemcpy(d_mean, ref_mean, N * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d_rstd, ref_rstd, N * sizeof(float), cudaMemcpyHostToDevice));
@@ -344,9 +326,9 @@ static void test_layernorm_dinp_uses(const Shape* s) {
     uint16_t* dinp0 = random_bf16(n, -0.5f, 0.5f);
     uint16_t* ln_grads0 = random_bf16(2 * C, -0.5f, 0.5f);  // dweight, dbias
     uint16_t* linear_bias0 = random_bf16(C, -0.5f, 0.5f);
-    float* inp_f = bf16_to_floats(inp, n);
-    float* weight_f = bf16_to_floats(weight, C);
-    float* bias_f = bf16_to_floats(bias, C);
+    float* inp_f = bf16_bits_to_floats(inp, n);
+    float* weight_f = bf16_bits_to_floats(weight, C);
+    float* bias_f = bf16_bits_to_floats(bias, C);
     float* out = (float*)mallocCheck(n * sizeof(float));
     float* mean = (float*)mallocCheck(N * sizeof(float));
     float* rstd = (float*)mallocCheck(N * sizeof(float));
@@ -423,8 +405,8 @@ static void test_gelu(const Shape* s) {
     const size_t n = (size_t)s->B * s->T * 4 * s->C;
     uint16_t* inp = random_bf16(n, -6.0f, 6.0f);
     uint16_t* dout = random_bf16(n, -1.0f, 1.0f);
-    float* inp_f = bf16_to_floats(inp, n);
-    float* dout_f = bf16_to_floats(dout, n);
+    float* inp_f = bf16_bits_to_floats(inp, n);
+    float* dout_f = bf16_bits_to_floats(dout, n);
     float* ref_out = (float*)mallocCheck(n * sizeof(float));
     float* ref_dinp = (float*)calloc(n, sizeof(float));
     ref_gelu_forward(ref_out, inp_f, (int)n);
@@ -533,7 +515,7 @@ static void test_fused_classifier(const Shape* s) {
     }
     int* targets = (int*)mallocCheck(BT * sizeof(int));
     for (int i = 0; i < BT; i++) { targets[i] = (i == 0) ? V - 1 : (int)rand_uniform(0.0f, (float)V - 0.5f); }
-    float* logits_f = bf16_to_floats(logits, n);
+    float* logits_f = bf16_bits_to_floats(logits, n);
     float* ref_losses = (float*)mallocCheck(BT * sizeof(float));
     float* ref_dlogits = (float*)mallocCheck(n * sizeof(float));
     ref_crossentropy_forward_backward(ref_losses, ref_dlogits, logits_f, targets, BT, V, Vp, dloss);
@@ -615,7 +597,7 @@ static void test_global_norm(const Shape* s, size_t count) {
 static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, size_t split, int misaligned_m) {
     uint16_t* params = random_bf16(n, -0.1f, 0.1f);
     uint16_t* grads = random_bf16(n, -0.05f, 0.05f);
-    float* master = bf16_to_floats(params, n);
+    float* master = bf16_bits_to_floats(params, n);
     for (size_t i = 0; i < n; i++) { master[i] += rand_uniform(-1e-4f, 1e-4f); }  // master != bf16 weight
     float* m = (float*)mallocCheck(n * sizeof(float));
     float* v = (float*)mallocCheck(n * sizeof(float));

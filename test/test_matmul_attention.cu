@@ -1,7 +1,7 @@
 /*
 test_matmul_attention.cu: llmc/matmul.cuh and llmc/attention.cuh (both backends) against the
-CPU reference (test/gpt2_ref.h, double accumulation). Needs a GPU (make gpucheck); CI only
-compiles it, with and without -DLLM8_NO_CUDNN.
+CPU reference (test/gpt2_ref.h, double accumulation). Runs on a GPU under make gpucheck, and
+under cudasim (test/cudasim, without cuDNN: -DLLM8_NO_CUDNN) in make test.
 
 Tolerances, per element |gpu - ref| <= atol + rtol * |ref|. The reference always gets the very
 bf16 values the GPU got, converted to fp32, so the GPU's only errors are its fp32 accumulation
@@ -47,6 +47,7 @@ stored mantissa bits).
 #include "test/bf16_accumulate.h"
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
+#include "test/gpu_test_copies.cuh"
 
 static mt19937_state test_rng;
 
@@ -109,25 +110,9 @@ static void device_bf16_set(floatX* d, const HostTensor* t) {
 }
 
 // synchronizes, then copies back the bf16 bits
-static uint16_t* download_bf16(const floatX* d, size_t count) {
-    uint16_t* h = (uint16_t*)mallocCheck(count * sizeof(uint16_t));
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(h, d, count * sizeof(uint16_t), cudaMemcpyDeviceToHost));
-    return h;
-}
+static uint16_t* download_bf16(const floatX* d, size_t count) { return (uint16_t*)host_copy(d, count * sizeof(uint16_t)); }
 
-static float* download_floats(const float* d, size_t count) {
-    float* h = (float*)mallocCheck(count * sizeof(float));
-    cudaCheck(cudaDeviceSynchronize());
-    cudaCheck(cudaMemcpy(h, d, count * sizeof(float), cudaMemcpyDeviceToHost));
-    return h;
-}
-
-static float* bits_to_floats(const uint16_t* bits, size_t count) {
-    float* f = (float*)mallocCheck(count * sizeof(float));
-    for (size_t i = 0; i < count; i++) { f[i] = bf16_bits_to_float(bits[i]); }
-    return f;
-}
+static float* download_floats(const float* d, size_t count) { return (float*)host_copy(d, count * sizeof(float)); }
 
 // ----------------------------------------------------------------------------
 // comparisons: one CHECK per tensor, naming the worst element
@@ -158,7 +143,7 @@ static void check_close(const char* what, const float* got, const float* expecte
 
 static void check_bf16_close(const char* what, const uint16_t* got_bits, const float* expected, size_t count,
                              double atol, double rtol) {
-    float* got = bits_to_floats(got_bits, count);
+    float* got = bf16_bits_to_floats(got_bits, count);
     check_close(what, got, expected, count, atol, rtol);
     free(got);
 }
@@ -264,7 +249,7 @@ static void test_matmul_exact(int N, int C, int OC) {
         check_bf16_exact(name, dinp_got, dinp_exact, (size_t)N * C);
         // dweight (cuBLASLt's +=): the GPU's previous value plus the exact sum, rounded once or twice
         uint16_t* dweight_got_bits = download_bf16(d_dweight, (size_t)OC * C);
-        float* dweight_got = bits_to_floats(dweight_got_bits, (size_t)OC * C);
+        float* dweight_got = bf16_bits_to_floats(dweight_got_bits, (size_t)OC * C);
         snprintf(name, sizeof(name), "exact dweight (+=), backward #%d", round);
         CHECK(bf16_accumulate_mismatches(dweight_got, dweight_previous, dweight_sum_exact, (size_t)OC * C, name) == 0,
               "%s: not previous + the exact sum, rounded once or with the sum rounded to bf16 first", name);
@@ -390,7 +375,7 @@ static void test_matmul_backward_gaussian(int N, int C, int OC, bool with_bias, 
     snprintf(name, sizeof(name), "backward dinp N=%d C=%d OC=%d gelu=%d", N, C, OC, (int)with_gelu);
     check_bf16_close(name, dinp1, dinp_expected, (size_t)N * C, MATMUL_ATOL, with_gelu ? DGELU_RTOL : MATMUL_RTOL);
     snprintf(name, sizeof(name), "backward dweight (+=) N=%d C=%d OC=%d", N, C, OC);
-    float* dweight1_values = bits_to_floats(dweight1, (size_t)OC * C);
+    float* dweight1_values = bf16_bits_to_floats(dweight1, (size_t)OC * C);
     check_close_accumulated(name, dweight1_values, dweight_expected, dweight_init.values, (size_t)OC * C, MATMUL_ATOL,
                             MATMUL_RTOL);
     free(dweight1_values);
@@ -530,7 +515,7 @@ static float* run_attention_backward(const AttentionCase* c, AttentionBuffers* d
     cudaCheck(cudaMemset(d->dqkv, 0xff, qkv_count * sizeof(floatX)));
     attention_backward(d->dqkv, d->dout, d->qkv, d->out, d->stats, c->B, c->T, c->NH, c->C, 0);
     uint16_t* bits = download_bf16(d->dqkv, qkv_count);
-    float* dqkv = bits_to_floats(bits, qkv_count);
+    float* dqkv = bf16_bits_to_floats(bits, qkv_count);
     free(bits);
     return dqkv;
 }
@@ -546,7 +531,7 @@ static AttentionResult run_attention(AttentionBackend backend, bool deterministi
     for (int run = 0; run < 2; run++) {
         attention_forward(d.out, d.stats, d.qkv, c->B, c->T, c->NH, c->C, 0);
         uint16_t* out_bits = download_bf16(d.out, out_count);
-        runs[run].out = bits_to_floats(out_bits, out_count);
+        runs[run].out = bf16_bits_to_floats(out_bits, out_count);
         free(out_bits);
         runs[run].stats = download_floats(d.stats, stats_count);
         runs[run].dqkv = run_attention_backward(c, &d);

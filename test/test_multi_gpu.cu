@@ -20,6 +20,7 @@ on one GPU.
 #include "llmc/replica_check.cuh"
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
+#include "test/gpu_test_copies.cuh"
 
 #define TWO_RANK_MIN_NCCL NCCL_VERSION(2, 30, 0)
 #define RANK_TIMEOUT_S 60
@@ -52,16 +53,6 @@ __global__ void slice_cast_kernel(const float* shard, size_t shard_begin, size_t
     }
 }
 
-// the collectives run on the non-blocking NCCL stream, which does not wait for the legacy
-// stream's cudaMemcpy (from pageable memory it may return before the copy lands): synchronize
-static void* device_upload(const void* host, size_t bytes) {
-    void* device = NULL;
-    cudaCheck(cudaMalloc(&device, bytes));
-    cudaCheck(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
-    cudaCheck(cudaDeviceSynchronize());
-    return device;
-}
-
 static uint16_t bf16_of(float x) { return float_to_bf16_bits(x); }
 
 // the value rank r contributes at element j in the sum tests: small integers, exact in bf16 sums
@@ -77,7 +68,7 @@ static void test_basic_collectives(const MultiGpuConfig* mg, const char* who) {
         expected[i] = 0.0f;
         for (int q = 0; q < n; q++) { expected[i] = fmaxf(expected[i], (float)((i + 1) * (q + 1) % 7) + 0.25f * (float)i); }
     }
-    float* d_amax = (float*)device_upload(amaxes, sizeof(amaxes));
+    float* d_amax = (float*)device_copy(amaxes, sizeof(amaxes));
     multi_gpu_nccl_settle(mg, ncclAllReduce(d_amax, d_amax, NUM_AMAXES, ncclFloat, ncclMax, mg->nccl_comm, s), "amax all-reduce");
     multi_gpu_wait(mg, s, "amax all-reduce");
     cudaCheck(cudaMemcpy(amaxes, d_amax, sizeof(amaxes), cudaMemcpyDeviceToHost));
@@ -87,7 +78,7 @@ static void test_basic_collectives(const MultiGpuConfig* mg, const char* who) {
     const size_t count = 4096 + 256;
     uint16_t* send = (uint16_t*)mallocCheck(count * n * sizeof(uint16_t));
     for (size_t j = 0; j < count * n; j++) { send[j] = bf16_of(contribution(r, j)); }
-    uint16_t* d_send = (uint16_t*)device_upload(send, count * n * sizeof(uint16_t));
+    uint16_t* d_send = (uint16_t*)device_copy(send, count * n * sizeof(uint16_t));
     uint16_t* d_recv = NULL;
     cudaCheck(cudaMalloc((void**)&d_recv, count * n * sizeof(uint16_t)));
     multi_gpu_nccl_settle(mg, ncclReduceScatter(d_send, d_recv, count, ncclBfloat16, ncclSum, mg->nccl_comm, s), "bf16 reduce-scatter");
@@ -136,7 +127,7 @@ static void test_chunk_reduction(const MultiGpuConfig* mg, const ZeroLayout* z, 
     cudaStream_t s = mg->nccl_stream;
     uint16_t* grads = (uint16_t*)mallocCheck(z->num_parameters * sizeof(uint16_t));
     for (size_t j = 0; j < z->num_parameters; j++) { grads[j] = bf16_of(contribution(r, j)); }
-    uint16_t* d_grads = (uint16_t*)device_upload(grads, z->num_parameters * sizeof(uint16_t));
+    uint16_t* d_grads = (uint16_t*)device_copy(grads, z->num_parameters * sizeof(uint16_t));
     ZeroPiece* pieces = (ZeroPiece*)mallocCheck((size_t)zero_chunk_max_pieces(z) * sizeof(ZeroPiece));
     for (int k = 0; k < zero_num_chunks(z); k++) {  // in backward order: layers L-1 .. 0, then wte/wpe/lnf
         int chunk = k < z->num_layers ? z->num_layers - 1 - k : z->num_layers;
@@ -181,8 +172,8 @@ static void test_fp8_weight_gather(const MultiGpuConfig* mg, const GPT2Config* m
     zero_simulate_fp8_weight_gather(&single, params, slices, num_slices, format, 0, ref_scales, ref_codes);
 
     size_t shard_begin = (size_t)r * z.shard_size;
-    float* d_shard = (float*)device_upload(params + shard_begin, z.shard_size * sizeof(float));
-    ZeroPiece* d_slices = (ZeroPiece*)device_upload(slices, (size_t)num_slices * sizeof(ZeroPiece));
+    float* d_shard = (float*)device_copy(params + shard_begin, z.shard_size * sizeof(float));
+    ZeroPiece* d_slices = (ZeroPiece*)device_copy(slices, (size_t)num_slices * sizeof(ZeroPiece));
     unsigned int* d_amax = NULL;
     uint8_t* d_codes = NULL;
     cudaCheck(cudaMalloc((void**)&d_amax, (size_t)num_slices * sizeof(unsigned int)));
@@ -214,7 +205,7 @@ static void test_replica_fingerprints(void) {
     const size_t max_bytes = 3 * 16 * REPLICA_THREADS * 1024 + 5 + 1;
     uint8_t* host = (uint8_t*)mallocCheck(max_bytes);
     for (size_t i = 0; i < max_bytes; i++) { host[i] = (uint8_t)((i * 2654435761u) >> 13); }
-    uint8_t* device = (uint8_t*)device_upload(host, max_bytes);
+    uint8_t* device = (uint8_t*)device_copy(host, max_bytes);
     ReplicaCheck check;
     replica_check_init(&check);
     for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
@@ -249,7 +240,7 @@ static void test_replica_compare(const MultiGpuConfig* mg, const char* who) {
     for (int r = 0; r < 3; r++) {
         for (size_t i = 0; i < bytes; i++) { host[r][i] = (uint8_t)(i * 7 + r); }
     }
-    uint8_t* device = (uint8_t*)device_upload(host, sizeof(host));
+    uint8_t* device = (uint8_t*)device_copy(host, sizeof(host));
     ReplicaCheck check;
     replica_check_init(&check);
     for (int r = 0; r < 3; r++) { replica_check_add(&check, device + r * bytes, bytes, "region %d", r); }
@@ -282,6 +273,15 @@ static MultiGpuOptions fs_options(int num_processes, int rank, const char* dir, 
 }
 
 // one rank of the two-rank run, in a forked child; its exit status is its failure count
+// a rank's process and device set up in one call (the trainer takes the two steps apart: it checks
+// its files in between, before it touches a GPU)
+static MultiGpuConfig multi_gpu_config_init(const MultiGpuOptions* options, int force_communicator) {
+    MultiGpuOptions opts = *options;
+    MultiGpuConfig cfg = multi_gpu_process_init(&opts);
+    multi_gpu_device_init(&cfg, &opts, force_communicator);
+    return cfg;
+}
+
 static int run_rank(int rank, const char* dir) {
     alarm(CHILD_TIME_LIMIT_S * 3);
     MultiGpuOptions opts = fs_options(2, rank, dir, RANK_TIMEOUT_S);

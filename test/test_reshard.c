@@ -499,9 +499,54 @@ static void test_optional_section(const GPT2Config* cfg) {
 }
 
 /*
+With M = N, llm.c's rank file `path` (held: the floats of each of its 3 arrays) holds the loader
+`got` replayed to: the position in header slots 30 to 33 and, shuffling, the trailer after the
+arrays (shard order, sample order, and the generator exactly as llm.c's struct has it), to the
+file's end. So llm8's walk over the shards is llm.c's, as make_llmc_files.py models it.
+*/
+static int loader_is_llmc_files(const DataLoader* got, const char* path, size_t held) {
+    FILE* fp = fopenCheck(path, "rb");
+    long file_bytes = file_size_bytes(fp);
+    int32_t header[CHECKPOINT_HEADER_INTS];
+    freadCheck(header, sizeof(int32_t), CHECKPOINT_HEADER_INTS, fp);
+    uint64_t position[2];
+    memcpy(position, &header[30], sizeof(position));
+    int same = position[0] == got->current_shard_idx && position[1] == got->current_sample_idx &&
+               header[5] == got->should_shuffle;
+    fseekCheck(fp, (long)(CHECKPOINT_HEADER_BYTES + 3 * held * sizeof(float)), SEEK_SET);
+    if (same && got->should_shuffle) {
+        uint64_t count;
+        freadCheck(&count, sizeof(count), 1, fp);
+        int* order = (int*)mallocCheck((count + 1) * sizeof(int));
+        same = count == got->num_shards;
+        if (same) { freadCheck(order, sizeof(int), count, fp); }
+        same = same && memcmp(order, got->shard_indices, count * sizeof(int)) == 0;
+        free(order);
+        if (same) { freadCheck(&count, sizeof(count), 1, fp); }
+        same = same && count == got->num_intra_shard_indices;
+        order = (int*)mallocCheck((count + 1) * sizeof(int));
+        if (same) { freadCheck(order, sizeof(int), count, fp); }
+        same = same && memcmp(order, got->intra_shard_indices, count * sizeof(int)) == 0;
+        free(order);
+        LlmcRngLayout rng;
+        if (same) { freadCheck(&rng, sizeof(rng), 1, fp); }
+        same = same && rng.next == got->shuffle_rng.index && rng.left == (int32_t)(MT19937_N + 1 - got->shuffle_rng.index) &&
+               memcmp(rng.state, got->shuffle_rng.state, sizeof(rng.state)) == 0 && rng.matrix_a[0] == 0 &&
+               rng.matrix_a[1] == 0x9908b0dfu;
+    }
+    same = same && ftell(fp) == file_bytes;
+    fcloseCheck(fp);
+    return same;
+}
+
+/*
 llm.c's checkpoints of several ranks (test/make_llmc_files.py writes them as llm.c's ZeRO-1 and
--z 0 ranks do, from a whole m, v and master it also writes): every rank of M = 1, 2, 3 (M = N
-included) must read its window of the whole arrays bit for bit, whatever cut the files have
+-z 0 ranks do, from a whole m, v and master it also writes): every rank of M = 1 to 4 (M = N
+included) must read its window of the whole arrays bit for bit, whatever cut the files have, and
+its loader must be where an M-rank run's is after the checkpoint's batches (one a step). Shuffled:
+llm.c's training loader always shuffles, so its files carry each rank's trailer after the arrays,
+which the reader skips (and counts in the file sizes that tell -z 0's from -z 1's); the files'
+arrays are the unshuffled ones'.
 */
 static void test_llmc_rank_checkpoints(void) {
     char py_dir[512];
@@ -512,11 +557,15 @@ static void test_llmc_rank_checkpoints(void) {
     FILE* fp = fopenCheck(in_dir(py_dir, "llmc_ranks_expected.bin"), "rb");
     freadCheck(whole, sizeof(float), 3 * n, fp);
     fcloseCheck(fp);
-    const char* dirs[] = {"llmc_z1_n2", "llmc_z1_n4", "llmc_z0_n2"};
+    const struct { const char* dir; int file_ranks, zero_stage, shuffle, step; } runs[] = {
+        {"llmc_z1_n2", 2, 1, 0, 5}, {"llmc_z1_n4", 4, 1, 0, 5}, {"llmc_z0_n2", 2, 0, 0, 5},
+        {"llmc_z1_n2_shuffle", 2, 1, 1, 70}, {"llmc_z1_n4_shuffle", 4, 1, 1, 70}, {"llmc_z0_n2_shuffle", 2, 0, 1, 70}};
     char pattern[700];
     snprintf(pattern, sizeof(pattern), "%s/data_train_*.bin", py_dir);
-    for (int d = 0; d < 3; d++) {
-        for (int num_ranks = 1; num_ranks <= 3; num_ranks++) {
+    for (int d = 0; d < (int)(sizeof(runs) / sizeof(runs[0])); d++) {
+        char dir[700];  // (in_dir's paths are reused)
+        snprintf(dir, sizeof(dir), "%s", in_dir(py_dir, runs[d].dir));
+        for (int num_ranks = 1; num_ranks <= 4; num_ranks++) {
             ZeroLayout zero;
             zero_layout_init(&zero, &cfg, num_ranks);
             for (int rank = 0; rank < num_ranks; rank++) {
@@ -524,20 +573,44 @@ static void test_llmc_rank_checkpoints(void) {
                 size_t count = range.end - range.begin;
                 float* got = (float*)mallocCheck(3 * count * sizeof(float) + 1);
                 DataLoader loader;
-                dataloader_init(&loader, pattern, 2, 8, rank, num_ranks, 0, 50257);
+                dataloader_init(&loader, pattern, 2, 8, rank, num_ranks, runs[d].shuffle, 50257);
                 char extra_path[CHECKPOINT_PATH_MAX];
-                int step = train_state_read_checkpoint(in_dir(py_dir, dirs[d]), 5, 1, &loader, &cfg, 0, ADAMW8_SELECT_DEFAULT,
-                                                       got, got + count, NULL, got + 2 * count, NULL, 0, extra_path);
-                int same = step == 5;
+                int step = train_state_read_checkpoint(dir, runs[d].step, 1, &loader, &cfg, 0, ADAMW8_SELECT_DEFAULT, got,
+                                                       got + count, NULL, got + 2 * count, NULL, 0, extra_path);
+                int same = step == runs[d].step;
                 for (int a = 0; a < 3; a++) {
                     same = same && memcmp(got + a * count, whole + a * n + range.begin, count * sizeof(float)) == 0;
                 }
                 CHECK(same, "%s: rank %d of %d read another window of m, v or master than llm.c's files cut (step %d)",
-                      dirs[d], rank, num_ranks, step);
+                      runs[d].dir, rank, num_ranks, step);
+                if (num_ranks == runs[d].file_ranks) {
+                    char path[CHECKPOINT_PATH_MAX];
+                    checkpoint_state_path(path, sizeof(path), dir, runs[d].step, rank);
+                    size_t held = runs[d].zero_stage == 1 ? n / (size_t)num_ranks : n;
+                    CHECK(loader_is_llmc_files(&loader, path, held), "%s: rank %d's loader replayed %d batches is not "
+                          "where llm.c's file says llm.c's rank %d was (position, shuffle trailer)", runs[d].dir, rank,
+                          runs[d].step, rank);
+                }
+                DataLoader want;
+                dataloader_init(&want, pattern, 2, 8, rank, num_ranks, runs[d].shuffle, 50257);
+                for (int b = 0; b < runs[d].step; b++) { dataloader_next_batch(&want); }
+                CHECK(same_loader(&loader, &want), "%s: rank %d of %d: the loader is not where a %d-rank run's is after %d "
+                      "batches", runs[d].dir, rank, num_ranks, num_ranks, runs[d].step);
+                dataloader_free(&want);
                 free(got);
                 dataloader_free(&loader);
             }
         }
+        // the files' shuffling must be the run's
+        DataLoader other;
+        dataloader_init(&other, pattern, 2, 8, 0, 1, !runs[d].shuffle, 50257);
+        float* got = (float*)mallocCheck(3 * n * sizeof(float));
+        char extra_path[CHECKPOINT_PATH_MAX];
+        CHECK_DIES("llm.c's checkpoint of several ranks, resumed with the other shuffling", "shuffling=",
+                   train_state_read_checkpoint(dir, runs[d].step, 1, &other, &cfg, 0, ADAMW8_SELECT_DEFAULT, got, got + n,
+                                               NULL, got + 2 * n, NULL, 0, extra_path));
+        free(got);
+        dataloader_free(&other);
     }
     free(whole);
     test_remove_dir(py_dir);

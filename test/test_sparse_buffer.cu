@@ -12,6 +12,7 @@ test_sparse_buffer.cu: llmc/sparse_buffer.cuh on the GPU.
 #include "llmc/sparse_buffer.cuh"
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
+#include "test/gpu_test_copies.cuh"
 
 #define DEVICE 0
 #define THREADS 256
@@ -46,13 +47,6 @@ __global__ void fill_elements_kernel(uint16_t* params, const ZeroRange* ranges, 
 
 __global__ void write_word_kernel(uint32_t* at) { *at = 1u; }
 
-static void* device_upload(const void* host, size_t bytes) {
-    void* device = NULL;
-    cudaCheck(cudaMalloc(&device, bytes));
-    cudaCheck(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
-    return device;
-}
-
 // a kernel writing into an unmapped granule faults: the addresses outside the ranges have no memory
 static void run_unmapped_write(void) {
     cudaCheck(cudaSetDevice(DEVICE));
@@ -72,9 +66,9 @@ static void test_three_ranges(size_t g) {
     CHECK(buf.reserved_bytes == 11 * g, "reserved %zu bytes, expected %zu (10 g + 123 rounded up)", buf.reserved_bytes, 11 * g);
     CHECK(buf.mapped_bytes == 6 * g && buf.num_maps == 3, "mapped %zu bytes in %d maps, expected %zu in 3",
           buf.mapped_bytes, buf.num_maps, 6 * g);
-    ZeroRange* d_ranges = (ZeroRange*)device_upload(ranges, sizeof(ranges));
+    ZeroRange* d_ranges = (ZeroRange*)device_copy(ranges, sizeof(ranges));
     size_t offsets[3] = {0, g / 4, 3 * g / 4};  // each range's first word in the packed copy
-    size_t* d_offsets = (size_t*)device_upload(offsets, sizeof(offsets));
+    size_t* d_offsets = (size_t*)device_copy(offsets, sizeof(offsets));
     uint32_t* d_packed = (uint32_t*)cuda_malloc_checked(6 * g, "packed copy");
     const uint32_t seed = 0x5eedu;
     fill_words_kernel<<<dim3(64, 3), THREADS>>>((uint32_t*)buf.base, d_ranges, seed);
@@ -146,7 +140,7 @@ static void test_zero3_parameters(size_t g) {
         elements[num_elements++].end = z.tensor_offsets[i] + z.tensor_sizes[i];
     }
     elements[num_elements++] = zero_rank_range(&z, rank);
-    ZeroRange* d_elements = (ZeroRange*)device_upload(elements, (size_t)num_elements * sizeof(ZeroRange));
+    ZeroRange* d_elements = (ZeroRange*)device_copy(elements, (size_t)num_elements * sizeof(ZeroRange));
     const uint32_t seed = 0xb16u;
     fill_elements_kernel<<<dim3(256, num_elements), THREADS>>>((uint16_t*)buf.base, d_elements, seed);
     cudaCheck(cudaGetLastError());

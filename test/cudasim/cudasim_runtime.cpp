@@ -736,7 +736,7 @@ size_t simulated_memory_bytes() {
 }
 std::map<const char*, size_t> pinned_allocations;  // cudaMallocHost's: start, bytes
 
-// how long a query (cudaEventQuery, cudaStreamQuery) lets queued work wait for peers
+// how long a query (cudaEventQuery) lets queued work wait for peers
 const double QUERY_WAIT_S = 0.01;
 
 bool is_pinned(const void* pointer) {
@@ -908,7 +908,6 @@ cudaError_t cudaGetLastError(void) {
     last_error = cudaSuccess;
     return e;
 }
-cudaError_t cudaPeekAtLastError(void) { return sticky_error != cudaSuccess ? sticky_error : last_error; }
 const char* cudaGetErrorString(cudaError_t error) {
     switch (error) {
         case cudaSuccess: return "no error";
@@ -971,17 +970,6 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
     prop->sharedMemPerBlockOptin = OPT_IN_DYNAMIC_SHARED_LIMIT;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
-    cudasim::note_cuda_call(__func__);
-    switch (attribute) {
-        case cudaDevAttrMultiProcessorCount: *value = 132; break;
-        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = OPT_IN_DYNAMIC_SHARED_LIMIT; break;
-        case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
-        case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
-        default: *value = 0; break;
-    }
-    return cudaSuccess;
-}
 
 // streams and events (the queues are above)
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
@@ -1006,12 +994,6 @@ cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
     CUstream_st* stream = stream_of(handle);
     drain_until([stream] { return stream->queue.empty(); }, INFINITY);
     return sticky_error;
-}
-cudaError_t cudaStreamQuery(cudaStream_t handle) {
-    cudasim::note_cuda_call(__func__);
-    CUstream_st* stream = stream_of(handle);
-    bool done = drain_until([stream] { return stream->queue.empty(); }, now_seconds() + QUERY_WAIT_S);
-    return sticky_error != cudaSuccess ? sticky_error : done ? cudaSuccess : cudaErrorNotReady;
 }
 // waits for the event's most recent record at the time of the call (none yet: no wait)
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
