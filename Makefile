@@ -83,7 +83,7 @@ else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
   MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath -Xlinker $(OPENMPI_DIR)/lib -lmpi
 endif
 
-.PHONY: all test test-build test-cpu test-sim test-python compile-cuda test-sanitizers simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
+.PHONY: all test test-build test-cpu test-sim test-python compile-cuda cuda-objects test-sanitizers simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
         clean check-cuda check-cudnn check-nccl
 
 all: train_gpt2_fp8 train_gpt2cpu
@@ -107,14 +107,26 @@ endif
 $(BUILD):
 	@mkdir -p $(BUILD)
 
-$(BUILD)/cudnn_att.o: llmc/cudnn_att.cpp llmc/cudnn_att.h llmc/cuda_common.h | $(BUILD) check-cuda check-cudnn
+$(BUILD)/cudnn_att.o: llmc/cudnn_att.cpp llmc/cudnn_att.h llmc/utils.h | $(BUILD) check-cuda check-cudnn
 	$(NVCC) $(NVCC_FLAGS) -I$(CUDNN_INCLUDE) -I$(CUDNN_FRONTEND_PATH) -c $< -o $@
 
 LLMC_HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 
-# OpenMP: the random init's normals (llmc/rand.h) on every core (d48: 1.56 billion of them)
-train_gpt2_fp8: train_gpt2_fp8.cu $(LLMC_HEADERS) $(ATTENTION_OBJS) | check-cuda check-cudnn check-nccl
-	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(NCCL_FLAGS) $(ATTENTION_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NCCL_LIBS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(MPI_LIBS) -lgomp -o $@
+# The trainer and the GPU tests compile to objects and link apart: their compiles then run
+# beside cudnn_att.o's (the frontend's headers make it the longest compile by far: 145 s on CI's
+# machine, 46 s the trainer's), not after it, which a device call's fixed budget feels. The
+# objects of a NO_CUDNN=1 build go to a folder of their own, so that switching relinks.
+# OpenMP: the random init's normals (llmc/rand.h) on every core (d48: 1.56 billion of them).
+CUDA_OBJ = $(BUILD)/obj$(if $(filter 1,$(NO_CUDNN)),-nocudnn)
+CUDA_PROGRAM_FLAGS = $(NVCC_FLAGS) -Xcompiler -fopenmp $(NCCL_FLAGS) $(ATTENTION_FLAGS) $(MPI_FLAGS)
+CUDA_PROGRAM_LIBS = $(ATTENTION_OBJS) $(NCCL_LIBS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(MPI_LIBS) -lgomp
+
+$(CUDA_OBJ)/train_gpt2_fp8.o: train_gpt2_fp8.cu $(LLMC_HEADERS) | check-cuda check-cudnn check-nccl
+	@mkdir -p $(@D)
+	$(NVCC) $(CUDA_PROGRAM_FLAGS) -c $< -o $@
+
+train_gpt2_fp8: $(CUDA_OBJ)/train_gpt2_fp8.o $(ATTENTION_OBJS)
+	$(NVCC) $(NVCC_FLAGS) $< $(CUDA_PROGRAM_LIBS) -o $@
 
 # the per-GEMM FP8 vs bf16 benchmark (dev/bench/bench_gemm.cu): cuBLASLt only, no cuDNN
 bench_gemm: dev/bench/bench_gemm.cu $(LLMC_HEADERS) | check-cuda
@@ -145,8 +157,16 @@ $(BUILD)/test_gpu_monitor: $(BUILD)/libfake_nvml.so
 $(BUILD)/test_%: test/test_%.cpp $(LLMC_HEADERS) $(wildcard test/*.h) | $(BUILD) check-cuda
 	$(CXX) -std=c++17 -O2 -Wall -Wextra $(FORMAT_CHECK) -I. -I$(CUDA_HOME)/include $< -lm -o $@
 
-$(BUILD)/test_%: test/test_%.cu $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh) train_gpt2_fp8.cu $(ATTENTION_OBJS) | $(BUILD) check-cuda check-cudnn check-nccl
-	$(NVCC) $(NVCC_FLAGS) -Xcompiler -fopenmp $(NCCL_FLAGS) $(ATTENTION_FLAGS) $(MPI_FLAGS) $< $(ATTENTION_OBJS) $(NCCL_LIBS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(MPI_LIBS) -lgomp -o $@
+GPU_TEST_OBJS = $(patsubst $(BUILD)/%,$(CUDA_OBJ)/%.o,$(GPU_TESTS))
+$(GPU_TEST_OBJS): $(CUDA_OBJ)/%.o: test/%.cu $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh) train_gpt2_fp8.cu | check-cuda check-cudnn check-nccl
+	@mkdir -p $(@D)
+	$(NVCC) $(CUDA_PROGRAM_FLAGS) -c $< -o $@
+
+$(GPU_TESTS): $(BUILD)/%: $(CUDA_OBJ)/%.o $(ATTENTION_OBJS)
+	$(NVCC) $(NVCC_FLAGS) $< $(CUDA_PROGRAM_LIBS) -o $@
+
+# what compiles without cudnn_att.o: dev/gpu_session.sh builds these beside it
+cuda-objects: $(CUDA_OBJ)/train_gpt2_fp8.o $(GPU_TEST_OBJS) bench_gemm probe_epilogues
 
 # ---- cudasim: the CUDA tests and the trainer run on the CPU (test/cudasim/cudasim.h) -------
 # translate.py rewrites the launches; g++ compiles with cudasim.h force-included; the

@@ -22,16 +22,22 @@ CARRY_LIMIT_MIB=64
 
 die() { echo "error: dev/gpu_prepare.sh: $*" >&2; exit 1; }
 
-# the device machine's Python is 3.12 (doc/gpu-environment.md); the frontend wheel is per version
+# the device machine's Python is 3.12 (doc/gpu-environment.md); the frontend wheel is per version.
+# The version is the one installed here, which this machine's build (CI's) compiles llmc/cudnn_att.cpp
+# against: a newer release out since would first be compiled on the device, and its failure costs
+# the call's cuDNN attention (NO_CUDNN=1)
 fetch_cudnn_frontend() {
     if compgen -G ".whl/nvidia_cudnn_frontend-*.whl" >/dev/null; then
         echo "whl: $(ls .whl/nvidia_cudnn_frontend-*.whl) is there"
         return
     fi
     git check-ignore -q .whl/x.whl || die ".whl/ is not ignored by git (.gitignore): it would travel with every call"
+    local version
+    version=$({ "$PYTHON" -m pip show nvidia-cudnn-frontend 2>/dev/null || true; } | awk '/^Version:/ {print $2}')
+    [ -n "$version" ] || die "nvidia-cudnn-frontend is not installed here (bash scripts/setup_python.sh): its version is the one to carry"
     "$PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
         --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-        -d .whl nvidia-cudnn-frontend || die "could not download nvidia-cudnn-frontend into .whl/"
+        -d .whl "nvidia-cudnn-frontend==$version" || die "could not download nvidia-cudnn-frontend $version into .whl/"
     compgen -G ".whl/nvidia_cudnn_frontend-*.whl" >/dev/null || die "pip left no nvidia_cudnn_frontend wheel in .whl/"
     echo "whl: fetched $(ls .whl/nvidia_cudnn_frontend-*.whl)"
 }
@@ -44,7 +50,11 @@ prepare_nccl() {
     bash dev/nccl_wheel.sh sm90
 }
 
-prepare_data() { bash dev/data/prepare_default.sh; }
+# the corpus is tokenized with GPT-2's BPE, whose rank file setup_python.sh fetches (git-ignored too)
+prepare_data() {
+    [ -f dev/data/cache/gpt2.tiktoken ] || bash scripts/setup_python.sh
+    bash dev/data/prepare_default.sh
+}
 
 parts=("$@")
 [ "${#parts[@]}" -gt 0 ] || parts=(whl nccl data)

@@ -14,6 +14,7 @@
 #   bash dev/gpu_session.sh rerun NAME  # a second call after build/NAME failed in first: the build brought
 #                                   # up to date, then that test binary alone (rerun_NAME.log; TEST_TIMEOUT_S,
 #                                   # TEST_GPT2_FIRST_SECTION as test/run_gpu_tests.sh and test_gpt2 read them)
+#                                   # (BUILD_S=N: the build of rerun, tests and ranks stops after N seconds)
 #   bash dev/gpu_session.sh build   # make env, the cuDNN frontend from .whl/, every GPU target
 #   bash dev/gpu_session.sh tests   # the GPU test binaries (test/run_gpu_tests.sh without the ranks)
 #   bash dev/gpu_session.sh ranks [SECTIONS]  # NCCL 2.30+ from .nccl/sm90 when carried (dev/nccl_wheel.sh
@@ -21,7 +22,8 @@
 #                                   # 2 ranks on the one GPU (all sections, or those named: trajectories resume
 #                                   # reshard twins mpirun killed); RANKS_S=N stops them after N seconds, trainers too
 #   bash dev/gpu_session.sh bench [MODELS]  # dev/bench/bench.py --quick (--only MODELS, e.g. d12 then d48
-#                                   # in two calls), its .md and .json written into the logs
+#                                   # in two calls), its .md and .json written into the logs; BENCH_S=N: all
+#                                   # within N seconds (the build at most half of them)
 #   bash dev/gpu_session.sh parity [SETS]  # loss parity on the offline corpus (carry dev/data/offline):
 #                                   # d12, PARITY_STEPS (2000) steps a run; the sets (all, or those
 #                                   # named): optimizers (bf16, bf16 + adamw8, FP8 delayed, FP8 delayed
@@ -31,14 +33,18 @@
 #                                   # scripts/compare_bf16_fp8.sh once a set
 #                                   # (summary_SET.md, loss_SET.png); a run a set shares with an
 #                                   # earlier one is resumed, not trained again, and so is a run cut
-#                                   # off (checkpoints every 500 steps) on the same warm machine
+#                                   # off (checkpoints every 500 steps) on the same warm machine;
+#                                   # PARITY_S=N: stopped after N seconds, the logs of what ran returned
 #   bash dev/gpu_session.sh sanitize  # compute-sanitizer memcheck over the kernel test binaries
 #                                     # (out-of-bounds and misaligned device accesses; a spare call)
 #
 # The cuDNN frontend headers: if the machine has none, carry the nvidia-cudnn-frontend wheel in
 # .whl/ (doc/gpu-environment.md says how to fetch it); it is unpacked into build/site, where the
 # Makefile looks. Python: the machine's torch venv when it has one (the Makefile finds pip's
-# cuDNN and NCCL through its site-packages).
+# cuDNN and NCCL through its site-packages). After the build, the stages run the test runners
+# and bench.py themselves, not make's gpucheck-tests, gpucheck-ranks or bench: make would first
+# compile again a target that failed in the build (make -k went on past it), fail, and run nothing.
+# A device call returns at most 8 files: each stage writes fewer.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 stage=${1:-}
@@ -81,7 +87,9 @@ write_env() { timeout 60 make env PYTHON="$PYTHON" >"$LOG_DIR/env.txt" 2>&1 || e
 # [SECONDS]: stop the build after that long; -k: a target that fails leaves the others built,
 # so their tests still run. Without cuDNN or its frontend headers (.whl not carried) everything
 # is built with NO_CUDNN=1 (attention by llm8's own kernels), so the rest is still tested, and
-# build.log says so in its first line
+# build.log says so in its first line. NO_CUDNN=1 then stays exported for the call, and a
+# cudnn_att.o that did not compile leaves build/no_cudnn, so that a later call on the warm
+# machine does not spend minutes compiling it again
 build_all() {
     install_wheels
     local deadline=${1:+$(($(date +%s) + $1))}
@@ -92,22 +100,33 @@ build_all() {
         return 1
     fi
     local no_cudnn= status
-    if ! make -s PYTHON="$PYTHON" check-cudnn >/dev/null 2>&1; then
+    if [ "${NO_CUDNN:-}" = 1 ] || [ -f build/no_cudnn ]; then
+        no_cudnn=NO_CUDNN=1
+        echo "build: NO_CUDNN=1, no cuDNN attention tested ($([ -f build/no_cudnn ] && echo "build/no_cudnn: an earlier call's cudnn_att.o did not build" || echo "NO_CUDNN=1 given"))" \
+            | tee -a "$LOG_DIR/build.log"
+    elif ! make -s PYTHON="$PYTHON" check-cudnn >/dev/null 2>&1; then
         no_cudnn=NO_CUDNN=1
         echo "build: NO_CUDNN=1, no cuDNN attention tested ($(make -s PYTHON="$PYTHON" check-cudnn 2>&1 | head -n 1))" \
             | tee -a "$LOG_DIR/build.log"
     else
-        # every binary links cudnn_att.o: headers that do not build with this cuDNN would fail them all
-        $(limit) make -s PYTHON="$PYTHON" build/cudnn_att.o >>"$LOG_DIR/build.log" 2>&1
+        # every binary links cudnn_att.o: headers that do not build with this cuDNN would fail them
+        # all. It compiles (minutes) beside everything that does not link it, on the other cores
+        $(limit) make -s PYTHON="$PYTHON" build/cudnn_att.o >build/cudnn_att.log 2>&1 &
+        local cudnn_att=$!
+        $(limit) make -k -j"$((JOBS > 1 ? JOBS - 1 : 1))" PYTHON="$PYTHON" cuda-objects >>"$LOG_DIR/build.log" 2>&1
+        wait "$cudnn_att"
         status=$?
+        cat build/cudnn_att.log >>"$LOG_DIR/build.log"
         if [ "$status" -eq 124 ]; then
             echo "build: stopped at its deadline (${1:-} s), in build/cudnn_att.o" | tee -a "$LOG_DIR/build.log"
             return 0
         elif [ "$status" -ne 0 ]; then
             no_cudnn=NO_CUDNN=1
+            touch build/no_cudnn
             echo "build: NO_CUDNN=1, no cuDNN attention tested (build/cudnn_att.o did not build: above)" | tee -a "$LOG_DIR/build.log"
         fi
     fi
+    [ -z "$no_cudnn" ] || export NO_CUDNN=1
     $(limit) make -k -j"$JOBS" PYTHON="$PYTHON" $no_cudnn train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests 2>&1 \
         | tee -a "$LOG_DIR/build.log" | tail -5
     # a target that failed leaves the others to test (make -k): the stages go on, build.log says which
@@ -135,7 +154,7 @@ first_summary() {
     grep -h -E '^\| d[0-9]+ \| [0-9.]+x \| [0-9.]+x \|$' "$LOG_DIR"/*-quick-d12.md 2>/dev/null \
         | sed 's/^/FP8 over bf16 (default runs | first | repeat): /'
     grep -h -E '^\*\*Incomplete' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
-    echo "bench: $(tail -n 1 "$LOG_DIR/bench_d12.log")"
+    echo "bench: ${bench_note:-$(tail -n 1 "$LOG_DIR/bench_d12.log")}"
     echo "seconds used: $((${FIRST_S:-420} - end + $(date +%s))) of FIRST_S=${FIRST_S:-420}"
 }
 
@@ -168,14 +187,17 @@ case "$stage" in
         # the 2-rank test needs NCCL 2.30+, which only the ranks stage installs: here its SKIP line shows in summary.txt
         LLM8_ALLOW_NO_TWO_RANKS=1 TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 \
             | tee "$LOG_DIR/gpu_tests.log"
-        echo "not run yet: the benchmark comes after the tests" >"$LOG_DIR/bench_d12.log"
+        # bench_d12.log only once the benchmark runs: a device call returns at most 8 files, and the
+        # summary says why when it did not
+        bench_note="not run yet: the benchmark comes after the tests"
         first_summary >"$LOG_DIR/summary.txt"  # a call cut off in the benchmark still says how the tests went
         left=$((end - $(date +%s)))
         [ "$left" -lt 0 ] && left=0  # an overrun leaves nothing, not a negative time
         if [ "$left" -ge 20 ]; then
+            bench_note=
             "$PYTHON" dev/bench/bench.py --quick --only d12 --time-limit "$left" --out "$LOG_DIR" 2>&1 | tee "$LOG_DIR/bench_d12.log"
         else
-            echo "not run: ${left} s left of FIRST_S" >"$LOG_DIR/bench_d12.log"
+            bench_note="not run: ${left} s left of FIRST_S"
         fi
         first_summary | tee "$LOG_DIR/summary.txt"
         ;;
@@ -185,7 +207,7 @@ case "$stage" in
         # whole output in rerun_NAME.log; TEST_TIMEOUT_S bounds it (set it under what status has left)
         name=${2:?usage: dev/gpu_session.sh rerun NAME (a test binary, e.g. test_gpt2)}
         name=${name#build/}
-        build_all || true  # a failed target leaves the others: this one may still be built
+        build_all ${BUILD_S:-} || true  # a failed target leaves the others: this one may still be built
         # a target that did not rebuild leaves its old binary: say so before its results
         errors=$(build_errors)
         [ "${errors:-0}" -eq 0 ] || echo "build: ${errors} make errors (build.log): build/$name may be older than the sources"
@@ -202,16 +224,21 @@ case "$stage" in
         time build_all
         ;;
     tests)
-        build_all && time LLM8_ALLOW_NO_TWO_RANKS=1 make PYTHON="$PYTHON" gpucheck-tests 2>&1 | tee "$LOG_DIR/gpu_tests.log"
+        # the runner, not make gpucheck-tests: make would compile a target that failed in the build
+        # again, fail again, and run no test at all
+        build_all ${BUILD_S:-} || exit 1
+        mapfile -t tests < <(gpu_test_binaries)
+        time LLM8_ALLOW_NO_TWO_RANKS=1 PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 | tee "$LOG_DIR/gpu_tests.log"
         ;;
     ranks)
         # the cut NCCL only here, never in first: the binaries first built load it from the venv without a relink
         shift
-        if compgen -G ".nccl/sm90/*.whl" >/dev/null; then
+        # (on a machine with a GPU only: elsewhere it would go into that machine's own Python)
+        if compgen -G ".nccl/sm90/*.whl" >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
             bash dev/nccl_wheel.sh install 2>&1 | tee "$LOG_DIR/nccl_install.log"
             [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
         fi
-        build_all || exit 1
+        build_all ${BUILD_S:-} || exit 1
         # NCCL's warnings from every rank: the trainer sends the stdout of ranks above 0 to /dev/null, where NCCL
         # would log; one file a process here, joined into nccl_warnings.log when the stage ends (none: no file)
         rm -rf build/nccl-debug && mkdir -p build/nccl-debug
@@ -225,7 +252,8 @@ case "$stage" in
             echo "not run: test/gpu_trainer_ranks.py (RANKS_S=$RANKS_S reached)" | tee "$LOG_DIR/gpu_trainer_ranks${1:+_$1}.log"
             exit 1
         fi
-        time ${left:+timeout "$left"} make PYTHON="$PYTHON" gpucheck-ranks RANKS_SECTIONS="$*" 2>&1 \
+        # the runner, not make gpucheck-ranks (which would first compile a target that failed in the build)
+        time ${left:+timeout "$left"} env PYTHON="$PYTHON" bash test/run_gpu_tests.sh --ranks "$@" 2>&1 \
             | tee "$LOG_DIR/gpu_trainer_ranks${1:+_$1}.log"
         ranks_status=${PIPESTATUS[0]}
         [ "$multi_gpu_status" -eq 0 ] && [ "$ranks_status" -eq 0 ]
@@ -233,8 +261,14 @@ case "$stage" in
     bench)
         # straight into the logs: bench.py rewrites its .md and .json after every run, so a call cut
         # off at its limit still returns what was measured (commit them under doc/benchmarks/)
+        # (bench.py itself, not make bench, which would first compile a target that failed in the
+        # build); BENCH_S bounds it, the build included, so that it ends inside the call
         only=${2:+--only $2}
-        build_all && time make PYTHON="$PYTHON" bench BENCH_ARGS="--quick $only --out $LOG_DIR" 2>&1 | tee "$LOG_DIR/bench${2:+_$2}.log"
+        bench_end=${BENCH_S:+$(($(date +%s) + BENCH_S))}
+        build_all ${BENCH_S:+$((BENCH_S / 2))} || exit 1
+        left=${bench_end:+$((bench_end - $(date +%s)))}
+        time "$PYTHON" dev/bench/bench.py --quick $only --out "$LOG_DIR" ${left:+--time-limit "$left"} 2>&1 \
+            | tee "$LOG_DIR/bench${2:+_$2}.log"
         ;;
     parity)
         # PARITY_* override the run for a dry run without a GPU (test/test_scripts.py: the CPU trainer)
@@ -257,16 +291,28 @@ case "$stage" in
             [[ " optimizers lm_head fg_delayed " == *" $name "* ]] \
                 || { echo "error: dev/gpu_session.sh: parity set '$name' (expected some of: optimizers lm_head fg_delayed)" >&2; exit 2; }
         done
-        [ -n "${PARITY_TRAINER:-}" ] || build_all || exit 1
+        # PARITY_S bounds the stage, the build included: the set running then is stopped (its runs
+        # resume from their last checkpoint in a later call on the warm machine), and the logs of
+        # what ran still come back
+        parity_end=${PARITY_S:+$(($(date +%s) + PARITY_S))}
+        [ -n "${PARITY_TRAINER:-}" ] || build_all ${PARITY_S:+$((PARITY_S / 2))} || exit 1
         read -r -a extra <<< "${PARITY_ARGS:-}"
         status=0
         for set in "${sets[@]}"; do
             IFS='|' read -r name recipes optimizers <<< "$set"
             [ "$#" -eq 0 ] || [[ " $* " == *" $name "* ]] || continue
-            time env OUT="$out" MODEL="${PARITY_MODEL:-d12}" STEPS="${PARITY_STEPS:-2000}" RECIPES="$recipes" \
-                OPTIMIZERS="$optimizers" LLM8_TRAINER="$trainer" PYTHON="$PYTHON" \
+            left=${parity_end:+$((parity_end - $(date +%s)))}
+            if [ -n "$left" ] && [ "$left" -le 0 ]; then
+                echo "parity: set $name not run (PARITY_S=$PARITY_S reached)" | tee -a "$LOG_DIR/parity.log"
+                status=1
+                break
+            fi
+            time ${left:+timeout "$left"} env OUT="$out" MODEL="${PARITY_MODEL:-d12}" STEPS="${PARITY_STEPS:-2000}" \
+                RECIPES="$recipes" OPTIMIZERS="$optimizers" LLM8_TRAINER="$trainer" PYTHON="$PYTHON" \
                 bash scripts/compare_bf16_fp8.sh -i "$train" -j "$val" "${extra[@]}" 2>&1 | tee -a "$LOG_DIR/parity.log"
-            [ "${PIPESTATUS[0]}" -eq 0 ] || { status=1; break; }
+            rc=${PIPESTATUS[0]}
+            [ "$rc" -ne 124 ] || echo "parity: set $name stopped at PARITY_S=$PARITY_S" | tee -a "$LOG_DIR/parity.log"
+            [ "$rc" -eq 0 ] || { status=1; break; }
             cp "$out/summary.md" "$LOG_DIR/summary_$name.md"
             cp "$out/loss.png" "$LOG_DIR/loss_$name.png"
         done

@@ -1,33 +1,48 @@
 #!/usr/bin/env bash
 # Trains the same model in bf16 and in FP8 (once per FP8 scaling recipe asked for), on the
-# same data with the same seed and flags, then draws every loss curve on one PNG
-# (scripts/plot.py) and prints a table of each run's final val loss and median throughput
-# (tok/s from its main.jsonl, steps after the first 10), each against bf16. With
+# same data with the same seed and flags, then writes a table ($OUT/summary.md, also printed)
+# of each run's val loss at the last val step every run shares, and its median throughput
+# (tok/s from its main.jsonl, train steps 10 and later, at the B and T the header names), each
+# against bf16 (scripts/compare_summary.py), then draws every loss curve on one PNG
+# (scripts/plot.py; without matplotlib that is a warning, the table written). With
 # OPTIMIZERS="adamw adamw8" every one of those runs is made with both optimizers, and each
 # adamw8 run is also set against its precision's fp32 AdamW run. DESIGN.md's loss-parity
 # targets: d12, >= 2000 steps, final val loss within 0.5% of bf16 for each FP8 recipe, and of
 # fp32 AdamW for adamw8.
 #
-#   bash scripts/compare_bf16_fp8.sh                                   # d12, 2000 steps, delayed
-#   RECIPES="delayed current block" bash scripts/compare_bf16_fp8.sh   # every recipe, one PNG
-#   RECIPES="delayed delayed+lm_head" bash scripts/compare_bf16_fp8.sh # +lm_head: lm_head in FP8 too (-f8 all)
-#   RECIPES="delayed delayed+fg_delayed" bash scripts/compare_bf16_fp8.sh  # +fg_delayed: -fg delayed (not with block)
-#   RECIPES="delayed delayed+fg_pow2" bash scripts/compare_bf16_fp8.sh     # +fg_pow2: -fg pow2 (not with block)
-#   OPTIMIZERS="adamw adamw8" bash scripts/compare_bf16_fp8.sh         # bf16 and FP8, each optimizer
-#   MODEL=d24 STEPS=5000 OUT=log_cmp bash scripts/compare_bf16_fp8.sh -b 32
+#   scripts/compare_bf16_fp8.sh                                        # d12, 2000 steps, delayed
+#   RECIPES="delayed current block" scripts/compare_bf16_fp8.sh        # every recipe, one PNG
+#   RECIPES="delayed delayed+lm_head" scripts/compare_bf16_fp8.sh      # +lm_head: lm_head in FP8 too (-f8 all)
+#   RECIPES="delayed delayed+fg_delayed" scripts/compare_bf16_fp8.sh   # +fg_delayed: -fg delayed (not with block)
+#   RECIPES="delayed delayed+fg_pow2" scripts/compare_bf16_fp8.sh      # +fg_pow2: -fg pow2 (not with block)
+#   OPTIMIZERS="adamw adamw8" scripts/compare_bf16_fp8.sh              # bf16 and FP8, each optimizer
+#   MODEL=d24 STEPS=5000 OUT=log_cmp scripts/compare_bf16_fp8.sh -b 32
+#   MODEL=tiny STEPS=20 LLM8_TRAINER=./train_gpt2cpu scripts/compare_bf16_fp8.sh -b 2 -t 64  # CPU, a minute
 #
-# Extra arguments go to every run after the script's flags (later flags win): data flags
-# -i/-j, or FP8 flags, which bf16 ignores. A RECIPES item is a recipe followed by any of the
+# Extra arguments go to every run after the script's flags, so they override its defaults:
+# -b, -t, -d, -l, -q, -c, -v, -s, -n, -nk, data flags -i/-j, or FP8 flags such as -fm, which bf16
+# ignores. Those that would override what the script sets from its variables are refused, in one
+# line naming what to use instead: -p, -fr, -f8, -fg (the run names say the recipe and its
+# options: RECIPES), -fw (FP8 runs keep -fw current: no run name says another), -opt
+# (OPTIMIZERS), -e (MODEL), -x (STEPS), -u (WARMUP), -o (OUT) and -y (each run resumes already).
+# A RECIPES item is a recipe followed by any of the
 # options +lm_head, +fg_delayed and +fg_pow2, in any order, each at most once; +fg_delayed and
 # +fg_pow2 both set -fg, so not both in one item (refused), and block+fg_delayed and
 # block+fg_pow2 are refused, as the trainer refuses -fg delayed and -fg pow2 with -fr block. The
 # runs land in $OUT/bf16 and $OUT/fp8_<recipe>, plus _lm_head then _fg_delayed or _fg_pow2 for
 # the options given, in that order whatever order they were written (adamw8: $OUT/bf16_adamw8,
-# $OUT/fp8_<recipe>_adamw8); the PNG is $OUT/loss.png, the table (also printed) $OUT/summary.md.
-# A run already complete there is resumed (-y 1), so the script can be re-run after an
-# interruption. WARMUP sets -u (200 steps, or a tenth of STEPS when that is less). LLM8_TRAINER
-# names another trainer binary, built already (e.g. ./train_gpt2cpu, which shares the flags: the
-# tests run this script with it).
+# $OUT/fp8_<recipe>_adamw8); the PNG is $OUT/loss.png, the table $OUT/summary.md (when the runs
+# share no val step after step 0, one error line says so and the exit status is 1).
+# Each run directory records the run's settings (compare_settings.txt: its trainer flags, the
+# extra arguments included, but -o, -y, -n and -nk), and a run already there with the same
+# settings is resumed (-y 1) from its newest checkpoint (-n 500 -nk 1: every 500 steps and the
+# last, only the newest kept), so the script can be re-run after an interruption, and a set of
+# RECIPES can add runs to an OUT that holds others; one made with other settings (another
+# STEPS, WARMUP or extra argument) is refused before any run trains, in one line naming the run
+# directory, its settings and the new ones: give a new OUT or remove it. OUT defaults to
+# log_compare_$MODEL. WARMUP sets -u (200 steps, or a tenth of STEPS when that is less).
+# LLM8_TRAINER names another trainer binary, built already (e.g. ./train_gpt2cpu, which shares
+# the flags: the tests run this script with it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL="${MODEL:-d12}"
@@ -93,8 +108,34 @@ for optimizer in $OPTIMIZERS; do
         *) echo "error: OPTIMIZERS: '$optimizer' is not an optimizer (expected adamw or adamw8)" >&2; exit 2 ;;
     esac
 done
-# the checks above come before the build: a mistyped RECIPES or OPTIMIZERS costs no make
-[[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
+# extra arguments go to every run after the script's flags, so they would win over them: refuse those that set
+# what the script sets, per run (from RECIPES and OPTIMIZERS, which the run names say) or for every run (MODEL,
+# STEPS, WARMUP, OUT, the resume), each pointing to the variable that sets it. The others (-b, -t, -d, -l, -v, -n,
+# data and FP8 tuning flags, ...) may override the script's defaults; -b, -t and -d are noted for the tok/s header.
+batch=16 seq=1024 total_batch=""
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i += 2)); do
+    flag="${args[$i]}" value="${args[$((i + 1))]:-}"
+    case "$flag" in
+        -p) scope="per run (bf16, then -p fp8 for each RECIPES item)"; instead="set RECIPES instead (e.g. RECIPES=\"delayed current\")" ;;
+        -fr) scope="per run, from RECIPES (the run names say it)"; instead="set RECIPES instead (e.g. RECIPES=\"delayed current block\")" ;;
+        -f8) scope="per run (-f8 all for a RECIPES item with +lm_head, which the run name says)"; instead="add +lm_head to a RECIPES item instead (e.g. RECIPES=\"delayed delayed+lm_head\")" ;;
+        -fg) scope="per run (from a RECIPES item's +fg_delayed or +fg_pow2, which the run name says)"; instead="add +fg_delayed or +fg_pow2 to a RECIPES item instead (e.g. RECIPES=\"delayed delayed+fg_pow2\")" ;;
+        -fw) scope="for its FP8 runs (the trainer's -fw current: the run names have no place for another)"; instead="compare -fw delayed with two runs of the trainer instead" ;;
+        -opt) scope="per run, from OPTIMIZERS (the run names say it)"; instead="set OPTIMIZERS instead (e.g. OPTIMIZERS=\"adamw adamw8\")" ;;
+        -e) scope="for every run, from MODEL (OUT and the title name it)"; instead="set MODEL=$value instead" ;;
+        -x) scope="for every run, from STEPS (the title and the warmup follow it)"; instead="set STEPS=$value instead" ;;
+        -u) scope="for every run, from WARMUP"; instead="set WARMUP=$value instead" ;;
+        -o) scope="for every run (OUT/<run name>, where the table is read from)"; instead="set OUT=$value instead" ;;
+        -y) scope="for every run (-y 1: a run already in OUT resumes)"; instead="give a new OUT to start afresh instead" ;;
+        -b) batch="$value"; continue ;;
+        -t) seq="$value"; continue ;;
+        -d) total_batch="$value"; continue ;;
+        *) continue ;;
+    esac
+    echo "error: scripts/compare_bf16_fp8.sh: extra argument '$flag${value:+ $value}': the script sets $flag $scope, and a flag after its own would override it silently: $instead (its variables: MODEL STEPS WARMUP OUT RECIPES OPTIMIZERS)" >&2
+    exit 2
+done
 # every precision with every optimizer: fp32 AdamW keeps the plain name, adamw8 adds _adamw8
 runs=()
 run_flags=()
@@ -106,46 +147,63 @@ for i in "${!names[@]}"; do
         run_flags+=("${flags[$i]} -opt $optimizer")
     done
 done
+# what defines each run: the trainer's flags but those of its output (-o, -y) and checkpoints (-n, -nk), the
+# extra arguments included. A run directory records them (compare_settings.txt) when its run starts; one that
+# holds a run made with other settings is refused, every run checked before any trains, since -y 1 would go on
+# with the new settings from the old run's checkpoint (the learning-rate schedule jumping) under a new title
+SETTINGS_FILE=compare_settings.txt
+# set_run_args I: run_args, the script's trainer flags that define run I (the extra arguments come after them)
+set_run_args() {
+    local precision
+    read -r -a precision <<< "${run_flags[$1]}"
+    run_args=(-e "$MODEL" "${precision[@]}" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u "$WARMUP" -q 0.0 -c 0.1 -v 100 -s 0)
+}
+settings=()
+differ=() first_error=""
 for i in "${!runs[@]}"; do
-    read -r -a precision <<< "${run_flags[$i]}"
-    "$TRAINER" -e "$MODEL" "${precision[@]}" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u "$WARMUP" -q 0.0 -c 0.1 -v 100 -s 0 \
-        -n 500 -o "$OUT/${runs[$i]}" -y 1 "$@"
+    set_run_args "$i"
+    settings[$i]="$(printf '%q ' "${run_args[@]}" "$@")"
+    settings[$i]="${settings[$i]% }"
+    dir="$OUT/${runs[$i]}"
+    [[ -e "$dir/main.log" || -e "$dir/main.jsonl" ]] || compgen -G "$dir/DONE_*" >/dev/null || continue
+    if [[ ! -f "$dir/$SETTINGS_FILE" ]]; then
+        differ+=("$dir")
+        [[ -n "$first_error" ]] || first_error="$dir holds a run but no $SETTINGS_FILE saying its settings, so it may not be this compare's ('${settings[$i]}'; if it is, write that into $dir/$SETTINGS_FILE)"
+    elif [[ "$(< "$dir/$SETTINGS_FILE")" != "${settings[$i]}" ]]; then
+        differ+=("$dir")
+        [[ -n "$first_error" ]] || first_error="$dir holds a run with other settings: '$(< "$dir/$SETTINGS_FILE")' there, '${settings[$i]}' now (resuming it would go on with the new ones)"
+    fi
+done
+if [[ ${#differ[@]} -gt 0 ]]; then
+    them=them; [[ ${#differ[@]} -gt 1 ]] || them=it
+    echo "error: scripts/compare_bf16_fp8.sh: $first_error; give a new OUT, or remove ${differ[*]} to train $them afresh" >&2
+    exit 2
+fi
+# the checks above come before the build: a mistyped RECIPES, OPTIMIZERS or argument costs no make
+[[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
+for i in "${!runs[@]}"; do
+    set_run_args "$i"
+    dir="$OUT/${runs[$i]}"
+    mkdir -p "$dir"
+    printf '%s\n' "${settings[$i]}" > "$dir/$SETTINGS_FILE"
+    # -n 500 -nk 1: a checkpoint every 500 steps and at the last, only the newest kept (about 1.7 GB at d12), so a
+    # rerun resumes a run cut off or finished; the extra arguments last (they may set -n or -nk)
+    "$TRAINER" "${run_args[@]}" -n 500 -nk 1 -o "$dir" -y 1 "$@"
 done
 
 dirs=()
 for run in "${runs[@]}"; do dirs+=("$OUT/$run"); done
-"$PYTHON" scripts/plot.py "${dirs[@]}" --labels "${runs[@]}" --ema 0.9 --out "$OUT/loss.png" \
-    --title "$MODEL: bf16 vs fp8, $STEPS steps"
-
-"$PYTHON" - "$OUT" "${runs[@]}" <<'EOF' | tee "$OUT/summary.md"
-import json, statistics, sys
-out, runs = sys.argv[1], sys.argv[2:]
-rows = []
-for run in runs:
-    val, tok = {}, []
-    with open(f"{out}/{run}/main.jsonl") as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("type") == "val" and record.get("loss") is not None:
-                val[record["step"]] = record["loss"]
-            if record.get("type") == "train" and record["step"] >= 10 and record.get("tok_per_s") is not None:
-                tok.append(record["tok_per_s"])
-    last = max(val) if val else None
-    rows.append((run, last, val.get(last), statistics.median(tok) if tok else None))
-final = {run: loss for run, _, loss, _ in rows}
-# the baseline: bf16 with fp32 AdamW when it ran, else the first run
-base = "bf16" if "bf16" in final else rows[0][0]
-base_loss, base_tok = final[base], next(tok for run, _, _, tok in rows if run == base)
-
-def gap(loss, reference):
-    return f"{100 * (loss / reference - 1):+.2f}%" if loss is not None and reference else "-"
-
-print(f"| run | step | final val loss | vs {base} | vs fp32 AdamW | median tok/s | vs {base} |")
-print("|---|---|---|---|---|---|---|")
-for run, step, loss, tok in rows:
-    adamw_run = run[:-len("_adamw8")] if run.endswith("_adamw8") else None
-    speedup = f"{tok / base_tok:.3f}x" if tok and base_tok else "-"
-    print(f"| {run} | {step if step is not None else '-'} | {loss if loss is not None else '-'} | {gap(loss, base_loss)} | "
-          f"{gap(loss, final.get(adamw_run)) if adamw_run else '-'} | {f'{tok:.0f}' if tok else '-'} | {speedup} |")
-EOF
-echo "wrote $OUT/loss.png and $OUT/summary.md"
+# the table first (an error when the runs share no val step after step 0), then the PNG: a plot that fails (no
+# matplotlib) is a warning, the table written already
+rm -f "$OUT/summary.md" "$OUT/loss.png"
+"$PYTHON" scripts/compare_summary.py "$OUT" "${runs[@]}" --batch "$batch" --seq "$seq" \
+    ${total_batch:+--total-batch "$total_batch"} --write "$OUT/summary.md"
+plot_status=0
+plot_error="$("$PYTHON" scripts/plot.py "${dirs[@]}" --labels "${runs[@]}" --ema 0.9 --out "$OUT/loss.png" \
+    --title "$MODEL: bf16 vs fp8, $STEPS steps" 2>&1 >/dev/null)" || plot_status=$?
+if [[ "$plot_status" -ne 0 ]]; then
+    echo "warning: scripts/compare_bf16_fp8.sh: no $OUT/loss.png, scripts/plot.py failed (exit $plot_status): ${plot_error##*$'\n'}" >&2
+    echo "wrote $OUT/summary.md"
+else
+    echo "wrote $OUT/summary.md and $OUT/loss.png"
+fi

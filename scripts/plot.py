@@ -26,10 +26,13 @@ import math
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
+try:
+    import matplotlib
+except ImportError:  # one line, not a traceback: main() says how to install it
+    matplotlib = None
+else:
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: E402 (the backend must be chosen first)
 
 SERIES_KEYS = {
     "train": ("trl", "train_loss"),
@@ -191,6 +194,9 @@ def main():
     parser.add_argument("--reference", choices=sorted(HELLASWAG_REFERENCES, key=lambda size: float(size[:-1])),
                         default=None, help="draw OpenAI's GPT-2 checkpoint and GPT-3 HellaSwag accuracies of this size")
     args = parser.parse_args()
+    if matplotlib is None:
+        die(f"scripts/plot.py needs matplotlib, which {sys.executable} cannot import: "
+            "bash scripts/setup_python.sh (or pip install matplotlib)")
     if args.labels is not None and len(args.labels) != len(args.runs):
         die(f"--labels has {len(args.labels)} names for {len(args.runs)} runs")
     if args.ema is not None and not 0.0 <= args.ema < 1.0:

@@ -20,11 +20,14 @@ import math
 import os
 import sys
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.colors as mcolors  # noqa: E402 (the backend must be chosen first)
-import matplotlib.pyplot as plt  # noqa: E402
+try:
+    import matplotlib
+except ImportError:  # one line, not a traceback: main() says how to install it
+    matplotlib = None
+else:
+    matplotlib.use("Agg")
+    import matplotlib.colors as mcolors  # noqa: E402 (the backend must be chosen first)
+    import matplotlib.pyplot as plt  # noqa: E402
 
 OPERAND_ORDER = {"x": 0, "w": 1, "dy": 2}
 LINEAR_ORDER = {"qkv": 0, "attproj": 1, "fc": 2, "fcproj": 3, "lm_head": 4}
@@ -127,6 +130,9 @@ def main():
     parser.add_argument("--out", default=None, help="PNG to write (default: numerics.png beside the log)")
     parser.add_argument("--top", type=int, default=5, help="how many worst tensors to print per quantity")
     args = parser.parse_args()
+    if matplotlib is None:
+        die(f"scripts/plot_numerics.py needs matplotlib, which {sys.executable} cannot import: "
+            "bash scripts/setup_python.sh (or pip install matplotlib)")
     table = load_numerics(args.run)
     out = args.out or os.path.join(args.run if os.path.isdir(args.run) else os.path.dirname(args.run) or ".", "numerics.png")
     plot(table, out, f"FP8 numerics: {args.run}")

@@ -32,14 +32,16 @@ floor_model = load_dev_bench_module("floor_model")
 DEVICE, COMMIT = "NVIDIA H100 80GB HBM3", "0123456789ab"
 
 
-def run_main(tmp_path_factory, *args, bench=None):
+def run_main(tmp_path_factory, *args, bench=None, without_gemm_bench=False):
     """main() with these arguments, ROOT (the data and bench_gemm's JSON) in a temporary directory,
-    the stub programs; returns (bench module, exit code, output directory)"""
+    the stub programs (without_gemm_bench: no ./bench_gemm); returns (bench module, exit code, output directory)"""
     bench = bench or load_dev_bench_module("bench")
     root, out = tmp_path_factory.mktemp("root"), tmp_path_factory.mktemp("out")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bench, "ROOT", str(root))
         trainer, gemm_bench = bench_stubs.install(str(root))
+        if without_gemm_bench:
+            os.remove(gemm_bench)
         mp.setattr(bench, "TRAINER", trainer)
         mp.setattr(bench, "GEMM_BENCH", gemm_bench)
         mp.setattr(bench, "gpu_name", lambda: DEVICE)
@@ -400,6 +402,20 @@ def test_only_one_model_per_device_call(tmp_path_factory):
     assert "`python dev/bench/bench.py --quick --only d48`" in open(md_path).read()
 
 
+def test_a_missing_bench_gemm_still_measures_the_train_runs(tmp_path_factory):
+    """./bench_gemm not built (its link failed in a device build that went on with make -k): the train runs are
+    measured all the same, and the per-GEMM section and record say what is missing, instead of bench.py stopping
+    before its first run"""
+    bench, code, out = run_main(tmp_path_factory, "--only", "d48", without_gemm_bench=True)
+    [md_path] = glob.glob(os.path.join(out, "*.md"))
+    records = json.load(open(md_path[:-3] + ".json"))
+    assert len([r for r in records if r["benchmark"] == "train"]) == len(bench.model_runs("d48"))
+    [gemm] = [r for r in records if r["benchmark"] == "gemm"]
+    assert gemm["error"] == "./bench_gemm is not built (make bench_gemm)", gemm
+    assert "error: ./bench_gemm is not built (make bench_gemm)" in open(md_path).read()
+    assert code == 1
+
+
 def test_no_gpu_stops_the_benchmark_before_any_report(tmp_path_factory, monkeypatch):
     """without a GPU every trainer run fails alike: bench.py stops at the first, with the trainer's line, and writes no
     report of errors (make bench on a machine without a GPU wrote one into doc/benchmarks/)"""
@@ -559,21 +575,24 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
 
 def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):
     """RANKS_S=N bash dev/gpu_session.sh ranks: the multi-rank tests are stopped after N seconds (a session's second,
-    short call), here with a make that hangs in gpucheck-ranks. What NCCL wrote to NCCL_DEBUG_FILE before (a rank
-    above 0 has no stdout) comes back in one log"""
+    short call), here with multi-rank trainer tests that hang. What NCCL wrote to NCCL_DEBUG_FILE before (a rank
+    above 0 has no stdout) comes back in one log. The stage runs the tests itself, not through make, which would
+    first compile a target that failed in the build (here every make fails) and run nothing"""
     root, fakes = copy_of_the_scripts(tmp_path), tmp_path / "bin"
     fakes.mkdir()
-    (fakes / "make").write_text('#!/bin/sh\ncase "$*" in *gpucheck-ranks*) echo "ranks started"; '
-                                'echo "NCCL WARN rank 1 lost" > "$(echo "$NCCL_DEBUG_FILE" | sed "s/%h/host/; s/%p/42/")"; '
-                                'sleep 60;; esac\n')
-    (fakes / "make").chmod(0o755)
-    env = dict(os.environ, OUT=str(tmp_path / "out"), PATH=f"{fakes}:{os.environ['PATH']}", RANKS_S="2")
+    fake_tool(fakes, "make", "exit 2")
+    fake_tool(fakes, "nvidia-smi", 'echo "GPU 0: NVIDIA H100 80GB HBM3"')
+    (root / "test" / "gpu_trainer_ranks.py").write_text(
+        'import os, sys, time\nprint("ranks started", *sys.argv[1:], flush=True)\n'
+        'open(os.environ["NCCL_DEBUG_FILE"].replace("%h", "host").replace("%p", "42"), "w").write("NCCL WARN rank 1 lost\\n")\n'
+        'time.sleep(60)\n')
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PATH=f"{fakes}:{os.environ['PATH']}", RANKS_S="2", PYTHON=sys.executable)
     started = time.monotonic()
     result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "ranks", "twins"], capture_output=True,
                             text=True, timeout=60, env=env)
     assert time.monotonic() - started < 15
     assert result.returncode != 0, "a ranks stage cut off by RANKS_S must not report success"
-    assert (tmp_path / "out" / "gpu_trainer_ranks_twins.log").read_text() == "ranks started\n"
+    assert (tmp_path / "out" / "gpu_trainer_ranks_twins.log").read_text() == "ranks started twins\n"
     assert (tmp_path / "out" / "nccl_warnings.log").read_text().splitlines()[-1] == "NCCL WARN rank 1 lost"
 
 
@@ -587,7 +606,8 @@ def test_gpu_session_first_stage_without_a_benchmark(tmp_path):
                FIRST_S="6", FIRST_BENCH_S="0")
     subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True, timeout=60, env=env)
     summary = (out / "summary.txt").read_text().splitlines()
-    assert not [f for f in os.listdir(out) if f.endswith(".md")]
+    # no benchmark file at all: a device call returns at most 8 files, and this call has another stage's to return
+    assert not [f for f in os.listdir(out) if f.endswith(".md") or f.startswith("bench")], os.listdir(out)
     assert re.fullmatch(r"bench: not run: \d s left of FIRST_S", summary[-2]), summary
     assert "probe_epilogues: no table ((probe_epilogues: exit 127))" in summary, summary
 
@@ -628,7 +648,34 @@ def test_gpu_session_builds_without_cudnn_when_its_attention_does_not_compile(tm
     assert result.returncode == 0, result.stderr
     log = (out / "build.log").read_text()
     assert "build: NO_CUDNN=1, no cuDNN attention tested (build/cudnn_att.o did not build: above)" in log, log
+    # what does not link cudnn_att.o was compiled while it was
+    assert re.search(r"^make -k -j\d+ PYTHON=\S+ cuda-objects$", log, re.M), log
     assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests$", log, re.M), log
+
+
+def test_gpu_session_keeps_no_cudnn_for_the_next_call_and_tests_past_a_failed_target(tmp_path):
+    """after cudnn_att.o failed, the next call on the warm machine (here the tests stage) builds with NO_CUDNN=1 at
+    once, without compiling cudnn_att.o again (minutes on the device), and runs the test binaries that were built
+    although a target failed (make gpucheck-tests would have compiled that target again and run nothing)"""
+    root, fakes = copy_of_the_scripts(tmp_path), tmp_path / "bin"
+    fakes.mkdir()
+    fake_tool(fakes, "make", 'echo "make $*" >> "$OUT/make_calls"; case "$*" in *check-cudnn*) exit 0;; '
+                             '*cudnn_att.o*) exit 2;; *gpucheck*) echo "no: make gpucheck-*"; exit 2;; '
+                             '*gpu-tests*) echo "make: *** [Makefile:9: build/test_sparse_buffer] Error 1"; exit 2;; esac')
+    fake_tool(fakes, "nvidia-smi", 'echo "GPU 0: NVIDIA H100 80GB HBM3"')
+    (root / "build").mkdir()
+    fake_tool(root / "build", "test_kernels", 'echo "test_kernels: 7 passed, 0 failed"')
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable)
+    subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "build"], capture_output=True, text=True, timeout=60, env=env)
+    assert (root / "build" / "no_cudnn").exists()
+    (out / "make_calls").unlink()
+    subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "tests"], capture_output=True, text=True, timeout=60, env=env)
+    calls = (out / "make_calls").read_text()
+    assert "cudnn" not in calls.replace("NO_CUDNN=1", ""), calls
+    assert re.fullmatch(r"make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests\n", calls), calls
+    tests_log = (out / "gpu_tests.log").read_text()
+    assert "test_kernels: 7 passed, 0 failed" in tests_log and "no: make gpucheck" not in tests_log, tests_log
 
 
 def test_gpu_session_rerun_runs_one_binary_after_the_build(tmp_path):

@@ -688,6 +688,21 @@ def test_plot_writes_png_and_gap_table(tmp_path):
     assert "| bf16 | 100 | 4.5000 | +0.00% |" in result.stdout and "| short | 30 | 5.0000 | +11.11% |" in result.stdout
 
 
+def test_plot_without_matplotlib_is_one_error_line(tmp_path):
+    """a Python without matplotlib (an `import matplotlib` that fails, first on PYTHONPATH): one error line naming how
+    to install it, not a traceback (scripts/compare_bf16_fp8.sh shows that line as its warning)"""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "main.log").write_text("s:0 trl:5.0000 lr:0.0006 norm:1.00\ns:0 tel:5.1000\n")
+    (tmp_path / "no_matplotlib").mkdir()
+    (tmp_path / "no_matplotlib" / "matplotlib.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
+    result = run_script(["scripts/plot.py", str(run), "--out", str(tmp_path / "loss.png")],
+                        env={"PYTHONPATH": str(tmp_path / "no_matplotlib")})
+    assert result.returncode == 1 and not (tmp_path / "loss.png").exists()
+    assert error_lines(result) == [f"error: scripts/plot.py needs matplotlib, which {sys.executable} cannot import: "
+                                   "bash scripts/setup_python.sh (or pip install matplotlib)"]
+
+
 def test_plot_hellaswag_references(tmp_path):
     """--reference 124M: the HellaSwag panel gets OpenAI's GPT-2 124M checkpoint and GPT-3 125M accuracies (llm.c's
     vislog values), printed beside each run's last accuracy; an unknown size is refused"""

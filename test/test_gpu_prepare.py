@@ -1,7 +1,7 @@
 """
 dev/gpu_prepare.sh (here, before a GPU session's first device call) in a stand-in checkout: pip,
-dev/nccl_wheel.sh and dev/data/prepare_default.sh are stubs that log their calls and write what
-the real ones would, so the test checks what is made when, what is left alone, and each device
+dev/nccl_wheel.sh, scripts/setup_python.sh and dev/data/prepare_default.sh are stubs that log their
+calls and write what the real ones would, so the test checks what is made when, what is left alone, and each device
 call's carry size against the tool's 64 MiB.
 """
 import os
@@ -15,11 +15,13 @@ WHEEL = "nvidia_cudnn_frontend-9.9.9-cp312-cp312-manylinux_2_28_x86_64.whl"
 MIB = 1 << 20
 
 
-def checkout_with_stubs(tmp_path, corpus_mib=1, pip_fails=False, ignore_whl=True):
-    """a git checkout holding dev/gpu_prepare.sh and stub helpers; returns (checkout, calls log, env)"""
+def checkout_with_stubs(tmp_path, corpus_mib=1, pip_fails=False, ignore_whl=True, frontend_installed=True):
+    """a git checkout holding dev/gpu_prepare.sh and stub helpers (the frontend installed here: version 9.9.9); returns
+    (checkout, calls log, env)"""
     checkout = tmp_path / "checkout"
     calls = tmp_path / "calls"
     os.makedirs(checkout / "dev" / "data")
+    os.makedirs(checkout / "scripts")
     shutil.copy(os.path.join(ROOT, "dev", "gpu_prepare.sh"), checkout / "dev" / "gpu_prepare.sh")
     (checkout / ".gitignore").write_text(("/.whl/\n" if ignore_whl else "") + "/.nccl/\n/dev/data/offline/\n")
     (checkout / "dev" / "nccl_wheel.sh").write_text(
@@ -28,11 +30,17 @@ def checkout_with_stubs(tmp_path, corpus_mib=1, pip_fails=False, ignore_whl=True
     (checkout / "dev" / "data" / "prepare_default.sh").write_text(
         f'echo "prepare_default $*" >> {calls}\nmkdir -p dev/data/offline\n'
         f'[ -f dev/data/offline/offline_train_000001.bin ] || truncate -s {corpus_mib * MIB} dev/data/offline/offline_train_000001.bin\n')
+    # the corpus's BPE rank file (git-ignored): setup_python.sh fetches it
+    (checkout / "scripts" / "setup_python.sh").write_text(
+        f'echo "setup_python $*" >> {calls}\nmkdir -p dev/data/cache && echo ranks > dev/data/cache/gpt2.tiktoken\n')
     subprocess.run(["git", "init", "-q"], cwd=checkout, check=True)
     subprocess.run(["git", "add", "."], cwd=checkout, check=True)
     # pip download writes a stand-in wheel (or fails); every other use is the real Python
     python = tmp_path / "python3"
-    python.write_text(f'#!/bin/sh\nif [ "$1 $2 $3" = "-m pip download" ]; then\n'
+    python.write_text(f'#!/bin/sh\nif [ "$1 $2 $3" = "-m pip show" ]; then\n'
+                      + ('  echo "Name: nvidia-cudnn-frontend"; echo "Version: 9.9.9"; exit 0\n' if frontend_installed
+                         else '  exit 1\n')
+                      + f'fi\nif [ "$1 $2 $3" = "-m pip download" ]; then\n'
                       f'  echo "pip $*" >> {calls}\n'
                       + ('  exit 1\n' if pip_fails else
                          '  while [ "$1" != "-d" ]; do shift; done\n'
@@ -56,8 +64,9 @@ def test_a_bare_checkout_gets_all_three_and_a_second_run_fetches_nothing(tmp_pat
     result = prepare(checkout, env)
     assert result.returncode == 0, result.stdout + result.stderr
     made = calls.read_text().splitlines()
-    assert len(made) == 3 and made[0].startswith("pip -m pip download") and "--python-version 3.12" in made[0]
-    assert made[0].endswith("nvidia-cudnn-frontend") and made[1:] == ["nccl_wheel sm90", "prepare_default "]
+    assert len(made) == 4 and made[0].startswith("pip -m pip download") and "--python-version 3.12" in made[0]
+    # the frontend of the version installed here (what CI compiles cudnn_att.cpp against); the BPE rank file first
+    assert made[0].endswith("nvidia-cudnn-frontend==9.9.9") and made[1:] == ["nccl_wheel sm90", "setup_python ", "prepare_default "]
     assert (checkout / ".whl" / WHEEL).exists()
     lines = carry_lines(result.stdout)
     assert [line.split(": carry ")[0] for line in lines] == ["first, rerun, build, tests, bench, sanitize", "ranks", "parity"]
@@ -67,7 +76,7 @@ def test_a_bare_checkout_gets_all_three_and_a_second_run_fetches_nothing(tmp_pat
     # the prepare script is idempotent itself; the wheels are not fetched again
     again = prepare(checkout, env)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert calls.read_text().splitlines()[3:] == ["prepare_default "]
+    assert calls.read_text().splitlines()[4:] == ["prepare_default "]
     assert f"whl: .whl/{WHEEL} is there" in again.stdout and carry_lines(again.stdout) == lines
 
 
@@ -103,7 +112,13 @@ def test_bad_parts_a_failed_download_and_an_unignored_wheel_folder_stop_it_with_
     checkout, _, env = checkout_with_stubs(tmp_path / "b", pip_fails=True)
     result = prepare(checkout, env)
     assert result.returncode == 1 and result.stderr.splitlines() == [
-        "error: dev/gpu_prepare.sh: could not download nvidia-cudnn-frontend into .whl/"]
+        "error: dev/gpu_prepare.sh: could not download nvidia-cudnn-frontend 9.9.9 into .whl/"]
+
+    checkout, calls, env = checkout_with_stubs(tmp_path / "d", frontend_installed=False)
+    result = prepare(checkout, env, "whl")
+    assert result.returncode == 1 and result.stderr.splitlines() == [
+        "error: dev/gpu_prepare.sh: nvidia-cudnn-frontend is not installed here (bash scripts/setup_python.sh): its version is the one to carry"]
+    assert not calls.exists()
 
     checkout, calls, env = checkout_with_stubs(tmp_path / "c", ignore_whl=False)
     result = prepare(checkout, env)

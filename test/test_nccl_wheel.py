@@ -313,22 +313,24 @@ def test_a_library_without_the_target_cubin_stops_the_cut(stand_in_library, tmp_
 # ----------------------------------------------------------------------------
 # dev/gpu_session.sh ranks: the call that uses the carried wheel
 
-def ranks_stage(tmp_path, with_wheel, make_ranks_status=0, multi_gpu_status=0):
-    """runs dev/gpu_session.sh ranks in a checkout whose make and test/run_gpu_tests.sh are stubs that log
-    their calls (with .nccl/sm90 holding a stand-in wheel or not); returns the result, the calls in order
-    and the directory standing for the venv"""
+def ranks_stage(tmp_path, with_wheel, ranks_status=0, multi_gpu_status=0, gpu=True):
+    """runs dev/gpu_session.sh ranks in a checkout whose make, nvidia-smi (a GPU, or none) and test/run_gpu_tests.sh
+    are stubs that log their calls (with .nccl/sm90 holding a stand-in wheel or not); returns the result, the calls
+    in order and the directory standing for the venv"""
     checkout = tmp_path / "checkout"
     for name in ("dev/gpu_session.sh", "dev/nccl_wheel.sh"):
         os.makedirs(checkout / os.path.dirname(name), exist_ok=True)
         shutil.copy(os.path.join(ROOT, name), checkout / name)
     calls = tmp_path / "calls"
     os.makedirs(checkout / "test")
-    (checkout / "test" / "run_gpu_tests.sh").write_text(f'echo "run_gpu_tests $*" >> {calls}\nexit {multi_gpu_status}\n')
+    (checkout / "test" / "run_gpu_tests.sh").write_text(
+        f'echo "run_gpu_tests $*" >> {calls}\ncase "$1" in --ranks) exit {ranks_status};; esac\nexit {multi_gpu_status}\n')
     stubs = tmp_path / "stubs"
     os.makedirs(stubs)
-    (stubs / "make").write_text(f'#!/bin/sh\necho "make $*" >> {calls}\n'
-                                f'case "$*" in *gpucheck-ranks*) exit {make_ranks_status};; esac\n')
-    (stubs / "make").chmod(0o755)
+    (stubs / "make").write_text(f'#!/bin/sh\necho "make $*" >> {calls}\n')
+    (stubs / "nvidia-smi").write_text("#!/bin/sh\n" + ('echo "GPU 0: NVIDIA H200"' if gpu else "exit 9") + "\n")
+    for stub in ("make", "nvidia-smi"):
+        (stubs / stub).chmod(0o755)
     if with_wheel:
         os.makedirs(checkout / ".nccl" / "sm90")
         write_wheel(checkout / ".nccl" / "sm90" / NAME, b"the cut library")
@@ -343,7 +345,7 @@ def ranks_stage(tmp_path, with_wheel, make_ranks_status=0, multi_gpu_status=0):
 def runs_both_tests(calls):
     """the build, then test_multi_gpu, then the ranks tests of the sections named"""
     return (any(c.startswith("make -k") for c in calls[:-2]) and calls[-2] == "run_gpu_tests build/test_multi_gpu"
-            and calls[-1].startswith("make ") and calls[-1].endswith("gpucheck-ranks RANKS_SECTIONS=twins"))
+            and calls[-1] == "run_gpu_tests --ranks twins")
 
 
 def test_the_ranks_stage_installs_the_carried_wheel_then_runs_both_tests(tmp_path):
@@ -353,6 +355,14 @@ def test_the_ranks_stage_installs_the_carried_wheel_then_runs_both_tests(tmp_pat
     with open(os.path.join(site, LIBRARY), "rb") as f:
         assert f.read() == b"the cut library"
     assert runs_both_tests(calls), calls
+
+
+def test_the_ranks_stage_installs_nothing_on_a_machine_without_a_gpu(tmp_path):
+    """the carried wheel goes into the device's venv only: on a machine without a GPU (this one, a dry run) it
+    would go into that machine's own Python, under every build there after"""
+    result, calls, site = ranks_stage(tmp_path, with_wheel=True, gpu=False)
+    assert not (tmp_path / "out" / "nccl_install.log").exists() and not os.path.exists(site)
+    assert any(c.startswith("make -k") for c in calls), calls
 
 
 def test_the_ranks_stage_without_a_carried_wheel_installs_nothing(tmp_path):
@@ -365,7 +375,7 @@ def test_the_ranks_stage_without_a_carried_wheel_installs_nothing(tmp_path):
 def test_the_ranks_stage_fails_when_either_test_fails(tmp_path):
     result, calls, _ = ranks_stage(tmp_path / "multi", with_wheel=False, multi_gpu_status=1)
     assert result.returncode != 0 and runs_both_tests(calls), calls  # the ranks tests still run
-    result, _, _ = ranks_stage(tmp_path / "ranks", with_wheel=False, make_ranks_status=2)
+    result, _, _ = ranks_stage(tmp_path / "ranks", with_wheel=False, ranks_status=2)
     assert result.returncode != 0
 
 

@@ -78,3 +78,17 @@ def test_malformed_line_is_one_error_line(tmp_path):
     result = run(tmp_path)
     assert result.returncode != 0
     assert result.stderr.startswith("error: ") and ":2:" in result.stderr, result.stderr
+
+
+def test_missing_matplotlib_is_one_error_line(tmp_path):
+    """a Python without matplotlib (an `import matplotlib` that fails, first on PYTHONPATH): one error line naming how
+    to install it, not a traceback"""
+    synthetic_run(tmp_path)
+    (tmp_path / "no_matplotlib").mkdir()
+    (tmp_path / "no_matplotlib" / "matplotlib.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
+    result = subprocess.run([sys.executable, SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=str(tmp_path / "no_matplotlib")))
+    assert result.returncode == 1 and not (tmp_path / "numerics.png").exists()
+    assert result.stderr.splitlines() == [
+        f"error: scripts/plot_numerics.py needs matplotlib, which {sys.executable} cannot import: "
+        "bash scripts/setup_python.sh (or pip install matplotlib)"]

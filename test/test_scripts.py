@@ -5,7 +5,9 @@ run end to end with the CPU trainer (LLM8_TRAINER=./train_gpt2cpu, which shares 
 trainer's flag table) on the tiny model: every flag a script passes must parse and pass its
 range check (the test's flags come last and only shrink the run: model, data, batch, steps),
 an FP8 script must train in FP8, and the comparison must train bf16 and each FP8 recipe asked
-for, then write the PNG and one table row per run.
+for, then write the PNG and one table row per run. The comparison's own checks (the settings a
+run directory records, the extra arguments it refuses, the table at the last shared val step, a
+failed plot) run it with a stand-in trainer that writes main.jsonl at once (FAKE_TRAINER).
 
 scripts/quickstart.sh, the README's first command, runs whole in a checkout of links to this
 one (its own dev/data, where the corpus goes, and its own root, where the logs go), so it
@@ -17,6 +19,7 @@ import glob
 import os
 import re
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -54,27 +57,33 @@ def test_run_script_flags_parse_and_train(script, data, tmp_path):
 
 
 def test_compare_trains_bf16_and_each_recipe(data, tmp_path):
+    """-n 2 over 4 steps: checkpoints at steps 2 and 4, of which the script's -nk 1 keeps only the newest (a d12
+    checkpoint is about 1.7 GB: keeping every one filled a 64 GB disk), and a rerun resumes from it"""
     out = tmp_path / "cmp"
     result = run_script("compare_bf16_fp8.sh",
-                        ["-b", 2, "-t", 32, "-u", 1, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
-                         "-m", 2, "-n", 4],
-                        {"MODEL": "tiny", "STEPS": "4", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
+                        ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
+                         "-m", 2, "-n", 2],
+                        {"MODEL": "tiny", "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
     assert result.returncode == 0, result.stderr[-2000:]
     fp8_runs = re.findall(r"^precision fp8 emulated, recipe (\w+),(.*)\| optimizer", result.stdout, re.M)
     assert [recipe for recipe, _ in fp8_runs] == ["delayed", "block"], result.stdout[-3000:]
     assert ["lm_head=fwd,dgrad,wgrad" in passes for _, passes in fp8_runs] == [False, True], fp8_runs  # +lm_head: -f8 all
-    table = result.stdout.split("| run | step | final val loss |")[-1]
+    table = result.stdout.split("| run | step | val loss |")[-1]
     rows = re.findall(r"^\| (bf16|fp8_\w+) \| 4 \| ([\d.]+) \|", table, re.M)
     assert [r for r, _ in rows] == ["bf16", "fp8_delayed", "fp8_block_lm_head"], result.stdout[-2000:]
     assert (out / "loss.png").stat().st_size > 0
+    for run, _ in rows:
+        checkpoints = sorted(name for name in os.listdir(out / run) if re.match(r"(model|state|DONE)_", name))
+        assert checkpoints == ["DONE_00000004", "model_00000004.bin", "state_00000004_00000.bin"], (run, checkpoints)
 
     # run again on the same OUT: every run is complete (checkpointed at its last step), so each resumes
     # there and the table is the same
     again = run_script("compare_bf16_fp8.sh",
-                       ["-b", 2, "-t", 32, "-u", 1, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
-                        "-m", 2, "-n", 4],
-                       {"MODEL": "tiny", "STEPS": "4", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
+                       ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
+                        "-m", 2, "-n", 2],
+                       {"MODEL": "tiny", "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
     assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.count("resumed from") == 3, again.stdout[-3000:]
     assert re.findall(r"^\| (bf16|fp8_\w+) \| 4 \| ([\d.]+) \|", again.stdout.split("| run | step |")[-1], re.M) == rows
 
 
@@ -117,8 +126,8 @@ def test_compare_fg_delayed_option_in_any_order(data, tmp_path):
     """+fg_delayed passes -fg delayed; the run name puts _lm_head before _fg_delayed whatever the order written,
     so a second call with the options the other way round resumes the same (finished) run with the same flags"""
     out = tmp_path / "cmp"
-    args = ["-b", 2, "-t", 32, "-u", 1, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2, "-m", 2, "-n", 2]
-    env = {"MODEL": "tiny", "STEPS": "2", "OUT": str(out)}
+    args = ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2, "-m", 2, "-n", 2]
+    env = {"MODEL": "tiny", "STEPS": "2", "WARMUP": "1", "OUT": str(out)}
     result = run_script("compare_bf16_fp8.sh", args, dict(env, RECIPES="delayed+fg_delayed delayed+fg_delayed+lm_head"))
     assert result.returncode == 0, result.stderr[-2000:]
     rows = re.findall(r"^\| (\w+) \| 2 \|", (out / "summary.md").read_text(), re.M)
@@ -141,8 +150,8 @@ def test_compare_fg_pow2_option(data, tmp_path):
     """+fg_pow2 passes -fg pow2 (the trainer's startup line says so) and names the run _fg_pow2, after _lm_head
     whatever the order written"""
     out = tmp_path / "cmp"
-    args = ["-b", 2, "-t", 32, "-u", 1, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2, "-m", 2, "-n", 2]
-    result = run_script("compare_bf16_fp8.sh", args, {"MODEL": "tiny", "STEPS": "2", "OUT": str(out),
+    args = ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2, "-m", 2, "-n", 2]
+    result = run_script("compare_bf16_fp8.sh", args, {"MODEL": "tiny", "STEPS": "2", "WARMUP": "1", "OUT": str(out),
                                                       "RECIPES": "current+fg_pow2+lm_head delayed+fg_pow2"})
     assert result.returncode == 0, result.stderr[-2000:]
     rows = re.findall(r"^\| (\w+) \| 2 \|", (out / "summary.md").read_text(), re.M)
@@ -191,13 +200,168 @@ def test_compare_refuses_fg_delayed_with_fg_pow2(item, tmp_path):
         f"error: RECIPES: '{item}': +fg_delayed and +fg_pow2 both set -fg (one -fg per run): give one of them"]
 
 
+def test_every_shell_script_is_executable():
+    """the docs run them as `scripts/NAME.sh` (compare_bf16_fp8.sh was mode 644: Permission denied): every script
+    under scripts/ with a #! line is executable, in the checkout and in git's index (what a clone gets); a file
+    without one is sourced by the others (run_common.sh) and says so on its first line"""
+    in_git = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], capture_output=True, text=True,
+                            cwd=ROOT).returncode == 0
+    scripts = sorted(glob.glob(os.path.join(ROOT, "scripts", "*.sh")))
+    assert "compare_bf16_fp8.sh" in map(os.path.basename, scripts)
+    for path in scripts:
+        name = os.path.relpath(path, ROOT)
+        with open(path) as f:
+            first = f.readline()
+        if not first.startswith("#!"):
+            assert first.startswith("# Sourced by "), f"{name}: no #! line, and its first line does not say what sources it"
+            continue
+        assert os.access(path, os.X_OK), f"{name} is not executable (chmod +x {name})"
+        if in_git:
+            staged = subprocess.run(["git", "ls-files", "-s", "--", name], capture_output=True, text=True, cwd=ROOT).stdout
+            assert not staged or staged.startswith("100755 "), \
+                f"{name} is not executable in git's index (git update-index --chmod=+x {name}): {staged.strip()}"
+
+
+FAKE_TRAINER = '''
+"""a stand-in trainer for compare_bf16_fp8.sh's own logic (no training): parses its flags as the trainer does
+(pairs, the later wins), appends each call to -o's calls.log, and writes main.jsonl as the trainer does: train
+records (tok_per_s) for steps 0 to -x minus 1, val losses every -v steps and at the last, up to step
+$FAKE_STOP_<run name> where it is set (a run cut off there)"""
+import json, os, sys
+flags = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+out, steps, every = flags["-o"], int(flags["-x"]), int(flags["-v"])
+run = os.path.basename(out)
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "calls.log"), "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+last = int(os.environ.get("FAKE_STOP_" + run, steps))
+offset = 0.01 * len(run)
+with open(os.path.join(out, "main.jsonl"), "w") as f:
+    for s in range(last + 1):
+        if s < steps:
+            f.write(json.dumps({"step": s, "type": "train", "loss": 5.0, "tok_per_s": 1000.0 + offset}) + "\\n")
+        if s % every == 0 or s == steps:
+            f.write(json.dumps({"step": s, "type": "val", "loss": round(6.0 - 0.1 * s + offset, 4)}) + "\\n")
+'''
+
+
+def fake_compare(tmp_path, args, env_extra, out="cmp"):
+    """compare_bf16_fp8.sh (MODEL=tiny STEPS=4 OUT=tmp_path/out RECIPES=delayed unless env_extra says otherwise) with
+    the stand-in trainer: seconds, no training"""
+    trainer = tmp_path / "fake_trainer.py"
+    if not trainer.exists():
+        trainer.write_text(f"#!{sys.executable}" + FAKE_TRAINER)
+        trainer.chmod(0o755)
+    env = dict(os.environ, LLM8_TRAINER=str(trainer), PYTHON=sys.executable, MODEL="tiny", STEPS="4",
+               OUT=str(tmp_path / out))
+    env.update(env_extra)
+    return subprocess.run(["bash", os.path.join(ROOT, "scripts", "compare_bf16_fp8.sh")] + [str(a) for a in args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+
+
+def calls(run_dir):
+    return (run_dir / "calls.log").read_text().splitlines()
+
+
+def no_matplotlib(tmp_path):
+    """a PYTHONPATH entry on which `import matplotlib` fails, as in a Python without it (scripts/plot.py then ends at
+    once: a test not about the PNG saves the second it takes to draw)"""
+    path = tmp_path / "no_matplotlib"
+    path.mkdir(exist_ok=True)
+    (path / "matplotlib.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
+    return str(path)
+
+
+def test_compare_refuses_a_run_made_with_other_settings(tmp_path):
+    """a second compare into the same OUT with another STEPS, WARMUP or extra argument would resume the old runs
+    (-y 1) with the new settings: each run directory records its settings, and a mismatch is refused in one line
+    before any run trains; the same settings resume; a run with no record (an older script's) is refused too"""
+    out = tmp_path / "cmp"
+    first = fake_compare(tmp_path, ["-v", 2], {"PYTHONPATH": no_matplotlib(tmp_path)})
+    assert first.returncode == 0, first.stderr
+    own = "-e tiny {} -x 4 -b 16 -t 1024 -l 0.0006 -u 0 -q 0.0 -c 0.1 -v 100 -s 0 -v 2"
+    assert (out / "bf16" / "compare_settings.txt").read_text() == own.format("-p bf16 -opt adamw") + "\n"
+    assert (out / "fp8_delayed" / "compare_settings.txt").read_text() == \
+        own.format("-p fp8 -fr delayed -opt adamw") + "\n"
+    assert calls(out / "bf16") == [own.format("-p bf16 -opt adamw").replace(" -v 2", "") + f" -n 500 -nk 1 -o {out}/bf16 -y 1 -v 2"]
+    for args, env, new in [([], {"STEPS": "8"}, own.replace("-x 4", "-x 8")),
+                           ([], {"WARMUP": "1"}, own.replace("-u 0", "-u 1")),
+                           (["-l", "0.001"], {}, own + " -l 0.001")]:
+        result = fake_compare(tmp_path, ["-v", 2] + args, dict(env, PYTHONPATH=no_matplotlib(tmp_path)))
+        assert result.returncode == 2, (args, env, result.stdout[-2000:])
+        assert result.stderr.splitlines() == [
+            f"error: scripts/compare_bf16_fp8.sh: {out}/bf16 holds a run with other settings: "
+            f"'{own.format('-p bf16 -opt adamw')}' there, '{new.format('-p bf16 -opt adamw')}' now (resuming it would go "
+            f"on with the new ones); give a new OUT, or remove {out}/bf16 {out}/fp8_delayed to train them afresh"], (args, env)
+        assert len(calls(out / "bf16")) == 1 and len(calls(out / "fp8_delayed")) == 1, "a run trained"
+    again = fake_compare(tmp_path, ["-v", 2], {"PYTHONPATH": no_matplotlib(tmp_path)})
+    assert again.returncode == 0, again.stderr
+    assert len(calls(out / "bf16")) == 2 and len(calls(out / "fp8_delayed")) == 2
+    (out / "fp8_delayed" / "compare_settings.txt").unlink()
+    result = fake_compare(tmp_path, ["-v", 2], {"PYTHONPATH": no_matplotlib(tmp_path)})
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"error: scripts/compare_bf16_fp8.sh: {out}/fp8_delayed holds a run but no "
+                                    "compare_settings.txt saying its settings"), result.stderr
+    assert result.stderr.endswith(f"; give a new OUT, or remove {out}/fp8_delayed to train it afresh\n"), result.stderr
+    assert len(calls(out / "bf16")) == 2, "a run trained before the check of every run"
+
+
+@pytest.mark.parametrize("flag,value,use", [
+    ("-p", "fp8", "set RECIPES instead"), ("-fr", "current", "set RECIPES instead"),
+    ("-f8", "all", "add +lm_head to a RECIPES item instead"),
+    ("-fg", "delayed", "add +fg_delayed or +fg_pow2 to a RECIPES item instead"),
+    ("-fw", "delayed", "compare -fw delayed with two runs of the trainer instead"),
+    ("-opt", "adamw8", "set OPTIMIZERS instead"), ("-e", "d6", "set MODEL=d6 instead"),
+    ("-x", "8", "set STEPS=8 instead"), ("-u", "3", "set WARMUP=3 instead"), ("-o", "elsewhere", "set OUT=elsewhere instead"),
+    ("-y", "0", "give a new OUT to start afresh instead"),
+])
+def test_compare_refuses_extra_arguments_it_sets_itself(flag, value, use, tmp_path):
+    """extra arguments come after the script's own flags, so `-fg delayed` there made the row fp8_delayed_fg_pow2 a
+    -fg delayed run: those the script sets are refused in one line that names the variable to use instead, before
+    any run; -b, -t and -d go through"""
+    result = fake_compare(tmp_path, ["-b", 2, "-t", 64, flag, value, "-d", 256], {})
+    assert result.returncode == 2 and not (tmp_path / "cmp").exists(), result.stdout[-2000:]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: scripts/compare_bf16_fp8.sh: extra argument '{flag} {value}': the script sets {flag} "), lines
+    assert f"would override it silently: {use}" in lines[0], lines
+    assert lines[0].endswith(" (its variables: MODEL STEPS WARMUP OUT RECIPES OPTIMIZERS)"), lines
+
+
+def test_compare_writes_the_table_first_at_the_last_shared_val_step(tmp_path):
+    """fp8_delayed cut off at step 4 of 8 (val every 2): the table compares both runs at step 4 and names it, with the
+    B, T and -d of the tok/s; without matplotlib the table is still written and the missing PNG is one warning line;
+    runs that share no val step after step 0 are one error line and a failed compare"""
+    env = {"STEPS": "8", "FAKE_STOP_fp8_delayed": "4", "PYTHONPATH": no_matplotlib(tmp_path)}
+    out = tmp_path / "cmp"
+    result = fake_compare(tmp_path, ["-v", 2, "-b", 2, "-t", 64, "-d", 256], env)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"warning: scripts/compare_bf16_fp8.sh: no {out}/loss.png, scripts/plot.py failed (exit 1): error: "
+        f"scripts/plot.py needs matplotlib, which {sys.executable} cannot import: bash scripts/setup_python.sh (or pip "
+        "install matplotlib)"]
+    table = (out / "summary.md").read_text()
+    assert table in result.stdout and result.stdout.endswith(f"wrote {out}/summary.md\n"), result.stdout
+    assert table.startswith("val loss at step 4, the last val step all 2 runs share; tok/s: the median over train "
+                            "steps 10 and later, at B=2 T=64 -d 256\n"), table
+    assert re.findall(r"^\| (\w+) \| (\d+) \| ([\d.]+) \|", table, re.M) == [("bf16", "4", "5.64"),
+                                                                        ("fp8_delayed", "4", "5.71")], table
+
+    # -v 100: val at step 0 and the last only, which fp8_delayed never reached
+    result = fake_compare(tmp_path, ["-b", 2, "-t", 64], env, out="cmp2")
+    assert result.returncode == 1 and not (tmp_path / "cmp2" / "summary.md").exists(), result.stdout[-2000:]
+    assert result.stderr.splitlines() == [
+        f"error: {tmp_path / 'cmp2'}: the runs share no val step after step 0, so no val loss to compare (val steps of "
+        "each run: bf16: 0 8; fp8_delayed: 0)"]
+
+
 def test_gpu_session_parity_stage_dry_run(data, tmp_path):
     """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: the three sets of
     runs train, the later ones resume the first's finished runs, and the logs a call returns are there"""
     logs = tmp_path / "logs"
     env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL="tiny", PARITY_STEPS="4",
                PARITY_TRAIN=str(data / "d_train_*.bin"), PARITY_VAL=str(data / "d_val_*.bin"),
-               PARITY_OUT=str(tmp_path / "parity"), PARITY_ARGS="-b 2 -t 32 -u 1 -v 2 -m 2 -n 4")
+               PARITY_OUT=str(tmp_path / "parity"), PARITY_ARGS="-b 2 -t 32 -v 2 -m 2 -n 4", WARMUP="1")
     result = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_session.sh"), "parity"], capture_output=True,
                             text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
@@ -229,7 +393,7 @@ def test_gpu_session_parity_stage_runs_the_sets_named(data, tmp_path):
     logs = tmp_path / "logs"
     env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL="tiny", PARITY_STEPS="2",
                PARITY_TRAIN=str(data / "d_train_*.bin"), PARITY_VAL=str(data / "d_val_*.bin"),
-               PARITY_OUT=str(tmp_path / "parity"), PARITY_ARGS="-b 2 -t 32 -u 1 -v 2 -m 2")
+               PARITY_OUT=str(tmp_path / "parity"), PARITY_ARGS="-b 2 -t 32 -v 2 -m 2", WARMUP="1")
     session = ["bash", os.path.join(ROOT, "dev", "gpu_session.sh"), "parity"]
     result = subprocess.run(session + ["lm_head"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
