@@ -115,9 +115,13 @@ LLMC_HEADERS = $(wildcard llmc/*.h llmc/*.cuh)
 # The trainer and the GPU tests compile to objects and link apart: their compiles then run
 # beside cudnn_att.o's (the frontend's headers make it the longest compile by far: 145 s on CI's
 # machine, 46 s the trainer's), not after it, which a device call's fixed budget feels. The
-# objects of a NO_CUDNN=1 build go to a folder of their own, so that switching relinks.
+# objects of a NO_CUDNN=1 build go to a folder of their own, and the binaries depend on a stamp
+# of the flavour last linked, so that switching either way relinks them.
 # OpenMP: the random init's normals (llmc/rand.h) on every core (d48: 1.56 billion of them).
 CUDA_OBJ = $(BUILD)/obj$(if $(filter 1,$(NO_CUDNN)),-nocudnn)
+CUDA_FLAVOR = $(BUILD)/flavor-$(if $(filter 1,$(NO_CUDNN)),nocudnn,cudnn)
+$(CUDA_FLAVOR):
+	@mkdir -p $(@D) && rm -f $(BUILD)/flavor-* && touch $@
 CUDA_PROGRAM_FLAGS = $(NVCC_FLAGS) -Xcompiler -fopenmp $(NCCL_FLAGS) $(ATTENTION_FLAGS) $(MPI_FLAGS)
 CUDA_PROGRAM_LIBS = $(ATTENTION_OBJS) $(NCCL_LIBS) $(NVCC_LDFLAGS) $(ATTENTION_LIBS) $(MPI_LIBS) -lgomp
 
@@ -125,7 +129,7 @@ $(CUDA_OBJ)/train_gpt2_fp8.o: train_gpt2_fp8.cu $(LLMC_HEADERS) | check-cuda che
 	@mkdir -p $(@D)
 	$(NVCC) $(CUDA_PROGRAM_FLAGS) -c $< -o $@
 
-train_gpt2_fp8: $(CUDA_OBJ)/train_gpt2_fp8.o $(ATTENTION_OBJS)
+train_gpt2_fp8: $(CUDA_OBJ)/train_gpt2_fp8.o $(ATTENTION_OBJS) $(CUDA_FLAVOR)
 	$(NVCC) $(NVCC_FLAGS) $< $(CUDA_PROGRAM_LIBS) -o $@
 
 # the per-GEMM FP8 vs bf16 benchmark (dev/bench/bench_gemm.cu): cuBLASLt only, no cuDNN
@@ -162,7 +166,7 @@ $(GPU_TEST_OBJS): $(CUDA_OBJ)/%.o: test/%.cu $(LLMC_HEADERS) $(wildcard test/*.h
 	@mkdir -p $(@D)
 	$(NVCC) $(CUDA_PROGRAM_FLAGS) -c $< -o $@
 
-$(GPU_TESTS): $(BUILD)/%: $(CUDA_OBJ)/%.o $(ATTENTION_OBJS)
+$(GPU_TESTS): $(BUILD)/%: $(CUDA_OBJ)/%.o $(ATTENTION_OBJS) $(CUDA_FLAVOR)
 	$(NVCC) $(NVCC_FLAGS) $< $(CUDA_PROGRAM_LIBS) -o $@
 
 # what compiles without cudnn_att.o: dev/gpu_session.sh builds these beside it
@@ -264,7 +268,7 @@ test-sanitizers:
 	@UBSAN_OPTIONS=print_stacktrace=1 RUNNER_NAME="sanitized cudasim tests" bash test/run_cpu_tests.sh $(SANITIZE_SIM_TESTS)
 
 # on a GPU: the test binaries, the multi-rank trainer runs, the short benchmark; the first two
-# are also targets of their own, so a device call can run one (dev/gpu_session.sh)
+# are also targets of their own
 gpucheck: gpucheck-tests gpucheck-ranks
 	$(MAKE) bench BENCH_ARGS="--quick"
 

@@ -31,7 +31,7 @@
 #                                   # lm_head), fg_delayed (bf16, FP8 delayed, FP8 delayed with
 #                                   # -fg delayed, FP8 delayed with -fg pow2):
 #                                   # scripts/compare_bf16_fp8.sh once a set
-#                                   # (summary_SET.md, loss_SET.png); a run a set shares with an
+#                                   # (summary_SET.md; loss_SET.png in the main.log archive); a run a set shares with an
 #                                   # earlier one is resumed, not trained again, and so is a run cut
 #                                   # off (checkpoints every 500 steps) on the same warm machine;
 #                                   # PARITY_S=N: stopped after N seconds, the logs of what ran returned
@@ -89,7 +89,7 @@ write_env() { timeout 60 make env PYTHON="$PYTHON" >"$LOG_DIR/env.txt" 2>&1 || e
 # is built with NO_CUDNN=1 (attention by llm8's own kernels), so the rest is still tested, and
 # build.log says so in its first line. NO_CUDNN=1 then stays exported for the call, and a
 # cudnn_att.o that did not compile leaves build/no_cudnn, so that a later call on the warm
-# machine does not spend minutes compiling it again
+# machine does not spend minutes compiling it again (rm build/no_cudnn to try cuDNN again)
 build_all() {
     install_wheels
     local deadline=${1:+$(($(date +%s) + $1))}
@@ -99,7 +99,7 @@ build_all() {
         echo "build: not run, no time left (${1} s)" | tee -a "$LOG_DIR/build.log"
         return 1
     fi
-    local no_cudnn= status
+    local no_cudnn= status failed_objects=() name
     if [ "${NO_CUDNN:-}" = 1 ] || [ -f build/no_cudnn ]; then
         no_cudnn=NO_CUDNN=1
         echo "build: NO_CUDNN=1, no cuDNN attention tested ($([ -f build/no_cudnn ] && echo "build/no_cudnn: an earlier call's cudnn_att.o did not build" || echo "NO_CUDNN=1 given"))" \
@@ -117,6 +117,12 @@ build_all() {
         wait "$cudnn_att"
         status=$?
         cat build/cudnn_att.log >>"$LOG_DIR/build.log"
+        # an object that did not compile is not compiled again for the link (make -o): its failure is in
+        # build.log already, and a second try would cost its whole compile time again
+        for name in train_gpt2_fp8 $(cd test && compgen -G "test_*.cu"); do
+            name=${name%.cu}
+            [ "$status" -ne 0 ] || [ -f "build/obj/$name.o" ] || failed_objects+=(-o "build/obj/$name.o")
+        done
         if [ "$status" -eq 124 ]; then
             echo "build: stopped at its deadline (${1:-} s), in build/cudnn_att.o" | tee -a "$LOG_DIR/build.log"
             return 0
@@ -127,7 +133,7 @@ build_all() {
         fi
     fi
     [ -z "$no_cudnn" ] || export NO_CUDNN=1
-    $(limit) make -k -j"$JOBS" PYTHON="$PYTHON" $no_cudnn train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests 2>&1 \
+    $(limit) make -k -j"$JOBS" PYTHON="$PYTHON" $no_cudnn "${failed_objects[@]}" train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests 2>&1 \
         | tee -a "$LOG_DIR/build.log" | tail -5
     # a target that failed leaves the others to test (make -k): the stages go on, build.log says which
     [ "${PIPESTATUS[0]}" -eq 124 ] && echo "build: stopped at its deadline (${1:-} s)" | tee -a "$LOG_DIR/build.log"
@@ -314,10 +320,11 @@ case "$stage" in
             [ "$rc" -ne 124 ] || echo "parity: set $name stopped at PARITY_S=$PARITY_S" | tee -a "$LOG_DIR/parity.log"
             [ "$rc" -eq 0 ] || { status=1; break; }
             cp "$out/summary.md" "$LOG_DIR/summary_$name.md"
-            cp "$out/loss.png" "$LOG_DIR/loss_$name.png"
+            cp "$out/loss.png" "$out/loss_$name.png" 2>/dev/null
         done
-        # every run's main.log in one file: a device call returns at most 8 files
-        (cd "$out" && compgen -G "*/main.log" >/dev/null && tar -czf "$LOG_DIR/parity_main_logs.tar.gz" ./*/main.log)
+        # every run's main.log and every set's plot in one file: a device call returns at most 8 files
+        (cd "$out" && compgen -G "*/main.log" >/dev/null && tar -czf "$LOG_DIR/parity_main_logs.tar.gz" ./*/main.log \
+            $(compgen -G "./loss_*.png"))
         exit "$status"
         ;;
     sanitize)

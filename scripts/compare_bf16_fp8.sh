@@ -158,11 +158,16 @@ set_run_args() {
     read -r -a precision <<< "${run_flags[$1]}"
     run_args=(-e "$MODEL" "${precision[@]}" -x "$STEPS" -b 16 -t 1024 -l 0.0006 -u "$WARMUP" -q 0.0 -c 0.1 -v 100 -s 0)
 }
+# the extra arguments that define the runs: all but -n and -nk (how often a checkpoint is kept)
+defining_extras=()
+for ((i = 0; i < ${#args[@]}; i += 2)); do
+    [[ "${args[$i]}" == -n || "${args[$i]}" == -nk ]] || defining_extras+=("${args[@]:$i:2}")
+done
 settings=()
 differ=() first_error=""
 for i in "${!runs[@]}"; do
     set_run_args "$i"
-    settings[$i]="$(printf '%q ' "${run_args[@]}" "$@")"
+    settings[$i]="$(printf '%q ' "${run_args[@]}" "${defining_extras[@]}")"
     settings[$i]="${settings[$i]% }"
     dir="$OUT/${runs[$i]}"
     [[ -e "$dir/main.log" || -e "$dir/main.jsonl" ]] || compgen -G "$dir/DONE_*" >/dev/null || continue

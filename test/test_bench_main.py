@@ -653,6 +653,28 @@ def test_gpu_session_builds_without_cudnn_when_its_attention_does_not_compile(tm
     assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests$", log, re.M), log
 
 
+def test_gpu_session_does_not_compile_a_failed_object_twice(tmp_path):
+    """with cuDNN, the objects compile beside cudnn_att.o (make cuda-objects, make -k); one that failed there is not
+    compiled again for the link (make -o: its binary's link fails at once), which on the device would cost its
+    whole compile time a second time"""
+    root, fakes = copy_of_the_scripts(tmp_path), tmp_path / "bin"
+    fakes.mkdir()
+    for name in ("test_kernels", "test_gpt2"):
+        (root / "test" / f"{name}.cu").write_text("")
+    fake_tool(fakes, "make", 'echo "make $*" >> "$OUT/make_calls"; case "$*" in *cuda-objects*) mkdir -p build/obj; '
+                             'touch build/obj/train_gpt2_fp8.o build/obj/test_gpt2.o; exit 2;; esac')
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable)
+    result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "build"], capture_output=True, text=True,
+                            timeout=60, env=env, cwd=root)
+    assert result.returncode == 0, result.stderr
+    calls = (out / "make_calls").read_text().splitlines()
+    assert any(re.fullmatch(r"make -k -j\d+ PYTHON=\S+ cuda-objects", c) for c in calls), calls
+    assert re.fullmatch(r"make -k -j\d+ PYTHON=\S+ -o build/obj/test_kernels.o train_gpt2_fp8 bench_gemm probe_epilogues "
+                        r"gpu-tests", calls[-1]), calls
+
+
 def test_gpu_session_keeps_no_cudnn_for_the_next_call_and_tests_past_a_failed_target(tmp_path):
     """after cudnn_att.o failed, the next call on the warm machine (here the tests stage) builds with NO_CUDNN=1 at
     once, without compiling cudnn_att.o again (minutes on the device), and runs the test binaries that were built
