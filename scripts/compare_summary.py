@@ -23,6 +23,8 @@ import os
 import statistics
 import sys
 
+from plot import comparison_step  # the step scripts/plot.py compares the runs at
+
 FIRST_TIMED_STEP = 10  # tok/s: the train steps from this one on (the first ones include startup and warmup)
 NO_TOK_NOTE = "(1)"
 
@@ -64,12 +66,6 @@ def median_tok_per_s(tok):
     return statistics.median(timed) if timed else None
 
 
-def shared_val_step(vals):
-    """the last step after step 0 with a val loss in every run, or None"""
-    common = set.intersection(*(set(val) for val in vals)) - {0}
-    return max(common) if common else None
-
-
 def gap(loss, reference):
     return f"{100 * (loss / reference - 1):+.2f}%" if loss is not None and reference else "-"
 
@@ -80,7 +76,7 @@ def summarize(out, runs, batch=16, seq=1024, total_batch=None):
     if not runs:
         raise SummaryError("no runs to compare")
     logs = {run: read_run(os.path.join(out, run, "main.jsonl")) for run in runs}
-    step = shared_val_step([val for val, _ in logs.values()])
+    step = comparison_step([val for val, _ in logs.values()])
     if step is None:
         steps = "; ".join(f"{run}: {' '.join(map(str, sorted(val))) or 'none'}" for run, (val, _) in logs.items())
         raise SummaryError(f"{out}: the runs share no val step after step 0, so no val loss to compare "

@@ -126,15 +126,16 @@ def ema(values, beta):
     return smoothed
 
 
-def comparison_step(runs):
-    """The last step after step 0 with a val loss in every run, or None when the runs share none (the untrained
-    model's step 0 says nothing about the runs: then each run's own last val step is compared)."""
-    common = set.intersection(*(set(series["val"]) for series in runs)) - {0}
+def comparison_step(vals):
+    """The last step after step 0 with a val loss in every run (vals: each run's {step: val loss}), or None when the
+    runs share none (the untrained model's step 0 says nothing about the runs). scripts/compare_summary.py compares
+    at this step too."""
+    common = set.intersection(*(set(val) for val in vals)) - {0}
     return max(common) if common else None
 
 
 def print_table(labels, runs):
-    step = comparison_step(runs)
+    step = comparison_step([series["val"] for series in runs])
     print(f"val loss at step {step} (the last step every run evaluated)" if step is not None
           else "val loss at each run's last evaluated step (the runs share no val step after step 0)")
     print("| run | step | val loss | gap vs the first run with a val loss |")

@@ -501,8 +501,9 @@ static void test_optional_section(const GPT2Config* cfg) {
 /*
 With M = N, llm.c's rank file `path` (held: the floats of each of its 3 arrays) holds the loader
 `got` replayed to: the position in header slots 30 to 33 and, shuffling, the trailer after the
-arrays (shard order, sample order, and the generator exactly as llm.c's struct has it), to the
-file's end. So llm8's walk over the shards is llm.c's, as make_llmc_files.py models it.
+arrays, to the file's end, byte for byte what dataloader_write_state writes of `got` (whose
+layout test_formats holds to llm.c's files). So llm8's walk over the shards is llm.c's, as
+make_llmc_files.py models it.
 */
 static int loader_is_llmc_files(const DataLoader* got, const char* path, size_t held) {
     FILE* fp = fopenCheck(path, "rb");
@@ -513,28 +514,23 @@ static int loader_is_llmc_files(const DataLoader* got, const char* path, size_t 
     memcpy(position, &header[30], sizeof(position));
     int same = position[0] == got->current_shard_idx && position[1] == got->current_sample_idx &&
                header[5] == got->should_shuffle;
-    fseekCheck(fp, (long)(CHECKPOINT_HEADER_BYTES + 3 * held * sizeof(float)), SEEK_SET);
-    if (same && got->should_shuffle) {
-        uint64_t count;
-        freadCheck(&count, sizeof(count), 1, fp);
-        int* order = (int*)mallocCheck((count + 1) * sizeof(int));
-        same = count == got->num_shards;
-        if (same) { freadCheck(order, sizeof(int), count, fp); }
-        same = same && memcmp(order, got->shard_indices, count * sizeof(int)) == 0;
-        free(order);
-        if (same) { freadCheck(&count, sizeof(count), 1, fp); }
-        same = same && count == got->num_intra_shard_indices;
-        order = (int*)mallocCheck((count + 1) * sizeof(int));
-        if (same) { freadCheck(order, sizeof(int), count, fp); }
-        same = same && memcmp(order, got->intra_shard_indices, count * sizeof(int)) == 0;
-        free(order);
-        LlmcRngLayout rng;
-        if (same) { freadCheck(&rng, sizeof(rng), 1, fp); }
-        same = same && rng.next == got->shuffle_rng.index && rng.left == (int32_t)(MT19937_N + 1 - got->shuffle_rng.index) &&
-               memcmp(rng.state, got->shuffle_rng.state, sizeof(rng.state)) == 0 && rng.matrix_a[0] == 0 &&
-               rng.matrix_a[1] == 0x9908b0dfu;
+    long trailer_at = (long)(CHECKPOINT_HEADER_BYTES + 3 * held * sizeof(float));
+    FILE* expected = tmpfile();
+    dataloader_write_state(got, expected);
+    long trailer_bytes = ftell(expected);
+    same = same && file_bytes - trailer_at == trailer_bytes;
+    if (same && trailer_bytes > 0) {
+        char* in_file = (char*)mallocCheck((size_t)trailer_bytes);
+        char* written = (char*)mallocCheck((size_t)trailer_bytes);
+        fseekCheck(fp, trailer_at, SEEK_SET);
+        freadCheck(in_file, 1, (size_t)trailer_bytes, fp);
+        rewind(expected);
+        freadCheck(written, 1, (size_t)trailer_bytes, expected);
+        same = memcmp(in_file, written, (size_t)trailer_bytes) == 0;
+        free(in_file);
+        free(written);
     }
-    same = same && ftell(fp) == file_bytes;
+    fclose(expected);
     fcloseCheck(fp);
     return same;
 }
