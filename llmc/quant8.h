@@ -173,7 +173,7 @@ LLMC_HD void quant8_encode_indices(const float* table, const float* search, cons
 }
 
 LLMC_HD void quant8_encode_signed_values(const float* x, int count, float absmax, const Quant8Maps* maps, int8_t* codes) {
-    int index[QUANT8_SEARCH_BATCH];
+    int index[QUANT8_SEARCH_BATCH] = {0};  // written below count only; zeros keep gcc from warning past it
     quant8_encode_indices(maps->signed_values, maps->signed_search, x, count, absmax, index);
     for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {  // compile-time indices: the kernel's arrays stay in registers
         if (k < count) { codes[k] = (int8_t)(index[k] - QUANT8_SIGNED_ZERO_INDEX); }
@@ -181,7 +181,7 @@ LLMC_HD void quant8_encode_signed_values(const float* x, int count, float absmax
 }
 
 LLMC_HD void quant8_encode_unsigned_values(const float* x, int count, float absmax, const Quant8Maps* maps, uint8_t* codes) {
-    int index[QUANT8_SEARCH_BATCH];
+    int index[QUANT8_SEARCH_BATCH] = {0};
     quant8_encode_indices(maps->unsigned_values, maps->unsigned_search, x, count, absmax, index);
     for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
         if (k < count) { codes[k] = (uint8_t)index[k]; }
@@ -240,14 +240,20 @@ typedef struct {
 static inline void quant8_quantize_block_signed(const float* x, int count, const Quant8Maps* maps, int8_t* codes, float* absmax) {
     float block_max = 0.0f;
     for (int k = 0; k < count; k++) { block_max = fmaxf(block_max, fabsf(x[k])); }
-    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_signed(x[k], block_max, maps); }
+    for (int k = 0; k < count; k += QUANT8_SEARCH_BATCH) {  // searched together, as the kernel does
+        int batch = count - k < QUANT8_SEARCH_BATCH ? count - k : QUANT8_SEARCH_BATCH;
+        quant8_encode_signed_values(x + k, batch, block_max, maps, codes + k);
+    }
     *absmax = block_max;
 }
 
 static inline void quant8_quantize_block_unsigned(const float* x, int count, const Quant8Maps* maps, uint8_t* codes, float* absmax) {
     float block_max = 0.0f;
     for (int k = 0; k < count; k++) { block_max = fmaxf(block_max, fabsf(x[k])); }
-    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_unsigned(x[k], block_max, maps); }
+    for (int k = 0; k < count; k += QUANT8_SEARCH_BATCH) {
+        int batch = count - k < QUANT8_SEARCH_BATCH ? count - k : QUANT8_SEARCH_BATCH;
+        quant8_encode_unsigned_values(x + k, batch, block_max, maps, codes + k);
+    }
     *absmax = block_max;
 }
 

@@ -15,7 +15,7 @@ kernel queued before it.
 #include "llmc/utils.h"
 
 // a new device buffer holding `bytes` host bytes
-static void* device_copy(const void* host, size_t bytes) {
+static inline void* device_copy(const void* host, size_t bytes) {
     void* device = cuda_malloc_checked(bytes, "a test tensor");
     cudaCheck(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
     cudaCheck(cudaDeviceSynchronize());
@@ -23,7 +23,7 @@ static void* device_copy(const void* host, size_t bytes) {
 }
 
 // a new host buffer holding `bytes` device bytes, once the device has finished its queued work
-static void* host_copy(const void* device, size_t bytes) {
+static inline void* host_copy(const void* device, size_t bytes) {
     void* host = mallocCheck(bytes);
     cudaCheck(cudaDeviceSynchronize());
     cudaCheck(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
@@ -31,7 +31,7 @@ static void* host_copy(const void* device, size_t bytes) {
 }
 
 // bf16 bits as floats (exact), in a new host buffer
-static float* bf16_bits_to_floats(const uint16_t* bits, size_t n) {
+static inline float* bf16_bits_to_floats(const uint16_t* bits, size_t n) {
     float* f = (float*)mallocCheck(n * sizeof(float));
     for (size_t i = 0; i < n; i++) { f[i] = bf16_bits_to_float(bits[i]); }
     return f;
