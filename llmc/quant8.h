@@ -188,18 +188,6 @@ LLMC_HD void quant8_encode_unsigned_values(const float* x, int count, float absm
     }
 }
 
-LLMC_HD int8_t quant8_encode_signed(float x, float absmax, const Quant8Maps* maps) {
-    int8_t code;
-    quant8_encode_signed_values(&x, 1, absmax, maps, &code);
-    return code;
-}
-
-LLMC_HD uint8_t quant8_encode_unsigned(float x, float absmax, const Quant8Maps* maps) {
-    uint8_t code;
-    quant8_encode_unsigned_values(&x, 1, absmax, maps, &code);
-    return code;
-}
-
 LLMC_HD float quant8_decode_signed(int8_t code, float absmax, const float* signed_map) {
     return signed_map[(int)code + QUANT8_SIGNED_ZERO_INDEX] * absmax;
 }

@@ -54,6 +54,19 @@ static double largest_gap(const float* map) {
     return gap;
 }
 
+// one value's code (the trainer encodes a block's values QUANT8_SEARCH_BATCH at a time)
+static int8_t quant8_encode_signed(float x, float absmax, const Quant8Maps* maps) {
+    int8_t code;
+    quant8_encode_signed_values(&x, 1, absmax, maps, &code);
+    return code;
+}
+
+static uint8_t quant8_encode_unsigned(float x, float absmax, const Quant8Maps* maps) {
+    uint8_t code;
+    quant8_encode_unsigned_values(&x, 1, absmax, maps, &code);
+    return code;
+}
+
 static void test_maps(void) {
     const float* s = g_maps.signed_values;
     const float* u = g_maps.unsigned_values;
