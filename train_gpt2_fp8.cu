@@ -1330,6 +1330,11 @@ int main(int argc, char** argv) {
     else { model_config = gpt2_config_from_descriptor(tc.model); }
     if (resume_step >= 0) { train_config_note_resumed_model(&tc, &model_config, model_path); }
     int grad_accum_steps = train_config_check_batch(&tc, &model_config, num_ranks);
+    if (tc.B * tc.T > MATMUL_MAX_ROWS) {  // B*T fits an int (train_config_check_batch); beyond: a launch error at step 1
+        llm8_die("flags -b %d, -t %d: %d tokens per GPU micro-step exceed %d, the most the bias gradient and the FP8 "
+                 "casts take (128-token row tiles, at most 65535 in CUDA's grid y); lower -b", tc.B, tc.T, tc.B * tc.T,
+                 MATMUL_MAX_ROWS);
+    }
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
     train_config_check_zero_stage(&tc, &fp8_settings, num_ranks);
     fp8_model_check_shapes(&fp8_settings, &model_config, tc.B * tc.T);  // e.g. the block recipe on d48: one line, no GPU touched

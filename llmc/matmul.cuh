@@ -358,6 +358,10 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
 static_assert(DBIAS_BLOCK_COLUMNS == 32 * x128::size && DBIAS_ROW_LANES * 32 == DBIAS_BLOCK_COLUMNS,
               "each thread of a dbias block finishes exactly one of the block's columns");
 
+// the most rows N (tokens) a linear's kernels take: the bias gradient's row chunks, like the FP8 casts'
+// row tiles of as many rows (fp8_cast.cuh), are CUDA's grid y, at most 65535 of them
+#define MATMUL_MAX_ROWS (65535 * DBIAS_ROWS_PER_CHUNK)
+
 size_t matmul_dbias_scratch_floats(int N, int OC) {
     return (size_t)ceil_div(N, DBIAS_ROWS_PER_CHUNK) * (size_t)OC;
 }

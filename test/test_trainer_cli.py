@@ -347,6 +347,16 @@ def test_tokens_per_micro_step_beyond_int_range_are_refused(data):
     assert_one_line_error(result, "-b 65536", "2147483648", "lower -b")
 
 
+def test_tokens_per_gpu_beyond_the_kernels_grid_are_refused(data):
+    """8192 x 1024 tokens on one GPU: more than the 65535 x 128 rows the bias gradient's and the FP8 casts' grids
+    take (a CUDA launch error at the first step otherwise): one line naming -b. 65535 x 128 itself passes the check
+    and stops at the fixture's data, too short for such a batch"""
+    result = run(GPU, base_args(data, ["-b", 8192, "-t", 1024]))
+    assert_one_line_error(result, "-b 8192", "8388608", "8388480", "lower -b")
+    result = run(GPU, base_args(data, ["-b", 65535, "-t", 128]))
+    assert_one_line_error(result, "fewer than one batch needs")
+
+
 @pytest.mark.parametrize("variable,value,flags,fragments", [
     ("SLURM_STEP_NUM_TASKS", "2", [], ["started by srun as 2 processes (SLURM_STEP_NUM_TASKS)", "-pn N -pr R"]),
     ("PMI_SIZE", "3", [], ["started by an MPI launcher as 3 processes (PMI_SIZE)", "-pn N -pr R"]),
