@@ -16,25 +16,46 @@ CFLAGS = -std=gnu11 -O3 -Wall -Wextra $(FORMAT_CHECK) -I.
 BUILD = build
 
 # ---- CUDA toolkit ---------------------------------------------------------------------
-NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
-CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# The toolkit is one: nvcc and the CUDA_HOME it sits in, where cuDNN, NCCL and the runpath are looked for.
+# nvcc is the NVCC given, else llm.c's choice, the one on PATH, else the environment's $CUDA_HOME/bin/nvcc,
+# else /usr/local/cuda's. An exported CUDA_HOME of another toolkit than PATH's nvcc is passed over (it would
+# send the build to that release's headers and libraries); CUDA_HOME on make's command line picks its nvcc
+CUDA_HOME_ENV_NVCC := $(if $(CUDA_HOME),$(wildcard $(CUDA_HOME)/bin/nvcc))
+ifeq ($(origin CUDA_HOME),command line)
+  NVCC ?= $(CUDA_HOME)/bin/nvcc
+else
+  NVCC ?= $(or $(shell command -v nvcc 2>/dev/null),$(CUDA_HOME_ENV_NVCC),/usr/local/cuda/bin/nvcc)
+  CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+endif
 GPU_ARCH ?= sm_90a
 NVCC_FLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -I. -Xcompiler -Wall,$(FORMAT_CHECK) --expt-relaxed-constexpr
 NVCC_LDFLAGS = -lcublasLt -lcublas -ldl -Xlinker -rpath,$(CUDA_HOME)/lib64
 
-# ---- cuDNN and its frontend headers: /usr/local/cuda, or Python's site-packages ---------
-PY_SITE := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" 2>/dev/null)
-CUDNN_PIP := $(firstword $(wildcard $(PY_SITE)/nvidia/cudnn))
+# ---- cuDNN and its frontend headers: $(CUDA_HOME), Python's site-packages, or the system's --
+# Python's site-packages: the environment's, and the user's where Python reads it (pip installs there,
+# --user or by itself, when the environment's is not writable: a system Python run by a user)
+PY_SITE := $(shell $(PYTHON) -c "import site, sysconfig; p = sysconfig.get_paths(); \
+    print(' '.join(dict.fromkeys([p['purelib'], p['platlib']] + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else []))))" 2>/dev/null)
+# the system's: where distribution packages put them (NVIDIA's apt and rpm repositories, the nvidia/cuda
+# images: /usr/include/cudnn.h and nccl.h, the libraries in the multiarch directory or lib64)
+SYSTEM_INCLUDE ?= /usr/include
+SYSTEM_LIB_DIRS ?= /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib
+system_lib_dir = $(patsubst %/$(1),%,$(firstword $(wildcard $(addsuffix /$(1),$(SYSTEM_LIB_DIRS)))))
+CUDNN_PIP := $(firstword $(wildcard $(addsuffix /nvidia/cudnn,$(PY_SITE))))
+CUDNN_SYSTEM_LIB := $(if $(wildcard $(SYSTEM_INCLUDE)/cudnn.h),$(call system_lib_dir,libcudnn.so.9))
 ifneq ($(wildcard $(CUDA_HOME)/include/cudnn.h),)
   CUDNN_INCLUDE ?= $(CUDA_HOME)/include
   CUDNN_LIB ?= $(CUDA_HOME)/lib64
 else ifneq ($(CUDNN_PIP),)
   CUDNN_INCLUDE ?= $(CUDNN_PIP)/include
   CUDNN_LIB ?= $(CUDNN_PIP)/lib
+else ifneq ($(CUDNN_SYSTEM_LIB),)
+  CUDNN_INCLUDE ?= $(SYSTEM_INCLUDE)
+  CUDNN_LIB ?= $(CUDNN_SYSTEM_LIB)
 endif
 CUDNN_FRONTEND_PATH ?= $(firstword $(patsubst %/cudnn_frontend.h,%,$(wildcard \
-    $(PY_SITE)/include/cudnn_frontend.h $(BUILD)/site/include/cudnn_frontend.h $(HOME)/cudnn-frontend/include/cudnn_frontend.h \
-    ./cudnn-frontend/include/cudnn_frontend.h)))
+    $(addsuffix /include/cudnn_frontend.h,$(PY_SITE)) $(BUILD)/site/include/cudnn_frontend.h \
+    $(HOME)/cudnn-frontend/include/cudnn_frontend.h ./cudnn-frontend/include/cudnn_frontend.h)))
 
 ifeq ($(NO_CUDNN),1)
   ATTENTION_OBJS =
@@ -48,21 +69,28 @@ else
   ATTENTION_LIBS = -L$(CUDNN_LIB) -Xlinker -rpath,$(CUDNN_LIB) -l:libcudnn.so.9 -lnvrtc
 endif
 
-# ---- NCCL (multi-GPU): /usr/local/cuda or pip's nvidia-nccl-cu13 in site-packages, the newer
-# of the two (MAJOR*10000+MINOR*100+PATCH from nccl.h): only 2.30+ lets two ranks share one GPU
-# (NCCL_MULTI_RANK_GPU_ENABLE=1, what the one-GPU multi-rank tests need), and a machine may
-# hold an older NCCL in /usr/local/cuda beside pip's
-NCCL_PIP := $(firstword $(wildcard $(PY_SITE)/nvidia/nccl))
+# ---- NCCL (multi-GPU): $(CUDA_HOME), pip's nvidia-nccl-cu13 in site-packages or the system's
+# (libnccl-dev), the newest (MAJOR*10000+MINOR*100+PATCH from nccl.h; on a tie in that order): only
+# 2.30+ lets two ranks share one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1, what the one-GPU multi-rank tests
+# need), and a machine may hold an older NCCL in /usr/local/cuda or /usr beside pip's
+NCCL_PIP := $(firstword $(wildcard $(addsuffix /nvidia/nccl,$(PY_SITE))))
 nccl_version = $(if $(wildcard $(1)/nccl.h),$(shell awk '/define NCCL_MAJOR /{a=$$3} /define NCCL_MINOR /{b=$$3} \
     /define NCCL_PATCH /{c=$$3} END{print a*10000+b*100+c}' $(1)/nccl.h),0)
 NCCL_CUDA_VERSION := $(call nccl_version,$(CUDA_HOME)/include)
 NCCL_PIP_VERSION := $(if $(NCCL_PIP),$(call nccl_version,$(NCCL_PIP)/include),0)
-ifeq ($(shell test "$(NCCL_PIP_VERSION)" -gt "$(NCCL_CUDA_VERSION)" && echo pip),pip)
+NCCL_SYSTEM_LIB := $(call system_lib_dir,libnccl.so.2)
+NCCL_SYSTEM_VERSION := $(if $(NCCL_SYSTEM_LIB),$(call nccl_version,$(SYSTEM_INCLUDE)),0)
+NCCL_FROM := $(shell printf '%s\n' "cuda $(NCCL_CUDA_VERSION)" "pip $(NCCL_PIP_VERSION)" "system $(NCCL_SYSTEM_VERSION)" | \
+    awk '$$2 > best {best = $$2; from = $$1} END {print from}')
+ifeq ($(NCCL_FROM),pip)
   NCCL_INCLUDE ?= $(NCCL_PIP)/include
   NCCL_LIB ?= $(NCCL_PIP)/lib
-else ifneq ($(NCCL_CUDA_VERSION),0)
+else ifeq ($(NCCL_FROM),cuda)
   NCCL_INCLUDE ?= $(CUDA_HOME)/include
   NCCL_LIB ?= $(CUDA_HOME)/lib64
+else ifeq ($(NCCL_FROM),system)
+  NCCL_INCLUDE ?= $(SYSTEM_INCLUDE)
+  NCCL_LIB ?= $(NCCL_SYSTEM_LIB)
 endif
 # NCCL_FLAGS goes first among the -I flags and NCCL_LIBS before the other libraries: cuDNN's
 # directory or $(CUDA_HOME)'s may hold another nccl.h and libnccl.so.2, and the first -I, the first
@@ -91,17 +119,30 @@ all: train_gpt2_fp8 train_gpt2cpu
 # CUDA 13 is what llm8 is built and tested with: cuBLASLt's 128-block FP8 scale modes (the block
 # recipe) and CUDA 13's runtime API; an older nvcc would fail deep inside a header instead
 NVCC_RELEASE = $(shell "$(NVCC)" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\)\.\([0-9][0-9]*\).*/\1.\2/p')
+# where check-cuda looked for nvcc: the NVCC given, CUDA_HOME's on make's command line, or PATH, CUDA_HOME's
+# bin and /usr/local/cuda/bin
+NVCC_LOOKED = $(if $(filter environment command line,$(origin NVCC)),NVCC=$(NVCC) is no executable,$(if \
+    $(filter command line,$(origin CUDA_HOME)),CUDA_HOME=$(CUDA_HOME) has no bin/nvcc,looked on PATH$(comma) \
+    in CUDA_HOME's bin and in /usr/local/cuda/bin))
+comma := ,
 check-cuda:
-	@test -x "$(NVCC)" || { echo "error: nvcc not found (looked on PATH and in /usr/local/cuda/bin); install the CUDA 13 toolkit or set NVCC=/path/to/nvcc" >&2; exit 1; }
+	@test -x "$(NVCC)" || { echo "error: nvcc not found ($(NVCC_LOOKED)); install the CUDA 13 toolkit or set NVCC=/path/to/nvcc" >&2; exit 1; }
 	@test "$$(echo "$(NVCC_RELEASE)" | cut -d. -f1)" -ge 13 2>/dev/null || { echo "error: $(NVCC) --version reports $(if $(NVCC_RELEASE),CUDA $(NVCC_RELEASE),no CUDA release); llm8 needs the CUDA 13 toolkit (set NVCC=/path/to/cuda-13/bin/nvcc)" >&2; exit 1; }
 
+# each names where it looked, what to install, and the variables that point it elsewhere; a variable given
+# that points where the header is not is named as such, instead of the compiler's "No such file" later
+NCCL_LOOKED = $(strip $(CUDA_HOME)/include $(addsuffix /nvidia/nccl/include,$(PY_SITE)) $(SYSTEM_INCLUDE)) (the last with libnccl.so.2 in one of $(SYSTEM_LIB_DIRS))
 check-nccl:
-	@test -n "$(NCCL_INCLUDE)" || { echo "error: NCCL not found in $(CUDA_HOME)/include or $(PY_SITE)/nvidia/nccl; install NCCL 2 (pip install nvidia-nccl-cu13) or set NCCL_INCLUDE and NCCL_LIB" >&2; exit 1; }
+	@test -n "$(NCCL_INCLUDE)" || { echo "error: NCCL not found: no nccl.h in $(NCCL_LOOKED); install NCCL 2 (pip install nvidia-nccl-cu13, or apt-get install libnccl-dev) or set NCCL_INCLUDE and NCCL_LIB" >&2; exit 1; }
+	@test -f "$(NCCL_INCLUDE)/nccl.h" || { echo "error: NCCL_INCLUDE=$(NCCL_INCLUDE) holds no nccl.h; set NCCL_INCLUDE to the directory of nccl.h (and NCCL_LIB to that of libnccl.so.2)" >&2; exit 1; }
 
+CUDNN_LOOKED = $(strip $(CUDA_HOME)/include $(addsuffix /nvidia/cudnn/include,$(PY_SITE)) $(SYSTEM_INCLUDE)) (the last with libcudnn.so.9 in one of $(SYSTEM_LIB_DIRS))
 check-cudnn:
 ifneq ($(NO_CUDNN),1)
-	@test -n "$(CUDNN_INCLUDE)" || { echo "error: cuDNN not found in $(CUDA_HOME)/include or $(PY_SITE)/nvidia/cudnn; install cuDNN 9 (pip install nvidia-cudnn-cu13) or build with NO_CUDNN=1" >&2; exit 1; }
-	@test -n "$(CUDNN_FRONTEND_PATH)" || { echo "error: cuDNN frontend headers (cudnn_frontend.h) not found; run: pip install --no-deps nvidia-cudnn-frontend (or set CUDNN_FRONTEND_PATH, or build with NO_CUDNN=1)" >&2; exit 1; }
+	@test -n "$(CUDNN_INCLUDE)" || { echo "error: cuDNN not found: no cudnn.h in $(CUDNN_LOOKED); install cuDNN 9 (pip install nvidia-cudnn-cu13), set CUDNN_INCLUDE and CUDNN_LIB, or build with NO_CUDNN=1 (export NO_CUDNN=1 for scripts/quickstart.sh and the run scripts, which run make themselves)" >&2; exit 1; }
+	@test -f "$(CUDNN_INCLUDE)/cudnn.h" || { echo "error: CUDNN_INCLUDE=$(CUDNN_INCLUDE) holds no cudnn.h; set CUDNN_INCLUDE to the directory of cudnn.h (and CUDNN_LIB to that of libcudnn.so.9), or build with NO_CUDNN=1" >&2; exit 1; }
+	@test -n "$(CUDNN_FRONTEND_PATH)" || { echo "error: cuDNN frontend headers (cudnn_frontend.h) not found in $(strip $(addsuffix /include,$(PY_SITE)) $(BUILD)/site/include $(HOME)/cudnn-frontend/include ./cudnn-frontend/include); run: $(PYTHON) -m pip install --no-deps nvidia-cudnn-frontend (or set CUDNN_FRONTEND_PATH, or build with NO_CUDNN=1)" >&2; exit 1; }
+	@test -f "$(CUDNN_FRONTEND_PATH)/cudnn_frontend.h" || { echo "error: CUDNN_FRONTEND_PATH=$(CUDNN_FRONTEND_PATH) holds no cudnn_frontend.h; set it to the frontend's include directory (e.g. ~/cudnn-frontend/include), or build with NO_CUDNN=1" >&2; exit 1; }
 endif
 
 $(BUILD):
@@ -284,7 +325,7 @@ bench: train_gpt2_fp8 bench_gemm
 	$(PYTHON) dev/bench/bench.py $(BENCH_ARGS)
 
 env:
-	@LLM8_NCCL="$(NCCL_INCLUDE) (nccl.h version codes, MAJOR*10000+MINOR*100+PATCH, 0 = none: $(CUDA_HOME)/include $(NCCL_CUDA_VERSION), pip's $(NCCL_PIP_VERSION))" \
+	@LLM8_NCCL="$(NCCL_INCLUDE) (nccl.h version codes, MAJOR*10000+MINOR*100+PATCH, 0 = none: $(CUDA_HOME)/include $(NCCL_CUDA_VERSION), pip's $(NCCL_PIP_VERSION), $(SYSTEM_INCLUDE) $(NCCL_SYSTEM_VERSION))" \
 	    bash dev/gpu_env.sh
 
 clean:

@@ -185,7 +185,7 @@ if [[ ${#differ[@]} -gt 0 ]]; then
     exit 2
 fi
 # the checks above come before the build: a mistyped RECIPES, OPTIMIZERS or argument costs no make
-[[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
+[[ -n "${LLM8_TRAINER:-}" ]] || make -j2 train_gpt2_fp8
 for i in "${!runs[@]}"; do
     set_run_args "$i"
     dir="$OUT/${runs[$i]}"

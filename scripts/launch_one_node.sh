@@ -5,6 +5,7 @@
 #   scripts/launch_one_node.sh [-n NGPUS] [-m mpi|fs] -- ./train_gpt2_fp8 FLAGS...
 #   scripts/launch_one_node.sh [-n NGPUS] [-m mpi|fs] -- bash scripts/run_gpt2_124M_fp8.sh [FLAGS...]
 #   NUM_GPUS=8 bash scripts/run_gpt2_124M_fp8.sh       (the same: run_common.sh calls this script)
+#   scripts/launch_one_node.sh -h                      (prints this usage)
 #
 #   -n NGPUS   ranks to start (default: every visible GPU: CUDA_VISIBLE_DEVICES's entries, else
 #              nvidia-smi -L). More ranks than GPUs needs NCCL_MULTI_RANK_GPU_ENABLE=1.
@@ -44,8 +45,9 @@ while (( $# > 0 )); do
         -n) (( $# >= 2 )) || die "-n needs a value (the number of GPUs)"; num_ranks="$2"; shift 2
             [[ "$num_ranks" =~ ^[1-9][0-9]*$ ]] || die "-n '$num_ranks' is not a positive whole number of GPUs" ;;
         -m) (( $# >= 2 )) || die "-m needs a value (mpi or fs)"; method="$2"; shift 2 ;;
+        -h|--help) awk 'NR > 1 && /^# Why/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$script_path"; exit 0 ;;
         --) shift; break ;;
-        -*) die "unknown option '$1' (expected -n NGPUS, -m mpi|fs, then -- COMMAND)" ;;
+        -*) die "unknown option '$1' (expected -n NGPUS, -m mpi|fs, then -- COMMAND; -h for help)" ;;
         *) break ;;
     esac
 done

@@ -11,7 +11,7 @@ bash scripts/setup_python.sh
 bash dev/data/prepare_default.sh
 data=(-i "dev/data/offline/offline_train_*.bin" -j "dev/data/offline/offline_val_*.bin")
 if nvidia-smi -L >/dev/null 2>&1; then
-    make train_gpt2_fp8
+    make -j2 train_gpt2_fp8
     exec ./train_gpt2_fp8 "${data[@]}" -e d12 -p bf16 -b 64 -t 1024 -d 524288 -l 0.0006 -u 700 -q 0.0 -c 0.1 \
         -x 2000 -v 250 -s 500 -n 1000 -o log_d12_bf16 -y 1 "$@"
 else

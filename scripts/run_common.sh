@@ -4,7 +4,8 @@
 #   as llm.c; on one GPU -z 0, which is the same thing) through $LLM8_LAUNCHER -n NUM_GPUS --
 #   (default scripts/launch_one_node.sh: mpirun where it exists, else -pi fs; Slurm jobs set it
 #   to scripts/slurm_gpt2.sbatch);
-# - builds train_gpt2_fp8, then runs it (LLM8_TRAINER names another trainer binary, built
+# - checks that the data is there (-i's shards, and HellaSwag's file with -h 1: check_inputs) and builds
+#   train_gpt2_fp8, then runs it (LLM8_TRAINER names another trainer binary, built
 #   already: e.g. ./train_gpt2cpu, which shares the flags, as the tests run these scripts);
 #   a failed run resumes (-y 1) from its last complete checkpoint, up to 3 attempts, when it
 #   wrote to main.log (a step logged; the time stamp, since a run that starts over rewrites the
@@ -44,6 +45,32 @@ fit_micro_batch() {
     return 0
 }
 
+# check_inputs FLAGS...: what the trainer would refuse at its startup for want of data (no train shard matching
+# -i, no HellaSwag file for -h 1), said in one line before the build, which takes minutes in a fresh checkout;
+# the line names the command that makes the data (the run script's "# Data:" line). The trainer checks the rest,
+# and all of it where LLM8_TRAINER names a trainer (built already: no build to save).
+check_inputs() {
+    local args=("$@") train="" hellaswag="" i
+    for (( i = 0; i + 1 < ${#args[@]}; i++ )); do
+        case "${args[i]}" in
+            -i) train="${args[i + 1]}" ;;
+            -h) hellaswag="${args[i + 1]}" ;;
+        esac
+    done
+    local hint
+    hint="$(sed -n 's/^# Data: *//p' "$0" 2>/dev/null | head -n 1)"
+    if [[ -n "$train" ]] && ! compgen -G "$train" > /dev/null; then
+        echo "error: $(basename "$0"): no train shards match -i '$train'${hint:+; make them first: $hint}" >&2
+        return 1
+    fi
+    if [[ "$hellaswag" == 1 && ! -f dev/data/hellaswag/hellaswag_val.bin ]]; then
+        echo "error: $(basename "$0"): -h 1 needs dev/data/hellaswag/hellaswag_val.bin; make it first:" \
+             "python dev/data/hellaswag.py (or pass -h 0)" >&2
+        return 1
+    fi
+    return 0
+}
+
 run_gpt2() {
     local out_dir="${OUT_DIR:-$1}"
     shift
@@ -59,7 +86,10 @@ run_gpt2() {
     fi
     fit_micro_batch flags "$num_gpus" "$@"
     local trainer="${LLM8_TRAINER:-./train_gpt2_fp8}"
-    [[ -n "${LLM8_TRAINER:-}" ]] || make train_gpt2_fp8
+    if [[ -z "${LLM8_TRAINER:-}" ]]; then
+        check_inputs "${flags[@]}" "$@" || return 1
+        make -j2 train_gpt2_fp8
+    fi
     local status=0 attempt log_before
     for attempt in 1 2 3; do
         status=0

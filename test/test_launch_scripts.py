@@ -420,6 +420,16 @@ def test_refusals_are_one_line_and_start_nothing(env, args, cvd, extra, message)
     assert out == "" and env.records() == [] and os.listdir(env.tmpdir) == []
 
 
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_prints_the_usage_and_starts_nothing(env, flag):
+    rc, out, err = env.launch([flag, "--", env.rank], cvd="0,1")
+    assert rc == 0 and err == "", err
+    lines = out.splitlines()
+    assert lines[0].startswith("launch_one_node.sh: run an llm8 training command")
+    assert any(line.strip().startswith("-m mpi|fs") for line in lines) and not any("Why" in line for line in lines), out
+    assert env.records() == [] and os.listdir(env.tmpdir) == []
+
+
 @pytest.mark.parametrize("form", ["bash", "path"])
 def test_a_run_script_runs_once_with_the_launch_settings(env, form):
     command = (["bash", env.run_script] if form == "bash" else [env.run_script]) + ["-x", "5", "-e", "d12"]

@@ -4,7 +4,10 @@ piece, or has a CUDA older than 13, gets one `error:` line naming what is missin
 supply it, and make stops before compiling anything. Each case runs make in the checkout with
 the variable that would point at the piece overridden (NVCC, CUDNN_INCLUDE,
 CUDNN_FRONTEND_PATH, NCCL_INCLUDE), so nothing on the machine has to be uninstalled; stand-in
-nvcc scripts report an old or an unreadable release. Also how make test-python starts pytest:
+nvcc scripts report an old or an unreadable release. Where the pieces are found: a CUDA_HOME and its
+nvcc as one toolkit, pip's packages in the user's site-packages, the system's cuDNN and NCCL (stand-in
+installs under tmp_path, the Makefile's PY_SITE, SYSTEM_INCLUDE and SYSTEM_LIB_DIRS pointed at them), and a
+path given that holds no header named as such. Also how make test-python starts pytest:
 one worker per core only where a pytest-xdist that can do it is installed, and `make env`, the
 first command of a GPU session, here without a GPU.
 """
@@ -17,9 +20,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make(*args):
+def make(*args, env=None):
     return subprocess.run(["make", "-s", "--no-print-directory", "-C", ROOT, *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def error_lines(result):
@@ -54,10 +58,38 @@ def test_make_env_prints_every_section_without_a_gpu():
 
 
 def test_missing_nvcc(tmp_path):
-    result = make("check-cuda", "NVCC=%s" % (tmp_path / "nowhere" / "nvcc"))
+    nvcc = tmp_path / "nowhere" / "nvcc"
+    result = make("check-cuda", "NVCC=%s" % nvcc)
     assert result.returncode != 0
-    assert error_lines(result) == ["error: nvcc not found (looked on PATH and in /usr/local/cuda/bin); "
-                                   "install the CUDA 13 toolkit or set NVCC=/path/to/nvcc"]
+    assert error_lines(result) == ["error: nvcc not found (NVCC=%s is no executable); "
+                                   "install the CUDA 13 toolkit or set NVCC=/path/to/nvcc" % nvcc]
+
+
+def test_cuda_home_and_nvcc_name_one_toolkit(tmp_path):
+    """nvcc and the CUDA_HOME where cuDNN, NCCL and the runpath are looked for come from one toolkit. PATH's nvcc
+    comes first, as in llm.c, and takes its own CUDA_HOME over an exported one of another release (which would
+    send the build to that release's headers and libraries); an exported CUDA_HOME's nvcc serves where PATH has
+    none; CUDA_HOME on make's command line, and NVCC given, pick the toolkit"""
+    old, new = tmp_path / "cuda-12.4", tmp_path / "cuda-13.0"
+    for toolkit in (old, new):
+        (toolkit / "bin").mkdir(parents=True)
+    old_nvcc = stand_in_nvcc(old / "bin", "Cuda compilation tools, release 12.4, V12.4.131")
+    new_nvcc = stand_in_nvcc(new / "bin", "Cuda compilation tools, release 13.0, V13.0.88")
+    system_path = "/usr/bin:/bin"
+    on_path = {"PATH": "%s:%s" % (new / "bin", system_path), "CUDA_HOME": str(old)}
+    assert make_variable("NVCC", env=on_path) == new_nvcc
+    assert make_variable("CUDA_HOME", env=on_path) == str(new)
+    assert make("check-cuda", env=on_path).returncode == 0
+    not_on_path = {"PATH": system_path, "CUDA_HOME": str(old)}
+    assert make_variable("NVCC", env=not_on_path) == old_nvcc
+    result = make("check-cuda", env=not_on_path)
+    assert error_lines(result) == ["error: %s --version reports CUDA 12.4; llm8 needs the CUDA 13 toolkit "
+                                   "(set NVCC=/path/to/cuda-13/bin/nvcc)" % old_nvcc]
+    assert make_variable("NVCC", "CUDA_HOME=%s" % new, env=not_on_path) == new_nvcc
+    assert make_variable("CUDA_HOME", "NVCC=%s" % new_nvcc, env=not_on_path) == str(new)
+    result = make("check-cuda", "CUDA_HOME=%s" % (tmp_path / "nowhere"), env=not_on_path)
+    assert error_lines(result) == ["error: nvcc not found (CUDA_HOME=%s has no bin/nvcc); install the CUDA 13 "
+                                   "toolkit or set NVCC=/path/to/nvcc" % (tmp_path / "nowhere")]
 
 
 @pytest.mark.parametrize("output, reported", [
@@ -94,7 +126,7 @@ def test_old_nvcc_stops_the_trainer_build_before_compiling(tmp_path):
 
 
 @pytest.mark.parametrize("override, named", [
-    ("CUDNN_INCLUDE=", "error: cuDNN not found in"),
+    ("CUDNN_INCLUDE=", "error: cuDNN not found: no cudnn.h in"),
     ("CUDNN_FRONTEND_PATH=", "error: cuDNN frontend headers (cudnn_frontend.h) not found"),
 ])
 def test_missing_cudnn_names_the_package_and_no_cudnn(override, named):
@@ -105,11 +137,86 @@ def test_missing_cudnn_names_the_package_and_no_cudnn(override, named):
     assert make("check-cudnn", override, "NO_CUDNN=1").returncode == 0
 
 
+@pytest.mark.parametrize("override, named", [
+    ("CUDNN_INCLUDE=/nonexistent", "error: CUDNN_INCLUDE=/nonexistent holds no cudnn.h"),
+    ("CUDNN_FRONTEND_PATH=/nonexistent", "error: CUDNN_FRONTEND_PATH=/nonexistent holds no cudnn_frontend.h"),
+    ("NCCL_INCLUDE=/nonexistent", "error: NCCL_INCLUDE=/nonexistent holds no nccl.h"),
+])
+def test_a_path_given_that_holds_no_header_is_named(override, named):
+    """a variable pointing where its header is not (a typo, a checkout's root instead of its include/) stops make
+    with one line naming it, before the compiler's 'No such file or directory'"""
+    result = make("check-cudnn", "check-nccl", override)
+    assert result.returncode != 0
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith(named), result.stderr
+
+
+def fake_install(root, headers, libraries):
+    """root/include with the headers (copies of this machine's where it has them) and root/lib with empty libraries"""
+    (root / "include").mkdir(parents=True)
+    (root / "lib").mkdir()
+    for header in headers:
+        (root / "include" / header).write_text('#define NCCL_MAJOR 2\n#define NCCL_MINOR 27\n#define NCCL_PATCH 3\n'
+                                               if header == "nccl.h" else "/* stand-in */\n")
+    for library in libraries:
+        (root / "lib" / library).write_text("")
+
+
+def test_cudnn_and_nccl_from_the_systems_paths(tmp_path):
+    """cuDNN and NCCL where distribution packages put them (NVIDIA's apt/rpm repositories and the nvidia/cuda
+    images: /usr/include, the libraries in /usr/lib/x86_64-linux-gnu or /usr/lib64) are found when neither the
+    toolkit nor pip has them, as the compiler and linker would find them"""
+    system = tmp_path / "usr"
+    fake_install(system, ["cudnn.h", "nccl.h", "cudnn_frontend.h"], ["libcudnn.so.9", "libnccl.so.2"])
+    (tmp_path / "cuda" / "include").mkdir(parents=True)
+    args = ["CUDA_HOME=%s" % (tmp_path / "cuda"), "PY_SITE=", "SYSTEM_INCLUDE=%s" % (system / "include"),
+            "SYSTEM_LIB_DIRS=%s %s" % (tmp_path / "nowhere", system / "lib"), "CUDNN_FRONTEND_PATH=%s" % (system / "include")]
+    result = make("check-cudnn", "check-nccl", *args)
+    assert result.returncode == 0, result.stderr
+    assert make_variable("CUDNN_INCLUDE", *args) == str(system / "include")
+    assert make_variable("CUDNN_LIB", *args) == str(system / "lib")
+    assert make_variable("NCCL_INCLUDE", *args) == str(system / "include")
+    assert make_variable("NCCL_LIB", *args) == str(system / "lib")
+    # a header without its library is not an install: the check names every place it looked
+    (system / "lib" / "libcudnn.so.9").unlink()
+    result = make("check-cudnn", *args)
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith("error: cuDNN not found: no cudnn.h in %s %s (the last with "
+                                                   "libcudnn.so.9" % (tmp_path / "cuda" / "include", system / "include"))
+
+
+def test_pip_packages_in_the_users_site_packages_are_found(tmp_path):
+    """pip installs into the user's site-packages (~/.local) when the environment's is not writable, as for a
+    system Python run by a user (scripts/setup_python.sh's pip install then lands there): the Makefile looks there
+    too, for cuDNN, its frontend headers and NCCL"""
+    user_base = tmp_path / "userbase"
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\nPYTHONUSERBASE="%s" exec "%s" "$@"\n' % (user_base, sys.executable))
+    python.chmod(0o755)
+    import site
+    if site.ENABLE_USER_SITE:   # this Python reads a user site-packages (not a venv's)
+        user_site = subprocess.run([str(python), "-c", "import site; print(site.getusersitepackages())"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+        assert user_site in make_variable("PY_SITE", "PYTHON=%s" % python).split()
+    user_site = tmp_path / "site-packages"
+    fake_install(user_site / "nvidia" / "cudnn", ["cudnn.h"], ["libcudnn.so.9"])
+    fake_install(user_site / "nvidia" / "nccl", ["nccl.h"], ["libnccl.so.2"])
+    (user_site / "include").mkdir()
+    (user_site / "include" / "cudnn_frontend.h").write_text("/* stand-in */\n")
+    (tmp_path / "cuda" / "include").mkdir(parents=True)
+    args = ["CUDA_HOME=%s" % (tmp_path / "cuda"), "PY_SITE=%s %s" % (tmp_path / "empty", user_site),
+            "SYSTEM_LIB_DIRS=%s" % (tmp_path / "nowhere")]
+    assert make("check-cudnn", "check-nccl", *args).returncode == 0
+    assert make_variable("CUDNN_INCLUDE", *args) == str(user_site / "nvidia" / "cudnn" / "include")
+    assert make_variable("CUDNN_FRONTEND_PATH", *args) == str(user_site / "include")
+    assert make_variable("NCCL_INCLUDE", *args) == str(user_site / "nvidia" / "nccl" / "include")
+
+
 def test_missing_nccl():
     result = make("check-nccl", "NCCL_INCLUDE=")
     assert result.returncode != 0
     lines = error_lines(result)
-    assert len(lines) == 1 and lines[0].startswith("error: NCCL not found in") and "nvidia-nccl-cu13" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: NCCL not found: no nccl.h in") and "nvidia-nccl-cu13" in lines[0]
 
 
 def test_sanitizer_target_covers_every_test():
@@ -131,8 +238,8 @@ def test_sanitizer_target_covers_every_test():
     assert len(runs) == 2 and "ASAN_OPTIONS=detect_leaks=0" in result.stdout, runs
 
 
-def make_variable(name):
-    result = make("--eval", "print-variable-%: ; @echo $($*)", "print-variable-" + name)
+def make_variable(name, *args, env=None):
+    result = make("--eval", "print-variable-%: ; @echo $($*)", "print-variable-" + name, *args, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 

@@ -56,6 +56,33 @@ def test_run_script_flags_parse_and_train(script, data, tmp_path):
     assert precision is not None and (precision.group(1) == "fp8") == script.endswith("_fp8.sh"), result.stdout[:500]
 
 
+@pytest.mark.parametrize("script, hint", [
+    ("run_gpt2_124M_fp8.sh", "python dev/data/fineweb.py --version 10B"),
+    ("run_gpt2_350M_bf16.sh", "python dev/data/fineweb.py --version 100B"),
+    ("run_gpt2_1558M_bf16.sh", "python dev/data/fineweb.py --type edu --version 100B"),
+])
+def test_run_script_without_its_data_says_how_to_make_it_before_building(script, hint, data, tmp_path):
+    """a run script whose shards (or HellaSwag file, -h 1) are not there stops with one line naming the command that
+    makes them, before make builds the trainer (minutes in a fresh checkout) only for the trainer to refuse them"""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "make").write_text('#!/bin/sh\necho "$@" >> "%s"\nexit 1\n' % (tmp_path / "make.log"))
+    (stubs / "make").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "LLM8_TRAINER"}
+    env.update(PATH="%s:%s" % (stubs, os.environ["PATH"]), OUT_DIR=str(tmp_path / "run"))
+    for args, named in [([], "no train shards match -i"),
+                        (["-i", str(data / "d_train_*.bin")], "-h 1 needs dev/data/hellaswag/hellaswag_val.bin")]:
+        if named.startswith("-h") and os.path.exists(os.path.join(ROOT, "dev", "data", "hellaswag", "hellaswag_val.bin")):
+            continue   # this checkout has HellaSwag's file
+        result = subprocess.run(["bash", os.path.join(ROOT, "scripts", script)] + args, capture_output=True, text=True,
+                                timeout=60, cwd=ROOT, env=env)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode == 1 and len(errors) == 1 and named in errors[0], result.stderr
+        assert (hint if not args else "python dev/data/hellaswag.py") in errors[0], errors
+        assert not (tmp_path / "make.log").exists()
+        assert not (tmp_path / "run").exists()
+
+
 def test_compare_trains_bf16_and_each_recipe(data, tmp_path):
     """-n 2 over 4 steps: checkpoints at steps 2 and 4, of which the script's -nk 1 keeps only the newest (a d12
     checkpoint is about 1.7 GB: keeping every one filled a 64 GB disk), and a rerun resumes from it"""
@@ -475,7 +502,7 @@ def test_quickstart_with_a_gpu_runs_its_d12_command_line(tmp_path):
     os.symlink(sim_trainer, checkout / "train_gpt2_fp8")
     result = run_quickstart(checkout, ["-e", "tiny", "-b", 2, "-t", 32, "-d", 64, "-x", 2, "-m", 2, "-s", 0], gpu=True)
     assert result.returncode == 0, (result.stdout[-2000:], result.stderr[-2000:])
-    assert result.stdout.count("make train_gpt2_fp8\n") == 1 and "no NVIDIA GPU" not in result.stdout, result.stdout[-2000:]
+    assert result.stdout.count("make -j2 train_gpt2_fp8\n") == 1 and "no NVIDIA GPU" not in result.stdout, result.stdout[-2000:]
     assert re.search(r"^train \| precision bf16 \| B=2 T=32 \| total batch 64 tokens", result.stdout, re.M), result.stdout[:3000]
     assert re.findall(r"^step\s+(\d+)/2 ", result.stdout, re.M) == ["1", "2"], result.stdout[-2000:]
     assert (checkout / "log_d12_bf16" / "main.log").exists()
