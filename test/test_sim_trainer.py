@@ -103,6 +103,8 @@ def test_training_run_with_eval_samples_logs_and_checkpoints(workdir, flags):
     if "fp8" in flags:
         rows = [json.loads(line) for line in open(out / "numerics.jsonl")]
         tensors = {row["tensor"] for row in rows}
+        # -fn 2 over 6 steps: the progress line's count (README), one more than main.jsonl's step of the same update
+        assert sorted({row["step"] for row in rows}) == [2, 4, 6], sorted({row["step"] for row in rows})
         for layer in range(sim_model.LAYERS):  # x, W and dy of every block linear
             for linear in ("qkv", "attproj", "fc", "fcproj"):
                 for operand in ("x", "w", "dy"):
