@@ -325,7 +325,8 @@ bench: train_gpt2_fp8 bench_gemm
 	$(PYTHON) dev/bench/bench.py $(BENCH_ARGS)
 
 env:
-	@LLM8_NCCL="$(NCCL_INCLUDE) (nccl.h version codes, MAJOR*10000+MINOR*100+PATCH, 0 = none: $(CUDA_HOME)/include $(NCCL_CUDA_VERSION), pip's $(NCCL_PIP_VERSION), $(SYSTEM_INCLUDE) $(NCCL_SYSTEM_VERSION))" \
+	@LLM8_TOOLKIT="NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME) CUDNN_INCLUDE=$(CUDNN_INCLUDE) CUDNN_LIB=$(CUDNN_LIB) CUDNN_FRONTEND_PATH=$(CUDNN_FRONTEND_PATH)" \
+	LLM8_NCCL="$(NCCL_INCLUDE) (nccl.h version codes, MAJOR*10000+MINOR*100+PATCH, 0 = none: $(CUDA_HOME)/include $(NCCL_CUDA_VERSION), pip's $(NCCL_PIP_VERSION), $(SYSTEM_INCLUDE) $(NCCL_SYSTEM_VERSION))" \
 	    bash dev/gpu_env.sh
 
 clean:

@@ -13,6 +13,9 @@ section "NVML (-lg)"
 ldconfig -p 2>/dev/null | grep -m1 'libnvidia-ml.so.1' || echo "libnvidia-ml.so.1: not in the loader's cache"
 section "nvcc"
 command -v nvcc && nvcc --version | tail -2
+echo "CUDA_HOME in the environment: ${CUDA_HOME:-(not set)}"
+# the toolkit, cuDNN and frontend the Makefile picked (PATH's nvcc first; an exported CUDA_HOME where PATH has none)
+echo "the build's: ${LLM8_TOOLKIT:-run this through make env to see it}"
 section "CUDA libraries"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do ls "$d" 2>/dev/null | grep -E 'cublasLt|cudnn\.so|nccl' | sed "s|^|$d/|"; done
 section "Python"
@@ -47,7 +50,7 @@ for h in /usr/local/cuda/include/cudnn_version.h $("$PY" -c "import sysconfig;pr
 done
 section "NCCL and MPI"
 ls /usr/lib/x86_64-linux-gnu 2>/dev/null | grep -E '^libnccl' | head -3
-# the NCCL the build picks, the newer of the two, as the Makefile found it (2.30+ runs two ranks on one GPU)
+# the NCCL the build picks, the newest of the toolkit's, pip's and the system's, as the Makefile found it (2.30+ runs two ranks on one GPU)
 echo "NCCL the build uses: ${LLM8_NCCL:-run this through make env to see it}"
 command -v mpirun && mpirun --version 2>&1 | head -1
 command -v nsys ncu compute-sanitizer 2>/dev/null || true  # informational: a missing one is no error

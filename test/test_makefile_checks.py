@@ -53,7 +53,7 @@ def test_make_env_prints_every_section_without_a_gpu():
     sections = [line[3:] for line in output.splitlines() if line.startswith("## ")]
     assert [s.split(" (")[0] for s in sections] == ["Machine", "GPU and driver", "NVML", "nvcc", "CUDA libraries",
                                                      "Python", "cuDNN version header", "NCCL and MPI"], output[-3000:]
-    assert "release 13." in output and "NCCL the build uses: " in output, output[-3000:]
+    assert "release 13." in output and "NCCL the build uses: " in output and "the build's: NVCC=" in output, output[-3000:]
     assert "run this through make env to see it" not in output, output[-3000:]
 
 
