@@ -21,7 +21,9 @@ Runs on a GPU under make gpucheck, and under cudasim (test/cudasim) in make test
   the plain kernels' bit for bit, the codes and x^T are the host cast of those outputs (with
   the host state machine's scale, or the host's tile scales in their cuBLASLt layouts), and
   without a bf16 output (codes only) the same codes come and no bf16 is written; without x^T
-  (-r 2's forward of qkv and fc) the same codes and record, and no x^T is written.
+  (-r 2's forward of qkv and fc) the same codes and record, and no x^T is written. GELU's
+  input has a negative value larger than any other in magnitude (GELU maps it to about 0),
+  so current scaling's amax is that of GELU's output, not of its input.
 - replays (-r: x^T cast again in the backward) of the plain cast per tensor (delayed and
   current) and in 1x128 tiles, of layernorm and of GELU, each recipe: after the state's scale
   has moved on, x^T and its tile scales come out bit for bit as the cast wrote them, and the
@@ -945,6 +947,8 @@ static void test_gelu_fp8(int N, int C, ProducerCast cast) {
     snprintf(what, sizeof(what), "gelu_forward_fp8 %s N=%d C=%d", producer_cast_name(cast), N, C);
     size_t n = (size_t)N * C;
     float* pre = host_bf16_normal(n, 2.0f);
+    // the largest |pre| negative, where GELU is about 0: the amax pass must see GELU's output
+    pre[n / 3] = -16.0f;
     floatX* d_pre = device_bf16_from(pre, n);
     floatX *d_plain = (floatX*)device_alloc(n * 2), *d_fused = (floatX*)device_alloc(n * 2);
     Fp8TensorScaling state;

@@ -17,6 +17,10 @@ per element |gpu - ref| <= atol + rtol * |ref|, in the spirit of llm.c's bf16 ch
 - layernorm backward (dinp += , dweight/dbias += sums over N rows): rtol 1e-2, atol 2e-2 for
   dinp and atol 0.05 for the column sums (size ~sqrt(N));
 - encoder backward: rtol 1e-2, atol 0.05 (sums of up to ~50 values of size ~1, rounded once);
+  and bit-exact against the same fp32 sums in the kernel's documented order (a token's
+  positions ascending, b ascending for wpe), each added to the old gradient and rounded to
+  nearest even once: a wrong rounding mode or summation order is within the tolerance;
+  dwpe has the next tensor's gradient after it (as the trainer lays them out), unchanged;
 - cross-entropy: loss (fp32 sum of 50k exps) atol 1e-4, rtol 1e-5; dlogits rtol 2^-7 and atol
   1e-6 * dloss; padding columns exactly 0; with FP8 codes instead (an FP8 lm_head), every code
   bit-exact against the host encode of the bf16 gradient under the bound's scale;
@@ -110,6 +114,31 @@ static void check_bitwise_equal(const char* what, const Shape* s, const void* a,
 
 // ----------------------------------------------------------------------------
 
+// what encoder_backward's kernels compute, in their order: per wte row, the fp32 sum of its
+// token's dout rows in ascending position, then one add to the old gradient; per wpe row, the
+// fp32 sum over b ascending, then one add (expected: the old gradients as floats, updated)
+static void ordered_encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C,
+                                     int Vp) {
+    float* sums = (float*)calloc((size_t)Vp * C, sizeof(float));
+    char* present = (char*)calloc((size_t)Vp, 1);
+    for (int bt = 0; bt < B * T; bt++) {
+        present[tokens[bt]] = 1;
+        for (int c = 0; c < C; c++) { sums[(size_t)tokens[bt] * C + c] += dout[(size_t)bt * C + c]; }
+    }
+    for (int v = 0; v < Vp; v++) {
+        if (!present[v]) { continue; }  // no bucket: the row is not written
+        for (int c = 0; c < C; c++) { dwte[(size_t)v * C + c] += sums[(size_t)v * C + c]; }
+    }
+    for (int t = 0; t < T; t++) {
+        for (int c = 0; c < C; c++) {
+            float sum = 0.0f;
+            for (int b = 0; b < B; b++) { sum += dout[((size_t)b * T + t) * C + c]; }
+            dwpe[(size_t)t * C + c] += sum;
+        }
+    }
+    free(sums); free(present);
+}
+
 static void test_encoder(const Shape* s) {
     const int B = s->B, T = s->T, C = s->C, BT = s->B * s->T;
     const size_t wte_n = (size_t)s->Vp * C, wpe_n = (size_t)T * C, act_n = (size_t)BT * C;
@@ -130,6 +159,13 @@ static void test_encoder(const Shape* s) {
     float* ref_dwpe = bf16_bits_to_floats(dwpe0, wpe_n);
     ref_encoder_forward(ref_out, tokens, wte_f, wpe_f, B, T, C);
     ref_encoder_backward(ref_dwte, ref_dwpe, dout_f, tokens, B, T, C);
+    float* ordered_dwte = bf16_bits_to_floats(dwte0, wte_n);
+    float* ordered_dwpe = bf16_bits_to_floats(dwpe0, wpe_n);
+    ordered_encoder_backward(ordered_dwte, ordered_dwpe, dout_f, tokens, B, T, C, s->Vp);
+    // dwpe followed by one row of the next tensor's gradient, which the backward must not touch
+    // (a fixed pattern: drawn, it would shift the later tests' random inputs)
+    uint16_t* next_grad = (uint16_t*)mallocCheck((size_t)C * sizeof(uint16_t));
+    for (int c = 0; c < C; c++) { next_grad[c] = float_to_bf16_bits(0.125f * (float)(c % 9) - 0.5f); }
 
     int* d_tokens = (int*)device_copy(tokens, BT * sizeof(int));
     floatX* d_wte = (floatX*)device_copy(wte, wte_n * 2);
@@ -137,7 +173,7 @@ static void test_encoder(const Shape* s) {
     floatX* d_dout = (floatX*)device_copy(dout, act_n * 2);
     floatX* d_out = (floatX*)cuda_malloc_checked(act_n * 2, "encoder out");
     floatX* d_dwte = (floatX*)cuda_malloc_checked(wte_n * 2, "dwte");
-    floatX* d_dwpe = (floatX*)cuda_malloc_checked(wpe_n * 2, "dwpe");
+    floatX* d_dwpe = (floatX*)cuda_malloc_checked((wpe_n + C) * 2, "dwpe and the next gradient");
     EncoderBackwardScratch* scratch = encoder_backward_scratch_create(B, T, s->V);
 
     encoder_forward(d_out, d_tokens, d_wte, d_wpe, B, T, C, 0);
@@ -149,12 +185,17 @@ static void test_encoder(const Shape* s) {
     for (int run = 0; run < 2; run++) {
         cudaCheck(cudaMemcpy(d_dwte, dwte0, wte_n * 2, cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(d_dwpe, dwpe0, wpe_n * 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_dwpe + wpe_n, next_grad, (size_t)C * 2, cudaMemcpyHostToDevice));
         encoder_backward(d_dwte, d_dwpe, d_dout, tokens, B, T, C, scratch, 0);
         runs_dwte[run] = (uint16_t*)host_copy(d_dwte, wte_n * 2);
-        runs_dwpe[run] = (uint16_t*)host_copy(d_dwpe, wpe_n * 2);
+        runs_dwpe[run] = (uint16_t*)host_copy(d_dwpe, (wpe_n + C) * 2);
     }
     check_bf16_close("encoder_backward dwte", s, runs_dwte[0], ref_dwte, wte_n, 0.05, 1e-2);
     check_bf16_close("encoder_backward dwpe", s, runs_dwpe[0], ref_dwpe, wpe_n, 0.05, 1e-2);
+    check_bf16_exact("encoder_backward dwte (fp32 sums in order)", s, runs_dwte[0], ordered_dwte, wte_n);
+    check_bf16_exact("encoder_backward dwpe (fp32 sums in order)", s, runs_dwpe[0], ordered_dwpe, wpe_n);
+    CHECK(memcmp(runs_dwpe[0] + wpe_n, next_grad, (size_t)C * 2) == 0,
+          "encoder_backward [%s]: the gradient after dwpe changed (a write past dwpe's T rows)", s->name);
     check_bitwise_equal("encoder_backward dwte", s, runs_dwte[0], runs_dwte[1], wte_n * 2);
     check_bitwise_equal("encoder_backward dwpe", s, runs_dwpe[0], runs_dwpe[1], wpe_n * 2);
 
@@ -163,6 +204,7 @@ static void test_encoder(const Shape* s) {
     cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_dwte)); cudaCheck(cudaFree(d_dwpe));
     free(tokens); free(wte); free(wpe); free(dout); free(dwte0); free(dwpe0); free(wte_f); free(wpe_f); free(dout_f);
     free(ref_out); free(ref_dwte); free(ref_dwpe); free(out);
+    free(ordered_dwte); free(ordered_dwpe); free(next_grad);
     for (int run = 0; run < 2; run++) { free(runs_dwte[run]); free(runs_dwpe[run]); }
 }
 
@@ -593,8 +635,9 @@ static void test_global_norm(const Shape* s, size_t count) {
 // must be bit-identical, the FP8 weight outputs too (the amax; delayed: the codes). split > 0:
 // two calls, elements [0, split) and [split, n), as ZeRO's parts of a tensor; the second's
 // arrays start at an element that is not a multiple of 4 where split is not, so it runs the
-// one-element kernel (a multiple of 4: the 4-element one)
-static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, size_t split, int misaligned_m) {
+// one-element kernel (a multiple of 4: the 4-element one). misaligned: 1 m, 2 the FP8 codes
+// (delayed only) start off their alignment, every other array aligned
+static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, size_t split, int misaligned) {
     uint16_t* params = random_bf16(n, -0.1f, 0.1f);
     uint16_t* grads = random_bf16(n, -0.05f, 0.05f);
     float* master = bf16_bits_to_floats(params, n);
@@ -612,9 +655,9 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, s
     floatX* d_params = (floatX*)device_copy(params, n * 2);
     float* d_master = with_master ? (float*)device_copy(master, n * sizeof(float)) : NULL;
     floatX* d_grads = (floatX*)device_copy(grads, n * 2);
-    // misaligned_m: m alone starts a float past 16-byte alignment, so the call must take the
+    // misaligned == 1: m alone starts a float past 16-byte alignment, so the call must take the
     // one-element kernel although every other array would allow 4 elements a thread
-    const size_t m_shift = misaligned_m ? 1 : 0;
+    const size_t m_shift = misaligned == 1 ? 1 : 0;
     float* d_m_base = (float*)cuda_malloc_checked((n + m_shift) * sizeof(float), "adamw m");
     float* d_m = d_m_base + m_shift;
     cudaCheck(cudaMemcpy(d_m, m, n * sizeof(float), cudaMemcpyHostToDevice));
@@ -623,9 +666,21 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, s
     Fp8WeightOutputs fp8;
     fp8_weight_outputs_init(&fp8, n, delayed, 0.05f);  // the previous step's amax: the values reach 0.1, some saturate
     fp8_weight_outputs_clear(&fp8);
+    // misaligned == 2: the codes a byte past 4-byte alignment (copied into fp8's buffer after), so
+    // the call must take the one-element kernel although every other array allows 4 elements a thread
+    uint8_t* d_codes_shifted = NULL;
+    if (misaligned == 2 && delayed) {
+        d_codes_shifted = (uint8_t*)cuda_malloc_checked(n + 1, "adamw FP8 codes, misaligned");
+        cudaCheck(cudaMemcpy(d_codes_shifted + 1, fp8.d_codes, n, cudaMemcpyDeviceToDevice));
+    }
     if (split == 0) {
-        adamw_update(d_params, d_master, d_grads, d_m, d_v, n, hp, grad_scale, seed, first_index,
-                     fp8_weight_outputs_device(&fp8, 0), 0);
+        Fp8WeightUpdate update = fp8_weight_outputs_device(&fp8, 0);
+        if (d_codes_shifted != NULL) { update.codes = d_codes_shifted + 1; }
+        adamw_update(d_params, d_master, d_grads, d_m, d_v, n, hp, grad_scale, seed, first_index, update, 0);
+        if (d_codes_shifted != NULL) {
+            cudaCheck(cudaMemcpy(fp8.d_codes, d_codes_shifted + 1, n, cudaMemcpyDeviceToDevice));
+            cudaCheck(cudaFree(d_codes_shifted));
+        }
     } else {
         adamw_update(d_params, d_master, d_grads, d_m, d_v, split, hp, grad_scale, seed, first_index,
                      fp8_weight_outputs_device(&fp8, 0), 0);
@@ -648,7 +703,8 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, s
     }
     char what[160];
     snprintf(what, sizeof(what), "adamw_update [%s, %s master, n=%zu split at %zu%s, %s weights]", s->name,
-             with_master ? "fp32" : "no", n, split, misaligned_m ? ", m misaligned" : "", delayed ? "delayed" : "current");
+             with_master ? "fp32" : "no", n, split, misaligned == 1 ? ", m misaligned" : misaligned == 2 ? ", codes misaligned" : "",
+             delayed ? "delayed" : "current");
     CHECK(bad == 0, "%s: %zu elements not bit-identical to the host reference (first %zu)", what, bad, first);
     fp8_weight_outputs_check(&fp8, n, what);
 
@@ -790,6 +846,13 @@ int main(void) {
         test_adamw(&shapes[1], 1003, 1, delayed, 5, 0);  // the second part misaligned: one element a thread
         test_adamw(&shapes[1], 1003, 0, delayed, 8, 0);  // the second part aligned, from element 8
         test_adamw(&shapes[1], 1003, 1, delayed, 0, 1);
+        if (delayed) { test_adamw(&shapes[1], 1003, 1, delayed, 0, 2); }
     }
+    // a row wider than a block's 256 x 8 channels (C > 2048, a checkpoint's width): the encoder's
+    // kernels take the row's second slice from blockIdx.y (last: its draws shift no other test's inputs)
+    const Shape wide_rows = {"B=2 T=3 C=2056", 2, 3, 2056, 11, 16};
+    printf("shape %s\n", wide_rows.name);
+    test_encoder(&wide_rows);
+    test_global_norm(&shapes[1], 5);  // fewer than one 16-byte chunk: the tail alone, still one block
     return test_summary("test_kernels");
 }

@@ -7,8 +7,9 @@ on one GPU.
   NCCL_MULTI_RANK_GPU_ENABLE=1): the same collectives with real data from both, the per-layer
   gradient reduction as zero_chunk_pieces plans it, the FP8 weight gather (amax on the GPU,
   MAX all-reduce, cast with the hardware conversion, all-gather) equal to the single-rank
-  host cast bit for bit, the replica check (-pc) naming the one region and rank that differ,
-  and a dead peer ending the other rank with one error line in bounded time;
+  host cast bit for bit, the replica check (-pc) naming the one region and rank that differ
+  (the first of two regions, the last region alone) and counting them, and a dead peer
+  ending the other rank with one error line in bounded time;
 - the watchdog: a host stuck in an armed region ended after -pt with one line; one that makes
   progress, then disarms, runs on;
 - the replica check's fingerprint kernel equal to its host function at odd sizes and
@@ -232,8 +233,26 @@ static void test_replica_fingerprints(void) {
     free(host);
 }
 
+// rank 1 alone writes one byte of its copy of the regions
+static void poke_on_rank_1(const MultiGpuConfig* mg, uint8_t* at, uint8_t value) {
+    if (mg->process_rank != 1) { return; }
+    cudaCheck(cudaMemcpy(at, &value, 1, cudaMemcpyHostToDevice));
+    cudaCheck(cudaDeviceSynchronize());
+}
+
+// rank 1 differs from rank 0 in `regions` regions, of which `region` is the first
+static void check_replica_mismatch(ReplicaCheck* check, const MultiGpuConfig* mg, const char* who, const char* what,
+                                   int region, int regions) {
+    ReplicaMismatch found = replica_check_compare(check, mg, mg->nccl_stream);
+    CHECK(found.region == region && found.rank == 1 && found.regions_differing == regions && found.ranks_differing == 1,
+          "%s: %s: found region %d rank %d (%d regions, %d ranks)", who, what, found.region, found.rank,
+          found.regions_differing, found.ranks_differing);
+}
+
 // replica_check_compare over the ranks: identical regions pass; one byte of one region on
-// rank 1 names that region and rank
+// rank 1 names that region and rank; with the last region changed too, the first region that
+// differs is still the one named, and both are counted; with only the last one differing, it is
+// named and rank 1 counted (a rank whose only difference is in the last region)
 static void test_replica_compare(const MultiGpuConfig* mg, const char* who) {
     const size_t bytes = 1000;
     uint8_t host[3][1000];
@@ -248,15 +267,12 @@ static void test_replica_compare(const MultiGpuConfig* mg, const char* who) {
     ReplicaMismatch same = replica_check_compare(&check, mg, mg->nccl_stream);
     CHECK(same.region == -1 && same.regions_differing == 0 && same.ranks_differing == 0,
           "%s: identical regions reported as different (region %d, rank %d)", who, same.region, same.rank);
-    if (mg->process_rank == 1) {
-        uint8_t changed = (uint8_t)(host[1][999] ^ 0x80);
-        cudaCheck(cudaMemcpy(device + bytes + 999, &changed, 1, cudaMemcpyHostToDevice));
-        cudaCheck(cudaDeviceSynchronize());
-    }
-    ReplicaMismatch differ = replica_check_compare(&check, mg, mg->nccl_stream);
-    CHECK(differ.region == 1 && differ.rank == 1 && differ.regions_differing == 1 && differ.ranks_differing == 1,
-          "%s: one byte of region 1 on rank 1: found region %d rank %d (%d regions, %d ranks)", who, differ.region,
-          differ.rank, differ.regions_differing, differ.ranks_differing);
+    poke_on_rank_1(mg, device + bytes + 999, (uint8_t)(host[1][999] ^ 0x80));
+    check_replica_mismatch(&check, mg, who, "one byte of region 1 on rank 1", 1, 1);
+    poke_on_rank_1(mg, device + 2 * bytes, (uint8_t)(host[2][0] ^ 0x01));
+    check_replica_mismatch(&check, mg, who, "regions 1 and 2 changed on rank 1", 1, 2);
+    poke_on_rank_1(mg, device + bytes + 999, host[1][999]);
+    check_replica_mismatch(&check, mg, who, "only the last region changed on rank 1", 2, 1);
     replica_check_free(&check);
     cudaCheck(cudaFree(device));
 }
