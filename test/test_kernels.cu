@@ -443,6 +443,149 @@ static void test_layernorm_dinp_uses(const Shape* s) {
     for (int run = 0; run < 3; run++) { free(dinps[run]); free(ln_grads[run]); }
 }
 
+/*
+layernorm_forward on rows of small variance, where LAYERNORM_EPS is a large part of var + eps.
+test_layernorm's rows (variance ~1.3) see eps only as ~4e-6 of rstd, below its rtol of 1e-5, so
+a dropped eps, eps added outside the square root or a wrong eps passed there. Here: constant
+rows (variance 0: rstd = 1/sqrt(eps), the output exactly the bias; without eps, NaN) and rows of
+spread ~1e-3 and ~1e-2 (eps ~10% and ~0.1% of the variance); the fused residual variant (inp2 = 0,
+so its sum is inp1) must give the same bits. Inputs are a fixed pattern: no draws of rng_state.
+*/
+static void test_layernorm_low_variance(int N, int C) {
+    char name[64];
+    snprintf(name, sizeof(name), "low variance N=%d C=%d", N, C);
+    const Shape shape = {name, 1, N, C, 0, 0};
+    const Shape* s = &shape;
+    const size_t n = (size_t)N * C;
+    uint16_t* inp = (uint16_t*)mallocCheck(n * 2);
+    uint16_t* zeros = (uint16_t*)calloc(n, 2);
+    uint16_t* weight = (uint16_t*)mallocCheck(C * 2);
+    uint16_t* bias = (uint16_t*)mallocCheck(C * 2);
+    const float spreads[4] = {0.0f, 1e-3f, 1e-2f, 3e-3f};
+    const float offsets[4] = {0.5f, 0.0f, 0.0f, -0.125f};
+    for (int r = 0; r < N; r++) {
+        for (int c = 0; c < C; c++) {
+            float pattern = (float)((c * 7 + r * 3) % 11 - 5) / 5.0f;  // in [-1, 1]
+            inp[(size_t)r * C + c] = float_to_bf16_bits(offsets[r % 4] + spreads[r % 4] * pattern);
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        weight[c] = float_to_bf16_bits(1.0f + 0.25f * (float)(c % 5 - 2) / 2.0f);
+        bias[c] = float_to_bf16_bits(0.1f * (float)(c % 7 - 3) / 3.0f);
+    }
+    float* inp_f = bf16_bits_to_floats(inp, n);
+    float* weight_f = bf16_bits_to_floats(weight, C);
+    float* bias_f = bf16_bits_to_floats(bias, C);
+    float* ref_out = (float*)mallocCheck(n * sizeof(float));
+    float* ref_mean = (float*)mallocCheck(N * sizeof(float));
+    float* ref_rstd = (float*)mallocCheck(N * sizeof(float));
+    ref_layernorm_forward(ref_out, ref_mean, ref_rstd, inp_f, weight_f, bias_f, N, C);
+
+    floatX* d_inp = (floatX*)device_copy(inp, n * 2);
+    floatX* d_zeros = (floatX*)device_copy(zeros, n * 2);
+    floatX* d_weight = (floatX*)device_copy(weight, C * 2);
+    floatX* d_bias = (floatX*)device_copy(bias, C * 2);
+    floatX* d_out = (floatX*)cuda_malloc_checked(n * 2, "ln out");
+    floatX* d_residual = (floatX*)cuda_malloc_checked(n * 2, "residual");
+    float* d_mean = (float*)cuda_malloc_checked(N * sizeof(float), "mean");
+    float* d_rstd = (float*)cuda_malloc_checked(N * sizeof(float), "rstd");
+    layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_weight, d_bias, N, C, 0);
+    uint16_t* out = (uint16_t*)host_copy(d_out, n * 2);
+    float* mean = (float*)host_copy(d_mean, N * sizeof(float));
+    float* rstd = (float*)host_copy(d_rstd, N * sizeof(float));
+    check_bf16_close("layernorm_forward low variance out", s, out, ref_out, n, 1e-2, 1e-2);
+    check_float_close("layernorm_forward low variance mean", s, mean, ref_mean, N, 1e-6, 1e-5);
+    check_float_close("layernorm_forward low variance rstd", s, rstd, ref_rstd, N, 1e-6, 1e-5);
+    size_t not_bias = 0;  // a constant row's output is (0 * rstd) * weight + bias: the bias, exactly
+    for (int r = 0; r < N; r += 4) {
+        for (int c = 0; c < C; c++) { not_bias += out[(size_t)r * C + c] != bias[c]; }
+    }
+    CHECK(not_bias == 0, "layernorm_forward [%s]: %zu outputs of the constant rows are not the bias", s->name, not_bias);
+    fused_residual_layernorm_forward(d_residual, d_out, d_mean, d_rstd, d_inp, d_zeros, d_weight, d_bias, N, C, 0);
+    uint16_t* fused_out = (uint16_t*)host_copy(d_out, n * 2);
+    float* fused_rstd = (float*)host_copy(d_rstd, N * sizeof(float));
+    check_bitwise_equal("fused_residual_layernorm_forward low variance out (inp2 = 0)", s, fused_out, out, n * 2);
+    check_bitwise_equal("fused_residual_layernorm_forward low variance rstd (inp2 = 0)", s, fused_rstd, rstd, N * sizeof(float));
+
+    void* buffers[8] = {d_inp, d_zeros, d_weight, d_bias, d_out, d_residual, d_mean, d_rstd};
+    for (int i = 0; i < 8; i++) { cudaCheck(cudaFree(buffers[i])); }
+    free(inp); free(zeros); free(weight); free(bias); free(inp_f); free(weight_f); free(bias_f);
+    free(ref_out); free(ref_mean); free(ref_rstd); free(out); free(mean); free(rstd); free(fused_out); free(fused_rstd);
+}
+
+/*
+layernorm_backward's dinp to its bf16 rounding, where test_layernorm's check (dinp0 + dx against
+atol 2e-2, rtol 1e-2) lets through a mean term divided by C - 1 instead of C (a few percent of a
+term that is itself a few percent of dx) or dx off by a fraction of a percent. dinp starts at 0,
+so it is bf16(dx), within half a bf16 ulp (2^-9 relative) of the double reference plus fp32's
+error: checked at rtol 2^-8, atol 1e-5, in two cases:
+- random dout and weight;
+- weight = 1 and dout = a + b * xhat per row: the two directions the backward projects out, so
+  dinp = rstd * (dout - mean(dout) - xhat * mean(dout * xhat)) is about 0 (what is left comes
+  from dout's bf16 rounding and eps, which the double reference has exactly), and a wrong mean
+  term leaves about a / C or b * xhat / C where the answer is nearly 0.
+*/
+static void test_layernorm_backward_precise(int N, int C, bool null_directions) {
+    char name[64];
+    snprintf(name, sizeof(name), "%s N=%d C=%d", null_directions ? "dout in the null directions" : "random dout", N, C);
+    const Shape shape = {name, 1, N, C, 0, 0};
+    const Shape* s = &shape;
+    const size_t n = (size_t)N * C;
+    uint16_t* inp = random_bf16(n, -2.0f, 2.0f);
+    uint16_t* weight = (uint16_t*)mallocCheck(C * 2);
+    uint16_t* zeros = (uint16_t*)calloc(n > (size_t)C ? n : (size_t)C, 2);
+    for (int c = 0; c < C; c++) { weight[c] = float_to_bf16_bits(null_directions ? 1.0f : rand_uniform(0.5f, 1.5f)); }
+    float* inp_f = bf16_bits_to_floats(inp, n);
+    float* weight_f = bf16_bits_to_floats(weight, C);
+    float* bias_f = (float*)calloc(C, sizeof(float));
+    float* out = (float*)mallocCheck(n * sizeof(float));
+    float* mean = (float*)mallocCheck(N * sizeof(float));
+    float* rstd = (float*)mallocCheck(N * sizeof(float));
+    ref_layernorm_forward(out, mean, rstd, inp_f, weight_f, bias_f, N, C);
+    uint16_t* dout = (uint16_t*)mallocCheck(n * 2);
+    for (int r = 0; r < N; r++) {
+        const float a = rand_uniform(-1.0f, 1.0f), b = rand_uniform(-1.0f, 1.0f);
+        for (int c = 0; c < C; c++) {
+            double xhat = ((double)inp_f[(size_t)r * C + c] - mean[r]) * rstd[r];
+            float value = null_directions ? (float)(a + b * xhat) : rand_uniform(-1.0f, 1.0f);
+            dout[(size_t)r * C + c] = float_to_bf16_bits(value);
+        }
+    }
+    float* dout_f = bf16_bits_to_floats(dout, n);
+    float* ref_dinp = (float*)calloc(n, sizeof(float));
+    float* ref_dweight = (float*)calloc(C, sizeof(float));
+    float* ref_dbias = (float*)calloc(C, sizeof(float));
+    ref_layernorm_backward(ref_dinp, ref_dweight, ref_dbias, dout_f, inp_f, weight_f, mean, rstd, N, C);
+
+    floatX* d_inp = (floatX*)device_copy(inp, n * 2);
+    floatX* d_weight = (floatX*)device_copy(weight, C * 2);
+    floatX* d_dout = (floatX*)device_copy(dout, n * 2);
+    float* d_mean = (float*)device_copy(mean, N * sizeof(float));
+    float* d_rstd = (float*)device_copy(rstd, N * sizeof(float));
+    floatX* d_dinp = (floatX*)device_copy(zeros, n * 2);
+    floatX* d_dweight = (floatX*)device_copy(zeros, C * 2);
+    floatX* d_dbias = (floatX*)device_copy(zeros, C * 2);
+    float* d_scratch = (float*)cuda_malloc_checked(layernorm_backward_scratch_bytes(N, C), "ln scratch");
+    layernorm_backward(d_dinp, d_dweight, d_dbias, d_scratch, d_dout, d_inp, d_weight, d_mean, d_rstd, N, C,
+                       LAYERNORM_DINP_UNUSED, 0);
+    uint16_t* dinp = (uint16_t*)host_copy(d_dinp, n * 2);
+    double largest_dout = 0.0, largest_dinp = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        largest_dout = fmax(largest_dout, fabs(dout_f[i]));
+        largest_dinp = fmax(largest_dinp, fabs(ref_dinp[i]));
+    }
+    if (null_directions) {  // the data is what the case is about: the reference dinp is well below dout
+        CHECK(largest_dinp < 0.05 * largest_dout, "layernorm_backward [%s]: reference dinp up to %g for dout up to %g",
+              s->name, largest_dinp, largest_dout);
+    }
+    check_bf16_close("layernorm_backward dinp from 0, to its bf16 rounding", s, dinp, ref_dinp, n, 1e-5, 1.0 / 256.0);
+
+    void* buffers[9] = {d_inp, d_weight, d_dout, d_mean, d_rstd, d_dinp, d_dweight, d_dbias, d_scratch};
+    for (int i = 0; i < 9; i++) { cudaCheck(cudaFree(buffers[i])); }
+    free(inp); free(weight); free(zeros); free(inp_f); free(weight_f); free(bias_f); free(out); free(mean); free(rstd);
+    free(dout); free(dout_f); free(ref_dinp); free(ref_dweight); free(ref_dbias); free(dinp);
+}
+
 static void test_gelu(const Shape* s) {
     const size_t n = (size_t)s->B * s->T * 4 * s->C;
     uint16_t* inp = random_bf16(n, -6.0f, 6.0f);
@@ -605,6 +748,15 @@ static void test_fused_classifier(const Shape* s) {
     fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 0, NULL, 0);
     float* losses_bad = (float*)host_copy(d_losses, BT * sizeof(float));
     CHECK(isnan(losses_bad[0]), "fused_classifier [%s]: target %d >= V gave loss %g instead of NaN", s->name, V, losses_bad[0]);
+    // and so must a negative one (an ignore index such as -1 is not supported): on the last row, where a read of
+    // row[target] would find the row before's last logit, not a fault
+    int negative_target = -1;
+    cudaCheck(cudaMemcpy(d_targets + BT - 1, &negative_target, sizeof(int), cudaMemcpyHostToDevice));
+    fused_classifier(d_logits, d_losses, dloss, d_targets, s->B, s->T, V, Vp, 0, NULL, 0);
+    float* losses_negative = (float*)host_copy(d_losses, BT * sizeof(float));
+    CHECK(isnan(losses_negative[BT - 1]), "fused_classifier [%s]: target -1 gave loss %g instead of NaN", s->name,
+          losses_negative[BT - 1]);
+    free(losses_negative);
 
     cudaCheck(cudaFree(d_logits)); cudaCheck(cudaFree(d_targets)); cudaCheck(cudaFree(d_losses));
     free(logits); free(targets); free(logits_f); free(ref_losses); free(ref_dlogits); free(initial_losses);
@@ -854,5 +1006,20 @@ int main(void) {
     printf("shape %s\n", wide_rows.name);
     test_encoder(&wide_rows);
     test_global_norm(&shapes[1], 5);  // fewer than one 16-byte chunk: the tail alone, still one block
+    // layernorm where the tolerances of test_layernorm hide eps and the backward's mean terms
+    // (after the tests above: the backward's draws shift no other test's inputs)
+    test_layernorm_low_variance(16, 40);
+    test_layernorm_low_variance(16, 768);
+    for (int null_directions = 0; null_directions < 2; null_directions++) {
+        test_layernorm_backward_precise(64, 40, null_directions);
+        test_layernorm_backward_precise(64, 768, null_directions);
+        test_layernorm_backward_precise(32, 1600, null_directions);
+    }
+    // the classifier's first pass where a thread's last batch of whole chunks ends inside the batch, with a
+    // step of it landing exactly on the chunk V falls in (6 + 512 = V / 8; GPT-2's V = 50257 never has
+    // that): that chunk is not a whole one, and taking its zeros as logits would add 8 terms exp(0 - max)
+    const Shape classifier_batch_edge = {"B=2 T=8 V=4147 Vp=4160", 2, 8, 40, 4147, 4160};
+    printf("shape %s\n", classifier_batch_edge.name);
+    test_fused_classifier(&classifier_batch_edge);
     return test_summary("test_kernels");
 }
