@@ -46,6 +46,8 @@ Runs on a GPU under make gpucheck, and under cudasim (test/cudasim) in make test
 - the per-tensor sharded weight cast (fp8_cast_weight_part + fp8_scaling_publish_scales) and the
   resume's code rebuild (fp8_weight_codes) equal the whole-weight cast byte for byte; the restore
   of states after a skipped step; a loaded record's count checks; the smallest 16 x 32 cast.
+- a cast that writes x^T alone counts its statistics; the record after fp8_scaling_update_with_amax;
+  each FP8 GEMM spec's operand order, types, scale modes and fast accumulation (host side only).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -443,6 +445,51 @@ static void test_cast_tensor(int rows, int cols, Fp8Format format, bool nan_tile
     CHECK(cleared.interval_min_scale_bits == FP8_NO_SCALE_BITS,  // else the next interval reports this one's scale
           "%s: fp8_cast_records_read must clear the interval's smallest scale", what);
 
+    host_cast_free(&h);
+    device_fp8_free(&t);
+    cudaCheck(cudaFree(d_x));
+    free(x);
+}
+
+/*
+A per-tensor cast that writes only x^T (an FP8 wgrad beside a bf16 dgrad: codes NULL) counts
+its statistics from the transposed codes: the same elements, saturations and flushes as the
+host's cast, under the one scale. A cast that counted only row-major codes would log an
+empty interval for such a tensor.
+*/
+static void test_cast_transposed_only(int rows, int cols, Fp8Format format) {
+    char what[128];
+    snprintf(what, sizeof(what), "fp8_cast_transpose %s %dx%d, x^T only", fp8_format_name(format), rows, cols);
+    size_t n = (size_t)rows * cols;
+    float* x = host_bf16_normal(n, 0.2f);
+    x[9] = 3.0f;                        // saturates (E4M3) under amax 1.0's scale
+    x[(size_t)2 * cols + 1] = -2.0f;
+    x[5] = -1e-12f;                     // flushed
+    x[n - 5] = 1e-12f;                  // a flush in the last tile, which saturates nothing
+    x[n - 7] = -0.0f;                   // a zero value: no flush
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, FP8_RECIPE_DELAYED, format, 4, 0);
+    fp8_scaling_update(&state, 1.0f);
+    DeviceFp8 t = device_fp8_make(rows, cols, format, FP8_SCALING_TENSOR, &state);
+    floatX* d_x = device_bf16_from(x, n);
+    Fp8CastOutput x_t = t.out;
+    x_t.codes = NULL;
+    fp8_cast_transpose(&x_t, d_x, rows, cols, 0);
+
+    HostCast h = host_cast(x, rows, cols, format, scale_of_tensor, &state.scale);
+    CHECK(h.stats.flushed > 0 && (format == FP8_E5M2 || h.stats.saturated > 0),
+          "%s: the test data should flush (and in E4M3 saturate) some elements", what);
+    uint8_t* codes_t = (uint8_t*)host_copy(t.out.codes_t, n);
+    CHECK(count_code_mismatches(codes_t, h.codes_t, n, what) == 0, "%s: transposed codes differ from the host encode", what);
+    free(codes_t);
+    Fp8CastRecord r = download_record(&t);
+    CHECK(r.elements == h.stats.elements && r.saturated == h.stats.saturated && r.flushed == h.stats.flushed,
+          "%s: %llu elements, %llu saturated, %llu flushed counted, expected %llu %llu %llu", what, r.elements,
+          r.saturated, r.flushed, (unsigned long long)h.stats.elements, (unsigned long long)h.stats.saturated,
+          (unsigned long long)h.stats.flushed);
+    CHECK(r.interval_min_scale_bits == float_as_bits(h.stats.scale) && r.interval_amax_bits == float_as_bits(h.stats.amax),
+          "%s: smallest scale %g and amax %g, expected %g and %g", what, bits_as_float(r.interval_min_scale_bits),
+          bits_as_float(r.interval_amax_bits), h.stats.scale, h.stats.amax);
     host_cast_free(&h);
     device_fp8_free(&t);
     cudaCheck(cudaFree(d_x));
@@ -1063,6 +1110,33 @@ static void test_scaling_restore_states(void) {
     }
     free(got);
     cudaCheck(cudaFree(d_states)); cudaCheck(cudaFree(d_before));
+}
+
+/*
+fp8_scaling_update_with_amax (lm_head's dy, from the bound on it: fp8_model_begin_dlogits): the
+state takes the host's update, and the record the new scale and its inverse. Where the
+classifier writes dy's codes itself (FP8_DOUT_CODES_WRITTEN) no cast kernel copies them into the
+record afterwards, so both backward GEMMs dequantize with the record's scale_inv as this kernel
+left it. The pending amax is left alone.
+*/
+static void test_scaling_update_with_amax(void) {
+    const char* what = "fp8_scaling_update_with_amax";
+    Fp8TensorScaling state;
+    fp8_scaling_init(&state, FP8_RECIPE_CURRENT, FP8_E5M2, 16, 0);
+    fp8_scaling_update(&state, 0.01f);  // a scale unlike the bound's
+    DeviceFp8 t = device_fp8_make(16, 16, FP8_E5M2, FP8_SCALING_TENSOR, &state);
+    const uint32_t pending = fp8_amax_bits(0.125f);
+    cudaCheck(cudaMemcpy(&t.out.record->amax_bits, &pending, sizeof(pending), cudaMemcpyHostToDevice));
+    const float bound = 3.5f;
+    fp8_scaling_update_with_amax(t.out.state, t.out.record, bound, 0);
+    fp8_scaling_update(&state, bound);
+    Fp8TensorScaling device_state = download_state(&t);
+    CHECK(memcmp(&device_state, &state, sizeof(state)) == 0, "%s: state differs from the host's update", what);
+    Fp8CastRecord r = download_record(&t);
+    CHECK(r.scale == state.scale && r.scale_inv == state.scale_inv && r.amax_bits == pending,
+          "%s: record holds scale %g / %g and amax bits 0x%x, expected %g / %g and 0x%x", what, r.scale, r.scale_inv,
+          r.amax_bits, state.scale, state.scale_inv, pending);
+    device_fp8_free(&t);
 }
 
 // a record read from a state file: counts of saturated or flushed elements up to the elements
@@ -1699,6 +1773,60 @@ static void test_gemm_sqnr(int N, int C, int OC, bool block) {
     for (int i = 0; i < 7; i++) { cudaCheck(cudaFree(buffers[i])); }
 }
 
+// the host side of the FP8 GEMMs, spec by spec (no GEMM runs): which code array is cuBLASLt's
+// A and which its B, their types, scale pointers and scale modes, the TN layout, and fast
+// accumulation (on for the per-tensor forward only). cudasim accepts FAST_ACCUM and computes
+// the same sums without it, so only the spec shows whether the forward asks for it; an
+// operand order, type or scale mode mixed up between the launchers is caught here by name,
+// before any exactness test has to trip over its numbers
+static Fp8Operand fake_operand(uintptr_t codes, Fp8Format format, Fp8Scaling scaling, uintptr_t scale_inv) {
+    Fp8Operand o;
+    o.codes = (const uint8_t*)codes; o.format = format; o.scaling = scaling; o.scale_inv = (const float*)scale_inv;
+    return o;
+}
+
+static void check_fp8_spec(const MatmulSpec* spec, const Fp8Operand* a, const Fp8Operand* b, bool fast, const char* what) {
+    const cudaDataType_t a_type = a->format == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+    const cudaDataType_t b_type = b->format == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+    const cublasLtMatmulMatrixScale_t modes[3] = {CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+                                                  CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F};
+    CHECK(spec->a == a->codes && spec->b == b->codes && spec->a_scale == a->scale_inv && spec->b_scale == b->scale_inv,
+          "%s: A %p (scale %p), B %p (scale %p); expected A %p (%p), B %p (%p)", what, spec->a, (const void*)spec->a_scale,
+          spec->b, (const void*)spec->b_scale, (const void*)a->codes, (const void*)a->scale_inv, (const void*)b->codes,
+          (const void*)b->scale_inv);
+    CHECK(spec->a_type == a_type && spec->b_type == b_type, "%s: types A %d B %d, expected %d %d", what, (int)spec->a_type,
+          (int)spec->b_type, (int)a_type, (int)b_type);
+    CHECK(spec->a_scale_mode == modes[a->scaling] && spec->b_scale_mode == modes[b->scaling],
+          "%s: scale modes A %d B %d, expected %d %d", what, (int)spec->a_scale_mode, (int)spec->b_scale_mode,
+          (int)modes[a->scaling], (int)modes[b->scaling]);
+    CHECK(spec->transpose_a && !spec->transpose_b, "%s: transpose A %d B %d, expected the TN layout", what,
+          (int)spec->transpose_a, (int)spec->transpose_b);
+    CHECK(spec->fast_accumulate == fast, "%s: fast accumulation %d, expected %d", what, (int)spec->fast_accumulate, (int)fast);
+}
+
+static void test_fp8_gemm_specs(void) {
+    const int N = 256, C = 384, OC = 512;
+    floatX* out = (floatX*)(uintptr_t)0x100000;
+    for (int block = 0; block < 2; block++) {
+        const Fp8Scaling act = block ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
+        const Fp8Scaling wgt = block ? FP8_SCALING_BLOCKS_128x128 : FP8_SCALING_TENSOR;
+        const Fp8Format grad = block ? FP8_E4M3 : FP8_E5M2;  // per tensor, gradients are E5M2
+        Fp8Operand x = fake_operand(0x10000, FP8_E4M3, act, 0x11000), xt = fake_operand(0x20000, FP8_E4M3, act, 0x21000);
+        Fp8Operand w = fake_operand(0x30000, FP8_E4M3, wgt, 0x31000), wt = fake_operand(0x40000, FP8_E4M3, wgt, 0x41000);
+        Fp8Operand dy = fake_operand(0x50000, grad, act, 0x51000), dyt = fake_operand(0x60000, grad, act, 0x61000);
+        char what[96];
+        snprintf(what, sizeof(what), "fp8 forward spec (%s)", block ? "block" : "per tensor");
+        MatmulSpec forward = matmul_forward_fp8_spec(out, x, w, NULL, N, C, OC, NULL);
+        check_fp8_spec(&forward, &w, &x, !block, what);  // D^T = W x^T: A is W, B is x
+        snprintf(what, sizeof(what), "fp8 dgrad spec (%s)", block ? "block" : "per tensor");
+        MatmulSpec dgrad = matmul_dgrad_fp8_spec(out, dy, wt, N, C, OC, NULL);
+        check_fp8_spec(&dgrad, &wt, &dy, false, what);  // A is W^T, B is dy
+        snprintf(what, sizeof(what), "fp8 wgrad spec (%s)", block ? "block" : "per tensor");
+        MatmulSpec wgrad = matmul_wgrad_fp8_spec(out, CUDA_R_16BF, dyt, xt, N, C, OC);
+        check_fp8_spec(&wgrad, &xt, &dyt, false, what);  // dW^T = x^T dy: A is x^T, B is dy^T
+    }
+}
+
 // ----------------------------------------------------------------------------
 
 static void test_bad_input(void) {
@@ -1732,6 +1860,12 @@ static void test_bad_input(void) {
     tensor.b_scale = (const float*)(uintptr_t)65536;
     CHECK_DIES("fp8 per-tensor GEMM with its A scale at 4 bytes' alignment", "A scale pointer 0x8004 is not 16-byte aligned",
                matmul_cublaslt(&tensor, 0));
+    // one operand per tensor and the other per block: refused where the launcher sets the operands,
+    // by name (else cuBLASLt's scale-mode check dies later, naming modes)
+    Fp8Operand per_tensor_op = {(const uint8_t*)(uintptr_t)4096, FP8_E4M3, FP8_SCALING_TENSOR, (const float*)(uintptr_t)32768};
+    Fp8Operand tiles_op = {(const uint8_t*)(uintptr_t)8192, FP8_E4M3, FP8_SCALING_ROWS_1x128, (const float*)(uintptr_t)65536};
+    CHECK_DIES("fp8 forward with 1x128 x and a per-tensor W", "both operands are scaled per tensor, or both per block",
+               matmul_forward_fp8((floatX*)(uintptr_t)16384, tiles_op, per_tensor_op, NULL, 128, 128, 128, NULL, 0));
     Fp8CastOutput out;
     memset(&out, 0, sizeof(out));
     CHECK_DIES("fp8 cast of 40 x 24", "multiple of 16", fp8_cast_transpose(&out, NULL, 40, 24, 0));
@@ -1782,6 +1916,7 @@ int main(void) {
     test_cast_weight_block_parts(768, 3072, 8);
     test_cast_weight_parts_per_tensor(272, 208, 3);
     test_scaling_restore_states();
+    test_scaling_update_with_amax();
     test_cast_record_loaded_error();
     for (int cast = PRODUCER_CAST_DELAYED; cast <= PRODUCER_CAST_BLOCK; cast++) {
         test_layernorm_fp8(80, 208, false, (ProducerCast)cast);
@@ -1823,6 +1958,10 @@ int main(void) {
     for (int cast = PRODUCER_CAST_DELAYED; cast <= PRODUCER_CAST_BLOCK; cast++) {
         test_layernorm_fp8(16, 208, true, (ProducerCast)cast);
     }
+    test_fp8_gemm_specs();
+    // last: their draws shift no other test's inputs
+    test_cast_transposed_only(80, 208, FP8_E4M3);
+    test_cast_transposed_only(272, 208, FP8_E5M2);
 
     matmul_teardown();
     return test_summary("test_fp8_kernels");
