@@ -6,6 +6,7 @@ element functions; test_adamw8_gpu.cu checks it bit for bit against adamw8_updat
 - the search order (quant8_search_order): a one-to-one layout of the sorted maps, whose search
   picks the sorted binary search's index on every map value, midpoint (ties), their float
   neighbours, random values, and +-0, +-1.5, +-Inf, NaN;
+- an all-zero block encodes to code 0 (m and v), also after a step with zero gradients;
 - quantize/dequantize: the chosen code is the nearest (brute force), and per element
   |x - deq(q(x))| <= absmax * (gap/2 + 2^-23), gap = the map's gap around x/absmax (at most
   the largest gap G: 0.9/64 signed, 0.9/128 unsigned); 2^-23 covers the two fp32 roundings
@@ -249,6 +250,36 @@ static void test_quantize_error(void) {
         CHECK(worst_uniform > 0.9, "%s: uniform data reaches only %.3f of the G/2 bound (bound not tight?)", name, worst_uniform);
         CHECK(exact_absmax, "%s: the absmax element does not round-trip exactly", name);
     }
+}
+
+// an all-zero block (absmax 0: fresh states, or a wte row no token used under -qs all) encodes
+// to code 0 for m and v, so a zeroed buffer and a quantized zero block are the same bytes: the
+// tests above never quantize one, and a normalize that divided 0 by 0 (NaN: index 0, m code -128,
+// which decodes to -0) passed them
+static void test_zero_block(void) {
+    float zeros[QUANT8_BLOCK] = {0.0f};
+    int8_t mc[QUANT8_BLOCK];
+    uint8_t vc[QUANT8_BLOCK];
+    float ma = 1.0f, va = 1.0f;
+    memset(mc, 0x11, sizeof(mc));
+    memset(vc, 0x11, sizeof(vc));
+    quant8_quantize_block_signed(zeros, 77, &g_maps, mc, &ma);
+    quant8_quantize_block_unsigned(zeros, 77, &g_maps, vc, &va);
+    int all_zero = ma == 0.0f && va == 0.0f;
+    for (int k = 0; k < 77; k++) { all_zero = all_zero && mc[k] == 0 && vc[k] == 0; }
+    CHECK(all_zero, "an all-zero block: absmax %g %g, codes m %d v %d (expected 0)", ma, va, mc[0], vc[0]);
+    // a step with zero gradients on zero states leaves the states zero, byte for byte
+    float params[QUANT8_BLOCK];
+    for (int k = 0; k < QUANT8_BLOCK; k++) { params[k] = 0.02f * gaussian(90, (uint32_t)k); }
+    memset(mc, 0, sizeof(mc));
+    memset(vc, 0, sizeof(vc));
+    ma = va = 0.0f;
+    Quant8TensorStates st = {mc, vc, &ma, &va};
+    AdamWElementParams hp = adamw_element_params(1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);
+    adamw8_update_fp32(params, zeros, QUANT8_BLOCK, st, &g_maps, hp, 1.0f);
+    int still_zero = ma == 0.0f && va == 0.0f;
+    for (int k = 0; k < QUANT8_BLOCK; k++) { still_zero = still_zero && mc[k] == 0 && vc[k] == 0; }
+    CHECK(still_zero, "zero gradients on zero states: absmax %g %g, codes m %d v %d (expected 0)", ma, va, mc[0], vc[0]);
 }
 
 // ----------------------------------------------------------------------------
@@ -825,13 +856,60 @@ static void test_selection(void) {
     GPT2Config wide = gpt2_config_make(1, 1, 4096, 64, 64);  // lnfw has 4096 elements: 8-bit; wpe stays 32-bit
     CHECK(adamw8_tensor_is_8bit(&wide, PARAM_LNFW, ADAMW8_SELECT_DEFAULT) && !adamw8_tensor_is_8bit(&wide, PARAM_WPE, ADAMW8_SELECT_DEFAULT),
           "4096 elements or the embedding rule misapplied");
+    GPT2Config wide2 = gpt2_config_make(2, 1, 4096, 64, 64);  // two layers: lnf's 4096 are one tensor, not 2048 a layer
+    CHECK(adamw8_tensor_is_8bit(&wide2, PARAM_LNFW, ADAMW8_SELECT_DEFAULT) && adamw8_tensor_is_8bit(&wide2, PARAM_LNFB, ADAMW8_SELECT_DEFAULT),
+          "L=2 C=4096: lnfw or lnfb (whole-model tensors of 4096) taken per layer");
     Adamw8Layout layout;
     adamw8_layout_init(&layout, &d12, ADAMW8_SELECT_ALL);
     int aligned = 1;
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) { aligned = aligned && layout.code_offsets[t] % 256 == 0; }
     CHECK(aligned && layout.num_codes % 256 == 0 && layout.num_fp32 == 0, "8-bit tensors' codes do not start on a block");
+    // d12's tensors are all whole blocks, so the check above holds without any padding: at C = 64 layernorm's
+    // 2 x 64 elements are half a block, and the next tensor's codes must still start on a block
+    GPT2Config odd = gpt2_config_make(2, 2, 64, 16, 64);
+    Adamw8Layout odd_layout;
+    adamw8_layout_init(&odd_layout, &odd, ADAMW8_SELECT_ALL);
+    int odd_aligned = 1;
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        odd_aligned = odd_aligned && odd_layout.code_offsets[t] % 256 == 0 &&
+                      odd_layout.block_offsets[t] * 256 == odd_layout.code_offsets[t];
+    }
+    CHECK(odd_aligned && odd_layout.num_codes == odd_layout.num_blocks * 256 && odd_layout.sizes[PARAM_LN1W] % 256 != 0,
+          "C=64, all 8-bit: codes not padded to whole blocks (%zu codes, %zu blocks)", odd_layout.num_codes,
+          odd_layout.num_blocks);
     CHECK(adamw8_selection_from_name("all", "-qs") == ADAMW8_SELECT_ALL, "selection name 'all'");
     CHECK_DIES("bad selection name", "'some'", adamw8_selection_from_name("some", "-qs"));
+}
+
+/*
+Windows of the layout (adamw8_layout_window, a ZeRO rank's states) cut where tensors start, at C = 64: windows
+that end on tensors of half a block (fcprojb's 2 x 64, lnfb's 64) must still take that tensor's padding codes and
+its last, partial block's absmax, so consecutive windows' arrays tile the model's exactly. test_zero.c checks
+the tiling on models whose tensors are all whole blocks, where a window that dropped the padding, or took
+part_end / 256 blocks (the partial block's absmax, which the kernel writes, left out), passed.
+*/
+static void test_window_tiling(void) {
+    GPT2Config cfg = gpt2_config_make(2, 2, 64, 16, 64);
+    const Adamw8Selection selections[2] = {ADAMW8_SELECT_ALL, ADAMW8_SELECT_DEFAULT};
+    for (int k = 0; k < 2; k++) {
+        Adamw8Layout model;
+        adamw8_layout_init(&model, &cfg, selections[k]);
+        size_t cuts[4] = {0, model.param_offsets[PARAM_QKVW], model.param_offsets[PARAM_LNFW], model.num_parameters};
+        size_t codes = 0, blocks = 0, fp32 = 0;
+        int tiles = 1;
+        for (int w = 0; w < 3; w++) {
+            Adamw8Layout window;
+            adamw8_layout_window(&window, &model, cuts[w], cuts[w + 1]);
+            tiles = tiles && (window.num_codes == 0 || window.codes_begin == codes) &&
+                    (window.num_blocks == 0 || window.blocks_begin == blocks) && (window.num_fp32 == 0 || window.fp32_begin == fp32);
+            codes += window.num_codes;
+            blocks += window.num_blocks;
+            fp32 += window.num_fp32;
+        }
+        CHECK(tiles && codes == model.num_codes && blocks == model.num_blocks && fp32 == model.num_fp32,
+              "C=64 selection %d: windows cover %zu codes, %zu blocks, %zu fp32 of %zu, %zu, %zu (or leave gaps)", (int)selections[k],
+              codes, blocks, fp32, model.num_codes, model.num_blocks, model.num_fp32);
+    }
 }
 
 static void test_bytes_per_param(void) {
@@ -863,12 +941,14 @@ int main(void) {
     test_maps();
     test_search_order();
     test_quantize_error();
+    test_zero_block();
     test_one_step();
     test_non_finite();
     test_non_finite_bf16();
     test_delayed_weight_codes(0);
     test_delayed_weight_codes(1);
     test_selection();
+    test_window_tiling();
     test_bytes_per_param();
     test_state_files();
     test_quadratic();

@@ -7,7 +7,11 @@ fc weight (768 x 3072) and an odd size (9999: a short last block and a lane with
 8 elements). With and without the fp32 master; with a NaN gradient in one block (that block
 must stay untouched, its codes rewritten with the step's scale); and adamw8_update_range over
 all 16 tensors of a small model, which sends the 32-bit tensors through adamw_update (against
-adamw_update_bf16_ref). Each case in both weight scalings. Runs on a GPU under make gpucheck, and under cudasim in make test.
+adamw_update_bf16_ref). Each case in both weight scalings. adamw8_update_range as ZeRO calls it
+(each rank's window of the states, parts cut per layer slice: offsets and part starts inside a
+tensor; 8-bit, mixed and plain AdamW) against the whole model's host step; nothing written past
+a tensor whose last lane is short; the launchers' refusals. Runs on a GPU under make gpucheck,
+and under cudasim in make test.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +20,10 @@ adamw_update_bf16_ref). Each case in both weight scalings. Runs on a GPU under m
 #include "llmc/cuda_common.h"
 #include "llmc/adamw8.cuh"
 #include "test/test_harness.h"
+#include "test/test_harness_fork.h"
 #include "test/fp8_weight_outputs.cuh"
 #include "test/gpu_test_copies.cuh"
+#include "llmc/zero.h"
 
 static float uniform01(uint32_t seed, uint32_t index) {
     return ((float)(random_u32(seed, index) >> 8) + 0.5f) / 16777216.0f;
@@ -102,6 +108,11 @@ static void test_kernel(size_t n, int with_master, int nan_block, int delayed, c
         }
         cudaCheck(cudaMemcpy(c.d_grads, c.grads, n * 2, cudaMemcpyHostToDevice));
         fp8_weight_outputs_clear(&fp8);
+        if (delayed) {  // every step must write every code: the scale here stays the same from step to step, so a
+            // code left from the step before (a skipped block's, say) would equal the new one
+            cudaCheck(cudaMemset(fp8.d_codes, 0x55, n));
+            memset(fp8.codes, 0x55, n);
+        }
         AdamWElementParams hp = adamw_element_params(6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
         uint32_t seed = random_u32(0x5eed, (uint32_t)step);
         float grad_scale = 0.8f;
@@ -199,6 +210,207 @@ static void test_update_tensor(Adamw8Selection selection, int delayed, const Qua
     free(params); free(grads); free(master);
 }
 
+/*
+adamw8_update_range as the trainer calls it under ZeRO (gpt2_update): each rank's window of
+the states (adamw8_layout_window, arrays that are slices of the model's) and each tensor's
+part cut into zero_update_ranges's calls (a matmul weight: one per layer slice, so offset > 0
+inside a part, and a part that starts inside a tensor: part_begins > 0). Every rank's device
+result, stitched, must be the whole model's host step (whole tensors, first_index 0) bit for
+bit: weights, master and all states. The test above only calls offset 0 of whole tensors, so a
+range that ignored its offset (codes, absmaxes or fp32 moments of the range's first element),
+or a rounding index that left out the offset or the part's start, passed it.
+*/
+static void test_update_range_windows(Adamw8Selection selection, int num_ranks, const Quant8Maps* maps,
+                                      const Quant8Maps* d_maps) {
+    GPT2Config cfg = gpt2_config_make(2, 2, 128, 64, 200);
+    Adamw8Layout model;
+    adamw8_layout_init(&model, &cfg, selection);
+    ZeroLayout z;
+    zero_layout_init(&z, &cfg, num_ranks);
+    size_t n = model.num_parameters;
+    uint16_t* params = (uint16_t*)mallocCheck(n * 2);
+    uint16_t* grads = (uint16_t*)mallocCheck(n * 2);
+    float* master = (float*)mallocCheck(n * 4);
+    float* m = (float*)mallocCheck(n * 4);
+    float* v = (float*)mallocCheck(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        master[i] = 0.02f * gaussian(50, (uint32_t)i);
+        params[i] = float_to_bf16_bits(master[i]);
+        grads[i] = float_to_bf16_bits(1e-2f * gaussian(51, (uint32_t)i));
+        float scale = 1e-3f * powf(10.0f, -2.0f * uniform01(52, (uint32_t)i));  // non-zero states: an absmax read at
+        m[i] = 0.3f * scale * gaussian(53, (uint32_t)i);                         // the wrong block decodes wrong values
+        v[i] = scale * scale * (0.5f + uniform01(54, (uint32_t)i));
+    }
+    Adamw8States host;
+    adamw8_states_alloc_host(&host, &model);
+    adamw8_states_from_fp32(&model, maps, m, v, &host);
+    floatX* d_params = (floatX*)device_copy(params, n * 2);  // the flat buffers, as every rank holds them
+    floatX* d_grads = (floatX*)device_copy(grads, n * 2);
+    float* d_master = (float*)device_copy(master, n * 4);    // (each rank's master is its range's: the same slices)
+    Adamw8States* windows_host = (Adamw8States*)mallocCheck((size_t)num_ranks * sizeof(Adamw8States));
+    Adamw8States* windows_device = (Adamw8States*)mallocCheck((size_t)num_ranks * sizeof(Adamw8States));
+    Adamw8Layout* windows = (Adamw8Layout*)mallocCheck((size_t)num_ranks * sizeof(Adamw8Layout));
+    for (int r = 0; r < num_ranks; r++) {
+        ZeroRange range = zero_rank_range(&z, r);
+        adamw8_layout_window(&windows[r], &model, range.begin, range.end);
+        Adamw8States slice = {host.m_codes + windows[r].codes_begin, host.v_codes + windows[r].codes_begin,
+                              host.m_absmax + windows[r].blocks_begin, host.v_absmax + windows[r].blocks_begin,
+                              host.m32 + windows[r].fp32_begin, host.v32 + windows[r].fp32_begin};
+        adamw8_states_alloc_device(&windows_device[r], &windows[r]);
+        adamw8_states_copy(&windows_device[r], &slice, &windows[r], cudaMemcpyHostToDevice);
+        adamw8_states_alloc_host(&windows_host[r], &windows[r]);
+    }
+    int offset_calls = 0, inner_parts = 0;  // the case must reach both
+    for (int step = 1; step <= 2; step++) {
+        for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+            AdamWElementParams hp = adamw_element_params(1e-3f, 0.9f, 0.95f, 1e-8f, gpt2_param_is_decayed(t) ? 0.1f : 0.0f, step);
+            uint32_t seed = random_u32(9, (uint32_t)(step * 16 + t));
+            Fp8WeightUpdate none;
+            memset(&none, 0, sizeof(none));
+            for (int r = 0; r < num_ranks; r++) {
+                ZeroUpdateRange ranges[8];
+                int count = zero_update_ranges(&z, r, t, ranges);
+                size_t part = zero_rank_range(&z, r).begin + windows[r].param_offsets[t];  // flat
+                inner_parts += count > 0 && windows[r].part_begins[t] > 0;
+                for (int k = 0; k < count; k++) {
+                    size_t flat = part + ranges[k].offset;
+                    offset_calls += ranges[k].offset > 0;
+                    adamw8_update_range(&windows[r], &windows_device[r], d_maps, t, ranges[k].offset, ranges[k].n,
+                                        d_params + flat, d_master + flat, d_grads + flat, hp, 1.0f, seed, none, 0);
+                }
+            }
+            size_t off = model.param_offsets[t], size = model.sizes[t];
+            if (model.bits[t] == 8) {
+                adamw8_update_bf16_ref(params + off, master + off, grads + off, size, adamw8_tensor_states(&model, &host, t), maps,
+                                       hp, 1.0f, seed, 0, NULL);
+            } else {
+                adamw_update_bf16_ref(params + off, master + off, grads + off, host.m32 + model.fp32_offsets[t],
+                                      host.v32 + model.fp32_offsets[t], size, hp, 1.0f, seed, 0, NULL);
+            }
+        }
+    }
+    CHECK(offset_calls > 0 && inner_parts > 0, "update_range windows (selection %d, N=%d): no call at an offset (%d) or no "
+          "part starting inside a tensor (%d)", (int)selection, num_ranks, offset_calls, inner_parts);
+    CHECK(device_equals(d_params, params, n * 2) && device_equals(d_master, master, n * 4),
+          "update_range windows (selection %d, N=%d): weights differ from the whole model's host step", (int)selection, num_ranks);
+    for (int r = 0; r < num_ranks; r++) {
+        const Adamw8Layout* w = &windows[r];
+        Adamw8States* back = &windows_host[r];
+        adamw8_states_copy(back, &windows_device[r], w, cudaMemcpyDeviceToHost);
+        int same = memcmp(back->m_codes, host.m_codes + w->codes_begin, w->num_codes) == 0 &&
+                   memcmp(back->v_codes, host.v_codes + w->codes_begin, w->num_codes) == 0 &&
+                   memcmp(back->m_absmax, host.m_absmax + w->blocks_begin, w->num_blocks * 4) == 0 &&
+                   memcmp(back->v_absmax, host.v_absmax + w->blocks_begin, w->num_blocks * 4) == 0 &&
+                   memcmp(back->m32, host.m32 + w->fp32_begin, w->num_fp32 * 4) == 0 &&
+                   memcmp(back->v32, host.v32 + w->fp32_begin, w->num_fp32 * 4) == 0;
+        CHECK(same, "update_range windows (selection %d, N=%d) rank %d: states differ from the whole model's", (int)selection,
+              num_ranks, r);
+        adamw8_states_free_host(back);
+        adamw8_states_free_device(&windows_device[r]);
+    }
+    free(windows_host); free(windows_device); free(windows);
+    adamw8_states_free_host(&host);
+    cudaCheck(cudaFree(d_params));
+    cudaCheck(cudaFree(d_grads));
+    cudaCheck(cudaFree(d_master));
+    free(params); free(grads); free(master); free(m); free(v);
+}
+
+/*
+A tensor whose last lane has fewer than 8 elements (n = 9999 and 3 * 256 + 5), inside larger
+device buffers as a part of the trainer's flat arrays is: nothing past element n may change
+(bf16 weights, master, m and v codes, absmaxes past the last block, FP8 codes). test_kernel's
+n = 9999 compares only the n elements, so a short lane that loaded and stored a whole 8 (its
+vector path) wrote past the tensor, into the next one's weights and states, and passed.
+*/
+static void test_no_write_past_n(size_t n, int with_master, const Quant8Maps* maps, const Quant8Maps* d_maps) {
+    const size_t tail = 64, blocks = ceil_div_size(n, QUANT8_BLOCK), total = n + tail;
+    Case c;
+    case_init(&c, n, maps);  // the host states and values of the first n; the device copies below carry a tail
+    uint16_t* params = (uint16_t*)mallocCheck(total * 2);
+    float* master = (float*)mallocCheck(total * 4);
+    int8_t* m_codes = (int8_t*)mallocCheck(total);
+    uint8_t* v_codes = (uint8_t*)mallocCheck(total);
+    float* m_absmax = (float*)mallocCheck((blocks + 4) * 4);
+    float* v_absmax = (float*)mallocCheck((blocks + 4) * 4);
+    uint16_t* grads = (uint16_t*)mallocCheck(total * 2);
+    uint8_t* fp8_codes = (uint8_t*)mallocCheck(total);
+    for (size_t i = 0; i < total; i++) {  // the tail: another tensor's finite values, so an update there would show
+        params[i] = i < n ? c.params[i] : float_to_bf16_bits(0.5f + 1e-3f * (float)(i - n));
+        master[i] = i < n ? c.master[i] : 0.5f + 1e-3f * (float)(i - n);
+        m_codes[i] = i < n ? c.m_codes[i] : (int8_t)(i % 100);
+        v_codes[i] = i < n ? c.v_codes[i] : (uint8_t)(50 + i % 100);
+        grads[i] = float_to_bf16_bits(1e-3f * gaussian(300, (uint32_t)i));
+        fp8_codes[i] = 0x5a;
+    }
+    for (size_t b = 0; b < blocks + 4; b++) {
+        m_absmax[b] = b < blocks ? c.m_absmax[b] : 1e-3f;
+        v_absmax[b] = b < blocks ? c.v_absmax[b] : 1e-6f;
+    }
+    floatX* d_params = (floatX*)device_copy(params, total * 2);
+    floatX* d_grads = (floatX*)device_copy(grads, total * 2);
+    float* d_master = (float*)device_copy(master, total * 4);
+    int8_t* d_m_codes = (int8_t*)device_copy(m_codes, total);
+    uint8_t* d_v_codes = (uint8_t*)device_copy(v_codes, total);
+    float* d_m_absmax = (float*)device_copy(m_absmax, (blocks + 4) * 4);
+    float* d_v_absmax = (float*)device_copy(v_absmax, (blocks + 4) * 4);
+    Fp8WeightOutputs fp8;
+    fp8_weight_outputs_init(&fp8, total, 1, 0.04f);
+    cudaCheck(cudaMemcpy(fp8_weight_outputs_device(&fp8, 0).codes, fp8_codes, total, cudaMemcpyHostToDevice));
+    AdamWElementParams hp = adamw_element_params(6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 2);
+    Quant8TensorStates d_st = {d_m_codes, d_v_codes, d_m_absmax, d_v_absmax};
+    adamw8_update(d_params, with_master ? d_master : NULL, d_grads, d_st, n, d_maps, hp, 0.8f, 77u, 0,
+                  fp8_weight_outputs_device(&fp8, 0), 0);
+    uint16_t* params_back = (uint16_t*)host_copy(d_params, total * 2);
+    float* master_back = (float*)host_copy(d_master, total * 4);
+    int8_t* m_back = (int8_t*)host_copy(d_m_codes, total);
+    uint8_t* v_back = (uint8_t*)host_copy(d_v_codes, total);
+    float* ma_back = (float*)host_copy(d_m_absmax, (blocks + 4) * 4);
+    float* va_back = (float*)host_copy(d_v_absmax, (blocks + 4) * 4);
+    uint8_t* fp8_back = (uint8_t*)host_copy(fp8_weight_outputs_device(&fp8, 0).codes, total);
+    int untouched = memcmp(params_back + n, params + n, tail * 2) == 0 && memcmp(master_back + n, master + n, tail * 4) == 0 &&
+                    memcmp(m_back + n, m_codes + n, tail) == 0 && memcmp(v_back + n, v_codes + n, tail) == 0 &&
+                    memcmp(ma_back + blocks, m_absmax + blocks, 16) == 0 && memcmp(va_back + blocks, v_absmax + blocks, 16) == 0 &&
+                    memcmp(fp8_back + n, fp8_codes + n, tail) == 0;
+    CHECK(untouched, "n=%zu %s: the step wrote past the tensor's last element", n, with_master ? "master" : "bf16 only");
+    CHECK(memcmp(params_back, params, n * 2) != 0, "n=%zu: the step changed nothing (the case is broken)", n);
+    free(params_back); free(master_back); free(m_back); free(v_back); free(ma_back); free(va_back); free(fp8_back);
+    fp8_weight_outputs_free(&fp8);
+    void* d[] = {d_params, d_grads, d_master, d_m_codes, d_v_codes, d_m_absmax, d_v_absmax};
+    for (size_t i = 0; i < sizeof(d) / sizeof(d[0]); i++) { cudaCheck(cudaFree(d[i])); }
+    free(params); free(master); free(m_codes); free(v_codes); free(m_absmax); free(v_absmax); free(grads); free(fp8_codes);
+    case_free(&c);
+}
+
+// what adamw8_update and adamw8_update_range refuse, each with one line before any launch: a part
+// off the 256-element block grid, a part whose rounding index would pass 2^32, state codes off
+// 16-byte alignment (the kernel's uint2 and 128-bit accesses), and a range past the tensor's part
+static void test_refusals(const Quant8Maps* d_maps) {
+    floatX* params = (floatX*)(uintptr_t)4096;  // never dereferenced: each call dies first
+    floatX* grads = (floatX*)(uintptr_t)8192;
+    Quant8TensorStates st = {(int8_t*)(uintptr_t)12288, (uint8_t*)(uintptr_t)16384, (float*)(uintptr_t)20480,
+                             (float*)(uintptr_t)24576};
+    AdamWElementParams hp = adamw_element_params(1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f, 1);
+    Fp8WeightUpdate none;
+    memset(&none, 0, sizeof(none));
+    CHECK_DIES("adamw8_update off the block grid", "off the 256-element block grid",
+               adamw8_update(params, NULL, grads, st, 256, d_maps, hp, 1.0f, 1u, 128, none, 0));
+    CHECK_DIES("adamw8_update past the 32-bit rounding index", "the rounding index is 32-bit",
+               adamw8_update(params, NULL, grads, st, (size_t)UINT32_MAX, d_maps, hp, 1.0f, 1u, 256, none, 0));
+    Quant8TensorStates misaligned = st;
+    misaligned.m_codes += 8;
+    CHECK_DIES("adamw8_update with m codes off 16 bytes", "the m codes",
+               adamw8_update(params, NULL, grads, misaligned, 256, d_maps, hp, 1.0f, 1u, 0, none, 0));
+    GPT2Config cfg = gpt2_config_make(2, 2, 128, 64, 200);
+    Adamw8Layout layout;
+    adamw8_layout_init(&layout, &cfg, ADAMW8_SELECT_DEFAULT);
+    Adamw8States states;
+    memset(&states, 0, sizeof(states));
+    CHECK_DIES("adamw8_update_range past the tensor", "whose part has",
+               adamw8_update_range(&layout, &states, d_maps, PARAM_FCW, 256, layout.sizes[PARAM_FCW], params, NULL, grads, hp,
+                                   1.0f, 1u, none, 0));
+}
+
 int main(void) {
     Quant8Maps maps;
     quant8_maps_init(&maps);
@@ -212,6 +424,12 @@ int main(void) {
         test_update_tensor(ADAMW8_SELECT_DEFAULT, delayed, &maps, d_maps);
         test_update_tensor(ADAMW8_SELECT_ALL, delayed, &maps, d_maps);  // no 32-bit tensors: empty m32/v32
     }
+    test_update_range_windows(ADAMW8_SELECT_DEFAULT, 3, &maps, d_maps);
+    test_update_range_windows(ADAMW8_SELECT_ALL, 2, &maps, d_maps);
+    test_update_range_windows(ADAMW8_SELECT_NONE, 2, &maps, d_maps);  // plain AdamW: matmul weights' fp32 moments at offsets
+    test_no_write_past_n(9999, 1, &maps, d_maps);
+    test_no_write_past_n(3 * 256 + 5, 0, &maps, d_maps);
+    test_refusals(d_maps);
     cudaCheck(cudaFree(d_maps));
     return test_summary("test_adamw8_gpu");
 }

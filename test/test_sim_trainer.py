@@ -17,6 +17,8 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   and skipped, the run ends cleanly, and the model file it writes holds no Inf or NaN;
 - the block recipe at C = 192 (tiles along K that end short, as d48's): trains, resumes
   bitwise, and a cuBLASLt without such kernels gives one line naming the remedy;
+- the `comm |` line counts each collective's payload at its element size (bf16 or -pa fp32
+  gradients, FP8 codes, bf16 weights, uint32 amaxes);
 - 2 ranks (ZeRO-1, FP8) give the same losses when cudasim runs the streams' work newest first
   (CUDASIM_STREAM_ORDER): the forward waits for each stage of the weight gather it reads.
 - -pc 1 over 2 ranks finds what the weight gather makes identical identical (bf16, FP8 with delayed
@@ -805,6 +807,31 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
     model_1 = (workdir / (name + "_1") / "model_00000003.bin").read_bytes()
     model_n = (workdir / (name + "_n") / "model_00000003.bin").read_bytes()
     assert model_1 == model_n, f"the {ranks}-rank run's model file differs from the 1-rank run's"
+
+
+COMM_RE = re.compile(r"^comm \| step 1, payload by collective: (.*) \| total ([\d.]+) MB", re.M)
+
+
+@pytest.mark.parametrize("ranks,flags,grad_bytes", [(2, ["-p", "fp8"], 2), (3, ["-p", "fp8", "-pa", "fp32"], 4)],
+                         ids=["2-fp8-bf16-reduce", "3-fp8-fp32-reduce"])
+def test_comm_line_counts_each_collectives_payload(workdir, ranks, flags, grad_bytes):
+    """The `comm |` line (zero_comm_print_traffic) adds up what each collective of step 1 was handed, by kind: every
+    parameter's gradient once at the wire's element size (2 bytes bf16, 4 with -pa fp32), the block linears' weights
+    gathered once as 1-byte FP8 codes, everything else once in bf16, and one uint32 amax per block linear weight.
+    The twin-batch runs above cannot see these counters (they change no bit), and make gpucheck's checks
+    (test/gpu_trainer_ranks.py) leave the fp32 reduce's bytes out: a counter at the wrong element size passed"""
+    args = flags + ["-x", 1, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-d", ranks * 4 * 64]
+    codes, out, _ = train_ranks(workdir, ranks, args, name=f"comm_line_{ranks}_{grad_bytes}")
+    assert codes == [0] * ranks, out[-2000:]
+    m = COMM_RE.search(out)
+    assert m, out[-3000:]
+    payload = {name.strip(): round(float(mb) * 1e6) for name, mb in re.findall(r"([A-Za-z0-9 -]+?) ([\d.]+) MB", m.group(1))}
+    L, C, Vp, max_t = sim_model.LAYERS, sim_model.CHANNELS, (sim_model.VOCAB + 127) // 128 * 128, 1024
+    params = Vp * C + max_t * C + L * (12 * C * C + 13 * C) + 2 * C
+    matmul = 12 * L * C * C
+    assert payload == {"gradient reduce": grad_bytes * params, "FP8 weight amax all-reduce": 4 * 4 * L,
+                       "FP8 weight gather": matmul, "bf16 weight gather": 2 * (params - matmul)}, (payload, m.group(0))
+    assert round(float(m.group(2)) * 1e6) == sum(payload.values()), m.group(0)
 
 
 def test_three_ranks_average_bf16_gradients_without_a_bias(workdir):
