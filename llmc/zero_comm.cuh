@@ -815,7 +815,10 @@ weights, so each of those pieces comes from its owner through a bounce buffer, o
 slice at a time; everything else is whole on rank 0 once the last weight gather has arrived:
 it runs on the communication stream, which nothing on `stream` waits for before the next
 forward, so it is joined first (without that, the model file held the other ranks' parts of
-the replicated tensors as of the update before). Collective: every rank calls it.
+the replicated tensors as of the update before). save_checkpoint's barrier before writing
+(an all-reduce on the same communicator, which the host waits for) happens to order it as well
+today; the join keeps this function right without relying on its caller. Collective: every
+rank calls it.
 */
 void zero_comm_params_to_host(ZeroComm* comm, const floatX* params, uint16_t* host_bf16, cudaStream_t stream) {
     const ZeroLayout* layout = &comm->layout;

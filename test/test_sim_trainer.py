@@ -35,6 +35,8 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   and ZeRO-3 (also at C = 192, whose weight slices are not all 256-byte aligned), and so do 3
   ranks with -pa fp32 (ZeRO-1 and ZeRO-3); a checkpoint of 1 rank
   resumed on 2, and of 2 on 1, goes on bit for bit.
+- ZeRO-3 on a 3-layer model (2 ranks, twin batches, newest first, 2 micro-steps): a layer's gather into a
+  reused slot waits for the slot's previous layer (the 2-layer model never reuses one within a pass).
 test/sim_model.py's small model keeps a step near a second. The same program on a GPU is
 make gpucheck's (test/test_gpt2.cu, test/gpu_trainer_ranks.py).
 """
@@ -67,6 +69,7 @@ def workdir(tmp_path_factory):
     # not be a multiple of 128 either)
     sim_model.write_model(d / "model_c192.bin", layers=1, heads=3, channels=192)
     sim_model.write_model(d / "model_c192_l2.bin", layers=2, heads=3, channels=192)
+    sim_model.write_model(d / "model_l3.bin", layers=3)  # 3 layers: ZeRO-3 reuses a layer slot within a pass
     os.makedirs(d / "dev" / "data" / "hellaswag")
     sim_model.write_hellaswag(d / "dev" / "data" / "hellaswag" / "hellaswag_val.bin")
     return d
@@ -807,6 +810,32 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
     model_1 = (workdir / (name + "_1") / "model_00000003.bin").read_bytes()
     model_n = (workdir / (name + "_n") / "model_00000003.bin").read_bytes()
     assert model_1 == model_n, f"the {ranks}-rank run's model file differs from the 1-rank run's"
+
+
+def test_zero3_gathers_into_a_layer_slot_only_once_its_last_layer_is_done(workdir):
+    """ZeRO-3 gathers each layer one layer ahead into one of 2 slots (FP8_LAYER_SLOTS): with 3 layers the forward's
+    gather of layer 2 reuses layer 0's slot, and the backward's of layer 0 layer 2's, so each must wait for the slot's
+    previous layer's GEMMs (zero_comm_gather_layer's slot_free, recorded by zero_comm_release_layer). The sim model's 2
+    layers never reuse a slot for another layer within a pass, so the twin tests above cannot see that wait missing.
+    2 micro-steps: the last one's backward reduces each layer's gradients on the communication stream before it
+    gathers the next layer, which orders the gather after the GEMMs anyway; the first one's does not. Newest first, a
+    gather that does not wait lands before the GEMMs that read the slot: 2 ranks on twin batches then no longer give
+    the 1-rank run's loss (the forward's) or model file (the backward's)"""
+    name = "zero3_l3"
+    common = ["-p", "fp8", "-fr", "current", "-e", "model_l3.bin", "-x", 1, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0,
+              "-gc", 0, "-n", 1]
+    codes, one, _ = train_ranks(workdir, 1, common + ["-d", 2 * 4 * 64, "-o", workdir / (name + "_1")],
+                                data=twin_shard(workdir))
+    assert codes == [0], one[-2000:]
+    codes, two, _ = train_ranks(workdir, 2, common + ["-z", 3, "-d", 2 * 2 * 4 * 64, "-o", workdir / (name + "_n")],
+                                "newest-first", name=name, data=twin_shard(workdir))
+    assert codes == [0, 0], two[-2000:]
+    assert "L=3" in two and "2 micro-steps" in two, two[:3000]
+    a, b = losses(one), losses(two)
+    assert sorted(a) == [1] and a == b, (a, b)
+    model_1 = (workdir / (name + "_1") / "model_00000001.bin").read_bytes()
+    model_n = (workdir / (name + "_n") / "model_00000001.bin").read_bytes()
+    assert model_1 == model_n, "the 2-rank ZeRO-3 run's model file differs from the 1-rank run's"
 
 
 COMM_RE = re.compile(r"^comm \| step 1, payload by collective: (.*) \| total ([\d.]+) MB", re.M)
