@@ -33,7 +33,11 @@ stored mantissa bits).
   backward with float atomics (the trainer's -ad 0) meets the same bounds; it alone is not
   checked for bitwise repeatability.
 - bad input dies with one clear line: a dim not a multiple of 8, a misaligned pointer, a head
-  size the fallback lacks, cuDNN asked of a -DLLM8_NO_CUDNN build.
+  size the fallback lacks, cuDNN asked of a -DLLM8_NO_CUDNN build; and (at the end) C not a
+  multiple of NH, attention_setup twice, a launch before attention_setup.
+- the fallback at qkv std 8 (scores in the hundreds, past expf's range: the softmax must
+  subtract the row max), with the fallback bounds; and a larger shape after a smaller one under
+  one attention_setup (the backward's row-dot buffer must grow).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -411,15 +415,19 @@ typedef struct {
     float* lse_ref;  // [B][NH][T]
 } AttentionCase;
 
-static AttentionCase attention_case_make(int B, int T, int NH, int C) {
+static AttentionCase attention_case_make_std(int B, int T, int NH, int C, float qkv_std) {
     AttentionCase c;
     c.B = B; c.T = T; c.NH = NH; c.C = C;
-    c.qkv = host_tensor_normal((size_t)B * T * 3 * C, 1.5f);  // std 1.5: peaked rows as well as flat ones
+    c.qkv = host_tensor_normal((size_t)B * T * 3 * C, qkv_std);
     c.dout = host_tensor_normal((size_t)B * T * C, 1.0f);
     c.out_ref = (float*)mallocCheck((size_t)B * T * C * sizeof(float));
     c.lse_ref = (float*)mallocCheck((size_t)B * NH * T * sizeof(float));
     ref_attention_forward(c.out_ref, c.lse_ref, c.qkv.values, B, T, C, NH);
     return c;
+}
+
+static AttentionCase attention_case_make(int B, int T, int NH, int C) {
+    return attention_case_make_std(B, T, NH, C, 1.5f);  // std 1.5: peaked rows as well as flat ones
 }
 
 static void attention_case_free(AttentionCase* c) {
@@ -598,6 +606,76 @@ static void test_attention(int B, int T, int NH, int C) {
     attention_case_free(&c);
 }
 
+// scores far past fp32 exp's range: qkv of std 8 puts the scaled scores at std ~64, so rows peak
+// in the hundreds, where expf overflows (above ~88.7). Only a softmax that subtracts the running
+// row max (the forward) and the lse (the backward) stays finite; at std 1.5 the scores stay
+// within +-20 and a softmax without the max subtraction passes. The fallback only: the bounds
+// claimed for cuDNN are those of the std-1.5 cases.
+static void test_attention_large_scores(int B, int T, int NH, int C) {
+    printf("attention, large scores (qkv std 8): B=%d T=%d NH=%d HS=%d\n", B, T, NH, C / NH);
+    AttentionCase c = attention_case_make_std(B, T, NH, C, 8.0f);
+    AttentionResult fallback = run_attention(ATTENTION_FALLBACK, true, &c);
+    check_attention_forward("fallback vs reference, large scores", &c, fallback.out, fallback.stats, c.out_ref, c.lse_ref,
+                            FALLBACK_TOLERANCE);
+    check_attention_backward("fallback vs reference, large scores", &c, fallback.dqkv, fallback.dqkv_ref,
+                             FALLBACK_TOLERANCE);
+    attention_result_free(&fallback);
+    attention_case_free(&c);
+}
+
+// one attention_setup, then a larger shape after a smaller one: the backward's row-dot buffer
+// (D_i, B*NH*T floats) must grow on the larger. run_attention sets up and tears down around each
+// shape, so only this reaches the growth; a buffer kept at the first shape's size is written past.
+static void test_attention_row_dots_grow(void) {
+    printf("attention: a larger shape after a smaller one under one setup\n");
+    AttentionCase small = attention_case_make(1, 32, 2, 128);
+    AttentionCase large = attention_case_make(2, 64, 2, 128);
+    AttentionBuffers d_small = attention_buffers_make(&small), d_large = attention_buffers_make(&large);
+    attention_setup(ATTENTION_FALLBACK, true);
+    const AttentionCase* cases[2] = {&small, &large};
+    AttentionBuffers* buffers[2] = {&d_small, &d_large};
+    AttentionResult results[2];
+    for (int k = 0; k < 2; k++) {
+        const AttentionCase* c = cases[k];
+        AttentionBuffers* d = buffers[k];
+        size_t out_count = (size_t)c->B * c->T * c->C, stats_count = (size_t)c->B * c->NH * c->T;
+        attention_forward(d->out, d->stats, d->qkv, c->B, c->T, c->NH, c->C, 0);
+        uint16_t* out_bits = download_bf16(d->out, out_count);
+        results[k].out = bf16_bits_to_floats(out_bits, out_count);
+        free(out_bits);
+        results[k].stats = download_floats(d->stats, stats_count);
+        results[k].dqkv = run_attention_backward(c, d);
+        results[k].dqkv_ref = (float*)calloc(out_count * 3, sizeof(float));
+        ref_attention_backward(results[k].dqkv_ref, c->dout.values, c->qkv.values, results[k].out, results[k].stats,
+                               c->B, c->T, c->C, c->NH);
+    }
+    attention_teardown();
+    check_attention_backward("fallback, smaller shape first", &small, results[0].dqkv, results[0].dqkv_ref,
+                             FALLBACK_TOLERANCE);
+    check_attention_backward("fallback, larger shape second", &large, results[1].dqkv, results[1].dqkv_ref,
+                             FALLBACK_TOLERANCE);
+    for (int k = 0; k < 2; k++) { attention_result_free(&results[k]); }
+    attention_buffers_free(&d_small);
+    attention_buffers_free(&d_large);
+    attention_case_free(&small);
+    attention_case_free(&large);
+}
+
+// the launchers' host checks the bad-input section leaves out (each statement dies before any
+// CUDA call): C not a multiple of NH (770 / 12 truncates to the supported 64), forward's out
+// pointer misaligned, a second attention_setup, a launch before attention_setup
+static void test_attention_more_bad_input(void) {
+    floatX* fake = (floatX*)(uintptr_t)0x100000;  // aligned, never dereferenced
+    CHECK_DIES("attention C not a multiple of NH", "multiple of NH",
+               { attention_setup(ATTENTION_FALLBACK, true); attention_forward(fake, (float*)fake, fake, 2, 64, 12, 770, 0); });
+    CHECK_DIES("attention forward out pointer not 16-byte aligned", "out pointer",
+               { attention_setup(ATTENTION_FALLBACK, true); attention_forward(fake + 1, (float*)fake, fake, 2, 64, 12, 768, 0); });
+    CHECK_DIES("attention_setup twice", "called twice",
+               { attention_setup(ATTENTION_FALLBACK, true); attention_setup(ATTENTION_FALLBACK, true); });
+    CHECK_DIES("attention before attention_setup", "before attention_setup",
+               attention_forward(fake, (float*)fake, fake, 2, 64, 12, 768, 0));
+}
+
 // ----------------------------------------------------------------------------
 // bad input: each runs in a forked child before this process touches CUDA
 
@@ -663,5 +741,8 @@ int main(void) {
 #endif
     test_attention(1, 128, 6, 768);  // HS=128
     test_attention(3, 63, 2, 128);   // an odd T (-b 3 -t 63): B*NH*T stats floats, not a multiple of 4
+    test_attention_large_scores(2, 64, 2, 128);  // two key chunks a row: the running max grows between them
+    test_attention_row_dots_grow();
+    test_attention_more_bad_input();
     return test_summary("test_matmul_attention");
 }

@@ -7,7 +7,10 @@ test_sparse_buffer.cu: llmc/sparse_buffer.cuh on the GPU.
   by the mapped bytes, not the reserved ones;
 - an unmapped address has no memory: a kernel writing there faults (in a child process forked
   before this process touches CUDA);
-- bad ranges die with one line naming the buffer (host-only checks).
+- bad ranges die with one line naming the buffer (host-only checks): unaligned at either end,
+  empty, overlapping, past the end, a negative count; adjacent ranges are accepted; a driver
+  out-of-memory error carries the hint;
+- free gives every mapped byte back (the device's free memory as before create).
 */
 #include "llmc/sparse_buffer.cuh"
 #include "test/test_harness.h"
@@ -158,9 +161,72 @@ static void test_zero3_parameters(size_t g) {
     cudaCheck(cudaFree(d_elements));
 }
 
+// freeing gives the memory back: after sparse_buffer_free the device's free memory is what it
+// was before sparse_buffer_create (a mapping's memory is released only once both its handle is
+// released and the range unmapped: a create that kept the handles would leak every range)
+static void test_free_returns_memory(size_t g) {
+    const ZeroRange ranges[2] = {{g, 3 * g}, {4 * g, 5 * g}};
+    size_t free_before = 0, free_mapped = 0, free_after = 0, total = 0;
+    cudaCheck(cudaDeviceSynchronize());
+    cudaCheck(cudaMemGetInfo(&free_before, &total));
+    SparseBuffer buf;
+    sparse_buffer_create(&buf, 6 * g, ranges, 2, DEVICE, "memory return test buffer");
+    cudaCheck(cudaMemGetInfo(&free_mapped, &total));
+    // a GPU's driver may take some memory of its own (page tables): at least the mapped bytes,
+    // and less than one granule left behind, where a kept handle leaves a whole range's
+    CHECK(free_before - free_mapped >= 3 * g, "memory return: create took %zu bytes, expected at least the %zu mapped",
+          free_before - free_mapped, 3 * g);
+    sparse_buffer_free(&buf);
+    cudaCheck(cudaMemGetInfo(&free_after, &total));
+    CHECK(free_after + g > free_before, "memory return: %zu bytes free after free, %zu before create (a leak of %zd)",
+          free_after, free_before, (ssize_t)(free_before - free_after));
+}
+
+// ranges that touch end to start ({0, g}, {g, 2g}: zero3_resident_ranges may return such) are
+// disjoint and must be accepted: the check refuses only a range that begins before the previous
+// one ends. Runs in a child, which must exit 0.
+static void test_adjacent_ranges_accepted(size_t g) {
+    const ZeroRange adjacent[2] = {{0, g}, {g, 2 * g}};
+    ChildRun run;
+    if (child_run_begin(&run)) { sparse_buffer_check_ranges(4 * g, adjacent, 2, g, "test params"); _exit(0); }
+    char text[CHILD_STDERR_MAX + 1];
+    size_t length;
+    int status = child_run_collect(&run, text, &length);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "adjacent ranges {0, g}, {g, 2g} refused: [%s]", text);
+}
+
+// the range checks' other edges: an empty range, an end off the granularity (the begin on it),
+// a negative count (host-only)
+static void test_more_bad_ranges(size_t g) {
+    const ZeroRange empty[1] = {{g, g}};
+    const ZeroRange end_unaligned[1] = {{0, g + g / 2}};
+    CHECK_DIES("empty range", "non-empty", sparse_buffer_check_ranges(4 * g, empty, 1, g, "test params"));
+    CHECK_DIES("range end off the granularity", "granularity",
+               sparse_buffer_check_ranges(4 * g, end_unaligned, 1, g, "test params"));
+    CHECK_DIES("negative range count", "mapped ranges", sparse_buffer_check_ranges(4 * g, NULL, -1, g, "test params"));
+}
+
+// children that call the driver (a CUDA process may not fork): main runs these before it touches CUDA.
+// sparse_buffer_create checks its ranges itself, before any reservation or mapping: overlapping
+// ranges die with the range check's line, not with the driver's refusal of the second cuMemMap.
+// And a driver out-of-memory error carries the hint (the only advice sparse_buffer_check gives).
+static void create_with_overlapping_ranges(void) {
+    size_t g = sparse_buffer_granularity(DEVICE);
+    const ZeroRange overlapping[2] = {{0, 2 * g}, {g, 3 * g}};
+    SparseBuffer buf;
+    sparse_buffer_create(&buf, 4 * g, overlapping, 2, DEVICE, "test params");
+}
+
+static void test_driver_children(void) {
+    CHECK_DIES("create with overlapping ranges", "sorted, disjoint", create_with_overlapping_ranges());
+    CHECK_DIES("out-of-memory hint", "out of GPU memory",
+               sparse_buffer_check(CUDA_ERROR_OUT_OF_MEMORY, "test params", "cuMemCreate", "(test)"));
+}
+
 int main(void) {
     // before any CUDA call here: the child gets a clean process to fault in
     CHECK_DIES("kernel write to an unmapped granule", "cudaErrorIllegalAddress", run_unmapped_write());
+    test_driver_children();
     cudaCheck(cudaSetDevice(DEVICE));
     size_t g = sparse_buffer_granularity(DEVICE);
     printf("allocation granularity (minimum) on device %d: %zu bytes\n", DEVICE, g);
@@ -176,5 +242,8 @@ int main(void) {
     CHECK_DIES("overlapping ranges", "sorted, disjoint", sparse_buffer_check_ranges(4 * g, overlapping, 2, g, "test params"));
     CHECK_DIES("range past the end", "inside the", sparse_buffer_check_ranges(4 * g, outside, 1, g, "test params"));
     CHECK_DIES("empty buffer", "0 bytes", sparse_buffer_create(NULL, 0, NULL, 0, DEVICE, "test params"));
+    test_free_returns_memory(g);
+    test_adjacent_ranges_accepted(g);
+    test_more_bad_ranges(g);
     return test_summary("test_sparse_buffer");
 }
