@@ -531,6 +531,214 @@ static void test_eval_bad_inputs(void) {
     free(bytes);
 }
 
+// ----------------------------------------------------------------------------
+// edges the tests above do not reach (found by mutation testing)
+
+// a shard of exactly k*B*T tokens holds k-1 samples, not k: the last sample's last target would be
+// the token past the shard's end. Catches a sample count without the -1 for the last target.
+static void test_exact_multiple_shard(void) {
+    uint16_t* tokens = make_tokens(0, 100);
+    const char* exact = in_dir(g_dir, "exact_multiple.bin");
+    write_shard(exact, tokens, 100, 20240520, 1, 100);
+    DataLoader loader;
+    dataloader_init(&loader, exact, 2, 5, 0, 1, 0, VOCAB);  // B*T = 10: 100 tokens hold 9 samples
+    CHECK(dataloader_epoch_batches(&loader) == 9, "a 100-token shard at B*T=10 has %zu batches, expected 9",
+          dataloader_epoch_batches(&loader));
+    int ok = 1;
+    for (int k = 0; k < 9; k++) {
+        dataloader_next_batch(&loader);
+        ok &= batch_is_contiguous(&loader) && loader.inputs[0] == k * 10;
+    }
+    dataloader_next_batch(&loader);
+    CHECK(ok && loader.inputs[0] == 0, "a shard of exactly 10 samples' tokens must wrap after 9 (got %d)", loader.inputs[0]);
+    dataloader_free(&loader);
+    free(tokens);
+}
+
+// dataloader_epoch_batches counts every shard (the trainer's val batches come from it). Catches a
+// count that leaves a shard out.
+static void test_epoch_batches(void) {
+    DataLoader loader;
+    dataloader_init(&loader, g_pattern, 2, 4, 0, 1, 0, VOCAB);
+    size_t expected = shard_samples(0, 2, 4, 1) + shard_samples(1, 2, 4, 1) + shard_samples(2, 2, 4, 1);
+    CHECK(dataloader_epoch_batches(&loader) == expected, "epoch batches %zu, expected %zu",
+          dataloader_epoch_batches(&loader), expected);
+    CHECK(dataloader_eval_batches(&loader, 5) == 5, "-m 5 of %zu batches must read 5", expected);
+    CHECK(dataloader_eval_batches(&loader, -1) == (int)expected, "-m -1 must read the whole split");
+    CHECK(dataloader_eval_batches(&loader, 1000) == (int)expected, "-m past the split must read the split once");
+    dataloader_free(&loader);
+}
+
+// -a 1's batch is the first batch of a fresh loader with the same shuffle flag and rank, and the
+// loader's own position stays. Catches a fresh loader made without shuffling (or another rank).
+static void test_fill_first_batch(void) {
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+        DataLoader loader, fresh;
+        dataloader_init(&fresh, g_pattern, 2, 3, 1, 2, shuffle, VOCAB);
+        dataloader_next_batch(&fresh);
+        dataloader_init(&loader, g_pattern, 2, 3, 1, 2, shuffle, VOCAB);
+        for (int i = 0; i < 7; i++) { dataloader_next_batch(&loader); }
+        size_t shard = loader.current_shard_idx, sample = loader.current_sample_idx;
+        dataloader_fill_first_batch(&loader, g_pattern);
+        CHECK(memcmp(loader.inputs, fresh.inputs, 6 * sizeof(int)) == 0 &&
+              memcmp(loader.targets, fresh.targets, 6 * sizeof(int)) == 0,
+              "fill_first_batch (shuffle %d) is not a fresh loader's first batch", shuffle);
+        CHECK(loader.current_shard_idx == shard && loader.current_sample_idx == sample,
+              "fill_first_batch (shuffle %d) moved the loader", shuffle);
+        dataloader_free(&loader);
+        dataloader_free(&fresh);
+    }
+}
+
+// header and token checks the bad-input test does not reach: each must die with its own message
+static void test_dataloader_more_bad_inputs(void) {
+    DataLoader loader;
+    uint16_t* tokens = make_tokens(0, 100);
+    // catches a dropped negative-count check (the count would wrap to a huge size_t)
+    const char* negative = in_dir(g_dir, "negative_count.bin");
+    write_shard(negative, tokens, 100, 20240520, 1, -5);
+    CHECK_DIES("shards: negative token count", "negative token count -5",
+               dataloader_init(&loader, negative, 2, 4, 0, 1, 0, VOCAB));
+    // catches a length check that accepts a file longer than its header says (garbage after the tokens)
+    const char* longer = in_dir(g_dir, "longer.bin");
+    write_shard(longer, tokens, 100, 20240520, 1, 90);
+    CHECK_DIES("shards: longer than the header says", "header says 90 tokens",
+               dataloader_init(&loader, longer, 2, 4, 0, 1, 0, VOCAB));
+    // catches a dropped shorter-than-header check (the header read would fail with a generic EOF)
+    const char* tiny = in_dir(g_dir, "tiny.bin");
+    FILE* fp = fopenCheck(tiny, "wb");
+    fwriteCheck(tokens, 1, 10, fp);
+    fcloseCheck(fp);
+    CHECK_DIES("shards: shorter than header (message)", "shorter than its 1024-byte header",
+               dataloader_init(&loader, tiny, 2, 4, 0, 1, 0, VOCAB));
+    // catches a token scan that stops before the last token
+    tokens[99] = VOCAB;
+    const char* last_bad = in_dir(g_dir, "last_bad.bin");
+    write_shard(last_bad, tokens, 100, 20240520, 1, 100);
+    CHECK_DIES("shards: token id >= V in the last position", "token 99 has id 4000",
+               dataloader_init(&loader, last_bad, 2, 4, 0, 1, 0, VOCAB));
+    tokens[99] = 99;
+    // catches a dropped vocab bound (65537 cannot be a uint16 token's vocab)
+    CHECK_DIES("shards: vocab 65537", "vocab size 65537", dataloader_init(&loader, g_pattern, 2, 4, 0, 1, 0, 65537));
+    // catches a dropped "changed during the run" check: a later shard rewritten with another length
+    const char* grow_pattern = in_dir(g_dir, "grow_*.bin");
+    write_shard(in_dir(g_dir, "grow_0.bin"), tokens, 100, 20240520, 1, 100);
+    write_shard(in_dir(g_dir, "grow_1.bin"), tokens, 100, 20240520, 1, 100);
+    dataloader_init(&loader, grow_pattern, 2, 4, 0, 1, 0, VOCAB);
+    write_shard(in_dir(g_dir, "grow_1.bin"), tokens, 90, 20240520, 1, 90);
+    for (int i = 0; i < 12; i++) { dataloader_next_batch(&loader); }  // all of grow_0
+    CHECK_DIES("shards: a shard changed during the run", "when the run started", dataloader_next_batch(&loader));
+    dataloader_free(&loader);
+    free(tokens);
+}
+
+// writes a shuffled loader's trailer, lets `corrupt` change it, and checks dataloader_read_state dies
+// with `must_contain`. The trailer: u64 shards, int[shards], u64 samples, int[samples], llm.c's rng.
+typedef void (*TrailerCorruption)(unsigned char* bytes, long* length, size_t shards, size_t samples);
+static void check_trailer_dies(const char* what, const char* must_contain, TrailerCorruption corrupt) {
+    DataLoader loader;
+    dataloader_init(&loader, g_pattern, 2, 3, 0, 1, 1, VOCAB);
+    for (int i = 0; i < 5; i++) { dataloader_next_batch(&loader); }
+    const char* path = in_dir(g_dir, "corrupt_trailer.bin");
+    FILE* fp = fopenCheck(path, "wb");
+    dataloader_write_state(&loader, fp);
+    fcloseCheck(fp);
+    size_t shards = loader.num_shards, samples = loader.num_intra_shard_indices;
+    unsigned char bytes[8192];
+    fp = fopenCheck(path, "rb");
+    long length = (long)fread(bytes, 1, sizeof(bytes), fp);
+    fcloseCheck(fp);
+    corrupt(bytes, &length, shards, samples);
+    fp = fopenCheck(path, "wb");
+    fwriteCheck(bytes, 1, (size_t)length, fp);
+    fcloseCheck(fp);
+    DataLoader resumed;
+    dataloader_init(&resumed, g_pattern, 2, 3, 0, 1, 1, VOCAB);
+    fp = fopenCheck(path, "rb");
+    CHECK_DIES(what, must_contain, dataloader_read_state(&resumed, fp, path));
+    fcloseCheck(fp);
+    dataloader_free(&resumed);
+    dataloader_free(&loader);
+}
+static int* trailer_shard_order_(unsigned char* bytes) { return (int*)(bytes + 8); }
+static int* trailer_sample_order_(unsigned char* bytes, size_t shards) { return (int*)(bytes + 8 + 4 * shards + 8); }
+static void corrupt_repeat_(unsigned char* b, long* n, size_t shards, size_t samples) {
+    (void)n; (void)samples; int* order = trailer_shard_order_(b); order[1] = order[0]; (void)shards;
+}
+static void corrupt_range_(unsigned char* b, long* n, size_t shards, size_t samples) {
+    (void)n; trailer_sample_order_(b, shards)[0] = (int)samples;
+}
+static void corrupt_shard_count_(unsigned char* b, long* n, size_t shards, size_t samples) {
+    (void)n; (void)samples; uint64_t count = shards + 1; memcpy(b, &count, 8);
+}
+static void corrupt_sample_count_(unsigned char* b, long* n, size_t shards, size_t samples) {
+    (void)n; (void)samples; uint64_t count = 1000000; memcpy(b + 8 + 4 * shards, &count, 8);
+}
+static void corrupt_matrix_(unsigned char* b, long* n, size_t shards, size_t samples) {
+    (void)shards; (void)samples; uint32_t bad = 1; memcpy(b + *n - 4, &bad, 4);  // matrix_a[1]
+}
+static void corrupt_truncate_rng_(unsigned char* b, long* n, size_t shards, size_t samples) {
+    (void)b; (void)shards; (void)samples; *n -= 8;
+}
+// each check on a shuffle trailer read back: catches any one of them dropped or off by one
+static void test_read_state_bad_trailers(void) {
+    check_trailer_dies("trailer: shard order repeats", "repeats", corrupt_repeat_);
+    check_trailer_dies("trailer: sample index == count", "sample order entry 0 is", corrupt_range_);
+    check_trailer_dies("trailer: another shard count", "the run had 4 shards", corrupt_shard_count_);
+    check_trailer_dies("trailer: sample count past the file", "claims 1000000 samples", corrupt_sample_count_);
+    check_trailer_dies("trailer: rng constants", "rng state is corrupt", corrupt_matrix_);
+    check_trailer_dies("trailer: rng truncated", "(rng state)", corrupt_truncate_rng_);
+}
+
+// eval loader edges (found by mutation testing)
+static void write_eval_variant(const char* path, const unsigned char* bytes, long length, size_t offset, uint16_t value,
+                               int patch) {
+    unsigned char* copy = (unsigned char*)mallocCheck((size_t)length + 4);
+    memcpy(copy, bytes, (size_t)length);
+    if (patch) { memcpy(copy + offset, &value, 2); }
+    FILE* fp = fopenCheck(path, "wb");
+    fwriteCheck(copy, 1, (size_t)length, fp);
+    fcloseCheck(fp);
+    free(copy);
+}
+static void test_eval_edges(void) {
+    EvalLoader loader;
+    const char* good = in_dir(g_py_dir, "hellaswag.bin");
+    // the longest example (context 5 + completion 3) fits T=8 exactly. Catches a fit check of >= T
+    evalloader_init(&loader, good, 4, 8, 0, 1, EVAL_TEST_VOCAB);
+    CHECK(loader.num_examples == 10, "T=8 exactly fits the longest example: %d examples", loader.num_examples);
+    evalloader_free(&loader);
+    // id 5000 (example 0, completion 0, token 0) is not below V=5000. Catches a token check of > V
+    CHECK_DIES("eval: completion token id == V", "example 0, completion 0 token 0 has id 5000",
+               evalloader_init(&loader, good, 4, 16, 0, 1, 5000));
+    // B=12: 3 examples a batch, so 10 examples take ceil(10/3) = 4 batches, the last holding example 9 alone.
+    // Catches a floor division of the batch count (example 9 would never be scored)
+    evalloader_init(&loader, good, 12, 16, 0, 1, EVAL_TEST_VOCAB);
+    CHECK(loader.num_batches == 4, "B=12: %d batches for 10 examples, expected 4", loader.num_batches);
+    for (int b = 0; b < 4; b++) { evalloader_next_batch(&loader); }
+    CHECK(loader.label[0] == ex_label(9) && loader.label[1] == -1 && loader.label[2] == -1,
+          "B=12: the 4th batch holds example 9 alone (labels %d %d %d)", loader.label[0], loader.label[1], loader.label[2]);
+    evalloader_free(&loader);
+
+    FILE* fp = fopenCheck(good, "rb");
+    long n = file_size_bytes(fp);
+    unsigned char* bytes = (unsigned char*)mallocCheck((size_t)n + 4);
+    freadCheck(bytes, 1, (size_t)n, fp);
+    fcloseCheck(fp);
+    memset(bytes + n, 0, 4);
+    // one stray byte after the examples. Catches a dropped whole-uint16 check (the byte would be ignored)
+    const char* odd = in_dir(g_dir, "eval_odd.bin");
+    write_eval_variant(odd, bytes, n + 1, 0, 0, 0);
+    CHECK_DIES("eval: an odd byte count", "not a whole number of uint16",
+               evalloader_init(&loader, odd, 4, 16, 0, 1, EVAL_TEST_VOCAB));
+    // a context of 0 tokens. Catches a dropped empty-context check (it would fail later as a bad completion)
+    const char* no_context = in_dir(g_dir, "eval_no_context.bin");
+    write_eval_variant(no_context, bytes, n, 1024 + 10, 0, 1);
+    CHECK_DIES("eval: empty context", "has a context of 0 tokens",
+               evalloader_init(&loader, no_context, 4, 16, 0, 1, EVAL_TEST_VOCAB));
+    free(bytes);
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     if (!test_make_llmc_files(g_dir, g_py_dir, sizeof(g_py_dir))) { return test_summary("test_dataloader"); }
@@ -544,6 +752,12 @@ int main(void) {
     test_dataloader_bad_inputs();
     test_eval_loader();
     test_eval_bad_inputs();
+    test_exact_multiple_shard();
+    test_epoch_batches();
+    test_fill_first_batch();
+    test_dataloader_more_bad_inputs();
+    test_read_state_bad_trailers();
+    test_eval_edges();
 
     test_remove_dir(g_py_dir);
     test_remove_dir(g_dir);

@@ -233,9 +233,15 @@ static void test_model_bad_inputs(void) {
     CHECK_DIES("model: shorter than header", header_len, model_file_read_header(header_len, &cfg, &version));
     const char* layers = write_variant(good, "model_layers.bin", n, 4, 3);  // L=3: length no longer matches
     CHECK_DIES("model: header/length mismatch", layers, model_file_read_header(layers, &cfg, &version));
-    GPT2Config other = gpt2_config_make(2, 2, 16, 8, 61);
-    float dummy[1];
-    CHECK_DIES("model: read with another shape", good, model_file_read_params(good, &other, dummy));
+    {   // a dropped shape comparison: the file's V differs from 61 but its Vp, and so its parameter count, is the
+        // same; with room for every parameter, only the comparison can stop the read. (The path is made afresh:
+        // in_dir's 8 rotating buffers have reused `good`'s by now, for model_layers.bin.)
+        GPT2Config other = gpt2_config_make(2, 2, 16, 8, 61);
+        float* room = (float*)mallocCheck(gpt2_num_parameters(&other) * sizeof(float));
+        CHECK_DIES("model: read with another V (same parameter count)", "holds a different shape",
+                   model_file_read_params(in_dir(g_py_dir, "model_v3.bin"), &other, room));
+        free(room);
+    }
     float params[1] = {0};
     const char* out = in_dir(g_dir, "bad_version_out.bin");
     GPT2Config small = gpt2_config_make(1, 1, 1, 1, 1);
@@ -1056,6 +1062,180 @@ static void test_logger(void) {
     test_remove_dir(dir);
 }
 
+// ----------------------------------------------------------------------------
+// edges the tests above do not reach (found by mutation testing); each comment names what it catches
+
+// runs `statement` in a child and checks it returns (exit status 0, nothing on stderr)
+#define CHECK_LIVES(what, statement) do { \
+    ChildRun _run; \
+    if (child_run_begin(&_run)) { statement; _exit(0); } \
+    char _text[CHILD_STDERR_MAX + 1]; \
+    size_t _length; \
+    int _status = child_run_collect(&_run, _text, &_length); \
+    CHECK(WIFEXITED(_status) && WEXITSTATUS(_status) == 0, "%s: died: [%s]", what, _text); \
+} while (0)
+
+static void test_checkpoint_edges(void) {
+    // a model file holding a NaN dies naming the tensor. Catches a dropped finite check on read
+    {
+        GPT2Config cfg = gpt2_config_make(1, 1, 4, 4, 8);
+        size_t n = gpt2_num_parameters(&cfg);
+        float* params = (float*)mallocCheck(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) { params[i] = 0.01f * (float)i; }
+        params[3] = NAN;
+        const char* nan_path = in_dir(g_dir, "model_nan.bin");
+        model_file_write(nan_path, &cfg, params, 3);
+        CHECK_DIES("model: a NaN weight", "element 3 of wte is nan, expected a finite number",
+                   model_file_read_params(in_dir(g_dir, "model_nan.bin"), &cfg, params));
+        free(params);
+    }
+    // a bf16 model of more than one chunk (CHECKPOINT_CHUNK_ELEMS) of parameters round-trips. Catches a
+    // chunk count off by one (every chunk but the last one element short)
+    {
+        GPT2Config cfg = gpt2_config_make(1, 1, 64, 8, 17000);
+        size_t n = gpt2_num_parameters(&cfg);
+        CHECK(n > CHECKPOINT_CHUNK_ELEMS, "the big model has %zu parameters, not more than a chunk", n);
+        float* params = (float*)mallocCheck(n * sizeof(float));
+        float* back = (float*)mallocCheck(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) { params[i] = (float)(i % 256) - 128.0f; }  // integers below 256: exact in bf16
+        const char* big = in_dir(g_dir, "model_big_v5.bin");
+        model_file_write(big, &cfg, params, 5);
+        model_file_read_params(in_dir(g_dir, "model_big_v5.bin"), &cfg, back);
+        CHECK(memcmp(params, back, n * sizeof(float)) == 0, "a bf16 model of %zu parameters does not round-trip", n);
+        free(params);
+        free(back);
+    }
+    // a path exactly as long as the buffer (no room for its NUL) is refused. Catches the bound off by one
+    {
+        char path[32];
+        checkpoint_model_path(path, sizeof(path), "o", 1);  // "o/model_00000001.bin": 20 characters
+        volatile size_t exact = strlen(path);
+        char out[32];
+        CHECK_DIES("checkpoint: path one byte too long", "longer than", checkpoint_model_path(out, exact, "o", 1));
+    }
+    // -y 1 in a dir holding only an incomplete step starts from scratch. Catches resuming a step without DONE
+    {
+        char dir[256];
+        test_make_temp_dir(dir, sizeof(dir));
+        char path[CHECKPOINT_PATH_MAX];
+        checkpoint_model_path(path, sizeof(path), dir, 40);
+        write_all(path, (const unsigned char*)"x", 1);
+        CHECK(checkpoint_resume_step(dir) == -1, "-y 1 with only step 40's files (no DONE) must start from scratch");
+        test_remove_dir(dir);
+    }
+
+    size_t n = PY_STATE_NUM_PARAMS;
+    float m[PY_STATE_NUM_PARAMS], v[PY_STATE_NUM_PARAMS], master[PY_STATE_NUM_PARAMS];
+    fill_arrays(m, v, master, n);
+    TrainState state = {7, 1, 2, 0}, got;
+    StateBuffers buffers = {n, m, v, master, NULL, 0};
+    StateBuffers no_master = {n, m, v, NULL, NULL, 0};
+    DataLoader loader;
+    py_loader_init(&loader, 0);
+    // one rank of two writes version 2 even with fp32 moments and no sections (llm.c cuts a rank's state
+    // otherwise). Catches version 1 for a multi-rank file
+    {
+        DataLoader rank1;
+        dataloader_init(&rank1, in_dir(g_py_dir, "data_train_*.bin"), PY_STATE_B, PY_STATE_T, 1, 2, 0, 50257);
+        const char* two = in_dir(g_dir, "state_rank1_of_2.bin");
+        state_file_write(two, &state, &no_master, &rank1);
+        StateFileIndex index;
+        state_file_read_header(in_dir(g_dir, "state_rank1_of_2.bin"), &index);
+        CHECK(index.version == STATE_VERSION_SECTIONS, "rank 1 of 2's state file has version %d, expected 2", index.version);
+        dataloader_free(&rank1);
+    }
+    const char* plain = in_dir(g_dir, "state_plain.bin");
+    state_file_write(plain, &state, &buffers, &loader);
+    size_t plain_length = file_length(in_dir(g_dir, "state_plain.bin"));
+    // each error names its own cause, not the later one a missing check falls through to
+    {
+        // catches a dropped exact-length check for a file without trailer or sections
+        const char* longer = write_variant(in_dir(g_dir, "state_plain.bin"), "state_plain_longer.bin", plain_length + 4, -1, 0);
+        CHECK_DIES("state: 4 bytes past the body (message)", "for 100 parameters per rank",
+                   state_file_read(longer, &got, &buffers, &loader));
+        // catches a dropped master-weights check
+        CHECK_DIES("state: master weights mismatch (message)", "use_master_weights=1",
+                   state_file_read(in_dir(g_dir, "state_plain.bin"), &got, &no_master, &loader));
+        // catches slot 6 (moments in sections) left unchecked in version 2 files
+        const char* sections_path = in_dir(g_dir, "sections.bin");  // test_state_sections' version 2 file
+        const char* slot6 = write_variant(sections_path, "state_slot6.bin", file_length(sections_path), 6, 2);
+        StateFileIndex index;
+        CHECK_DIES("state: slot 6 neither 0 nor 1", "has 2 in header slot 6", state_file_read_header(slot6, &index));
+        // 64 sections is the most a file may claim: the header alone reads. Catches the bound off by one
+        const char* max_sections = write_variant(in_dir(g_dir, "sections.bin"), "state_64_sections.bin",
+                                                 file_length(in_dir(g_dir, "sections.bin")), STATE_SLOT_NUM_SECTIONS,
+                                                 STATE_FILE_MAX_SECTIONS);
+        CHECK_LIVES("state: a header claiming 64 sections", state_file_read_header(max_sections, &index));
+    }
+    // a file of the same B but another T is a reshaped one: its position counts other samples. Catches T ignored
+    {
+        DataLoader shorter;
+        dataloader_init(&shorter, in_dir(g_py_dir, "data_train_*.bin"), PY_STATE_B, PY_STATE_T / 2, 0, 1, 0, 50257);
+        for (int i = 0; i < 30; i++) { dataloader_next_batch(&loader); }
+        state_file_write(in_dir(g_dir, "state_moved.bin"), &state, &buffers, &loader);
+        memset(&got, 0, sizeof(got));
+        state_file_read(in_dir(g_dir, "state_moved.bin"), &got, &buffers, &shorter);
+        CHECK(got.data_reshaped && shorter.current_shard_idx == 0 && shorter.current_sample_idx == 0,
+              "T=%d file read with T=%d: reshaped %d, position %zu %zu", PY_STATE_T, PY_STATE_T / 2, got.data_reshaped,
+              shorter.current_shard_idx, shorter.current_sample_idx);
+        dataloader_free(&shorter);
+    }
+    dataloader_free(&loader);
+
+    // sections: one twice, one truncated, the moments' absence named
+    {
+        DataLoader shuffled;
+        py_loader_init(&shuffled, 1);
+        uint8_t extra[32], extra_back[32];
+        memset(extra, 5, sizeof(extra));
+        StateSection twice[2] = {{"opt_extra", extra, sizeof(extra), 1}, {"opt_extra", extra, sizeof(extra), 1}};
+        StateBuffers twice_buffers = {n, m, v, master, twice, 2};
+        state_file_write(in_dir(g_dir, "state_twice.bin"), &state, &twice_buffers, &shuffled);
+        StateSection once[1] = {{"opt_extra", extra_back, sizeof(extra_back), 1}};
+        StateBuffers once_buffers = {n, m, v, master, once, 1};
+        // catches a dropped duplicate-section check (the optional section would be read twice, silently)
+        CHECK_DIES("state: a section twice", "has section 'opt_extra' twice",
+                   state_file_read(in_dir(g_dir, "state_twice.bin"), &got, &once_buffers, &shuffled));
+        StateBuffers one_section = {n, m, v, master, twice, 1};
+        state_file_write(in_dir(g_dir, "state_once.bin"), &state, &one_section, &shuffled);
+        const char* cut = write_variant(in_dir(g_dir, "state_once.bin"), "state_section_cut.bin",
+                                        file_length(in_dir(g_dir, "state_once.bin")) - 4, -1, 0);
+        // catches a dropped section-truncation check (the read would fail with a generic end of file)
+        CHECK_DIES("state: a section cut short", "section 'opt_extra' is truncated",
+                   state_file_read(cut, &got, &once_buffers, &shuffled));
+        // catches a dropped fp32-moments check: a file without them read by a run that needs them
+        StateBuffers no_moments = {n, NULL, NULL, master, twice, 1};
+        state_file_write(in_dir(g_dir, "state_no_moments.bin"), &state, &no_moments, &shuffled);
+        CHECK_DIES("state: moments expected (message)", "has no fp32 AdamW moments",
+                   state_file_read(in_dir(g_dir, "state_no_moments.bin"), &got, &once_buffers, &shuffled));
+        // catches a dropped end-of-file check in state_file_index (the map would ignore trailing garbage)
+        const char* index_longer = write_variant(in_dir(g_dir, "state_once.bin"), "state_index_longer.bin",
+                                                 file_length(in_dir(g_dir, "state_once.bin")) + 4, -1, 0);
+        StateFileIndex index;
+        CHECK_DIES("state index: trailing bytes", "has 4 unexpected bytes", state_file_index(index_longer, n, &index));
+        dataloader_free(&shuffled);
+    }
+    // a shuffled file of another B leaves the loader's shuffle state a fresh loader's, for the caller's replay
+    // (dataloader_seek_batches draws from it). Catches the file's trailer read into the loader anyway
+    {
+        DataLoader writer, wider, fresh;
+        py_loader_init(&writer, 1);
+        for (int i = 0; i < 70; i++) { dataloader_next_batch(&writer); }  // into the next epoch: the rng has moved
+        state_file_write(in_dir(g_dir, "state_shuffled_moved.bin"), &state, &buffers, &writer);
+        dataloader_init(&wider, in_dir(g_py_dir, "data_train_*.bin"), 2 * PY_STATE_B, PY_STATE_T, 0, 1, 1, 50257);
+        dataloader_init(&fresh, in_dir(g_py_dir, "data_train_*.bin"), 2 * PY_STATE_B, PY_STATE_T, 0, 1, 1, 50257);
+        state_file_read(in_dir(g_dir, "state_shuffled_moved.bin"), &got, &buffers, &wider);
+        CHECK(got.data_reshaped && memcmp(&wider.shuffle_rng, &fresh.shuffle_rng, sizeof(fresh.shuffle_rng)) == 0 &&
+              wider.num_intra_shard_indices == fresh.num_intra_shard_indices &&
+              memcmp(wider.intra_shard_indices, fresh.intra_shard_indices,
+                     fresh.num_intra_shard_indices * sizeof(int)) == 0,
+              "a reshaped shuffled file changed the loader's shuffle state (reshaped %d)", got.data_reshaped);
+        dataloader_free(&writer);
+        dataloader_free(&wider);
+        dataloader_free(&fresh);
+    }
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     if (!test_make_llmc_files(g_dir, g_py_dir, sizeof(g_py_dir))) { return test_summary("test_formats"); }
@@ -1077,6 +1257,7 @@ int main(void) {
     test_checkpoint_claim_dir();
     test_file_errors_name_the_file();
     test_logger();
+    test_checkpoint_edges();
 
     test_remove_dir(g_py_dir);
     test_remove_dir(g_dir);

@@ -156,10 +156,79 @@ static void test_loaded_windows_checked(void) {
     CHECK_DIES("a negative count of skips", "section 'skipped_updates' holds -2", outlier_skip_check_loaded(&bad, "s.bin"));
 }
 
+// edges the tests above do not reach (found by mutation testing)
+
+// a window of 64 zeros and 64 twos has mean 1 and standard deviation 1 exactly, so 4 scores z = 3
+// exactly: at -sl 3 / -sg 3 that is not above the threshold. Catches > turned into >=.
+static void fill_exact(OutlierSkip* s) {
+    for (int i = 0; i < OUTLIER_WINDOW; i++) {
+        float v = (i % 2) ? 2.0f : 0.0f;
+        outlier_skip_judge(s, v, v, NULL);
+    }
+}
+static void test_exact_threshold(void) {
+    OutlierSkip s;
+    outlier_skip_init(&s, 3.0f, 0.0f);
+    fill_exact(&s);
+    CHECK(outlier_zscore(&s.windows[0], 4.0) == 3.0, "the exact window scores 4 at %.17g, expected 3",
+          outlier_zscore(&s.windows[0], 4.0));
+    check_judge(&s, 4.0f, 1.0f, STEP_UPDATED, "loss z exactly 3 under -sl 3");
+    outlier_skip_init(&s, 0.0f, 3.0f);
+    fill_exact(&s);
+    check_judge(&s, 1.0f, 4.0f, STEP_UPDATED, "norm z exactly 3 under -sg 3");
+    // -sg alone is a check: enabled (its windows are written, its note printed)
+    CHECK(outlier_skip_enabled(&s), "-sl 0 -sg 3: not enabled");
+}
+
+// a skipped step's loss and norm enter the windows as the newest values (the count alone cannot show it
+// once the window is full). Catches a skipped step's values left out of the windows.
+static void test_skipped_values_enter(void) {
+    OutlierSkip s;
+    outlier_skip_init(&s, 3.0f, 3.0f);
+    fill(&s);
+    check_judge(&s, 50.0f, 1.0f, STEP_SKIPPED_LOSS_OUTLIER, "a loss spike");
+    check_judge(&s, 2.0f, 60.0f, STEP_SKIPPED_NORM_OUTLIER, "a norm spike");
+    const OutlierWindow* loss = &s.windows[0];
+    const OutlierWindow* norm = &s.windows[1];
+    CHECK(loss->next == 2 && loss->values[0] == 50.0 && loss->values[1] == 2.0,
+          "the skipped steps' losses are not the window's newest (next %d: %g %g)", loss->next, loss->values[0],
+          loss->values[1]);
+    CHECK(norm->next == 2 && norm->values[0] == 1.0 && norm->values[1] == 60.0,
+          "the skipped steps' norms are not the window's newest (next %d: %g %g)", norm->next, norm->values[0],
+          norm->values[1]);
+    // every cause counts in the total. Catches a total that leaves one cause out
+    check_judge(&s, NAN, 1.0f, STEP_SKIPPED_NONFINITE, "a non-finite loss");
+    CHECK(outlier_skip_total_skipped(&s) == 3 && s.skipped[STEP_SKIPPED_LOSS_OUTLIER] == 1 &&
+          s.skipped[STEP_SKIPPED_NORM_OUTLIER] == 1 && s.skipped[STEP_SKIPPED_NONFINITE] == 1,
+          "skipped: total %d (loss %d, norm %d, non-finite %d), expected 3 (1 each)", outlier_skip_total_skipped(&s),
+          s.skipped[STEP_SKIPPED_LOSS_OUTLIER], s.skipped[STEP_SKIPPED_NORM_OUTLIER], s.skipped[STEP_SKIPPED_NONFINITE]);
+}
+
+// loaded windows at the edges of the ring. Catches next == OUTLIER_WINDOW accepted (the next add would
+// write past the ring), the finite scan stopping before the last slot, and a nonzero count of updates
+static void test_loaded_windows_edges(void) {
+    OutlierSkip s;
+    outlier_skip_init(&s, 3.0f, 0.0f);
+    fill(&s);
+    OutlierSkip bad = s;
+    bad.windows[0].next = OUTLIER_WINDOW;
+    CHECK_DIES("a full window whose next is past the ring", "loss window (count 128, next 128",
+               outlier_skip_check_loaded(&bad, "s.bin"));
+    bad = s;
+    bad.windows[1].values[OUTLIER_WINDOW - 1] = INFINITY;
+    CHECK_DIES("an Inf in the window's last slot", "gradient norm window", outlier_skip_check_loaded(&bad, "s.bin"));
+    bad = s;
+    bad.skipped[STEP_UPDATED] = 4;
+    CHECK_DIES("a count of skipped updates for 'updated'", "holds 4 for outcome 0", outlier_skip_check_loaded(&bad, "s.bin"));
+}
+
 int main(void) {
     test_zscore_and_window();
     test_verdicts();
     test_state_section();
     test_loaded_windows_checked();
+    test_exact_threshold();
+    test_skipped_values_enter();
+    test_loaded_windows_edges();
     return test_summary("test_outlier_skip");
 }
