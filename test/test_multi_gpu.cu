@@ -13,12 +13,16 @@ on one GPU.
 - the watchdog: a host stuck in an armed region ended after -pt with one line; one that makes
   progress, then disarms, runs on;
 - the replica check's fingerprint kernel equal to its host function at odd sizes and
-  offsets, and changed by one flipped byte and by two swapped ones.
+  offsets, and changed by one flipped byte and by two swapped ones;
+- llmc/zero_comm.cuh's pieces that need no second rank: the gradient mean (an fp32 sum / N
+  rounded once, and only into the pieces the rank owns) and a rank's part of an FP8 weight at
+  the edges of its range.
 */
 #include <sys/wait.h>
 #include "llmc/multi_gpu.h"
 #include "llmc/zero.h"
 #include "llmc/replica_check.cuh"
+#include "llmc/zero_comm.cuh"
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 #include "test/gpu_test_copies.cuh"
@@ -427,6 +431,79 @@ static void test_watchdog(const char* dir) {
           "watchdog: a host making progress, then disarmed, was ended (status %d): [%s]", status, text);
 }
 
+/*
+zero_comm.cuh's mean of a piece's fp32 sum (-pa fp32: the sums sit in the scratch at each piece's
+offset): the owner's elements get sum / N correctly rounded in fp32, then rounded to bf16 once.
+The sums lie within 2 fp32 steps of 3 times a bf16 rounding midpoint, where multiplying by 1/3
+(rounded) instead lands one bf16 step off for some of them. The piece another rank owns keeps
+its bytes: the reduce left only the owner's meaningful.
+*/
+static void test_mean_of_fp32_sums_rounds_once(void) {
+    const int num_ranks = 3, rank = 1, n = 128 * 5;  // 128 midpoints in [1, 2), 5 sums around each
+    ZeroPiece pieces[2] = {};
+    pieces[0].begin = 0; pieces[0].end = n; pieces[0].owner = 0;
+    pieces[1].begin = n; pieces[1].end = 2 * n; pieces[1].owner = rank;
+    const size_t offsets[2] = {(size_t)n, 0};  // the scratch holds piece 1's sums first
+    float* sums = (float*)mallocCheck(2 * (size_t)n * sizeof(float));
+    uint16_t* grads = (uint16_t*)mallocCheck(2 * (size_t)n * sizeof(uint16_t));
+    for (int i = 0; i < n; i++) {
+        float near = (float)(num_ranks * (1.0 + (i / 5 + 0.5) / 128.0));  // exact: 3 times a midpoint
+        uint32_t bits;
+        memcpy(&bits, &near, sizeof(bits));
+        bits += (uint32_t)(i % 5) - 2u;
+        memcpy(&sums[i], &bits, sizeof(float));
+        sums[n + i] = -1.0f;  // piece 0's slot: not this rank's
+        grads[i] = bf16_of(0.5f);
+        grads[n + i] = bf16_of(0.25f);
+    }
+    floatX* d_grads = (floatX*)device_copy(grads, 2 * (size_t)n * sizeof(uint16_t));
+    float* d_sums = (float*)device_copy(sums, 2 * (size_t)n * sizeof(float));
+    ZeroPiece* d_pieces = (ZeroPiece*)device_copy(pieces, sizeof(pieces));
+    size_t* d_offsets = (size_t*)device_copy(offsets, sizeof(offsets));
+    zero_mean_pieces_kernel<float><<<dim3(2, 2), 64>>>(d_grads, d_sums, d_pieces, d_offsets, rank, (float)num_ranks);
+    cudaCheck(cudaGetLastError());
+    uint16_t* got = (uint16_t*)mallocCheck(2 * (size_t)n * sizeof(uint16_t));
+    cudaCheck(cudaMemcpy(got, d_grads, 2 * (size_t)n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    size_t wrong = 0, touched = 0;
+    for (int i = 0; i < n; i++) {
+        touched += got[i] != grads[i];
+        wrong += got[n + i] != bf16_of(sums[i] / (float)num_ranks);
+    }
+    CHECK(wrong == 0, "mean kernel: %zu of %d owned elements are not their fp32 sum / 3 rounded once to bf16", wrong, n);
+    CHECK(touched == 0, "mean kernel: %zu elements of the piece rank 0 owns were written by rank 1", touched);
+    cudaCheck(cudaFree(d_grads)); cudaCheck(cudaFree(d_sums)); cudaCheck(cudaFree(d_pieces)); cudaCheck(cudaFree(d_offsets));
+    free(sums); free(grads); free(got);
+}
+
+// zero_comm_owned_weight_part on 2 ranks, for a weight of 256 elements that ends where rank 1's
+// range begins, begins where rank 0's ends, or crosses there: a rank whose range only touches the
+// weight owns none of it (an empty part would reach the amax launch, which dies on one)
+static void test_owned_weight_part_at_range_edges(void) {
+    GPT2Config tiny = gpt2_config_from_descriptor("tiny");
+    ZeroComm comm;
+    memset(&comm, 0, sizeof(comm));
+    zero_layout_init(&comm.layout, &tiny, 2);
+    const size_t b = zero_rank_range(&comm.layout, 1).begin;
+    Fp8Linear lin;
+    memset(&lin, 0, sizeof(lin));
+    lin.OC = 4;
+    lin.K = 64;
+    const struct { int rank; size_t offset; int owned; size_t lo, hi; } cases[] = {
+        {0, b - 256, 1, b - 256, b}, {1, b - 256, 0, 0, 0},
+        {0, b, 0, 0, 0},             {1, b, 1, b, b + 256},
+        {0, b - 16, 1, b - 16, b},   {1, b - 16, 1, b, b + 240},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        comm.rank = cases[c].rank;
+        lin.weight_offset = cases[c].offset;
+        size_t lo = 0, hi = 0;
+        int owned = zero_comm_owned_weight_part(&comm, &lin, &lo, &hi);
+        CHECK(owned == cases[c].owned && (!owned || (lo == cases[c].lo && hi == cases[c].hi)),
+              "owned part of [%zu, %zu) on rank %d (ranges meet at %zu): %d [%zu, %zu), expected %d [%zu, %zu)", cases[c].offset,
+              cases[c].offset + 256, cases[c].rank, b, owned, lo, hi, cases[c].owned, cases[c].lo, cases[c].hi);
+    }
+}
+
 int main(void) {
     char watchdog_dir[256];
     test_make_temp_dir(watchdog_dir, sizeof(watchdog_dir));
@@ -464,5 +541,7 @@ int main(void) {
     CHECK_DIES("bad rank", "-pr", { MultiGpuOptions o = fs_options(2, 2, "/tmp", 5); multi_gpu_options_check(&o); });
     CHECK_DIES("bad method", "-pi", { multi_gpu_init_method_from_name("slurm"); });
     CHECK_DIES("bad server", "-ps", { multi_gpu_parse_server("not-an-ip"); });
+    test_mean_of_fp32_sums_rounds_once();
+    test_owned_weight_part_at_range_edges();
     return test_summary("test_multi_gpu");
 }

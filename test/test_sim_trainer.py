@@ -764,7 +764,7 @@ def twin_shard(workdir):
     (2, ["-p", "fp8", "-fw", "delayed"], []),
     (2, ["-p", "fp8", "-fr", "block", "-w", 0], []),
     (2, ["-p", "fp8", "-fr", "current"], ["-z", 3]),
-    (2, ["-p", "fp8", "-f8", "all"], []),
+    (2, ["-p", "fp8", "-f8", "lm_head"], []),
     (2, ["-p", "fp8", "-f8", "all", "-fw", "delayed", "-opt", "adamw8"], []),
     (2, ["-p", "fp8", "-f8", "all", "-fr", "block"], []),
     (2, ["-p", "fp8", "-f8p", "fwd,fc.wgrad"], []),
@@ -772,9 +772,10 @@ def twin_shard(workdir):
     (3, ["-p", "fp8", "-opt", "adamw8", "-pa", "fp32"], []),
     (3, ["-p", "fp8", "-fr", "current", "-opt", "adamw8", "-pa", "fp32"], ["-z", 3]),
     (2, ["-p", "bf16", "-e", "model_c192.bin"], ["-z", 3]),
-], ids=["2-bf16", "2-fp8-adamw8-no-master", "2-fp8-delayed-weights", "2-fp8-block-no-master", "2-fp8-zero3", "2-fp8-lm-head",
+    (2, ["-p", "fp8", "-f8", "qkv,fc"], []),
+], ids=["2-bf16", "2-fp8-adamw8-no-master", "2-fp8-delayed-weights", "2-fp8-block-no-master", "2-fp8-zero3", "2-fp8-lm-head-alone",
         "2-fp8-lm-head-delayed-weights", "2-fp8-lm-head-block", "2-fp8-partial-passes", "2-fp8-partial-lm-head-current", "3-fp8-adamw8-fp32-reduce",
-        "3-fp8-zero3-fp32-reduce", "2-bf16-zero3-c192"])
+        "3-fp8-zero3-fp32-reduce", "2-bf16-zero3-c192", "2-fp8-qkv-fc-linears"])
 def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ranks, flags, rank_flags):
     """Every sample of the shard is the same B*T tokens, so each of N ranks x -b 4 computes exactly what 1 rank x -b 4
     computes: the same loss and FP8 amaxes, and a gradient whose average over the ranks is itself: exact for 2 ranks
@@ -787,7 +788,9 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
     streams' work newest first, so whatever reads without waiting reads early. At C = 192 a layer's attproj weight
     sits 128 bytes past 256-byte alignment in the parameters, and ZeRO-3's gathered copy must too: cudasim's cuBLASLt,
     like the library's heuristic, may take another algorithm (other bits) for another alignment. No clipping: the global norm sums
-    the ranks' partial sums, so its last bit may differ from one rank's single sum"""
+    the ranks' partial sums, so its last bit may differ from one rank's single sum. With FP8 on qkv and fc alone, their
+    weights travel as FP8 codes and attproj's and fcproj's in bf16, in the same stages; with lm_head alone in FP8 it
+    is cast from wte once wte's stage has arrived, with no FP8 gather (and its join) before"""
     name = f"twin_{ranks}_" + "_".join(map(str, flags + rank_flags))
     common = flags + ["-x", 3, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-gc", 0, "-n", 3]
     codes, one, _ = train_ranks(workdir, 1, common + ["-d", 4 * 64, "-o", workdir / (name + "_1")], data=twin_shard(workdir))
@@ -804,6 +807,9 @@ def test_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, ran
     if "-z" in rank_flags:  # the memory ZeRO-3 saves differs by rank (rank 0's range lies in wte): both ends are printed
         saved = re.search(r"saves (-?[\d.]+) MiB per GPU at least, (-?[\d.]+) at most", many)
         assert saved and float(saved[1]) <= float(saved[2]), many[:3000]
+        # the weights gathered after the update leave out the sharded matmul weights (gathered per layer instead),
+        # which are all of those that travel as FP8
+        assert "weights gathered per step: 0.0 MB as FP8 + " in many, many[:3000]
     a, b = losses(one), losses(many)
     assert sorted(a) == [1, 2, 3] and sorted(b) == [1, 2, 3], (a, b)
     assert all(abs(a[s] - b[s]) <= (0 if ranks == 2 else 1e-6 * abs(a[s])) for s in a), (a, b)
@@ -848,7 +854,8 @@ def test_comm_line_counts_each_collectives_payload(workdir, ranks, flags, grad_b
     parameter's gradient once at the wire's element size (2 bytes bf16, 4 with -pa fp32), the block linears' weights
     gathered once as 1-byte FP8 codes, everything else once in bf16, and one uint32 amax per block linear weight.
     The twin-batch runs above cannot see these counters (they change no bit), and make gpucheck's checks
-    (test/gpu_trainer_ranks.py) leave the fp32 reduce's bytes out: a counter at the wrong element size passed"""
+    (test/gpu_trainer_ranks.py) leave the fp32 reduce's bytes out: a counter at the wrong element size passed. Rank 0's
+    startup line, what it receives per step, must count the matmul weights at 1 byte too"""
     args = flags + ["-x", 1, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-d", ranks * 4 * 64]
     codes, out, _ = train_ranks(workdir, ranks, args, name=f"comm_line_{ranks}_{grad_bytes}")
     assert codes == [0] * ranks, out[-2000:]
@@ -861,6 +868,18 @@ def test_comm_line_counts_each_collectives_payload(workdir, ranks, flags, grad_b
     assert payload == {"gradient reduce": grad_bytes * params, "FP8 weight amax all-reduce": 4 * 4 * L,
                        "FP8 weight gather": matmul, "bf16 weight gather": 2 * (params - matmul)}, (payload, m.group(0))
     assert round(float(m.group(2)) * 1e6) == sum(payload.values()), m.group(0)
+    # rank 0's startup line: what it receives per step (every element outside its range: the matmul weights as
+    # 1-byte codes, the rest in bf16, and all of it in bf16 for comparison), in the flat order of the tensors
+    sizes = [(Vp * C, 0), (max_t * C, 0), (2 * L * C, 0), (3 * L * C * C, 1), (3 * L * C, 0), (L * C * C, 1),
+             (3 * L * C, 0), (4 * L * C * C, 1), (4 * L * C, 0), (4 * L * C * C, 1), (L * C + 2 * C, 0)]
+    shard = -(-params // (ranks * 256)) * 256
+    at, owned = 0, [0, 0]
+    for size, is_matmul in sizes:
+        owned[is_matmul] += max(0, min(at + size, shard) - at)
+        at += size
+    fp8_mb, bf16_mb, all_mb = (matmul - owned[1]) / 1e6, 2 * (params - matmul - owned[0]) / 1e6, 2 * (params - shard) / 1e6
+    assert f"weights gathered per step: {fp8_mb:.1f} MB as FP8 + {bf16_mb:.1f} MB as bf16 (all bf16: {all_mb:.1f} MB)" \
+        in out, out[:3000]
 
 
 def test_three_ranks_average_bf16_gradients_without_a_bias(workdir):
