@@ -7,6 +7,8 @@ monitor at it. It answers with fixed readings; the environment steers it:
 - FAKE_NVML_UNSUPPORTED: a comma list of readings that answer NVML_ERROR_NOT_SUPPORTED
   (utilization, clock, max_clock, power, power_limit, temperature, reasons);
 - FAKE_NVML_INIT_FAILS: nvmlInit answers NVML_ERROR_DRIVER_NOT_LOADED.
+fake_nvml_live_inits() tells a test holding the library open how many nvmlInit calls no
+nvmlShutdown has matched yet (NVML counts them alike: each init wants its shutdown).
 */
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,9 @@ monitor at it. It answers with fixed readings; the environment steers it:
 enum { SUCCESS = 0, ERROR_NOT_SUPPORTED = 3, ERROR_NOT_FOUND = 6, ERROR_DRIVER_NOT_LOADED = 9 };
 typedef struct { unsigned int gpu, memory; } Utilization;
 static int the_device;
+static int live_inits;
+
+int fake_nvml_live_inits(void) { return live_inits; }
 
 static int unsupported(const char* reading) {
     const char* list = getenv("FAKE_NVML_UNSUPPORTED");
@@ -25,8 +30,15 @@ static int unsupported(const char* reading) {
     return 0;
 }
 
-int nvmlInit_v2(void) { return getenv("FAKE_NVML_INIT_FAILS") != NULL ? ERROR_DRIVER_NOT_LOADED : SUCCESS; }
-int nvmlShutdown(void) { return SUCCESS; }
+int nvmlInit_v2(void) {
+    if (getenv("FAKE_NVML_INIT_FAILS") != NULL) { return ERROR_DRIVER_NOT_LOADED; }
+    live_inits++;
+    return SUCCESS;
+}
+int nvmlShutdown(void) {
+    live_inits--;
+    return SUCCESS;
+}
 
 int nvmlDeviceGetHandleByPciBusId_v2(const char* bus_id, void** device) {
     const char* known = getenv("FAKE_NVML_BUS_ID");

@@ -1,5 +1,6 @@
 /*
-test_formats.c: model, state and tokenizer files, checkpoint atomicity and the logger.
+test_formats.c: model, state and tokenizer files, checkpoint atomicity and the logger; the
+file helpers, flag parsers and model config of llmc/utils.h and llmc/gpt2_config.h.
 
 Files written by test/make_llmc_files.py (numpy, llm.c's layout, independent of our C) are
 read and compared with the values the script documents, and our writers must reproduce
@@ -10,6 +11,9 @@ Run from the repository root: build/test_formats
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "test/test_harness.h"
@@ -715,27 +719,17 @@ static void test_version_1_tokenizer(void) {
 }
 
 static void test_safe_printf(void) {
-    const char* path = in_dir(g_dir, "safe_printf.txt");
-    fflush(stdout);
-    int saved_fd = dup(STDOUT_FILENO);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, STDOUT_FILENO);
-    close(fd);
-    safe_printf("ab");
-    safe_printf("\x01");
-    safe_printf("\n");
-    safe_printf("\xe2");
-    safe_printf(NULL);
-    safe_printf("");
-    safe_printf("x");
-    fflush(stdout);
-    dup2(saved_fd, STDOUT_FILENO);
-    close(saved_fd);
-    size_t n;
-    char* text = (char*)read_all(path, &n);
-    text[n] = '\0';
+    char text[64];
+    STDOUT_OF(text, {
+        safe_printf("ab");
+        safe_printf("\x01");
+        safe_printf("\n");
+        safe_printf("\xe2");
+        safe_printf(NULL);
+        safe_printf("");
+        safe_printf("x");
+    });
     CHECK(strcmp(text, "ab\nx") == 0, "safe_printf printed [%s]", text);
-    free(text);
 }
 
 // ----------------------------------------------------------------------------
@@ -916,14 +910,12 @@ static void test_checkpoint_claim_dir(void) {
     snprintf(closed_dir, sizeof(closed_dir), "%s/closed", dir);
     ensure_writable_dir(closed_dir);
     CHECK(chmod(dir, 0711) == 0 && chmod(closed_dir, 0333) == 0, "chmod of the test dirs");
-    #define AS_NOBODY(statement) do { if (geteuid() == 0 && setuid(65534) != 0) { _exit(3); } statement; } while (0)
     CHECK_DIES("checkpoints of a dir that cannot be listed", "cannot list checkpoint dir",
                AS_NOBODY(checkpoint_find_latest(closed_dir)));
     CHECK_DIES("removing a step of a dir that cannot be listed", "cannot list checkpoint dir",
                AS_NOBODY(checkpoint_remove(closed_dir, 3)));
     CHECK_DIES("-o that cannot be listed", "cannot be listed (it needs read and search permission)",
                AS_NOBODY(checkpoint_claim_dir(closed_dir, 0, 1, 5)));
-    #undef AS_NOBODY
     CHECK(chmod(closed_dir, 0755) == 0 && chmod(dir, 0700) == 0, "chmod back");
     test_remove_dir(closed_dir);
     test_remove_dir(run_dir);
@@ -1064,16 +1056,6 @@ static void test_logger(void) {
 
 // ----------------------------------------------------------------------------
 // edges the tests above do not reach (found by mutation testing); each comment names what it catches
-
-// runs `statement` in a child and checks it returns (exit status 0, nothing on stderr)
-#define CHECK_LIVES(what, statement) do { \
-    ChildRun _run; \
-    if (child_run_begin(&_run)) { statement; _exit(0); } \
-    char _text[CHILD_STDERR_MAX + 1]; \
-    size_t _length; \
-    int _status = child_run_collect(&_run, _text, &_length); \
-    CHECK(WIFEXITED(_status) && WEXITSTATUS(_status) == 0, "%s: died: [%s]", what, _text); \
-} while (0)
 
 static void test_checkpoint_edges(void) {
     // a model file holding a NaN dies naming the tensor. Catches a dropped finite check on read
@@ -1236,6 +1218,334 @@ static void test_checkpoint_edges(void) {
     }
 }
 
+// ----------------------------------------------------------------------------
+// edges of the tokenizer, the logger, the file helpers and the model config (found by mutation testing)
+
+// a tokenizer file in g_dir: header magic, version, vocab and end-of-text id as given, then `count` pieces
+static void write_tokenizer(const char* path, int32_t version, int32_t vocab, int32_t eot, const char* const* pieces,
+                            int count) {
+    int32_t header[TOKENIZER_HEADER_INTS] = {TOKENIZER_MAGIC, version, vocab, eot};
+    FILE* fp = fopenCheck(path, "wb");
+    fwriteCheck(header, sizeof(header), 1, fp);
+    for (int i = 0; i < count; i++) {
+        unsigned char n = (unsigned char)strlen(pieces[i]);
+        fwriteCheck(&n, 1, 1, fp);
+        fwriteCheck(pieces[i], 1, n, fp);
+    }
+    fcloseCheck(fp);
+}
+
+// a tokenizer file of three pieces with this header that tokenizer_init refuses, naming `cause`
+static void check_tokenizer_refused(const char* what, int32_t version, int32_t vocab, int32_t eot, const char* const* pieces,
+                                    const char* cause) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/tok_refused.bin", g_dir);
+    write_tokenizer(path, version, vocab, eot, pieces, 3);
+    Tokenizer tokenizer;
+    CHECK_DIES(what, cause, tokenizer_init(&tokenizer, path));
+}
+
+static void test_tokenizer_edges(void) {
+    const char* abc[] = {"a", "bc", "<|eot|>"};
+    const char* empty_middle[] = {"a", "", "c"};
+    char good[1024];
+    snprintf(good, sizeof(good), "%s/tok_abc.bin", g_dir);
+    write_tokenizer(good, 2, 3, 0, abc, 3);
+    Tokenizer tokenizer;
+    tokenizer_init(&tokenizer, good);  // the end-of-text id is the header's, wherever it sits in the table
+    CHECK(tokenizer.init_ok && tokenizer.eot_token == 0 && strcmp(tokenizer_decode(&tokenizer, 1), "bc") == 0,
+          "a tokenizer whose end-of-text id is 0: init_ok %d, eot %u", tokenizer.init_ok, tokenizer.eot_token);
+    tokenizer_free(&tokenizer);
+    CHECK(tokenizer_decode(&tokenizer, 1) == NULL, "a freed tokenizer still decodes");
+
+    check_tokenizer_refused("tokenizer: end-of-text id = vocab size", 2, 3, 3, abc, "end-of-text token 3 are invalid");
+    check_tokenizer_refused("tokenizer: negative end-of-text id", 2, 3, -1, abc, "end-of-text token -1 are invalid");
+    check_tokenizer_refused("tokenizer: version 0", 0, 3, 2, abc, "has version 0");
+    check_tokenizer_refused("tokenizer: version 1 of another vocab (why)", 1, 3, 2, abc, "must be GPT-2's, 50257 tokens");
+    check_tokenizer_refused("tokenizer: an empty piece", 2, 3, 2, empty_middle, "token 1 is missing, empty or truncated");
+
+    size_t length = file_length(good);
+    struct { const char* what; size_t length; const char* cause; } cuts[] = {
+        {"tokenizer: last piece one byte short", length - 1, "token 2 is missing, empty or truncated"},
+        {"tokenizer: two trailing bytes (counted)", length + 2, "2 unexpected bytes after its 3 tokens"},
+        {"tokenizer: cut inside its header", 1023, "is 1023 bytes, shorter than its 1024-byte header"},
+        {"tokenizer: its header alone", 1024, "token 0 is missing"},
+    };
+    for (int i = 0; i < 4; i++) {
+        char cut[1024];
+        snprintf(cut, sizeof(cut), "%s", write_variant(good, "tok_cut.bin", cuts[i].length, -1, 0));
+        CHECK_DIES(cuts[i].what, cuts[i].cause, tokenizer_init(&tokenizer, cut));
+    }
+
+    // a missing file's init clears the struct it is given, so freeing it after is safe
+    memset(&tokenizer, 0xff, sizeof(tokenizer));
+    char text[512];
+    STDOUT_OF(text, tokenizer_init(&tokenizer, in_dir(g_dir, "no_such_tokenizer.bin")));
+    CHECK_LIVES("freeing the tokenizer of a missing file", tokenizer_free(&tokenizer));
+    // no file given (-tk "" and none found): a note, not a file "not found"
+    STDOUT_OF(text, tokenizer_init(&tokenizer, ""));
+    CHECK(!tokenizer.init_ok && strncmp(text, "note: no tokenizer file", 23) == 0, "tokenizer_init(\"\") printed [%s]", text);
+    // a file that exists but cannot be read is an error, not a missing file (as nobody: root reads any file)
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    char unreadable[512];
+    snprintf(unreadable, sizeof(unreadable), "%s/tok_unreadable.bin", dir);
+    write_tokenizer(unreadable, 2, 3, 0, abc, 3);
+    CHECK(chmod(dir, 0711) == 0 && chmod(unreadable, 0) == 0, "chmod of the unreadable tokenizer");
+    CHECK_DIES("an unreadable tokenizer file", "Permission denied", AS_NOBODY(tokenizer_init(&tokenizer, unreadable)));
+    test_remove_dir(dir);
+}
+
+// each line reaches its file as it is logged (the train line too, before any other); a resumed run appends to
+// main.jsonl as to main.log, right after the last line (no blank one); logger_free leaves no file to close
+// twice; without a dir every kind of line is a no-op; a main.log that is a FIFO (a reader streaming the log) is
+// appended to on resume without being opened to read first, which would wait for a writer that never comes
+static void test_logger_lines_and_resume(void) {
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    Logger logger;
+    logger_init(&logger, dir, 0, 0);
+    logger_log_train(&logger, 0, 10.5f, 6e-5f, 3.25f, 120.5f, 250000.0f, 0.25f, 0);
+    char train_jsonl[256];
+    snprintf(train_jsonl, sizeof(train_jsonl), "{\"step\":0,\"type\":\"train\",\"loss\":10.5,\"lr\":%.9g,\"norm\":3.25,"
+             "\"ms\":120.5,\"tok_per_s\":250000,\"mfu\":0.25,\"skipped\":0}\n", (double)6e-5f);
+    char* log = read_text(in_dir(dir, "main.log"));
+    char* jsonl = read_text(in_dir(dir, "main.jsonl"));
+    CHECK(strcmp(log, "s:0 trl:10.5000 lr:0.000060 norm:3.25\n") == 0 && strcmp(jsonl, train_jsonl) == 0,
+          "a train line before any other is not in the files: [%s] [%s]", log, jsonl);
+    free(log);
+    free(jsonl);
+    logger_free(&logger);
+    CHECK(logger.log_file == NULL && logger.jsonl_file == NULL, "logger_free left its files set");
+    logger_free(&logger);  // nothing left to close
+
+    logger_init(&logger, dir, 0, 1);
+    logger_log_val(&logger, 1, 9.5f);
+    logger_free(&logger);
+    log = read_text(in_dir(dir, "main.log"));
+    jsonl = read_text(in_dir(dir, "main.jsonl"));
+    char want_jsonl[512];
+    snprintf(want_jsonl, sizeof(want_jsonl), "%s{\"step\":1,\"type\":\"val\",\"loss\":9.5}\n", train_jsonl);
+    CHECK(strcmp(log, "s:0 trl:10.5000 lr:0.000060 norm:3.25\ns:1 tel:9.5000\n") == 0 && strcmp(jsonl, want_jsonl) == 0,
+          "resume: main.log [%s], main.jsonl [%s]", log, jsonl);
+    free(log);
+    free(jsonl);
+
+    CHECK_LIVES("a logger without a dir", {
+        Logger none;
+        logger_init(&none, NULL, 0, 0);
+        logger_log_train(&none, 0, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 0);
+        logger_log_val(&none, 0, 1.0f);
+        logger_log_eval(&none, 0, 0.5f);
+        logger_free(&none);
+    });
+
+    char fifo_dir[256];
+    test_make_temp_dir(fifo_dir, sizeof(fifo_dir));
+    const char* fifo = in_dir(fifo_dir, "main.log");
+    int reader = mkfifo(fifo, 0644) == 0 ? open(fifo, O_RDONLY | O_NONBLOCK) : -1;
+    CHECK(reader >= 0, "a FIFO with a reader as main.log");
+    CHECK_LIVES("resume onto a main.log FIFO", {
+        Logger streamed;
+        logger_init(&streamed, fifo_dir, 0, 1);
+        logger_log_val(&streamed, 1, 2.0f);
+        logger_free(&streamed);
+    });
+    if (reader >= 0) { close(reader); }
+    test_remove_dir(fifo_dir);
+    test_remove_dir(dir);
+}
+
+// a path whose file fopenCheck opened, as an error about that file names it (CHECK_DIES: a read past its end)
+static void check_read_error_names(FILE* fp, const char* what, const char* name) {
+    char byte[2];
+    CHECK_DIES(what, name, freadCheck(byte, 1, 2, fp));
+}
+
+// a file of one byte at `path`
+static void write_one_byte(const char* path) { write_all(path, "x", 1); }
+
+// a file of one byte at a path of exactly `length` characters: g_dir, folders of 200 characters, a file name
+static void make_long_path(char* out, size_t length) {
+    size_t n = strlen(g_dir);
+    memcpy(out, g_dir, n + 1);
+    while (length - n - 1 > 255) {
+        out[n] = '/';
+        memset(out + n + 1, 'd', 200);
+        n += 201;
+        out[n] = '\0';
+        mkdir(out, 0755);
+    }
+    out[n] = '/';
+    memset(out + n + 1, 'f', length - n - 1);
+    out[length] = '\0';
+    write_one_byte(out);
+}
+
+static void test_file_helper_edges(void) {
+    char path[1024], other[1024], buffer[8];
+    snprintf(path, sizeof(path), "%s/helper_a.bin", g_dir);
+    snprintf(other, sizeof(other), "%s/helper_b.bin", g_dir);
+    write_one_byte(path);
+    write_one_byte(other);
+    CHECK_DIES("open to write where no folder is", "to write: No such file or directory",
+               fopenCheck(in_dir(g_dir, "no_folder/out.bin"), "wb"));
+    CHECK_DIES("a device is not a file to read", "a special file, not a regular file", fopenCheck("/dev/null", "rb"));
+
+    FILE* writing = fopenCheck(path, "wb");  // a read of a stream open to write fails without an end of file
+    CHECK_DIES("a read the stream refuses", "cannot read '", freadCheck(buffer, 1, 1, writing));
+    fcloseCheck(writing);
+    write_one_byte(path);
+    FILE* reading = fopenCheck(path, "rb");
+    CHECK_DIES("a write the stream refuses", "cannot write '", fwriteCheck(buffer, 1, 4, reading));
+    fcloseCheck(reading);
+    // an unbuffered write the disk refused, with nothing left for the flush to write
+    FILE* full = fopenCheck("/dev/full", "wb");
+    setvbuf(full, NULL, _IONBF, 0);
+    fputs("s:1 trl:5.0000\n", full);
+    CHECK_DIES("a flush after a failed unbuffered write", "'/dev/full': an earlier write failed", fflushCheck(full));
+    discard_file(full);
+
+    // a FILE* that a plain fclose left tracked, reused by the next fopenCheck, takes the new name, and closing it
+    // frees every slot that held it: once with the stale slot the first free one, once after a free one
+    int open_before = llm8_open_file_count();
+    for (int free_slot_before = 0; free_slot_before < 2; free_slot_before++) {
+        FILE* kept = free_slot_before ? fopenCheck(path, "rb") : NULL;
+        FILE* first = fopenCheck(path, "rb");
+        uintptr_t first_address = (uintptr_t)first;  // compared, not used, once closed
+        if (kept != NULL) { fcloseCheck(kept); }
+        fclose(first);
+        FILE* second = fopenCheck(other, "rb");  // glibc hands out the FILE freed last
+        int reused = (uintptr_t)second == first_address;
+        if (reused) { check_read_error_names(second, "a reused FILE* takes its new name", "helper_b.bin"); }
+        fcloseCheck(second);
+        if (!reused) { llm8_untrack_file((FILE*)first_address); }  // the stale slot, where `second` came elsewhere
+        CHECK(llm8_open_file_count() == open_before, "a reused FILE* (free slot before: %d): %d tracked, %d before",
+              free_slot_before, llm8_open_file_count(), open_before);
+    }
+
+    // sixteen files open at once are each named
+    FILE* open_files[16];
+    for (int i = 0; i < 16; i++) { open_files[i] = fopenCheck(i % 2 ? other : path, "rb"); }
+    check_read_error_names(open_files[15], "the 16th file open at once", "helper_b.bin");
+    for (int i = 0; i < 16; i++) { fcloseCheck(open_files[i]); }
+
+    // paths past a tracking slot's 1023 characters are named by their end; one of exactly 1023, whole
+    const size_t lengths[2] = {1023, 1300};
+    for (int i = 0; i < 2; i++) {
+        char file[1400];
+        make_long_path(file, lengths[i]);
+        FILE* fp = fopenCheck(file, "rb");
+        check_read_error_names(fp, lengths[i] == 1023 ? "a path of 1023 characters" : "a path of 1300 characters",
+                               file + lengths[i] - 1023);
+        fcloseCheck(fp);
+        remove(file);
+    }
+
+    // -o: an empty path, one of 4096 characters (no room for its NUL), a file, a dir no one may write
+    CHECK_DIES("an empty -o", "expected a path of 1 to 4095 characters", ensure_writable_dir(""));
+    char* long_dir = (char*)mallocCheck(4097);
+    memset(long_dir, 'a', 4096);
+    long_dir[0] = '/';
+    long_dir[4096] = '\0';
+    CHECK_DIES("-o of 4096 characters", "expected a path of 1 to 4095 characters", ensure_writable_dir(long_dir));
+    free(long_dir);
+    CHECK_DIES("-o naming a file", "exists and is not a directory", ensure_writable_dir(path));
+    CHECK_DIES("-o where no one may write", "'/proc' is not writable", ensure_writable_dir("/proc"));
+    ensure_writable_dir(g_dir);
+    CHECK(!file_exists(in_dir(g_dir, ".llm8_write_probe")), "ensure_writable_dir left its probe file in -o");
+    remove(path);
+    remove(other);
+}
+
+// llm8_die writes its line in one write, so ranks that die together, sharing one stderr, cannot interleave
+// their lines: with a SOCK_SEQPACKET socket as stderr, where each write is one record, the first record
+// is the whole line
+static void test_error_line_is_one_write(void) {
+    int sockets[2];
+    CHECK(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sockets) == 0, "socketpair");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sockets[0]);
+        dup2(sockets[1], STDERR_FILENO);
+        llm8_die("a line of %d words", 5);
+    }
+    close(sockets[1]);
+    char first[256];
+    ssize_t got = recv(sockets[0], first, sizeof(first) - 1, 0);
+    first[got > 0 ? got : 0] = '\0';
+    waitpid(pid, NULL, 0);
+    close(sockets[0]);
+    CHECK(strcmp(first, "error: a line of 5 words\n") == 0, "the first write of llm8_die's line: [%s]", first);
+}
+
+#define CHECK_PARSES(what, expression, want) \
+    CHECK_LIVES(what, { if ((expression) != (want)) { fprintf(stderr, "parsed another value\n"); _exit(1); } })
+
+// the flag parsers: each end of the range accepted, decimal only, errno left by an earlier call ignored, and
+// every kind of bad text refused as such
+static void test_flag_parsers(void) {
+    CHECK_PARSES("integer: the range's low end", parse_long_flag("-x", "0", 0, 100), 0);
+    CHECK_PARSES("integer: the range's high end", parse_long_flag("-x", "100", 0, 100), 100);
+    CHECK_PARSES("integer: decimal, not octal", parse_long_flag("-x", "010", 0, 100), 10);
+    CHECK_PARSES("integer: errno from before", (errno = ERANGE, parse_long_flag("-x", "5", 0, 100)), 5);
+    CHECK_DIES("integer: past long's range", "'99999999999999999999' is not an integer",
+               parse_long_flag("-x", "99999999999999999999", 0, 100));
+    CHECK_DIES("integer: empty", "'' is not an integer", parse_long_flag("-x", "", 0, 100));
+    CHECK_DIES("integer: trailing text", "'12x' is not an integer", parse_long_flag("-x", "12x", 0, 100));
+    CHECK_DIES("integer: above the range", "101 is out of range (expected 0..100)", parse_long_flag("-x", "101", 0, 100));
+    CHECK_PARSES("number: the range's low end", parse_float_flag("-q", "0", 0.0, 1.0), 0.0f);
+    CHECK_PARSES("number: the range's high end", parse_float_flag("-q", "1", 0.0, 1.0), 1.0f);
+    CHECK_PARSES("number: errno from before", (errno = ERANGE, parse_float_flag("-q", "0.5", 0.0, 1.0)), 0.5f);
+    CHECK_DIES("number: NaN", "'nan' is not a number", parse_float_flag("-q", "nan", 0.0, 1.0));
+    CHECK_DIES("number: past double's range", "'1e999' is not a number", parse_float_flag("-q", "1e999", 0.0, 1.0));
+    CHECK_DIES("number: trailing text", "'0.5x' is not a number", parse_float_flag("-q", "0.5x", 0.0, 1.0));
+}
+
+// the descriptors' shapes are GPT-2's; Vp rounds V up to a multiple of 128, V itself when it is one; the shape
+// checks' edges; llm.c's tensor names in its order, and the tensors it decays
+static void test_model_config_edges(void) {
+    const struct { const char* name; int L, NH, C; } shapes[] = {
+        {"tiny", 2, 2, 128}, {"d6", 6, 6, 384}, {"d12", 12, 12, 768}, {"d24", 24, 16, 1024}, {"d36", 36, 20, 1280},
+        {"d48", 48, 25, 1600}};
+    for (int i = 0; i < 6; i++) {
+        GPT2Config c = gpt2_config_from_descriptor(shapes[i].name);
+        CHECK(c.num_layers == shapes[i].L && c.num_heads == shapes[i].NH && c.channels == shapes[i].C &&
+              c.max_seq_len == 1024 && c.vocab_size == 50257 && c.padded_vocab_size == 50304,
+              "%s: L %d NH %d C %d maxT %d V %d Vp %d", shapes[i].name, c.num_layers, c.num_heads, c.channels, c.max_seq_len,
+              c.vocab_size, c.padded_vocab_size);
+    }
+    GPT2Config d12 = gpt2_config_from_descriptor("d12");
+    CHECK(gpt2_num_parameters(&d12) == 124475904, "d12 has %zu parameters, llm.c's 124475904", gpt2_num_parameters(&d12));
+    CHECK_DIES("descriptor: gpt2 and another separator", "'gpt2-d12'", gpt2_config_from_descriptor("gpt2-d12"));
+    CHECK_DIES("descriptor: a preset's name and more", "'d120'", gpt2_config_from_descriptor("d120"));
+    CHECK(gpt2_config_make(1, 1, 8, 8, 256).padded_vocab_size == 256 && gpt2_config_make(1, 1, 8, 8, 257).padded_vocab_size == 384,
+          "Vp of V=256 and V=257: %d and %d", gpt2_config_make(1, 1, 8, 8, 256).padded_vocab_size,
+          gpt2_config_make(1, 1, 8, 8, 257).padded_vocab_size);
+
+    GPT2Config no_layers = gpt2_config_make(0, 1, 8, 8, 16), no_vocab = gpt2_config_make(1, 1, 8, 8, 0);
+    GPT2Config no_context = gpt2_config_make(1, 1, 8, 0, 16), exact = gpt2_config_make(1, 1, 8, 8, 128);
+    GPT2Config short_padding = gpt2_config_make(1, 1, 8, 8, 128);
+    short_padding.padded_vocab_size = 100;
+    CHECK_DIES("shape: no layers", "invalid model shape L=0", gpt2_config_validate(&no_layers, "test"));
+    CHECK_DIES("shape: no vocab", "V=0 (all must be positive)", gpt2_config_validate(&no_vocab, "test"));
+    CHECK_DIES("shape: no context", "maxT=0 V=16 (all must be positive)", gpt2_config_validate(&no_context, "test"));
+    CHECK_DIES("shape: Vp below V", "padded vocab Vp=100 is smaller than vocab V=128", gpt2_config_validate(&short_padding, "test"));
+    CHECK_LIVES("shape: Vp = V", gpt2_config_validate(&exact, "test"));
+
+    const char* llmc_names[NUM_PARAMETER_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                                                     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    int names_ok = 1, decay_ok = 1;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        names_ok &= strcmp(PARAM_TENSOR_NAMES[i], llmc_names[i]) == 0;
+        int two_d = i == PARAM_WTE || i == PARAM_WPE || i == PARAM_QKVW || i == PARAM_ATTPROJW || i == PARAM_FCW || i == PARAM_FCPROJW;
+        decay_ok &= gpt2_param_is_decayed(i) == two_d;
+    }
+    CHECK(names_ok, "the tensor names are not llm.c's, in its order");
+    CHECK(decay_ok, "the decayed tensors are not llm.c's (wte, wpe and the four matmul weights)");
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     if (!test_make_llmc_files(g_dir, g_py_dir, sizeof(g_py_dir))) { return test_summary("test_formats"); }
@@ -1258,6 +1568,12 @@ int main(void) {
     test_file_errors_name_the_file();
     test_logger();
     test_checkpoint_edges();
+    test_tokenizer_edges();
+    test_logger_lines_and_resume();
+    test_file_helper_edges();
+    test_flag_parsers();
+    test_model_config_edges();
+    test_error_line_is_one_write();
 
     test_remove_dir(g_py_dir);
     test_remove_dir(g_dir);

@@ -3,13 +3,15 @@ test_gpu_monitor.c: -lg's NVML readings (llmc/gpu_monitor.h) against a stand-in 
 (test/fake_nvml.c, built beside this test as libfake_nvml.so): the device found by its PCI
 bus id, every reading and its line, n/a where the device does not say, every clock reason by
 name, and each way NVML can be missing (no library, a library without NVML's functions,
-nvmlInit failing, no device at the bus id), each a reason and never a failed run.
+nvmlInit failing, no device at the bus id), each a reason and never a failed run; every
+nvmlInit matched by a shutdown and the library closed, whichever way open and close go.
 */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <libgen.h>
+#include <dlfcn.h>
 #include "test/test_harness.h"
 #include "llmc/gpu_monitor.h"
 
@@ -110,6 +112,93 @@ static void test_missing_nvml(void) {
     unsetenv("FAKE_NVML_BUS_ID");
 }
 
+// the line of one reading from the stand-in NVML at BUS_ID, with FAKE_NVML_UNSUPPORTED set to `unsupported`
+static void check_fake_line(const char* unsupported, const char* want, const char* what) {
+    use_library(g_fake);
+    setenv("FAKE_NVML_UNSUPPORTED", unsupported, 1);
+    GpuMonitor m;
+    gpu_monitor_open(&m, BUS_ID);
+    GpuSample s = gpu_monitor_sample(&m);
+    check_line(&s, want, what);
+    gpu_monitor_close(&m);
+    unsetenv("FAKE_NVML_UNSUPPORTED");
+}
+
+// every reading test_readings leaves supported, unsupported in turn: each shows n/a, never a stale or
+// uninitialized value, while the others still show theirs
+static void test_other_readings_unsupported(void) {
+    check_fake_line("utilization,clock,power_limit,temperature",
+                    "gpu | SM n/a | memory n/a | SM clock n/a/1980 MHz | power 689/n/a W | n/a | clock held by: power cap",
+                    "utilization, SM clock, power limit and temperature unsupported");
+}
+
+// a reading of 0 is a value (an idle GPU's 0%, a clock at 0), not n/a; watts round half up
+static void test_zero_readings_and_half_watts(void) {
+    GpuSample zero = {0, 0, 0, 0, 0, 0, 0, 0};
+    check_line(&zero, "gpu | SM 0% | memory 0% | SM clock 0/0 MHz | power 0/0 W | 0 C | clock held by: nothing", "zero readings");
+    GpuSample half = {1, 2, 3, 4, 689500, 699499, 7, 0};
+    check_line(&half, "gpu | SM 1% | memory 2% | SM clock 3/4 MHz | power 690/699 W | 7 C | clock held by: nothing",
+               "689.5 W rounds up, 699.499 W down");
+}
+
+// NVML is shut down once for each init (after a bus id it does not know too) and the library closed
+// (dlopen's RTLD_NOLOAD finds it no longer loaded), every way open and close can go; a closed monitor
+// reads n/a and closes again as a no-op
+static void check_unloaded(const char* what) {
+    void* still = dlopen(g_fake, RTLD_NOW | RTLD_NOLOAD);
+    CHECK(still == NULL, "%s: the NVML library is still loaded", what);
+    if (still != NULL) { dlclose(still); }
+}
+
+static void test_nvml_shut_down_and_closed(void) {
+    use_library(g_fake);
+    setenv("FAKE_NVML_BUS_ID", BUS_ID, 1);
+    GpuMonitor m;
+    gpu_monitor_open(&m, BUS_ID);
+    gpu_monitor_close(&m);
+    check_unloaded("closed after a reading");
+    gpu_monitor_open(&m, "0000:3c:00.0");
+    CHECK(!m.enabled, "a bus id the stand-in does not know was found");
+    gpu_monitor_close(&m);
+    check_unloaded("a bus id NVML does not know");
+    setenv("FAKE_NVML_INIT_FAILS", "1", 1);
+    gpu_monitor_open(&m, BUS_ID);
+    gpu_monitor_close(&m);
+    check_unloaded("nvmlInit failing");
+    unsetenv("FAKE_NVML_INIT_FAILS");
+
+    void* held = dlopen(g_fake, RTLD_NOW | RTLD_LOCAL);  // the test's own hold: the count survives each close
+    int (*live_inits)(void) = held != NULL ? (int (*)(void))dlsym(held, "fake_nvml_live_inits") : NULL;
+    CHECK(live_inits != NULL, "the stand-in NVML has no fake_nvml_live_inits");
+    if (live_inits == NULL) { return; }
+    gpu_monitor_open(&m, BUS_ID);
+    CHECK(m.enabled && live_inits() == 1, "open: enabled %d, %d NVML inits live (expected 1)", m.enabled, live_inits());
+    gpu_monitor_close(&m);
+    CHECK(live_inits() == 0 && !m.enabled && m.library == NULL, "close: %d NVML inits live, enabled %d, library %p",
+          live_inits(), m.enabled, m.library);
+    GpuSample s = gpu_monitor_sample(&m);
+    check_line(&s, "gpu | SM n/a | memory n/a | SM clock n/a/n/a MHz | power n/a/n/a W | n/a | clock held by: n/a",
+               "a closed monitor");
+    gpu_monitor_close(&m);
+    gpu_monitor_open(&m, "0000:3c:00.0");
+    CHECK(!m.enabled && live_inits() == 0, "a bus id NVML does not know: %d NVML inits live (expected 0)", live_inits());
+    gpu_monitor_close(&m);
+    dlclose(held);
+    unsetenv("FAKE_NVML_BUS_ID");
+}
+
+// LLM8_NVML_LIBRARY set but empty (a script's "${VAR:-}") means the driver's library, not dlopen(""), which
+// is the program itself: here no libnvidia-ml.so.1 loads; on a machine with a driver, its NVML does
+static void test_empty_library_variable(void) {
+    use_library("");
+    GpuMonitor m;
+    gpu_monitor_open(&m, BUS_ID);
+    int tried_drivers = strstr(m.why_not, "('libnvidia-ml.so.1'") != NULL;
+    int loaded_drivers = strstr(m.why_not, "cannot load") == NULL && strstr(m.why_not, "has no") == NULL;
+    CHECK(tried_drivers || loaded_drivers, "an empty LLM8_NVML_LIBRARY: \"%s\" (expected libnvidia-ml.so.1 tried)", m.why_not);
+    gpu_monitor_close(&m);
+}
+
 int main(int argc, char** argv) {
     (void)argc;
     char self[1024];
@@ -118,5 +207,9 @@ int main(int argc, char** argv) {
     test_readings();
     test_clock_reasons();
     test_missing_nvml();
+    test_other_readings_unsupported();
+    test_zero_readings_and_half_watts();
+    test_nvml_shut_down_and_closed();
+    test_empty_library_variable();
     return test_summary("test_gpu_monitor");
 }

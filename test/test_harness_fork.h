@@ -88,6 +88,38 @@ static inline void child_run_check_dies(ChildRun* run, const char* what, const c
     child_run_check_dies(&_run, what, must_contain); \
 } while (0)
 
+// runs `statement` in a child and checks it returns (exit status 0)
+#define CHECK_LIVES(what, statement) do { \
+    ChildRun _run; \
+    if (child_run_begin(&_run)) { statement; _exit(0); } \
+    char _text[CHILD_STDERR_MAX + 1]; \
+    size_t _length; \
+    int _status = child_run_collect(&_run, _text, &_length); \
+    CHECK(WIFEXITED(_status) && WEXITSTATUS(_status) == 0, "%s: died: [%s]", what, _text); \
+} while (0)
+
+// in a child of CHECK_DIES or CHECK_LIVES: runs `statement` as user nobody where the test runs as root (root
+// reads, writes and lists anything, so a check of permissions needs another user)
+#define AS_NOBODY(statement) do { if (geteuid() == 0 && setuid(65534) != 0) { _exit(3); } statement; } while (0)
+
+// runs `statement` with stdout sent to a temporary file, then puts what it printed into text (a char
+// array, NUL-terminated, cut to its size)
+#define STDOUT_OF(text, statement) do { \
+    fflush(stdout); \
+    int _saved = dup(STDOUT_FILENO); \
+    FILE* _printed = tmpfile(); \
+    if (_saved < 0 || _printed == NULL) { perror("STDOUT_OF"); exit(2); } \
+    dup2(fileno(_printed), STDOUT_FILENO); \
+    statement; \
+    fflush(stdout); \
+    dup2(_saved, STDOUT_FILENO); \
+    close(_saved); \
+    rewind(_printed); \
+    size_t _got = fread(text, 1, sizeof(text) - 1, _printed); \
+    text[_got] = '\0'; \
+    fclose(_printed); \
+} while (0)
+
 // ----------------------------------------------------------------------------
 // scratch directories (files, and folders of them: make_llmc_files.py's checkpoint dirs)
 

@@ -13,7 +13,8 @@ normal_ now spreads its work over threads. So:
   at sizes under 16, whole blocks of 16 and not (the redrawn last block);
 - the stream after normal_ is where its definition leaves it (shuffles and later tensors);
 - gpt2_init_params_random of the tiny model: a fingerprint (FNV-1a over the bytes) frozen
-  from the code when normal_ became PyTorch's.
+  from the code when normal_ became PyTorch's; and that it writes every parameter, from the
+  seed it is given.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,6 +152,50 @@ static void test_sample_coins_are_llmcs(void) {
     }
 }
 
+// normal_ under 16 values, call after call from one stream, against its definition: the pair's second value
+// is the float radius * sinf(angle), then times std plus mean in double (llm.c's), bits that a single short
+// call rarely tells apart from float arithmetic or a double sin
+static void test_short_normals_match_their_definition(float mean, float std) {
+    mt19937_state rng_got, rng_want;
+    manual_seed(&rng_got, 2024u);
+    manual_seed(&rng_want, 2024u);
+    size_t differing = 0, values = 0;
+    for (int call = 0; call < 150; call++) {
+        size_t n = 2 + (size_t)call % 14;  // 2..15
+        float got[16], want[16];
+        normal_(got, n, mean, std, &rng_got);
+        normal_by_definition(want, n, mean, std, &rng_want);
+        for (size_t i = 0; i < n; i++) { differing += memcmp(&got[i], &want[i], sizeof(float)) != 0; }
+        values += n;
+    }
+    CHECK(differing == 0, "normal_ under 16 (mean %g, std %g): %zu of %zu values differ from the definition", mean, std,
+          differing, values);
+    CHECK(randint32(&rng_got) == randint32(&rng_want), "normal_ under 16 (mean %g, std %g): the stream after it moved", mean, std);
+}
+
+// gpt2_init_params_random writes every parameter (what was in the buffer before does not show through: the
+// biases and wte's padded rows are zeros it writes), draws from the seed it is given, and the trainer's
+// seed is llm.c's 42
+static void test_init_writes_every_parameter_from_its_seed(void) {
+    GPT2Config cfg = gpt2_config_make(2, 2, 16, 8, 60);  // Vp 128: wte has 68 padded rows
+    size_t n = gpt2_num_parameters(&cfg);
+    float* zeroed = (float*)mallocCheck(n * sizeof(float));
+    float* garbage = (float*)mallocCheck(n * sizeof(float));
+    float* other_seed = (float*)mallocCheck(n * sizeof(float));
+    memset(zeroed, 0, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) { garbage[i] = NAN; }
+    memset(other_seed, 0, n * sizeof(float));
+    gpt2_init_params_random(zeroed, &cfg, 42u);
+    gpt2_init_params_random(garbage, &cfg, 42u);
+    gpt2_init_params_random(other_seed, &cfg, 43u);
+    CHECK(memcmp(zeroed, garbage, n * sizeof(float)) == 0, "init into a buffer of NaNs differs from init into zeros");
+    CHECK(memcmp(zeroed, other_seed, n * sizeof(float)) != 0, "init with seed 43 equals init with seed 42");
+    CHECK(GPT2_INIT_SEED == 42, "the trainer's init seed is %d, llm.c's is 42", GPT2_INIT_SEED);
+    free(zeroed);
+    free(garbage);
+    free(other_seed);
+}
+
 int main(void) {
     test_stream_matches_the_standard();
     test_sample_coins_are_llmcs();
@@ -162,5 +207,8 @@ int main(void) {
     }
     test_tiny_init_is_frozen(1);
     test_tiny_init_is_frozen(4);
+    test_short_normals_match_their_definition(0.0f, 1.0f);
+    test_short_normals_match_their_definition(0.5f, 0.02f);
+    test_init_writes_every_parameter_from_its_seed();
     return test_summary("test_rand");
 }

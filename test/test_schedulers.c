@@ -1,9 +1,12 @@
 /*
 test_schedulers.c: learning-rate schedules at their key steps, computed independently here
-in double from the formulas documented in llmc/schedulers.h, plus bad arguments.
+in double from the formulas documented in llmc/schedulers.h, plus bad arguments and the edges
+of each argument's range; cosine and wsd bit for bit against llm.c's formulas; the note of a
+warmup longer than the run.
 */
 #include <stdio.h>
 #include <math.h>
+#include <string.h>
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 #include "llmc/schedulers.h"
@@ -107,10 +110,12 @@ static void test_bad_arguments(void) {
 }
 
 /*
-llm.c's cosine schedule, its formula written out as llm.c's schedulers.h evaluates it (float
-warmup and decay ratio, M_PI times the ratio in double, cosf), for the run scripts' settings
-(-l -u -x -q of scripts/run_gpt2_{124M,350M,774M,1558M}_*.sh, as llm.c's): the same bits at
-every step, so a reproduction's learning rates are llm.c's, not a float rounding away.
+llm.c's schedules, their formulas written out as llm.c's schedulers.h evaluates them (float
+ratios, the cosine's M_PI times the ratio in double then cosf; wsd's decay from
+(int)(0.8f * steps), its rate at that step min_lr + (1 - sqrtf(0)) * (lr - min_lr), not lr), for
+the run scripts' settings (-l -u -x -q of scripts/run_gpt2_{124M,350M,774M,1558M}_*.sh, as
+llm.c's) and others: the same bits at every step, so a reproduction's learning rates are llm.c's,
+not a float rounding away.
 */
 static float llmc_cosine(float lr, int warmup, int steps, float final_frac, int step) {
     if (step < warmup) { return lr * ((float)(step + 1)) / warmup; }
@@ -120,21 +125,73 @@ static float llmc_cosine(float lr, int warmup, int steps, float final_frac, int 
     return min_lr + coeff * (lr - min_lr);
 }
 
-static void test_cosine_bits_are_llmcs(void) {
-    const struct { float lr; int warmup, steps; float frac; } runs[] = {
-        {6e-4f, 700, 18865, 0.0f}, {3e-4f, 700, 60000, 0.0f}, {2.5e-4f, 700, 286102, 0.0f}, {6e-4f, 700, 32000, 0.1f}};
-    for (int r = 0; r < 4; r++) {
+static float llmc_wsd(float lr, int warmup, int steps, float final_frac, int step) {
+    int decay_point = (int)(0.8f * steps);
+    if (step < warmup) { return lr * ((float)(step + 1)) / warmup; }
+    if (step < decay_point) { return lr; }
+    float decay_ratio = ((float)(step - decay_point)) / (steps - decay_point);
+    float min_lr = lr * final_frac;
+    return min_lr + (1.0f - sqrtf(decay_ratio)) * (lr - min_lr);
+}
+
+typedef struct { float lr; int warmup, steps; float frac; int first, last; } LlmcRun;  // steps first..last compared
+
+static void check_bits_are_llmcs(const char* type, float (*llmc)(float, int, int, float, int), const LlmcRun* runs,
+                                 int count) {
+    for (int r = 0; r < count; r++) {
         LearningRateScheduler s;
-        lr_scheduler_init(&s, "cosine", runs[r].lr, runs[r].warmup, runs[r].steps, runs[r].frac);
+        lr_scheduler_init(&s, type, runs[r].lr, runs[r].warmup, runs[r].steps, runs[r].frac);
         int differing = 0;
-        for (int step = 0; step <= runs[r].steps; step++) {
+        for (int step = runs[r].first; step <= runs[r].last; step++) {
             float ours = get_learning_rate(&s, step);
-            float llmc = llmc_cosine(runs[r].lr, runs[r].warmup, runs[r].steps, runs[r].frac, step);
-            differing += memcmp(&ours, &llmc, sizeof(float)) != 0;
+            float want = llmc(runs[r].lr, runs[r].warmup, runs[r].steps, runs[r].frac, step);
+            differing += memcmp(&ours, &want, sizeof(float)) != 0;
         }
-        CHECK(differing == 0, "cosine -l %g -u %d -x %d -q %g: %d of %d steps' rates differ from llm.c's bits",
-              runs[r].lr, runs[r].warmup, runs[r].steps, runs[r].frac, differing, runs[r].steps + 1);
+        CHECK(differing == 0, "%s -l %g -u %d -x %d -q %g: %d of steps %d..%d's rates differ from llm.c's bits", type,
+              runs[r].lr, runs[r].warmup, runs[r].steps, runs[r].frac, differing, runs[r].first, runs[r].last);
     }
+}
+
+static void test_cosine_bits_are_llmcs(void) {
+    const LlmcRun runs[] = {{6e-4f, 700, 18865, 0.0f, 0, 18865}, {3e-4f, 700, 60000, 0.0f, 0, 60000},
+                            {2.5e-4f, 700, 286102, 0.0f, 0, 286102}, {6e-4f, 700, 32000, 0.1f, 0, 32000}};
+    check_bits_are_llmcs("cosine", llmc_cosine, runs, 4);
+}
+
+// wsd where the warmup ends before the decay (llm8 starts a later decay after the warmup instead), with
+// 0.8 * steps not a whole number (101: decay from step 80, not 81), a fraction whose min_lr + (lr - min_lr)
+// rounds below lr (0.023 of 1e-3: the decay's first step is not lr), and 12345678 steps, where 0.8f * steps in
+// float is 9876543 and 0.8 * steps in double 9876542 (the steps around it)
+static void test_wsd_bits_are_llmcs(void) {
+    const LlmcRun runs[] = {{6e-4f, 700, 18865, 0.0f, 0, 18865}, {6e-4f, 10, 101, 0.1f, 0, 101},
+                            {1e-3f, 10, 101, 0.023f, 0, 101}, {6e-4f, 700, 12345678, 0.0f, 9876540, 9876546}};
+    check_bits_are_llmcs("wsd", llmc_wsd, runs, 4);
+}
+
+// the edges of each argument's range are accepted, a step count of -1 is for the caller to resolve (one epoch),
+// and a NaN is no rate
+static void test_argument_edges(void) {
+    LearningRateScheduler s;
+    CHECK_LIVES("learning rate 0", lr_scheduler_init(&s, "cosine", 0.0f, 0, 10, 0.0f));
+    CHECK_LIVES("final fraction 1", lr_scheduler_init(&s, "cosine", 1e-3f, 0, 10, 1.0f));
+    CHECK_DIES("NaN learning rate", "learning rate nan", lr_scheduler_init(&s, "cosine", NAN, 0, 10, 0.0f));
+    CHECK_DIES("-1 steps (one epoch, unresolved)", "-1 steps is negative", lr_scheduler_init(&s, "cosine", 1e-3f, 0, -1, 0.0f));
+    CHECK_DIES("negative final fraction", "fraction -0.5", lr_scheduler_init(&s, "cosine", 1e-3f, 0, 10, -0.5f));
+}
+
+// the note of a warmup longer than the run: what it says, and none for a warmup as long as the run or for -x 0
+static void check_init_prints(int warmup, int steps, const char* want) {
+    char text[512];
+    LearningRateScheduler s;
+    STDOUT_OF(text, lr_scheduler_init(&s, "cosine", 1e-3f, warmup, steps, 0.0f));
+    CHECK(strcmp(text, want) == 0, "-u %d -x %d: init printed [%s], expected [%s]", warmup, steps, text, want);
+}
+
+static void test_long_warmup_note(void) {
+    check_init_prints(200, 100, "note: -u 200 is longer than the run's 100 steps (-x): the learning rate warms up throughout, "
+                                "to 100/200 of -l at the last step\n");
+    check_init_prints(100, 100, "");
+    check_init_prints(5, 0, "");
 }
 
 int main(void) {
@@ -145,5 +202,8 @@ int main(void) {
     test_wsd();
     test_no_warmup();
     test_bad_arguments();
+    test_wsd_bits_are_llmcs();
+    test_argument_edges();
+    test_long_warmup_note();
     return test_summary("test_schedulers");
 }
