@@ -110,13 +110,20 @@ static inline void train_state_write(const char* path, int step, const DataLoade
     state_file_write(path, &state, &buffers, loader);
 }
 
-// dies, naming -qs, when a file's 8-bit states were kept for the tensors of another -qs
+/*
+Dies, naming -qs, when a file's 8-bit states were kept for the tensors of another -qs. Two -qs
+can keep the same tensors 8-bit (in a model with C < 32, default and none both keep none):
+a file matching the run's own layout is the run's, whichever other -qs it also matches.
+*/
 static inline void state_file_check_adamw8_selection(const char* path, const int32_t file_bits[NUM_PARAMETER_TENSORS],
                                                      const GPT2Config* cfg, Adamw8Selection selection) {
+    Adamw8Layout own;
+    adamw8_layout_init(&own, cfg, selection);
+    if (memcmp(own.bits, file_bits, sizeof(own.bits)) == 0) { return; }
     for (int s = 0; s < ADAMW8_NUM_SELECTIONS; s++) {
         Adamw8Layout layout;
         adamw8_layout_init(&layout, cfg, (Adamw8Selection)s);
-        if (s != (int)selection && memcmp(layout.bits, file_bits, sizeof(layout.bits)) == 0) {
+        if (memcmp(layout.bits, file_bits, sizeof(layout.bits)) == 0) {
             llm8_die("state file '%s' keeps 8-bit AdamW states for the tensors of -qs %s, this run has -qs %s: resume with -qs %s",
                      path, ADAMW8_SELECTION_NAMES[s], ADAMW8_SELECTION_NAMES[selection], ADAMW8_SELECTION_NAMES[s]);
         }

@@ -762,6 +762,20 @@ def test_cpu_resume_with_other_adamw8_state_selection_refused(data, tmp_path, se
     assert_one_line_error(r, "state_00000003_00000.bin", "-qs all", "resume with -qs all")
 
 
+@pytest.mark.parametrize("selection", ["default", "none"])
+def test_cpu_resume_with_own_adamw8_state_selection_where_another_keeps_the_same_tensors(data, tmp_path, selection):
+    """in a model with C < 32 no tensor reaches 8-bit states under -qs default, as under -qs none: a checkpoint
+    written with either resumes with the same flag (it was refused, naming the other -qs, so it never resumed)"""
+    import sim_model
+    path = data / "c16.bin"
+    sim_model.write_model(path, layers=1, heads=2, channels=16, vocab=1000)
+    flags = ["-e", path, "-opt", "adamw8", "-qs", selection]
+    r = run_split(data, tmp_path / "split", flags, flags)
+    assert r.returncode == 0, r.stderr
+    run_straight(data, tmp_path / "straight", flags)
+    assert final_model(tmp_path / "straight") == final_model(tmp_path / "split")
+
+
 def test_cpu_fp8_is_honoured(data, tmp_path):
     """-p fp8 trains through the reference's FP8 emulation: close to fp32, but not the same bits"""
     fp32 = run_straight(data, tmp_path / "fp32", [])
