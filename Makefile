@@ -281,10 +281,12 @@ test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 # on one core. On a machine like CI's (2 cores), the same tests took 10.7 and 11.9 min this
 # way, 12.4 and 11.7 with xdist's default queues, 14.9 with OpenMP's default threads and 17.7
 # on one worker (the commit messages of 1466685 and 3456434 have the later figures)
+# The 15 slowest tests are listed before pytest's summary: CI's budget is 30 minutes in all, so
+# a log shows where the time goes.
 PYTEST_XDIST = $(shell $(PYTHON) -c 'import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split(".")[:2])) < (3, 2))' 2>/dev/null && echo yes)
 PYTEST_RUN = $(if $(and $(PYTEST_XDIST),$(filter-out 1,$(JOBS))),OMP_NUM_THREADS=1 $(PYTHON) -m pytest -n $(JOBS) --dist worksteal,$(PYTHON) -m pytest)
 test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
-	$(PYTEST_RUN) -q test
+	$(PYTEST_RUN) -q --durations=15 test
 
 compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues $(GPU_TESTS)
 
