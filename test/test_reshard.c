@@ -145,8 +145,13 @@ static void fill_extra(unsigned char* extra, int rank) {
     for (int i = 0; i < EXTRA_BYTES; i++) { extra[i] = (unsigned char)(rank * 37 + i); }
 }
 
-// checkpoint `step` of `s` written by N ranks into dir, each rank's file by the trainers' writer
-static void write_checkpoint(const OneRank* s, const char* dir, int step, int num_ranks, int with_master, int shuffle) {
+/*
+checkpoint `step` of `s` written by N ranks into dir, each rank's file by the trainers' writer, with
+num_extra (0 or 1) per-rank sections; a rank that owns only padding keeps no master (the trainer's
+is NULL there)
+*/
+static void write_checkpoint_sections(const OneRank* s, const char* dir, int step, int num_ranks, int with_master,
+                                      int shuffle, int num_extra) {
     ZeroLayout z;
     zero_layout_init(&z, &s->cfg, num_ranks);
     for (int q = 0; q < num_ranks; q++) {
@@ -162,9 +167,13 @@ static void write_checkpoint(const OneRank* s, const char* dir, int step, int nu
         char path[CHECKPOINT_PATH_MAX];
         checkpoint_state_path(path, sizeof(path), dir, step, q);
         train_state_write(path, step, &loader, &window, s->eight_bit, s->m + range.begin, s->v + range.begin, &states,
-                          with_master ? s->master + range.begin : NULL, &extra, 1);
+                          with_master && range.end > range.begin ? s->master + range.begin : NULL, &extra, num_extra);
         dataloader_free(&loader);
     }
+}
+
+static void write_checkpoint(const OneRank* s, const char* dir, int step, int num_ranks, int with_master, int shuffle) {
+    write_checkpoint_sections(s, dir, step, num_ranks, with_master, shuffle, 1);
 }
 
 // what one rank of M reads back
@@ -179,6 +188,7 @@ typedef struct {
     char extra_path[CHECKPOINT_PATH_MAX];
     DataLoader loader;
     int step;
+    char printed[2048];     // what the read printed
 } RankResume;
 
 static void rank_resume(RankResume* out, const OneRank* s, const char* dir, int rank, int num_ranks, int use_adamw8,
@@ -197,9 +207,10 @@ static void rank_resume(RankResume* out, const OneRank* s, const char* dir, int 
     memset(out->extra, 0, sizeof(out->extra));
     StateSection extra = {"test.per_rank", out->extra, EXTRA_BYTES, 0};
     loader_init(&out->loader, rank, num_ranks, shuffle);
-    out->step = train_state_read_checkpoint(dir, TEST_STEP, batches_per_step(num_ranks), &out->loader, &s->cfg, use_adamw8,
-                                            selection, use_adamw8 ? NULL : out->m, use_adamw8 ? NULL : out->v,
-                                            &out->states, out->master, &extra, 1, out->extra_path);
+    STDOUT_OF(out->printed, out->step = train_state_read_checkpoint(
+                                  dir, TEST_STEP, batches_per_step(num_ranks), &out->loader, &s->cfg, use_adamw8, selection,
+                                  use_adamw8 ? NULL : out->m, use_adamw8 ? NULL : out->v, &out->states, out->master, &extra,
+                                  1, out->extra_path));
 }
 
 static void rank_resume_free(RankResume* r) {
@@ -227,15 +238,37 @@ static int same_loader(DataLoader* got, DataLoader* want) {
     return same;
 }
 
+// the old windows of N ranks that overlap rank r of M's (a touching one holds none of it): the files a resharded read opens
+static int overlapping_windows(const GPT2Config* cfg, int rank, int num_ranks, int file_ranks) {
+    ZeroLayout z, old;
+    zero_layout_init(&z, cfg, num_ranks);
+    zero_layout_init(&old, cfg, file_ranks);
+    ZeroRange range = zero_rank_range(&z, rank);
+    int count = 0;
+    for (int q = 0; q < file_ranks; q++) {
+        ZeroRange window = zero_rank_range(&old, q);
+        count += window.end > range.begin && window.begin < range.end;
+    }
+    return count;
+}
+
 /*
 Rank r of M against the one-rank state: the run's form of the file's optimizer state, sliced
 (converted first when the run's optimizer is the other one), the master slice, old rank
-r % N's extra section, the step, and the loader of an M-rank run.
+r % N's extra section, the step, the loader of an M-rank run, and its line: with N != M, the count
+of old files it read (those whose windows overlap its own), with N == M none (its own file, read as written).
 */
 static void check_rank(const OneRank* s, RankResume* got, int rank, int file_ranks, int num_ranks, int use_adamw8,
                        int with_master, int shuffle, const char* what) {
     size_t b = got->range.begin, n = got->range.end - got->range.begin;
     CHECK(got->step == TEST_STEP, "%s rank %d: step %d", what, rank, got->step);
+    char line[160] = "resumed a checkpoint";
+    if (file_ranks != num_ranks) {
+        snprintf(line, sizeof(line), "resumed a checkpoint of %d ranks: optimizer state and master assembled from %d of "
+                 "its state files,", file_ranks, overlapping_windows(&s->cfg, rank, num_ranks, file_ranks));
+    }
+    CHECK((strstr(got->printed, line) != NULL) == (file_ranks != num_ranks), "%s rank %d printed [%s], expected %s'%s'",
+          what, rank, got->printed, file_ranks != num_ranks ? "" : "no ", line);
     if (use_adamw8) {
         Adamw8States want = states_slice(&s->states, &got->window);
         const Adamw8Layout* w = &got->window;
@@ -544,6 +577,8 @@ llm.c's training loader always shuffles, so its files carry each rank's trailer 
 which the reader skips (and counts in the file sizes that tell -z 0's from -z 1's); the files'
 arrays are the unshuffled ones'.
 */
+static void test_llmc_one_rank_file(const char* py_dir, const GPT2Config* cfg, const float* whole);
+
 static void test_llmc_rank_checkpoints(void) {
     char py_dir[512];
     if (!test_make_llmc_files(g_dir, py_dir, sizeof(py_dir))) { return; }
@@ -570,9 +605,18 @@ static void test_llmc_rank_checkpoints(void) {
                 float* got = (float*)mallocCheck(3 * count * sizeof(float) + 1);
                 DataLoader loader;
                 dataloader_init(&loader, pattern, 2, 8, rank, num_ranks, runs[d].shuffle, 50257);
-                char extra_path[CHECKPOINT_PATH_MAX];
-                int step = train_state_read_checkpoint(dir, runs[d].step, 1, &loader, &cfg, 0, ADAMW8_SELECT_DEFAULT, got,
-                                                       got + count, NULL, got + 2 * count, NULL, 0, extra_path);
+                char extra_path[CHECKPOINT_PATH_MAX], printed[2048], line[160];
+                int step = 0;
+                STDOUT_OF(printed, step = train_state_read_checkpoint(dir, runs[d].step, 1, &loader, &cfg, 0,
+                                                                      ADAMW8_SELECT_DEFAULT, got, got + count, NULL,
+                                                                      got + 2 * count, NULL, 0, extra_path));
+                // every rank reads all -z 1 files (each holds a part of every slice: of lnfw's 16 too), one -z 0 file
+                snprintf(line, sizeof(line), "resumed a checkpoint of %d ranks%s: optimizer state and master assembled from "
+                         "%d of its state files", runs[d].file_ranks,
+                         runs[d].zero_stage == 1 ? " (llm.c's -z 1 cut)" : " (llm.c's -z 0: each holds all)",
+                         runs[d].zero_stage == 1 ? runs[d].file_ranks : 1);
+                CHECK(strstr(printed, line) != NULL, "%s: rank %d of %d printed [%s], expected '%s'", runs[d].dir, rank,
+                      num_ranks, printed, line);
                 int same = step == runs[d].step;
                 for (int a = 0; a < 3; a++) {
                     same = same && memcmp(got + a * count, whole + a * n + range.begin, count * sizeof(float)) == 0;
@@ -608,6 +652,7 @@ static void test_llmc_rank_checkpoints(void) {
         free(got);
         dataloader_free(&other);
     }
+    test_llmc_one_rank_file(py_dir, &cfg, whole);
     free(whole);
     test_remove_dir(py_dir);
 }
@@ -707,6 +752,240 @@ static void test_older_llm8_rank_files(void) {
     free(v);
 }
 
+/*
+Files that do not agree with rank 0's on a field of the header (checkpoint 5 of 2 ranks whose rank 1's
+file is another checkpoint's, or patched): one line naming rank 1's file and the field, before any is read
+*/
+static void test_disagreeing_files(const GPT2Config* cfg) {
+    OneRank fp32, eight_bit;
+    one_rank_init(&fp32, cfg, "disagreeing", 0, ADAMW8_SELECT_DEFAULT);
+    one_rank_init(&eight_bit, cfg, "disagreeing", 1, ADAMW8_SELECT_DEFAULT);
+    char other_dir[300], rank1[CHECKPOINT_PATH_MAX], odd[CHECKPOINT_PATH_MAX], command[3 * CHECKPOINT_PATH_MAX];
+    snprintf(other_dir, sizeof(other_dir), "%s/odd", g_dir);
+    if (mkdir(other_dir, 0755) != 0) { perror("mkdir"); exit(2); }
+    checkpoint_state_path(rank1, sizeof(rank1), g_dir, TEST_STEP, 1);
+    checkpoint_state_path(odd, sizeof(odd), other_dir, TEST_STEP, 1);
+    // rank 1's file: version 1 (patched, in files of no sections), or one written as the case says
+    const struct { const char* field; const OneRank* odd; int with_master, shuffle, num_extra; } cases[] = {
+        {"version 1", NULL, 1, 0, 0}, {"use_master_weights 0", &fp32, 0, 0, 1}, {"shuffling 1", &fp32, 1, 1, 1},
+        {"fp32 moments 0", &eight_bit, 1, 0, 1}, {"section count 0", &fp32, 1, 0, 0}};
+    for (int c = 0; c < (int)(sizeof(cases) / sizeof(cases[0])); c++) {
+        write_checkpoint_sections(&fp32, g_dir, TEST_STEP, 2, 1, 0, cases[c].odd == NULL ? 0 : 1);
+        if (cases[c].odd == NULL) {
+            patch_header_slot(rank1, 1, STATE_VERSION_LLMC);
+        } else {
+            write_checkpoint_sections(cases[c].odd, other_dir, TEST_STEP, 2, cases[c].with_master, cases[c].shuffle,
+                                      cases[c].num_extra);
+            snprintf(command, sizeof(command), "cp '%s' '%s'", odd, rank1);
+            CHECK(system(command) == 0, "%s", command);
+        }
+        char what[96], message[CHECKPOINT_PATH_MAX + 64];
+        snprintf(what, sizeof(what), "reshard: rank 1's file has %s", cases[c].field);
+        snprintf(message, sizeof(message), "'%s' has %s, rank 0's", rank1, cases[c].field);
+        CHECK_DIES(what, message, {
+            RankResume got;
+            rank_resume(&got, &fp32, g_dir, 0, 3, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+        });
+        checkpoint_remove(g_dir, TEST_STEP);
+        checkpoint_remove(other_dir, TEST_STEP);
+    }
+    // rank 0's file in rank 1's place
+    write_checkpoint(&fp32, g_dir, TEST_STEP, 2, 1, 0);
+    char rank0[CHECKPOINT_PATH_MAX], message[CHECKPOINT_PATH_MAX + 64];
+    checkpoint_state_path(rank0, sizeof(rank0), g_dir, TEST_STEP, 0);
+    snprintf(command, sizeof(command), "cp '%s' '%s'", rank0, rank1);
+    CHECK(system(command) == 0, "%s", command);
+    snprintf(message, sizeof(message), "'%s' is rank 0 of 2 at step %d", rank1, TEST_STEP);
+    CHECK_DIES("reshard: rank 0's file as rank 1's", message, {
+        RankResume got;
+        rank_resume(&got, &fp32, g_dir, 0, 3, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+    });
+    checkpoint_remove(g_dir, TEST_STEP);
+    // rank 1's file made llm.c's (version 1, no B, T or llm8 mark), rank 0's llm8's
+    write_checkpoint_sections(&fp32, g_dir, TEST_STEP, 2, 1, 0, 0);
+    const int llmc_slots[4][2] = {{1, STATE_VERSION_LLMC}, {STATE_SLOT_MICRO_BATCH, 0}, {STATE_SLOT_SEQ_LEN, 0},
+                                  {STATE_SLOT_LAYOUT, 0}};
+    for (int k = 0; k < 4; k++) { patch_header_slot(rank1, llmc_slots[k][0], llmc_slots[k][1]); }
+    snprintf(message, sizeof(message), "'%s' was written by llm.c, rank 0's", rank1);
+    CHECK_DIES("reshard: an llm.c file beside llm8's", message, {
+        RankResume got;
+        rank_resume(&got, &fp32, g_dir, 0, 3, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+    });
+    checkpoint_remove(g_dir, TEST_STEP);
+    test_remove_dir(other_dir);
+    one_rank_free(&fp32);
+    one_rank_free(&eight_bit);
+}
+
+/*
+A rank that owns only padding (rank 7 of 8 on `cfg`, of 8768 parameters) keeps no master weights:
+its file has none, which is no disagreement with rank 0's (N = 8 read by M = 3), and resumed it
+passes none (N = 3 read by M = 8)
+*/
+static void test_padding_only_ranks(const GPT2Config* cfg) {
+    OneRank s;
+    one_rank_init(&s, cfg, "padding ranks", 0, ADAMW8_SELECT_DEFAULT);
+    ZeroLayout z;
+    zero_layout_init(&z, cfg, 8);
+    ZeroRange last = zero_rank_range(&z, 7);
+    CHECK(last.begin == last.end, "N=8: rank 7 owns [%zu, %zu) of %zu, expected none", last.begin, last.end, z.num_parameters);
+    const int pairs[2][2] = {{8, 3}, {3, 8}};
+    for (int k = 0; k < 2; k++) {
+        int file_ranks = pairs[k][0], num_ranks = pairs[k][1];
+        write_checkpoint(&s, g_dir, TEST_STEP, file_ranks, 1, 0);
+        zero_layout_init(&z, cfg, num_ranks);
+        char what[96];
+        snprintf(what, sizeof(what), "padding-only ranks, N=%d M=%d", file_ranks, num_ranks);
+        for (int r = 0; r < num_ranks; r++) {
+            ZeroRange range = zero_rank_range(&z, r);
+            int with_master = range.end > range.begin;
+            RankResume got;
+            rank_resume(&got, &s, g_dir, r, num_ranks, 0, ADAMW8_SELECT_DEFAULT, with_master, 0);
+            check_rank(&s, &got, r, file_ranks, num_ranks, 0, with_master, 0, what);
+            rank_resume_free(&got);
+        }
+        checkpoint_remove(g_dir, TEST_STEP);
+    }
+    one_rank_free(&s);
+}
+
+// the place of section `tag` in the state file at path
+static StateSectionPlace section_place(const char* path, const char* tag) {
+    StateFileIndex index;
+    state_file_read_header(path, &index);
+    state_file_index(path, (size_t)index.shard_num_parameters, &index);
+    const StateSectionPlace* place = state_file_find_section(&index, tag);
+    CHECK(place != NULL, "'%s' has no section '%s'", path, tag);
+    StateSectionPlace none = {"", 0, 0};
+    return place != NULL ? *place : none;
+}
+
+// writes `bytes` bytes at byte `at` of the file at path
+static void patch_bytes(const char* path, long at, const void* data, size_t bytes) {
+    FILE* fp = fopenCheck(path, "r+b");
+    fseekCheck(fp, at, SEEK_SET);
+    fwriteCheck(data, 1, bytes, fp);
+    fcloseCheck(fp);
+}
+
+/*
+llm.c's file of one rank (its -z 0 rank 0's made rank 0 of 1, at a position of its own: shard 1 sample 2)
+is its rank's own file on one rank: read as written (train_state_read), its loader where the file says,
+not replayed to the step, and nothing resharded
+*/
+static void test_llmc_one_rank_file(const char* py_dir, const GPT2Config* cfg, const float* whole) {
+    char dir[700], from[CHECKPOINT_PATH_MAX], path[CHECKPOINT_PATH_MAX], command[3 * CHECKPOINT_PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s/llmc_one_rank", py_dir);
+    if (mkdir(dir, 0755) != 0) { perror("mkdir"); exit(2); }
+    checkpoint_state_path(from, sizeof(from), in_dir(py_dir, "llmc_z0_n2"), 5, 0);
+    checkpoint_state_path(path, sizeof(path), dir, 5, 0);
+    snprintf(command, sizeof(command), "cp '%s' '%s'", from, path);
+    CHECK(system(command) == 0, "%s", command);
+    patch_header_slot(path, 2, 1);
+    uint64_t position[2] = {1, 2};
+    patch_bytes(path, 30 * (long)sizeof(int32_t), position, sizeof(position));
+    size_t n = gpt2_num_parameters(cfg);
+    float* got = (float*)mallocCheck(3 * n * sizeof(float));
+    char pattern[700], extra_path[CHECKPOINT_PATH_MAX], printed[2048];
+    snprintf(pattern, sizeof(pattern), "%s/data_train_*.bin", py_dir);
+    DataLoader loader;
+    dataloader_init(&loader, pattern, 2, 8, 0, 1, 0, 50257);
+    int step = 0;
+    STDOUT_OF(printed, step = train_state_read_checkpoint(dir, 5, 1, &loader, cfg, 0, ADAMW8_SELECT_DEFAULT, got, got + n,
+                                                          NULL, got + 2 * n, NULL, 0, extra_path));
+    CHECK(step == 5 && memcmp(got, whole, 3 * n * sizeof(float)) == 0 && loader.current_shard_idx == 1 &&
+          loader.current_sample_idx == 2 && strstr(printed, "resumed a checkpoint") == NULL,
+          "llm.c's file of one rank: step %d, arrays %s, loader at shard %zu sample %zu (expected 1, 2), printed [%s]", step,
+          memcmp(got, whole, 3 * n * sizeof(float)) == 0 ? "as written" : "differ", loader.current_shard_idx,
+          loader.current_sample_idx, printed);
+    dataloader_free(&loader);
+    free(got);
+}
+
+// rewrites the state file at path with its section `tag` cut to its first `bytes` bytes (-1: dropped), all else kept
+static void rewrite_section(const char* path, const char* tag, long bytes) {
+    StateSectionPlace found = section_place(path, tag);
+    const StateSectionPlace* place = &found;
+    FILE* fp = fopenCheck(path, "rb");
+    long size = file_size_bytes(fp);
+    char* data = (char*)mallocCheck((size_t)size);
+    freadCheck(data, 1, (size_t)size, fp);
+    fcloseCheck(fp);
+    long tag_at = place->offset - (long)(STATE_SECTION_TAG_BYTES + sizeof(uint64_t));
+    long after = place->offset + (long)place->bytes;
+    fp = fopenCheck(path, "wb");
+    fwriteCheck(data, 1, (size_t)tag_at, fp);
+    if (bytes >= 0) {
+        uint64_t length = (uint64_t)bytes;
+        fwriteCheck(data + tag_at, 1, STATE_SECTION_TAG_BYTES, fp);
+        fwriteCheck(&length, sizeof(length), 1, fp);
+        fwriteCheck(data + place->offset, 1, (size_t)bytes, fp);
+    }
+    fwriteCheck(data + after, 1, (size_t)(size - after), fp);
+    fcloseCheck(fp);
+    free(data);
+    if (bytes < 0) {
+        StateFileIndex header;
+        state_file_read_header(path, &header);
+        patch_header_slot(path, STATE_SLOT_NUM_SECTIONS, header.num_sections - 1);
+    }
+}
+
+/*
+8-bit files of 2 ranks whose rank 0's file is broken (edit k below): one line naming it and what is wrong.
+Its adamw8.bits (the tensor selection) dropped, short, or no -qs's (wte's 16 bits); a section twice; the
+per-rank section of another size; its header's process count (0, past the most, the most) or rank; no file.
+*/
+static void break_rank0_file(const char* path, int k) {
+    char m32[STATE_SECTION_TAG_BYTES] = "adamw8.m32";
+    int32_t sixteen = 16;
+    const int slots[4][2] = {{2, 0}, {2, ZERO_MAX_RANKS + 1}, {2, ZERO_MAX_RANKS}, {3, 1}};
+    switch (k) {
+    case 0: rewrite_section(path, "adamw8.bits", -1); break;
+    case 1: rewrite_section(path, "adamw8.bits", (long)((NUM_PARAMETER_TENSORS - 1) * sizeof(int32_t))); break;
+    case 2: patch_bytes(path, section_place(path, "adamw8.bits").offset + PARAM_WTE * (long)sizeof(int32_t), &sixteen,
+                        sizeof(sixteen)); break;
+    case 3: patch_bytes(path, section_place(path, "adamw8.v32").offset - (long)(sizeof(m32) + sizeof(uint64_t)), m32,
+                        sizeof(m32)); break;
+    case 4: rewrite_section(path, "test.per_rank", EXTRA_BYTES / 2); break;
+    case 9: remove(path); break;
+    default: patch_header_slot(path, slots[k - 5][0], slots[k - 5][1]); break;
+    }
+}
+
+static void test_broken_rank0_file(const GPT2Config* cfg) {
+    OneRank s;
+    one_rank_init(&s, cfg, "broken rank 0", 1, ADAMW8_SELECT_DEFAULT);
+    char rank0[CHECKPOINT_PATH_MAX], message[CHECKPOINT_PATH_MAX + 96];
+    checkpoint_state_path(rank0, sizeof(rank0), g_dir, TEST_STEP, 0);
+    static const char* const messages[] = {
+        "'%s' has 8-bit AdamW states but no 64-byte adamw8.bits section",
+        "'%s' has 8-bit AdamW states but no 64-byte adamw8.bits section",
+        "'%s' keeps 16-bit AdamW states for wte",
+        "'%s' has section 'adamw8.m32' twice",
+        "'%s': section 'test.per_rank' is 32 bytes, this run expects 64",
+        "'%s' says rank 0 of 0 processes, expected rank 0 of 1..4096",
+        "'%s' says rank 0 of 4097 processes, expected rank 0 of 1..4096",
+        "'%s' holds",  // 4096 ranks are taken: its window is not rank 0 of 4096's
+        "'%s' says rank 1 of 2 processes, expected rank 0 of 1..4096",
+        "'%s' is missing"};
+    CHECK(NUM_PARAMETER_TENSORS * sizeof(int32_t) == 64 && EXTRA_BYTES == 64 && ZERO_MAX_RANKS == 4096,
+          "the messages below assume 16 tensors, 64 extra bytes, 4096 ranks at most");
+    for (int k = 0; k < (int)(sizeof(messages) / sizeof(messages[0])); k++) {
+        write_checkpoint(&s, g_dir, TEST_STEP, 2, 0, 0);
+        break_rank0_file(rank0, k);
+        snprintf(message, sizeof(message), messages[k], rank0);
+        char what[64];
+        snprintf(what, sizeof(what), "reshard: broken rank 0 file (edit %d)", k);
+        CHECK_DIES(what, message, {
+            RankResume got;
+            rank_resume(&got, &s, g_dir, 0, 3, 1, ADAMW8_SELECT_DEFAULT, 0, 0);
+        });
+        checkpoint_remove(g_dir, TEST_STEP);
+    }
+    one_rank_free(&s);
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     write_shards();
@@ -725,6 +1004,11 @@ int main(void) {
     // d12's width and heads (one layer, a small vocabulary, to stay fast)
     GPT2Config d12_like = gpt2_config_make(1, 12, 768, 64, 1000);
     test_shape(&d12_like, "d12 L=1");
+    // 8768 parameters: shards of 1280 on 8 ranks leave rank 7 only padding
+    GPT2Config toy = gpt2_config_make(2, 1, 16, TEST_T, 128);
+    test_disagreeing_files(&toy);
+    test_padding_only_ranks(&toy);
+    test_broken_rank0_file(&toy);
     test_remove_dir(g_dir);
     CHECK(llm8_open_file_count() == 0, "%d files opened by fopenCheck are not closed by fcloseCheck", llm8_open_file_count());
     return test_summary("test_reshard");

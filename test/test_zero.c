@@ -743,6 +743,70 @@ static void test_8bit_parts_on_the_block_grid(void) {
     });
 }
 
+/*
+zero_update_ranges against its definition, rank by rank on tiny over 1 to 8 ranks (boundaries inside layer
+slices): a whole-model tensor is one call (layer -1); a matmul weight one call per layer its part touches,
+cut at the layer boundaries; any other per-layer tensor one call, its layer the part's first
+*/
+static void test_update_ranges(const GPT2Config* cfg) {
+    for (int k = 0; k < NUM_RANK_COUNTS; k++) {
+        ZeroLayout z;
+        zero_layout_init(&z, cfg, RANK_COUNTS[k]);
+        int wrong = 0;
+        for (int r = 0; r < z.num_ranks; r++) {
+            for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+                ZeroUpdateRange ranges[64];
+                int count = zero_update_ranges(&z, r, t, ranges);
+                ZeroPart part;
+                if (!zero_tensor_part(&z, r, t, &part)) {
+                    wrong += count != 0;
+                    continue;
+                }
+                size_t slice = z.tensor_sizes[t] / (zero_tensor_is_per_layer(t) ? (size_t)z.num_layers : 1);
+                int first = (int)(part.begin / slice), last = (int)((part.end - 1) / slice);
+                int want_count = zero_tensor_is_matmul_weight(t) ? last - first + 1 : 1;
+                wrong += count != want_count;
+                for (int i = 0; i < count && count == want_count; i++) {
+                    size_t begin = i == 0 ? part.begin : (size_t)(first + i) * slice;
+                    size_t end = i == count - 1 ? part.end : (size_t)(first + i + 1) * slice;
+                    int layer = zero_tensor_is_per_layer(t) ? first + i : -1;
+                    wrong += ranges[i].tensor != t || ranges[i].layer != layer || ranges[i].offset != begin - part.begin ||
+                             ranges[i].n != end - begin;
+                }
+            }
+        }
+        CHECK(wrong == 0, "update ranges N=%d: %d wrong", z.num_ranks, wrong);
+    }
+}
+
+// the edges of what the layout functions take: 4096 ranks and not 4097; chunks 0..L; ZeRO-3 ranges of a
+// rank 0..N-1, of positive element and granule sizes, into an array exactly as long as needed; and the
+// FP8 weights' columns (the block gather's reference takes them from zero_weight_cols too); the bytes ranges cover
+static void test_argument_edges(const GPT2Config* cfg) {
+    ZeroLayout z;
+    zero_layout_init(&z, cfg, ZERO_MAX_RANKS);
+    CHECK(z.num_ranks == ZERO_MAX_RANKS, "%d ranks: a layout of %d", ZERO_MAX_RANKS, z.num_ranks);
+    CHECK_DIES("4097 ranks", "4097 ranks (expected 1..4096)", zero_layout_init(&z, cfg, ZERO_MAX_RANKS + 1));
+    zero_layout_init(&z, cfg, 2);
+    CHECK_DIES("chunk -1", "chunk -1 out of range", {
+        ZeroPiece pieces[64];
+        zero_chunk_pieces(&z, -1, pieces);
+    });
+    ZeroRange ranges[ZERO3_MAX_RESIDENT_RANGES];
+    CHECK_DIES("resident ranges of rank -1", "rank -1 (expected 0..1)", zero3_resident_ranges(&z, -1, 2, 512, ranges, 2));
+    CHECK_DIES("resident ranges of 0-byte elements", "element size 0", zero3_resident_ranges(&z, 0, 0, 512, ranges, 2));
+    CHECK_DIES("resident ranges in 0-byte granules", "granule 0 bytes", zero3_resident_ranges(&z, 0, 2, 0, ranges, 2));
+    CHECK(zero_weight_cols(&z, PARAM_QKVW) == cfg->channels && zero_weight_cols(&z, PARAM_ATTPROJW) == cfg->channels &&
+          zero_weight_cols(&z, PARAM_FCW) == cfg->channels && zero_weight_cols(&z, PARAM_FCPROJW) == 4 * cfg->channels,
+          "the columns K of the FP8 weights: C for qkvw, attprojw and fcw, 4C for fcprojw");
+    ZeroRange two[2] = {{0, 512}, {1024, 1536}};
+    CHECK(zero3_resident_bytes(two, 2) == 1024, "two ranges of 512 bytes cover %zu", zero3_resident_bytes(two, 2));
+    int count = zero3_resident_ranges(&z, 1, 2, 512, ranges, ZERO3_MAX_RESIDENT_RANGES);
+    ZeroRange exact[ZERO3_MAX_RESIDENT_RANGES];
+    CHECK(zero3_resident_ranges(&z, 1, 2, 512, exact, count) == count && memcmp(exact, ranges, (size_t)count * sizeof(ZeroRange)) == 0,
+          "resident ranges into an array of exactly their %d", count);
+}
+
 int main(void) {
     const char* names[] = {"tiny", "d12", "d48"};
     for (int m = 0; m < 3; m++) {
@@ -817,5 +881,17 @@ int main(void) {
         zero_layout_init(&z, &tiny, 2);
         zero_chunk_pieces(&z, tiny.num_layers + 1, pieces);
     });
+    // 8768 parameters on 8 ranks of 1280: rank 7 holds only padding (an empty range at the end)
+    GPT2Config toy = gpt2_config_make(2, 1, 16, 8, 128);
+    ZeroLayout toy_8;
+    zero_layout_init(&toy_8, &toy, 8);
+    ZeroRange last = zero_rank_range(&toy_8, 7);
+    CHECK(last.begin == toy_8.num_parameters && last.end == toy_8.num_parameters, "toy N=8: rank 7 owns [%zu, %zu)",
+          last.begin, last.end);
+    test_rank_ranges(&toy_8, "toy");
+    test_tensor_parts(&toy_8, &toy, "toy");
+    test_chunks(&toy_8, "toy");
+    test_update_ranges(&tiny_vocab);
+    test_argument_edges(&tiny);
     return test_summary("test_zero");
 }
