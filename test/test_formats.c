@@ -25,6 +25,7 @@ Run from the repository root: build/test_formats
 #include "llmc/tokenizer.h"
 #include "llmc/logger.h"
 #include "llmc/train_config.h"
+#include "llmc/train_state.h"
 
 // the shapes make_llmc_files.py uses
 #define PY_STATE_NUM_PARAMS 100
@@ -1546,6 +1547,345 @@ static void test_model_config_edges(void) {
     CHECK(decay_ok, "the decayed tensors are not llm.c's (wte, wpe and the four matmul weights)");
 }
 
+// ----------------------------------------------------------------------------
+// the command line (llmc/train_config.h), parsed as the trainers parse it
+
+// args: the flags and values after the program's name, NULL-terminated
+static TrainConfig parse_config(const char* const* args) {
+    char* argv[64];
+    int argc = 1;
+    argv[0] = (char*)"train";
+    while (args[argc - 1] != NULL && argc < 63) { argv[argc] = (char*)args[argc - 1]; argc++; }
+    TrainConfig c = train_config_defaults();
+    train_config_parse(&c, argc, argv);
+    return c;
+}
+#define PARSE(...) parse_config((const char* const[]){__VA_ARGS__, NULL})
+
+// flags whose values in a and b differ, by their text (at most one name is kept, in *which)
+static int config_flags_differing(const TrainConfig* a, const TrainConfig* b, const char** which) {
+    int count = 0;
+    for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
+        char x[4200], y[4200];
+        flag_value_to_text(&TRAIN_FLAGS[i], a, x, sizeof(x));
+        flag_value_to_text(&TRAIN_FLAGS[i], b, y, sizeof(y));
+        if (strcmp(x, y) != 0) { count++; *which = TRAIN_FLAGS[i].name; }
+    }
+    return count;
+}
+
+// every number flag: both ends of its range land in its own field and no other, one step past either is refused
+// naming the flag; every choice flag: each choice lands in its field, a near miss of one is refused
+static void test_config_flag_values(void) {
+    const TrainConfig base = PARSE("-o", "out", "-pn", "4096");  // -y 1, -n and -pr 4095 need these
+    for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
+        const FlagSpec* f = &TRAIN_FLAGS[i];
+        if (f->kind == FLAG_INT || f->kind == FLAG_FLOAT) {
+            for (int end = 0; end < 2; end++) {
+                double value = end == 0 ? f->lo : f->hi;
+                double step = f->kind == FLAG_INT ? 1.0 : (value == 0.0 ? 1e-3 : value * 1e-3);
+                double past = end == 0 ? value - step : value + step;
+                char text[64], outside[64], shown[64];
+                snprintf(text, sizeof(text), f->kind == FLAG_INT ? "%.0f" : "%.9g", value);
+                snprintf(outside, sizeof(outside), f->kind == FLAG_INT ? "%.0f" : "%.9g", past);
+                snprintf(shown, sizeof(shown), f->kind == FLAG_INT ? "%.0f" : "%g", past);  // as the parsers print it
+                TrainConfig c = PARSE("-o", "out", "-pn", "4096", f->name, text);
+                const char* got = (const char*)&c + f->offset;
+                int stored = f->kind == FLAG_INT ? *(const int*)got == (int)value : *(const float*)got == (float)value;
+                const char* other = f->name;
+                int differing = config_flags_differing(&base, &c, &other);
+                CHECK(stored && (differing == 0 || (differing == 1 && strcmp(other, f->name) == 0)),
+                      "%s %s: not stored in its own field alone (%d flags differ, e.g. %s)", f->name, text, differing, other);
+                char what[128], fragment[128];
+                snprintf(what, sizeof(what), "%s %s", f->name, outside);
+                snprintf(fragment, sizeof(fragment), "flag %s: %s is out of range", f->name, shown);
+                CHECK_DIES(what, fragment, PARSE(f->name, outside));
+            }
+        } else if (f->kind == FLAG_CHOICE) {
+            char choices[256];
+            snprintf(choices, sizeof(choices), "%s", f->choices);
+            for (char* choice = strtok(choices, " "); choice != NULL; choice = strtok(NULL, " ")) {
+                TrainConfig c = PARSE(f->name, choice);
+                CHECK(strcmp(*(const char* const*)((const char*)&c + f->offset), choice) == 0, "%s %s: not stored", f->name,
+                      choice);
+                size_t n = strlen(choice);
+                char shorter[64], longer[64], changed[64];
+                snprintf(shorter, sizeof(shorter), "%.*s", (int)n - 1, choice);
+                snprintf(longer, sizeof(longer), "%sx", choice);
+                snprintf(changed, sizeof(changed), "%.*s#", (int)n - 1, choice);
+                const char* misses[3] = {shorter, longer, changed};
+                char listed[280];  // the choices between spaces, to skip a miss that is another choice (adamw of adamw8)
+                snprintf(listed, sizeof(listed), " %s ", f->choices);
+                for (int m = 0; m < 3; m++) {
+                    char what[128], word[80];
+                    snprintf(word, sizeof(word), " %s ", misses[m]);
+                    if (strstr(listed, word) != NULL) { continue; }
+                    snprintf(what, sizeof(what), "%s '%s'", f->name, misses[m]);
+                    CHECK_DIES(what, "is not one of", PARSE(f->name, misses[m]));
+                }
+            }
+        }
+    }
+}
+
+// the parse's own refusals, and --help wherever it stands
+static void test_config_parse_errors(void) {
+    CHECK_DIES("a flag without its value", "flag -b needs a value", PARSE("-x", "1", "-b"));
+    CHECK_DIES("an unknown flag", "unknown flag '-bogus'", PARSE("-bogus", "1"));
+    CHECK_DIES("a value without its flag", "'shard_2.bin' is not a flag", PARSE("-i", "shard_1.bin", "shard_2.bin"));
+    CHECK_DIES("-m 0", "flag -m 0", PARSE("-m", "0"));
+    CHECK_DIES("-y 1 without -o", "flag -y 1 needs an output dir", PARSE("-y", "1"));
+    CHECK_DIES("-n without -o", "flag -n 5 needs an output dir", PARSE("-n", "5"));
+    CHECK_LIVES("-n 0 without -o", PARSE("-n", "0"));
+    CHECK_DIES("-pr at -pn", "flag -pr 1: rank must be below -pn 1", PARSE("-pr", "1"));
+    CHECK_LIVES("-pr below -pn", PARSE("-pn", "2", "-pr", "1"));
+    CHECK_DIES("a bad -f8 under -p bf16", "flag -f8: 'mlp'", PARSE("-f8", "mlp"));
+    CHECK_LIVES("--help after a bad value", PARSE("-b", "0", "--help"));
+    CHECK_LIVES("-help", PARSE("-x", "1", "-help"));
+}
+
+// --help: one line per flag in the table's order, with the default it is given, its range or choices
+static void test_config_usage(void) {
+    TrainConfig defaults = train_config_defaults();
+    defaults.model = "tiny";
+    char text[32768];
+    STDOUT_OF(text, train_config_print_usage(stdout, "prog", &defaults));
+    const char* lines[] = {
+        "Usage: prog [flags]   (flags take one value each, as in llm.c)\n",
+        "\n  -i   train data shard glob (default \"dev/data/offline/offline_train_*.bin\")\n",
+        "model_*.bin checkpoint (default \"tiny\")\n",
+        "\n  -p   matmul precision (the -f flags below apply to fp8) (default \"bf16\"; one of: bf16 fp8)\n",
+        "\n  -b   micro-batch size per GPU (sequences) (default 4; range 1..65536)\n",
+        "\n  -l   peak learning rate (default 0.0003; range 0..10)\n",
+        "(default -1; >= -1)\n  -v   ",
+        "(default 0; >= 0)\n  --help  print this and exit\n",
+    };
+    for (int i = 0; i < (int)(sizeof(lines) / sizeof(lines[0])); i++) {
+        CHECK(strstr(text, lines[i]) != NULL, "--help lacks [%s]", lines[i]);
+    }
+    const char* at = text;
+    for (int i = 0; i < NUM_TRAIN_FLAGS && at != NULL; i++) {
+        char start[16];
+        snprintf(start, sizeof(start), "\n  %-4s ", TRAIN_FLAGS[i].name);
+        at = strstr(at, start);
+        const char* line_end = at == NULL ? NULL : strchr(at + 1, '\n');
+        const char* shown = at == NULL ? NULL : strstr(at + 1, "(default ");
+        CHECK(line_end != NULL && shown != NULL && shown < line_end, "--help: no line for %s after the one before, with its "
+              "default", TRAIN_FLAGS[i].name);
+    }
+}
+
+// the FP8 settings take -fh, -fm and -fn as given and are on under -p fp8 alone; -fw delayed, refused, names the
+// first block linear left a bf16 GEMM
+static void test_config_fp8_settings(void) {
+    TrainConfig c = PARSE("-p", "fp8", "-fh", "7", "-fm", "3", "-fn", "9");
+    Fp8Settings s = train_config_fp8_settings(&c);
+    CHECK(s.enabled && s.history_len == 7 && s.margin == 3 && s.numerics_every == 9,
+          "-p fp8 -fh 7 -fm 3 -fn 9: enabled %d, history %d, margin %d, numerics every %d", s.enabled, s.history_len,
+          s.margin, s.numerics_every);
+    c = PARSE("-p", "bf16");
+    CHECK(!train_config_fp8_settings(&c).enabled, "-p bf16: FP8 enabled");
+    CHECK_DIES("-fw delayed with qkv's wgrad in bf16", "leaves qkv a bf16 GEMM",
+               PARSE("-p", "fp8", "-fw", "delayed", "-f8p", "fwd,dgrad,attproj.wgrad"));
+    CHECK_DIES("-fw delayed with fc's dgrad in bf16", "leaves fc a bf16 GEMM",
+               PARSE("-p", "fp8", "-fw", "delayed", "-f8", "fc,fcproj", "-f8p", "fwd,wgrad,fcproj.dgrad"));
+}
+
+// args parsed, then -z checked against them with `ranks` processes
+static void check_zero_stage_of(const char* const* args, int ranks) {
+    TrainConfig c = parse_config(args);
+    Fp8Settings s = train_config_fp8_settings(&c);
+    train_config_check_zero_stage(&c, &s, ranks);
+}
+#define ZERO_STAGE(ranks, ...) check_zero_stage_of((const char* const[]){__VA_ARGS__, NULL}, ranks)
+
+// -z against the number of GPUs and the FP8 settings (the CPU trainer, one process, never gets here)
+static void test_config_zero_stage(void) {
+    CHECK_DIES("-z 2", "flag -z 2", ZERO_STAGE(2, "-z", "2"));
+    CHECK_DIES("-z 2 on one GPU", "flag -z 2", ZERO_STAGE(1, "-z", "2"));
+    CHECK_DIES("-z 0 with 2 GPUs", "flag -z 0: with 2 GPUs", ZERO_STAGE(2, "-z", "0"));
+    CHECK_LIVES("-z 0 on one GPU", ZERO_STAGE(1, "-z", "0"));
+    CHECK_LIVES("-z 1 with 2 GPUs", ZERO_STAGE(2, "-z", "1"));
+    CHECK_DIES("-z 3 on one GPU", "with one GPU use -z 1", ZERO_STAGE(1, "-z", "3"));
+    CHECK_LIVES("-z 3 bf16", ZERO_STAGE(2, "-z", "3", "-f8p", "fwd", "-fr", "block"));  // bf16 ignores the FP8 flags
+    CHECK_LIVES("-z 3 fp8", ZERO_STAGE(2, "-z", "3", "-p", "fp8"));
+    CHECK_LIVES("-z 3 fp8, a linear in bf16", ZERO_STAGE(2, "-z", "3", "-p", "fp8", "-f8", "qkv"));
+    CHECK_DIES("-z 3 fp8, fc partly in FP8", "runs fc partly in each",
+               ZERO_STAGE(2, "-z", "3", "-p", "fp8", "-f8", "qkv,fc", "-f8p", "fwd,dgrad,qkv.wgrad"));
+    // lm_head is no block linear: its weight is never sharded
+    CHECK_LIVES("-z 3 fp8, lm_head alone, partly", ZERO_STAGE(2, "-z", "3", "-p", "fp8", "-f8", "lm_head", "-f8p", "fwd",
+                                                              "-fr", "block"));
+    CHECK_DIES("-z 3 -fr block", "flag -z 3 with -fr block", ZERO_STAGE(3, "-z", "3", "-p", "fp8", "-fr", "block"));
+    CHECK_DIES("-z 3 -fw delayed", "flag -z 3 needs -fw current", ZERO_STAGE(2, "-z", "3", "-p", "fp8", "-fw", "delayed"));
+}
+
+// -t against the model, the batch in tokens across the processes, and the micro-steps it takes
+static void test_config_batch(void) {
+    GPT2Config model = gpt2_config_make(1, 1, 8, 64, 128), long_model = gpt2_config_make(1, 1, 8, 1048576, 128);
+    TrainConfig c = PARSE("-b", "2", "-t", "64", "-d", "768");
+    CHECK(train_config_check_batch(&c, &model, 3) == 2, "-b 2 -t 64 -d 768, 3 processes: %d micro-steps, expected 2",
+          train_config_check_batch(&c, &model, 3));
+    c = PARSE("-b", "2", "-t", "32");
+    CHECK(train_config_check_batch(&c, &model, 3) == 1 && c.total_batch_size == 192, "-d -1: %d tokens, expected 2*32*3",
+          c.total_batch_size);
+    CHECK_DIES("-t above the model's", "flag -t 65", { c = PARSE("-t", "65"); train_config_check_batch(&c, &model, 1); });
+    CHECK_DIES("-d not a multiple", "flag -d 64: total batch must be a positive multiple of B*T*processes = 2*32*3",
+               { c = PARSE("-b", "2", "-t", "32", "-d", "64"); train_config_check_batch(&c, &model, 3); });
+    CHECK_DIES("2^31 tokens a micro-step", "2147483648 tokens per micro-step",
+               { c = PARSE("-b", "1024", "-t", "1048576"); train_config_check_batch(&c, &long_model, 2); });
+    CHECK_LIVES("2^30 tokens a micro-step", { c = PARSE("-b", "1024", "-t", "1048576"); train_config_check_batch(&c, &long_model, 1); });
+}
+
+// -y 1's note: an -e model file of another shape than the checkpoint is named with its shape; one of the same shape,
+// or one that does not exist, gets no note
+static void test_config_resumed_model_note(void) {
+    GPT2Config file_shape = py_config(), tiny = gpt2_config_from_descriptor("tiny");
+    TrainConfig c = train_config_defaults();
+    c.model = in_dir(g_py_dir, "model_v3.bin");
+    char text[1024], want[1024];
+    STDOUT_OF(text, train_config_note_resumed_model(&c, &tiny, "ckpt.bin"));
+    snprintf(want, sizeof(want), "note: -y 1 resumes ckpt.bin (L=2 NH=2 C=128); -e %s (L=2 NH=2 C=16) is not used\n", c.model);
+    CHECK(strcmp(text, want) == 0, "-e a model file of another shape: [%s]", text);
+    STDOUT_OF(text, train_config_note_resumed_model(&c, &file_shape, "ckpt.bin"));
+    CHECK(text[0] == '\0', "-e a model file of the checkpoint's shape: [%s]", text);
+    c.model = in_dir(g_dir, "no_such_model.bin");
+    STDOUT_OF(text, train_config_note_resumed_model(&c, &tiny, "ckpt.bin"));
+    CHECK(text[0] == '\0', "-e a model file that does not exist: [%s]", text);
+}
+
+// train_state.h: up to TRAIN_STATE_MAX_EXTRA_SECTIONS extra sections; the llm.c RNG state a state file carries
+// (llm.c's starting 13371337 at step 0, in both of its slots, another at every step and rank)
+static void test_train_state_write_fields(void) {
+    StateSection extra[TRAIN_STATE_MAX_EXTRA_SECTIONS + 1], sections[TRAIN_STATE_MAX_EXTRA_SECTIONS + ADAMW8_NUM_SECTIONS];
+    memset(extra, 0, sizeof(extra));
+    CHECK(train_state_copy_extra_sections(sections, extra, TRAIN_STATE_MAX_EXTRA_SECTIONS, "test") ==
+          TRAIN_STATE_MAX_EXTRA_SECTIONS, "the most extra sections not taken");
+    CHECK_DIES("one extra section too many", "test: 9 extra sections, expected 0..8",
+               train_state_copy_extra_sections(sections, extra, TRAIN_STATE_MAX_EXTRA_SECTIONS + 1, "test"));
+    CHECK_DIES("-1 extra sections", "test: -1 extra sections", train_state_copy_extra_sections(sections, extra, -1, "test"));
+
+    GPT2Config cfg = py_config();
+    Adamw8Layout layout;
+    adamw8_layout_init(&layout, &cfg, ADAMW8_SELECT_NONE);
+    float* moments = (float*)mallocCheck(2 * layout.num_parameters * sizeof(float));
+    memset(moments, 0, 2 * layout.num_parameters * sizeof(float));
+    uint64_t seen[3][2];
+    const int steps[3] = {0, 1, 0}, ranks[3] = {0, 0, 1};
+    for (int k = 0; k < 3; k++) {
+        DataLoader loader;
+        py_loader_init(&loader, 0);
+        loader.num_processes = 2;
+        loader.process_rank = ranks[k];
+        const char* path = in_dir(g_dir, "rng_state.bin");
+        train_state_write(path, steps[k], &loader, &layout, 0, moments, moments + layout.num_parameters, NULL, NULL, NULL, 0);
+        size_t length;
+        int32_t* raw = (int32_t*)read_all(path, &length);
+        memcpy(seen[k], &raw[20], sizeof(seen[k]));
+        free(raw);
+        dataloader_free(&loader);
+    }
+    CHECK(seen[0][0] == 13371337ull && seen[0][1] == 13371337ull, "step 0 rank 0: rng state %llu, %llu",
+          (unsigned long long)seen[0][0], (unsigned long long)seen[0][1]);
+    CHECK(seen[1][0] != seen[0][0] && seen[1][1] == seen[1][0], "step 1: rng state %llu, %llu",
+          (unsigned long long)seen[1][0], (unsigned long long)seen[1][1]);
+    CHECK(seen[2][0] != seen[0][0] && seen[2][1] == seen[2][0], "rank 1: rng state %llu, %llu",
+          (unsigned long long)seen[2][0], (unsigned long long)seen[2][1]);
+    free(moments);
+}
+
+// every value train_state_check_values_ checks: NaN, Inf and (v, absmaxes) -1 at the last index refused, naming the
+// file, the array and the index; -1 where it may be negative taken
+static void test_train_state_values(void) {
+    enum { N = 6, BLOCKS = 3, FP32 = 4 };
+    float m[N], v[N], master[N], m_absmax[BLOCKS], v_absmax[BLOCKS], m32[FP32], v32[FP32];
+    Adamw8Layout layout;
+    memset(&layout, 0, sizeof(layout));
+    layout.num_parameters = N;
+    layout.num_blocks = BLOCKS;
+    layout.num_fp32 = FP32;
+    const struct { const char* what; float* array; int count; int fp32; int non_negative; } arrays[] = {
+        {"AdamW m of parameter", m, N, 1, 0}, {"AdamW v of parameter", v, N, 1, 1},
+        {"adamw8 m absmax of block", m_absmax, BLOCKS, 0, 1}, {"adamw8 v absmax of block", v_absmax, BLOCKS, 0, 1},
+        {"adamw8 32-bit m of element", m32, FP32, 0, 0}, {"adamw8 32-bit v of element", v32, FP32, 0, 1},
+        {"master weight of parameter", master, N, 0, 0}, {"master weight of parameter", master, N, 1, 0}};
+    const float bad[3] = {NAN, INFINITY, -1.0f};
+    for (int a = 0; a < (int)(sizeof(arrays) / sizeof(arrays[0])); a++) {
+        for (int b = 0; b < 3; b++) {
+            float* all[7] = {m, v, master, m_absmax, v_absmax, m32, v32};
+            const int counts[7] = {N, N, N, BLOCKS, BLOCKS, FP32, FP32};
+            for (int k = 0; k < 7; k++) { for (int i = 0; i < counts[k]; i++) { all[k][i] = 0.5f; } }
+            arrays[a].array[arrays[a].count - 1] = bad[b];
+            TrainStateFileForm form;
+            memset(&form, 0, sizeof(form));
+            form.fp32 = arrays[a].fp32;
+            form.m = m;
+            form.v = v;
+            form.states.m_absmax = m_absmax;
+            form.states.v_absmax = v_absmax;
+            form.states.m32 = m32;
+            form.states.v32 = v32;
+            char what[128], fragment[192];
+            snprintf(what, sizeof(what), "%s %g (%s file)", arrays[a].what, bad[b], form.fp32 ? "fp32" : "8-bit");
+            snprintf(fragment, sizeof(fragment), "state file 'f': %s %d of this rank's window is %g", arrays[a].what,
+                     arrays[a].count - 1, bad[b]);
+            if (b == 2 && !arrays[a].non_negative) {
+                CHECK_LIVES(what, train_state_check_values_(&form, &layout, master, "state file 'f'"));
+            } else {
+                CHECK_DIES(what, fragment, train_state_check_values_(&form, &layout, master, "state file 'f'"));
+            }
+        }
+    }
+}
+
+// an adamw8 state file of cfg's model (step 3) with the 8-bit states of -qs `written`, read back under -qs `read`;
+// with_master: fp32 master weights too, and a shuffled loader; widened >= 0: that tensor's width in the file's
+// adamw8.bits section set to 32 first
+static void adamw8_state_write_read(const GPT2Config* cfg, Adamw8Selection written, Adamw8Selection read, int with_master,
+                                    int widened) {
+    Adamw8Layout layout, read_layout;
+    adamw8_layout_init(&layout, cfg, written);
+    adamw8_layout_init(&read_layout, cfg, read);
+    size_t n = layout.num_parameters;
+    Adamw8States states, into;
+    adamw8_states_alloc_host(&states, &layout);
+    adamw8_states_alloc_host(&into, &read_layout);
+    float* arrays = (float*)mallocCheck(3 * n * sizeof(float));  // master, m, v
+    memset(arrays, 0, 3 * n * sizeof(float));
+    float* master = with_master ? arrays : NULL;
+    DataLoader loader;
+    py_loader_init(&loader, with_master);
+    const char* path = in_dir(g_dir, "adamw8_state.bin");
+    train_state_write(path, 3, &loader, &layout, 1, NULL, NULL, &states, master, NULL, 0);
+    if (widened >= 0) {
+        size_t length, at = 0;
+        unsigned char* raw = read_all(path, &length);
+        while (at + 12 <= length && memcmp(raw + at, "adamw8.bits", 12) != 0) { at++; }
+        int32_t width = 32;
+        CHECK(at + 24 + 4 * (size_t)(widened + 1) <= length, "no adamw8.bits section in %s", path);
+        if (at + 24 + 4 * (size_t)(widened + 1) <= length) { memcpy(raw + at + 24 + 4 * widened, &width, sizeof(width)); }
+        write_all(path, raw, length);
+        free(raw);
+    }
+    train_state_read(path, 3, 1, &loader, cfg, 1, read, 0, n, arrays + n, arrays + 2 * n, &into, master, NULL, 0);
+    dataloader_free(&loader);
+    adamw8_states_free_host(&states);
+    adamw8_states_free_host(&into);
+    free(arrays);
+}
+
+// 8-bit states kept for another -qs's tensors are refused naming it, also past master weights and a shuffle state,
+// and also -qs none's; a width no -qs keeps is refused naming the tensor
+static void test_train_state_selection(void) {
+    GPT2Config small = py_config(), wide = gpt2_config_make(1, 1, 64, 8, 60);  // C = 64: -qs default keeps qkvw 8-bit
+    CHECK_LIVES("-qs all read under -qs all", adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_ALL, 1, -1));
+    CHECK_DIES("-qs all's states with master weights, read under -qs default", "tensors of -qs all, this run has -qs default",
+               adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_DEFAULT, 1, -1));
+    CHECK_DIES("-qs none's states read under -qs all", "tensors of -qs none, this run has -qs all",
+               adamw8_state_write_read(&wide, ADAMW8_SELECT_NONE, ADAMW8_SELECT_ALL, 0, -1));
+    CHECK_DIES("wte's states widened to 32 bits", "keeps 32-bit AdamW states for wte, this run keeps 8-bit",
+               adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_ALL, 0, PARAM_WTE));
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     if (!test_make_llmc_files(g_dir, g_py_dir, sizeof(g_py_dir))) { return test_summary("test_formats"); }
@@ -1574,6 +1914,16 @@ int main(void) {
     test_flag_parsers();
     test_model_config_edges();
     test_error_line_is_one_write();
+    test_config_flag_values();
+    test_config_parse_errors();
+    test_config_usage();
+    test_config_fp8_settings();
+    test_config_zero_stage();
+    test_config_batch();
+    test_config_resumed_model_note();
+    test_train_state_write_fields();
+    test_train_state_values();
+    test_train_state_selection();
 
     test_remove_dir(g_py_dir);
     test_remove_dir(g_dir);

@@ -1059,12 +1059,26 @@ def test_cpu_fp8_per_linear_passes_train(data, tmp_path, passes, shown):
 
 
 def test_readme_flag_table_matches_help():
-    """every flag in --help has a row in the README's flag table, and the table has no extra rows"""
-    help_flags = {line.split()[0] for line in run(CPU, ["--help"]).stdout.splitlines()
-                  if line.startswith("  -") and not line.strip().startswith("--help")}
+    """every flag in --help has a row in the README's flag table, and the table has no extra rows; each row's
+    default (its first `...`) is the one --help prints, but -e's (train_gpt2cpu trains tiny unless told)"""
+    help_defaults = {}
+    for line in run(CPU, ["--help"]).stdout.splitlines():
+        if line.startswith("  -") and not line.strip().startswith("--help"):
+            default = line[line.rindex("(default ") + len("(default "):]
+            help_defaults[line.split()[0]] = default[1:default.index('"', 1)] if default[0] == '"' else re.split("[;)]", default)[0]
     with open(os.path.join(ROOT, "README.md")) as f:
-        table_flags = {line.split("`")[1] for line in f if line.startswith("| `-")}
-    assert help_flags == table_flags, (help_flags - table_flags, table_flags - help_flags)
+        table_defaults = {line.split("`")[1]: re.match(r" *`([^`]*)`", line.split("|")[2]).group(1)
+                          for line in f if line.startswith("| `-")}
+    assert set(help_defaults) == set(table_defaults), (set(help_defaults) - set(table_defaults),
+                                                       set(table_defaults) - set(help_defaults))
+    for flag, default in table_defaults.items():
+        shown = help_defaults[flag]
+        if flag == "-e":
+            assert (default, shown) == ("d12", "tiny"), (default, shown)
+        elif default == '""' or not re.fullmatch(r"-?[0-9.e+-]+", default):
+            assert shown == default.strip('"'), (flag, default, shown)
+        else:
+            assert float(shown) == pytest.approx(float(default), rel=1e-6), (flag, default, shown)
 
 
 # -sl / -sg: a tiny model learns a random walk for 140 steps, then the data turns to uniform tokens it has not learned

@@ -415,6 +415,26 @@ static void test_config_fingerprint(void) {
     CHECK(train_config_fingerprint(&other_precision, &d12, -1) != reference, "-p did not change the fingerprint");
     CHECK(train_config_fingerprint(&base, &d24, -1) != reference, "the model did not change the fingerprint");
     CHECK(train_config_fingerprint(&base, &d12, 100) != reference, "the resume step did not change the fingerprint");
+    // every flag but -pr changed alone (a number to another in its range, a text to another), and every shape field
+    for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
+        const FlagSpec* f = &TRAIN_FLAGS[i];
+        TrainConfig other = base;
+        char* field = (char*)&other + f->offset;
+        if (f->kind == FLAG_INT) { *(int*)field = *(int*)field == (int)f->lo ? (int)f->lo + 1 : (int)f->lo; }
+        else if (f->kind == FLAG_FLOAT) { *(float*)field = *(float*)field == (float)f->lo ? (float)f->hi : (float)f->lo; }
+        else { *(const char**)field = "another"; }
+        int is_rank = strcmp(f->name, "-pr") == 0;
+        CHECK((train_config_fingerprint(&other, &d12, -1) == reference) == is_rank, "%s changed alone: the fingerprint %s",
+              f->name, is_rank ? "changed" : "did not change");
+    }
+    for (int k = 0; k < 6; k++) {
+        GPT2Config other = d12;
+        int* shape[6] = {&other.max_seq_len, &other.vocab_size, &other.padded_vocab_size, &other.num_layers,
+                         &other.num_heads, &other.channels};
+        (*shape[k])++;
+        CHECK(train_config_fingerprint(&base, &other, -1) != reference, "shape field %d changed alone: the fingerprint "
+              "did not change", k);
+    }
 }
 
 // ----------------------------------------------------------------------------
