@@ -1886,6 +1886,143 @@ static void test_train_state_selection(void) {
                adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_ALL, 0, PARAM_WTE));
 }
 
+// fp8_recipe.h's names of the values a state file may hold (any number: one no flag gives is "invalid"), each name
+// read back as its flag reads it, and -fw refusing -fg's third choice
+static void test_fp8_recipe_value_names(void) {
+    for (int recipe = -1; recipe <= 3; recipe++) {
+        const char* name = fp8_model_recipe_name(recipe);
+        if (recipe < 0 || recipe > FP8_MODEL_BLOCK) {
+            CHECK(strcmp(name, "invalid") == 0, "recipe %d: name '%s', expected invalid", recipe, name);
+        } else {
+            CHECK(fp8_model_recipe_from_name(name) == recipe, "recipe %d: '%s' reads back as another", recipe, name);
+        }
+    }
+    const char* const flags[2] = {"-fw", "-fg"};
+    const int choices[2] = {FP8_WEIGHT_SCALING_CHOICES, FP8_GRAD_SCALING_CHOICES};
+    for (int f = 0; f < 2; f++) {
+        for (int choice = -1; choice <= choices[f]; choice++) {
+            const char* name = fp8_scaling_choice_name(choice, choices[f]);
+            if (choice < 0 || choice == choices[f]) {
+                CHECK(strcmp(name, "invalid") == 0, "%s %d: name '%s', expected invalid", flags[f], choice, name);
+            } else {
+                CHECK(fp8_scaling_choice_from_name(flags[f], name, choices[f]) == choice, "%s %d: '%s' reads back as "
+                      "another", flags[f], choice, name);
+            }
+        }
+    }
+    CHECK_DIES("-fw pow2", "flag -fw: 'pow2' is not one of current, delayed",
+               fp8_scaling_choice_from_name("-fw", "pow2", FP8_WEIGHT_SCALING_CHOICES));
+    CHECK_DIES("-fg lazy", "flag -fg: 'lazy' is not one of current, delayed, pow2",
+               fp8_scaling_choice_from_name("-fg", "lazy", FP8_GRAD_SCALING_CHOICES));
+}
+
+// the startup line's and the state file errors' text of the lists: every FP8 linear's passes, lm_head's too, "none"
+// when none is; a list cut to its buffer writes nothing past it
+static void test_fp8_recipe_list_text(void) {
+    const int passes[NUM_LINEAR_KINDS] = {FP8_ALL_PASSES, 0, FP8_FWD | FP8_WGRAD, 0, FP8_DGRAD};
+    char text[256];
+    fp8_passes_text(text, sizeof(text), passes);
+    CHECK(strcmp(text, "qkv=fwd,dgrad,wgrad fc=fwd,wgrad lm_head=dgrad") == 0, "passes text '%s'", text);
+    const int none[NUM_LINEAR_KINDS] = {0, 0, 0, 0, 0};
+    fp8_passes_text(text, sizeof(text), none);
+    CHECK(strcmp(text, "none") == 0, "no FP8 linear: passes text '%s'", text);
+    for (size_t n = 1; n <= 8; n++) {
+        memset(text, '#', sizeof(text));
+        fp8_names_from_bits(text, n, (1 << NUM_LINEAR_KINDS) - 1, LINEAR_KIND_NAMES, NUM_LINEAR_KINDS);
+        CHECK(strncmp(text, "qkv,attproj", n - 1) == 0 && text[n - 1] == '\0' && text[n] == '#',
+              "names cut to %zu bytes: '%.*s', or written past them", n, (int)n, text);
+    }
+}
+
+// -f8p refusals the lists' own tests leave: an item repeated after another item, and a word only starting as all
+static void test_fp8_recipe_pass_list_edges(void) {
+    CHECK_DIES("-f8p dgrad repeated after fwd", "flag -f8p: 'dgrad' is listed twice", PARSE("-p", "fp8", "-f8p", "fwd,dgrad,dgrad"));
+    CHECK_DIES("-f8p fc.fwd repeated after wgrad", "flag -f8p: 'fc.fwd' is listed twice",
+               PARSE("-p", "fp8", "-f8p", "dgrad,fc.fwd,wgrad,fc.fwd"));
+    CHECK_DIES("-f8p allx", "flag -f8p: 'allx' in 'allx' is not a pass", PARSE("-p", "fp8", "-f8p", "allx"));
+}
+
+// the refusals name the bad part of an item followed by others, and the lists to choose from
+static void test_fp8_recipe_list_errors_name_the_lists(void) {
+    CHECK_DIES("-f8p fc.bogus before fwd", "flag -f8p: 'fc.bogus' in 'fc.bogus,fwd': 'bogus' is not a pass (one of fwd,dgrad,wgrad)",
+               PARSE("-p", "fp8", "-f8p", "fc.bogus,fwd"));
+    CHECK_DIES("-f8p qkv.fwd with -f8 fc", "is for qkv, which -f8 does not list (-f8 fc):",
+               PARSE("-p", "fp8", "-f8", "fc", "-f8p", "qkv.fwd"));
+    CHECK_DIES("-f8 mlp", "flag -f8: 'mlp' in 'mlp' is not one of qkv,attproj,fc,fcproj,lm_head (a comma list, or all)",
+               PARSE("-p", "fp8", "-f8", "mlp"));
+    CHECK_DIES("-f8 qkv,,fc", "flag -f8: '' in 'qkv,,fc'", PARSE("-p", "fp8", "-f8", "qkv,,fc"));
+}
+
+// -fw delayed where lm_head alone runs some GEMMs in bf16: its weight is cast after the update in any case, so the
+// optimizer pass still casts the FP8 block linears' (qkv's here; attproj's runs in bf16) and the flags pass
+static void test_fp8_recipe_partial_lm_head(void) {
+    const char* const args[] = {"-p", "fp8", "-fw", "delayed", "-f8", "qkv,lm_head", "-f8p",
+                                "qkv.fwd,qkv.dgrad,qkv.wgrad,lm_head.fwd", NULL};
+    CHECK_LIVES("-fw delayed, lm_head's backward in bf16", parse_config(args));
+    const int passes[NUM_LINEAR_KINDS] = {FP8_ALL_PASSES, 0, 0, 0, FP8_FWD};
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+        CHECK(fp8_weight_cast_in_update(passes, kind) == (kind == LINEAR_QKV), "%s's weight cast in the update: %d",
+              LINEAR_KIND_NAMES[kind], fp8_weight_cast_in_update(passes, kind));
+    }
+}
+
+// the levels of -r from which the backward recomputes each linear's input (train_gpt2_fp8.cu, fp8_model.cuh): GELU's
+// output (fcproj's) from 1, the layernorms' (qkv's, fc's) and attproj's from 2, lm_head's at no level -r takes
+static void test_fp8_recipe_recompute_levels(void) {
+    const FlagSpec* r = NULL;
+    for (int k = 0; k < NUM_TRAIN_FLAGS; k++) {
+        if (strcmp(TRAIN_FLAGS[k].name, "-r") == 0) { r = &TRAIN_FLAGS[k]; }
+    }
+    CHECK(r != NULL, "no -r flag");
+    if (r == NULL) { return; }
+    for (int level = (int)r->lo; level <= (int)r->hi; level++) {
+        for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+            int expected = kind == LINEAR_LM_HEAD ? 0 : level >= (kind == LINEAR_FCPROJ ? 1 : 2);
+            CHECK((level >= linear_input_recompute_level(kind)) == expected, "-r %d: %s's input recomputed %d, expected %d",
+                  level, LINEAR_KIND_NAMES[kind], !expected, expected);
+        }
+    }
+}
+
+// the scaling state recipes fp8_model.cuh gives each -fr's activations and each -fg's output gradients: lm_head's
+// under every -fg the current formula (updated with the bound fp8_dlogits_amax_bound before each use)
+static void test_fp8_recipe_state_recipes(void) {
+    const Fp8Recipe activations[3] = {FP8_RECIPE_DELAYED, FP8_RECIPE_CURRENT, FP8_RECIPE_CURRENT};  // delayed, current, block
+    for (int recipe = 0; recipe < 3; recipe++) {
+        TrainConfig c = PARSE("-p", "fp8", "-fr", FP8_MODEL_RECIPE_NAMES[recipe]);
+        Fp8Settings s = train_config_fp8_settings(&c);
+        CHECK(fp8_activation_recipe(&s) == activations[recipe], "-fr %s: activations' recipe %d, expected %d",
+              FP8_MODEL_RECIPE_NAMES[recipe], (int)fp8_activation_recipe(&s), (int)activations[recipe]);
+    }
+    const Fp8Recipe gradients[FP8_GRAD_SCALING_CHOICES] = {FP8_RECIPE_CURRENT, FP8_RECIPE_DELAYED, FP8_RECIPE_CURRENT_POW2};
+    for (int choice = 0; choice < FP8_GRAD_SCALING_CHOICES; choice++) {
+        TrainConfig c = PARSE("-p", "fp8", "-fg", FP8_SCALING_CHOICE_NAMES[choice]);
+        Fp8Settings s = train_config_fp8_settings(&c);
+        for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+            Fp8Recipe expected = kind == LINEAR_LM_HEAD ? FP8_RECIPE_CURRENT : gradients[choice];
+            CHECK(fp8_gradient_recipe(s.grad_scaling, kind) == expected, "-fg %s: %s's dy recipe %d, expected %d",
+                  FP8_SCALING_CHOICE_NAMES[choice], LINEAR_KIND_NAMES[kind], (int)fp8_gradient_recipe(s.grad_scaling, kind),
+                  (int)expected);
+        }
+    }
+}
+
+// lm_head's output gradient (softmax - onehot(target)) * dloss lies within fp8_dlogits_amax_bound(dloss), and comes
+// within 1% of it where the target's probability is near 0: a bound no looser than it must be
+static void test_fp8_recipe_dlogits_bound(void) {
+    const float logits[8] = {0.5f, 1.0f, -2.0f, 3.0f, 0.0f, 2.5f, -1.0f, -30.0f};
+    const float dloss = 0.25f;
+    float bound = fp8_dlogits_amax_bound(dloss);
+    for (int target = 3; target <= 7; target += 4) {  // the likeliest token, then one of probability ~1e-15
+        float max = 0.0f, sum = 0.0f, amax = 0.0f;
+        for (int i = 0; i < 8; i++) { max = fmaxf(max, logits[i]); }
+        for (int i = 0; i < 8; i++) { sum += expf(logits[i] - max); }
+        for (int i = 0; i < 8; i++) { amax = fmaxf(amax, fabsf((expf(logits[i] - max) / sum - (i == target)) * dloss)); }
+        CHECK(amax <= bound && (target != 7 || amax > 0.99f * bound), "target %d, dloss %g: |dlogit| up to %g, bound %g",
+              target, dloss, amax, bound);
+    }
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     if (!test_make_llmc_files(g_dir, g_py_dir, sizeof(g_py_dir))) { return test_summary("test_formats"); }
@@ -1924,6 +2061,14 @@ int main(void) {
     test_train_state_write_fields();
     test_train_state_values();
     test_train_state_selection();
+    test_fp8_recipe_value_names();
+    test_fp8_recipe_list_text();
+    test_fp8_recipe_pass_list_edges();
+    test_fp8_recipe_list_errors_name_the_lists();
+    test_fp8_recipe_partial_lm_head();
+    test_fp8_recipe_recompute_levels();
+    test_fp8_recipe_state_recipes();
+    test_fp8_recipe_dlogits_bound();
 
     test_remove_dir(g_py_dir);
     test_remove_dir(g_dir);

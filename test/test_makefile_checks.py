@@ -291,12 +291,13 @@ def stand_in_python(tmp_path, xdist_version):
 ])
 def test_pytest_runs_one_worker_per_core_where_xdist_can(tmp_path, xdist_version, jobs, workers):
     """make test-python: pytest-xdist 3.2+ and more than one job give one worker per job, each on one OpenMP thread,
-    idle workers taking the others' queued tests; otherwise plain pytest, which needs nothing more"""
+    idle workers taking the others' queued tests; otherwise plain pytest, which needs nothing more. Either way the 15
+    slowest tests are listed (CI's log shows where its 30 minutes go)"""
     python = stand_in_python(tmp_path, xdist_version)
     result = make("-n", "test-python", "PYTHON=" + python, "JOBS=" + jobs)
     assert result.returncode == 0, result.stderr
     command = result.stdout.strip().splitlines()[-1]
     if workers:
-        assert command == "OMP_NUM_THREADS=1 %s -m pytest -n %s --dist worksteal -q test" % (python, jobs)
+        assert command == "OMP_NUM_THREADS=1 %s -m pytest -n %s --dist worksteal -q --durations=15 test" % (python, jobs)
     else:
-        assert command == "%s -m pytest -q test" % python
+        assert command == "%s -m pytest -q --durations=15 test" % python

@@ -604,15 +604,16 @@ def test_cpu_warmup_longer_than_the_run_warms_up_throughout(data, tmp_path):
 
 def test_cpu_val_batches_whole_split_once(data, tmp_path):
     """-m -1 evaluates the whole val split (llm.c's meaning); a larger -m than the split's batches reads each once, with
-    a note, instead of wrapping around and counting the first batches twice (the val shard: 5000 tokens, 78 batches of
+    a note, instead of wrapping around and counting the first batches twice (a val shard of 1000 tokens: 15 batches of
     B=2 x T=32); -x 0 evaluates once and trains nothing"""
+    write_shard(data / "small_val_000000.bin", random_tokens(1000, 3))
     def val_loss(m):
-        r = run(CPU, base_args(data, ["-x", 0, "-v", 1, "-m", m]), timeout=600)
+        r = run(CPU, base_args(data, ["-x", 0, "-v", 1, "-m", m, "-j", data / "small_val_*.bin"]), timeout=600)
         assert r.returncode == 0, r.stderr
         return r, re.findall(r"^val loss (\S+)$", r.stdout, re.M)
-    whole, exact, more, fewer = val_loss(-1), val_loss(78), val_loss(1000), val_loss(77)
+    whole, exact, more, fewer = val_loss(-1), val_loss(15), val_loss(1000), val_loss(14)
     assert whole[1] and whole[1] == exact[1] == more[1] != fewer[1], (whole[1], exact[1], more[1], fewer[1])
-    assert "note: -m 1000: the val split has 78 batches of B x T, so each evaluation reads those 78, once each" in more[0].stdout
+    assert "note: -m 1000: the val split has 15 batches of B x T, so each evaluation reads those 15, once each" in more[0].stdout
     assert "note: -m" not in whole[0].stdout + exact[0].stdout
 
 
