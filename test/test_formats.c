@@ -1857,14 +1857,17 @@ static void adamw8_state_write_read(const GPT2Config* cfg, Adamw8Selection writt
     const char* path = in_dir(g_dir, "adamw8_state.bin");
     train_state_write(path, 3, &loader, &layout, 1, NULL, NULL, &states, master, NULL, 0);
     if (widened >= 0) {
-        size_t length, at = 0;
-        unsigned char* raw = read_all(path, &length);
-        while (at + 12 <= length && memcmp(raw + at, "adamw8.bits", 12) != 0) { at++; }
-        int32_t width = 32;
-        CHECK(at + 24 + 4 * (size_t)(widened + 1) <= length, "no adamw8.bits section in %s", path);
-        if (at + 24 + 4 * (size_t)(widened + 1) <= length) { memcpy(raw + at + 24 + 4 * widened, &width, sizeof(width)); }
-        write_all(path, raw, length);
-        free(raw);
+        StateFileIndex index;
+        state_file_index(path, n, &index);
+        const StateSectionPlace* bits = state_file_find_section(&index, "adamw8.bits");
+        CHECK(bits != NULL, "no adamw8.bits section in %s", path);
+        if (bits != NULL) {
+            int32_t width = 32;
+            FILE* fp = fopenCheck(path, "r+b");
+            fseekCheck(fp, bits->offset + widened * (long)sizeof(width), SEEK_SET);
+            fwriteCheck(&width, sizeof(width), 1, fp);
+            fcloseCheck(fp);
+        }
     }
     train_state_read(path, 3, 1, &loader, cfg, 1, read, 0, n, arrays + n, arrays + 2 * n, &into, master, NULL, 0);
     dataloader_free(&loader);

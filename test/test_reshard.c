@@ -688,12 +688,17 @@ static void test_rank_files_are_marked(void) {
     free(zeros);
 }
 
+// writes `bytes` bytes at byte `at` of the file at path
+static void patch_bytes(const char* path, long at, const void* data, size_t bytes) {
+    FILE* fp = fopenCheck(path, "r+b");
+    fseekCheck(fp, at, SEEK_SET);
+    fwriteCheck(data, 1, bytes, fp);
+    fcloseCheck(fp);
+}
+
 // sets int32 header slot `slot` of the file at path to value
 static void patch_header_slot(const char* path, int slot, int32_t value) {
-    FILE* fp = fopenCheck(path, "r+b");
-    fseekCheck(fp, slot * (long)sizeof(int32_t), SEEK_SET);
-    fwriteCheck(&value, sizeof(value), 1, fp);
-    fcloseCheck(fp);
+    patch_bytes(path, slot * (long)sizeof(int32_t), &value, sizeof(value));
 }
 
 /*
@@ -860,14 +865,6 @@ static StateSectionPlace section_place(const char* path, const char* tag) {
     return place != NULL ? *place : none;
 }
 
-// writes `bytes` bytes at byte `at` of the file at path
-static void patch_bytes(const char* path, long at, const void* data, size_t bytes) {
-    FILE* fp = fopenCheck(path, "r+b");
-    fseekCheck(fp, at, SEEK_SET);
-    fwriteCheck(data, 1, bytes, fp);
-    fcloseCheck(fp);
-}
-
 /*
 llm.c's file of one rank (its -z 0 rank 0's made rank 0 of 1, at a position of its own: shard 1 sample 2)
 is its rank's own file on one rank: read as written (train_state_read), its loader where the file says,
@@ -904,22 +901,21 @@ static void test_llmc_one_rank_file(const char* py_dir, const GPT2Config* cfg, c
 
 // rewrites the state file at path with its section `tag` cut to its first `bytes` bytes (-1: dropped), all else kept
 static void rewrite_section(const char* path, const char* tag, long bytes) {
-    StateSectionPlace found = section_place(path, tag);
-    const StateSectionPlace* place = &found;
+    StateSectionPlace place = section_place(path, tag);
     FILE* fp = fopenCheck(path, "rb");
     long size = file_size_bytes(fp);
     char* data = (char*)mallocCheck((size_t)size);
     freadCheck(data, 1, (size_t)size, fp);
     fcloseCheck(fp);
-    long tag_at = place->offset - (long)(STATE_SECTION_TAG_BYTES + sizeof(uint64_t));
-    long after = place->offset + (long)place->bytes;
+    long tag_at = place.offset - (long)(STATE_SECTION_TAG_BYTES + sizeof(uint64_t));
+    long after = place.offset + (long)place.bytes;
     fp = fopenCheck(path, "wb");
     fwriteCheck(data, 1, (size_t)tag_at, fp);
     if (bytes >= 0) {
         uint64_t length = (uint64_t)bytes;
         fwriteCheck(data + tag_at, 1, STATE_SECTION_TAG_BYTES, fp);
         fwriteCheck(&length, sizeof(length), 1, fp);
-        fwriteCheck(data + place->offset, 1, (size_t)bytes, fp);
+        fwriteCheck(data + place.offset, 1, (size_t)bytes, fp);
     }
     fwriteCheck(data + after, 1, (size_t)(size - after), fp);
     fcloseCheck(fp);
