@@ -25,14 +25,15 @@ def step_losses(stdout):
 SIM_TRAINER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "sim", "train_gpt2_fp8")
 
 
-def train(workdir, args, model="model.bin", timeout=900, data="s_train_*.bin", val="s_val_*.bin"):
+def train(workdir, args, model="model.bin", timeout=900, data="s_train_*.bin", val="s_val_*.bin", env_extra=None):
     """one run of the cudasim trainer (build/sim/train_gpt2_fp8) in workdir, on this small model's
-    files there (write_run_files), at T=64 B=4; args go after these flags"""
+    files there (write_run_files), at T=64 B=4; args go after these flags, env_extra into its environment"""
     if not os.path.exists(SIM_TRAINER):
         import pytest  # only the pytest tests call this (gpu_trainer_ranks.py runs without pytest)
         pytest.fail(f"{SIM_TRAINER} is not built (make build/sim/train_gpt2_fp8)")
     cmd = [SIM_TRAINER, "-e", model, "-i", data, "-j", val, "-t", 64, "-b", 4] + list(args)
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=workdir)
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=workdir,
+                          env=dict(os.environ, **(env_extra or {})))
 
 
 def write_model(path, layers=LAYERS, heads=HEADS, channels=CHANNELS, vocab=VOCAB, max_t=1024, seed=5,
@@ -121,3 +122,86 @@ SCALING_BYTES = 4096 + 16 + 24
 # interval_min_scale_bits and padding, then the uint64 counts elements, saturated and flushed
 RECORD_FIELD_OFFSETS = {"scale_inv": 0, "scale": 4, "amax_bits": 8, "elements": 24, "saturated": 32}
 RECORD_BYTES = 48
+
+
+def read_model(path):
+    """an llm.c model file (version 3: fp32, 5: bf16) as (L, NH, C, V, its tensors in float64, llm.c's order), the
+    weights as the trainer holds them: bf16 (an fp32 file's rounded to the nearest, ties to even)"""
+    header = np.fromfile(path, dtype=np.int32, count=256)
+    version, max_t, V, L, NH, C, Vp = (int(v) for v in header[1:8])
+    if version == 5:
+        flat = (np.fromfile(path, dtype=np.uint16, offset=1024).astype(np.uint32) << 16).view(np.float32)
+    else:
+        assert version == 3, (path, version)
+        bits = np.fromfile(path, dtype=np.uint32, offset=1024)
+        flat = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).view(np.float32)  # no NaN or Inf in these files
+    sizes = [Vp * C, max_t * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C, L * 4 * C * C,
+             L * 4 * C, L * 4 * C * C, L * C, C, C]
+    assert flat.size == sum(sizes), (path, flat.size, sum(sizes))
+    tensors = np.split(flat.astype(np.float64), np.cumsum(sizes)[:-1])
+    return L, NH, C, V, tensors
+
+
+def forward_logits(model, tokens):
+    """GPT-2's forward (llm.c's: layernorm eps 1e-5, causal attention, tanh GELU, the lm_head tied to wte) of one
+    sequence in float64: the logits [len(tokens)][V]"""
+    L, NH, C, V, (wte, wpe, ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw,
+                  lnfb) = model
+    T, hs = len(tokens), C // NH
+    wte = wte.reshape(-1, C)
+
+    def layernorm(x, w, b):
+        return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * w + b
+
+    x = wte[tokens] + wpe.reshape(-1, C)[:T]
+    causal = np.triu(np.full((T, T), -np.inf), 1)
+    for l in range(L):
+        qkv = layernorm(x, ln1w.reshape(L, C)[l], ln1b.reshape(L, C)[l]) @ qkvw.reshape(L, 3 * C, C)[l].T + \
+            qkvb.reshape(L, 3 * C)[l]
+        q, k, v = (qkv[:, i * C:(i + 1) * C].reshape(T, NH, hs).transpose(1, 0, 2) for i in range(3))
+        scores = q @ k.transpose(0, 2, 1) / np.sqrt(hs) + causal
+        att = np.exp(scores - scores.max(-1, keepdims=True))
+        y = ((att / att.sum(-1, keepdims=True)) @ v).transpose(1, 0, 2).reshape(T, C)
+        x = x + y @ attprojw.reshape(L, C, C)[l].T + attprojb.reshape(L, C)[l]
+        h = layernorm(x, ln2w.reshape(L, C)[l], ln2b.reshape(L, C)[l]) @ fcw.reshape(L, 4 * C, C)[l].T + \
+            fcb.reshape(L, 4 * C)[l]
+        h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+        x = x + h @ fcprojw.reshape(L, C, 4 * C)[l].T + fcprojb.reshape(L, C)[l]
+    return layernorm(x, lnfw, lnfb) @ wte[:V].T
+
+
+def llmc_coins(n):
+    """llm.c's n sampling coins: xorshift* seeded 1337, the top 24 of the upper 32 bits of the product over 2^24"""
+    state, mask, coins = 1337, (1 << 64) - 1, []
+    for _ in range(n):
+        state ^= state >> 12
+        state = (state ^ (state << 25)) & mask
+        state ^= state >> 27
+        coins.append(((((state * 0x2545F4914F6CDD1D) & mask) >> 32) >> 8) / 16777216.0)
+    return coins
+
+
+def hellaswag_reference(model, path):
+    """llm.c's HellaSwag on an eval file (write_hellaswag's) with forward_logits: per example the completion whose
+    ending tokens have the least mean loss (the first of equals), against the label. Returns (correct, the smallest
+    gap between an example's best mean loss and its next best: how close the closest call was)"""
+    header = np.fromfile(path, dtype=np.int32, count=256)
+    stream = np.fromfile(path, dtype=np.uint16, offset=1024).tolist()
+    correct, closest, at = 0, np.inf, 0
+    for _ in range(int(header[2])):
+        label, completions, context_length = stream[at + 3], stream[at + 4], stream[at + 5]
+        context = stream[at + 6: at + 6 + context_length]
+        at += 6 + context_length
+        means = []
+        for _ in range(completions):
+            ending = stream[at + 1: at + 1 + stream[at]]
+            at += 1 + len(ending)
+            tokens = context + ending
+            logits = forward_logits(model, tokens)[:-1]
+            logp = logits - logits.max(-1, keepdims=True)
+            logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+            means.append(-np.mean([logp[t, tokens[t + 1]] for t in range(context_length - 1, len(tokens) - 1)]))
+        ranked = sorted(means)
+        correct += int(np.argmin(means)) == label
+        closest = min(closest, ranked[1] - ranked[0])
+    return correct, closest

@@ -135,6 +135,9 @@ static void test_stochastic_rounding(void) {
     CHECK(infinities == 0, "stochastic rounding turned %ld finite values near FLT_MAX into inf", infinities);
     CHECK(float_to_bf16_bits_stochastic(INFINITY, 0xffffu) == 0x7f80u, "stochastic rounding keeps +inf");
     CHECK(isnan(bf16_bits_to_float(float_to_bf16_bits_stochastic(NAN, 0x1234u))), "stochastic rounding keeps NaN");
+    // a NaN whose payload lies in the low 16 bits only: dropping them would make it Inf
+    CHECK(isnan(bf16_bits_to_float(float_to_bf16_bits_stochastic(bits_as_float(0x7f800001u), 0u))),
+          "stochastic rounding turned the NaN 0x7f800001 into a non-NaN");
 }
 
 // chi-square statistic of 256 buckets holding `total` counts
@@ -251,6 +254,13 @@ static void test_adamw_element_update(void) {
     float zero_m = 0.0f, zero_v = 0.0f;
     float decayed = adamw_element_update(2.0f, 0.0f, &zero_m, &zero_v, p);
     CHECK_CLOSE(decayed, 2.0 - 0.01 * 0.1 * 2.0, 1e-7, 0.0, "adamw weight decay alone");
+    // adamw_element_params (what the optimizers call) gives the step-t corrections this test uses
+    for (int t = 1; t <= 3; t++) {
+        AdamWElementParams expected = adamw_params_at_step(t, 1e-3f, 0.1f);
+        AdamWElementParams got = adamw_element_params(1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        CHECK(memcmp(&got, &expected, sizeof(got)) == 0, "adamw_element_params at t=%d: corrections %.9g %.9g, expected %.9g %.9g",
+              t, got.beta1_correction, got.beta2_correction, expected.beta1_correction, expected.beta2_correction);
+    }
 }
 
 static double gelu_double(double x) {
@@ -301,6 +311,17 @@ static void test_gelu(void) {
     CHECK_CLOSE(gelu_forward_element(1e4f), 1e4, 0.0, 1e-6, "gelu(1e4) = 1e4");
     CHECK_CLOSE(gelu_backward_element(1e4f), 1.0, 1e-6, 0.0, "gelu'(1e4) = 1");
     CHECK_CLOSE(gelu_forward_element(-1e4f), 0.0, 1e-6, 0.0, "gelu(-1e4) = 0");
+    // the derivative against its closed form in double over [-6, 6], to a float's precision (the finite
+    // difference above admits 2e-6 * |x|: a folded constant off in its sixth digit passes it)
+    double worst_closed = 0.0;
+    for (int i = -6000; i <= 6000; i++) {
+        const double x = i * 1e-3, k = sqrt(2.0 / M_PI), t = tanh(k * (x + 0.044715 * x * x * x));
+        const double closed = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+        worst_closed = fmax(worst_closed, fabs(gelu_backward_element((float)x) - closed));
+    }
+    CHECK(worst_closed < 1e-6, "gelu_backward_element: %.3g off the closed-form derivative on [-6, 6]", worst_closed);
+    CHECK(layernorm_output_element(3.0f, 1.0f, 0.5f, 2.0f, 0.25f) == 2.25f, "layernorm_output_element(3; mean 1, rstd 0.5, w 2, b 0.25) = %g, expected 2.25",
+          layernorm_output_element(3.0f, 1.0f, 0.5f, 2.0f, 0.25f));
 }
 
 int main(void) {

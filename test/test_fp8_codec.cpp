@@ -241,6 +241,11 @@ static void test_classify(void) {
     CHECK(fp8_classify(-tiny, 1.0f, fp8_encode(-tiny, FP8_E4M3), FP8_E4M3) == FP8_ELEMENT_FLUSHED, "-underflow not flagged");
     CHECK(fp8_classify(0.0f, 1.0f, fp8_encode(0.0f, FP8_E4M3), FP8_E4M3) == FP8_ELEMENT_REPRESENTED, "zero flagged as flushed");
     CHECK(fp8_classify(NAN, 1.0f, fp8_encode(NAN, FP8_E4M3), FP8_E4M3) == FP8_ELEMENT_REPRESENTED, "NaN flagged");
+    // whether a set of amax `amax` may saturate: exactly when the amax does; a NaN amax always may
+    CHECK(fp8_may_saturate(NAN, 1.0f, FP8_E4M3) && fp8_may_saturate(465.0f, 1.0f, FP8_E4M3) && !fp8_may_saturate(464.0f, 1.0f, FP8_E4M3),
+          "fp8_may_saturate: NaN, 465 must say yes and 464 no (E4M3)");
+    CHECK(strcmp(fp8_format_name(FP8_E4M3), "e4m3") == 0 && strcmp(fp8_format_name(FP8_E5M2), "e5m2") == 0,
+          "fp8_format_name: %s, %s", fp8_format_name(FP8_E4M3), fp8_format_name(FP8_E5M2));
     CHECK(fp8_amax_bits(NAN) > fp8_amax_bits(INFINITY) && fp8_amax_bits(-INFINITY) > fp8_amax_bits(FLT_MAX) &&
           fp8_amax_bits(-2.0f) > fp8_amax_bits(1.5f), "amax bits do not order NaN > Inf > finite magnitudes");
 }

@@ -1827,11 +1827,114 @@ static void test_fp8_gemm_specs(void) {
     }
 }
 
+// the descriptor matmul_cublaslt builds from an FP8 spec: fast accumulation, the scale pointers and
+// modes and the transposes as the spec has them (cudasim's sums ignore FAST_ACCUM, so only the
+// descriptor shows whether the forward asks cuBLASLt for it)
+static void check_fp8_descriptor(const MatmulSpec* spec, const char* what) {
+    MatmulPlan plan;
+    matmul_plan_create(&plan, spec);
+    int8_t fast = -1;
+    const void* scales[2] = {NULL, NULL};
+    int32_t modes[2] = {-1, -1}, transposes[2] = {-1, -1};
+    const cublasLtMatmulDescAttributes_t scale_attributes[2] = {CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER};
+    const cublasLtMatmulDescAttributes_t mode_attributes[2] = {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE};
+    const cublasLtMatmulDescAttributes_t transpose_attributes[2] = {CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB};
+    size_t written = 0;
+    cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast), &written));
+    for (int i = 0; i < 2; i++) {
+        cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, scale_attributes[i], &scales[i], sizeof(scales[i]), &written));
+        cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, mode_attributes[i], &modes[i], sizeof(modes[i]), &written));
+        cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, transpose_attributes[i], &transposes[i], sizeof(transposes[i]), &written));
+    }
+    matmul_plan_destroy(&plan);
+    CHECK(fast == (int8_t)spec->fast_accumulate, "%s: descriptor FAST_ACCUM %d, spec %d", what, (int)fast, (int)spec->fast_accumulate);
+    CHECK(scales[0] == spec->a_scale && scales[1] == spec->b_scale, "%s: descriptor scales A %p B %p, spec %p %p", what,
+          scales[0], scales[1], (const void*)spec->a_scale, (const void*)spec->b_scale);
+    CHECK(modes[0] == (int32_t)spec->a_scale_mode && modes[1] == (int32_t)spec->b_scale_mode,
+          "%s: descriptor scale modes %d %d, spec %d %d", what, (int)modes[0], (int)modes[1], (int)spec->a_scale_mode,
+          (int)spec->b_scale_mode);
+    CHECK(transposes[0] == CUBLAS_OP_T && transposes[1] == CUBLAS_OP_N, "%s: descriptor transposes %d %d, expected TN", what,
+          (int)transposes[0], (int)transposes[1]);
+}
+
+static void test_fp8_gemm_descriptors(void) {
+    const int N = 256, C = 384, OC = 512;
+    floatX* out = (floatX*)(uintptr_t)0x100000;
+    for (int block = 0; block < 2; block++) {
+        const Fp8Scaling act = block ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
+        const Fp8Scaling wgt = block ? FP8_SCALING_BLOCKS_128x128 : FP8_SCALING_TENSOR;
+        Fp8Operand x = fake_operand(0x10000, FP8_E4M3, act, 0x11000), w = fake_operand(0x30000, FP8_E4M3, wgt, 0x31000);
+        Fp8Operand wt = fake_operand(0x40000, FP8_E4M3, wgt, 0x41000);
+        Fp8Operand dy = fake_operand(0x50000, block ? FP8_E4M3 : FP8_E5M2, act, 0x51000);
+        MatmulSpec forward = matmul_forward_fp8_spec(out, x, w, NULL, N, C, OC, NULL);
+        check_fp8_descriptor(&forward, block ? "fp8 forward descriptor (block)" : "fp8 forward descriptor (per tensor)");
+        MatmulSpec dgrad = matmul_dgrad_fp8_spec(out, dy, wt, N, C, OC, NULL);
+        check_fp8_descriptor(&dgrad, block ? "fp8 dgrad descriptor (block)" : "fp8 dgrad descriptor (per tensor)");
+    }
+}
+
+// the startup probes against a cuBLASLt without short K blocks (cudasim's CUDASIM_CUBLASLT_WHOLE_K_BLOCKS=1):
+// the forward (K = C), dgrad (K = OC) and wgrad (K = N) each refused where its own K is not a multiple
+// of 128, accepted where it is
+static void test_fp8_supported_probes(void) {
+#ifdef CUDASIM
+    setenv("CUDASIM_CUBLASLT_WHOLE_K_BLOCKS", "1", 1);
+    floatX* d = (floatX*)(uintptr_t)0x100000;
+    Fp8Operand x = fake_operand(0x10000, FP8_E4M3, FP8_SCALING_ROWS_1x128, 0x11000);
+    Fp8Operand w = fake_operand(0x30000, FP8_E4M3, FP8_SCALING_BLOCKS_128x128, 0x31000);
+    CHECK(matmul_forward_fp8_supported(d, x, w, NULL, 256, 256, 384, NULL), "probe: block forward at K = C = 256 refused");
+    CHECK(!matmul_forward_fp8_supported(d, x, w, NULL, 256, 192, 384, NULL), "probe: block forward at K = C = 192 accepted");
+    const int sizes[3][3] = {{256, 256, 384}, {256, 256, 192}, {272, 256, 384}};  // N, C, OC: all whole, OC short, N short
+    for (int i = 0; i < 3; i++) {
+        const int N = sizes[i][0], C = sizes[i][1], OC = sizes[i][2];
+        bool dgrad = matmul_backward_fp8_supported(d, NULL, CUDA_R_16BF, x, x, w, x, N, C, OC, NULL);
+        bool wgrad = matmul_backward_fp8_supported(NULL, d, CUDA_R_16BF, x, x, w, x, N, C, OC, NULL);
+        CHECK(dgrad == (OC % 128 == 0) && wgrad == (N % 128 == 0), "probe N=%d C=%d OC=%d: dgrad %d, wgrad %d supported", N, C,
+              OC, (int)dgrad, (int)wgrad);
+    }
+    unsetenv("CUDASIM_CUBLASLT_WHOLE_K_BLOCKS");
+#endif
+}
+
+// a cast output of dout that passes fp8_cast_check (fake aligned pointers, never written): per tensor
+// E5M2, or tiles / blocks in E4M3
+static Fp8CastOutput fake_dout_cast(Fp8Scaling scaling) {
+    Fp8CastOutput o;
+    memset(&o, 0, sizeof(o));
+    o.codes = (uint8_t*)(uintptr_t)0x10000; o.codes_t = (uint8_t*)(uintptr_t)0x20000;
+    o.record = (Fp8CastRecord*)(uintptr_t)0x30000; o.state = (Fp8TensorScaling*)(uintptr_t)0x40000;
+    o.scale_inv = (float*)(uintptr_t)0x50000; o.scale_inv_t = (float*)(uintptr_t)0x60000;
+    o.scaling = scaling;
+    o.format = scaling == FP8_SCALING_TENSOR ? FP8_E5M2 : FP8_E4M3;
+    return o;
+}
+
+// matmul_backward_fp8_dout's refusals of a scale source its dout cast cannot have (forked, before CUDA)
+static void test_backward_dout_bad_input(void) {
+    floatX* dout = (floatX*)(uintptr_t)0x70000;
+    floatX* dbias = (floatX*)(uintptr_t)0x90000;
+    float* scratch = (float*)(uintptr_t)0x80000;
+    Fp8CastOutput cast = fake_dout_cast(FP8_SCALING_BLOCKS_128x128);
+    CHECK_DIES("dout cast in 128x128 blocks", "gradients are scaled per 1x128 tile",
+               matmul_backward_fp8_dout(&cast, NULL, scratch, dout, NULL, 32, 32, FP8_DOUT_SCALE_KNOWN, 0));
+    cast = fake_dout_cast(FP8_SCALING_ROWS_1x128);
+    CHECK_DIES("dout tiles with a scale from a bound", "a scale from a bound is per tensor",
+               matmul_backward_fp8_dout(&cast, NULL, scratch, dout, NULL, 32, 32, FP8_DOUT_SCALE_BOUND, 0));
+    cast = fake_dout_cast(FP8_SCALING_TENSOR);
+    cast.codes_t = NULL;
+    CHECK_DIES("dout codes written without their transpose", "codes written by dout's producer",
+               matmul_backward_fp8_dout(&cast, NULL, scratch, dout, NULL, 32, 32, FP8_DOUT_CODES_WRITTEN, 0));
+    cast = fake_dout_cast(FP8_SCALING_TENSOR);
+    CHECK_DIES("dout amax recorded with a bias left to sum", "an amax recorded by dout's producer",
+               matmul_backward_fp8_dout(&cast, dbias, scratch, dout, NULL, 32, 32, FP8_DOUT_AMAX_RECORDED, 0));
+}
+
 // ----------------------------------------------------------------------------
 
 static void test_bad_input(void) {
     CHECK_DIES("fp8 linear C not a multiple of 16", "multiple of 16", matmul_fp8_check_shapes("qkv", 1024, 100, 300));
     CHECK_DIES("fp8 linear B*T not a multiple of 16", "B*T", matmul_fp8_check_shapes("fc", 88, 768, 3072));
+    CHECK_DIES("fp8 linear of no tokens", "B*T = 0 must be a positive multiple of 16", matmul_fp8_check_shapes("fc", 0, 768, 3072));
     // block-scaled GEMM specs cuBLASLt refuses (cuBLAS docs, 128-element 1D and 128x128 2D block
     // scaling): BLK128x128 on both operands, and scale arrays not 16-byte aligned
     MatmulSpec blk = {};
@@ -1866,6 +1969,13 @@ static void test_bad_input(void) {
     Fp8Operand tiles_op = {(const uint8_t*)(uintptr_t)8192, FP8_E4M3, FP8_SCALING_ROWS_1x128, (const float*)(uintptr_t)65536};
     CHECK_DIES("fp8 forward with 1x128 x and a per-tensor W", "both operands are scaled per tensor, or both per block",
                matmul_forward_fp8((floatX*)(uintptr_t)16384, tiles_op, per_tensor_op, NULL, 128, 128, 128, NULL, 0));
+    Fp8Operand unscaled_op = per_tensor_op;
+    unscaled_op.scale_inv = NULL;
+    CHECK_DIES("fp8 forward with a W lacking its scale", "lacks its codes or its dequantization scale",
+               matmul_forward_fp8((floatX*)(uintptr_t)16384, per_tensor_op, unscaled_op, NULL, 128, 128, 128, NULL, 0));
+    CHECK_DIES("fp8 wgrad into an fp16 dweight", "neither bf16 nor fp32",
+               matmul_backward_fp8(NULL, (void*)(uintptr_t)16384, CUDA_R_16F, per_tensor_op, per_tensor_op, per_tensor_op,
+                                   per_tensor_op, 128, 128, 128, NULL, 0));
     Fp8CastOutput out;
     memset(&out, 0, sizeof(out));
     CHECK_DIES("fp8 cast of 40 x 24", "multiple of 16", fp8_cast_transpose(&out, NULL, 40, 24, 0));
@@ -1887,6 +1997,7 @@ static void test_bad_input(void) {
     out.format = FP8_E5M2;
     CHECK_DIES("fp8 weight cast in E5M2", "weights are E4M3",
                fp8_cast_weight(&out, NULL, (const floatX*)(uintptr_t)4096, 32, 32, false, 0));
+    test_backward_dout_bad_input();
 }
 
 int main(void) {
@@ -1959,6 +2070,8 @@ int main(void) {
         test_layernorm_fp8(16, 208, true, (ProducerCast)cast);
     }
     test_fp8_gemm_specs();
+    test_fp8_gemm_descriptors();
+    test_fp8_supported_probes();
     // last: their draws shift no other test's inputs
     test_cast_transposed_only(80, 208, FP8_E4M3);
     test_cast_transposed_only(272, 208, FP8_E5M2);

@@ -273,6 +273,29 @@ static void test_matmul_exact(int N, int C, int OC) {
     cudaCheck(cudaFree(d_scratch));
 }
 
+// operands at offsets from cudaMalloc's 256-byte alignment, as per-layer slices of the parameter and
+// activation buffers can be: the heuristic must be told each pointer's own alignment (cudasim refuses
+// a pointer below what the algorithm was chosen for). The weight (cuBLASLt's A) 16 bytes past, the
+// output 32 past, the input (B) aligned; exact on integers
+static void test_matmul_offset_operands(int N, int C, int OC) {
+    printf("matmul forward on offset operands: N=%d C=%d OC=%d\n", N, C, OC);
+    HostTensor inp = host_tensor_integers((size_t)N * C, -3, 3);
+    HostTensor weight = host_tensor_integers((size_t)OC * C, -3, 3);
+    floatX* d_inp = device_bf16(&inp);
+    floatX* weight_buffer = device_bf16_empty((size_t)OC * C + 8);
+    floatX* out_buffer = device_bf16_empty((size_t)N * OC + 16);
+    floatX* d_weight = weight_buffer + 8;  // 16 bytes
+    floatX* d_out = out_buffer + 16;       // 32 bytes
+    device_bf16_set(d_weight, &weight);
+    float* expected = host_matmul_exact(inp.values, weight.values, NULL, N, C, OC);
+    matmul_forward(d_out, d_inp, d_weight, NULL, N, C, OC, NULL, 0);
+    uint16_t* got = download_bf16(d_out, (size_t)N * OC);
+    check_bf16_exact("exact forward on offset operands", got, expected, (size_t)N * OC);
+    free(expected); free(got);
+    host_tensor_free(&inp); host_tensor_free(&weight);
+    cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(weight_buffer)); cudaCheck(cudaFree(out_buffer));
+}
+
 // ----------------------------------------------------------------------------
 // matmul: Gaussian data, bias and GELU fusion, determinism
 
@@ -676,6 +699,66 @@ static void test_attention_more_bad_input(void) {
                attention_forward(fake, (float*)fake, fake, 2, 64, 12, 768, 0));
 }
 
+// a GEMM spec that passes matmul_check_spec's every rule on fake aligned pointers (never run): an
+// FP8 TN GEMM (E4M3 x E4M3 into bf16, per-tensor scales) or a bf16 one; each case below breaks one
+// rule, and before matmul_setup the spec left as it is dies for that alone
+static MatmulSpec spec_check_base(bool fp8) {
+    MatmulSpec spec = {};
+    spec.name = fp8 ? "fp8 spec check" : "bf16 spec check";
+    spec.m = 768; spec.n = 256; spec.k = 768;
+    spec.a = (const void*)(uintptr_t)0x100000; spec.b = (const void*)(uintptr_t)0x200000; spec.d = (void*)(uintptr_t)0x300000;
+    spec.a_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF; spec.b_type = spec.a_type; spec.d_type = CUDA_R_16BF;
+    spec.transpose_a = true;
+    spec.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    if (fp8) { spec.a_scale = (const float*)(uintptr_t)0x400000; spec.b_scale = (const float*)(uintptr_t)0x400010; }
+    return spec;
+}
+
+// the spec's checks one rule at a time (each dies in a forked child before any CUDA call)
+static void test_matmul_spec_checks(void) {
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        MatmulSpec spec = spec_check_base(fp8);
+        CHECK_DIES(fp8 ? "fp8 spec before matmul_setup" : "bf16 spec before matmul_setup", "called before matmul_setup",
+                   matmul_cublaslt(&spec, 0));
+    }
+    MatmulSpec spec = spec_check_base(true);
+    spec.k = 776;  // a multiple of 8 elements, not of FP8's 16
+    CHECK_DIES("fp8 K not a multiple of 16", "positive multiple of 16", matmul_cublaslt(&spec, 0));
+    spec = spec_check_base(false);
+    spec.n = 0;
+    CHECK_DIES("bf16 GEMM of no columns", "positive multiple of 8", matmul_cublaslt(&spec, 0));
+    spec = spec_check_base(false);
+    spec.d = (void*)(uintptr_t)0x300008;
+    CHECK_DIES("D pointer 8 bytes past alignment", "D pointer 0x300008 is not 16-byte aligned", matmul_cublaslt(&spec, 0));
+    spec = spec_check_base(false);
+    spec.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    CHECK_DIES("BIAS epilogue without a bias", "does not match the bias/aux pointers", matmul_cublaslt(&spec, 0));
+    spec.bias = (const void*)(uintptr_t)0x500008;
+    CHECK_DIES("bias 8 bytes past alignment", "bias pointer 0x500008 is not 16-byte aligned", matmul_cublaslt(&spec, 0));
+    spec = spec_check_base(false);
+    spec.epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
+    spec.aux = (void*)(uintptr_t)0x600008;
+    CHECK_DIES("GELU aux 8 bytes past alignment", "pre-activation pointer 0x600008 is not 16-byte aligned",
+               matmul_cublaslt(&spec, 0));
+    spec = spec_check_base(false);
+    spec.a_scale = (const float*)(uintptr_t)0x400000;
+    CHECK_DIES("bf16 GEMM with an A scale", "are for FP8 operands", matmul_cublaslt(&spec, 0));
+    spec = spec_check_base(true);
+    spec.b_type = CUDA_R_16BF;
+    CHECK_DIES("fp8 A with a bf16 B", "FP8 needs both operands in FP8", matmul_cublaslt(&spec, 0));
+    spec = spec_check_base(true);
+    spec.a_type = CUDA_R_8F_E5M2; spec.b_type = CUDA_R_8F_E5M2;
+    CHECK_DIES("fp8 E5M2 x E5M2", "E5M2 x E5M2", matmul_cublaslt(&spec, 0));
+    spec = spec_check_base(true);
+    spec.transpose_a = false;  // NN: A not contiguous along K
+    CHECK_DIES("fp8 NN layout", "the TN layout", matmul_cublaslt(&spec, 0));
+    spec = spec_check_base(true);
+    spec.a_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F; spec.b_scale_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    spec.fast_accumulate = true;
+    CHECK_DIES("fp8 block scaling with fast accumulation", "block scaling takes no fast accumulation", matmul_cublaslt(&spec, 0));
+    CHECK_DIES("matmul_setup twice", "matmul_setup called twice", { matmul_setup(); matmul_setup(); });
+}
+
 // ----------------------------------------------------------------------------
 // bad input: each runs in a forked child before this process touches CUDA
 
@@ -702,6 +785,7 @@ static void test_bad_input(void) {
 #ifdef LLM8_NO_CUDNN
     CHECK_DIES("cudnn attention in a build without cuDNN", "no cuDNN", attention_setup(ATTENTION_CUDNN, true));
 #endif
+    test_matmul_spec_checks();
 }
 
 int main(void) {
@@ -730,6 +814,7 @@ int main(void) {
     test_matmul_exact(189, 64, 40);
     test_matmul_forward_gaussian(189, 128, 512, true, true);
     test_matmul_backward_gaussian(189, 512, 128, true, true);
+    test_matmul_offset_operands(64, 64, 64);
     matmul_teardown();
 
     test_attention(2, 64, 12, 768);

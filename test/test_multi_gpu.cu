@@ -8,10 +8,15 @@ on one GPU.
   gradient reduction as zero_chunk_pieces plans it, the FP8 weight gather (amax on the GPU,
   MAX all-reduce, cast with the hardware conversion, all-gather) equal to the single-rank
   host cast bit for bit, the replica check (-pc) naming the one region and rank that differ
-  (the first of two regions, the last region alone) and counting them, and a dead peer
-  ending the other rank with one error line in bounded time;
-- the watchdog: a host stuck in an armed region ended after -pt with one line; one that makes
-  progress, then disarms, runs on;
+  (the first of two regions, the last region alone) and counting them, and a dead peer (at a
+  collective; under cudasim at the finalize too) or a hung one ending the other rank with one
+  error line in bounded time, the id file gone once the ranks joined;
+- a rank alone (rank 1 waiting for the id file, rank 0 in the communicator's creation), -pi fs
+  without -pf, a -pg past the visible GPUs: one line each, after at most -pt;
+- the flags' checks (-pn -pr -pg -pt at the process's start, -ps's address and port) and rank 0
+  removing a stale id file at its start (the other ranks leave it);
+- the watchdog: a host stuck in an armed region ended after -pt with one line, also after a
+  completed all-reduce; one that makes progress, then disarms, runs on;
 - the replica check's fingerprint kernel equal to its host function at odd sizes and
   offsets, and changed by one flipped byte and by two swapped ones;
 - llmc/zero_comm.cuh's pieces that need no second rank: the gradient mean (an fp32 sum / N
@@ -122,6 +127,8 @@ static void test_basic_collectives(const MultiGpuConfig* mg, const char* who) {
     CHECK(wrong == 0, "%s: uint8 all-gather: %zu bytes wrong", who, wrong);
     float total = multi_gpu_all_reduce_float(mg, (float)(r + 1), ncclSum, s, "loss all-reduce");
     CHECK(total == (float)(n * (n + 1) / 2), "%s: float all-reduce gave %g", who, total);
+    float top = multi_gpu_all_reduce_float(mg, (float)(r + 1), ncclMax, s, "max all-reduce");
+    CHECK(top == (float)n, "%s: float MAX all-reduce gave %g (the op not passed on?)", who, top);
     cudaCheck(cudaFree(d_amax)); cudaCheck(cudaFree(d_send)); cudaCheck(cudaFree(d_recv)); cudaCheck(cudaFree(d_bytes));
     free(send); free(got); free(bytes);
 }
@@ -337,6 +344,39 @@ static int wait_child(pid_t pid, int limit_s) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// what rank 0 does once both ranks have joined, in check_rank_0_outlives_its_peer
+static void all_reduce_the_loss(MultiGpuConfig* mg) {
+    multi_gpu_all_reduce_float(mg, 1.0f, ncclSum, mg->nccl_stream, "loss all-reduce");
+}
+
+static void free_the_communicator(MultiGpuConfig* mg) { multi_gpu_config_free(mg); }
+
+// rank 1 joins, then exits (peer_lives 0) or lives on without another NCCL call (1); rank 0, a
+// second later, does `step`, which must end it with one line, in bounded time
+static void check_rank_0_outlives_its_peer(const char* what, int peer_lives, void (*step)(MultiGpuConfig*),
+                                           const char* must_contain) {
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    pid_t peer = fork();
+    if (peer == 0) {
+        MultiGpuOptions opts = fs_options(2, 1, dir, RANK_TIMEOUT_S);
+        multi_gpu_config_init(&opts, 0);
+        if (peer_lives) { sleep(CHILD_TIME_LIMIT_S); }
+        _exit(0);
+    }
+    double start = multi_gpu_now_s();
+    CHECK_DIES(what, must_contain, {
+        MultiGpuOptions opts = fs_options(2, 0, dir, DEAD_PEER_TIMEOUT_S);
+        MultiGpuConfig mg = multi_gpu_config_init(&opts, 0);
+        sleep(1);
+        step(&mg);
+    });
+    CHECK(multi_gpu_now_s() - start < 4 * DEAD_PEER_TIMEOUT_S + 30, "%s: took %.0f s", what, multi_gpu_now_s() - start);
+    if (peer_lives) { kill(peer, SIGKILL); }
+    wait_child(peer, 10);
+    test_remove_dir(dir);
+}
+
 static void test_two_ranks(void) {
     char dir[256];
     test_make_temp_dir(dir, sizeof(dir));
@@ -350,26 +390,23 @@ static void test_two_ranks(void) {
         int status = wait_child(pids[rank], CHILD_TIME_LIMIT_S * 3);
         CHECK(status == 0, "two ranks: rank %d exited with %d (failures above; -1: crash or hang)", rank, status);
     }
+    char id_path[4096];  // once every rank has joined, rank 0 removes the id: a stale one would mislead the next run
+    path_in_dir(id_path, sizeof(id_path), dir, MULTI_GPU_ID_FILE);
+    CHECK(access(id_path, F_OK) != 0, "two ranks: %s left in -pf after the communicator formed", MULTI_GPU_ID_FILE);
     test_remove_dir(dir);
 
-    // rank 1 dies after joining; rank 0's next collective must end it with one line, in bounded time
-    test_make_temp_dir(dir, sizeof(dir));
-    pid_t peer = fork();
-    if (peer == 0) {
-        MultiGpuOptions opts = fs_options(2, 1, dir, RANK_TIMEOUT_S);
-        multi_gpu_config_init(&opts, 0);
-        _exit(0);
-    }
-    double start = multi_gpu_now_s();
-    CHECK_DIES("dead peer", "rank 0 of 2", {
-        MultiGpuOptions opts = fs_options(2, 0, dir, DEAD_PEER_TIMEOUT_S);
-        MultiGpuConfig mg = multi_gpu_config_init(&opts, 0);
-        sleep(1);
-        multi_gpu_all_reduce_float(&mg, 1.0f, ncclSum, mg.nccl_stream, "loss all-reduce");
-    });
-    CHECK(multi_gpu_now_s() - start < 4 * DEAD_PEER_TIMEOUT_S + 30, "dead peer: took %.0f s", multi_gpu_now_s() - start);
-    wait_child(peer, 10);
-    test_remove_dir(dir);
+    // rank 1 dies after joining (a crash): rank 0's next collective, or its finalize, ends it with
+    // one line, in bounded time. cudasim reports a peer that exited as ncclRemoteError
+    // (test/cudasim/cudasim_nccl.cpp), which the wait and the settle must act on at once; a real
+    // NCCL may only time out (or, alone at its finalize, not notice). Rank 1 alive but in no
+    // collective: rank 0's wait ends at its deadline
+#ifdef CUDASIM
+    check_rank_0_outlives_its_peer("dead peer", 0, all_reduce_the_loss, "rank 0 of 2: NCCL loss all-reduce: remote process exited");
+    check_rank_0_outlives_its_peer("dead peer at finalize", 0, free_the_communicator, "rank 0 of 2: NCCL ncclCommFinalize: ");
+#else
+    check_rank_0_outlives_its_peer("dead peer", 0, all_reduce_the_loss, "rank 0 of 2: NCCL loss all-reduce: ");
+#endif
+    check_rank_0_outlives_its_peer("hung peer", 1, all_reduce_the_loss, "rank 0 of 2: NCCL loss all-reduce: did not complete");
 
     // rank 1 waits in ncclCommFinalize; rank 0 comes late, finalizes, destroys and exits at once
     // (the trainer's rank 0 writing the last checkpoint): both must exit 0. Under cudasim rank 1
@@ -401,13 +438,23 @@ static void test_two_ranks(void) {
 The watchdog (llmc/multi_gpu.h), each case in a child forked before this process touches CUDA:
 armed and then stuck outside any bounded wait (a sleep stands in for a launch that blocks), the
 process ends after -pt with one line naming the rank and the region; a host that completes a
-bounded wait more often than every -pt s, and then disarms, runs on past -pt and exits 0.
+bounded wait more often than every -pt s, and then disarms, runs on past -pt and exits 0; one
+stuck after a completed all-reduce (a settle and a wait) is ended like the first.
 */
 static void test_watchdog(const char* dir) {
     CHECK_DIES("watchdog: an armed host stuck for -pt", "rank 0 of 1: NCCL watchdog: the test's region made no progress for 1 s", {
         MultiGpuOptions opts = fs_options(1, 0, dir, 1);
         MultiGpuConfig mg = multi_gpu_config_init(&opts, 1);
         multi_gpu_watchdog_arm(&mg, "the test's %s", "region");
+        sleep(20);
+    });
+    // a completed bounded wait (a collective's settle and its stream wait) restarts the deadline
+    // but leaves the watchdog watching: a host stuck after it is ended all the same
+    CHECK_DIES("watchdog: stuck after a completed all-reduce", "rank 0 of 1: NCCL watchdog: the region after a wait made no progress", {
+        MultiGpuOptions opts = fs_options(1, 0, dir, 1);
+        MultiGpuConfig mg = multi_gpu_config_init(&opts, 1);
+        multi_gpu_watchdog_arm(&mg, "the region after a wait");
+        multi_gpu_all_reduce_float(&mg, 1.0f, ncclSum, mg.nccl_stream, "loss all-reduce");
         sleep(20);
     });
     ChildRun run;
@@ -504,11 +551,82 @@ static void test_owned_weight_part_at_range_edges(void) {
     }
 }
 
+/*
+A rank whose peers never show up, each case in a child forked before this process touches CUDA:
+it ends after -pt with one line naming what it waited for, never hangs. Rank 1 alone waits for
+the id file rank 0 writes (-pi fs); rank 0 alone has written it and waits in the communicator's
+creation for rank 1. Without -pf there is no file to hand the id over, and a -pg that puts the
+rank on a GPU past the visible ones: each stops with its own line before any NCCL call.
+*/
+static void check_lone_rank_dies(const char* what, int rank, const char* must_contain) {
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    CHECK_DIES(what, must_contain, {
+        setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);  // as test_two_ranks: -pg 1 puts both ranks on GPU 0
+        MultiGpuOptions opts = fs_options(2, rank, dir, 1);
+        multi_gpu_config_init(&opts, 0);
+    });
+    test_remove_dir(dir);
+}
+
+static void test_lone_ranks(void) {
+    check_lone_rank_dies("rank 1 without rank 0", 1, "rank 1: no NCCL id from rank 0 in");
+    check_lone_rank_dies("rank 0 without rank 1", 0, "still in progress after 1 s");
+    CHECK_DIES("-pi fs without -pf", "flag -pi fs needs -pf", {
+        MultiGpuOptions opts = fs_options(2, 0, NULL, 1);
+        multi_gpu_config_init(&opts, 0);
+    });
+    CHECK_DIES("-pg past the visible GPUs", "of this node wanted (-pg", {
+        int visible = cuda_device_count_or_die();
+        MultiGpuOptions opts = fs_options(visible + 1, visible, "/nonexistent", 1);
+        opts.gpus_per_node = visible + 1;
+        multi_gpu_config_init(&opts, 0);
+    });
+}
+
+// -ps: the port given, else the default, in network byte order (what other tools and firewalls see)
+static void check_server_address(const char* server, const char* ip, int port) {
+    struct sockaddr_in addr = multi_gpu_parse_server(server);
+    char text[INET_ADDRSTRLEN] = "";
+    inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text));
+    CHECK(addr.sin_family == AF_INET && strcmp(text, ip) == 0 && ntohs(addr.sin_port) == port,
+          "-ps %s: parsed as %s port %d, expected %s port %d", server, text, ntohs(addr.sin_port), ip, port);
+}
+
+// each rank flag's bad value is refused at the process's start, with one line naming the flag
+static void check_options_refused(const char* what, const char* flag, int num_processes, int rank, int gpus_per_node,
+                                  int timeout_s) {
+    MultiGpuOptions o = fs_options(num_processes, rank, NULL, timeout_s);
+    o.gpus_per_node = gpus_per_node;
+    CHECK_DIES(what, flag, { multi_gpu_process_init(&o); });
+}
+
+/*
+-pi fs: rank 0 removes an id file an earlier failed run left in -pf when it starts (the others
+would read it and wait out -pt on a communicator that never forms); another rank leaves it, as
+it may already be this run's own. No GPU is touched.
+*/
+static void test_stale_id_file_removed_by_rank_0_only(void) {
+    char dir[256], path[4096];
+    test_make_temp_dir(dir, sizeof(dir));
+    path_in_dir(path, sizeof(path), dir, MULTI_GPU_ID_FILE);
+    for (int rank = 1; rank >= 0; rank--) {
+        FILE* fp = fopenCheck(path, "wb");
+        fcloseCheck(fp);
+        MultiGpuOptions opts = fs_options(2, rank, dir, 1);
+        multi_gpu_process_init(&opts);
+        CHECK((access(path, F_OK) == 0) == (rank != 0), "rank %d of 2 at its start: an id file in -pf was %s", rank,
+              rank == 0 ? "left" : "removed");
+    }
+    test_remove_dir(dir);
+}
+
 int main(void) {
     char watchdog_dir[256];
     test_make_temp_dir(watchdog_dir, sizeof(watchdog_dir));
     test_watchdog(watchdog_dir);
     test_remove_dir(watchdog_dir);
+    test_lone_ranks();
     int version = 0;
     ncclGetVersion(&version);
     printf("NCCL runtime %d, headers %d\n", version, NCCL_VERSION_CODE);
@@ -543,5 +661,12 @@ int main(void) {
     CHECK_DIES("bad server", "-ps", { multi_gpu_parse_server("not-an-ip"); });
     test_mean_of_fp32_sums_rounds_once();
     test_owned_weight_part_at_range_edges();
+    check_server_address("10.1.2.3", "10.1.2.3", MULTI_GPU_DEFAULT_PORT);
+    check_server_address("127.0.0.1:4242", "127.0.0.1", 4242);
+    check_options_refused("-pn 0", "flag -pn", 0, 0, 1, 5);
+    check_options_refused("-pr -1", "flag -pr", 2, -1, 1, 5);
+    check_options_refused("-pg -1", "flag -pg", 2, 0, -1, 5);
+    check_options_refused("-pt 0", "flag -pt", 2, 0, 1, 0);
+    test_stale_id_file_removed_by_rank_0_only();
     return test_summary("test_multi_gpu");
 }

@@ -476,6 +476,9 @@ def test_gpu_trainer_refuses_8bit_states_cut_inside_a_block_on_every_rank(data):
     for rank in (0, 1, 2):
         r = run(GPU, base_args(data, ["-e", path, "-opt", "adamw8", "-pn", 3, "-pr", rank]))
         assert_one_line_error(r, *expected)
+    # 8 ranks: 9 cut a block too, so the nearest larger count that works is 10
+    r = run(GPU, base_args(data, ["-e", path, "-opt", "adamw8", "-pn", 8, "-pr", 0]))
+    assert_one_line_error(r, "over 8 GPUs: rank 3's part of attprojw", "use another number of GPUs (7 or 10 would do)")
     for flags in (["-pn", 2, "-pr", 1], ["-pn", 3, "-pr", 1, "-qs", "none"], []):
         r = run(GPU, base_args(data, ["-e", path, "-opt", "adamw8"] + flags))
         assert "block" not in r.stderr, r.stderr

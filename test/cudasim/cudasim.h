@@ -39,7 +39,8 @@ a communication stream) runs as late as the waits on it allow, so a reader that 
 reads the old data every time, and its bits differ from the default order's.
 CUDASIM_MEMORY_REPORT=1 prints at exit the most device memory allocated at once (the tests
 compare it with what the trainer says it allocates). The device has 80 GiB, or
-CUDASIM_MEMORY_BYTES (a test's smaller GPU, to run out of memory).
+CUDASIM_MEMORY_BYTES (a test's smaller GPU, to run out of memory). Its name is "cudasim (CPU)",
+or CUDASIM_DEVICE_NAME (a GPU's, whose peak the trainer's MFU takes).
 CUDASIM_LAUNCH_QUEUE=N bounds each stream's queue at N pieces of work, as a GPU's launch queue
 is bounded: one more blocks the host until the oldest have run, with no deadline (behind a
 collective that waits for a dead peer, for good: what llmc/multi_gpu.h's watchdog is for).

@@ -694,6 +694,20 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasL
     return set_attribute("matmul descriptor", attribute, desc_slot(desc_of(desc), attribute), buffer, bytes);
 }
 
+// a descriptor's attribute read back (a test's check of what llm8 set, e.g. FAST_ACCUM, which the sums
+// here do not show); buffer NULL and bytes 0 ask for the size alone, as the library documents
+cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
+                                              void* buffer, size_t bytes, size_t* size_written) {
+    const AttributeSlot slot = desc_slot(desc_of(desc), attribute);
+    REFUSE_IF(slot.field == nullptr, CUBLAS_STATUS_NOT_SUPPORTED, "matmul descriptor attribute %d is not emulated", (int)attribute);
+    if (size_written != nullptr) { *size_written = slot.bytes; }
+    if (buffer == nullptr && bytes == 0) { return CUBLAS_STATUS_SUCCESS; }
+    REFUSE_IF(buffer == nullptr || bytes < slot.bytes, CUBLAS_STATUS_INVALID_VALUE,
+              "matmul descriptor attribute %d needs %zu bytes, got %zu", (int)attribute, slot.bytes, bytes);
+    memcpy(buffer, slot.field, slot.bytes);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows,
                                           uint64_t cols, int64_t ld) {
     *layout = reinterpret_cast<cublasLtMatrixLayout_t>(new MatrixLayout{type, rows, cols, ld});

@@ -960,7 +960,9 @@ cudaError_t cudaDeviceSynchronize(void) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
     cudasim::note_cuda_call(__func__);
     memset(prop, 0, sizeof(*prop));
-    snprintf(prop->name, sizeof(prop->name), "cudasim (CPU)");
+    // CUDASIM_DEVICE_NAME: a GPU's name, so the trainer takes that GPU's peak (a test of the MFU it prints)
+    const char* name = getenv("CUDASIM_DEVICE_NAME");
+    snprintf(prop->name, sizeof(prop->name), "%s", name != nullptr ? name : "cudasim (CPU)");
     prop->multiProcessorCount = 132;
     prop->totalGlobalMem = simulated_memory_bytes();
     prop->major = 9;
