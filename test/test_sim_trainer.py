@@ -44,6 +44,8 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   and ZeRO-3 (also at C = 192, whose weight slices are not all 256-byte aligned), and so do 3
   ranks with -pa fp32 (ZeRO-1 and ZeRO-3), ZeRO-3's text samples included; a checkpoint of 1 rank
   resumed on 2, and of 2 on 1, goes on bit for bit.
+- on ordinary data, 2 ranks x -b 4 with 2 micro-steps track 1 rank x -b 8: each rank reads its half
+  of the batch, and the gradients are averaged once per step;
 - ZeRO-3 on a 3-layer model (2 ranks, twin batches, newest first, 2 micro-steps): a layer's gather into a
   reused slot waits for the slot's previous layer (the 2-layer model never reuses one within a pass).
 test/sim_model.py's small model keeps a step near a second. The same program on a GPU is
@@ -1021,6 +1023,24 @@ def test_three_ranks_average_bf16_gradients_without_a_bias(workdir):
     assert codes == [0, 0, 0], three[-2000:]
     norms = [float(re.search(r"^step +1/1 \| loss \S+ \| norm (\S+) ", out, re.M)[1]) for out in (one, three)]
     assert abs(norms[1] / norms[0] - 1) < 5e-4, norms
+
+
+def test_two_ranks_split_the_one_rank_batch(workdir):
+    """On ordinary data (not twins), 2 ranks x -b 4 read the 1-rank run's -b 8 batches, each rank its half of the rows,
+    and average the gradients of all their micro-steps (2 a step here) once: step 1's loss is the 1-rank run's (a mean
+    of the ranks' means, to 1e-6) and so is its gradient norm, up to the bf16 sums of the reduce; the later steps
+    track it. A rank reading the other's rows, or a reduce after each micro-step, is off by far more"""
+    common = ["-p", "bf16", "-d", 1024, "-x", 3, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0]
+    codes, one, _ = train_ranks(workdir, 1, common + ["-b", 8])
+    assert codes == [0], one[-2000:]
+    codes, two, _ = train_ranks(workdir, 2, common, name="split_batch")
+    assert codes == [0, 0], two[-2000:]
+    assert "total batch 1024 tokens = 2 micro-steps" in one and "total batch 1024 tokens = 2 micro-steps" in two
+    a, b = losses(one), losses(two)
+    assert sorted(a) == sorted(b) == [1, 2, 3] and abs(a[1] - b[1]) <= 1e-6 * a[1], (a, b)
+    assert all(abs(a[s] - b[s]) <= 5e-4 * a[s] for s in (2, 3)), (a, b)  # 8e-5 seen
+    norms = [float(re.search(r"^step +1/3 \| loss \S+ \| norm (\S+) ", out, re.M)[1]) for out in (one, two)]
+    assert abs(norms[1] / norms[0] - 1) < 1e-3, norms  # 2e-4 seen
 
 
 @pytest.mark.parametrize("first,second,flags", [
