@@ -1804,29 +1804,6 @@ static void check_fp8_spec(const MatmulSpec* spec, const Fp8Operand* a, const Fp
     CHECK(spec->fast_accumulate == fast, "%s: fast accumulation %d, expected %d", what, (int)spec->fast_accumulate, (int)fast);
 }
 
-static void test_fp8_gemm_specs(void) {
-    const int N = 256, C = 384, OC = 512;
-    floatX* out = (floatX*)(uintptr_t)0x100000;
-    for (int block = 0; block < 2; block++) {
-        const Fp8Scaling act = block ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
-        const Fp8Scaling wgt = block ? FP8_SCALING_BLOCKS_128x128 : FP8_SCALING_TENSOR;
-        const Fp8Format grad = block ? FP8_E4M3 : FP8_E5M2;  // per tensor, gradients are E5M2
-        Fp8Operand x = fake_operand(0x10000, FP8_E4M3, act, 0x11000), xt = fake_operand(0x20000, FP8_E4M3, act, 0x21000);
-        Fp8Operand w = fake_operand(0x30000, FP8_E4M3, wgt, 0x31000), wt = fake_operand(0x40000, FP8_E4M3, wgt, 0x41000);
-        Fp8Operand dy = fake_operand(0x50000, grad, act, 0x51000), dyt = fake_operand(0x60000, grad, act, 0x61000);
-        char what[96];
-        snprintf(what, sizeof(what), "fp8 forward spec (%s)", block ? "block" : "per tensor");
-        MatmulSpec forward = matmul_forward_fp8_spec(out, x, w, NULL, N, C, OC, NULL);
-        check_fp8_spec(&forward, &w, &x, !block, what);  // D^T = W x^T: A is W, B is x
-        snprintf(what, sizeof(what), "fp8 dgrad spec (%s)", block ? "block" : "per tensor");
-        MatmulSpec dgrad = matmul_dgrad_fp8_spec(out, dy, wt, N, C, OC, NULL);
-        check_fp8_spec(&dgrad, &wt, &dy, false, what);  // A is W^T, B is dy
-        snprintf(what, sizeof(what), "fp8 wgrad spec (%s)", block ? "block" : "per tensor");
-        MatmulSpec wgrad = matmul_wgrad_fp8_spec(out, CUDA_R_16BF, dyt, xt, N, C, OC);
-        check_fp8_spec(&wgrad, &xt, &dyt, false, what);  // dW^T = x^T dy: A is x^T, B is dy^T
-    }
-}
-
 // the descriptor matmul_cublaslt builds from an FP8 spec: fast accumulation, the scale pointers and
 // modes and the transposes as the spec has them (cudasim's sums ignore FAST_ACCUM, so only the
 // descriptor shows whether the forward asks cuBLASLt for it)
@@ -1857,19 +1834,28 @@ static void check_fp8_descriptor(const MatmulSpec* spec, const char* what) {
           (int)transposes[0], (int)transposes[1]);
 }
 
-static void test_fp8_gemm_descriptors(void) {
+static void test_fp8_gemm_specs(void) {
     const int N = 256, C = 384, OC = 512;
     floatX* out = (floatX*)(uintptr_t)0x100000;
     for (int block = 0; block < 2; block++) {
         const Fp8Scaling act = block ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
         const Fp8Scaling wgt = block ? FP8_SCALING_BLOCKS_128x128 : FP8_SCALING_TENSOR;
-        Fp8Operand x = fake_operand(0x10000, FP8_E4M3, act, 0x11000), w = fake_operand(0x30000, FP8_E4M3, wgt, 0x31000);
-        Fp8Operand wt = fake_operand(0x40000, FP8_E4M3, wgt, 0x41000);
-        Fp8Operand dy = fake_operand(0x50000, block ? FP8_E4M3 : FP8_E5M2, act, 0x51000);
+        const Fp8Format grad = block ? FP8_E4M3 : FP8_E5M2;  // per tensor, gradients are E5M2
+        Fp8Operand x = fake_operand(0x10000, FP8_E4M3, act, 0x11000), xt = fake_operand(0x20000, FP8_E4M3, act, 0x21000);
+        Fp8Operand w = fake_operand(0x30000, FP8_E4M3, wgt, 0x31000), wt = fake_operand(0x40000, FP8_E4M3, wgt, 0x41000);
+        Fp8Operand dy = fake_operand(0x50000, grad, act, 0x51000), dyt = fake_operand(0x60000, grad, act, 0x61000);
+        char what[96];
+        snprintf(what, sizeof(what), "fp8 forward spec (%s)", block ? "block" : "per tensor");
         MatmulSpec forward = matmul_forward_fp8_spec(out, x, w, NULL, N, C, OC, NULL);
+        check_fp8_spec(&forward, &w, &x, !block, what);  // D^T = W x^T: A is W, B is x
         check_fp8_descriptor(&forward, block ? "fp8 forward descriptor (block)" : "fp8 forward descriptor (per tensor)");
+        snprintf(what, sizeof(what), "fp8 dgrad spec (%s)", block ? "block" : "per tensor");
         MatmulSpec dgrad = matmul_dgrad_fp8_spec(out, dy, wt, N, C, OC, NULL);
+        check_fp8_spec(&dgrad, &wt, &dy, false, what);  // A is W^T, B is dy
         check_fp8_descriptor(&dgrad, block ? "fp8 dgrad descriptor (block)" : "fp8 dgrad descriptor (per tensor)");
+        snprintf(what, sizeof(what), "fp8 wgrad spec (%s)", block ? "block" : "per tensor");
+        MatmulSpec wgrad = matmul_wgrad_fp8_spec(out, CUDA_R_16BF, dyt, xt, N, C, OC);
+        check_fp8_spec(&wgrad, &xt, &dyt, false, what);  // dW^T = x^T dy: A is x^T, B is dy^T
     }
 }
 
@@ -2070,7 +2056,6 @@ int main(void) {
         test_layernorm_fp8(16, 208, true, (ProducerCast)cast);
     }
     test_fp8_gemm_specs();
-    test_fp8_gemm_descriptors();
     test_fp8_supported_probes();
     // last: their draws shift no other test's inputs
     test_cast_transposed_only(80, 208, FP8_E4M3);
