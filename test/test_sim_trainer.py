@@ -177,7 +177,7 @@ def test_training_run_with_eval_samples_logs_and_checkpoints(workdir, flags):
 def test_resume_is_bitwise(workdir, flags):
     """a run checkpointed at step 3 and resumed gives steps 4..6 the straight run's losses bit for bit; under -fw
     delayed the resume rebuilds the weights' codes with the saved scale, from the fp32 master or (-w 0) from the
-    bf16 weights"""
+    bf16 weights. Resumed once more, at the run's end, it notes that nothing is left to train"""
     out = workdir / ("resume_" + "_".join(str(f) for f in flags))
     common = flags + ["-x", 6, "-l", 3e-3, "-v", 0, "-s", 0, "-n", 3, "-o", out]
     straight = train(workdir, common)
@@ -188,6 +188,9 @@ def test_resume_is_bitwise(workdir, flags):
     a, b = losses(straight.stdout), losses(resumed.stdout)
     assert sorted(b) == [4, 5, 6]
     assert all(a[s] == b[s] for s in (4, 5, 6)), (a, b)
+    again = train(workdir, common + ["-y", 1])  # resumed at the run's end: a note, and no step
+    assert again.returncode == 0 and not losses(again.stdout), again.stdout[-2000:]
+    assert "resumed at step 6, and the run has 6 steps (-x): nothing left to train" in again.stdout, again.stdout[-2000:]
 
 
 @pytest.mark.parametrize("changed,expected", [
@@ -369,12 +372,14 @@ def test_nonfinite_steps_are_skipped_and_never_reach_the_weights(workdir):
 
 
 def test_resume_after_a_skipped_first_step_seeds_like_the_running_trainer(tmp_path):
-    """step 1 overflows (a token only the first batch holds meets a huge qkv weight) and is skipped, step 2's loss is
-    finite; -fg delayed. The skipped step's scaling is rolled back, so step 2 seeds its delayed scales again: a run
-    resumed from the checkpoint of step 1 must too (it counted the non-finite use as seeding and cast dy with the
-    initial scale 1: step 3's loss differed)"""
+    """step 1 overflows (a token only the first batch holds meets a huge qkv weight: 5e37 times its ln1 of 10.75
+    exceeds fp32, the other rows', below 2.7 in the first 3 batches, do not) and is skipped (main.jsonl: its loss null
+    and "skipped" 1, as each step's flag follows its step line), step 2's loss is finite; -fg delayed. The skipped
+    step's scaling is rolled back, so step 2 seeds its delayed scales again: a run resumed from the checkpoint of
+    step 1 must too (it counted the non-finite use as seeding and cast dy with the initial scale 1: step 3's loss
+    differed)"""
     token = 7
-    sim_model.write_model(tmp_path / "model.bin", first_qkv_weight=8e35)
+    sim_model.write_model(tmp_path / "model.bin", first_qkv_weight=5e37)
     blob = bytearray((tmp_path / "model.bin").read_bytes())
     struct.pack_into("<f", blob, 1024 + token * sim_model.CHANNELS * 4, 1.0)  # wte[token][0]: overflows qkv
     (tmp_path / "model.bin").write_bytes(bytes(blob))
@@ -388,6 +393,10 @@ def test_resume_after_a_skipped_first_step_seeds_like_the_running_trainer(tmp_pa
     straight = train(tmp_path, common)
     assert straight.returncode == 0, straight.stderr[-2000:]
     assert "step 1: non-finite loss" in straight.stdout and np.isfinite(losses(straight.stdout)[2]), straight.stdout[-3000:]
+    records = [json.loads(line) for line in open(tmp_path / "out" / "main.jsonl") if '"type":"train"' in line]
+    marked = {int(step) for step in re.findall(r"^step +(\d+)/\d+ .*\| SKIPPED$", straight.stdout, re.M)}
+    assert [rec["skipped"] for rec in records] == [int(rec["step"] + 1 in marked) for rec in records], records
+    assert records[0]["loss"] is None and records[1]["skipped"] == 0 and records[1]["loss"] is not None, records
     for step in (2, 3, 4):
         (tmp_path / "out" / f"DONE_{step:08d}").unlink()
     resumed = train(tmp_path, common + ["-y", 1])
@@ -401,7 +410,8 @@ def test_printed_memory_figures_match_the_allocations(workdir):
     master weights, 12 without, adamw8's less; DESIGN.md section 4) account for the device memory each run allocates.
     Between AdamW with master weights and each of the other three, the most device memory allocated at once
     (CUDASIM_MEMORY_REPORT: every cudaMalloc, rounded to 256 bytes) differs by the printed figures' difference times
-    the parameter count, within the printing's 3 decimals and 0.5% (adamw8's per-tensor padding of its codes)"""
+    the parameter count, within the printing's 3 decimals and 0.5% (adamw8's per-tensor padding of its codes). The
+    line names what it counts: the fp32 master but with -w 0, 8-bit m+v with adamw8"""
     measured = {}
     for name, flags in (("adamw", []), ("adamw8", ["-opt", "adamw8"]), ("adamw -w 0", ["-w", "0"]),
                         ("adamw8 -w 0", ["-opt", "adamw8", "-w", "0"])):
@@ -410,6 +420,10 @@ def test_printed_memory_figures_match_the_allocations(workdir):
                            env=dict(os.environ, CUDASIM_MEMORY_REPORT="1"))
         assert r.returncode == 0, r.stderr[-2000:]
         persistent = float(re.search(r"^memory \| persistent ([\d.]+) bytes/parameter", r.stdout, re.M).group(1))
+        what = re.search(r"^memory \| .* on one GPU \((bf16 weights\+grads(, fp32 master)?, (8-bit|fp32) m\+v)", r.stdout,
+                         re.M)
+        assert what and (what.group(2) is None) == ("-w" in flags) and (what.group(3) == "8-bit") == ("adamw8" in flags), \
+            (name, what and what.group(1))
         parameters = int(re.search(r"^model \|.*\| (\d+) parameters", r.stdout, re.M).group(1))
         peak = int(re.search(r"cudasim: at most (\d+) bytes of device memory allocated at once", r.stderr).group(1))
         measured[name] = (persistent, parameters, peak)
@@ -567,12 +581,14 @@ def test_bf16_recompute_changes_memory_not_results_at_unaligned_layer_slices(wor
         assert runs[r][1] == runs[0][1], f"-r {r}: the model file differs from -r 0's"
 
 
-def test_x_minus_1_trains_one_epoch(workdir):
-    """-x -1: as many steps as the train shards hold total batches (2000 tokens, 512 a step: 3)"""
+@pytest.mark.parametrize("flags,steps", [(["-b", 8], 3), (["-b", 8, "-d", 4096], 1)], ids=["3-steps", "short-split"])
+def test_x_minus_1_trains_one_epoch(workdir, flags, steps):
+    """-x -1: as many steps as the train shards hold total batches (2000 tokens, 512 a step: 3); a split shorter
+    than one step (-d 4096: 8 micro-steps of 512) still trains one step, its micro-steps wrapping around the shard"""
     sim_model.write_shard(workdir / "epoch_train_000000.bin", 2000, 4, learnable=True)
-    r = train(workdir, ["-b", 8, "-x", -1, "-v", 0, "-s", 0], data="epoch_train_*.bin")
+    r = train(workdir, flags + ["-x", -1, "-v", 0, "-s", 0], data="epoch_train_*.bin")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "| 3 steps |" in r.stdout and sorted(losses(r.stdout)) == [1, 2, 3], r.stdout[-2000:]
+    assert f"| {steps} steps |" in r.stdout and sorted(losses(r.stdout)) == list(range(1, steps + 1)), r.stdout[-2000:]
 
 
 def test_each_step_takes_the_schedules_rate_from_step_0(workdir):
@@ -765,15 +781,15 @@ def test_x_0_evaluates_the_model_and_trains_nothing(workdir):
 
 
 def test_a_sample_longer_than_the_sequence_stops_at_it(workdir):
-    """-g above -t: the sample stops at T tokens (the prompt and T - 1 drawn), with a note at startup. Each token is
-    llm.c's draw from the weights that sampled (step 1's model file, bf16 exact): the coins of xorshift* seeded 1337,
-    token t the first whose running sum of softmax(logits of position t - 1) passes coin t, the prompt <|endoftext|>
-    (0 where the vocabulary has no 50256). The reference forward (float64) misses the trainer's bf16 rounding, so a draw
-    may land on a neighbour where a coin falls within 2e-4 of a token's edge (2e-5 seen)"""
+    """-g above -t (by one): the sample stops at T tokens (the prompt and T - 1 drawn), with a note at startup. Each
+    token is llm.c's draw from the weights that sampled (step 1's model file, bf16 exact): the coins of xorshift*
+    seeded 1337, token t the first whose running sum of softmax(logits of position t - 1) passes coin t, the prompt
+    <|endoftext|> (0 where the vocabulary has no 50256). The reference forward (float64) misses the trainer's bf16
+    rounding, so a draw may land on a neighbour where a coin falls within 2e-4 of a token's edge (2e-5 seen)"""
     out = workdir / "sample_capped"
-    r = train(workdir, ["-p", "bf16", "-x", 1, "-v", 0, "-s", 1, "-g", 100, "-n", 1, "-o", out])
+    r = train(workdir, ["-p", "bf16", "-x", 1, "-v", 0, "-s", 1, "-g", 65, "-n", 1, "-o", out])
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "note: -g 100 is longer than -t 64: samples stop at 64 tokens" in r.stdout, r.stdout[:3000]
+    assert "note: -g 65 is longer than -t 64: samples stop at 64 tokens" in r.stdout, r.stdout[:3000]
     samples = re.findall(r"^generating:\n---\n(.*)\n---$", r.stdout, re.M)
     assert len(samples) == 1 and len(samples[0].split()) == 63, samples
     tokens = [0] + [int(token) for token in samples[0].split()]
@@ -1067,6 +1083,23 @@ def test_twin_batches_resume_on_another_rank_count_bit_for_bit(workdir, first, s
     a, b = losses(straight), losses(resumed)
     assert sorted(b) == [4, 5, 6] and all(a[s] == b[s] for s in b), (a, b)
     assert (out_dir / "model_00000006.bin").read_bytes() == straight_model, "the resumed run's model file differs"
+
+
+def test_resume_on_another_rank_count_replays_the_steps_batches(workdir):
+    """On ordinary data (not twins), a 1-rank run of 2 micro-steps a step (-b 8 -d 1024) checkpointed at step 3 and
+    resumed on 2 ranks of 2 micro-steps each (-b 4): the loader is replayed by 3 steps of the new run's micro-steps,
+    the same tokens the straight run read, so steps 4 and 5 track the straight run as 2 ranks track 1
+    (test_two_ranks_split_the_one_rank_batch). A replay by steps alone (3 micro-batches) reads half of step 2's again"""
+    out_dir = workdir / "reshard_replay"
+    common = ["-p", "bf16", "-d", 1024, "-x", 5, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-n", 3, "-o", out_dir]
+    codes, straight, _ = train_ranks(workdir, 1, common + ["-b", 8], name="reshard_replay_1")
+    assert codes == [0], straight[-2000:]
+    os.remove(out_dir / "DONE_00000005")
+    codes, resumed, _ = train_ranks(workdir, 2, common + ["-y", 1], name="reshard_replay_2")
+    assert codes == [0, 0], resumed[-2000:]
+    assert "resumed a checkpoint of 1 ranks" in resumed, resumed[-2000:]
+    a, b = losses(straight), losses(resumed)
+    assert sorted(b) == [4, 5] and all(abs(a[s] - b[s]) <= 5e-4 * a[s] for s in b), (a, b)
 
 
 # ---- mpirun (-pi mpi, the default under mpirun): the launch llm.c users know ---------------------

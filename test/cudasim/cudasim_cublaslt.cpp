@@ -25,8 +25,12 @@ factors layouts" in the cuBLAS documentation; rows are m for A, n for B).
 Numerics: operands are decoded exactly to fp32 (bf16, E4M3, E5M2 are subsets of it); each
 dot product is accumulated in fp32 in a fixed order (16 lanes along K, then the lanes in
 order), per 128-element K block when block scaling applies; the epilogue runs in fp32 and D
-is rounded once (bf16: round to nearest even). So results are deterministic and at least as
-accurate as a GPU's; FAST_ACCUM is accepted and changes nothing. The order is the algorithm's,
+is rounded once (bf16: round to nearest even). The dequantization scales are multiplied
+together first, then into the sum (per K block with block scaling), as CUTLASS's sm90 FP8
+epilogue and blockwise mainloop do: (sum * scale_A) * scale_B overflows fp32 where the true
+result does not (an 8e35 weight's scale_inv of 1.8e33 times a sum of 448 x 448). So results
+are deterministic and at least as accurate as a GPU's; FAST_ACCUM is accepted and changes
+nothing. The order is the algorithm's,
 and the heuristic picks its algorithm by the MIN_ALIGNMENT preferences as the library may: a
 promised 256-byte alignment on all four matrices (and cublasLtMatmul without an algorithm)
 sums as above, any less aligned promise takes 8 lanes along K instead, whose bits differ. So
@@ -603,7 +607,7 @@ void compute(const Problem& p, const Pointers& data, float alpha, float beta, bo
                     } else {
                         segment_dots<false>(a_row + start, b_segments, length, columns, sums);
                     }
-                    for (int c = 0; c < columns; c++) { products[c] += sums[c] * scale_a.at(i, block) * scale_b.at(first + c, block); }
+                    for (int c = 0; c < columns; c++) { products[c] += sums[c] * (scale_a.at(i, block) * scale_b.at(first + c, block)); }
                 }
                 for (int c = 0; c < columns; c++) {
                     const uint64_t j = first + c;

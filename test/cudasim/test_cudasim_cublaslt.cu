@@ -181,6 +181,47 @@ static void test_order_follows_promised_alignment(cublasLtHandle_t handle, char*
     cudaCheck(cudaFree(a)); cudaCheck(cudaFree(b)); cudaCheck(cudaFree(d));
 }
 
+/*
+The dequantization scales are multiplied together before they multiply a sum (cudasim_cublaslt.cpp's
+top comment): with every A scale 2^127 and every B scale 2^-107, D = 2^20 A^T B exactly, where
+sum * 2^127 overflows to Inf for any |sum| >= 2. Per tensor and per 128-element block alike.
+*/
+static void test_scale_product_comes_first(cublasLtHandle_t handle, char* workspace, const uint8_t* a, const uint8_t* b,
+                                           float* d, float* scales_a, float* scales_b, const float* a_value,
+                                           const float* b_value, size_t scale_floats) {
+    float* sa = (float*)malloc(sizeof(float) * scale_floats);
+    float* sb = (float*)malloc(sizeof(float) * scale_floats);
+    for (size_t i = 0; i < scale_floats; i++) { sa[i] = ldexpf(1.0f, 127); sb[i] = ldexpf(1.0f, -107); }
+    cudaCheck(cudaMemcpy(scales_a, sa, sizeof(float) * scale_floats, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(scales_b, sb, sizeof(float) * scale_floats, cudaMemcpyHostToDevice));
+    float* got = (float*)malloc(sizeof(float) * M * N);
+    const int32_t modes[2] = {CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F};
+    const float alpha = 1.0f, beta = 0.0f;
+    for (int c = 0; c < 2; c++) {
+        Gemm g = gemm_create(modes[c], modes[c], scales_a, scales_b);
+        cublasLtMatmulHeuristicResult_t result;
+        int found = 0;
+        lt_check(cublasLtMatmulAlgoGetHeuristic(handle, g.desc, g.a, g.b, g.d, g.d, g.preference, 1, &result, &found),
+                 "scale-product heuristic");
+        lt_check(cublasLtMatmul(handle, g.desc, &alpha, a, g.a, b, g.b, &beta, d, g.d, d, g.d, &result.algo, workspace,
+                                1 << 20, 0), "scale-product matmul");
+        cudaCheck(cudaMemcpy(got, d, sizeof(float) * M * N, cudaMemcpyDeviceToHost));
+        int bad = 0, large = 0;
+        for (int j = 0; j < N; j++) {
+            for (int i = 0; i < M; i++) {
+                double sum = 0.0;
+                for (int p = 0; p < K; p++) { sum += (double)a_value[(size_t)i * K + p] * b_value[(size_t)j * K + p]; }
+                large += fabs(sum) >= 2.0;
+                bad += (double)got[i + (size_t)j * M] != ldexp(sum, 20);
+            }
+        }
+        CHECK(large > M * N / 2 && bad == 0, "scale mode %d, scales 2^127 x 2^-107: %d of %d outputs are not 2^20 times "
+              "the sum (%d sums of 2 or more)", modes[c], bad, M * N, large);
+        gemm_destroy(&g);
+    }
+    free(got); free(sa); free(sb);
+}
+
 int main() {
     // codes: small integers, exact in E4M3; A stored K x M (column m contiguous along K)
     uint8_t* a_host = (uint8_t*)malloc((size_t)K * M);
@@ -295,6 +336,7 @@ int main() {
 
     test_bf16_accumulate_rounds_sum_first(handle, workspace);
     test_order_follows_promised_alignment(handle, workspace);
+    test_scale_product_comes_first(handle, workspace, a, b, d, scales_a, scales_b, a_value, b_value, scale_floats);
 
     lt_check(cublasLtDestroy(handle), "destroy");
     void* buffers[6] = {a, b, d, scales_a, scales_b, workspace};
