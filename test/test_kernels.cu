@@ -44,6 +44,7 @@ per element |gpu - ref| <= atol + rtol * |ref|, in the spirit of llm.c's bf16 ch
 #include "llmc/fused_classifier.cuh"
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
+#include "llmc/profiler.h"
 #include "llmc/quant8.h"
 #include "test/gpt2_ref.h"
 #include "test/test_harness.h"
@@ -926,6 +927,8 @@ static void test_device_peaks(void) {
     CHECK(bf16_dense_peak_tflops("NVIDIA H100 PCIe") == 756.0f, "H100 PCIe peak");
     CHECK(bf16_dense_peak_tflops("NVIDIA H100 NVL") == 835.0f, "H100 NVL peak");
     CHECK(bf16_dense_peak_tflops("NVIDIA H200") == 989.0f, "H200 peak");
+    CHECK(bf16_dense_peak_tflops("NVIDIA H200 NVL") == 835.0f, "H200 NVL peak");
+    CHECK(bf16_dense_peak_tflops("NVIDIA GH200 480GB") == 989.0f, "GH200 peak");
     CHECK(bf16_dense_peak_tflops("NVIDIA A100-SXM4-80GB") == 0.0f, "unknown device has no peak");
 }
 
@@ -944,11 +947,115 @@ static void test_vector_kernel_grid(void) {
     CHECK_DIES("vector_kernel_grid of 0 elements", "must be a positive multiple of 8", vector_kernel_grid(0, 256, "gelu_forward"));
     CHECK_DIES("vector_kernel_grid past CUDA's grid", "above CUDA's 2^31-1",
                vector_kernel_grid((size_t)1 << 45, 256, "gelu_backward_inplace"));
+    // the limit itself: 2^31-1 blocks is CUDA's largest grid, one block more is not
+    CHECK(vector_kernel_grid((size_t)0x7fffffff * 256 * 8, 256, "gelu_forward") == 0x7fffffffu, "grid of 2^31-1 blocks");
+    CHECK_DIES("vector_kernel_grid of 2^31 blocks", "need 2147483648 blocks of 256 threads, above CUDA's 2^31-1",
+               vector_kernel_grid((size_t)1 << 42, 256, "gelu_forward"));
+}
+
+// a request past any GPU's memory after 256 MiB taken: the one line names the request and what it was for
+// (cuda_malloc_checked), and the memory free, at most the device's less those 256 MiB, before the device's, not the
+// runtime's error code. Before any CUDA call in this process (a child may not follow one)
+static void allocate_past_the_device(void) {
+    (void)cuda_malloc_checked((size_t)256 << 20, "a first tensor");
+    (void)cuda_malloc_checked((size_t)1 << 40, "a test tensor");
+}
+
+static void test_out_of_memory_line(void) {
+    const char* line = "out of GPU memory: 1024.00 GiB requested for a test tensor, ";
+    CHECK_DIES("cuda_malloc_checked of 1 TiB", line, allocate_past_the_device());
+    ChildRun run;
+    if (child_run_begin(&run)) { allocate_past_the_device(); _exit(0); }
+    char text[CHILD_STDERR_MAX + 1];
+    size_t length;
+    child_run_collect(&run, text, &length);
+    const char* at = strstr(text, line);
+    double free_gib = -1.0, total_gib = -1.0;
+    int parsed = at != NULL && sscanf(at + strlen(line), "%lf GiB free of %lf GiB", &free_gib, &total_gib) == 2;
+    CHECK(parsed && free_gib >= 0.0 && free_gib <= total_gib - 0.2, "out-of-memory line, free then total: [%s]", text);
+}
+
+// what device_info_query reports is the current device's properties (the trainer's device line, MFU and -lg)
+static void test_device_info(void) {
+    DeviceInfo info = device_info_query();
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    char bus_id[32];
+    snprintf(bus_id, sizeof(bus_id), "%04x:%02x:%02x.0", (unsigned)prop.pciDomainID, (unsigned)prop.pciBusID,
+             (unsigned)prop.pciDeviceID);
+    CHECK(strcmp(info.name, prop.name) == 0 && info.sm_count == prop.multiProcessorCount &&
+          info.total_memory_bytes == prop.totalGlobalMem && info.bf16_peak_tflops == bf16_dense_peak_tflops(prop.name) &&
+          strcmp(info.pci_bus_id, bus_id) == 0,
+          "device_info_query: %s, %d SMs, %zu bytes, %.0f TFLOP/s, bus %s; the properties: %s, %d SMs, %zu bytes, bus %s",
+          info.name, info.sm_count, info.total_memory_bytes, info.bf16_peak_tflops, info.pci_bus_id, prop.name,
+          prop.multiProcessorCount, prop.totalGlobalMem, bus_id);
+}
+
+/*
+The -kt table (llmc/profiler.h) by what it counts, which a GPU and cudasim agree on (the times do not): a first
+step discarded, two recorded steps of PROFILER_MAX_MARKS + 5 marks cycling through PROFILER_MAX_NAMES + 2 names.
+Each name's calls per step is its share of the first PROFILER_MAX_MARKS marks, the names past the table's
+last row charged to that row, the 5 marks a step past the limit dropped and said so; and no table before a
+recorded step, nor a count of a mark outside a step.
+*/
+#define PROFILER_TEST_NAMES (PROFILER_MAX_NAMES + 2)
+static void test_profiler_counts(void) {
+    static char names[PROFILER_TEST_NAMES][8];
+    for (int k = 0; k < PROFILER_TEST_NAMES; k++) { snprintf(names[k], sizeof(names[k]), "k%02d", k); }
+    const int extra = 5;
+    profiler_init(1);
+    for (int step = 0; step < 3; step++) {
+        profiler_begin_step(0);
+        for (int i = 0; i < (step == 0 ? 3 : PROFILER_MAX_MARKS + extra); i++) { profiler_mark(names[i % PROFILER_TEST_NAMES]); }
+        profiler_end_step(step > 0);
+        if (step == 0) {
+            FILE* none = tmpfile();
+            profiler_print(none);
+            CHECK(ftell(none) == 0, "profiler: a table printed before any recorded step");
+            fclose(none);
+        }
+    }
+    profiler_mark(names[0]);  // outside a step (an eval's forward): neither charged nor dropped
+    FILE* out = tmpfile();
+    profiler_print(out);
+    rewind(out);
+    long want[PROFILER_MAX_NAMES] = {0}, got[PROFILER_MAX_NAMES], rows = 0;
+    for (int i = 0; i < PROFILER_MAX_MARKS; i++) {
+        int k = i % PROFILER_TEST_NAMES;
+        want[k < PROFILER_MAX_NAMES ? k : PROFILER_MAX_NAMES - 1]++;
+    }
+    for (int k = 0; k < PROFILER_MAX_NAMES; k++) { got[k] = -1; }
+    char line[256], header[256] = "", dropped[256] = "";
+    while (fgets(line, sizeof(line), out) != NULL) {
+        char name[32];
+        double ms, share;
+        long calls;
+        int k;
+        if (strncmp(line, "kernel breakdown", 16) == 0) { snprintf(header, sizeof(header), "%s", line); }
+        if (line[0] == '(') { snprintf(dropped, sizeof(dropped), "%s", line); }
+        if (sscanf(line, "| %31s | %lf | %lf%% | %ld |", name, &ms, &share, &calls) == 4 && sscanf(name, "k%d", &k) == 1 &&
+            k >= 0 && k < PROFILER_MAX_NAMES) {
+            got[k] = calls;
+            rows++;
+        }
+    }
+    fclose(out);
+    profiler_free();
+    int wrong = 0;
+    for (int k = 0; k < PROFILER_MAX_NAMES; k++) { wrong += got[k] != want[k]; }
+    CHECK(rows == PROFILER_MAX_NAMES && wrong == 0, "profiler: %ld rows, %d with calls per step other than expected (k00: %ld, "
+          "want %ld; k%02d: %ld, want %ld)", rows, wrong, got[0], want[0], PROFILER_MAX_NAMES - 1, got[PROFILER_MAX_NAMES - 1],
+          want[PROFILER_MAX_NAMES - 1]);
+    CHECK(strcmp(header, "kernel breakdown over 2 steps (ms per step):\n") == 0, "profiler header: %s", header);
+    char want_dropped[128];
+    snprintf(want_dropped, sizeof(want_dropped), "(%d marks beyond %d per step were dropped", 2 * extra, PROFILER_MAX_MARKS);
+    CHECK(strncmp(dropped, want_dropped, strlen(want_dropped)) == 0, "profiler: dropped marks line [%s]", dropped);
 }
 
 int main(void) {
     test_device_peaks();
     test_vector_kernel_grid();
+    test_out_of_memory_line();
     int device_count = 0;
     if (cudaGetDeviceCount(&device_count) != cudaSuccess || device_count == 0) {
         llm8_die("test_kernels needs a CUDA GPU and found none (run it with make gpucheck on a GPU machine)");
@@ -956,6 +1063,7 @@ int main(void) {
     DeviceInfo info = device_info_query();
     printf("device: %s, %d SMs, %.1f GiB, bf16 peak %.0f TFLOP/s\n", info.name, info.sm_count,
            info.total_memory_bytes / 1073741824.0, info.bf16_peak_tflops);
+    test_device_info();
     const Shape shapes[] = {
         {"B=4 T=64 C=768 V=50257", 4, 64, 768, 50257, 50304},
         {"B=3 T=5 C=40 V=97", 3, 5, 40, 97, 104},
@@ -1021,5 +1129,6 @@ int main(void) {
     const Shape classifier_batch_edge = {"B=2 T=8 V=4147 Vp=4160", 2, 8, 40, 4147, 4160};
     printf("shape %s\n", classifier_batch_edge.name);
     test_fused_classifier(&classifier_batch_edge);
+    test_profiler_counts();
     return test_summary("test_kernels");
 }
