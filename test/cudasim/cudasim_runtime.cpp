@@ -325,7 +325,13 @@ The order in which a block's threads run between two meeting points. A race-free
 gives the same result in any order; a racy one (a shared or global value read by one thread
 and written by another with no barrier between) depends on it. So each block gets its own
 pseudo-random order, different for every launch: the GPU tests' "run twice, bitwise equal"
-checks then catch the race. CUDASIM_SCHEDULE=in-order runs threads in index order instead.
+checks then catch the race. One warp of each block of several (a random one) also lags: it
+runs only when no other thread can, as a warp the GPU's scheduler left behind. A shuffled
+order alone runs every thread once between meeting points, so a read left behind a barrier
+still happened before any thread came around to the next write; the lagging warp reads after
+the others have gone on as far as they can (block_reduce_sum without its second barrier:
+the others' next call overwrote the partial sums it had not read yet).
+CUDASIM_SCHEDULE=in-order runs threads in index order instead, no warp lagging.
 */
 static bool shuffled_schedule() {
     static const bool shuffled = [] {
@@ -337,16 +343,39 @@ static bool shuffled_schedule() {
 static thread_local std::vector<int> schedule_order;
 static thread_local uint64_t schedule_seed;
 
-static void choose_schedule_order(int thread_count) {
+static uint64_t next_schedule_random() {  // xorshift64
+    schedule_seed ^= schedule_seed << 13;
+    schedule_seed ^= schedule_seed >> 7;
+    schedule_seed ^= schedule_seed << 17;
+    return schedule_seed;
+}
+
+// the order, and the lagging warp (-1: none)
+static int choose_schedule_order(int thread_count) {
     schedule_order.resize(thread_count);
     for (int i = 0; i < thread_count; i++) { schedule_order[i] = i; }
-    if (!shuffled_schedule()) { return; }
-    for (int i = thread_count - 1; i > 0; i--) {  // Fisher-Yates with a xorshift64 stream
-        schedule_seed ^= schedule_seed << 13;
-        schedule_seed ^= schedule_seed >> 7;
-        schedule_seed ^= schedule_seed << 17;
-        std::swap(schedule_order[i], schedule_order[(int)(schedule_seed % (uint64_t)(i + 1))]);
+    if (!shuffled_schedule()) { return -1; }
+    for (int i = thread_count - 1; i > 0; i--) {  // Fisher-Yates
+        std::swap(schedule_order[i], schedule_order[(int)(next_schedule_random() % (uint64_t)(i + 1))]);
     }
+    const int warps = (thread_count + 31) / 32;
+    return warps > 1 ? (int)(next_schedule_random() % (uint64_t)warps) : -1;
+}
+
+// one pass over the block's threads in the schedule's order, resuming each that can go on, the
+// lagging warp's (lagging true) or the others' (false); whether any did
+static bool run_pass(Block& block, int lagging_warp, bool lagging) {
+    std::vector<Fiber>& fibers = *block.fibers;
+    bool progressed = false;
+    for (int i = 0; i < block.thread_count; i++) {
+        Fiber& fiber = fibers[schedule_order[i]];
+        if ((fiber.linear / 32 == lagging_warp) != lagging || !can_resume(block, fiber)) { continue; }
+        fiber.waiting = Wait::None;
+        current_fiber = &fiber;
+        switch_context(&scheduler_context, &fiber.context);
+        progressed = true;
+    }
+    return progressed;
 }
 
 static void run_block(Block& block) {
@@ -356,18 +385,9 @@ static void run_block(Block& block) {
         make_context(&fiber.context, fiber.stack, FIBER_STACK_BYTES - fiber_stack_offset(i), fiber_entry);
         fiber.waiting = Wait::None;
     }
-    choose_schedule_order(block.thread_count);
+    const int lagging_warp = choose_schedule_order(block.thread_count);
     while (block.exited < block.thread_count) {
-        bool progressed = false;
-        for (int i = 0; i < block.thread_count; i++) {
-            Fiber& fiber = fibers[schedule_order[i]];
-            if (!can_resume(block, fiber)) { continue; }
-            fiber.waiting = Wait::None;
-            current_fiber = &fiber;
-            switch_context(&scheduler_context, &fiber.context);
-            progressed = true;
-        }
-        if (!progressed) {
+        if (!run_pass(block, lagging_warp, false) && !run_pass(block, lagging_warp, true)) {
             // a meeting that can never complete: report the first waiting thread
             for (int i = 0; i < block.thread_count; i++) {
                 Fiber& fiber = fibers[i];

@@ -11,6 +11,10 @@ refuses too (run under cudasim only):
 - __syncthreads_or returns, in every thread, whether any thread of the block passed a
   nonzero predicate to that barrier: one thread, none, all, over consecutive barriers (each
   barrier's vote is its own);
+- a read of shared memory with no barrier before the next write to it is a race the schedule
+  shows: two block sums in a row, as block_reduce_sum takes them but without its second
+  barrier, give some threads a wrong first sum (the warp left behind reads the partial sums
+  of the second), and block_reduce_sum itself gives every thread both sums right;
 - static __shared__ memory holds garbage (0xff bytes) at the start of every block, not the
   values the previous block on the same OS thread left (a read before the block's first
   write shows), in a kernel and in a __device__ function it calls twice (the second call
@@ -26,6 +30,7 @@ refuses too (run under cudasim only):
   fail), and a child that makes no CUDA call exits as it likes.
 */
 #include "llmc/cuda_common.h"
+#include "llmc/cuda_utils.cuh"
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 
@@ -174,6 +179,37 @@ static void test_static_shared_starts_as_garbage(void) {
     cudaCheck(cudaFree(seen));
 }
 
+// block_reduce_sum without the barrier after its read of the partial sums
+__device__ float block_sum_missing_a_barrier(float value) {
+    __shared__ float warp_sums[WARP_SIZE];
+    float warp_sum = warp_reduce_sum(value);
+    if (threadIdx.x % WARP_SIZE == 0) { warp_sums[threadIdx.x / WARP_SIZE] = warp_sum; }
+    __syncthreads();
+    float partial = threadIdx.x % WARP_SIZE < blockDim.x / WARP_SIZE ? warp_sums[threadIdx.x % WARP_SIZE] : 0.0f;
+    return warp_reduce_sum(partial);
+}
+
+// every thread's two sums: of 1 over the block, then of 2
+__global__ void two_block_sums_kernel(float* sums, int racy) {
+    float* mine = sums + 2 * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
+    mine[0] = racy ? block_sum_missing_a_barrier(1.0f) : block_reduce_sum(1.0f);
+    mine[1] = racy ? block_sum_missing_a_barrier(2.0f) : block_reduce_sum(2.0f);
+}
+
+// how many of the threads' sums are wrong, over 8 blocks of 4 warps
+static int wrong_block_sums(int racy) {
+    const int blocks = 8, threads = 128;
+    float* sums;
+    cudaCheck(cudaMalloc(&sums, 2 * blocks * threads * sizeof(float)));
+    two_block_sums_kernel<<<blocks, threads>>>(sums, racy);
+    float host[2 * 8 * 128];
+    cudaCheck(cudaMemcpy(host, sums, sizeof(host), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(sums));
+    int wrong = 0;
+    for (int i = 0; i < blocks * threads; i++) { wrong += host[2 * i] != threads || host[2 * i + 1] != 2 * threads; }
+    return wrong;
+}
+
 int main() {
     CHECK(!shared_write_faults(63), "writing the last byte of 64 bytes of dynamic shared memory faults");
     CHECK(shared_write_faults(64), "writing one byte past 64 bytes of dynamic shared memory does not fault");
@@ -219,6 +255,9 @@ int main() {
     CHECK(host_flag == 1, "64 threads for __launch_bounds__(64) did not run");
 
     test_syncthreads_or();
+    int racy_wrong = wrong_block_sums(1), wrong = wrong_block_sums(0);
+    CHECK(racy_wrong > 0, "two block sums with no barrier between a read and the next write: no thread's sum wrong");
+    CHECK(wrong == 0, "block_reduce_sum twice in a row: %d threads' sums wrong", wrong);
     test_static_shared_starts_as_garbage();
     CHECK(!forked_child_call_stopped(0, flag), "a child forked after CUDA calls, making none itself, was stopped");
     const char* calls[4] = {"", "cudaMalloc", "a kernel launch", "cudaMemsetAsync"};
