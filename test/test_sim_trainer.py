@@ -12,7 +12,9 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
 - the schedule's rate at each step from step 0; weight decay on the 2D tensors only; gradient
   accumulation averages its micro-steps; checkpoints at every -n steps and at the last step;
 - each FP8 weight cast with its own layer's amax after the update (the state file's records);
-- -y 1 resumes bitwise: the resumed steps print the losses of the uninterrupted run;
+- -y 1 resumes bitwise: the resumed steps print the losses of the uninterrupted run; also with each linear's
+  own FP8 passes, resumed with val, HellaSwag, samples and -r 2, which change nothing;
+- -fr delayed and -fg delayed take the current path in the first step only (its model is -fr current's);
 - -ge 2 (GELU's derivative in fcproj's dgrad epilogue), bf16 and FP8: trains, tracking -ge 1;
 - -r 0, 1 and 2 in FP8 (each recipe, and with only some wgrads in FP8): the same losses, model,
   state and numerics files, bit for bit, and the device memory falls by exactly the x^T codes
@@ -169,15 +171,25 @@ def test_training_run_with_eval_samples_logs_and_checkpoints(workdir, flags):
         # E5M2 codes flush some of dy's smallest values
         assert all(row["frac_saturated"] == 0 for row in rows if row["operand"] == "w"), rows
         assert any(row["frac_flushed"] > 0 for row in rows if row["operand"] == "dy"), rows
+        # each row names its codes' format (E5M2 output gradients, E4M3 activations and weights); a current-scaled
+        # cast (the weights, the output gradients: -fg current) maps its amax to the format's largest value, so the
+        # interval's largest amax times its smallest scale is that value, and nothing saturates
+        for row in rows:
+            assert row["format"] == ("e5m2" if row["operand"] == "dy" else "e4m3"), row
+            if row["operand"] != "x":
+                largest = 57344.0 if row["operand"] == "dy" else 448.0
+                assert abs(row["amax"] * row["scale"] / largest - 1) < 1e-6 and row["amax"] < 1 < row["scale"], row
+                assert row["frac_saturated"] == 0, row
 
 
 @pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-fg", "delayed"],
-                                   ["-p", "fp8", "-fw", "delayed", "-w", "0"]],
-                         ids=["bf16", "fp8-delayed-weights-gradients-adamw8", "fp8-delayed-weights-no-master"])
+                                   ["-p", "fp8", "-f8", "all", "-fw", "delayed", "-w", "0"]],
+                         ids=["bf16", "fp8-delayed-weights-gradients-adamw8", "fp8-lm_head-delayed-weights-no-master"])
 def test_resume_is_bitwise(workdir, flags):
     """a run checkpointed at step 3 and resumed gives steps 4..6 the straight run's losses bit for bit; under -fw
     delayed the resume rebuilds the weights' codes with the saved scale, from the fp32 master or (-w 0) from the
-    bf16 weights. Resumed once more, at the run's end, it notes that nothing is left to train"""
+    bf16 weights (and lm_head's, current-scaled from the bf16 wte, are checked against their saved records).
+    Resumed once more, at the run's end, it notes that nothing is left to train"""
     out = workdir / ("resume_" + "_".join(str(f) for f in flags))
     common = flags + ["-x", 6, "-l", 3e-3, "-v", 0, "-s", 0, "-n", 3, "-o", out]
     straight = train(workdir, common)
@@ -295,6 +307,59 @@ def test_gradient_scalings_are_honoured(workdir):
     predicted = re.findall(r"-fg pow2: (\d+) output gradients cast with a predicted scale, (\d+) cast again", runs["pow2"][2])
     layers = int(re.search(r"\bL=(\d+) ", runs["pow2"][2]).group(1))
     assert predicted and int(predicted[0][0]) == 2 * 2 * layers and int(predicted[0][1]) <= int(predicted[0][0]), predicted
+
+
+SCALING_RECORDED = sim_model.SCALING_FIELD_OFFSETS["position"] + 4  # Fp8TensorScaling.recorded, after position
+
+
+def test_delayed_scalings_take_the_current_path_in_the_first_step_only(workdir):
+    """-fr delayed's activations and -fg delayed's output gradients are seeded by the first step's current-scaled
+    casts: step 1's model is -fr current -fg current's bit for bit, and from step 2 on each delayed choice trains other
+    bits (the histories' scales). Each state takes one update per use in every recipe"""
+    models = {}
+    for name, flags in (("current", ["-fr", "current"]), ("delayed x", ["-fr", "delayed"]),
+                        ("delayed x and dy", ["-fr", "delayed", "-fg", "delayed"])):
+        out = workdir / ("seeding_" + name.replace(" ", "_"))
+        r = train(workdir, ["-p", "fp8", "-x", 2, "-l", 3e-3, "-v", 0, "-s", 0, "-n", 1, "-o", out] + flags)
+        assert r.returncode == 0, r.stderr[-2000:]
+        models[name] = [open(out / f"model_{step:08d}.bin", "rb").read() for step in (1, 2)]
+        # one update of each activation's and output gradient's state per use (a step here), seeding included
+        states = state_section(out / "state_00000002_00000.bin", "fp8_scaling")
+        n = len(states) // sim_model.SCALING_BYTES // 3
+        recorded = [struct.unpack_from("<i", states, t * sim_model.SCALING_BYTES + SCALING_RECORDED)[0]
+                    for t in range(2 * n)]
+        assert recorded == [2] * (2 * n), (name, recorded)
+    assert models["current"][0] == models["delayed x"][0] == models["delayed x and dy"][0], "a delayed first step"
+    assert models["current"][1] != models["delayed x"][1], "-fr delayed's second step took the current path"
+    assert models["delayed x"][1] != models["delayed x and dy"][1], "-fg delayed's second step took the current path"
+
+
+def test_fp8_passes_per_linear_resume_bitwise_whatever_the_evaluation(workdir):
+    """each linear with its own FP8 passes (test_gpt2's fp8_settings_per_linear: qkv the forward alone, attproj both
+    backward GEMMs, fc the dgrad alone, fcproj the wgrad alone, lm_head forward and dgrad), -fg delayed: a run
+    checkpointed at step 2 and resumed with -r 2 and val loss, HellaSwag and samples at every step trains steps 3 and 4
+    as the straight run without any (and -r 0), bit for bit, and appends the straight run's numerics rows of those
+    steps (evaluation puts the scaling and records back; the resume finds every cast tensor's state seeded, a tensor
+    cast for one pass only included); no step is skipped (every cast a GEMM reads was written)"""
+    out = workdir / "passes_per_linear"
+    common = ["-p", "fp8", "-f8", "all", "-fg", "delayed", "-x", 4, "-l", 3e-3, "-n", 2, "-fn", 1, "-o", out,
+              "-f8p", "qkv.fwd,attproj.dgrad,attproj.wgrad,fc.dgrad,fcproj.wgrad,lm_head.fwd,lm_head.dgrad"]
+    straight = train(workdir, common + ["-v", 0, "-s", 0])
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    a = losses(straight.stdout)
+    assert sorted(a) == [1, 2, 3, 4] and all(np.isfinite(list(a.values()))), a
+    os.remove(out / "DONE_00000004")
+    log = (out / "numerics.jsonl").read_text()
+    resumed = train(workdir, common + ["-v", 1, "-s", 1, "-g", 4, "-h", 1, "-r", 2, "-y", 1])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert re.findall(r"^val loss \d+\.\d+$", resumed.stdout, re.M), resumed.stdout[-2000:]
+    b = losses(resumed.stdout)
+    assert sorted(b) == [3, 4] and all(a[s] == b[s] for s in (3, 4)), (a, b)
+    # every cast a GEMM reads was written: no NaN code (cudasim's fresh 0xff bytes) made a gradient non-finite
+    assert "update skipped" not in straight.stdout + resumed.stdout, straight.stdout[-2000:]
+    # the numerics log goes on after the resume's first step with steps 3 and 4's rows as the straight run wrote them
+    later = "".join(line for line in log.splitlines(keepends=True) if json.loads(line)["step"] > 2)
+    assert later and (out / "numerics.jsonl").read_text() == log + later
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
