@@ -340,7 +340,8 @@ static bool shuffled_schedule() {
     }();
     return shuffled;
 }
-static thread_local std::vector<int> schedule_order;
+static thread_local std::vector<int> schedule_order;    // every thread but the lagging warp's
+static thread_local std::vector<int> lagging_order;     // the lagging warp's threads (empty: none lags)
 static thread_local uint64_t schedule_seed;
 
 static uint64_t next_schedule_random() {  // xorshift64
@@ -350,31 +351,43 @@ static uint64_t next_schedule_random() {  // xorshift64
     return schedule_seed;
 }
 
-// the order, and the lagging warp (-1: none)
-static int choose_schedule_order(int thread_count) {
-    schedule_order.resize(thread_count);
-    for (int i = 0; i < thread_count; i++) { schedule_order[i] = i; }
-    if (!shuffled_schedule()) { return -1; }
-    for (int i = thread_count - 1; i > 0; i--) {  // Fisher-Yates
-        std::swap(schedule_order[i], schedule_order[(int)(next_schedule_random() % (uint64_t)(i + 1))]);
-    }
+static void choose_schedule_order(int thread_count) {
+    std::vector<int> order(thread_count);
+    for (int i = 0; i < thread_count; i++) { order[i] = i; }
     const int warps = (thread_count + 31) / 32;
-    return warps > 1 ? (int)(next_schedule_random() % (uint64_t)warps) : -1;
+    int lagging_warp = -1;
+    if (shuffled_schedule()) {
+        for (int i = thread_count - 1; i > 0; i--) {  // Fisher-Yates
+            std::swap(order[i], order[(int)(next_schedule_random() % (uint64_t)(i + 1))]);
+        }
+        if (warps > 1) { lagging_warp = (int)(next_schedule_random() % (uint64_t)warps); }
+    }
+    schedule_order.clear();
+    lagging_order.clear();
+    for (int thread : order) { (thread / 32 == lagging_warp ? lagging_order : schedule_order).push_back(thread); }
 }
 
-// one pass over the block's threads in the schedule's order, resuming each that can go on, the
-// lagging warp's (lagging true) or the others' (false); whether any did
-static bool run_pass(Block& block, int lagging_warp, bool lagging) {
+// one pass over `order`, resuming each thread that can go on; whether any did
+static bool run_pass(Block& block, const std::vector<int>& order) {
     std::vector<Fiber>& fibers = *block.fibers;
     bool progressed = false;
-    for (int i = 0; i < block.thread_count; i++) {
-        Fiber& fiber = fibers[schedule_order[i]];
-        if ((fiber.linear / 32 == lagging_warp) != lagging || !can_resume(block, fiber)) { continue; }
+    for (int thread : order) {
+        Fiber& fiber = fibers[thread];
+        if (!can_resume(block, fiber)) { continue; }
         fiber.waiting = Wait::None;
         current_fiber = &fiber;
         switch_context(&scheduler_context, &fiber.context);
         progressed = true;
     }
+    return progressed;
+}
+
+// the lagging warp's passes, once no other thread can go on: until it stops too, or it completes
+// a block barrier (which is all the others can wait for); whether it went on at all
+static bool run_lagging_warp(Block& block) {
+    const long generation = block.barrier_generation;
+    bool progressed = false;
+    while (block.barrier_generation == generation && run_pass(block, lagging_order)) { progressed = true; }
     return progressed;
 }
 
@@ -385,9 +398,9 @@ static void run_block(Block& block) {
         make_context(&fiber.context, fiber.stack, FIBER_STACK_BYTES - fiber_stack_offset(i), fiber_entry);
         fiber.waiting = Wait::None;
     }
-    const int lagging_warp = choose_schedule_order(block.thread_count);
+    choose_schedule_order(block.thread_count);
     while (block.exited < block.thread_count) {
-        if (!run_pass(block, lagging_warp, false) && !run_pass(block, lagging_warp, true)) {
+        if (!run_pass(block, schedule_order) && !run_lagging_warp(block)) {
             // a meeting that can never complete: report the first waiting thread
             for (int i = 0; i < block.thread_count; i++) {
                 Fiber& fiber = fibers[i];
