@@ -198,11 +198,11 @@ __global__ void two_block_sums_kernel(float* sums, int racy) {
 
 // how many of the threads' sums are wrong, over 8 blocks of 4 warps
 static int wrong_block_sums(int racy) {
-    const int blocks = 8, threads = 128;
+    enum { blocks = 8, threads = 128 };
     float* sums;
     cudaCheck(cudaMalloc(&sums, 2 * blocks * threads * sizeof(float)));
     two_block_sums_kernel<<<blocks, threads>>>(sums, racy);
-    float host[2 * 8 * 128];
+    float host[2 * blocks * threads];
     cudaCheck(cudaMemcpy(host, sums, sizeof(host), cudaMemcpyDeviceToHost));
     cudaCheck(cudaFree(sums));
     int wrong = 0;
