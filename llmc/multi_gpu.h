@@ -250,7 +250,7 @@ static inline void multi_gpu_nccl_settle(const MultiGpuConfig* cfg, ncclResult_t
     while (result == ncclInProgress) {
         if (multi_gpu_now_s() > deadline) {
             char reason[128];
-            snprintf(reason, sizeof(reason), "still in progress after %d s (a peer died or hangs?)", cfg->timeout_s);
+            snprintf(reason, sizeof(reason), "did not complete within %d s (still being launched: a peer died or hangs?)", cfg->timeout_s);
             multi_gpu_abort_and_die(cfg, what, reason);
         }
         multi_gpu_poll_pause(&pause_us);
