@@ -9,12 +9,15 @@ bitwise-reproducibility promises. Runs on an H100/H200 (make gpucheck).
    relative rounding 2^-9 per op, accumulated over 12 layers): logits 2e-2, gradients 5e-2,
    loss 2e-2 absolute at ln(V) ~ 10.8.
 2. 10 AdamW steps on d6 in lockstep with the CPU reference: each loss within 1e-2 relative.
-3. Determinism: two runs of 10 steps from the same init give bitwise equal losses and weights
-   (the second also writes a checkpoint at step 5, which cannot change them: 5 resumes it).
+3. Determinism: two runs of 10 steps on d6 from the same init give bitwise equal losses and
+   weights (the second also writes a checkpoint at step 5, which cannot change them: 5 resumes
+   it). Every training run (2 to 5 and 7 to 9) is on d6 at TRAINING_LR, where its losses fall
+   smoothly.
 4. Recompute changes memory, not results: -r 1 and -r 2 bitwise equal, and -r 0 and -r 1
    with -ge 0 (a fused-GELU forward uses cuBLASLt's GELU, the recompute llm8's kernel).
-   -ge 2 is deterministic, tracks -ge 1 within 1% per step, in bf16 and in FP8 (delayed), and
-   is not -ge 1's bits (the epilogue's product is rounded once, the kernel's twice).
+   -ge 2 is deterministic, tracks -ge 1 (per step, within 1% in bf16 and 2% in FP8, delayed:
+   check_losses_track), and is not -ge 1's bits (the epilogue's product is rounded once, the
+   kernel's twice).
 5. Resume: 10 steps straight vs 5 steps, checkpoint, a fresh model loaded from it, 5 more
    steps: bitwise equal losses and weights.
 FP8 (-p fp8), against the reference with FP8 emulation (gpt2ref_set_fp8_emulation, the same
@@ -63,7 +66,9 @@ recipe, linears and quantization points):
    protocol is checked exactly: the same number of updates of every activation and gradient
    state that an FP8 GEMM reads (evaluation forwards put the scaling back), none of a
    gradient no FP8 GEMM reads, and the activation scales within 10% (amaxes of bf16 vs fp32
-   activations).
+   activations), after the warm-ups and after the step compared. In the shallow runs the
+   emulation takes the GPU's states for that step (check_scaling_protocol): a delayed scale
+   from another amax history would add flips of its own, which the bound on r leaves out.
 7. 10 FP8 AdamW steps on d6 in lockstep with the emulating reference: losses within 1e-2;
    also with delayed weight scaling (-fw delayed, lm_head in FP8), after which every FP8
    weight's codes are exactly its master's under its record's scale (the GEMMs'), W^T their
@@ -73,12 +78,13 @@ recipe, linears and quantization points):
    middle of a run changes nothing: all bitwise. So does recompute, which in FP8 casts the
    wgrads' x^T again in the backward: -r 0, 1 and 2 give the same losses, -r 0 and 2 the
    same weights after 3 steps.
-8-bit AdamW (-opt adamw8, d12 as in 3 and 5):
+8-bit AdamW (-opt adamw8, d6 as in 3 and 5):
 9. 10 steps track the fp32-AdamW run: each loss within 1% relative. Two runs are bitwise
    equal, and resume is bitwise. -qs none (every tensor keeps fp32 states) is plain AdamW bit
    for bit, through adamw8_update_range's 32-bit path. Conversions: the plain AdamW
    checkpoint of 5 resumes under adamw8 and the adamw8 checkpoint under plain AdamW, each
-   within 1% of the run it left. FP8 (delayed) with adamw8 tracks FP8 with AdamW within 1%.
+   within 1% of the run it left. FP8 (delayed) with adamw8 tracks FP8 with AdamW within 2% per
+   step (check_losses_track: an FP8 run's steps jitter more).
 Each section prints the second it starts at; TEST_GPT2_FIRST_SECTION=N runs sections N to 9
 only (first_section below), for GPU calls shorter than the whole binary.
 */
@@ -129,6 +135,16 @@ static const char* SHARD_PATH = "build/test_gpt2_data_train_000000.bin";
 // through 64 of the vocabulary, each one's successor fixed, which 10 updates learn measurably
 static const char* LEARNABLE_SHARD_PATH = "build/test_gpt2_learnable_train_000000.bin";
 #define LEARNABLE_CYCLE 64
+
+/*
+The learning rate of every training run here (constant, AdamW's betas 0.9 and 0.95). d6 learns the
+learnable shard smoothly at it (the fp32 reference: 10.84 to 3.88 in 9 updates). d12 on the same
+batches does not: at 6e-4 (until 2026-11-30) the reference's losses went 10.99, 8.44, 7.34, 5.96,
+9.21, ..., 8.67 at step 8, and at 3e-4 and 1e-4 they spiked too; a bf16 rounding of d12's initial
+weights alone moved steps 4 to 8 by 0.7-0.8%, and on the H200 -ge 2 left -ge 1's losses by up to
+8% there, a 1% comparison measuring the spikes' chaos rather than the runs
+*/
+#define TRAINING_LR 3e-4f
 
 // relative L2 error over one tensor, or over several: add each one's squares, then take the ratio
 typedef struct { double difference, norm; } SquaredL2;
@@ -349,7 +365,7 @@ static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaSt
     dataloader_init(&loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     dataloader_init(&ref_loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     OptimizerConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
-    float lr = 3e-4f;
+    float lr = TRAINING_LR;
     float first_loss = 0.0f, first_ref_loss = 0.0f, loss = 0.0f, ref_loss = 0.0f;
     for (int step = 0; step < 10; step++) {
         StepResult r = gpt2_train_step(&model, &loader, 1, 0, &opt, NULL, lr, step, stream);
@@ -420,6 +436,66 @@ static int check_quantizes_like_emulation(const char* name, const char* what, in
     return 1;
 }
 
+/*
+The scaling protocol of a per-tensor recipe: every activation and gradient state an FP8 GEMM
+reads updated as often as the emulation's, none of a gradient no FP8 GEMM reads, and the
+activation scales within 10% of the emulation's (amaxes of bf16 vs fp32 activations). With
+take_scales (section 6's shallow runs, after the warm-ups) the emulation then takes the GPU's
+activation and gradient states, so that the step compared casts with the same scales on both
+sides. A delayed scale comes from an amax history: the GPU's from bf16 activations, the
+emulation's from fp32 ones, off by the bf16 error of the one element that set the amax, up to
+about 1% (the model's activations are ~1% from fp32). That moves every value of the tensor by as
+much against E4M3's rounding points (~8% of them flip per 1%), as many flips again as the
+inputs' own error makes, which the flip amplitude's bound leaves out: with the emulation's own
+scales the H200 (2026-11-30) gave 0.81 for delayed lm_head's forward alone, 0.48-0.68 for the
+other delayed shallow runs; under cudasim (C = 128) fc's forward alone, its scale 0.41% off, gave
+0.68 with the emulation's own scales and 0.58 with the GPU's. The largest difference is printed.
+*/
+static void check_scaling_protocol(const GPT2* model, GPT2Ref* emulated, const GPT2Config* cfg, const char* name, int take_scales) {
+    int n = model->fp8.num_linears;
+    Fp8TensorScaling* states = (Fp8TensorScaling*)mallocCheck((size_t)3 * n * sizeof(Fp8TensorScaling));
+    cudaCheck(cudaMemcpy(states, model->fp8.states, (size_t)3 * n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToHost));
+    double largest_scale_difference = 0.0;
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+        for (int l = 0; l < cfg->num_layers; l++) {
+            int i = fp8_model_linear(&model->fp8, l, kind);
+            Fp8LinearState* q = gpt2ref_fp8_linear(emulated, l, kind);
+            CHECK((i >= 0) == (q != NULL), "[%s] L%d %s: FP8 on one side only", name, l, LINEAR_KIND_NAMES[kind]);
+            if (i < 0 || q == NULL) { continue; }
+            const Fp8TensorScaling* x = &states[i];
+            const Fp8TensorScaling* dy = &states[n + i];
+            // an operand no FP8 GEMM of this linear reads is never cast (its GPU state may
+            // still take the delayed update's amax 0; nothing reads it)
+            if (fp8_model_casts_x(&model->fp8, i)) {
+                CHECK(fp8_scaling_updates_seen(x) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]),
+                      "[%s] L%d %s x: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
+                      fp8_scaling_updates_seen(x), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]));
+                CHECK_CLOSE(x->scale, q->scaling[FP8_OPERAND_X].scale, 0.0, 0.1, "activation scale vs the reference's");
+                double difference = fabs((double)x->scale / q->scaling[FP8_OPERAND_X].scale - 1.0);
+                largest_scale_difference = difference > largest_scale_difference ? difference : largest_scale_difference;
+            }
+            if (fp8_model_casts_dy(&model->fp8, i)) {
+                CHECK(fp8_scaling_updates_seen(dy) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]),
+                      "[%s] L%d %s dy: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
+                      fp8_scaling_updates_seen(dy), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]));
+            } else {
+                CHECK(fp8_scaling_updates_seen(dy) == 0 && fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]) == 0,
+                      "[%s] L%d %s dy is updated without an FP8 backward GEMM", name, l, LINEAR_KIND_NAMES[kind]);
+            }
+            if (take_scales) {
+                q->scaling[FP8_OPERAND_X] = *x;
+                q->scaling[FP8_OPERAND_DY] = *dy;
+            }
+            if (kind == LINEAR_LM_HEAD) { break; }  // one lm_head, whatever the layer
+        }
+    }
+    if (take_scales) {
+        printf("[%s] activation scales after the warm-ups: the GPU's within %.2f%% of the emulation's, then taken by it\n", name,
+               100.0 * largest_scale_difference);
+    }
+    free(states);
+}
+
 static void test_fp8_forward_backward_vs_reference(TestModel size, const Fp8Settings* fp8, int chained, int gelu_fusion,
                                                    const char* name, cudaStream_t stream) {
     GPT2Config cfg = test_model_config(size);
@@ -442,6 +518,7 @@ static void test_fp8_forward_backward_vs_reference(TestModel size, const Fp8Sett
         gpt2_backward(&model, 1, stream);
         ref_forward_backward(&emulated, &loader);
     }
+    if (fp8->recipe != FP8_MODEL_BLOCK) { check_scaling_protocol(&model, &emulated, &cfg, name, !chained); }
     dataloader_next_batch(&loader);
     fp8_model_begin_eval(&model.fp8, stream);  // the logits come from an evaluation forward: not a use
     gpt2_forward(&model, loader.inputs, NULL, 1.0f, 0, stream);
@@ -497,40 +574,7 @@ static void test_fp8_forward_backward_vs_reference(TestModel size, const Fp8Sett
     checked_flips |= check_quantizes_like_emulation(name, "grads", chained, grads_emulated, grads_fp32, grads_q);
     CHECK(chained || checked_flips, "[%s] no flip amplitude checked: the error beyond FP8's hides it over the logits and the gradients", name);
 
-    // the scaling protocol: the same uses of every per-tensor state as the reference
-    if (fp8->recipe != FP8_MODEL_BLOCK) {
-        int n = model.fp8.num_linears;
-        Fp8TensorScaling* states = (Fp8TensorScaling*)mallocCheck((size_t)3 * n * sizeof(Fp8TensorScaling));
-        cudaCheck(cudaMemcpy(states, model.fp8.states, (size_t)3 * n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToHost));
-        for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
-            for (int l = 0; l < cfg.num_layers; l++) {
-                int i = fp8_model_linear(&model.fp8, l, kind);
-                Fp8LinearState* q = gpt2ref_fp8_linear(&emulated, l, kind);
-                CHECK((i >= 0) == (q != NULL), "[%s] L%d %s: FP8 on one side only", name, l, LINEAR_KIND_NAMES[kind]);
-                if (i < 0 || q == NULL) { continue; }
-                const Fp8TensorScaling* x = &states[i];
-                const Fp8TensorScaling* dy = &states[n + i];
-                // an operand no FP8 GEMM of this linear reads is never cast (its GPU state may
-                // still take the delayed update's amax 0; nothing reads it)
-                if (fp8_model_casts_x(&model.fp8, i)) {
-                    CHECK(fp8_scaling_updates_seen(x) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]),
-                          "[%s] L%d %s x: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
-                          fp8_scaling_updates_seen(x), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_X]));
-                    CHECK_CLOSE(x->scale, q->scaling[FP8_OPERAND_X].scale, 0.0, 0.1, "activation scale vs the reference's");
-                }
-                if (fp8_model_casts_dy(&model.fp8, i)) {
-                    CHECK(fp8_scaling_updates_seen(dy) == fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]),
-                          "[%s] L%d %s dy: %d updates, the reference %d", name, l, LINEAR_KIND_NAMES[kind],
-                          fp8_scaling_updates_seen(dy), fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]));
-                } else {
-                    CHECK(fp8_scaling_updates_seen(dy) == 0 && fp8_scaling_updates_seen(&q->scaling[FP8_OPERAND_DY]) == 0,
-                          "[%s] L%d %s dy is updated without an FP8 backward GEMM", name, l, LINEAR_KIND_NAMES[kind]);
-                }
-                if (kind == LINEAR_LM_HEAD) { break; }  // one lm_head, whatever the layer
-            }
-        }
-        free(states);
-    }
+    if (fp8->recipe != FP8_MODEL_BLOCK) { check_scaling_protocol(&model, &emulated, &cfg, name, 0); }
     free(grads);
     free(logits);
     free(params);
@@ -574,11 +618,11 @@ static const RunOptimizer ADAMW = {0, ADAMW8_SELECT_DEFAULT};
 static const RunOptimizer ADAMW8 = {1, ADAMW8_SELECT_DEFAULT};
 static const RunOptimizer ADAMW8_NO_8BIT = {1, ADAMW8_SELECT_NONE};
 
-// trains `steps` steps from a fresh d12 model (or from a checkpoint when resume is set);
+// trains `steps` steps from a fresh d6 model (or from a checkpoint when resume is set);
 // fp8: NULL for bf16; eval_at: a val-loss evaluation before that step (-1: none)
 static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char* checkpoint_dir, int checkpoint_step, int resume,
                            const Fp8Settings* fp8, int eval_at, const RunOptimizer* optimizer, cudaStream_t stream) {
-    GPT2Config cfg = test_model_config(TEST_MODEL_LARGE);
+    GPT2Config cfg = test_model_config(TEST_MODEL_SMALL);
     float* params = random_params(&cfg);
     char path[CHECKPOINT_PATH_MAX];
     if (resume) {
@@ -600,7 +644,7 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
     memset(&rec, 0, sizeof(rec));
     for (int step = start; step < steps; step++) {
         if (step == eval_at) { printf("eval at step %d: val loss %f\n", step, evaluate_val_loss(&model, &val_loader, 2, stream)); }
-        rec.losses[step] = gpt2_train_step(&model, &loader, 1, 0, &opt, &no_checks, 6e-4f, step, stream).loss;
+        rec.losses[step] = gpt2_train_step(&model, &loader, 1, 0, &opt, &no_checks, TRAINING_LR, step, stream).loss;
         if (!resume && checkpoint_dir != NULL && step + 1 == checkpoint_step) {
             save_checkpoint(&model, &loader, &no_checks, checkpoint_dir, step + 1, stream);
         }
@@ -617,22 +661,28 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
 
 static int same_bits(const float* a, const float* b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
 
-// losses of steps [from, 10) within 1% relative of the run they should track
-static void check_losses_track(const RunRecord* got, const RunRecord* want, int from, const char* what) {
+/*
+Losses of steps [from, 10) against the run they should track, each within 1% relative in bf16,
+2% in FP8. An FP8 run's steps jitter where its quantizers' inputs move: in the emulating reference
+on d6 (TRAINING_LR, this shard) a bf16 rounding of the initial weights alone moved single steps by
+up to 1.2% (step 5), where a learning rate 0.7x too small moves step 3 by 5.2% and step 10 by
+3.9%. In bf16 that rounding moved no step by more than 0.02%.
+*/
+static void check_losses_track(const RunRecord* got, const RunRecord* want, int from, int fp8, const char* what) {
     for (int step = from; step < 10; step++) {
         printf("%s step %d: loss %.6f, tracked run %.6f\n", what, step + 1, got->losses[step], want->losses[step]);
-        CHECK_CLOSE(got->losses[step], want->losses[step], 0.0, 1e-2, what);
+        CHECK_CLOSE(got->losses[step], want->losses[step], 0.0, fp8 ? 2e-2 : 1e-2, what);
     }
 }
 
 /*
--opt adamw8 on d12. a: the plain AdamW run of 10 steps; adamw_dir: its checkpoint at step 5
+-opt adamw8 on d6. a: the plain AdamW run of 10 steps; adamw_dir: its checkpoint at step 5
 (straight: that run). fp8_adamw: the FP8 delayed run with plain AdamW.
 */
 static void test_adamw8_runs(const RunRecord* a, const char* adamw_dir, const RunRecord* straight, const Fp8Settings* delayed,
                              const RunRecord* fp8_adamw, size_t n, cudaStream_t stream) {
     RunRecord q = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW8, stream);
-    check_losses_track(&q, a, 0, "adamw8 vs adamw");
+    check_losses_track(&q, a, 0, 0, "adamw8 vs adamw");
     CHECK(!same_bits(q.weights, a->weights, n), "adamw8: the weights equal plain AdamW's: the 8-bit path never ran");
     RunRecord none = train_run(10, 1, 1, NULL, 0, 0, NULL, -1, &ADAMW8_NO_8BIT, stream);
     CHECK(memcmp(none.losses, a->losses, sizeof(none.losses)) == 0, "adamw8 -qs none: losses differ from plain AdamW");
@@ -650,12 +700,12 @@ static void test_adamw8_runs(const RunRecord* a, const char* adamw_dir, const Ru
 
     // conversions: fp32 moments quantized into an adamw8 run, 8-bit states dequantized into a plain one
     RunRecord to8 = train_run(10, 1, 1, adamw_dir, 5, 1, NULL, -1, &ADAMW8, stream);
-    check_losses_track(&to8, straight, 5, "adamw checkpoint resumed by adamw8");
+    check_losses_track(&to8, straight, 5, 0, "adamw checkpoint resumed by adamw8");
     RunRecord to32 = train_run(10, 1, 1, dir, 5, 1, NULL, -1, &ADAMW, stream);
-    check_losses_track(&to32, &qstraight, 5, "adamw8 checkpoint resumed by adamw");
+    check_losses_track(&to32, &qstraight, 5, 0, "adamw8 checkpoint resumed by adamw");
 
     RunRecord fq = train_run(10, 1, 1, NULL, 0, 0, delayed, -1, &ADAMW8, stream);
-    check_losses_track(&fq, fp8_adamw, 0, "fp8 delayed: adamw8 vs adamw");
+    check_losses_track(&fq, fp8_adamw, 0, 1, "fp8 delayed: adamw8 vs adamw");
     free(q.weights); free(none.weights); free(qstraight.weights); free(qresumed.weights);
     free(to8.weights); free(to32.weights); free(fq.weights);
 }
@@ -677,7 +727,7 @@ static void test_recompute_and_dgelu(const RunRecord* a, size_t n, cudaStream_t 
     CHECK(memcmp(dgelu.losses, dgelu_again.losses, sizeof(dgelu.losses)) == 0, "-ge 2: two identical runs: losses differ");
     CHECK(same_bits(dgelu.weights, dgelu_again.weights, n), "-ge 2: two identical runs: final weights differ");
     CHECK(!same_bits(dgelu.weights, a->weights, n), "-ge 2: the weights equal -ge 1's: the DGELU epilogue never ran");
-    check_losses_track(&dgelu, a, 0, "-ge 2 vs -ge 1");
+    check_losses_track(&dgelu, a, 0, 0, "-ge 2 vs -ge 1");
     free(r1.weights); free(r2.weights); free(r0_unfused.weights); free(r1_unfused.weights);
     free(dgelu.weights); free(dgelu_again.weights);
 }
@@ -719,7 +769,7 @@ static RunRecord test_fp8_determinism_and_resume(const RunRecord* a, const Fp8Se
     }
 
     RunRecord fp8_dgelu = train_run(10, 1, 2, NULL, 0, 0, delayed, -1, &ADAMW, stream);
-    check_losses_track(&fp8_dgelu, &fp8_delayed_adamw, 0, "fp8 delayed: -ge 2 vs -ge 1");
+    check_losses_track(&fp8_dgelu, &fp8_delayed_adamw, 0, 1, "fp8 delayed: -ge 2 vs -ge 1");
     CHECK(!same_bits(fp8_dgelu.weights, fp8_delayed_adamw.weights, n), "fp8 delayed -ge 2: the weights equal -ge 1's");
     free(fp8_dgelu.weights);
     return fp8_delayed_adamw;
@@ -754,10 +804,10 @@ int main(void) {
     const int first = first_section();
     section_starts("1. the whole model against the reference");
     ensure_writable_dir("build");
-    GPT2Config large = test_model_config(TEST_MODEL_LARGE);
-    size_t n = gpt2_num_parameters(&large);
-    write_shard(SHARD_PATH, 40 * B * T + 1, large.vocab_size, 0);
-    write_shard(LEARNABLE_SHARD_PATH, 40 * B * T + 1, large.vocab_size, 1);
+    GPT2Config small = test_model_config(TEST_MODEL_SMALL);
+    size_t n = gpt2_num_parameters(&small);  // train_run's model
+    write_shard(SHARD_PATH, 40 * B * T + 1, small.vocab_size, 0);
+    write_shard(LEARNABLE_SHARD_PATH, 40 * B * T + 1, small.vocab_size, 1);
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
     matmul_setup();
