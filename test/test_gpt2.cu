@@ -77,7 +77,8 @@ recipe, linears and quantization points):
    whose resume rebuilds the codes with the saved scale), and an evaluation forward in the
    middle of a run changes nothing: all bitwise. So does recompute, which in FP8 casts the
    wgrads' x^T again in the backward: -r 0, 1 and 2 give the same losses, -r 0 and 2 the
-   same weights after 3 steps.
+   same weights after 3 steps. A skipped second step (a NaN loss) leaves the activations'
+   states and their seeding as step 1 left them.
 8-bit AdamW (-opt adamw8, d6 as in 3 and 5):
 9. 10 steps track the fp32-AdamW run: each loss within 1% relative. Two runs are bitwise
    equal, and resume is bitwise. -qs none (every tensor keeps fp32 states) is plain AdamW bit
@@ -732,6 +733,44 @@ static void test_recompute_and_dgelu(const RunRecord* a, size_t n, cudaStream_t 
     free(dgelu.weights); free(dgelu_again.weights);
 }
 
+/*
+8: a skipped update after the first leaves the delayed activations seeded: fp8_model_begin_step
+saves x_seeded with the states and fp8_model_discard_step puts both back, so the next forward
+casts with its history's scale, not through the seeding path's current amax (which differs only
+where an amax tops its history: a trainer run shows it there alone). A NaN in lnf's weight makes
+step 2's loss non-finite after every block's casts have recorded their amaxes.
+*/
+static void test_skipped_step_keeps_the_seeding(const Fp8Settings* delayed, cudaStream_t stream) {
+    GPT2Config cfg = test_model_config(TEST_MODEL_SMALL);
+    float* params = random_params(&cfg);
+    attention_setup(TRAINING_ATTENTION, true);
+    GPT2 model;
+    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, delayed, NULL, 0, 0, stream);
+    DataLoader loader;
+    dataloader_init(&loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
+    OutlierSkip no_checks;
+    outlier_skip_init(&no_checks, 0.0f, 0.0f);
+    OptimizerConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    StepResult first = gpt2_train_step(&model, &loader, 1, 0, &opt, &no_checks, TRAINING_LR, 0, stream);
+    CHECK(first.outcome == STEP_UPDATED && fp8_model_delayed_x(&model.fp8), "skipped step: step 1 did not update and seed");
+    size_t n = (size_t)model.fp8.num_linears;  // the activations' states: [0, n)
+    Fp8TensorScaling* seeded = (Fp8TensorScaling*)mallocCheck(n * sizeof(Fp8TensorScaling));
+    Fp8TensorScaling* after = (Fp8TensorScaling*)mallocCheck(n * sizeof(Fp8TensorScaling));
+    cudaCheck(cudaMemcpy(seeded, model.fp8.states, n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToHost));
+    uint16_t nan_bits = 0x7FC0;
+    cudaCheck(cudaMemcpy(param_tensor(&model, model.params, PARAM_LNFW), &nan_bits, sizeof(nan_bits), cudaMemcpyHostToDevice));
+    StepResult second = gpt2_train_step(&model, &loader, 1, 0, &opt, &no_checks, TRAINING_LR, 1, stream);
+    CHECK(second.outcome == STEP_SKIPPED_NONFINITE, "skipped step: a NaN in lnf's weight did not skip step 2 (outcome %d)",
+          (int)second.outcome);
+    CHECK(fp8_model_delayed_x(&model.fp8), "skipped step 2 put the delayed activations back to unseeded: step 3 would seed again");
+    cudaCheck(cudaMemcpy(after, model.fp8.states, n * sizeof(Fp8TensorScaling), cudaMemcpyDeviceToHost));
+    CHECK(memcmp(seeded, after, n * sizeof(Fp8TensorScaling)) == 0, "skipped step 2 left its amaxes in the activations' states");
+    free(seeded); free(after); free(params);
+    dataloader_free(&loader);
+    gpt2_free(&model);
+    attention_teardown();
+}
+
 // 8: FP8 determinism, resume and evaluation; returns the plain FP8 delayed run (adamw8's comparison)
 static RunRecord test_fp8_determinism_and_resume(const RunRecord* a, const Fp8Settings* delayed,
                                                  const Fp8Settings* block_lm_head, const Fp8Settings* delayed_weights,
@@ -879,6 +918,7 @@ int main(void) {
     RunRecord fp8_delayed_adamw;  // what 9's FP8 adamw8 run tracks
     if (first <= 8) {
         fp8_delayed_adamw = test_fp8_determinism_and_resume(&a, &delayed, &block_lm_head, &delayed_weights, n, stream);
+        test_skipped_step_keeps_the_seeding(&delayed, stream);
     } else {
         fp8_delayed_adamw = train_run(10, 1, 1, NULL, 0, 0, &delayed, -1, &ADAMW, stream);
     }
