@@ -351,19 +351,27 @@ static void check_delayed_weight_codes(const GPT2* model) {
     CHECK(delayed > 0, "delayed weights: every weight's codes use the scale of its current amax: no delay to see");
 }
 
+// the model of the training runs here (TEST_MODEL_SMALL from its random init, -r 1, -ge 1, AdamW) and a
+// loader of the learnable shard; returns the init, for a reference to start from
+static float* training_model_build(GPT2* model, GPT2Config* cfg, DataLoader* loader, const Fp8Settings* fp8, cudaStream_t stream) {
+    *cfg = test_model_config(TEST_MODEL_SMALL);
+    float* params = random_params(cfg);
+    attention_setup(TRAINING_ATTENTION, true);
+    gpt2_build(model, cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, 0, stream);
+    dataloader_init(loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg->vocab_size);
+    return params;
+}
+
 // fp8: NULL trains in bf16 against the fp32 reference, else in FP8 against the emulating one
 static void test_training_trajectory_vs_reference(const Fp8Settings* fp8, cudaStream_t stream) {
-    GPT2Config cfg = test_model_config(TEST_MODEL_SMALL);
-    float* params = random_params(&cfg);
-    attention_setup(TRAINING_ATTENTION, true);
+    GPT2Config cfg;
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, fp8, NULL, 0, 0, stream);
+    DataLoader loader, ref_loader;
+    float* params = training_model_build(&model, &cfg, &loader, fp8, stream);
     GPT2Ref ref;
     gpt2ref_init(&ref, &cfg, params);
     Fp8Emulation emulation;
     if (fp8 != NULL) { emulation = fp8_emulation_from_settings(fp8); gpt2ref_set_fp8_emulation(&ref, &emulation); }
-    DataLoader loader, ref_loader;
-    dataloader_init(&loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     dataloader_init(&ref_loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
     OptimizerConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     float lr = TRAINING_LR;
@@ -741,13 +749,10 @@ where an amax tops its history: a trainer run shows it there alone). A NaN in ln
 step 2's loss non-finite after every block's casts have recorded their amaxes.
 */
 static void test_skipped_step_keeps_the_seeding(const Fp8Settings* delayed, cudaStream_t stream) {
-    GPT2Config cfg = test_model_config(TEST_MODEL_SMALL);
-    float* params = random_params(&cfg);
-    attention_setup(TRAINING_ATTENTION, true);
+    GPT2Config cfg;
     GPT2 model;
-    gpt2_build(&model, &cfg, params, 1, B, T, 1, 1, 0, ADAMW8_SELECT_DEFAULT, delayed, NULL, 0, 0, stream);
     DataLoader loader;
-    dataloader_init(&loader, LEARNABLE_SHARD_PATH, B, T, 0, 1, 0, cfg.vocab_size);
+    float* params = training_model_build(&model, &cfg, &loader, delayed, stream);
     OutlierSkip no_checks;
     outlier_skip_init(&no_checks, 0.0f, 0.0f);
     OptimizerConfig opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
