@@ -24,10 +24,19 @@ GPU. So it is written to be obviously right rather than fast:
   quantize-dequantize their GEMM operands at exactly the points the GPU casts to FP8, with
   llmc/fp8.h's codec and llmc/fp8_scaling.h's scaling state machine, so it emulates what the
   GPU computes; with it off every op is the plain fp32 one, bit for bit.
-Matmuls parallelize with OpenMP when built with -fopenmp (each thread owns whole output
-rows, so results do not depend on the thread count); without it the pragmas vanish. The
-forward walks rows in blocks (REF_ROW_BLOCK), with each element's sum in the plain loop's
-order.
+Built with -fopenmp, every op of a step runs on all cores but a few small serial sums (the
+encoder's backward scatter, the bias gradients, the mean loss, the global norm); without it
+the pragmas vanish. Each thread owns whole outputs: matmul rows, a row's layernorm or softmax,
+one (batch, head) of attention, a chunk of elements, so every output sums its terms in the
+plain loop's order and results do not depend on the thread count (test_fp8_emulation's
+test_thread_count compares 1 thread with 4). Reductions across threads are only maxima and
+integer counts (an FP8 cast's amax and statistics), which any order adds alike. Why all: on one CI core a
+d12 step with the FP8 emulation (B=4, T=64) spent 58% in the matmuls and 28% in the casts, so
+with only the matmuls parallel two cores ran it 1.2x faster than one and a GPU machine's 16
+would have waited on the serial rest most of the time (test_gpt2's reference-heavy section 6
+took 162 s on an H200's host); with every op parallel two cores run it 1.7x faster than one
+(the step took 16.1 s on two CI cores before, 11.4 s after). The forward walks rows in blocks
+(REF_ROW_BLOCK), with each element's sum in the plain loop's order.
 */
 #ifndef TEST_GPT2_REF_H
 #define TEST_GPT2_REF_H
@@ -44,9 +53,17 @@ order.
 
 #ifdef _OPENMP
 #define REF_PARALLEL_FOR _Pragma("omp parallel for")
+#define REF_PRAGMA(text) _Pragma(#text)
+#define REF_PARALLEL_FOR_MAX(variable) REF_PRAGMA(omp parallel for reduction(max : variable))
 #else
 #define REF_PARALLEL_FOR
+#define REF_PARALLEL_FOR_MAX(variable)
 #endif
+
+// an FP8 cast splits its elements into chunks of REF_CHUNK, a thread each, each chunk counting
+// into its own statistics
+#define REF_CHUNK ((size_t)1 << 16)
+static inline size_t ref_chunk_count(size_t n) { return (n + REF_CHUNK - 1) / REF_CHUNK; }
 
 #define REF_LAYERNORM_EPS 1e-5
 
@@ -55,6 +72,7 @@ order.
 
 // out[b][t][:] = wte[inp[b][t]][:] + wpe[t][:]
 static inline void ref_encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T, int C) {
+    REF_PARALLEL_FOR
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             float* out_bt = out + ((size_t)b * T + t) * C;
@@ -84,6 +102,7 @@ static inline void ref_encoder_backward(float* dwte, float* dwpe, const float* d
 // the backward; rstd = 1/sqrt(var + 1e-5), var the biased variance
 static inline void ref_layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                   const float* weight, const float* bias, int N, int C) {
+    REF_PARALLEL_FOR
     for (int i = 0; i < N; i++) {
         const float* x = inp + (size_t)i * C;
         double sum = 0.0;
@@ -99,9 +118,12 @@ static inline void ref_layernorm_forward(float* out, float* mean, float* rstd, c
     }
 }
 
-// dinp, dweight, dbias += (gradients of the layernorm above)
+// dinp, dweight, dbias += (gradients of the layernorm above). dinp's rows, then dweight's and
+// dbias's columns (each summing over the rows in order), are split among the threads
+#define REF_LAYERNORM_COLUMNS 64
 static inline void ref_layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                                    const float* weight, const float* mean, const float* rstd, int N, int C) {
+    REF_PARALLEL_FOR
     for (int i = 0; i < N; i++) {
         const float* x = inp + (size_t)i * C;
         const float* dy = dout + (size_t)i * C;
@@ -121,8 +143,20 @@ static inline void ref_layernorm_backward(float* dinp, float* dweight, float* db
             double xhat = (x[c] - m) * s;
             double dxhat = (double)dy[c] * weight[c];
             dx[c] += (float)(s * (dxhat - dxhat_mean - xhat * dxhat_xhat_mean));
-            dweight[c] += (float)(dy[c] * xhat);
-            dbias[c] += dy[c];
+        }
+    }
+    REF_PARALLEL_FOR
+    for (int c0 = 0; c0 < C; c0 += REF_LAYERNORM_COLUMNS) {
+        const int c1 = c0 + REF_LAYERNORM_COLUMNS < C ? c0 + REF_LAYERNORM_COLUMNS : C;
+        for (int i = 0; i < N; i++) {
+            const float* x = inp + (size_t)i * C;
+            const float* dy = dout + (size_t)i * C;
+            double m = mean[i], s = rstd[i];
+            for (int c = c0; c < c1; c++) {
+                double xhat = (x[c] - m) * s;
+                dweight[c] += (float)(dy[c] * xhat);
+                dbias[c] += dy[c];
+            }
         }
     }
 }
@@ -147,39 +181,71 @@ static inline void ref_layernorm_backward(float* dinp, float* dweight, float* db
 #define REF_VECTOR_CLONES
 #endif
 
-// acc[r] += sum over c of x_block[c][r] * w[c], for the REF_ROW_BLOCK rows of a block, c ascending
-REF_VECTOR_CLONES static inline void ref_block_dot(double* __restrict__ acc, const double* __restrict__ x_block,
-                                                   const float* __restrict__ w, int C) {
+// The forward's dot products add double products of two floats, which are exact (24 + 24
+// significant bits of 53), so a fused multiply-add rounds exactly as the multiply and the add:
+// its clone may contract them (the "fma" clone, whose 256-bit vectors come with it), bit for bit.
+#if defined(__GNUC__) && defined(__x86_64__)
+#define REF_EXACT_PRODUCT_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define REF_EXACT_PRODUCT_CLONES
+#endif
+
+// acc[j][r] += sum over c of x_block[c][r] * w_j[c], for the REF_ROW_BLOCK rows of a block and
+// two weight rows, c ascending: 2 x REF_ROW_BLOCK independent sums, enough to keep the
+// multiply-adds busy while each waits on its previous add (REF_ROW_BLOCK alone, one weight row
+// at a time, ran at half the rate), and each x_block load serves both rows
+REF_EXACT_PRODUCT_CLONES static inline void ref_block_dot_pair(double (*__restrict__ acc)[REF_ROW_BLOCK],
+                                                               const double* __restrict__ x_block, const float* __restrict__ w0,
+                                                               const float* __restrict__ w1, int C) {
     for (int c = 0; c < C; c++) {
-        const double w_c = w[c];
+        const double w0_c = w0[c], w1_c = w1[c];
         const double* x_c = x_block + (size_t)c * REF_ROW_BLOCK;
-        for (int r = 0; r < REF_ROW_BLOCK; r++) { acc[r] += x_c[r] * w_c; }
+        for (int r = 0; r < REF_ROW_BLOCK; r++) {
+            acc[0][r] += x_c[r] * w0_c;
+            acc[1][r] += x_c[r] * w1_c;
+        }
     }
 }
 
-// y[0..n) += a[0] x[0][0..n), then += a[1] x[1][0..n), ..., k terms in turn (a's terms a_stride
-// floats apart, x's rows x_stride): k axpys one after another, bit for bit (each element adds the
-// rounded product a[j] x[j][i] in j order), but with REF_AXPY_LANES elements of y held in
-// registers across the k terms, where one axpy a call loaded and stored all of y k times and
-// paid a call through the clone's dispatch each time (41% of a tiny CPU model's step, perf)
+// y0[0..n) += a0[0] x[0][0..n), then += a0[1] x[1][0..n), ..., k terms in turn (a0's terms
+// a_stride floats apart, x's rows x_stride), and y1 likewise with a1's terms on the same x: k
+// axpys one after another, bit for bit (each element adds the rounded product a[j] x[j][i] in j
+// order), but with REF_AXPY_LANES elements of each y held in registers across the k terms, where
+// one axpy a call loaded and stored all of y k times and paid a call through the clone's dispatch
+// each time (41% of a tiny CPU model's step, perf), and each load of x serving both rows. A row
+// alone is passed as both (y1 = y0, a1 = a0): the two sums are then the same and so is the store.
 #define REF_AXPY_LANES 32
-REF_VECTOR_CLONES static void ref_axpy_terms(float* __restrict__ y, const float* __restrict__ a, size_t a_stride,
-                                             const float* __restrict__ x, size_t x_stride, int k, int n) {
+REF_VECTOR_CLONES static void ref_axpy_terms_pair(float* y0, float* y1, const float* __restrict__ a0,
+                                                  const float* __restrict__ a1, size_t a_stride,
+                                                  const float* __restrict__ x, size_t x_stride, int k, int n) {
     int i0 = 0;
     for (; i0 + REF_AXPY_LANES <= n; i0 += REF_AXPY_LANES) {
-        float acc[REF_AXPY_LANES];
-        for (int r = 0; r < REF_AXPY_LANES; r++) { acc[r] = y[i0 + r]; }
-        for (int j = 0; j < k; j++) {
-            const float a_j = a[(size_t)j * a_stride];
-            const float* x_j = x + (size_t)j * x_stride + i0;
-            for (int r = 0; r < REF_AXPY_LANES; r++) { acc[r] += a_j * x_j[r]; }
+        float acc0[REF_AXPY_LANES], acc1[REF_AXPY_LANES];
+        for (int r = 0; r < REF_AXPY_LANES; r++) {
+            acc0[r] = y0[i0 + r];
+            acc1[r] = y1[i0 + r];
         }
-        for (int r = 0; r < REF_AXPY_LANES; r++) { y[i0 + r] = acc[r]; }
+        for (int j = 0; j < k; j++) {
+            const float a0_j = a0[(size_t)j * a_stride], a1_j = a1[(size_t)j * a_stride];
+            const float* x_j = x + (size_t)j * x_stride + i0;
+            for (int r = 0; r < REF_AXPY_LANES; r++) {
+                acc0[r] += a0_j * x_j[r];
+                acc1[r] += a1_j * x_j[r];
+            }
+        }
+        for (int r = 0; r < REF_AXPY_LANES; r++) {
+            y0[i0 + r] = acc0[r];
+            y1[i0 + r] = acc1[r];
+        }
     }
     for (int i = i0; i < n; i++) {
-        float acc = y[i];
-        for (int j = 0; j < k; j++) { acc += a[(size_t)j * a_stride] * x[(size_t)j * x_stride + i]; }
-        y[i] = acc;
+        float acc0 = y0[i], acc1 = y1[i];
+        for (int j = 0; j < k; j++) {
+            acc0 += a0[(size_t)j * a_stride] * x[(size_t)j * x_stride + i];
+            acc1 += a1[(size_t)j * a_stride] * x[(size_t)j * x_stride + i];
+        }
+        y0[i] = acc0;
+        y1[i] = acc1;
     }
 }
 
@@ -196,12 +262,16 @@ static inline void ref_matmul_forward(float* out, const float* inp, const float*
                 x_block[(size_t)c * REF_ROW_BLOCK + r] = r < rows ? (double)inp[(size_t)(n0 + r) * C + c] : 0.0;
             }
         }
-        for (int o = 0; o < OC; o++) {
-            const float* w = weight + (size_t)o * C;
-            double acc[REF_ROW_BLOCK];
-            for (int r = 0; r < REF_ROW_BLOCK; r++) { acc[r] = bias != NULL ? bias[o] : 0.0; }
-            ref_block_dot(acc, x_block, w, C);
-            for (int r = 0; r < rows; r++) { out[(size_t)(n0 + r) * OC + o] = (float)acc[r]; }
+        for (int o = 0; o < OC; o += 2) {
+            const int pair = OC - o < 2 ? 1 : 2;  // an odd OC's last row goes alone (twice, the copy unused)
+            double acc[2][REF_ROW_BLOCK];
+            for (int j = 0; j < 2; j++) {
+                for (int r = 0; r < REF_ROW_BLOCK; r++) { acc[j][r] = bias != NULL ? bias[o + j % pair] : 0.0; }
+            }
+            ref_block_dot_pair(acc, x_block, weight + (size_t)o * C, weight + (size_t)(o + pair - 1) * C, C);
+            for (int j = 0; j < pair; j++) {
+                for (int r = 0; r < rows; r++) { out[(size_t)(n0 + r) * OC + o + j] = (float)acc[j][r]; }
+            }
         }
         free(x_block);
     }
@@ -212,7 +282,7 @@ static inline void ref_matmul_forward(float* out, const float* inp, const float*
 // by row, each row streamed the whole weight from memory: lm_head's 154 MB, 256 times a batch),
 // and the wgrad takes REF_WEIGHT_CHUNK weight-gradient rows at a time through the N input rows
 // (each input row read once for all of them, not once per weight row), REF_WEIGHT_CHUNK input
-// rows to a ref_axpy_terms call. Every element still adds its terms in the same order (o
+// rows to a ref_axpy_terms_pair call, two output rows at a time. Every element still adds its terms in the same order (o
 // ascending in dinp, n ascending in dweight), so the results are bitwise those of the plain loops.
 #define REF_WEIGHT_CHUNK 32
 
@@ -223,8 +293,10 @@ static inline void ref_matmul_backward_dgrad(float* dinp, const float* dout, con
         const int n_end = N - n0 < REF_ROW_BLOCK ? N : n0 + REF_ROW_BLOCK;
         for (int o0 = 0; o0 < OC; o0 += REF_WEIGHT_CHUNK) {
             const int terms = OC - o0 < REF_WEIGHT_CHUNK ? OC - o0 : REF_WEIGHT_CHUNK;
-            for (int n = n0; n < n_end; n++) {
-                ref_axpy_terms(dinp + (size_t)n * C, dout + (size_t)n * OC + o0, 1, weight + (size_t)o0 * C, C, terms, C);
+            for (int n = n0; n < n_end; n += 2) {
+                const int last = n_end - n < 2 ? n : n + 1;  // an odd last row goes alone
+                ref_axpy_terms_pair(dinp + (size_t)n * C, dinp + (size_t)last * C, dout + (size_t)n * OC + o0,
+                                    dout + (size_t)last * OC + o0, 1, weight + (size_t)o0 * C, C, terms, C);
             }
         }
     }
@@ -237,9 +309,10 @@ static inline void ref_matmul_backward_wgrad(float* dweight, const float* dout, 
         const int o_end = OC - o0 < REF_WEIGHT_CHUNK ? OC : o0 + REF_WEIGHT_CHUNK;
         for (int n0 = 0; n0 < N; n0 += REF_WEIGHT_CHUNK) {
             const int terms = N - n0 < REF_WEIGHT_CHUNK ? N - n0 : REF_WEIGHT_CHUNK;
-            for (int o = o0; o < o_end; o++) {
-                ref_axpy_terms(dweight + (size_t)o * C, dout + (size_t)n0 * OC + o, (size_t)OC, inp + (size_t)n0 * C, C,
-                               terms, C);
+            for (int o = o0; o < o_end; o += 2) {
+                const int last = o_end - o < 2 ? o : o + 1;  // an odd last row goes alone
+                ref_axpy_terms_pair(dweight + (size_t)o * C, dweight + (size_t)last * C, dout + (size_t)n0 * OC + o,
+                                    dout + (size_t)n0 * OC + last, (size_t)OC, inp + (size_t)n0 * C, C, terms, C);
             }
         }
     }
@@ -281,33 +354,33 @@ static inline void ref_attention_forward(float* out, float* lse, const float* qk
     int HS = C / NH;
     size_t C3 = (size_t)3 * C;
     double scale = 1.0 / sqrt((double)HS);
-    double* scores = (double*)mallocCheck((size_t)T * sizeof(double));
-    double* acc = (double*)mallocCheck((size_t)HS * sizeof(double));
-    for (int b = 0; b < B; b++) {
+    REF_PARALLEL_FOR
+    for (int bh = 0; bh < B * NH; bh++) {  // a thread owns one (b, h)
+        const int b = bh / NH, h = bh % NH;
         const float* qkv_b = qkv + (size_t)b * T * C3;
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                const float* q = qkv_b + t * C3 + (size_t)h * HS;
-                double max_score = -INFINITY;
-                for (int s = 0; s <= t; s++) {
-                    scores[s] = scale * ref_dot(q, qkv_b + s * C3 + C + (size_t)h * HS, HS);
-                    if (scores[s] > max_score) { max_score = scores[s]; }
-                }
-                double sum = 0.0;
-                for (int s = 0; s <= t; s++) { scores[s] = exp(scores[s] - max_score); sum += scores[s]; }
-                for (int i = 0; i < HS; i++) { acc[i] = 0.0; }
-                for (int s = 0; s <= t; s++) {
-                    const float* v = qkv_b + s * C3 + 2 * C + (size_t)h * HS;
-                    for (int i = 0; i < HS; i++) { acc[i] += scores[s] * v[i]; }
-                }
-                float* out_t = out + ((size_t)b * T + t) * C + (size_t)h * HS;
-                for (int i = 0; i < HS; i++) { out_t[i] = (float)(acc[i] / sum); }
-                lse[((size_t)b * NH + h) * T + t] = (float)(max_score + log(sum));
+        double* scores = (double*)mallocCheck((size_t)T * sizeof(double));
+        double* acc = (double*)mallocCheck((size_t)HS * sizeof(double));
+        for (int t = 0; t < T; t++) {
+            const float* q = qkv_b + t * C3 + (size_t)h * HS;
+            double max_score = -INFINITY;
+            for (int s = 0; s <= t; s++) {
+                scores[s] = scale * ref_dot(q, qkv_b + s * C3 + C + (size_t)h * HS, HS);
+                if (scores[s] > max_score) { max_score = scores[s]; }
             }
+            double sum = 0.0;
+            for (int s = 0; s <= t; s++) { scores[s] = exp(scores[s] - max_score); sum += scores[s]; }
+            for (int i = 0; i < HS; i++) { acc[i] = 0.0; }
+            for (int s = 0; s <= t; s++) {
+                const float* v = qkv_b + s * C3 + 2 * C + (size_t)h * HS;
+                for (int i = 0; i < HS; i++) { acc[i] += scores[s] * v[i]; }
+            }
+            float* out_t = out + ((size_t)b * T + t) * C + (size_t)h * HS;
+            for (int i = 0; i < HS; i++) { out_t[i] = (float)(acc[i] / sum); }
+            lse[((size_t)b * NH + h) * T + t] = (float)(max_score + log(sum));
         }
+        free(scores);
+        free(acc);
     }
-    free(scores);
-    free(acc);
 }
 
 // dqkv += gradient of the attention above; out and lse are what the forward wrote
@@ -316,32 +389,32 @@ static inline void ref_attention_backward(float* dqkv, const float* dout, const 
     int HS = C / NH;
     size_t C3 = (size_t)3 * C;
     double scale = 1.0 / sqrt((double)HS);
-    for (int b = 0; b < B; b++) {
+    REF_PARALLEL_FOR
+    for (int bh = 0; bh < B * NH; bh++) {  // a thread owns one (b, h): its q, k, v and their gradients
+        const int b = bh / NH, h = bh % NH;
         const float* qkv_b = qkv + (size_t)b * T * C3;
         float* dqkv_b = dqkv + (size_t)b * T * C3;
-        for (int h = 0; h < NH; h++) {
-            for (int t = 0; t < T; t++) {
-                size_t head = (size_t)h * HS;
-                const float* q = qkv_b + t * C3 + head;
-                float* dq = dqkv_b + t * C3 + head;
-                const float* dout_t = dout + ((size_t)b * T + t) * C + head;
-                const float* out_t = out + ((size_t)b * T + t) * C + head;
-                // softmax backward: dscore_s = p_s * (dp_s - sum_s' p_s' dp_s'), and that sum is dout . out
-                double dout_dot_out = ref_dot(dout_t, out_t, HS);
-                double row_lse = lse[((size_t)b * NH + h) * T + t];
-                for (int s = 0; s <= t; s++) {
-                    const float* k = qkv_b + s * C3 + C + head;
-                    const float* v = qkv_b + s * C3 + 2 * C + head;
-                    float* dk = dqkv_b + s * C3 + C + head;
-                    float* dv = dqkv_b + s * C3 + 2 * C + head;
-                    double p = exp(scale * ref_dot(q, k, HS) - row_lse);
-                    double dp = ref_dot(dout_t, v, HS);
-                    double dscore = scale * p * (dp - dout_dot_out);
-                    for (int i = 0; i < HS; i++) {
-                        dv[i] += (float)(p * dout_t[i]);
-                        dq[i] += (float)(dscore * k[i]);
-                        dk[i] += (float)(dscore * q[i]);
-                    }
+        for (int t = 0; t < T; t++) {
+            size_t head = (size_t)h * HS;
+            const float* q = qkv_b + t * C3 + head;
+            float* dq = dqkv_b + t * C3 + head;
+            const float* dout_t = dout + ((size_t)b * T + t) * C + head;
+            const float* out_t = out + ((size_t)b * T + t) * C + head;
+            // softmax backward: dscore_s = p_s * (dp_s - sum_s' p_s' dp_s'), and that sum is dout . out
+            double dout_dot_out = ref_dot(dout_t, out_t, HS);
+            double row_lse = lse[((size_t)b * NH + h) * T + t];
+            for (int s = 0; s <= t; s++) {
+                const float* k = qkv_b + s * C3 + C + head;
+                const float* v = qkv_b + s * C3 + 2 * C + head;
+                float* dk = dqkv_b + s * C3 + C + head;
+                float* dv = dqkv_b + s * C3 + 2 * C + head;
+                double p = exp(scale * ref_dot(q, k, HS) - row_lse);
+                double dp = ref_dot(dout_t, v, HS);
+                double dscore = scale * p * (dp - dout_dot_out);
+                for (int i = 0; i < HS; i++) {
+                    dv[i] += (float)(p * dout_t[i]);
+                    dq[i] += (float)(dscore * k[i]);
+                    dk[i] += (float)(dscore * q[i]);
                 }
             }
         }
@@ -349,20 +422,24 @@ static inline void ref_attention_backward(float* dqkv, const float* dout, const 
 }
 
 static inline void ref_gelu_forward(float* out, const float* inp, int N) {
+    REF_PARALLEL_FOR
     for (int i = 0; i < N; i++) { out[i] = gelu_forward_element(inp[i]); }
 }
 
 // dinp += gelu'(inp) * dout
 static inline void ref_gelu_backward(float* dinp, const float* inp, const float* dout, int N) {
+    REF_PARALLEL_FOR
     for (int i = 0; i < N; i++) { dinp[i] += gelu_backward_element(inp[i]) * dout[i]; }
 }
 
 static inline void ref_residual_forward(float* out, const float* a, const float* b, int N) {
+    REF_PARALLEL_FOR
     for (int i = 0; i < N; i++) { out[i] = a[i] + b[i]; }
 }
 
 // da += dout, db += dout
 static inline void ref_residual_backward(float* da, float* db, const float* dout, int N) {
+    REF_PARALLEL_FOR
     for (int i = 0; i < N; i++) { da[i] += dout[i]; db[i] += dout[i]; }
 }
 
@@ -373,6 +450,7 @@ OVERWRITTEN with (p - onehot(target)) * dloss, and 0 in the padded columns.
 */
 static inline void ref_crossentropy_forward_backward(float* losses, float* dlogits, const float* logits, const int* targets,
                                               int N, int V, int Vp, float dloss) {
+    REF_PARALLEL_FOR
     for (int i = 0; i < N; i++) {
         const float* row = logits + (size_t)i * Vp;
         double max_logit = -INFINITY;
@@ -535,9 +613,9 @@ static inline void fp8_linear_state_init(Fp8LinearState* q, const Fp8Emulation* 
                      e->margin);
 }
 
-// out = dequantize(quantize(x)) with one scale pair; stats (may be NULL) count the cast
-static inline void ref_fp8_qdq(float* out, const float* x, size_t n, Fp8ScalePair pair, Fp8Format format,
-                               Fp8CastStats* stats) {
+// out = dequantize(quantize(x)) with one scale pair, on one thread; stats (may be NULL) count the cast
+static inline void ref_fp8_qdq_serial(float* out, const float* x, size_t n, Fp8ScalePair pair, Fp8Format format,
+                                      Fp8CastStats* stats) {
     for (size_t i = 0; i < n; i++) {
         uint8_t code = fp8_quantize(x[i], pair.scale, format);
         out[i] = fp8_dequantize(code, pair.scale_inv, format);
@@ -545,8 +623,33 @@ static inline void ref_fp8_qdq(float* out, const float* x, size_t n, Fp8ScalePai
     }
 }
 
+// adds the counts and the amax of part's cast into `into`
+static inline void ref_fp8_cast_stats_merge(Fp8CastStats* into, const Fp8CastStats* part) {
+    if (fp8_amax_bits(part->amax) > fp8_amax_bits(into->amax)) { into->amax = bits_as_float(fp8_amax_bits(part->amax)); }
+    into->elements += part->elements;
+    into->saturated += part->saturated;
+    into->flushed += part->flushed;
+}
+
+// the same over REF_CHUNK elements a thread, each chunk counting into its own statistics
+static inline void ref_fp8_qdq(float* out, const float* x, size_t n, Fp8ScalePair pair, Fp8Format format,
+                               Fp8CastStats* stats) {
+    size_t chunks = ref_chunk_count(n);
+    Fp8CastStats* chunk_stats = stats != NULL ? (Fp8CastStats*)calloc(chunks, sizeof(Fp8CastStats)) : NULL;
+    if (stats != NULL && chunk_stats == NULL) { llm8_die("ref_fp8_qdq: out of memory for %zu chunks' statistics", chunks); }
+    REF_PARALLEL_FOR
+    for (size_t k = 0; k < chunks; k++) {
+        size_t start = k * REF_CHUNK, count = n - start < REF_CHUNK ? n - start : REF_CHUNK;
+        ref_fp8_qdq_serial(out + start, x + start, count, pair, format, chunk_stats != NULL ? &chunk_stats[k] : NULL);
+    }
+    if (stats == NULL) { return; }
+    for (size_t k = 0; k < chunks; k++) { ref_fp8_cast_stats_merge(stats, &chunk_stats[k]); }
+    free(chunk_stats);
+}
+
 static inline float ref_fp8_amax(const float* x, size_t n) {
     uint32_t amax_bits = 0;
+    REF_PARALLEL_FOR_MAX(amax_bits)
     for (size_t i = 0; i < n; i++) {
         uint32_t b = fp8_amax_bits(x[i]);
         if (b > amax_bits) { amax_bits = b; }
@@ -575,32 +678,42 @@ static inline Fp8ScalePair ref_fp8_cast_tensor(float* out, const float* x, size_
 }
 
 // E4M3 with one current scale per tile of tile_rows x tile_cols over x [rows][cols]
-// (edge tiles are short); stats->scale is the smallest tile scale (the amax's tile)
+// (edge tiles are short); stats->scale is the smallest tile scale (the amax's tile). A thread
+// casts whole tiles, each counting into its own statistics
 static inline void ref_fp8_cast_tiles(float* out, const float* x, int rows, int cols, int tile_rows, int tile_cols,
                                       Fp8CastStats* stats) {
-    memset(stats, 0, sizeof(*stats));
-    stats->scale = INFINITY;
-    for (int r0 = 0; r0 < rows; r0 += tile_rows) {
-        int r1 = r0 + tile_rows < rows ? r0 + tile_rows : rows;
-        for (int c0 = 0; c0 < cols; c0 += tile_cols) {
-            int c1 = c0 + tile_cols < cols ? c0 + tile_cols : cols;
-            uint32_t amax_bits = 0;
-            for (int r = r0; r < r1; r++) {
-                for (int c = c0; c < c1; c++) {
-                    uint32_t b = fp8_amax_bits(x[(size_t)r * cols + c]);
-                    if (b > amax_bits) { amax_bits = b; }
-                }
-            }
-            Fp8ScalePair pair;
-            pair.scale = fp8_scale_from_amax(bits_as_float(amax_bits), FP8_E4M3_MAX, 0);
-            pair.scale_inv = fp8_reciprocal(pair.scale);
-            if (pair.scale < stats->scale) { stats->scale = pair.scale; }
-            for (int r = r0; r < r1; r++) {
-                size_t at = (size_t)r * cols + c0;
-                ref_fp8_qdq(out + at, x + at, (size_t)(c1 - c0), pair, FP8_E4M3, stats);
+    const int row_tiles = (rows + tile_rows - 1) / tile_rows, col_tiles = (cols + tile_cols - 1) / tile_cols;
+    const int tiles = row_tiles * col_tiles;
+    Fp8CastStats* tile_stats = (Fp8CastStats*)calloc((size_t)tiles, sizeof(Fp8CastStats));
+    if (tile_stats == NULL) { llm8_die("ref_fp8_cast_tiles: out of memory for %d tiles' statistics", tiles); }
+    REF_PARALLEL_FOR
+    for (int tile = 0; tile < tiles; tile++) {
+        const int r0 = tile / col_tiles * tile_rows, c0 = tile % col_tiles * tile_cols;
+        const int r1 = r0 + tile_rows < rows ? r0 + tile_rows : rows;
+        const int c1 = c0 + tile_cols < cols ? c0 + tile_cols : cols;
+        uint32_t amax_bits = 0;
+        for (int r = r0; r < r1; r++) {
+            for (int c = c0; c < c1; c++) {
+                uint32_t b = fp8_amax_bits(x[(size_t)r * cols + c]);
+                if (b > amax_bits) { amax_bits = b; }
             }
         }
+        Fp8ScalePair pair;
+        pair.scale = fp8_scale_from_amax(bits_as_float(amax_bits), FP8_E4M3_MAX, 0);
+        pair.scale_inv = fp8_reciprocal(pair.scale);
+        tile_stats[tile].scale = pair.scale;
+        for (int r = r0; r < r1; r++) {
+            size_t at = (size_t)r * cols + c0;
+            ref_fp8_qdq_serial(out + at, x + at, (size_t)(c1 - c0), pair, FP8_E4M3, &tile_stats[tile]);
+        }
     }
+    memset(stats, 0, sizeof(*stats));
+    stats->scale = INFINITY;
+    for (int tile = 0; tile < tiles; tile++) {
+        ref_fp8_cast_stats_merge(stats, &tile_stats[tile]);
+        if (tile_stats[tile].scale < stats->scale) { stats->scale = tile_stats[tile].scale; }
+    }
+    free(tile_stats);
 }
 
 /*
@@ -1122,7 +1235,9 @@ static inline float gpt2ref_adamw_update(GPT2Ref* model, float learning_rate, fl
     for (int tensor = 0; tensor < NUM_PARAMETER_TENSORS; tensor++) {
         AdamWElementParams hp = adamw_element_params(learning_rate, beta1, beta2, eps,
                                                      gpt2_param_is_decayed(tensor) ? weight_decay : 0.0f, t);
-        for (size_t i = offset; i < offset + model->param_sizes[tensor]; i++) {
+        const size_t end = offset + model->param_sizes[tensor];
+        REF_PARALLEL_FOR
+        for (size_t i = offset; i < end; i++) {
             model->params[i] = adamw_element_update(model->params[i], model->grads[i] * grad_scale,
                                                     &model->adam_m[i], &model->adam_v[i], hp);
         }

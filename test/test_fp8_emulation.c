@@ -16,7 +16,9 @@ what the GPU's FP8 path is checked against, checked itself against fp32:
   vs fp32, on a fixed corpus with structure, final losses within 2%;
 - delayed weight scaling: the forwards quantize W with the scale its last optimizer step
   used (the previous step's amax), through gradient accumulation and evaluations;
-- the per-tensor statistics and the config checks.
+- the per-tensor statistics and the config checks;
+- one thread and four give the same bits: logits, gradients, the updated weights, scaling
+  states and cast statistics, fp32 and each recipe.
 Thresholds and the measured values are in doc/fp8-numerics.md.
 */
 #include "test/test_harness.h"
@@ -669,6 +671,100 @@ static void test_emulation_off(void) {
 }
 
 // ----------------------------------------------------------------------------
+// the thread count: gpt2_ref.h splits every op among OpenMP threads, each owning whole outputs,
+// and merges only maxima and counts, so one thread and several give the same bits. Sizes with
+// short tails everywhere: N = 21 rows (REF_ROW_BLOCK 16, pairs of rows), odd heads (HS 66),
+// 3 FP8 cast chunks in fc's weight (REF_CHUNK), Vp 256 with V 250.
+
+static int same_floats(const float* a, const float* b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+#ifdef _OPENMP
+#include <omp.h>
+
+// two AdamW steps from the init on `threads` threads; the model is kept for comparing, and the
+// gradient norms go to norms[2]
+static GPT2Ref* threaded_steps(const GPT2Config* cfg, const Fp8Emulation* e, int threads, float norms[2]) {
+    enum { B = 3, T = 7 };
+    omp_set_num_threads(threads);
+    GPT2Ref* model = model_new(cfg, e);
+    mt19937_state rng;
+    manual_seed(&rng, 53);
+    int tokens[B * T + 1];
+    for (int step = 1; step <= 2; step++) {
+        random_tokens(tokens, B * T + 1, cfg->vocab_size, &rng);
+        gpt2ref_forward(model, tokens, tokens + 1, B, T);
+        gpt2ref_zero_grad(model);
+        gpt2ref_backward(model, 1);
+        norms[step - 1] = gpt2ref_adamw_update(model, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 1.0f);
+    }
+    return model;
+}
+
+static void test_thread_count(void) {
+    GPT2Config cfg = gpt2_config_make(2, 3, 198, 16, 250);
+    Fp8Emulation delayed_everything = emulation_with(FP8_EMULATE_DELAYED, FP8_PASS_ALL);
+    delayed_everything.weight_scaling = FP8_WEIGHTS_DELAYED;
+    delayed_everything.grad_scaling = FP8_GRADS_DELAYED;
+    Fp8Emulation current = emulation_with(FP8_EMULATE_CURRENT, FP8_PASS_ALL);
+    Fp8Emulation block = emulation_with(FP8_EMULATE_BLOCK, FP8_PASS_ALL);
+    const Fp8Emulation* emulations[4] = {NULL, &delayed_everything, &current, &block};
+    const char* names[4] = {"fp32", "delayed (-fw, -fg delayed)", "current", "block"};
+    const int max_threads = omp_get_max_threads();
+    for (int k = 0; k < 4; k++) {
+        float norms_one[2], norms_four[2];
+        GPT2Ref* one = threaded_steps(&cfg, emulations[k], 1, norms_one);
+        GPT2Ref* four = threaded_steps(&cfg, emulations[k], 4, norms_four);
+        size_t n = one->num_parameters, logits = (size_t)one->B * one->T * cfg.padded_vocab_size;
+        CHECK(one->mean_loss == four->mean_loss && same_floats(one->acts.logits, four->acts.logits, logits),
+              "%s: the logits of 4 threads differ from 1 thread's", names[k]);
+        CHECK(same_floats(one->grads, four->grads, n) && same_floats(norms_one, norms_four, 2),
+              "%s: the gradients or their norms of 4 threads differ from 1 thread's", names[k]);
+        CHECK(same_floats(one->params, four->params, n) && same_floats(one->adam_m, four->adam_m, n) &&
+              same_floats(one->adam_v, four->adam_v, n), "%s: the updated weights or moments of 4 threads differ", names[k]);
+        if (emulations[k] != NULL) {  // scaling states, the scales used, each cast's statistics
+            size_t bytes = (size_t)(4 * cfg.num_layers + 1) * sizeof(Fp8LinearState);
+            CHECK(memcmp(one->fp8_linears, four->fp8_linears, bytes) == 0,
+                  "%s: the FP8 states or cast statistics of 4 threads differ from 1 thread's", names[k]);
+        }
+        model_delete(one);
+        model_delete(four);
+    }
+    omp_set_num_threads(max_threads);
+}
+#else
+static void test_thread_count(void) { printf("test_thread_count: built without OpenMP, nothing to compare\n"); }
+#endif
+
+// a cast over several chunks (REF_CHUNK each, counting into its own statistics) counts as one
+// pass would
+static void test_cast_chunks(void) {
+    mt19937_state rng;
+    manual_seed(&rng, 59);
+    size_t count = 3 * REF_CHUNK + 123;
+    float* x = gaussian(count, 1.0f, &rng);
+    for (size_t i = 0; i < count; i += 997) { x[i] = i % 2 ? 1e6f : 1e-9f; }  // saturated, flushed
+    x[2 * REF_CHUNK + 5] = -3e6f;                                              // the amax, in the third chunk
+    Fp8ScalePair pair = {1.0f, 1.0f};
+    float* serial_out = zeros(count);
+    float* chunked_out = zeros(count);
+    Fp8CastStats serial, chunked;
+    memset(&serial, 0, sizeof(serial));
+    memset(&chunked, 0, sizeof(chunked));
+    ref_fp8_qdq_serial(serial_out, x, count, pair, FP8_E4M3, &serial);
+    ref_fp8_qdq(chunked_out, x, count, pair, FP8_E4M3, &chunked);
+    CHECK(serial.saturated > 0 && serial.flushed > 0 && serial.amax == 3e6f, "the chunked cast's data: %llu saturated, "
+          "%llu flushed, amax %g", (unsigned long long)serial.saturated, (unsigned long long)serial.flushed, serial.amax);
+    CHECK(memcmp(&serial, &chunked, sizeof(serial)) == 0 && same_floats(serial_out, chunked_out, count),
+          "a cast of %zu elements in chunks: amax %g, %llu elements, %llu saturated, %llu flushed; in one pass %g, %llu, %llu, %llu",
+          count, chunked.amax, (unsigned long long)chunked.elements, (unsigned long long)chunked.saturated,
+          (unsigned long long)chunked.flushed, serial.amax, (unsigned long long)serial.elements,
+          (unsigned long long)serial.saturated, (unsigned long long)serial.flushed);
+    free(x);
+    free(serial_out);
+    free(chunked_out);
+}
+
+// ----------------------------------------------------------------------------
 // training: a fixed corpus with structure, 200 AdamW steps, FP8 (default recipe) vs fp32
 
 #define TRAIN_B 4
@@ -864,6 +960,8 @@ int main(void) {
     test_pass_selection();
     test_model_sqnr();
     test_emulation_off();
+    test_thread_count();
+    test_cast_chunks();
     test_delayed_weights();
     test_training();
     test_pass_flags();
