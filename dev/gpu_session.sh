@@ -167,8 +167,8 @@ first_summary() {
 # the GPU test binaries, the quick and basic ones first, so a budget cut leaves the largest
 # (test_gpt2: the whole model against the CPU reference) last; any other test/test_*.cu after them
 gpu_test_binaries() {
-    local first=(test_kernels test_matmul_attention test_fp8_kernels test_adamw8_gpu test_sparse_buffer
-                 test_multi_gpu test_gpt2)
+    local first=(test_cublaslt_rules test_kernels test_matmul_attention test_fp8_kernels test_adamw8_gpu
+                 test_sparse_buffer test_multi_gpu test_gpt2)
     local name
     for name in "${first[@]}"; do echo "build/$name"; done
     for name in test/test_*.cu; do
