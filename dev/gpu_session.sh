@@ -29,7 +29,9 @@
 #                                   # named): optimizers (bf16, bf16 + adamw8, FP8 delayed, FP8 delayed
 #                                   # + adamw8), lm_head (bf16, FP8 delayed, FP8 delayed with an FP8
 #                                   # lm_head), fg_delayed (bf16, FP8 delayed, FP8 delayed with
-#                                   # -fg delayed, FP8 delayed with -fg pow2):
+#                                   # -fg delayed, FP8 delayed with -fg pow2), fastest (bf16, FP8
+#                                   # delayed, FP8 delayed with -fg delayed and an FP8 lm_head: the
+#                                   # fastest d12 setting, both candidate defaults at once):
 #                                   # scripts/compare_bf16_fp8.sh once a set
 #                                   # (summary_SET.md; loss_SET.png in the main.log archive); a run a set shares with an
 #                                   # earlier one is resumed, not trained again, and so is a run cut
@@ -289,13 +291,15 @@ case "$stage" in
         # (set, RECIPES, OPTIMIZERS): each set trains bf16 and FP8 delayed (resumed when an earlier set
         # trained them) and adds its own runs; -fg delayed and -fg pow2 (candidate defaults, not yet
         # measured) come last, so a call cut off short of them has still finished the sets before them,
-        # summaries written
+        # summaries written. fastest asks in one set of three runs what lm_head and fg_delayed ask in
+        # two of five: whether the two candidate defaults together keep bf16's loss
         sets=("optimizers|delayed|adamw adamw8" "lm_head|delayed delayed+lm_head|adamw"
-              "fg_delayed|delayed delayed+fg_delayed delayed+fg_pow2|adamw")
+              "fg_delayed|delayed delayed+fg_delayed delayed+fg_pow2|adamw" "fastest|delayed delayed+lm_head+fg_delayed|adamw")
+        set_names=" optimizers lm_head fg_delayed fastest "
         shift
         for name in "$@"; do
-            [[ " optimizers lm_head fg_delayed " == *" $name "* ]] \
-                || { echo "error: dev/gpu_session.sh: parity set '$name' (expected some of: optimizers lm_head fg_delayed)" >&2; exit 2; }
+            [[ "$set_names" == *" $name "* ]] \
+                || { echo "error: dev/gpu_session.sh: parity set '$name' (expected some of:${set_names% })" >&2; exit 2; }
         done
         # PARITY_S bounds the stage, the build included: the set running then is stopped (its runs
         # resume from their last checkpoint in a later call on the warm machine), and the logs of

@@ -387,7 +387,7 @@ def test_compare_writes_the_table_first_at_the_last_shared_val_step(tmp_path):
 
 
 def test_gpu_session_parity_stage_dry_run(data, tmp_path):
-    """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: the three sets of
+    """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: the four sets of
     runs train, the later ones resume the first's finished runs, and the logs a call returns are there"""
     logs = tmp_path / "logs"
     env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL="tiny", PARITY_STEPS="4",
@@ -404,18 +404,22 @@ def test_gpu_session_parity_stage_dry_run(data, tmp_path):
     assert re.findall(r"^\| (\w+) \| 4 \|", fg_delayed, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_fg_delayed",
                                                                 "fp8_delayed_fg_pow2"]
     parity_log = (logs / "parity.log").read_text()
-    assert parity_log.count("resumed from") == 4, parity_log[-3000:]  # bf16 and fp8_delayed, in each later set
-    # the sets in order, the -fg delayed and -fg pow2 runs last (a session cut off short of them loses the least)
+    fastest = (logs / "summary_fastest.md").read_text()
+    assert re.findall(r"^\| (\w+) \| 4 \|", fastest, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_lm_head_fg_delayed"]
+    assert parity_log.count("resumed from") == 6, parity_log[-3000:]  # bf16 and fp8_delayed, in each later set
+    # the sets in order, the -fg delayed and -fg pow2 runs last (a session cut off short of them loses the least):
+    # fg_delayed's two, then fastest's resumed fp8_delayed and its own run
     trained = re.findall(r"^precision fp8 emulated, recipe delayed, weights \w+, gradients (\w+)", parity_log, re.M)
-    assert trained[-2:] == ["delayed", "pow2"] and set(trained[:-2]) == {"current"}, trained
+    assert trained[-4:] == ["delayed", "pow2", "current", "delayed"] and set(trained[:-4]) == {"current"}, trained
     # every run's main.log and every set's plot in one archive: a device call returns at most 8 files, and the
     # device's build adds build.log to these
     assert len(os.listdir(logs)) <= 7, sorted(os.listdir(logs))
     with tarfile.open(logs / "parity_main_logs.tar.gz") as archive:
-        plots = [f"./loss_{name}.png" for name in ("fg_delayed", "lm_head", "optimizers")]
+        plots = [f"./loss_{name}.png" for name in ("fastest", "fg_delayed", "lm_head", "optimizers")]
         assert sorted(archive.getnames()) == [f"./{run}/main.log" for run in ("bf16", "bf16_adamw8", "fp8_delayed", "fp8_delayed_adamw8",
                                                                                "fp8_delayed_fg_delayed", "fp8_delayed_fg_pow2",
-                                                                               "fp8_delayed_lm_head")] + plots
+                                                                               "fp8_delayed_lm_head",
+                                                                               "fp8_delayed_lm_head_fg_delayed")] + plots
         assert all(archive.getmember(plot).size > 0 for plot in plots)
 
 
@@ -434,7 +438,7 @@ def test_gpu_session_parity_stage_runs_the_sets_named(data, tmp_path):
                                                        "loss_lm_head.png", "summary.md"]
     result = subprocess.run(session + ["lm_head", "fg-delayed"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: dev/gpu_session.sh: parity set 'fg-delayed' (expected some of: optimizers lm_head fg_delayed)"]
+        "error: dev/gpu_session.sh: parity set 'fg-delayed' (expected some of: optimizers lm_head fg_delayed fastest)"]
 
 
 def test_gpu_session_parity_stage_needs_the_corpus(tmp_path):
