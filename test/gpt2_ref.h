@@ -284,8 +284,9 @@ static inline void ref_matmul_forward(float* out, const float* inp, const float*
 // by row, each row streamed the whole weight from memory: lm_head's 154 MB, 256 times a batch),
 // and the wgrad takes REF_WEIGHT_CHUNK weight-gradient rows at a time through the N input rows
 // (each input row read once for all of them, not once per weight row), REF_WEIGHT_CHUNK input
-// rows to a ref_axpy_terms_pair call, two output rows at a time. Every element still adds its terms in the same order (o
-// ascending in dinp, n ascending in dweight), so the results are bitwise those of the plain loops.
+// rows to a ref_axpy_terms_pair call, two output rows at a time. Every element still adds its
+// terms in the same order (o ascending in dinp, n ascending in dweight), so the results are
+// bitwise those of the plain loops.
 #define REF_WEIGHT_CHUNK 32
 
 // dinp[N][C] += dout . weight (dgrad)
