@@ -181,6 +181,12 @@ bench_gemm: dev/bench/bench_gemm.cu $(LLMC_HEADERS) | check-cuda
 probe_epilogues: dev/bench/probe_epilogues.cu $(LLMC_HEADERS) | check-cuda
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDFLAGS) -o $@
 
+# adamw8's block step built for its common path alone, machine code only (dev/bench/sass_path.py
+# counts the instructions it executes; test/test_sass_path.py holds it to a budget)
+$(BUILD)/adamw8_sass_probe.cubin: dev/bench/adamw8_sass_probe.cu $(LLMC_HEADERS) | check-cuda
+	@mkdir -p $(BUILD)
+	$(NVCC) $(NVCC_FLAGS) -cubin $< -o $@
+
 train_gpt2cpu: test/train_gpt2cpu.c $(LLMC_HEADERS) test/gpt2_ref.h
 	$(CC) $(CFLAGS) -fopenmp $< -lm -o $@
 
@@ -285,10 +291,10 @@ test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 # a log shows where the time goes.
 PYTEST_XDIST = $(shell $(PYTHON) -c 'import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split(".")[:2])) < (3, 2))' 2>/dev/null && echo yes)
 PYTEST_RUN = $(if $(and $(PYTEST_XDIST),$(filter-out 1,$(JOBS))),OMP_NUM_THREADS=1 $(PYTHON) -m pytest -n $(JOBS) --dist worksteal,$(PYTHON) -m pytest)
-test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
+test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues $(BUILD)/adamw8_sass_probe.cubin $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
 	$(PYTEST_RUN) -q --durations=15 test
 
-compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues $(GPU_TESTS)
+compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues $(BUILD)/adamw8_sass_probe.cubin $(GPU_TESTS)
 
 # the C tests built with AddressSanitizer and UBSan, and the cudasim tests with UBSan, into
 # $(BUILD)/sanitize: what the -O3 builds run past silently (a read past a buffer, a use after

@@ -6,15 +6,18 @@ its m and v codes, its parameter (fp32 master, or the bf16 weight with no master
 block's two absmaxes. One warp owns one 256-element quantization block, 8 elements a lane,
 so every load is one instruction (16 bytes of bf16 or fp32, 8 bytes of codes) and the block's
 new absmax is a warp butterfly max with no shared memory and no atomics: deterministic, and
-max is exact, so the codes equal the host reference's bit for bit. The maps (2 KB) are copied
-into shared memory once per thread block, and laid out there again in search order
-(quant8_search_order), where the binary search of each encode reads them. The sorted layout
-made the lanes' reads at each search level collide in a few banks: on an H200 (2026-11-26,
-doc/benchmarks/) the adamw8 step took 2.20 ms at d12, against AdamW's 1.19 ms although it
-moves fewer bytes. Its SASS also ran a lane's 16 searches one after another, each a chain of 8
-dependent shared-memory reads; a lane now searches its 8 m values together and its 8 v values
-together, a level at a time (quant8_encode_*_values). The next GPU benchmark says what both
-changed.
+max is exact, so the codes equal the host reference's bit for bit.
+At 16 bytes an element the pass has about 110 instructions an element to spend before it stops
+being bound by memory on an H100/H200 (4.8 TB/s against 132 SMs issuing 4 warp instructions a
+cycle), and the first version spent about 365: on an H200 it took 1.9 ms at d12 against plain
+AdamW's 1.1 ms (doc/adamw8.md). So the instructions are what this file economizes:
+- the encode reads a bucket table, not a binary search (quant8.h: about 20 instructions and
+  4 shared-memory reads a value instead of 90 and 10);
+- the maps and buckets (6.7 KB) are copied into shared memory once per thread block of a grid
+  the GPU holds at once, whose warps stride over the blocks;
+- all blocks but a tensor's partial last one run the instantiation with no bounds tests
+  (kWholeLanes);
+- AdamW's bias corrections are multiplies (element_math.h).
 The per-element arithmetic is quant8.h's __host__ __device__ code; the new bf16 weight is
 rounded stochastically with random_u32(seed, element index counted from the tensor's start),
 as llmc/adamw.cuh does. A block whose update is not finite somewhere is not written at all.
@@ -23,8 +26,8 @@ those of llmc/adamw.cuh, through the same element function (fp8_weight_element):
 the value the cast reads (the master when there is one, else the bf16 weight) and, with the
 delayed weight cast, its E4M3 codes, 8 bytes a lane in one store. A skipped block's unchanged
 values count too, and their codes are rewritten: this step's codes all share one scale. Each
-warp commits its tally with one atomic per field (a max and integer counts, so the result
-is deterministic).
+warp commits its tally once, with one atomic per field (a max and integer counts, so the
+result is deterministic).
 */
 #ifndef LLMC_ADAMW8_CUH
 #define LLMC_ADAMW8_CUH
@@ -39,29 +42,25 @@ is deterministic).
 
 #define ADAMW8_WARPS_PER_BLOCK 8
 #define ADAMW8_ELEMENTS_PER_LANE (QUANT8_BLOCK / WARP_SIZE)  // 8
-#define ADAMW8_MIN_BLOCKS 4  // per SM: at most 64 registers (69 left 3 blocks, 24 warps an SM), no spills
+#define ADAMW8_MIN_BLOCKS 4  // per SM: at most 64 registers, so 4 blocks (32 warps) fit an SM
 
-__global__ void __launch_bounds__(ADAMW8_WARPS_PER_BLOCK * WARP_SIZE, ADAMW8_MIN_BLOCKS)
-adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
-                     const Quant8Maps* maps, AdamWElementParams hp, float grad_scale, uint32_t seed,
-                     uint32_t first_index, Fp8WeightUpdate fp8) {
-    __shared__ Quant8Maps shared_maps;
-    for (int i = threadIdx.x; i < QUANT8_CODES; i += blockDim.x) {
-        shared_maps.signed_values[i] = maps->signed_values[i];
-        shared_maps.unsigned_values[i] = maps->unsigned_values[i];
-    }
-    __syncthreads();
-    for (int node = 1 + threadIdx.x; node < QUANT8_CODES; node += blockDim.x) {  // from shared: no more global reads
-        shared_maps.signed_search[node] = shared_maps.signed_values[quant8_search_order(node)];
-        shared_maps.unsigned_search[node] = shared_maps.unsigned_values[quant8_search_order(node)];
-    }
-    __syncthreads();
+/*
+One quantization block's step, by one warp. kWholeLanes: each lane's 8 elements are all in the
+tensor (every block but a tensor's last, partial one), so the element loops have no bounds to
+test and every load and store is one vector instruction. The block's FP8 weight outputs go
+into the lane's tally.
+*/
+template <bool kWholeLanes>
+__device__ __forceinline__ void adamw8_update_block(size_t block, floatX* params, float* master, const floatX* grads,
+                                                    Quant8TensorStates st, size_t n, const Quant8Maps* maps,
+                                                    AdamWElementParams hp, float grad_scale, uint32_t seed,
+                                                    uint32_t first_index, Fp8WeightUpdate fp8, float fp8_scale,
+                                                    Fp8Tally* tally) {
     const int lane = threadIdx.x % WARP_SIZE;
-    const size_t block = (size_t)blockIdx.x * ADAMW8_WARPS_PER_BLOCK + threadIdx.x / WARP_SIZE;
-    if (block * QUANT8_BLOCK >= n) { return; }  // the whole warp: no warp-wide op below misses a lane
     const size_t start = block * QUANT8_BLOCK + (size_t)lane * ADAMW8_ELEMENTS_PER_LANE;
-    const int count = start >= n ? 0 : (n - start < ADAMW8_ELEMENTS_PER_LANE ? (int)(n - start) : ADAMW8_ELEMENTS_PER_LANE);
-    const int vector = count == ADAMW8_ELEMENTS_PER_LANE;
+    const int count = kWholeLanes ? ADAMW8_ELEMENTS_PER_LANE
+                                  : (start >= n ? 0 : (n - start < ADAMW8_ELEMENTS_PER_LANE ? (int)(n - start) : ADAMW8_ELEMENTS_PER_LANE));
+    const bool vector = count == ADAMW8_ELEMENTS_PER_LANE;
 
     // load: 8 elements per lane, one instruction per array when the lane's 8 are all in the tensor
     float param[ADAMW8_ELEMENTS_PER_LANE], grad[ADAMW8_ELEMENTS_PER_LANE];
@@ -102,13 +101,11 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
     for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
         if (k >= count) { break; }
         param[k] = adamw8_element_update(param[k], grad[k] * grad_scale, m_code[k], v_code[k], m_absmax_old, v_absmax_old,
-                                         &shared_maps, hp, &m[k], &v[k]);
+                                         maps, hp, &m[k], &v[k]);
         finite = finite && adamw8_element_is_finite(param[k], m[k], v[k]);
         m_max = fmaxf(m_max, fabsf(m[k]));
         v_max = fmaxf(v_max, fabsf(v[k]));
     }
-    const float fp8_scale = fp8_weight_update_scale(fp8);
-    Fp8Tally tally = fp8_tally_zero();
     uint8_t fp8_code[ADAMW8_ELEMENTS_PER_LANE];
     if (!__all_sync(0xffffffffu, finite)) {  // leave the whole block as it was; its FP8 side still counts
         if (fp8.record != NULL) {
@@ -116,10 +113,9 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
             for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
                 if (k >= count) { break; }
                 float old_master = master != NULL ? master[start + k] : 0.0f;
-                fp8_code[k] = fp8_weight_update_element(fp8, fp8_scale, master != NULL, old_master, params[start + k], &tally);
+                fp8_code[k] = fp8_weight_update_element(fp8, fp8_scale, master != NULL, old_master, params[start + k], tally);
                 if (fp8.codes != NULL) { fp8.codes[start + k] = fp8_code[k]; }
             }
-            fp8_tally_commit_warp(tally, fp8.record, true);
         }
         return;
     }
@@ -128,15 +124,14 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
 
     // phase 2: requantize with the new absmaxes, write the parameter (and its FP8 side)
     floatX weight[ADAMW8_ELEMENTS_PER_LANE];
-    static_assert(ADAMW8_ELEMENTS_PER_LANE == QUANT8_SEARCH_BATCH, "a lane's values are searched together");
-    quant8_encode_signed_values(m, count, m_max, &shared_maps, m_code);
-    quant8_encode_unsigned_values(v, count, v_max, &shared_maps, v_code);
     #pragma unroll
     for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
         if (k >= count) { break; }
+        m_code[k] = quant8_encode_signed(m[k], m_max, maps);
+        v_code[k] = quant8_encode_unsigned(v[k], v_max, maps);
         weight[k] = stochastic_round_bf16(param[k], seed, first_index + (uint32_t)(start + k));
         if (fp8.record != NULL) {
-            fp8_code[k] = fp8_weight_update_element(fp8, fp8_scale, master != NULL, param[k], weight[k], &tally);
+            fp8_code[k] = fp8_weight_update_element(fp8, fp8_scale, master != NULL, param[k], weight[k], tally);
         }
     }
     if (vector) {
@@ -174,7 +169,45 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
         st.m_absmax[block] = m_max;
         st.v_absmax[block] = v_max;
     }
+}
+
+/*
+Quantization blocks [first_block, end_block) of the tensor, each by one warp, the warps of the
+grid striding over them: the grid is what the GPU holds at once, so each thread block copies
+the maps into shared memory once per launch, not once per 8 blocks. Each warp commits its FP8
+tally once, at the end.
+*/
+template <bool kWholeLanes>  // the partial block's launch is one thread block: no occupancy to keep, room not to spill
+__global__ void __launch_bounds__(ADAMW8_WARPS_PER_BLOCK * WARP_SIZE, kWholeLanes ? ADAMW8_MIN_BLOCKS : 1)
+adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
+                     size_t first_block, size_t end_block, const Quant8Maps* maps, AdamWElementParams hp,
+                     float grad_scale, uint32_t seed, uint32_t first_index, Fp8WeightUpdate fp8) {
+    __shared__ Quant8Maps shared_maps;
+    static_assert(sizeof(Quant8Maps) % sizeof(uint32_t) == 0, "the maps are copied in 4-byte words");
+    for (int i = threadIdx.x; i < (int)(sizeof(Quant8Maps) / sizeof(uint32_t)); i += blockDim.x) {
+        reinterpret_cast<uint32_t*>(&shared_maps)[i] = reinterpret_cast<const uint32_t*>(maps)[i];
+    }
+    __syncthreads();
+    const float fp8_scale = fp8_weight_update_scale(fp8);
+    Fp8Tally tally = fp8_tally_zero();
+    const size_t warps = (size_t)gridDim.x * (blockDim.x / WARP_SIZE);
+    for (size_t block = first_block + (size_t)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
+         block < end_block; block += warps) {  // the same for a warp's lanes: no warp-wide op below misses one
+        adamw8_update_block<kWholeLanes>(block, params, master, grads, st, n, &shared_maps, hp, grad_scale, seed,
+                                         first_index, fp8, fp8_scale, &tally);
+    }
     if (fp8.record != NULL) { fp8_tally_commit_warp(tally, fp8.record, true); }
+}
+
+// the thread blocks of adamw8_update_kernel the device holds at once (ADAMW8_MIN_BLOCKS per SM)
+static unsigned int adamw8_resident_blocks_(void) {
+    static int sm_count = 0;  // one device per process
+    if (sm_count == 0) {
+        int device = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    }
+    return (unsigned int)sm_count * ADAMW8_MIN_BLOCKS;
 }
 
 static inline void adamw8_check_aligned_(const void* ptr, const char* what) {
@@ -209,10 +242,19 @@ void adamw8_update(floatX* params, float* master, const floatX* grads, Quant8Ten
     if (((uintptr_t)fp8.codes) % 8 != 0) {
         llm8_die("adamw8_update: the FP8 weight codes at %p are not 8-byte aligned", (void*)fp8.codes);
     }
-    size_t blocks = ceil_div_size(n, QUANT8_BLOCK);
-    unsigned int grid = (unsigned int)ceil_div_size(blocks, ADAMW8_WARPS_PER_BLOCK);
-    adamw8_update_kernel<<<grid, ADAMW8_WARPS_PER_BLOCK * WARP_SIZE, 0, stream>>>(
-        params, master, grads, st, n, maps_device, hp, grad_scale, seed, first_index, fp8);
+    // the whole blocks by a grid the device holds at once, then a partial last block by one warp
+    const size_t whole_blocks = n / QUANT8_BLOCK;
+    const unsigned int threads = ADAMW8_WARPS_PER_BLOCK * WARP_SIZE;
+    if (whole_blocks > 0) {
+        size_t grid = ceil_div_size(whole_blocks, ADAMW8_WARPS_PER_BLOCK);
+        unsigned int resident = adamw8_resident_blocks_();
+        adamw8_update_kernel<true><<<grid < resident ? (unsigned int)grid : resident, threads, 0, stream>>>(
+            params, master, grads, st, n, 0, whole_blocks, maps_device, hp, grad_scale, seed, first_index, fp8);
+    }
+    if (n % QUANT8_BLOCK != 0) {
+        adamw8_update_kernel<false><<<1, threads, 0, stream>>>(params, master, grads, st, n, whole_blocks, whole_blocks + 1,
+                                                               maps_device, hp, grad_scale, seed, first_index, fp8);
+    }
     cudaCheck(cudaGetLastError());
 }
 

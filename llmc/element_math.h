@@ -160,15 +160,17 @@ LLMC_HD float gelu_backward_element(float x) {
 // ----------------------------------------------------------------------------
 // AdamW on one element, bit-exact host/device. m and v are updated in place and the
 // new parameter is returned. grad is already multiplied by the clipping scale.
-// beta1_correction = 1 - beta1^t, beta2_correction = 1 - beta2^t (computed once on the host).
+// m_hat_scale = 1 / (1 - beta1^t), v_hat_scale = 1 / (1 - beta2^t), computed once on the host:
+// the bias corrections are multiplies, not divisions, because the 8-bit optimizer's pass is
+// bound by instruction issue, where an IEEE division is about ten instructions (doc/adamw8.md).
 // Decoupled weight decay: param -= lr * (update + weight_decay * param).
 
 typedef struct {
     float learning_rate;
     float beta1;
     float beta2;
-    float beta1_correction;
-    float beta2_correction;
+    float m_hat_scale;
+    float v_hat_scale;
     float eps;
     float weight_decay;  // already 0 for tensors that are not decayed
 } AdamWElementParams;
@@ -181,8 +183,8 @@ static inline AdamWElementParams adamw_element_params(float learning_rate, float
     p.learning_rate = learning_rate;
     p.beta1 = beta1;
     p.beta2 = beta2;
-    p.beta1_correction = 1.0f - powf(beta1, (float)t);
-    p.beta2_correction = 1.0f - powf(beta2, (float)t);
+    p.m_hat_scale = (float)(1.0 / (1.0 - pow(beta1, t)));
+    p.v_hat_scale = (float)(1.0 / (1.0 - pow(beta2, t)));
     p.eps = eps;
     p.weight_decay = weight_decay;
     return p;
@@ -193,8 +195,8 @@ LLMC_HD float adamw_element_update(float param, float grad, float* m, float* v, 
     float v_new = fmaf(p.beta2, *v, (1.0f - p.beta2) * (grad * grad));
     *m = m_new;
     *v = v_new;
-    float m_hat = m_new / p.beta1_correction;
-    float v_hat = v_new / p.beta2_correction;
+    float m_hat = m_new * p.m_hat_scale;
+    float v_hat = v_new * p.v_hat_scale;
     float update = m_hat / (sqrtf(v_hat) + p.eps);
     return fmaf(-p.learning_rate, fmaf(p.weight_decay, param, update), param);
 }

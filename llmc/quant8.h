@@ -18,8 +18,8 @@ Why it is shaped this way:
   on the tree's next decade, -1e-7, so the 256 codes are distinct.
 - Codes are stored so that a zeroed buffer means "all moments 0": an m code is an int8 whose
   value orders the map (map index = code + 128, zero at code 0), a v code is a uint8 (zero at
-  code 0). Encoding is a binary search for the nearest map value, ties to the lower value,
-  over the map in search order (quant8_search_order: fewer shared-memory bank conflicts).
+  code 0). Encoding finds the nearest map value, ties to the lower value, through a table of
+  buckets keyed by the float's bits (quant8_nearest_index): no search.
 - Blocks of 256 elements with one fp32 absmax per block per state; x is normalized by x/absmax.
   Every operation on the path is a single IEEE-rounded + - * / or a comparison, so the host
   and the device produce the same codes bit for bit (the GPU test checks it).
@@ -55,28 +55,35 @@ Host code here is C that also compiles as C++; the element functions are __host_
 #define QUANT8_SIGNED_ZERO_INDEX 128        // map index of the signed code 0
 #define ADAMW8_MIN_8BIT_ELEMENTS 4096       // per-layer tensors smaller than this keep 32-bit states
 
-// the two dynamic maps, each ascending; signed_values[code + 128], unsigned_values[code]; and
-// each in the encode's search order (quant8_search_order; element 0 unused)
+/*
+The encode finds a value's nearest map entry without a search: a table of buckets keyed by the
+value's float bits (sign, exponent and the top QUANT8_BUCKET_BITS mantissa bits) holds for
+each bucket the map index at or below the bucket's smallest value. The keys are fine enough
+that at most one map value lies inside a bucket (quant8_maps_init checks it), so the index at
+or below x is that start or the next one, and the nearest entry is that or the one after: one
+bucket read, then three map reads that do not wait for one another (quant8_nearest_index).
+Magnitudes below 2^-25 share the first bucket (the smallest nonzero map values are 1e-7 and
+1e-6: their midpoints with 0 are at least 5e-8 > 2^-25), and 1 and above the last. 6 mantissa
+bits are the fewest for which no bucket of either map holds two values (5 puts two signed ones
+in a bucket). The signed map's keys have a second half for negative values. The binary search
+this replaced spent about 90 instructions and a chain of 9 dependent shared-memory reads on
+each value (doc/adamw8.md).
+*/
+#define QUANT8_BUCKET_MIN_EXPONENT (-25)  // magnitudes below 2^-25 share the first bucket
+#define QUANT8_BUCKET_BITS 6              // mantissa bits in a bucket's key
+// the buckets of one sign: 2^bits per binade from 2^-25 to 2^-1, then one for [1, inf]
+#define QUANT8_BUCKETS_PER_SIGN(bits) ((-QUANT8_BUCKET_MIN_EXPONENT << (bits)) + 1)
+#define QUANT8_SIGNED_BUCKETS (2 * QUANT8_BUCKETS_PER_SIGN(QUANT8_BUCKET_BITS))  // 3202
+#define QUANT8_UNSIGNED_BUCKETS QUANT8_BUCKETS_PER_SIGN(QUANT8_BUCKET_BITS)     // 1601
+
+// the two dynamic maps, each ascending (signed_values[code + 128], unsigned_values[code]), and
+// their encode buckets (each entry a map index, at most 254)
 typedef struct {
     float signed_values[QUANT8_CODES];
     float unsigned_values[QUANT8_CODES];
-    float signed_search[QUANT8_CODES];
-    float unsigned_search[QUANT8_CODES];
+    uint8_t signed_buckets[QUANT8_SIGNED_BUCKETS];
+    uint8_t unsigned_buckets[QUANT8_UNSIGNED_BUCKETS];
 } Quant8Maps;
-
-/*
-The encode's binary search, laid out by level (an Eytzinger order): node 1 holds the middle
-value (index 128), nodes 2-3 the quarter points (64, 192), and level k's 2^k candidates sit at
-nodes 2^k .. 2^(k+1)-1: node 2^k + j holds sorted index (128 >> k) * (2j + 1). So a warp's
-lanes read neighbouring floats at each level, distinct shared-memory banks for the first six,
-where the sorted table's candidates (odd multiples of one power of two) all share a few banks.
-Returns the sorted index node 1..255 holds.
-*/
-LLMC_HD int quant8_search_order(int node) {
-    int level = 0;
-    while ((2 << level) <= node) { level++; }
-    return (QUANT8_CODES / 2 >> level) * (2 * (node - (1 << level)) + 1);
-}
 
 // ----------------------------------------------------------------------------
 // map generation (host)
@@ -100,6 +107,40 @@ static inline int quant8_tree_magnitudes(double* out, int tree_bits) {
     return count;
 }
 
+// the index of the last table entry <= x (0 if none): a binary search, for building the buckets
+static inline int quant8_last_at_or_below(const float* table, float x) {
+    int below = 0;
+    for (int step = QUANT8_CODES / 2; step > 0; step >>= 1) {
+        if (table[below + step] <= x) { below += step; }
+    }
+    return below;
+}
+
+/*
+Each bucket's start, with keys of bucket_bits mantissa bits (the encode's: QUANT8_BUCKET_BITS):
+the last entry at or below the bucket's smallest value, at most 254 so that start + 1 is an
+entry. Dies if a bucket holds more than one map value, which QUANT8_BUCKET_BITS rules out for
+these maps; a change to the generator that broke it would stop here.
+*/
+static inline void quant8_buckets_init(const float* table, int bucket_bits, int is_signed, uint8_t* buckets) {
+    const int per_sign = QUANT8_BUCKETS_PER_SIGN(bucket_bits), shift = 23 - bucket_bits;
+    const uint32_t first_key = (uint32_t)(127 + QUANT8_BUCKET_MIN_EXPONENT) << bucket_bits;
+    for (int negative = 0; negative <= is_signed; negative++) {
+        for (int key = 0; key < per_sign; key++) {
+            // the bucket's magnitudes: from 0 in the first, to infinity in the last
+            float small = bits_as_float(key == 0 ? 0u : (first_key + key) << shift);
+            float large = bits_as_float(key == per_sign - 1 ? 0x7f800000u : ((first_key + key + 1) << shift) - 1);
+            int start = quant8_last_at_or_below(table, negative ? -large : small);
+            int end = quant8_last_at_or_below(table, negative ? -small : large);
+            if (end - start > 1) {
+                llm8_die("quant8_buckets_init: bucket %d of the %s map holds %d map values; at most one fits the encode",
+                         negative * per_sign + key, is_signed ? "signed" : "unsigned", end - start);
+            }
+            buckets[negative * per_sign + key] = (uint8_t)(start < QUANT8_CODES - 2 ? start : QUANT8_CODES - 2);
+        }
+    }
+}
+
 static inline void quant8_maps_init(Quant8Maps* maps) {
     double magnitudes[QUANT8_CODES];
     // signed: 7 tree bits after the sign give 127 magnitudes a side (1e-6 ... 1); with 0 and
@@ -115,42 +156,42 @@ static inline void quant8_maps_init(Quant8Maps* maps) {
     int unsigned_count = quant8_tree_magnitudes(magnitudes, 8);
     maps->unsigned_values[0] = 0.0f;
     for (int i = 0; i < unsigned_count; i++) { maps->unsigned_values[1 + i] = (float)magnitudes[i]; }
-    maps->signed_search[0] = maps->unsigned_search[0] = 0.0f;  // unused
-    for (int node = 1; node < QUANT8_CODES; node++) {
-        maps->signed_search[node] = maps->signed_values[quant8_search_order(node)];
-        maps->unsigned_search[node] = maps->unsigned_values[quant8_search_order(node)];
-    }
+    quant8_buckets_init(maps->signed_values, QUANT8_BUCKET_BITS, 1, maps->signed_buckets);
+    quant8_buckets_init(maps->unsigned_values, QUANT8_BUCKET_BITS, 0, maps->unsigned_buckets);
 }
 
 // ----------------------------------------------------------------------------
 // element functions, shared by the kernel and the host reference
 
-#define QUANT8_SEARCH_BATCH 8  // values one encode call searches together (the kernel: a lane's 8)
+/*
+x's bucket: its magnitude's key, clamped to the first and the last bucket of a sign. A negative
+x takes the second half's key with the signed map, and the first bucket (that of 0, which is
+also the nearest entry to every negative value) with the unsigned one.
+*/
+LLMC_HD int quant8_bucket(float x, int is_signed) {
+    uint32_t bits = float_as_bits(x);
+    const int per_sign = QUANT8_BUCKETS_PER_SIGN(QUANT8_BUCKET_BITS);
+    int key = (int)((bits & 0x7fffffffu) >> (23 - QUANT8_BUCKET_BITS)) - ((127 + QUANT8_BUCKET_MIN_EXPONENT) << QUANT8_BUCKET_BITS);
+    key = key < 0 ? 0 : (key > per_sign - 1 ? per_sign - 1 : key);
+    if (bits >> 31) { key = is_signed ? key + per_sign : 0; }
+    return key;
+}
 
 /*
-The index of the table value nearest to each x[k], k < count <= QUANT8_SEARCH_BATCH (ties to
-the lower one); table ascending, 256 entries, search the same values in quant8_search_order.
-First lo = the last index whose value is <= x (0 if none; table[0] is never compared), by 8
-comparisons: at each level the candidate lo + step, step = 128 >> level, is node
-2^level + lo / (2 step) of search. The searches advance one level at a time across the
-values, so on the GPU their shared-memory reads are independent and overlap: one search
-alone is a chain of 8 dependent reads, which the 2026-11-26 SASS ran 16 times in a row per
-lane.
+The index of the table entry nearest to x, ties to the lower one, for any x but NaN (the encode
+never sees one: a block with a non-finite value is skipped before it): the answer of a binary
+search for the last entry <= x (index 0 if none) followed by a look at the entry after it
+(test_adamw8 compares the two on every map value and midpoint, their float neighbours, and
+every bucket's ends).
 */
-LLMC_HD void quant8_nearest_indices(const float* table, const float* search, const float* x, int count, int* index) {
-    int node[QUANT8_SEARCH_BATCH];
-    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) { node[k] = 1; }
-    for (int level = 0; level < 8; level++) {
-        for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
-            if (k < count) { node[k] = 2 * node[k] + (search[node[k]] <= x[k] ? 1 : 0); }
-        }
-    }
-    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
-        if (k >= count) { break; }
-        int lo = node[k] - QUANT8_CODES;
-        if (lo < QUANT8_CODES - 1 && table[lo + 1] - x[k] < x[k] - table[lo]) { lo++; }
-        index[k] = lo;
-    }
+LLMC_HD int quant8_nearest_index(const float* table, const uint8_t* buckets, int is_signed, float x) {
+    int start = buckets[quant8_bucket(x, is_signed)];
+    float at_start = table[start], next = table[start + 1];
+    float after_next = table[start + 2 < QUANT8_CODES ? start + 2 : QUANT8_CODES - 1];
+    int up = next <= x;  // the last entry <= x: start, or the one map value inside the bucket
+    int below = start + up;
+    float lower = up ? next : at_start, upper = up ? after_next : next;
+    return below + (below < QUANT8_CODES - 1 && upper - x < x - lower);
 }
 
 // x / absmax, IEEE-rounded on both sides; an all-zero block (absmax 0) maps to 0
@@ -163,29 +204,16 @@ LLMC_HD float quant8_normalize(float x, float absmax) {
 #endif
 }
 
-// the map indices of x[0..count) (count <= QUANT8_SEARCH_BATCH) in a block of absmax `absmax`:
-// normalized, then searched together
-LLMC_HD void quant8_encode_indices(const float* table, const float* search, const float* x, int count, float absmax,
-                                   int* index) {
-    float normalized[QUANT8_SEARCH_BATCH];
-    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) { normalized[k] = k < count ? quant8_normalize(x[k], absmax) : 0.0f; }
-    quant8_nearest_indices(table, search, normalized, count, index);
+// the code of x in a block of absmax `absmax`: normalized, then the nearest map entry
+LLMC_HD int8_t quant8_encode_signed(float x, float absmax, const Quant8Maps* maps) {
+    int index = quant8_nearest_index(maps->signed_values, maps->signed_buckets, 1,
+                                     quant8_normalize(x, absmax));
+    return (int8_t)(index - QUANT8_SIGNED_ZERO_INDEX);
 }
 
-LLMC_HD void quant8_encode_signed_values(const float* x, int count, float absmax, const Quant8Maps* maps, int8_t* codes) {
-    int index[QUANT8_SEARCH_BATCH] = {0};  // written below count only; zeros keep gcc from warning past it
-    quant8_encode_indices(maps->signed_values, maps->signed_search, x, count, absmax, index);
-    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {  // compile-time indices: the kernel's arrays stay in registers
-        if (k < count) { codes[k] = (int8_t)(index[k] - QUANT8_SIGNED_ZERO_INDEX); }
-    }
-}
-
-LLMC_HD void quant8_encode_unsigned_values(const float* x, int count, float absmax, const Quant8Maps* maps, uint8_t* codes) {
-    int index[QUANT8_SEARCH_BATCH] = {0};
-    quant8_encode_indices(maps->unsigned_values, maps->unsigned_search, x, count, absmax, index);
-    for (int k = 0; k < QUANT8_SEARCH_BATCH; k++) {
-        if (k < count) { codes[k] = (uint8_t)index[k]; }
-    }
+LLMC_HD uint8_t quant8_encode_unsigned(float x, float absmax, const Quant8Maps* maps) {
+    return (uint8_t)quant8_nearest_index(maps->unsigned_values, maps->unsigned_buckets, 0,
+                                         quant8_normalize(x, absmax));
 }
 
 LLMC_HD float quant8_decode_signed(int8_t code, float absmax, const float* signed_map) {
@@ -228,20 +256,14 @@ typedef struct {
 static inline void quant8_quantize_block_signed(const float* x, int count, const Quant8Maps* maps, int8_t* codes, float* absmax) {
     float block_max = 0.0f;
     for (int k = 0; k < count; k++) { block_max = fmaxf(block_max, fabsf(x[k])); }
-    for (int k = 0; k < count; k += QUANT8_SEARCH_BATCH) {  // searched together, as the kernel does
-        int batch = count - k < QUANT8_SEARCH_BATCH ? count - k : QUANT8_SEARCH_BATCH;
-        quant8_encode_signed_values(x + k, batch, block_max, maps, codes + k);
-    }
+    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_signed(x[k], block_max, maps); }
     *absmax = block_max;
 }
 
 static inline void quant8_quantize_block_unsigned(const float* x, int count, const Quant8Maps* maps, uint8_t* codes, float* absmax) {
     float block_max = 0.0f;
     for (int k = 0; k < count; k++) { block_max = fmaxf(block_max, fabsf(x[k])); }
-    for (int k = 0; k < count; k += QUANT8_SEARCH_BATCH) {
-        int batch = count - k < QUANT8_SEARCH_BATCH ? count - k : QUANT8_SEARCH_BATCH;
-        quant8_encode_unsigned_values(x + k, batch, block_max, maps, codes + k);
-    }
+    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_unsigned(x[k], block_max, maps); }
     *absmax = block_max;
 }
 

@@ -3,9 +3,9 @@ test_adamw8.c: the 8-bit AdamW of llmc/quant8.h on the CPU (the GPU kernel runs 
 element functions; test_adamw8_gpu.cu checks it bit for bit against adamw8_update_bf16_ref).
 
 - maps: ascending, 256 distinct values, 0 and +-1 exact, the tree's shape, encode(decode(c)) = c;
-- the search order (quant8_search_order): a one-to-one layout of the sorted maps, whose search
-  picks the sorted binary search's index on every map value, midpoint (ties), their float
-  neighbours, random values, and +-0, +-1.5, +-Inf, NaN;
+- the bucket encode (quant8_nearest_index) picks the sorted binary search's index on every map
+  value, midpoint (ties), bucket end, their float neighbours, both signs, random values, every
+  61st float of [-1, 1], and +-0, +-1.5, +-Inf; the bucket generator refuses too coarse keys;
 - an all-zero block encodes to code 0 (m and v), also after a step with zero gradients;
 - quantize/dequantize: the chosen code is the nearest (brute force), and per element
   |x - deq(q(x))| <= absmax * (gap/2 + 2^-23), gap = the map's gap around x/absmax (at most
@@ -53,19 +53,6 @@ static double largest_gap(const float* map) {
     double gap = 0.0;
     for (int i = 0; i + 1 < QUANT8_CODES; i++) { gap = fmax(gap, (double)map[i + 1] - map[i]); }
     return gap;
-}
-
-// one value's code (the trainer encodes a block's values QUANT8_SEARCH_BATCH at a time)
-static int8_t quant8_encode_signed(float x, float absmax, const Quant8Maps* maps) {
-    int8_t code;
-    quant8_encode_signed_values(&x, 1, absmax, maps, &code);
-    return code;
-}
-
-static uint8_t quant8_encode_unsigned(float x, float absmax, const Quant8Maps* maps) {
-    uint8_t code;
-    quant8_encode_unsigned_values(&x, 1, absmax, maps, &code);
-    return code;
 }
 
 static void test_maps(void) {
@@ -129,88 +116,83 @@ static float test_value(int distribution, uint32_t k, uint32_t i, int is_signed)
     return is_signed ? x : fabsf(x);
 }
 
-// the encode's search for one value
-static int quant8_nearest_index(const float* table, const float* search, float x) {
-    int index;
-    quant8_nearest_indices(table, search, &x, 1, &index);
-    return index;
-}
-
-// the sorted-order binary search the encode did before quant8_search_order: the last index whose
-// value is <= x (0 if none), then the nearer of it and the next, ties to the lower
+// the sorted binary search the encode's buckets replaced: the last index whose value is <= x
+// (0 if none), then the nearer of it and the next, ties to the lower
 static int nearest_index_sorted(const float* table, float x) {
-    int lo = 0;
-    for (int step = QUANT8_CODES / 2; step > 0; step >>= 1) {
-        if (table[lo + step] <= x) { lo += step; }
-    }
+    int lo = quant8_last_at_or_below(table, x);
     if (lo < QUANT8_CODES - 1 && table[lo + 1] - x < x - table[lo]) { lo++; }
     return lo;
 }
 
-// how many of x[0..count) the batched search (quant8_nearest_indices, the kernel's) puts at
-// another index than the sorted search
-static long long batch_differs(const float* table, const float* search, const float* x, int count) {
-    int index[QUANT8_SEARCH_BATCH];
-    quant8_nearest_indices(table, search, x, count, index);
+// the encode's index of x in one map
+static int bucket_nearest_index(int is_signed, float x) {
+    return is_signed ? quant8_nearest_index(g_maps.signed_values, g_maps.signed_buckets, 1, x)
+                     : quant8_nearest_index(g_maps.unsigned_values, g_maps.unsigned_buckets, 0, x);
+}
+
+// x, its two float neighbours, and the same three negated: how many the encode puts at another
+// index than the sorted search
+static long long differs_around(int is_signed, float x, long long* checked) {
+    const float probes[6] = {x, nextafterf(x, -INFINITY), nextafterf(x, INFINITY), -x, -nextafterf(x, -INFINITY),
+                                 -nextafterf(x, INFINITY)};
+    const float* table = is_signed ? g_maps.signed_values : g_maps.unsigned_values;
     long long differ = 0;
-    for (int k = 0; k < count; k++) { differ += index[k] != nearest_index_sorted(table, x[k]); }
+    for (int p = 0; p < 6; p++) { differ += bucket_nearest_index(is_signed, probes[p]) != nearest_index_sorted(table, probes[p]); }
+    *checked += 6;
     return differ;
 }
 
-// the search order is a layout of the sorted maps (nodes 1..255 onto indices 1..255, each once),
-// and the encode's search over it picks the same index as the sorted search, for every map value,
-// its float neighbours, every midpoint between neighbours and its neighbours (ties), random
-// values across the decades, both signs, beyond +-1, +-0, +-Inf and NaN; one value at a time and
-// in batches of 1 to 8 searched together
-static void test_search_order(void) {
-    int seen[QUANT8_CODES] = {0};
-    int layout_ok = 1;
-    for (int node = 1; node < QUANT8_CODES; node++) {
-        int index = quant8_search_order(node);
-        layout_ok = layout_ok && index >= 1 && index < QUANT8_CODES && !seen[index]++;
-        layout_ok = layout_ok && g_maps.signed_search[node] == g_maps.signed_values[index]
-                    && g_maps.unsigned_search[node] == g_maps.unsigned_values[index];
-    }
-    CHECK(layout_ok, "quant8_search_order is not a one-to-one layout of sorted indices 1..255");
+/*
+The bucket encode (quant8_nearest_index) gives the sorted search's index for every map value,
+every midpoint between neighbours (the ties), every bucket's first and last magnitude, each of
+them with its float neighbours and negated; for random values across the decades, every 61st
+float of [0, 1] (17 million, both signs), and +-0, +-1.5, +-Inf, a subnormal. Between those
+points the search's answer cannot change, so this covers every float but NaN. And the bucket
+tables are what quant8_buckets_init must give: starts at most 254, and the generator refuses a
+map whose values are too close together for the keys.
+*/
+static void test_bucket_encode(void) {
     for (int is_signed = 0; is_signed <= 1; is_signed++) {
         const float* table = is_signed ? g_maps.signed_values : g_maps.unsigned_values;
-        const float* search = is_signed ? g_maps.signed_search : g_maps.unsigned_search;
+        const int bits = QUANT8_BUCKET_BITS;
+        const int per_sign = QUANT8_BUCKETS_PER_SIGN(bits);
+        const uint8_t* buckets = is_signed ? g_maps.signed_buckets : g_maps.unsigned_buckets;
         long long checked = 0, differ = 0;
-        float probes[8];
         for (int i = 0; i < QUANT8_CODES; i++) {
-            float mid = i + 1 < QUANT8_CODES ? table[i] + (table[i + 1] - table[i]) / 2.0f : 2.0f;
-            const float points[8] = {table[i], nextafterf(table[i], -INFINITY), nextafterf(table[i], INFINITY), mid,
-                                     nextafterf(mid, -INFINITY), nextafterf(mid, INFINITY), -table[i], -mid};
-            memcpy(probes, points, sizeof(points));
-            for (int p = 0; p < 8; p++) {
-                differ += quant8_nearest_index(table, search, probes[p]) != nearest_index_sorted(table, probes[p]);
-                checked++;
-            }
-            differ += batch_differs(table, search, probes, QUANT8_SEARCH_BATCH);
-            checked += QUANT8_SEARCH_BATCH;
+            differ += differs_around(is_signed, table[i], &checked);
+            if (i + 1 < QUANT8_CODES) { differ += differs_around(is_signed, table[i] + (table[i + 1] - table[i]) / 2.0f, &checked); }
         }
-        float batch[QUANT8_SEARCH_BATCH];
+        const uint32_t first_key = (uint32_t)(127 + QUANT8_BUCKET_MIN_EXPONENT) << bits;
+        int starts_ok = 1;
+        for (int key = 0; key < per_sign; key++) {
+            differ += differs_around(is_signed, bits_as_float((first_key + key) << (23 - bits)), &checked);
+            differ += differs_around(is_signed, bits_as_float(((first_key + key + 1) << (23 - bits)) - 1), &checked);
+        }
+        for (int key = 0; key < (is_signed ? 2 : 1) * per_sign; key++) { starts_ok = starts_ok && buckets[key] <= QUANT8_CODES - 2; }
         for (uint32_t i = 0; i < 200000; i++) {
             float x = powf(10.0f, -9.0f * uniform01(400, i)) * (uniform01(401, i) < 0.5f ? -1.0f : 1.0f);
-            differ += quant8_nearest_index(table, search, x) != nearest_index_sorted(table, x);
+            differ += bucket_nearest_index(is_signed, x) != nearest_index_sorted(table, x);
             checked++;
-            int count = 1 + (int)(i / QUANT8_SEARCH_BATCH % QUANT8_SEARCH_BATCH);  // batches of 1, 2, ... 8 values
-            batch[i % QUANT8_SEARCH_BATCH] = x;
-            if (i % QUANT8_SEARCH_BATCH == QUANT8_SEARCH_BATCH - 1) {
-                differ += batch_differs(table, search, batch, count);
-                checked += count;
-            }
         }
-        const float special[8] = {0.0f, -0.0f, 1.5f, -1.5f, INFINITY, -INFINITY, NAN, 1e-30f};
+        for (uint32_t x_bits = 0; x_bits <= 0x3f800000u; x_bits += 61) {
+            float x = bits_as_float(x_bits);
+            differ += bucket_nearest_index(is_signed, x) != nearest_index_sorted(table, x);
+            differ += bucket_nearest_index(is_signed, -x) != nearest_index_sorted(table, -x);
+            checked += 2;
+        }
+        const float special[8] = {0.0f, -0.0f, 1.5f, -1.5f, INFINITY, -INFINITY, 1e-30f, 1e-40f};
         for (int p = 0; p < 8; p++) {
-            differ += quant8_nearest_index(table, search, special[p]) != nearest_index_sorted(table, special[p]);
+            differ += bucket_nearest_index(is_signed, special[p]) != nearest_index_sorted(table, special[p]);
             checked++;
         }
-        differ += batch_differs(table, search, special, 8);
-        checked += 8;
-        CHECK(differ == 0, "%s map: the search-order encode differs from the sorted search on %lld of %lld values",
+        CHECK(differ == 0, "%s map: the bucket encode differs from the sorted search on %lld of %lld values",
               is_signed ? "signed" : "unsigned", differ, checked);
+        CHECK(starts_ok, "%s map: a bucket starts past index 254", is_signed ? "signed" : "unsigned");
     }
+    // one key bit fewer puts two signed map values in a bucket
+    uint8_t too_coarse[QUANT8_SIGNED_BUCKETS];
+    CHECK_DIES("buckets too coarse for the map", "holds 2 map values",
+               quant8_buckets_init(g_maps.signed_values, QUANT8_BUCKET_BITS - 1, 1, too_coarse));
 }
 
 static void test_quantize_error(void) {
@@ -356,9 +338,9 @@ static void test_one_step(void) {
         size_t b = i / 256;
         float m = m0[i], v = v0[i];
         float p32 = adamw_element_update(params[i], grads[i] * grad_scale, &m, &v, hp);
-        double dm = beta1 * ma_old[b] * (g_s + eps23) / hp.beta1_correction;   // |m_hat error|
-        double dv = beta2 * va_old[b] * (g_u + eps23) / hp.beta2_correction;   // |v_hat error|
-        double m_hat = fabs((double)m) / hp.beta1_correction, v_hat = (double)v / hp.beta2_correction;
+        double dm = beta1 * ma_old[b] * (g_s + eps23) * hp.m_hat_scale;   // |m_hat error|
+        double dv = beta2 * va_old[b] * (g_u + eps23) * hp.v_hat_scale;   // |v_hat error|
+        double m_hat = fabs((double)m) * hp.m_hat_scale, v_hat = (double)v * hp.v_hat_scale;
         double s = sqrt(v_hat), s_lo = sqrt(fmax(0.0, v_hat - dv));
         double dsqrt = (s + s_lo > 0.0) ? fmin(sqrt(dv), dv / (s + s_lo)) : sqrt(dv);
         double du = (dm + 1e-6 * m_hat) / (s_lo + hp.eps) + m_hat * dsqrt / ((s + hp.eps) * (s_lo + hp.eps));
@@ -939,7 +921,7 @@ int main(void) {
     quant8_maps_init(&g_maps);
     test_make_temp_dir(g_dir, sizeof(g_dir));
     test_maps();
-    test_search_order();
+    test_bucket_encode();
     test_quantize_error();
     test_zero_block();
     test_one_step();

@@ -19,13 +19,15 @@ NVIDIA's nvidia-cuda-cuobjdump wheel):
 import glob
 import os
 import re
-import shutil
-import site
 import subprocess
+import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "dev", "bench"))
+import sass_path  # noqa: E402  (dev/bench/sass_path.py: finds cuobjdump)
+
 BINARIES = ["train_gpt2_fp8", "bench_gemm"]
 KERNEL_SOURCES = ["train_gpt2_fp8.cu", "dev/bench/bench_gemm.cu"] + sorted(
     os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "llmc", "*.cu*")))
@@ -34,17 +36,11 @@ MAX_THREADS_PER_BLOCK = 1024
 
 
 def find_cuobjdump():
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    candidates = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")]
-    for packages in site.getsitepackages() + [site.getusersitepackages()]:
-        candidates += glob.glob(os.path.join(packages, "nvidia", "cu*", "bin", "cuobjdump"))
-    for candidate in candidates:
-        if os.access(candidate, os.X_OK):
-            return candidate
-    pytest.fail("no cuobjdump on PATH, in CUDA_HOME/bin or from the nvidia-cuda-cuobjdump wheel: "
-                "run scripts/setup_python.sh")
+    found = sass_path.find_cuobjdump()
+    if found is None:
+        pytest.fail("no cuobjdump on PATH, in CUDA_HOME/bin or from the nvidia-cuda-cuobjdump wheel: "
+                    "run scripts/setup_python.sh")
+    return found
 
 
 def kernel_resources(binary):

@@ -800,7 +800,7 @@ static void test_adamw(const Shape* s, size_t n, int with_master, int delayed, s
     for (size_t i = 0; i < n; i++) { m[i] = rand_uniform(-1e-3f, 1e-3f); v[i] = rand_uniform(0.0f, 1e-5f); }
     AdamWElementParams hp;
     hp.learning_rate = 6e-4f; hp.beta1 = 0.9f; hp.beta2 = 0.95f;
-    hp.beta1_correction = 1.0f - powf(0.9f, 7.0f); hp.beta2_correction = 1.0f - powf(0.95f, 7.0f);
+    hp.m_hat_scale = (float)(1.0 / (1.0 - pow(0.9, 7))); hp.v_hat_scale = (float)(1.0 / (1.0 - pow(0.95, 7)));
     hp.eps = 1e-8f; hp.weight_decay = 0.1f;
     const float grad_scale = 0.75f;
     const uint32_t seed = 0x1234567u;

@@ -990,6 +990,15 @@ cudaError_t cudaDeviceSynchronize(void) {
     synchronize_all_streams(INFINITY);
     return sticky_error;
 }
+// the SM count (that of an H100 or H200 SXM, as cudaGetDeviceProperties says); other attributes are not modelled
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
+    cudasim::note_cuda_call(__func__);
+    if (attribute != cudaDevAttrMultiProcessorCount) {
+        cudasim::fail("cudaDeviceGetAttribute: attribute " + std::to_string((int)attribute) + " is not modelled");
+    }
+    *value = 132;
+    return cudaSuccess;
+}
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
     cudasim::note_cuda_call(__func__);
     memset(prop, 0, sizeof(*prop));
