@@ -175,13 +175,15 @@ __device__ __forceinline__ void adamw8_update_block(size_t block, floatX* params
 Quantization blocks [first_block, end_block) of the tensor, each by one warp, the warps of the
 grid striding over them: the grid is what the GPU holds at once, so each thread block copies
 the maps into shared memory once per launch, not once per 8 blocks. Each warp commits its FP8
-tally once, at the end.
+tally once, at the end. The kernel's whole body, so that dev/bench/adamw8_sass_probe.cu can
+build it for one case alone.
 */
-template <bool kWholeLanes>  // the partial block's launch is one thread block: no occupancy to keep, room not to spill
-__global__ void __launch_bounds__(ADAMW8_WARPS_PER_BLOCK * WARP_SIZE, kWholeLanes ? ADAMW8_MIN_BLOCKS : 1)
-adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
-                     size_t first_block, size_t end_block, const Quant8Maps* maps, AdamWElementParams hp,
-                     float grad_scale, uint32_t seed, uint32_t first_index, Fp8WeightUpdate fp8) {
+template <bool kWholeLanes>
+__device__ __forceinline__ void adamw8_update_blocks(floatX* params, float* master, const floatX* grads,
+                                                     Quant8TensorStates st, size_t n, size_t first_block,
+                                                     size_t end_block, const Quant8Maps* maps, AdamWElementParams hp,
+                                                     float grad_scale, uint32_t seed, uint32_t first_index,
+                                                     Fp8WeightUpdate fp8) {
     __shared__ Quant8Maps shared_maps;
     static_assert(sizeof(Quant8Maps) % sizeof(uint32_t) == 0, "the maps are copied in 4-byte words");
     for (int i = threadIdx.x; i < (int)(sizeof(Quant8Maps) / sizeof(uint32_t)); i += blockDim.x) {
@@ -197,6 +199,15 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
                                          first_index, fp8, fp8_scale, &tally);
     }
     if (fp8.record != NULL) { fp8_tally_commit_warp(tally, fp8.record, true); }
+}
+
+template <bool kWholeLanes>  // the partial block's launch is one thread block: no occupancy to keep, room not to spill
+__global__ void __launch_bounds__(ADAMW8_WARPS_PER_BLOCK * WARP_SIZE, kWholeLanes ? ADAMW8_MIN_BLOCKS : 1)
+adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8TensorStates st, size_t n,
+                     size_t first_block, size_t end_block, const Quant8Maps* maps, AdamWElementParams hp,
+                     float grad_scale, uint32_t seed, uint32_t first_index, Fp8WeightUpdate fp8) {
+    adamw8_update_blocks<kWholeLanes>(params, master, grads, st, n, first_block, end_block, maps, hp, grad_scale, seed,
+                                      first_index, fp8);
 }
 
 // the thread blocks of adamw8_update_kernel the device holds at once (ADAMW8_MIN_BLOCKS per SM)

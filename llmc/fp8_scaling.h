@@ -293,6 +293,15 @@ LLMC_HD void fp8_cast_stats_add(Fp8CastStats* stats, float x, Fp8ElementStatus s
     stats->flushed += status == FP8_ELEMENT_FLUSHED;
 }
 
+// adds the counts and the amax of part (a piece of the same cast) into `into` (the CPU
+// reference's casts split among threads); the scale is the caller's
+static inline void fp8_cast_stats_merge(Fp8CastStats* into, const Fp8CastStats* part) {
+    if (fp8_amax_bits(part->amax) > fp8_amax_bits(into->amax)) { into->amax = bits_as_float(fp8_amax_bits(part->amax)); }
+    into->elements += part->elements;
+    into->saturated += part->saturated;
+    into->flushed += part->flushed;
+}
+
 static inline double fp8_cast_stats_fraction(uint64_t count, uint64_t elements) {
     return elements == 0 ? 0.0 : (double)count / (double)elements;
 }

@@ -626,14 +626,6 @@ static inline void ref_fp8_qdq_serial(float* out, const float* x, size_t n, Fp8S
     }
 }
 
-// adds the counts and the amax of part's cast into `into`
-static inline void ref_fp8_cast_stats_merge(Fp8CastStats* into, const Fp8CastStats* part) {
-    if (fp8_amax_bits(part->amax) > fp8_amax_bits(into->amax)) { into->amax = bits_as_float(fp8_amax_bits(part->amax)); }
-    into->elements += part->elements;
-    into->saturated += part->saturated;
-    into->flushed += part->flushed;
-}
-
 // the same over REF_CHUNK elements a thread, each chunk counting into its own statistics
 static inline void ref_fp8_qdq(float* out, const float* x, size_t n, Fp8ScalePair pair, Fp8Format format,
                                Fp8CastStats* stats) {
@@ -646,7 +638,7 @@ static inline void ref_fp8_qdq(float* out, const float* x, size_t n, Fp8ScalePai
         ref_fp8_qdq_serial(out + start, x + start, count, pair, format, chunk_stats != NULL ? &chunk_stats[k] : NULL);
     }
     if (stats == NULL) { return; }
-    for (size_t k = 0; k < chunks; k++) { ref_fp8_cast_stats_merge(stats, &chunk_stats[k]); }
+    for (size_t k = 0; k < chunks; k++) { fp8_cast_stats_merge(stats, &chunk_stats[k]); }
     free(chunk_stats);
 }
 
@@ -713,7 +705,7 @@ static inline void ref_fp8_cast_tiles(float* out, const float* x, int rows, int 
     memset(stats, 0, sizeof(*stats));
     stats->scale = INFINITY;
     for (int tile = 0; tile < tiles; tile++) {
-        ref_fp8_cast_stats_merge(stats, &tile_stats[tile]);
+        fp8_cast_stats_merge(stats, &tile_stats[tile]);
         if (tile_stats[tile].scale < stats->scale) { stats->scale = tile_stats[tile].scale; }
     }
     free(tile_stats);

@@ -108,24 +108,30 @@ def walk(code, head, back_edge):
     return executed, per_opcode
 
 
+def common_path(binary, function):
+    """(head, back edge, instructions a pass, {opcode: count}) of the function's outermost loop in binary"""
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        sys.exit("error: no cuobjdump on PATH, in CUDA_HOME/bin or from the nvidia-cuda-cuobjdump wheel "
+                 "(scripts/setup_python.sh installs it)")
+    if not os.path.exists(binary):
+        sys.exit("error: %s does not exist" % binary)
+    result = subprocess.run([cuobjdump, "-sass", binary], capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit("error: cuobjdump -sass %s: %s" % (binary, result.stderr.strip()))
+    code = function_sass(result.stdout, function)
+    head, back_edge = outermost_loop(code)
+    executed, per_opcode = walk(code, head, back_edge)
+    return head, back_edge, executed, per_opcode
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("binary", help="a cubin or an executable with sm_90a code")
     parser.add_argument("function", help="a part of the kernel's mangled name, matching one function")
     parser.add_argument("--per", type=int, default=1, help="elements a thread handles in one pass (for the per-element figure)")
     args = parser.parse_args()
-    if not os.path.exists(args.binary):
-        sys.exit("error: %s does not exist" % args.binary)
-    cuobjdump = find_cuobjdump()
-    if cuobjdump is None:
-        sys.exit("error: no cuobjdump on PATH, in CUDA_HOME/bin or from the nvidia-cuda-cuobjdump wheel "
-                 "(scripts/setup_python.sh installs it)")
-    result = subprocess.run([cuobjdump, "-sass", args.binary], capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit("error: cuobjdump -sass %s: %s" % (args.binary, result.stderr.strip()))
-    code = function_sass(result.stdout, args.function)
-    head, back_edge = outermost_loop(code)
-    executed, per_opcode = walk(code, head, back_edge)
+    head, back_edge, executed, per_opcode = common_path(args.binary, args.function)
     top = ", ".join("%s %d" % item for item in sorted(per_opcode.items(), key=lambda item: -item[1])[:12])
     print("loop 0x%x..0x%x: %d instructions a pass, %.1f an element (%d a pass); %s"
           % (head, back_edge, executed, executed / args.per, args.per, top))
