@@ -554,7 +554,12 @@ static void gpt2_forward(GPT2* model, const int* inputs_cpu, const int* targets_
                                la.residual, a->scratch_btc, layer_tensor(model, p, PARAM_LN2W, l), layer_tensor(model, p, PARAM_LN2B, l), stream);
         profiler_mark("residual+layernorm fwd");
         int fcproj = fp8_model_linear(fp8, l, LINEAR_FCPROJ);
-        if (fp8_model_casts_x(fp8, fcproj)) {  // GELU is the element transform of fcproj's input cast
+        if (fp8_model_fc_writes_codes(fp8)) {  // -fe 1: fc's GEMM writes fcproj's x codes through its GELU epilogue
+            fp8_model_fc_forward_codes(fp8, fp8_model_linear(fp8, l, LINEAR_FC), fcproj, la.fch, layer_tensor(model, p, PARAM_FCB, l), stream);
+            profiler_mark("matmul fc+gelu fp8 codes fwd");
+            fp8_model_fc_codes_transpose(fp8, fcproj, stream);
+            profiler_mark("fp8 transpose gelu out");
+        } else if (fp8_model_casts_x(fp8, fcproj)) {  // GELU is the element transform of fcproj's input cast
             gpt2_linear_forward(model, l, LINEAR_FC, la.fch, la.ln2, gpt2_block_weight(model, l, LINEAR_FC), layer_tensor(model, p, PARAM_FCB, l), NULL, stream);
             profiler_mark("matmul fc fwd");
             fp8_model_gelu_forward(fp8, fcproj, gpt2_stores_bf16_input(model, l, LINEAR_FCPROJ) ? la.fch_gelu : NULL, la.fch, stream);
@@ -1252,10 +1257,11 @@ static void print_fp8_summary(const GPT2* model) {
     bool bounded = fp8_model_dlogits_bounded(fp8);
     bool only_lm_head = bounded && !fp8_block_linears_cast_dy(s->passes);
     const char* gradients = block ? "1x128 tiles" : only_lm_head ? "lm_head's" : FP8_SCALING_CHOICE_NAMES[s->grad_scaling];
-    printf("fp8 | recipe %s (history %d, margin %d, weights %s%s, gradients %s%s) | passes %s (the rest bf16) | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+    printf("fp8 | recipe %s (history %d, margin %d, weights %s%s, gradients %s%s) | passes %s (the rest bf16)%s | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
            FP8_MODEL_RECIPE_NAMES[s->recipe], s->history_len, s->margin,
            block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[s->weight_scaling], after_update,
            gradients, only_lm_head ? " from its bound" : bounded ? ", lm_head's from its bound" : "", passes,
+           s->fc_writes_codes ? " | fcproj's x codes from fc's GEMM (-fe 1)" : "",
            fp8->num_linears, fp8->bytes / 1048576.0, fp8->numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
 }
 

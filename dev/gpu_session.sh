@@ -31,7 +31,8 @@
 #                                   # lm_head), fg_delayed (bf16, FP8 delayed, FP8 delayed with
 #                                   # -fg delayed, FP8 delayed with -fg pow2), fastest (bf16, FP8
 #                                   # delayed, FP8 delayed with -fg delayed and an FP8 lm_head: the
-#                                   # fastest d12 setting, both candidate defaults at once):
+#                                   # fastest d12 setting, both candidate defaults at once), fc_codes
+#                                   # (bf16, FP8 delayed, FP8 delayed with -fe 1 -r 0):
 #                                   # scripts/compare_bf16_fp8.sh once a set
 #                                   # (summary_SET.md; loss_SET.png in the main.log archive); a run a set shares with an
 #                                   # earlier one is resumed, not trained again, and so is a run cut
@@ -294,8 +295,9 @@ case "$stage" in
         # summaries written. fastest asks in one set of three runs what lm_head and fg_delayed ask in
         # two of five: whether the two candidate defaults together keep bf16's loss
         sets=("optimizers|delayed|adamw adamw8" "lm_head|delayed delayed+lm_head|adamw"
-              "fg_delayed|delayed delayed+fg_delayed delayed+fg_pow2|adamw" "fastest|delayed delayed+lm_head+fg_delayed|adamw")
-        set_names=" optimizers lm_head fg_delayed fastest "
+              "fg_delayed|delayed delayed+fg_delayed delayed+fg_pow2|adamw" "fastest|delayed delayed+lm_head+fg_delayed|adamw"
+              "fc_codes|delayed delayed+fc_codes|adamw")
+        set_names=" optimizers lm_head fg_delayed fastest fc_codes "
         shift
         for name in "$@"; do
             [[ "$set_names" == *" $name "* ]] \

@@ -48,6 +48,9 @@ Why it is shaped so:
 - Codes are fp8_quantize(value, scale) from fp8.h, where value is the tensor as stored in
   bf16 (the rounded GELU or layernorm output, as the bf16 path sees it) or the fp32 weight:
   bit-exact with the host encode the CPU reference and the tests use.
+- Under -fe 1 fc's forward GEMM writes fcproj's x codes itself (cuBLASLt's GELU epilogue with
+  an E4M3 output): fp8_gemm_codes_begin hands it the scale, and fp8_transpose_codes_counted
+  makes x^T from the codes and records the cast from them (Fp8GemmScalars says how exactly).
 - The delayed weight cast (-fw delayed) writes W's codes inside the optimizer pass
   (llmc/adamw.cuh, adamw8.cuh); here it takes only W^T from them (fp8_transpose_codes, a byte
   per element) and, after a resume, the codes rebuilt with their saved scale (fp8_weight_codes).
@@ -816,16 +819,78 @@ void fp8_weight_codes(uint8_t* codes, const In* in, size_t n, const Fp8CastRecor
 }
 
 /*
-codes_t [cols][rows] = codes [rows][cols]^T: W^T from W's codes (-fw delayed, ZeRO's gathered
-W), and lm_head's dy^T from the codes the classifier wrote (B T x Vp bytes, 3.3 GB at d12, so
-this runs at copy speed or costs milliseconds). One 128 x 128 tile per block, moved 16 bytes
-at a time as the cast kernel moves its codes: a warp reads 4 whole 128-byte tile rows, and a
-thread packs 32 rows of one column into two 16-byte stores that fill a 32-byte sector of
-codes_t (a warp reads 32 neighbouring bytes of one staged row: no bank conflicts). rows and
-cols are multiples of 16 (cuBLASLt FP8's rule), so every edge falls on 16 bytes.
+E4M3 codes a GEMM wrote itself (-fe 1: fc's forward writes fcproj's x codes through cuBLASLt's
+GELU epilogue, matmul_forward_fp8_gelu_codes) still need what a cast gives the tensor's record:
+the scale they were written with (the GEMMs read its inverse), this use's amax, the statistics.
+fp8_gemm_codes_begin copies the state's scale into the record and into scalars->scale, the
+16-byte aligned slot cuBLASLt's D scale pointer needs (a state's own scale is not aligned); the
+GEMM writes its amax into scalars->amax; the transpose that makes x^T from the codes
+(fp8_transpose_codes_counted) then counts the codes into the record as a cast would, from the
+codes alone, where a cast classifies each value (fp8_classify):
+- saturated: 0 where the amax shows nothing can saturate (fp8_may_saturate, exact, as a cast's
+  vote); else the codes of the largest magnitude (or NaN), an upper bound: a value that rounds
+  to 448 without being clipped counts too;
+- flushed: the codes that are ±0, an upper bound too: a GELU output that is exactly 0 counts.
 */
+typedef struct {
+    float scale;        // the scale the GEMM writes the codes with (D scale)
+    float unused_a[3];
+    float amax;         // the amax of the values it encoded, before the scale (AMAX_D)
+    float unused_b[3];
+} Fp8GemmScalars;
+static_assert(offsetof(Fp8GemmScalars, amax) % 16 == 0 && sizeof(Fp8GemmScalars) % 16 == 0,
+              "in a 16-byte aligned array each scale and amax is 16-byte aligned");
+
+__global__ void fp8_gemm_codes_begin_kernel(const Fp8TensorScaling* state, Fp8CastRecord* record, Fp8GemmScalars* scalars) {
+    record->scale = state->scale;
+    record->scale_inv = state->scale_inv;
+    scalars->scale = state->scale;
+}
+
+// before the GEMM that writes a per-tensor E4M3 tensor's codes with out's state's scale (the top comment)
+void fp8_gemm_codes_begin(const Fp8CastOutput* out, Fp8GemmScalars* scalars, cudaStream_t stream) {
+    if (out->scaling != FP8_SCALING_TENSOR || out->format != FP8_E4M3 || out->state == NULL || out->record == NULL
+        || scalars == NULL || (uintptr_t)scalars % 16 != 0) {
+        llm8_die("fp8_gemm_codes_begin: needs a per-tensor E4M3 output with its state and record, and 16-byte aligned scalars");
+    }
+    fp8_gemm_codes_begin_kernel<<<1, 1, 0, stream>>>(out->state, out->record, scalars);
+    cudaCheck(cudaGetLastError());
+}
+
+// a counted transpose's tally before its first code (kCounted): the GEMM's amax and scale
+__device__ __forceinline__ Fp8Tally fp8_gemm_codes_tally(const Fp8GemmScalars* scalars) {
+    Fp8Tally t = fp8_tally_zero();
+    t.amax_bits = fp8_amax_bits(scalars->amax);
+    t.min_scale_bits = float_as_bits(scalars->scale);
+    return t;
+}
+
+// 16 codes into it: the ±0 ones as flushed and, where something may saturate, those at E4M3's
+// largest magnitude or NaN (0x7e, 0x7f) as saturated (a field's magnitude + 2 reaches 0x80
+// exactly from 0x7e on, carrying nothing into the next field)
+__device__ __forceinline__ void fp8_gemm_codes_count16(Fp8Tally* t, uint4 codes, bool may_saturate) {
+    t->flushed += fp8_zero_codes8(make_uint2(codes.x, codes.y)) + fp8_zero_codes8(make_uint2(codes.z, codes.w));
+    if (may_saturate) {
+        const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+        for (int k = 0; k < 4; k++) { t->saturated += __popc(((words[k] & 0x7f7f7f7fu) + 0x02020202u) & 0x80808080u); }
+    }
+    t->elements += 16;
+}
+
+/*
+codes_t [cols][rows] = codes [rows][cols]^T: W^T from W's codes (-fw delayed, ZeRO's gathered
+W), lm_head's dy^T from the codes the classifier wrote (B T x Vp bytes, 3.3 GB at d12, so
+this runs at copy speed or costs milliseconds), and fcproj's x^T from the codes fc's GEMM wrote
+(-fe 1; kCounted: counted into record, the top comment of Fp8GemmScalars). One 128 x 128 tile
+per block, moved 16 bytes at a time as the cast kernel moves its codes: a warp reads 4 whole
+128-byte tile rows, and a thread packs 32 rows of one column into two 16-byte stores that fill a
+32-byte sector of codes_t (a warp reads 32 neighbouring bytes of one staged row: no bank
+conflicts). rows and cols are multiples of 16 (cuBLASLt FP8's rule), so every edge falls on 16 bytes.
+*/
+template <bool kCounted>
 __global__ void __launch_bounds__(FP8_TILE_THREADS)
-fp8_transpose_codes_kernel(const uint8_t* codes, uint8_t* codes_t, int rows, int cols, const Fp8CastJob* jobs) {
+fp8_transpose_codes_kernel(const uint8_t* codes, uint8_t* codes_t, int rows, int cols, const Fp8CastJob* jobs,
+                           Fp8CastRecord* record, const Fp8GemmScalars* scalars) {
     if (jobs != NULL) {  // a batched launch: weight blockIdx.z's W and W^T
         codes = jobs[blockIdx.z].out.codes;
         codes_t = jobs[blockIdx.z].out.codes_t;
@@ -835,11 +900,20 @@ fp8_transpose_codes_kernel(const uint8_t* codes, uint8_t* codes_t, int rows, int
     uint8_t* tile = reinterpret_cast<uint8_t*>(tile_words);
     const int r0 = blockIdx.y * FP8_TILE, c0 = blockIdx.x * FP8_TILE;
     const int rows_here = min(FP8_TILE, rows - r0), cols_here = min(FP8_TILE, cols - c0);
+    Fp8Tally tally = fp8_tally_zero();
+    bool may_saturate = false;
+    if constexpr (kCounted) {
+        tally = fp8_gemm_codes_tally(scalars);
+        may_saturate = fp8_may_saturate(scalars->amax, scalars->scale, FP8_E4M3);
+    }
     for (int i = threadIdx.x; i < FP8_TILE * (FP8_TILE / 16); i += FP8_TILE_THREADS) {
         int r = i / (FP8_TILE / 16), c = (i % (FP8_TILE / 16)) * 16;
         if (r >= rows_here || c >= cols_here) { continue; }
-        *reinterpret_cast<uint4*>(tile + r * stride + c) = *reinterpret_cast<const uint4*>(codes + (size_t)(r0 + r) * cols + c0 + c);
+        uint4 word = *reinterpret_cast<const uint4*>(codes + (size_t)(r0 + r) * cols + c0 + c);
+        *reinterpret_cast<uint4*>(tile + r * stride + c) = word;
+        if constexpr (kCounted) { fp8_gemm_codes_count16(&tally, word, may_saturate); }
     }
+    if constexpr (kCounted) { fp8_tally_commit(tally, record, true); }
     __syncthreads();
     for (int i = threadIdx.x; i < FP8_TILE * (FP8_TILE / 32); i += FP8_TILE_THREADS) {
         int c = i % FP8_TILE, r = (i / FP8_TILE) * 32;
@@ -868,7 +942,22 @@ static void fp8_transpose_check(const uint8_t* codes, const uint8_t* codes_t, in
 void fp8_transpose_codes(const uint8_t* codes, uint8_t* codes_t, int rows, int cols, cudaStream_t stream) {
     fp8_transpose_check(codes, codes_t, rows, cols, "fp8_transpose_codes");
     dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE));
-    fp8_transpose_codes_kernel<<<grid, FP8_TILE_THREADS, 0, stream>>>(codes, codes_t, rows, cols, (const Fp8CastJob*)NULL);
+    fp8_transpose_codes_kernel<false><<<grid, FP8_TILE_THREADS, 0, stream>>>(codes, codes_t, rows, cols, (const Fp8CastJob*)NULL,
+                                                                              (Fp8CastRecord*)NULL, (const Fp8GemmScalars*)NULL);
+    cudaCheck(cudaGetLastError());
+}
+
+// out's codes_t from its codes, which a GEMM wrote with scalars->scale (fp8_gemm_codes_begin), counted
+// into out's record as the cast of that use: its amax (scalars->amax), scale and statistics
+void fp8_transpose_codes_counted(const Fp8CastOutput* out, int rows, int cols, const Fp8GemmScalars* scalars,
+                                 cudaStream_t stream) {
+    fp8_transpose_check(out->codes, out->codes_t, rows, cols, "fp8_transpose_codes_counted");
+    if (out->scaling != FP8_SCALING_TENSOR || out->format != FP8_E4M3 || out->record == NULL || scalars == NULL) {
+        llm8_die("fp8_transpose_codes_counted: needs a per-tensor E4M3 output with its record, and the GEMM's scalars");
+    }
+    dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE));
+    fp8_transpose_codes_kernel<true><<<grid, FP8_TILE_THREADS, 0, stream>>>(out->codes, out->codes_t, rows, cols,
+                                                                             (const Fp8CastJob*)NULL, out->record, scalars);
     cudaCheck(cudaGetLastError());
 }
 
@@ -879,7 +968,8 @@ void fp8_transpose_codes_batched(const Fp8CastJob* jobs, int count, const Fp8Cas
     if (count < 1 || count > 65535) { llm8_die("fp8_transpose_codes_batched: %d weights: a launch takes 1 to 65535", count); }
     fp8_transpose_check(first->codes, first->codes_t, rows, cols, "fp8_transpose_codes_batched");
     dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE), count);
-    fp8_transpose_codes_kernel<<<grid, FP8_TILE_THREADS, 0, stream>>>((const uint8_t*)NULL, (uint8_t*)NULL, rows, cols, jobs);
+    fp8_transpose_codes_kernel<false><<<grid, FP8_TILE_THREADS, 0, stream>>>((const uint8_t*)NULL, (uint8_t*)NULL, rows, cols,
+                                                                              jobs, (Fp8CastRecord*)NULL, (const Fp8GemmScalars*)NULL);
     cudaCheck(cudaGetLastError());
 }
 

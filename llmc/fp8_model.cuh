@@ -45,6 +45,10 @@ Why it is shaped so:
   output gradient, the logits' gradient, has a bound instead (fp8_gradient_recipe): before a
   forward that writes it, its state takes the bound as its amax (fp8_model_begin_dlogits), and
   the classifier writes its codes where both of lm_head's backward GEMMs read codes.
+- -fe 1: from the second forward on (the delayed scales seeded), fc's GEMM writes fcproj's x
+  codes through cuBLASLt's GELU epilogue and a byte transpose makes x^T
+  (fp8_model_fc_forward_codes, fp8_model_fc_codes_transpose); fc's own x codes then live apart
+  (fc_x_codes), as the GEMM reads them while it writes fcproj's into the x scratch.
 - Weights (-fw, DESIGN.md section 3), per-tensor recipes: the optimizer pass writes the new
   amax of each weight it casts into its record (fp8_model_weight_update; the block linears'
   when each FP8 one runs all its GEMMs in FP8, fp8_weight_cast_in_update). current: the cast
@@ -137,6 +141,7 @@ typedef struct {
     Fp8CastJob* weight_jobs;             // device, the weights the optimizer pass casts, a kind's layers together
                                          // (fp8_model_kind_jobs); NULL under ZeRO-3 (not cast whole)
     uint8_t* x_codes;                    // [BT][widest K of an FP8 forward] scratch
+    uint8_t* fc_x_codes;                 // -fe 1: [BT][C] fc's x codes apart, as fc's GEMM writes fcproj's into x_codes
     float* x_scale_inv;
     uint8_t* dy_codes;                   // [BT][widest OC of an FP8 dgrad] scratch
     uint8_t* dy_codes_t;                 // [widest OC of an FP8 wgrad][BT] scratch
@@ -145,6 +150,7 @@ typedef struct {
     Fp8Prediction* dy_prediction;        // -fg pow2: the predicted dy cast in flight (one at a time, as the scratches)
     uint8_t* x_t_recast_codes;           // [widest K of a recast x^T][BT] scratch (-r)
     float* x_t_recast_scale_inv;
+    Fp8GemmScalars* gemm_scalars;        // -fe 1: per linear, the D scale and amax of a GEMM writing its x codes
     void* memory;                        // one allocation holds every buffer above
     size_t bytes;
     FILE* numerics_file;                 // numerics.jsonl, NULL: not logging
@@ -244,7 +250,8 @@ static inline Fp8CastOutput fp8_model_x(const Fp8Model* fp8, int i) {
     Fp8CastOutput out = {};
     out.format = FP8_E4M3;
     out.scaling = fp8_model_block(fp8) ? FP8_SCALING_ROWS_1x128 : FP8_SCALING_TENSOR;
-    out.codes = fp8_model_runs(fp8, i, FP8_FWD) ? fp8->x_codes : NULL;
+    uint8_t* codes = lin->kind == LINEAR_FC && fp8->fc_x_codes != NULL ? fp8->fc_x_codes : fp8->x_codes;
+    out.codes = fp8_model_runs(fp8, i, FP8_FWD) ? codes : NULL;
     out.codes_t = lin->x_codes_t;
     out.state = &fp8->states[i];
     out.record = &fp8->records[i];
@@ -368,6 +375,11 @@ static size_t fp8_model_layout(Fp8Model* fp8, char* base) {
     size_t recast_scales = recast_k > 0 ? fp8_block_scale_floats(FP8_SCALING_ROWS_1x128, recast_k, fp8->BT) : 0;
     fp8->x_t_recast_codes = (uint8_t*)fp8_model_carve(base, &offset, bt * recast_k);
     fp8->x_t_recast_scale_inv = (float*)fp8_model_carve(base, &offset, block ? recast_scales * sizeof(float) : 0);
+    bool fc_writes_codes = fp8->settings.fc_writes_codes && fp8->num_linears > 0;
+    fp8->gemm_scalars = (Fp8GemmScalars*)fp8_model_carve(base, &offset,
+                                                         fc_writes_codes ? fp8->num_linears * sizeof(Fp8GemmScalars) : 0);
+    int fc = fp8_model_linear(fp8, 0, LINEAR_FC);  // -fe 1 needs fc in FP8 (train_config_check_fc_codes)
+    fp8->fc_x_codes = (uint8_t*)fp8_model_carve(base, &offset, fc_writes_codes && fc >= 0 ? bt * fp8->linears[fc].K : 0);
     for (int i = 0; i < fp8->num_linears; i++) {
         if (!fp8->linears[i].x_t_recast) { continue; }
         fp8->linears[i].x_codes_t = fp8->x_t_recast_codes;
@@ -577,6 +589,32 @@ void fp8_model_gelu_forward(const Fp8Model* fp8, int i, floatX* out, const float
     } else {
         gelu_forward_fp8_current(&x, out, pre_gelu, fp8->BT, fp8->linears[i].K, stream);
     }
+}
+
+/*
+-fe 1, once the activations' scales come from their histories (after the first forward: before
+it, fcproj's x takes the current path, fp8_model_gelu_forward): fc's forward GEMM writes fcproj's
+x codes itself, through cuBLASLt's GELU epilogue under that scale, and the pre-activation into
+pre_gelu (fp8_model_fc_forward_codes); fp8_model_fc_codes_transpose then makes x^T from the
+codes and records the cast (fp8_cast.cuh's Fp8GemmScalars). -fe 1 is refused unless fc's
+forward and fcproj's three GEMMs are FP8 under -fr delayed and -r 0 (train_config_check_fc_codes).
+*/
+static inline bool fp8_model_fc_writes_codes(const Fp8Model* fp8) {
+    return fp8->num_linears > 0 && fp8->settings.fc_writes_codes && fp8_model_x_scale_known(fp8);
+}
+
+void fp8_model_fc_forward_codes(const Fp8Model* fp8, int fc, int fcproj, floatX* pre_gelu, const floatX* bias,
+                                cudaStream_t stream) {
+    Fp8CastOutput x = fp8_model_x(fp8, fcproj), fc_x = fp8_model_x(fp8, fc), fc_w = fp8_model_w(fp8, fc);
+    Fp8GemmScalars* scalars = &fp8->gemm_scalars[fcproj];
+    fp8_gemm_codes_begin(&x, scalars, stream);
+    matmul_forward_fp8_gelu_codes(x.codes, pre_gelu, fp8_operand(&fc_x, false), fp8_operand(&fc_w, false), bias, fp8->BT,
+                                  fp8->linears[fc].K, fp8->linears[fc].OC, &scalars->scale, &scalars->amax, stream);
+}
+
+void fp8_model_fc_codes_transpose(const Fp8Model* fp8, int fcproj, cudaStream_t stream) {
+    Fp8CastOutput x = fp8_model_x(fp8, fcproj);
+    fp8_transpose_codes_counted(&x, fp8->BT, fp8->linears[fcproj].K, &fp8->gemm_scalars[fcproj], stream);
 }
 
 /*

@@ -85,6 +85,7 @@ typedef struct {
     int grad_scaling;             // Fp8GradScaling (per-tensor recipes)
     int passes[NUM_LINEAR_KINDS]; // per LinearKind its Fp8Pass bits; 0: that linear runs in bf16
     int numerics_every;           // numerics log interval in steps (0 = never)
+    int fc_writes_codes;          // -fe 1: fc's forward GEMM writes fcproj's x codes (fp8_model_fc_forward_codes)
 } Fp8Settings;
 
 // "qkv,attproj,fc,fcproj" from bits (for the startup line and the errors)

@@ -41,7 +41,9 @@ FP8 (DESIGN.md section 3): the three GEMMs of a linear all run TN from codes the
 The A/B scale pointers take the casts' dequantization scales (1/scale: per tensor the
 Fp8CastRecord's scale_inv; the block recipe's VEC128 and BLK128x128 arrays, cuBLASLt 13's
 CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F / _BLK128x128_32F). D stays bf16 (CUDA 13 refuses a
-D scale or amax pointer with a bf16 D, so no amax comes out of a GEMM); wgrad accumulates
+D scale or amax pointer with a bf16 D, so no amax comes out of a bf16-output GEMM), but for
+-fe 1's fc forward (matmul_forward_fp8_gelu_codes): an E4M3 D through GELU_AUX_BIAS, under a
+D scale, with its amax (AMAX_D) and the bf16 pre-activation as the aux; wgrad accumulates
 with beta = 1 into the bf16 gradient or an fp32 buffer. Fast accumulation only in the
 per-tensor forward. The dgrad of fcproj through GELU and the bias gradient move into the
 pass that reads dy anyway (matmul_backward_fp8_dout): current scaling's amax pass, or the one
@@ -117,6 +119,8 @@ typedef struct {
     bool fast_accumulate;          // FP8 forward only: no periodic promotion to fp32
     cublasLtMatmulMatrixScale_t a_scale_mode; // SCALAR_32F (0, the default), or the block recipe's
     cublasLtMatmulMatrixScale_t b_scale_mode; // VEC128_32F / BLK128x128_32F (a_scale/b_scale are then arrays)
+    const float* d_scale;          // FP8 D only: device scalar multiplying the epilogue's result before its conversion
+    float* d_amax;                 // FP8 D only: device float receiving max |epilogue result| (before d_scale), or NULL
 } MatmulSpec;
 
 static inline int cuda_data_type_bytes(cudaDataType_t type, const char* gemm_name) {
@@ -167,6 +171,18 @@ static void matmul_check_spec(const MatmulSpec* spec) {
         llm8_die("matmul %s: epilogue %d does not match the bias/aux pointers given", spec->name, (int)spec->epilogue);
     }
     if (wants_bias) { matmul_check_aligned(spec->name, "bias", spec->bias); }
+    bool d_fp8 = spec->d_type == CUDA_R_8F_E4M3 || spec->d_type == CUDA_R_8F_E5M2;
+    if (d_fp8) {  // matmul_forward_fp8_gelu_codes's GEMM: its bf16 aux stands in for C, which beta = 0 never reads
+        bool a_fp8 = spec->a_type == CUDA_R_8F_E4M3 || spec->a_type == CUDA_R_8F_E5M2;
+        if (!a_fp8 || spec->aux == NULL || spec->d_scale == NULL || spec->accumulate) {
+            llm8_die("matmul %s: an FP8 D needs FP8 operands, a GELU aux (bf16, C's stand-in), a D scale and no accumulation",
+                     spec->name);
+        }
+        matmul_check_aligned(spec->name, "D scale", spec->d_scale);
+        if (spec->d_amax != NULL) { matmul_check_aligned(spec->name, "D amax", spec->d_amax); }
+    } else if (spec->d_scale != NULL || spec->d_amax != NULL) {
+        llm8_die("matmul %s: a D scale or amax pointer needs an FP8 D (cuBLASLt refuses them with a bf16 D)", spec->name);
+    }
     if (wants_aux) { matmul_check_aligned(spec->name, "GELU pre-activation", spec->aux); }
     bool a_fp8 = spec->a_type == CUDA_R_8F_E4M3 || spec->a_type == CUDA_R_8F_E5M2;
     bool b_fp8 = spec->b_type == CUDA_R_8F_E4M3 || spec->b_type == CUDA_R_8F_E5M2;
@@ -221,9 +237,9 @@ static inline void matmul_desc_set(cublasLtMatmulDesc_t desc, cublasLtMatmulDesc
     cublasCheck(cublasLtMatmulDescSetAttribute(desc, attribute, value, bytes));
 }
 
-// the heuristic's preferences for a GEMM on these operands (C is D): the workspace, split-K only
-// with fp32 partials, and the operands' alignments; the caller destroys it
-static cublasLtMatmulPreference_t matmul_preference_create(const void* a, const void* b, const void* d) {
+// the heuristic's preferences for a GEMM on these operands: the workspace, split-K only with fp32
+// partials, and the operands' alignments; the caller destroys it
+static cublasLtMatmulPreference_t matmul_preference_create(const void* a, const void* b, const void* c, const void* d) {
     cublasLtMatmulPreference_t preference;
     cublasCheck(cublasLtMatmulPreferenceCreate(&preference));
     uint64_t workspace_bytes = MATMUL_WORKSPACE_BYTES;
@@ -233,7 +249,7 @@ static cublasLtMatmulPreference_t matmul_preference_create(const void* a, const 
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                      &reduction_schemes, sizeof(reduction_schemes)));
     const uint32_t alignments[4] = {matmul_pointer_alignment(a), matmul_pointer_alignment(b),
-                                    matmul_pointer_alignment(d), matmul_pointer_alignment(d)};
+                                    matmul_pointer_alignment(c), matmul_pointer_alignment(d)};
     const cublasLtMatmulPreferenceAttributes_t alignment_attributes[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -244,10 +260,16 @@ static cublasLtMatmulPreference_t matmul_preference_create(const void* a, const 
     return preference;
 }
 
+// C: D itself (read only when accumulating); an FP8 D takes a bf16 C, for which its bf16 aux (the
+// pre-activation, of D's shape) stands in: with beta = 0 C is never read
+static inline const void* matmul_c(const MatmulSpec* spec) {
+    return spec->d_scale != NULL ? spec->aux : spec->d;
+}
+
 // the cuBLASLt objects of one GEMM and the heuristic's first algorithm (found == 0: none)
 typedef struct {
     cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t layout_a, layout_b, layout_d;
+    cublasLtMatrixLayout_t layout_a, layout_b, layout_c, layout_d;  // layout_c is layout_d but for an FP8 D's bf16 C
     cublasLtMatmulHeuristicResult_t heuristic;
     cublasStatus_t status;
     int found;
@@ -287,6 +309,16 @@ static void matmul_plan_create(MatmulPlan* plan, const MatmulSpec* spec) {
         int8_t fast = 1;
         matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
     }
+    bool d_fp8 = spec->d_scale != NULL;  // matmul_check_spec: exactly the FP8 Ds
+    if (d_fp8) {  // the bias and the aux would default to D's type ("with some exceptions"): both are bf16
+        int32_t bf16 = CUDA_R_16BF;
+        matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &spec->d_scale, sizeof(spec->d_scale));
+        matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf16, sizeof(bf16));
+        if (spec->bias != NULL) { matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bf16, sizeof(bf16)); }
+        if (spec->d_amax != NULL) {
+            matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &spec->d_amax, sizeof(spec->d_amax));
+        }
+    }
 
     int a_rows = spec->transpose_a ? spec->k : spec->m;
     int a_cols = spec->transpose_a ? spec->m : spec->k;
@@ -295,11 +327,12 @@ static void matmul_plan_create(MatmulPlan* plan, const MatmulSpec* spec) {
     cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_a, spec->a_type, a_rows, a_cols, a_rows));
     cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_b, spec->b_type, b_rows, b_cols, b_rows));
     cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_d, spec->d_type, spec->m, spec->n, spec->m));
+    cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_c, d_fp8 ? CUDA_R_16BF : spec->d_type, spec->m, spec->n, spec->m));
 
-    cublasLtMatmulPreference_t preference = matmul_preference_create(spec->a, spec->b, spec->d);
+    cublasLtMatmulPreference_t preference = matmul_preference_create(spec->a, spec->b, matmul_c(spec), spec->d);
     plan->found = 0;
     plan->status = cublasLtMatmulAlgoGetHeuristic(matmul_cublaslt_handle, desc, plan->layout_a, plan->layout_b,
-                                                  plan->layout_d, plan->layout_d, preference, 1, &plan->heuristic,
+                                                  plan->layout_c, plan->layout_d, preference, 1, &plan->heuristic,
                                                   &plan->found);
     cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
 }
@@ -307,6 +340,7 @@ static void matmul_plan_create(MatmulPlan* plan, const MatmulSpec* spec) {
 static void matmul_plan_destroy(MatmulPlan* plan) {
     cublasCheck(cublasLtMatrixLayoutDestroy(plan->layout_a));
     cublasCheck(cublasLtMatrixLayoutDestroy(plan->layout_b));
+    cublasCheck(cublasLtMatrixLayoutDestroy(plan->layout_c));
     cublasCheck(cublasLtMatrixLayoutDestroy(plan->layout_d));
     cublasCheck(cublasLtMatmulDescDestroy(plan->desc));
 }
@@ -331,6 +365,7 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
         const char* remedy = short_block ? "; this cuBLASLt lacks block scaling with a short last K block (K not a multiple of "
                                            "128): use -fr delayed or -fr current, or a width and a B*T that are multiples of 128"
                            : spec->epilogue == CUBLASLT_EPILOGUE_DGELU ? "; the DGELU epilogue is -ge 2's: run with -ge 1"
+                           : spec->d_scale != NULL ? "; an E4M3 output through the GELU epilogue is -fe 1's: run with -fe 0"
                            : "";
         llm8_die("matmul %s: cuBLASLt has no algorithm for m=%d n=%d k=%d, types A=%d B=%d D=%d, "
                  "transposes %d%d, epilogue %d, scale modes %d %d (%s)%s", spec->name, spec->m, spec->n, spec->k,
@@ -341,7 +376,7 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
     const float alpha = 1.0f;
     const float beta = spec->accumulate ? 1.0f : 0.0f;
     cublasCheck(cublasLtMatmul(matmul_cublaslt_handle, plan.desc, &alpha, spec->a, plan.layout_a, spec->b, plan.layout_b,
-                               &beta, spec->d, plan.layout_d, spec->d, plan.layout_d, &plan.heuristic.algo,
+                               &beta, matmul_c(spec), plan.layout_c, spec->d, plan.layout_d, &plan.heuristic.algo,
                                matmul_cublaslt_workspace, MATMUL_WORKSPACE_BYTES, stream));
     matmul_plan_destroy(&plan);
 }
@@ -642,6 +677,44 @@ void matmul_forward_fp8(floatX* out, Fp8Operand inp, Fp8Operand weight, const fl
 bool matmul_forward_fp8_supported(floatX* out, Fp8Operand inp, Fp8Operand weight, const floatX* bias,
                                   int N, int C, int OC, floatX* pre_gelu) {
     MatmulSpec spec = matmul_forward_fp8_spec(out, inp, weight, bias, N, C, OC, pre_gelu);
+    return matmul_cublaslt_supported(&spec);
+}
+
+/*
+fc's forward writing fcproj's input codes itself (-fe 1, fp8_model_fc_forward_codes):
+    pre_gelu[N][OC] = inp[N][C] weight[OC][C]^T + bias              (bf16, the epilogue's aux)
+    codes[N][OC]    = E4M3(d_scale * GELU(that, in fp32))            (cuBLASLt's GELU_AUX_BIAS)
+    *amax           = max |GELU(that)| over the tensor, before d_scale (AMAX_D), when not NULL
+from per-tensor E4M3 operands with fast accumulation, as matmul_forward_fp8. cuBLASLt applies
+GELU to the fp32 pre-activation and rounds once into the code, where the unfused path
+(gelu_forward_fp8) rounds the pre-activation and GELU's output to bf16 first: the codes may
+differ in the last place, the pre-activation is the same. d_scale and amax must be 16-byte
+aligned (as the A/B scale pointers must be on an H200).
+*/
+static MatmulSpec matmul_forward_fp8_gelu_codes_spec(uint8_t* codes, floatX* pre_gelu, Fp8Operand inp, Fp8Operand weight,
+                                                     const floatX* bias, int N, int C, int OC, const float* d_scale,
+                                                     float* amax) {
+    if (inp.scaling != FP8_SCALING_TENSOR || pre_gelu == NULL || bias == NULL) {
+        llm8_die("matmul fp8 forward to codes: needs per-tensor operands, the pre-activation and the bias");
+    }
+    MatmulSpec spec = matmul_forward_fp8_spec(NULL, inp, weight, bias, N, C, OC, pre_gelu);
+    spec.name = "fp8 forward to E4M3 codes through GELU (m=OC, n=N, k=C)";
+    spec.d = codes;
+    spec.d_type = CUDA_R_8F_E4M3;
+    spec.d_scale = d_scale;
+    spec.d_amax = amax;
+    return spec;
+}
+
+void matmul_forward_fp8_gelu_codes(uint8_t* codes, floatX* pre_gelu, Fp8Operand inp, Fp8Operand weight, const floatX* bias,
+                                   int N, int C, int OC, const float* d_scale, float* amax, cudaStream_t stream) {
+    MatmulSpec spec = matmul_forward_fp8_gelu_codes_spec(codes, pre_gelu, inp, weight, bias, N, C, OC, d_scale, amax);
+    matmul_cublaslt(&spec, stream);
+}
+
+bool matmul_forward_fp8_gelu_codes_supported(uint8_t* codes, floatX* pre_gelu, Fp8Operand inp, Fp8Operand weight,
+                                             const floatX* bias, int N, int C, int OC, const float* d_scale, float* amax) {
+    MatmulSpec spec = matmul_forward_fp8_gelu_codes_spec(codes, pre_gelu, inp, weight, bias, N, C, OC, d_scale, amax);
     return matmul_cublaslt_supported(&spec);
 }
 

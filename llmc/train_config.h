@@ -46,6 +46,7 @@ typedef struct {
     int fp8_history;
     int fp8_margin;
     int fp8_numerics_every;
+    int fp8_fc_writes_codes;      // -fe: fc's forward GEMM writes fcproj's input codes (fp8_recipe.h)
     int checkpoint_every;
     int checkpoints_keep;
     int checkpoints_major_every;  // -nm: checkpoints of steps that are multiples of this are never removed by -nk
@@ -116,6 +117,8 @@ static const FlagSpec TRAIN_FLAGS[] = {
      "fp8 output-gradient scaling (-fr delayed|current): current (an amax pass, then the cast: dy read twice, once for attproj and fcproj, whose amax layernorm backward takes), delayed (the cast rides on the bias-gradient pass with an amax history's scale: dy read once) or pow2 (current with the scale rounded down to a power of two: the cast rides on that pass with the last use's scale, and runs again where dy's amax crossed a power of two); an FP8 lm_head's gradient is scaled from its bound |dlogit| <= dloss under all three"},
     {"-f8", FLAG_STRING, TC_OFF(fp8_linears), 0, 0, NULL, "fp8: linears in FP8 (in the passes -f8p gives them), a comma list of qkv,attproj,fc,fcproj,lm_head (or all); the rest stay bf16"},
     {"-f8p", FLAG_STRING, TC_OFF(fp8_passes), 0, 0, NULL, "fp8: GEMM passes in FP8, a comma list of fwd,dgrad,wgrad (for every -f8 linear), <linear>.<pass> (e.g. fc.wgrad: that linear only), or all; the union runs in FP8, the rest in bf16"},
+    {"-fe", FLAG_INT, TC_OFF(fp8_fc_writes_codes), 0, 1, NULL,
+     "fp8: 1 = fc's forward GEMM writes fcproj's E4M3 input codes itself (cuBLASLt's GELU epilogue, under the delayed scale) and a byte transpose makes x^T, instead of a GELU cast pass over the bf16 pre-activation; needs -fr delayed, fc's forward and fcproj's three GEMMs in FP8, and -r 0"},
     {"-fn", FLAG_INT, TC_OFF(fp8_numerics_every), 0, INT_MAX_FLAG, NULL, "fp8: numerics log (numerics.jsonl in -o) every N steps (0 = never)"},
     {"-opt", FLAG_CHOICE, TC_OFF(optimizer), 0, 0, "adamw adamw8",
      "optimizer: AdamW with fp32 m and v, or adamw8 with 8-bit m and v (doc/adamw8.md); a checkpoint of either resumes under both"},
@@ -191,6 +194,7 @@ static inline TrainConfig train_config_defaults(void) {
     c.fp8_history = FP8_AMAX_HISTORY_DEFAULT;
     c.fp8_margin = 0;
     c.fp8_numerics_every = 100;
+    c.fp8_fc_writes_codes = 0;
     c.optimizer = "adamw";
     c.adamw8_states = "default";
     c.checkpoint_every = 0;
@@ -273,6 +277,29 @@ static inline int choice_is_valid(const char* choices, const char* value) {
 }
 
 /*
+-fe 1 (fc's forward GEMM writes fcproj's x codes, fp8_model_fc_forward_codes) where it can act:
+the GEMM scales its output before the amax of this use exists, so the scale must come from a
+history (the delayed recipe's activations); it reads fc's codes and writes fcproj's, so both
+forwards are FP8; fcproj's x^T is the transpose of those codes, kept from the forward (FP8
+wgrad, -r 0: a recast in the backward would use llm8's GELU, whose codes may differ in the
+last place from cuBLASLt's, and -r promises the same results).
+*/
+static inline void train_config_check_fc_codes(const TrainConfig* c, const Fp8Settings* s) {
+    if (s->recipe != FP8_MODEL_DELAYED) {
+        llm8_die("flag -fe 1: fc's GEMM writes fcproj's input codes under a scale known before it runs, the delayed recipe's "
+                 "(-fr delayed); -fr %s scales from this use's own amax", c->fp8_recipe);
+    }
+    if (!(s->passes[LINEAR_FC] & FP8_FWD) || s->passes[LINEAR_FCPROJ] != FP8_ALL_PASSES) {
+        llm8_die("flag -fe 1: needs fc's forward and all three of fcproj's GEMMs in FP8, and -f8 %s -f8p %s does not run them so",
+                 c->fp8_linears, c->fp8_passes);
+    }
+    if (c->recompute != 0) {
+        llm8_die("flag -fe 1 needs -r 0 (given -r %d): fcproj's x^T is the transpose of the codes fc's GEMM wrote, kept from the "
+                 "forward; -r would cast it again in the backward with llm8's GELU, whose codes may differ", c->recompute);
+    }
+}
+
+/*
 The FP8 settings of the command line (the lists are parsed here; a bad one dies naming its
 flag). -fw delayed and -fg delayed need a per-tensor recipe (the block recipe scales weights per 128x128
 block, from the block's own amax) and an FP8 forward (the optimizer writes the forward's W
@@ -288,6 +315,8 @@ static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
     s.grad_scaling = fp8_scaling_choice_from_name("-fg", c->fp8_grad_scaling, FP8_GRAD_SCALING_CHOICES);
     fp8_parse_passes("-f8p", c->fp8_passes, fp8_parse_linears("-f8", c->fp8_linears), s.passes);
     s.numerics_every = c->fp8_numerics_every;
+    s.fc_writes_codes = c->fp8_fc_writes_codes;
+    if (s.enabled && s.fc_writes_codes) { train_config_check_fc_codes(c, &s); }
     if (s.weight_scaling == FP8_WEIGHTS_DELAYED && s.recipe == FP8_MODEL_BLOCK) {
         llm8_die("flag -fw delayed: -fr block scales each 128x128 weight block by its own amax; "
                  "use -fw current with -fr block, or -fr delayed|current");

@@ -15,6 +15,7 @@
 #   RECIPES="delayed delayed+lm_head" scripts/compare_bf16_fp8.sh      # +lm_head: lm_head in FP8 too (-f8 all)
 #   RECIPES="delayed delayed+fg_delayed" scripts/compare_bf16_fp8.sh   # +fg_delayed: -fg delayed (not with block)
 #   RECIPES="delayed delayed+fg_pow2" scripts/compare_bf16_fp8.sh      # +fg_pow2: -fg pow2 (not with block)
+#   RECIPES="delayed delayed+fc_codes" scripts/compare_bf16_fp8.sh     # +fc_codes: -fe 1 -r 0 (delayed only)
 #   OPTIMIZERS="adamw adamw8" scripts/compare_bf16_fp8.sh              # bf16 and FP8, each optimizer
 #   MODEL=d24 STEPS=5000 OUT=log_cmp scripts/compare_bf16_fp8.sh -b 32
 #   MODEL=tiny STEPS=20 LLM8_TRAINER=./train_gpt2cpu scripts/compare_bf16_fp8.sh -b 2 -t 64  # CPU, a minute
@@ -26,11 +27,13 @@
 # options: RECIPES), -fw (FP8 runs keep -fw current: no run name says another), -opt
 # (OPTIMIZERS), -e (MODEL), -x (STEPS), -u (WARMUP), -o (OUT) and -y (each run resumes already).
 # A RECIPES item is a recipe followed by any of the
-# options +lm_head, +fg_delayed and +fg_pow2, in any order, each at most once; +fg_delayed and
-# +fg_pow2 both set -fg, so not both in one item (refused), and block+fg_delayed and
-# block+fg_pow2 are refused, as the trainer refuses -fg delayed and -fg pow2 with -fr block. The
-# runs land in $OUT/bf16 and $OUT/fp8_<recipe>, plus _lm_head then _fg_delayed or _fg_pow2 for
-# the options given, in that order whatever order they were written (adamw8: $OUT/bf16_adamw8,
+# options +lm_head, +fg_delayed, +fg_pow2 and +fc_codes, in any order, each at most once; +fg_delayed
+# and +fg_pow2 both set -fg, so not both in one item (refused), and block+fg_delayed and
+# block+fg_pow2 are refused, as the trainer refuses -fg delayed and -fg pow2 with -fr block;
+# +fc_codes (fc's GEMM writes fcproj's input codes: -fe 1, with the -r 0 it needs, which changes
+# memory, not results) only with delayed, as the trainer refuses -fe 1 with another recipe. The
+# runs land in $OUT/bf16 and $OUT/fp8_<recipe>, plus _lm_head, then _fg_delayed or _fg_pow2, then
+# _fc_codes for the options given, in that order whatever order they were written (adamw8: $OUT/bf16_adamw8,
 # $OUT/fp8_<recipe>_adamw8); the PNG is $OUT/loss.png, the table $OUT/summary.md (when the runs
 # share no val step after step 0, one error line says so and the exit status is 1).
 # Each run directory records the run's settings (compare_settings.txt: its trainer flags, the
@@ -58,9 +61,9 @@ PYTHON="${PYTHON:-python3}"
 names=(bf16)
 flags=("-p bf16")
 # a RECIPES item's options, in run-name order, and the flags each adds
-OPTIONS=(lm_head fg_delayed fg_pow2)
-OPTION_FLAGS=("-f8 all" "-fg delayed" "-fg pow2")
-ACCEPTED="+lm_head, and +fg_delayed or +fg_pow2, in any order, each at most once"
+OPTIONS=(lm_head fg_delayed fg_pow2 fc_codes)
+OPTION_FLAGS=("-f8 all" "-fg delayed" "-fg pow2" "-fe 1 -r 0")
+ACCEPTED="+lm_head, +fg_delayed or +fg_pow2, and +fc_codes, in any order, each at most once"
 for item in $RECIPES; do
     recipe="${item%%+*}"
     case "$recipe" in
@@ -93,6 +96,10 @@ for item in $RECIPES; do
             exit 2
         fi
     done
+    if [[ "$recipe" != delayed && "$given" == *" fc_codes "* ]]; then
+        echo "error: RECIPES: '$item': the trainer refuses -fe 1 with -fr $recipe (fc's GEMM writes the codes under a scale known before it runs, the delayed recipe's); use +fc_codes with delayed" >&2
+        exit 2
+    fi
     name="fp8_$recipe"
     flag="-p fp8 -fr $recipe"
     for i in "${!OPTIONS[@]}"; do

@@ -176,6 +176,7 @@ def progress(flags, step, repeat=0):
     factor *= 0.97 if flags.get("-fg") in ONE_PASS_GRAD_SCALINGS else 1.0
     factor *= 0.98 if flags.get("-ge") == "2" else 1.0
     factor *= 0.96 if flags.get("-ad") == "0" else 1.0
+    factor *= 0.99 if flags.get("-fe") == "1" else 1.0
     factor *= 1.02 if flags.get("-w") == "0" else 1.0
     factor *= (1.01 if flags["-opt"] == "adamw8" else 1.0) * (1.1 if ranks > 1 else 1.0) * (1.05 if flags["-z"] == "3" else 1.0)
     factor *= REPEAT_SLOWDOWN ** repeat
@@ -200,11 +201,15 @@ def memory_figures(flags):
 
 def breakdown_rows(flags):
     """the -kt 1 rows: the four block linears' backward (where -fg changes the output-gradient passes, and -ge 2
-    fc's), bf16's GELU backward (not with -ge 2), the attention backward (faster with -ad 0), the optimizer step's,
-    and the FP8 weight casts' (after it) in an FP8 run"""
+    fc's), FP8's fc forward and GELU cast (-fe 1: the GEMM writing the codes and the transpose, less time), bf16's GELU
+    backward (not with -ge 2), the attention backward (faster with -ad 0), the optimizer step's, and the FP8 weight
+    casts' (after it) in an FP8 run"""
     scale = int(flags["-e"][1:]) / 12
     backward = (1.5 if flags["-p"] == "bf16" else 1.0 if flags.get("-fg") in ONE_PASS_GRAD_SCALINGS else 1.125) * scale
     rows = [("encoder fwd", 0.25)] + [(f"matmul {linear} bwd", backward) for linear in ("qkv", "attproj", "fcproj")]
+    if flags["-p"] == "fp8":  # fc's forward and the GELU that makes fcproj's input (-fe 1: the GEMM writes the codes)
+        rows += [("matmul fc+gelu fp8 codes fwd", 0.25 * scale), ("fp8 transpose gelu out", 0.125 * scale)] \
+            if flags.get("-fe") == "1" else [("matmul fc fwd", 0.25 * scale), ("gelu+fp8 cast fwd", 0.375 * scale)]
     rows.insert(3, ("matmul fc bwd", backward * (0.9 if flags.get("-ge") == "2" else 1.0)))  # -ge 2: no GELU in fc's dy pass
     if flags["-p"] == "bf16" and flags.get("-ge") != "2":  # GELU's backward kernel: -ge 2 puts it in fcproj's dgrad
         rows.append(("gelu bwd", 0.5 * scale))

@@ -6,6 +6,7 @@ from train_gpt2_fp8.cu, so a renamed mark fails here; its FLOPs against the clos
 counts made by hand from the kernels' sources at a small shape; the optimizer's traffic against
 DESIGN.md section 4's persistent bytes per parameter; and its CLI's errors and --bench mode.
 """
+import dataclasses
 import itertools
 import json
 import re
@@ -42,7 +43,8 @@ def all_runs(**shape):
                   gelu_fusion=g, **shape)
            for rc, w, h, o, m, r, g in itertools.product(fm.RECIPES, fm.WEIGHT_SCALINGS, ("bf16", "fp8"), fm.OPTIMIZERS,
                                                          (True, False), (0, 1, 2), (1, 2))]
-    return bf16 + fp8
+    fc_codes = [dataclasses.replace(run, fc_writes_codes=1) for run in fp8 if run.recipe == "delayed" and run.recompute == 0]
+    return bf16 + fp8 + fc_codes
 
 
 def kernels(region, prefix, **run):
@@ -133,6 +135,32 @@ def test_gelu_backward_in_the_dgrad_epilogue():
     assert (amax.bytes, cast.bytes) == (n * (2 + 4 / 128), n * (2 + 2))
     [one] = kernels("matmul fc bwd", "fc dy", precision="fp8", recipe="delayed", grad_scaling="delayed", gelu_fusion=2)[:1]
     assert one.bytes == n * (2 + 2 + 4 / 128)
+
+
+def test_fc_gemm_writing_gelu_codes():
+    """-fe 1: fc's forward GEMM writes the bf16 pre-activation and fcproj's x codes (3 bytes an element where -fe 0's
+    GEMM writes 2), and a byte transpose makes x^T (1 byte read, 1 written) where the GELU cast read 2 and wrote 2;
+    nothing else changes. Refused where the trainer refuses it: bf16, current or block, -r 1 or 2"""
+    n = N * 4 * C
+    found = [kernels("matmul fc fwd", "fc forward GEMM", precision="fp8"), kernels("gelu+fp8 cast fwd", "GELU", precision="fp8"),
+             kernels("matmul fc+gelu fp8 codes fwd", "fc forward GEMM", precision="fp8", fc_writes_codes=1),
+             kernels("fp8 transpose gelu out", "fcproj x^T", precision="fp8", fc_writes_codes=1)]
+    assert [len(layers) for layers in found] == [12] * 4  # one a layer
+    plain_gemm, cast, fused_gemm, transpose = (layers[0] for layers in found)
+    assert (cast.bytes, transpose.bytes) == (n * 4, n * 2)
+    assert fused_gemm.bytes == plain_gemm.bytes + n and fused_gemm.flops == plain_gemm.flops
+    assert kernels("gelu+fp8 cast fwd", "", precision="fp8", fc_writes_codes=1) == []
+    assert kernels("matmul fc fwd", "", precision="fp8", fc_writes_codes=1) == []
+    plain = fm.Run(precision="fp8", **SMALL)
+    fused = dataclasses.replace(plain, fc_writes_codes=1)
+    others = lambda run: sorted((k.region, k.what, k.bytes) for k in fm.step_kernels(run)  # noqa: E731
+                                if k.region not in ("matmul fc fwd", "gelu+fp8 cast fwd", "matmul fc+gelu fp8 codes fwd",
+                                                    "fp8 transpose gelu out"))
+    assert others(plain) == others(fused)
+    for bad in (dict(precision="bf16"), dict(precision="fp8", recipe="current"), dict(precision="fp8", recipe="block"),
+                dict(precision="fp8", recompute=1)):
+        with pytest.raises(fm.CliError, match=r"^fc writes codes \(-fe 1\): needs FP8, the delayed recipe and -r 0"):
+            fm.step_kernels(fm.Run(**dict(SMALL, fc_writes_codes=1, **bad)))
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "current"])

@@ -1628,6 +1628,107 @@ static void test_gemm_exact(int N, int C, int OC) {
     cudaCheck(cudaFree(d_bias)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_dinp));
 }
 
+/*
+-fe 1's GEMM (matmul_forward_fp8_gelu_codes): fc's forward writing the E4M3 codes of GELU through cuBLASLt's
+epilogue under a given scale (fp8_gemm_codes_begin's copy of the state's), its pre-activation as the bf16 aux
+and its amax; then fp8_transpose_codes_counted's x^T and record. Exact operands (the sums are exact in fp32):
+the aux is the exact pre-activation rounded once to bf16; each code is the host's E4M3 of scale * GELU (the tanh
+form, in double) of the exact pre-activation, or where the library's GELU differs in the last bits its
+neighbour, for at most 5% of the elements (a GELU that differs more, a wrong scale or layout fails); the amax
+is the host's within 2^-8. Under a scale 4x too large for the amax the codes saturate to ±448, never a NaN code
+(cuBLASLt's FP8 output conversion is taken to saturate: cudasim's reading, which a GPU checks here), and the
+record counts what the codes show: every element, the ±0 codes as flushed, the ±448 codes as saturated where the
+amax says something may saturate (else none), this use's amax and the scale.
+*/
+static double gelu_tanh_double(double x) {
+    return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+static void test_gemm_gelu_codes(int N, int C, int OC) {
+    char what[160];
+    size_t nx = (size_t)N * C, nw = (size_t)OC * C, ny = (size_t)N * OC;
+    float* x = host_integers(nx, -4, 4);  // products of 1/64ths at most 16 of them: every sum below 2^12 of them (C <= 256),
+    float* w = host_integers(nw, -4, 4);  // exact under fast accumulation (test_gemm_exact_fast_accumulate)
+    float* bias = host_integers(OC, -8, 8);
+    for (size_t i = 0; i < nx; i++) { x[i] /= 8.0f; }  // E4M3-exact at scale 8: the codes are the integers
+    for (size_t i = 0; i < nw; i++) { w[i] /= 8.0f; }
+    for (int j = 0; j < OC; j++) { bias[j] /= 4.0f; }
+    ExactOperand ex = exact_operand(x, nx, FP8_E4M3, 3), ew = exact_operand(w, nw, FP8_E4M3, 3);
+    floatX* d_bias = device_bf16_from(bias, OC);
+    floatX* d_pre = (floatX*)device_alloc(ny * 2);
+    Fp8GemmScalars* d_scalars = (Fp8GemmScalars*)device_alloc(sizeof(Fp8GemmScalars));
+    double* pre = host_gemm_nt(x, w, NULL, N, OC, C);
+    double* gelu = (double*)mallocCheck(ny * sizeof(double));
+    double amax = 0.0;
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < OC; j++) {
+            size_t k = (size_t)i * OC + j;
+            pre[k] += bias[j];
+            gelu[k] = gelu_tanh_double(pre[k]);
+            amax = fmax(amax, fabs(gelu[k]));
+        }
+    }
+    for (int saturating = 0; saturating < 2; saturating++) {
+        snprintf(what, sizeof(what), "fp8 forward to GELU codes%s N=%d C=%d OC=%d", saturating ? ", saturating" : "", N, C, OC);
+        float scale = ldexpf(1.0f, (int)floor(log2(448.0 / amax)) + (saturating ? 2 : 0));
+        Fp8TensorScaling state;
+        fp8_scaling_init(&state, FP8_RECIPE_DELAYED, FP8_E4M3, 16, 0);
+        state.scale = scale;
+        state.scale_inv = 1.0f / scale;
+        DeviceFp8 t = device_fp8_make(N, OC, FP8_E4M3, FP8_SCALING_TENSOR, &state);
+        if (!matmul_forward_fp8_gelu_codes_supported(t.out.codes, d_pre, ex.operand, ew.operand, d_bias, N, C, OC,
+                                                     &d_scalars->scale, &d_scalars->amax)) {
+            CHECK(false, "%s: cuBLASLt has no E4M3 output through GELU_AUX_BIAS here (-fe 1 cannot run)", what);
+            device_fp8_free(&t);
+            break;
+        }
+        fp8_gemm_codes_begin(&t.out, d_scalars, 0);
+        matmul_forward_fp8_gelu_codes(t.out.codes, d_pre, ex.operand, ew.operand, d_bias, N, C, OC, &d_scalars->scale,
+                                      &d_scalars->amax, 0);
+        fp8_transpose_codes_counted(&t.out, N, OC, d_scalars, 0);
+        uint8_t* codes = (uint8_t*)host_copy(t.out.codes, ny);
+        uint8_t* codes_t = (uint8_t*)host_copy(t.out.codes_t, ny);
+        Fp8GemmScalars scalars;
+        cudaCheck(cudaMemcpy(&scalars, d_scalars, sizeof(scalars), cudaMemcpyDeviceToHost));
+        Fp8CastRecord record = download_record(&t);
+        float* got_pre = download_bf16_as_floats(d_pre, ny);
+        CHECK(count_bf16_inexact(got_pre, pre, ny, what) == 0, "%s: the aux is not the exact pre-activation rounded once", what);
+        size_t near = 0, far = 0, nan_codes = 0, zero_codes = 0, largest_codes = 0, transposed_wrong = 0;
+        for (int i = 0; i < N; i++) {
+            for (int j = 0; j < OC; j++) {
+                size_t k = (size_t)i * OC + j;
+                uint8_t got = codes[k], want = fp8_quantize((float)gelu[k], scale, FP8_E4M3);
+                bool neighbour = (got & 0x80) == (want & 0x80) && abs((int)(got & 0x7f) - (int)(want & 0x7f)) == 1;
+                near += got != want && neighbour;
+                far += got != want && !neighbour;
+                nan_codes += (got & 0x7f) == 0x7f;
+                zero_codes += (got & 0x7f) == 0;
+                largest_codes += (got & 0x7f) >= 0x7e;
+                transposed_wrong += codes_t[(size_t)j * N + i] != got;
+            }
+        }
+        CHECK(far == 0 && near <= ny / 20, "%s: %zu codes two or more steps off the host's, %zu one step (of %zu)", what,
+              far, near, ny);
+        CHECK(nan_codes == 0, "%s: %zu NaN codes: the FP8 output does not saturate", what, nan_codes);
+        if (saturating) { CHECK(largest_codes > 0, "%s: no code at 448 under a scale 4x too large", what); }
+        CHECK(fabs(scalars.amax - amax) <= amax / 256.0, "%s: amax %.9g, the host's %.9g", what, scalars.amax, amax);
+        CHECK(transposed_wrong == 0, "%s: %zu x^T codes are not the transpose of the codes", what, transposed_wrong);
+        uint64_t want_saturated = saturating ? largest_codes : 0;
+        CHECK(record.elements == ny && record.flushed == zero_codes && record.saturated == want_saturated,
+              "%s: record counts %llu elements, %llu flushed, %llu saturated; the codes show %zu, %zu, %llu", what,
+              record.elements, record.flushed, record.saturated, ny, zero_codes, (unsigned long long)want_saturated);
+        CHECK(record.amax_bits == fp8_amax_bits(scalars.amax) && record.interval_amax_bits == record.amax_bits,
+              "%s: the record's amax is not the GEMM's", what);
+        CHECK(record.scale == scale && record.scale_inv == state.scale_inv && record.interval_min_scale_bits == float_as_bits(scale),
+              "%s: the record's scale %g (inverse %g) is not the state's %g", what, record.scale, record.scale_inv, scale);
+        free(codes); free(codes_t); free(got_pre);
+        device_fp8_free(&t);
+    }
+    free(x); free(w); free(bias); free(pre); free(gelu);
+    exact_operand_free(&ex); exact_operand_free(&ew);
+    cudaCheck(cudaFree(d_bias)); cudaCheck(cudaFree(d_pre)); cudaCheck(cudaFree(d_scalars));
+}
+
 // the launcher's forward with fast accumulation: partial sums stay below 2^12, exact
 static void test_gemm_exact_fast_accumulate(int N, int C, int OC) {
     char what[128];
@@ -2045,6 +2146,8 @@ int main(void) {
     test_gemm_exact(96, 208, 48);
     test_gemm_exact(256, 768, 2304);
     test_gemm_exact_fast_accumulate(96, 32, 48);
+    test_gemm_gelu_codes(96, 208, 144);
+    test_gemm_gelu_codes(272, 64, 400);  // tiles of x^T that end short in both directions
     test_gemm_block_exact(256, 256, 384);
     test_gemm_block_exact(272, 192, 576);  // every K (192, 576, 272) ends in a short tile, as d48's C = 1600
     test_gemm_sqnr(256, 384, 512, false);

@@ -78,7 +78,9 @@ recipe, linears and quantization points):
    middle of a run changes nothing: all bitwise. So does recompute, which in FP8 casts the
    wgrads' x^T again in the backward: -r 0, 1 and 2 give the same losses, -r 0 and 2 the
    same weights after 3 steps. A skipped second step (a NaN loss) leaves the activations'
-   states and their seeding as step 1 left them.
+   states and their seeding as step 1 left them. -fe 1 (fc's GEMM writes fcproj's x codes
+   through cuBLASLt's GELU epilogue, -r 0) gives step 1's loss exactly (its first forward takes
+   the GELU cast), then tracks -fe 0 (check_losses_track), and is not -fe 0's bits.
 8-bit AdamW (-opt adamw8, d6 as in 3 and 5):
 9. 10 steps track the fp32-AdamW run: each loss within 1% relative. Two runs are bitwise
    equal, and resume is bitwise. -qs none (every tensor keeps fp32 states) is plain AdamW bit
@@ -831,6 +833,15 @@ static RunRecord test_fp8_determinism_and_resume(const RunRecord* a, const Fp8Se
     check_losses_track(&fp8_dgelu, &fp8_delayed_adamw, 0, 1, "fp8 delayed: -ge 2 vs -ge 1");
     CHECK(!same_bits(fp8_dgelu.weights, fp8_delayed_adamw.weights, n), "fp8 delayed -ge 2: the weights equal -ge 1's");
     free(fp8_dgelu.weights);
+
+    Fp8Settings fc_codes = *delayed;
+    fc_codes.fc_writes_codes = 1;
+    RunRecord fp8_fc_codes = train_run(10, 0, 1, NULL, 0, 0, &fc_codes, -1, &ADAMW, stream);
+    CHECK(fp8_fc_codes.losses[0] == fp8_delayed_adamw.losses[0], "fp8 delayed -fe 1: step 1 (the GELU cast's) differs from -fe 0's");
+    check_losses_track(&fp8_fc_codes, &fp8_delayed_adamw, 1, 1, "fp8 delayed: -fe 1 vs -fe 0");
+    CHECK(!same_bits(fp8_fc_codes.weights, fp8_delayed_adamw.weights, n),
+          "fp8 delayed -fe 1: the weights equal -fe 0's: fc's GEMM never wrote fcproj's codes");
+    free(fp8_fc_codes.weights);
     return fp8_delayed_adamw;
 }
 

@@ -146,7 +146,7 @@ def test_compare_refuses_an_unknown_recipe(tmp_path):
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
         "error: RECIPES: 'fast' is not an FP8 recipe (expected delayed, current or block, optionally followed by "
-        "+lm_head, and +fg_delayed or +fg_pow2, in any order, each at most once)"]
+        "+lm_head, +fg_delayed or +fg_pow2, and +fc_codes, in any order, each at most once)"]
 
 
 def test_compare_fg_delayed_option_in_any_order(data, tmp_path):
@@ -201,8 +201,8 @@ def test_compare_refuses_a_bad_recipe_option(item, reason, tmp_path):
     result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
     assert result.returncode == 2 and not (tmp_path / "cmp").exists()
     assert result.stderr.strip().splitlines() == [
-        f"error: RECIPES: '{item}': {reason} (accepted: +lm_head, and +fg_delayed or +fg_pow2, in any order, each at most "
-        "once)"]
+        f"error: RECIPES: '{item}': {reason} (accepted: +lm_head, +fg_delayed or +fg_pow2, and +fc_codes, in any order, "
+        "each at most once)"]
 
 
 @pytest.mark.parametrize("item,grads", [("block+fg_delayed", "delayed"), ("block+fg_delayed+lm_head", "delayed"),
@@ -214,6 +214,16 @@ def test_compare_refuses_block_with_fg_delayed_or_pow2(item, grads, tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"error: RECIPES: '{item}': the trainer refuses -fg {grads} with -fr block (its 1x128 gradient tiles are "
         f"cast in one pass already); use +fg_{grads} with delayed or current"]
+
+
+@pytest.mark.parametrize("item,recipe", [("current+fc_codes", "current"), ("block+lm_head+fc_codes", "block")])
+def test_compare_refuses_fc_codes_but_with_delayed(item, recipe, tmp_path):
+    """the trainer refuses -fe 1 with -fr current and block: the script says so before any run"""
+    result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
+    assert result.returncode == 2 and not (tmp_path / "cmp").exists()
+    assert result.stderr.strip().splitlines() == [
+        f"error: RECIPES: '{item}': the trainer refuses -fe 1 with -fr {recipe} (fc's GEMM writes the codes under a scale "
+        "known before it runs, the delayed recipe's); use +fc_codes with delayed"]
 
 
 @pytest.mark.parametrize("item", ["delayed+fg_delayed+fg_pow2", "current+fg_pow2+lm_head+fg_delayed",
@@ -387,7 +397,7 @@ def test_compare_writes_the_table_first_at_the_last_shared_val_step(tmp_path):
 
 
 def test_gpu_session_parity_stage_dry_run(data, tmp_path):
-    """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: the four sets of
+    """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: the five sets of
     runs train, the later ones resume the first's finished runs, and the logs a call returns are there"""
     logs = tmp_path / "logs"
     env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL="tiny", PARITY_STEPS="4",
@@ -406,17 +416,22 @@ def test_gpu_session_parity_stage_dry_run(data, tmp_path):
     parity_log = (logs / "parity.log").read_text()
     fastest = (logs / "summary_fastest.md").read_text()
     assert re.findall(r"^\| (\w+) \| 4 \|", fastest, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_lm_head_fg_delayed"]
-    assert parity_log.count("resumed from") == 6, parity_log[-3000:]  # bf16 and fp8_delayed, in each later set
-    # the sets in order, the -fg delayed and -fg pow2 runs last (a session cut off short of them loses the least):
-    # fg_delayed's two, then fastest's resumed fp8_delayed and its own run
+    fc_codes = (logs / "summary_fc_codes.md").read_text()
+    assert re.findall(r"^\| (\w+) \| 4 \|", fc_codes, re.M) == ["bf16", "fp8_delayed", "fp8_delayed_fc_codes"]
+    assert "note: -fe 1 has no effect in train_gpt2cpu" in parity_log  # +fc_codes passed -fe 1 (-r 0), which the CPU notes
+    assert parity_log.count("resumed from") == 8, parity_log[-3000:]  # bf16 and fp8_delayed, in each later set
+    # the sets in order, the -fg delayed and -fg pow2 runs late (a session cut off short of them loses little):
+    # fg_delayed's two, then fastest's resumed fp8_delayed and its own run, then fc_codes's resumed one and its own
     trained = re.findall(r"^precision fp8 emulated, recipe delayed, weights \w+, gradients (\w+)", parity_log, re.M)
-    assert trained[-4:] == ["delayed", "pow2", "current", "delayed"] and set(trained[:-4]) == {"current"}, trained
+    assert trained[-6:] == ["delayed", "pow2", "current", "delayed", "current", "current"] \
+        and set(trained[:-6]) == {"current"}, trained
     # every run's main.log and every set's plot in one archive: a device call returns at most 8 files, and the
     # device's build adds build.log to these
     assert len(os.listdir(logs)) <= 7, sorted(os.listdir(logs))
     with tarfile.open(logs / "parity_main_logs.tar.gz") as archive:
-        plots = [f"./loss_{name}.png" for name in ("fastest", "fg_delayed", "lm_head", "optimizers")]
+        plots = [f"./loss_{name}.png" for name in ("fastest", "fc_codes", "fg_delayed", "lm_head", "optimizers")]
         assert sorted(archive.getnames()) == [f"./{run}/main.log" for run in ("bf16", "bf16_adamw8", "fp8_delayed", "fp8_delayed_adamw8",
+                                                                               "fp8_delayed_fc_codes",
                                                                                "fp8_delayed_fg_delayed", "fp8_delayed_fg_pow2",
                                                                                "fp8_delayed_lm_head",
                                                                                "fp8_delayed_lm_head_fg_delayed")] + plots
@@ -438,7 +453,7 @@ def test_gpu_session_parity_stage_runs_the_sets_named(data, tmp_path):
                                                        "loss_lm_head.png", "summary.md"]
     result = subprocess.run(session + ["lm_head", "fg-delayed"], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: dev/gpu_session.sh: parity set 'fg-delayed' (expected some of: optimizers lm_head fg_delayed fastest)"]
+        "error: dev/gpu_session.sh: parity set 'fg-delayed' (expected some of: optimizers lm_head fg_delayed fastest fc_codes)"]
 
 
 def test_gpu_session_parity_stage_needs_the_corpus(tmp_path):

@@ -16,6 +16,7 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   own FP8 passes, resumed with val, HellaSwag, samples and -r 2, which change nothing;
 - -fr delayed and -fg delayed take the current path in the first step only (its model is -fr current's);
 - -ge 2 (GELU's derivative in fcproj's dgrad epilogue), bf16 and FP8: trains, tracking -ge 1;
+- -fe 1 (fc's GEMM writes fcproj's x codes): step 1 is -fe 0's, then it tracks -fe 0, logs fcproj's x, resumes bitwise;
 - -r 0, 1 and 2 in FP8 (each recipe, and with only some wgrads in FP8): the same losses, model,
   state and numerics files, bit for bit, and the device memory falls by exactly the x^T codes
   the backward casts again instead of keeping; in bf16 too where a layer's activations are not
@@ -376,6 +377,46 @@ def test_gelu_backward_in_the_dgrad_epilogue(workdir, precision):
     assert runs[1][0][1] == runs[2][0][1]
     assert all(abs(runs[2][0][s] - runs[1][0][s]) <= 0.01 * abs(runs[1][0][s]) for s in (2, 3)), runs
     assert runs[1][1] != runs[2][1], "-ge 2 trained like -ge 1"
+
+
+def test_fc_gemm_writes_gelu_codes(workdir):
+    """-fe 1 (-fr delayed, -r 0): once the activations' scales come from their histories (step 2 on), fc's forward GEMM
+    writes fcproj's E4M3 x codes through cuBLASLt's GELU epilogue (cudasim's: GELU of the fp32 pre-activation, rounded
+    once into the code) and a byte transpose makes x^T: step 1 is -fe 0's bit for bit, the losses after it track -fe 0's
+    within 1% on other bits, and the kernel breakdown names the GEMM and the transpose where -fe 0 names the GELU cast.
+    The numerics log keeps fcproj's x rows: every element counted, step 2's scale that of -fe 0 (the same step 1), its
+    amax within 2% (GELU of the unrounded pre-activation). A checkpoint at step 2 resumed with -y 1 trains steps 3 and 4
+    bit for bit."""
+    runs = {}
+    for fe in (0, 1):
+        out = workdir / f"fc_codes_{fe}"
+        r = train(workdir, ["-p", "fp8", "-fe", fe, "-r", 0, "-x", 4, "-v", 0, "-s", 0, "-n", 2, "-fn", 1, "-kt", 1,
+                            "-o", out])
+        assert r.returncode == 0, r.stderr[-2000:]
+        rows = [json.loads(line) for line in open(out / "numerics.jsonl")]
+        runs[fe] = (losses(r.stdout), r.stdout, {(row["step"], row["layer"]): row for row in rows
+                                                  if row["linear"] == "fcproj" and row["operand"] == "x"})
+    assert sorted(runs[1][0]) == [1, 2, 3, 4] and runs[1][0][1] == runs[0][0][1], runs
+    assert all(abs(runs[1][0][s] - runs[0][0][s]) <= 0.01 * abs(runs[0][0][s]) for s in (2, 3, 4)), runs
+    assert runs[1][0][4] != runs[0][0][4], "-fe 1 trained like -fe 0"
+    assert "matmul fc+gelu fp8 codes fwd" in runs[1][1] and "fp8 transpose gelu out" in runs[1][1], runs[1][1][-3000:]
+    assert "| fcproj's x codes from fc's GEMM (-fe 1) |" in runs[1][1] and "(-fe 1)" not in runs[0][1], runs[1][1][:3000]
+    assert "matmul fc+gelu fp8 codes fwd" not in runs[0][1] and "gelu+fp8 cast fwd" in runs[0][1], runs[0][1][-3000:]
+    fused, unfused = runs[1][2], runs[0][2]
+    assert sorted(fused) == sorted(unfused) and len(fused) == 4 * sim_model.LAYERS, sorted(fused)
+    for key, row in fused.items():
+        assert row["elements"] == 4 * 64 * 4 * sim_model.CHANNELS and row["nonfinite"] == 0, row
+        assert 0 <= row["frac_saturated"] <= 1 and 0 <= row["frac_flushed"] < 0.01, row
+        if key[0] == 2:
+            assert row["scale"] == unfused[key]["scale"], (row, unfused[key])
+            assert abs(row["amax"] - unfused[key]["amax"]) <= 0.02 * unfused[key]["amax"], (row, unfused[key])
+    out = workdir / "fc_codes_1"
+    os.remove(out / "DONE_00000004")
+    resumed = train(workdir, ["-p", "fp8", "-fe", 1, "-r", 0, "-x", 4, "-v", 0, "-s", 0, "-n", 2, "-fn", 1, "-o", out,
+                              "-y", 1])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    b = losses(resumed.stdout)
+    assert sorted(b) == [3, 4] and all(b[s] == runs[1][0][s] for s in (3, 4)), (b, runs[1][0])
 
 
 def test_overfit_single_batch_reuses_the_first_batch_and_resumes(workdir):

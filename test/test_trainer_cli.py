@@ -269,6 +269,26 @@ class TestBadInput:
         else:
             assert_one_line_error(r, "nothing_train_")  # the flags pass: the run gets as far as the (missing) data
 
+    @pytest.mark.parametrize("extra,fragments", [
+        (["-fr", "current", "-r", 0], ["-fe 1", "-fr delayed", "-fr current"]),
+        (["-fr", "block", "-r", 0], ["-fe 1", "-fr delayed", "-fr block"]),
+        (["-r", 1], ["-fe 1", "-r 0", "given -r 1"]),
+        ([], ["-fe 1", "-r 0", "given -r 1"]),  # -r 1 is the default
+        (["-r", 0, "-f8p", "fwd,fcproj.dgrad"], ["-fe 1", "fcproj", "-f8p fwd,fcproj.dgrad"]),
+        (["-r", 0, "-f8", "qkv,attproj,fcproj"], ["-fe 1", "fc's forward", "-f8 qkv,attproj,fcproj"]),
+        (["-r", 0, "-fe", 2], ["-fe", "2"]),
+    ], ids=["current", "block", "recompute", "default-recompute", "fcproj-partly-bf16", "fc-bf16", "out-of-range"])
+    def test_fc_codes_refusals(self, binary, data, extra, fragments):
+        """-fe 1 (fc's GEMM writes fcproj's x codes) needs a scale known before the GEMM (-fr delayed), both forwards
+        and fcproj's wgrad in FP8, and fcproj's x^T kept from the forward (-r 0)"""
+        assert_one_line_error(run(binary, base_args(data, ["-p", "fp8", "-fe", 1] + extra)), *fragments)
+
+    @pytest.mark.parametrize("extra", [["-p", "fp8", "-fe", 1, "-r", 0], ["-p", "fp8", "-fe", 1, "-r", 0, "-f8", "all"],
+                                       ["-p", "bf16", "-fe", 1]], ids=["fp8", "fp8-lm_head", "bf16-ignores-it"])
+    def test_fc_codes_accepted(self, binary, data, extra):
+        """valid -fe 1 settings pass: the run gets as far as the (missing) data; -p bf16 has no FP8 codes to write"""
+        assert_one_line_error(run(binary, base_args(data, extra + ["-i", data / "nothing_train_*.bin"])), "nothing_train_")
+
     # optimizer flags
     @pytest.mark.parametrize("value", ["sgd", "adam", "ADAMW8", ""])
     def test_unknown_optimizer(self, binary, data, value):
@@ -593,6 +613,15 @@ def test_cpu_trainer_notes_that_it_runs_no_hellaswag(data):
     assert result.returncode == 0, result.stderr
     assert "note: -h 1 has no effect in train_gpt2cpu: HellaSwag runs in train_gpt2_fp8" in result.stdout
     assert "note: -h" not in run(CPU, base_args(data)).stdout
+
+
+def test_cpu_trainer_notes_that_fc_codes_are_the_gpus(data):
+    """-fe 1 is a cuBLASLt epilogue of the GPU trainer: the CPU trainer accepts it (one flag table), says it changes
+    nothing there, and trains as -fe 0"""
+    result = run(CPU, base_args(data, ["-p", "fp8", "-fe", 1, "-r", 0, "-x", 1]))
+    assert result.returncode == 0, result.stderr
+    assert "note: -fe 1 has no effect in train_gpt2cpu" in result.stdout, result.stdout[:2000]
+    assert "note: -fe" not in run(CPU, base_args(data, ["-p", "fp8", "-r", 0, "-x", 1])).stdout
 
 
 def test_cpu_warmup_longer_than_the_run_warms_up_throughout(data, tmp_path):
@@ -1208,10 +1237,11 @@ def test_probe_epilogues_command_line():
 
 
 def test_probe_epilogues_under_cudasim():
-    """the probe's own code on cudasim's cuBLASLt, which has the bf16-D epilogues the trainer uses but no FP8 D and
-    no D amax: the two controls are accepted and run once (a misaligned scale pointer, refused on an H200, would fail
-    them), and each other case says which attribute was refused instead of ending the probe: an FP8 D's scale, or a
-    bf16 D's amax"""
+    """the probe's own code on cudasim's cuBLASLt, which has the bf16-D epilogues the trainer uses and an E4M3 D with
+    a bf16 aux and its amax (-fe 1's GEMM), but no fp16 or FP8 aux, no D amax with a bf16 D and no DGELU with an FP8
+    D (refused as an H200 refused them): the two controls and the two bf16-aux E4M3 cases are accepted and run once
+    (a misaligned scale pointer, refused on an H200, would fail them; the E4M3 ones write their amax), and each other
+    case shows its refusal instead of ending the probe"""
     probe = os.path.join(ROOT, "build", "sim", "probe_epilogues")
     r = run(probe, [])
     assert r.returncode == 0, r.stderr[-2000:]
@@ -1225,7 +1255,9 @@ def test_probe_epilogues_under_cudasim():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         if "(control" in cells[0]:
             assert cells[1:] == ["yes", "yes", "-"], row
-        elif "bf16 D" in cells[0]:
-            assert cells[1] == "CUBLASLT_MATMUL_DESC_AMAX_D_POINTER refused: CUBLAS_STATUS_NOT_SUPPORTED", row
+        elif cells[0].startswith("fc fwd: E4M3 D, GELU") and ("bf16 aux" in cells[0] or "_AUX_" not in cells[0]):
+            assert cells[1:] == ["yes", "yes", "yes"], row
+        elif "E4M3 aux" in cells[0]:
+            assert cells[1] == "CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_POINTER refused: CUBLAS_STATUS_NOT_SUPPORTED", row
         else:
-            assert cells[1] == "CUBLASLT_MATMUL_DESC_D_SCALE_POINTER refused: CUBLAS_STATUS_NOT_SUPPORTED", row
+            assert cells[1:] == ["CUBLAS_STATUS_NOT_SUPPORTED", "-", "-"], row

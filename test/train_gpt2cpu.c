@@ -227,6 +227,9 @@ int main(int argc, char** argv) {
     if (tc.hellaswag) { printf("note: -h 1 has no effect in train_gpt2cpu: HellaSwag runs in train_gpt2_fp8\n"); }
     int grad_accum_steps = train_config_check_batch(&tc, &cfg, 1);
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
+    if (fp8_settings.enabled && fp8_settings.fc_writes_codes) {
+        printf("note: -fe 1 has no effect in train_gpt2cpu: its FP8 emulation casts GELU's bf16 output, as -fe 0 does\n");
+    }
 
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, 0, 1, tc.shuffle, cfg.vocab_size);

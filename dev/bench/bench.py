@@ -91,11 +91,19 @@ DEFAULT_RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw
 # lack its field: the default) but DEFAULT_RUNS once more with the other value: record field -> (flag, default, other).
 # -ge 2: GELU's derivative in fcproj's dgrad epilogue ("GELU backward fusion" picks -ge's default for both);
 # -ad 0: cuDNN's attention backward with float atomics ("Attention backward": what giving up bitwise repeats buys)
-VARIED_SETTINGS = {"gelu_fusion": ("-ge", 1, 2), "attention_deterministic": ("-ad", 1, 0)}
+# -fe 1: fc's forward GEMM writes fcproj's x codes ("FP8 GELU codes from fc's GEMM": what the fusion buys)
+VARIED_SETTINGS = {"gelu_fusion": ("-ge", 1, 2), "attention_deterministic": ("-ad", 1, 0), "fc_writes_codes": ("-fe", 0, 1)}
+# the DEFAULT_RUNS a VARIED_SETTINGS setting's other value applies to, by (precision, recompute) (the others: all):
+# -fe 1 acts on an FP8 run that keeps fcproj's x^T from the forward (-r 0; the trainer refuses it with -r 1 or 2)
+VARIED_APPLIES = {"fc_writes_codes": lambda precision, recompute: precision == "fp8" and recompute == 0}
 # the -kt 1 rows where GELU's backward is charged: fcproj's dgrad (its epilogue with -ge 2), fc's output-gradient
 # pass (FP8) or bias pass, and bf16's GELU backward kernel (absent with -ge 2)
 GELU_BACKWARD_ROWS = ("matmul fcproj bwd", "matmul fc bwd", "gelu bwd")
 ATTENTION_BACKWARD_ROW = "attention bwd"
+# the -kt 1 rows of fc's forward and the GELU that makes fcproj's input: the GEMM and the GELU cast (FP8), or the
+# GEMM writing the codes and the byte transpose (-fe 1), or bf16's GELU epilogue or kernel
+FC_FORWARD_ROWS = ("matmul fc fwd", "gelu+fp8 cast fwd", "matmul fc+gelu fp8 codes fwd", "fp8 transpose gelu out",
+                   "matmul fc+gelu fwd", "gelu fwd")
 # the -kt 1 rows that hold the backward of the four block linears, where each output gradient's
 # cast is charged (-fg current: an amax pass and a cast pass; delayed: one pass; pow2: one pass, run again where
 # dy's amax crossed a power of two)
@@ -342,6 +350,12 @@ def settings_words(r):
 SETTINGS_HEADS = " | ".join(flag for flag, _, _ in VARIED_SETTINGS.values())
 
 
+def rows_ms(breakdown, rows):
+    """ms per step of those of the -kt 1 rows the run has, together (None: it has none of them)"""
+    found = [ms for ms in (breakdown_ms(breakdown, row) for row in rows) if ms is not None]
+    return sum(found) if found else None
+
+
 def gelu_backward_ms(breakdown):
     """ms per step of the rows GELU's backward is charged to, together (a missing gelu bwd row counts 0:
     FP8 and -ge 2 runs have none; None: fc's or fcproj's backward row is missing)"""
@@ -425,15 +439,16 @@ def failure_line(stderr, returncode, limit_s=None, by_time_limit=False):
     return lines[-1][len("error: "):] if lines[-1].startswith("error: ") else lines[-1]
 
 
-def model_runs(model):
-    """the train runs of one model, in order: (precision, recipe, optimizer, -fw, lm_head, -fg, fp32 master weights,
-    {VARIED_SETTINGS field: value}): RUNS, then MASTER_FREE_RUNS (at ADAMW8_MODELS), then DEFAULT_RUNS with each
-    VARIED_SETTINGS setting changed in turn"""
+def model_runs(model, recompute):
+    """the train runs of one model at -r recompute, in order: (precision, recipe, optimizer, -fw, lm_head, -fg, fp32
+    master weights, {VARIED_SETTINGS field: value}): RUNS, then MASTER_FREE_RUNS (at ADAMW8_MODELS), then DEFAULT_RUNS
+    with each VARIED_SETTINGS setting changed in turn (those VARIED_APPLIES lets it act on)"""
     defaults = {field: default for field, (_, default, _) in VARIED_SETTINGS.items()}
     runs = [run + (True, defaults) for run in RUNS if run[2] != "adamw8" or model in ADAMW8_MODELS]
     runs += [run + (False, defaults) for run in MASTER_FREE_RUNS if model in ADAMW8_MODELS]
     for field, (_, _, other) in VARIED_SETTINGS.items():
-        runs += [run + (True, dict(defaults, **{field: other})) for run in DEFAULT_RUNS]
+        applies = VARIED_APPLIES.get(field, lambda precision, recompute: True)
+        runs += [run + (True, dict(defaults, **{field: other})) for run in DEFAULT_RUNS if applies(run[0], recompute)]
     return runs
 
 
@@ -482,6 +497,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         "block_backward_ms": block_backward_ms(breakdown),
         "gelu_backward_ms": gelu_backward_ms(breakdown),
         "attention_backward_ms": breakdown_ms(breakdown, ATTENTION_BACKWARD_ROW),
+        "fc_forward_ms": rows_ms(breakdown, FC_FORWARD_ROWS),
         "recast_fraction": parse_recast_fraction(stdout),
         "command": command_text(cmd),
         "kernel_breakdown": breakdown,
@@ -749,6 +765,14 @@ SETTING_SECTIONS = [
      "writes and reads dP (B*NH*T*T bf16 a layer). Attention bwd = the -kt 1 row `attention bwd`. -ad 1 stays the "
      "default (runs and resumes repeat bit for bit); this says what -ad 0 buys a run that can do without.",
      "attention bwd", "attention_backward_ms"),
+    ("fc_writes_codes", "FP8 GELU codes from fc's GEMM",
+     "-fe 1 has fc's forward GEMM write fcproj's E4M3 x codes itself (cuBLASLt's GELU_AUX_BIAS epilogue with an E4M3 "
+     "output under the delayed scale, the pre-activation as its bf16 aux) and a byte transpose make x^T, where -fe 0 "
+     "writes the bf16 pre-activation and a GELU cast pass reads it (2 bytes an element in, 2 out). It needs -r 0, so it "
+     "is made where the model runs at -r 0. fc forward = the -kt 1 rows `matmul fc fwd` and `gelu+fp8 cast fwd` (-fe 0), "
+     "`matmul fc+gelu fp8 codes fwd` and `fp8 transpose gelu out` (-fe 1). Make it the default where it is faster here "
+     "and its loss matches over a long run (dev/gpu_session.sh parity fc_codes).",
+     "fc forward", "fc_forward_ms"),
 ]
 
 
@@ -1063,7 +1087,7 @@ def main():
         write_report(base, records, gemm_section, run_info, complete=False)
 
     for model, B, recompute in configs:
-        for precision, recipe, optimizer, weights, lm_head, grads, master, settings in model_runs(model):
+        for precision, recipe, optimizer, weights, lm_head, grads, master, settings in model_runs(model, recompute):
             rec = run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm_head, steps, data_path,
                              master, grads, settings)
             if rec is None:

@@ -107,6 +107,7 @@ class Run:
     optimizer: str = "adamw"    # -opt
     master: bool = True         # -w
     gelu_fusion: int = 1        # -ge: 1 GELU in bf16 fc's forward epilogue, 2 also DGELU in fcproj's dgrad
+    fc_writes_codes: int = 0    # -fe 1 (FP8, -fr delayed, -r 0): fc's GEMM writes fcproj's x codes, a byte transpose x^T
 
     @property
     def fp8(self):
@@ -150,6 +151,8 @@ def check_run(run):
         raise CliError(f"recompute {run.recompute}: expected 0, 1 or 2")
     if run.gelu_fusion not in (0, 1, 2):
         raise CliError(f"gelu fusion {run.gelu_fusion}: expected 0, 1 or 2")
+    if run.fc_writes_codes and not (run.fp8 and run.recipe == "delayed" and run.recompute == 0):
+        raise CliError("fc writes codes (-fe 1): needs FP8, the delayed recipe and -r 0 (the trainer refuses it otherwise)")
 
 
 def distinct_tokens(n):
@@ -281,7 +284,11 @@ def step_kernels(run):
             activation_cast("fp8 cast attention out", "attention output", N * C, "attproj")
         linear_forward("matmul attproj fwd", "attproj", C, C, fp8_blocks)
         layernorm_forward("residual+layernorm fwd", "residual + ln2", fused=True, fp8_out=fp8_blocks, kind="fc")
-        if fp8_blocks:  # GELU is the element transform of fcproj's input cast; no bf16 GELU output
+        if run.fc_writes_codes:  # the E4M3 D of GELU_AUX_BIAS beside the bf16 pre-activation; x^T from the codes
+            gemm("matmul fc+gelu fp8 codes fwd", "fc forward GEMM (GELU codes and pre-activation)", N, 4 * C, C, code, FP8,
+                 BF16 + code, True)
+            add("fp8 transpose gelu out", "fcproj x^T: transpose of the codes fc's GEMM wrote", N * 4 * C * 2 * code)
+        elif fp8_blocks:  # GELU is the element transform of fcproj's input cast; no bf16 GELU output
             linear_forward("matmul fc fwd", "fc", C, 4 * C, True)
             activation_cast("gelu+fp8 cast fwd", "GELU(pre-GELU)", N * 4 * C, "fcproj")
         elif run.gelu_fusion >= 1:
@@ -391,7 +398,8 @@ def step_floor_ms(run, device):
 
 
 def run_label(run):
-    master = ("" if run.master else " -w 0") + ("" if run.gelu_fusion == 1 else f" -ge {run.gelu_fusion}")
+    master = ("" if run.master else " -w 0") + ("" if run.gelu_fusion == 1 else f" -ge {run.gelu_fusion}") \
+        + (" -fe 1" if run.fc_writes_codes else "")
     if not run.fp8:
         return f"{run.model} bf16 {run.optimizer}{master}"
     head = ", lm_head fp8" if run.lm_head == "fp8" else ""
@@ -467,7 +475,8 @@ def run_from_record(record):
                weight_scaling=record["weight_scaling"] if fp8 and record["weight_scaling"] != "-" else "current",
                grad_scaling=record.get("grad_scaling", "current") if fp8 and record.get("grad_scaling") != "-" else "current",
                lm_head=record.get("lm_head", "bf16") if fp8 else "bf16", optimizer=record["optimizer"],
-               master=record.get("master_weights", True) is not False, gelu_fusion=record.get("gelu_fusion", 1))
+               master=record.get("master_weights", True) is not False, gelu_fusion=record.get("gelu_fusion", 1),
+               fc_writes_codes=record.get("fc_writes_codes", 0))
 
 
 def measured_regions(breakdown):
@@ -529,6 +538,8 @@ def build_parser():
     p.add_argument("--no-master", action="store_true", help="-w 0: no fp32 master weights")
     p.add_argument("--gelu-fusion", type=int, default=1,
                    help="-ge: 0 bf16 GELU as a kernel of its own, 1 in bf16 fc's forward epilogue, 2 also DGELU in fcproj's dgrad")
+    p.add_argument("--fc-writes-codes", type=int, choices=(0, 1), default=0,
+                   help="-fe: 1 fc's FP8 forward GEMM writes fcproj's x codes, a byte transpose makes x^T (FP8 delayed, -r 0)")
     p.add_argument("--device", default="h100", help="datasheet ceilings: " + ", ".join(DEVICES))
     p.add_argument("--bf16-tflops", type=positive_float, help="override the bf16 matrix rate (TFLOP/s)")
     p.add_argument("--fp8-tflops", type=positive_float, help="override the FP8 matrix rate (TFLOP/s)")
@@ -551,7 +562,8 @@ def run(argv):
         return bench_tables(args.bench, device)
     runs = [Run(model=args.model, B=args.b, T=args.t, recompute=args.r, precision=p, recipe=args.recipe,
                 weight_scaling=args.weight_scaling, grad_scaling=args.grad_scaling, lm_head=args.lm_head, optimizer=args.optimizer,
-                master=not args.no_master, gelu_fusion=args.gelu_fusion) for p in args.precision]
+                master=not args.no_master, gelu_fusion=args.gelu_fusion,
+                fc_writes_codes=args.fc_writes_codes if p == "fp8" else 0) for p in args.precision]
     tables = [floor_table(r, device) for r in runs]
     if args.kernels:
         tables += [kernel_table(r, device, args.kernels) for r in runs]

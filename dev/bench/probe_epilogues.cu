@@ -190,7 +190,7 @@ static cublasStatus_t probe_heuristic(const ProbePlan* plan, const ProbeBuffers*
                                       cublasLtMatmulHeuristicResult_t* result, int* found) {
     *found = 0;
     if (plan->status != CUBLAS_STATUS_SUCCESS) { return plan->status; }
-    cublasLtMatmulPreference_t preference = matmul_preference_create(buf->a, buf->b, buf->d);
+    cublasLtMatmulPreference_t preference = matmul_preference_create(buf->a, buf->b, buf->c, buf->d);
     cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(matmul_cublaslt_handle, plan->desc, plan->a, plan->b, plan->c,
                                                            plan->d, preference, 1, result, found);
     cublasCheck(cublasLtMatmulPreferenceDestroy(preference));

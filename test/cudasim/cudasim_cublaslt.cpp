@@ -16,6 +16,11 @@ op(A) is m x k, op(B) k x n, C and D m x n; with beta == 0 C is not read (BLAS c
 The bias [m] is broadcast along the columns; GELU_AUX epilogues store the GELU input (after
 the bias) in the aux matrix [aux_ld x n], in D's type unless EPILOGUE_AUX_DATA_TYPE says
 otherwise; DGELU reads that matrix back and multiplies the product by GELU's derivative at it.
+An FP8 D (from FP8 operands, with a bf16 C type, beta 0) is the epilogue's result times the D
+scale (D_SCALE_POINTER, NULL: 1) converted to the nearest code, saturating (fp8_code_saturating),
+and AMAX_D_POINTER receives the largest |result| before the D scale, a NaN winning; a bias or a
+GELU aux with an FP8 D must have its type set (bf16), and DGELU with one is refused, as an H200
+refused it. A D scale or amax pointer with a bf16 or fp32 D is refused (NOT_SUPPORTED).
 FP8 scale modes: SCALAR_32F, one float (NULL: 1); VEC128_32F, one float per row of op(X)^T per
 128 elements along K, rows fastest: scale[(k / 128) * rows + row];
 BLK128x128_32F, one float per 128x128 block, K blocks fastest, each row of blocks padded to a
@@ -136,6 +141,8 @@ struct MatmulDesc {
     int64_t aux_ld = 0;
     int32_t aux_type = -1;   // -1: D's type
     const void* scale[2] = {nullptr, nullptr};  // A, B
+    const void* d_scale = nullptr;  // FP8 D: multiplies the epilogue's result before the conversion
+    void* amax_d = nullptr;         // FP8 D: receives the largest |epilogue result| (before d_scale)
     int32_t scale_mode[2] = {CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F};
     int8_t fast_accumulate = 0;
     int32_t sm_count_target = 0;  // a performance hint
@@ -190,6 +197,8 @@ AttributeSlot desc_slot(MatmulDesc* d, cublasLtMatmulDescAttributes_t attribute)
         case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: return {&d->aux_type, sizeof(int32_t)};
         case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: return {&d->scale[0], sizeof(void*)};
         case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: return {&d->scale[1], sizeof(void*)};
+        case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: return {&d->d_scale, sizeof(void*)};
+        case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: return {&d->amax_d, sizeof(void*)};
         case CUBLASLT_MATMUL_DESC_A_SCALE_MODE: return {&d->scale_mode[0], sizeof(int32_t)};
         case CUBLASLT_MATMUL_DESC_B_SCALE_MODE: return {&d->scale_mode[1], sizeof(int32_t)};
         case CUBLASLT_MATMUL_DESC_FAST_ACCUM: return {&d->fast_accumulate, sizeof(int8_t)};
@@ -257,6 +266,30 @@ struct Fp8Tables {
 };
 const Fp8Tables fp8_tables;
 
+/*
+The FP8 code of value for an FP8 D: to nearest, ties to the even code, saturating to the
+largest finite magnitude (Inf too), NaN to a NaN code (0x7f is one in both formats). That
+cuBLASLt's FP8 outputs saturate is this emulation's reading (the documentation does not say);
+test_fp8_kernels' fused GEMM case checks it on a GPU.
+*/
+uint8_t fp8_code_saturating(float value, cudaDataType_t type) {
+    if (value != value) { return 0x7f; }
+    const float* table = type == CUDA_R_8F_E4M3 ? fp8_tables.e4m3 : fp8_tables.e5m2;
+    const int largest = type == CUDA_R_8F_E4M3 ? 0x7e : 0x7b;  // the largest finite positive code
+    const uint8_t sign = (bits_from_float(value) >> 24) & 0x80;
+    const float magnitude = fabsf(value);
+    if (magnitude >= table[largest]) { return (uint8_t)(sign | largest); }
+    int below = 0, top = largest;  // the largest code whose value is at most magnitude, by bisection
+    while (below < top) {
+        const int mid = (below + top + 1) / 2;
+        if (table[mid] <= magnitude) { below = mid; } else { top = mid - 1; }
+    }
+    // both differences are exact (Sterbenz: the two neighbours are within a factor of 2, or the lower is 0)
+    const float to_below = magnitude - table[below], to_above = table[below + 1] - magnitude;
+    const int code = to_below < to_above ? below : to_above < to_below ? below + 1 : (below % 2 == 0 ? below : below + 1);
+    return (uint8_t)(sign | code);
+}
+
 float load_element(const void* data, cudaDataType_t type, size_t index) {
     switch (type) {
         case CUDA_R_32F: return ((const float*)data)[index];
@@ -283,7 +316,8 @@ void store_element(void* data, cudaDataType_t type, size_t index, float value) {
     switch (type) {
         case CUDA_R_32F: ((float*)data)[index] = value; break;
         case CUDA_R_16BF: ((uint16_t*)data)[index] = bf16_round_nearest_even(value); break;
-        default: abort();  // the checks admit only fp32 and bf16 outputs
+        case CUDA_R_8F_E4M3: case CUDA_R_8F_E5M2: ((uint8_t*)data)[index] = fp8_code_saturating(value, type); break;
+        default: abort();  // the checks admit only these outputs
     }
 }
 
@@ -361,9 +395,23 @@ cublasStatus_t check_problem_shape(Problem* p) {
 
     const bool fp8 = is_fp8(a.type) || is_fp8(b.type);
     const char* shape = p->transpose_a ? (p->transpose_b ? "TT" : "TN") : (p->transpose_b ? "NT" : "NN");
-    REFUSE_IF(out.type != CUDA_R_16BF && out.type != CUDA_R_32F, CUBLAS_STATUS_NOT_SUPPORTED,
-              "D type %d is not emulated (CUDA_R_16BF or CUDA_R_32F)", (int)out.type);
-    REFUSE_IF(c.type != out.type, CUBLAS_STATUS_NOT_SUPPORTED, "C type %d differs from D type %d", (int)c.type, (int)out.type);
+    const bool fp8_d = is_fp8(out.type);
+    REFUSE_IF(out.type != CUDA_R_16BF && out.type != CUDA_R_32F && !fp8_d, CUBLAS_STATUS_NOT_SUPPORTED,
+              "D type %d is not emulated (CUDA_R_16BF, CUDA_R_32F, or FP8 from FP8 operands)", (int)out.type);
+    if (fp8_d) {
+        REFUSE_IF(!fp8, CUBLAS_STATUS_NOT_SUPPORTED, "an FP8 D needs FP8 operands");
+        REFUSE_IF(c.type != CUDA_R_16BF, CUBLAS_STATUS_NOT_SUPPORTED,
+                  "C type %d with an FP8 D is not emulated (CUDA_R_16BF: an FP8 D takes no FP8 C)", (int)c.type);
+    } else {
+        REFUSE_IF(c.type != out.type, CUBLAS_STATUS_NOT_SUPPORTED, "C type %d differs from D type %d", (int)c.type, (int)out.type);
+        // as an H200's cuBLASLt 13.1 refused it (dev/bench/probe_epilogues.cu), and DESIGN.md section 3 says of CUDA 13
+        REFUSE_IF(d.amax_d != nullptr || d.d_scale != nullptr, CUBLAS_STATUS_NOT_SUPPORTED,
+                  "a D scale or D amax pointer needs an FP8 D (D type %d)", (int)out.type);
+    }
+    REFUSE_IF(d.amax_d != nullptr && pointer_alignment(d.amax_d) < 4, CUBLAS_STATUS_INVALID_VALUE,
+              "D amax pointer %p is not float-aligned", d.amax_d);
+    REFUSE_IF(d.d_scale != nullptr && pointer_alignment(d.d_scale) < 4, CUBLAS_STATUS_INVALID_VALUE,
+              "D scale pointer %p is not float-aligned", d.d_scale);
     if (fp8) {
         REFUSE_IF(!is_fp8(a.type) || !is_fp8(b.type), CUBLAS_STATUS_NOT_SUPPORTED,
                   "FP8 GEMMs need both A and B in FP8 (A type %d, B type %d)", (int)a.type, (int)b.type);
@@ -428,6 +476,8 @@ cublasStatus_t check_problem_shape(Problem* p) {
         REFUSE_IF(d.bias == nullptr, CUBLAS_STATUS_INVALID_VALUE, "epilogue %u needs CUBLASLT_MATMUL_DESC_BIAS_POINTER", d.epilogue);
         // the documented default: D's type, but bf16 for FP8 GEMMs with an fp32 D
         cudaDataType_t default_type = fp8 && out.type == CUDA_R_32F ? CUDA_R_16BF : out.type;
+        REFUSE_IF(fp8_d && d.bias_type == -1, CUBLAS_STATUS_NOT_SUPPORTED,
+                  "a bias with an FP8 D and no BIAS_DATA_TYPE is not emulated");
         p->bias_type = d.bias_type == -1 ? default_type : (cudaDataType_t)d.bias_type;
         REFUSE_IF(p->bias_type != CUDA_R_16BF && p->bias_type != CUDA_R_32F, CUBLAS_STATUS_NOT_SUPPORTED,
                   "bias type %d is not emulated (CUDA_R_16BF or CUDA_R_32F)", (int)p->bias_type);
@@ -439,6 +489,11 @@ cublasStatus_t check_problem_shape(Problem* p) {
         REFUSE_IF(d.aux_ld < (int64_t)p->m || d.aux_ld % 8 != 0, CUBLAS_STATUS_INVALID_VALUE,
                   "GELU aux leading dimension %lld must be a multiple of 8 and at least m=%llu", (long long)d.aux_ld,
                   (unsigned long long)p->m);
+        // an FP8 D's default aux type is not said plainly ("with some exceptions"): llm8 names it
+        REFUSE_IF(fp8_d && d.aux_type == -1, CUBLAS_STATUS_NOT_SUPPORTED,
+                  "a GELU aux with an FP8 D and no EPILOGUE_AUX_DATA_TYPE is not emulated");
+        REFUSE_IF(fp8_d && p->dgelu, CUBLAS_STATUS_NOT_SUPPORTED,
+                  "DGELU with an FP8 D (an H200's cuBLASLt 13.1 had no algorithm for it: dev/bench/probe_epilogues.cu)");
         p->aux_type = d.aux_type == -1 ? out.type : (cudaDataType_t)d.aux_type;
         REFUSE_IF(p->aux_type != CUDA_R_16BF && p->aux_type != CUDA_R_32F, CUBLAS_STATUS_NOT_SUPPORTED,
                   "aux type %d is not emulated (CUDA_R_16BF or CUDA_R_32F)", (int)p->aux_type);
@@ -580,6 +635,12 @@ void segment_dots(const float* a, const float* const* b, uint64_t count, int col
 }
 
 // fully_aligned: the algorithm was chosen for 256-byte alignment of every matrix (top comment)
+// the larger magnitude, a NaN winning (an amax of data holding a NaN is NaN)
+float amax_of(float amax, float value) {
+    const float magnitude = fabsf(value);
+    return amax != amax || magnitude != magnitude ? NAN : std::max(amax, magnitude);
+}
+
 void compute(const Problem& p, const Pointers& data, float alpha, float beta, bool fully_aligned) {
     const MatmulDesc& desc = *p.desc;
     const MatrixLayout &c_layout = *p.layouts[2], &d_layout = *p.layouts[3];
@@ -589,9 +650,12 @@ void compute(const Problem& p, const Pointers& data, float alpha, float beta, bo
     const OperandScale scale_a(desc.scale_mode[0], desc.scale[0], m, k), scale_b(desc.scale_mode[1], desc.scale[1], n, k);
     const uint64_t segment = p.block_scaled ? 128 : k;
     const int64_t column_block = 16;  // columns of D per task: their rows of op(B)^T stay in cache
+    const float d_scale = desc.d_scale != nullptr ? *(const float*)desc.d_scale : 1.0f;
+    std::vector<float> task_amax((n + column_block - 1) / column_block, 0.0f);
     #pragma omp parallel for schedule(static) if (!in_forked_child)
     for (int64_t first_column = 0; first_column < (int64_t)n; first_column += column_block) {
         const uint64_t end_column = std::min<uint64_t>(n, first_column + column_block);
+        float& amax = task_amax[first_column / column_block];
         for (uint64_t i = 0; i < m; i++) {
             const float* a_row = a_rows.data() + i * k;
             for (uint64_t first = first_column; first < end_column; first += DOT_GROUP) {
@@ -623,10 +687,19 @@ void compute(const Problem& p, const Pointers& data, float alpha, float beta, bo
                         store_element(desc.aux, p.aux_type, aux_index, value);
                     }
                     if (p.gelu) { value = gelu_tanh(value); }
+                    if (is_fp8(d_layout.type)) {
+                        amax = amax_of(amax, value);
+                        value *= d_scale;
+                    }
                     store_element(data.d, d_layout.type, i + j * (size_t)d_layout.ld, value);
                 }
             }
         }
+    }
+    if (desc.amax_d != nullptr) {
+        float amax = 0.0f;
+        for (float task : task_amax) { amax = amax_of(amax, task); }
+        *(float*)desc.amax_d = amax;
     }
 }
 
@@ -783,6 +856,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     const float alpha_value = *(const float*)alpha, beta_value = *(const float*)beta;
     REFUSE_IF(beta_value != 0.0f && C == nullptr, CUBLAS_STATUS_INVALID_VALUE, "beta is not 0 but C is NULL");
     REFUSE_IF(beta_value != 0.0f && problem.dgelu, CUBLAS_STATUS_NOT_SUPPORTED, "DGELU with beta != 0 is not emulated");
+    REFUSE_IF(beta_value != 0.0f && is_fp8(problem.layouts[3]->type), CUBLAS_STATUS_NOT_SUPPORTED,
+              "an FP8 D with beta != 0 is not emulated");
+    REFUSE_IF(problem.desc->d_scale != nullptr && pointer_alignment(problem.desc->d_scale) < 16, CUBLAS_STATUS_NOT_SUPPORTED,
+              "D scale pointer %p is not 16-byte aligned (as the A and B scale pointers must be on an H200)",
+              problem.desc->d_scale);
     for (int i = 0; i < 2; i++) {  // measured, not documented: the heuristic takes it, the launch refuses it
         const void* scale = problem.desc->scale[i];
         REFUSE_IF(!problem.block_scaled && scale != nullptr && pointer_alignment(scale) < 16, CUBLAS_STATUS_NOT_SUPPORTED,
