@@ -3,8 +3,8 @@ fuzz_flags.py: random combinations of the GPU trainer's flags and model shapes, 
 against what must hold for every one of them.
 
 Why: the trainer's options multiply (precision, scaling recipe, weight and gradient scaling,
-which linears and passes run in FP8, optimizer, master weights, recompute, GELU fusion, ZeRO
-stage, rank count, gradient reduce, schedule), and test_sim_trainer.py checks a hand-picked
+which linears and passes run in FP8, fc's GEMM writing fcproj's codes, optimizer, master weights,
+recompute, GELU fusion, ZeRO stage, rank count, gradient reduce, schedule), and test_sim_trainer.py checks a hand-picked
 dozen of the combinations. This driver draws them at random, with a random model (1-3 layers,
 1-3 heads of 64 or 128, vocabularies that are and are not multiples of 128), batch shape and
 gradient accumulation, and checks each drawn run (build/sim/train_gpt2_fp8 on the twin-batch
@@ -78,6 +78,10 @@ def draw(rng):
     rank_flags = ["-z", 3 if (zero3 or rng.random() < 0.1) and rng.random() < 0.5 else 1] \
         + (["-pa", "fp32"] if ranks == 3 else [])
     accumulation = rng.choice([1, 1, 2])  # micro-steps per step
+    if f.get("-fr") == "delayed" and rng.random() < 0.3:  # -fe 1 needs -r 0 and fcproj all FP8 (else the refusal)
+        f["-fe"] = 1  # drawn last: the draws above are those of the seeds before -fe existed
+        if rng.random() < 0.7:
+            f["-r"] = 0
     return model, (B, T, accumulation), [str(a) for kv in f.items() for a in kv], ranks, [str(a) for a in rank_flags]
 
 
