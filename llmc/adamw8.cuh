@@ -17,7 +17,9 @@ AdamW's 1.1 ms (doc/adamw8.md). So the instructions are what this file economize
   the GPU holds at once, whose warps stride over the blocks;
 - all blocks but a tensor's partial last one run the instantiation with no bounds tests
   (kWholeLanes);
-- AdamW's bias corrections are multiplies (element_math.h).
+- AdamW's bias corrections are multiplies (element_math.h), and the requantization divides by
+  each block's two absmaxes through one reciprocal each (quant8.h's quant8_divisor: the same
+  quotients as the division, about 12 instructions an element fewer).
 The per-element arithmetic is quant8.h's __host__ __device__ code; the new bf16 weight is
 rounded stochastically with random_u32(seed, element index counted from the tensor's start),
 as llmc/adamw.cuh does. A block whose update is not finite somewhere is not written at all.
@@ -122,13 +124,14 @@ __device__ __forceinline__ void adamw8_update_block(size_t block, floatX* params
     m_max = warp_reduce_max(m_max);
     v_max = warp_reduce_max(v_max);
 
-    // phase 2: requantize with the new absmaxes, write the parameter (and its FP8 side)
+    // phase 2: requantize with the new absmaxes (a reciprocal each, quant8_divisor), write the parameter (and its FP8 side)
+    const Quant8Divisor m_divisor = quant8_divisor(m_max), v_divisor = quant8_divisor(v_max);
     floatX weight[ADAMW8_ELEMENTS_PER_LANE];
     #pragma unroll
     for (int k = 0; k < ADAMW8_ELEMENTS_PER_LANE; k++) {
         if (k >= count) { break; }
-        m_code[k] = quant8_encode_signed(m[k], m_max, maps);
-        v_code[k] = quant8_encode_unsigned(v[k], v_max, maps);
+        m_code[k] = quant8_encode_signed(m[k], m_divisor, maps);
+        v_code[k] = quant8_encode_unsigned(v[k], v_divisor, maps);
         weight[k] = stochastic_round_bf16(param[k], seed, first_index + (uint32_t)(start + k));
         if (fp8.record != NULL) {
             fp8_code[k] = fp8_weight_update_element(fp8, fp8_scale, master != NULL, param[k], weight[k], tally);

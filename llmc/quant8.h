@@ -20,8 +20,9 @@ Why it is shaped this way:
   value orders the map (map index = code + 128, zero at code 0), a v code is a uint8 (zero at
   code 0). Encoding finds the nearest map value, ties to the lower value, through a table of
   buckets keyed by the float's bits (quant8_nearest_index): no search.
-- Blocks of 256 elements with one fp32 absmax per block per state; x is normalized by x/absmax.
-  Every operation on the path is a single IEEE-rounded + - * / or a comparison, so the host
+- Blocks of 256 elements with one fp32 absmax per block per state; x is normalized by x/absmax
+  (through the block's reciprocal and one correction, quant8_normalize: the same quotient).
+  Every operation on the path is a single IEEE-rounded + - * / fma or a comparison, so the host
   and the device produce the same codes bit for bit (the GPU test checks it).
 - The step is two phases because a block's new absmax depends on all its elements:
   adamw8_element_update (dequantize, fp32 AdamW from element_math.h) per element, then the
@@ -194,26 +195,70 @@ LLMC_HD int quant8_nearest_index(const float* table, const uint8_t* buckets, int
     return below + (below < QUANT8_CODES - 1 && upper - x < x - lower);
 }
 
-// x / absmax, IEEE-rounded on both sides; an all-zero block (absmax 0) maps to 0
-LLMC_HD float quant8_normalize(float x, float absmax) {
-    if (!(absmax > 0.0f)) { return 0.0f; }
+/*
+A block's absmax as the divisor of its values' normalization x / absmax, with no division per
+value: the GPU's IEEE division (__fdiv_rn) is about 11 instructions with its slow-path test, and
+the 8-bit step divides 16 values a lane, about 22 instructions an element of a pass bound by
+instruction issue (doc/adamw8.md). So each block takes r = RN(1 / absmax) once, and each value
+q0 = RN(x r), the residual e = x - q0 absmax (one fma, exact), and q = RN(q0 + e r) (Markstein's
+correction; every step IEEE-rounded, the same on host and device). Where absmax lies in
+[2^-60, 2^126] (r is then a normal float) and |x| >= 2^-100 (the residual is not subnormal), q
+is RN(x / absmax) bit for bit: test_adamw8 checks it for every mantissa of x against several
+absmax mantissas and on random pairs. Below |x| = 2^-100, |x / absmax| < 2^-40, far under half
+the maps' smallest nonzero values (1e-7), so the code is 0 whatever the last bits of q. Outside
+that range of absmax (a decayed moment can reach subnormal absmaxes) the quotient is the IEEE
+division; absmax 0 (an all-zero block) or not a number normalizes everything to 0.
+*/
+#define QUANT8_RECIPROCAL_MIN 0x1p-60f
+#define QUANT8_RECIPROCAL_MAX 0x1p126f
+
+typedef struct {
+    float absmax;
+    float reciprocal;  // RN(1 / absmax) where absmax is in [QUANT8_RECIPROCAL_MIN, QUANT8_RECIPROCAL_MAX]; 0: divide
+} Quant8Divisor;
+
+LLMC_HD Quant8Divisor quant8_divisor(float absmax) {
+    Quant8Divisor d = {absmax, 0.0f};
+    if (absmax >= QUANT8_RECIPROCAL_MIN && absmax <= QUANT8_RECIPROCAL_MAX) {
 #ifdef __CUDA_ARCH__
-    return __fdiv_rn(x, absmax);
+        d.reciprocal = __frcp_rn(absmax);
 #else
-    return x / absmax;
+        d.reciprocal = 1.0f / absmax;
+#endif
+    }
+    return d;
+}
+
+// x / d.absmax (the comment above); an all-zero block (absmax 0) maps to 0
+LLMC_HD float quant8_normalize(float x, Quant8Divisor d) {
+#ifdef QUANT8_ASSUME_RECIPROCAL  // dev/bench/adamw8_sass_probe.cu: the common case alone, for its instruction count
+    __builtin_assume(d.reciprocal != 0.0f);
+#endif
+    if (d.reciprocal != 0.0f) {
+#ifdef __CUDA_ARCH__
+        float q0 = __fmul_rn(x, d.reciprocal);
+        return __fmaf_rn(__fmaf_rn(-q0, d.absmax, x), d.reciprocal, q0);
+#else
+        float q0 = x * d.reciprocal;
+        return fmaf(fmaf(-q0, d.absmax, x), d.reciprocal, q0);
+#endif
+    }
+    if (!(d.absmax > 0.0f)) { return 0.0f; }
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(x, d.absmax);
+#else
+    return x / d.absmax;
 #endif
 }
 
-// the code of x in a block of absmax `absmax`: normalized, then the nearest map entry
-LLMC_HD int8_t quant8_encode_signed(float x, float absmax, const Quant8Maps* maps) {
-    int index = quant8_nearest_index(maps->signed_values, maps->signed_buckets, 1,
-                                     quant8_normalize(x, absmax));
+// the code of x in a block whose absmax is d's: normalized, then the nearest map entry
+LLMC_HD int8_t quant8_encode_signed(float x, Quant8Divisor d, const Quant8Maps* maps) {
+    int index = quant8_nearest_index(maps->signed_values, maps->signed_buckets, 1, quant8_normalize(x, d));
     return (int8_t)(index - QUANT8_SIGNED_ZERO_INDEX);
 }
 
-LLMC_HD uint8_t quant8_encode_unsigned(float x, float absmax, const Quant8Maps* maps) {
-    return (uint8_t)quant8_nearest_index(maps->unsigned_values, maps->unsigned_buckets, 0,
-                                         quant8_normalize(x, absmax));
+LLMC_HD uint8_t quant8_encode_unsigned(float x, Quant8Divisor d, const Quant8Maps* maps) {
+    return (uint8_t)quant8_nearest_index(maps->unsigned_values, maps->unsigned_buckets, 0, quant8_normalize(x, d));
 }
 
 LLMC_HD float quant8_decode_signed(int8_t code, float absmax, const float* signed_map) {
@@ -256,14 +301,16 @@ typedef struct {
 static inline void quant8_quantize_block_signed(const float* x, int count, const Quant8Maps* maps, int8_t* codes, float* absmax) {
     float block_max = 0.0f;
     for (int k = 0; k < count; k++) { block_max = fmaxf(block_max, fabsf(x[k])); }
-    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_signed(x[k], block_max, maps); }
+    Quant8Divisor divisor = quant8_divisor(block_max);
+    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_signed(x[k], divisor, maps); }
     *absmax = block_max;
 }
 
 static inline void quant8_quantize_block_unsigned(const float* x, int count, const Quant8Maps* maps, uint8_t* codes, float* absmax) {
     float block_max = 0.0f;
     for (int k = 0; k < count; k++) { block_max = fmaxf(block_max, fabsf(x[k])); }
-    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_unsigned(x[k], block_max, maps); }
+    Quant8Divisor divisor = quant8_divisor(block_max);
+    for (int k = 0; k < count; k++) { codes[k] = quant8_encode_unsigned(x[k], divisor, maps); }
     *absmax = block_max;
 }
 

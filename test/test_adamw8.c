@@ -25,6 +25,7 @@ element functions; test_adamw8_gpu.cu checks it bit for bit against adamw8_updat
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <float.h>
 #include "llmc/quant8.h"
 #include "llmc/checkpoint.h"
 #include "test/gpt2_ref.h"
@@ -99,8 +100,9 @@ static void test_maps(void) {
     CHECK_CLOSE(largest_gap(s), 0.9 / 64, ldexp(1.0, -23), 0, "largest gap of the signed map");
     CHECK_CLOSE(largest_gap(u), 0.9 / 128, ldexp(1.0, -23), 0, "largest gap of the unsigned map");
     int roundtrip = 1;
-    for (int c = -128; c < 128; c++) { roundtrip = roundtrip && quant8_encode_signed(s[c + 128] * 2.5f, 2.5f, &g_maps) == c; }
-    for (int c = 0; c < 256; c++) { roundtrip = roundtrip && quant8_encode_unsigned(u[c] * 2.5f, 2.5f, &g_maps) == c; }
+    Quant8Divisor divisor = quant8_divisor(2.5f);
+    for (int c = -128; c < 128; c++) { roundtrip = roundtrip && quant8_encode_signed(s[c + 128] * 2.5f, divisor, &g_maps) == c; }
+    for (int c = 0; c < 256; c++) { roundtrip = roundtrip && quant8_encode_unsigned(u[c] * 2.5f, divisor, &g_maps) == c; }
     CHECK(roundtrip, "encode(decode(code)) != code");
 }
 
@@ -193,6 +195,83 @@ static void test_bucket_encode(void) {
     uint8_t too_coarse[QUANT8_SIGNED_BUCKETS];
     CHECK_DIES("buckets too coarse for the map", "holds 2 map values",
                quant8_buckets_init(g_maps.signed_values, QUANT8_BUCKET_BITS - 1, 1, too_coarse));
+}
+
+/*
+quant8_normalize through the block's reciprocal (quant8_divisor) against the IEEE division x / absmax:
+- bit for bit for every float mantissa of x at two exponents under absmax (x in [absmax / 4, absmax]),
+  for absmax 1 and the mantissas next to it, the all-ones mantissa and next to it, a half and five
+  random ones, each at three exponents (2^-60, 1, 2^126 scale);
+- bit for bit on 4 million random pairs (absmax over [2^-60, 2^126], x up to 2^60 times smaller,
+  either sign) where |x| >= 2^-100, and the codes of both maps the same for all of them (below
+  2^-100 the quotient is under 2^-40, so both give code 0 whatever its last bits);
+- where absmax is outside [2^-60, 2^126] (subnormal, 2^-61, 2^127, FLT_MAX) the division itself,
+  and 0 for absmax 0 or NaN; +-0 and +-absmax as the division gives them.
+*/
+static int same_float(float a, float b) { return float_as_bits(a) == float_as_bits(b); }
+
+static int signed_code_by_division(float x, float absmax) {
+    return bucket_nearest_index(1, absmax > 0.0f ? x / absmax : 0.0f);
+}
+
+static void test_divisor_quotient(void) {
+    const uint32_t mantissas[11] = {0u, 1u, 2u, 0x7fffffu, 0x7ffffeu, 0x400000u, 0x1b2e4fu, 0x5a1c07u, 0x3333u, 0x6e9f1du, 0x123457u};
+    const int exponents[3] = {-60, 0, 125};
+    long long checked = 0, differ = 0;
+    for (int b = 0; b < 11; b++) {
+        for (int e = 0; e < 3; e++) {
+            float absmax = ldexpf(bits_as_float(0x3f800000u | mantissas[b]), exponents[e]);
+            Quant8Divisor d = quant8_divisor(absmax);
+            for (int shift = 1; shift <= 2; shift++) {  // x in [absmax / 4, absmax / 2) and [absmax / 2, absmax)
+                for (uint32_t m = 0; m <= 0x7fffffu; m++) {
+                    float x = ldexpf(bits_as_float(0x3f800000u | m), exponents[e] - shift);
+                    differ += !same_float(quant8_normalize(x, d), x / absmax);
+                    checked++;
+                }
+            }
+        }
+    }
+    CHECK(differ == 0, "the reciprocal's quotient differs from the division on %lld of %lld mantissa sweeps' values", differ, checked);
+
+    long long random_checked = 0, random_differ = 0, code_differ = 0;
+    for (uint32_t i = 0; i < 4000000; i++) {
+        float absmax = ldexpf(1.0f + uniform01(500, i), -60 + (int)(uniform01(501, i) * 186.0f));
+        float x = ldexpf(1.0f + uniform01(502, i), (int)floorf(log2f(absmax)) - (int)(uniform01(503, i) * 61.0f));
+        if (x > absmax) { x = absmax; }
+        if (uniform01(504, i) < 0.5f) { x = -x; }
+        Quant8Divisor d = quant8_divisor(absmax);
+        if (fabsf(x) >= 0x1p-100f) {
+            random_differ += !same_float(quant8_normalize(x, d), x / absmax);
+            random_checked++;
+        }
+        code_differ += quant8_encode_signed(x, d, &g_maps) != signed_code_by_division(x, absmax) - QUANT8_SIGNED_ZERO_INDEX;
+        code_differ += quant8_encode_unsigned(fabsf(x), d, &g_maps) != bucket_nearest_index(0, fabsf(x) / absmax);
+    }
+    CHECK(random_checked > 3000000 && random_differ == 0, "random pairs: the reciprocal's quotient differs on %lld of %lld",
+          random_differ, random_checked);
+    CHECK(code_differ == 0, "random pairs: %lld codes differ from the division's", code_differ);
+
+    const float outside[6] = {1e-40f, 0x1p-61f, 0x1p127f, FLT_MAX, 0.0f, NAN};
+    int outside_ok = 1;
+    for (int k = 0; k < 6; k++) {
+        Quant8Divisor d = quant8_divisor(outside[k]);
+        outside_ok = outside_ok && d.reciprocal == 0.0f;
+        for (int j = 0; j < 3; j++) {
+            float x = k < 4 ? outside[k] * (j == 0 ? 1.0f : j == 1 ? -0.375f : 1e-3f) : 1.25f;
+            float want = outside[k] > 0.0f ? x / outside[k] : 0.0f;
+            outside_ok = outside_ok && same_float(quant8_normalize(x, d), want);
+        }
+    }
+    CHECK(outside_ok, "an absmax outside [2^-60, 2^126], 0 or NaN does not divide (or give 0) as the division does");
+    const float absmax = 3.0f;
+    const float edges[4] = {0.0f, -0.0f, absmax, -absmax};
+    Quant8Divisor d = quant8_divisor(absmax);
+    int edges_ok = 1;
+    for (int k = 0; k < 4; k++) {
+        edges_ok = edges_ok && quant8_encode_signed(edges[k], d, &g_maps) == signed_code_by_division(edges[k], absmax) - QUANT8_SIGNED_ZERO_INDEX;
+        edges_ok = edges_ok && (k % 2 == 1 || same_float(quant8_normalize(edges[k], d), edges[k] / absmax));
+    }
+    CHECK(edges_ok, "+-0 or +-absmax: not the division's quotient or code");
 }
 
 static void test_quantize_error(void) {
@@ -922,6 +1001,7 @@ int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     test_maps();
     test_bucket_encode();
+    test_divisor_quotient();
     test_quantize_error();
     test_zero_block();
     test_one_step();
