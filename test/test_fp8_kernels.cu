@@ -1935,6 +1935,45 @@ static void check_fp8_descriptor(const MatmulSpec* spec, const char* what) {
           (int)transposes[0], (int)transposes[1]);
 }
 
+/*
+-fe 1's fc forward (matmul_forward_fp8_gelu_codes_spec): the operands and fast accumulation of the FP8
+forward, an E4M3 D into the codes, and a descriptor with GELU_AUX_BIAS, the D scale and amax pointers
+and the bias and aux types named bf16 (with an FP8 D cuBLASLt's defaults for them are not bf16)
+*/
+static void check_gelu_codes_descriptor(int N, int C, int OC) {
+    const char* what = "fp8 forward to GELU codes";
+    Fp8Operand x = fake_operand(0x10000, FP8_E4M3, FP8_SCALING_TENSOR, 0x11000);
+    Fp8Operand w = fake_operand(0x30000, FP8_E4M3, FP8_SCALING_TENSOR, 0x31000);
+    uint8_t* codes = (uint8_t*)(uintptr_t)0x200000;
+    floatX* pre_gelu = (floatX*)(uintptr_t)0x400000;
+    const floatX* bias = (const floatX*)(uintptr_t)0x70000;
+    const float* d_scale = (const float*)(uintptr_t)0x71000;
+    float* amax = (float*)(uintptr_t)0x71010;
+    MatmulSpec spec = matmul_forward_fp8_gelu_codes_spec(codes, pre_gelu, x, w, bias, N, C, OC, d_scale, amax);
+    check_fp8_spec(&spec, &w, &x, true, what);
+    CHECK(spec.d == codes && spec.d_type == CUDA_R_8F_E4M3 && spec.aux == pre_gelu && spec.bias == bias,
+          "%s: D %p (type %d), aux %p, bias %p", what, spec.d, (int)spec.d_type, spec.aux, spec.bias);
+    check_fp8_descriptor(&spec, what);
+    MatmulPlan plan;
+    matmul_plan_create(&plan, &spec);
+    const void *got_scale = NULL, *got_amax = NULL, *got_aux = NULL;
+    int32_t aux_type = -1, bias_type = -1;
+    uint32_t epilogue = 0;
+    size_t written = 0;
+    cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &got_scale, sizeof(got_scale), &written));
+    cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &got_amax, sizeof(got_amax), &written));
+    cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &got_aux, sizeof(got_aux), &written));
+    cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type), &written));
+    cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type), &written));
+    cublasCheck(cublasLtMatmulDescGetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue), &written));
+    matmul_plan_destroy(&plan);
+    CHECK(got_scale == d_scale && got_amax == amax && got_aux == pre_gelu, "%s: descriptor D scale %p, amax %p, aux %p", what,
+          got_scale, got_amax, got_aux);
+    CHECK(aux_type == CUDA_R_16BF && bias_type == CUDA_R_16BF && epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+          "%s: descriptor aux type %d, bias type %d, epilogue %u: expected bf16, bf16, GELU_AUX_BIAS", what, (int)aux_type,
+          (int)bias_type, epilogue);
+}
+
 static void test_fp8_gemm_specs(void) {
     const int N = 256, C = 384, OC = 512;
     floatX* out = (floatX*)(uintptr_t)0x100000;
@@ -1958,6 +1997,7 @@ static void test_fp8_gemm_specs(void) {
         MatmulSpec wgrad = matmul_wgrad_fp8_spec(out, CUDA_R_16BF, dyt, xt, N, C, OC);
         check_fp8_spec(&wgrad, &xt, &dyt, false, what);  // dW^T = x^T dy: A is x^T, B is dy^T
     }
+    check_gelu_codes_descriptor(N, C, OC);
 }
 
 // the startup probes against a cuBLASLt without short K blocks (cudasim's CUDASIM_CUBLASLT_WHOLE_K_BLOCKS=1):
