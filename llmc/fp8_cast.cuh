@@ -842,8 +842,7 @@ static_assert(offsetof(Fp8GemmScalars, amax) % 16 == 0 && sizeof(Fp8GemmScalars)
               "in a 16-byte aligned array each scale and amax is 16-byte aligned");
 
 __global__ void fp8_gemm_codes_begin_kernel(const Fp8TensorScaling* state, Fp8CastRecord* record, Fp8GemmScalars* scalars) {
-    record->scale = state->scale;
-    record->scale_inv = state->scale_inv;
+    fp8_record_take_scale(record, state);
     scalars->scale = state->scale;
 }
 

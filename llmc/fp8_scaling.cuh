@@ -303,6 +303,12 @@ __device__ __forceinline__ uint8_t fp8_weight_update_element(const Fp8WeightUpda
 // ----------------------------------------------------------------------------
 // state updates and the records' life cycle
 
+// the state's scale (and its inverse) as the one the record's GEMMs use
+__device__ __forceinline__ void fp8_record_take_scale(Fp8CastRecord* record, const Fp8TensorScaling* state) {
+    record->scale = state->scale;
+    record->scale_inv = state->scale_inv;
+}
+
 // fold this use's amax (the record's) into the state, clear it for the next use
 __device__ __forceinline__ void fp8_scaling_fold_record(Fp8TensorScaling* state, Fp8CastRecord* record) {
     fp8_scaling_update(state, bits_as_float(record->amax_bits));
@@ -354,8 +360,7 @@ __global__ void fp8_scaling_settle_prediction_kernel(Fp8TensorScaling* state, Fp
         record->saturated += held->saturated;
         record->flushed += held->flushed;
     } else {
-        record->scale = state->scale;
-        record->scale_inv = state->scale_inv;
+        fp8_record_take_scale(record, state);
     }
     held->recast = kept ? 0u : 1u;
     held->predictions++;
@@ -375,8 +380,7 @@ void fp8_scaling_settle_prediction(Fp8TensorScaling* state, Fp8CastRecord* recor
 // for the cast and the GEMMs; the record's pending amax is left alone (no use folds one in)
 __global__ void fp8_scaling_update_with_amax_kernel(Fp8TensorScaling* state, Fp8CastRecord* record, float amax) {
     fp8_scaling_update(state, amax);
-    record->scale = state->scale;
-    record->scale_inv = state->scale_inv;
+    fp8_record_take_scale(record, state);
 }
 
 void fp8_scaling_update_with_amax(Fp8TensorScaling* state, Fp8CastRecord* record, float amax, cudaStream_t stream) {
@@ -389,8 +393,7 @@ void fp8_scaling_update_with_amax(Fp8TensorScaling* state, Fp8CastRecord* record
 __global__ void fp8_scaling_publish_scales_kernel(const Fp8TensorScaling* states, Fp8CastRecord* records, int count) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) { return; }
-    records[i].scale = states[i].scale;
-    records[i].scale_inv = states[i].scale_inv;
+    fp8_record_take_scale(&records[i], &states[i]);
 }
 
 void fp8_scaling_publish_scales(const Fp8TensorScaling* states, Fp8CastRecord* records, int count, cudaStream_t stream) {

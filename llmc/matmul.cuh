@@ -123,6 +123,8 @@ typedef struct {
     float* d_amax;                 // FP8 D only: device float receiving max |epilogue result| (before d_scale), or NULL
 } MatmulSpec;
 
+static inline bool matmul_is_fp8_type(cudaDataType_t type) { return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2; }
+
 static inline int cuda_data_type_bytes(cudaDataType_t type, const char* gemm_name) {
     switch (type) {
         case CUDA_R_32F: return 4;
@@ -171,9 +173,9 @@ static void matmul_check_spec(const MatmulSpec* spec) {
         llm8_die("matmul %s: epilogue %d does not match the bias/aux pointers given", spec->name, (int)spec->epilogue);
     }
     if (wants_bias) { matmul_check_aligned(spec->name, "bias", spec->bias); }
-    bool d_fp8 = spec->d_type == CUDA_R_8F_E4M3 || spec->d_type == CUDA_R_8F_E5M2;
-    if (d_fp8) {  // matmul_forward_fp8_gelu_codes's GEMM: its bf16 aux stands in for C, which beta = 0 never reads
-        bool a_fp8 = spec->a_type == CUDA_R_8F_E4M3 || spec->a_type == CUDA_R_8F_E5M2;
+    if (wants_aux) { matmul_check_aligned(spec->name, "GELU pre-activation", spec->aux); }
+    bool a_fp8 = matmul_is_fp8_type(spec->a_type), b_fp8 = matmul_is_fp8_type(spec->b_type);
+    if (matmul_is_fp8_type(spec->d_type)) {  // matmul_forward_fp8_gelu_codes's GEMM: its bf16 aux stands in for C
         if (!a_fp8 || spec->aux == NULL || spec->d_scale == NULL || spec->accumulate) {
             llm8_die("matmul %s: an FP8 D needs FP8 operands, a GELU aux (bf16, C's stand-in), a D scale and no accumulation",
                      spec->name);
@@ -183,9 +185,6 @@ static void matmul_check_spec(const MatmulSpec* spec) {
     } else if (spec->d_scale != NULL || spec->d_amax != NULL) {
         llm8_die("matmul %s: a D scale or amax pointer needs an FP8 D (cuBLASLt refuses them with a bf16 D)", spec->name);
     }
-    if (wants_aux) { matmul_check_aligned(spec->name, "GELU pre-activation", spec->aux); }
-    bool a_fp8 = spec->a_type == CUDA_R_8F_E4M3 || spec->a_type == CUDA_R_8F_E5M2;
-    bool b_fp8 = spec->b_type == CUDA_R_8F_E4M3 || spec->b_type == CUDA_R_8F_E5M2;
     bool scalar = spec->a_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
                && spec->b_scale_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
     if (a_fp8 || b_fp8) {
@@ -263,7 +262,7 @@ static cublasLtMatmulPreference_t matmul_preference_create(const void* a, const 
 // C: D itself (read only when accumulating); an FP8 D takes a bf16 C, for which its bf16 aux (the
 // pre-activation, of D's shape) stands in: with beta = 0 C is never read
 static inline const void* matmul_c(const MatmulSpec* spec) {
-    return spec->d_scale != NULL ? spec->aux : spec->d;
+    return matmul_is_fp8_type(spec->d_type) ? spec->aux : spec->d;
 }
 
 // the cuBLASLt objects of one GEMM and the heuristic's first algorithm (found == 0: none)
@@ -309,7 +308,7 @@ static void matmul_plan_create(MatmulPlan* plan, const MatmulSpec* spec) {
         int8_t fast = 1;
         matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast));
     }
-    bool d_fp8 = spec->d_scale != NULL;  // matmul_check_spec: exactly the FP8 Ds
+    bool d_fp8 = matmul_is_fp8_type(spec->d_type);
     if (d_fp8) {  // the bias and the aux would default to D's type ("with some exceptions"): both are bf16
         int32_t bf16 = CUDA_R_16BF;
         matmul_desc_set(desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &spec->d_scale, sizeof(spec->d_scale));
@@ -365,7 +364,7 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
         const char* remedy = short_block ? "; this cuBLASLt lacks block scaling with a short last K block (K not a multiple of "
                                            "128): use -fr delayed or -fr current, or a width and a B*T that are multiples of 128"
                            : spec->epilogue == CUBLASLT_EPILOGUE_DGELU ? "; the DGELU epilogue is -ge 2's: run with -ge 1"
-                           : spec->d_scale != NULL ? "; an E4M3 output through the GELU epilogue is -fe 1's: run with -fe 0"
+                           : matmul_is_fp8_type(spec->d_type) ? "; an E4M3 output through the GELU epilogue is -fe 1's: run with -fe 0"
                            : "";
         llm8_die("matmul %s: cuBLASLt has no algorithm for m=%d n=%d k=%d, types A=%d B=%d D=%d, "
                  "transposes %d%d, epilogue %d, scale modes %d %d (%s)%s", spec->name, spec->m, spec->n, spec->k,
