@@ -213,16 +213,6 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
                                       first_index, fp8);
 }
 
-// the thread blocks of adamw8_update_kernel the device holds at once (ADAMW8_MIN_BLOCKS per SM)
-static unsigned int adamw8_resident_blocks_(void) {
-    static int sm_count = 0;  // one device per process
-    if (sm_count == 0) {
-        int device = 0;
-        cudaCheck(cudaGetDevice(&device));
-        cudaCheck(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
-    }
-    return (unsigned int)sm_count * ADAMW8_MIN_BLOCKS;
-}
 
 static inline void adamw8_check_aligned_(const void* ptr, const char* what) {
     if (ptr != NULL && ((uintptr_t)ptr % 16) != 0) {
@@ -261,7 +251,7 @@ void adamw8_update(floatX* params, float* master, const floatX* grads, Quant8Ten
     const unsigned int threads = ADAMW8_WARPS_PER_BLOCK * WARP_SIZE;
     if (whole_blocks > 0) {
         size_t grid = ceil_div_size(whole_blocks, ADAMW8_WARPS_PER_BLOCK);
-        unsigned int resident = adamw8_resident_blocks_();
+        unsigned int resident = (unsigned int)(device_sm_count() * ADAMW8_MIN_BLOCKS);  // the blocks the GPU holds at once
         adamw8_update_kernel<true><<<grid < resident ? (unsigned int)grid : resident, threads, 0, stream>>>(
             params, master, grads, st, n, 0, whole_blocks, maps_device, hp, grad_scale, seed, first_index, fp8);
     }

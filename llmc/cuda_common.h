@@ -44,7 +44,7 @@ static inline int cuda_device_count_or_die(void) {
     return count;
 }
 
-static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+__host__ __device__ static inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 static inline size_t ceil_div_size(size_t a, size_t b) { return (a + b - 1) / b; }
 
 // the grid of an elementwise kernel whose threads each take one 16-byte vector (8 bf16) of an
@@ -225,6 +225,18 @@ static inline float bf16_dense_peak_tflops(const char* device_name) {
         if (strstr(device_name, peaks[i].name_part) != NULL) { return peaks[i].tflops; }
     }
     return 0.0f;
+}
+
+// the current device's SM count, asked once (one device per process): kernels that size their
+// grid to what the GPU holds at once (adamw8, the FP8 tile cast)
+static inline int device_sm_count(void) {
+    static int sm_count = 0;
+    if (sm_count == 0) {
+        int device = 0;
+        cudaCheck(cudaGetDevice(&device));
+        cudaCheck(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device));
+    }
+    return sm_count;
 }
 
 // the current device (cudaSetDevice picks it)

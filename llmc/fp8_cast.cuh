@@ -17,17 +17,23 @@ Why it is shaped so:
   recipe: in one tile the kernel finds the amax of every 1 x 128 row piece (x, dy in the
   forward and dgrad), of every 128 x 1 column piece (x^T, dy^T in wgrad), and of the whole
   128 x 128 block (weights), so the block recipe costs no extra pass.
-- Memory-level parallelism and ALU per element both bound it. The 2026-11-26 H200 benchmark
-  (doc/benchmarks/) put the casts at 2.4 to 3 times their memory floor (about 2 TB/s), and
-  the SASS showed why: staging issued one 16-byte load per thread and waited for it before
-  the next (20 KB in flight per SM), and at 4.8 TB/s an element (2 bytes in, a code and a
-  transposed code out) has the time of about 25 ALU operations, which the conversions and
-  counts nearly used up. So:
-  - staging issues FP8_STAGE_BATCH loads per thread before using the first; the kernel is
-    capped at 64 registers (4 blocks, 1024 threads per SM): 64 KB in flight per SM;
-  - a plain cast stages the loaded bits as they are; a transform converts its results back
-    to bf16 two per instruction (fp8_stage_pack), and reads what else it needs (layernorm's
-    weight and bias, GELU backward's pre-activation) 16 bytes at a time (Transform::stage);
+- Memory-level parallelism bounds it, more than ALU. The 2026-11-26 H200 benchmark put the
+  casts at 2.4 to 3 times their memory floor, and the SASS showed staging issuing one 16-byte
+  load per thread and waiting for it before the next. After that was batched (4 loads in
+  flight, 64 registers, 4 blocks an SM) and the code passes slimmed, the 2026-11-30 benchmark
+  still had every tile cast near 2.2 TB/s (4 bytes an element: 2 in, a code and a transposed
+  code out), the plain attention-output cast (about 14 instructions an element by the SASS)
+  no faster per tile than GELU's (about 24): a block loaded its tile, then cast it, and its
+  loads were in flight only while it waited for them. So:
+  - the grid is what the GPU holds at once (FP8_TILE_BLOCKS_PER_SM blocks an SM), and a block
+    takes tile after tile; its staging copies go to shared memory with cp.async, a thread's
+    whole share of a tile in flight at once and no registers held, and with two staging
+    buffers (Fp8TileStaging) the next tile's copies are in flight while this one is cast;
+    each block commits its statistics once, not once a tile;
+  - a plain cast stages the copied bits as they are; a transform converts its results back
+    to bf16 two per instruction (fp8_stage_pack) in place, and reads what else it needs
+    (layernorm's weight and bias 16 bytes at a time; GELU backward's pre-activation copied in
+    beside the tile);
   - the code passes convert two values per instruction (fp8_quantize2) and take the counts
     8 at a time (fp8_tally_counts8), the amax once while staging; where nothing can saturate,
     the flushes are counted from the zeros of the packed codes and values, a word at a time;
@@ -67,6 +73,9 @@ so tile edges fall on 16-byte boundaries; the last tile in each direction may be
 #define LLMC_FP8_CAST_CUH
 
 #include <stdint.h>
+#ifndef CUDASIM  // cudasim.h emulates the three pipeline primitives the tile cast uses
+#include <cuda_pipeline_primitives.h>
+#endif
 #include "cuda_common.h"
 #include "cuda_utils.cuh"
 #include "fp8.h"
@@ -75,7 +84,7 @@ so tile edges fall on 16-byte boundaries; the last tile in each direction may be
 
 #define FP8_TILE 128
 #define FP8_TILE_THREADS 256
-#define FP8_STAGE_BATCH 4  // 16-byte loads a thread of the tile cast has in flight while staging
+#define FP8_AMAX_BATCH 4  // 16-byte loads a thread of the amax pass has in flight
 #define FP8_BLOCK_SCALE_ALIGN 4  // the 128x128 scale rows are padded to 16 bytes (4 floats)
 
 /*
@@ -156,17 +165,13 @@ typedef struct {
 // where the tile kernel finds its output and input offset: a launch's one cast (in the kernel's
 // parameters, which the kernel only reads, so they stay in the constant bank and cost no
 // registers), or a batch's job blockIdx.z, copied once into shared memory (read from global
-// memory, its fields took registers the 64-register cap does not have: the kernel spilled)
-// code_loop_unroll: the code passes' two-step loops (the batched kernel left them rolled,
-// indexing its codes[2] in local memory; the one-cast kernels are as before)
+// memory, its fields took registers the 64-register cap of that time did not have: it spilled)
 struct Fp8OneCast {
-    static constexpr int code_loop_unroll = 1;
     Fp8CastOutput out;
     __device__ __forceinline__ const Fp8CastOutput& output() const { return out; }
     __device__ __forceinline__ size_t input_offset() const { return 0; }
 };
 struct Fp8BatchedCasts {
-    static constexpr int code_loop_unroll = 2;
     const Fp8CastJob* jobs;
     __device__ __forceinline__ const Fp8CastOutput& output() const {  // every thread of the block, once
         __shared__ Fp8CastOutput job_out;
@@ -301,17 +306,17 @@ __device__ __forceinline__ uint2 fp8_quantize8(const float x[8], float scale, Fp
 // ----------------------------------------------------------------------------
 // the amax pass (current scaling): this use's amax into record->amax_bits
 
-// a grid-stride walk over the 16-byte vectors, FP8_STAGE_BATCH of them loaded before the first is used
+// a grid-stride walk over the 16-byte vectors, FP8_AMAX_BATCH of them loaded before the first is used
 template <class In, class Transform>
 __global__ void fp8_amax_kernel(Fp8CastRecord* record, const In* in, size_t n, Transform transform) {
     constexpr int vector = (int)(16 / sizeof(In));
     Fp8Tally tally = fp8_tally_zero();
     const int vectors = (int)(n / vector), step = gridDim.x * blockDim.x;
-    for (int first = blockIdx.x * blockDim.x + threadIdx.x; first < vectors; first += FP8_STAGE_BATCH * step) {
-        Packed128<In> loaded[FP8_STAGE_BATCH];
-        load128_batch<FP8_STAGE_BATCH, true>(loaded, in, first, step, vectors, vector);
+    for (int first = blockIdx.x * blockDim.x + threadIdx.x; first < vectors; first += FP8_AMAX_BATCH * step) {
+        Packed128<In> loaded[FP8_AMAX_BATCH];
+        load128_batch<FP8_AMAX_BATCH, true>(loaded, in, first, step, vectors, vector);
 #pragma unroll
-        for (int j = 0; j < FP8_STAGE_BATCH; j++) {
+        for (int j = 0; j < FP8_AMAX_BATCH; j++) {
             if (first + j * step >= vectors) { break; }
             if constexpr (Transform::passes_through) {  // the values as stored, as the plain cast stages them
                 fp8_tally_amax(&tally, loaded[j]);
@@ -342,73 +347,117 @@ void fp8_amax_launch(Fp8CastRecord* record, const In* in, size_t n, Transform tr
 // the tile cast
 
 /*
-One 128 x 128 tile per block (the last ones short), FP8_TILE_THREADS threads.
-transformed_out (bf16 staging only, may be NULL): also store the transformed tensor.
-column_sums (may be NULL): the tile's column sums of the staged (transformed, rounded)
-values, in the bias gradient's order (DBIAS_ROWS_PER_CHUNK), at [row tile][cols].
-recording: what goes into out.record (Fp8CastRecording; a replay takes its per-tensor scale from it).
-cast: Fp8OneCast, or Fp8BatchedCasts (then transformed_out and column_sums are NULL).
-Statistics count the row-major codes when they are written, else the transposed ones.
+The tile cast's staging: the input tile, [FP8_TILE][stride] of In (one 16-byte pad per row,
+so a column read has no bank conflicts), and beside it, for a transform that reads an aux
+tensor (GELU backward's pre-activation), the aux tile the same way in bf16. The copies go from
+global to shared memory with cp.async (no registers held), a thread's share of a tile all in
+flight at once. With two buffers (bf16 input, no aux: the plain casts, GELU's, layernorm's),
+a block copies its next tile in while it casts this one; one buffer for fp32 master weights
+and GELU backward, whose two staged buffers would leave one block an SM. Each case is at most
+about 70 KB, so FP8_TILE_BLOCKS_PER_SM blocks share an SM's 227 KB.
 */
-template <class In, class Transform, class Source>
-__global__ void __launch_bounds__(FP8_TILE_THREADS, 4)
-fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, const In* in, int rows, int cols,
-                          Fp8CastRecording recording, Transform transform) {
-    const Fp8CastOutput& out = cast.output();
-    if (recording == FP8_RECORD_RECAST && out.prediction->recast == 0u) { return; }  // the prediction held: the whole block
-    const bool replay = recording == FP8_RECORD_NOTHING;
-    in += cast.input_offset();
-    constexpr int vector = (int)(16 / sizeof(In));
-    constexpr int stride = FP8_TILE + vector;  // one 16-byte pad per staged row
-    extern __shared__ __align__(16) unsigned char fp8_tile_memory[];
-    In* tile = reinterpret_cast<In*>(fp8_tile_memory);  // [FP8_TILE][stride]
+#define FP8_TILE_BLOCKS_PER_SM 3
+
+template <class In, class Transform>
+struct Fp8TileStaging {
+    static constexpr int vector = (int)(16 / sizeof(In));
+    static constexpr int stride = FP8_TILE + vector;
+    static constexpr int aux_stride = FP8_TILE + x128::size;
+    static constexpr size_t input_bytes = (size_t)FP8_TILE * stride * sizeof(In);
+    static constexpr size_t buffer_bytes = input_bytes + (Transform::reads_aux ? (size_t)FP8_TILE * aux_stride * sizeof(floatX) : 0);
+    static constexpr int buffers = sizeof(In) == sizeof(floatX) && !Transform::reads_aux ? 2 : 1;
+    static constexpr size_t bytes = buffers * buffer_bytes;
+    // a thread stages one 16-byte column piece of every rows_per_pass-th row
+    static constexpr int vectors_per_row = FP8_TILE / vector;
+    static constexpr int rows_per_pass = FP8_TILE_THREADS / vectors_per_row;
+    static constexpr int vectors_per_thread = FP8_TILE / rows_per_pass;
+    // an SM has 228 KB of shared memory, 1 KB of it reserved per block; the kernel's static shared
+    // memory is under 3 KB (cuobjdump -res-usage: 2768 bytes on 2026-12-01)
+    static_assert(FP8_TILE_BLOCKS_PER_SM * (bytes + 3072 + 1024) <= 228 * 1024, "FP8_TILE_BLOCKS_PER_SM blocks an SM");
+};
+
+// where one tile of a cast lies: rows r0.., columns c0.., tile_row the row tile (column_sums' row)
+typedef struct {
+    int r0, c0, tile_row, rows_here, cols_here;
+} Fp8TilePlace;
+
+__device__ __forceinline__ Fp8TilePlace fp8_tile_place(int tile, int rows, int cols) {
+    const int tiles_x = ceil_div(cols, FP8_TILE);
+    Fp8TilePlace p;
+    p.tile_row = tile / tiles_x;
+    p.r0 = p.tile_row * FP8_TILE;
+    p.c0 = (tile % tiles_x) * FP8_TILE;
+    p.rows_here = min(FP8_TILE, rows - p.r0);
+    p.cols_here = min(FP8_TILE, cols - p.c0);
+    return p;
+}
+
+// the thread's copies of one tile (input, and aux where the transform reads one) into a staging
+// buffer, committed as one group; positions outside a short tile are not copied (nor ever read)
+template <class In, class Transform>
+__device__ __forceinline__ void fp8_tile_copy_in(unsigned char* buffer, const In* in, int cols, const Fp8TilePlace& p,
+                                                 const Transform& transform) {
+    typedef Fp8TileStaging<In, Transform> S;
+    In* tile = reinterpret_cast<In*>(buffer);
+    floatX* aux_tile = reinterpret_cast<floatX*>(buffer + S::input_bytes);
+    const int c = (threadIdx.x % S::vectors_per_row) * S::vector;
+#pragma unroll
+    for (int j = 0; j < S::vectors_per_thread; j++) {
+        const int r = threadIdx.x / S::vectors_per_row + j * S::rows_per_pass;
+        if (r >= p.rows_here || c >= p.cols_here) { continue; }
+        __pipeline_memcpy_async(tile + r * S::stride + c, in + (size_t)(p.r0 + r) * cols + p.c0 + c, 16);
+        if constexpr (Transform::reads_aux) {
+            __pipeline_memcpy_async(aux_tile + r * S::aux_stride + c, transform.aux_at(p.r0 + r, p.c0 + c), 16);
+        }
+    }
+    __pipeline_commit();
+}
+
+/*
+One staged tile into codes: the thread's own vectors transformed in place (its copies have
+landed: the caller waited), their amax voted on, then the column sums, the block recipe's
+scales, and the two code passes over the whole tile. Ends with a barrier: the buffer and the
+tile's shared scales are free for the next tile when it returns.
+*/
+template <class In, class Transform>
+__device__ __forceinline__ void fp8_cast_tile(unsigned char* buffer, const Fp8CastOutput& out, const Fp8TilePlace& p,
+                                              In* transformed_out, float* column_sums, int rows, int cols,
+                                              float tensor_scale, const Transform& transform, Fp8Tally* tally) {
+    typedef Fp8TileStaging<In, Transform> S;
+    constexpr int vector = S::vector, stride = S::stride;
+    In* tile = reinterpret_cast<In*>(buffer);
+    const floatX* aux_tile = reinterpret_cast<const floatX*>(buffer + S::input_bytes);
     __shared__ float row_scales[FP8_TILE];
     __shared__ float col_scales[FP8_TILE];
     __shared__ uint32_t block_amax_bits;
-
-    const int r0 = blockIdx.y * FP8_TILE;
-    const int c0 = blockIdx.x * FP8_TILE;
-    const int rows_here = min(FP8_TILE, rows - r0);
-    const int cols_here = min(FP8_TILE, cols - c0);
+    const int r0 = p.r0, c0 = p.c0, rows_here = p.rows_here, cols_here = p.cols_here;
     const float fmax = fp8_max(out.format);
-    Fp8Tally tally = fp8_tally_zero();
 
-    // stage the transformed tile, tallying its amax. A thread stages one 16-byte column piece
-    // of every rows_per_pass-th row, and issues its loads in batches of FP8_STAGE_BATCH before
-    // it uses the first, so that many are in flight
-    constexpr int vectors_per_row = FP8_TILE / vector;
-    constexpr int rows_per_pass = FP8_TILE_THREADS / vectors_per_row;
-    static_assert((FP8_TILE / rows_per_pass) % FP8_STAGE_BATCH == 0, "whole batches of loads per thread");
-    const int c = (threadIdx.x % vectors_per_row) * vector;
-    const int first_row = threadIdx.x / vectors_per_row;
-    const size_t pass_step = (size_t)rows_per_pass * cols;
-    const In* source = in + (size_t)(r0 + first_row) * cols + c0 + c;
-    for (int batch = 0; batch < FP8_TILE / rows_per_pass; batch += FP8_STAGE_BATCH) {
-        Packed128<In> loaded[FP8_STAGE_BATCH];
-        x128 aux[FP8_STAGE_BATCH];
+    // the transform, in place, on the vectors this thread copied in; the tile's amax
+    Fp8Tally staged_amax = fp8_tally_zero();
+    {
+        const int c = (threadIdx.x % S::vectors_per_row) * vector;
 #pragma unroll
-        for (int j = 0; j < FP8_STAGE_BATCH; j++) {
-            const int r = first_row + (batch + j) * rows_per_pass;
-            const bool inside = r < rows_here && c < cols_here;
-            loaded[j] = load128_or_zeros<true>(source + (batch + j) * pass_step, inside);
-            if constexpr (Transform::reads_aux) { aux[j] = load128_or_zeros<true>(transform.aux_at(r0 + r, c0 + c), inside); }
-            else { aux[j] = x128::zeros(); }
-        }
-#pragma unroll
-        for (int j = 0; j < FP8_STAGE_BATCH; j++) {
-            const int r = first_row + (batch + j) * rows_per_pass;
+        for (int j = 0; j < S::vectors_per_thread; j++) {
+            const int r = threadIdx.x / S::vectors_per_row + j * S::rows_per_pass;
             if (r >= rows_here || c >= cols_here) { continue; }
-            Packed128<In> staged = fp8_stage_vector(loaded[j], transform, r0 + r, c0 + c, aux[j]);
-            fp8_tally_amax(&tally, staged);
-            *reinterpret_cast<int4*>(tile + r * stride + c) = staged.bits();
+            In* slot = tile + r * stride + c;
+            Packed128<In> staged = load128(slot);
+            if constexpr (!Transform::passes_through) {
+                const x128 aux = Transform::reads_aux ? load128(aux_tile + r * S::aux_stride + c) : x128::zeros();
+                staged = fp8_stage_vector(staged, transform, r0 + r, c0 + c, aux);
+                store128(slot, staged);
+            }
+            fp8_tally_amax(&staged_amax, staged);
             if (transformed_out != NULL) { store128(transformed_out + (size_t)(r0 + r) * cols + c0 + c, staged); }
         }
     }
+    tally->amax_bits = max(tally->amax_bits, staged_amax.amax_bits);
     // per tensor, the scale is known before any code: if no staged value of the tile saturates
-    // under it (exact from the amaxes, fp8_may_saturate), the code passes count flushes only
-    const float tensor_scale = out.scaling != FP8_SCALING_TENSOR ? 0.0f : replay ? out.record->scale : out.state->scale;
+    // under it (exact from the amaxes, fp8_may_saturate), the code passes count flushes only.
+    // The vote is also the barrier after which every thread's transformed vectors are in place
     const bool tile_may_saturate = __syncthreads_or(
-        out.scaling != FP8_SCALING_TENSOR || fp8_may_saturate(bits_as_float(tally.amax_bits), tensor_scale, out.format));
+        out.scaling != FP8_SCALING_TENSOR || fp8_may_saturate(bits_as_float(staged_amax.amax_bits), tensor_scale, out.format));
 
     if (column_sums != NULL && threadIdx.x < cols_here) {
         const int c = threadIdx.x;
@@ -418,7 +467,7 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
             for (int r = lane; r < rows_here; r += DBIAS_ROW_LANES) { lane_sum += fp8_stage_to_float(tile[r * stride + c]); }
             total += lane_sum;
         }
-        column_sums[(size_t)blockIdx.y * cols + c0 + c] = total;
+        column_sums[(size_t)p.tile_row * cols + c0 + c] = total;
     }
 
     // block recipes: the amax of every row piece and column piece of the tile, two threads each
@@ -465,7 +514,7 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
             float scale = out.scaling == FP8_SCALING_TENSOR ? tensor_scale
                         : out.scaling == FP8_SCALING_ROWS_1x128 ? row_scales[r] : tile_scale;
             uint2 codes[2];
-#pragma unroll Source::code_loop_unroll
+#pragma unroll
             for (int half = 0; half < 2; half++) {  // 8 values at a time: fewer live registers
                 float x[8];
                 int zeros = 0;
@@ -475,7 +524,7 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
                     zeros += packed_zero_count(staged);
                 }
                 codes[half] = fp8_quantize8(x, scale, out.format);
-                fp8_tally_counts8(&tally, x, codes[half], scale, out.format, tile_may_saturate, zeros);
+                fp8_tally_counts8(tally, x, codes[half], scale, out.format, tile_may_saturate, zeros);
             }
             *reinterpret_cast<uint4*>(out.codes + (size_t)(r0 + r) * cols + c0 + c) =
                 make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
@@ -495,24 +544,74 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
             uint8_t* destination = out.codes_t + (size_t)(c0 + c) * rows + r0 + r;
             for (int half = 0; half < 2 && r + 16 * half < rows_here; half++) {
                 uint2 codes[2];
-#pragma unroll Source::code_loop_unroll
+#pragma unroll
                 for (int quarter = 0; quarter < 2; quarter++) {
                     const int first = r + 16 * half + 8 * quarter;
                     float x[8];
                     for (int k = 0; k < 8; k++) { x[k] = fp8_stage_to_float(tile[(first + k) * stride + c]); }
                     codes[quarter] = fp8_quantize8(x, scale, out.format);
                     if (!count_rows) {
-                        fp8_tally_counts8(&tally, x, codes[quarter], scale, out.format, tile_may_saturate, fp8_zero_count8(x));
+                        fp8_tally_counts8(tally, x, codes[quarter], scale, out.format, tile_may_saturate, fp8_zero_count8(x));
                     }
                 }
                 *reinterpret_cast<uint4*>(destination + 16 * half) = make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
             }
         }
     }
+    __syncthreads();  // every thread is done with the buffer and the tile's shared scales
+}
+
+/*
+The tile cast: FP8_TILE_THREADS threads a block, FP8_TILE_BLOCKS_PER_SM blocks an SM, the
+grid as many blocks as the GPU holds at once (fp8_cast_transpose_grid); a block takes the
+cast's 128 x 128 tiles (the last ones short) blockIdx.x, + gridDim.x, ..., row tile by row
+tile, copying its next tile in while it casts this one where it has two staging buffers
+(Fp8TileStaging), and commits its statistics once.
+transformed_out (bf16 staging only, may be NULL): also store the transformed tensor.
+column_sums (may be NULL): the tile's column sums of the staged (transformed, rounded)
+values, in the bias gradient's order (DBIAS_ROWS_PER_CHUNK), at [row tile][cols].
+recording: what goes into out.record (Fp8CastRecording; a replay takes its per-tensor scale from it).
+cast: Fp8OneCast, or Fp8BatchedCasts (grid z the cast; then transformed_out and column_sums are NULL).
+Statistics count the row-major codes when they are written, else the transposed ones.
+*/
+template <class In, class Transform, class Source>
+__global__ void __launch_bounds__(FP8_TILE_THREADS, FP8_TILE_BLOCKS_PER_SM)
+fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, const In* in, int rows, int cols,
+                          Fp8CastRecording recording, Transform transform) {
+    typedef Fp8TileStaging<In, Transform> S;
+    const Fp8CastOutput& out = cast.output();
+    if (recording == FP8_RECORD_RECAST && out.prediction->recast == 0u) { return; }  // the prediction held: the whole block
+    const bool replay = recording == FP8_RECORD_NOTHING;
+    in += cast.input_offset();
+    extern __shared__ __align__(16) unsigned char fp8_tile_memory[];
+    const float tensor_scale = out.scaling != FP8_SCALING_TENSOR ? 0.0f : replay ? out.record->scale : out.state->scale;
+    const int tiles = ceil_div(rows, FP8_TILE) * ceil_div(cols, FP8_TILE);
+    Fp8Tally tally = fp8_tally_zero();
+
+    int tile = blockIdx.x;
+    if (tile < tiles) { fp8_tile_copy_in(fp8_tile_memory, in, cols, fp8_tile_place(tile, rows, cols), transform); }
+    for (int k = 0; tile < tiles; k++, tile += gridDim.x) {
+        const int next = tile + gridDim.x;
+        unsigned char* buffer = fp8_tile_memory + (size_t)(k % S::buffers) * S::buffer_bytes;
+        if constexpr (S::buffers == 2) {  // the next tile's copies go out before this one's are waited for
+            if (next < tiles) {
+                fp8_tile_copy_in(fp8_tile_memory + (size_t)((k + 1) % 2) * S::buffer_bytes, in, cols,
+                                 fp8_tile_place(next, rows, cols), transform);
+            }
+            __pipeline_wait_prior(next < tiles ? 1 : 0);
+        } else {
+            __pipeline_wait_prior(0);
+        }
+        fp8_cast_tile(buffer, out, fp8_tile_place(tile, rows, cols), transformed_out, column_sums, rows, cols, tensor_scale,
+                      transform, &tally);
+        if constexpr (S::buffers == 1) {
+            if (next < tiles) { fp8_tile_copy_in(fp8_tile_memory, in, cols, fp8_tile_place(next, rows, cols), transform); }
+        }
+    }
 
     if (replay) { return; }  // the whole block: recording is the launch's
     // per-tensor: the scale this cast used, for the GEMMs and the log (same value from every block)
-    if (out.scaling == FP8_SCALING_TENSOR && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    if (out.scaling == FP8_SCALING_TENSOR && blockIdx.x == 0 && threadIdx.x == 0) {
         out.record->scale = tensor_scale;
         out.record->scale_inv = out.state->scale_inv;
     }
@@ -521,17 +620,21 @@ fp8_cast_transpose_kernel(Source cast, In* transformed_out, float* column_sums, 
                      predicted ? out.prediction : NULL);
 }
 
+// the tile cast's blocks the GPU holds at once
+static int fp8_tile_resident_blocks(void) { return device_sm_count() * FP8_TILE_BLOCKS_PER_SM; }
+
 // count tensors [rows][cols] (grid z): one from an Fp8OneCast, count from an Fp8BatchedCasts
 template <class In, class Transform, class Source>
 void fp8_cast_transpose_grid(Source cast, int count, In* transformed_out, float* column_sums, const In* in,
                              int rows, int cols, Fp8CastRecording recording, Transform transform, cudaStream_t stream) {
-    const int vector = (int)(16 / sizeof(In));
-    size_t shared_bytes = (size_t)FP8_TILE * (FP8_TILE + vector) * sizeof(In);
-    cudaCheck(cudaFuncSetAttribute(fp8_cast_transpose_kernel<In, Transform, Source>,
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   (int)shared_bytes));  // fp32 staging is 66 KB, above the 48 KB default
-    dim3 grid(ceil_div(cols, FP8_TILE), ceil_div(rows, FP8_TILE), count);
-    fp8_cast_transpose_kernel<In, Transform, Source><<<grid, FP8_TILE_THREADS, shared_bytes, stream>>>(
+    typedef Fp8TileStaging<In, Transform> S;
+    auto kernel = fp8_cast_transpose_kernel<In, Transform, Source>;
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::bytes));  // above the 48 KB default
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    const int tiles = ceil_div(rows, FP8_TILE) * ceil_div(cols, FP8_TILE);
+    const int blocks_per_cast = max(1, min(tiles, ceil_div(fp8_tile_resident_blocks(), count)));
+    dim3 grid(blocks_per_cast, 1, count);
+    fp8_cast_transpose_kernel<In, Transform, Source><<<grid, FP8_TILE_THREADS, S::bytes, stream>>>(
         cast, transformed_out, column_sums, in, rows, cols, recording, transform);
     cudaCheck(cudaGetLastError());
 }

@@ -2129,6 +2129,11 @@ static void test_bad_input(void) {
 
 int main(void) {
     test_bad_input();  // forks before this process touches CUDA
+#ifdef CUDASIM
+    // one SM: the tile cast's grid is 3 blocks (what one SM holds), so each block takes several
+    // tiles, copying the next one in while it casts this one, at these tests' sizes
+    setenv("CUDASIM_SM_COUNT", "1", 1);
+#endif
     // d48's widths (C = 1600) and a B*T of 80 pass the shape check (a die here ends the test):
     // the block recipe's last tile along K may be short, as test_gemm_block_exact(272, 192, 576) runs
     matmul_fp8_check_shapes("fc", 1024, 1600, 6400);
@@ -2140,6 +2145,11 @@ int main(void) {
     test_cast_tensor(80, 208, FP8_E5M2, false);
     test_cast_tensor(256, 384, FP8_E4M3, false);
     test_cast_tensor(272, 208, FP8_E5M2, true);
+#ifndef CUDASIM
+    // 416 tiles, more than an H100's or H200's 396 resident blocks: some blocks take two, the
+    // second copied in while the first is cast (cudasim runs every case so, on one SM)
+    test_cast_tensor(2048, 3328, FP8_E4M3, false);
+#endif
     test_amax_pass_long();
     test_cast_current(80, 208, FP8_RECIPE_DELAYED);
     test_cast_current(272, 208, FP8_RECIPE_CURRENT);
@@ -2179,6 +2189,9 @@ int main(void) {
     test_backward_dout(80, 208, false, DOUT_POW2_HIGH);
     test_backward_dout(272, 832, true, DOUT_POW2_HIGH);
     test_backward_dout_amax_recorded(272, 832);
+#ifndef CUDASIM
+    test_backward_dout(2048, 3328, true, DOUT_DELAYED);  // the one-buffer staging (GELU backward's aux), 416 tiles
+#endif
     test_transpose_codes(16, 16);
     test_transpose_codes(144, 400);   // rows: a 16-row last tile
     test_transpose_codes(176, 272);   // rows: a 48-row last tile (32 + 16)

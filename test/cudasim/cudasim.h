@@ -40,7 +40,9 @@ a communication stream) runs as late as the waits on it allow, so a reader that 
 reads the old data every time, and its bits differ from the default order's.
 CUDASIM_MEMORY_REPORT=1 prints at exit the most device memory allocated at once (the tests
 compare it with what the trainer says it allocates). The device has 80 GiB, or
-CUDASIM_MEMORY_BYTES (a test's smaller GPU, to run out of memory). Its name is "cudasim (CPU)",
+CUDASIM_MEMORY_BYTES (a test's smaller GPU, to run out of memory), and 132 SMs, or
+CUDASIM_SM_COUNT (fewer: a grid sized to what the GPU holds at once then gives each block
+several pieces of work at a test's sizes). Its name is "cudasim (CPU)",
 or CUDASIM_DEVICE_NAME (a GPU's, whose peak the trainer's MFU takes).
 CUDASIM_LAUNCH_QUEUE=N bounds each stream's queue at N pieces of work, as a GPU's launch queue
 is bounded: one more blocks the host until the oldest have run, with no deadline (behind a
@@ -243,7 +245,21 @@ T warp_reduce(unsigned mask, T value, Combine combine, const char* what) {
     return result;
 }
 
+// cp.async (the pipeline primitives of cuda_pipeline_primitives.h): a thread's copies from global
+// to shared memory are queued, committed in groups, and land when the thread waits for them
+// (__pipeline_wait_prior), the latest a GPU may land them: a read of the destination before
+// the wait, or by another thread before a barrier after it, sees what was there before
+void pipeline_copy(void* destination, const void* source, size_t bytes, size_t zfill);
+void pipeline_commit();
+void pipeline_wait_prior(size_t prior);
+
 } // namespace cudasim
+
+static inline void __pipeline_memcpy_async(void* destination, const void* source, size_t bytes, size_t zfill = 0) {
+    cudasim::pipeline_copy(destination, source, bytes, zfill);
+}
+static inline void __pipeline_commit() { cudasim::pipeline_commit(); }
+static inline void __pipeline_wait_prior(size_t prior) { cudasim::pipeline_wait_prior(prior); }
 
 #define threadIdx (cudasim::coordinates().thread_idx)
 #define blockIdx (cudasim::coordinates().block_idx)

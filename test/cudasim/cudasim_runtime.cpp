@@ -129,6 +129,14 @@ struct Fiber {
     int wait_line = 0;
     unsigned wait_mask = 0;
     long generation_seen = 0;   // the meeting generation it waits to see end
+    // its cp.async copies not yet landed: committed groups, oldest first, and the open group
+    struct PendingCopy {
+        void* destination;
+        unsigned char bytes[16];
+        size_t size;
+    };
+    std::deque<std::vector<PendingCopy>> copy_groups;
+    std::vector<PendingCopy> open_copies;
 };
 
 struct Warp {
@@ -460,6 +468,33 @@ void static_shared_declared(size_t bytes) {
         abandon_kernel(cudaErrorLaunchOutOfResources);
     }
 }
+void pipeline_copy(void* destination, const void* source, size_t bytes, size_t zfill) {
+    if (current_fiber == nullptr) { fail("__pipeline_memcpy_async outside a kernel"); }
+    if (bytes != 4 && bytes != 8 && bytes != 16) {
+        fail("__pipeline_memcpy_async of " + std::to_string(bytes) + " bytes in " + block_text() + ": 4, 8 or 16 only");
+    }
+    if (zfill != 0) { fail("__pipeline_memcpy_async: zfill is not modelled"); }
+    if ((uintptr_t)destination % bytes != 0) { misaligned_access(destination, bytes); }
+    if ((uintptr_t)source % bytes != 0) { misaligned_access(source, bytes); }
+    Fiber::PendingCopy copy;
+    copy.destination = destination;
+    memcpy(copy.bytes, source, bytes);  // the source is read now: a kernel's input does not change under it
+    copy.size = bytes;
+    current_fiber->open_copies.push_back(copy);
+}
+void pipeline_commit() {
+    if (current_fiber == nullptr) { fail("__pipeline_commit outside a kernel"); }
+    current_fiber->copy_groups.push_back(std::move(current_fiber->open_copies));
+    current_fiber->open_copies.clear();
+}
+void pipeline_wait_prior(size_t prior) {
+    if (current_fiber == nullptr) { fail("__pipeline_wait_prior outside a kernel"); }
+    while (current_fiber->copy_groups.size() > prior) {
+        for (const Fiber::PendingCopy& copy : current_fiber->copy_groups.front()) { memcpy(copy.destination, copy.bytes, copy.size); }
+        current_fiber->copy_groups.pop_front();
+    }
+}
+
 void misaligned_access(const void* address, size_t alignment) {
     fprintf(stderr, "cudasim: misaligned address in %s: %p accessed as a type aligned to %zu bytes\n",
             block_text().c_str(), address, alignment);
@@ -503,6 +538,8 @@ static void run_one_block(const LaunchConfig& config, const char* name, const st
                 fiber.coordinates.block_dim = block_dim;
                 fiber.coordinates.grid_dim = grid;
                 fiber.linear = linear;
+                fiber.copy_groups.clear();  // a previous block's copies never landed here
+                fiber.open_copies.clear();
             }
         }
     }
@@ -990,13 +1027,23 @@ cudaError_t cudaDeviceSynchronize(void) {
     synchronize_all_streams(INFINITY);
     return sticky_error;
 }
-// the SM count (that of an H100 or H200 SXM, as cudaGetDeviceProperties says); other attributes are not modelled
+// the SM count: an H100 or H200 SXM's 132, or CUDASIM_SM_COUNT (fewer, so that a kernel whose grid
+// is what the GPU holds at once gives each block several pieces of work at a test's sizes)
+static int simulated_sm_count() {
+    const char* text = getenv("CUDASIM_SM_COUNT");
+    if (text == nullptr) { return 132; }
+    char* end = nullptr;
+    long count = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || count < 1 || count > 1024) { fail(std::string("CUDASIM_SM_COUNT=") + text + ": expected 1 to 1024"); }
+    return (int)count;
+}
+// the SM count, as cudaGetDeviceProperties says; other attributes are not modelled
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int) {
     cudasim::note_cuda_call(__func__);
     if (attribute != cudaDevAttrMultiProcessorCount) {
         cudasim::fail("cudaDeviceGetAttribute: attribute " + std::to_string((int)attribute) + " is not modelled");
     }
-    *value = 132;
+    *value = simulated_sm_count();
     return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
@@ -1005,7 +1052,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int) {
     // CUDASIM_DEVICE_NAME: a GPU's name, so the trainer takes that GPU's peak (a test of the MFU it prints)
     const char* name = getenv("CUDASIM_DEVICE_NAME");
     snprintf(prop->name, sizeof(prop->name), "%s", name != nullptr ? name : "cudasim (CPU)");
-    prop->multiProcessorCount = 132;
+    prop->multiProcessorCount = simulated_sm_count();
     prop->totalGlobalMem = simulated_memory_bytes();
     prop->major = 9;
     prop->minor = 0;

@@ -23,6 +23,9 @@ refuses too (run under cudasim only):
   more than 48 KB of static and dynamic together for a kernel that did not raise its dynamic
   limit, or more than 227 KB for one that did, ends the kernel with an error (in forked
   children); 40 KB static with 4 KB dynamic, or with 180 KB after raising the limit, runs.
+- cp.async (__pipeline_memcpy_async): a copy lands in shared memory when its thread waits for
+  its group, not before: read before the wait, the destination holds what it held (garbage);
+  __pipeline_wait_prior(1) lands every group but the newest, (0) all of them;
 - cudaMalloc of 0 bytes succeeds and allocates nothing: the pointer stays as it was (CUDA
   documents nothing; runtimes leave it or set NULL), so no caller can use such a buffer;
 - CUDA does not survive fork(): once this process has called CUDA, a forked child's
@@ -179,6 +182,39 @@ static void test_static_shared_starts_as_garbage(void) {
     cudaCheck(cudaFree(seen));
 }
 
+// one thread, two groups of one 16-byte copy each: what shared memory holds before any wait,
+// after waiting for all but the newest group, and after waiting for all
+__global__ void pipeline_copy_kernel(uint4* seen, const uint4* in) {
+    __shared__ uint4 staged[2];
+    __pipeline_memcpy_async(&staged[0], &in[0], 16);
+    __pipeline_commit();
+    __pipeline_memcpy_async(&staged[1], &in[1], 16);
+    __pipeline_commit();
+    seen[0] = staged[0];
+    __pipeline_wait_prior(1);
+    seen[1] = staged[0];
+    seen[2] = staged[1];
+    __pipeline_wait_prior(0);
+    seen[3] = staged[1];
+}
+
+static void test_pipeline_copies_land_at_the_wait(void) {
+    uint4 host_in[2] = {make_uint4(1, 2, 3, 4), make_uint4(5, 6, 7, 8)};
+    uint4 *in, *seen;
+    cudaCheck(cudaMalloc(&in, sizeof(host_in)));
+    cudaCheck(cudaMalloc(&seen, 4 * sizeof(uint4)));
+    cudaCheck(cudaMemcpy(in, host_in, sizeof(host_in), cudaMemcpyHostToDevice));
+    pipeline_copy_kernel<<<1, 1>>>(seen, in);
+    uint4 host[4];
+    cudaCheck(cudaMemcpy(host, seen, sizeof(host), cudaMemcpyDeviceToHost));
+    CHECK(host[0].x == 0xffffffffu, "a cp.async copy landed before its wait (0x%x, not the 0xff garbage)", host[0].x);
+    CHECK(host[1].x == 1 && host[1].w == 4, "__pipeline_wait_prior(1) did not land the older group (%u)", host[1].x);
+    CHECK(host[2].x == 0xffffffffu, "__pipeline_wait_prior(1) landed the newest group too (0x%x)", host[2].x);
+    CHECK(host[3].x == 5 && host[3].w == 8, "__pipeline_wait_prior(0) did not land the newest group (%u)", host[3].x);
+    cudaCheck(cudaFree(in));
+    cudaCheck(cudaFree(seen));
+}
+
 // block_reduce_sum without the barrier after its read of the partial sums
 __device__ float block_sum_missing_a_barrier(float value) {
     __shared__ float warp_sums[WARP_SIZE];
@@ -255,6 +291,7 @@ int main() {
     CHECK(host_flag == 1, "64 threads for __launch_bounds__(64) did not run");
 
     test_syncthreads_or();
+    test_pipeline_copies_land_at_the_wait();
     int racy_wrong = wrong_block_sums(1), wrong = wrong_block_sums(0);
     CHECK(racy_wrong > 0, "two block sums with no barrier between a read and the next write: no thread's sum wrong");
     CHECK(wrong == 0, "block_reduce_sum twice in a row: %d threads' sums wrong", wrong);
