@@ -17,14 +17,19 @@ Why it is shaped so:
   recipe: in one tile the kernel finds the amax of every 1 x 128 row piece (x, dy in the
   forward and dgrad), of every 128 x 1 column piece (x^T, dy^T in wgrad), and of the whole
   128 x 128 block (weights), so the block recipe costs no extra pass.
-- Memory-level parallelism bounds it, more than ALU. The 2026-11-26 H200 benchmark put the
-  casts at 2.4 to 3 times their memory floor, and the SASS showed staging issuing one 16-byte
-  load per thread and waiting for it before the next. After that was batched (4 loads in
-  flight, 64 registers, 4 blocks an SM) and the code passes slimmed, the 2026-11-30 benchmark
-  still had every tile cast near 2.2 TB/s (4 bytes an element: 2 in, a code and a transposed
-  code out), the plain attention-output cast (about 14 instructions an element by the SASS)
-  no faster per tile than GELU's (about 24): a block loaded its tile, then cast it, and its
-  loads were in flight only while it waited for them. So:
+- What bounds it is not settled. The 2026-11-26 H200 benchmark put the casts at 2.4 to 3
+  times their memory floor, and the SASS showed staging issuing one 16-byte load per thread
+  and waiting for it before the next. By 2026-11-30 staging had 4 loads in flight (64
+  registers, 4 blocks an SM) and the code passes were slimmer: GELU's cast went from 6.03 to
+  4.25 ms a step, but the plain attention-output cast stayed at 1.22 ms (about 2 TB/s at 4
+  bytes an element: 2 in, a code and a transposed code out), slower per tile than GELU's
+  with about 14 instructions an element against about 24 (the SASS; about 1 µs of an SM's
+  issue a tile, against 4.3 µs measured). Neither more loads in flight per block nor fewer
+  instructions moved it; what a block still did not do was overlap its loads with its own
+  casting (with 4 blocks an SM, the others had to), and each tile paid a block launch and a
+  commit of its statistics. The byte transpose below, with the same transposed stores, moved
+  its bytes at about 3 TB/s (lm_head's FP8 backward row less bench_gemm's GEMMs, 2026-11-30).
+  So, since 2026-12-01 (not yet measured):
   - the grid is what the GPU holds at once (FP8_TILE_BLOCKS_PER_SM blocks an SM), and a block
     takes tile after tile; its staging copies go to shared memory with cp.async, a thread's
     whole share of a tile in flight at once and no registers held, and with two staging
@@ -40,7 +45,8 @@ Why it is shaped so:
   - per tensor, one barrier vote (__syncthreads_or) tells the tile whether any of its values
     can saturate under the known scale (exactly, from the amaxes: fp8_may_saturate); where
     none can, the counts test each code for a flush only.
-  Whether this reaches the floor is the next GPU benchmark's to say.
+  Whether this helps is the next GPU benchmark's to say (dev/bench/compare_bench.py sets its
+  rows beside 2026-11-30's); if it does not, the one-tile-a-block kernel is 7e318fa's parent.
 - Scales: the per-tensor recipes read the scale from the tensor's Fp8TensorScaling on the
   device and record amax and counts in its Fp8CastRecord (fp8_scaling.cuh). Delayed: one
   pass (cast with the history's scale, record this amax). Current (gradients under -fg
