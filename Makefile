@@ -181,6 +181,10 @@ bench_gemm: dev/bench/bench_gemm.cu $(LLMC_HEADERS) | check-cuda
 probe_epilogues: dev/bench/probe_epilogues.cu $(LLMC_HEADERS) | check-cuda
 	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDFLAGS) -o $@
 
+# the FP8 tile cast's parts timed apart at d12's shapes (dev/bench/bench_casts.cu): what bounds it
+bench_casts: dev/bench/bench_casts.cu $(LLMC_HEADERS) | check-cuda
+	$(NVCC) $(NVCC_FLAGS) $< $(NVCC_LDFLAGS) -o $@
+
 # adamw8's block step built for its common path alone, machine code only (dev/bench/sass_path.py
 # counts the instructions it executes; test/test_sass_path.py holds it to a budget)
 $(BUILD)/adamw8_sass_probe.cubin: dev/bench/adamw8_sass_probe.cu $(LLMC_HEADERS) | check-cuda
@@ -217,7 +221,7 @@ $(GPU_TESTS): $(BUILD)/%: $(CUDA_OBJ)/%.o $(ATTENTION_OBJS) $(CUDA_FLAVOR)
 	$(NVCC) $(NVCC_FLAGS) $< $(CUDA_PROGRAM_LIBS) -o $@
 
 # what compiles without cudnn_att.o: dev/gpu_session.sh builds these beside it
-cuda-objects: $(CUDA_OBJ)/train_gpt2_fp8.o $(GPU_TEST_OBJS) bench_gemm probe_epilogues
+cuda-objects: $(CUDA_OBJ)/train_gpt2_fp8.o $(GPU_TEST_OBJS) bench_gemm probe_epilogues bench_casts
 
 # ---- cudasim: the CUDA tests and the trainer run on the CPU (test/cudasim/cudasim.h) -------
 # translate.py rewrites the launches; g++ compiles with cudasim.h force-included; the
@@ -226,7 +230,7 @@ SIM = $(BUILD)/sim
 SIM_CXX = $(CXX) -std=c++17 -O2 $(FORMAT_CHECK) -fopenmp -I$(NCCL_INCLUDE) -I$(CUDA_HOME)/include -I$(SIM) -I. \
     -include test/cudasim/cudasim.h -DLLM8_NO_CUDNN
 SIM_INPUTS = $(LLMC_HEADERS) $(wildcard test/*.h test/*.cuh test/test_*.cu test/cudasim/test_*.cu) train_gpt2_fp8.cu \
-    dev/bench/probe_epilogues.cu
+    dev/bench/probe_epilogues.cu dev/bench/bench_casts.cu
 SIM_RUNTIME = $(patsubst test/cudasim/%.cpp,$(SIM)/%.o,$(wildcard test/cudasim/cudasim_*.cpp))
 SIM_TESTS = $(patsubst test/%.cu,$(SIM)/%,$(wildcard test/test_*.cu)) \
     $(patsubst test/cudasim/%.cu,$(SIM)/%,$(wildcard test/cudasim/test_*.cu))
@@ -255,6 +259,10 @@ $(SIM)/train_gpt2_fp8: $(SIM)/.translated $(SIM_RUNTIME)
 $(SIM)/probe_epilogues: $(SIM)/.translated $(SIM_RUNTIME)
 	$(SIM_CXX) -x c++ $(SIM)/dev/bench/probe_epilogues.cu -x none $(SIM_RUNTIME) -lm -ldl -o $@
 
+# its harness (shapes, timing, the table) on small shapes under cudasim (test_bench_casts.py)
+$(SIM)/bench_casts: $(SIM)/.translated $(SIM_RUNTIME)
+	$(SIM_CXX) -x c++ $(SIM)/dev/bench/bench_casts.cu -x none $(SIM_RUNTIME) -lm -ldl -o $@
+
 # the GPU test binaries under cudasim (part of make test: a few minutes on 2 cores)
 test-sim: $(SIM_TESTS)
 	@RUNNER_NAME="cudasim tests" bash test/run_cpu_tests.sh $(SIM_TESTS)
@@ -275,7 +283,7 @@ test:
 	$(MAKE) -j$(JOBS) --output-sync=target test-cpu test-sim
 	$(MAKE) test-python
 
-test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS) $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(BUILD)/libfake_nvml.so
+test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS) $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/bench_casts $(BUILD)/libfake_nvml.so
 
 test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 	@bash test/run_cpu_tests.sh $(CPU_TESTS) $(CPU_CXX_TESTS)
@@ -291,10 +299,10 @@ test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
 # a log shows where the time goes.
 PYTEST_XDIST = $(shell $(PYTHON) -c 'import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split(".")[:2])) < (3, 2))' 2>/dev/null && echo yes)
 PYTEST_RUN = $(if $(and $(PYTEST_XDIST),$(filter-out 1,$(JOBS))),OMP_NUM_THREADS=1 $(PYTHON) -m pytest -n $(JOBS) --dist worksteal,$(PYTHON) -m pytest)
-test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues $(BUILD)/adamw8_sass_probe.cubin $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
+test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues bench_casts $(BUILD)/adamw8_sass_probe.cubin $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/bench_casts $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
 	$(PYTEST_RUN) -q --durations=15 test
 
-compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues $(BUILD)/adamw8_sass_probe.cubin $(GPU_TESTS)
+compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues bench_casts $(BUILD)/adamw8_sass_probe.cubin $(GPU_TESTS)
 
 # the C tests built with AddressSanitizer and UBSan, and the cudasim tests with UBSan, into
 # $(BUILD)/sanitize: what the -O3 builds run past silently (a read past a buffer, a use after
@@ -338,4 +346,4 @@ env:
 	    bash dev/gpu_env.sh
 
 clean:
-	rm -rf $(BUILD) train_gpt2_fp8 train_gpt2cpu bench_gemm probe_epilogues
+	rm -rf $(BUILD) train_gpt2_fp8 train_gpt2cpu bench_gemm probe_epilogues bench_casts

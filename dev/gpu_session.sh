@@ -6,8 +6,8 @@
 # fresh one), then logs to $LOG_DIR ($OUT when the device tool runs it, so the logs come back;
 # else build/gpu-logs).
 #
-#   bash dev/gpu_session.sh first   # a session's first call: env, the build (and probe_epilogues' table
-#                                   # in env.txt), every GPU test binary,
+#   bash dev/gpu_session.sh first   # a session's first call: env, the build (and probe_epilogues' and
+#                                   # bench_casts' tables in env.txt), every GPU test binary,
 #                                   # then d12's quick benchmark, all within FIRST_S (420) seconds
 #                                   # (the tests until FIRST_BENCH_S (120) before the end, the
 #                                   # benchmark the rest); summary.txt says what ran and what not
@@ -136,7 +136,7 @@ build_all() {
         fi
     fi
     [ -z "$no_cudnn" ] || export NO_CUDNN=1
-    $(limit) make -k -j"$JOBS" PYTHON="$PYTHON" $no_cudnn "${failed_objects[@]}" train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests 2>&1 \
+    $(limit) make -k -j"$JOBS" PYTHON="$PYTHON" $no_cudnn "${failed_objects[@]}" train_gpt2_fp8 bench_gemm probe_epilogues bench_casts gpu-tests 2>&1 \
         | tee -a "$LOG_DIR/build.log" | tail -5
     # a target that failed leaves the others to test (make -k): the stages go on, build.log says which
     [ "${PIPESTATUS[0]}" -eq 124 ] && echo "build: stopped at its deadline (${1:-} s)" | tee -a "$LOG_DIR/build.log"
@@ -146,8 +146,8 @@ build_all() {
 # the failed make targets build.log holds (make -k went on past them)
 build_errors() { grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log" 2>/dev/null; }
 
-# first's summary.txt: the GPU, the build's errors, the test counts and every FAIL line, probe_epilogues' table,
-# the benchmark's main table
+# first's summary.txt: the GPU, the build's errors, the test counts and every FAIL line, probe_epilogues' and
+# bench_casts' tables, the benchmark's main table
 first_summary() {
     echo "== first: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"
     echo "build: $([ "$make_errors" -eq 0 ] && echo ok || echo "$make_errors make errors (build.log)")"
@@ -157,6 +157,9 @@ first_summary() {
     # probe_epilogues' table (env.txt), or why there is none
     grep -A 30 -E '^## cuBLASLt FP8 GEMMs through GELU epilogues' "$LOG_DIR/env.txt" | grep -E '^(## |\| |error)' \
         || echo "probe_epilogues: no table ($(grep -h -E '^\(probe_epilogues' "$LOG_DIR/env.txt"))"
+    # bench_casts' table (env.txt), or why there is none
+    grep -A 20 -E '^## FP8 tile cast bandwidth' "$LOG_DIR/env.txt" | grep -E '^(## |\| )' \
+        || echo "bench_casts: no table ($(grep -h -E '^\(bench_casts' "$LOG_DIR/env.txt"))"
     # the report's main table (one row per train run): its header up to the first blank line
     awk '/^\| model \| precision \|/ {on = 1} on && /^$/ {exit} on' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
     # the FP8 over bf16 ratio of the default runs and of their repeats: the noise on every ratio above
@@ -192,6 +195,8 @@ case "$stage" in
         make_errors=$(build_errors)
         # which FP8 GELU epilogues (FP8 outputs, bf16 with amax) cuBLASLt has (a second or two): into env.txt, the machine's facts
         { echo; timeout 30 ./probe_epilogues 2>&1 || echo "(probe_epilogues: exit $?)"; } >>"$LOG_DIR/env.txt"
+        # the tile cast's parts timed apart at d12's shapes (a few seconds): what bounds the FP8 casts
+        { echo; timeout 60 ./bench_casts 2>&1 || echo "(bench_casts: exit $?)"; } >>"$LOG_DIR/env.txt"
         mapfile -t tests < <(gpu_test_binaries)
         # the 2-rank test needs NCCL 2.30+, which only the ranks stage installs: here its SKIP line shows in summary.txt
         LLM8_ALLOW_NO_TWO_RANKS=1 TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 \

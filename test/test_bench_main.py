@@ -514,7 +514,8 @@ def test_sigterm_kills_the_running_trainer(tmp_path):
 def first_stage_fakes(tmp_path):
     """the scripts' copy, and stand-ins on a PATH directory: make (no cuDNN frontend headers, so check-cudnn fails
     and the build gets NO_CUDNN=1; one target fails), nvidia-smi, a test binary per test/test_*.cu printing 10
-    passes (test_fp8_kernels one failure, test_gpt2 hangs), and ./probe_epilogues printing a one-row table; returns
+    passes (test_fp8_kernels one failure, test_gpt2 hangs), and ./probe_epilogues and ./bench_casts printing a one-row
+    table each; returns
     (root, PATH directory, OUT, test names)"""
     root, fakes, out = copy_of_the_scripts(tmp_path), tmp_path / "bin", tmp_path / "out"
     names = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(bench_stubs.ROOT, "test", "test_*.cu")))
@@ -529,6 +530,11 @@ def first_stage_fakes(tmp_path):
     probe.write_text('#!/bin/sh\necho "## cuBLASLt FP8 GEMMs through GELU epilogues: FP8 outputs, bf16 with amax (Fake H100)"\n'
                      'echo; echo "| case | heuristic | run | amax D written |"; echo "| fc fwd: E4M3 D | yes | yes | - |"\n')
     probe.chmod(0o755)
+    casts = root / "bench_casts"
+    casts.write_text('#!/bin/sh\necho "## FP8 tile cast bandwidth (dev/bench/bench_casts.cu) on Fake H100"\n'
+                     'echo; echo "| rows x cols | what | bytes/element | ms | GB/s | of copy |"; '
+                     'echo "| 65536 x 768 | copy | 4 | 0.0700 | 2876 | 1.00 |"\n')
+    casts.chmod(0o755)
     fakes.mkdir()
     make = ('case "$*" in env*) echo "the machine";; '
             '*check-cudnn*) echo "error: cuDNN frontend headers (cudnn_frontend.h) not found" >&2; exit 2;; '
@@ -562,7 +568,8 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     summary = (out / "summary.txt").read_text().splitlines()
     assert summary[:3] == ["== first: Fake H100, 580.1", "build: 1 make errors (build.log)",
                            "build: NO_CUDNN=1, no cuDNN attention tested (error: cuDNN frontend headers (cudnn_frontend.h) not found)"]
-    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests$", (out / "build.log").read_text(), re.M)
+    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues bench_casts gpu-tests$",
+                     (out / "build.log").read_text(), re.M)
     # test_gpt2 runs last and is cut at the tests' deadline; the others ran, in the stage's order
     assert summary[3] == f"gpu tests: {10 * (len(names) - 2) + 5} passed, 2 failed", summary
     assert "!! build/test_gpt2 ran past TEST_DEADLINE (" in summary[4], summary
@@ -572,6 +579,11 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     assert summary[probe_at + 1:probe_at + 3] == ["| case | heuristic | run | amax D written |",
                                                   "| fc fwd: E4M3 D | yes | yes | - |"], summary
     assert probe_at > 4 and probe_at < summary.index("bench: " + (out / "bench_d12.log").read_text().splitlines()[-1]), summary
+    # bench_casts' table likewise, after probe_epilogues'
+    casts_at = summary.index("## FP8 tile cast bandwidth (dev/bench/bench_casts.cu) on Fake H100")
+    assert summary[casts_at + 1:casts_at + 3] == ["| rows x cols | what | bytes/element | ms | GB/s | of copy |",
+                                                  "| 65536 x 768 | copy | 4 | 0.0700 | 2876 | 1.00 |"], summary
+    assert casts_at > probe_at, summary
     ran = re.findall(r"^== build/(\w+)$", (out / "gpu_tests.log").read_text(), re.M)
     assert ran[:3] == ["test_cublaslt_rules", "test_kernels", "test_matmul_attention"] and ran[-1] == "test_gpt2", ran
     assert sorted(ran) == names
@@ -663,7 +675,7 @@ def test_gpu_session_builds_without_cudnn_when_its_attention_does_not_compile(tm
     assert "build: NO_CUDNN=1, no cuDNN attention tested (build/cudnn_att.o did not build: above)" in log, log
     # what does not link cudnn_att.o was compiled while it was
     assert re.search(r"^make -k -j\d+ PYTHON=\S+ cuda-objects$", log, re.M), log
-    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests$", log, re.M), log
+    assert re.search(r"^make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues bench_casts gpu-tests$", log, re.M), log
 
 
 def test_gpu_session_does_not_compile_a_failed_object_twice(tmp_path):
@@ -685,7 +697,7 @@ def test_gpu_session_does_not_compile_a_failed_object_twice(tmp_path):
     calls = (out / "make_calls").read_text().splitlines()
     assert any(re.fullmatch(r"make -k -j\d+ PYTHON=\S+ cuda-objects", c) for c in calls), calls
     assert re.fullmatch(r"make -k -j\d+ PYTHON=\S+ -o build/obj/test_kernels.o train_gpt2_fp8 bench_gemm probe_epilogues "
-                        r"gpu-tests", calls[-1]), calls
+                        r"bench_casts gpu-tests", calls[-1]), calls
 
 
 def test_gpu_session_keeps_no_cudnn_for_the_next_call_and_tests_past_a_failed_target(tmp_path):
@@ -708,7 +720,7 @@ def test_gpu_session_keeps_no_cudnn_for_the_next_call_and_tests_past_a_failed_ta
     subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "tests"], capture_output=True, text=True, timeout=60, env=env)
     calls = (out / "make_calls").read_text()
     assert "cudnn" not in calls.replace("NO_CUDNN=1", ""), calls
-    assert re.fullmatch(r"make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues gpu-tests\n", calls), calls
+    assert re.fullmatch(r"make -k -j\d+ PYTHON=\S+ NO_CUDNN=1 train_gpt2_fp8 bench_gemm probe_epilogues bench_casts gpu-tests\n", calls), calls
     tests_log = (out / "gpu_tests.log").read_text()
     assert "test_kernels: 7 passed, 0 failed" in tests_log and "no: make gpucheck" not in tests_log, tests_log
 
