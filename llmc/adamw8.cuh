@@ -213,7 +213,6 @@ adamw8_update_kernel(floatX* params, float* master, const floatX* grads, Quant8T
                                       first_index, fp8);
 }
 
-
 static inline void adamw8_check_aligned_(const void* ptr, const char* what) {
     if (ptr != NULL && ((uintptr_t)ptr % 16) != 0) {
         llm8_die("adamw8_update: %s at %p is not 16-byte aligned (tensor offsets must be multiples of 8 elements)", what, ptr);
