@@ -190,6 +190,13 @@ def test_compare_fg_pow2_option(data, tmp_path):
     assert ["lm_head=fwd,dgrad,wgrad" in passes for _, _, passes in fp8_runs] == [True, False], fp8_runs
 
 
+def compare_refusal(item, tmp_path):
+    """compare_bf16_fp8.sh with RECIPES "delayed ITEM": refused (exit 2) before any run (no OUT); its stderr lines"""
+    result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
+    assert result.returncode == 2 and not (tmp_path / "cmp").exists()
+    return result.stderr.strip().splitlines()
+
+
 @pytest.mark.parametrize("item,reason", [
     ("delayed+fp4", "unknown option '+fp4'"),
     ("current+fg_delayed+lm_head+fg_delayed", "option '+fg_delayed' given twice"),
@@ -198,9 +205,7 @@ def test_compare_fg_pow2_option(data, tmp_path):
     ("delayed+", "unknown option '+'"),
 ])
 def test_compare_refuses_a_bad_recipe_option(item, reason, tmp_path):
-    result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
-    assert result.returncode == 2 and not (tmp_path / "cmp").exists()
-    assert result.stderr.strip().splitlines() == [
+    assert compare_refusal(item, tmp_path) == [
         f"error: RECIPES: '{item}': {reason} (accepted: +lm_head, +fg_delayed or +fg_pow2, and +fc_codes, in any order, "
         "each at most once)"]
 
@@ -209,9 +214,7 @@ def test_compare_refuses_a_bad_recipe_option(item, reason, tmp_path):
                                         ("block+fg_pow2", "pow2"), ("block+lm_head+fg_pow2", "pow2")])
 def test_compare_refuses_block_with_fg_delayed_or_pow2(item, grads, tmp_path):
     """the trainer refuses -fg delayed and -fg pow2 with -fr block: the script says so before any run"""
-    result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
-    assert result.returncode == 2 and not (tmp_path / "cmp").exists()
-    assert result.stderr.strip().splitlines() == [
+    assert compare_refusal(item, tmp_path) == [
         f"error: RECIPES: '{item}': the trainer refuses -fg {grads} with -fr block (its 1x128 gradient tiles are "
         f"cast in one pass already); use +fg_{grads} with delayed or current"]
 
@@ -219,9 +222,7 @@ def test_compare_refuses_block_with_fg_delayed_or_pow2(item, grads, tmp_path):
 @pytest.mark.parametrize("item,recipe", [("current+fc_codes", "current"), ("block+lm_head+fc_codes", "block")])
 def test_compare_refuses_fc_codes_but_with_delayed(item, recipe, tmp_path):
     """the trainer refuses -fe 1 with -fr current and block: the script says so before any run"""
-    result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
-    assert result.returncode == 2 and not (tmp_path / "cmp").exists()
-    assert result.stderr.strip().splitlines() == [
+    assert compare_refusal(item, tmp_path) == [
         f"error: RECIPES: '{item}': the trainer refuses -fe 1 with -fr {recipe} (fc's GEMM writes the codes under a scale "
         "known before it runs, the delayed recipe's); use +fc_codes with delayed"]
 
@@ -231,9 +232,7 @@ def test_compare_refuses_fc_codes_but_with_delayed(item, recipe, tmp_path):
 def test_compare_refuses_fg_delayed_with_fg_pow2(item, tmp_path):
     """+fg_delayed and +fg_pow2 are the same flag (-fg) with two values: one item takes one of them, said in one line
     before any run (the block recipe's refusal of either comes after)"""
-    result = run_script("compare_bf16_fp8.sh", [], {"RECIPES": f"delayed {item}", "OUT": str(tmp_path / "cmp")})
-    assert result.returncode == 2 and not (tmp_path / "cmp").exists()
-    assert result.stderr.strip().splitlines() == [
+    assert compare_refusal(item, tmp_path) == [
         f"error: RECIPES: '{item}': +fg_delayed and +fg_pow2 both set -fg (one -fg per run): give one of them"]
 
 
