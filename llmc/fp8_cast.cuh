@@ -634,9 +634,13 @@ template <class In, class Transform, class Source>
 void fp8_cast_transpose_grid(Source cast, int count, In* transformed_out, float* column_sums, const In* in,
                              int rows, int cols, Fp8CastRecording recording, Transform transform, cudaStream_t stream) {
     typedef Fp8TileStaging<In, Transform> S;
-    auto kernel = fp8_cast_transpose_kernel<In, Transform, Source>;
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::bytes));  // above the 48 KB default
-    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    static bool configured = false;  // per instantiation, once a process (one device): not a host call per cast
+    if (!configured) {
+        auto kernel = fp8_cast_transpose_kernel<In, Transform, Source>;
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)S::bytes));  // above 48 KB
+        cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+        configured = true;
+    }
     const int tiles = ceil_div(rows, FP8_TILE) * ceil_div(cols, FP8_TILE);
     const int blocks_per_cast = max(1, min(tiles, ceil_div(fp8_tile_resident_blocks(), count)));
     dim3 grid(blocks_per_cast, 1, count);
