@@ -111,7 +111,7 @@ else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
   MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath -Xlinker $(OPENMPI_DIR)/lib -lmpi
 endif
 
-.PHONY: all test test-build test-cpu test-sim test-python compile-cuda cuda-objects test-sanitizers simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
+.PHONY: all test test-build test-binaries test-cpu test-sim test-python compile-cuda cuda-objects test-sanitizers simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
         clean check-cuda check-cudnn check-nccl
 
 all: train_gpt2_fp8 train_gpt2cpu
@@ -275,13 +275,21 @@ simcheck: test-sim $(SIM)/train_gpt2_fp8
 	LLM8_TRAINER=$(SIM)/train_gpt2_fp8 $(PYTHON) test/gpu_trainer_ranks.py
 
 # every binary first, one build per core (nvcc and g++ use one core each), so a build break fails
-# fast; then the CPU tests beside the cudasim tests (each shown whole as it ends: they write to
-# separate files), and pytest last, so the last line is its summary
+# fast; then the CPU and cudasim test binaries, and pytest last, so the last line is its summary
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test:
 	$(MAKE) -j$(JOBS) test-build
-	$(MAKE) -j$(JOBS) --output-sync=target test-cpu test-sim
+	$(MAKE) test-binaries
 	$(MAKE) test-python
+
+# the CPU and cudasim test binaries in one lane a core (run_cpu_tests.sh's TEST_JOBS), each on
+# one OpenMP thread as pytest's workers are: with OpenMP's default threads, two binaries of two
+# threads each on two cores spun on each other's barriers (384 s, against 294). cudasim's
+# test_gpt2 goes first: on CI's 2 cores it takes one lane all the while (about 290 s) and the
+# rest fill the other (about 250 s). test-cpu beside test-sim, a lane each, took 363 s.
+test-binaries: $(CPU_TESTS) $(CPU_CXX_TESTS) $(SIM_TESTS)
+	@OMP_NUM_THREADS=1 TEST_JOBS=$(JOBS) RUNNER_NAME="cpu and cudasim tests" bash test/run_cpu_tests.sh \
+	    $(SIM)/test_gpt2 $(CPU_TESTS) $(CPU_CXX_TESTS) $(filter-out $(SIM)/test_gpt2,$(SIM_TESTS))
 
 test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS) $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/bench_casts $(BUILD)/libfake_nvml.so
 

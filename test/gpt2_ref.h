@@ -182,13 +182,15 @@ static inline void ref_layernorm_backward(float* dinp, float* dweight, float* db
 #define REF_VECTOR_CLONES
 #endif
 
-// The forward's dot products add double products of two floats, which are exact (24 + 24
-// significant bits of 53), so a fused multiply-add rounds exactly as the multiply and the add:
-// its clone may contract them (the "fma" clone, whose 256-bit vectors come with it), bit for bit.
+// A clone with FMA (and the 256-bit vectors that come with it), only for code whose bits a
+// fused multiply-add cannot change: the forward's dot products add double products of two
+// floats, which are exact (24 + 24 significant bits of 53), so an FMA rounds exactly as the
+// multiply and the add; AdamW's update (ref_adamw_range) calls fmaf, which rounds once either
+// way, and adds no other product.
 #if defined(__GNUC__) && defined(__x86_64__)
-#define REF_EXACT_PRODUCT_CLONES __attribute__((target_clones("fma", "default")))
+#define REF_FMA_CLONES __attribute__((target_clones("fma", "default")))
 #else
-#define REF_EXACT_PRODUCT_CLONES
+#define REF_FMA_CLONES
 #endif
 
 // acc[j][r] += sum over c of x_block[c][r] * w_j[c], for the REF_ROW_BLOCK rows of a block and
@@ -196,7 +198,7 @@ static inline void ref_layernorm_backward(float* dinp, float* dweight, float* db
 // flight while each waits on its previous add, and each x_block load serves both rows (on a CI
 // core, at d12's shapes, one weight row at a time ran 1.1x to 1.5x slower; the backward's
 // pairs below gained 1.0x to 1.4x)
-REF_EXACT_PRODUCT_CLONES static inline void ref_block_dot_pair(double (*__restrict__ acc)[REF_ROW_BLOCK],
+REF_FMA_CLONES static inline void ref_block_dot_pair(double (*__restrict__ acc)[REF_ROW_BLOCK],
                                                                const double* __restrict__ x_block, const float* __restrict__ w0,
                                                                const float* __restrict__ w1, int C) {
     for (int c = 0; c < C; c++) {
@@ -1220,6 +1222,15 @@ through adamw_element_update, the code the GPU optimizer runs; then the FP8 weig
 the step (gpt2ref_fp8_weights_updated). Returns the global norm before clipping; when it is
 not finite the parameters, moments and FP8 states are left untouched.
 */
+// params[0..n) updated by AdamW from grads * grad_scale, m and v updated. adamw_element_update's
+// four fmaf are each a call into libm where the target lacks FMA (on the tiny CPU model the calls
+// and the loop around them were 28% of a step: every parameter, every step); the FMA clone makes
+// each one instruction
+REF_FMA_CLONES static void ref_adamw_range(float* params, const float* grads, float* m, float* v, size_t n,
+                                                     float grad_scale, AdamWElementParams hp) {
+    for (size_t i = 0; i < n; i++) { params[i] = adamw_element_update(params[i], grads[i] * grad_scale, &m[i], &v[i], hp); }
+}
+
 static inline float gpt2ref_adamw_update(GPT2Ref* model, float learning_rate, float beta1, float beta2, float eps,
                                   float weight_decay, int t, float grad_clip) {
     if (t < 1) { llm8_die("gpt2ref_adamw_update: step t=%d is invalid (expected >= 1)", t); }
@@ -1230,13 +1241,14 @@ static inline float gpt2ref_adamw_update(GPT2Ref* model, float learning_rate, fl
     for (int tensor = 0; tensor < NUM_PARAMETER_TENSORS; tensor++) {
         AdamWElementParams hp = adamw_element_params(learning_rate, beta1, beta2, eps,
                                                      gpt2_param_is_decayed(tensor) ? weight_decay : 0.0f, t);
-        const size_t end = offset + model->param_sizes[tensor];
+        const size_t n = model->param_sizes[tensor];
         REF_PARALLEL_FOR
-        for (size_t i = offset; i < end; i++) {
-            model->params[i] = adamw_element_update(model->params[i], model->grads[i] * grad_scale,
-                                                    &model->adam_m[i], &model->adam_v[i], hp);
+        for (size_t k = 0; k < ref_chunk_count(n); k++) {
+            const size_t start = offset + k * REF_CHUNK, count = n - k * REF_CHUNK < REF_CHUNK ? n - k * REF_CHUNK : REF_CHUNK;
+            ref_adamw_range(model->params + start, model->grads + start, model->adam_m + start, model->adam_v + start,
+                            count, grad_scale, hp);
         }
-        offset += model->param_sizes[tensor];
+        offset += n;
     }
     gpt2ref_fp8_weights_updated(model);
     return norm;

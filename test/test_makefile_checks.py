@@ -238,6 +238,22 @@ def test_sanitizer_target_covers_every_test():
     assert len(runs) == 2 and "ASAN_OPTIONS=detect_leaks=0" in result.stdout, runs
 
 
+def test_make_test_runs_every_test_binary_in_lanes():
+    """make test runs the CPU and cudasim test binaries through make test-binaries: all of them, one lane a core
+    (JOBS), each on one OpenMP thread, cudasim's test_gpt2 (the longest) first; a test file added to test/ is run
+    without a Makefile edit, and none is left out"""
+    result = make("-n", "test", "JOBS=3")
+    assert result.returncode == 0, result.stderr
+    runs = [line for line in result.stdout.replace("\\\n", " ").splitlines() if "test/run_cpu_tests.sh" in line]
+    assert len(runs) == 1 and runs[0].startswith("OMP_NUM_THREADS=1 TEST_JOBS=3 "), runs
+    binaries = runs[0].split("test/run_cpu_tests.sh", 1)[1].split()
+    expected = [f"build/{name.rsplit('.', 1)[0]}" for name in os.listdir(os.path.join(ROOT, "test"))
+                if name.startswith("test_") and name.endswith((".c", ".cpp"))]
+    expected += [f"build/sim/{name[:-3]}" for folder in ("test", "test/cudasim")
+                 for name in os.listdir(os.path.join(ROOT, folder)) if name.startswith("test_") and name.endswith(".cu")]
+    assert binaries[0] == "build/sim/test_gpt2" and sorted(binaries) == sorted(expected), binaries
+
+
 def make_variable(name, *args, env=None):
     result = make("--eval", "print-variable-%: ; @echo $($*)", "print-variable-" + name, *args, env=env)
     assert result.returncode == 0, result.stderr

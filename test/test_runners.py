@@ -9,6 +9,8 @@ import os
 import subprocess
 import time
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(ROOT, "test", "run_cpu_tests.sh")
 
@@ -85,6 +87,49 @@ def test_without_a_timeout_a_slow_binary_finishes(tmp_path):
     slow = fake_binary(tmp_path, "slow", 'sleep 2; echo "slow: 1 passed, 0 failed"')
     result = run([slow])
     assert result.returncode == 0 and result.stdout.splitlines()[-1] == "cpu tests: 1 passed, 0 failed"
+
+
+def test_lanes_run_binaries_at_once_and_show_each_output_whole(tmp_path):
+    """TEST_JOBS=2 (make test): two lanes, each binary started in the order given as one frees, its output shown
+    whole (its == line, then its lines) when it ends, and the closing line adds up every binary, whatever order
+    they ended in"""
+    slow = fake_binary(tmp_path, "slow", 'echo "slow starts"; sleep 3; echo "slow ends"; echo "slow: 1 passed, 0 failed"')
+    quick = [fake_binary(tmp_path, f"quick{i}", f'echo "quick{i} starts"; sleep 1; echo "quick{i}: 2 passed, 0 failed"')
+             for i in range(2)]
+    start = time.monotonic()
+    result = run([slow] + quick, TEST_JOBS="2")
+    elapsed = time.monotonic() - start
+    assert result.returncode == 0, result.stdout
+    assert elapsed < 4.5, elapsed  # one after another: 5 s
+    assert result.stdout.splitlines() == [f"== {quick[0]}", "quick0 starts", "quick0: 2 passed, 0 failed",
+                                          f"== {quick[1]}", "quick1 starts", "quick1: 2 passed, 0 failed",
+                                          f"== {slow}", "slow starts", "slow ends", "slow: 1 passed, 0 failed",
+                                          "cpu tests: 5 passed, 0 failed"]
+
+
+def test_lanes_count_failures_crashes_and_hangs(tmp_path):
+    failing = fake_binary(tmp_path, "failing", 'echo "failing: 2 passed, 1 failed"; exit 1')
+    crashed = fake_binary(tmp_path, "crashed", 'echo "crashed: 5 passed, 0 failed"; exit 134')
+    hangs = fake_binary(tmp_path, "hangs", 'echo "started"; sleep 30; echo "hangs: 1 passed, 0 failed"')
+    fine = fake_binary(tmp_path, "fine", 'echo "fine: 4 passed, 0 failed"')
+    start = time.monotonic()
+    result = run([hangs, failing, crashed, fine], TEST_JOBS="2", TEST_TIMEOUT_S="2")
+    assert time.monotonic() - start < 15
+    assert result.returncode != 0
+    lines = result.stdout.splitlines()
+    assert f"!! {crashed} exited with 134" in lines
+    # the hang's lines so far, then the verdict
+    assert lines[lines.index(f"== {hangs}"):][:3] == [f"== {hangs}", "started", f"!! {hangs} ran past TEST_TIMEOUT_S=2s and was stopped"]
+    assert lines[-1] == "cpu tests: 11 passed, 3 failed"
+
+
+@pytest.mark.parametrize("jobs", ["0", "two", "-1"])
+def test_lanes_refuse_a_count_that_is_not_a_whole_number(tmp_path, jobs):
+    a = fake_binary(tmp_path, "a", 'echo "a: 3 passed, 0 failed"')
+    result = run([a], TEST_JOBS=jobs)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [f"error: test/run_cpu_tests.sh: TEST_JOBS={jobs} (expected a whole number of "
+                                          "binaries at once, 1 or more)"]
 
 
 def test_a_hanging_multi_rank_run_is_killed(tmp_path, monkeypatch):
