@@ -24,7 +24,7 @@ import tarfile
 
 import pytest
 
-from test_trainer_cli import data, random_tokens, write_shard  # noqa: F401 (data: the fixture, a small train/val split)
+from test_trainer_cli import data, random_tokens, small_vocab_model, write_shard  # noqa: F401 (data: the fixture, a small train/val split)
 from fuzz_inputs import write_tokenizer
 from test_bench_main import fake_tool
 
@@ -90,7 +90,7 @@ def test_compare_trains_bf16_and_each_recipe(data, tmp_path):
     result = run_script("compare_bf16_fp8.sh",
                         ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
                          "-m", 2, "-n", 2],
-                        {"MODEL": "tiny", "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
+                        {"MODEL": str(small_vocab_model(data)), "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
     assert result.returncode == 0, result.stderr[-2000:]
     fp8_runs = re.findall(r"^precision fp8 emulated, recipe (\w+),(.*)\| optimizer", result.stdout, re.M)
     assert [recipe for recipe, _ in fp8_runs] == ["delayed", "block"], result.stdout[-3000:]
@@ -108,7 +108,7 @@ def test_compare_trains_bf16_and_each_recipe(data, tmp_path):
     again = run_script("compare_bf16_fp8.sh",
                        ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
                         "-m", 2, "-n", 2],
-                       {"MODEL": "tiny", "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
+                       {"MODEL": str(small_vocab_model(data)), "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("resumed from") == 3, again.stdout[-3000:]
     assert re.findall(r"^\| (bf16|fp8_\w+) \| 4 \| ([\d.]+) \|", again.stdout.split("| run | step |")[-1], re.M) == rows
@@ -121,7 +121,7 @@ def test_compare_trains_each_optimizer(data, tmp_path):
     result = run_script("compare_bf16_fp8.sh",
                         ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
                          "-m", 2, "-n", 0],
-                        {"MODEL": "tiny", "STEPS": "4", "RECIPES": "delayed", "OPTIMIZERS": "adamw adamw8", "OUT": str(out)})
+                        {"MODEL": str(small_vocab_model(data)), "STEPS": "4", "RECIPES": "delayed", "OPTIMIZERS": "adamw adamw8", "OUT": str(out)})
     assert result.returncode == 0, result.stderr[-2000:]
     optimizers = re.findall(r"^precision .* \| optimizer (\w+)", result.stdout, re.M)
     assert optimizers == ["adamw", "adamw8", "adamw", "adamw8"], result.stdout[-3000:]
@@ -154,7 +154,7 @@ def test_compare_fg_delayed_option_in_any_order(data, tmp_path):
     so a second call with the options the other way round resumes the same (finished) run with the same flags"""
     out = tmp_path / "cmp"
     args = ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2, "-m", 2, "-n", 2]
-    env = {"MODEL": "tiny", "STEPS": "2", "WARMUP": "1", "OUT": str(out)}
+    env = {"MODEL": str(small_vocab_model(data)), "STEPS": "2", "WARMUP": "1", "OUT": str(out)}
     result = run_script("compare_bf16_fp8.sh", args, dict(env, RECIPES="delayed+fg_delayed delayed+fg_delayed+lm_head"))
     assert result.returncode == 0, result.stderr[-2000:]
     rows = re.findall(r"^\| (\w+) \| 2 \|", (out / "summary.md").read_text(), re.M)
@@ -178,7 +178,7 @@ def test_compare_fg_pow2_option(data, tmp_path):
     whatever the order written"""
     out = tmp_path / "cmp"
     args = ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2, "-m", 2, "-n", 2]
-    result = run_script("compare_bf16_fp8.sh", args, {"MODEL": "tiny", "STEPS": "2", "WARMUP": "1", "OUT": str(out),
+    result = run_script("compare_bf16_fp8.sh", args, {"MODEL": str(small_vocab_model(data)), "STEPS": "2", "WARMUP": "1", "OUT": str(out),
                                                       "RECIPES": "current+fg_pow2+lm_head delayed+fg_pow2"})
     assert result.returncode == 0, result.stderr[-2000:]
     rows = re.findall(r"^\| (\w+) \| 2 \|", (out / "summary.md").read_text(), re.M)
@@ -399,7 +399,7 @@ def test_gpu_session_parity_stage_dry_run(data, tmp_path):
     """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: the five sets of
     runs train, the later ones resume the first's finished runs, and the logs a call returns are there"""
     logs = tmp_path / "logs"
-    env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL="tiny", PARITY_STEPS="4",
+    env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL=str(small_vocab_model(data)), PARITY_STEPS="4",
                PARITY_TRAIN=str(data / "d_train_*.bin"), PARITY_VAL=str(data / "d_val_*.bin"),
                PARITY_OUT=str(tmp_path / "parity"), PARITY_ARGS="-b 2 -t 32 -v 2 -m 2 -n 4", WARMUP="1")
     result = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_session.sh"), "parity"], capture_output=True,
@@ -441,7 +441,7 @@ def test_gpu_session_parity_stage_runs_the_sets_named(data, tmp_path):
     """parity SETS: only those sets (one fits a device call with the build): lm_head alone trains bf16, FP8
     delayed and FP8 delayed with an FP8 lm_head, nothing else; a misspelt set stops it before any run"""
     logs = tmp_path / "logs"
-    env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL="tiny", PARITY_STEPS="2",
+    env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL=str(small_vocab_model(data)), PARITY_STEPS="2",
                PARITY_TRAIN=str(data / "d_train_*.bin"), PARITY_VAL=str(data / "d_val_*.bin"),
                PARITY_OUT=str(tmp_path / "parity"), PARITY_ARGS="-b 2 -t 32 -v 2 -m 2", WARMUP="1")
     session = ["bash", os.path.join(ROOT, "dev", "gpu_session.sh"), "parity"]

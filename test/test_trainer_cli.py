@@ -57,9 +57,20 @@ def run(binary, args, timeout=120, env_extra=None):
                           env=dict(os.environ, **(env_extra or {})))
 
 
-def base_args(data, extra=()):
-    return ["-e", "tiny", "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-b", 2, "-t", 32,
+def base_args(data, extra=(), model="tiny"):
+    return ["-e", model, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-b", 2, "-t", 32,
             "-v", 0, "-s", 0, "-x", 2] + list(extra)
+
+
+def small_vocab_model(data):
+    """-e tiny's shape (2 layers, 2 heads, C = 128) with 1000 tokens, random_tokens' range, as an llm.c model file in
+    data: a CPU step takes a fraction of -e tiny's, whose 50257-token lm_head and loss were most of its time. For the
+    runs that compare bits or data positions (run_straight, run_split), which need not learn which tokens occur."""
+    path = data / "small_vocab.bin"
+    if not path.exists():
+        import sim_model
+        sim_model.write_model(path, layers=2, heads=2, channels=128, vocab=1000)
+    return path
 
 
 def assert_one_line_error(result, *fragments):
@@ -674,11 +685,12 @@ def test_cpu_resume_with_another_micro_batch_replays_the_loader(data, tmp_path, 
     the old B's sample order into the loader before the replay: garbage token ids)"""
     flags = ["-d", 256, "-sh", shuffle, "-n", 3, "-v", 0, "-opt", optimizer, "-qs", "all"]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    r = run(CPU, base_args(data, flags + ["-x", 6, "-b", 4, "-o", straight]), timeout=600)
+    model = small_vocab_model(data)
+    r = run(CPU, base_args(data, flags + ["-x", 6, "-b", 4, "-o", straight], model), timeout=600)
     assert r.returncode == 0, r.stderr
-    r = run(CPU, base_args(data, flags + ["-x", 3, "-b", 2, "-o", split]), timeout=600)
+    r = run(CPU, base_args(data, flags + ["-x", 3, "-b", 2, "-o", split], model), timeout=600)
     assert r.returncode == 0, r.stderr
-    r = run(CPU, base_args(data, flags + ["-x", 6, "-b", 4, "-o", split, "-y", 1]), timeout=600)
+    r = run(CPU, base_args(data, flags + ["-x", 6, "-b", 4, "-o", split, "-y", 1], model), timeout=600)
     assert r.returncode == 0, r.stderr
     assert "written with B=2 T=32, this run has B=4 T=32: data loader replayed 6 batches" in r.stdout, r.stdout[-2000:]
     states = [state_data_position(d / "state_00000006_00000.bin") for d in (straight, split)]
@@ -714,14 +726,16 @@ def test_cpu_adamw8_training_reduces_loss(data, tmp_path):
 def run_split(data, out, first, second, steps=6, half=3):
     """`half` steps with the `first` flags, checkpoint, then resume to `steps` with the `second` ones"""
     common = ["-l", 1e-3, "-k", "constant", "-n", half, "-v", 0, "-o", out]
-    r1 = run(CPU, base_args(data, common + ["-x", half] + first), timeout=600)
+    model = small_vocab_model(data)
+    r1 = run(CPU, base_args(data, common + ["-x", half] + first, model), timeout=600)
     assert r1.returncode == 0, r1.stderr
-    r2 = run(CPU, base_args(data, common + ["-x", steps, "-y", 1] + second), timeout=600)
+    r2 = run(CPU, base_args(data, common + ["-x", steps, "-y", 1] + second, model), timeout=600)
     return r2
 
 
 def run_straight(data, out, flags, steps=6):
-    result = run(CPU, base_args(data, ["-l", 1e-3, "-k", "constant", "-v", 0, "-o", out, "-x", steps, "-n", steps] + flags), timeout=600)
+    result = run(CPU, base_args(data, ["-l", 1e-3, "-k", "constant", "-v", 0, "-o", out, "-x", steps, "-n", steps] + flags,
+                                small_vocab_model(data)), timeout=600)
     assert result.returncode == 0, result.stderr
     return result
 
@@ -899,10 +913,10 @@ def test_cpu_resumes_a_checkpoint_with_master_weights(data, tmp_path):
     common = ["-l", 1e-3, "-k", "constant", "-n", 3, "-v", 0]
     for name, scale in (("same", 1.0), ("halved", 0.5)):
         out = tmp_path / name
-        first = run(CPU, base_args(data, common + ["-o", out, "-x", 3]), timeout=600)
+        first = run(CPU, base_args(data, common + ["-o", out, "-x", 3], small_vocab_model(data)), timeout=600)
         assert first.returncode == 0, first.stderr
         add_master_weights(out, 3, scale)
-        resumed = run(CPU, base_args(data, common + ["-o", out, "-x", 6, "-y", 1]), timeout=600)
+        resumed = run(CPU, base_args(data, common + ["-o", out, "-x", 6, "-y", 1], small_vocab_model(data)), timeout=600)
         assert resumed.returncode == 0, resumed.stderr
         assert "state_00000003_00000.bin: the weights are its fp32 master weights" in resumed.stdout, resumed.stdout[-2000:]
     assert final_model(tmp_path / "same") == final_model(tmp_path / "plain")
