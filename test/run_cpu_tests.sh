@@ -42,17 +42,17 @@ binary_limit() {
     fi
 }
 
-# runs binary $1 under $limit, its stdout and stderr into file $2
+# runs binary $1 under $limit, its stderr into its stdout
 run_binary() {
     if [ -n "$limit" ]; then
-        timeout --kill-after=10 "$limit" "$1" > "$2" 2>&1
+        timeout --kill-after=10 "$limit" "$1" 2>&1
     else
-        "$1" > "$2" 2>&1
+        "$1" 2>&1
     fi
 }
 
-# adds what binary $1 (exit code $2, output in file $3, run under limit $4 named $5) reported
 tallied=0
+# adds what binary $1 (exit code $2, output in file $3, run under limit $4 named $5) reported
 tally() {
     tallied=$((tallied + 1))
     local bin=$1 rc=$2 output=$3 limit=$4 limit_name=$5
@@ -103,16 +103,12 @@ for bin in "$@"; do
     fi
     if [ "$jobs" -eq 1 ]; then
         echo "== $bin"
-        if [ -n "$limit" ]; then
-            timeout --kill-after=10 "$limit" "$bin" 2>&1 | tee "$output"
-        else
-            "$bin" 2>&1 | tee "$output"
-        fi
+        run_binary "$bin" | tee "$output"
         tally "$bin" "${PIPESTATUS[0]}" "$output" "$limit" "$limit_name"
         continue
     fi
     (
-        run_binary "$bin" "$output"
+        run_binary "$bin" > "$output"
         echo $? > "$output.rc"
     ) &
     lane_binary[$!]=$bin
