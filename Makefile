@@ -111,7 +111,7 @@ else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
   MPI_LIBS = -L$(OPENMPI_DIR)/lib -Xlinker -rpath -Xlinker $(OPENMPI_DIR)/lib -lmpi
 endif
 
-.PHONY: all test test-build test-binaries test-cpu test-sim test-python compile-cuda cuda-objects test-sanitizers simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
+.PHONY: all test test-build test-binaries test-sim test-python compile-cuda cuda-objects test-sanitizers simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
         clean check-cuda check-cudnn check-nccl
 
 all: train_gpt2_fp8 train_gpt2cpu
@@ -286,15 +286,12 @@ test:
 # one OpenMP thread as pytest's workers are: with OpenMP's default threads, two binaries of two
 # threads each on two cores spun on each other's barriers (384 s, against 294). cudasim's
 # test_gpt2 goes first: on CI's 2 cores it takes one lane all the while (about 290 s) and the
-# rest fill the other (about 250 s). test-cpu beside test-sim, a lane each, took 363 s.
+# rest fill the other (about 250 s). The CPU tests beside the cudasim ones, a lane each, took 363 s.
 test-binaries: $(CPU_TESTS) $(CPU_CXX_TESTS) $(SIM_TESTS)
 	@OMP_NUM_THREADS=1 TEST_JOBS=$(JOBS) RUNNER_NAME="cpu and cudasim tests" bash test/run_cpu_tests.sh \
 	    $(SIM)/test_gpt2 $(CPU_TESTS) $(CPU_CXX_TESTS) $(filter-out $(SIM)/test_gpt2,$(SIM_TESTS))
 
 test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS) $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/bench_casts $(BUILD)/libfake_nvml.so
-
-test-cpu: $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu
-	@bash test/run_cpu_tests.sh $(CPU_TESTS) $(CPU_CXX_TESTS)
 
 # pytest spreads the tests over one worker per core where pytest-xdist 3.2+ is installed
 # (scripts/setup_python.sh installs it), each worker's trainers on one OpenMP thread: two
