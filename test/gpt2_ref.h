@@ -199,8 +199,8 @@ static inline void ref_layernorm_backward(float* dinp, float* dweight, float* db
 // core, at d12's shapes, one weight row at a time ran 1.1x to 1.5x slower; the backward's
 // pairs below gained 1.0x to 1.4x)
 REF_FMA_CLONES static inline void ref_block_dot_pair(double (*__restrict__ acc)[REF_ROW_BLOCK],
-                                                               const double* __restrict__ x_block, const float* __restrict__ w0,
-                                                               const float* __restrict__ w1, int C) {
+                                                     const double* __restrict__ x_block, const float* __restrict__ w0,
+                                                     const float* __restrict__ w1, int C) {
     for (int c = 0; c < C; c++) {
         const double w0_c = w0[c], w1_c = w1[c];
         const double* x_c = x_block + (size_t)c * REF_ROW_BLOCK;
@@ -1214,6 +1214,15 @@ static inline float gpt2ref_global_norm(GPT2Ref* model) {
     return (float)sqrt(sum);
 }
 
+// params[0..n) updated by AdamW from grads * grad_scale, m and v updated. adamw_element_update's
+// four fmaf are each a call into libm where the target lacks FMA (on the tiny CPU model the calls
+// and the loop around them were 28% of a step: every parameter, every step); the FMA clone makes
+// each one instruction
+REF_FMA_CLONES static void ref_adamw_range(float* params, const float* grads, float* m, float* v, size_t n,
+                                           float grad_scale, AdamWElementParams hp) {
+    for (size_t i = 0; i < n; i++) { params[i] = adamw_element_update(params[i], grads[i] * grad_scale, &m[i], &v[i], hp); }
+}
+
 /*
 One AdamW step (t counts from 1) with llm.c's clipping: the gradients are multiplied by
 grad_clip / norm when the global norm exceeds grad_clip (grad_clip <= 0 disables clipping).
@@ -1222,15 +1231,6 @@ through adamw_element_update, the code the GPU optimizer runs; then the FP8 weig
 the step (gpt2ref_fp8_weights_updated). Returns the global norm before clipping; when it is
 not finite the parameters, moments and FP8 states are left untouched.
 */
-// params[0..n) updated by AdamW from grads * grad_scale, m and v updated. adamw_element_update's
-// four fmaf are each a call into libm where the target lacks FMA (on the tiny CPU model the calls
-// and the loop around them were 28% of a step: every parameter, every step); the FMA clone makes
-// each one instruction
-REF_FMA_CLONES static void ref_adamw_range(float* params, const float* grads, float* m, float* v, size_t n,
-                                                     float grad_scale, AdamWElementParams hp) {
-    for (size_t i = 0; i < n; i++) { params[i] = adamw_element_update(params[i], grads[i] * grad_scale, &m[i], &v[i], hp); }
-}
-
 static inline float gpt2ref_adamw_update(GPT2Ref* model, float learning_rate, float beta1, float beta2, float eps,
                                   float weight_decay, int t, float grad_clip) {
     if (t < 1) { llm8_die("gpt2ref_adamw_update: step t=%d is invalid (expected >= 1)", t); }
@@ -1241,9 +1241,9 @@ static inline float gpt2ref_adamw_update(GPT2Ref* model, float learning_rate, fl
     for (int tensor = 0; tensor < NUM_PARAMETER_TENSORS; tensor++) {
         AdamWElementParams hp = adamw_element_params(learning_rate, beta1, beta2, eps,
                                                      gpt2_param_is_decayed(tensor) ? weight_decay : 0.0f, t);
-        const size_t n = model->param_sizes[tensor];
+        const size_t n = model->param_sizes[tensor], chunks = ref_chunk_count(n);
         REF_PARALLEL_FOR
-        for (size_t k = 0; k < ref_chunk_count(n); k++) {
+        for (size_t k = 0; k < chunks; k++) {
             const size_t start = offset + k * REF_CHUNK, count = n - k * REF_CHUNK < REF_CHUNK ? n - k * REF_CHUNK : REF_CHUNK;
             ref_adamw_range(model->params + start, model->grads + start, model->adam_m + start, model->adam_v + start,
                             count, grad_scale, hp);
