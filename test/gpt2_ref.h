@@ -60,10 +60,11 @@ took 162 s on an H200's host); with every op parallel two cores run it 1.7x fast
 #define REF_PARALLEL_FOR_MAX(variable)
 #endif
 
-// an FP8 cast splits its elements into chunks of REF_CHUNK, a thread each, each chunk counting
-// into its own statistics
+// an FP8 cast (each chunk counting into its own statistics) and AdamW's update split their
+// elements into chunks of REF_CHUNK, a thread each: chunk k of n elements starts at k * REF_CHUNK
 #define REF_CHUNK ((size_t)1 << 16)
 static inline size_t ref_chunk_count(size_t n) { return (n + REF_CHUNK - 1) / REF_CHUNK; }
+static inline size_t ref_chunk_length(size_t n, size_t k) { return n - k * REF_CHUNK < REF_CHUNK ? n - k * REF_CHUNK : REF_CHUNK; }
 
 #define REF_LAYERNORM_EPS 1e-5
 
@@ -636,8 +637,9 @@ static inline void ref_fp8_qdq(float* out, const float* x, size_t n, Fp8ScalePai
     if (stats != NULL && chunk_stats == NULL) { llm8_die("ref_fp8_qdq: out of memory for %zu chunks' statistics", chunks); }
     REF_PARALLEL_FOR
     for (size_t k = 0; k < chunks; k++) {
-        size_t start = k * REF_CHUNK, count = n - start < REF_CHUNK ? n - start : REF_CHUNK;
-        ref_fp8_qdq_serial(out + start, x + start, count, pair, format, chunk_stats != NULL ? &chunk_stats[k] : NULL);
+        size_t start = k * REF_CHUNK;
+        ref_fp8_qdq_serial(out + start, x + start, ref_chunk_length(n, k), pair, format,
+                           chunk_stats != NULL ? &chunk_stats[k] : NULL);
     }
     if (stats == NULL) { return; }
     for (size_t k = 0; k < chunks; k++) { fp8_cast_stats_merge(stats, &chunk_stats[k]); }
@@ -1244,9 +1246,9 @@ static inline float gpt2ref_adamw_update(GPT2Ref* model, float learning_rate, fl
         const size_t n = model->param_sizes[tensor], chunks = ref_chunk_count(n);
         REF_PARALLEL_FOR
         for (size_t k = 0; k < chunks; k++) {
-            const size_t start = offset + k * REF_CHUNK, count = n - k * REF_CHUNK < REF_CHUNK ? n - k * REF_CHUNK : REF_CHUNK;
+            const size_t start = offset + k * REF_CHUNK;
             ref_adamw_range(model->params + start, model->grads + start, model->adam_m + start, model->adam_v + start,
-                            count, grad_scale, hp);
+                            ref_chunk_length(n, k), grad_scale, hp);
         }
         offset += n;
     }

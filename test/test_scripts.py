@@ -86,11 +86,11 @@ def test_run_script_without_its_data_says_how_to_make_it_before_building(script,
 def test_compare_trains_bf16_and_each_recipe(data, tmp_path):
     """-n 2 over 4 steps: checkpoints at steps 2 and 4, of which the script's -nk 1 keeps only the newest (a d12
     checkpoint is about 1.7 GB: keeping every one filled a 64 GB disk), and a rerun resumes from it"""
-    out = tmp_path / "cmp"
+    out, model = tmp_path / "cmp", str(small_vocab_model(data))
     result = run_script("compare_bf16_fp8.sh",
                         ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
                          "-m", 2, "-n", 2],
-                        {"MODEL": str(small_vocab_model(data)), "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
+                        {"MODEL": model, "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
     assert result.returncode == 0, result.stderr[-2000:]
     fp8_runs = re.findall(r"^precision fp8 emulated, recipe (\w+),(.*)\| optimizer", result.stdout, re.M)
     assert [recipe for recipe, _ in fp8_runs] == ["delayed", "block"], result.stdout[-3000:]
@@ -108,7 +108,7 @@ def test_compare_trains_bf16_and_each_recipe(data, tmp_path):
     again = run_script("compare_bf16_fp8.sh",
                        ["-b", 2, "-t", 32, "-i", data / "d_train_*.bin", "-j", data / "d_val_*.bin", "-v", 2,
                         "-m", 2, "-n", 2],
-                       {"MODEL": str(small_vocab_model(data)), "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
+                       {"MODEL": model, "STEPS": "4", "WARMUP": "1", "RECIPES": "delayed block+lm_head", "OUT": str(out)})
     assert again.returncode == 0, again.stderr[-2000:]
     assert again.stdout.count("resumed from") == 3, again.stdout[-3000:]
     assert re.findall(r"^\| (bf16|fp8_\w+) \| 4 \| ([\d.]+) \|", again.stdout.split("| run | step |")[-1], re.M) == rows
@@ -396,7 +396,7 @@ def test_compare_writes_the_table_first_at_the_last_shared_val_step(tmp_path):
 
 
 def test_gpu_session_parity_stage_dry_run(data, tmp_path):
-    """dev/gpu_session.sh parity (a device call) with the CPU trainer on the tiny model: the five sets of
+    """dev/gpu_session.sh parity (a device call) with the CPU trainer on a small model: the five sets of
     runs train, the later ones resume the first's finished runs, and the logs a call returns are there"""
     logs = tmp_path / "logs"
     env = dict(os.environ, OUT=str(logs), PARITY_TRAINER=CPU, PARITY_MODEL=str(small_vocab_model(data)), PARITY_STEPS="4",
