@@ -376,6 +376,17 @@ typedef struct {
 static const LayernormDinpUses LAYERNORM_DINP_UNUSED = {NULL, NULL};
 
 /*
+Where a warp keeps the column sums of its rows: the f128 slot, in one sum's C / 4, of the first
+(half 0) or last (half 1) four columns of x128 chunk i. A warp's lanes take consecutive chunks and
+the same half at once, so slots half * chunks + i put the 32 lanes' f128 side by side: 512 bytes,
+the 4 shared-memory wavefronts such an access needs. Slot 2 * i + half (the columns' own order) put
+them 32 bytes apart, 1 KB and 8 wavefronts, and the accumulators are read and written for every row.
+*/
+__host__ __device__ static inline int layernorm_column_slot(int chunk, int half, int chunks) {
+    return half * chunks + chunk;
+}
+
+/*
 Per row, with xhat = (x - mean) * rstd and dnorm = dout * weight:
   dinp += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
 and the row's contributions dout * xhat and dout to the columns of dweight and dbias, and
@@ -388,7 +399,7 @@ __global__ void __launch_bounds__(LAYERNORM_BACKWARD_WARPS * WARP_SIZE)
 layernorm_backward_kernel(floatX* dinp, float* partials, Fp8CastRecord* dinp_amax, const floatX* dout, const floatX* inp,
                           const floatX* weight, const float* mean, const float* rstd, int N, int C) {
     constexpr int sums = SUM_DINP ? 3 : 2;
-    extern __shared__ f128 column_sums[];  // [LAYERNORM_BACKWARD_WARPS][sums][C / 4]: dweight, dbias, dinp
+    extern __shared__ f128 column_sums[];  // [LAYERNORM_BACKWARD_WARPS][sums][2][C / 8]: dweight, dbias, dinp
     const int lane = threadIdx.x % WARP_SIZE;
     const int warp = threadIdx.x / WARP_SIZE;
     const int chunks = C / x128::size;
@@ -399,9 +410,10 @@ layernorm_backward_kernel(floatX* dinp, float* partials, Fp8CastRecord* dinp_ama
     // kernel, so no other lane ever touches them and no warp barrier is needed
     for (int i = lane; i < chunks; i += WARP_SIZE) {
         for (int half = 0; half < 2; half++) {
-            warp_dweight[2 * i + half] = f128::zeros();
-            warp_dbias[2 * i + half] = f128::zeros();
-            if constexpr (SUM_DINP) { warp_dinp[2 * i + half] = f128::zeros(); }
+            const int slot = layernorm_column_slot(i, half, chunks);
+            warp_dweight[slot] = f128::zeros();
+            warp_dbias[slot] = f128::zeros();
+            if constexpr (SUM_DINP) { warp_dinp[slot] = f128::zeros(); }
         }
     }
     uint32_t dinp_amax_bits = 0u;
@@ -426,8 +438,9 @@ layernorm_backward_kernel(floatX* dinp, float* partials, Fp8CastRecord* dinp_ama
                 const int i = first + b * WARP_SIZE;
                 if (i >= chunks) { break; }
                 for (int half = 0; half < 2; half++) {  // 8 bf16 columns = two f128 of accumulators
-                    f128 dweight_acc = warp_dweight[2 * i + half];
-                    f128 dbias_acc = warp_dbias[2 * i + half];
+                    const int slot = layernorm_column_slot(i, half, chunks);
+                    f128 dweight_acc = warp_dweight[slot];
+                    f128 dbias_acc = warp_dbias[slot];
                     for (int j = 0; j < f128::size; j++) {
                         int k = half * f128::size + j;
                         float dout_k = x128_float(d[b], k);
@@ -438,8 +451,8 @@ layernorm_backward_kernel(floatX* dinp, float* partials, Fp8CastRecord* dinp_ama
                         dweight_acc[j] += dout_k * xhat;
                         dbias_acc[j] += dout_k;
                     }
-                    warp_dweight[2 * i + half] = dweight_acc;
-                    warp_dbias[2 * i + half] = dbias_acc;
+                    warp_dweight[slot] = dweight_acc;
+                    warp_dbias[slot] = dbias_acc;
                 }
             }
         }
@@ -467,9 +480,10 @@ layernorm_backward_kernel(floatX* dinp, float* partials, Fp8CastRecord* dinp_ama
                 store128(dinp + row_offset + i * x128::size, stored);
                 if constexpr (SUM_DINP) {
                     for (int half = 0; half < 2; half++) {
-                        f128 dinp_acc = warp_dinp[2 * i + half];
+                        const int slot = layernorm_column_slot(i, half, chunks);
+                        f128 dinp_acc = warp_dinp[slot];
                         for (int j = 0; j < f128::size; j++) { dinp_acc[j] += x128_float(stored, half * f128::size + j); }
-                        warp_dinp[2 * i + half] = dinp_acc;
+                        warp_dinp[slot] = dinp_acc;
                     }
                 }
                 // unconditional: a test of dinp_amax here took the kernel from 72 to 140 registers
@@ -482,8 +496,12 @@ layernorm_backward_kernel(floatX* dinp, float* partials, Fp8CastRecord* dinp_ama
     const float* warp_sums = reinterpret_cast<const float*>(column_sums);
     float* block_partials = partials + (size_t)blockIdx.x * sums * C;
     for (int column = threadIdx.x; column < sums * C; column += blockDim.x) {
+        const int sum = column / C;
+        const int within = column % C;
+        const int slot = layernorm_column_slot(within / x128::size, within % x128::size / f128::size, chunks);
+        const size_t offset = (size_t)sum * C + (size_t)slot * f128::size + within % f128::size;
         float total = 0.0f;
-        for (int w = 0; w < LAYERNORM_BACKWARD_WARPS; w++) { total += warp_sums[(size_t)w * sums * C + column]; }
+        for (int w = 0; w < LAYERNORM_BACKWARD_WARPS; w++) { total += warp_sums[(size_t)w * sums * C + offset]; }
         block_partials[column] = total;
     }
     if (dinp_amax != NULL) {

@@ -921,6 +921,65 @@ static void test_x128_float(void) {
     cudaCheck(cudaFree(d_in)); cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_amax));
 }
 
+/*
+Shared-memory wavefronts of one warp's f128 access at the given slots (lanes < 0 idle): the
+access runs a quarter-warp at a time (8 lanes x 16 bytes), and a quarter takes as many wavefronts
+as the most distinct 128-byte rows any of the 32 four-byte banks is asked for.
+*/
+static int f128_access_wavefronts(const int* slots) {
+    int wavefronts = 0;
+    for (int quarter = 0; quarter < WARP_SIZE / 8; quarter++) {
+        int rows_of_bank[32][8];
+        int count_of_bank[32] = {0};
+        int worst = 0;
+        for (int lane = quarter * 8; lane < quarter * 8 + 8; lane++) {
+            if (slots[lane] < 0) { continue; }
+            for (int word = 0; word < 4; word++) {
+                const int byte = slots[lane] * 16 + word * 4;
+                const int bank = byte / 4 % 32, row = byte / 128;
+                bool seen = false;
+                for (int r = 0; r < count_of_bank[bank]; r++) { seen = seen || rows_of_bank[bank][r] == row; }
+                if (!seen) { rows_of_bank[bank][count_of_bank[bank]++] = row; }
+                worst = count_of_bank[bank] > worst ? count_of_bank[bank] : worst;
+            }
+        }
+        wavefronts += worst;
+    }
+    return wavefronts;
+}
+
+// layernorm_backward's column-sum slots: each (chunk, half) its own slot among a sum's C / 4, and
+// every warp access (the lanes' chunks first + lane, one half) in the fewest wavefronts
+static void test_layernorm_column_slots(void) {
+    const int widths[] = {40, 768, 1024, 1280, 1600};
+    for (int w = 0; w < 5; w++) {
+        const int chunks = widths[w] / x128::size;
+        int* owner = (int*)mallocCheck(2 * chunks * sizeof(int));
+        for (int i = 0; i < 2 * chunks; i++) { owner[i] = -1; }
+        int clashes = 0, slow_accesses = 0;
+        for (int half = 0; half < 2; half++) {
+            for (int first = 0; first < chunks; first += WARP_SIZE) {
+                int slots[WARP_SIZE];
+                int active = 0;
+                for (int lane = 0; lane < WARP_SIZE; lane++) {
+                    const int chunk = first + lane;
+                    slots[lane] = chunk < chunks ? layernorm_column_slot(chunk, half, chunks) : -1;
+                    if (slots[lane] < 0) { continue; }
+                    active++;
+                    if (slots[lane] >= 2 * chunks || owner[slots[lane]] >= 0) { clashes++; continue; }
+                    owner[slots[lane]] = 2 * chunk + half;
+                }
+                slow_accesses += f128_access_wavefronts(slots) > ceil_div(active, 8);
+            }
+        }
+        CHECK(clashes == 0, "layernorm_column_slot at C=%d: %d (chunk, half) pairs share a slot or leave the sum", widths[w],
+              clashes);
+        CHECK(slow_accesses == 0, "layernorm_column_slot at C=%d: %d warp accesses take more shared-memory wavefronts than "
+              "their lanes' bytes need (bank conflicts)", widths[w], slow_accesses);
+        free(owner);
+    }
+}
+
 // the MFU denominator: datasheet names as cudaGetDeviceProperties reports them
 static void test_device_peaks(void) {
     CHECK(bf16_dense_peak_tflops("NVIDIA H100 80GB HBM3") == 989.0f, "H100 SXM peak");
@@ -1096,6 +1155,7 @@ int main(void) {
     test_layernorm_dinp_uses(&many_rows);
     test_layernorm_dinp_uses(&d48_width);
     test_x128_float();
+    test_layernorm_column_slots();
     test_global_norm(&shapes[0], (size_t)50 * 1000 * 1000 + 5);
     test_global_norm(&shapes[1], 1003);
     test_global_norm(&shapes[1], (size_t)8 * 512 * 37 + 8 * 5 + 3);  // a grid of 38 blocks, the last one short
