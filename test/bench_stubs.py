@@ -140,6 +140,12 @@ ONE_PASS_GRAD_SCALINGS = ("delayed", "pow2")
 WARMUP = 3  # the steps the stub makes slow (bench.py's WARMUP_STEPS drops them)
 
 
+def fp8_attproj(flags):
+    """whether the run's attproj is FP8: an FP8 run whose -f8 (default: the four block linears) names it or is all"""
+    linears = flags.get("-f8", "qkv,attproj,fc,fcproj").split(",")
+    return flags["-p"] == "fp8" and ("attproj" in linears or "all" in linears)
+
+
 def trainer_failure(flags):
     """the error line of a run the stub fails (None: it runs): d48 with the block recipe, and
     rank 1 of FP8 ZeRO-3"""
@@ -177,6 +183,7 @@ def progress(flags, step, repeat=0):
     factor *= 0.98 if flags.get("-ge") == "2" else 1.0
     factor *= 0.96 if flags.get("-ad") == "0" else 1.0
     factor *= 0.99 if flags.get("-fe") == "1" else 1.0
+    factor *= 1.0 if fp8_attproj(flags) or not fp8 else 0.995
     factor *= 1.02 if flags.get("-w") == "0" else 1.0
     factor *= (1.01 if flags["-opt"] == "adamw8" else 1.0) * (1.1 if ranks > 1 else 1.0) * (1.05 if flags["-z"] == "3" else 1.0)
     factor *= REPEAT_SLOWDOWN ** repeat
@@ -202,8 +209,8 @@ def memory_figures(flags):
 def breakdown_rows(flags):
     """the -kt 1 rows: the four block linears' backward (where -fg changes the output-gradient passes, and -ge 2
     fc's), FP8's fc forward and GELU cast (-fe 1: the GEMM writing the codes and the transpose, less time), bf16's GELU
-    backward (not with -ge 2), the attention backward (faster with -ad 0), the optimizer step's, and the FP8 weight
-    casts' (after it) in an FP8 run"""
+    backward (not with -ge 2), the attention backward (faster with -ad 0), the optimizer step's, the FP8 weight
+    casts' (after it) in an FP8 run, and an FP8 attproj's input cast"""
     scale = int(flags["-e"][1:]) / 12
     backward = (1.5 if flags["-p"] == "bf16" else 1.0 if flags.get("-fg") in ONE_PASS_GRAD_SCALINGS else 1.125) * scale
     rows = [("encoder fwd", 0.25)] + [(f"matmul {linear} bwd", backward) for linear in ("qkv", "attproj", "fcproj")]
@@ -217,6 +224,8 @@ def breakdown_rows(flags):
     rows += [(flags["-opt"], (2.5 if flags["-opt"] == "adamw" else 1.75) * scale)]
     if flags["-p"] == "fp8":
         rows.append(("fp8 weight casts", (0.25 if flags.get("-fw") == "delayed" else 0.875) * scale))
+    if fp8_attproj(flags):
+        rows.append(("fp8 cast attention out", 0.125 * scale))
     return rows
 
 

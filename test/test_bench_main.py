@@ -88,21 +88,29 @@ def expected_figures(bench, flags, repeat=0):
             "final_loss": timed[-1]["loss"], "optimizer_ms": rows[flags["-opt"]], "optimizer_weight_cast_ms": cast,
             "block_backward_ms": block_backward,
             "gelu_backward_ms": sum(rows.get(row, 0.0) for row in ("matmul fcproj bwd", "matmul fc bwd", "gelu bwd")),
-            "attention_backward_ms": rows["attention bwd"]}
+            "attention_backward_ms": rows["attention bwd"],
+            "attproj_ms": sum(rows.get(row, 0.0) for row in ("fp8 cast attention out", "matmul attproj fwd", "matmul attproj bwd"))}
+
+
+ALL_BLOCK_LINEARS = "qkv,attproj,fc,fcproj"  # -f8's default block linears, bench.py's fp8_block_linears default
 
 
 def expected_train_runs(bench):
-    """(model, B, (precision, recipe, optimizer, -fw, lm_head, -fg, fp32 master, -ge, -ad, -fe)) of every train record
-    --quick makes, in order: RUNS (adamw8 only at ADAMW8_MODELS) with master weights, then MASTER_FREE_RUNS there,
-    then DEFAULT_RUNS with -ge 2, then DEFAULT_RUNS with -ad 0, then the FP8 one of DEFAULT_RUNS with -fe 1 where the
-    model runs at -r 0 (d12)"""
+    """(model, B, (precision, recipe, optimizer, -fw, lm_head, -fg, fp32 master, -ge, -ad, -fe, FP8 block linears)) of
+    every train record --quick makes, in order: RUNS (adamw8 only at ADAMW8_MODELS) with master weights, then
+    MASTER_FREE_RUNS there, then DEFAULT_RUNS with -ge 2, then DEFAULT_RUNS with -ad 0, then the FP8 one of DEFAULT_RUNS
+    with -fe 1 where the model runs at -r 0 (d12), then that one with attproj in bf16"""
     runs = []
     for model, B, recompute in bench.QUICK_CONFIGS:
-        runs += [(model, B, run + (True, 1, 1, 0)) for run in bench.RUNS if run[2] != "adamw8" or model in bench.ADAMW8_MODELS]
-        runs += [(model, B, run + (False, 1, 1, 0)) for run in bench.MASTER_FREE_RUNS if model in bench.ADAMW8_MODELS]
-        runs += [(model, B, run + (True, 2, 1, 0)) for run in bench.DEFAULT_RUNS]
-        runs += [(model, B, run + (True, 1, 0, 0)) for run in bench.DEFAULT_RUNS]
-        runs += [(model, B, run + (True, 1, 1, 1)) for run in bench.DEFAULT_RUNS if run[0] == "fp8" and recompute == 0]
+        runs += [(model, B, run + (True, 1, 1, 0, ALL_BLOCK_LINEARS)) for run in bench.RUNS
+                 if run[2] != "adamw8" or model in bench.ADAMW8_MODELS]
+        runs += [(model, B, run + (False, 1, 1, 0, ALL_BLOCK_LINEARS)) for run in bench.MASTER_FREE_RUNS
+                 if model in bench.ADAMW8_MODELS]
+        runs += [(model, B, run + (True, 2, 1, 0, ALL_BLOCK_LINEARS)) for run in bench.DEFAULT_RUNS]
+        runs += [(model, B, run + (True, 1, 0, 0, ALL_BLOCK_LINEARS)) for run in bench.DEFAULT_RUNS]
+        runs += [(model, B, run + (True, 1, 1, 1, ALL_BLOCK_LINEARS)) for run in bench.DEFAULT_RUNS
+                 if run[0] == "fp8" and recompute == 0]
+        runs += [(model, B, run + (True, 1, 1, 0, "qkv,fc,fcproj")) for run in bench.DEFAULT_RUNS if run[0] == "fp8"]
     return runs
 
 
@@ -118,14 +126,14 @@ def failed(flags):
 
 def train_key(r):
     return (r["model"], r["precision"], r["recipe"], r["optimizer"], r["weight_scaling"], r["lm_head"], r["grad_scaling"],
-            r["master_weights"], r["gelu_fusion"], r["attention_deterministic"], r["fc_writes_codes"])
+            r["master_weights"], r["gelu_fusion"], r["attention_deterministic"], r["fc_writes_codes"], r["fp8_block_linears"])
 
 
 def key_cells(r):
     """the main table's first cells of a train record (-fg after -fw)"""
-    model, precision, recipe, optimizer, weights, lm_head, grads, master, gelu_fusion, attention, fc_codes = train_key(r)
+    model, precision, recipe, optimizer, weights, lm_head, grads, master, gelu_fusion, attention, fc_codes, linears = train_key(r)
     return " | ".join((model, precision, recipe, optimizer, weights, grads, lm_head, "yes" if master else "no",
-                       str(gelu_fusion), str(attention), str(fc_codes))) + " | "
+                       str(gelu_fusion), str(attention), str(fc_codes), linears)) + " | "
 
 
 def markdown_sections(markdown):
@@ -167,6 +175,7 @@ def test_train_records_carry_the_trainer_figures(bench_run):
         assert flags.get("-ge", "1") == str(r["gelu_fusion"]), r["command"]
         assert flags.get("-ad", "1") == str(r["attention_deterministic"]), r["command"]
         assert flags.get("-fe", "0") == str(r["fc_writes_codes"]), r["command"]
+        assert flags.get("-f8", ALL_BLOCK_LINEARS) in (r["fp8_block_linears"], "all"), r["command"]
         assert flags.get("-fg", "-") == r["grad_scaling"], r["command"]  # -fg current, delayed, pow2 given as such
         floor = floor_model.step_floor_ms(floor_model.run_from_record(r), floor_model.DEVICES["h100"])  # DEVICE: an H100
         assert r["floor_ms"] == round(floor, 3) and r["floor_ms"] > 0, r["command"]
@@ -250,7 +259,8 @@ def test_the_default_runs_are_made_again_after_each_models_runs_and_set_beside_t
         assert line == f"| {model} | {ratio_first:.3f}x | {fp8['tok_per_s'] / bf16['tok_per_s']:.3f}x |", line
     assert len(rows) == 6
     # the reruns are no train records: no second per-kernel section, and the other sections pair first runs only
-    assert markdown.count("## d12 bf16 - adamw -fw - -fg - lm_head - master yes -ge 1 -ad 1 -fe 0 B=64: per-kernel time") == 1
+    assert markdown.count("## d12 bf16 - adamw -fw - -fg - lm_head - master yes -ge 1 -ad 1 -fe 0 FP8 block linears qkv,attproj,fc,fcproj "
+                           "B=64: per-kernel time") == 1
 
 
 def test_a_failed_repeat_shows_its_error_and_no_ratio(tmp_path_factory, monkeypatch):
@@ -272,12 +282,14 @@ def test_markdown_sections(bench_run):
     ok_train = [r for r in records if r["benchmark"] == "train" and "error" not in r]
     kernel_headings = [f"{r['model']} {r['precision']} {r['recipe']} {r['optimizer']} -fw {r['weight_scaling']} "
                        f"-fg {r['grad_scaling']} lm_head {r['lm_head']} master {'yes' if r['master_weights'] else 'no'} -ge {r['gelu_fusion']} "
-                       f"-ad {r['attention_deterministic']} -fe {r['fc_writes_codes']} B={r['B']}: per-kernel time"
+                       f"-ad {r['attention_deterministic']} -fe {r['fc_writes_codes']} FP8 block linears {r['fp8_block_linears']} "
+                       f"B={r['B']}: per-kernel time"
                        for r in ok_train]
     assert list(sections) == ["", "FP8 weight cast: -fw current vs delayed",
                               "FP8 output-gradient scaling: -fg current vs delayed vs pow2",
                               "GELU backward fusion: -ge 1 vs -ge 2", "Attention backward: -ad 1 vs -ad 0",
                               "FP8 GELU codes from fc's GEMM: -fe 0 vs -fe 1",
+                              f"attproj in FP8 or bf16: -f8 {ALL_BLOCK_LINEARS} vs -f8 qkv,fc,fcproj",
                               "FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)",
                               "Memory: optimizer and master weights", "Repeatability: the default runs made again",
                               "Floor: measured vs the model's floor",
@@ -288,8 +300,8 @@ def test_markdown_sections(bench_run):
     rows = [l for l in sections["FP8 weight cast: -fw current vs delayed"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert [l.split(" | ")[:3] for l in rows] == [["| d12", "delayed", "adamw"], ["| d12", "delayed", "adamw8"],
                                                  ["| d48", "delayed", "adamw"], ["| d48", "delayed", "adamw8"]]
-    current = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "current", True, 1, 1, 0)]
-    delayed = by_key[("d12", "fp8", "delayed", "adamw", "delayed", "bf16", "current", True, 1, 1, 0)]
+    current = by_key[("d12", "fp8", "delayed", "adamw", "current", "bf16", "current", True, 1, 1, 0, ALL_BLOCK_LINEARS)]
+    delayed = by_key[("d12", "fp8", "delayed", "adamw", "delayed", "bf16", "current", True, 1, 1, 0, ALL_BLOCK_LINEARS)]
     assert f"| {current['tok_per_s']:.0f} | {delayed['tok_per_s']:.0f} | {delayed['tok_per_s'] / current['tok_per_s']:.3f}x | " \
            f"{current['optimizer_weight_cast_ms']:.3f} | {delayed['optimizer_weight_cast_ms']:.3f} |" in rows[0]
 
@@ -302,7 +314,7 @@ def test_markdown_sections(bench_run):
                                                  ["| d48", "delayed", "adamw", "current", "fp8"]]
     for row in rows:
         model, lm_head = row.split(" | ")[0][2:], row.split(" | ")[4]
-        runs = [by_key.get((model, "fp8", "delayed", "adamw", "current", lm_head, grads, True, 1, 1, 0))
+        runs = [by_key.get((model, "fp8", "delayed", "adamw", "current", lm_head, grads, True, 1, 1, 0, ALL_BLOCK_LINEARS))
                 for grads in ("current", "delayed", "pow2")]
         assert (runs[2] is None) == (lm_head == "fp8"), row
         base = runs[0]
@@ -317,18 +329,22 @@ def test_markdown_sections(bench_run):
 
     rows = [l for l in sections["FP8 lm_head: bf16 (default -f8) vs FP8 (-f8 all)"].splitlines() if re.match(r"\| d\d+ ", l)]
     assert len(rows) == 2
-    fp8_head = by_key[("d12", "fp8", "delayed", "adamw", "current", "fp8", "current", True, 1, 1, 0)]
+    fp8_head = by_key[("d12", "fp8", "delayed", "adamw", "current", "fp8", "current", True, 1, 1, 0, ALL_BLOCK_LINEARS)]
     assert rows[0].startswith(f"| d12 | delayed | adamw | current | {current['tok_per_s']:.0f} | {fp8_head['tok_per_s']:.0f} | "
                               f"{fp8_head['tok_per_s'] / current['tok_per_s']:.3f}x |")
 
     # the VARIED_SETTINGS sections: the default bf16 and FP8 runs with the setting's default and its other value
-    # (the key's last two fields, -ge and -ad), the rows the setting is about faster with the other value
-    # (-fe 1 only where it acts: the FP8 run at -r 0, d12's)
+    # (the key's last four fields: -ge, -ad, -fe and the FP8 block linears), the rows the setting is about faster with
+    # the other value (-fe 1 only where it acts: the FP8 run at -r 0, d12's; attproj in bf16 in the FP8 runs)
     default_rows = [["| d12", "bf16", "-"], ["| d12", "fp8", "delayed"], ["| d48", "bf16", "-"], ["| d48", "fp8", "delayed"]]
+    ALL = ALL_BLOCK_LINEARS
     for heading, settings, ms_field, expected_rows in (
-            ("GELU backward fusion: -ge 1 vs -ge 2", ((1, 1, 0), (2, 1, 0)), "gelu_backward_ms", default_rows),
-            ("Attention backward: -ad 1 vs -ad 0", ((1, 1, 0), (1, 0, 0)), "attention_backward_ms", default_rows),
-            ("FP8 GELU codes from fc's GEMM: -fe 0 vs -fe 1", ((1, 1, 0), (1, 1, 1)), "fc_forward_ms", default_rows[1:2])):
+            ("GELU backward fusion: -ge 1 vs -ge 2", ((1, 1, 0, ALL), (2, 1, 0, ALL)), "gelu_backward_ms", default_rows),
+            ("Attention backward: -ad 1 vs -ad 0", ((1, 1, 0, ALL), (1, 0, 0, ALL)), "attention_backward_ms", default_rows),
+            ("FP8 GELU codes from fc's GEMM: -fe 0 vs -fe 1", ((1, 1, 0, ALL), (1, 1, 1, ALL)), "fc_forward_ms",
+             default_rows[1:2]),
+            (f"attproj in FP8 or bf16: -f8 {ALL} vs -f8 qkv,fc,fcproj", ((1, 1, 0, ALL), (1, 1, 0, "qkv,fc,fcproj")),
+             "attproj_ms", default_rows[1::2])):
         rows = [l for l in sections[heading].splitlines() if re.match(r"\| d\d+ ", l)]
         assert [l.split(" | ")[:3] for l in rows] == expected_rows, heading
         run_keys = {"bf16": ("bf16", "-", "-", "-", "-"), "fp8": ("fp8", "delayed", "current", "bf16", "current")}
@@ -354,8 +370,8 @@ def test_markdown_sections(bench_run):
 
     floor = sections["Floor: measured vs the model's floor"]
     rows = [l for l in floor.splitlines() if re.match(r"\| d\d+ \| (bf16|fp8) \| \d+ \|", l)]
-    defaults = [by_key[(m, "bf16", "-", "adamw", "-", "-", "-", True, 1, 1, 0)] for m in ("d12", "d48")] + \
-        [by_key[(m, "fp8", "delayed", "adamw", "current", "bf16", "current", True, 1, 1, 0)] for m in ("d12", "d48")]
+    defaults = [by_key[(m, "bf16", "-", "adamw", "-", "-", "-", True, 1, 1, 0, ALL_BLOCK_LINEARS)] for m in ("d12", "d48")] + \
+        [by_key[(m, "fp8", "delayed", "adamw", "current", "bf16", "current", True, 1, 1, 0, ALL_BLOCK_LINEARS)] for m in ("d12", "d48")]
     defaults.sort(key=lambda r: records.index(r))  # in the order measured
     assert rows == [f"| {r['model']} | {r['precision']} | {r['B']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
                     f"{r['ms_per_step'] / r['floor_ms']:.2f}x |" for r in defaults]
@@ -397,7 +413,8 @@ def test_scaling_model_reads_the_default_runs_of_the_json(bench_run, tmp_path):
     default = [r for r in records if r.get("benchmark") == "train" and "error" not in r and r["model"] == "d12"
                and r["precision"] == "fp8" and r["recipe"] == "delayed" and r["optimizer"] == "adamw"
                and r["weight_scaling"] == "current" and r["lm_head"] == "bf16" and r["grad_scaling"] == "current"
-               and r["gelu_fusion"] == 1 and r["attention_deterministic"] == 1 and r["fc_writes_codes"] == 0]
+               and r["gelu_fusion"] == 1 and r["attention_deterministic"] == 1 and r["fc_writes_codes"] == 0
+               and r["fp8_block_linears"] == ALL_BLOCK_LINEARS]
     assert len(default) == 1
     assert table[("d12", "fp8")].ms_per_step == default[0]["ms_per_step"]
 

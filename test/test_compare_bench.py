@@ -86,7 +86,8 @@ def test_committed_benchmarks_compare():
     result = subprocess.run([sys.executable, SCRIPT, before, after, "--rows", "40"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     found = sections(result.stdout)
-    default_fp8 = found["d12 fp8 delayed -fw current -fg current lm_head bf16 adamw master -ge 1 -ad 1 -fe 0 B=64 -r 0"]
+    default_fp8 = found["d12 fp8 delayed -fw current -fg current lm_head bf16 adamw master -ge 1 -ad 1 -fe 0 "
+                        "FP8 block linears qkv,attproj,fc,fcproj B=64 -r 0"]
     assert default_fp8[0] == "tok/s 590758 -> 666446 (1.128x)"  # 2026-11-30 made it twice: 668261 and 664632
     assert ["fp8 cast attention out", "1.221", "1.213", "0.993x"] in table(default_fp8)
 

@@ -163,6 +163,31 @@ def test_fc_gemm_writing_gelu_codes():
             fm.step_kernels(fm.Run(**dict(SMALL, fc_writes_codes=1, **bad)))
 
 
+@pytest.mark.parametrize("recipe", fm.RECIPES)
+@pytest.mark.parametrize("recompute", [0, 2])
+def test_attproj_in_bf16(recipe, recompute):
+    """-f8 qkv,fc,fcproj: attproj's GEMMs as a bf16 run's, no cast of the attention output (nor its -r 2 replay), no
+    cast of attproj's output gradient (layernorm backward still sums its bias) and no weight cast of attprojw; every
+    other kernel is the all-FP8 run's. A subset the model does not follow is refused in one line"""
+    fp8 = fm.Run(model="d12", B=4, T=1024, precision="fp8", recipe=recipe, recompute=recompute)
+    mixed = dataclasses.replace(fp8, fp8_block_linears="qkv,fc,fcproj")
+    bf16 = fm.Run(model="d12", B=4, T=1024, recompute=recompute)
+    attproj_regions = ("matmul attproj fwd", "matmul attproj bwd")
+    in_region = lambda run, regions: [k for k in fm.step_kernels(run) if k.region in regions]  # noqa: E731
+    assert in_region(mixed, attproj_regions) == in_region(bf16, attproj_regions)
+    assert in_region(mixed, ("fp8 cast attention out", "fp8 cast attention out recompute")) == []
+    assert [k.what for k in in_region(fp8, ("fp8 cast attention out",))] == ["attention output -> %s of attproj" % (
+        "x" if recompute == 2 else "x, x^T")] * 12
+    casts = [k.what for k in in_region(mixed, ("fp8 weight casts",))]
+    assert len(casts) == 3 and not any("attprojw" in what for what in casts), casts
+    others = lambda run: [k for k in fm.step_kernels(run) if k.region not in attproj_regions + (  # noqa: E731
+        "fp8 cast attention out", "fp8 cast attention out recompute", "fp8 weight casts", "adamw")]
+    assert others(mixed) == others(fp8)
+    assert "-f8 qkv,fc,fcproj" in fm.run_label(mixed) and "-f8" not in fm.run_label(fp8)
+    with pytest.raises(fm.CliError, match=r"^FP8 block linears 'qkv,attproj,fc': the model follows "):
+        fm.step_kernels(dataclasses.replace(fp8, fp8_block_linears="qkv,attproj,fc"))
+
+
 @pytest.mark.parametrize("recipe", ["delayed", "current"])
 @pytest.mark.parametrize("gelu_fusion", [1, 2])
 def test_pow2_gradient_scaling_is_delayeds_one_pass_where_no_layernorm_took_dys_amax(recipe, gelu_fusion):

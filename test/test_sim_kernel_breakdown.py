@@ -2,8 +2,8 @@
 The trainer's -kt 1 kernel breakdown (llmc/profiler.h), run under cudasim (build/sim/train_gpt2_fp8),
 against what reads it on a GPU: dev/bench/bench.py keeps the table from "kernel breakdown" on, and
 dev/bench/floor_model.py (measured_regions) sets each row beside the floor of the region of that
-name. For each configuration the floor model distinguishes (-p, -fr, -fw, -fg, an FP8 lm_head, -opt,
--w, -r, -ge), the regions the trainer prints are exactly the regions the floor model charges for
+name. For each configuration the floor model distinguishes (-p, -fr, -fw, -fg, an FP8 lm_head,
+attproj in bf16, -opt, -w, -r, -ge), the regions the trainer prints are exactly the regions the floor model charges for
 the same flags: a mark the model lacks would show as "no floor here", one the trainer lacks as a
 floor with no measurement. test_floor_model.py checks the names statically (the union of the
 profiler_mark calls); this checks them per run. The table itself: its header, a row per region
@@ -47,6 +47,9 @@ CONFIGS = [
      dict(precision="fp8", optimizer="adamw8", weight_scaling="delayed", master=False)),
     (["-r", 0, "-p", "fp8", "-fr", "block", "-opt", "adamw8", "-f8", "all"],
      dict(precision="fp8", recipe="block", optimizer="adamw8", lm_head="fp8")),
+    (["-r", 2, "-p", "fp8", "-f8", "qkv,fc,fcproj"], dict(precision="fp8", recompute=2, fp8_block_linears="qkv,fc,fcproj")),
+    (["-r", 0, "-p", "fp8", "-fr", "block", "-f8", "qkv,fc,fcproj"],
+     dict(precision="fp8", recipe="block", fp8_block_linears="qkv,fc,fcproj")),
 ]
 ROW = re.compile(r"^\| (.+?) \| (\d+\.\d{3}) \| (\d+\.\d)% \| (\d+) \|$")
 TOTAL = re.compile(r"^\| total \| (\d+\.\d{3}) \| 100% \| \|$")

@@ -19,7 +19,10 @@ also made with -ge 2 (GELU's derivative in fcproj's dgrad epilogue): a "GELU bac
 section sets their tok/s and the time of the rows GELU's backward is charged to beside -ge 1's,
 the figures that pick -ge's default for both baselines; and with -ad 0 (cuDNN's attention backward
 with float atomics, not bitwise repeatable): an "Attention backward" section sets their tok/s and
-`attention bwd` time beside the deterministic default's. At d12 and d48 the bf16 runs of both
+`attention bwd` time beside the deterministic default's. The default FP8 run is also made with -fe 1 (fc's
+GEMM writes fcproj's input codes; where the model runs at -r 0) and with attproj in bf16 (-f8 qkv,fc,fcproj): an
+"attproj in FP8 or bf16" section sets its tok/s and attproj's rows (its casts and GEMMs) beside the default's, the
+figures that say whether attproj's FP8 GEMMs pay for its casts at each size. At d12 and d48 the bf16 runs of both
 optimizers are also made without fp32 master weights (-w 0): a "Memory" section sets the
 persistent bytes per parameter and the optimizer state the trainer reports at startup beside
 the measured peak, for each optimizer and master-weight mode (DESIGN.md section 4). After a
@@ -92,16 +95,26 @@ DEFAULT_RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw
 # -ge 2: GELU's derivative in fcproj's dgrad epilogue ("GELU backward fusion" picks -ge's default for both);
 # -ad 0: cuDNN's attention backward with float atomics ("Attention backward": what giving up bitwise repeats buys)
 # -fe 1: fc's forward GEMM writes fcproj's x codes ("FP8 GELU codes from fc's GEMM": what the fusion buys)
-VARIED_SETTINGS = {"gelu_fusion": ("-ge", 1, 2), "attention_deterministic": ("-ad", 1, 0), "fc_writes_codes": ("-fe", 0, 1)}
+# -f8 qkv,fc,fcproj: attproj in bf16 ("attproj in FP8 or bf16": whether its GEMMs' gain pays for its two casts)
+VARIED_SETTINGS = {"gelu_fusion": ("-ge", 1, 2), "attention_deterministic": ("-ad", 1, 0), "fc_writes_codes": ("-fe", 0, 1),
+                   "fp8_block_linears": ("-f8", "qkv,attproj,fc,fcproj", "qkv,fc,fcproj")}
+# the column heading of a VARIED_SETTINGS setting where it is not the flag: -f8's value here is the block linears in
+# FP8 (lm_head has a column of its own; its FP8 runs pass -f8 all)
+SETTING_HEADS = {"fp8_block_linears": "FP8 block linears"}
 # the DEFAULT_RUNS a VARIED_SETTINGS setting's other value applies to, by (precision, recompute) (the others: all):
-# -fe 1 acts on an FP8 run that keeps fcproj's x^T from the forward (-r 0; the trainer refuses it with -r 1 or 2)
-VARIED_APPLIES = {"fc_writes_codes": lambda precision, recompute: precision == "fp8" and recompute == 0}
+# -fe 1 acts on an FP8 run that keeps fcproj's x^T from the forward (-r 0; the trainer refuses it with -r 1 or 2);
+# -f8 on an FP8 run
+VARIED_APPLIES = {"fc_writes_codes": lambda precision, recompute: precision == "fp8" and recompute == 0,
+                  "fp8_block_linears": lambda precision, recompute: precision == "fp8"}
 # the -kt 1 rows where GELU's backward is charged: fcproj's dgrad (its epilogue with -ge 2), fc's output-gradient
 # pass (FP8) or bias pass, and bf16's GELU backward kernel (absent with -ge 2)
 GELU_BACKWARD_ROWS = ("matmul fcproj bwd", "matmul fc bwd", "gelu bwd")
 ATTENTION_BACKWARD_ROW = "attention bwd"
 # the -kt 1 rows of fc's forward and the GELU that makes fcproj's input: the GEMM and the GELU cast (FP8), or the
 # GEMM writing the codes and the byte transpose (-fe 1), or bf16's GELU epilogue or kernel
+# the -kt 1 rows of attproj: the attention output's FP8 cast (an FP8 attproj's x and x^T) and its GEMMs, the
+# backward's with its output gradient's cast
+ATTPROJ_ROWS = ("fp8 cast attention out", "matmul attproj fwd", "matmul attproj bwd")
 FC_FORWARD_ROWS = ("matmul fc fwd", "gelu+fp8 cast fwd", "matmul fc+gelu fp8 codes fwd", "fp8 transpose gelu out",
                    "matmul fc+gelu fwd", "gelu fwd")
 # the -kt 1 rows that hold the backward of the four block linears, where each output gradient's
@@ -343,11 +356,11 @@ def settings_cells(r):
 
 
 def settings_words(r):
-    """the record's VARIED_SETTINGS as flags, for headings: -ge 1 -ad 1"""
-    return " ".join(f"{flag} {setting_text(r, field)}" for field, (flag, _, _) in VARIED_SETTINGS.items())
+    """the record's VARIED_SETTINGS for headings, as flags where SETTING_HEADS names none: -ge 1 -ad 1"""
+    return " ".join(f"{SETTING_HEADS.get(field, flag)} {setting_text(r, field)}" for field, (flag, _, _) in VARIED_SETTINGS.items())
 
 
-SETTINGS_HEADS = " | ".join(flag for flag, _, _ in VARIED_SETTINGS.values())
+SETTINGS_HEADS = " | ".join(SETTING_HEADS.get(field, flag) for field, (flag, _, _) in VARIED_SETTINGS.items())
 
 
 def rows_ms(breakdown, rows):
@@ -498,6 +511,7 @@ def run_config(model, B, recompute, T, precision, recipe, optimizer, weights, lm
         "gelu_backward_ms": gelu_backward_ms(breakdown),
         "attention_backward_ms": breakdown_ms(breakdown, ATTENTION_BACKWARD_ROW),
         "fc_forward_ms": rows_ms(breakdown, FC_FORWARD_ROWS),
+        "attproj_ms": rows_ms(breakdown, ATTPROJ_ROWS),
         "recast_fraction": parse_recast_fraction(stdout),
         "command": command_text(cmd),
         "kernel_breakdown": breakdown,
@@ -773,6 +787,13 @@ SETTING_SECTIONS = [
      "`matmul fc+gelu fp8 codes fwd` and `fp8 transpose gelu out` (-fe 1). Make it the default where it is faster here "
      "and its loss matches over a long run (dev/gpu_session.sh parity fc_codes).",
      "fc forward", "fc_forward_ms"),
+    ("fp8_block_linears", "attproj in FP8 or bf16",
+     "-f8 qkv,fc,fcproj runs attproj's three GEMMs in bf16: an FP8 attproj's GEMMs are faster, but its input, the "
+     "attention output, takes a cast pass of its own (no kernel next to it writes the codes: cuDNN writes bf16), and its "
+     "output gradient another (layernorm backward sums its bias and amax as it writes it, in both). attproj = the -kt 1 "
+     "rows `fp8 cast attention out`, `matmul attproj fwd` and `matmul attproj bwd`. Drop attproj from -f8's default "
+     "where it is faster here; FP8 pays more with C, whose square the GEMMs grow with and the casts only with C.",
+     "attproj", "attproj_ms"),
 ]
 
 

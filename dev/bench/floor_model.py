@@ -17,9 +17,10 @@ Why it is shaped so:
   the trainer marks, and that every mark of a one-GPU step is modeled.
 - The kernels and their bytes follow the code paths of train_gpt2_fp8.cu for one run
   configuration (Run): precision, FP8 recipe, -fw, -fg, lm_head's precision, optimizer, -w, -r,
-  -ge, with the default -f8p (every pass of an FP8 linear in FP8, so no bf16 copy of an FP8
-  linear's input is written; -r in an FP8 block casts the wgrads' x^T again in the backward
-  instead, and the forward's casts write no x^T of those linears).
+  -ge, the block linears in FP8 (all four, -f8's default, or all but attproj), with the default
+  -f8p (every pass of an FP8 linear in FP8, so no bf16 copy of an FP8 linear's input is written;
+  -r in an FP8 block casts the wgrads' x^T again in the backward instead, and the forward's
+  casts write no x^T of those linears).
 - Attention counts causal work only (half of the T x T scores): 2 B T^2 C FLOPs forward and
   2.5 times that backward (flash attention recomputes the scores: five matrix products to the
   forward's two). The trainer's MFU counts PaLM's 12 L C T per token instead (non-causal),
@@ -53,6 +54,10 @@ BF16, FP8, FP32, INT32 = 2, 1, 4, 4  # bytes per element
 RECIPES = ("delayed", "current", "block")
 WEIGHT_SCALINGS = ("current", "delayed")
 GRAD_SCALINGS = ("current", "delayed", "pow2")
+# the block linears in FP8 the model follows (-f8 without lm_head, which Run.lm_head says): all four, or attproj in
+# bf16 (its input's cast and its output gradient's go, nothing else changes); other subsets change which kernel
+# writes GELU's and the layernorms' outputs, which is not modeled
+FP8_BLOCK_LINEARS = ("qkv,attproj,fc,fcproj", "qkv,fc,fcproj")
 OPTIMIZERS = ("adamw", "adamw8")
 ADAMW8_MIN_8BIT_ELEMENTS = 4096  # quant8.h: per-layer slices this small keep 32-bit states
 QUANT8_BLOCK = 256               # quant8.h: one fp32 absmax per 256 elements per state
@@ -108,6 +113,7 @@ class Run:
     master: bool = True         # -w
     gelu_fusion: int = 1        # -ge: 1 GELU in bf16 fc's forward epilogue, 2 also DGELU in fcproj's dgrad
     fc_writes_codes: int = 0    # -fe 1 (FP8, -fr delayed, -r 0): fc's GEMM writes fcproj's x codes, a byte transpose x^T
+    fp8_block_linears: str = FP8_BLOCK_LINEARS[0]  # -f8's block linears (FP8 only): one of FP8_BLOCK_LINEARS
 
     @property
     def fp8(self):
@@ -153,6 +159,8 @@ def check_run(run):
         raise CliError(f"gelu fusion {run.gelu_fusion}: expected 0, 1 or 2")
     if run.fc_writes_codes and not (run.fp8 and run.recipe == "delayed" and run.recompute == 0):
         raise CliError("fc writes codes (-fe 1): needs FP8, the delayed recipe and -r 0 (the trainer refuses it otherwise)")
+    if run.fp8_block_linears not in FP8_BLOCK_LINEARS:
+        raise CliError(f"FP8 block linears {run.fp8_block_linears!r}: the model follows {' or '.join(FP8_BLOCK_LINEARS)}")
 
 
 def distinct_tokens(n):
@@ -168,7 +176,8 @@ def step_kernels(run):
     shape = scaling_model.model_shape(run.model)
     L, C, Vp = shape.num_layers, shape.channels, shape.padded_vocab
     N, NH = run.B * run.T, shape.channels // HEAD_SIZE
-    fp8_blocks = run.fp8  # qkv, attproj, fc, fcproj in FP8 in all three passes (the default -f8 and -f8p)
+    fp8_blocks = run.fp8  # qkv, fc, fcproj in FP8 in all three passes (-f8p's default), and attproj unless fp8_attproj says
+    fp8_attproj = run.fp8 and "attproj" in run.fp8_block_linears.split(",")
     fp8_lm_head = run.fp8 and run.lm_head == "fp8"
     block = run.fp8 and run.recipe == "block"
     code = BLOCK_CODE if block else FP8  # bytes per activation or gradient code
@@ -193,8 +202,9 @@ def step_kernels(run):
 
     def recast(kind):
         """whether -r casts this block linear's x^T again in the backward (linear_input_recompute_level):
-        fcproj's from -r 1, qkv's, attproj's and fc's from -r 2; lm_head's never"""
-        return fp8_blocks and kind != "lm_head" and run.recompute >= (1 if kind == "fcproj" else 2)
+        fcproj's from -r 1, qkv's, attproj's and fc's from -r 2 (an FP8 one's); lm_head's never"""
+        fp8 = fp8_attproj if kind == "attproj" else fp8_blocks
+        return fp8 and kind != "lm_head" and run.recompute >= (1 if kind == "fcproj" else 2)
 
     def cast_outputs(kind):
         """(names, count) of the code arrays the forward's cast of the linear's input writes: x and x^T, or x
@@ -280,9 +290,9 @@ def step_kernels(run):
         # causal: half of the T x T scores, two products (Q K^T, P V); qkv read, out and the row statistics written
         add("attention fwd", "causal flash attention", N * 4 * C * BF16 + N * NH * FP32,
             flops=2.0 * run.B * run.T * run.T * C, kind="attention", rate="bf16")
-        if fp8_blocks:
+        if fp8_attproj:
             activation_cast("fp8 cast attention out", "attention output", N * C, "attproj")
-        linear_forward("matmul attproj fwd", "attproj", C, C, fp8_blocks)
+        linear_forward("matmul attproj fwd", "attproj", C, C, fp8_attproj)
         layernorm_forward("residual+layernorm fwd", "residual + ln2", fused=True, fp8_out=fp8_blocks, kind="fc")
         if run.fc_writes_codes:  # the E4M3 D of GELU_AUX_BIAS beside the bf16 pre-activation; x^T from the codes
             gemm("matmul fc+gelu fp8 codes fwd", "fc forward GEMM (GELU codes and pre-activation)", N, 4 * C, C, code, FP8,
@@ -335,7 +345,7 @@ def step_kernels(run):
         add("layernorm bwd", "ln2 backward", layernorm_backward_bytes)
         if recast("attproj"):
             replay_x_t("fp8 cast attention out recompute", "attention output", N * C)
-        linear_backward("matmul attproj bwd", "attproj", C, C, fp8_blocks, dy_from_layernorm=True)
+        linear_backward("matmul attproj bwd", "attproj", C, C, fp8_attproj, dy_from_layernorm=True)
         # five causal products (the scores again, dV, dP, dQ, dK); qkv, out, dout, the statistics read, dqkv written
         add("attention bwd", "causal flash attention backward", N * 8 * C * BF16 + N * NH * FP32,
             flops=5.0 * run.B * run.T * run.T * C, kind="attention", rate="bf16")
@@ -351,7 +361,7 @@ def step_kernels(run):
 
     # ---- update
     add("grad norm", "sum of squares of the gradients", P * BF16)
-    fp8_weights = list(scaling_model.MATMUL_TENSORS) if fp8_blocks else []
+    fp8_weights = [t for t in scaling_model.MATMUL_TENSORS if fp8_attproj or t != "attprojw"] if fp8_blocks else []
     if fp8_lm_head:
         fp8_weights.append("wte")
     # -fw delayed: the update writes the block linears' W codes, and the cast after it only transposes them;
@@ -402,7 +412,8 @@ def run_label(run):
         + (" -fe 1" if run.fc_writes_codes else "")
     if not run.fp8:
         return f"{run.model} bf16 {run.optimizer}{master}"
-    head = ", lm_head fp8" if run.lm_head == "fp8" else ""
+    head = (", lm_head fp8" if run.lm_head == "fp8" else "") \
+        + ("" if run.fp8_block_linears == FP8_BLOCK_LINEARS[0] else f", -f8 {run.fp8_block_linears}")
     fw = "" if run.recipe == "block" else f" -fw {run.weight_scaling}" + (f" -fg {run.grad_scaling}" if run.grad_scaling != "current" else "")
     return f"{run.model} fp8 {run.recipe}{fw}{head} {run.optimizer}{master}"
 
@@ -476,7 +487,8 @@ def run_from_record(record):
                grad_scaling=record.get("grad_scaling", "current") if fp8 and record.get("grad_scaling") != "-" else "current",
                lm_head=record.get("lm_head", "bf16") if fp8 else "bf16", optimizer=record["optimizer"],
                master=record.get("master_weights", True) is not False, gelu_fusion=record.get("gelu_fusion", 1),
-               fc_writes_codes=record.get("fc_writes_codes", 0))
+               fc_writes_codes=record.get("fc_writes_codes", 0),
+               fp8_block_linears=record.get("fp8_block_linears", FP8_BLOCK_LINEARS[0]) if fp8 else FP8_BLOCK_LINEARS[0])
 
 
 def measured_regions(breakdown):
@@ -540,6 +552,8 @@ def build_parser():
                    help="-ge: 0 bf16 GELU as a kernel of its own, 1 in bf16 fc's forward epilogue, 2 also DGELU in fcproj's dgrad")
     p.add_argument("--fc-writes-codes", type=int, choices=(0, 1), default=0,
                    help="-fe: 1 fc's FP8 forward GEMM writes fcproj's x codes, a byte transpose makes x^T (FP8 delayed, -r 0)")
+    p.add_argument("--fp8-block-linears", default=FP8_BLOCK_LINEARS[0], choices=FP8_BLOCK_LINEARS,
+                   help="-f8 without lm_head: the block linears in FP8 (all four, or all but attproj)")
     p.add_argument("--device", default="h100", help="datasheet ceilings: " + ", ".join(DEVICES))
     p.add_argument("--bf16-tflops", type=positive_float, help="override the bf16 matrix rate (TFLOP/s)")
     p.add_argument("--fp8-tflops", type=positive_float, help="override the FP8 matrix rate (TFLOP/s)")
@@ -563,7 +577,8 @@ def run(argv):
     runs = [Run(model=args.model, B=args.b, T=args.t, recompute=args.r, precision=p, recipe=args.recipe,
                 weight_scaling=args.weight_scaling, grad_scaling=args.grad_scaling, lm_head=args.lm_head, optimizer=args.optimizer,
                 master=not args.no_master, gelu_fusion=args.gelu_fusion,
-                fc_writes_codes=args.fc_writes_codes if p == "fp8" else 0) for p in args.precision]
+                fc_writes_codes=args.fc_writes_codes if p == "fp8" else 0,
+                fp8_block_linears=args.fp8_block_linears if p == "fp8" else FP8_BLOCK_LINEARS[0]) for p in args.precision]
     tables = [floor_table(r, device) for r in runs]
     if args.kernels:
         tables += [kernel_table(r, device, args.kernels) for r in runs]

@@ -463,7 +463,8 @@ def compute_from_bench(path, recipe, optimizer, weight_scaling="current", lm_hea
         if not isinstance(rec, dict) or "error" in rec or rec.get("optimizer") != optimizer:
             continue
         if rec.get("benchmark", "train") != "train" or rec.get("master_weights") is False or rec.get("gelu_fusion", 1) != 1 \
-                or rec.get("attention_deterministic", 1) != 1 or rec.get("fc_writes_codes", 0) != 0:
+                or rec.get("attention_deterministic", 1) != 1 or rec.get("fc_writes_codes", 0) != 0 \
+                or rec.get("fp8_block_linears", "qkv,attproj,fc,fcproj") != "qkv,attproj,fc,fcproj":
             # bench.py's runs at its VARIED_SETTINGS defaults
             continue
         if rec.get("precision") == "fp8" and (rec.get("recipe") != recipe or rec.get("lm_head", lm_head) != lm_head
