@@ -97,7 +97,7 @@ DEFAULT_RUNS = [("bf16", "-", "adamw", "-", "-", "-"), ("fp8", "delayed", "adamw
 # -fe 1: fc's forward GEMM writes fcproj's x codes ("FP8 GELU codes from fc's GEMM": what the fusion buys)
 # -f8 qkv,fc,fcproj: attproj in bf16 ("attproj in FP8 or bf16": whether its GEMMs' gain pays for its two casts)
 VARIED_SETTINGS = {"gelu_fusion": ("-ge", 1, 2), "attention_deterministic": ("-ad", 1, 0), "fc_writes_codes": ("-fe", 0, 1),
-                   "fp8_block_linears": ("-f8", "qkv,attproj,fc,fcproj", "qkv,fc,fcproj")}
+                   "fp8_block_linears": ("-f8",) + floor_model.FP8_BLOCK_LINEARS}
 # the column heading of a VARIED_SETTINGS setting where it is not the flag: -f8's value here is the block linears in
 # FP8 (lm_head has a column of its own; its FP8 runs pass -f8 all)
 SETTING_HEADS = {"fp8_block_linears": "FP8 block linears"}

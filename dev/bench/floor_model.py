@@ -57,7 +57,7 @@ GRAD_SCALINGS = ("current", "delayed", "pow2")
 # the block linears in FP8 the model follows (-f8 without lm_head, which Run.lm_head says): all four, or attproj in
 # bf16 (its input's cast and its output gradient's go, nothing else changes); other subsets change which kernel
 # writes GELU's and the layernorms' outputs, which is not modeled
-FP8_BLOCK_LINEARS = ("qkv,attproj,fc,fcproj", "qkv,fc,fcproj")
+FP8_BLOCK_LINEARS = (scaling_model.ALL_BLOCK_LINEARS, "qkv,fc,fcproj")
 OPTIMIZERS = ("adamw", "adamw8")
 ADAMW8_MIN_8BIT_ELEMENTS = 4096  # quant8.h: per-layer slices this small keep 32-bit states
 QUANT8_BLOCK = 256               # quant8.h: one fp32 absmax per 256 elements per state

@@ -59,6 +59,8 @@ PRESETS = {"d12": (12, 768), "d24": (24, 1024), "d36": (36, 1280), "d48": (48, 1
 WHOLE_MODEL_TENSORS = ("wte", "wpe", "lnfw", "lnfb")  # the last gradient chunk; the rest are per layer
 EARLY_STAGE_TENSORS = ("wte", "wpe")  # ZeRO-1's stage 0: updated first, gathered while the rest are updated
 FINAL_LAYERNORM_TENSORS = ("lnfw", "lnfb")  # read after the last layer: in ZeRO-1's last layer's stage
+# -f8's default block linears (the trainer's; lm_head is off): the FP8 runs this model reads from a bench JSON
+ALL_BLOCK_LINEARS = "qkv,attproj,fc,fcproj"
 MATMUL_TENSORS = ("qkvw", "attprojw", "fcw", "fcprojw")  # cast to FP8 per layer; wte stays bf16 (encoder, lm_head)
 PRECISIONS = ("bf16", "fp8")
 ZERO_STAGES = (1, 3)
@@ -464,7 +466,7 @@ def compute_from_bench(path, recipe, optimizer, weight_scaling="current", lm_hea
             continue
         if rec.get("benchmark", "train") != "train" or rec.get("master_weights") is False or rec.get("gelu_fusion", 1) != 1 \
                 or rec.get("attention_deterministic", 1) != 1 or rec.get("fc_writes_codes", 0) != 0 \
-                or rec.get("fp8_block_linears", "qkv,attproj,fc,fcproj") != "qkv,attproj,fc,fcproj":
+                or rec.get("fp8_block_linears", ALL_BLOCK_LINEARS) != ALL_BLOCK_LINEARS:
             # bench.py's runs at its VARIED_SETTINGS defaults
             continue
         if rec.get("precision") == "fp8" and (rec.get("recipe") != recipe or rec.get("lm_head", lm_head) != lm_head
