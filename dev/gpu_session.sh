@@ -160,6 +160,9 @@ first_summary() {
     # bench_casts' table (env.txt), or why there is none
     grep -A 20 -E '^## FP8 tile cast bandwidth' "$LOG_DIR/env.txt" | grep -E '^(## |\| )' \
         || echo "bench_casts: no table ($(grep -h -E '^\(bench_casts' "$LOG_DIR/env.txt"))"
+    # the whole model's GEMMs with cuBLASLt's first algorithm against the fastest listed (env.txt)
+    grep -h -E '^\| total \| all \|' "$LOG_DIR/env.txt" | sed 's/^/algorithms (precision | first ms | fastest ms): /' \
+        || echo "bench_gemm --algorithms: no total rows"
     # the report's main table (one row per train run): its header up to the first blank line
     awk '/^\| model \| precision \|/ {on = 1} on && /^$/ {exit} on' "$LOG_DIR"/*-quick-d12.md 2>/dev/null
     # the FP8 over bf16 ratio of the default runs and of their repeats: the noise on every ratio above
@@ -197,6 +200,11 @@ case "$stage" in
         { echo; timeout 30 ./probe_epilogues 2>&1 || echo "(probe_epilogues: exit $?)"; } >>"$LOG_DIR/env.txt"
         # the tile cast's parts timed apart at d12's shapes (a few seconds): what bounds the FP8 casts
         { echo; timeout 60 ./bench_casts 2>&1 || echo "(bench_casts: exit $?)"; } >>"$LOG_DIR/env.txt"
+        # how far cuBLASLt's first algorithm, training's, is from the fastest it lists for d12's GEMMs (about 10 s):
+        # bench_gemm's --algorithms table only, into env.txt
+        timeout 90 ./bench_gemm --models d12 --iters 3 --warmup 1 --algorithms 8 >build/bench_gemm_algorithms.txt 2>&1 \
+            || tail -n 3 build/bench_gemm_algorithms.txt | sed "s/^/(bench_gemm --algorithms: exit $?) /" >>"$LOG_DIR/env.txt"
+        { echo; awk '/^#### /{on = 1} on' build/bench_gemm_algorithms.txt; } >>"$LOG_DIR/env.txt"
         mapfile -t tests < <(gpu_test_binaries)
         # the 2-rank test needs NCCL 2.30+, which only the ranks stage installs: here its SKIP line shows in summary.txt
         LLM8_ALLOW_NO_TWO_RANKS=1 TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 \

@@ -265,16 +265,29 @@ static inline const void* matmul_c(const MatmulSpec* spec) {
     return matmul_is_fp8_type(spec->d_type) ? spec->aux : spec->d;
 }
 
-// the cuBLASLt objects of one GEMM and the heuristic's first algorithm (found == 0: none)
+/*
+Which algorithm a GEMM runs: training always takes the heuristic's first (rank 0), a pure
+function of the problem. dev/bench/bench_gemm.cu's --algorithms also times the next ones
+the heuristic lists for the same problem (matmul_cublaslt_ranked), to measure how far the
+first is from the fastest this cuBLASLt has for the model's shapes.
+*/
+#define MATMUL_MAX_ALGORITHMS 16
+
+// the cuBLASLt objects of one GEMM and the heuristic's algorithm of the asked rank (found == 0:
+// none; listed: how many the heuristic gave, at most rank + 1)
 typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t layout_a, layout_b, layout_c, layout_d;  // layout_c is layout_d but for an FP8 D's bf16 C
     cublasLtMatmulHeuristicResult_t heuristic;
     cublasStatus_t status;
     int found;
+    int listed;
 } MatmulPlan;
 
-static void matmul_plan_create(MatmulPlan* plan, const MatmulSpec* spec) {
+static void matmul_plan_create(MatmulPlan* plan, const MatmulSpec* spec, int rank) {
+    if (rank < 0 || rank >= MATMUL_MAX_ALGORITHMS) {
+        llm8_die("matmul %s: algorithm rank %d (expected 0..%d)", spec->name, rank, MATMUL_MAX_ALGORITHMS - 1);
+    }
     cublasCheck(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasLtMatmulDesc_t desc = plan->desc;
     cublasOperation_t op_a = spec->transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -329,11 +342,18 @@ static void matmul_plan_create(MatmulPlan* plan, const MatmulSpec* spec) {
     cublasCheck(cublasLtMatrixLayoutCreate(&plan->layout_c, d_fp8 ? CUDA_R_16BF : spec->d_type, spec->m, spec->n, spec->m));
 
     cublasLtMatmulPreference_t preference = matmul_preference_create(spec->a, spec->b, matmul_c(spec), spec->d);
-    plan->found = 0;
+    cublasLtMatmulHeuristicResult_t results[MATMUL_MAX_ALGORITHMS];
+    plan->listed = 0;
     plan->status = cublasLtMatmulAlgoGetHeuristic(matmul_cublaslt_handle, desc, plan->layout_a, plan->layout_b,
-                                                  plan->layout_c, plan->layout_d, preference, 1, &plan->heuristic,
-                                                  &plan->found);
+                                                  plan->layout_c, plan->layout_d, preference, rank + 1, results,
+                                                  &plan->listed);
     cublasCheck(cublasLtMatmulPreferenceDestroy(preference));
+    if (plan->status != CUBLAS_STATUS_SUCCESS) { plan->listed = 0; }
+    for (int i = 0; i < plan->listed; i++) {  // a result whose state is not SUCCESS is no algorithm: the list ends there
+        if (results[i].state != CUBLAS_STATUS_SUCCESS) { plan->listed = i; }
+    }
+    plan->found = plan->listed > rank;
+    if (plan->found) { plan->heuristic = results[rank]; }
 }
 
 static void matmul_plan_destroy(MatmulPlan* plan) {
@@ -349,17 +369,33 @@ static void matmul_plan_destroy(MatmulPlan* plan) {
 bool matmul_cublaslt_supported(const MatmulSpec* spec) {
     matmul_check_spec(spec);
     MatmulPlan plan;
-    matmul_plan_create(&plan, spec);
-    bool supported = plan.status == CUBLAS_STATUS_SUCCESS && plan.found != 0;
+    matmul_plan_create(&plan, spec, 0);
+    bool supported = plan.found != 0;
     matmul_plan_destroy(&plan);
     return supported;
 }
 
-void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
+// how many algorithms the heuristic lists for the spec, at most `most` (<= MATMUL_MAX_ALGORITHMS)
+int matmul_cublaslt_algorithms(const MatmulSpec* spec, int most) {
     matmul_check_spec(spec);
     MatmulPlan plan;
-    matmul_plan_create(&plan, spec);
-    if (plan.status != CUBLAS_STATUS_SUCCESS || plan.found == 0) {
+    matmul_plan_create(&plan, spec, most - 1);
+    int listed = plan.listed;
+    matmul_plan_destroy(&plan);
+    return listed;
+}
+
+// the spec's GEMM with the heuristic's algorithm of this rank (0: the first, what training runs);
+// a rank the heuristic does not list stops with one line
+void matmul_cublaslt_ranked(const MatmulSpec* spec, int rank, cudaStream_t stream) {
+    matmul_check_spec(spec);
+    MatmulPlan plan;
+    matmul_plan_create(&plan, spec, rank);
+    if (rank > 0 && plan.status == CUBLAS_STATUS_SUCCESS && plan.found == 0) {
+        llm8_die("matmul %s: algorithm rank %d, but cuBLASLt's heuristic lists %d for m=%d n=%d k=%d", spec->name, rank,
+                 plan.listed, spec->m, spec->n, spec->k);
+    }
+    if (plan.found == 0) {
         bool short_block = spec->a_scale_mode != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && spec->k % 128 != 0;
         const char* remedy = short_block ? "; this cuBLASLt lacks block scaling with a short last K block (K not a multiple of "
                                            "128): use -fr delayed or -fr current, or a width and a B*T that are multiples of 128"
@@ -379,6 +415,8 @@ void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) {
                                matmul_cublaslt_workspace, MATMUL_WORKSPACE_BYTES, stream));
     matmul_plan_destroy(&plan);
 }
+
+void matmul_cublaslt(const MatmulSpec* spec, cudaStream_t stream) { matmul_cublaslt_ranked(spec, 0, stream); }
 
 // ----------------------------------------------------------------------------
 // the deterministic bias gradient
@@ -561,27 +599,32 @@ static void matmul_bf16_set_operands(MatmulSpec* spec, const floatX* a, bool tra
 // BF16 launchers (row-major, the model's view)
 
 // out[N][OC] = inp[N][C] weight[OC][C]^T (+ bias); with pre_gelu: pre_gelu = that, out = GELU(it)
-void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
-                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
+static MatmulSpec matmul_forward_spec(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                                      int N, int C, int OC, floatX* pre_gelu) {
     MatmulSpec spec = matmul_linear_forward_spec("forward (m=OC, n=N, k=C)", out, bias, N, C, OC, pre_gelu);
     matmul_bf16_set_operands(&spec, weight, true, inp, false);
+    return spec;
+}
+
+void matmul_forward(floatX* out, const floatX* inp, const floatX* weight, const floatX* bias,
+                    int N, int C, int OC, floatX* pre_gelu, cudaStream_t stream) {
+    MatmulSpec spec = matmul_forward_spec(out, inp, weight, bias, N, C, OC, pre_gelu);
     matmul_cublaslt(&spec, stream);
 }
 
 // dinp[N][C] = dout[N][OC] weight[OC][C] (overwritten), times gelu'(pre_gelu) when given (DGELU)
-static void matmul_backward_dgrad(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC,
-                                  const floatX* pre_gelu, cudaStream_t stream) {
+static MatmulSpec matmul_dgrad_spec(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC,
+                                    const floatX* pre_gelu) {
     MatmulSpec dgrad = matmul_linear_dgrad_spec("backward dinp (m=C, n=N, k=OC)", dinp, N, C, OC, pre_gelu);
     matmul_bf16_set_operands(&dgrad, weight, false, dout, false);
-    matmul_cublaslt(&dgrad, stream);
+    return dgrad;
 }
 
 // dweight[OC][C] += dout[N][OC]^T inp[N][C] (accumulated)
-static void matmul_backward_wgrad(floatX* dweight, const floatX* dout, const floatX* inp, int N, int C, int OC,
-                                  cudaStream_t stream) {
+static MatmulSpec matmul_wgrad_spec(floatX* dweight, const floatX* dout, const floatX* inp, int N, int C, int OC) {
     MatmulSpec wgrad = matmul_linear_wgrad_spec("backward dweight (m=C, n=OC, k=N)", dweight, CUDA_R_16BF, N, C, OC);
     matmul_bf16_set_operands(&wgrad, inp, false, dout, true);
-    matmul_cublaslt(&wgrad, stream);
+    return wgrad;
 }
 
 /*
@@ -597,8 +640,14 @@ FP8 pass over dout sums the bias), so every GEMM and the bias run exactly once.
 void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
                      const floatX* weight, float* dbias_scratch, int N, int C, int OC,
                      const floatX* pre_gelu, cudaStream_t stream) {
-    if (dinp != NULL) { matmul_backward_dgrad(dinp, dout, weight, N, C, OC, pre_gelu, stream); }
-    if (dweight != NULL) { matmul_backward_wgrad(dweight, dout, inp, N, C, OC, stream); }
+    if (dinp != NULL) {
+        MatmulSpec dgrad = matmul_dgrad_spec(dinp, dout, weight, N, C, OC, pre_gelu);
+        matmul_cublaslt(&dgrad, stream);
+    }
+    if (dweight != NULL) {
+        MatmulSpec wgrad = matmul_wgrad_spec(dweight, dout, inp, N, C, OC);
+        matmul_cublaslt(&wgrad, stream);
+    }
     if (dbias != NULL) {  // dout is only read: no pre_gelu, no record
         matmul_dbias_launch(dbias, dbias_scratch, const_cast<floatX*>(dout), NULL, NULL, N, OC, stream);
     }

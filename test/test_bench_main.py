@@ -601,6 +601,10 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     assert summary[casts_at + 1:casts_at + 3] == ["| rows x cols | what | bytes/element | ms | GB/s | of copy |",
                                                   "| 65536 x 768 | copy | 4 | 0.0700 | 2876 | 1.00 |"], summary
     assert casts_at > probe_at, summary
+    # bench_gemm --algorithms' table in env.txt, its whole-model rows in the summary
+    assert "#### d12: cuBLASLt's first algorithm (training's) against the fastest of the first 8 it lists" in \
+        (out / "env.txt").read_text()
+    assert "algorithms (precision | first ms | fastest ms): | total | all | fp8 | - | 10.0000 | 9.0000 | - | 1.111x |" in summary
     ran = re.findall(r"^== build/(\w+)$", (out / "gpu_tests.log").read_text(), re.M)
     assert ran[:3] == ["test_cublaslt_rules", "test_kernels", "test_matmul_attention"] and ran[-1] == "test_gpt2", ran
     assert sorted(ran) == names

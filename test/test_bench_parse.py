@@ -300,6 +300,8 @@ def run_bench_gemm(args):
     (["--iters"], "--iters"),
     (["--iters", "0"], "--iters"),
     (["--warmup", "-1"], "--warmup"),
+    (["--algorithms", "17"], "--algorithms"),
+    (["--algorithms", "-1"], "--algorithms"),
     (["--models", "d13"], "d13"),
     (["--models", "d12,d12"], "listed twice"),
     (["--json", "/nonexistent-dir/x.jsonl"], "/nonexistent-dir/x.jsonl"),
@@ -314,7 +316,7 @@ def test_bench_gemm_bad_flags_die_with_one_line(args, names):
 def test_bench_gemm_help_lists_its_flags():
     result = run_bench_gemm(["--help"])
     assert result.returncode == 0
-    for flag in ("--models", "--iters", "--warmup", "--json"):
+    for flag in ("--models", "--iters", "--warmup", "--algorithms", "--json"):
         assert flag in result.stdout
 
 

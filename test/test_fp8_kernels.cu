@@ -1910,7 +1910,7 @@ static void check_fp8_spec(const MatmulSpec* spec, const Fp8Operand* a, const Fp
 // descriptor shows whether the forward asks cuBLASLt for it)
 static void check_fp8_descriptor(const MatmulSpec* spec, const char* what) {
     MatmulPlan plan;
-    matmul_plan_create(&plan, spec);
+    matmul_plan_create(&plan, spec, 0);
     int8_t fast = -1;
     const void* scales[2] = {NULL, NULL};
     int32_t modes[2] = {-1, -1}, transposes[2] = {-1, -1};
@@ -1955,7 +1955,7 @@ static void check_gelu_codes_descriptor(int N, int C, int OC) {
           "%s: D %p (type %d), aux %p, bias %p", what, spec.d, (int)spec.d_type, spec.aux, spec.bias);
     check_fp8_descriptor(&spec, what);
     MatmulPlan plan;
-    matmul_plan_create(&plan, &spec);
+    matmul_plan_create(&plan, &spec, 0);
     const void *got_scale = NULL, *got_amax = NULL, *got_aux = NULL;
     int32_t aux_type = -1, bias_type = -1;
     uint32_t epilogue = 0;

@@ -273,6 +273,84 @@ static void test_matmul_exact(int N, int C, int OC) {
     cudaCheck(cudaFree(d_scratch));
 }
 
+// every algorithm cuBLASLt's heuristic lists for a linear's three bf16 GEMMs (what bench_gemm's
+// --algorithms times): each one exact on integers, as the first is; cudasim lists 3, summing in
+// two lane counts
+static void test_matmul_ranked_algorithms(int N, int C, int OC) {
+    printf("matmul: every listed algorithm exact on integers: N=%d C=%d OC=%d\n", N, C, OC);
+    HostTensor inp = host_tensor_integers((size_t)N * C, -3, 3);
+    HostTensor weight = host_tensor_integers((size_t)OC * C, -3, 3);
+    HostTensor dout = host_tensor_integers((size_t)N * OC, -3, 3);
+    floatX* d_inp = device_bf16(&inp);
+    floatX* d_weight = device_bf16(&weight);
+    floatX* d_dout = device_bf16(&dout);
+    floatX* d_out = device_bf16_empty((size_t)N * OC);
+    floatX* d_dinp = device_bf16_empty((size_t)N * C);
+    floatX* d_dweight = device_bf16_empty((size_t)OC * C);
+    float* out_exact = host_matmul_exact(inp.values, weight.values, NULL, N, C, OC);
+    float* dinp_exact = (float*)calloc((size_t)N * C, sizeof(float));
+    float* dweight_exact = (float*)calloc((size_t)OC * C, sizeof(float));
+    float* dbias_unused = (float*)calloc((size_t)OC, sizeof(float));
+    ref_matmul_backward(dinp_exact, dweight_exact, dbias_unused, dout.values, inp.values, weight.values, N, C, OC);
+
+    const MatmulSpec specs[3] = {matmul_forward_spec(d_out, d_inp, d_weight, NULL, N, C, OC, NULL),
+                                 matmul_dgrad_spec(d_dinp, d_dout, d_weight, N, C, OC, NULL),
+                                 matmul_wgrad_spec(d_dweight, d_dout, d_inp, N, C, OC)};
+    const char* names[3] = {"forward", "dgrad", "wgrad (+= onto zeros)"};
+    floatX* outputs[3] = {d_out, d_dinp, d_dweight};
+    const float* expected[3] = {out_exact, dinp_exact, dweight_exact};
+    const size_t counts[3] = {(size_t)N * OC, (size_t)N * C, (size_t)OC * C};
+    for (int g = 0; g < 3; g++) {
+        int listed = matmul_cublaslt_algorithms(&specs[g], MATMUL_MAX_ALGORITHMS);
+        CHECK(listed >= 1, "%s: the heuristic lists no algorithm", names[g]);
+#ifdef CUDASIM
+        CHECK(listed == 3, "%s: cudasim's heuristic lists %d algorithms, expected 3", names[g], listed);
+        CHECK(matmul_cublaslt_algorithms(&specs[g], 2) == 2, "%s: asked for at most 2, more listed", names[g]);
+#endif
+        for (int rank = 0; rank < listed; rank++) {
+            cudaCheck(cudaMemset(outputs[g], 0, counts[g] * sizeof(floatX)));
+            matmul_cublaslt_ranked(&specs[g], rank, 0);
+            uint16_t* got = download_bf16(outputs[g], counts[g]);
+            char what[128];
+            snprintf(what, sizeof(what), "%s, algorithm %d of %d", names[g], rank, listed);
+            check_bf16_exact(what, got, expected[g], counts[g]);
+            free(got);
+        }
+    }
+#ifdef CUDASIM
+    // the rank reaches cublasLtMatmul: cudasim's second algorithm sums in 8 lanes along K where the
+    // first takes 16 (the buffers are fully aligned), which shows where a row's +4096 (k = 0) and
+    // -4096 (k = 8) share a lane and cancel before its 2^-14s (k = 16, 24) are added, or do not
+    // and absorb them (a GPU's algorithms need not differ so, hence cudasim only)
+    float* row_values = (float*)calloc((size_t)N * C, sizeof(float));
+    float* ones = (float*)mallocCheck((size_t)OC * C * sizeof(float));
+    for (int n = 0; n < N; n++) {
+        row_values[(size_t)n * C + 0] = 4096.0f;
+        row_values[(size_t)n * C + 8] = -4096.0f;
+        row_values[(size_t)n * C + 16] = row_values[(size_t)n * C + 24] = 0x1p-14f;
+    }
+    for (size_t i = 0; i < (size_t)OC * C; i++) { ones[i] = 1.0f; }
+    HostTensor cancelling = host_tensor_from_floats(row_values, (size_t)N * C);
+    HostTensor all_ones = host_tensor_from_floats(ones, (size_t)OC * C);
+    device_bf16_set(d_inp, &cancelling);
+    device_bf16_set(d_weight, &all_ones);
+    const float by_rank[2] = {0.0f, 0x1p-13f};
+    for (int rank = 0; rank < 2; rank++) {
+        matmul_cublaslt_ranked(&specs[0], rank, 0);
+        uint16_t* got = download_bf16(d_out, counts[0]);
+        CHECK(bf16_bits_to_float(got[0]) == by_rank[rank], "cancelling rows, algorithm %d: %g, expected %g", rank,
+              (double)bf16_bits_to_float(got[0]), (double)by_rank[rank]);
+        free(got);
+    }
+    free(row_values); free(ones);
+    host_tensor_free(&cancelling); host_tensor_free(&all_ones);
+#endif
+    free(out_exact); free(dinp_exact); free(dweight_exact); free(dbias_unused);
+    host_tensor_free(&inp); host_tensor_free(&weight); host_tensor_free(&dout);
+    cudaCheck(cudaFree(d_inp)); cudaCheck(cudaFree(d_weight)); cudaCheck(cudaFree(d_dout));
+    cudaCheck(cudaFree(d_out)); cudaCheck(cudaFree(d_dinp)); cudaCheck(cudaFree(d_dweight));
+}
+
 // operands at offsets from cudaMalloc's 256-byte alignment, as per-layer slices of the parameter and
 // activation buffers can be: the heuristic must be told each pointer's own alignment (cudasim refuses
 // a pointer below what the algorithm was chosen for). The weight (cuBLASLt's A) 16 bytes past, the
@@ -815,6 +893,7 @@ int main(void) {
     test_matmul_forward_gaussian(189, 128, 512, true, true);
     test_matmul_backward_gaussian(189, 512, 128, true, true);
     test_matmul_offset_operands(64, 64, 64);
+    test_matmul_ranked_algorithms(128, 64, 96);
     matmul_teardown();
 
     test_attention(2, 64, 12, 768);

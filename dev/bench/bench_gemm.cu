@@ -3,7 +3,7 @@ bench_gemm.cu: per-GEMM time of FP8 against bf16, per model size and per linear 
 attproj, fc, fcproj, lm_head), the "FP8 GEMMs incl. casts over bf16 GEMMs" column of
 DESIGN.md section 7.
 
-Usage: ./bench_gemm [--models d12,d24,d36,d48] [--iters N] [--warmup N] [--json PATH]
+Usage: ./bench_gemm [--models d12,d24,d36,d48] [--iters N] [--warmup N] [--algorithms N] [--json PATH]
 
 Why it is shaped so:
 - It times the trainer's own launchers (llmc/matmul.cuh, llmc/fp8_cast.cuh) with the
@@ -40,6 +40,10 @@ Why it is shaped so:
                 so reported on its own and not added into fwd or bwd; per tensor it
                 includes the weight's amax pass (an upper bound where the optimizer pass
                 hands the cast that amax).
+  --algorithms N (default 0: off) times each GEMM again, alone (fwd, dgrad, wgrad; bf16 and
+  per-tensor FP8) with every algorithm cuBLASLt's heuristic lists for it, up to N, and prints
+  the first's time (the one training runs: matmul.cuh) against the fastest's, per GEMM and
+  for the whole model: how much a choice other than the heuristic's first could gain.
   The delayed and current recipes run the same GEMMs, so "fp8" stands for both. GELU's
   backward is left out of both sides (in bf16 an elementwise pass after fcproj's dgrad, in
   FP8 fused into fc's dy pass), and so is the GELU epilogue of fc's bf16 forward.
@@ -57,9 +61,10 @@ Why it is shaped so:
   bf16-gemms, a +cast variant's over bf16 (bench_baseline), so each side does the same work.
 - The tables print as markdown (dev/bench/bench.py pastes them into doc/benchmarks/), and
   --json writes one JSON object per line: a "run" record (device, settings), then per model
-  "time" records (model, linear, B, T, K, OC, pass, variant, ms, tflops), "ratio" records
-  and "skip" records. Flags are checked before the first CUDA call, so bad input is one
-  line even on a machine without a GPU.
+  "time" records (model, linear, B, T, K, OC, pass, variant, ms, tflops), "ratio" records,
+  "skip" records and, with --algorithms, "algorithms" records (model, linear, B, T, gemm,
+  precision, listed, first_ms, fastest_ms, fastest_rank). Flags are checked before the first
+  CUDA call, so bad input is one line even on a machine without a GPU.
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +109,7 @@ typedef struct {
     int models;             // bits over BENCH_MODEL_NAMES
     int iters;
     int warmup;
+    int algorithms;         // --algorithms: the most heuristic algorithms timed per GEMM (0: none)
     const char* json_path;  // NULL: no JSON
 } BenchOptions;
 
@@ -111,16 +117,18 @@ typedef struct {
 // command line (checked before any CUDA call)
 
 static void bench_print_usage(void) {
-    printf("usage: ./bench_gemm [--models LIST] [--iters N] [--warmup N] [--json PATH]\n"
+    printf("usage: ./bench_gemm [--models LIST] [--iters N] [--warmup N] [--algorithms N] [--json PATH]\n"
            "  --models LIST  comma list of d12,d24,d36,d48 (B = 64, 32, 16, 16; T = 1024), or all (default all)\n"
            "  --iters N      launches per timed repetition, 1..100000 (default 20); the median of %d repetitions\n"
            "  --warmup N     untimed launches before each measurement, 0..100000 (default 5)\n"
+           "  --algorithms N also time each GEMM with every algorithm cuBLASLt's heuristic lists, up to N (1..%d),\n"
+           "                 the first (training's) against the fastest; 0 = not (default 0)\n"
            "  --json PATH    also write one JSON object per line (time, ratio and skip records) to PATH\n",
-           BENCH_REPEATS);
+           BENCH_REPEATS, MATMUL_MAX_ALGORITHMS);
 }
 
 static BenchOptions bench_parse_args(int argc, char** argv) {
-    BenchOptions options = {(1 << BENCH_NUM_MODELS) - 1, 20, 5, NULL};
+    BenchOptions options = {(1 << BENCH_NUM_MODELS) - 1, 20, 5, 0, NULL};
     for (int i = 1; i < argc; i++) {
         const char* flag = argv[i];
         if (strcmp(flag, "-h") == 0 || strcmp(flag, "--help") == 0) {
@@ -128,8 +136,10 @@ static BenchOptions bench_parse_args(int argc, char** argv) {
             exit(EXIT_SUCCESS);
         }
         bool known = strcmp(flag, "--models") == 0 || strcmp(flag, "--iters") == 0 || strcmp(flag, "--warmup") == 0
-                  || strcmp(flag, "--json") == 0;
-        if (!known) { llm8_die("unknown flag '%s' (expected --models, --iters, --warmup or --json; --help lists them)", flag); }
+                  || strcmp(flag, "--algorithms") == 0 || strcmp(flag, "--json") == 0;
+        if (!known) {
+            llm8_die("unknown flag '%s' (expected --models, --iters, --warmup, --algorithms or --json; --help lists them)", flag);
+        }
         if (i + 1 >= argc) { llm8_die("flag %s needs a value (--help lists the flags)", flag); }
         const char* value = argv[++i];
         if (strcmp(flag, "--models") == 0) {
@@ -138,6 +148,8 @@ static BenchOptions bench_parse_args(int argc, char** argv) {
             options.iters = (int)parse_long_flag(flag, value, 1, 100000);
         } else if (strcmp(flag, "--warmup") == 0) {
             options.warmup = (int)parse_long_flag(flag, value, 0, 100000);
+        } else if (strcmp(flag, "--algorithms") == 0) {
+            options.algorithms = (int)parse_long_flag(flag, value, 0, MATMUL_MAX_ALGORITHMS);
         } else {
             options.json_path = value;
         }
@@ -180,6 +192,8 @@ typedef struct {
     float *x_scale_inv, *x_scale_inv_t, *w_scale_inv, *w_scale_inv_t, *dy_scale_inv, *dy_scale_inv_t;  // block recipe
     Fp8CastOutput x8, w8, dy8; // the casts of the recipe being timed (bench_linear_use_recipe)
     Fp8CastOutput dy8_delayed; // per-tensor recipe: dy's cast under -fg delayed (the same codes, its own scale)
+    MatmulSpec ranked;         // --algorithms: the GEMM bench_ranked_gemm runs, with the heuristic's algorithm `rank`
+    int rank;
     void* allocations[BENCH_MAX_ALLOCATIONS];
     int num_allocations;
 } LinearBench;
@@ -337,6 +351,31 @@ static void bench_fp8_weight_cast(LinearBench* b, cudaStream_t stream) {
     fp8_cast_weight(&b->w8, b->master, NULL, b->OC, b->K, false, stream);
 }
 
+static void bench_ranked_gemm(LinearBench* b, cudaStream_t stream) { matmul_cublaslt_ranked(&b->ranked, b->rank, stream); }
+
+// --algorithms: a linear's three GEMMs alone, as the trainer's launchers build them (bf16: the forward
+// with its bias epilogue; FP8: the per-tensor recipe's codes, bench_linear_use_recipe)
+typedef enum { GEMM_FWD, GEMM_DGRAD, GEMM_WGRAD, NUM_BENCH_GEMMS } BenchGemm;
+static const char* const BENCH_GEMM_NAMES[NUM_BENCH_GEMMS] = {"fwd", "dgrad", "wgrad"};
+typedef enum { GEMM_BF16, GEMM_FP8, NUM_GEMM_PRECISIONS } BenchGemmPrecision;
+static const char* const BENCH_GEMM_PRECISION_NAMES[NUM_GEMM_PRECISIONS] = {"bf16", "fp8"};
+
+static MatmulSpec bench_gemm_spec(LinearBench* b, int gemm, int precision) {
+    if (precision == GEMM_BF16) {
+        if (gemm == GEMM_FWD) { return matmul_forward_spec(b->out, b->x, b->w, b->bias, b->BT, b->K, b->OC, NULL); }
+        if (gemm == GEMM_DGRAD) { return matmul_dgrad_spec(b->dinp, b->dy, b->w, b->BT, b->K, b->OC, NULL); }
+        return matmul_wgrad_spec(b->dw, b->dy, b->x, b->BT, b->K, b->OC);
+    }
+    if (gemm == GEMM_FWD) {
+        return matmul_forward_fp8_spec(b->out, fp8_operand(&b->x8, false), fp8_operand(&b->w8, false), b->bias, b->BT,
+                                       b->K, b->OC, NULL);
+    }
+    if (gemm == GEMM_DGRAD) {
+        return matmul_dgrad_fp8_spec(b->dinp, fp8_operand(&b->dy8, false), fp8_operand(&b->w8, true), b->BT, b->K, b->OC, NULL);
+    }
+    return matmul_wgrad_fp8_spec(b->dw, CUDA_R_16BF, fp8_operand(&b->dy8, true), fp8_operand(&b->x8, true), b->BT, b->K, b->OC);
+}
+
 typedef struct {
     cudaStream_t stream;
     cudaEvent_t start, stop;
@@ -367,6 +406,14 @@ static double bench_time_ms(const BenchTimer* timer, BenchLaunch launch, LinearB
 // ----------------------------------------------------------------------------
 // one model: measure every linear, then the derived rows
 
+// one GEMM's algorithms (--algorithms): how many the heuristic listed (up to the flag; 0: not
+// measured), the first's time and the fastest's, in ms per launch
+typedef struct {
+    int listed;
+    double first_ms, fastest_ms;
+    int fastest_rank;
+} AlgorithmTiming;
+
 typedef struct {
     const char* name;
     GPT2Config cfg;
@@ -376,6 +423,7 @@ typedef struct {
     int K[NUM_LINEAR_KINDS], OC[NUM_LINEAR_KINDS];
     double ms[BENCH_ROWS][NUM_BENCH_PASSES][NUM_BENCH_VARIANTS];  // NaN: not measured, not applicable
     double flops[BENCH_ROWS][NUM_BENCH_PASSES];
+    AlgorithmTiming algorithms[NUM_LINEAR_KINDS][NUM_GEMM_PRECISIONS][NUM_BENCH_GEMMS];
 } ModelBench;
 
 // how often linear `kind` runs per micro-step
@@ -398,6 +446,20 @@ static const char* bench_block_skip_reason(const LinearBench* b, const char* lin
     return buffer;
 }
 
+// --algorithms: each of the linear's GEMMs in `precision` with every algorithm listed, up to the flag's count
+static void bench_measure_algorithms(ModelBench* m, int kind, int precision, LinearBench* b, const BenchTimer* timer) {
+    for (int gemm = 0; gemm < NUM_BENCH_GEMMS; gemm++) {
+        AlgorithmTiming* t = &m->algorithms[kind][precision][gemm];
+        b->ranked = bench_gemm_spec(b, gemm, precision);
+        t->listed = matmul_cublaslt_algorithms(&b->ranked, timer->options->algorithms);
+        for (b->rank = 0; b->rank < t->listed; b->rank++) {
+            double ms = bench_time_ms(timer, bench_ranked_gemm, b);
+            if (b->rank == 0) { t->first_ms = ms; }
+            if (b->rank == 0 || ms < t->fastest_ms) { t->fastest_ms = ms; t->fastest_rank = b->rank; }
+        }
+    }
+}
+
 static void bench_measure_linear(ModelBench* m, int kind, const BenchTimer* timer) {
     int K = m->K[kind], OC = m->OC[kind];
     fprintf(stderr, "bench_gemm: %s %s (BT=%d, K=%d, OC=%d)\n", m->name, LINEAR_KIND_NAMES[kind], m->BT, K, OC);
@@ -408,6 +470,7 @@ static void bench_measure_linear(ModelBench* m, int kind, const BenchTimer* time
     ms[PASS_BWD][VARIANT_BF16] = bench_time_ms(timer, bench_bf16_backward, &b);
     ms[PASS_FWD][VARIANT_BF16_GEMMS] = ms[PASS_FWD][VARIANT_BF16];  // the same launch
     ms[PASS_BWD][VARIANT_BF16_GEMMS] = bench_time_ms(timer, bench_bf16_backward_gemms, &b);
+    if (timer->options->algorithms > 0) { bench_measure_algorithms(m, kind, GEMM_BF16, &b, timer); }
     for (int block = 0; block <= 1; block++) {
         if (block && m->block_skip != NULL) { continue; }
         int gemm = block ? VARIANT_BLOCK : VARIANT_FP8, with_cast = gemm + 1;
@@ -424,6 +487,7 @@ static void bench_measure_linear(ModelBench* m, int kind, const BenchTimer* time
         if (!block) {  // the same forward, and the backward with -fg delayed's dy pass
             ms[PASS_FWD][VARIANT_FP8_CAST_FGD] = bench_time_ms(timer, bench_fp8_forward_with_cast, &b);
             ms[PASS_BWD][VARIANT_FP8_CAST_FGD] = bench_time_ms(timer, bench_fp8_backward_with_delayed_cast, &b);
+            if (timer->options->algorithms > 0) { bench_measure_algorithms(m, kind, GEMM_FP8, &b, timer); }
         }
     }
     bench_linear_free(&b);
@@ -498,6 +562,47 @@ static void bench_print_model(const ModelBench* m) {
     fflush(stdout);
 }
 
+// the whole model's first and fastest times of a precision's GEMMs (each linear times its count); false
+// where a GEMM was not measured
+static bool bench_algorithms_total(const ModelBench* m, int precision, double* first_ms, double* fastest_ms) {
+    *first_ms = *fastest_ms = 0.0;
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+        for (int gemm = 0; gemm < NUM_BENCH_GEMMS; gemm++) {
+            const AlgorithmTiming* t = &m->algorithms[kind][precision][gemm];
+            if (t->listed == 0) { return false; }
+            *first_ms += bench_linear_count(m, kind) * t->first_ms;
+            *fastest_ms += bench_linear_count(m, kind) * t->fastest_ms;
+        }
+    }
+    return true;
+}
+
+// --algorithms: per GEMM and for the whole model, the heuristic's first algorithm against the fastest listed
+static void bench_print_algorithms(const ModelBench* m, int most) {
+    printf("\n#### %s: cuBLASLt's first algorithm (training's) against the fastest of the first %d it lists\n\n"
+           "| linear | GEMM | precision | listed | first ms | fastest ms | fastest rank | first / fastest |\n"
+           "|---|---|---|---|---|---|---|---|\n", m->name, most);
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+        for (int precision = 0; precision < NUM_GEMM_PRECISIONS; precision++) {
+            for (int gemm = 0; gemm < NUM_BENCH_GEMMS; gemm++) {
+                const AlgorithmTiming* t = &m->algorithms[kind][precision][gemm];
+                if (t->listed == 0) { continue; }
+                printf("| %s | %s | %s | %d | %.4f | %.4f | %d | %.3fx |\n", LINEAR_KIND_NAMES[kind], BENCH_GEMM_NAMES[gemm],
+                       BENCH_GEMM_PRECISION_NAMES[precision], t->listed, t->first_ms, t->fastest_ms, t->fastest_rank,
+                       t->first_ms / t->fastest_ms);
+            }
+        }
+    }
+    for (int precision = 0; precision < NUM_GEMM_PRECISIONS; precision++) {
+        double first_ms, fastest_ms;
+        if (bench_algorithms_total(m, precision, &first_ms, &fastest_ms)) {
+            printf("| total | all | %s | - | %.4f | %.4f | - | %.3fx |\n", BENCH_GEMM_PRECISION_NAMES[precision], first_ms,
+                   fastest_ms, first_ms / fastest_ms);
+        }
+    }
+    fflush(stdout);
+}
+
 // a JSON string: quotes and backslashes escaped, control characters dropped
 static void bench_json_string(FILE* fp, const char* text) {
     fputc('"', fp);
@@ -540,6 +645,18 @@ static void bench_write_json_model(FILE* fp, const ModelBench* m) {
             }
         }
     }
+    for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
+        for (int precision = 0; precision < NUM_GEMM_PRECISIONS; precision++) {
+            for (int gemm = 0; gemm < NUM_BENCH_GEMMS; gemm++) {
+                const AlgorithmTiming* t = &m->algorithms[kind][precision][gemm];
+                if (t->listed == 0) { continue; }
+                bench_json_begin(fp, "algorithms", m, kind);
+                fprintf(fp, ",\"gemm\":\"%s\",\"precision\":\"%s\",\"listed\":%d,\"first_ms\":%.9g,\"fastest_ms\":%.9g,"
+                        "\"fastest_rank\":%d}\n", BENCH_GEMM_NAMES[gemm], BENCH_GEMM_PRECISION_NAMES[precision], t->listed,
+                        t->first_ms, t->fastest_ms, t->fastest_rank);
+            }
+        }
+    }
     if (m->block_skip != NULL) {
         fprintf(fp, "{\"record\":\"skip\",\"model\":\"%s\",\"variant\":\"block\",\"reason\":", m->name);
         bench_json_string(fp, m->block_skip);
@@ -566,6 +683,7 @@ static void bench_model(int index, const BenchTimer* timer, FILE* json) {
     }
     bench_derive(&m);
     bench_print_model(&m);
+    if (timer->options->algorithms > 0) { bench_print_algorithms(&m, timer->options->algorithms); }
     if (json != NULL) { bench_write_json_model(json, &m); }
 }
 
@@ -585,8 +703,8 @@ int main(int argc, char** argv) {
     if (json != NULL) {
         fprintf(json, "{\"record\":\"run\",\"device\":");
         bench_json_string(json, device.name);
-        fprintf(json, ",\"cublaslt_version\":%zu,\"iters\":%d,\"warmup\":%d,\"repeats\":%d,\"T\":%d}\n",
-                cublasLtGetVersion(), options.iters, options.warmup, BENCH_REPEATS, BENCH_T);
+        fprintf(json, ",\"cublaslt_version\":%zu,\"iters\":%d,\"warmup\":%d,\"repeats\":%d,\"algorithms\":%d,\"T\":%d}\n",
+                cublasLtGetVersion(), options.iters, options.warmup, BENCH_REPEATS, options.algorithms, BENCH_T);
     }
     for (int i = 0; i < BENCH_NUM_MODELS; i++) {
         if (options.models & (1 << i)) { bench_model(i, &timer, json); }

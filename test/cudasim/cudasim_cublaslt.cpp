@@ -41,7 +41,9 @@ promised 256-byte alignment on all four matrices (and cublasLtMatmul without an 
 sums as above, any less aligned promise takes 8 lanes along K instead, whose bits differ. So
 a claim that two configurations give the same bits fails here when they hand the same GEMM
 pointers of different alignment (a per-layer slice at an odd offset in one, a buffer of its
-own in the other), as it may on a GPU. One rounding more, as an
+own in the other), as it may on a GPU. Asked for several, the heuristic lists 3 algorithms;
+the second sums in the other lane count than the first (bench_gemm's --algorithms times
+them). One rounding more, as an
 H200 showed (cuBLASLt 13.1, bf16 and FP8 operands alike): with beta != 0 the sum is rounded
 to D's type before C is added, so a bf16 D += is rounded twice (an fp32 D's sum stays exact).
 The emulation does that always, and matched the H200 on every element of the exact tests
@@ -713,6 +715,11 @@ Problem make_problem(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublas
 }
 
 const uint64_t ALGO_MARK = 0x636d73696d6c7431ull;  // "cmsimlt1": this emulation's heuristic chose it
+// the heuristic lists this many algorithms (where asked for as many), best first; an odd-ranked
+// one sums in the other lane count (16 or 8 along K) than the first, so its bits may differ, as
+// another algorithm's may on a GPU. Its rank is kept in the algorithm's data at ALGO_RANK_SLOT.
+const int HEURISTIC_ALGORITHMS = 3;
+const int ALGO_RANK_SLOT = 5;
 
 } // namespace
 
@@ -830,14 +837,18 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     cublasStatus_t status = check_problem_shape(&problem);
     if (status == CUBLAS_STATUS_SUCCESS) { status = check_alignments(problem, pref.min_alignment, "promised"); }
     if (status != CUBLAS_STATUS_SUCCESS) { return status; }
-    cublasLtMatmulHeuristicResult_t& result = results[0];
-    memset(&result, 0, sizeof(result));
-    result.algo.data[0] = ALGO_MARK;
-    for (int i = 0; i < 4; i++) { result.algo.data[1 + i] = std::min(pref.min_alignment[i], ALIGNMENT_CAP); }
-    result.workspaceSize = 0;
-    result.state = CUBLAS_STATUS_SUCCESS;
-    result.wavesCount = 1.0f;
-    *returned_count = 1;
+    const int listed = std::min(requested_count, HEURISTIC_ALGORITHMS);
+    for (int rank = 0; rank < listed; rank++) {
+        cublasLtMatmulHeuristicResult_t& result = results[rank];
+        memset(&result, 0, sizeof(result));
+        result.algo.data[0] = ALGO_MARK;
+        for (int i = 0; i < 4; i++) { result.algo.data[1 + i] = std::min(pref.min_alignment[i], ALIGNMENT_CAP); }
+        result.algo.data[ALGO_RANK_SLOT] = (uint64_t)rank;
+        result.workspaceSize = 0;
+        result.state = CUBLAS_STATUS_SUCCESS;
+        result.wavesCount = 1.0f;
+    }
+    *returned_count = listed;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -923,6 +934,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     const Pointers data{A, B, C, D};
     bool fully_aligned = true;
     for (int i = 0; i < 4 && algo != nullptr; i++) { fully_aligned = fully_aligned && algo->data[1 + i] == ALIGNMENT_CAP; }
+    if (algo != nullptr && algo->data[ALGO_RANK_SLOT] % 2 == 1) { fully_aligned = !fully_aligned; }  // the other lane count
     cudasim::enqueue(stream, "cublasLtMatmul", [queued, data, alpha_value, beta_value, fully_aligned](double) {
         compute(queued->problem, data, alpha_value, beta_value, fully_aligned);
         return true;
