@@ -6,8 +6,9 @@
 # fresh one), then logs to $LOG_DIR ($OUT when the device tool runs it, so the logs come back;
 # else build/gpu-logs).
 #
-#   bash dev/gpu_session.sh first   # a session's first call: env, the build (and probe_epilogues' and
-#                                   # bench_casts' tables in env.txt), every GPU test binary,
+#   bash dev/gpu_session.sh first   # a session's first call: env, the build (and the tables of probe_epilogues,
+#                                   # bench_casts, bench_gemm --algorithms and dev/bench/torch_attention.py
+#                                   # in env.txt), every GPU test binary,
 #                                   # then d12's quick benchmark, all within FIRST_S (420) seconds
 #                                   # (the tests until FIRST_BENCH_S (120) before the end, the
 #                                   # benchmark the rest); summary.txt says what ran and what not
@@ -146,8 +147,15 @@ build_all() {
 # the failed make targets build.log holds (make -k went on past them)
 build_errors() { grep -c -E '^make(\[[0-9]+\])?: \*\*\*' "$LOG_DIR/build.log" 2>/dev/null; }
 
-# first's summary.txt: the GPU, the build's errors, the test counts and every FAIL line, probe_epilogues' and
-# bench_casts' tables, the benchmark's main table
+# the env.txt section a line matching the regex $1 heads, up to the next line opening with # (the next
+# program's heading): its heading and its lines matching the regex $2
+env_section() {
+    awk -v heading="$1" -v keep="$2" 'on && /^#/ {exit} $0 ~ heading {on = 1; print; next} on && $0 ~ keep' "$LOG_DIR/env.txt" \
+        | grep .
+}
+
+# first's summary.txt: the GPU, the build's errors, the test counts and every FAIL line, probe_epilogues',
+# bench_casts' and torch_attention.py's tables, the benchmark's main table
 first_summary() {
     echo "== first: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1)"
     echo "build: $([ "$make_errors" -eq 0 ] && echo ok || echo "$make_errors make errors (build.log)")"
@@ -155,11 +163,14 @@ first_summary() {
     tail -n 1 "$LOG_DIR/gpu_tests.log"
     grep -E '^(!!|-- |FAIL|SKIP)' "$LOG_DIR/gpu_tests.log" | head -n 20
     # probe_epilogues' table (env.txt), or why there is none
-    grep -A 30 -E '^## cuBLASLt FP8 GEMMs through GELU epilogues' "$LOG_DIR/env.txt" | grep -E '^(## |\| |error)' \
+    env_section '^## cuBLASLt FP8 GEMMs through GELU epilogues' '^(\\| |error)' \
         || echo "probe_epilogues: no table ($(grep -h -E '^\(probe_epilogues' "$LOG_DIR/env.txt"))"
     # bench_casts' table (env.txt), or why there is none
-    grep -A 20 -E '^## FP8 tile cast bandwidth' "$LOG_DIR/env.txt" | grep -E '^(## |\| )' \
+    env_section '^## FP8 tile cast bandwidth' '^\\| ' \
         || echo "bench_casts: no table ($(grep -h -E '^\(bench_casts' "$LOG_DIR/env.txt"))"
+    # PyTorch's attention kernels against llm8's (env.txt), or why there are none
+    env_section '^## PyTorch scaled_dot_product_attention' '^\\| d' | tail -n +2 | sed 's/^/attention: /' | grep . \
+        || echo "torch_attention.py: no table ($(grep -h -E '^(error: torch_attention|\(torch_attention)' "$LOG_DIR/env.txt" | head -n 1))"
     # the whole model's GEMMs with cuBLASLt's first algorithm against the fastest listed (env.txt)
     grep -h -E '^\| total \| all \|' "$LOG_DIR/env.txt" | sed 's/^/algorithms (precision | first ms | fastest ms): /' \
         || echo "bench_gemm --algorithms: no total rows"
@@ -205,6 +216,11 @@ case "$stage" in
         timeout 90 ./bench_gemm --models d12 --iters 3 --warmup 1 --algorithms 8 >build/bench_gemm_algorithms.txt 2>&1 \
             || tail -n 3 build/bench_gemm_algorithms.txt | sed "s/^/(bench_gemm --algorithms: exit $?) /" >>"$LOG_DIR/env.txt"
         { echo; awk '/^#### /{on = 1} on' build/bench_gemm_algorithms.txt; } >>"$LOG_DIR/env.txt"
+        # PyTorch's attention kernels at d12's and d48's shapes beside llm8's rows of the newest committed d12
+        # benchmark (seconds): is cuDNN's backward, the step's largest gap to its floor, the best this GPU has
+        { echo; timeout 60 "$PYTHON" dev/bench/torch_attention.py --models d12,d48 \
+              --bench "$(compgen -G 'doc/benchmarks/*-quick-d12.json' | sort | tail -n 1)" 2>&1 \
+              || echo "(torch_attention.py: exit $?)"; } >>"$LOG_DIR/env.txt"
         mapfile -t tests < <(gpu_test_binaries)
         # the 2-rank test needs NCCL 2.30+, which only the ranks stage installs: here its SKIP line shows in summary.txt
         LLM8_ALLOW_NO_TWO_RANKS=1 TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 \

@@ -26,6 +26,7 @@ import pytest
 import bench_stubs
 from bench_stubs import breakdown_rows, breakdown_text, comm_line, gemm_json, gemm_table, progress, traffic_mb
 from dev_modules import load_dev_bench_module
+from test_torch_attention import fake_torch
 
 STEPS = 6
 floor_model = load_dev_bench_module("floor_model")
@@ -574,7 +575,7 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     # 15 fake runs and the 2 repeats 14 s, which a busy 2-core machine needs (the 15 runs alone with 2 s left:
     # a loaded run lost its last one; with 10 s they were all made)
     env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable,
-               FIRST_S="44", FIRST_BENCH_S="34")
+               FIRST_S="44", FIRST_BENCH_S="34", PYTHONPATH=fake_torch(tmp_path))
     started = time.monotonic()
     result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True,
                             timeout=120, env=env)
@@ -605,6 +606,13 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     assert "#### d12: cuBLASLt's first algorithm (training's) against the fastest of the first 8 it lists" in \
         (out / "env.txt").read_text()
     assert "algorithms (precision | first ms | fastest ms): | total | all | fp8 | - | 10.0000 | 9.0000 | - | 1.111x |" in summary
+    # dev/bench/torch_attention.py against test_torch_attention.py's stand-in torch: its table in env.txt, its rows in
+    # the summary (each kernel's figures: there)
+    assert "## PyTorch scaled_dot_product_attention against llm8's attention" in (out / "env.txt").read_text()
+    attention = [line for line in summary if line.startswith("attention: | ")]
+    assert [line.split(" | ")[:4] for line in attention] == [
+        ["attention:", model, B, f"torch {backend}"] for model, B in (("d12", "64"), ("d48", "16"))
+        for backend in ("flash", "cudnn", "efficient") for _ in ("qkv", "contiguous")], summary
     ran = re.findall(r"^== build/(\w+)$", (out / "gpu_tests.log").read_text(), re.M)
     assert ran[:3] == ["test_cublaslt_rules", "test_kernels", "test_matmul_attention"] and ran[-1] == "test_gpt2", ran
     assert sorted(ran) == names
@@ -644,18 +652,22 @@ def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):
 
 def test_gpu_session_first_stage_without_a_benchmark(tmp_path):
     """FIRST_BENCH_S=0 (env, build and tests only, the rest of a call for another stage): the tests take the whole
-    FIRST_S and the summary says the benchmark did not run; with ./probe_epilogues not built, the summary says
-    why it has no table"""
+    FIRST_S and the summary says the benchmark did not run; with ./probe_epilogues not built, and PyTorch missing
+    for dev/bench/torch_attention.py, the summary says why each has no table"""
     root, fakes, out, names = first_stage_fakes(tmp_path)
     (root / "probe_epilogues").unlink()
+    (tmp_path / "no_torch").mkdir()
+    (tmp_path / "no_torch" / "torch.py").write_text("raise ImportError('No module named torch (stand-in)')\n")
     env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable,
-               FIRST_S="6", FIRST_BENCH_S="0")
+               FIRST_S="6", FIRST_BENCH_S="0", PYTHONPATH=str(tmp_path / "no_torch"))
     subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True, timeout=60, env=env)
     summary = (out / "summary.txt").read_text().splitlines()
     # no benchmark file at all: a device call returns at most 8 files, and this call has another stage's to return
     assert not [f for f in os.listdir(out) if f.endswith(".md") or f.startswith("bench")], os.listdir(out)
     assert re.fullmatch(r"bench: not run: \d s left of FIRST_S", summary[-2]), summary
     assert "probe_epilogues: no table ((probe_epilogues: exit 127))" in summary, summary
+    assert ("torch_attention.py: no table (error: torch_attention.py: needs PyTorch 2.3 or later with CUDA (import "
+            "failed: No module named torch (stand-in)))") in summary, summary
 
 
 def fake_tool(directory, name, body):

@@ -23,8 +23,8 @@ Why it is shaped so:
   casts write no x^T of those linears).
 - Attention counts causal work only (half of the T x T scores): 2 B T^2 C FLOPs forward and
   2.5 times that backward (flash attention recomputes the scores: five matrix products to the
-  forward's two). The trainer's MFU counts PaLM's 12 L C T per token instead (non-causal),
-  so MFU and this floor are different yardsticks.
+  forward's two). The trainer's MFU counts llm.c's 6 L C T per token for attention instead
+  (gpt2_estimate_mfu), so MFU and this floor are different yardsticks.
 - Ceilings default to the datasheet (dense bf16 989 TFLOP/s, FP8 twice that; 3.35 TB/s
   HBM3 on the H100 SXM, 4.8 TB/s HBM3e on the H200), the least any kernel can take. Measured
   ceilings are lower (doc/gpu-environment.md): pass them with --bf16-tflops, --fp8-tflops,
