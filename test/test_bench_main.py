@@ -612,7 +612,7 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     attention = [line for line in summary if line.startswith("attention: | ")]
     assert [line.split(" | ")[:4] for line in attention] == [
         ["attention:", model, B, f"torch {backend}"] for model, B in (("d12", "64"), ("d48", "16"))
-        for backend in ("flash", "cudnn", "efficient") for _ in ("qkv", "contiguous")], summary
+        for backend in ("flash", "cudnn", "efficient") for _ in ("qkv", "bthd", "bhtd")], summary
     ran = re.findall(r"^== build/(\w+)$", (out / "gpu_tests.log").read_text(), re.M)
     assert ran[:3] == ["test_cublaslt_rules", "test_kernels", "test_matmul_attention"] and ran[-1] == "test_gpt2", ran
     assert sorted(ran) == names

@@ -18,9 +18,9 @@ sys.path.insert(0, os.path.join(ROOT, "dev", "bench"))
 import torch_attention  # noqa: E402
 
 # the stand-in: torch's names the script uses; each kernel call advances the clock that cuda.Event reads by a time
-# per backend (flash 0.25 ms forward, 1.0 backward; cudnn 0.5 and 2.0), three quarters of it where q, k and v are
-# tensors of their own rather than views into one qkv buffer, and the efficient backend turns every shape down with
-# a warning, as PyTorch does, then "No available kernel"
+# per backend (flash 0.25 ms forward, 1.0 backward; cudnn 0.5 and 2.0) and layout (all of it where q, k and v are
+# views into one qkv buffer, 7/8 where they are (B, T, NH, HS) tensors of their own, 3/4 where (B, NH, T, HS)), and
+# the efficient backend turns every shape down with a warning, as PyTorch does, then "No available kernel"
 FAKE_TORCH = {
     "torch/__init__.py": '''
         import contextlib, warnings
@@ -39,7 +39,7 @@ FAKE_TORCH = {
             def transpose(self, a, b):
                 shape = list(self.shape)
                 shape[a], shape[b] = shape[b], shape[a]
-                return Tensor(shape, base=self.base or self)
+                return Tensor(shape, base=self.base if self.base is not None else self)
 
         def randn(*shape, device=None, dtype=None, generator=None):
             assert device == "cuda" and dtype == bfloat16 and generator is not None
@@ -83,7 +83,9 @@ FAKE_TORCH = {
                 warnings.warn("Memory efficient kernel not used because: fake reason")
                 raise RuntimeError("No available kernel. Aborting execution.")
             ms = {"FLASH_ATTENTION": (0.25, 1.0), "CUDNN_ATTENTION": (0.5, 2.0)}[name][direction]
-            clock[0] += ms if q.base is not None else 0.75 * ms  # a view into qkv, or a tensor of its own
+            # a view into qkv (5 dimensions), of a (B, T, NH, HS) tensor, or a (B, NH, T, HS) tensor
+            layout = "bhtd" if q.base is None else "qkv" if len(q.base.shape) == 5 else "bthd"
+            clock[0] += ms * {"qkv": 1.0, "bthd": 0.875, "bhtd": 0.75}[layout]
 
         class autograd:
             @staticmethod
@@ -97,8 +99,10 @@ FAKE_TORCH = {
         import torch
         def scaled_dot_product_attention(q, k, v, is_causal=False):
             assert is_causal and q.shape == k.shape == v.shape
-            views = {t.base is not None for t in (q, k, v)}
-            assert len(views) == 1 and (views == {False} or q.base is k.base is v.base)  # one qkv buffer, or none
+            assert q.shape[1] < q.shape[2]  # (B, NH, T, HS)
+            bases = [t.base for t in (q, k, v)]
+            # three tensors, or views of three tensors, or views of one qkv buffer
+            assert bases == [None] * 3 or len({id(b) for b in bases}) == (1 if len(bases[0].shape) == 5 else 3)
             torch.run_kernel(0, q)
             out = torch.Tensor(q.shape)
             out.q = q
@@ -179,7 +183,7 @@ def test_without_torch_it_says_so(tmp_path):
 def test_measures_each_backend_and_layout(tmp_path):
     """against the stand-in torch: every (backend, layout) of each model timed, forward and backward apart, medians
     of the fake clock's exact kernel times; the backend that turns the shape down gets PyTorch's reason; the qkv
-    layout's q, k and v are views of one buffer, the contiguous layout's three tensors; --json holds the rows"""
+    layout's q, k and v are views of one buffer, the others' three tensors; --json holds the rows"""
     out = tmp_path / "rows.json"
     result = run_script(["--models", "d12,d48", "--iters", "4", "--warmup", "1", "--bench", BENCH_JSON,
                          "--json", str(out)], pythonpath=fake_torch(tmp_path))
@@ -189,18 +193,20 @@ def test_measures_each_backend_and_layout(tmp_path):
     rows = [line for line in lines if line.startswith("| d")]
     flash_fwd, flash_bwd = torch_attention.tflops("d12", 64, False, 0.25), torch_attention.tflops("d12", 64, True, 1.0)
     assert rows[0] == f"| d12 | 64 | torch flash | qkv | 0.250 | {flash_fwd:.0f} | 1.000 | {flash_bwd:.0f} |"
-    assert rows[1] == (f"| d12 | 64 | torch flash | contiguous | 0.188 | {flash_fwd / 0.75:.0f} | 0.750 | "
+    assert rows[1] == (f"| d12 | 64 | torch flash | bthd | 0.219 | {flash_fwd / 0.875:.0f} | 0.875 | "
+                       f"{flash_bwd / 0.875:.0f} |")
+    assert rows[2] == (f"| d12 | 64 | torch flash | bhtd | 0.188 | {flash_fwd / 0.75:.0f} | 0.750 | "
                        f"{flash_bwd / 0.75:.0f} |")
-    assert rows[2] == f"| d12 | 64 | torch cudnn | qkv | 0.500 | {flash_fwd / 2:.0f} | 2.000 | {flash_bwd / 2:.0f} |"
-    assert rows[4] == "| d12 | 64 | torch efficient | qkv | n/a: Memory efficient kernel not used because: fake reason | | | |"
+    assert rows[3] == f"| d12 | 64 | torch cudnn | qkv | 0.500 | {flash_fwd / 2:.0f} | 2.000 | {flash_bwd / 2:.0f} |"
+    assert rows[6] == "| d12 | 64 | torch efficient | qkv | n/a: Memory efficient kernel not used because: fake reason | | | |"
     d48_fwd, d48_bwd = torch_attention.tflops("d48", 16, False, 0.25), torch_attention.tflops("d48", 16, True, 1.0)
     assert d48_bwd == pytest.approx(d48_fwd * 2.5 / 4)
-    assert rows[6] == f"| d48 | 16 | torch flash | qkv | 0.250 | {d48_fwd:.0f} | 1.000 | {d48_bwd:.0f} |"
-    assert len(rows) == 2 * 6 + 2 and rows[-2].startswith("| d12 | 64 | llm8 cuDNN -ad 1 (2026-11-30, NVIDIA H200) |")
+    assert rows[9] == f"| d48 | 16 | torch flash | qkv | 0.250 | {d48_fwd:.0f} | 1.000 | {d48_bwd:.0f} |"
+    assert len(rows) == 2 * 9 + 2 and rows[-2].startswith("| d12 | 64 | llm8 cuDNN -ad 1 (2026-11-30, NVIDIA H200) |")
     measured = json.load(open(out))
     assert [(m["model"], m["backend"], m["layout"]) for m in measured] == [
         (model, backend, layout) for model in ("d12", "d48") for backend in ("flash", "cudnn", "efficient")
-        for layout in ("qkv", "contiguous")]
+        for layout in ("qkv", "bthd", "bhtd")]
     assert measured[0] == {"model": "d12", "B": 64, "T": 1024, "NH": 12, "HS": 64, "backend": "flash", "layout": "qkv",
                            "fwd_ms": 0.25, "bwd_ms": 1.0}
-    assert measured[6]["NH"] == 25
+    assert measured[9]["NH"] == 25

@@ -15,7 +15,8 @@ graph (its cudnn backend) and its memory-efficient kernels.
 
 What it measures, per model (bench.py's batch for it, T=1024, head size 64), per backend this
 PyTorch has, per layout of q, k and v (qkv: strided views into one (B, T, 3, NH, HS) buffer, as
-llm8's; contiguous: three (B, NH, T, HS) tensors): the causal forward alone, and its backward
+llm8's; bthd: three (B, T, NH, HS) tensors, the same order without the interleaving; bhtd: three
+(B, NH, T, HS) tensors, PyTorch's own): the causal forward alone, and its backward
 alone (torch.autograd.grad over a kept graph, taken for q, k and v themselves, so neither the
 forward nor a copy into a qkv gradient is in it), each the median of --iters launches after
 --warmup, in ms a layer (the forward with autograd on, so it is the training kernel, which keeps
@@ -47,7 +48,7 @@ T = 1024
 DEVICE = "cuda"
 # PyTorch's SDPBackend members, by the names the table gives them
 BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
-LAYOUTS = ("qkv", "contiguous")
+LAYOUTS = ("qkv", "bthd", "bhtd")
 BATCH = {model: B for model, B, _ in bench.FULL_CONFIGS}
 
 
@@ -138,9 +139,12 @@ def measure(torch, model, backend, layout, iters, warmup):
     def normal(*shape):
         return torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16, generator=generator)
 
+    # q, k, v as (B, NH, T, HS), SDPA's order, whatever the memory holds
     if layout == "qkv":
         qkv = normal(B, T, 3, NH, HS).requires_grad_()
-        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, NH, T, HS) views, llm8's strides
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # llm8's strides
+    elif layout == "bthd":
+        q, k, v = (normal(B, T, NH, HS).requires_grad_().transpose(1, 2) for _ in range(3))
     else:
         q, k, v = (normal(B, NH, T, HS).requires_grad_() for _ in range(3))
 
