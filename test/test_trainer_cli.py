@@ -1261,7 +1261,7 @@ def test_probe_epilogues_under_cudasim():
     assert r.returncode == 0, r.stderr[-2000:]
     # dev/gpu_session.sh's summary finds the table by its title
     with open(os.path.join(ROOT, "dev", "gpu_session.sh")) as f:
-        title = re.search(r"grep -A \d+ -E '(\^## cuBLASLt[^']*)' \"\$LOG_DIR/env.txt\"", f.read())
+        title = re.search(r"env_section '(\^## cuBLASLt[^']*)'", f.read())
     assert title and re.match(title.group(1), r.stdout), r.stdout[:200]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| fc") or line.startswith("| fcproj")]
     assert len(rows) == 14 and sum("(control" in row for row in rows) == 2, r.stdout
