@@ -87,7 +87,7 @@ def size(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 part_of = {".whl": "whl", ".nccl/sm90": "nccl", "dev/data/offline": "data"}
-calls = [("first, rerun, build, tests, bench, sanitize", [".whl"]),
+calls = [("first, rerun, build, tests, bench, profile, sanitize", [".whl"]),
          ("ranks", [".whl", ".nccl/sm90"]),
          ("parity", [".whl", "dev/data/offline"])]
 mib = 1 << 20

@@ -39,6 +39,9 @@
 #                                   # earlier one is resumed, not trained again, and so is a run cut
 #                                   # off (checkpoints every 500 steps) on the same warm machine;
 #                                   # PARITY_S=N: stopped after N seconds, the logs of what ran returned
+#   bash dev/gpu_session.sh profile [ARGS]  # Nsight Compute's counters (DRAM, L2, issue, occupancy) of llm8's own
+#                                   # kernels in d12's step, FP8 default and bf16 (dev/bench/ncu_profile.py ARGS):
+#                                   # profile.md and each run's CSV; PROFILE_S=N: all within N seconds
 #   bash dev/gpu_session.sh sanitize  # compute-sanitizer memcheck over the kernel test binaries
 #                                     # (out-of-bounds and misaligned device accesses; a spare call)
 #
@@ -362,6 +365,15 @@ case "$stage" in
             $(compgen -G "./loss_*.png"))
         exit "$status"
         ;;
+    profile)
+        # Nsight Compute's counters of llm8's own kernels in d12's step, the FP8 default run and bf16's
+        # (dev/bench/ncu_profile.py: profile.md, ncu_<run>.csv.gz); PROFILE_S bounds it, the build included
+        profile_end=${PROFILE_S:+$(($(date +%s) + PROFILE_S))}
+        build_all ${PROFILE_S:+$((PROFILE_S / 2))} || exit 1
+        left=${profile_end:+$((profile_end - $(date +%s)))}
+        time "$PYTHON" dev/bench/ncu_profile.py --out "$LOG_DIR" ${left:+--time-limit "$left"} "${@:2}" 2>&1 \
+            | tee "$LOG_DIR/profile.log"
+        ;;
     sanitize)
         # memcheck slows kernels 10-100x: each binary gets at most SANITIZE_S seconds (a timeout
         # shows as exit 124 in the log, not as a failure of the code)
@@ -379,7 +391,7 @@ case "$stage" in
         exit $status
         ;;
     *)
-        echo "error: dev/gpu_session.sh: stage '$stage' (expected first, rerun, build, tests, ranks, bench, parity or sanitize)" >&2
+        echo "error: dev/gpu_session.sh: stage '$stage' (expected first, rerun, build, tests, ranks, bench, parity, profile or sanitize)" >&2
         exit 2
         ;;
 esac

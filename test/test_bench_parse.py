@@ -350,7 +350,7 @@ def test_gpu_session_refuses_an_unknown_stage():
     result = subprocess.run(["bash", os.path.join(ROOT, "dev", "gpu_session.sh"), "gpucheck"], capture_output=True, text=True,
                             env=dict(os.environ, OUT=tempfile.mkdtemp(prefix="llm8_gpu_session_")))
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert "stage 'gpucheck'" in result.stderr and "first, rerun, build, tests, ranks, bench, parity or sanitize" in result.stderr
+    assert "stage 'gpucheck'" in result.stderr and "first, rerun, build, tests, ranks, bench, parity, profile or sanitize" in result.stderr
 
 
 def test_gpu_test_runner_needs_a_gpu():

@@ -69,7 +69,7 @@ def test_a_bare_checkout_gets_all_three_and_a_second_run_fetches_nothing(tmp_pat
     assert made[0].endswith("nvidia-cudnn-frontend==9.9.9") and made[1:] == ["nccl_wheel sm90", "setup_python ", "prepare_default "]
     assert (checkout / ".whl" / WHEEL).exists()
     lines = carry_lines(result.stdout)
-    assert [line.split(": carry ")[0] for line in lines] == ["first, rerun, build, tests, bench, sanitize", "ranks", "parity"]
+    assert [line.split(": carry ")[0] for line in lines] == ["first, rerun, build, tests, bench, profile, sanitize", "ranks", "parity"]
     assert lines[0].split(": carry ")[1].startswith('[".whl"]: 11.0 MiB with the tree, fits'), lines
     assert lines[1].split(": carry ")[1].startswith('[".whl", ".nccl/sm90"]: 46.0 MiB with the tree, fits'), lines
     assert lines[2].split(": carry ")[1].startswith('[".whl", "dev/data/offline"]: 12.0 MiB with the tree, fits'), lines
