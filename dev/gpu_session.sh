@@ -371,6 +371,10 @@ case "$stage" in
         profile_end=${PROFILE_S:+$(($(date +%s) + PROFILE_S))}
         build_all ${PROFILE_S:+$((PROFILE_S / 2))} || exit 1
         left=${profile_end:+$((profile_end - $(date +%s)))}
+        if [ -n "$left" ] && [ "$left" -lt 10 ]; then
+            echo "profile: not run, ${left} s left of PROFILE_S=$PROFILE_S after the build" | tee "$LOG_DIR/profile.log"
+            exit 1
+        fi
         time "$PYTHON" dev/bench/ncu_profile.py --out "$LOG_DIR" ${left:+--time-limit "$left"} "${@:2}" 2>&1 \
             | tee "$LOG_DIR/profile.log"
         ;;

@@ -26,6 +26,7 @@ import pytest
 import bench_stubs
 from bench_stubs import breakdown_rows, breakdown_text, comm_line, gemm_json, gemm_table, progress, traffic_mb
 from dev_modules import load_dev_bench_module
+from test_ncu_profile import stand_in_ncu
 from test_torch_attention import fake_torch
 
 STEPS = 6
@@ -668,6 +669,28 @@ def test_gpu_session_first_stage_without_a_benchmark(tmp_path):
     assert "probe_epilogues: no table ((probe_epilogues: exit 127))" in summary, summary
     assert ("torch_attention.py: no table (error: torch_attention.py: needs PyTorch 2.3 or later with CUDA (import "
             "failed: No module named torch (stand-in)))") in summary, summary
+
+
+def test_gpu_session_profile_stage_dry_run(tmp_path):
+    """dev/gpu_session.sh profile: the build (stand-in make), then dev/bench/ncu_profile.py into the logs with the time
+    PROFILE_S leaves (test_ncu_profile.py's stand-in ncu): profile.md with a table per run, each run's CSV, profile.log;
+    with too little time left after the build, one line says so and nothing is profiled"""
+    root, fakes, out, _ = first_stage_fakes(tmp_path)
+    ncu_dir = stand_in_ncu(tmp_path)
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{ncu_dir}:{os.environ['PATH']}", PYTHON=sys.executable,
+               PROFILE_S="100")
+    result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "profile", "--runs", "fp8"], capture_output=True,
+                            text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert {"build.log", "profile.log", "profile.md", "ncu_fp8.csv.gz"} <= set(os.listdir(out)), os.listdir(out)
+    md = (out / "profile.md").read_text()
+    assert md.count("### d12 fp8, B=64 T=1024 -r 0, the last of 2 steps") == 1 and "| `fused_classifier_kernel` |" in md
+    out2 = tmp_path / "out2"
+    env = dict(env, OUT=str(out2), PROFILE_S="5")
+    result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "profile"], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 1 and not (out2 / "profile.md").exists()
+    assert re.fullmatch(r"profile: not run, -?\d s left of PROFILE_S=5 after the build\n", (out2 / "profile.log").read_text())
 
 
 def fake_tool(directory, name, body):

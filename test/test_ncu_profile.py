@@ -94,7 +94,7 @@ def test_a_csv_without_ncus_header_is_refused():
 
 def stand_in_ncu(tmp_path):
     """ncu on a PATH directory: --export records its arguments and writes the report file; --import prints the CSV"""
-    bin_dir = tmp_path / "bin"
+    bin_dir = tmp_path / "ncu_bin"
     bin_dir.mkdir()
     (tmp_path / "details.csv").write_text(details_csv())
     (bin_dir / "ncu").write_text(f"""#!/bin/sh
