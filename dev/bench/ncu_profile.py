@@ -34,6 +34,7 @@ import gzip
 import io
 import os
 import re
+import shlex
 import shutil
 import statistics
 import sys
@@ -182,7 +183,7 @@ def profile_run(ncu, run, steps, data_path, out, limit_s):
                "--export", report, "--force-overwrite"]
     for section in SECTIONS:
         command += ["--section", section]
-    print("running:", bench.command_text(command[:1]), " ".join(command[1:6]), "...", bench.command_text(trainer), flush=True)
+    print("running:", shlex.join(command[:4]), "... (llmc's kernels, the sections)", bench.command_text(trainer), flush=True)
     started = time.monotonic()
     [(code, stdout, stderr)] = bench.run_programs([command + trainer], limit_s)
     if code != 0:
