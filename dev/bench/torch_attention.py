@@ -8,7 +8,7 @@ Why: on 2026-11-30 (H200, d12, B=64, T=1024) cuDNN's causal attention backward t
 of bf16's 107 ms step, 1.23 ms a layer, 4.7 times its compute floor: the largest gap to a
 floor in the step (doc/performance.md); the forward took 4.2 ms, 2.9 times. llm8 hands cuDNN
 q, k and v as strided views into the fused qkv buffer (B, T, 3, NH, HS) and asks for its
-deterministic backward (-ad 1; -ad 0 took 13.4 ms). Whether another kernel does better at
+deterministic backward (-ad 1; -ad 0 took 13.9 ms). Whether another kernel does better at
 head size 64 and T=1024 only a GPU can say, and PyTorch, on the device machine already, runs
 the same problem through other kernels: FlashAttention-2's (its flash backend), cuDNN's own
 graph (its cudnn backend) and its memory-efficient kernels.
@@ -21,8 +21,9 @@ alone (torch.autograd.grad over a kept graph, taken for q, k and v themselves, s
 forward nor a copy into a qkv gradient is in it), each the median of --iters launches after
 --warmup, in ms a layer (the forward with autograd on, so it is the training kernel, which keeps
 the softmax statistics as llm8's does) and in TFLOP/s of floor_model.py's causal FLOPs (2 B T^2 C forward,
-5 B T^2 C backward: the same yardstick as the floor's). PyTorch's backward kernels accumulate
-dq with float atomics, as llm8's -ad 0 does: set them beside that row. A backend that refuses
+5 B T^2 C backward: the same yardstick as the floor's). PyTorch asks for no deterministic
+backward (this script leaves torch.use_deterministic_algorithms off), so its rows are closest
+to llm8's -ad 0 row, whose dq sums with float atomics. A backend that refuses
 a shape says why in its row (its first line). With --bench, a `make bench` JSON's llm8 rows
 (the d12 bf16 default run's `attention fwd` and `attention bwd` from -kt 1, divided by L, and
 the -ad 0 run's) stand in the same table, named by that file's date and device: the same GPU
@@ -76,7 +77,7 @@ def parse_models(text):
 
 
 def llm8_rows(path, models):
-    """[(model, label, fwd ms, bwd ms)] a layer, from a make bench JSON: each model's first bf16 default
+    """[(model, B, label, fwd ms, bwd ms)], ms a layer, from a make bench JSON: each model's first bf16 default
     run with -ad 1 and with -ad 0 (a run the file lacks is left out)"""
     try:
         with open(path) as f:
