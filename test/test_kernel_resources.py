@@ -16,6 +16,9 @@ NVIDIA's nvidia-cuda-cuobjdump wheel):
   65536 registers: without a bound, nothing stops a launch of up to 1024 threads from asking
   for more, which a GPU refuses at the launch ("too many resources requested") and cudasim
   cannot see; with one, ptxas keeps the registers within it and cudasim refuses a wider launch.
+- the trainer carries PTX beside its sm_90a code (nvcc's -arch shorthand: a newer GPU's driver
+  compiles it), the GPU tests and benchmarks machine code alone (the Makefile's NVCC_DEV_FLAGS:
+  the PTX was a quarter of each of their compiles in make test).
 """
 import glob
 import os
@@ -42,6 +45,23 @@ def find_cuobjdump():
         pytest.fail("no cuobjdump on PATH, in CUDA_HOME/bin or from the nvidia-cuda-cuobjdump wheel: "
                     "run scripts/setup_python.sh")
     return found
+
+
+def embedded_images(binary, kind):
+    """the names cuobjdump lists for a binary's embedded images of a kind: "elf" or "ptx\""""
+    path = os.path.join(ROOT, binary)
+    assert os.path.exists(path), "%s is not built (make %s)" % (path, binary)
+    result = subprocess.run([find_cuobjdump(), "--list-" + kind, path], capture_output=True, text=True, timeout=300)
+    return re.findall(r"^(?:ELF|PTX) file\s+\d+: (\S+)$", result.stdout, re.M)
+
+
+@pytest.mark.parametrize("binary, has_ptx", [("train_gpt2_fp8", True), ("build/test_gpt2", False),
+                                             ("bench_gemm", False), ("build/adamw8_sass_probe.cubin", False)])
+def test_only_the_trainer_carries_ptx(binary, has_ptx):
+    elves = embedded_images(binary, "elf")
+    assert elves and all(name.endswith(".sm_90a.cubin") for name in elves), elves
+    ptx = embedded_images(binary, "ptx")
+    assert bool(ptx) == has_ptx, ptx
 
 
 def kernel_resources(binary):
