@@ -247,8 +247,14 @@ $(SIM)/.translated: $(SIM_INPUTS) test/cudasim/translate.py | check-cuda check-n
 	$(PYTHON) test/cudasim/translate.py $(SIM) $(SIM_INPUTS)
 	@touch $@
 
+# The emulated cuBLASLt's dot products (cudasim_cublaslt.cpp) in 256-bit vectors where this
+# machine has AVX2 (the tests run where they build): the same operations in the same order, so
+# the same bits (no -mfma, so no fused multiply-adds). The trainer's 5 steps at the tests' size
+# took 3.64 s instead of 3.99 (user time, the best of 3 each).
+SIM_VECTOR_FLAGS := $(if $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo yes),-mavx2)
+$(SIM)/cudasim_cublaslt.o: SIM_OBJECT_FLAGS = $(SIM_VECTOR_FLAGS)
 $(SIM)/cudasim_%.o: test/cudasim/cudasim_%.cpp test/cudasim/cudasim.h | $(SIM)/.translated
-	$(SIM_CXX) -Wall -Wextra -c $< -o $@
+	$(SIM_CXX) $(SIM_OBJECT_FLAGS) -Wall -Wextra -c $< -o $@
 
 $(SIM)/test_%: $(SIM)/.translated $(SIM_RUNTIME)
 	$(SIM_CXX) -x c++ $(SIM)/test/test_$*.cu -x none $(SIM_RUNTIME) -lm -ldl -o $@

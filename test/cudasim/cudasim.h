@@ -213,9 +213,11 @@ void syncthreads(const char* file, int line);
 // the barrier that also returns whether any thread of the block passed a nonzero predicate
 int syncthreads_or(int predicate, const char* file, int line);
 // every lane of mask deposits its value (at most 16 bytes); returns, once all have, the
-// warp's slots by lane, valid until this lane's next collective
+// warp's slots by lane, valid until this lane's next collective, and a 33rd for a result the
+// lane that completed the exchange (*completed, where not null) leaves there for the others
 typedef unsigned char WarpSlot[16];
-const WarpSlot* warp_exchange(unsigned mask, const void* value, size_t bytes, const char* what);
+WarpSlot* warp_exchange(unsigned mask, const void* value, size_t bytes, const char* what, bool* completed = nullptr);
+const int WARP_RESULT_SLOT = 32;
 int lane_id();
 template <class T>
 T slot_value(const WarpSlot* slots, int lane) {
@@ -232,17 +234,22 @@ T shfl_xor(unsigned mask, T value, int lane_mask, int width) {
     if ((source & ~(width - 1)) != (lane & ~(width - 1))) { source = lane; }
     return slot_value<T>(slots, source);
 }
+// the lanes' values combined in lane order, once, by the lane that completes the exchange
 template <class T, class Combine>
 T warp_reduce(unsigned mask, T value, Combine combine, const char* what) {
-    const WarpSlot* slots = warp_exchange(mask, &value, sizeof(T), what);
-    bool first = true;
-    T result = value;
-    for (int l = 0; l < 32; l++) {
-        if (!(mask & (1u << l))) { continue; }
-        result = first ? slot_value<T>(slots, l) : combine(result, slot_value<T>(slots, l));
-        first = false;
+    bool completed = false;
+    WarpSlot* slots = warp_exchange(mask, &value, sizeof(T), what, &completed);
+    if (completed) {
+        bool first = true;
+        T result = value;
+        for (int l = 0; l < 32; l++) {
+            if (!(mask & (1u << l))) { continue; }
+            result = first ? slot_value<T>(slots, l) : combine(result, slot_value<T>(slots, l));
+            first = false;
+        }
+        memcpy(slots[WARP_RESULT_SLOT], &result, sizeof(T));
     }
-    return result;
+    return slot_value<T>(slots, WARP_RESULT_SLOT);
 }
 
 // cp.async (the pipeline primitives of cuda_pipeline_primitives.h): a thread's copies from global

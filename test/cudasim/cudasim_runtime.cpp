@@ -140,9 +140,10 @@ struct Fiber {
 };
 
 struct Warp {
-    WarpSlot slots[2][32];  // by generation parity: see warp_exchange
+    WarpSlot slots[2][33];  // by generation parity: see warp_exchange; [32]: a reduction's result
     long generation = 0;
     int arrived = 0;
+    int expected = 0;  // the lanes of mask
     unsigned mask = 0;
     const char* what = nullptr;
 };
@@ -223,14 +224,44 @@ uint64_t block_serial() {
 }
 int lane_id() { return current_fiber->linear % 32; }
 
-static void yield_to_scheduler() { switch_context(&current_fiber->context, &scheduler_context); }
+static bool can_resume(const Block& block, const Fiber& fiber);
+
+// The pass over the block's threads in progress (run_pass): its order, and where in it the
+// next thread to try is. A thread that waits or exits switches straight to the next one that
+// can go on, and only the pass's last one back to the scheduler: one switch a wait instead of
+// two (there and back), the threads running in the same order.
+struct Pass {
+    const std::vector<int>* order = nullptr;
+    size_t next = 0;
+    bool progressed = false;  // whether any thread went on
+};
+static thread_local Pass pass;
+
+// saves the context `from` (the running thread's, or the scheduler's to start the pass) and
+// goes on with the pass: the next thread that can resume, else the scheduler
+static void continue_pass(FiberContext* from) {
+    Block& block = *current_block;
+    std::vector<Fiber>& fibers = *block.fibers;
+    while (pass.next < pass.order->size()) {
+        Fiber& fiber = fibers[(*pass.order)[pass.next++]];
+        if (!can_resume(block, fiber)) { continue; }
+        fiber.waiting = Wait::None;
+        pass.progressed = true;
+        current_fiber = &fiber;
+        switch_context(from, &fiber.context);
+        return;
+    }
+    if (from != &scheduler_context) { switch_context(from, &scheduler_context); }
+}
+
+static void yield_to_scheduler() { continue_pass(&current_fiber->context); }
 
 static void fiber_entry() {
     (*current_block->body)();
     current_fiber->waiting = Wait::Exited;
     current_block->exited++;
-    // back to the scheduler for good; uc_link is not used so the stack can be reused
-    switch_context(&current_fiber->context, &scheduler_context);
+    // on for good; uc_link is not used so the stack can be reused
+    continue_pass(&current_fiber->context);
     fail("a finished fiber was resumed");
 }
 
@@ -248,7 +279,7 @@ void syncthreads(const char* file, int line) {
     if (block->barrier_arrived == 0) {
         block->barrier_file = file;
         block->barrier_line = line;
-    } else if (block->barrier_line != line || strcmp(block->barrier_file, file) != 0) {
+    } else if (block->barrier_line != line || (block->barrier_file != file && strcmp(block->barrier_file, file) != 0)) {
         char text[512];
         snprintf(text, sizeof(text), "divergent __syncthreads in %s: thread %d waits at %s:%d, others at %s:%d",
                  block_text().c_str(), current_fiber->linear, file, line, block->barrier_file, block->barrier_line);
@@ -278,7 +309,7 @@ int syncthreads_or(int predicate, const char* file, int line) {
 }
 
 // every lane named in mask deposits its value; returns the slots when all have
-const WarpSlot* warp_exchange(unsigned mask, const void* value, size_t bytes, const char* what) {
+WarpSlot* warp_exchange(unsigned mask, const void* value, size_t bytes, const char* what, bool* completed) {
     Block* block = current_block;
     if (block == nullptr) { fail(std::string(what) + " outside a kernel"); }
     if (bytes > 16) { fail(std::string(what) + " of a value wider than 16 bytes"); }
@@ -292,6 +323,7 @@ const WarpSlot* warp_exchange(unsigned mask, const void* value, size_t bytes, co
     }
     if (warp.arrived == 0) {
         warp.mask = mask;
+        warp.expected = __builtin_popcount(mask);
         warp.what = what;
     } else if (warp.mask != mask || (warp.what != what && strcmp(warp.what, what) != 0)) {
         char text[256];
@@ -303,7 +335,8 @@ const WarpSlot* warp_exchange(unsigned mask, const void* value, size_t bytes, co
     WarpSlot* slots = warp.slots[generation & 1];
     memcpy(slots[lane], value, bytes);
     warp.arrived++;
-    if (warp.arrived < __builtin_popcount(mask)) {
+    if (completed != nullptr) { *completed = warp.arrived == warp.expected; }
+    if (warp.arrived < warp.expected) {
         current_fiber->waiting = Wait::Warp;
         current_fiber->wait_mask = mask;
         current_fiber->generation_seen = generation;
@@ -375,19 +408,13 @@ static void choose_schedule_order(int thread_count) {
     for (int thread : order) { (thread / 32 == lagging_warp ? lagging_order : schedule_order).push_back(thread); }
 }
 
-// one pass over `order`, resuming each thread that can go on; whether any did
-static bool run_pass(Block& block, const std::vector<int>& order) {
-    std::vector<Fiber>& fibers = *block.fibers;
-    bool progressed = false;
-    for (int thread : order) {
-        Fiber& fiber = fibers[thread];
-        if (!can_resume(block, fiber)) { continue; }
-        fiber.waiting = Wait::None;
-        current_fiber = &fiber;
-        switch_context(&scheduler_context, &fiber.context);
-        progressed = true;
-    }
-    return progressed;
+// one pass over `order`, resuming each thread that can go on (continue_pass); whether any did
+static bool run_pass(const std::vector<int>& order) {
+    pass.order = &order;
+    pass.next = 0;
+    pass.progressed = false;
+    continue_pass(&scheduler_context);
+    return pass.progressed;
 }
 
 // the lagging warp's passes, once no other thread can go on: until it stops too, or it completes
@@ -395,7 +422,7 @@ static bool run_pass(Block& block, const std::vector<int>& order) {
 static bool run_lagging_warp(Block& block) {
     const long generation = block.barrier_generation;
     bool progressed = false;
-    while (block.barrier_generation == generation && run_pass(block, lagging_order)) { progressed = true; }
+    while (block.barrier_generation == generation && run_pass(lagging_order)) { progressed = true; }
     return progressed;
 }
 
@@ -408,7 +435,7 @@ static void run_block(Block& block) {
     }
     choose_schedule_order(block.thread_count);
     while (block.exited < block.thread_count) {
-        if (!run_pass(block, schedule_order) && !run_lagging_warp(block)) {
+        if (!run_pass(schedule_order) && !run_lagging_warp(block)) {
             // a meeting that can never complete: report the first waiting thread
             for (int i = 0; i < block.thread_count; i++) {
                 Fiber& fiber = fibers[i];

@@ -11,6 +11,9 @@ refuses too (run under cudasim only):
 - __syncthreads_or returns, in every thread, whether any thread of the block passed a
   nonzero predicate to that barrier: one thread, none, all, over consecutive barriers (each
   barrier's vote is its own);
+- __reduce_add_sync, __reduce_max_sync, __reduce_min_sync, __any_sync and __all_sync give
+  every lane of the mask the reduction over the mask's lanes, in consecutive reductions of
+  different kinds and masks (each one's result its own: one lane combines, the others read);
 - a read of shared memory with no barrier before the next write to it is a race the schedule
   shows: two block sums in a row, as block_reduce_sum takes them but without its second
   barrier, give some threads a wrong first sum (the warp left behind reads the partial sums
@@ -145,6 +148,49 @@ static void test_syncthreads_or(void) {
     for (int t = 0; t < threads; t++) { wrong += host[3 * t] != 1 || host[3 * t + 1] != 0 || host[3 * t + 2] != 1; }
     CHECK(wrong == 0, "__syncthreads_or: %d of %d threads got other votes than (1, 0, 1)", wrong, threads);
     cudaCheck(cudaFree(votes));
+}
+
+// each thread's value for the warp reductions
+__host__ __device__ static unsigned reduction_input(unsigned block, unsigned thread) { return (thread * 7u) % 13u + 5u * block; }
+#define REDUCTIONS 5
+#define EVEN_LANES 0x55555555u
+
+// out[REDUCTIONS t + k]: thread t's k-th reduction (the odd lanes skip the last, over the even lanes:
+// cudasim has a warp in one collective at a time, so they may not go on to another before it ends)
+__global__ void warp_reductions_kernel(unsigned* out) {
+    const unsigned lane = threadIdx.x % 32, value = reduction_input(blockIdx.x, threadIdx.x);
+    unsigned* mine = out + REDUCTIONS * ((size_t)blockIdx.x * blockDim.x + threadIdx.x);
+    mine[0] = __reduce_add_sync(0xffffffffu, value);
+    mine[1] = __reduce_max_sync(0xffffffffu, value);
+    mine[2] = (unsigned)__any_sync(0xffffffffu, lane == 5 && threadIdx.x < 32);
+    mine[3] = (unsigned)__all_sync(0xffffffffu, lane != 31 || threadIdx.x >= 32);
+    mine[4] = lane % 2 == 0 ? __reduce_min_sync(EVEN_LANES, value) : 0u;
+}
+
+static void test_warp_reductions(void) {
+    enum { blocks = 3, threads = 64 };
+    unsigned* out;
+    cudaCheck(cudaMalloc(&out, REDUCTIONS * blocks * threads * sizeof(unsigned)));
+    warp_reductions_kernel<<<blocks, threads>>>(out);
+    unsigned host[REDUCTIONS * blocks * threads];
+    cudaCheck(cudaMemcpy(host, out, sizeof(host), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(out));
+    int wrong = 0;
+    for (unsigned b = 0; b < blocks; b++) {
+        for (unsigned t = 0; t < threads; t++) {
+            const unsigned warp = t / 32 * 32;
+            unsigned expected[REDUCTIONS] = {0u, 0u, warp == 0 ? 1u : 0u, warp == 0 ? 0u : 1u, t % 2 == 0 ? ~0u : 0u};
+            for (unsigned lane = 0; lane < 32; lane++) {
+                const unsigned value = reduction_input(b, warp + lane);
+                expected[0] += value;
+                expected[1] = value > expected[1] ? value : expected[1];
+                if (t % 2 == 0 && lane % 2 == 0 && value < expected[4]) { expected[4] = value; }
+            }
+            const unsigned* got = host + REDUCTIONS * (b * threads + t);
+            for (int k = 0; k < REDUCTIONS; k++) { wrong += got[k] != expected[k]; }
+        }
+    }
+    CHECK(wrong == 0, "warp reductions: %d of %d results wrong", wrong, REDUCTIONS * blocks * threads);
 }
 
 // the word of static shared memory a __device__ function keeps: returns what it held, stores `value`
@@ -291,6 +337,7 @@ int main() {
     CHECK(host_flag == 1, "64 threads for __launch_bounds__(64) did not run");
 
     test_syncthreads_or();
+    test_warp_reductions();
     test_pipeline_copies_land_at_the_wait();
     int racy_wrong = wrong_block_sums(1), wrong = wrong_block_sums(0);
     CHECK(racy_wrong > 0, "two block sums with no barrier between a read and the next write: no thread's sum wrong");
