@@ -30,7 +30,7 @@ endif
 GPU_ARCH ?= sm_90a
 NVCC_COMMON_FLAGS = -O3 -std=c++17 -I. -Xcompiler -Wall,$(FORMAT_CHECK) --expt-relaxed-constexpr
 # The trainer: machine code for GPU_ARCH, and the PTX nvcc's -arch shorthand adds beside it
-# (compute_90 for sm_90a), which a newer GPU's driver compiles at the first run.
+# (for sm_90a, compute_90's and compute_90a's: a newer GPU's driver can compile compute_90's).
 NVCC_FLAGS = $(NVCC_COMMON_FLAGS) -arch=$(GPU_ARCH)
 # The GPU tests and benchmarks: machine code alone. They run on the GPU they were built for, and
 # the PTX was a quarter of each compile (train_gpt2_fp8.cu: 45 s with it, 33 s without, on CI's

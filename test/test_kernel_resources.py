@@ -48,7 +48,7 @@ def find_cuobjdump():
 
 
 def embedded_images(binary, kind):
-    """the names cuobjdump lists for a binary's embedded images of a kind: "elf" or "ptx\""""
+    """the names cuobjdump lists for a binary's embedded images of one kind ("elf" or "ptx")"""
     path = os.path.join(ROOT, binary)
     assert os.path.exists(path), "%s is not built (make %s)" % (path, binary)
     result = subprocess.run([find_cuobjdump(), "--list-" + kind, path], capture_output=True, text=True, timeout=300)
