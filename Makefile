@@ -298,8 +298,9 @@ test:
 # the CPU and cudasim test binaries in one lane a core (run_cpu_tests.sh's TEST_JOBS), each on
 # one OpenMP thread as pytest's workers are: with OpenMP's default threads, two binaries of two
 # threads each on two cores spun on each other's barriers (384 s, against 294). cudasim's
-# test_gpt2 goes first: on CI's 2 cores it takes one lane all the while (about 290 s) and the
-# rest fill the other (about 250 s). The CPU tests beside the cudasim ones, a lane each, took 363 s.
+# test_gpt2 goes first: on CI's 2 cores it takes one lane all the while and the rest fill the
+# other (test_gpt2 206 s of the 220, in a fresh clone of 0880b9b). The CPU tests beside the
+# cudasim ones, a lane each, took 363 s (when test_gpt2 took 290).
 test-binaries: $(CPU_TESTS) $(CPU_CXX_TESTS) $(SIM_TESTS)
 	@OMP_NUM_THREADS=1 TEST_JOBS=$(JOBS) RUNNER_NAME="cpu and cudasim tests" bash test/run_cpu_tests.sh \
 	    $(SIM)/test_gpt2 $(CPU_TESTS) $(CPU_CXX_TESTS) $(filter-out $(SIM)/test_gpt2,$(SIM_TESTS))
