@@ -53,8 +53,7 @@ LAYOUTS = ("qkv", "bthd", "bhtd")
 BATCH = {model: B for model, B, _ in bench.FULL_CONFIGS}
 
 
-class CliError(Exception):
-    pass
+CliError = scaling_model.CliError  # one class, so floor_model's and scaling_model's one-line errors are caught too
 
 
 def attention_flops(model, B, backward):
