@@ -33,16 +33,6 @@ EOT = 50256
 
 
 @pytest.fixture(scope="module")
-def encoding():
-    try:
-        return gpt2_bpe.load_gpt2_encoding()
-    except gpt2_bpe.RankFileError as e:
-        if os.environ.get("LLM8_REQUIRE_BPE") == "1":
-            pytest.fail(f"LLM8_REQUIRE_BPE=1 but no GPT-2 rank file was found: {e}")
-        pytest.skip(f"no GPT-2 rank file here (run scripts/setup_python.sh): {e}")
-
-
-@pytest.fixture(scope="module")
 def rank_file_bytes(encoding):
     """The gpt2.tiktoken bytes, rebuilt from the encoding through its public API."""
     lines = [base64.b64encode(encoding.decode_single_token_bytes(rank)) + b" %d\n" % rank for rank in range(EOT)]

@@ -3,9 +3,9 @@ gpt2_torch.py: an independent PyTorch model of llm8's network, used to write gol
 
 Why: test/gpt2_ref.h is the oracle for every GPU kernel, so it needs an oracle of its own
 written another way. This file is that: autograd instead of hand-written backwards,
-torch.optim.AdamW instead of adamw_element_update. It reads an llm.c fp32 model file
-(version 3), runs one fixed batch, and writes a debug state that
-test/test_reference_fixture.c checks the C reference against.
+torch.optim.AdamW instead of adamw_element_update. It reads an llm.c model file (through
+dev/eval/model_file.py; the fixture's is version 3, fp32), runs one fixed batch, and writes
+a debug state that test/test_reference_fixture.c checks the C reference against.
 
 The network (same as llm.c's GPT-2): pre-LN blocks x += attproj(attn(ln1(x))),
 x += fcproj(gelu_tanh(fc(ln2(x)))); causal attention with scale 1/sqrt(HS); final
@@ -41,6 +41,7 @@ Runs on the CPU (the fixture's source of truth) or on a GPU with TF32 disabled.
 """
 import argparse
 import math
+import os
 import struct
 import sys
 
@@ -48,13 +49,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-MODEL_MAGIC = 20240326
-MODEL_VERSION_FP32 = 3
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eval"))
+import model_file  # noqa: E402
+from model_file import HEADER_INTS, PARAM_NAMES  # noqa: E402
+
 DEBUG_STATE_MAGIC = 20240327
 DEBUG_STATE_VERSION = 3
-HEADER_INTS = 256
-PARAM_NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-               "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
 DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"}  # gpt2_param_is_decayed
 LAYERNORM_EPS = 1e-5
 
@@ -64,43 +64,13 @@ def die(message):
     sys.exit(1)
 
 
-def param_shapes(L, C, Vp, maxT):
-    return {
-        "wte": (Vp, C), "wpe": (maxT, C), "ln1w": (L, C), "ln1b": (L, C),
-        "qkvw": (L, 3 * C, C), "qkvb": (L, 3 * C), "attprojw": (L, C, C), "attprojb": (L, C),
-        "ln2w": (L, C), "ln2b": (L, C), "fcw": (L, 4 * C, C), "fcb": (L, 4 * C),
-        "fcprojw": (L, C, 4 * C), "fcprojb": (L, C), "lnfw": (C,), "lnfb": (C,),
-    }
-
-
 def read_model(path):
-    """returns (config dict, {name: float32 numpy array}) from an llm.c fp32 model file"""
+    """(config dict, {name: float32 numpy array}) of an llm.c model file (model_file.read_model)"""
     try:
-        data = open(path, "rb").read()
-    except OSError as e:
-        die(f"cannot read model file '{path}': {e.strerror}")
-    if len(data) < HEADER_INTS * 4:
-        die(f"model file '{path}' is {len(data)} bytes, shorter than its 1024-byte header")
-    header = np.frombuffer(data[:HEADER_INTS * 4], dtype="<i4")
-    if header[0] != MODEL_MAGIC:
-        die(f"model file '{path}' has magic {header[0]}, expected {MODEL_MAGIC}")
-    if header[1] != MODEL_VERSION_FP32:
-        die(f"model file '{path}' has version {header[1]}, expected {MODEL_VERSION_FP32} (fp32)")
-    cfg = dict(maxT=int(header[2]), V=int(header[3]), L=int(header[4]), NH=int(header[5]),
-               C=int(header[6]), Vp=int(header[7]))
-    if min(cfg.values()) <= 0 or cfg["C"] % cfg["NH"] != 0 or cfg["Vp"] < cfg["V"]:
-        die(f"model file '{path}' has an invalid shape {cfg}")
-    shapes = param_shapes(cfg["L"], cfg["C"], cfg["Vp"], cfg["maxT"])
-    total = sum(math.prod(s) for s in shapes.values())
-    if len(data) != HEADER_INTS * 4 + 4 * total:
-        die(f"model file '{path}' is {len(data)} bytes, its header {cfg} needs {HEADER_INTS * 4 + 4 * total}")
-    flat = np.frombuffer(data[HEADER_INTS * 4:], dtype="<f4")
-    params, offset = {}, 0
-    for name in PARAM_NAMES:
-        n = math.prod(shapes[name])
-        params[name] = flat[offset:offset + n].reshape(shapes[name]).copy()
-        offset += n
-    return cfg, params
+        cfg, _, arrays = model_file.read_model(path)
+    except model_file.ModelFileError as e:
+        die(f"--model {e}")
+    return cfg, arrays
 
 
 def forward(p, cfg, x):
@@ -139,7 +109,7 @@ def clip_like_llmc(params, grad_clip):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="llm.c fp32 model file (version 3)")
+    ap.add_argument("--model", required=True, help="llm.c model file (version 3, float32; a version 5 file is widened from bfloat16)")
     ap.add_argument("--out", required=True, help="debug state to write")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=16)
