@@ -15,15 +15,10 @@ vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json (not w
 written in a temporary folder beside it and renamed into place, so it is complete or absent.
 An OUT that exists is refused.
 
-The mapping onto transformers' GPT2LMHeadModel. The network is the same: pre-LN blocks,
-GELU with the tanh approximation ("gelu_new"), layernorm eps 1e-5, attention scaled by
-1/sqrt(head size), and an lm_head tied to wte.
-- transformers' GPT-2 linears are Conv1D: weight [in, out], y = x W + b. llm.c stores
-  [out, in], so qkvw, attprojw, fcw and fcprojw are transposed. Biases are copied.
-- c_attn's outputs are q, k, v in that order, as are the rows of llm.c's qkvw.
-- wte keeps its first V rows (llm.c pads it to Vp). lm_head is tied, so it is not stored.
-- Dropout is 0: llm.c and llm8 train without it, so fine-tuning from the export goes on as
-  trained (transformers' GPT-2 default is 0.1).
+The mapping (names, transposes, the padded vocabulary) is hf_gpt2.py's, shared with
+import_hf.py, which reads such a folder back. The config sets dropout to 0: llm.c and llm8
+train without it, so fine-tuning from the export goes on as trained (transformers' GPT-2
+default is 0.1).
 
 The weights are written as bfloat16 (the default, as llm.c's exporter) or float32 (-d).
 bfloat16 from a float32 file rounds to nearest even, as torch's .to(torch.bfloat16) does;
@@ -43,19 +38,12 @@ import numpy as np
 EVAL_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [EVAL_DIR, os.path.join(os.path.dirname(EVAL_DIR), "data")]
 import gpt2_bpe  # noqa: E402
+import hf_gpt2  # noqa: E402
 import model_file  # noqa: E402
-
-SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16"}
 
 
 class ExportError(Exception):
     """A problem with the input or the output; str() is the one-line message."""
-
-
-def float32_to_bf16_bits(values):
-    """round to nearest, ties to even (finite inputs; a result that overflows is +-inf)"""
-    u = values.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def read_finite_model(path):
@@ -69,71 +57,6 @@ def read_finite_model(path):
         if bad:
             raise ExportError(f"-i {path}: {name} holds {bad} non-finite values (NaN or Inf); refusing to export them")
     return cfg, weight_type, params
-
-
-def hf_state_dict(cfg, params):
-    """{transformers name: float32 array} of GPT2LMHeadModel, from llm.c's tensors"""
-    tensors = {
-        "transformer.wte.weight": params["wte"][:cfg["V"]],
-        "transformer.wpe.weight": params["wpe"],
-        "transformer.ln_f.weight": params["lnfw"],
-        "transformer.ln_f.bias": params["lnfb"],
-    }
-    per_layer = [  # (transformers' name, llm.c's tensor, transposed: Conv1D keeps [in, out])
-        ("ln_1.weight", "ln1w", False), ("ln_1.bias", "ln1b", False),
-        ("attn.c_attn.weight", "qkvw", True), ("attn.c_attn.bias", "qkvb", False),
-        ("attn.c_proj.weight", "attprojw", True), ("attn.c_proj.bias", "attprojb", False),
-        ("ln_2.weight", "ln2w", False), ("ln_2.bias", "ln2b", False),
-        ("mlp.c_fc.weight", "fcw", True), ("mlp.c_fc.bias", "fcb", False),
-        ("mlp.c_proj.weight", "fcprojw", True), ("mlp.c_proj.bias", "fcprojb", False),
-    ]
-    for layer in range(cfg["L"]):
-        for hf_name, llmc_name, transposed in per_layer:
-            value = params[llmc_name][layer]
-            tensors[f"transformer.h.{layer}.{hf_name}"] = value.T if transposed else value
-    return tensors
-
-
-def write_safetensors(path, tensors, dtype):
-    """the safetensors format: u64 header length, a JSON header (names, dtypes, shapes, byte
-    offsets into the data), padded with spaces to 8 bytes, then each tensor's row-major bytes"""
-    blobs, header, offset = [], {"__metadata__": {"format": "pt"}}, 0
-    for name in sorted(tensors):
-        value = tensors[name]
-        if dtype == "float32":
-            blob = np.ascontiguousarray(value, dtype="<f4").tobytes()
-        else:
-            bits = float32_to_bf16_bits(np.ascontiguousarray(value))
-            if np.count_nonzero(~np.isfinite(model_file.bf16_bits_to_float32(bits))):
-                raise ExportError(f"{name} overflows bfloat16; export it with -d float32")
-            blob = bits.astype("<u2").tobytes()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(value.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    header_bytes = json.dumps(header, separators=(",", ":")).encode()
-    header_bytes += b" " * (-len(header_bytes) % 8)
-    with open(path, "wb") as f:
-        f.write(len(header_bytes).to_bytes(8, "little"))
-        f.write(header_bytes)
-        for blob in blobs:
-            f.write(blob)
-
-
-def hf_config(cfg, dtype):
-    config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": cfg["V"], "n_positions": cfg["maxT"], "n_embd": cfg["C"],
-        "n_layer": cfg["L"], "n_head": cfg["NH"], "n_inner": None,
-        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
-        "reorder_and_upcast_attn": False, "tie_word_embeddings": True, "use_cache": True,
-        "torch_dtype": dtype,
-    }
-    if cfg["V"] == gpt2_bpe.VOCAB_SIZE:
-        config["bos_token_id"] = config["eos_token_id"] = gpt2_bpe.EOT_TOKEN
-    return config
 
 
 def byte_to_unicode():
@@ -214,16 +137,20 @@ def export(model_path, out_dir, dtype, with_tokenizer, bpe_file=None):
     except OSError as e:
         raise ExportError(f"-o {out_dir}: cannot create {temp_dir}: {e.strerror}")
     try:
-        tensors = hf_state_dict(cfg, params)
-        write_safetensors(os.path.join(temp_dir, "model.safetensors"), tensors, dtype)
+        tensors = hf_gpt2.to_hf(cfg, params)
+        hf_gpt2.write_safetensors(os.path.join(temp_dir, "model.safetensors"), tensors, dtype)
+        eos = gpt2_bpe.EOT_TOKEN if cfg["V"] == gpt2_bpe.VOCAB_SIZE else None
         with open(os.path.join(temp_dir, "config.json"), "w") as f:
-            json.dump(hf_config(cfg, dtype), f, indent=2)
+            json.dump(hf_gpt2.hf_config(cfg, dtype, eos), f, indent=2)
         if encoding is not None:
             write_tokenizer_files(temp_dir, encoding, cfg["maxT"])
         os.rename(temp_dir, out_dir)
     except OSError as e:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise ExportError(f"-o {out_dir}: writing failed: {e.strerror or e}")
+    except hf_gpt2.HfError as e:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise ExportError(str(e))
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
@@ -245,7 +172,7 @@ def main():
         description="Export an llm8 / llm.c model file (version 3 or 5) as a Hugging Face GPT-2 model folder, offline")
     parser.add_argument("-i", "--input", required=True, help="model_*.bin (llm.c's format, version 3 or 5)")
     parser.add_argument("-o", "--output", required=True, help="the folder to write (must not exist)")
-    parser.add_argument("-d", "--dtype", default="bfloat16", choices=sorted(SAFETENSORS_DTYPES),
+    parser.add_argument("-d", "--dtype", default="bfloat16", choices=sorted(hf_gpt2.SAFETENSORS_DTYPES),
                         help="the weights' type in model.safetensors (default bfloat16)")
     parser.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
     gpt2_bpe.add_bpe_argument(parser)

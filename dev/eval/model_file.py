@@ -11,6 +11,7 @@ every parameter, little-endian, tensor after tensor in PARAM_NAMES' order. Per-l
 tensors are stacked [L, ...]; matmul weights are [out, in]; wte has Vp rows.
 """
 import math
+import os
 
 import numpy as np
 
@@ -36,6 +37,13 @@ def param_shapes(L, C, Vp, maxT):
 
 def bf16_bits_to_float32(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_bits(values):
+    """round to nearest, ties to even, as torch's .to(torch.bfloat16) (finite inputs; a result
+    that overflows is +-inf)"""
+    u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def read_model(path):
@@ -76,3 +84,37 @@ def read_model(path):
         params[name] = flat[offset:offset + count].reshape(shapes[name])
         offset += count
     return cfg, weight_type, params
+
+
+def write_model(path, cfg, params, weight_type):
+    """writes a model file of version 3 (weight_type "float32") or 5 ("bfloat16", rounded to
+    nearest even) from float32 arrays in llm.c's layout; through a temporary file renamed into
+    place, so the path holds a whole file or none. Raises ModelFileError."""
+    version = {name: number for number, name in MODEL_VERSIONS.items()}[weight_type]
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:8] = [MODEL_MAGIC, version, cfg["maxT"], cfg["V"], cfg["L"], cfg["NH"], cfg["C"], cfg["Vp"]]
+    shapes = param_shapes(cfg["L"], cfg["C"], cfg["Vp"], cfg["maxT"])
+    temp_path = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temp_path, "wb") as f:
+            f.write(header.tobytes())
+            for name in PARAM_NAMES:
+                value = np.asarray(params[name], dtype=np.float32)
+                if value.shape != shapes[name]:
+                    raise ValueError(f"{name} has shape {value.shape}, expected {shapes[name]}")
+                f.write(value.astype("<f4").tobytes() if weight_type == "float32"
+                        else float32_to_bf16_bits(value).astype("<u2").tobytes())
+        os.replace(temp_path, path)
+    except OSError as e:
+        _remove_quietly(temp_path)
+        raise ModelFileError(f"{path}: cannot write the model file: {e.strerror or e}")
+    except BaseException:
+        _remove_quietly(temp_path)
+        raise
+
+
+def _remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass

@@ -1,19 +1,24 @@
 """
-Tests of dev/eval/export_hf.py: an llm.c model file as a Hugging Face GPT-2 folder.
+Tests of dev/eval/export_hf.py and import_hf.py: an llm.c model file as a Hugging Face GPT-2
+folder, and back.
 
 The exported weights are checked by running them: a numpy GPT-2 written here, in
 transformers' conventions (Conv1D weights [in, out], q k v in c_attn's order, gelu_new, the
 lm_head tied to wte), must give the PyTorch fixture's logits (test/fixtures, made by
 dev/reference/gpt2_torch.py from llm.c's layout). A wrong transpose, split order, name or
 vocabulary cut fails it. The tokenizer files are checked against tiktoken's GPT-2 encoding.
-Where transformers and torch are installed, the last two tests load the folder with
-transformers itself (CI has neither: they skip there).
+An export imported back is the model file byte for byte; folders laid out as other writers
+lay them out (no name prefix, mask buffers, a stored lm_head, F16, shards) import to the same
+tensors; each folder that is not llm.c's GPT-2 is refused in one line. Where transformers and
+torch are installed, the last four tests run transformers itself, the last also the CPU
+trainer on an import (CI has neither: they skip there).
 
-Run: python -m pytest -q test/test_export_hf.py
+Run: python -m pytest -q test/test_hf_gpt2.py
 """
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -22,12 +27,12 @@ import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(REPO, "dev", "eval"), os.path.join(REPO, "dev", "data"), os.path.join(REPO, "test")]
+sys.path.insert(0, os.path.join(REPO, "test"))
 
-import gpt2_bpe  # noqa: E402
 import sim_model  # noqa: E402
 
 EXPORTER = os.path.join(REPO, "dev", "eval", "export_hf.py")
+IMPORTER = os.path.join(REPO, "dev", "eval", "import_hf.py")
 FIXTURE_MODEL = os.path.join(REPO, "test", "fixtures", "gpt2_tiny_model.bin")
 FIXTURE_STATE = os.path.join(REPO, "test", "fixtures", "gpt2_tiny_debug_state.bin")
 LAYER_TENSORS = ["ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
@@ -40,20 +45,41 @@ def run_export(*args):
     return subprocess.run([sys.executable, EXPORTER, *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
+def run_import(*args):
+    return subprocess.run([sys.executable, IMPORTER, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
 def export_ok(*args):
     result = run_export(*args)
     assert result.returncode == 0, result.stderr
     return result
 
 
-def read_safetensors(path):
+def import_ok(*args):
+    result = run_import(*args)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def one_error_line(result):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+SAFETENSORS_TYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+
+
+def read_safetensors(path, metadata={"format": "pt"}):
     """{name: (dtype, float64 array)}, checking the layout: an 8-byte length, a JSON header
-    padded to 8 bytes, then the tensors back to back, covering the data exactly"""
+    (padded to 8 bytes where metadata is the exporter's; None: a file with no metadata),
+    then the tensors back to back, covering the data exactly"""
     data = open(path, "rb").read()
     header_length = struct.unpack("<Q", data[:8])[0]
-    assert header_length % 8 == 0
     header = json.loads(data[8:8 + header_length])
-    assert header.pop("__metadata__") == {"format": "pt"}
+    assert header.pop("__metadata__", None) == metadata
+    if metadata is not None:
+        assert header_length % 8 == 0
     body = data[8 + header_length:]
     spans = sorted(entry["data_offsets"] for entry in header.values())
     assert spans[0][0] == 0 and spans[-1][1] == len(body)
@@ -61,12 +87,9 @@ def read_safetensors(path):
     tensors = {}
     for name, entry in header.items():
         begin, end = entry["data_offsets"]
-        raw = body[begin:end]
-        if entry["dtype"] == "F32":
-            values = np.frombuffer(raw, dtype="<f4")
-        else:
-            assert entry["dtype"] == "BF16"
-            values = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        values = np.frombuffer(body[begin:end], dtype=SAFETENSORS_TYPES[entry["dtype"]])
+        if entry["dtype"] == "BF16":
+            values = (values.astype(np.uint32) << 16).view(np.float32)
         assert values.size == math.prod(entry["shape"])
         tensors[name] = (entry["dtype"], values.reshape(entry["shape"]).astype(np.float64))
     return tensors
@@ -289,6 +312,155 @@ def test_an_existing_or_unreachable_output_is_refused(tmp_path):
     assert os.listdir(tmp_path) == ["hf"] and os.listdir(tmp_path / "hf") == []
 
 
+def read_model_file(path):
+    """(header ints, float32 values) of a model file, read here without dev/eval"""
+    data = open(path, "rb").read()
+    header = np.frombuffer(data[:1024], dtype="<i4")
+    if header[1] == 3:
+        return header, np.frombuffer(data[1024:], dtype="<f4")
+    return header, (np.frombuffer(data[1024:], dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+
+
+def test_an_export_imports_back_byte_for_byte(fixture_export, tmp_path):
+    result = import_ok("-i", fixture_export, "-o", tmp_path / "model.bin")
+    assert "version 3" in result.stdout
+    assert (tmp_path / "model.bin").read_bytes() == open(FIXTURE_MODEL, "rb").read()
+    # bfloat16 out: version 5, each weight the nearest bfloat16 of the fixture's
+    import_ok("-i", fixture_export, "-o", tmp_path / "model_bf16.bin", "-d", "bfloat16")
+    header, values = read_model_file(tmp_path / "model_bf16.bin")
+    original_header, original = read_model_file(FIXTURE_MODEL)
+    assert header[1] == 5 and list(header[2:8]) == list(original_header[2:8])
+    assert nearest_bf16_property(original, values.astype(np.float64))
+
+
+def write_safetensors_here(path, tensors):
+    """a safetensors file written here, each tensor as its numpy dtype says (<f4 or <f2), the
+    header unpadded: other writers' layouts, for the importer"""
+    header, blobs, offset = {}, [], 0
+    for name, value in tensors.items():
+        blob = value.tobytes()
+        dtype = {value: name for name, value in SAFETENSORS_TYPES.items()}[value.dtype.str]
+        header[name] = {"dtype": dtype, "shape": list(value.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def other_writers_folder(fixture_export, folder, shards=1, dtype="<f2", extra=None, config_changes=None):
+    """the fixture's export rewritten: names without "transformer.", the old mask buffers,
+    a stored lm_head, tensors in dtype, in `shards` files (an index beside them when more than one)"""
+    folder.mkdir()
+    config = json.load(open(fixture_export / "config.json"))
+    config.update(config_changes or {})
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = {name.removeprefix("transformer."): value.astype(dtype) for name, (_, value) in
+               read_safetensors(fixture_export / "model.safetensors").items()}
+    tensors["lm_head.weight"] = tensors["wte.weight"]
+    for layer in range(2):
+        tensors[f"h.{layer}.attn.bias"] = np.tril(np.ones((1, 1, 32, 32))).astype(dtype)
+        tensors[f"h.{layer}.attn.masked_bias"] = np.array(-1e4, dtype=dtype)
+    tensors.update(extra or {})
+    names = sorted(tensors)
+    if shards == 1:
+        write_safetensors_here(folder / "model.safetensors", tensors)
+        return tensors
+    weight_map = {}
+    for shard in range(shards):
+        file_name = f"model-{shard + 1:05d}-of-{shards:05d}.safetensors"
+        part = {name: tensors[name] for name in names[shard::shards]}
+        write_safetensors_here(folder / file_name, part)
+        weight_map.update({name: file_name for name in part})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return tensors
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_other_writers_layouts_import_to_the_same_tensors(fixture_export, tmp_path, shards):
+    tensors = other_writers_folder(fixture_export, tmp_path / "hf", shards=shards)
+    import_ok("-i", tmp_path / "hf", "-o", tmp_path / "model.bin")
+    header, values = read_model_file(tmp_path / "model.bin")
+    _, original = read_model_file(FIXTURE_MODEL)
+    assert list(header[:8]) == [20240326, 3, 32, 97, 2, 4, 64, 128]
+    # every weight is the fixture's in float16 (wte's padded rows stay zero)
+    assert np.array_equal(values, original.astype(np.float16).astype(np.float32))
+    assert len(tensors) == 4 + 12 * 2 + 1 + 2 * 2
+
+
+def read_stored(path):
+    """{name: array in its stored type} of a file write_safetensors_here wrote"""
+    return {name: value.astype(SAFETENSORS_TYPES[dtype]) for name, (dtype, value) in read_safetensors(path, None).items()}
+
+
+def fixture_tensor(fixture_export, name):
+    return read_safetensors(fixture_export / "model.safetensors")[name][1].astype(np.float32)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("no folder", "not a folder"),
+    ("no config", "cannot read config.json"),
+    ("not gpt2", "model_type 'llama', expected 'gpt2'"),
+    ("erf gelu", "not llm.c's GPT-2: activation_function 'gelu'"),
+    ("n_inner", "n_inner 128 (llm.c's MLP is 4 n_embd = 256 wide)"),
+    ("layernorm eps", "layer_norm_epsilon 1e-06"),
+    ("untied", "tie_word_embeddings false"),
+    ("lm_head differs", "lm_head.weight differs from wte.weight"),
+    ("missing tensor", "tensor h.1.mlp.c_proj.bias is missing"),
+    ("wrong shape", "tensor h.0.attn.c_attn.weight has shape [192, 64], expected [64, 192]"),
+    ("extra layer", "1 tensors llm.c's GPT-2 has no place for, such as h.2.ln_1.weight"),
+    ("pickle only", "only pytorch_model.bin"),
+    ("truncated", "do not hold F16"),
+    ("int64", "is I64; F32, BF16 and F16 are read"),
+    ("nan", "wpe holds 1 non-finite values"),
+])
+def test_a_folder_that_is_not_llmc_gpt2_is_refused_in_one_line(fixture_export, tmp_path, case, message):
+    folder = tmp_path / "hf"
+    config_changes = {"no folder": None, "not gpt2": {"model_type": "llama"}, "erf gelu": {"activation_function": "gelu"},
+                      "n_inner": {"n_inner": 128}, "layernorm eps": {"layer_norm_epsilon": 1e-6},
+                      "untied": {"tie_word_embeddings": False}}.get(case)
+    extra = {}
+    if case == "lm_head differs":
+        extra["lm_head.weight"] = (fixture_tensor(fixture_export, "transformer.wte.weight") * 2).astype("<f2")
+    if case == "wrong shape":
+        extra["h.0.attn.c_attn.weight"] = fixture_tensor(fixture_export, "transformer.h.0.attn.c_attn.weight").T.astype("<f2")
+    if case == "extra layer":
+        extra["h.2.ln_1.weight"] = np.ones(64, dtype="<f2")
+    if case == "nan":
+        wpe = fixture_tensor(fixture_export, "transformer.wpe.weight").astype("<f2")
+        wpe[3, 5] = np.nan
+        extra["wpe.weight"] = wpe
+    if case != "no folder":
+        other_writers_folder(fixture_export, folder, extra=extra, config_changes=config_changes)
+    if case == "no config":
+        (folder / "config.json").unlink()
+    if case == "missing tensor":
+        tensors = {name: value for name, value in read_stored(folder / "model.safetensors").items() if name != "h.1.mlp.c_proj.bias"}
+        write_safetensors_here(folder / "model.safetensors", tensors)
+    if case == "pickle only":
+        (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    if case == "truncated":
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data[:-2])
+    if case == "int64":
+        tensors = read_stored(folder / "model.safetensors")
+        write_safetensors_here(folder / "model.safetensors", tensors)
+        data = (folder / "model.safetensors").read_bytes()
+        (folder / "model.safetensors").write_bytes(data.replace(b'"F16"', b'"I64"', 1))
+    line = one_error_line(run_import("-i", folder, "-o", tmp_path / "model.bin"))
+    assert message in line and line.startswith(f"error: -i {folder}"), line
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("model.bin")]  # nothing written, no temp file
+
+
+def test_an_existing_or_unreachable_model_file_is_refused(fixture_export, tmp_path):
+    (tmp_path / "model.bin").write_bytes(b"keep")
+    line = one_error_line(run_import("-i", fixture_export, "-o", tmp_path / "model.bin"))
+    assert line == f"error: -o {tmp_path / 'model.bin'}: already exists; give a new file name"
+    assert (tmp_path / "model.bin").read_bytes() == b"keep"
+    line = one_error_line(run_import("-i", fixture_export, "-o", tmp_path / "no" / "model.bin"))
+    assert "its folder" in line
+
+
 def transformers_or_skip():
     try:
         import torch
@@ -314,3 +486,55 @@ def test_transformers_tokenizer_matches_tiktoken(gpt2_vocab_export, encoding):
         tokenizer = tokenizer_class.from_pretrained(gpt2_vocab_export)
         assert tokenizer.encode(text) == encoding.encode_ordinary(text), tokenizer_class.__name__
         assert tokenizer.eos_token_id == 50256
+
+
+def saved_and_imported(torch, transformers, folder, positions, layers, seed):
+    """a random GPT-2 (V = 301, C = 64, two heads) that transformers saves in folder/saved,
+    imported as folder/model.bin; returns the transformers model"""
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(vocab_size=301, n_positions=positions, n_embd=64, n_layer=layers, n_head=2,
+                                     activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)  # layernorms and biases off 1 and 0
+    model.save_pretrained(folder / "saved")
+    import_ok("-i", folder / "saved", "-o", folder / "model.bin")
+    return model
+
+
+def test_transformers_folder_imports_and_exports_to_the_same_logits(tmp_path):
+    """a GPT-2 that transformers itself saved (its names, its safetensors) through import_hf and
+    export_hf again, in float32: transformers gives the same logits, bit for bit"""
+    torch, transformers = transformers_or_skip()
+    original = saved_and_imported(torch, transformers, tmp_path, positions=48, layers=3, seed=0)
+    header, _ = read_model_file(tmp_path / "model.bin")
+    assert list(header[:8]) == [20240326, 3, 48, 301, 3, 2, 64, 384]
+    export_ok("-i", tmp_path / "model.bin", "-o", tmp_path / "exported", "-d", "float32")
+    exported = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "exported").eval()
+    tokens = torch.randint(0, 301, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(original(tokens).logits, exported(tokens).logits)
+
+
+def test_the_cpu_trainer_evaluates_an_import_as_transformers_does(tmp_path):
+    """OpenAI's GPT-2 measured by llm8 (-x 0 on an import) is what transformers measures: a
+    GPT-2 that transformers saved, imported, gives the CPU trainer's val loss on one batch
+    within fp32 rounding of transformers' loss on the same tokens"""
+    torch, transformers = transformers_or_skip()
+    trainer = os.path.join(REPO, "train_gpt2cpu")
+    if not os.path.exists(trainer):
+        pytest.fail(f"{trainer} is not built (make train_gpt2cpu)")
+    model = saved_and_imported(torch, transformers, tmp_path, positions=64, layers=2, seed=2)
+    B, T = 2, 32
+    for split, seed in (("train", 1), ("val", 2)):
+        sim_model.write_shard(tmp_path / f"s_{split}_000000.bin", 4 * B * T + 1, seed, vocab=301)
+    run = subprocess.run([trainer, "-e", "model.bin", "-i", "s_train_*.bin", "-j", "s_val_*.bin", "-b", str(B), "-t", str(T),
+                          "-x", "0", "-m", "1", "-s", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    val_losses = [float(v) for v in re.findall(r"^val loss (\S+)$", run.stdout, re.M)]
+    tokens = np.fromfile(tmp_path / "s_val_000000.bin", dtype=np.uint16, offset=1024)[:B * T + 1].astype(np.int64)
+    with torch.no_grad():
+        logits = model(torch.tensor(tokens[:-1]).view(B, T)).logits
+        expected = torch.nn.functional.cross_entropy(logits.view(-1, 301), torch.tensor(tokens[1:])).item()
+    assert len(val_losses) == 1 and abs(val_losses[0] - expected) <= 1e-5 * expected, (val_losses, expected)
