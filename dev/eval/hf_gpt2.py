@@ -195,7 +195,10 @@ def read_safetensors(path):
             raise HfError(f"{path}: tensor {name}'s bytes [{begin}, {end}) do not hold {dtype} {shape} inside its "
                           f"{len(body)} bytes of data (truncated?)")
         raw = np.frombuffer(body[begin:end], dtype=element)
-        values = bf16_bits_to_float32(raw) if dtype == "BF16" else raw.astype(np.float32)
+        if dtype == "F32":
+            values = raw  # a view of the mapped file: a 1.5B model is not copied twice
+        else:
+            values = bf16_bits_to_float32(raw) if dtype == "BF16" else raw.astype(np.float32)
         tensors[name] = values.reshape(shape)
     return tensors
 
