@@ -412,6 +412,8 @@ def fixture_tensor(fixture_export, name):
     ("pickle only", "only pytorch_model.bin"),
     ("truncated", "do not hold F16"),
     ("int64", "is I64; F32, BF16 and F16 are read"),
+    ("dtype not a string", "has no string dtype, list of sizes as shape and two data_offsets"),
+    ("config not utf-8", "config.json: not JSON"),
     ("nan", "wpe holds 1 non-finite values"),
 ])
 def test_a_folder_that_is_not_llmc_gpt2_is_refused_in_one_line(fixture_export, tmp_path, case, message):
@@ -442,11 +444,11 @@ def test_a_folder_that_is_not_llmc_gpt2_is_refused_in_one_line(fixture_export, t
     if case == "truncated":
         data = (folder / "model.safetensors").read_bytes()
         (folder / "model.safetensors").write_bytes(data[:-2])
-    if case == "int64":
-        tensors = read_stored(folder / "model.safetensors")
-        write_safetensors_here(folder / "model.safetensors", tensors)
+    if case in ("int64", "dtype not a string"):
         data = (folder / "model.safetensors").read_bytes()
-        (folder / "model.safetensors").write_bytes(data.replace(b'"F16"', b'"I64"', 1))
+        (folder / "model.safetensors").write_bytes(data.replace(b'"F16"', b'"I64"' if case == "int64" else b'["F"]', 1))
+    if case == "config not utf-8":
+        (folder / "config.json").write_bytes(b'{"model_type": "gpt2\xff"}')
     line = one_error_line(run_import("-i", folder, "-o", tmp_path / "model.bin"))
     assert message in line and line.startswith(f"error: -i {folder}"), line
     assert not [name for name in os.listdir(tmp_path) if name.startswith("model.bin")]  # nothing written, no temp file

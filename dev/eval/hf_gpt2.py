@@ -185,8 +185,11 @@ def read_safetensors(path):
     for name, entry in header.items():
         try:
             dtype, shape, (begin, end) = entry["dtype"], [int(n) for n in entry["shape"]], entry["data_offsets"]
+            begin, end = int(begin), int(end)
+            if not isinstance(dtype, str) or min(shape, default=0) < 0:
+                raise ValueError(name)
         except (KeyError, TypeError, ValueError):
-            raise HfError(f"{path}: tensor {name} has no dtype, shape and data_offsets")
+            raise HfError(f"{path}: tensor {name} has no string dtype, list of sizes as shape and two data_offsets")
         element = {"F32": "<f4", "BF16": "<u2", "F16": "<f2"}.get(dtype)
         if element is None:
             raise HfError(f"{path}: tensor {name} is {dtype}; F32, BF16 and F16 are read")

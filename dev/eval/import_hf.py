@@ -43,11 +43,11 @@ def read_folder(folder):
         raise ImportFolderError(f"-i {folder}: not a folder (expected a Hugging Face model folder with config.json)")
     config_path = os.path.join(folder, "config.json")
     try:
-        with open(config_path) as f:
-            config = json.load(f)
+        with open(config_path, "rb") as f:
+            config = json.loads(f.read())
     except OSError as e:
         raise ImportFolderError(f"-i {folder}: cannot read config.json: {e.strerror}")
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # not UTF-8, or not JSON
         raise ImportFolderError(f"-i {config_path}: not JSON ({e})")
     if not isinstance(config, dict):
         raise ImportFolderError(f"-i {config_path}: not a JSON object")
