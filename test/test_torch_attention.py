@@ -20,7 +20,8 @@ import torch_attention  # noqa: E402
 # the stand-in: torch's names the script uses; each kernel call advances the clock that cuda.Event reads by a time
 # per backend (flash 0.25 ms forward, 1.0 backward; cudnn 0.5 and 2.0) and layout (all of it where q, k and v are
 # views into one qkv buffer, 7/8 where they are (B, T, NH, HS) tensors of their own, 3/4 where (B, NH, T, HS)), and
-# the efficient backend turns every shape down with a warning, as PyTorch does, then "No available kernel"
+# the efficient backend turns every shape down with PyTorch's warnings (a header per backend, then its reasons),
+# then "No available kernel"
 FAKE_TORCH = {
     "torch/__init__.py": '''
         import contextlib, warnings
@@ -80,7 +81,11 @@ FAKE_TORCH = {
         def run_kernel(direction, q):
             name = backend[0]
             if name == "EFFICIENT_ATTENTION":
-                warnings.warn("Memory efficient kernel not used because: fake reason")
+                # as sdp_utils.cpp warns: a header per backend, then each of its reasons, each with its origin
+                for message in ("Memory efficient kernel not used because:", "fake reason", "Flash attention kernel not used because:",
+                                "Flash attention has been runtime disabled.", "CuDNN attention kernel not used because:",
+                                "cuDNN attention has been runtime disabled."):
+                    warnings.warn(message + " (Triggered internally at /pytorch/aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:1.)")
                 raise RuntimeError("No available kernel. Aborting execution.")
             ms = {"FLASH_ATTENTION": (0.25, 1.0), "CUDNN_ATTENTION": (0.5, 2.0)}[name][direction]
             # a view into qkv (5 dimensions), of a (B, T, NH, HS) tensor, or a (B, NH, T, HS) tensor
@@ -198,7 +203,7 @@ def test_measures_each_backend_and_layout(tmp_path):
     assert rows[2] == (f"| d12 | 64 | torch flash | bhtd | 0.188 | {flash_fwd / 0.75:.0f} | 0.750 | "
                        f"{flash_bwd / 0.75:.0f} |")
     assert rows[3] == f"| d12 | 64 | torch cudnn | qkv | 0.500 | {flash_fwd / 2:.0f} | 2.000 | {flash_bwd / 2:.0f} |"
-    assert rows[6] == "| d12 | 64 | torch efficient | qkv | n/a: Memory efficient kernel not used because: fake reason | | | |"
+    assert rows[6] == "| d12 | 64 | torch efficient | qkv | n/a: fake reason; No available kernel. Aborting execution. | | | |"
     d48_fwd, d48_bwd = torch_attention.tflops("d48", 16, False, 0.25), torch_attention.tflops("d48", 16, True, 1.0)
     assert d48_bwd == pytest.approx(d48_fwd * 2.5 / 4)
     assert rows[9] == f"| d48 | 16 | torch flash | qkv | 0.250 | {d48_fwd:.0f} | 1.000 | {d48_bwd:.0f} |"

@@ -169,9 +169,32 @@ def measure(torch, model, backend, layout, iters, warmup):
             row["fwd_ms"] = median_ms(lambda: scaled_dot_product_attention(q, k, v, is_causal=True))
             row["bwd_ms"] = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
     except RuntimeError as e:  # a backend that refuses the shape, or out of memory
-        lines = [(str(w.message).strip().splitlines() or [""])[0] for w in reasons] + str(e).strip().splitlines()
-        row["error"] = next((line for line in lines if line), "RuntimeError")[:200].replace("|", "/")
+        row["error"] = refusal(backend, [str(w.message) for w in reasons], e)
     return row
+
+
+# how PyTorch's warnings name each backend before its reasons (sdp_utils.cpp: "Memory efficient kernel not used
+# because:", "Flash attention kernel not used because:", "CuDNN attention kernel not used because:")
+REFUSAL_HEADERS = {"efficient": "memory efficient kernel", "flash": "flash attention kernel", "cudnn": "cudnn attention kernel"}
+
+
+def refusal(backend, warning_messages, error):
+    """one table cell: why PyTorch turned the backend down. With every other backend off it warns a header per
+    backend it checked ("... kernel not used because:"), each followed by that backend's reasons, one warning each,
+    every message ending in "(Triggered internally at FILE:LINE.)"; then it raises "No available kernel". The cell
+    holds this backend's reasons, then the error's first line."""
+    reasons, current = [], None
+    for message in warning_messages:
+        text = message.split("(Triggered internally at")[0].strip()
+        text = (text.splitlines() or [""])[0].strip()
+        header = next((name for name, prefix in REFUSAL_HEADERS.items()
+                       if text.lower().startswith(prefix) and "not used because" in text.lower()), None)
+        if header is not None:
+            current, text = header, text.split("because:", 1)[-1].strip()
+        if text and current == backend:
+            reasons.append(text)
+    error_line = (str(error).strip().splitlines() or ["RuntimeError"])[0]
+    return "; ".join(reasons + [error_line])[:200].replace("|", "/")
 
 
 def build_parser():
