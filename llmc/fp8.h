@@ -82,7 +82,7 @@ LLMC_HD uint8_t fp8_encode_software(float x, Fp8Format format) {
     uint32_t dropped = significand & ((1u << shift) - 1u);
     uint32_t half = 1u << (shift - 1);
     // round to nearest, ties to even, without a branch: the CPU reference encodes every element
-    // of every FP8 tensor here, and a data-dependent branch mispredicted on half of them (2x slower)
+    // of every FP8 tensor here, and a branch on the dropped bits mispredicts about half the time
     kept += (uint32_t)(dropped > half) | ((uint32_t)(dropped == half) & kept);
     uint32_t code = base + kept;
     code = code < max_code ? code : max_code;

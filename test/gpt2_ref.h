@@ -619,10 +619,11 @@ static inline void fp8_linear_state_init(Fp8LinearState* q, const Fp8Emulation* 
                      e->margin);
 }
 
-// out = dequantize(quantize(x)) with one scale pair, on one thread; stats (may be NULL) count the cast
-// (the loop with its format a constant: the encode and decode inline without their format tests)
-__attribute__((always_inline)) static inline void ref_fp8_qdq_format(float* out, const float* x, size_t n, Fp8ScalePair pair, const Fp8Format format,
-                                      Fp8CastStats* stats) {
+// ref_fp8_qdq_serial's loop, inlined into it once per format so that the format is a constant
+// there: the encode and the decode then run without their tests of it
+__attribute__((always_inline)) static inline void ref_fp8_qdq_format(float* out, const float* x, size_t n,
+                                                                     Fp8ScalePair pair, const Fp8Format format,
+                                                                     Fp8CastStats* stats) {
     for (size_t i = 0; i < n; i++) {
         uint8_t code = fp8_quantize(x[i], pair.scale, format);
         out[i] = fp8_dequantize(code, pair.scale_inv, format);
@@ -630,6 +631,7 @@ __attribute__((always_inline)) static inline void ref_fp8_qdq_format(float* out,
     }
 }
 
+// out = dequantize(quantize(x)) with one scale pair, on one thread; stats (may be NULL) count the cast
 static inline void ref_fp8_qdq_serial(float* out, const float* x, size_t n, Fp8ScalePair pair, Fp8Format format,
                                       Fp8CastStats* stats) {
     if (format == FP8_E4M3) {
