@@ -9,16 +9,19 @@ dev/reference/gpt2_torch.py from llm.c's layout). A wrong transpose, split order
 vocabulary cut fails it. The tokenizer files are checked against tiktoken's GPT-2 encoding.
 An export imported back is the model file byte for byte; folders laid out as other writers
 lay them out (no name prefix, mask buffers, a stored lm_head, F16, shards) import to the same
-tensors; each folder that is not llm.c's GPT-2 is refused in one line. Where transformers and
-torch are installed, the last four tests run transformers itself, the last also the CPU
-trainer on an import (CI has neither: they skip there).
+tensors; each folder that is not llm.c's GPT-2 is refused in one line, and so is each of a
+fixed sample of seeded corruptions where it fails. Where transformers and torch are
+installed, the last four tests run transformers itself, the last also the CPU trainer on an
+import (CI has neither: they skip there).
 
 Run: python -m pytest -q test/test_hf_gpt2.py
 """
 import json
 import math
 import os
+import random
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -461,6 +464,50 @@ def test_an_existing_or_unreachable_model_file_is_refused(fixture_export, tmp_pa
     assert (tmp_path / "model.bin").read_bytes() == b"keep"
     line = one_error_line(run_import("-i", fixture_export, "-o", tmp_path / "no" / "model.bin"))
     assert "its folder" in line
+
+
+def corrupt_folder(folder, rng):
+    """one seeded corruption of an export: bytes of config.json or of model.safetensors' header
+    and data changed, the file cut short, or a config value or a tensor's header entry replaced"""
+    target = folder / rng.choice(["config.json", "model.safetensors", "model.safetensors"])
+    data = bytearray(target.read_bytes())
+    kind = rng.choice(["bytes", "cut", "value"])
+    if kind == "bytes":
+        for _ in range(rng.randint(1, 5)):
+            data[rng.randrange(min(len(data), 4000)) if rng.random() < 0.8 else rng.randrange(len(data))] = rng.randrange(256)
+    elif kind == "cut":
+        data = data[:rng.randrange(len(data))]
+    elif target.name == "config.json":
+        config = json.loads(data)
+        config[rng.choice(sorted(config))] = rng.choice([None, -1, 0, "x", [1], {"a": 1}, 1e30, True])
+        data = bytearray(json.dumps(config).encode())
+    else:
+        length = struct.unpack("<Q", data[:8])[0]
+        header = json.loads(data[8:8 + length])
+        entry = header[rng.choice(sorted(name for name in header if name != "__metadata__"))]
+        entry[rng.choice(["dtype", "shape", "data_offsets"])] = rng.choice([None, "F64", [], [1, 2, 3], [-1, 5], "x", 7])
+        text = json.dumps(header).encode()
+        data = bytearray(struct.pack("<Q", len(text)) + text + data[8 + length:])
+    target.write_bytes(bytes(data))
+    return f"{target.name} {kind}"
+
+
+def test_corrupted_folders_import_or_fail_in_one_line(fixture_export, tmp_path):
+    """a fixed sample of seeded corruptions (a local run of 660 found the two tracebacks now
+    tested above): each import succeeds or exits 1 with one error line, writing nothing then"""
+    rng = random.Random(62)
+    for case in range(30):
+        folder = tmp_path / f"hf{case}"
+        shutil.copytree(fixture_export, folder)
+        what = corrupt_folder(folder, rng)
+        result = run_import("-i", folder, "-o", tmp_path / f"model{case}.bin")
+        lines = result.stderr.strip().splitlines()
+        if result.returncode == 0:
+            assert lines == [], (case, what, result.stderr)
+        else:
+            assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: -"), (case, what, result.stderr)
+            assert not (tmp_path / f"model{case}.bin").exists()
+
 
 
 def transformers_or_skip():
