@@ -509,7 +509,6 @@ def test_corrupted_folders_import_or_fail_in_one_line(fixture_export, tmp_path):
             assert not (tmp_path / f"model{case}.bin").exists()
 
 
-
 def transformers_or_skip():
     try:
         import torch
