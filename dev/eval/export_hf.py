@@ -33,8 +33,6 @@ import os
 import shutil
 import sys
 
-import numpy as np
-
 EVAL_DIR = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [EVAL_DIR, os.path.join(os.path.dirname(EVAL_DIR), "data")]
 import gpt2_bpe  # noqa: E402
@@ -52,10 +50,9 @@ def read_finite_model(path):
         cfg, weight_type, params = model_file.read_model(path)
     except model_file.ModelFileError as e:
         raise ExportError(f"-i {e}")
-    for name, value in params.items():
-        bad = np.count_nonzero(~np.isfinite(value))
-        if bad:
-            raise ExportError(f"-i {path}: {name} holds {bad} non-finite values (NaN or Inf); refusing to export them")
+    bad = model_file.non_finite(params)
+    if bad is not None:
+        raise ExportError(f"-i {path}: {bad[0]} holds {bad[1]} non-finite values (NaN or Inf); refusing to export them")
     return cfg, weight_type, params
 
 

@@ -64,7 +64,7 @@ def read_folder(folder):
             raise ImportFolderError(f"-i {index}: not a safetensors index with a weight_map ({e})")
     elif os.path.isfile(os.path.join(folder, "pytorch_model.bin")):
         raise ImportFolderError(f"-i {folder}: only pytorch_model.bin (a pickle, which needs torch); save the model as "
-                           "safetensors first (transformers: model.save_pretrained(folder), safe_serialization is its default)")
+                                "safetensors first (transformers: model.save_pretrained(folder), safe_serialization is its default)")
     else:
         raise ImportFolderError(f"-i {folder}: no model.safetensors or model.safetensors.index.json")
     tensors = {}
@@ -96,10 +96,9 @@ def import_folder(folder, model_path, weight_type):
         params = hf_gpt2.from_hf(cfg, tensors)
     except hf_gpt2.HfError as e:
         raise ImportFolderError(f"-i {folder}: {e}")
-    for name, value in params.items():
-        bad = np.count_nonzero(~np.isfinite(value))
-        if bad:
-            raise ImportFolderError(f"-i {folder}: {name} holds {bad} non-finite values (NaN or Inf); refusing to import them")
+    bad = model_file.non_finite(params)
+    if bad is not None:
+        raise ImportFolderError(f"-i {folder}: {bad[0]} holds {bad[1]} non-finite values (NaN or Inf); refusing to import them")
     if weight_type == "bfloat16":
         for name, value in params.items():
             if np.count_nonzero(~np.isfinite(model_file.bf16_bits_to_float32(model_file.float32_to_bf16_bits(value)))):

@@ -86,6 +86,15 @@ def read_model(path):
     return cfg, weight_type, params
 
 
+def non_finite(params):
+    """(name, count) of the first tensor, in PARAM_NAMES' order, holding a NaN or an Inf; None if none does"""
+    for name in PARAM_NAMES:
+        count = int(np.count_nonzero(~np.isfinite(params[name])))
+        if count:
+            return name, count
+    return None
+
+
 def write_model(path, cfg, params, weight_type):
     """writes a model file of version 3 (weight_type "float32") or 5 ("bfloat16", rounded to
     nearest even) from float32 arrays in llm.c's layout; through a temporary file renamed into
