@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from model_file import bf16_bits_to_float32, float32_to_bf16_bits
+from model_file import bf16_bits_to_float32, float32_to_bf16_bits, param_shapes
 
 # (transformers' per-layer name, llm.c's tensor, transposed: Conv1D keeps [in, out])
 LAYER_TENSORS = [
@@ -104,7 +104,7 @@ def from_hf(cfg, tensors):
     for name, value in tensors.items():
         short = name[len(PREFIX):] if name.startswith(PREFIX) else name
         if short.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # the causal mask, a buffer in checkpoints before transformers 4.31
+            continue  # the causal mask, a buffer that older transformers versions saved
         bare[short] = value
 
     def take(name, shape):
@@ -120,10 +120,9 @@ def from_hf(cfg, tensors):
     params["wte"][:V] = take("wte.weight", (V, C))
     params["wpe"] = take("wpe.weight", (maxT, C))
     params["lnfw"], params["lnfb"] = take("ln_f.weight", (C,)), take("ln_f.bias", (C,))
-    shapes = {"ln1w": (C,), "ln1b": (C,), "qkvw": (3 * C, C), "qkvb": (3 * C,), "attprojw": (C, C), "attprojb": (C,),
-              "ln2w": (C,), "ln2b": (C,), "fcw": (4 * C, C), "fcb": (4 * C,), "fcprojw": (C, 4 * C), "fcprojb": (C,)}
+    one_layer = {name: shape[1:] for name, shape in param_shapes(L, C, Vp, maxT).items()}
     for hf_name, llmc_name, transposed in LAYER_TENSORS:
-        shape = shapes[llmc_name][::-1] if transposed else shapes[llmc_name]
+        shape = one_layer[llmc_name][::-1] if transposed else one_layer[llmc_name]
         layers = [take(f"h.{layer}.{hf_name}", shape) for layer in range(L)]
         params[llmc_name] = np.stack([value.T if transposed else value for value in layers])
     lm_head = bare.pop("lm_head.weight", None)
