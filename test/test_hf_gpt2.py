@@ -466,6 +466,19 @@ def test_an_existing_or_unreachable_model_file_is_refused(fixture_export, tmp_pa
     assert "its folder" in line
 
 
+def test_a_weight_beyond_bfloat16_is_refused_only_as_bfloat16(fixture_export, tmp_path):
+    """3.4e38 is a float32 that rounds to Inf in bfloat16: -d bfloat16 refuses it in one line and
+    writes nothing; -d float32 keeps it"""
+    wpe = fixture_tensor(fixture_export, "transformer.wpe.weight")
+    wpe[0, 0] = 3.4e38
+    other_writers_folder(fixture_export, tmp_path / "hf", dtype="<f4", extra={"wpe.weight": wpe})
+    line = one_error_line(run_import("-i", tmp_path / "hf", "-o", tmp_path / "model.bin", "-d", "bfloat16"))
+    assert line == f"error: -o {tmp_path / 'model.bin'}: wpe overflows bfloat16; write it as float32"
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("model.bin")]
+    import_ok("-i", tmp_path / "hf", "-o", tmp_path / "model.bin")
+    assert read_model_file(tmp_path / "model.bin")[1][128 * 64] == np.float32(3.4e38)  # wpe's first element, after wte
+
+
 def corrupt_folder(folder, rng):
     """one seeded corruption of an export: bytes of config.json or of model.safetensors' header
     and data changed, the file cut short, or a config value or a tensor's header entry replaced"""

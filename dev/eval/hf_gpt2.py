@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from model_file import bf16_bits_to_float32, float32_to_bf16_bits, param_shapes
+from model_file import bf16_bits_to_float32, bf16_overflows, float32_to_bf16_bits, param_shapes
 
 # (transformers' per-layer name, llm.c's tensor, transposed: Conv1D keeps [in, out])
 LAYER_TENSORS = [
@@ -143,7 +143,7 @@ def write_safetensors(path, tensors, dtype):
             blob = np.ascontiguousarray(value, dtype="<f4").tobytes()
         else:
             bits = float32_to_bf16_bits(value)
-            if np.count_nonzero(~np.isfinite(bf16_bits_to_float32(bits))):
+            if bf16_overflows(bits):
                 raise HfError(f"{name} overflows bfloat16; use float32")
             blob = bits.astype("<u2").tobytes()
         header[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": list(value.shape),

@@ -26,8 +26,6 @@ import json
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_gpt2  # noqa: E402
 import model_file  # noqa: E402
@@ -99,10 +97,6 @@ def import_folder(folder, model_path, weight_type):
     bad = model_file.non_finite(params)
     if bad is not None:
         raise ImportFolderError(f"-i {folder}: {bad[0]} holds {bad[1]} non-finite values (NaN or Inf); refusing to import them")
-    if weight_type == "bfloat16":
-        for name, value in params.items():
-            if np.count_nonzero(~np.isfinite(model_file.bf16_bits_to_float32(model_file.float32_to_bf16_bits(value)))):
-                raise ImportFolderError(f"-i {folder}: {name} overflows bfloat16; use -d float32")
     try:
         model_file.write_model(model_path, cfg, params, weight_type)
     except model_file.ModelFileError as e:

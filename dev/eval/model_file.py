@@ -86,6 +86,11 @@ def read_model(path):
     return cfg, weight_type, params
 
 
+def bf16_overflows(bits):
+    """whether a float32_to_bf16_bits result holds an Inf that its finite input rounded to"""
+    return bool(np.count_nonzero(~np.isfinite(bf16_bits_to_float32(bits))))
+
+
 def non_finite(params):
     """(name, count) of the first tensor, in PARAM_NAMES' order, holding a NaN or an Inf; None if none does"""
     for name in PARAM_NAMES:
@@ -111,8 +116,13 @@ def write_model(path, cfg, params, weight_type):
                 value = np.asarray(params[name], dtype=np.float32)
                 if value.shape != shapes[name]:
                     raise ValueError(f"{name} has shape {value.shape}, expected {shapes[name]}")
-                f.write(value.astype("<f4").tobytes() if weight_type == "float32"
-                        else float32_to_bf16_bits(value).astype("<u2").tobytes())
+                if weight_type == "float32":
+                    f.write(value.astype("<f4").tobytes())
+                    continue
+                bits = float32_to_bf16_bits(value)
+                if bf16_overflows(bits):
+                    raise ModelFileError(f"{path}: {name} overflows bfloat16; write it as float32")
+                f.write(bits.astype("<u2").tobytes())
         os.replace(temp_path, path)
     except OSError as e:
         _remove_quietly(temp_path)
