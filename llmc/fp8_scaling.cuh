@@ -90,7 +90,7 @@ typedef struct {
 
 /*
 What is wrong with a record read from a state file (NULL: nothing). Every record a run writes
-has a finite positive scale with its own inverse (fp8_cast_records_init's 1, or a state's scale
+has a positive normal scale with its own (normal) inverse (fp8_cast_records_init's 1, or a state's scale
 copied with its scale_inv), a pending amax that is a finite float's fp8_amax_bits (0 once
 folded), an interval scale that is a scale or FP8_NO_SCALE_BITS, and counts of saturated and
 flushed elements within the elements cast. The GEMMs read scale_inv and -fw delayed rebuilds
@@ -99,7 +99,11 @@ update: a NaN there makes every forward NaN, every step is skipped, and no updat
 */
 static inline const char* fp8_cast_record_loaded_error(const Fp8CastRecord* r) {
     if (!fp8_scale_pair_valid(r->scale, r->scale_inv)) { return FP8_SCALE_PAIR_ERROR; }
-    if (!isfinite(bits_as_float(r->amax_bits))) { return "its pending amax is not finite"; }
+    // the sign bit too: amaxes fold by an unsigned atomicMax of their bits, where a "negative" one
+    // would outrank every real amax, NaN included, and hide them
+    if ((r->amax_bits & 0x80000000u) != 0 || !isfinite(bits_as_float(r->amax_bits))) {
+        return "its pending amax is not a finite amax (>= 0)";
+    }
     float interval_scale = bits_as_float(r->interval_min_scale_bits);
     if (r->interval_min_scale_bits != FP8_NO_SCALE_BITS && !(isfinite(interval_scale) && interval_scale > 0.0f)) {
         return "its interval's smallest scale is not a finite positive number";

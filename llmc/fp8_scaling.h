@@ -178,17 +178,20 @@ static inline const char* fp8_scaling_config_error(int history_len, int margin) 
 }
 
 // a scale as every state and record holds one (read from a state file: fp8_scaling_loaded_error,
-// fp8_cast_record_loaded_error): finite and positive, beside its own inverse
-#define FP8_SCALE_PAIR_ERROR "its scale is not a finite positive number with its inverse"
+// fp8_cast_record_loaded_error): a positive normal float beside its own inverse, also normal. A
+// run's scales lie in [2^-126, fp8_max / 1e-12] (fp8_scale_from_amax), so both always are; a
+// subnormal scale's inverse rounds to +Inf, which would pass the equality alone and make every
+// dequantized code NaN (0 * Inf)
+#define FP8_SCALE_PAIR_ERROR "its scale is not a positive normal float with its inverse"
 static inline int fp8_scale_pair_valid(float scale, float scale_inv) {
-    return isfinite(scale) && scale > 0.0f && scale_inv == fp8_reciprocal(scale);
+    return isnormal(scale) && scale > 0.0f && isnormal(scale_inv) && scale_inv == fp8_reciprocal(scale);
 }
 
 /*
 What is wrong with a scaling state read from a state file (NULL: nothing), against `fresh`, the
 state this run's settings initialize it to: the same recipe, format, history length and margin,
 a ring position inside the history and where the count of amaxes recorded puts it (every
-update moves both), counts >= 0, a finite positive scale with its own inverse, finite
+update moves both), counts >= 0, a positive normal scale with its own (normal) inverse, finite
 non-negative amaxes in the recorded part of the ring. Anything else (a corrupt or foreign
 file) would index past the ring, cast with a scale of 0, Inf or NaN, or count a slot never
 recorded (a corrupt one's huge amax flushing the tensor for a history of uses) as history.

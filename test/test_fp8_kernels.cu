@@ -1140,7 +1140,8 @@ static void test_scaling_update_with_amax(void) {
 }
 
 // a record read from a state file: counts of saturated or flushed elements up to the elements
-// cast are valid (a tensor may saturate or flush whole), more are not
+// cast are valid (a tensor may saturate or flush whole), more are not; a pending amax must be
+// one (sign bit clear) and the scale a normal float with a normal inverse
 static void test_cast_record_loaded_error(void) {
     Fp8CastRecord r;
     memset(&r, 0, sizeof(r));
@@ -1156,6 +1157,16 @@ static void test_cast_record_loaded_error(void) {
     r.saturated = 0;
     r.flushed = 65;
     CHECK(fp8_cast_record_loaded_error(&r) != NULL, "a record with more flushed elements than cast must be refused");
+    r.flushed = 0;
+    // a pending amax with the sign bit set would outrank every real amax (NaN too) in the unsigned
+    // atomicMax of the next fold
+    r.amax_bits = 0x80000001u;
+    CHECK(fp8_cast_record_loaded_error(&r) != NULL, "a record whose pending amax has the sign bit set must be refused");
+    r.amax_bits = fp8_amax_bits(3.5f);
+    CHECK(fp8_cast_record_loaded_error(&r) == NULL, "a record with a pending amax of 3.5 must be valid");
+    r.scale = 1e-40f;  // subnormal: its inverse rounds to +Inf
+    r.scale_inv = fp8_reciprocal(r.scale);
+    CHECK(fp8_cast_record_loaded_error(&r) != NULL, "a record with a subnormal scale and an infinite inverse must be refused");
 }
 
 /*

@@ -275,6 +275,36 @@ static void test_protocol_jump(void) {
           (unsigned long long)stats.flushed, stats.amax);
 }
 
+/*
+A state read from a state file (fp8_scaling_loaded_error): every state a run can reach loads,
+including the extreme scales (amax 0 clamped to 1e-12; a huge amax under the largest margin,
+whose scale stops at 2^-126), and a subnormal scale is refused: its inverse rounds to +Inf, equal
+to fp8_reciprocal's, and every dequantized code would be 0 * Inf = NaN.
+*/
+static void test_loaded_state_errors(void) {
+    for (int format = 0; format < 2; format++) {
+        Fp8Format f = format == 0 ? FP8_E4M3 : FP8_E5M2;
+        Fp8TensorScaling fresh, s;
+        fp8_scaling_init(&fresh, FP8_RECIPE_DELAYED, f, 4, FP8_MARGIN_MAX);
+        s = fresh;
+        CHECK(fp8_scaling_loaded_error(&s, &fresh) == NULL, "a fresh state is refused: %s", fp8_scaling_loaded_error(&s, &fresh));
+        const float amaxes[] = {0.0f, 3.0e38f, 1.0f, 0.0f, 3.0e38f};
+        for (size_t i = 0; i < sizeof(amaxes) / sizeof(amaxes[0]); i++) {
+            fp8_scaling_update(&s, amaxes[i]);
+            const char* error = fp8_scaling_loaded_error(&s, &fresh);
+            CHECK(error == NULL, "format %d, after amax %g (scale %g): refused: %s", format, amaxes[i], s.scale, error);
+        }
+        s = fresh;
+        s.scale = 1e-40f;
+        s.scale_inv = fp8_reciprocal(s.scale);
+        CHECK(isinf(s.scale_inv), "1/1e-40 = %g: expected +Inf in float", s.scale_inv);
+        CHECK(fp8_scaling_loaded_error(&s, &fresh) != NULL, "format %d: a subnormal scale with an infinite inverse loads", format);
+        s.scale = bits_as_float(0x00800000u);  // 2^-126, the smallest a run makes: normal, and so is 2^126
+        s.scale_inv = fp8_reciprocal(s.scale);
+        CHECK(fp8_scaling_loaded_error(&s, &fresh) == NULL, "format %d: the scale 2^-126 is refused", format);
+    }
+}
+
 static void test_config_errors(void) {
     CHECK(fp8_scaling_config_error(16, 0) == NULL, "the defaults are rejected");
     CHECK(fp8_scaling_config_error(1024, 16) == NULL && fp8_scaling_config_error(1, 0) == NULL, "the bounds are rejected");
@@ -291,5 +321,6 @@ int main(void) {
     test_nonfinite_amax();
     test_protocol_jump();
     test_config_errors();
+    test_loaded_state_errors();
     return test_summary("test_fp8_scaling");
 }

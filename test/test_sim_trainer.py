@@ -249,15 +249,21 @@ def quartered_scale(pair):
 # (section, tensor group, field, the field's new bytes from its old, what the error says): the x state of linear 0
 # with its ring position past its history (the next update would write past the ring on the GPU); qkv's weight
 # record with a NaN scale_inv (the GEMMs' dequantization scale until the next update, which never comes: every step
-# would be skipped), a NaN pending amax (folded into the next weight scale), or its scale and inverse quartered
-# together (the codes the restored weights cast to would be read 4x too large: the loss changed)
+# would be skipped), a subnormal scale beside its inverse +Inf (the same failure), a NaN pending amax (folded into the
+# next weight scale) or one with the sign bit set (it would outrank every real amax, NaN included, in the unsigned
+# atomicMax of the fold), or its scale and inverse quartered together (the codes the restored weights cast to would
+# be read 4x too large: the loss changed)
 FP8_STATE_CORRUPTIONS = {
     "state_position": ("fp8_scaling", "x", "position", lambda old: struct.pack("<i", 5000),
                        "FP8 scaling state of x of linear 0 (qkv) is corrupt: its ring position lies outside its history"),
     "record_scale_inv": ("fp8_records", "w", "scale_inv", lambda old: struct.pack("<f", float("nan")),
-                         "FP8 cast record of w of linear 0 (qkv) is corrupt: its scale is not a finite positive"),
+                         "FP8 cast record of w of linear 0 (qkv) is corrupt: its scale is not a positive normal float"),
+    "record_scale_subnormal": ("fp8_records", "w", "scale_inv", lambda old: struct.pack("<ff", float("inf"), 1e-40),
+                               "FP8 cast record of w of linear 0 (qkv) is corrupt: its scale is not a positive normal float"),
     "record_amax": ("fp8_records", "w", "amax_bits", lambda old: struct.pack("<I", 0x7fc00000),
-                    "FP8 cast record of w of linear 0 (qkv) is corrupt: its pending amax is not finite"),
+                    "FP8 cast record of w of linear 0 (qkv) is corrupt: its pending amax is not a finite amax"),
+    "record_amax_negative": ("fp8_records", "w", "amax_bits", lambda old: struct.pack("<I", 0x80000001),
+                             "FP8 cast record of w of linear 0 (qkv) is corrupt: its pending amax is not a finite amax"),
     "record_scale_pair": ("fp8_records", "w", "scale_inv", quartered_scale,
                           "FP8 weight of linear 0 (qkv) was cast with scale"),
 }

@@ -1048,7 +1048,9 @@ def test_cpu_resume_with_a_state_of_another_model_refused(data, tmp_path):
 # the emulation's Fp8LinearState (gpt2_ref.h) starts with an int, then its x state (sim_model.SCALING_FIELD_OFFSETS)
 SCALING_CORRUPTIONS = {
     "position_past_the_ring": ("position", struct.pack("<i", 5000), "ring position lies outside its history"),
-    "scale_zero": ("scale", struct.pack("<f", 0.0), "not a finite positive number"),
+    "scale_zero": ("scale", struct.pack("<f", 0.0), "not a positive normal float"),
+    # scale then scale_inv: a subnormal scale whose inverse rounds to +Inf, its fp8_reciprocal
+    "scale_subnormal": ("scale", struct.pack("<ff", 1e-40, float("inf")), "not a positive normal float"),
     "position_off_its_count": ("position", struct.pack("<i", 3), "ring position does not follow its count of amaxes"),
 }
 
@@ -1057,7 +1059,7 @@ SCALING_CORRUPTIONS = {
 def test_cpu_resume_from_corrupt_fp8_scaling_state_refused(data, tmp_path, corruption):
     """a scaling state whose ring position lies past its history (the next update would write past the ring), or
     is not where its count of amaxes puts it (a slot never recorded would count as history), or whose scale is 0
-    (casts to nothing, an Inf dequantization): one line naming the state file and the state"""
+    or subnormal (casts to nothing, an Inf dequantization): one line naming the state file and the state"""
     field, value, message = SCALING_CORRUPTIONS[corruption]
     common = ["-p", "fp8", "-n", 1, "-o", tmp_path / "out"]
     r1 = run(CPU, base_args(data, common + ["-x", 1]))
@@ -1066,7 +1068,7 @@ def test_cpu_resume_from_corrupt_fp8_scaling_state_refused(data, tmp_path, corru
     blob = state.read_bytes()
     from sim_model import SCALING_FIELD_OFFSETS
     at = blob.index(b"fp8emu_linears\0") + 24 + 4 + SCALING_FIELD_OFFSETS[field]  # tag 16, size 8, the linear's int
-    state.write_bytes(blob[:at] + value + blob[at + 4:])
+    state.write_bytes(blob[:at] + value + blob[at + len(value):])
     r2 = run(CPU, base_args(data, common + ["-x", 3, "-y", 1]))
     assert_one_line_error(r2, "state_00000001_00000.bin", "FP8 scaling state of x of linear 0", message)
 
