@@ -1382,11 +1382,7 @@ int main(int argc, char** argv) {
         dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, rank, num_ranks, 0, model_config.vocab_size);
         val_batches = dataloader_eval_batches(&val_loader, tc.val_max_steps);
     }
-    int train_num_batches = tc.max_steps;
-    if (train_num_batches == -1) {
-        train_num_batches = (int)(train_loader.num_tokens / (size_t)tc.total_batch_size);
-        if (train_num_batches < 1) { train_num_batches = 1; }
-    }
+    int train_num_batches = tc.max_steps == -1 ? dataloader_epoch_steps(&train_loader, grad_accum_steps) : tc.max_steps;
     EvalLoader eval_loader;
     const char* hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";
     if (tc.hellaswag && !file_exists(hellaswag_path)) {

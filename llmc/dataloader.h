@@ -209,7 +209,8 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
         const char* path = loader->glob_result.gl_pathv[i];
         size_t shard_tokens = dataloader_read_shard_header_(path);
         if (shard_tokens < tokens_per_step + 1) {
-            llm8_die("token shard '%s' has %zu tokens, fewer than one batch needs (num_processes*B*T+1 = %zu)",
+            llm8_die("token shard '%s' has %zu tokens, fewer than one batch needs (num_processes*B*T+1 = %zu): lower "
+                     "-b or -t, or leave the shard out of the glob (a split's last shard holds what was left)",
                      path, shard_tokens, tokens_per_step + 1);
         }
         loader->file_num_tokens[i] = shard_tokens;
@@ -231,6 +232,22 @@ static inline size_t dataloader_epoch_batches(const DataLoader* loader) {
     size_t batches = 0;
     for (size_t i = 0; i < loader->num_shards; i++) { batches += dataloader_file_samples_(loader, (int)i); }
     return batches;
+}
+
+/*
+-x -1's step count: one epoch of the train split, the steps of grad_accum_steps batches its
+shards hold (at least 1: a split shorter than one step trains one, its micro-steps wrapping).
+llm.c takes num_tokens / total batch, which counts each shard's tail that no sample covers (the
+loader reads whole samples of num_processes*B*T tokens, plus one), so with many shards it ran
+into a second epoch; every rank's epoch has the same number of batches.
+*/
+static inline int dataloader_epoch_steps(const DataLoader* loader, int grad_accum_steps) {
+    size_t steps = dataloader_epoch_batches(loader) / (size_t)grad_accum_steps;
+    if (steps > (size_t)INT_MAX) {
+        llm8_die("flag -x -1: one epoch of the train data is %zu steps, more than %d: give the number of steps with -x",
+                 steps, INT_MAX);
+    }
+    return steps < 1 ? 1 : (int)steps;
 }
 
 /*

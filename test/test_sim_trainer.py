@@ -693,12 +693,18 @@ def test_bf16_recompute_changes_memory_not_results_at_unaligned_layer_slices(wor
         assert runs[r][1] == runs[0][1], f"-r {r}: the model file differs from -r 0's"
 
 
-@pytest.mark.parametrize("flags,steps", [(["-b", 8], 3), (["-b", 8, "-d", 4096], 1)], ids=["3-steps", "short-split"])
-def test_x_minus_1_trains_one_epoch(workdir, flags, steps):
+@pytest.mark.parametrize("name,shards,flags,steps", [("epoch", [2000], ["-b", 8], 3),
+                                                     ("epochshort", [2000], ["-b", 8, "-d", 4096], 1),
+                                                     ("epochtails", [1000, 1000, 1000], ["-b", 8], 3)],
+                         ids=["3-steps", "short-split", "shard-tails"])
+def test_x_minus_1_trains_one_epoch(workdir, name, shards, flags, steps):
     """-x -1: as many steps as the train shards hold total batches (2000 tokens, 512 a step: 3); a split shorter
-    than one step (-d 4096: 8 micro-steps of 512) still trains one step, its micro-steps wrapping around the shard"""
-    sim_model.write_shard(workdir / "epoch_train_000000.bin", 2000, 4, learnable=True)
-    r = train(workdir, flags + ["-x", -1, "-v", 0, "-s", 0], data="epoch_train_*.bin")
+    than one step (-d 4096: 8 micro-steps of 512) still trains one step, its micro-steps wrapping around the shard;
+    three shards of 1000 tokens hold one batch each (the loader reads whole samples of a shard), so 3 steps, not
+    llm.c's 3000 / 512 = 5, whose last two would start a second epoch"""
+    for i, tokens in enumerate(shards):
+        sim_model.write_shard(workdir / f"{name}_train_{i:06d}.bin", tokens, 4 + i, learnable=True)
+    r = train(workdir, flags + ["-x", -1, "-v", 0, "-s", 0], data=f"{name}_train_*.bin")
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"| {steps} steps |" in r.stdout and sorted(losses(r.stdout)) == list(range(1, steps + 1)), r.stdout[-2000:]
 

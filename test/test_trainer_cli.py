@@ -133,6 +133,20 @@ class TestBadInput:
         write_shard(data / "bad_train_000001.bin", random_tokens(20000), truncate_by=1000)
         assert_one_line_error(run(binary, base_args(data, ["-i", data / "bad_train_*.bin"])), "bad_train_000001.bin")
 
+    def test_epoch_of_more_steps_than_an_int_refused(self, binary, tmp_path):
+        """-x -1 over 70 shards of 2^31 - 1 tokens (one sparse file, linked 70 times), 64 tokens a step: 2.3 billion
+        steps do not fit the step counter, so one line asks for -x (a cast to int made it negative, then 1 step)"""
+        big = tmp_path / "big.bin"
+        header = np.zeros(256, dtype=np.int32)
+        header[0], header[1], header[2] = 20240520, 1, 2**31 - 1
+        with open(big, "wb") as f:
+            f.write(header.tobytes())
+            f.truncate(1024 + 2 * (2**31 - 1))
+        for i in range(70):
+            (tmp_path / f"big_train_{i:06d}.bin").symlink_to(big)
+        args = ["-e", "tiny", "-i", tmp_path / "big_train_*.bin", "-j", "", "-b", 2, "-t", 32, "-v", 0, "-s", 0, "-x", -1]
+        assert_one_line_error(run(binary, args), "-x -1", "one epoch of the train data is 2348810170 steps")
+
     def test_token_id_out_of_vocab(self, binary, data):
         tokens = random_tokens(20000)
         tokens[10] = V + 3

@@ -239,11 +239,7 @@ int main(int argc, char** argv) {
         dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, 0, 1, 0, cfg.vocab_size);
         val_batches = dataloader_eval_batches(&val_loader, tc.val_max_steps);
     }
-    int num_steps = tc.max_steps;
-    if (num_steps == -1) {
-        num_steps = (int)(train_loader.num_tokens / (size_t)tc.total_batch_size);
-        if (num_steps < 1) { num_steps = 1; }
-    }
+    int num_steps = tc.max_steps == -1 ? dataloader_epoch_steps(&train_loader, grad_accum_steps) : tc.max_steps;
     LearningRateScheduler scheduler;
     lr_scheduler_init(&scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, num_steps, tc.final_lr_frac);
 
