@@ -38,9 +38,9 @@ Why it is shaped this way:
   killed run leaves either the old file or the new one. After every file of a step is
   complete (all ranks), rank 0 writes DONE_XXXXXXXX; checkpoint_find_latest only trusts steps
   with that marker, so a checkpoint cut off half way is never resumed from. checkpoint_remove
-  deletes the marker first, so a removal cut off half way is never resumed from either, and
-  a step written again (a resumed run's step) is first removed, so its marker never stands
-  over a mix of old and new files. One dir holds one run: checkpoint_claim_dir.
+  deletes the marker first (its removal synced before any file goes), so a removal cut off half
+  way is never resumed from either, and a step written again (a resumed run's step) is first
+  removed, so its marker never stands over a mix of old and new files. One dir holds one run: checkpoint_claim_dir.
 - Every read checks magic, version, shape and the exact file length up front, and names the
   file in a one-line error, so a truncated or foreign file never becomes silent garbage.
 - state_file_index maps a state file (header fields, where the body's arrays and each
@@ -113,16 +113,10 @@ static inline FILE* checkpoint_open_tmp_(const char* path, char tmp_path[CHECKPO
     return fopenCheck(tmp_path, "wb");
 }
 
-// makes the finished temp file durable and moves it over `path` in one step; the directory
-// is synced too, so that the rename is on disk before a later file's (DONE after the files)
-static inline void checkpoint_commit_tmp_(FILE* fp, const char* tmp_path, const char* path) {
-    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
-        llm8_die("cannot flush '%s' to disk: %s", tmp_path, strerror(errno));
-    }
-    fcloseCheck(fp);
-    if (rename(tmp_path, path) != 0) {
-        llm8_die("cannot rename '%s' to '%s': %s", tmp_path, path, strerror(errno));
-    }
+// puts the directory holding `path` on disk, so that its rename or removal reaches the disk
+// before any later one (after a power cut as after a kill: DONE after the files, the files
+// after DONE's removal); `done` says which ("writing", "removing") for the error
+static inline void checkpoint_sync_dir_of_(const char* path, const char* done) {
     char dir[CHECKPOINT_PATH_MAX];
     snprintf(dir, sizeof(dir), "%s", path);
     char* slash = strrchr(dir, '/');
@@ -132,9 +126,22 @@ static inline void checkpoint_commit_tmp_(FILE* fp, const char* tmp_path, const 
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     // a filesystem that cannot sync a directory (some network ones: EINVAL) keeps what rename gives
     if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP)) {
-        llm8_die("cannot sync directory '%s' after writing '%s': %s", dir, path, strerror(errno));
+        llm8_die("cannot sync directory '%s' after %s '%s': %s", dir, done, path, strerror(errno));
     }
     close(fd);
+}
+
+// makes the finished temp file durable and moves it over `path` in one step, the directory
+// synced after (checkpoint_sync_dir_of_)
+static inline void checkpoint_commit_tmp_(FILE* fp, const char* tmp_path, const char* path) {
+    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) {
+        llm8_die("cannot flush '%s' to disk: %s", tmp_path, strerror(errno));
+    }
+    fcloseCheck(fp);
+    if (rename(tmp_path, path) != 0) {
+        llm8_die("cannot rename '%s' to '%s': %s", tmp_path, path, strerror(errno));
+    }
+    checkpoint_sync_dir_of_(path, "writing");
 }
 
 // marks step complete; call once every file of the step (all ranks) is written
@@ -246,13 +253,16 @@ static inline int checkpoint_resume_step(const char* dir) {
     return -1;
 }
 
-// deletes every file of a step: the DONE marker first (so the step stops counting as
-// complete), then the model file and all ranks' state files, leftover .tmp files (the
-// marker's too) included
+// deletes every file of a step: the DONE marker first, its removal synced to disk (so the
+// step stops counting as complete before any of its files goes, even across a power cut),
+// then the model file and all ranks' state files, leftover .tmp files (the marker's too)
+// included
 static inline void checkpoint_remove(const char* dir, int step) {
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_done_path(path, sizeof(path), dir, step);
-    if (remove(path) != 0 && errno != ENOENT) {
+    if (remove(path) == 0) {
+        checkpoint_sync_dir_of_(path, "removing");
+    } else if (errno != ENOENT) {
         llm8_die("cannot remove '%s': %s", path, strerror(errno));
     }
     DIR* d = checkpoint_open_dir_(dir);
