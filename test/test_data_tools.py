@@ -269,6 +269,43 @@ def test_hellaswag_eval_file_layout(encoding, tmp_path):
         hellaswag.tokenize_example(encoding, dict(raw[0], endings=["a", "b"]))
 
 
+HELLASWAG_GOOD = {"ind": 1, "ctx": "A man is sitting on a roof. he", "label": 2, "endings": ["a.", "b.", "c.", "d."]}
+
+
+@pytest.mark.parametrize("line,message", [
+    (json.dumps(dict(HELLASWAG_GOOD, label=7)), "label 7: expected 0..3"),
+    (json.dumps(dict(HELLASWAG_GOOD, label=-1)), "label -1: expected 0..3"),
+    (json.dumps(dict(HELLASWAG_GOOD, ctx="")), "ctx '': expected a non-empty string"),
+    (json.dumps(dict(HELLASWAG_GOOD, endings=["a", "b", "c"])), "expected a list of 4 strings"),
+    (json.dumps(dict(HELLASWAG_GOOD, endings=["a", "b", "c", 4])), "expected a list of 4 strings"),
+    ('{"ctx": "cut off', "line 1 column 17"),  # json's position of the string's end
+    ("[1, 2]", "a json list, expected an object"),
+], ids=["label-7", "label-negative", "empty-ctx", "3-endings", "ending-not-text", "not-json", "a-list"])
+def test_hellaswag_bad_example_refused_in_one_line(tmp_path, line, message):
+    """a hellaswag_val.jsonl (already there, so nothing is downloaded) whose second example the trainer's loader
+    would refuse, or that is not an example at all: one line names the file, the line and what is wrong, and no
+    eval file is written (a label of 7 or an empty context used to be written, and refused only by the trainer)"""
+    jsonl = tmp_path / "hellaswag_val.jsonl"
+    jsonl.write_text(json.dumps(HELLASWAG_GOOD) + "\n" + line + "\n")
+    result = run_script(["dev/data/hellaswag.py", "--out-dir", str(tmp_path)])
+    assert result.returncode != 0
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith(f"error: {jsonl} line 2: ") and message in lines[0], result.stderr
+    assert not (tmp_path / "hellaswag_val.bin").exists()
+
+
+def test_hellaswag_from_a_local_jsonl(encoding, tmp_path):
+    """the script on a hellaswag_val.jsonl already in --out-dir writes the eval file of its examples (a label given
+    as a digit string taken as its number)"""
+    examples = [HELLASWAG_GOOD, dict(HELLASWAG_GOOD, ind=2, label="0", ctx="Cooking: boil water")]
+    (tmp_path / "hellaswag_val.jsonl").write_text("".join(json.dumps(e) + "\n" for e in examples))
+    result = run_script(["dev/data/hellaswag.py", "--out-dir", str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    header, read_back = read_eval_file(str(tmp_path / "hellaswag_val.bin"))
+    assert header[2] == 2 and [(index, label) for index, label, _, _ in read_back] == [(0, 2), (1, 0)]
+    assert read_back[1][2] == encoding.encode("Cooking: boil water")
+
+
 # --- tokenize_folder ----------------------------------------------------------------------
 
 def test_tokenize_folder_splits_by_document_and_is_deterministic(encoding, tmp_path):

@@ -21,6 +21,7 @@ Usage: python dev/data/hellaswag.py [--url URL]
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -36,13 +37,40 @@ DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hellaswag")
 
 
 def tokenize_example(encoding, example):
-    """(label, context tokens, [tokens of each completion]) for one HellaSwag json object."""
-    endings = example["endings"]
-    if len(endings) != NUM_COMPLETIONS:
-        raise ValueError(f"example {example.get('ind')}: {len(endings)} endings, expected {NUM_COMPLETIONS}")
-    context_tokens = encoding.encode_ordinary(example["ctx"])
+    """(label, context tokens, [tokens of each completion]) for one HellaSwag json object; ValueError names what
+    the trainer's loader (llmc/eval_loader.h) would refuse in the file written from it"""
+    if not isinstance(example, dict):
+        raise ValueError(f"a json {type(example).__name__}, expected an object with ctx, endings and label")
+    endings, context, label = example.get("endings"), example.get("ctx"), example.get("label")
+    if not isinstance(endings, list) or len(endings) != NUM_COMPLETIONS or not all(isinstance(e, str) for e in endings):
+        raise ValueError(f"endings {str(endings)[:80]}: expected a list of {NUM_COMPLETIONS} strings")
+    if not isinstance(context, str) or not context:
+        raise ValueError(f"ctx {str(context)[:80]!r}: expected a non-empty string")
+    if isinstance(label, str) and label.isdigit():
+        label = int(label)
+    if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < NUM_COMPLETIONS:
+        raise ValueError(f"label {label!r}: expected 0..{NUM_COMPLETIONS - 1}")
+    context_tokens = encoding.encode_ordinary(context)
     ending_tokens = [encoding.encode_ordinary(" " + ending) for ending in endings]
-    return int(example["label"]), context_tokens, ending_tokens
+    return label, context_tokens, ending_tokens
+
+
+def read_examples(encoding, jsonl_path):
+    """every example of a HellaSwag jsonl file, tokenized; exits with one line naming the file and line of the first
+    that is not json or not an example"""
+    examples = []
+    with open(jsonl_path, encoding="utf-8", errors="strict") as f:
+        try:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    examples.append(tokenize_example(encoding, json.loads(line)))
+                except (ValueError, json.JSONDecodeError) as e:
+                    sys.exit(f"error: {jsonl_path} line {number}: {e}")
+        except UnicodeDecodeError as e:
+            sys.exit(f"error: {jsonl_path}: not UTF-8 ({e.reason} at byte {e.start} of a chunk)")
+    return examples
 
 
 def example_stream(index, label, context_tokens, ending_tokens):
@@ -85,10 +113,12 @@ def main():
     jsonl_path = os.path.join(args.out_dir, "hellaswag_val.jsonl")
     download_file(args.url, jsonl_path, f"without internet, copy hellaswag_val.jsonl from a machine that has it into "
                   f"{args.out_dir} and run this again, or train with -h 0")
-    with open(jsonl_path, encoding="utf-8") as f:
-        examples = [tokenize_example(encoding, json.loads(line)) for line in f if line.strip()]
+    examples = read_examples(encoding, jsonl_path)
     out_path = os.path.join(args.out_dir, "hellaswag_val.bin")
-    write_eval_file(out_path, examples)
+    try:
+        write_eval_file(out_path, examples)
+    except ValueError as e:
+        sys.exit(f"error: {jsonl_path}: {e}")
     print(f"wrote {len(examples):,} examples to {out_path}")
 
 
