@@ -1376,10 +1376,12 @@ int main(int argc, char** argv) {
     // data: validated before the GPU is touched
     DataLoader train_loader, val_loader;
     dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, rank, num_ranks, tc.shuffle, model_config.vocab_size);
+    dataloader_note_short_shards(&train_loader, "-i");
     int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
     int val_batches = 0;
     if (run_val) {
         dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, rank, num_ranks, 0, model_config.vocab_size);
+        dataloader_note_short_shards(&val_loader, "-j");
         val_batches = dataloader_eval_batches(&val_loader, tc.val_max_steps);
     }
     int train_num_batches = tc.max_steps == -1 ? dataloader_epoch_steps(&train_loader, grad_accum_steps) : tc.max_steps;

@@ -10,7 +10,9 @@ Why it is shaped this way:
   the sample order inside each shard are permuted per epoch from an MT19937 seeded with
   42 + rank, so a run is reproducible and resumable. As in llm.c, each epoch's shard order is
   a shuffle of the previous epoch's (the saved order matters on resume), and each shard's
-  sample order a shuffle of the identity.
+  sample order a shuffle of the identity. A shard shorter than one sample holds none and is
+  passed over (llm.c refuses the glob; a split's last shard is often short), and the trainers
+  say so (dataloader_note_short_shards); only a glob with no sample at all is refused.
 - Bad data must fail before it can reach a kernel as an out-of-range embedding index: every
   shard's header and length are checked at init (cheap), and every token id is checked
   against the vocabulary when the shard is loaded for use. A loaded shard is held in host
@@ -59,6 +61,8 @@ typedef struct {
     size_t num_shards;
     size_t num_tokens;          // total over all shards
     size_t* file_num_tokens;    // num_shards entries: each shard's token count (glob order)
+    size_t num_short_shards;    // shards of fewer than num_processes*B*T+1 tokens: no sample, passed over
+    int smallest_shard;         // index into glob_result of the one with the fewest tokens
     // the shard in memory
     int loaded_shard;           // index into glob_result, -1 when none
     uint16_t* shard_tokens;
@@ -105,9 +109,10 @@ static inline size_t dataloader_read_shard_header_(const char* path) {
 }
 
 // samples of num_processes*B*T tokens in shard `file_index`; one token more than a sample
-// is read (the last target), hence the -1
+// is read (the last target), hence the -1 (a shard of 0 tokens has 0 samples)
 static inline size_t dataloader_file_samples_(const DataLoader* loader, int file_index) {
-    return (loader->file_num_tokens[file_index] - 1) / ((size_t)loader->num_processes * loader->B * loader->T);
+    size_t tokens = loader->file_num_tokens[file_index];
+    return tokens == 0 ? 0 : (tokens - 1) / ((size_t)loader->num_processes * loader->B * loader->T);
 }
 
 // loads shard `file_index` (an index into glob_result) into memory and checks every token id
@@ -203,19 +208,26 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
     loader->num_shards = loader->glob_result.gl_pathc;
 
     // check every shard up front, so a bad one fails now rather than hours into a run
-    size_t tokens_per_step = (size_t)num_processes * B * T;
+    size_t sample_tokens = (size_t)num_processes * B * T + 1;
     loader->file_num_tokens = (size_t*)mallocCheck(loader->num_shards * sizeof(size_t));
+    size_t largest = 0, short_shards = 0, smallest = 0;
     for (size_t i = 0; i < loader->num_shards; i++) {
-        const char* path = loader->glob_result.gl_pathv[i];
-        size_t shard_tokens = dataloader_read_shard_header_(path);
-        if (shard_tokens < tokens_per_step + 1) {
-            llm8_die("token shard '%s' has %zu tokens, fewer than one batch needs (num_processes*B*T+1 = %zu): lower "
-                     "-b or -t, or leave the shard out of the glob (a split's last shard holds what was left)",
-                     path, shard_tokens, tokens_per_step + 1);
-        }
+        size_t shard_tokens = dataloader_read_shard_header_(loader->glob_result.gl_pathv[i]);
         loader->file_num_tokens[i] = shard_tokens;
         loader->num_tokens += shard_tokens;
+        if (shard_tokens > loader->file_num_tokens[largest]) { largest = i; }
+        if (shard_tokens < loader->file_num_tokens[smallest]) { smallest = i; }
+        if (shard_tokens < sample_tokens) { short_shards++; }
     }
+    // a shard shorter than one sample holds none, and the walk passes it by (a split's last
+    // shard holds what was left over, often little; llm.c refuses the whole glob for it)
+    if (loader->file_num_tokens[largest] < sample_tokens) {
+        llm8_die("no token shard matching '%s' holds one batch: the largest, '%s', has %zu tokens, fewer than one batch "
+                 "needs (num_processes*B*T+1 = %zu): lower -b or -t", filename_pattern,
+                 loader->glob_result.gl_pathv[largest], loader->file_num_tokens[largest], sample_tokens);
+    }
+    loader->num_short_shards = short_shards;
+    loader->smallest_shard = (int)smallest;
 
     if (loader->should_shuffle) {
         manual_seed(&loader->shuffle_rng, (uint32_t)(DATALOADER_SHUFFLE_SEED + process_rank));
@@ -232,6 +244,15 @@ static inline size_t dataloader_epoch_batches(const DataLoader* loader) {
     size_t batches = 0;
     for (size_t i = 0; i < loader->num_shards; i++) { batches += dataloader_file_samples_(loader, (int)i); }
     return batches;
+}
+
+// the trainers' note, after init, of the shards too short for a sample (nothing when there are none)
+static inline void dataloader_note_short_shards(const DataLoader* loader, const char* flag) {
+    if (loader->num_short_shards == 0) { return; }
+    printf("note: %s: %zu of the %zu token shards hold fewer than one batch's num_processes*B*T+1 = %zu tokens and are "
+           "passed over (the smallest: '%s', %zu tokens)\n", flag, loader->num_short_shards, loader->num_shards,
+           (size_t)loader->num_processes * loader->B * loader->T + 1, loader->glob_result.gl_pathv[loader->smallest_shard],
+           loader->file_num_tokens[loader->smallest_shard]);
 }
 
 /*
@@ -265,9 +286,10 @@ static inline int dataloader_eval_batches(const DataLoader* loader, int requeste
     return available > (size_t)INT_MAX ? INT_MAX : (int)available;
 }
 
-// fills inputs and targets with the next batch (targets are inputs shifted by one token)
+// fills inputs and targets with the next batch (targets are inputs shifted by one token); shards
+// of no sample are passed over (dataloader_init saw that one has a sample)
 static inline void dataloader_next_batch(DataLoader* loader) {
-    if (loader->current_sample_idx >= loader->shard_num_samples) { dataloader_advance_(loader); }
+    while (loader->current_sample_idx >= loader->shard_num_samples) { dataloader_advance_(loader); }
     size_t sample = loader->should_shuffle ? (size_t)loader->intra_shard_indices[loader->current_sample_idx]
                                            : loader->current_sample_idx;
     size_t BT = loader->B * loader->T;

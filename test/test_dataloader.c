@@ -555,6 +555,66 @@ static void test_exact_multiple_shard(void) {
     free(tokens);
 }
 
+/*
+A shard shorter than one sample (here 5 tokens among 301 and 199, and a 0-token one) holds
+none: the walk passes it by, in order and shuffled, at the epoch's start and in its middle, and
+dataloader_seek_batches lands where that many batches land, so resumes agree. Catches a loader
+that refuses such a glob (llm.c's), reads a short shard (out of its bounds), or a seek that
+counts it.
+*/
+static void test_short_shards_passed_over(void) {
+    const size_t sizes[4] = {5, 301, 0, 199};
+    char pattern[600];
+    snprintf(pattern, sizeof(pattern), "%s/short_*.bin", g_dir);
+    for (int s = 0; s < 4; s++) {
+        char name[64];
+        snprintf(name, sizeof(name), "short_%d.bin", s);
+        uint16_t* tokens = make_tokens(s, sizes[s]);
+        write_shard(in_dir(g_dir, name), tokens, sizes[s], 20240520, 1, (int32_t)sizes[s]);
+        free(tokens);
+    }
+    const size_t B = 2, T = 4;  // a sample is 8 tokens and one more: 37 samples of shard 1, 24 of shard 3
+    enum { EPOCH = 37 + 24, BATCHES = 3 * EPOCH };
+    for (int shuffle = 0; shuffle < 2; shuffle++) {
+        DataLoader loader;
+        dataloader_init(&loader, pattern, B, T, 0, 1, shuffle, VOCAB);
+        CHECK(dataloader_epoch_batches(&loader) == EPOCH, "shuffle %d: %zu epoch batches, expected 37 + 24", shuffle,
+              dataloader_epoch_batches(&loader));
+        int first_token[BATCHES], from[4] = {0, 0, 0, 0}, contiguous = 1;
+        for (int k = 0; k < BATCHES; k++) {
+            dataloader_next_batch(&loader);
+            contiguous &= batch_is_contiguous(&loader);
+            first_token[k] = loader.inputs[0];
+            from[loader.inputs[0] / 1000]++;
+        }
+        dataloader_free(&loader);
+        CHECK(contiguous, "shuffle %d: a batch is not a contiguous piece of one shard", shuffle);
+        CHECK(from[0] == 0 && from[2] == 0 && from[1] == 3 * 37 && from[3] == 3 * 24,
+              "shuffle %d: three epochs read %d %d %d %d batches of the four shards, expected 0 111 0 72", shuffle,
+              from[0], from[1], from[2], from[3]);
+        // a seek to k batches, then one batch: the walk's batch k + 1, at shard ends and epoch ends too
+        int seeks_agree = 1;
+        for (int k = 0; k < BATCHES; k++) {
+            if (!(k % 5 == 0 || k % EPOCH == 36 || k % EPOCH == 37 || k % EPOCH == 23 || k % EPOCH == 24)) { continue; }
+            DataLoader seeker;
+            dataloader_init(&seeker, pattern, B, T, 0, 1, shuffle, VOCAB);
+            dataloader_seek_batches(&seeker, (size_t)k);
+            dataloader_next_batch(&seeker);
+            if (seeker.inputs[0] != first_token[k]) {
+                seeks_agree = 0;
+                printf("  shuffle %d: seek to %d batches reads token %d first, the walk %d\n", shuffle, k,
+                       seeker.inputs[0], first_token[k]);
+            }
+            dataloader_free(&seeker);
+        }
+        CHECK(seeks_agree, "shuffle %d: dataloader_seek_batches lands elsewhere than the walk", shuffle);
+    }
+    DataLoader loader;
+    snprintf(pattern, sizeof(pattern), "%s/short_[02].bin", g_dir);
+    CHECK_DIES("shards: none holds a batch", "no token shard matching", dataloader_init(&loader, pattern, B, T, 0, 1, 0, VOCAB));
+    CHECK_DIES("shards: none holds a batch (the largest named)", "short_0.bin", dataloader_init(&loader, pattern, B, T, 0, 1, 0, VOCAB));
+}
+
 // dataloader_epoch_batches counts every shard (the trainer's val batches come from it). Catches a
 // count that leaves a shard out.
 static void test_epoch_batches(void) {
@@ -754,6 +814,7 @@ int main(void) {
     test_eval_bad_inputs();
     test_exact_multiple_shard();
     test_epoch_batches();
+    test_short_shards_passed_over();
     test_fill_first_batch();
     test_dataloader_more_bad_inputs();
     test_read_state_bad_trailers();
