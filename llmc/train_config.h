@@ -498,14 +498,22 @@ static inline uint32_t fingerprint_add(uint32_t hash, const void* data, size_t b
 What every rank of a multi-GPU run must agree on, as one number: every flag but the rank's
 own (-pr), the model's shape and the step it resumes from. The ranks compare it at startup,
 so mismatched launches (another -b, -p, model or checkpoint) fail at once, not in a hang.
+A float flag counts by its bits, not its text: %g's 6 digits left -l 0.0006 and 0.0006000001
+(two floats) alike, and ranks with another learning rate or -sl would train their shards
+differently, or skip different steps and leave the weight gather's collectives unpaired.
 */
 static inline uint32_t train_config_fingerprint(const TrainConfig* c, const GPT2Config* model, int resume_step) {
     uint32_t hash = 2166136261u;
     for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
-        if (strcmp(TRAIN_FLAGS[i].name, "-pr") == 0) { continue; }
+        const FlagSpec* f = &TRAIN_FLAGS[i];
+        if (strcmp(f->name, "-pr") == 0) { continue; }
+        hash = fingerprint_add(hash, f->name, strlen(f->name) + 1);
+        if (f->kind == FLAG_FLOAT) {
+            hash = fingerprint_add(hash, (const char*)c + f->offset, sizeof(float));
+            continue;
+        }
         char value[4200];
-        flag_value_to_text(&TRAIN_FLAGS[i], c, value, sizeof(value));
-        hash = fingerprint_add(hash, TRAIN_FLAGS[i].name, strlen(TRAIN_FLAGS[i].name) + 1);
+        flag_value_to_text(f, c, value, sizeof(value));
         hash = fingerprint_add(hash, value, strlen(value) + 1);
     }
     int shape[6] = {model->max_seq_len, model->vocab_size, model->padded_vocab_size, model->num_layers, model->num_heads,

@@ -427,6 +427,22 @@ static void test_config_fingerprint(void) {
         CHECK((train_config_fingerprint(&other, &d12, -1) == reference) == is_rank, "%s changed alone: the fingerprint %s",
               f->name, is_rank ? "changed" : "did not change");
     }
+    // a float flag one ulp away (%g's 6 digits print both alike): -l, -c, -gc, -q, -sl, -sg
+    int floats = 0;
+    for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
+        const FlagSpec* f = &TRAIN_FLAGS[i];
+        if (f->kind != FLAG_FLOAT) { continue; }
+        TrainConfig other = base;
+        float* field = (float*)((char*)&other + f->offset);
+        *field = nextafterf(*field == 0.0f ? 3.0f : *field, INFINITY);
+        TrainConfig same_text = other;
+        *(float*)((char*)&same_text + f->offset) = nextafterf(*field, INFINITY);
+        CHECK(train_config_fingerprint(&other, &d12, -1) != train_config_fingerprint(&same_text, &d12, -1),
+              "%s one ulp apart (%.9g, %.9g): the fingerprint did not change", f->name, *field,
+              *(float*)((char*)&same_text + f->offset));
+        floats++;
+    }
+    CHECK(floats >= 6, "%d float flags: expected -l, -c, -gc, -q, -sl and -sg", floats);
     for (int k = 0; k < 6; k++) {
         GPT2Config other = d12;
         int* shape[6] = {&other.max_seq_len, &other.vocab_size, &other.padded_vocab_size, &other.num_layers,
