@@ -205,17 +205,22 @@ done
 
 dirs=()
 for run in "${runs[@]}"; do dirs+=("$OUT/$run"); done
-# the table first (an error when the runs share no val step after step 0), then the PNG: a plot that fails (no
-# matplotlib) is a warning, the table written already
+# the table first (an error when the runs share no val step after step 0: nothing more), then the PNG: a plot that
+# fails (no matplotlib) is a warning, the table written already. A run whose val loss is not finite (diverged) has
+# nan in the table, which compare_summary.py writes and then fails on: the PNG is still drawn, to show where, and
+# the script exits 1
 rm -f "$OUT/summary.md" "$OUT/loss.png"
+summary_status=0
 "$PYTHON" scripts/compare_summary.py "$OUT" "${runs[@]}" --batch "$batch" --seq "$seq" \
-    ${total_batch:+--total-batch "$total_batch"} --write "$OUT/summary.md"
+    ${total_batch:+--total-batch "$total_batch"} --write "$OUT/summary.md" || summary_status=$?
+[[ -f "$OUT/summary.md" ]] || exit "$summary_status"
 plot_status=0
 plot_error="$("$PYTHON" scripts/plot.py "${dirs[@]}" --labels "${runs[@]}" --ema 0.9 --out "$OUT/loss.png" \
     --title "$MODEL: bf16 vs fp8, $STEPS steps" 2>&1 >/dev/null)" || plot_status=$?
-if [[ "$plot_status" -ne 0 ]]; then
+if [[ ! -f "$OUT/loss.png" ]]; then
     echo "warning: scripts/compare_bf16_fp8.sh: no $OUT/loss.png, scripts/plot.py failed (exit $plot_status): ${plot_error##*$'\n'}" >&2
     echo "wrote $OUT/summary.md"
 else
     echo "wrote $OUT/summary.md and $OUT/loss.png"
 fi
+exit "$summary_status"

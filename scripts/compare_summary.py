@@ -11,6 +11,9 @@ line, {"step":..,"type":"train","loss":..,"tok_per_s":..,...} per step and
 later line wins). The runs are compared at the last val step after step 0 that every run has (as
 scripts/plot.py compares them), so runs that end at different steps are not compared as if
 equal; when they share none, one error line says so and the exit status is 1 (nothing written).
+A non-finite val loss (main.jsonl's null) is a value, NaN, not a missing one: a run that diverged
+is compared at its steps like any other, its row says nan, and after the table one error line
+names it and the exit status is 1 (a diverged run never passes as at parity).
 Throughput is the median tok/s of the train steps from step 10 on (the first 10 include startup
 and warmup); the header says the B and T (and -d) it was measured at, and a run with no step that
 late gets '-' with a footnote saying why. --write PATH also writes the table there.
@@ -49,8 +52,9 @@ def read_run(path):
             if not isinstance(record, dict) or not isinstance(record.get("step"), int):
                 continue
             step, kind = record["step"], record.get("type")
-            if kind == "val" and isinstance(record.get("loss"), (int, float)) and math.isfinite(record["loss"]):
-                val[step] = float(record["loss"])
+            if kind == "val" and "loss" in record:  # null: a non-finite loss (JSON has no NaN), kept as NaN
+                loss = record["loss"]
+                val[step] = float(loss) if isinstance(loss, (int, float)) else math.nan
             elif kind == "train":
                 value = record.get("tok_per_s")
                 if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
@@ -66,13 +70,22 @@ def median_tok_per_s(tok):
     return statistics.median(timed) if timed else None
 
 
+def finite(value):
+    return value is not None and math.isfinite(value)
+
+
 def gap(loss, reference):
-    return f"{100 * (loss / reference - 1):+.2f}%" if loss is not None and reference else "-"
+    return f"{100 * (loss / reference - 1):+.2f}%" if finite(loss) and finite(reference) and reference else "-"
 
 
 def summarize(out, runs, batch=16, seq=1024, total_batch=None):
-    """the table (markdown, a string ending in a newline) for the runs under out; SummaryError when they cannot be
-    compared"""
+    """the table of compare()"""
+    return compare(out, runs, batch, seq, total_batch)[0]
+
+
+def compare(out, runs, batch=16, seq=1024, total_batch=None):
+    """(the table: markdown, a string ending in a newline, for the runs under out; the runs whose val loss at the
+    compared step is not finite, which diverged: their rows say nan); SummaryError when they cannot be compared"""
     if not runs:
         raise SummaryError("no runs to compare")
     logs = {run: read_run(os.path.join(out, run, "main.jsonl")) for run in runs}
@@ -100,13 +113,14 @@ def summarize(out, runs, batch=16, seq=1024, total_batch=None):
             untimed = True
             median = f"{tok[run]:.0f}" if tok[run] else f"- {NO_TOK_NOTE}"
             speedup = f"- {NO_TOK_NOTE}"
-        lines.append(f"| {run} | {step} | {loss[run]} | {gap(loss[run], loss[base])} | {versus_adamw} | {median} | "
+        shown = loss[run] if finite(loss[run]) else "nan"
+        lines.append(f"| {run} | {step} | {shown} | {gap(loss[run], loss[base])} | {versus_adamw} | {median} | "
                      f"{speedup} |")
     if untimed:
         lines += ["", f"{NO_TOK_NOTE} no tok/s: that run's main.jsonl has no train step from step {FIRST_TIMED_STEP} "
                       f"on (the median leaves out steps 0 to {FIRST_TIMED_STEP - 1}, which include startup); "
                       f"a run of more than {FIRST_TIMED_STEP} steps measures it"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", [run for run in runs if not finite(loss[run])]
 
 
 def main():
@@ -119,7 +133,7 @@ def main():
     parser.add_argument("--write", default=None, metavar="PATH", help="also write the table there")
     args = parser.parse_args()
     try:
-        table = summarize(args.out, args.runs, args.batch, args.seq, args.total_batch)
+        table, diverged = compare(args.out, args.runs, args.batch, args.seq, args.total_batch)
     except SummaryError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -127,6 +141,10 @@ def main():
         with open(args.write, "w", encoding="utf-8") as f:
             f.write(table)
     sys.stdout.write(table)
+    if diverged:  # the table is written (it says nan), but no comparison of these runs passes
+        print(f"error: {args.out}: the val loss of {', '.join(diverged)} is not finite at the compared step: "
+              "diverged, so no val loss to compare", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

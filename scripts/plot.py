@@ -12,7 +12,9 @@ main.log, main.jsonl is read: one JSON object per line with "step" and "type"
 step appears twice (a resumed run) the later line wins.
 
 The table compares runs at the last step for which every run has a val loss,
-so runs of different lengths are compared fairly; --ema smooths the plotted
+so runs of different lengths are compared fairly. A non-finite val loss (tel:nan,
+main.jsonl's null) counts as one: a run that diverged shows nan there, and after
+the table one error line names it and the exit status is 1; --ema smooths the plotted
 train curves only (a bias-corrected exponential moving average). --reference
 SIZE (124M, 350M, 774M, 1558M) draws on the HellaSwag panel the accuracy of
 OpenAI's GPT-2 checkpoint of that size, as llm.c's eval (the same file and
@@ -75,7 +77,8 @@ def parse_main_log(path):
                 step = int(fields["s"])
                 for key, value in fields.items():
                     name = series_name(key)
-                    if name is not None and math.isfinite(float(value)):  # a skipped step's trl:nan is no point
+                    # a skipped step's trl:nan is no point; a val loss's nan is one (the run diverged)
+                    if name is not None and (math.isfinite(float(value)) or name == "val"):
                         series[name][step] = float(value)
             except ValueError:
                 continue
@@ -99,8 +102,12 @@ def parse_main_jsonl(path):
                 continue
             name, key = JSONL_VALUE_KEY[record["type"]]
             value = record.get(key)
-            if isinstance(record.get("step"), int) and isinstance(value, (int, float)) and math.isfinite(value):
+            if not isinstance(record.get("step"), int):
+                continue
+            if isinstance(value, (int, float)) and math.isfinite(value):
                 series[name][record["step"]] = float(value)
+            elif name == "val" and key in record:  # null: a non-finite val loss (JSON has no NaN), the run diverged
+                series[name][record["step"]] = math.nan
     return series
 
 
@@ -135,12 +142,13 @@ def comparison_step(vals):
 
 
 def print_table(labels, runs):
+    """prints the table; returns the labels of the runs whose val loss in it is not finite (diverged)"""
     step = comparison_step([series["val"] for series in runs])
     print(f"val loss at step {step} (the last step every run evaluated)" if step is not None
           else "val loss at each run's last evaluated step (the runs share no val step after step 0)")
     print("| run | step | val loss | gap vs the first run with a val loss |")
     print("|---|---|---|---|")
-    baseline = None
+    baseline, diverged = None, []
     for label, series in zip(labels, runs):
         val = series["val"]
         if not val:
@@ -148,10 +156,15 @@ def print_table(labels, runs):
             continue
         run_step = step if step is not None else max(val)
         loss = val[run_step]
+        if not math.isfinite(loss):
+            diverged.append(label)
+            print(f"| {label} | {run_step} | nan | - |")
+            continue
         if baseline is None:
             baseline = loss
         gap = 100.0 * (loss - baseline) / baseline
         print(f"| {label} | {run_step} | {loss:.4f} | {gap:+.2f}% |")
+    return diverged
 
 
 def plot_runs(labels, runs, beta, out_path, title, reference=None):
@@ -159,7 +172,7 @@ def plot_runs(labels, runs, beta, out_path, title, reference=None):
     figure, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for axis, name in zip(axes[0], panels):
         for index, (label, series) in enumerate(zip(labels, runs)):
-            steps = sorted(series[name])
+            steps = sorted(step for step, value in series[name].items() if math.isfinite(value))
             values = [series[name][step] for step in steps]
             if not steps:
                 continue
@@ -212,13 +225,15 @@ def main():
             die(f"{run}: no train (trl) or val (tel) loss lines found")
     plot_runs(labels, runs, args.ema, args.out, args.title, args.reference)
     print(f"wrote {args.out}")
-    print_table(labels, runs)
+    diverged = print_table(labels, runs)
     if args.reference:
         gpt2, gpt3 = HELLASWAG_REFERENCES[args.reference]
         last = [f"{label} {series['hellaswag'][max(series['hellaswag'])]:.4f}" for label, series in zip(labels, runs)
                 if series["hellaswag"]]
         print(f"HellaSwag: OpenAI GPT-2 {args.reference} checkpoint {gpt2:.4f}, GPT-3 (paper) {gpt3:.3f}"
               + (f"; last of each run: {', '.join(last)}" if last else ""))
+    if diverged:  # the plot and the table are out; no comparison of a diverged run passes
+        die(f"the val loss of {', '.join(diverged)} is not finite at the compared step: diverged")
 
 
 if __name__ == "__main__":

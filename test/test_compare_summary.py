@@ -83,6 +83,30 @@ def test_runs_sharing_no_val_step_after_0_are_an_error(tmp_path):
         "run: bf16: 0 8; fp8_delayed: 0 4)"]
 
 
+def test_a_run_whose_val_loss_went_nan_is_never_at_parity(tmp_path):
+    """fp8_delayed's val loss is null (non-finite, as the trainer logs it) from step 1500 of 2000: compared at step
+    2000 its row says nan with no gap, and from the command line the table is written, then one error line names
+    the run and the exit status is 1 (the null lines were dropped before, and step 1400 showed +0.00%)"""
+    val = {s: 3.36 for s in range(0, 2001, 100)}
+    write_run(tmp_path, "bf16", val, {})
+    write_run(tmp_path, "fp8_delayed", {s: v for s, v in val.items() if s < 1500}, {},
+              [json.dumps({"step": s, "type": "val", "loss": None}) for s in range(1500, 2001, 100)])
+    table, diverged = compare_summary.compare(str(tmp_path), ["bf16", "fp8_delayed"])
+    assert diverged == ["fp8_delayed"] and table.startswith("val loss at step 2000,"), table
+    assert rows(table)["fp8_delayed"][:3] == ["2000", "nan", "-"], table
+    assert rows(table)["bf16"][:3] == ["2000", "3.36", "+0.00%"], table
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "compare_summary.py"), str(tmp_path), "bf16",
+                             "fp8_delayed", "--write", str(tmp_path / "summary.md")], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1 and (tmp_path / "summary.md").read_text() == table, result.stderr
+    assert result.stderr.splitlines() == [f"error: {tmp_path}: the val loss of fp8_delayed is not finite at the "
+                                          "compared step: diverged, so no val loss to compare"]
+    # the baseline (the first run, with no bf16) diverged: no other row has a gap against it
+    write_run(tmp_path, "fp8_current", val, {})
+    table, diverged = compare_summary.compare(str(tmp_path), ["fp8_delayed", "fp8_current"])
+    assert diverged == ["fp8_delayed"] and rows(table)["fp8_current"][2] == "-", table
+
+
 def test_header_names_the_batch_and_a_short_run_says_why_it_has_no_tok_per_s(tmp_path):
     """STEPS <= 10: no train step from step 10 on, so no tok/s: the cell points to a footnote saying why"""
     write_run(tmp_path, "bf16", {0: 6.0, 4: 4.0}, {s: 1000.0 for s in range(4)})

@@ -780,6 +780,32 @@ def test_plot_drops_a_skipped_steps_nonfinite_loss(tmp_path):
     assert sorted(plot.parse_main_jsonl(str(jsonl))["train"]) == [0, 1, 2, 3, 4, 6, 7, 8, 9]
 
 
+@pytest.mark.parametrize("log", ["main.log", "main.jsonl"])
+def test_plot_a_diverged_run_is_nan_and_an_error(tmp_path, log):
+    """run b's val loss is nan from step 200 (main.log's tel:nan, main.jsonl's null): the table compares at step 300
+    and says nan for b, and after the PNG and the table one error line names b, exit 1 (the nan lines were dropped
+    before, and step 100 showed +0.00%)"""
+    for name in ("a", "b"):
+        run = tmp_path / name
+        run.mkdir()
+        losses = {s: 3.9 - s / 1000 for s in range(0, 301, 100)}
+        if name == "b":
+            losses.update({200: math.nan, 300: math.nan})
+        if log == "main.log":
+            text = "".join(f"s:{s} trl:4.0 lr:0.0006 norm:1.0\ns:{s} tel:{v:.4f}\n" for s, v in losses.items())
+        else:
+            text = "".join(json.dumps({"step": s, "type": "train", "loss": 4.0}) + "\n" +
+                           json.dumps({"step": s, "type": "val", "loss": None if math.isnan(v) else v}) + "\n"
+                           for s, v in losses.items())
+        (run / log).write_text(text)
+    png = tmp_path / "loss.png"
+    result = run_script(["scripts/plot.py", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(png)])
+    assert result.returncode == 1 and png.exists(), result.stderr
+    assert "val loss at step 300 (the last step every run evaluated)" in result.stdout, result.stdout
+    assert "| a | 300 | 3.6000 | +0.00% |" in result.stdout and "| b | 300 | nan | - |" in result.stdout, result.stdout
+    assert error_lines(result) == ["error: the val loss of b is not finite at the compared step: diverged"]
+
+
 def test_setup_python_refuses_a_system_python_that_refuses_pip(tmp_path):
     """scripts/setup_python.sh with a Python whose check says 'externally managed' (PEP 668, a stand-in that answers
     the check and fails anything else, so no pip runs): one line saying to make a venv; this machine's own Python is

@@ -262,7 +262,7 @@ FAKE_TRAINER = '''
 """a stand-in trainer for compare_bf16_fp8.sh's own logic (no training): parses its flags as the trainer does
 (pairs, the later wins), appends each call to -o's calls.log, and writes main.jsonl as the trainer does: train
 records (tok_per_s) for steps 0 to -x minus 1, val losses every -v steps and at the last, up to step
-$FAKE_STOP_<run name> where it is set (a run cut off there)"""
+$FAKE_STOP_<run name> where it is set (a run cut off there), null (non-finite) from step $FAKE_NAN_<run name> on"""
 import json, os, sys
 flags = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 out, steps, every = flags["-o"], int(flags["-x"]), int(flags["-v"])
@@ -271,13 +271,15 @@ os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "calls.log"), "a") as f:
     f.write(" ".join(sys.argv[1:]) + "\\n")
 last = int(os.environ.get("FAKE_STOP_" + run, steps))
+nan_from = int(os.environ.get("FAKE_NAN_" + run, steps + 1))
 offset = 0.01 * len(run)
 with open(os.path.join(out, "main.jsonl"), "w") as f:
     for s in range(last + 1):
         if s < steps:
             f.write(json.dumps({"step": s, "type": "train", "loss": 5.0, "tok_per_s": 1000.0 + offset}) + "\\n")
         if s % every == 0 or s == steps:
-            f.write(json.dumps({"step": s, "type": "val", "loss": round(6.0 - 0.1 * s + offset, 4)}) + "\\n")
+            loss = round(6.0 - 0.1 * s + offset, 4) if s < nan_from else None
+            f.write(json.dumps({"step": s, "type": "val", "loss": loss}) + "\\n")
 '''
 
 
@@ -393,6 +395,20 @@ def test_compare_writes_the_table_first_at_the_last_shared_val_step(tmp_path):
     assert result.stderr.splitlines() == [
         f"error: {tmp_path / 'cmp2'}: the runs share no val step after step 0, so no val loss to compare (val steps of "
         "each run: bf16: 0 8; fp8_delayed: 0)"]
+
+
+def test_compare_with_a_diverged_run_writes_the_table_and_fails(tmp_path):
+    """a run whose val loss went nan (the stand-in's FAKE_NAN_fp8_delayed: null from that step on): summary.md is
+    written with nan in its row, the loss PNG still drawn (where it diverged), and the compare exits 1 naming the run"""
+    env = {"STEPS": "8", "FAKE_NAN_fp8_delayed": "4"}
+    out = tmp_path / "cmp"
+    result = fake_compare(tmp_path, ["-v", 2, "-b", 2, "-t", 64], env)
+    assert result.returncode == 1, result.stdout[-2000:]
+    table = (out / "summary.md").read_text()
+    assert re.findall(r"^\| (\w+) \| (\d+) \| ([\w.]+) \|", table, re.M) == [("bf16", "8", "5.24"),
+                                                                         ("fp8_delayed", "8", "nan")], table
+    assert (out / "loss.png").exists() and result.stdout.endswith(f"wrote {out}/summary.md and {out}/loss.png\n")
+    assert f"error: {out}: the val loss of fp8_delayed is not finite at the compared step: diverged" in result.stderr
 
 
 def test_gpu_session_parity_stage_dry_run(data, tmp_path):
