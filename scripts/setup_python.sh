@@ -6,7 +6,8 @@
 # 1. pip installs numpy, tiktoken (data tools), matplotlib (scripts/plot.py), pytest and
 #    pytest-xdist (tests; make test runs them on every core),
 #    the cuDNN frontend headers the CUDA build needs (nvidia-cudnn-frontend, no deps), and
-#    cuobjdump (nvidia-cuda-cuobjdump, no deps) for the kernel-resource test.
+#    cuobjdump and nvdisasm (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm, no deps) for the
+#    kernel-resource and SASS-path tests.
 # 2. If no GPT-2 rank file can be found (see dev/data/gpt2_bpe.py for the search order), it
 #    downloads the openai-whisper *source* distribution with pip (no install: installing
 #    whisper would pull in torch), takes whisper/assets/gpt2.tiktoken out of it, checks its
@@ -35,8 +36,10 @@ fi
 # --no-deps: its Python extras pull in large packages the build does not use
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps "nvidia-cudnn-frontend>=1.8"
 # cuobjdump, which the toolkit image lacks: test/test_kernel_resources.py reads the kernels'
-# registers and stack frames from the sm_90a code with it (no GPU needed)
-"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps "nvidia-cuda-cuobjdump>=13.0,<14"
+# registers and stack frames from the sm_90a code with it (no GPU needed), and test/test_sass_path.py
+# their SASS, for which cuobjdump -sass runs nvdisasm (a wheel of its own since 13.5)
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps "nvidia-cuda-cuobjdump>=13.0,<14" \
+    "nvidia-cuda-nvdisasm>=13.0,<14"
 
 if "$PYTHON" dev/data/gpt2_bpe.py >/dev/null 2>&1; then
     "$PYTHON" dev/data/gpt2_bpe.py

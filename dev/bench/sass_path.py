@@ -116,7 +116,10 @@ def common_path(binary, function):
                  "(scripts/setup_python.sh installs it)")
     if not os.path.exists(binary):
         sys.exit("error: %s does not exist" % binary)
-    result = subprocess.run([cuobjdump, "-sass", binary], capture_output=True, text=True)
+    # cuobjdump -sass runs nvdisasm, found on PATH or NVDISASM_PATH: the wheels (nvidia-cuda-nvdisasm beside
+    # nvidia-cuda-cuobjdump, 13.5 on) put it in cuobjdump's own folder, which is not on PATH
+    env = dict(os.environ, PATH=os.path.dirname(cuobjdump) + os.pathsep + os.environ.get("PATH", ""))
+    result = subprocess.run([cuobjdump, "-sass", binary], capture_output=True, text=True, env=env)
     if result.returncode != 0:
         sys.exit("error: cuobjdump -sass %s: %s" % (binary, result.stderr.strip()))
     code = function_sass(result.stdout, function)
