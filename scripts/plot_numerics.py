@@ -11,7 +11,9 @@ maps sharing their axes, tensors down (in layer order) and logged steps across:
 the fraction saturated, the fraction flushed to zero (both on a log colour scale, so 1e-6
 and 1e-2 are told apart), and log10 of amax. A row lit up in either fraction is the tensor
 that loses information; a null amax (non-finite) shows as a white gap. When a step appears
-twice (a resumed run), the later line wins.
+twice (a resumed run), the later line wins. A line that is not a record (cut short by a kill,
+which a resumed run leaves in the middle of the file, or the last line of a run still
+writing) is left out with a note; a log with no record at all is one error line.
 """
 
 import argparse
@@ -57,8 +59,8 @@ def load_numerics(path):
         path = os.path.join(path, "numerics.jsonl")
     if not os.path.exists(path):
         die(f"{path} does not exist (train_gpt2_fp8 writes it with -p fp8, -o DIR and -fn N > 0; train_gpt2cpu does not)")
-    table = {}
-    with open(path, encoding="utf-8") as f:
+    table, skipped = {}, []
+    with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -66,10 +68,15 @@ def load_numerics(path):
                 record = json.loads(line)
                 tensor, step = record["tensor"], int(record["step"])
             except (ValueError, KeyError, TypeError) as e:
-                die(f"{path}:{number}: not a numerics record ({e})")
+                skipped.append((number, e))  # a line cut off mid-write (a killed run, or one still writing)
+                continue
             table.setdefault(tensor, {})[step] = record
     if not table:
-        die(f"{path} has no records")
+        detail = f" (line {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+        die(f"{path} has no numerics records{detail}")
+    if skipped:
+        print(f"note: {path}: {len(skipped)} line(s) are not numerics records and are left out (first: line "
+              f"{skipped[0][0]}, {skipped[0][1]}): a run killed or still writing cuts its last line short")
     return table
 
 

@@ -1,7 +1,8 @@
 """
 scripts/plot_numerics.py on a synthetic numerics.jsonl in the trainer's format: it must draw
 a PNG and name the tensor in trouble first, keep the later line of a step logged twice (a
-resumed run), and refuse a missing or malformed log with one error line.
+resumed run), leave out a line cut short (with a note), and refuse a missing log or one with no
+record with one error line.
 """
 import json
 import os
@@ -73,11 +74,26 @@ def test_missing_log_is_one_error_line(tmp_path):
     assert "numerics.jsonl" in result.stderr
 
 
-def test_malformed_line_is_one_error_line(tmp_path):
-    (tmp_path / "numerics.jsonl").write_text('{"step": 1, "tensor": "L0.fc.x"}\nnot json\n')
+def test_a_torn_line_is_left_out_with_a_note(tmp_path):
+    """a run killed while it wrote a step's records leaves a line cut short, which its resume ends with a newline:
+    in the middle of the file for good. The plot leaves it out with a note naming its line and draws the rest (one
+    error line stopped it, so that run could never be plotted again); a log with no record is one error line"""
+    synthetic_run(tmp_path)
+    text = (tmp_path / "numerics.jsonl").read_text()
+    cut = text.index("\n", len(text) // 2) + 1
+    torn = text[:cut] + text[cut:cut + 40] + "\n" + text[cut:]  # the torn line, then the resumed run's records
+    (tmp_path / "numerics.jsonl").write_text(torn)
+    line = text[:cut].count("\n") + 1
+    result = run(tmp_path, "--out", tmp_path / "n.png")
+    assert result.returncode == 0, result.stderr
+    assert f"note: {tmp_path / 'numerics.jsonl'}: 1 line(s) are not numerics records and are left out (first: line " \
+           f"{line}," in result.stdout, result.stdout
+    assert result.stdout.splitlines()[1].startswith("worst frac_saturated: L2.fc.dy 0.03 (step 500)"), result.stdout
+    assert (tmp_path / "n.png").exists()
+    (tmp_path / "numerics.jsonl").write_text('{"step": 1, "tens\nnot json\n')
     result = run(tmp_path)
-    assert result.returncode != 0
-    assert result.stderr.startswith("error: ") and ":2:" in result.stderr, result.stderr
+    assert result.returncode != 0 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"error: {tmp_path / 'numerics.jsonl'} has no numerics records (line 1: "), result.stderr
 
 
 def test_missing_matplotlib_is_one_error_line(tmp_path):
