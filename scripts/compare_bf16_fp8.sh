@@ -47,7 +47,7 @@
 # LLM8_TRAINER names another trainer binary, built already (e.g. ./train_gpt2cpu, which shares
 # the flags: the tests run this script with it).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/enter_checkout.sh"
 MODEL="${MODEL:-d12}"
 STEPS="${STEPS:-2000}"
 WARMUP="${WARMUP:-$(( STEPS / 10 < 200 ? STEPS / 10 : 200 ))}"  # 200 steps, or a tenth of a shorter run

@@ -29,7 +29,8 @@
 #   that rank's.
 # - A run script is not started N times (it builds, retries and resumes once for all ranks): a
 #   command that is a shell script (*.sh, or bash/sh ...) runs once with NUM_GPUS=N, and
-#   scripts/run_common.sh calls this script back (LLM8_LAUNCHER) for the trainer itself.
+#   scripts/run_common.sh calls this script back (LLM8_LAUNCHER) for the trainer itself, with
+#   LLM8_LAUNCH_COMMAND=trainer, so a trainer wrapper named *.sh (LLM8_TRAINER) starts on every rank.
 # - The launcher owns -pn -pr -pg -pi -pf -ps; a command that already sets one is refused, since two
 #   values for the rank would leave every rank waiting for a peer that never comes.
 set -euo pipefail
@@ -83,7 +84,8 @@ if [[ -n "$gpus" ]] && (( num_ranks > gpus )); then
 fi
 
 command_word="$(basename "$1")"
-if [[ "$command_word" == *.sh || "$command_word" == bash || "$command_word" == sh ]]; then
+if [[ "${LLM8_LAUNCH_COMMAND:-}" != trainer && ( "$command_word" == *.sh || "$command_word" == bash ||
+      "$command_word" == sh ) ]]; then
     NUM_GPUS="$num_ranks" LLM8_LAUNCH_METHOD="$method" LLM8_LAUNCHER="$script_path" exec "$@"
 fi
 for word in "$@"; do

@@ -12,7 +12,7 @@
 #   same lines): one that failed before that (a missing shard, a bad flag) would fail alike
 #   again, and one stopped by a signal
 #   (Ctrl-C: exit status 130, kill: 143) is not retried either. The user's extra flags come
-#   last, so they win;
+#   last, so they win (a -o among them too: that main.log is the one watched);
 # - llm.c's -b fills -d in one micro-step on 8 GPUs: on more (or where B*T*GPUs does not divide
 #   -d) the largest -b below it that does, unless the user's flags set -b (fit_micro_batch).
 # needs bash 4.3+ (a nameref)
@@ -77,11 +77,17 @@ run_gpt2() {
     local flags=()
     while (( $# > 0 )) && [[ "$1" != "--" ]]; do flags+=("$1"); shift; done
     (( $# > 0 )) && shift  # the "--"
+    local i
+    for (( i = 1; i < $#; i++ )); do  # the user's -o (the last one) is where the trainer writes: the retry watches it
+        [[ "${!i}" == -o ]] && { local next=$(( i + 1 )); out_dir="${!next}"; }
+    done
     local num_gpus="${NUM_GPUS:-1}"
     local launch=()
     local zero_stage=0
     if (( num_gpus > 1 )); then
-        launch=(bash "${LLM8_LAUNCHER:-scripts/launch_one_node.sh}" -n "$num_gpus" --)
+        # LLM8_LAUNCH_COMMAND=trainer: the command is the trainer itself, started on every rank, even where its
+        # name ends in .sh (a wrapper), which launch_one_node.sh would otherwise take for a run script to start once
+        launch=(env LLM8_LAUNCH_COMMAND=trainer bash "${LLM8_LAUNCHER:-scripts/launch_one_node.sh}" -n "$num_gpus" --)
         zero_stage=1
     fi
     fit_micro_batch flags "$num_gpus" "$@"

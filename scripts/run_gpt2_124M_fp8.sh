@@ -4,5 +4,5 @@
 # numerics.jsonl, is written every 100 steps). Output goes to log_gpt2_124M_fp8 (OUT_DIR
 # overrides). Extra arguments go to the trainer after these flags (later flags win), e.g. -fr current.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/enter_checkout.sh"
 OUT_DIR="${OUT_DIR:-log_gpt2_124M_fp8}" exec bash scripts/run_gpt2_124M_bf16.sh -p fp8 "$@"

@@ -16,7 +16,7 @@
 # Extra arguments are passed to the trainer after these flags (later flags win).
 # A failed run resumes (-y 1) from its last complete checkpoint (3 attempts in all, scripts/run_common.sh).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/enter_checkout.sh"
 source scripts/run_common.sh
 
 run_gpt2 log_gpt2_1558M_bf16 \

@@ -458,6 +458,31 @@ def test_run_common_calls_the_launcher_back_for_the_ranks(env, tmp_path):
     assert os.listdir(env.tmpdir) == []
 
 
+def test_a_trainer_named_sh_starts_on_every_rank_when_run_common_says_so(env, tmp_path):
+    """a trainer wrapper named *.sh (LLM8_TRAINER=wrap.sh: env variables, nsys) that run_common.sh hands the launcher
+    with LLM8_LAUNCH_COMMAND=trainer starts on both ranks with their flags; without it, as a command of the user's, it
+    is taken for a run script and started once"""
+    wrapper = write_exe(tmp_path / "wrap.sh", RANK_STUB)
+    rc, out, err = env.launch(["-n", "2", "-m", "fs", "--", wrapper, "-x", "1"], cvd="0,1", LLM8_LAUNCH_COMMAND="trainer")
+    assert rc == 0, err
+    got = env.ranks()
+    assert sorted(got) == [0, 1] and all("-pn" in rec["args"] for rec in got.values()), got
+
+
+def test_run_script_started_elsewhere_takes_relative_env_paths_from_there(env, tmp_path):
+    """run_gpt2_124M_fp8.sh started from another directory, OUT_DIR=myrun and LLM8_TRAINER=./bin/trainer.sh relative
+    to it: the trainer (found there) runs in the checkout and writes to that directory's myrun, not the checkout's"""
+    caller = tmp_path / "caller"
+    (caller / "bin").mkdir(parents=True)
+    write_exe(caller / "bin" / "trainer.sh", RANK_STUB)
+    rc, out, err = env.run(["bash", os.path.join(ROOT, "scripts", "run_gpt2_124M_fp8.sh"), "-x", "1"],
+                           {"OUT_DIR": "myrun", "LLM8_TRAINER": "./bin/trainer.sh"}, cwd=caller)
+    assert rc == 0, err
+    (rec,) = env.records("rank")
+    assert rec["cwd"] == ROOT and rec["args"][-10:] == ["-o", str(caller / "myrun"), "-y", "1", "-z", "0", "-p", "fp8",
+                                                         "-x", "1"], rec
+
+
 # ---- launch_one_node.sh -m mpi ------------------------------------------------------------------
 
 @pytest.mark.parametrize("method_args,extra,mpirun,expect", [
@@ -501,7 +526,7 @@ def slurm(env, tmp_path):
     checkout = tmp_path / "llm8"
     (checkout / "scripts").mkdir(parents=True)
     (checkout / "train_gpt2_fp8.cu").write_text("")
-    for name in ("slurm_gpt2.sbatch", "run_common.sh", "run_gpt2_124M_bf16.sh"):
+    for name in ("slurm_gpt2.sbatch", "run_common.sh", "enter_checkout.sh", "run_gpt2_124M_bf16.sh"):
         os.symlink(os.path.join(ROOT, "scripts", name), checkout / "scripts" / name)
     write_exe(checkout / "scripts" / "counting_run.sh", COUNTING_RUN_SCRIPT)
     for name, text in (("srun", SRUN_STUB), ("scontrol", SCONTROL_STUB), ("getent", GETENT_STUB)):
@@ -698,6 +723,14 @@ def test_run_common_fits_the_micro_batch_to_the_gpus(tmp_path, num_gpus, user_ar
     assert rc == 0 and len(lines) == 1, err
     assert flag_value(lines[0], "-b") == expected_b and flag_value(lines[0], "-d") == "524288", lines[0]
     assert ("does not divide -d 524288" in err) == (expected_b not in ("64",) and not user_args), err
+
+
+def test_run_common_watches_the_users_o(tmp_path):
+    """-o among the user's flags (the last wins in the trainer): the retry watches that main.log, so a run that trained
+    a step there and failed is resumed (it was taken for a failure before the first step, watched in the default)"""
+    rc, err, lines = run_common(tmp_path, 2, ["-o", "user_out"], status=1, trains="1")
+    assert rc == 1 and len(lines) == 3, (rc, err)
+    assert "run_stub.sh (-o user_out): trainer failed with exit status 1 (attempt 3 of 3)" in err, err
 
 
 @pytest.mark.parametrize("status,trains,attempts", [(1, "1", 3), (1, "rewrite", 3), (1, "0", 1), (130, "1", 1), (143, "1", 1)],
