@@ -15,7 +15,7 @@
 #   last, so they win (a -o among them too: that main.log is the one watched);
 # - llm.c's -b fills -d in one micro-step on 8 GPUs: on more (or where B*T*GPUs does not divide
 #   -d) the largest -b below it that does, unless the user's flags set -b (fit_micro_batch).
-# needs bash 4.3+ (a nameref)
+# needs bash 4.4+ (a nameref, and "${launch[@]}" of an empty array under set -u, an error before 4.4)
 
 # fit_micro_batch FLAGS_ARRAY_NAME NUM_GPUS USER_FLAGS...: lowers -b in the named array so that
 # B*T*NUM_GPUS divides -d, the total batch staying llm.c's; nothing if it divides already, if the
