@@ -37,6 +37,7 @@ Why it is shaped so:
 #include <time.h>
 #include <unistd.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -405,6 +406,24 @@ static inline int multi_gpu_poll_fd(int fd, short events, double deadline) {
     }
 }
 
+/*
+connect() bounded by the deadline: a blocking connect to a host that drops the SYNs (a firewall,
+an address not up yet, rank 0's accept queue full) waits out the kernel's SYN retries, about
+two minutes, whatever -pt says. So the socket connects non-blocking and poll waits for the
+outcome. 1: connected (the socket blocking again, as the reads after expect); 0: not (yet).
+*/
+static inline int multi_gpu_connect_by(int fd, const struct sockaddr_in* addr, double deadline) {
+    int flags = fcntl(fd, F_GETFL, 0);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) { return 0; }
+    int connected = connect(fd, (const struct sockaddr*)addr, sizeof(*addr)) == 0;
+    if (!connected && errno == EINPROGRESS && multi_gpu_poll_fd(fd, POLLOUT, deadline)) {
+        int error = 0;
+        socklen_t length = sizeof(error);
+        connected = getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0;
+    }
+    return connected && fcntl(fd, F_SETFL, flags) == 0;
+}
+
 // tcp: rank 0 serves the id to the other num_processes - 1 ranks; they connect and read it
 static inline void multi_gpu_id_exchange_tcp(ncclUniqueId* id, const MultiGpuOptions* opts) {
     struct sockaddr_in addr = multi_gpu_parse_server(opts->server);
@@ -433,7 +452,7 @@ static inline void multi_gpu_id_exchange_tcp(ncclUniqueId* id, const MultiGpuOpt
     }
     for (;;) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
-        if (fd >= 0 && connect(fd, (struct sockaddr*)&addr, sizeof(addr)) == 0) {
+        if (fd >= 0 && multi_gpu_connect_by(fd, &addr, deadline)) {
             size_t got = 0;
             while (got < sizeof(*id) && multi_gpu_poll_fd(fd, POLLIN, deadline)) {
                 ssize_t n = recv(fd, (char*)id + got, sizeof(*id) - got, 0);

@@ -972,6 +972,36 @@ def test_a_tcp_id_exchange_without_its_peer_stops_within_the_timeout(workdir, ra
     assert len(errors) == 1 and expected in errors[0], r.stderr[-2000:]
 
 
+def test_a_tcp_rank_whose_server_answers_no_connection_stops_within_the_timeout(workdir):
+    """rank 0's address takes no connection (here a listener whose accept queue is full, which drops the SYNs as a
+    firewall would): rank 1's connect is bounded by -pt 2 like its read, and it stops in one line (a blocking connect
+    waited out the kernel's SYN retries, a minute and more)"""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    server = f"127.0.0.1:{listener.getsockname()[1]}"
+    fillers = []
+    try:
+        for _ in range(4):  # the queue holds one or two; the rest wait in SYN retries, as rank 1's would
+            filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            filler.setblocking(False)
+            filler.connect_ex(listener.getsockname())
+            fillers.append(filler)
+        time.sleep(0.2)
+        cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-t", 64, "-b", 4, "-x", 1, "-v", 0, "-s", 0,
+               "-pn", 2, "-pr", 1, "-pg", 1, "-pi", "tcp", "-ps", server, "-pt", 2]
+        start = time.monotonic()
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=workdir)
+        elapsed = time.monotonic() - start
+    finally:
+        for sock in fillers + [listener]:
+            sock.close()
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode != 0 and len(errors) == 1, r.stderr[-2000:]
+    assert f"rank 1: no NCCL id from rank 0 at {server} after 2 s" in errors[0], errors
+    assert elapsed < 15, f"rank 1 stopped after {elapsed:.1f} s, -pt 2"
+
+
 REPLICAS_RE = re.compile(r"^replicas \| after (\d+) steps: (\d+) regions .* bitwise identical on 2 ranks$", re.M)
 
 
