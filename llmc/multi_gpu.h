@@ -7,7 +7,8 @@ Why it is shaped so:
   directory, -ps server), so llm.c launch scripts carry over. Only rank 0 creates the NCCL
   id; the three ways of getting it to the others cover mpirun (MPI, compiled in only with
   -DUSE_MPI), Slurm without PMIx (a shared directory) and bare machines (one TCP server).
-  Each way waits at most the timeout, then dies naming what it waited for.
+  The fs and tcp ways wait at most the timeout (-pt), then die naming what they waited for;
+  MPI's broadcast waits as MPI does (mpirun ends the job when a rank exits).
 - The communicator is created NONBLOCKING (ncclConfig_t.blocking = 0): every NCCL call
   returns at once, ncclInProgress included, and multi_gpu_nccl_settle polls
   ncclCommGetAsyncError until the call has settled, up to a deadline. So even the
