@@ -138,7 +138,9 @@ esac
 GETENT_STUB = r"""#!/usr/bin/env bash
 [[ "$1" == ahostsv4 ]] || exit 1
 case "$2" in
-    gpu-node-7) printf '10.20.30.40     STREAM gpu-node-7\n10.20.30.40     DGRAM  \n10.20.30.40     RAW    \n' ;;
+    gpu-node-7) [[ "${STUB_GETENT_LOOPBACK:-}" == first ]] && printf '127.0.1.1       STREAM gpu-node-7\n'
+                [[ "${STUB_GETENT_LOOPBACK:-}" == only ]] && { printf '127.0.1.1       STREAM gpu-node-7\n'; exit 0; }
+                printf '10.20.30.40     STREAM gpu-node-7\n10.20.30.40     DGRAM  \n10.20.30.40     RAW    \n' ;;
     gpu-node-8) printf '10.20.30.41     STREAM gpu-node-8\n' ;;
     *) exit 2 ;;
 esac
@@ -569,10 +571,13 @@ def test_slurm_fs_runs_the_script_once_and_one_srun_step(slurm):
     assert not (checkout / "llm8_nccl").exists(), "the id directories outlived the job"
 
 
-@pytest.mark.parametrize("port", [None, "23456"])
-def test_slurm_tcp_serves_the_id_at_the_first_nodes_address(slurm, port):
+@pytest.mark.parametrize("port,loopback", [(None, None), ("23456", None), (None, "first")],
+                         ids=["default-port", "port", "loopback-listed-first"])
+def test_slurm_tcp_serves_the_id_at_the_first_nodes_address(slurm, port, loopback):
+    """the first node's first address that is not loopback (a Debian /etc/hosts lists 127.0.1.1 for the machine's own
+    name first: rank 0 would listen where no other node reaches it)"""
     env, checkout, job = slurm
-    rc, out, err = sbatch(env, job, LLM8_INIT="tcp", LLM8_TCP_PORT=port)
+    rc, out, err = sbatch(env, job, LLM8_INIT="tcp", LLM8_TCP_PORT=port, STUB_GETENT_LOOPBACK=loopback)
     assert rc == 0, err
     assert (env.log / "scontrol.log").read_text().splitlines() == ["show hostnames gpu-node-[7-8]"]
     check_srun_steps(env, 1)
@@ -621,8 +626,12 @@ def test_slurm_a_failed_step_is_retried_as_new_steps_not_new_batch_runs(slurm):
      "asked for 2 ranks but the job has SLURM_NTASKS=4 tasks"),
     ({"LLM8_SLURM_ROLE": "ranks", "ARGS": ["-n", "4", "TRAINER"]}, "launcher role: expected -n N -- COMMAND"),
     ({"LLM8_SLURM_ROLE": "ranks", "LLM8_INIT": "tcp", "SLURM_JOB_NODELIST": "ghost-[1-2]",
-      "ARGS": ["-n", "4", "--", "TRAINER"]}, "LLM8_INIT=tcp: no IPv4 address for the first node 'ghost-1'"),
-], ids=["no-job", "init", "not-checkout", "no-run-script", "rank-count", "role-usage", "no-address"])
+      "ARGS": ["-n", "4", "--", "TRAINER"]}, "LLM8_INIT=tcp: no IPv4 address but loopback (127.x) for the first node "
+                                            "'ghost-1' (getent ahostsv4); use LLM8_INIT=fs"),
+    ({"LLM8_SLURM_ROLE": "ranks", "LLM8_INIT": "tcp", "STUB_GETENT_LOOPBACK": "only",
+      "ARGS": ["-n", "4", "--", "TRAINER"]}, "LLM8_INIT=tcp: no IPv4 address but loopback (127.x) for the first node "
+                                            "'gpu-node-7'"),
+], ids=["no-job", "init", "not-checkout", "no-run-script", "rank-count", "role-usage", "no-address", "loopback-only"])
 def test_slurm_refusals_are_one_line(slurm, extra, message):
     env, checkout, job = slurm
     args = [env.rank if a == "TRAINER" else a for a in extra.pop("ARGS", [])]
