@@ -875,12 +875,12 @@ def test_two_ranks_give_the_same_bits_in_any_stream_order(workdir):
 
 def test_a_long_val_is_progress_for_the_watchdog(workdir):
     """2 ranks, -pt 5, each stream's queue bounded at 4 (CUDASIM_LAUNCH_QUEUE, as a GPU's launch queue is bounded, so
-    the host blocks in a launch while the queue drains), -x 0's val of 40 batches a rank (about 10 s here, twice -pt;
-    4 batches take about 1 s): a ZeRO-1 val forward has no collective and no wait of its own, so the watchdog saw no
-    progress and ended the run as a hang; the val loss's bounded wait every 4 batches is progress. Both ranks finish
-    and print the val loss"""
-    sim_model.write_shard(workdir / "long_val_000000.bin", 2 * 40 * 4 * 64 + 1, 2, learnable=True)
-    args = ["-j", "long_val_*.bin", "-x", 0, "-m", 40, "-s", 0]
+    the host blocks in a launch while the queue drains), -x 0's val of 160 batches a rank (40, the first choice, took
+    4.3 s on a CI machine of 2026-12-02, under -pt; 160 took 11.5 s on a machine like it, over twice -pt): a ZeRO-1 val
+    forward has no collective and no wait of its own, so the watchdog saw no progress and ended the run as a hang; the
+    val loss's bounded wait every 4 batches is progress. Both ranks finish and print the val loss"""
+    sim_model.write_shard(workdir / "long_val_000000.bin", 2 * 160 * 4 * 64 + 1, 2, learnable=True)
+    args = ["-j", "long_val_*.bin", "-x", 0, "-m", 160, "-s", 0]
     started = time.monotonic()
     codes, rank0, rank1_err = train_ranks(workdir, 2, args, name="long_val", timeout_s=5,
                                           env_extra={"CUDASIM_LAUNCH_QUEUE": "4"})
