@@ -999,7 +999,9 @@ def test_a_tcp_rank_whose_server_answers_no_connection_stops_within_the_timeout(
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.returncode != 0 and len(errors) == 1, r.stderr[-2000:]
     assert f"rank 1: no NCCL id from rank 0 at {server} after 2 s" in errors[0], errors
-    assert elapsed < 15, f"rank 1 stopped after {elapsed:.1f} s, -pt 2"
+    # a blocking connect returns after the kernel's SYN retries, 127 s by Linux's default (135 s here); the bound is
+    # wide for a loaded machine's startup
+    assert elapsed < 60, f"rank 1 stopped after {elapsed:.1f} s, -pt 2"
 
 
 REPLICAS_RE = re.compile(r"^replicas \| after (\d+) steps: (\d+) regions .* bitwise identical on 2 ranks$", re.M)
