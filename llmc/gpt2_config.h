@@ -78,6 +78,11 @@ static inline int gpt2_param_is_decayed(int tensor) {
 }
 
 // checks the invariants every kernel relies on; dies with a one-line message naming `source`
+#define GPT2_MAX_LAYERS 4096
+#define GPT2_MAX_CHANNELS 65536
+#define GPT2_MAX_SEQ_LEN (1 << 20)
+#define GPT2_MAX_PADDED_VOCAB (1 << 20)
+
 static inline void gpt2_config_validate(const GPT2Config* cfg, const char* source) {
     if (cfg->num_layers <= 0 || cfg->num_heads <= 0 || cfg->channels <= 0 ||
         cfg->max_seq_len <= 0 || cfg->vocab_size <= 0) {
@@ -89,6 +94,15 @@ static inline void gpt2_config_validate(const GPT2Config* cfg, const char* sourc
     }
     if (cfg->padded_vocab_size < cfg->vocab_size) {
         llm8_die("%s: padded vocab Vp=%d is smaller than vocab V=%d", source, cfg->padded_vocab_size, cfg->vocab_size);
+    }
+    // far above any GPT-2 (d48: L 48, C 1600, maxT 1024, Vp 50304), and low enough that the parameter count (about
+    // Vp C + maxT C + 12 L C^2, below 2^53 here) and every tensor's size stay exact in size_t: a corrupt header's
+    // values would otherwise wrap it and a file of the wrapped length pass the length check
+    if (cfg->num_layers > GPT2_MAX_LAYERS || cfg->channels > GPT2_MAX_CHANNELS || cfg->max_seq_len > GPT2_MAX_SEQ_LEN ||
+        cfg->padded_vocab_size > GPT2_MAX_PADDED_VOCAB) {
+        llm8_die("%s: model shape L=%d C=%d maxT=%d Vp=%d is past what llm8 reads (L <= %d, C <= %d, maxT <= %d, "
+                 "Vp <= %d): a corrupt header?", source, cfg->num_layers, cfg->channels, cfg->max_seq_len,
+                 cfg->padded_vocab_size, GPT2_MAX_LAYERS, GPT2_MAX_CHANNELS, GPT2_MAX_SEQ_LEN, GPT2_MAX_PADDED_VOCAB);
     }
 }
 

@@ -1534,6 +1534,20 @@ static void test_model_config_edges(void) {
     CHECK_DIES("shape: no context", "maxT=0 V=16 (all must be positive)", gpt2_config_validate(&no_context, "test"));
     CHECK_DIES("shape: Vp below V", "padded vocab Vp=100 is smaller than vocab V=128", gpt2_config_validate(&short_padding, "test"));
     CHECK_LIVES("shape: Vp = V", gpt2_config_validate(&exact, "test"));
+    // past the bounds, one at a time (each would wrap, or nearly, the parameter count of a corrupt header), and at them
+    GPT2Config huge[4];
+    for (int k = 0; k < 4; k++) { huge[k] = gpt2_config_make(1, 1, 8, 8, 128); }
+    huge[0].num_layers = GPT2_MAX_LAYERS + 1;
+    huge[1].channels = GPT2_MAX_CHANNELS * 2;
+    huge[2].max_seq_len = GPT2_MAX_SEQ_LEN + 1;
+    huge[3].padded_vocab_size = GPT2_MAX_PADDED_VOCAB + 128;
+    for (int k = 0; k < 4; k++) {
+        CHECK_DIES("shape: past the bounds", "is past what llm8 reads", gpt2_config_validate(&huge[k], "test"));
+    }
+    GPT2Config largest = gpt2_config_make(GPT2_MAX_LAYERS, 1, GPT2_MAX_CHANNELS, GPT2_MAX_SEQ_LEN, 50257);
+    largest.padded_vocab_size = GPT2_MAX_PADDED_VOCAB;
+    CHECK_LIVES("shape: at the bounds", gpt2_config_validate(&largest, "test"));
+    CHECK(gpt2_num_parameters(&largest) < ((size_t)1 << 53), "the largest shape's %zu parameters", gpt2_num_parameters(&largest));
 
     const char* llmc_names[NUM_PARAMETER_TENSORS] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
                                                      "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
