@@ -8,6 +8,8 @@
 #
 #   bash dev/gpu_prepare.sh             # all three, each only when missing
 #   bash dev/gpu_prepare.sh whl data    # some of them: whl, nccl, data
+# A part that fails is named in a last error line (exit 1) after the others are made and the
+# carry report printed.
 #
 #   .whl/              the nvidia-cudnn-frontend wheel: cuDNN attention's headers (every call)
 #   .nccl/sm90/        NCCL 2.30 or later cut to sm_90 (dev/nccl_wheel.sh sm90; the ranks stage)
@@ -64,17 +66,28 @@ for part in "${parts[@]}"; do
         *) die "unknown part '$part' (expected some of: whl nccl data)" ;;
     esac
 done
+# each part in a subshell of its own (errexit on inside it): one that fails (a download cut off) is named
+# and the others are still made, since each serves other calls, and the carry report still comes
+failed=()
 for part in "${parts[@]}"; do
-    case "$part" in
-        whl) fetch_cudnn_frontend ;;
-        nccl) prepare_nccl ;;
-        data) prepare_data ;;
-    esac
+    set +e
+    (
+        set -e
+        case "$part" in
+            whl) fetch_cudnn_frontend ;;
+            nccl) prepare_nccl ;;
+            data) prepare_data ;;
+        esac
+    )
+    status=$?
+    set -e
+    [ "$status" -eq 0 ] || failed+=("$part")
 done
 
 # each call's carry and what travels with it, in bytes as the files are (a path of a part asked
 # for that is still missing: an error)
-"$PYTHON" - "$CARRY_LIMIT_MIB" "${parts[@]}" <<'PY'
+report_status=0
+"$PYTHON" - "$CARRY_LIMIT_MIB" "${parts[@]}" <<'PY' || report_status=$?
 import os, subprocess, sys
 limit_mib, asked = int(sys.argv[1]), set(sys.argv[2:])
 tree = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -109,3 +122,5 @@ for stages, carry in calls:
         status = 1
 sys.exit(status)
 PY
+[ "${#failed[@]}" -eq 0 ] || die "${failed[*]} failed (above); the other parts were made"
+exit "$report_status"

@@ -57,6 +57,7 @@ cd "$(dirname "$0")/.."
 stage=${1:-}
 LOG_DIR=${OUT:-build/gpu-logs}
 mkdir -p "$LOG_DIR" build
+LOG_DIR=$(cd "$LOG_DIR" && pwd)  # absolute: some stages cd elsewhere before they write into it
 PYTHON=${PYTHON:-python3}
 [ -x /opt/torch/.venv/bin/python3 ] && PYTHON=/opt/torch/.venv/bin/python3
 export PYTHON PYTHONUNBUFFERED=1
@@ -164,7 +165,13 @@ first_summary() {
     echo "build: $([ "$make_errors" -eq 0 ] && echo ok || echo "$make_errors make errors (build.log)")"
     grep -h -E '^build: (NO_CUDNN=1|stopped|not run|could not)' "$LOG_DIR/build.log"
     tail -n 1 "$LOG_DIR/gpu_tests.log"
-    grep -E '^(!!|-- |FAIL|SKIP)' "$LOG_DIR/gpu_tests.log" | head -n 20
+    # every binary stopped, not run or skipped, then the first 20 FAIL lines and their count (a binary
+    # with many FAILs must not push the stopped and not-run lines out)
+    grep -E '^(!!|-- |SKIP)' "$LOG_DIR/gpu_tests.log"
+    grep -E '^FAIL' "$LOG_DIR/gpu_tests.log" | head -n 20
+    local fails
+    fails=$(grep -c -E '^FAIL' "$LOG_DIR/gpu_tests.log")
+    [ "$fails" -le 20 ] || echo "FAIL lines: $fails in all, the first 20 above (gpu_tests.log)"
     # probe_epilogues' table (env.txt), or why there is none
     env_section '^## cuBLASLt FP8 GEMMs through GELU epilogues' '^(\\| |error)' \
         || echo "probe_epilogues: no table ($(grep -h -E '^\(probe_epilogues' "$LOG_DIR/env.txt"))"
@@ -210,20 +217,44 @@ case "$stage" in
         write_env
         build_all $((tests_end - $(date +%s)))
         make_errors=$(build_errors)
+        # the probes below each get their own limit, cut to what is left before the tests' deadline (a
+        # build that took its whole time leaves them none: they are skipped, and the tests keep theirs)
+        probe_limit() {
+            local left=$((tests_end - $(date +%s)))
+            [ "$left" -ge 3 ] || { echo 0; return; }
+            echo $(($1 < left ? $1 : left))
+        }
+        # `probe SECONDS NAME COMMAND...`: COMMAND's output into env.txt, or why it did not run or finished badly
+        probe() {
+            local seconds name=$2
+            seconds=$(probe_limit "$1")
+            shift 2
+            echo >>"$LOG_DIR/env.txt"
+            if [ "$seconds" -eq 0 ]; then
+                echo "($name: not run, under 3 s left before the tests' deadline)" >>"$LOG_DIR/env.txt"
+                return
+            fi
+            timeout --kill-after=5 "$seconds" "$@" >>"$LOG_DIR/env.txt" 2>&1 || echo "($name: exit $?)" >>"$LOG_DIR/env.txt"
+        }
         # which FP8 GELU epilogues (FP8 outputs, bf16 with amax) cuBLASLt has (a second or two): into env.txt, the machine's facts
-        { echo; timeout 30 ./probe_epilogues 2>&1 || echo "(probe_epilogues: exit $?)"; } >>"$LOG_DIR/env.txt"
+        probe 30 probe_epilogues ./probe_epilogues
         # the tile cast's parts timed apart at d12's shapes (a few seconds): what bounds the FP8 casts
-        { echo; timeout 60 ./bench_casts 2>&1 || echo "(bench_casts: exit $?)"; } >>"$LOG_DIR/env.txt"
+        probe 60 bench_casts ./bench_casts
         # how far cuBLASLt's first algorithm, training's, is from the fastest it lists for d12's GEMMs (about 10 s):
         # bench_gemm's --algorithms table only, into env.txt
-        timeout 90 ./bench_gemm --models d12 --iters 3 --warmup 1 --algorithms 8 >build/bench_gemm_algorithms.txt 2>&1 \
-            || tail -n 3 build/bench_gemm_algorithms.txt | sed "s/^/(bench_gemm --algorithms: exit $?) /" >>"$LOG_DIR/env.txt"
-        { echo; awk '/^#### /{on = 1} on' build/bench_gemm_algorithms.txt; } >>"$LOG_DIR/env.txt"
+        seconds=$(probe_limit 90)
+        if [ "$seconds" -eq 0 ]; then
+            echo "(bench_gemm --algorithms: not run, under 3 s left before the tests' deadline)" >>"$LOG_DIR/env.txt"
+        else
+            timeout --kill-after=5 "$seconds" ./bench_gemm --models d12 --iters 3 --warmup 1 --algorithms 8 \
+                >build/bench_gemm_algorithms.txt 2>&1 \
+                || tail -n 3 build/bench_gemm_algorithms.txt | sed "s/^/(bench_gemm --algorithms: exit $?) /" >>"$LOG_DIR/env.txt"
+            { echo; awk '/^#### /{on = 1} on' build/bench_gemm_algorithms.txt; } >>"$LOG_DIR/env.txt"
+        fi
         # PyTorch's attention kernels at d12's and d48's shapes beside llm8's rows of the newest committed d12
         # benchmark (seconds): is cuDNN's backward, the step's largest gap to its floor, the best this GPU has
-        { echo; timeout 60 "$PYTHON" dev/bench/torch_attention.py --models d12,d48 \
-              --bench "$(compgen -G 'doc/benchmarks/*-quick-d12.json' | sort | tail -n 1)" 2>&1 \
-              || echo "(torch_attention.py: exit $?)"; } >>"$LOG_DIR/env.txt"
+        probe 60 torch_attention.py "$PYTHON" dev/bench/torch_attention.py --models d12,d48 \
+            --bench "$(compgen -G 'doc/benchmarks/*-quick-d12.json' | sort | tail -n 1)"
         mapfile -t tests < <(gpu_test_binaries)
         # the 2-rank test needs NCCL 2.30+, which only the ranks stage installs: here its SKIP line shows in summary.txt
         LLM8_ALLOW_NO_TWO_RANKS=1 TEST_DEADLINE=$tests_end PYTHON="$PYTHON" bash test/run_gpu_tests.sh "${tests[@]}" 2>&1 \
@@ -304,12 +335,15 @@ case "$stage" in
         # off at its limit still returns what was measured (commit them under doc/benchmarks/)
         # (bench.py itself, not make bench, which would first compile a target that failed in the
         # build); BENCH_S bounds it, the build included, so that it ends inside the call
-        only=${2:+--only $2}
+        # the models: words or a comma list (bench d12 d48, bench d12,d48), one --only list; the log's name
+        # joins them with _ (the device tool returns no file whose name holds a comma)
+        models=$(IFS=,; echo "${*:2}")
+        only=${models:+--only $models}
         bench_end=${BENCH_S:+$(($(date +%s) + BENCH_S))}
         build_all ${BENCH_S:+$((BENCH_S / 2))} || exit 1
         left=${bench_end:+$((bench_end - $(date +%s)))}
         time "$PYTHON" dev/bench/bench.py --quick $only --out "$LOG_DIR" ${left:+--time-limit "$left"} 2>&1 \
-            | tee "$LOG_DIR/bench${2:+_$2}.log"
+            | tee "$LOG_DIR/bench${models:+_${models//,/_}}.log"
         ;;
     parity)
         # PARITY_* override the run for a dry run without a GPU (test/test_scripts.py: the CPU trainer)

@@ -628,6 +628,52 @@ def test_gpu_session_first_stage_dry_run(tmp_path):
     assert re.fullmatch(r"seconds used: \d+ of FIRST_S=44", summary[-1]) and int(summary[-1].split()[2]) <= 45, summary
 
 
+def test_gpu_session_first_stage_probes_keep_to_the_tests_deadline(tmp_path):
+    """a probe that hangs (here bench_casts) is cut at the time left before the tests' deadline, not at its own 60 s,
+    so the call ends within FIRST_S and summary.txt comes back (the probes' fixed limits, 240 s in all, came on top
+    of a build that may take the whole window); a test binary with 25 FAIL lines pushes neither the stopped
+    test_gpt2's line nor the count out of the summary"""
+    root, fakes, out, names = first_stage_fakes(tmp_path)
+    (root / "bench_casts").write_text("#!/bin/sh\nsleep 45\n")
+    env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable,
+               FIRST_S="20", FIRST_BENCH_S="10", PYTHONPATH=fake_torch(tmp_path))
+    started = time.monotonic()
+    subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True, timeout=120,
+                   env=env)
+    assert time.monotonic() - started < 20 + 10, "the call ran past FIRST_S"
+    assert "(bench_casts: exit 124)" in (out / "env.txt").read_text()
+    assert (out / "summary.txt").exists()
+
+    root, fakes, out, names = first_stage_fakes(tmp_path / "fails")
+    (root / "build" / "test_kernels").write_text(
+        "#!/bin/sh\n" + "".join(f'echo "FAIL test/test_kernels.cu:{i}: a check"\n' for i in range(25))
+        + 'echo "test_kernels: 5 passed, 25 failed"; exit 1\n')
+    env = dict(env, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}")
+    subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "first"], capture_output=True, text=True, timeout=120,
+                   env=env)
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert len([line for line in summary if line.startswith("FAIL test/")]) == 20, summary
+    [count] = [line for line in summary if line.startswith("FAIL lines: ")]
+    assert re.fullmatch(r"FAIL lines: (\d+) in all, the first 20 above \(gpu_tests\.log\)", count), count
+    assert int(count.split()[2]) >= 25, count
+    assert [line for line in summary if line.startswith("!! build/test_gpt2") or line.startswith("-- build/test_gpt2")], summary
+
+
+def test_gpu_session_bench_stage_takes_several_models(tmp_path):
+    """bench d12 d24 and bench d12,d24 both measure both models (the second word was dropped), and the log's name has
+    no comma (the device tool returns no such file)"""
+    root, fakes, out, _ = first_stage_fakes(tmp_path)
+    for args, log in ((["d12", "d24"], "bench_d12_d24.log"), (["d12,d24"], "bench_d12_d24.log")):
+        for f in os.listdir(out) if out.exists() else []:
+            os.remove(out / f)
+        env = dict(os.environ, OUT=str(out), PATH=f"{fakes}:{os.environ['PATH']}", PYTHON=sys.executable, BENCH_S="60")
+        result = subprocess.run(["bash", str(root / "dev" / "gpu_session.sh"), "bench"] + args, capture_output=True,
+                                text=True, timeout=120, env=env)
+        assert log in os.listdir(out), (args, os.listdir(out), result.stdout[-2000:])
+        assert "--only d12,d24" in (out / log).read_text() or any(f.endswith("-quick-d12-d24.md") for f in os.listdir(out)), \
+            (args, os.listdir(out))
+
+
 def test_gpu_session_ranks_stage_stops_at_ranks_s(tmp_path):
     """RANKS_S=N bash dev/gpu_session.sh ranks: the multi-rank tests are stopped after N seconds (a session's second,
     short call), here with multi-rank trainer tests that hang. What NCCL wrote to NCCL_DEBUG_FILE before (a rank

@@ -102,26 +102,48 @@ def test_the_parts_named_only_and_the_rest_reported_missing_without_failing(tmp_
                         '(bash dev/gpu_prepare.sh data makes it)')
 
 
-def test_bad_parts_a_failed_download_and_an_unignored_wheel_folder_stop_it_with_one_line(tmp_path):
+def test_bad_parts_a_failed_download_and_an_unignored_wheel_folder_fail_it_in_a_line_each(tmp_path):
+    """an unknown part stops it before anything is made; a part that fails says why in one line, the others are still
+    made (each serves other calls) and the carry report printed, and a last line names the part: exit 1"""
     checkout, calls, env = checkout_with_stubs(tmp_path / "a")
     result = prepare(checkout, env, "whl", "cudnn")
     assert result.returncode == 1 and result.stderr.splitlines() == [
         "error: dev/gpu_prepare.sh: unknown part 'cudnn' (expected some of: whl nccl data)"]
     assert not calls.exists()
 
-    checkout, _, env = checkout_with_stubs(tmp_path / "b", pip_fails=True)
+    checkout, calls, env = checkout_with_stubs(tmp_path / "b", pip_fails=True)
     result = prepare(checkout, env)
     assert result.returncode == 1 and result.stderr.splitlines() == [
-        "error: dev/gpu_prepare.sh: could not download nvidia-cudnn-frontend 9.9.9 into .whl/"]
+        "error: dev/gpu_prepare.sh: could not download nvidia-cudnn-frontend 9.9.9 into .whl/",
+        "error: dev/gpu_prepare.sh: whl failed (above); the other parts were made"]
+    assert calls.read_text().splitlines()[1:] == ["nccl_wheel sm90", "setup_python ", "prepare_default "]
+    assert (checkout / ".nccl" / "sm90").is_dir() and (checkout / "dev" / "data" / "offline").is_dir()
+    assert [line.split(": carry ")[1].split(":")[1].strip() for line in carry_lines(result.stdout)] == [
+        ".whl missing (bash dev/gpu_prepare.sh whl makes it)"] * 3, result.stdout
 
     checkout, calls, env = checkout_with_stubs(tmp_path / "d", frontend_installed=False)
     result = prepare(checkout, env, "whl")
     assert result.returncode == 1 and result.stderr.splitlines() == [
-        "error: dev/gpu_prepare.sh: nvidia-cudnn-frontend is not installed here (bash scripts/setup_python.sh): its version is the one to carry"]
+        "error: dev/gpu_prepare.sh: nvidia-cudnn-frontend is not installed here (bash scripts/setup_python.sh): its version is the one to carry",
+        "error: dev/gpu_prepare.sh: whl failed (above); the other parts were made"]
     assert not calls.exists()
 
     checkout, calls, env = checkout_with_stubs(tmp_path / "c", ignore_whl=False)
     result = prepare(checkout, env)
     assert result.returncode == 1 and result.stderr.splitlines() == [
-        "error: dev/gpu_prepare.sh: .whl/ is not ignored by git (.gitignore): it would travel with every call"]
-    assert not calls.exists()
+        "error: dev/gpu_prepare.sh: .whl/ is not ignored by git (.gitignore): it would travel with every call",
+        "error: dev/gpu_prepare.sh: whl failed (above); the other parts were made"]
+    assert calls.read_text().splitlines() == ["nccl_wheel sm90", "setup_python ", "prepare_default "]
+
+
+def test_a_failed_nccl_fetch_leaves_the_corpus_made(tmp_path):
+    """the NCCL download (291 MiB) failing first stopped the script before the offline corpus: the parity call then
+    failed at once on the device"""
+    checkout, calls, env = checkout_with_stubs(tmp_path)
+    (checkout / "dev" / "nccl_wheel.sh").write_text(f'echo "nccl_wheel $*" >> {calls}\necho "download failed" >&2\nexit 3\n')
+    result = prepare(checkout, env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.splitlines()[-1] == "error: dev/gpu_prepare.sh: nccl failed (above); the other parts were made"
+    assert (checkout / "dev" / "data" / "offline").is_dir() and (checkout / ".whl" / WHEEL).exists()
+    lines = carry_lines(result.stdout)
+    assert lines[1].endswith(".nccl/sm90 missing (bash dev/gpu_prepare.sh nccl makes it)") and lines[2].endswith("fits")
