@@ -32,10 +32,11 @@ PYTHON=${PYTHON:-python3}
 
 die() { echo "error: dev/nccl_wheel.sh: $*" >&2; exit 1; }
 
-# the wheel for the device machine's Python (3.12, x86-64) into .nccl/whole/; prints its path
+# the wheel for the device machine's Python (3.12, x86-64) into .nccl/whole/; prints its path. The
+# other forms in .nccl/ stay: sm90 and split each replace only their own
 fetch_wheel() {
     git check-ignore -q "$PIECES_DIR/part_00" || die "$PIECES_DIR/ is not ignored by git (.gitignore): what it holds would travel with every call"
-    rm -rf "$PIECES_DIR"
+    rm -rf "$PIECES_DIR/whole"
     mkdir -p "$PIECES_DIR/whole"
     "$PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
         --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
@@ -53,6 +54,7 @@ install_wheel() {
 cut_to_sm90() {
     local wheel
     wheel=$(fetch_wheel)
+    rm -rf "$PIECES_DIR/sm90"
     "$PYTHON" dev/nccl_sm90.py "$wheel" "$PIECES_DIR/sm90" || exit 1
     rm -rf "$PIECES_DIR/whole"
     echo "one device call: carry [\"$PIECES_DIR/sm90\", \".whl\"], command: RANKS_S=... bash dev/gpu_session.sh ranks (it installs the wheel first)"
@@ -61,6 +63,7 @@ cut_to_sm90() {
 split_wheel() {
     local wheel
     wheel=$(fetch_wheel)
+    rm -f "$PIECES_DIR"/part_* "$PIECES_DIR/SHA256"
     split -b "${PIECE_MIB}M" -d -a 2 "$wheel" "$PIECES_DIR/part_"
     (cd "$PIECES_DIR/whole" && sha256sum "$(basename "$wheel")") > "$PIECES_DIR/SHA256"
     local parts=("$PIECES_DIR"/part_*)

@@ -90,6 +90,31 @@ def test_join_installs_the_wheel(checkout, tmp_path):
     assert os.path.exists(os.path.join(site, "nvidia", "nccl", "lib", "libnccl.so.2"))
 
 
+def test_split_leaves_the_cut_wheel_in_place(tmp_path):
+    """split after sm90 (or the reverse) replaces only its own form in .nccl/: the cut wheel a ranks call carries
+    stays (fetching the wheel removed all of .nccl/, so the two deleted each other); pip's download is a stand-in"""
+    root = tmp_path / "repo"
+    os.makedirs(root / "dev")
+    shutil.copy(os.path.join(ROOT, "dev", "nccl_wheel.sh"), root / "dev")
+    (root / ".gitignore").write_text("/.nccl/\n")
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    os.makedirs(root / ".nccl" / "sm90")
+    (root / ".nccl" / "sm90" / NAME).write_bytes(b"the cut wheel")
+    wheel = tmp_path / NAME
+    write_wheel(wheel)
+    python = tmp_path / "python3"
+    python.write_text(f'#!/bin/sh\nif [ "$1 $2 $3" = "-m pip download" ]; then\n'
+                      f'  while [ "$1" != "-d" ]; do shift; done\n  cp {wheel} "$2/"\n  exit 0\nfi\n'
+                      f'exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    result = subprocess.run(["bash", str(root / "dev" / "nccl_wheel.sh"), "split"], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHON=str(python), PIECE_MIB="1"), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (root / ".nccl" / "sm90" / NAME).read_bytes() == b"the cut wheel"
+    assert sorted(p.name for p in (root / ".nccl").iterdir() if p.name.startswith("part_")) == ["part_00"]
+    assert (root / ".nccl" / "SHA256").read_text().endswith(f"  {NAME}\n")
+
+
 def test_a_missing_piece_stops_join(checkout, tmp_path):
     os.remove(checkout / ".nccl" / "part_01")
     result, site = join(checkout, tmp_path)
