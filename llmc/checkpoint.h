@@ -40,7 +40,8 @@ Why it is shaped this way:
   with that marker, so a checkpoint cut off half way is never resumed from. checkpoint_remove
   deletes the marker first (its removal synced before any file goes), so a removal cut off half
   way is never resumed from either, and a step written again (a resumed run's step) is first
-  removed, so its marker never stands over a mix of old and new files. One dir holds one run: checkpoint_claim_dir.
+  removed, so its marker never stands over a mix of old and new files. One dir holds one run:
+  checkpoint_claim_dir.
 - Every read checks magic, version, shape and the exact file length up front, and names the
   file in a one-line error, so a truncated or foreign file never becomes silent garbage.
 - state_file_index maps a state file (header fields, where the body's arrays and each

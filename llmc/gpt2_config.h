@@ -77,12 +77,13 @@ static inline int gpt2_param_is_decayed(int tensor) {
            tensor == PARAM_ATTPROJW || tensor == PARAM_FCW || tensor == PARAM_FCPROJW;
 }
 
-// checks the invariants every kernel relies on; dies with a one-line message naming `source`
+// the largest shape a model file may give (gpt2_config_validate says why)
 #define GPT2_MAX_LAYERS 4096
 #define GPT2_MAX_CHANNELS 65536
 #define GPT2_MAX_SEQ_LEN (1 << 20)
 #define GPT2_MAX_PADDED_VOCAB (1 << 20)
 
+// checks the invariants every kernel relies on; dies with a one-line message naming `source`
 static inline void gpt2_config_validate(const GPT2Config* cfg, const char* source) {
     if (cfg->num_layers <= 0 || cfg->num_heads <= 0 || cfg->channels <= 0 ||
         cfg->max_seq_len <= 0 || cfg->vocab_size <= 0) {
