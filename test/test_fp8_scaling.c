@@ -302,7 +302,50 @@ static void test_loaded_state_errors(void) {
         s.scale = bits_as_float(0x00800000u);  // 2^-126, the smallest a run makes: normal, and so is 2^126
         s.scale_inv = fp8_reciprocal(s.scale);
         CHECK(fp8_scaling_loaded_error(&s, &fresh) == NULL, "format %d: the scale 2^-126 is refused", format);
+        // another run's settings, a negative count, a recorded amax that is not one: each refused
+        Fp8TensorScaling other_format, other_recipe, other_history, other_margin;
+        fp8_scaling_init(&other_format, FP8_RECIPE_DELAYED, format == 0 ? FP8_E5M2 : FP8_E4M3, 4, FP8_MARGIN_MAX);
+        fp8_scaling_init(&other_recipe, FP8_RECIPE_CURRENT, f, 4, FP8_MARGIN_MAX);
+        fp8_scaling_init(&other_history, FP8_RECIPE_DELAYED, f, 5, FP8_MARGIN_MAX);
+        fp8_scaling_init(&other_margin, FP8_RECIPE_DELAYED, f, 4, 0);
+        const Fp8TensorScaling* others[4] = {&other_format, &other_recipe, &other_history, &other_margin};
+        for (int k = 0; k < 4; k++) {
+            CHECK(fp8_scaling_loaded_error(others[k], &fresh) != NULL, "format %d: a state of other settings (%d) loads",
+                  format, k);
+        }
+        s = fresh;
+        s.nonfinite_count = -1;
+        CHECK(fp8_scaling_loaded_error(&s, &fresh) != NULL, "format %d: a negative non-finite count loads", format);
+        const float bad_amaxes[2] = {NAN, -1.0f};
+        for (int k = 0; k < 2; k++) {
+            s = fresh;
+            fp8_scaling_update(&s, 2.0f);
+            fp8_scaling_update(&s, 3.0f);
+            CHECK(fp8_scaling_loaded_error(&s, &fresh) == NULL, "format %d: two updates' state is refused", format);
+            s.amax_history[1] = bad_amaxes[k];
+            CHECK(fp8_scaling_loaded_error(&s, &fresh) != NULL, "format %d: a recorded amax of %g loads", format,
+                  bad_amaxes[k]);
+            s.amax_history[1] = 3.0f;
+            s.amax_history[2] = bad_amaxes[k];  // past the recorded part: never read as history
+            CHECK(fp8_scaling_loaded_error(&s, &fresh) == NULL, "format %d: an unrecorded slot's %g is refused", format,
+                  bad_amaxes[k]);
+        }
     }
+}
+
+// the CPU reference's casts split among threads: merged statistics count every part's elements and take the
+// largest amax (a NaN part's NaN, as the GPU's unsigned atomicMax of the bits does)
+static void test_cast_stats_merge(void) {
+    Fp8CastStats into = {1.0f, 2.0f, 10, 1, 2}, part = {4.0f, 2.0f, 5, 3, 0}, nan_part = {NAN, 2.0f, 1, 0, 0};
+    fp8_cast_stats_merge(&into, &part);
+    CHECK(into.amax == 4.0f && into.elements == 15 && into.saturated == 4 && into.flushed == 2,
+          "merged: amax %g, %llu elements, %llu saturated, %llu flushed", into.amax, (unsigned long long)into.elements,
+          (unsigned long long)into.saturated, (unsigned long long)into.flushed);
+    Fp8CastStats smaller = {0.5f, 2.0f, 1, 0, 0};
+    fp8_cast_stats_merge(&into, &smaller);
+    CHECK(into.amax == 4.0f && into.elements == 16, "a smaller part's amax replaced the larger (%g)", into.amax);
+    fp8_cast_stats_merge(&into, &nan_part);
+    CHECK(isnan(into.amax), "a NaN part's amax was lost in the merge (%g)", into.amax);
 }
 
 static void test_config_errors(void) {
@@ -322,5 +365,6 @@ int main(void) {
     test_protocol_jump();
     test_config_errors();
     test_loaded_state_errors();
+    test_cast_stats_merge();
     return test_summary("test_fp8_scaling");
 }

@@ -122,6 +122,9 @@ static void test_state_section(void) {
     OutlierSkip off;
     outlier_skip_init(&off, 0.0f, 0.0f);
     CHECK(outlier_skip_state_sections(&off, 0, sections) == 0, "checks off, nothing skipped: no section (llm.c's version 1)");
+    // read: both, with the checks off too (a run resumed without -sl/-sg still takes the checkpoint's windows and counts)
+    CHECK(outlier_skip_state_sections(&off, 1, sections) == 2 && strcmp(sections[0].tag, "outlier_windows") == 0 &&
+          strcmp(sections[1].tag, "skipped_updates") == 0, "checks off, reading: both sections");
     double z;
     CHECK(outlier_skip_judge(&off, NAN, 1.0f, &z) == STEP_SKIPPED_NONFINITE && off.skipped[STEP_SKIPPED_NONFINITE] == 1 &&
           outlier_skip_total_skipped(&off) == 1, "a skip is counted");
