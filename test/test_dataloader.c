@@ -528,7 +528,53 @@ static void test_eval_bad_inputs(void) {
     fwriteCheck(bytes, 1, (size_t)n, fp);
     fcloseCheck(fp);
     CHECK_DIES("eval: example bytes vs fields", "its fields take", evalloader_init(&loader, claims, 4, 16, 0, 1, EVAL_TEST_VOCAB));
+    example_bytes -= 1;  // odd: half of it rounds down to the right count, so only the parity check refuses it
+    memcpy(bytes + 1024 + 2, &example_bytes, 2);
+    const char* odd = in_dir(g_dir, "eval_odd_bytes.bin");
+    fp = fopenCheck(odd, "wb");
+    fwriteCheck(bytes, 1, (size_t)n, fp);
+    fcloseCheck(fp);
+    CHECK_DIES("eval: an odd byte count", "claims", evalloader_init(&loader, odd, 4, 16, 0, 1, EVAL_TEST_VOCAB));
+    example_bytes -= 1;
+    memcpy(bytes + 1024 + 2, &example_bytes, 2);
+    // completion 0 of length 0 (its length field zeroed): an empty completion, whose mean loss would be 0/0
+    uint16_t context_length, zero = 0;
+    memcpy(&context_length, bytes + 1024 + 10, 2);
+    size_t completion0 = 1024 + 2 * (6 + (size_t)context_length);
+    uint16_t saved_length;
+    memcpy(&saved_length, bytes + completion0, 2);
+    memcpy(bytes + completion0, &zero, 2);
+    const char* empty = in_dir(g_dir, "eval_empty_completion.bin");
+    fp = fopenCheck(empty, "wb");
+    fwriteCheck(bytes, 1, (size_t)n, fp);
+    fcloseCheck(fp);
+    memcpy(bytes + completion0, &saved_length, 2);
+    CHECK_DIES("eval: an empty completion", "example 0, completion 0 is empty",
+               evalloader_init(&loader, empty, 4, 16, 0, 1, EVAL_TEST_VOCAB));
+    // as many processes as examples: one each, not refused
+    CHECK_LIVES("eval: one example per process",
+                evalloader_init(&loader, in_dir(g_py_dir, "hellaswag.bin"), 4, 16, 9, 10, EVAL_TEST_VOCAB));
     free(bytes);
+}
+
+// a shuffle trailer whose generator has drawn exactly a whole state's worth since its twist (llm.c writes next
+// = 624, left = 1 then; ours: index = N) is a valid one: read back, the next draws are the same
+static void test_read_state_at_a_full_state(void) {
+    DataLoader loader, resumed;
+    dataloader_init(&loader, g_pattern, 2, 3, 0, 1, 1, VOCAB);
+    while (loader.shuffle_rng.index != MT19937_N) { randint32(&loader.shuffle_rng); }
+    const char* path = in_dir(g_dir, "loader_state_full.bin");
+    FILE* fp = fopenCheck(path, "wb");
+    dataloader_write_state(&loader, fp);
+    fcloseCheck(fp);
+    dataloader_init(&resumed, g_pattern, 2, 3, 0, 1, 1, VOCAB);
+    fp = fopenCheck(path, "rb");
+    dataloader_read_state(&resumed, fp, path);
+    fcloseCheck(fp);
+    CHECK(resumed.shuffle_rng.index == MT19937_N && randint32(&resumed.shuffle_rng) == randint32(&loader.shuffle_rng),
+          "a trailer at a full state (index %u) read back to index %u or other draws", MT19937_N, resumed.shuffle_rng.index);
+    dataloader_free(&loader);
+    dataloader_free(&resumed);
 }
 
 // ----------------------------------------------------------------------------
@@ -815,6 +861,7 @@ int main(void) {
     test_exact_multiple_shard();
     test_epoch_batches();
     test_short_shards_passed_over();
+    test_read_state_at_a_full_state();
     test_fill_first_batch();
     test_dataloader_more_bad_inputs();
     test_read_state_bad_trailers();

@@ -849,14 +849,28 @@ static void test_checkpoint_paths_and_latest(void) {
     touch(in_dir(dir, "state_00000030_00001.bin"));
     touch(in_dir(dir, "state_00000030_00001.bin.tmp"));
     touch(in_dir(dir, "state_00000300_00000.bin"));
+    touch(in_dir(dir, "state_00000030_00009.bin"));  // every rank digit, 9 too
     checkpoint_remove(dir, 30);
     CHECK(checkpoint_find_latest(dir) == 20, "after removing 30 the latest is 20: %d", checkpoint_find_latest(dir));
     CHECK(!file_exists(in_dir(dir, "model_00000030.bin")) && !file_exists(in_dir(dir, "state_00000030_00000.bin")) &&
-          !file_exists(in_dir(dir, "state_00000030_00001.bin")) && !file_exists(in_dir(dir, "state_00000030_00001.bin.tmp")),
-          "checkpoint_remove left files of step 30");
+          !file_exists(in_dir(dir, "state_00000030_00001.bin")) && !file_exists(in_dir(dir, "state_00000030_00001.bin.tmp")) &&
+          !file_exists(in_dir(dir, "state_00000030_00009.bin")), "checkpoint_remove left files of step 30");
     CHECK(file_exists(in_dir(dir, "state_00000300_00000.bin")) && file_exists(in_dir(dir, "model_00000020.bin")) &&
           file_exists(in_dir(dir, "DONE_00000020")), "checkpoint_remove removed files of other steps");
     checkpoint_remove(dir, 30);  // removing again is harmless
+    checkpoint_remove(in_dir(dir, "no_such_subdir"), 30);  // and so is a dir that is not there
+    // a marker that cannot be removed (here a directory with a file in it) stops the removal before any file of
+    // the step goes, naming it: its files would otherwise go while it still calls the step complete
+    char marker[512];
+    checkpoint_done_path(marker, sizeof(marker), dir, 50);
+    ensure_writable_dir(marker);
+    touch(in_dir(marker, "inside"));
+    touch(in_dir(dir, "model_00000050.bin"));
+    CHECK_DIES("checkpoint: a marker that cannot be removed", "cannot remove '", checkpoint_remove(dir, 50));
+    CHECK(file_exists(in_dir(dir, "model_00000050.bin")), "the step's model file went while its marker stayed");
+    remove(in_dir(marker, "inside"));
+    rmdir(marker);
+    remove(in_dir(dir, "model_00000050.bin"));
 
     // one dir, one run: starting over (-y 0) with checkpoints to write is refused where complete
     // ones are; resuming, writing none (-n 0) or no -o is not
@@ -904,6 +918,11 @@ static void test_checkpoint_claim_dir(void) {
     CHECK_DIES("a second run in the same -o", "is in use by another run", checkpoint_claim_dir(run_dir, 0, 1, 5));
     CHECK_DIES("a second run in the same -o (named)", CHECKPOINT_LOCK_NAME "' is locked", checkpoint_claim_dir(run_dir, 0, 0, 0));
     checkpoint_claim_dir(run_dir, 1, 1, 5);  // rank 1 of the same run takes no lock
+    // a lock file that cannot be opened (a directory of that name): one line, not a run without a lock
+    char lock_dir[512];
+    snprintf(lock_dir, sizeof(lock_dir), "%s/lockdir", dir);
+    ensure_writable_dir(in_dir(lock_dir, CHECKPOINT_LOCK_NAME));
+    CHECK_DIES("-o whose lock file cannot be opened", "cannot open '", checkpoint_claim_dir(lock_dir, 0, 0, 5));
 
     // a dir that cannot be listed is not an empty one: -y 1 would start over in it (root reads
     // any dir, so the check drops to nobody, where it can)
