@@ -463,6 +463,15 @@ static void test_eval_loader(void) {
     free(losses);
 }
 
+// writes `length` bytes as the file `name` in the test dir; returns its path
+static const char* write_test_file(const char* name, const void* bytes, size_t length) {
+    const char* path = in_dir(g_dir, name);
+    FILE* fp = fopenCheck(path, "wb");
+    fwriteCheck(bytes, 1, length, fp);
+    fcloseCheck(fp);
+    return path;
+}
+
 static void test_eval_bad_inputs(void) {
     EvalLoader loader;
     const char* good = in_dir(g_py_dir, "hellaswag.bin");
@@ -500,10 +509,7 @@ static void test_eval_bad_inputs(void) {
         memcpy(copy, bytes, (size_t)n);
         memset(copy + n, 0, 4);
         if (variants[i].value != 0) { memcpy(copy + variants[i].offset, &variants[i].value, 2); }
-        const char* path = in_dir(g_dir, variants[i].name);
-        fp = fopenCheck(path, "wb");
-        fwriteCheck(copy, 1, (size_t)variants[i].length, fp);
-        fcloseCheck(fp);
+        const char* path = write_test_file(variants[i].name, copy, (size_t)variants[i].length);
         free(copy);
         CHECK_DIES(variants[i].what, path, evalloader_init(&loader, path, 4, 16, 0, 1, EVAL_TEST_VOCAB));
     }
@@ -511,10 +517,7 @@ static void test_eval_bad_inputs(void) {
     int32_t claimed = INT32_MAX, saved_count;
     memcpy(&saved_count, bytes + 8, 4);
     memcpy(bytes + 8, &claimed, 4);
-    const char* count_path = in_dir(g_dir, "eval_count.bin");
-    fp = fopenCheck(count_path, "wb");
-    fwriteCheck(bytes, 1, (size_t)n, fp);
-    fcloseCheck(fp);
+    const char* count_path = write_test_file("eval_count.bin", bytes, (size_t)n);
     memcpy(bytes + 8, &saved_count, 4);
     CHECK_DIES("eval: example count past the file", "claims 2147483647 examples",
                evalloader_init(&loader, count_path, 4, 16, 0, 1, EVAL_TEST_VOCAB));
@@ -523,17 +526,11 @@ static void test_eval_bad_inputs(void) {
     memcpy(&example_bytes, bytes + 1024 + 2, 2);
     example_bytes += 2;
     memcpy(bytes + 1024 + 2, &example_bytes, 2);
-    const char* claims = in_dir(g_dir, "eval_claims.bin");
-    fp = fopenCheck(claims, "wb");
-    fwriteCheck(bytes, 1, (size_t)n, fp);
-    fcloseCheck(fp);
+    const char* claims = write_test_file("eval_claims.bin", bytes, (size_t)n);
     CHECK_DIES("eval: example bytes vs fields", "its fields take", evalloader_init(&loader, claims, 4, 16, 0, 1, EVAL_TEST_VOCAB));
     example_bytes -= 1;  // odd: half of it rounds down to the right count, so only the parity check refuses it
     memcpy(bytes + 1024 + 2, &example_bytes, 2);
-    const char* odd = in_dir(g_dir, "eval_odd_bytes.bin");
-    fp = fopenCheck(odd, "wb");
-    fwriteCheck(bytes, 1, (size_t)n, fp);
-    fcloseCheck(fp);
+    const char* odd = write_test_file("eval_odd_bytes.bin", bytes, (size_t)n);
     CHECK_DIES("eval: an odd byte count", "claims", evalloader_init(&loader, odd, 4, 16, 0, 1, EVAL_TEST_VOCAB));
     example_bytes -= 1;
     memcpy(bytes + 1024 + 2, &example_bytes, 2);
@@ -544,10 +541,7 @@ static void test_eval_bad_inputs(void) {
     uint16_t saved_length;
     memcpy(&saved_length, bytes + completion0, 2);
     memcpy(bytes + completion0, &zero, 2);
-    const char* empty = in_dir(g_dir, "eval_empty_completion.bin");
-    fp = fopenCheck(empty, "wb");
-    fwriteCheck(bytes, 1, (size_t)n, fp);
-    fcloseCheck(fp);
+    const char* empty = write_test_file("eval_empty_completion.bin", bytes, (size_t)n);
     memcpy(bytes + completion0, &saved_length, 2);
     CHECK_DIES("eval: an empty completion", "example 0, completion 0 is empty",
                evalloader_init(&loader, empty, 4, 16, 0, 1, EVAL_TEST_VOCAB));
