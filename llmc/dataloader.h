@@ -61,8 +61,6 @@ typedef struct {
     size_t num_shards;
     size_t num_tokens;          // total over all shards
     size_t* file_num_tokens;    // num_shards entries: each shard's token count (glob order)
-    size_t num_short_shards;    // shards of fewer than num_processes*B*T+1 tokens: no sample, passed over
-    int smallest_shard;         // index into glob_result of the one with the fewest tokens
     // the shard in memory
     int loaded_shard;           // index into glob_result, -1 when none
     uint16_t* shard_tokens;
@@ -210,14 +208,12 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
     // check every shard up front, so a bad one fails now rather than hours into a run
     size_t sample_tokens = (size_t)num_processes * B * T + 1;
     loader->file_num_tokens = (size_t*)mallocCheck(loader->num_shards * sizeof(size_t));
-    size_t largest = 0, short_shards = 0, smallest = 0;
+    size_t largest = 0;
     for (size_t i = 0; i < loader->num_shards; i++) {
         size_t shard_tokens = dataloader_read_shard_header_(loader->glob_result.gl_pathv[i]);
         loader->file_num_tokens[i] = shard_tokens;
         loader->num_tokens += shard_tokens;
         if (shard_tokens > loader->file_num_tokens[largest]) { largest = i; }
-        if (shard_tokens < loader->file_num_tokens[smallest]) { smallest = i; }
-        if (shard_tokens < sample_tokens) { short_shards++; }
     }
     // a shard shorter than one sample holds none, and the walk passes it by (a split's last
     // shard holds what was left over, often little; llm.c refuses the whole glob for it)
@@ -226,8 +222,6 @@ static inline void dataloader_init(DataLoader* loader, const char* filename_patt
                  "needs (num_processes*B*T+1 = %zu): lower -b or -t", filename_pattern,
                  loader->glob_result.gl_pathv[largest], loader->file_num_tokens[largest], sample_tokens);
     }
-    loader->num_short_shards = short_shards;
-    loader->smallest_shard = (int)smallest;
 
     if (loader->should_shuffle) {
         manual_seed(&loader->shuffle_rng, (uint32_t)(DATALOADER_SHUFFLE_SEED + process_rank));
@@ -248,11 +242,16 @@ static inline size_t dataloader_epoch_batches(const DataLoader* loader) {
 
 // the trainers' note, after init, of the shards too short for a sample (nothing when there are none)
 static inline void dataloader_note_short_shards(const DataLoader* loader, const char* flag) {
-    if (loader->num_short_shards == 0) { return; }
+    size_t short_shards = 0, smallest = 0;
+    for (size_t i = 0; i < loader->num_shards; i++) {
+        short_shards += dataloader_file_samples_(loader, (int)i) == 0;
+        if (loader->file_num_tokens[i] < loader->file_num_tokens[smallest]) { smallest = i; }
+    }
+    if (short_shards == 0) { return; }
     printf("note: %s: %zu of the %zu token shards hold fewer than one batch's num_processes*B*T+1 = %zu tokens and are "
-           "passed over (the smallest: '%s', %zu tokens)\n", flag, loader->num_short_shards, loader->num_shards,
-           (size_t)loader->num_processes * loader->B * loader->T + 1, loader->glob_result.gl_pathv[loader->smallest_shard],
-           loader->file_num_tokens[loader->smallest_shard]);
+           "passed over (the smallest: '%s', %zu tokens)\n", flag, short_shards, loader->num_shards,
+           (size_t)loader->num_processes * loader->B * loader->T + 1, loader->glob_result.gl_pathv[smallest],
+           loader->file_num_tokens[smallest]);
 }
 
 /*

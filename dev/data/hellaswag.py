@@ -66,7 +66,7 @@ def read_examples(encoding, jsonl_path):
                     continue
                 try:
                     examples.append(tokenize_example(encoding, json.loads(line)))
-                except (ValueError, json.JSONDecodeError) as e:
+                except ValueError as e:  # json.JSONDecodeError is one
                     sys.exit(f"error: {jsonl_path} line {number}: {e}")
         except UnicodeDecodeError as e:
             sys.exit(f"error: {jsonl_path}: not UTF-8 ({e.reason} at byte {e.start} of a chunk)")
