@@ -7,8 +7,9 @@ Why it is shaped so:
   directory, -ps server), so llm.c launch scripts carry over. Only rank 0 creates the NCCL
   id; the three ways of getting it to the others cover mpirun (MPI, compiled in only with
   -DUSE_MPI), Slurm without PMIx (a shared directory) and bare machines (one TCP server).
-  The fs and tcp ways wait at most the timeout (-pt), then die naming what they waited for;
-  MPI's broadcast waits as MPI does (mpirun ends the job when a rank exits).
+  Each way waits at most the timeout (-pt), then dies naming what it waited for (under
+  mpirun the job ends when a rank exits). The tcp way's rank 0 serves each of the run's ranks
+  once, so a stray connection cannot take a rank's place.
 - The communicator is created NONBLOCKING (ncclConfig_t.blocking = 0): every NCCL call
   returns at once, ncclInProgress included, and multi_gpu_nccl_settle polls
   ncclCommGetAsyncError until the call has settled, up to a deadline. So even the
@@ -425,7 +426,99 @@ static inline int multi_gpu_connect_by(int fd, const struct sockaddr_in* addr, d
     return connected && fcntl(fd, F_SETFL, flags) == 0;
 }
 
-// tcp: rank 0 serves the id to the other num_processes - 1 ranks; they connect and read it
+/*
+-pi tcp's protocol. A rank connects to rank 0 and says who it is (MultiGpuHello); rank 0
+answers with its verdict and, when it is yes, the id (MultiGpuIdReply). Rank 0 serves each
+rank 1..N-1 once, and only for a run of its own size: a process that is not one of them (an
+earlier launch's rank still retrying, another job given the same port with another -pn, a
+port scanner) no longer takes a place that one of this run's ranks then lacks. A refused
+llm8 rank stops at once with rank 0's reason; rank 0 notes each refusal and goes on serving.
+A second rank r is refused, so when an earlier launch's rank r got there first, this launch's
+rank r stops with a line saying so, or, when that was the last place, finds no server and
+stops at -pt. All fields little-endian, as on every machine this runs.
+*/
+#define MULTI_GPU_TCP_MAGIC 0x4449384cu  // "L8ID"
+#define MULTI_GPU_TCP_HELLO_S 5.0        // how long rank 0 waits for a connection to say who it is
+
+typedef struct {
+    uint32_t magic;
+    int32_t rank;
+    int32_t num_processes;
+} MultiGpuHello;
+
+typedef enum {
+    MULTI_GPU_TCP_ACCEPTED = 0,
+    MULTI_GPU_TCP_OTHER_SIZE = 1,   // the rank's -pn is not rank 0's
+    MULTI_GPU_TCP_BAD_RANK = 2,     // not in 1 .. -pn - 1
+    MULTI_GPU_TCP_RANK_TAKEN = 3,   // that rank has already been served
+} MultiGpuTcpVerdict;
+
+typedef struct {
+    uint32_t magic;
+    int32_t verdict;                // MultiGpuTcpVerdict
+    int32_t num_processes;          // rank 0's -pn, for the refusal's message
+    ncclUniqueId id;                // meaningful when accepted
+} MultiGpuIdReply;
+
+// reads size bytes by the deadline; 1 when all came
+static inline int multi_gpu_recv_all(int fd, void* buffer, size_t size, double deadline) {
+    size_t got = 0;
+    while (got < size && multi_gpu_poll_fd(fd, POLLIN, deadline)) {
+        ssize_t n = recv(fd, (char*)buffer + got, size - got, 0);
+        if (n <= 0) { return 0; }
+        got += (size_t)n;
+    }
+    return got == size;
+}
+
+static inline const char* multi_gpu_tcp_verdict_text(int verdict) {
+    switch (verdict) {
+        case MULTI_GPU_TCP_OTHER_SIZE: return "its -pn differs from rank 0's";
+        case MULTI_GPU_TCP_BAD_RANK: return "its rank is not one of 1 .. -pn - 1";
+        case MULTI_GPU_TCP_RANK_TAKEN: return "that rank has already joined (an earlier launch's rank still running, "
+                                              "or two ranks given the same -pr?)";
+        default: return "an unknown reason";
+    }
+}
+
+/*
+Rank 0 hears one connection out: reads its hello (MULTI_GPU_TCP_HELLO_S at most), judges it
+and answers. Returns the rank it served, or 0 when it served none (refused, silent, gone).
+*/
+static inline int multi_gpu_tcp_serve_one(int client_fd, const char* peer, const ncclUniqueId* id,
+                                          const MultiGpuOptions* opts, unsigned char* joined) {
+    MultiGpuHello hello;
+    double hello_deadline = multi_gpu_now_s() + MULTI_GPU_TCP_HELLO_S;
+    if (!multi_gpu_recv_all(client_fd, &hello, sizeof(hello), hello_deadline) || hello.magic != MULTI_GPU_TCP_MAGIC) {
+        fprintf(stderr, "note: rank 0: %s connected to %s but is no llm8 rank; ignored\n", peer, opts->server);
+        return 0;
+    }
+    MultiGpuIdReply reply;
+    memset(&reply, 0, sizeof(reply));
+    reply.magic = MULTI_GPU_TCP_MAGIC;
+    reply.num_processes = opts->num_processes;
+    if (hello.num_processes != opts->num_processes) {
+        reply.verdict = MULTI_GPU_TCP_OTHER_SIZE;
+    } else if (hello.rank < 1 || hello.rank >= opts->num_processes) {
+        reply.verdict = MULTI_GPU_TCP_BAD_RANK;
+    } else if (joined[hello.rank]) {
+        reply.verdict = MULTI_GPU_TCP_RANK_TAKEN;
+    } else {
+        reply.verdict = MULTI_GPU_TCP_ACCEPTED;
+        reply.id = *id;
+    }
+    int sent = send(client_fd, &reply, sizeof(reply), MSG_NOSIGNAL) == (ssize_t)sizeof(reply);
+    if (reply.verdict != MULTI_GPU_TCP_ACCEPTED) {
+        fprintf(stderr, "note: rank 0: refused rank %d of %d from %s: %s\n", (int)hello.rank, (int)hello.num_processes,
+                peer, multi_gpu_tcp_verdict_text(reply.verdict));
+        return 0;
+    }
+    if (!sent) { return 0; }  // the rank went away before its answer; it connects again if it is still there
+    joined[hello.rank] = 1;
+    return hello.rank;
+}
+
+// tcp: rank 0 serves the id to the other num_processes - 1 ranks; they connect, say who they are and read it
 static inline void multi_gpu_id_exchange_tcp(ncclUniqueId* id, const MultiGpuOptions* opts) {
     struct sockaddr_in addr = multi_gpu_parse_server(opts->server);
     double deadline = multi_gpu_now_s() + opts->timeout_s;
@@ -437,41 +530,79 @@ static inline void multi_gpu_id_exchange_tcp(ncclUniqueId* id, const MultiGpuOpt
             listen(server_fd, opts->num_processes) != 0) {
             llm8_die("-ps %s: rank 0 cannot listen there: %s", opts->server, strerror(errno));
         }
-        for (int served = 1; served < opts->num_processes; served++) {
+        unsigned char* joined = (unsigned char*)mallocCheck((size_t)opts->num_processes);
+        memset(joined, 0, (size_t)opts->num_processes);
+        for (int served = 1; served < opts->num_processes;) {
             if (!multi_gpu_poll_fd(server_fd, POLLIN, deadline)) {
                 llm8_die("rank 0: only %d of %d ranks connected to %s within %d s", served, opts->num_processes,
                          opts->server, opts->timeout_s);
             }
-            int client_fd = accept(server_fd, NULL, NULL);
-            if (client_fd < 0 || send(client_fd, id, sizeof(*id), MSG_NOSIGNAL) != (ssize_t)sizeof(*id)) {
-                llm8_die("rank 0: sending the NCCL id over %s failed: %s", opts->server, strerror(errno));
-            }
+            struct sockaddr_in peer_addr;
+            socklen_t peer_length = sizeof(peer_addr);
+            int client_fd = accept(server_fd, (struct sockaddr*)&peer_addr, &peer_length);
+            if (client_fd < 0) { continue; }  // the connection went away while queued
+            char peer_ip[INET_ADDRSTRLEN] = "?", peer[INET_ADDRSTRLEN + 8];
+            inet_ntop(AF_INET, &peer_addr.sin_addr, peer_ip, sizeof(peer_ip));
+            snprintf(peer, sizeof(peer), "%s:%d", peer_ip, (int)ntohs(peer_addr.sin_port));
+            served += multi_gpu_tcp_serve_one(client_fd, peer, id, opts, joined) > 0;
             close(client_fd);
         }
+        free(joined);
         close(server_fd);
         return;
     }
+    MultiGpuHello hello = {MULTI_GPU_TCP_MAGIC, opts->process_rank, opts->num_processes};
     for (;;) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         if (fd >= 0 && multi_gpu_connect_by(fd, &addr, deadline)) {
-            size_t got = 0;
-            while (got < sizeof(*id) && multi_gpu_poll_fd(fd, POLLIN, deadline)) {
-                ssize_t n = recv(fd, (char*)id + got, sizeof(*id) - got, 0);
-                if (n <= 0) { break; }
-                got += (size_t)n;
-            }
+            MultiGpuIdReply reply;
+            int answered = send(fd, &hello, sizeof(hello), MSG_NOSIGNAL) == (ssize_t)sizeof(hello) &&
+                           multi_gpu_recv_all(fd, &reply, sizeof(reply), deadline) && reply.magic == MULTI_GPU_TCP_MAGIC;
             close(fd);
-            if (got == sizeof(*id)) { return; }
+            if (answered && reply.verdict == MULTI_GPU_TCP_ACCEPTED) {
+                *id = reply.id;
+                return;
+            }
+            if (answered) {
+                llm8_die("rank %d of %d: rank 0 at %s (a run of %d ranks) refused it: %s", opts->process_rank,
+                         opts->num_processes, opts->server, (int)reply.num_processes,
+                         multi_gpu_tcp_verdict_text(reply.verdict));
+            }
         } else if (fd >= 0) {
             close(fd);
         }
         if (multi_gpu_now_s() > deadline) {
-            llm8_die("rank %d: no NCCL id from rank 0 at %s after %d s (is rank 0 up, is the port open?)",
-                     opts->process_rank, opts->server, opts->timeout_s);
+            llm8_die("rank %d: no NCCL id from rank 0 at %s after %d s (is rank 0 up, is the port open? it stops "
+                     "listening once it has served every rank)", opts->process_rank, opts->server, opts->timeout_s);
         }
         usleep(MULTI_GPU_ID_POLL_US);
     }
 }
+
+#ifdef USE_MPI
+/*
+mpi: the id goes by a broadcast, bounded like the other ways. MPI_Bcast waits as long as rank
+0 takes to reach it, and rank 0 checks its data and model first: one stuck there (a hung
+filesystem) would hold every other rank past -pt. So the broadcast is MPI_Ibcast, and each
+rank tests it until the deadline; one that gives up exits, and mpirun then ends the job.
+*/
+static inline void multi_gpu_id_exchange_mpi(ncclUniqueId* id, const MultiGpuOptions* opts) {
+    MPI_Request request;
+    MPI_Ibcast(id, sizeof(*id), MPI_BYTE, 0, MPI_COMM_WORLD, &request);
+    double deadline = multi_gpu_now_s() + opts->timeout_s;
+    useconds_t pause_us = MULTI_GPU_POLL_FIRST_US;
+    for (;;) {
+        int done = 0;
+        MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+        if (done) { return; }
+        if (multi_gpu_now_s() > deadline) {
+            llm8_die("rank %d: no NCCL id from rank 0 by MPI's broadcast after %d s (is rank 0 stuck reading its data "
+                     "or model?)", opts->process_rank, opts->timeout_s);
+        }
+        multi_gpu_poll_pause(&pause_us);
+    }
+}
+#endif
 
 // ----------------------------------------------------------------------------
 // setup and teardown
@@ -594,7 +725,7 @@ static inline void multi_gpu_device_init(MultiGpuConfig* cfg, const MultiGpuOpti
         multi_gpu_id_exchange_tcp(&id, &exchange);
     } else {
 #ifdef USE_MPI
-        MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+        multi_gpu_id_exchange_mpi(&id, &exchange);
 #endif
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

@@ -347,7 +347,7 @@ def twins(setup):
 
 def mpirun_launch(setup):
     """mpirun's launch, as llm.c users start several GPUs: scripts/launch_one_node.sh -m mpi -n 2 gives the trainer no
-    rank flags (rank, count and GPU from MPI, the NCCL id by MPI_Bcast); on twin batches the 2 ranks train the 1-rank
+    rank flags (rank, count and GPU from MPI, the NCCL id by MPI's broadcast); on twin batches the 2 ranks train the 1-rank
     model bit for bit. A SKIP line where mpirun or the trainer's MPI is missing (the Makefile links OpenMPI where it
     finds it)"""
     if shutil.which("mpirun") is None:

@@ -1004,6 +1004,96 @@ def test_a_tcp_rank_whose_server_answers_no_connection_stops_within_the_timeout(
     assert elapsed < 60, f"rank 1 stopped after {elapsed:.1f} s, -pt 2"
 
 
+# -pi tcp's protocol (llmc/multi_gpu.h): a rank's hello, rank 0's reply
+TCP_MAGIC = 0x4449384C
+TCP_HELLO = struct.Struct("<Iii")           # magic, rank, -pn
+TCP_REPLY = struct.Struct("<Iii128s")       # magic, verdict (0 accepted, 1 other -pn, 2 bad rank, 3 taken), -pn, id
+
+
+def tcp_rank(workdir, server, rank, num_processes=2):
+    """rank `rank` of num_processes at -pi tcp with rank 0 at server (-pt 60), started"""
+    cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-t", 64, "-b", 4, "-x", 1, "-v", 0, "-s", 0,
+           "-pn", num_processes, "-pr", rank, "-pg", 1, "-pi", "tcp", "-ps", server, "-pt", 60]
+    return subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=workdir, env=dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1"))
+
+
+def tcp_ask(server, message):
+    """connects to rank 0 at server (retrying while it starts), sends message, returns all it answers before it
+    closes the connection"""
+    host, port = server.split(":")
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=30)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, f"rank 0 never listened at {server}"
+            time.sleep(0.1)
+    with sock:
+        sock.sendall(message)
+        answer = b""
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except ConnectionResetError:  # rank 0 closed with bytes of ours unread
+            pass
+        return answer
+
+
+def test_a_tcp_rank_0_serves_only_the_ranks_of_its_own_run(workdir):
+    """before rank 1 comes, rank 0 of 2 at -pi tcp hears from no llm8 rank (a port scanner's bytes), a rank of a run of
+    3 and a rank 2 of 2: it refuses each (a note naming the peer and why; the llm8 ones told why, no id), and they take
+    no place: rank 1 then joins, and the run trains"""
+    server = f"127.0.0.1:{free_tcp_port()}"
+    rank0 = tcp_rank(workdir, server, 0)
+    try:
+        assert tcp_ask(server, b"GET / HTTP/1.0\r\n\r\n") == b""
+        for rank, count, verdict in [(1, 3, 1), (2, 2, 2)]:
+            magic, answer, its_count, _ = TCP_REPLY.unpack(tcp_ask(server, TCP_HELLO.pack(TCP_MAGIC, rank, count)))
+            assert (magic, answer, its_count) == (TCP_MAGIC, verdict, 2)
+        rank1 = tcp_rank(workdir, server, 1)
+        _, rank1_err = rank1.communicate(timeout=600)
+        out, err = rank0.communicate(timeout=600)
+    finally:
+        rank0.kill()
+    assert rank0.returncode == 0 and rank1.returncode == 0, err[-2000:] + rank1_err[-2000:]
+    assert re.search(r"^note: rank 0: 127\.0\.0\.1:\d+ connected to .* but is no llm8 rank; ignored$", err, re.M), err
+    assert re.search(r"^note: rank 0: refused rank 1 of 3 from 127\.0\.0\.1:\d+: its -pn differs from rank 0's$", err,
+                     re.M), err
+    assert re.search(r"^note: rank 0: refused rank 2 of 2 from 127\.0\.0\.1:\d+: its rank is not one of 1 \.\. -pn - 1$",
+                     err, re.M), err
+    assert losses(out), out[-2000:]
+
+
+@pytest.mark.parametrize("case", ["rank-taken", "other-size"])
+def test_a_tcp_rank_that_rank_0_refuses_stops_at_once_saying_why(workdir, case):
+    """rank 1 at -pi tcp refused by rank 0 of 3, which still waits for a rank, and told why: an earlier launch's rank 1
+    (here a fake) got the id first, or this rank 1 was given another -pn. It stops at once (not at -pt 60) with one
+    line naming rank 0's run and the reason"""
+    server = f"127.0.0.1:{free_tcp_port()}"
+    rank0 = tcp_rank(workdir, server, 0, 3)
+    try:
+        count = 3
+        if case == "rank-taken":
+            magic, verdict, _, nccl_id = TCP_REPLY.unpack(tcp_ask(server, TCP_HELLO.pack(TCP_MAGIC, 1, 3)))
+            assert (magic, verdict) == (TCP_MAGIC, 0) and nccl_id != bytes(128)
+        else:
+            count = 2
+        started = time.monotonic()
+        rank1 = tcp_rank(workdir, server, 1, count)
+        _, rank1_err = rank1.communicate(timeout=300)
+        elapsed = time.monotonic() - started
+    finally:
+        rank0.kill()
+        rank0.communicate()
+    reason = ("that rank has already joined (an earlier launch's rank still running, or two ranks given the same -pr?)"
+              if case == "rank-taken" else "its -pn differs from rank 0's")
+    errors = [line for line in rank1_err.splitlines() if line.startswith("error:")]
+    assert rank1.returncode != 0 and errors == [f"error: rank 1 of {count}: rank 0 at {server} (a run of 3 ranks) "
+                                                f"refused it: {reason}"], rank1_err[-2000:]
+    assert elapsed < 50, f"rank 1 stopped after {elapsed:.1f} s"
+
 REPLICAS_RE = re.compile(r"^replicas \| after (\d+) steps: (\d+) regions .* bitwise identical on 2 ranks$", re.M)
 
 
@@ -1287,7 +1377,7 @@ def mpi_launch_env():
 ], ids=["zero1-fp8-adamw8", "zero3-fp8"])
 def test_mpirun_ranks_on_twin_batches_train_the_one_rank_model_bit_for_bit(workdir, flags, rank_flags):
     """scripts/launch_one_node.sh -m mpi -n 2 (mpirun -np 2) starts the trainer with no rank flags: each rank takes its
-    rank, the count and its GPU from MPI, and rank 0's NCCL id reaches rank 1 by MPI_Bcast. On twin batches the two
+    rank, the count and its GPU from MPI, and rank 0's NCCL id reaches rank 1 by MPI's broadcast. On twin batches the two
     ranks must train the 1-rank model bit for bit (the twin test above), and the startup line says how they met"""
     env = mpi_launch_env()
     name = "mpirun_twin_" + "_".join(map(str, flags + rank_flags))
@@ -1321,3 +1411,25 @@ def test_mpirun_ranks_stop_with_one_line_each(workdir, extra, expected):
     assert result.returncode != 0, result.stdout[-2000:]
     errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and all(re.match(expected, e) for e in errors), (result.stdout + result.stderr)[-3000:]
+
+
+def test_mpirun_ranks_stop_at_the_timeout_when_rank_0_hangs_before_the_broadcast(workdir):
+    """under mpirun, rank 0 stuck before it broadcasts the NCCL id (here opening a shard that is a FIFO nobody writes,
+    as a hung filesystem would hold it): rank 1 stops at -pt 2 with one line saying what it waited for, and mpirun
+    ends the job (MPI_Bcast held rank 1 as long as rank 0 hung)"""
+    env = mpi_launch_env()
+    fifo = workdir / "hung_000000.bin"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    rank = [SIM_TRAINER, "-e", "model.bin", "-t", 64, "-b", 4, "-x", 1, "-v", 0, "-s", 0, "-pt", 2]
+    cmd = ["mpirun", "--bind-to", "none", "-np", 1] + rank + ["-i", "hung_*.bin", ":", "-np", 1] + rank + \
+          ["-i", "s_train_*.bin"]
+    started = time.monotonic()
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
+    elapsed = time.monotonic() - started
+    output = result.stdout + result.stderr
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert result.returncode != 0 and errors == [
+        "error: rank 1: no NCCL id from rank 0 by MPI's broadcast after 2 s (is rank 0 stuck reading its data or "
+        "model?)"], output[-3000:]
+    assert elapsed < 60, f"mpirun ended after {elapsed:.1f} s, -pt 2"
