@@ -888,6 +888,8 @@ static void test_state_files(void) {
     m_read[5] = 0.0f;
     v_read[9] = -1.0f;
     CHECK_DIES("conversion: negative v", "parameter 9", adamw8_states_from_fp32(&layout, &g_maps, m_read, v_read, &again));
+    v_read[9] = 0.0f;  // v = 0 (a parameter no gradient has reached yet, e.g. an unused token's row) is a moment like any other
+    CHECK_LIVES("conversion: v = 0", adamw8_states_from_fp32(&layout, &g_maps, m_read, v_read, &again));
 
     adamw8_states_free_host(&states);
     adamw8_states_free_host(&back);
@@ -987,6 +989,8 @@ static void test_bytes_per_param(void) {
               without.eight_bit);
         CHECK(base.model == 16.0 && base_no_master.model == 12.0, "%s: fp32 AdamW takes %.4f / %.4f bytes per parameter",
               names[k], base.model, base_no_master.model);
+        CHECK(base.eight_bit == 0.0 && base.eight_bit_params == 0, "%s: no 8-bit tensors, yet %zu 8-bit parameters taking "
+              "%.4f bytes each (expected 0 and 0)", names[k], base.eight_bit_params, base.eight_bit);
         size_t n = layout.num_parameters, n8 = with.eight_bit_params;
         double expected = (n8 * 10.03125 + (double)(n - n8) * 16.0) / n;
         CHECK_CLOSE(with.model, expected, 0.0, 1e-12, "model-wide bytes per parameter");

@@ -1872,9 +1872,9 @@ static void test_train_state_values(void) {
 
 // an adamw8 state file of cfg's model (step 3) with the 8-bit states of -qs `written`, read back under -qs `read`;
 // with_master: fp32 master weights too, and a shuffled loader; widened >= 0: that tensor's width in the file's
-// adamw8.bits section set to 32 first
+// adamw8.bits section set to 32 first; cut_after_bits: the file truncated where its adamw8.bits section ends
 static void adamw8_state_write_read(const GPT2Config* cfg, Adamw8Selection written, Adamw8Selection read, int with_master,
-                                    int widened) {
+                                    int widened, int cut_after_bits) {
     Adamw8Layout layout, read_layout;
     adamw8_layout_init(&layout, cfg, written);
     adamw8_layout_init(&read_layout, cfg, read);
@@ -1889,12 +1889,14 @@ static void adamw8_state_write_read(const GPT2Config* cfg, Adamw8Selection writt
     py_loader_init(&loader, with_master);
     const char* path = in_dir(g_dir, "adamw8_state.bin");
     train_state_write(path, 3, &loader, &layout, 1, NULL, NULL, &states, master, NULL, 0);
-    if (widened >= 0) {
+    if (widened >= 0 || cut_after_bits) {
         StateFileIndex index;
         state_file_index(path, n, &index);
         const StateSectionPlace* bits = state_file_find_section(&index, "adamw8.bits");
         CHECK(bits != NULL, "no adamw8.bits section in %s", path);
-        if (bits != NULL) {
+        if (bits != NULL && cut_after_bits) {
+            CHECK(truncate(path, bits->offset + (long)bits->bytes) == 0, "cutting %s after its adamw8.bits section", path);
+        } else if (bits != NULL) {
             int32_t width = 32;
             FILE* fp = fopenCheck(path, "r+b");
             fseekCheck(fp, bits->offset + widened * (long)sizeof(width), SEEK_SET);
@@ -1910,16 +1912,19 @@ static void adamw8_state_write_read(const GPT2Config* cfg, Adamw8Selection writt
 }
 
 // 8-bit states kept for another -qs's tensors are refused naming it, also past master weights and a shuffle state,
-// and also -qs none's; a width no -qs keeps is refused naming the tensor
+// also -qs none's, and also in a file cut right where its adamw8.bits section ends (the section is whole, so it is
+// read); a width no -qs keeps is refused naming the tensor
 static void test_train_state_selection(void) {
     GPT2Config small = py_config(), wide = gpt2_config_make(1, 1, 64, 8, 60);  // C = 64: -qs default keeps qkvw 8-bit
-    CHECK_LIVES("-qs all read under -qs all", adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_ALL, 1, -1));
+    CHECK_LIVES("-qs all read under -qs all", adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_ALL, 1, -1, 0));
     CHECK_DIES("-qs all's states with master weights, read under -qs default", "tensors of -qs all, this run has -qs default",
-               adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_DEFAULT, 1, -1));
+               adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_DEFAULT, 1, -1, 0));
     CHECK_DIES("-qs none's states read under -qs all", "tensors of -qs none, this run has -qs all",
-               adamw8_state_write_read(&wide, ADAMW8_SELECT_NONE, ADAMW8_SELECT_ALL, 0, -1));
+               adamw8_state_write_read(&wide, ADAMW8_SELECT_NONE, ADAMW8_SELECT_ALL, 0, -1, 0));
+    CHECK_DIES("-qs all's states cut after adamw8.bits, read under -qs default", "tensors of -qs all, this run has -qs default",
+               adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_DEFAULT, 0, -1, 1));
     CHECK_DIES("wte's states widened to 32 bits", "keeps 32-bit AdamW states for wte, this run keeps 8-bit",
-               adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_ALL, 0, PARAM_WTE));
+               adamw8_state_write_read(&small, ADAMW8_SELECT_ALL, ADAMW8_SELECT_ALL, 0, PARAM_WTE, 0));
 }
 
 // fp8_recipe.h's names of the values a state file may hold (any number: one no flag gives is "invalid"), each name
