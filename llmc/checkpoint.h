@@ -768,6 +768,7 @@ static inline void state_file_index(const char* path, size_t shard_num_parameter
     state_file_check_parameters_(path, index, shard_num_parameters);
     long array_bytes = (long)(shard_num_parameters * sizeof(float));
     long at = (long)CHECKPOINT_HEADER_BYTES;
+    index->m_offset = index->v_offset = index->master_offset = -1;  // an array the file lacks: a seek there fails
     if (index->fp32_moments) {
         index->m_offset = at;
         index->v_offset = at + array_bytes;

@@ -205,7 +205,8 @@ static inline ReshardSource* reshard_sources_open_(const char* dir, int step, in
         const StateFileIndex* a = &s->index;
         const StateFileIndex* b = &sources[0].index;
         reshard_check_agrees_(s, &sources[0], "version", a->version, b->version);
-        if (s->range.end > s->range.begin) {  // a rank that owns only padding keeps no master
+        // an llm8 rank that owns only padding keeps no master; llm.c's ranks all hold n / N (or all) of the parameters
+        if (*cut != RESHARD_LLM8_WINDOWS || s->range.end > s->range.begin) {
             reshard_check_agrees_(s, &sources[0], "use_master_weights", a->has_master, b->has_master);
         }
         reshard_check_agrees_(s, &sources[0], "shuffling", a->should_shuffle, b->should_shuffle);

@@ -42,11 +42,15 @@ Files:
                                     rereads one batch; these are its layout without a trailer):
                                     state_00000005_0000q.bin
   llmc_z0_n2/                       the same under -z 0: every rank holds all of it
+  llmc_z0_n2_no_master/             llmc_z0_n2 of a run without master weights (llm.c's -w 0):
+                                    m and v only, a body of 2 arrays, not 3
   llmc_z1_n2_shuffle/, llmc_z1_n4_shuffle/, llmc_z0_n2_shuffle/
                                     the same cuts and arrays at checkpoint 70, shuffled as
                                     llm.c trains (B=2 T=8, 70 batches a rank, across epochs),
                                     each rank's trailer from its own loader:
                                     state_00000070_0000q.bin
+  llmc_z1_n8_mixed/                 checkpoint 5 of 8 ranks under -z 1 whose rank 7's file, of a run
+                                    without master weights, is not of the others' checkpoint
   llmc_ranks_expected.bin           the whole m, v and master those cut (float32, in turn)
 """
 import os
@@ -337,18 +341,20 @@ def write_llmc_rank_states(out):
     with open(os.path.join(out, "llmc_ranks_expected.bin"), "wb") as f:
         for a in (m, v, master):
             f.write(a.astype(np.float32).tobytes())
-    runs = [  # name, ranks, llm.c's -z, shuffling, step
-        ("llmc_z1_n2", 2, 1, 0, RANKS_STEP), ("llmc_z1_n4", 4, 1, 0, RANKS_STEP),
-        ("llmc_z0_n2", 2, 0, 0, RANKS_STEP), ("llmc_z1_n2_shuffle", 2, 1, 1, RANKS_SHUFFLE_STEP),
-        ("llmc_z1_n4_shuffle", 4, 1, 1, RANKS_SHUFFLE_STEP), ("llmc_z0_n2_shuffle", 2, 0, 1, RANKS_SHUFFLE_STEP)]
-    for name, num_ranks, zero_stage, shuffle, step in runs:
+    runs = [  # name, ranks, llm.c's -z, shuffling, step, master weights
+        ("llmc_z1_n2", 2, 1, 0, RANKS_STEP, 1), ("llmc_z1_n4", 4, 1, 0, RANKS_STEP, 1),
+        ("llmc_z0_n2", 2, 0, 0, RANKS_STEP, 1), ("llmc_z1_n2_shuffle", 2, 1, 1, RANKS_SHUFFLE_STEP, 1),
+        ("llmc_z1_n4_shuffle", 4, 1, 1, RANKS_SHUFFLE_STEP, 1), ("llmc_z0_n2_shuffle", 2, 0, 1, RANKS_SHUFFLE_STEP, 1),
+        ("llmc_z0_n2_no_master", 2, 0, 0, RANKS_STEP, 0), ("llmc_z1_n8_mixed", 8, 1, 0, RANKS_STEP, 1)]
+    for name, num_ranks, zero_stage, shuffle, step, use_master in runs:
         os.makedirs(os.path.join(out, name), exist_ok=True)
         for rank in range(num_ranks):
             held = llmc_zero1_indices(num_ranks, rank) if zero_stage == 1 else np.arange(n)
             loader = llmc_loader_after(step, RANKS_B, RANKS_T, rank, num_ranks, shuffle)
             with open(os.path.join(out, name, "state_%08d_%05d.bin" % (step, rank)), "wb") as f:
-                f.write(state_header(1, loader, num_ranks, rank, step, (0, 0)))
-                for a in (m, v, master):
+                master_here = use_master and not (name == "llmc_z1_n8_mixed" and rank == 7)
+                f.write(state_header(master_here, loader, num_ranks, rank, step, (0, 0)))
+                for a in (m, v, master)[:2 + master_here]:
                     f.write(a[held].astype(np.float32).tobytes())
                 f.write(loader.trailer())
 

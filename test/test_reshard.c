@@ -532,13 +532,13 @@ static void test_optional_section(const GPT2Config* cfg) {
 }
 
 /*
-With M = N, llm.c's rank file `path` (held: the floats of each of its 3 arrays) holds the loader
+With M = N, llm.c's rank file `path` (arrays_floats: the floats of its m, v and master, if any) holds the loader
 `got` replayed to: the position in header slots 30 to 33 and, shuffling, the trailer after the
 arrays, to the file's end, byte for byte what dataloader_write_state writes of `got` (whose
 layout test_formats holds to llm.c's files). So llm8's walk over the shards is llm.c's, as
 make_llmc_files.py models it.
 */
-static int loader_is_llmc_files(const DataLoader* got, const char* path, size_t held) {
+static int loader_is_llmc_files(const DataLoader* got, const char* path, size_t arrays_floats) {
     FILE* fp = fopenCheck(path, "rb");
     long file_bytes = file_size_bytes(fp);
     int32_t header[CHECKPOINT_HEADER_INTS];
@@ -547,7 +547,7 @@ static int loader_is_llmc_files(const DataLoader* got, const char* path, size_t 
     memcpy(position, &header[30], sizeof(position));
     int same = position[0] == got->current_shard_idx && position[1] == got->current_sample_idx &&
                header[5] == got->should_shuffle;
-    long trailer_at = (long)(CHECKPOINT_HEADER_BYTES + 3 * held * sizeof(float));
+    long trailer_at = (long)(CHECKPOINT_HEADER_BYTES + arrays_floats * sizeof(float));
     FILE* expected = tmpfile();
     dataloader_write_state(got, expected);
     long trailer_bytes = ftell(expected);
@@ -575,7 +575,8 @@ included) must read its window of the whole arrays bit for bit, whatever cut the
 its loader must be where an M-rank run's is after the checkpoint's batches (one a step). Shuffled:
 llm.c's training loader always shuffles, so its files carry each rank's trailer after the arrays,
 which the reader skips (and counts in the file sizes that tell -z 0's from -z 1's); the files'
-arrays are the unshuffled ones'.
+arrays are the unshuffled ones'. -z 0's files of a run without master weights hold m and v alone (a
+body of 2 whole arrays, less than a -z 0 body with master) and are read as -z 0's all the same.
 */
 static void test_llmc_one_rank_file(const char* py_dir, const GPT2Config* cfg, const float* whole);
 
@@ -588,9 +589,10 @@ static void test_llmc_rank_checkpoints(void) {
     FILE* fp = fopenCheck(in_dir(py_dir, "llmc_ranks_expected.bin"), "rb");
     freadCheck(whole, sizeof(float), 3 * n, fp);
     fcloseCheck(fp);
-    const struct { const char* dir; int file_ranks, zero_stage, shuffle, step; } runs[] = {
-        {"llmc_z1_n2", 2, 1, 0, 5}, {"llmc_z1_n4", 4, 1, 0, 5}, {"llmc_z0_n2", 2, 0, 0, 5},
-        {"llmc_z1_n2_shuffle", 2, 1, 1, 70}, {"llmc_z1_n4_shuffle", 4, 1, 1, 70}, {"llmc_z0_n2_shuffle", 2, 0, 1, 70}};
+    const struct { const char* dir; int file_ranks, zero_stage, shuffle, step, master; } runs[] = {
+        {"llmc_z1_n2", 2, 1, 0, 5, 1}, {"llmc_z1_n4", 4, 1, 0, 5, 1}, {"llmc_z0_n2", 2, 0, 0, 5, 1},
+        {"llmc_z1_n2_shuffle", 2, 1, 1, 70, 1}, {"llmc_z1_n4_shuffle", 4, 1, 1, 70, 1}, {"llmc_z0_n2_shuffle", 2, 0, 1, 70, 1},
+        {"llmc_z0_n2_no_master", 2, 0, 0, 5, 0}};
     char pattern[700];
     snprintf(pattern, sizeof(pattern), "%s/data_train_*.bin", py_dir);
     for (int d = 0; d < (int)(sizeof(runs) / sizeof(runs[0])); d++) {
@@ -609,7 +611,8 @@ static void test_llmc_rank_checkpoints(void) {
                 int step = 0;
                 STDOUT_OF(printed, step = train_state_read_checkpoint(dir, runs[d].step, 1, &loader, &cfg, 0,
                                                                       ADAMW8_SELECT_DEFAULT, got, got + count, NULL,
-                                                                      got + 2 * count, NULL, 0, extra_path));
+                                                                      runs[d].master ? got + 2 * count : NULL, NULL, 0,
+                                                                      extra_path));
                 // every rank reads all -z 1 files (each holds a part of every slice: of lnfw's 16 too), one -z 0 file
                 snprintf(line, sizeof(line), "resumed a checkpoint of %d ranks%s: optimizer state and master assembled from "
                          "%d of its state files", runs[d].file_ranks,
@@ -618,7 +621,7 @@ static void test_llmc_rank_checkpoints(void) {
                 CHECK(strstr(printed, line) != NULL, "%s: rank %d of %d printed [%s], expected '%s'", runs[d].dir, rank,
                       num_ranks, printed, line);
                 int same = step == runs[d].step;
-                for (int a = 0; a < 3; a++) {
+                for (int a = 0; a < 2 + runs[d].master; a++) {
                     same = same && memcmp(got + a * count, whole + a * n + range.begin, count * sizeof(float)) == 0;
                 }
                 CHECK(same, "%s: rank %d of %d read another window of m, v or master than llm.c's files cut (step %d)",
@@ -627,9 +630,10 @@ static void test_llmc_rank_checkpoints(void) {
                     char path[CHECKPOINT_PATH_MAX];
                     checkpoint_state_path(path, sizeof(path), dir, runs[d].step, rank);
                     size_t held = runs[d].zero_stage == 1 ? n / (size_t)num_ranks : n;
-                    CHECK(loader_is_llmc_files(&loader, path, held), "%s: rank %d's loader replayed %d batches is not "
-                          "where llm.c's file says llm.c's rank %d was (position, shuffle trailer)", runs[d].dir, rank,
-                          runs[d].step, rank);
+                    size_t arrays_floats = (2 + (size_t)runs[d].master) * held;
+                    CHECK(loader_is_llmc_files(&loader, path, arrays_floats), "%s: rank %d's loader replayed %d batches "
+                          "is not where llm.c's file says llm.c's rank %d was (position, shuffle trailer)", runs[d].dir,
+                          rank, runs[d].step, rank);
                 }
                 DataLoader want;
                 dataloader_init(&want, pattern, 2, 8, rank, num_ranks, runs[d].shuffle, 50257);
@@ -648,13 +652,71 @@ static void test_llmc_rank_checkpoints(void) {
         char extra_path[CHECKPOINT_PATH_MAX];
         CHECK_DIES("llm.c's checkpoint of several ranks, resumed with the other shuffling", "shuffling=",
                    train_state_read_checkpoint(dir, runs[d].step, 1, &other, &cfg, 0, ADAMW8_SELECT_DEFAULT, got, got + n,
-                                               NULL, got + 2 * n, NULL, 0, extra_path));
+                                               NULL, runs[d].master ? got + 2 * n : NULL, NULL, 0, extra_path));
         free(got);
         dataloader_free(&other);
     }
+    // 8 ranks' files of which rank 7's (no master weights) is another run's: named, though llm8's 8 windows of this
+    // model leave rank 7 only padding (which keeps no master in llm8's own files)
+    char mixed[700], rank7[CHECKPOINT_PATH_MAX], message[CHECKPOINT_PATH_MAX + 64];
+    snprintf(mixed, sizeof(mixed), "%s", in_dir(py_dir, "llmc_z1_n8_mixed"));
+    checkpoint_state_path(rank7, sizeof(rank7), mixed, 5, 7);
+    snprintf(message, sizeof(message), "'%s' has use_master_weights 0, rank 0's", rank7);
+    CHECK_DIES("llm.c's checkpoint of 8 ranks, rank 7's file without master weights", message, {
+        DataLoader loader;
+        dataloader_init(&loader, pattern, 2, 8, 0, 1, 0, 50257);
+        float* got = (float*)mallocCheck(3 * n * sizeof(float));
+        char extra_path[CHECKPOINT_PATH_MAX];
+        train_state_read_checkpoint(mixed, 5, 1, &loader, &cfg, 0, ADAMW8_SELECT_DEFAULT, got, got + n, NULL, got + 2 * n,
+                                    NULL, 0, extra_path);
+    });
     test_llmc_one_rank_file(py_dir, &cfg, whole);
     free(whole);
     test_remove_dir(py_dir);
+}
+
+/*
+llm.c's -z 1 cut (reshard_pieces_) for 1 to 3 layers (test_llmc_rank_checkpoints' files have 2): over
+N ranks the pieces hold every flat parameter once, each rank's pieces fill its file's n / N floats once,
+and no rank has more pieces than reshard_max_pieces_ counts (the buffer the resharded read allocates:
+at L = 1 every one of its 16 x L is taken)
+*/
+static void test_llmc_zero1_pieces(void) {
+    for (int layers = 1; layers <= 3; layers++) {
+        GPT2Config cfg = gpt2_config_make(layers, 2, 16, 8, 60);  // every layer slice divides by 1, 2 and 4
+        for (int num_ranks = 1; num_ranks <= 4; num_ranks *= 2) {
+            ZeroLayout zero;
+            zero_layout_init(&zero, &cfg, num_ranks);
+            size_t n = zero.num_parameters, held = n / (size_t)num_ranks;
+            int max_pieces = reshard_max_pieces_(&zero);
+            // room past the bound, so that a count over it is reported rather than written past the buffer
+            ReshardPiece* pieces = (ReshardPiece*)mallocCheck((size_t)(max_pieces + NUM_PARAMETER_TENSORS) * sizeof(ReshardPiece));
+            unsigned char* flat_hits = (unsigned char*)calloc(n, 1);
+            unsigned char* file_hits = (unsigned char*)calloc(held, 1);
+            int within_bounds = 1, fills_file = 1;
+            for (int q = 0; q < num_ranks; q++) {
+                int count = reshard_pieces_(RESHARD_LLMC_ZERO1, &zero, zero_rank_range(&zero, q), q, num_ranks, pieces);
+                within_bounds = within_bounds && count <= max_pieces;
+                memset(file_hits, 0, held);
+                for (int p = 0; p < count; p++) {
+                    for (size_t i = pieces[p].begin; i < pieces[p].end && i < n; i++) { flat_hits[i]++; }
+                    size_t file_end = pieces[p].file_element + (pieces[p].end - pieces[p].begin);
+                    for (size_t e = pieces[p].file_element; e < file_end && e < held; e++) { file_hits[e]++; }
+                    within_bounds = within_bounds && pieces[p].end <= n && file_end <= held;
+                }
+                for (size_t e = 0; e < held; e++) { fills_file = fills_file && file_hits[e] == 1; }
+            }
+            int covers_flat = 1;
+            for (size_t i = 0; i < n; i++) { covers_flat = covers_flat && flat_hits[i] == 1; }
+            CHECK(within_bounds && covers_flat && fills_file, "llm.c's -z 1 cut, L=%d N=%d: %s", layers, num_ranks,
+                  !within_bounds ? "pieces past reshard_max_pieces_ or the arrays' ends"
+                  : !covers_flat ? "a flat parameter held by no piece, or by two"
+                                 : "a rank's file floats read by no piece, or by two");
+            free(pieces);
+            free(flat_hits);
+            free(file_hits);
+        }
+    }
 }
 
 // llm8's files of several ranks carry its mark in header slot 9 and are version 2 (which llm.c
@@ -854,6 +916,33 @@ static void test_padding_only_ranks(const GPT2Config* cfg) {
     one_rank_free(&s);
 }
 
+/*
+A resharded read checks the values it assembled as train_state_read checks one file's: a NaN moment
+in old rank 1's file (N = 2) stops the rank of M = 3 whose window holds it, naming the checkpoint and
+the element of its window
+*/
+static void test_non_finite_state(const GPT2Config* cfg) {
+    OneRank s;
+    one_rank_init(&s, cfg, "non-finite", 0, ADAMW8_SELECT_DEFAULT);
+    ZeroLayout old, z;
+    zero_layout_init(&old, cfg, 2);
+    zero_layout_init(&z, cfg, 3);
+    size_t bad = zero_rank_range(&old, 1).begin + 5;
+    s.m[bad] = NAN;
+    write_checkpoint(&s, g_dir, TEST_STEP, 2, 1, 0);
+    int rank = 0;
+    while (zero_rank_range(&z, rank).end <= bad) { rank++; }
+    char message[CHECKPOINT_PATH_MAX + 128];
+    snprintf(message, sizeof(message), "checkpoint %d in '%s' (its state files): AdamW m of parameter %zu of this rank's "
+             "window is nan", TEST_STEP, g_dir, bad - zero_rank_range(&z, rank).begin);
+    CHECK_DIES("reshard: a NaN moment in an old rank's file", message, {
+        RankResume got;
+        rank_resume(&got, &s, g_dir, rank, 3, 0, ADAMW8_SELECT_DEFAULT, 1, 0);
+    });
+    checkpoint_remove(g_dir, TEST_STEP);
+    one_rank_free(&s);
+}
+
 // the place of section `tag` in the state file at path
 static StateSectionPlace section_place(const char* path, const char* tag) {
     StateFileIndex index;
@@ -931,8 +1020,10 @@ static void rewrite_section(const char* path, const char* tag, long bytes) {
 8-bit files of 2 ranks whose rank 0's file is broken (edit k below): one line naming it and what is wrong.
 Its adamw8.bits (the tensor selection) dropped, short, or no -qs's (wte's 16 bits); a section twice; the
 per-rank section of another size; its header's process count (0, past the most, the most) or rank; no file.
+Edits 1 to 4 (its sections, as many as rank 0's) are also made to rank 1's file alone: every file's
+sections are checked, not only rank 0's (rank 0 of M = 3 reads none of rank 1's state nor its per-rank section).
 */
-static void break_rank0_file(const char* path, int k) {
+static void break_state_file(const char* path, int k) {
     char m32[STATE_SECTION_TAG_BYTES] = "adamw8.m32";
     int32_t sixteen = 16;
     const int slots[4][2] = {{2, 0}, {2, ZERO_MAX_RANKS + 1}, {2, ZERO_MAX_RANKS}, {3, 1}};
@@ -949,11 +1040,10 @@ static void break_rank0_file(const char* path, int k) {
     }
 }
 
-static void test_broken_rank0_file(const GPT2Config* cfg) {
+static void test_broken_state_files(const GPT2Config* cfg) {
     OneRank s;
-    one_rank_init(&s, cfg, "broken rank 0", 1, ADAMW8_SELECT_DEFAULT);
-    char rank0[CHECKPOINT_PATH_MAX], message[CHECKPOINT_PATH_MAX + 96];
-    checkpoint_state_path(rank0, sizeof(rank0), g_dir, TEST_STEP, 0);
+    one_rank_init(&s, cfg, "broken files", 1, ADAMW8_SELECT_DEFAULT);
+    char message[CHECKPOINT_PATH_MAX + 96];
     static const char* const messages[] = {
         "'%s' has 8-bit AdamW states but no 64-byte adamw8.bits section",
         "'%s' has 8-bit AdamW states but no 64-byte adamw8.bits section",
@@ -967,17 +1057,22 @@ static void test_broken_rank0_file(const GPT2Config* cfg) {
         "'%s' is missing"};
     CHECK(NUM_PARAMETER_TENSORS * sizeof(int32_t) == 64 && EXTRA_BYTES == 64 && ZERO_MAX_RANKS == 4096,
           "the messages below assume 16 tensors, 64 extra bytes, 4096 ranks at most");
-    for (int k = 0; k < (int)(sizeof(messages) / sizeof(messages[0])); k++) {
-        write_checkpoint(&s, g_dir, TEST_STEP, 2, 0, 0);
-        break_rank0_file(rank0, k);
-        snprintf(message, sizeof(message), messages[k], rank0);
-        char what[64];
-        snprintf(what, sizeof(what), "reshard: broken rank 0 file (edit %d)", k);
-        CHECK_DIES(what, message, {
-            RankResume got;
-            rank_resume(&got, &s, g_dir, 0, 3, 1, ADAMW8_SELECT_DEFAULT, 0, 0);
-        });
-        checkpoint_remove(g_dir, TEST_STEP);
+    for (int broken_rank = 0; broken_rank < 2; broken_rank++) {
+        char broken[CHECKPOINT_PATH_MAX];
+        checkpoint_state_path(broken, sizeof(broken), g_dir, TEST_STEP, broken_rank);
+        int first_edit = broken_rank == 0 ? 0 : 1, end_edit = broken_rank == 0 ? (int)(sizeof(messages) / sizeof(messages[0])) : 5;
+        for (int k = first_edit; k < end_edit; k++) {
+            write_checkpoint(&s, g_dir, TEST_STEP, 2, 0, 0);
+            break_state_file(broken, k);
+            snprintf(message, sizeof(message), messages[k], broken);
+            char what[64];
+            snprintf(what, sizeof(what), "reshard: broken rank %d file (edit %d)", broken_rank, k);
+            CHECK_DIES(what, message, {
+                RankResume got;
+                rank_resume(&got, &s, g_dir, 0, 3, 1, ADAMW8_SELECT_DEFAULT, 0, 0);
+            });
+            checkpoint_remove(g_dir, TEST_STEP);
+        }
     }
     one_rank_free(&s);
 }
@@ -987,6 +1082,7 @@ int main(void) {
     write_shards();
     test_older_llm8_rank_files();
     test_llmc_rank_checkpoints();
+    test_llmc_zero1_pieces();
     test_rank_files_are_marked();
     test_seek_batches();
     // every tensor on the 256 grid (C = 256): every -qs runs on every rank count
@@ -1004,7 +1100,8 @@ int main(void) {
     GPT2Config toy = gpt2_config_make(2, 1, 16, TEST_T, 128);
     test_disagreeing_files(&toy);
     test_padding_only_ranks(&toy);
-    test_broken_rank0_file(&toy);
+    test_non_finite_state(&toy);
+    test_broken_state_files(&toy);
     test_remove_dir(g_dir);
     CHECK(llm8_open_file_count() == 0, "%d files opened by fopenCheck are not closed by fcloseCheck", llm8_open_file_count());
     return test_summary("test_reshard");
