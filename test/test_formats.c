@@ -682,6 +682,17 @@ static void test_tokenizer_lookup(void) {
     snprintf(pattern, sizeof(pattern), "%s/with_token*/d_train_*.bin", g_dir);  // a wildcard folder names no one folder
     train_config_tokenizer_path(&c, path, sizeof(path));
     CHECK(strcmp(path, "gpt2_tokenizer.bin") == 0, "a wildcard in the shards' folder: got '%s'", path);
+    // beside the shards in a buffer it fills exactly, and in one a byte short: the name cut to fit is not looked
+    // up, even where a file of that name exists
+    snprintf(pattern, sizeof(pattern), "%s/d_train_*.bin", shards);
+    const char* beside = in_dir(shards, "gpt2_tokenizer.bin");
+    size_t fits = strlen(beside) + 1;
+    train_config_tokenizer_path(&c, path, fits);
+    CHECK(strcmp(path, beside) == 0, "beside the shards, in %zu bytes: got '%s'", fits, path);
+    fcloseCheck(fopenCheck(in_dir(shards, "gpt2_tokenizer.bi"), "wb"));
+    train_config_tokenizer_path(&c, path, fits - 1);
+    CHECK(strcmp(path, "gpt2_tokenizer.bin") == 0, "beside the shards, in %zu bytes (one short): got '%s'", fits - 1, path);
+    CHECK(remove(in_dir(shards, "gpt2_tokenizer.bi")) == 0, "tokenizer lookup: remove the cut name's file");
     c.train_data_pattern = "d_train_*.bin";  // shards in the current folder
     train_config_tokenizer_path(&c, path, sizeof(path));
     CHECK(strcmp(path, "gpt2_tokenizer.bin") == 0, "shards in the current folder: got '%s'", path);
@@ -1551,6 +1562,9 @@ static void test_model_config_edges(void) {
     CHECK_DIES("shape: no layers", "invalid model shape L=0", gpt2_config_validate(&no_layers, "test"));
     CHECK_DIES("shape: no vocab", "V=0 (all must be positive)", gpt2_config_validate(&no_vocab, "test"));
     CHECK_DIES("shape: no context", "maxT=0 V=16 (all must be positive)", gpt2_config_validate(&no_context, "test"));
+    GPT2Config no_heads = gpt2_config_make(1, 0, 8, 8, 16), no_channels = gpt2_config_make(1, 1, 0, 8, 16);
+    CHECK_DIES("shape: no heads", "NH=0 C=8 maxT=8 V=16 (all must be positive)", gpt2_config_validate(&no_heads, "test"));
+    CHECK_DIES("shape: no channels", "NH=1 C=0 maxT=8 V=16 (all must be positive)", gpt2_config_validate(&no_channels, "test"));
     CHECK_DIES("shape: Vp below V", "padded vocab Vp=100 is smaller than vocab V=128", gpt2_config_validate(&short_padding, "test"));
     CHECK_LIVES("shape: Vp = V", gpt2_config_validate(&exact, "test"));
     // past the bounds, one at a time (each would wrap, or nearly, the parameter count of a corrupt header), and at them
@@ -1672,6 +1686,14 @@ static void test_config_parse_errors(void) {
     CHECK_LIVES("-n 0 without -o", PARSE("-n", "0"));
     CHECK_DIES("-pr at -pn", "flag -pr 1: rank must be below -pn 1", PARSE("-pr", "1"));
     CHECK_LIVES("-pr below -pn", PARSE("-pn", "2", "-pr", "1"));
+    char most_ranks[16], last_rank[16];  // the last rank of the most processes -pn takes
+    for (int k = 0; k < NUM_TRAIN_FLAGS; k++) {
+        if (strcmp(TRAIN_FLAGS[k].name, "-pn") == 0) {
+            snprintf(most_ranks, sizeof(most_ranks), "%.0f", TRAIN_FLAGS[k].hi);
+            snprintf(last_rank, sizeof(last_rank), "%.0f", TRAIN_FLAGS[k].hi - 1);
+        }
+    }
+    CHECK_LIVES("-pr the last rank of the largest -pn", PARSE("-pn", most_ranks, "-pr", last_rank));
     CHECK_DIES("a bad -f8 under -p bf16", "flag -f8: 'mlp'", PARSE("-f8", "mlp"));
     CHECK_LIVES("--help after a bad value", PARSE("-b", "0", "--help"));
     CHECK_LIVES("-help", PARSE("-x", "1", "-help"));
@@ -1951,7 +1973,7 @@ static void test_fp8_recipe_value_names(void) {
             }
         }
     }
-    CHECK_DIES("-fw pow2", "flag -fw: 'pow2' is not one of current, delayed",
+    CHECK_DIES("-fw pow2", "flag -fw: 'pow2' is not one of current, delayed\n",  // the whole list: pow2 is -fg's alone
                fp8_scaling_choice_from_name("-fw", "pow2", FP8_WEIGHT_SCALING_CHOICES));
     CHECK_DIES("-fg lazy", "flag -fg: 'lazy' is not one of current, delayed, pow2",
                fp8_scaling_choice_from_name("-fg", "lazy", FP8_GRAD_SCALING_CHOICES));

@@ -5,6 +5,7 @@ Inf and NaN amax, first-step seeding, a jump above the history, ring wrap-around
 recipes (power-of-two current scaling's scale against a reference in double), the cast protocol (update before or after the cast), the config checks, and the
 cast statistics.
 */
+#include <string.h>
 #include "test/test_harness.h"
 #include "llmc/fp8_scaling.h"
 #include "llmc/rand.h"
@@ -313,6 +314,13 @@ static void test_loaded_state_errors(void) {
             CHECK(fp8_scaling_loaded_error(others[k], &fresh) != NULL, "format %d: a state of other settings (%d) loads",
                   format, k);
         }
+        // a ring position one past the last slot is outside the history, whatever the count says
+        s = fresh;
+        s.position = s.history_len;
+        s.recorded = s.history_len;
+        const char* error = fp8_scaling_loaded_error(&s, &fresh);
+        CHECK(error != NULL && strcmp(error, "its ring position lies outside its history") == 0,
+              "format %d: position %d of a history of %d: %s", format, s.position, s.history_len, error ? error : "loads");
         s = fresh;
         s.nonfinite_count = -1;
         CHECK(fp8_scaling_loaded_error(&s, &fresh) != NULL, "format %d: a negative non-finite count loads", format);

@@ -6,6 +6,7 @@ state section.
 */
 #include <stdio.h>
 #include <math.h>
+#include <string.h>
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 #include "llmc/outlier_skip.h"
@@ -225,6 +226,29 @@ static void test_loaded_windows_edges(void) {
     CHECK_DIES("a count of skipped updates for 'updated'", "holds 4 for outcome 0", outlier_skip_check_loaded(&bad, "s.bin"));
 }
 
+// a filling window's slots from its count on hold no values: whatever a file has there is never read, so it cannot
+// refuse the file. Catches the finite scan reading one slot past the count
+static void test_loaded_window_unused_slots(void) {
+    OutlierSkip s;
+    outlier_skip_init(&s, 3.0f, 0.0f);
+    for (int i = 0; i < 5; i++) { outlier_skip_judge(&s, 2.0f + (float)i, 1.0f, NULL); }
+    s.windows[0].values[s.windows[0].count] = NAN;
+    CHECK_LIVES("a NaN in a filling window's first unused slot", outlier_skip_check_loaded(&s, "s.bin"));
+}
+
+// the resume note is for a checkpoint of a step that ran without -sl/-sg windows: none at step 0, whose windows
+// are empty in any run. Catches the note printed for a checkpoint of step 0
+static void test_resume_note(void) {
+    OutlierSkip s;
+    outlier_skip_init(&s, 3.0f, 0.0f);
+    char text[512];
+    STDOUT_OF(text, outlier_skip_note_resume(&s, 0));
+    CHECK(strcmp(text, "") == 0, "resumed at step 0: printed [%s], expected nothing", text);
+    STDOUT_OF(text, outlier_skip_note_resume(&s, 1));
+    CHECK(strstr(text, "note: the checkpoint of step 1 has no -sl/-sg windows") != NULL, "resumed at step 1: printed [%s]",
+          text);
+}
+
 int main(void) {
     test_zscore_and_window();
     test_verdicts();
@@ -233,5 +257,7 @@ int main(void) {
     test_exact_threshold();
     test_skipped_values_enter();
     test_loaded_windows_edges();
+    test_loaded_window_unused_slots();
+    test_resume_note();
     return test_summary("test_outlier_skip");
 }

@@ -196,6 +196,29 @@ static void test_init_writes_every_parameter_from_its_seed(void) {
     free(other_seed);
 }
 
+// the layernorm weights start at 1 and every bias at 0 in a model of any depth, one layer included (the ones are
+// written while the init walks the first layer)
+static void test_init_layernorms_and_biases(void) {
+    const int depths[2] = {1, 3};
+    for (int d = 0; d < 2; d++) {
+        GPT2Config cfg = gpt2_config_make(depths[d], 2, 16, 8, 60);
+        size_t sizes[NUM_PARAMETER_TENSORS];
+        gpt2_param_sizes(&cfg, sizes);
+        float* params = (float*)mallocCheck(gpt2_num_parameters(&cfg) * sizeof(float));
+        gpt2_init_params_random(params, &cfg, 42u);
+        size_t offset = 0, wrong = 0;
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            int ones = i == PARAM_LN1W || i == PARAM_LN2W || i == PARAM_LNFW;
+            int zeros = i == PARAM_LN1B || i == PARAM_QKVB || i == PARAM_ATTPROJB || i == PARAM_LN2B || i == PARAM_FCB ||
+                        i == PARAM_FCPROJB || i == PARAM_LNFB;
+            for (size_t j = 0; j < sizes[i] && (ones || zeros); j++) { wrong += params[offset + j] != (ones ? 1.0f : 0.0f); }
+            offset += sizes[i];
+        }
+        CHECK(wrong == 0, "init of %d layers: %zu layernorm weights not 1 or biases not 0", depths[d], wrong);
+        free(params);
+    }
+}
+
 int main(void) {
     test_stream_matches_the_standard();
     test_sample_coins_are_llmcs();
@@ -210,5 +233,6 @@ int main(void) {
     test_short_normals_match_their_definition(0.0f, 1.0f);
     test_short_normals_match_their_definition(0.5f, 0.02f);
     test_init_writes_every_parameter_from_its_seed();
+    test_init_layernorms_and_biases();
     return test_summary("test_rand");
 }
