@@ -839,6 +839,113 @@ static void test_eval_edges(void) {
     free(bytes);
 }
 
+// ----------------------------------------------------------------------------
+// boundaries the tests above do not reach (found by boundary-mutation testing)
+
+// a shard of exactly num_processes*B*T+1 tokens holds one sample, the smallest that does; at 65536 every
+// uint16 id is below the vocab, so the largest, 65535, loads. Catches a sample-size check of <= (the glob
+// refused) and a vocab bound of >= 65536
+static void test_smallest_shard_and_largest_vocab(void) {
+    uint16_t* tokens = make_tokens(0, 9);
+    tokens[8] = 65535;  // the last target
+    const char* one_sample = in_dir(g_dir, "one_sample.bin");
+    write_shard(one_sample, tokens, 9, 20240520, 1, 9);
+    DataLoader loader;
+    dataloader_init(&loader, one_sample, 2, 4, 0, 1, 0, 65536);  // a sample is 8 tokens and one more
+    CHECK(dataloader_epoch_batches(&loader) == 1, "a shard of B*T+1 tokens holds %zu batches, expected 1",
+          dataloader_epoch_batches(&loader));
+    dataloader_next_batch(&loader);
+    CHECK(loader.inputs[0] == 0 && loader.inputs[7] == 7 && loader.targets[7] == 65535,
+          "the one sample reads %d..%d, last target %d; expected 0..7, 65535", loader.inputs[0], loader.inputs[7],
+          loader.targets[7]);
+    dataloader_free(&loader);
+    free(tokens);
+    CHECK_DIES("shards: vocab 0", "vocab size 0 is not in 1..65536",
+               dataloader_init(&loader, g_pattern, 2, 4, 0, 1, 0, 0));
+}
+
+// the trainers' note on short shards: how many of the glob's, and the smallest named; nothing when there are
+// none. -m equal to the split's batches reads them with no note. Catches the count or the early return
+// inverted, and a note printed for -m at the split's size
+static void test_notes(void) {
+    char pattern[600], text[1024];
+    snprintf(pattern, sizeof(pattern), "%s/short_*.bin", g_dir);  // test_short_shards_passed_over's: 5, 301, 0, 199 tokens
+    DataLoader loader;
+    dataloader_init(&loader, pattern, 2, 4, 0, 1, 0, VOCAB);
+    STDOUT_OF(text, dataloader_note_short_shards(&loader, "-i"));
+    CHECK(strstr(text, "note: -i: 2 of the 4 token shards hold fewer than one batch's num_processes*B*T+1 = 9 tokens") &&
+          strstr(text, "short_2.bin', 0 tokens)"), "short shards' note: [%s]", text);
+    dataloader_free(&loader);
+    dataloader_init(&loader, g_pattern, 2, 4, 0, 1, 0, VOCAB);
+    STDOUT_OF(text, dataloader_note_short_shards(&loader, "-i"));
+    CHECK(text[0] == '\0', "no shard is short, yet a note: [%s]", text);
+    int all = (int)dataloader_epoch_batches(&loader), batches = 0;
+    STDOUT_OF(text, batches = dataloader_eval_batches(&loader, all));
+    CHECK(batches == all && text[0] == '\0', "-m %d of %d batches: %d read, note [%s]", all, all, batches, text);
+    dataloader_free(&loader);
+}
+
+// -x -1's steps as an int: an epoch of INT_MAX steps runs, one more dies. The shard sizes are set as their
+// headers would give them (a shard of 2^31 tokens is 4 GB). Catches a bound of >= INT_MAX
+static void test_epoch_steps_bound(void) {
+    DataLoader loader;
+    dataloader_init(&loader, g_pattern, 1, 1, 0, 1, 0, VOCAB);
+    loader.file_num_tokens[0] = (size_t)INT_MAX + 1;  // INT_MAX samples of B*T = 1
+    loader.file_num_tokens[1] = loader.file_num_tokens[2] = 0;
+    CHECK(dataloader_epoch_steps(&loader, 1) == INT_MAX, "an epoch of INT_MAX batches: %d steps",
+          dataloader_epoch_steps(&loader, 1));
+    loader.file_num_tokens[1] = 2;  // one sample more
+    CHECK_DIES("-x -1: an epoch past INT_MAX steps", "more than 2147483647", dataloader_epoch_steps(&loader, 1));
+    dataloader_free(&loader);
+}
+
+// a trailer cut at each boundary of its parts names the part that is missing, in dataloader_read_state and in
+// dataloader_skip_state (state_file_index's). Catches each length check of <= (or >=), which names the part before
+static void check_trailer_cut(long length, const char* read_says, const char* skip_says) {
+    DataLoader loader, resumed;
+    dataloader_init(&loader, g_pattern, 2, 3, 0, 1, 1, VOCAB);
+    const char* path = in_dir(g_dir, "cut_trailer.bin");
+    FILE* fp = fopenCheck(path, "wb");
+    dataloader_write_state(&loader, fp);
+    fcloseCheck(fp);
+    CHECK(truncate(path, length) == 0, "cannot cut %s to %ld bytes", path, length);
+    dataloader_init(&resumed, g_pattern, 2, 3, 0, 1, 1, VOCAB);
+    CHECK_DIES(read_says, read_says, dataloader_read_state(&resumed, fopenCheck(path, "rb"), path));
+    CHECK_DIES(skip_says, skip_says, dataloader_skip_state(fopenCheck(path, "rb"), path));
+    dataloader_free(&resumed);
+    dataloader_free(&loader);
+}
+static void test_trailer_cut_at_each_part(void) {
+    DataLoader loader;
+    dataloader_init(&loader, g_pattern, 2, 3, 0, 1, 1, VOCAB);
+    long shards = (long)loader.num_shards, samples = (long)loader.num_intra_shard_indices;
+    dataloader_free(&loader);
+    check_trailer_cut(8, "(shard order)", "(shard order)");
+    check_trailer_cut(8 + 4 * shards, "(sample count)", "(sample order)");
+    check_trailer_cut(8 + 4 * shards + 8, "more than the file holds", "(sample order)");
+    check_trailer_cut(8 + 4 * shards + 8 + 4 * samples, "(rng state)", "(rng state)");
+}
+
+// eval loader boundaries: a rank equal to the process count and a vocab of 0 are refused by name, and equal mean
+// losses go to the first completion, as in llm.c (so example 0, label 0, is right). Catches bounds of > and < 0,
+// and ties broken toward the later completion
+static void test_eval_boundaries(void) {
+    EvalLoader loader;
+    const char* good = in_dir(g_py_dir, "hellaswag.bin");
+    CHECK_DIES("eval: rank == process count", "process rank 1 is not in [0, 1)",
+               evalloader_init(&loader, good, 4, 16, 1, 1, EVAL_TEST_VOCAB));
+    CHECK_DIES("eval: vocab 0", "vocab size 0 must be positive", evalloader_init(&loader, good, 4, 16, 0, 1, 0));
+    size_t T = 16;
+    evalloader_init(&loader, good, 4, T, 0, 1, EVAL_TEST_VOCAB);
+    evalloader_next_batch(&loader);  // example 0: label 0
+    float* losses = (float*)mallocCheck(4 * T * sizeof(float));
+    for (size_t i = 0; i < 4 * T; i++) { losses[i] = 2.0f; }
+    CHECK(loader.label[0] == 0 && evalloader_stat_losses(&loader, losses) == 1,
+          "four completions of equal mean loss: the first (label 0) must be the answer");
+    free(losses);
+    evalloader_free(&loader);
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     if (!test_make_llmc_files(g_dir, g_py_dir, sizeof(g_py_dir))) { return test_summary("test_dataloader"); }
@@ -860,6 +967,11 @@ int main(void) {
     test_dataloader_more_bad_inputs();
     test_read_state_bad_trailers();
     test_eval_edges();
+    test_smallest_shard_and_largest_vocab();
+    test_notes();
+    test_epoch_steps_bound();
+    test_trailer_cut_at_each_part();
+    test_eval_boundaries();
 
     test_remove_dir(g_py_dir);
     test_remove_dir(g_dir);

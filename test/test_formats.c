@@ -2086,6 +2086,152 @@ static void test_fp8_recipe_dlogits_bound(void) {
     }
 }
 
+// ---- checkpoint boundaries the tests above do not reach (found by boundary-mutation testing) ----
+
+// -y 1 in a dir with no checkpoint file at all (a first run's -o) starts from scratch. Catches the newest
+// incomplete step read from an empty list
+static void test_resume_in_an_empty_dir(void) {
+    char dir[256], text[1024];
+    test_make_temp_dir(dir, sizeof(dir));
+    int step = 0;
+    STDOUT_OF(text, step = checkpoint_resume_step(dir));
+    CHECK(step == -1 && strstr(text, "no complete checkpoint in") && strstr(text, "starting from scratch") &&
+          !strstr(text, "DONE_"), "-y 1 in an empty dir: step %d, [%s]", step, text);
+    test_remove_dir(dir);
+}
+
+// a path whose .tmp name is exactly CHECKPOINT_PATH_MAX long (no room for its NUL) is refused before any
+// file is opened. Catches the bound off by one (a truncated .tm name, which no cleanup would find)
+static void test_tmp_path_length_bound(void) {
+    char path[CHECKPOINT_PATH_MAX];
+    memset(path, 'a', sizeof(path));
+    path[0] = '/';
+    path[CHECKPOINT_PATH_MAX - 4] = '\0';  // 4092 characters, and ".tmp": 4096
+    GPT2Config cfg = gpt2_config_make(1, 1, 4, 4, 8);
+    float* params = (float*)mallocCheck(gpt2_num_parameters(&cfg) * sizeof(float));
+    memset(params, 0, gpt2_num_parameters(&cfg) * sizeof(float));
+    CHECK_DIES("checkpoint: .tmp path one byte too long", "is too long", model_file_write(path, &cfg, params, 3));
+    free(params);
+}
+
+// a state file at shard index == the shard count is refused by the state reader itself, whose message says
+// the glob matches fewer shards. Catches its bound off by one (left to dataloader_resume's, which a file of
+// another B or T never reaches)
+static void test_state_shard_index_bound(void) {
+    size_t n = PY_STATE_NUM_PARAMS;
+    float m[PY_STATE_NUM_PARAMS], v[PY_STATE_NUM_PARAMS], master[PY_STATE_NUM_PARAMS];
+    StateBuffers buffers = {n, m, v, master, NULL, 0};
+    DataLoader loader;
+    py_loader_init(&loader, 0);
+    TrainState state;
+    const char* good = in_dir(g_py_dir, "state_v1.bin");
+    const char* position = write_variant(good, "state_shard_count.bin", file_length(good), 30, 2);  // 2 shards
+    CHECK_DIES("state: shard index == shard count", "is at shard 2, but only 2 shards match",
+               state_file_read(position, &state, &buffers, &loader));
+    dataloader_free(&loader);
+}
+
+// -nk in a dir with no complete checkpoint (none yet, or a dir not there) removes nothing and lives.
+// Catches the newest complete step read from an empty list
+static void test_keep_newest_without_a_complete_checkpoint(void) {
+    char dir[256];
+    test_make_temp_dir(dir, sizeof(dir));
+    touch(in_dir(dir, "model_00000005.bin"));  // an incomplete step: newer than no complete one, so kept
+    CHECK_LIVES("-nk 1 with no complete checkpoint", checkpoint_keep_newest(dir, 1, 0));
+    CHECK_LIVES("-nk 1 with no dir", checkpoint_keep_newest(in_dir(dir, "missing_subdir"), 1, 0));
+    CHECK(file_exists(in_dir(dir, "model_00000005.bin")), "-nk 1 removed the only (incomplete) step");
+    test_remove_dir(dir);
+}
+
+// a section tag takes at most 15 characters (16 bytes with its NUL): 15 round-trip, 16 are refused at write.
+// Catches the bound off by one (a 16-character tag written without its NUL, read back as another tag)
+static void test_section_tag_length(void) {
+    size_t n = 4;
+    float m[4] = {1, 2, 3, 4}, v[4] = {5, 6, 7, 8};
+    uint8_t extra[8] = {1, 2, 3, 4, 5, 6, 7, 8}, back[8] = {0};
+    DataLoader loader;
+    py_loader_init(&loader, 0);
+    TrainState state = {3, 1, 2, 0}, got;
+    StateSection longest = {"abcdefghijklmno", extra, sizeof(extra), 0};
+    StateSection longest_back = {"abcdefghijklmno", back, sizeof(back), 0};
+    StateBuffers buffers = {n, m, v, NULL, &longest, 1}, into = {n, m, v, NULL, &longest_back, 1};
+    state_file_write(in_dir(g_dir, "state_tag15.bin"), &state, &buffers, &loader);
+    state_file_read(in_dir(g_dir, "state_tag15.bin"), &got, &into, &loader);
+    CHECK(memcmp(back, extra, sizeof(extra)) == 0, "a section of a 15-character tag does not round-trip");
+    StateSection too_long = {"abcdefghijklmnop", extra, sizeof(extra), 0};
+    StateBuffers too_long_buffers = {n, m, v, NULL, &too_long, 1};
+    CHECK_DIES("state: a 16-character section tag", "must be 1..15 characters",
+               state_file_write(in_dir(g_dir, "state_tag16.bin"), &state, &too_long_buffers, &loader));
+    dataloader_free(&loader);
+}
+
+// a run may keep STATE_FILE_MAX_SECTIONS sections: a file of that many round-trips. Catches the run's bound
+// off by one
+static void test_most_sections(void) {
+    size_t n = 4;
+    float m[4] = {1, 2, 3, 4}, v[4] = {5, 6, 7, 8};
+    uint8_t values[STATE_FILE_MAX_SECTIONS], back[STATE_FILE_MAX_SECTIONS];
+    char tags[STATE_FILE_MAX_SECTIONS][STATE_SECTION_TAG_BYTES];
+    StateSection written[STATE_FILE_MAX_SECTIONS], read[STATE_FILE_MAX_SECTIONS];
+    for (int i = 0; i < STATE_FILE_MAX_SECTIONS; i++) {
+        snprintf(tags[i], sizeof(tags[i]), "s%d", i);
+        values[i] = (uint8_t)(i + 1);
+        back[i] = 0;
+        written[i] = (StateSection){tags[i], &values[i], 1, 0};
+        read[i] = (StateSection){tags[i], &back[i], 1, 0};
+    }
+    DataLoader loader;
+    py_loader_init(&loader, 0);
+    TrainState state = {3, 1, 2, 0}, got;
+    StateBuffers writer = {n, m, v, NULL, written, STATE_FILE_MAX_SECTIONS};
+    StateBuffers reader = {n, m, v, NULL, read, STATE_FILE_MAX_SECTIONS};
+    state_file_write(in_dir(g_dir, "state_max_sections.bin"), &state, &writer, &loader);
+    state_file_read(in_dir(g_dir, "state_max_sections.bin"), &got, &reader, &loader);
+    CHECK(memcmp(back, values, sizeof(values)) == 0, "a state of %d sections does not round-trip", STATE_FILE_MAX_SECTIONS);
+    dataloader_free(&loader);
+}
+
+// a section mismatch names the flag its tag belongs to, for each kind of mismatch. Catches a hint's tag test
+// or mismatch test inverted (test_sim_trainer.py sees two of them, through the trainer)
+static void test_section_mismatch_hints(void) {
+    size_t n = 4;
+    float m[4] = {1, 2, 3, 4}, v[4] = {5, 6, 7, 8};
+    uint8_t a[8] = {0}, b[8] = {0}, c[8] = {0};
+    DataLoader loader;
+    py_loader_init(&loader, 0);
+    TrainState state = {3, 1, 2, 0}, got;
+    StateSection written[2] = {{"fp8_amax", a, 8, 0}, {"adamw8_m", b, 8, 0}};
+    StateBuffers writer = {n, m, v, NULL, written, 2};
+    const char* path = in_dir(g_dir, "state_hints.bin");
+    state_file_write(path, &state, &writer, &loader);
+    struct { const char* what; StateSection run[3]; int count; const char* hint; } cases[] = {
+        {"fp8 section only in the file", {{"adamw8_m", b, 8, 0}}, 1, "written by a -p fp8 run?"},
+        {"fp8 section only in the run", {{"fp8_amax", a, 8, 0}, {"adamw8_m", b, 8, 0}, {"fp8_other", c, 8, 0}}, 3,
+         "written by a -p bf16 run?"},
+        {"fp8 section of another size", {{"fp8_amax", a, 4, 0}, {"adamw8_m", b, 8, 0}}, 2, "other FP8 linears or passes?"},
+        {"adamw8 section of another size", {{"fp8_amax", a, 8, 0}, {"adamw8_m", b, 4, 0}}, 2, "other -opt or -qs?"},
+        {"outlier windows only in the run", {{"fp8_amax", a, 8, 0}, {"adamw8_m", b, 8, 0}, {"outlier_windows", c, 8, 0}},
+         3, "written with -sl or -sg?"},
+        {"another section only in the run", {{"fp8_amax", a, 8, 0}, {"adamw8_m", b, 8, 0}, {"opt_other", c, 8, 0}}, 3,
+         "different precision or optimizer flags?"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        StateBuffers run = {n, m, v, NULL, cases[i].run, cases[i].count};
+        CHECK_DIES(cases[i].what, cases[i].hint, state_file_read(path, &got, &run, &loader));
+    }
+    dataloader_free(&loader);
+}
+
+static void test_checkpoint_boundaries(void) {
+    test_resume_in_an_empty_dir();
+    test_tmp_path_length_bound();
+    test_state_shard_index_bound();
+    test_keep_newest_without_a_complete_checkpoint();
+    test_section_tag_length();
+    test_most_sections();
+    test_section_mismatch_hints();
+}
+
 int main(void) {
     test_make_temp_dir(g_dir, sizeof(g_dir));
     if (!test_make_llmc_files(g_dir, g_py_dir, sizeof(g_py_dir))) { return test_summary("test_formats"); }
@@ -2108,6 +2254,7 @@ int main(void) {
     test_file_errors_name_the_file();
     test_logger();
     test_checkpoint_edges();
+    test_checkpoint_boundaries();
     test_tokenizer_edges();
     test_logger_lines_and_resume();
     test_file_helper_edges();
