@@ -595,11 +595,11 @@ static inline void multi_gpu_id_exchange_mpi(ncclUniqueId* id, const MultiGpuOpt
         int done = 0;
         MPI_Test(&request, &done, MPI_STATUS_IGNORE);
         if (done) { return; }
-        if (multi_gpu_now_s() > deadline && opts->process_rank == 0) {  // the root's part may wait for the others
-            llm8_die("rank 0: MPI's broadcast of the NCCL id not done after %d s (is a rank stuck reading its data or "
-                     "model?)", opts->timeout_s);
-        }
         if (multi_gpu_now_s() > deadline) {
+            if (opts->process_rank == 0) {  // the root's part may wait for the others
+                llm8_die("rank 0: MPI's broadcast of the NCCL id not done after %d s (is a rank stuck reading its data "
+                         "or model?)", opts->timeout_s);
+            }
             llm8_die("rank %d: no NCCL id from rank 0 by MPI's broadcast after %d s (is rank 0 stuck reading its data "
                      "or model?)", opts->process_rank, opts->timeout_s);
         }
