@@ -339,15 +339,57 @@ static inline void multi_gpu_id_file_remove(const MultiGpuOptions* opts) {
     remove(path);
 }
 
+/*
+-pi fs's file: a magic and rank 0's -pn before the id, so that a rank tells its own run's id
+from one another run left or is writing in the same -pf (a run of another size, or an older
+llm8's bare id). A file that is not this run's is not used: the rank goes on polling, as its
+own rank 0 may yet replace it, and its timeout message says what it found instead. Two runs
+of the same size sharing -pf still cannot be told apart: give each launch its own directory.
+*/
+#define MULTI_GPU_ID_FILE_MAGIC 0x4649384cu  // "L8IF"
+
+typedef struct {
+    uint32_t magic;
+    int32_t num_processes;   // rank 0's -pn
+    ncclUniqueId id;
+} MultiGpuIdFile;
+
+// reads the id file: 1 when it holds the id of a run of num_processes ranks; else 0, with what
+// is there instead in `found` (empty when there is no file yet)
+static inline int multi_gpu_id_file_read(const char* path, int num_processes, ncclUniqueId* id, char* found,
+                                         size_t found_size) {
+    found[0] = '\0';
+    FILE* fp = fopen(path, "rb");
+    if (fp == NULL) { return 0; }
+    unsigned char bytes[sizeof(MultiGpuIdFile) + 1];  // one more, to tell a longer file
+    size_t size = fread(bytes, 1, sizeof(bytes), fp);
+    fclose(fp);
+    MultiGpuIdFile file;
+    memcpy(&file, bytes, sizeof(file));
+    if (size != sizeof(file) || file.magic != MULTI_GPU_ID_FILE_MAGIC) {
+        snprintf(found, found_size, size == sizeof(file.id) ? "the file there is a bare id, as llm8 wrote before "
+                 "its ids had a header: remove it" : "the file there is not an llm8 id file: remove it");
+        return 0;
+    }
+    if (file.num_processes != num_processes) {
+        snprintf(found, found_size, "the id there is for a run of %d ranks, not of this rank's -pn %d: another run "
+                 "sharing -pf, or one that failed before its ranks joined?", (int)file.num_processes, num_processes);
+        return 0;
+    }
+    *id = file.id;
+    return 1;
+}
+
 // fs: rank 0 writes the id atomically (a temporary file renamed); the others poll for it
 static inline void multi_gpu_id_exchange_fs(ncclUniqueId* id, const MultiGpuOptions* opts) {
     if (opts->fs_path == NULL) { llm8_die("flag -pi fs needs -pf <directory shared by all ranks>"); }
     char path[4096], temp_path[4200];
     multi_gpu_id_file_path(opts, path, sizeof(path));
     if (opts->process_rank == 0) {
+        MultiGpuIdFile file = {MULTI_GPU_ID_FILE_MAGIC, opts->num_processes, *id};
         snprintf(temp_path, sizeof(temp_path), "%s.tmp.%d", path, (int)getpid());
         FILE* fp = fopenCheck(temp_path, "wb");
-        fwriteCheck(id, sizeof(*id), 1, fp);
+        fwriteCheck(&file, sizeof(file), 1, fp);
         fcloseCheck(fp);
         if (rename(temp_path, path) != 0) {
             llm8_die("-pf %s: cannot rename %s to %s: %s", opts->fs_path, temp_path, path, strerror(errno));
@@ -355,16 +397,11 @@ static inline void multi_gpu_id_exchange_fs(ncclUniqueId* id, const MultiGpuOpti
         return;
     }
     double deadline = multi_gpu_now_s() + opts->timeout_s;
-    for (;;) {
-        FILE* fp = fopen(path, "rb");
-        if (fp != NULL) {
-            size_t got = fread(id, 1, sizeof(*id), fp);
-            fclose(fp);
-            if (got == sizeof(*id)) { return; }
-        }
+    char found[256];
+    while (!multi_gpu_id_file_read(path, opts->num_processes, id, found, sizeof(found))) {
         if (multi_gpu_now_s() > deadline) {
-            llm8_die("rank %d: no NCCL id from rank 0 in '%s' after %d s (is -pf shared by all ranks, is rank 0 up?)",
-                     opts->process_rank, path, opts->timeout_s);
+            llm8_die("rank %d: no NCCL id from rank 0 in '%s' after %d s (%s)", opts->process_rank, path,
+                     opts->timeout_s, found[0] != '\0' ? found : "is -pf shared by all ranks, is rank 0 up?");
         }
         usleep(MULTI_GPU_ID_POLL_US);
     }

@@ -13,8 +13,9 @@ on one GPU.
   error line in bounded time, the id file gone once the ranks joined;
 - a rank alone (rank 1 waiting for the id file, rank 0 in the communicator's creation), -pi fs
   without -pf, a -pg past the visible GPUs: one line each, after at most -pt;
-- the flags' checks (-pn -pr -pg -pt at the process's start, -ps's address and port) and rank 0
-  removing a stale id file at its start (the other ranks leave it);
+- the flags' checks (-pn -pr -pg -pt at the process's start, -ps's address and port), rank 0
+  removing a stale id file at its start (the other ranks leave it), and a rank taking the id
+  only from a file of its own run's -pn (another run's, an older bare id, junk: named at -pt);
 - the watchdog: a host stuck in an armed region ended after -pt with one line, also after a
   completed all-reduce; one that makes progress, then disarms, runs on;
 - the replica check's fingerprint kernel equal to its host function at odd sizes and
@@ -625,6 +626,64 @@ static void test_stale_id_file_removed_by_rank_0_only(void) {
 }
 
 /*
+-pi fs: a rank takes the id only from a file rank 0 of a run of its own -pn wrote; from any
+other file (another run's in the same -pf, an older llm8's bare id, junk) it takes nothing and
+says at -pt what it found. No GPU is touched.
+*/
+static void write_id_file(const char* path, const void* bytes, size_t size) {
+    FILE* fp = fopenCheck(path, "wb");
+    fwriteCheck(bytes, 1, size, fp);
+    fcloseCheck(fp);
+}
+
+static void check_id_file_read(const char* path, int num_processes, int expect_taken, const char* expect_found) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    char found[256];
+    int taken = multi_gpu_id_file_read(path, num_processes, &id, found, sizeof(found));
+    CHECK(taken == expect_taken && strstr(found, expect_found) != NULL && (expect_found[0] != '\0' || found[0] == '\0'),
+          "id file read by a rank of -pn %d: taken %d (expected %d), found '%s' (expected '%s')", num_processes, taken,
+          expect_taken, found, expect_found);
+    CHECK(!taken || (id.internal[0] == 7 && id.internal[sizeof(id.internal) - 1] == 9),
+          "id file read by a rank of -pn %d: the id's bytes were not the file's", num_processes);
+}
+
+static void test_id_file_of_another_run_not_taken(void) {
+    char dir[256], path[4096];
+    test_make_temp_dir(dir, sizeof(dir));
+    path_in_dir(path, sizeof(path), dir, MULTI_GPU_ID_FILE);
+    check_id_file_read(path, 2, 0, "");
+    MultiGpuIdFile file;
+    memset(&file, 0, sizeof(file));
+    file.magic = MULTI_GPU_ID_FILE_MAGIC;
+    file.num_processes = 3;
+    file.id.internal[0] = 7;
+    file.id.internal[sizeof(file.id.internal) - 1] = 9;
+    write_id_file(path, &file, sizeof(file));
+    check_id_file_read(path, 3, 1, "");
+    check_id_file_read(path, 2, 0, "for a run of 3 ranks, not of this rank's -pn 2");
+    unsigned char longer[sizeof(file) + 1] = {0};
+    memcpy(longer, &file, sizeof(file));
+    write_id_file(path, longer, sizeof(longer));
+    check_id_file_read(path, 3, 0, "not an llm8 id file");
+    write_id_file(path, &file, sizeof(file) - 1);
+    check_id_file_read(path, 3, 0, "not an llm8 id file");
+    file.magic ^= 1;
+    write_id_file(path, &file, sizeof(file));
+    check_id_file_read(path, 3, 0, "not an llm8 id file");
+    write_id_file(path, &file.id, sizeof(file.id));
+    check_id_file_read(path, 3, 0, "a bare id, as llm8 wrote before");
+    // a lone rank 1 keeps polling past another run's file, and its timeout names that file
+    file.magic = MULTI_GPU_ID_FILE_MAGIC;
+    write_id_file(path, &file, sizeof(file));
+    CHECK_DIES("rank 1 of 2 with only a 3-rank run's id in -pf", "after 1 s (the id there is for a run of 3 ranks", {
+        MultiGpuOptions opts = fs_options(2, 1, dir, 1);
+        multi_gpu_config_init(&opts, 0);
+    });
+    test_remove_dir(dir);
+}
+
+/*
 The one-rank communicator (-pi fs with force_communicator) and the collectives through it, in a
 forked child like each rank of test_two_ranks; its exit status is its failure count. This process
 itself never creates a communicator: with NCCL 2.32.3 (H200, 2026-11-30) every child forked after
@@ -652,6 +711,7 @@ int main(void) {
     test_watchdog(watchdog_dir);
     test_remove_dir(watchdog_dir);
     test_lone_ranks();
+    test_id_file_of_another_run_not_taken();
     CHECK_DIES("bad rank", "-pr", { MultiGpuOptions o = fs_options(2, 2, "/tmp", 5); multi_gpu_options_check(&o); });
     CHECK_DIES("bad method", "-pi", { multi_gpu_init_method_from_name("slurm"); });
     CHECK_DIES("bad server", "-ps", { multi_gpu_parse_server("not-an-ip"); });
