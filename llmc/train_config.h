@@ -69,6 +69,7 @@ typedef struct {
     int hellaswag;
     int overfit_single_batch;
     int use_master_weights;
+    int llmc_tf32;                // -f: llm.c's TF32 switch, accepted for its command lines (no matmul here is fp32)
     int recompute;
     int gelu_fusion;
     int zero_stage;
@@ -149,6 +150,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-g", FLAG_INT, TC_OFF(gen_tokens), 1, INT_MAX_FLAG, NULL, "tokens per text sample, its <|endoftext|> prompt included (llm.c's genT; at most -t)"},
     {"-h", FLAG_INT, TC_OFF(hellaswag), 0, 1, NULL, "HellaSwag accuracy at the val steps after step 0 and at the end (-v 0: at the end)"},
     {"-a", FLAG_INT, TC_OFF(overfit_single_batch), 0, 1, NULL, "overfit a single batch (debugging)"},
+    {"-f", FLAG_INT, TC_OFF(llmc_tf32), 0, 1, NULL, "llm.c's TF32 switch, accepted so that llm.c's command lines run: every matmul here is bf16 or FP8, none fp32, so TF32 never applies and 0 and 1 train alike"},
     {"-w", FLAG_INT, TC_OFF(use_master_weights), 0, 1, NULL, "keep fp32 master weights"},
     {"-r", FLAG_INT, TC_OFF(recompute), 0, 2, NULL, "recompute in backward: 0 none, 1 GELU, 2 GELU+LayerNorm (FP8: the wgrads' x^T of those)"},
     {"-ge", FLAG_INT, TC_OFF(gelu_fusion), 0, 2, NULL, "GELU in the cuBLASLt epilogues (as llm.c's -ge): 0 none, 1 forward (bf16 fc), 2 also backward (fcproj's dgrad times GELU's derivative)"},
@@ -216,6 +218,7 @@ static inline TrainConfig train_config_defaults(void) {
     c.hellaswag = 0;
     c.overfit_single_batch = 0;
     c.use_master_weights = 1;
+    c.llmc_tf32 = 1;
     c.recompute = 1;
     c.gelu_fusion = 1;
     c.zero_stage = 1;

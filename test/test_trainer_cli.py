@@ -649,6 +649,23 @@ def test_cpu_trainer_notes_that_fc_codes_are_the_gpus(data):
     assert "note: -fe" not in run(CPU, base_args(data, ["-p", "fp8", "-r", 0, "-x", 1])).stdout
 
 
+@pytest.mark.parametrize("trainer", ["cpu", "gpu"])
+def test_llmc_tf32_switch_accepted_and_changes_nothing(trainer, data, tmp_path):
+    """llm.c's -f (TF32 on or off; its README's exact-match command passes -f 0): both values run, and train bit for bit
+    as without the flag, since no matmul here is fp32 (the GPU trainer under cudasim); any other value is refused
+    naming -f, by the GPU build too"""
+    from sim_model import SIM_TRAINER
+    binary = CPU if trainer == "cpu" else SIM_TRAINER
+    logs = []
+    for name, extra in [("none", []), ("off", ["-f", 0]), ("on", ["-f", 1])]:
+        out = tmp_path / name
+        result = run(binary, base_args(data, extra + ["-e", small_vocab_model(data), "-o", out]), timeout=600)
+        assert result.returncode == 0, result.stderr
+        logs.append([l for l in read_log(out / "main.log") if " trl:" in l])
+    assert len(logs[0]) == 2 and logs[1] == logs[0] and logs[2] == logs[0], logs
+    assert_one_line_error(run(CPU if trainer == "cpu" else GPU, base_args(data, ["-f", 2])), "-f", "2", "0..1")
+
+
 def test_cpu_warmup_longer_than_the_run_warms_up_throughout(data, tmp_path):
     """llm.c's scripts' -u 700 with a short -x (a smoke test, the quickstart's -x 50): as in llm.c the run warms up
     all along, at lr * (step + 1) / warmup, with a note"""
