@@ -3,9 +3,10 @@ test_adamw8_gpu.cu: the 8-bit AdamW kernel (llmc/adamw8.cuh) against its host re
 (adamw8_update_bf16_ref in llmc/quant8.h), bit for bit: bf16 weights, fp32 master, m and v
 codes, both absmaxes and the FP8 weight outputs (the amax; with the delayed weight cast also
 the E4M3 codes, some saturated), over three steps from random states. Sizes: one d12 layer's
-fc weight (768 x 3072) and an odd size (9999: a short last block and a lane with fewer than
-8 elements). With and without the fp32 master; with a NaN gradient in one block (that block
-must stay untouched, its codes rewritten with the step's scale); and adamw8_update_range over
+fc weight (768 x 3072), an odd size (9999: a short last block and a lane with fewer than
+8 elements) and 520 (a last block of one whole lane). With and without the fp32 master; with a
+NaN gradient in one block (that block must stay untouched, its codes rewritten with the step's
+scale); and adamw8_update_range over
 all 16 tensors of a small model, which sends the 32-bit tensors through adamw_update (against
 adamw_update_bf16_ref). Each case in both weight scalings. adamw8_update_range as ZeRO calls it
 (each rank's window of the states, parts cut per layer slice: offsets and part starts inside a
@@ -424,6 +425,8 @@ int main(void) {
         test_update_tensor(ADAMW8_SELECT_DEFAULT, delayed, &maps, d_maps);
         test_update_tensor(ADAMW8_SELECT_ALL, delayed, &maps, d_maps);  // no 32-bit tensors: empty m32/v32
     }
+    // a last block of one whole lane (n % 256 == 8): the partial block's launch, its one lane on the vector path
+    test_kernel(2 * 256 + 8, 1, -1, 1, &maps, d_maps);
     test_update_range_windows(ADAMW8_SELECT_DEFAULT, 3, &maps, d_maps);
     test_update_range_windows(ADAMW8_SELECT_ALL, 2, &maps, d_maps);
     test_update_range_windows(ADAMW8_SELECT_NONE, 2, &maps, d_maps);  // plain AdamW: matmul weights' fp32 moments at offsets
