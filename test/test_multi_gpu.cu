@@ -715,6 +715,9 @@ int main(void) {
     CHECK_DIES("bad rank", "-pr", { MultiGpuOptions o = fs_options(2, 2, "/tmp", 5); multi_gpu_options_check(&o); });
     CHECK_DIES("bad method", "-pi", { multi_gpu_init_method_from_name("slurm"); });
     CHECK_DIES("bad server", "-ps", { multi_gpu_parse_server("not-an-ip"); });
+    // port 0 would have rank 0 listen on a port the kernel picks, which no other rank can know
+    CHECK_DIES("server port 0", "flag -ps (port): 0 is out of range (expected 1..65535)", { multi_gpu_parse_server("127.0.0.1:0"); });
+    CHECK_DIES("server port 65536", "flag -ps (port): 65536 is out of range", { multi_gpu_parse_server("127.0.0.1:65536"); });
     check_options_refused("-pn 0", "flag -pn", 0, 0, 1, 5);
     check_options_refused("-pr -1", "flag -pr", 2, -1, 1, 5);
     check_options_refused("-pg -1", "flag -pg", 2, 0, -1, 5);

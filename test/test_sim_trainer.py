@@ -95,15 +95,18 @@ losses = sim_model.step_losses
 AS_H100 = {"CUDASIM_DEVICE_NAME": "NVIDIA H100 80GB HBM3"}
 
 
-def check_progress_figures(stdout, out_dir, ranks, steps):
+def check_progress_figures(stdout, out_dir, ranks, steps, first_only=False):
     """Each step line's figures as they follow from the step's time (main.jsonl's, exact): tok/s is the total batch
     over it; MFU, llm.c's FLOPs per token (6 per parameter + 6*L*C*T) times the total batch, per GPU, over it and the
-    H100's 989 TFLOP/s; the ETA, the steps left times the moving average of the step times after the first"""
+    H100's 989 TFLOP/s; the ETA, the steps left times the moving average of the step times after the first.
+    first_only: the first `steps` steps of a run stopped after them"""
     assert re.search(r"^llm8 \| device NVIDIA H100 80GB HBM3 \(\d+ SMs, bf16 peak 989 TFLOP/s\)$", stdout, re.M), stdout[:2000]
     L, C, params = map(int, re.search(r"^model \| L=(\d+) NH=\d+ C=(\d+) .*\| (\d+) parameters", stdout, re.M).groups())
     T, total = map(int, re.search(r"^train \| .*\| B=\d+ T=(\d+) \| total batch (\d+) tokens", stdout, re.M).groups())
     records = [json.loads(line) for line in open(out_dir / "main.jsonl") if '"type":"train"' in line]
     lines = re.findall(r"^step +\d+/(\d+) \| .* \| ([\d.]+) ms \| (\d+) tok/s \| MFU (\S+) \| ETA (\S+) \|", stdout, re.M)
+    if first_only:
+        records, lines = records[:steps], lines[:steps]
     assert len(records) == len(lines) == steps, (records, lines)
     flops_per_step = (6.0 * params + 6.0 * L * C * T) * total
     ema_ms = -1.0
@@ -183,6 +186,41 @@ def test_training_run_with_eval_samples_logs_and_checkpoints(workdir, flags):
                 assert row["frac_saturated"] == 0, row
 
 
+def test_eta_of_a_long_run_follows_the_moving_average(workdir):
+    """The ETA of a run of 100000 steps (stopped after its fourth): the steps left times the moving average of the step
+    times after the first, so at this many steps left a millisecond of the average moves it by over a minute, and
+    the first step's time (one-time setup) or the last step's alone in its place shows"""
+    out = workdir / "long_eta"
+    cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-j", "", "-t", 64, "-b", 4, "-x", 100000, "-v", 0,
+           "-s", 0, "-o", out]
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir,
+                            env=dict(os.environ, **AS_H100))
+    stdout = ""
+    try:
+        for line in proc.stdout:
+            stdout += line
+            if line.startswith("step     4/"):
+                break
+    finally:
+        proc.kill()
+        proc.communicate()
+    check_progress_figures(stdout, out, ranks=1, steps=3, first_only=True)
+
+
+def test_gc_0_trains_unclipped(workdir):
+    """-gc 0 is no clipping: its updates are those of a bound no norm reaches (-gc 1e6), bit for bit, and not those of
+    the default -gc 1, which the sim model's first norms pass"""
+    runs = {}
+    for clip in (0, 1e6, 1):
+        r = train(workdir, ["-x", 2, "-l", 3e-3, "-v", 0, "-s", 0, "-j", "", "-gc", clip])
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[clip] = losses(r.stdout)
+    assert "tokenizer" not in r.stdout, r.stdout[:2000]  # -s 0: no sample, no tokenizer looked for
+    norm = float(re.search(r"^step +1/2 \| loss \S+ \| norm ([\d.]+)", r.stdout, re.M).group(1))
+    assert norm > 1, r.stdout[-2000:]
+    assert runs[0] == runs[1e6] and runs[0][2] != runs[1][2], runs
+
+
 @pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-fg", "delayed"],
                                    ["-p", "fp8", "-f8", "all", "-fw", "delayed", "-w", "0"]],
                          ids=["bf16", "fp8-delayed-weights-gradients-adamw8", "fp8-lm_head-delayed-weights-no-master"])
@@ -195,15 +233,22 @@ def test_resume_is_bitwise(workdir, flags):
     common = flags + ["-x", 6, "-l", 3e-3, "-v", 0, "-s", 0, "-n", 3, "-o", out]
     straight = train(workdir, common)
     assert straight.returncode == 0, straight.stderr[-2000:]
+    assert re.search(r"^wrote checkpoint \S+/model_00000003\.bin \(\+ 1 state file, DONE\)$", straight.stdout, re.M), \
+        straight.stdout[-2000:]
     os.remove(out / "DONE_00000006")
     resumed = train(workdir, common + ["-y", 1])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     a, b = losses(straight.stdout), losses(resumed.stdout)
     assert sorted(b) == [4, 5, 6]
     assert all(a[s] == b[s] for s in (4, 5, 6)), (a, b)
-    again = train(workdir, common + ["-y", 1])  # resumed at the run's end: a note, and no step
+    # resumed at the run's end: a note, and no step; -e names a model of another shape, which the resume does not
+    # use (the checkpoint's is), and a note says so
+    again = train(workdir, common + ["-y", 1, "-e", "model_c192.bin"])
     assert again.returncode == 0 and not losses(again.stdout), again.stdout[-2000:]
     assert "resumed at step 6, and the run has 6 steps (-x): nothing left to train" in again.stdout, again.stdout[-2000:]
+    assert re.search(r"^note: -y 1 resumes \S+model_00000006\.bin \(L=2 NH=2 C=128\); -e model_c192\.bin \(L=1 NH=3 "
+                     r"C=192\) is not used$", again.stdout, re.M), again.stdout[:2000]
+    assert "is not used" not in resumed.stdout, resumed.stdout[:2000]  # -e the checkpoint's shape: no note
 
 
 @pytest.mark.parametrize("changed,expected", [
@@ -536,6 +581,7 @@ def test_printed_memory_figures_match_the_allocations(workdir):
                          re.M)
         assert what and (what.group(2) is None) == ("-w" in flags) and (what.group(3) == "8-bit") == ("adamw8" in flags), \
             (name, what and what.group(1))
+        assert "on this rank" not in r.stdout, r.stdout[:2000]  # one GPU holds the whole optimizer state
         parameters = int(re.search(r"^model \|.*\| (\d+) parameters", r.stdout, re.M).group(1))
         peak = int(re.search(r"cudasim: at most (\d+) bytes of device memory allocated at once", r.stderr).group(1))
         measured[name] = (persistent, parameters, peak)
@@ -607,6 +653,13 @@ def test_gpu_lines_every_n_steps(workdir):
     r = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300, cwd=workdir, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "note: -lg 2: cannot load NVML ('/nonexistent/libnvidia-ml.so.1'" in r.stdout and "gpu |" not in r.stdout
+    # -lg 0 (the default) is off: NVML is not even looked for, whether it loads or not
+    for library in (fake, "/nonexistent/libnvidia-ml.so.1"):
+        env["LLM8_NVML_LIBRARY"] = library
+        r = subprocess.run([str(a) for a in args[:-2] + ["-x", 1, "-lg", 0]], capture_output=True, text=True, timeout=300,
+                           cwd=workdir, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "gpu |" not in r.stdout and "-lg" not in r.stdout and "NVML" not in r.stdout, r.stdout[-3000:]
 
 
 def test_checkpoint_retention(workdir):
@@ -711,12 +764,15 @@ def test_x_minus_1_trains_one_epoch(workdir, name, shards, flags, steps):
 
 def test_each_step_takes_the_schedules_rate_from_step_0(workdir):
     """-l 1e-3 -u 2 -k cosine -q 0.1 over 4 steps: the update after k updates (main.jsonl's step k) takes llm.c's rate
-    at k: the warmup's (k + 1) / 2 of -l, then half a cosine from -l down to a tenth of it at the last step"""
+    at k: the warmup's (k + 1) / 2 of -l, then half a cosine from -l down to a tenth of it at the last step. With -h 1
+    and -v 0, HellaSwag runs once, at the end"""
     out = workdir / "schedule"
-    r = train(workdir, ["-x", 4, "-l", 1e-3, "-u", 2, "-k", "cosine", "-q", 0.1, "-v", 0, "-s", 0, "-o", out])
+    r = train(workdir, ["-x", 4, "-l", 1e-3, "-u", 2, "-k", "cosine", "-q", 0.1, "-v", 0, "-s", 0, "-h", 1, "-o", out])
     assert r.returncode == 0, r.stderr[-2000:]
     rates = [json.loads(line)["lr"] for line in open(out / "main.jsonl") if '"type":"train"' in line]
     assert rates == pytest.approx([5e-4, 1e-3, 1e-3, 1e-4 + 0.5 * 9e-4], rel=1e-6), rates
+    assert len(re.findall(r"^HellaSwag: \d+/8 = ", r.stdout, re.M)) == 1, r.stdout[-3000:]
+    assert [line.split()[0] for line in (out / "main.log").read_text().splitlines() if " eval:" in line] == ["s:4"]
 
 
 def test_weight_decay_shrinks_the_2d_tensors_only(workdir):
@@ -933,6 +989,15 @@ def test_a_sample_longer_than_the_sequence_stops_at_it(workdir):
     assert exact >= 60, exact
 
 
+def test_a_sample_as_long_as_the_sequence_has_no_note(workdir):
+    """-g equal to -t: the sample takes all T tokens (the prompt and T - 1 drawn), and no note says it stops short"""
+    r = train(workdir, ["-p", "bf16", "-x", 0, "-v", 0, "-s", 1, "-t", 8, "-g", 8])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "is longer than -t" not in r.stdout, r.stdout[:3000]
+    samples = re.findall(r"^generating:\n---\n(.*)\n---$", r.stdout, re.M)
+    assert len(samples) == 1 and len(samples[0].split()) == 7, samples
+
+
 def test_out_of_gpu_memory_says_what_to_lower(workdir):
     """a GPU too small for the run (cudasim's device cut to 8 MiB): one line naming what was asked for and the flags
     that lower it, and a non-zero exit, not a CUDA error code"""
@@ -955,6 +1020,51 @@ def test_ranks_started_with_different_flags_stop_at_startup(workdir):
         assert codes[rank] != 0 and len(errors) == 1, (rank, out[-2000:])
         assert f"rank {rank} of 2: the ranks were started with different flags, models or checkpoints" in errors[0], errors
         assert not re.search(r"^step ", out, re.M), out[-2000:]
+
+
+@pytest.mark.parametrize("differs", ["model", "checkpoint"])
+def test_ranks_that_find_other_files_under_the_same_names_stop_at_startup(workdir, differs):
+    """each rank started in its own folder with the same command line (-e model.bin, -o run -y 1): the flags agree, but
+    rank 1's model.bin has another shape, or its run/ holds an older complete checkpoint than rank 0's. The ranks
+    compare the model's shape and the step they resume from too, and every rank stops with one line, before training"""
+    base = workdir / f"other_files_{differs}"
+    folders = [base / "rank0", base / "rank1"]
+    for rank, folder in enumerate(folders):
+        os.makedirs(folder, exist_ok=True)
+        model = "model_c192.bin" if differs == "model" and rank == 1 else "model.bin"
+        for name, target in (("model.bin", model), ("s_train_000001.bin", "s_train_000001.bin")):
+            if not os.path.lexists(folder / name):
+                os.symlink(workdir / target, folder / name)
+    cmd = [SIM_TRAINER, "-e", "model.bin", "-i", "s_train_*.bin", "-j", "", "-t", 64, "-b", 4, "-x", 3, "-v", 0, "-s", 0]
+    if differs == "checkpoint":  # checkpoints of steps 1 and 2; rank 1's copy has only step 1's complete
+        r = subprocess.run([str(c) for c in cmd + ["-x", 2, "-n", 1, "-o", "run"]], capture_output=True, text=True,
+                           timeout=300, cwd=folders[0])
+        assert r.returncode == 0, r.stderr[-2000:]
+        shutil.copytree(folders[0] / "run", folders[1] / "run")
+        os.remove(folders[1] / "run" / "DONE_00000002")
+        cmd += ["-n", 1, "-o", "run", "-y", 1]
+    fs_dir = base / "id"
+    os.makedirs(fs_dir, exist_ok=True)
+    env = dict(os.environ, NCCL_MULTI_RANK_GPU_ENABLE="1")
+    procs = [subprocess.Popen([str(c) for c in cmd + ["-pn", 2, "-pr", rank, "-pg", 1, "-pt", 10, "-pi", "fs", "-pf", fs_dir]],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder, env=env)
+             for rank, folder in enumerate(folders)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for rank, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert p.returncode != 0 and len(errors) == 1, (rank, (out + err)[-2000:])
+        assert f"rank {rank} of 2: the ranks were started with different flags, models or checkpoints" in errors[0], errors
+        assert not re.search(r"^step ", out, re.M), out[-2000:]
+
+
+def test_hellaswag_over_two_ranks_counts_every_example_once(workdir):
+    """-x 0 -h 1 on 2 ranks: each rank scores its share of the 8 examples, and the line gives the sum over the ranks,
+    llm.c's count on the model the run starts from (test_x_0_evaluates_the_model_and_trains_nothing's), out of 8"""
+    codes, out, _ = train_ranks(workdir, 2, ["-x", 0, "-v", 0, "-s", 0, "-h", 1], name="hellaswag_two_ranks")
+    assert codes == [0, 0], out[-2000:]
+    correct, _ = sim_model.hellaswag_reference(sim_model.read_model(workdir / "model.bin"),
+                                               workdir / "dev" / "data" / "hellaswag" / "hellaswag_val.bin")
+    assert re.findall(r"^HellaSwag: (\d+)/(\d+) = ", out, re.M) == [(str(correct), "8")], out[-2000:]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -1049,7 +1159,7 @@ def test_a_tcp_rank_0_serves_only_the_ranks_of_its_own_run(workdir):
     rank0 = tcp_rank(workdir, server, 0)
     try:
         assert tcp_ask(server, b"GET / HTTP/1.0\r\n\r\n") == b""
-        for rank, count, verdict in [(1, 3, 1), (2, 2, 2)]:
+        for rank, count, verdict in [(1, 3, 1), (2, 2, 2), (0, 2, 2)]:
             magic, answer, its_count, _ = TCP_REPLY.unpack(tcp_ask(server, TCP_HELLO.pack(TCP_MAGIC, rank, count)))
             assert (magic, answer, its_count) == (TCP_MAGIC, verdict, 2)
         rank1 = tcp_rank(workdir, server, 1)
@@ -1061,8 +1171,9 @@ def test_a_tcp_rank_0_serves_only_the_ranks_of_its_own_run(workdir):
     assert re.search(r"^note: rank 0: 127\.0\.0\.1:\d+ connected to .* but is no llm8 rank; ignored$", err, re.M), err
     assert re.search(r"^note: rank 0: refused rank 1 of 3 from 127\.0\.0\.1:\d+: its -pn differs from rank 0's$", err,
                      re.M), err
-    assert re.search(r"^note: rank 0: refused rank 2 of 2 from 127\.0\.0\.1:\d+: its rank is not one of 1 \.\. -pn - 1$",
-                     err, re.M), err
+    for rank in (2, 0):
+        assert re.search(rf"^note: rank 0: refused rank {rank} of 2 from 127\.0\.0\.1:\d+: its rank is not one of 1 \.\. "
+                         r"-pn - 1$", err, re.M), err
     assert losses(out), out[-2000:]
 
 
@@ -1113,12 +1224,14 @@ def test_a_killed_rank_stops_its_peer_within_the_timeout():
                          ids=["bf16", "fp8-delayed-weights", "fp8-block", "fp8-zero3"])
 def test_two_ranks_replica_check_finds_the_gathered_weights_identical(workdir, flags):
     """-pc 1: after every weight gather (and the start) each rank's fingerprints of what the gather makes
-    identical (bf16 slices, FP8 codes, W^T, block scales, weight scaling states) equal rank 0's"""
-    args = flags + ["-x", 3, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-pc", 1]
+    identical (bf16 slices, FP8 codes, W^T, block scales, weight scaling states) equal rank 0's; bf16 with -pc 2:
+    every second step and at the end (step 3, no multiple of 2)"""
+    every = 2 if flags == ["-p", "bf16"] else 1
+    args = flags + ["-x", 3, "-l", 3e-3, "-v", 0, "-s", 0, "-sh", 0, "-pc", every]
     codes, out, _ = train_ranks(workdir, 2, args, name="replicas_" + "_".join(map(str, flags)))
     assert codes == [0, 0], out[-2000:]
     checks = REPLICAS_RE.findall(out)
-    assert [int(u) for u, _ in checks] == [0, 1, 2, 3], out[-2000:]
+    assert [int(u) for u, _ in checks] == ([0, 2, 3] if every == 2 else [0, 1, 2, 3]), out[-2000:]
     assert all(int(n) >= 20 for _, n in checks), checks  # the sim model's 2 layers: at least wte, wpe, lnf, 8 per layer
 
 
@@ -1274,6 +1387,13 @@ def test_comm_line_counts_each_collectives_payload(workdir, ranks, flags, grad_b
     fp8_mb, bf16_mb, all_mb = (matmul - owned[1]) / 1e6, 2 * (params - matmul - owned[0]) / 1e6, 2 * (params - shard) / 1e6
     assert f"weights gathered per step: {fp8_mb:.1f} MB as FP8 + {bf16_mb:.1f} MB as bf16 (all bf16: {all_mb:.1f} MB)" \
         in out, out[:3000]
+    # and the shard (its padding the flat vector's to ranks whole shards), the gradients' reduce at the wire's element
+    # size, and the optimizer state counted per rank
+    assert f"| {shard} parameters per rank ({ranks * shard - params} padding) |" in out, out[:3000]
+    reduce = "fp32" if grad_bytes == 4 else "bf16"
+    assert re.search(rf"gradient reduce [\d.]+ MB \({reduce}\),", m.group(0)), m.group(0)
+    assert f"| gradients reduced per step: {grad_bytes * params / 1e6:.1f} MB {reduce}" in out, out[:3000]
+    assert re.search(r"^memory \|.* \| optimizer \S+ m\+v [\d.]+ GiB on this rank \|", out, re.M), out[:3000]
 
 
 def test_three_ranks_average_bf16_gradients_without_a_bias(workdir):
@@ -1334,6 +1454,9 @@ def test_twin_batches_resume_on_another_rank_count_bit_for_bit(workdir, first, s
     a, b = losses(straight), losses(resumed)
     assert sorted(b) == [4, 5, 6] and all(a[s] == b[s] for s in b), (a, b)
     assert (out_dir / "model_00000006.bin").read_bytes() == straight_model, "the resumed run's model file differs"
+    # step 6 written again holds only this run's state files: none of the first run's ranks is left over beside them
+    assert sorted(f for f in os.listdir(out_dir) if f.startswith("state_00000006_")) == \
+        [f"state_00000006_{rank:05d}.bin" for rank in range(second)], os.listdir(out_dir)
 
 
 def test_resume_on_another_rank_count_replays_the_steps_batches(workdir):
@@ -1351,6 +1474,8 @@ def test_resume_on_another_rank_count_replays_the_steps_batches(workdir):
     assert "resumed a checkpoint of 1 ranks" in resumed, resumed[-2000:]
     a, b = losses(straight), losses(resumed)
     assert sorted(b) == [4, 5] and all(abs(a[s] - b[s]) <= 5e-4 * a[s] for s in b), (a, b)
+    # the resumed run's first step is its first: the `comm |` line counts that one's collectives
+    assert re.findall(r"^comm \| step (\d+), payload by collective:", resumed, re.M) == ["4"], resumed[-3000:]
 
 
 # ---- mpirun (-pi mpi, the default under mpirun): the launch llm.c users know ---------------------

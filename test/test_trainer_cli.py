@@ -212,6 +212,9 @@ class TestBadInput:
     def test_resume_without_output_dir(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-y", 1])), "-y", "-o")
 
+    def test_checkpoints_without_output_dir(self, binary, data):  # else -n would write nothing, silently
+        assert_one_line_error(run(binary, base_args(data, ["-n", 1])), "flag -n 1 needs an output dir -o")
+
     # FP8 flags: checked by the shared flag table before any GPU work
     def test_fp8_unknown_precision(self, binary, data):
         assert_one_line_error(run(binary, base_args(data, ["-p", "fp4"])), "-p", "fp4", "bf16 fp8")
@@ -524,6 +527,9 @@ def test_gpu_trainer_refuses_8bit_states_cut_inside_a_block_on_every_rank(data):
     # 8 ranks: 9 cut a block too, so the nearest larger count that works is 10
     r = run(GPU, base_args(data, ["-e", path, "-opt", "adamw8", "-pn", 8, "-pr", 0]))
     assert_one_line_error(r, "over 8 GPUs: rank 3's part of attprojw", "use another number of GPUs (7 or 10 would do)")
+    # -qs all over 13 ranks cuts ln1b, a tensor -qs default keeps in 32 bits: that -qs is the remedy named
+    r = run(GPU, base_args(data, ["-e", path, "-opt", "adamw8", "-qs", "all", "-pn", 13, "-pr", 0]))
+    assert_one_line_error(r, "-qs all over 13 GPUs: rank 1's part of ln1b", "-qs default or -opt adamw")
     for flags in (["-pn", 2, "-pr", 1], ["-pn", 3, "-pr", 1, "-qs", "none"], []):
         r = run(GPU, base_args(data, ["-e", path, "-opt", "adamw8"] + flags))
         assert "block" not in r.stderr, r.stderr
