@@ -24,7 +24,9 @@ through a misaligned pointer (checked_reinterpret_cast below: cudaErrorMisaligne
 A data race between the threads of a block shows as a result that depends on the order
 they run in: each block runs its threads in a fresh pseudo-random order, one warp of it
 lagging (run only when no other thread can), so the tests' "run twice, bitwise equal" checks
-and their references catch it (cudasim_runtime.cpp, choose_schedule_order).
+and their references catch it (cudasim_runtime.cpp, choose_schedule_order). A race between
+blocks shows the same way: each launch runs its blocks in its own pseudo-random order
+(block_order).
 
 A missing dependency between streams shows the same way: every stream-ordered call (kernel
 launch, async copy and memset, event record and wait, cublasLtMatmul, NCCL collective) is

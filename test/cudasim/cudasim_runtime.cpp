@@ -585,6 +585,29 @@ static void run_one_block(const LaunchConfig& config, const char* name, const st
     current_block = nullptr;
 }
 
+/*
+The order in which a launch's blocks run. A GPU runs them concurrently, in no set order, so a
+kernel whose result depends on it (two blocks writing one global value, or one reading what
+another writes, with nothing to order them) is racy; run in index order on one CPU thread it
+would still give the same result every time, and "run twice, bitwise equal" could not catch
+it. So each launch gets its own pseudo-random order (from the launch's number, so a failure
+reproduces), unless CUDASIM_SCHEDULE=in-order.
+*/
+static std::vector<long> block_order(long blocks, uint64_t launch_number) {
+    std::vector<long> order((size_t)blocks);
+    for (long b = 0; b < blocks; b++) { order[(size_t)b] = b; }
+    if (shuffled_schedule()) {
+        uint64_t state = launch_number * 0xd1342543de82ef95ull + 0x2545f4914f6cdd1dull;
+        for (long i = blocks - 1; i > 0; i--) {  // Fisher-Yates, xorshift64
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            std::swap(order[(size_t)i], order[(size_t)(state % (uint64_t)(i + 1))]);
+        }
+    }
+    return order;
+}
+
 void launch_grid(const LaunchConfig& config, const void* kernel_address, const char* name,
                  std::function<void()> body) {
     const dim3 grid = config.grid, block_dim = config.block;
@@ -612,10 +635,11 @@ void launch_grid(const LaunchConfig& config, const void* kernel_address, const c
     const size_t shared_total_limit = found != max_dynamic_shared_by_kernel.end() ? (size_t)OPT_IN_DYNAMIC_SHARED_LIMIT
                                                                                    : (size_t)DEFAULT_DYNAMIC_SHARED_LIMIT;
     enqueue(config.stream, name, [config, name, body, blocks, launch_number, shared_total_limit](double) {
+        const std::vector<long> order = block_order(blocks, launch_number);
         // blocks are independent on a GPU too: the OS threads (OpenMP) each run whole blocks
         #pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
         for (long b = 0; b < blocks; b++) {
-            run_one_block(config, name, body, b, launch_number, shared_total_limit);
+            run_one_block(config, name, body, order[b], launch_number, shared_total_limit);
         }
         return true;
     });

@@ -29,6 +29,10 @@ refuses too (run under cudasim only):
 - cp.async (__pipeline_memcpy_async): a copy lands in shared memory when its thread waits for
   its group, not before: read before the wait, the destination holds what it held (garbage);
   __pipeline_wait_prior(1) lands every group but the newest, (0) all of them;
+- blocks run in no set order, as on a GPU: each block takes a ticket as it starts, and in two
+  launches of 64 blocks every block runs once, neither launch in index order, the two orders
+  different; so a race between blocks (the last to write one global value wins) gives
+  different results from one launch to the next, which "run twice, bitwise equal" catches;
 - cudaMalloc of 0 bytes succeeds and allocates nothing: the pointer stays as it was (CUDA
   documents nothing; runtimes leave it or set NULL), so no caller can use such a buffer;
 - CUDA does not survive fork(): once this process has called CUDA, a forked child's
@@ -228,6 +232,44 @@ static void test_static_shared_starts_as_garbage(void) {
     cudaCheck(cudaFree(seen));
 }
 
+// each block records its index at the ticket it draws as it starts, and writes it into *last
+__global__ void block_ticket_kernel(int* order, int* tickets, int* last) {
+    order[atomicAdd(tickets, 1)] = (int)blockIdx.x;
+    *last = (int)blockIdx.x;
+}
+
+static void test_blocks_run_in_no_set_order(void) {
+    const int blocks = 64;
+    int *order, *tickets, *last;
+    cudaCheck(cudaMalloc(&order, 2 * blocks * sizeof(int)));
+    cudaCheck(cudaMalloc(&tickets, sizeof(int)));
+    cudaCheck(cudaMalloc(&last, 2 * sizeof(int)));
+    cudaCheck(cudaMemset(tickets, 0, sizeof(int)));
+    block_ticket_kernel<<<blocks, 1>>>(order, tickets, last);
+    block_ticket_kernel<<<blocks, 1>>>(order, tickets, last + 1);
+    int host[2 * blocks], host_last[2];
+    cudaCheck(cudaMemcpy(host, order, sizeof(host), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(host_last, last, sizeof(host_last), cudaMemcpyDeviceToHost));
+    for (int launch = 0; launch < 2; launch++) {
+        const int* ran = host + launch * blocks;
+        int seen[blocks] = {0}, duplicates = 0, in_index_order = 1;
+        for (int i = 0; i < blocks; i++) {
+            duplicates += ran[i] < 0 || ran[i] >= blocks || seen[ran[i]]++ > 0;
+            in_index_order = in_index_order && ran[i] == i;
+        }
+        CHECK(duplicates == 0, "launch %d of %d blocks: %d tickets went to a block that had run or to no block", launch,
+              blocks, duplicates);
+        CHECK(!in_index_order, "launch %d of %d blocks ran them in index order", launch, blocks);
+        CHECK(host_last[launch] == ran[blocks - 1], "launch %d: the last block to run was %d but %d wrote last", launch,
+              ran[blocks - 1], host_last[launch]);
+    }
+    CHECK(memcmp(host, host + blocks, blocks * sizeof(int)) != 0, "two launches of %d blocks ran them in one order",
+          blocks);
+    cudaCheck(cudaFree(order));
+    cudaCheck(cudaFree(tickets));
+    cudaCheck(cudaFree(last));
+}
+
 // one thread, two groups of one 16-byte copy each: what shared memory holds before any wait,
 // after waiting for all but the newest group, and after waiting for all
 __global__ void pipeline_copy_kernel(uint4* seen, const uint4* in) {
@@ -343,6 +385,7 @@ int main() {
     CHECK(racy_wrong > 0, "two block sums with no barrier between a read and the next write: no thread's sum wrong");
     CHECK(wrong == 0, "block_reduce_sum twice in a row: %d threads' sums wrong", wrong);
     test_static_shared_starts_as_garbage();
+    test_blocks_run_in_no_set_order();
     CHECK(!forked_child_call_stopped(0, flag), "a child forked after CUDA calls, making none itself, was stopped");
     const char* calls[4] = {"", "cudaMalloc", "a kernel launch", "cudaMemsetAsync"};
     for (int which = 1; which <= 3; which++) {
