@@ -32,6 +32,7 @@ thread calls the API (the queues take no lock); blocks of one kernel run on Open
 #include <deque>
 #include <memory>
 #include <math.h>
+#include <float.h>
 
 namespace cudasim {
 
@@ -223,6 +224,26 @@ uint64_t block_serial() {
     return running_block_serial;
 }
 int lane_id() { return current_fiber->linear % 32; }
+bool in_kernel() { return current_block != nullptr; }
+
+float gpu_approximation(float exact, float input, int ulps, bool flush_subnormal) {
+    if (current_block == nullptr || !std::isfinite(exact) || exact == 0.0f) { return exact; }
+    if (flush_subnormal && std::fabs(exact) < FLT_MIN) { return std::copysign(0.0f, exact); }
+    uint32_t h;  // the input's bits, mixed (a murmur3 finalizer): the ulps moved are a function of the input
+    memcpy(&h, &input, sizeof(h));
+    h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
+    const int moved = (int)(h % (uint32_t)(2 * ulps + 1)) - ulps;
+    uint32_t bits;
+    memcpy(&bits, &exact, sizeof(bits));
+    const uint32_t sign = bits & 0x80000000u;
+    int64_t magnitude = (int64_t)(bits & 0x7fffffffu) + moved;  // along the float line, away from or toward 0
+    magnitude = std::min<int64_t>(std::max<int64_t>(magnitude, 0), 0x7f7fffff);  // neither past 0 nor to inf
+    bits = sign | (uint32_t)magnitude;
+    float result;
+    memcpy(&result, &bits, sizeof(result));
+    if (flush_subnormal && std::fabs(result) < FLT_MIN) { return std::copysign(0.0f, result); }
+    return result;
+}
 
 static bool can_resume(const Block& block, const Fiber& fiber);
 

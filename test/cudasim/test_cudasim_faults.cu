@@ -33,6 +33,11 @@ refuses too (run under cudasim only):
   launches of 64 blocks every block runs once, neither launch in index order, the two orders
   different; so a race between blocks (the last to write one global value wins) gives
   different results from one launch to the next, which "run twice, bitwise equal" catches;
+- the GPU's approximate math in a kernel: over 4096 inputs, expf and exp2_approx and gelu's
+  reciprocal differ from the host's correctly rounded results by at most 2 ulps and logf by at
+  most 1, some by each amount (so a test that wants them bit for bit fails here, as on a GPU),
+  the same input always giving the same result; exp2_approx and the reciprocal flush results
+  below 2^-126 to 0, as ex2.approx.ftz and __fdividef do; the same calls on the host are exact;
 - cudaMalloc of 0 bytes succeeds and allocates nothing: the pointer stays as it was (CUDA
   documents nothing; runtimes leave it or set NULL), so no caller can use such a buffer;
 - CUDA does not survive fork(): once this process has called CUDA, a forked child's
@@ -41,6 +46,7 @@ refuses too (run under cudasim only):
 */
 #include "llmc/cuda_common.h"
 #include "llmc/cuda_utils.cuh"
+#include "llmc/element_math.h"
 #include "test/test_harness.h"
 #include "test/test_harness_fork.h"
 
@@ -270,6 +276,80 @@ static void test_blocks_run_in_no_set_order(void) {
     cudaCheck(cudaFree(last));
 }
 
+#define GPU_MATH_FUNCTIONS 4
+#define GPU_MATH_INPUTS 4096
+
+// function f of input i: expf, logf, exp2_approx, gelu's reciprocal
+__host__ __device__ float gpu_math(int f, float x) {
+    if (f == 0) { return expf(x); }
+    if (f == 1) { return logf(x); }
+    if (f == 2) { return exp2_approx(x); }
+    return gelu_reciprocal_(x);
+}
+
+__host__ __device__ float gpu_math_input(int f, int i) {
+    float t = (float)i / GPU_MATH_INPUTS;
+    return f == 1 ? 0.01f + 100.0f * t : (f == 3 ? 1.0f + 1000.0f * t : -20.0f + 40.0f * t);
+}
+
+__global__ void gpu_math_kernel(float* out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int f = 0; f < GPU_MATH_FUNCTIONS; f++) { out[f * GPU_MATH_INPUTS + i] = gpu_math(f, gpu_math_input(f, i)); }
+}
+
+__global__ void flush_kernel(float* out) {
+    out[0] = exp2_approx(-130.0f);
+    out[1] = gelu_reciprocal_(0x1p127f);
+}
+
+static int ulps_apart(float a, float b) {
+    int32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    return x > y ? x - y : y - x;
+}
+
+static void test_gpu_math_is_approximate_in_kernels(void) {
+    const int allowed[GPU_MATH_FUNCTIONS] = {2, 1, 2, 2};
+    const char* names[GPU_MATH_FUNCTIONS] = {"expf", "logf", "exp2_approx", "gelu_reciprocal_"};
+    float *out, *flushed;
+    cudaCheck(cudaMalloc(&out, 2 * GPU_MATH_FUNCTIONS * GPU_MATH_INPUTS * sizeof(float)));
+    cudaCheck(cudaMalloc(&flushed, 2 * sizeof(float)));
+    gpu_math_kernel<<<GPU_MATH_INPUTS / 256, 256>>>(out);
+    gpu_math_kernel<<<GPU_MATH_INPUTS / 256, 256>>>(out + GPU_MATH_FUNCTIONS * GPU_MATH_INPUTS);
+    flush_kernel<<<1, 1>>>(flushed);
+    static float host[2 * GPU_MATH_FUNCTIONS * GPU_MATH_INPUTS];
+    float host_flushed[2];
+    cudaCheck(cudaMemcpy(host, out, sizeof(host), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(host_flushed, flushed, sizeof(host_flushed), cudaMemcpyDeviceToHost));
+    for (int f = 0; f < GPU_MATH_FUNCTIONS; f++) {
+        int count_by_ulps[3] = {0, 0, 0}, beyond = 0, unstable = 0, host_inexact = 0;
+        for (int i = 0; i < GPU_MATH_INPUTS; i++) {
+            float x = gpu_math_input(f, i), kernel = host[f * GPU_MATH_INPUTS + i];
+            float exact = f == 0 ? expf(x) : f == 1 ? logf(x) : f == 2 ? exp2f(x) : 1.0f / x;
+            int apart = ulps_apart(kernel, exact);
+            if (apart > allowed[f]) { beyond++; } else { count_by_ulps[apart]++; }
+            unstable += memcmp(&kernel, &host[(GPU_MATH_FUNCTIONS + f) * GPU_MATH_INPUTS + i], 4) != 0;
+            float on_host = gpu_math(f, x);
+            host_inexact += memcmp(&on_host, &exact, 4) != 0;
+        }
+        CHECK(beyond == 0, "%s in a kernel: %d of %d results more than %d ulps from the host's", names[f], beyond,
+              GPU_MATH_INPUTS, allowed[f]);
+        for (int u = 0; u <= allowed[f]; u++) {
+            CHECK(count_by_ulps[u] > GPU_MATH_INPUTS / 10, "%s in a kernel: only %d of %d results %d ulps from the "
+                  "host's", names[f], count_by_ulps[u], GPU_MATH_INPUTS, u);
+        }
+        CHECK(unstable == 0, "%s in a kernel: %d inputs gave a different result the second time", names[f], unstable);
+        CHECK(host_inexact == 0, "%s on the host: %d of %d results not the correctly rounded one", names[f],
+              host_inexact, GPU_MATH_INPUTS);
+    }
+    CHECK(host_flushed[0] == 0.0f && host_flushed[1] == 0.0f, "results below 2^-126 in a kernel: exp2_approx(-130) "
+          "= %g, gelu_reciprocal_(2^127) = %g, expected both flushed to 0", host_flushed[0], host_flushed[1]);
+    CHECK(exp2_approx(-130.0f) == exp2f(-130.0f), "exp2_approx(-130) on the host is not exp2f's subnormal");
+    cudaCheck(cudaFree(out));
+    cudaCheck(cudaFree(flushed));
+}
+
 // one thread, two groups of one 16-byte copy each: what shared memory holds before any wait,
 // after waiting for all but the newest group, and after waiting for all
 __global__ void pipeline_copy_kernel(uint4* seen, const uint4* in) {
@@ -386,6 +466,7 @@ int main() {
     CHECK(wrong == 0, "block_reduce_sum twice in a row: %d threads' sums wrong", wrong);
     test_static_shared_starts_as_garbage();
     test_blocks_run_in_no_set_order();
+    test_gpu_math_is_approximate_in_kernels();
     CHECK(!forked_child_call_stopped(0, flag), "a child forked after CUDA calls, making none itself, was stopped");
     const char* calls[4] = {"", "cudaMalloc", "a kernel launch", "cudaMemsetAsync"};
     for (int which = 1; which <= 3; which++) {
