@@ -198,6 +198,13 @@ $(BUILD)/adamw8_sass_probe.cubin: dev/bench/adamw8_sass_probe.cu $(LLMC_HEADERS)
 	@mkdir -p $(BUILD)
 	$(NVCC) $(NVCC_DEV_FLAGS) -cubin $< -o $@
 
+FMAD_PTX = $(BUILD)/ptx/train_gpt2_fp8.fmad-true.ptx $(BUILD)/ptx/train_gpt2_fp8.fmad-false.ptx
+# the trainer's kernels as PTX with nvcc's FMA contraction on (-fmad=true, the build's default)
+# and off: test/test_fma_contraction.py finds the kernels whose arithmetic contraction changes
+$(BUILD)/ptx/train_gpt2_fp8.fmad-%.ptx: train_gpt2_fp8.cu $(LLMC_HEADERS) | check-cuda check-nccl
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_COMMON_FLAGS) $(CUDA_PROGRAM_EXTRA_FLAGS) -arch=$(GPU_ARCH) -fmad=$* -ptx $< -o $@
+
 train_gpt2cpu: test/train_gpt2cpu.c $(LLMC_HEADERS) test/gpt2_ref.h
 	$(CC) $(CFLAGS) -fopenmp $< -lm -o $@
 
@@ -318,10 +325,10 @@ test-build: compile-cuda $(CPU_TESTS) $(CPU_CXX_TESTS) train_gpt2cpu $(SIM_TESTS
 # a log shows where the time goes.
 PYTEST_XDIST = $(shell $(PYTHON) -c 'import sys, xdist; sys.exit(tuple(map(int, xdist.__version__.split(".")[:2])) < (3, 2))' 2>/dev/null && echo yes)
 PYTEST_RUN = $(if $(and $(PYTEST_XDIST),$(filter-out 1,$(JOBS))),OMP_NUM_THREADS=1 $(PYTHON) -m pytest -n $(JOBS) --dist worksteal,$(PYTHON) -m pytest)
-test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues bench_casts $(BUILD)/adamw8_sass_probe.cubin $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/bench_casts $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
+test-python: train_gpt2cpu train_gpt2_fp8 bench_gemm probe_epilogues bench_casts $(BUILD)/adamw8_sass_probe.cubin $(FMAD_PTX) $(SIM)/train_gpt2_fp8 $(SIM)/probe_epilogues $(SIM)/bench_casts $(SIM)/test_multi_gpu $(BUILD)/libfake_nvml.so
 	$(PYTEST_RUN) -q --durations=15 test
 
-compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues bench_casts $(BUILD)/adamw8_sass_probe.cubin $(GPU_TESTS)
+compile-cuda: train_gpt2_fp8 bench_gemm probe_epilogues bench_casts $(BUILD)/adamw8_sass_probe.cubin $(FMAD_PTX) $(GPU_TESTS)
 
 # the C tests built with AddressSanitizer and UBSan, and the cudasim tests with UBSan, into
 # $(BUILD)/sanitize: what the -O3 builds run past silently (a read past a buffer, a use after

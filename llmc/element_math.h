@@ -6,7 +6,8 @@ that has to match across the two (bf16 rounding, stochastic rounding, the counte
 random numbers behind it, the AdamW update, GELU, the layernorm output) is written once here as a
 __host__ __device__ function, so the CPU tests exercise exactly the code the kernels run.
 Functions that must be bit-exact across host and device use explicit fmaf() and only
-IEEE-exact operations (+ - * / sqrtf), so nvcc's FMA contraction cannot make them differ.
+IEEE-exact operations (+ - * / sqrtf), so nvcc's FMA contraction cannot make them differ
+(test/test_fma_contraction.py checks the kernels' PTX with contraction on and off).
 Values are passed as float and bf16 as raw uint16 bits: no CUDA types needed on the host.
 */
 #ifndef LLMC_ELEMENT_MATH_H
