@@ -80,8 +80,8 @@ each value (doc/adamw8.md).
 // the two dynamic maps, each ascending (signed_values[code + 128], unsigned_values[code]), and
 // their encode buckets (each entry a map index, at most 254)
 typedef struct {
-    float signed_values[QUANT8_CODES];
-    float unsigned_values[QUANT8_CODES];
+    float signed_values[QUANT8_CODES + 1];  // [QUANT8_CODES]: +inf, the encode's entry after the last
+    float unsigned_values[QUANT8_CODES + 1];
     uint8_t signed_buckets[QUANT8_SIGNED_BUCKETS];
     uint8_t unsigned_buckets[QUANT8_UNSIGNED_BUCKETS];
 } Quant8Maps;
@@ -151,6 +151,8 @@ static inline void quant8_maps_init(Quant8Maps* maps) {
         maps->signed_values[QUANT8_SIGNED_ZERO_INDEX + 1 + i] = (float)magnitudes[i];
         maps->signed_values[QUANT8_SIGNED_ZERO_INDEX - 2 - i] = (float)-magnitudes[i];
     }
+    maps->signed_values[QUANT8_CODES] = INFINITY;
+    maps->unsigned_values[QUANT8_CODES] = INFINITY;
     maps->signed_values[QUANT8_SIGNED_ZERO_INDEX - 1] = -1e-7f;
     maps->signed_values[QUANT8_SIGNED_ZERO_INDEX] = 0.0f;
     // unsigned: 8 tree bits give 255 magnitudes (1e-7 ... 1), and 0
@@ -181,18 +183,19 @@ LLMC_HD int quant8_bucket(float x, int is_signed) {
 /*
 The index of the table entry nearest to x, ties to the lower one, for any x but NaN (the encode
 never sees one: a block with a non-finite value is skipped before it): the answer of a binary
-search for the last entry <= x (index 0 if none) followed by a look at the entry after it
-(test_adamw8 compares the two on every map value and midpoint, their float neighbours, and
+search for the last entry <= x (index 0 if none) followed by a look at the entry after it, which
+past the last entry is the maps' +inf (no index test, no clamp: 6 instructions an element fewer
+in adamw8's pass) (test_adamw8 compares the two on every map value and midpoint, their float neighbours, and
 every bucket's ends).
 */
 LLMC_HD int quant8_nearest_index(const float* table, const uint8_t* buckets, int is_signed, float x) {
     int start = buckets[quant8_bucket(x, is_signed)];
     float at_start = table[start], next = table[start + 1];
-    float after_next = table[start + 2 < QUANT8_CODES ? start + 2 : QUANT8_CODES - 1];
+    float after_next = table[start + 2];  // at most the +inf after the last entry
     int up = next <= x;  // the last entry <= x: start, or the one map value inside the bucket
     int below = start + up;
     float lower = up ? next : at_start, upper = up ? after_next : next;
-    return below + (below < QUANT8_CODES - 1 && upper - x < x - lower);
+    return below + (upper - x < x - lower);
 }
 
 /*
