@@ -6,7 +6,7 @@ Why: the update is one memory-bound pass, so everything happens per element in o
 read the bf16 gradient, scale it (gradient clipping), read the fp32 master (or, with no
 master, the bf16 weight itself), run adamw_element_update from element_math.h, write the
 master and the bf16 weight. Rounding the new weight to bf16 stochastically, with the random
-bits random_u32(seed, element index), keeps small updates from being rounded away on
+bits rounding_bits(seed, element index), keeps small updates from being rounded away on
 average, and makes the result a pure function of (inputs, seed): the CPU can compute the
 same bits with the same element functions, which is how the GPU test checks it. Any n and
 any alignment: 4 elements a thread where the arrays allow, one where not (below).

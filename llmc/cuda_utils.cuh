@@ -47,10 +47,19 @@ __device__ __forceinline__ float block_reduce_sum(float value) {
     return total;
 }
 
-// bf16 by stochastic rounding, with the random bits random_u32(seed, index): the same
+// bf16 by stochastic rounding, with the random bits rounding_bits(seed, index): the same
 // seed and index give the same bf16 on the host (float_to_bf16_bits_stochastic) and here.
 __device__ __forceinline__ floatX stochastic_round_bf16(float x, uint32_t seed, uint32_t index) {
-    return bf16_from_bits(float_to_bf16_bits_stochastic(x, random_u32(seed, index)));
+    return bf16_from_bits(float_to_bf16_bits_stochastic(x, rounding_bits(seed, index)));
+}
+
+// finite elements even_index and even_index + 1 (even_index even) from one hash: the bits of two
+// stochastic_round_bf16 calls
+__device__ __forceinline__ void stochastic_round_bf16_pair(float x0, float x1, uint32_t seed, uint32_t even_index,
+                                                           floatX* rounded0, floatX* rounded1) {
+    uint32_t bits = random_u32(seed, even_index >> 1);
+    *rounded0 = bf16_from_bits(float_to_bf16_bits_stochastic_finite(x0, bits));
+    *rounded1 = bf16_from_bits(float_to_bf16_bits_stochastic_finite(x1, bits >> 16));
 }
 
 #endif // LLMC_CUDA_UTILS_CUH

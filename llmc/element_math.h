@@ -62,14 +62,19 @@ LLMC_HD uint16_t float_to_bf16_bits(float x) {
     return (uint16_t)((u + rounding_bias) >> 16);
 }
 
-// stochastic rounding: round up with probability equal to the dropped fraction.
+// stochastic rounding of a finite x: round up with probability equal to the dropped fraction.
 // `random` is a uniform 32-bit value; only its low 16 bits are used.
-LLMC_HD uint16_t float_to_bf16_bits_stochastic(float x, uint32_t random) {
+LLMC_HD uint16_t float_to_bf16_bits_stochastic_finite(float x, uint32_t random) {
     uint32_t u = float_as_bits(x);
-    if ((u & 0x7f800000u) == 0x7f800000u) { return float_to_bf16_bits(x); } // inf/nan: no dither
     uint32_t dithered = u + (random & 0xffffu);
     if ((dithered & 0x7f800000u) == 0x7f800000u) { return (uint16_t)(u >> 16); } // never round to inf
     return (uint16_t)(dithered >> 16);
+}
+
+// stochastic rounding of any x: inf and NaN are not dithered
+LLMC_HD uint16_t float_to_bf16_bits_stochastic(float x, uint32_t random) {
+    if ((float_as_bits(x) & 0x7f800000u) == 0x7f800000u) { return float_to_bf16_bits(x); }
+    return float_to_bf16_bits_stochastic_finite(x, random);
 }
 
 // ----------------------------------------------------------------------------
@@ -87,6 +92,18 @@ LLMC_HD uint32_t random_u32(uint32_t seed, uint32_t index) {
     h ^= h >> 15; h *= 0x846ca68bu;
     h ^= h >> 16;
     return h;
+}
+
+/*
+The random bits that stochastic rounding adds below element `index`'s bf16 cut (its low 16 bits;
+float_to_bf16_bits_stochastic uses no others): one half of random_u32(seed, index / 2), the low
+half for an even index, the high half for the odd one after it. A rounding takes 16 bits, so one
+hash serves two elements: a kernel that rounds an even element and the next together spends one
+hash on both (stochastic_round_bf16_pair), where the hash a value had been a fifth of adamw8's
+instructions (doc/adamw8.md).
+*/
+LLMC_HD uint32_t rounding_bits(uint32_t seed, uint32_t index) {
+    return random_u32(seed, index >> 1) >> ((index & 1u) * 16u);
 }
 
 /*

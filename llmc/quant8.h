@@ -359,7 +359,7 @@ static inline size_t adamw8_update_fp32(float* params, const float* grads, size_
 What the GPU kernel (adamw8.cuh) computes, on the host: n elements of a tensor from its
 element first_index, bf16 parameters (raw bits) with an optional fp32 master (NULL: the bf16
 weights are the parameters), bf16 gradients. The new parameter goes to the master and, by
-stochastic rounding with random_u32(seed, first_index + i), to bf16. fp8 (nullable) gets the
+stochastic rounding with rounding_bits(seed, first_index + i), to bf16. fp8 (nullable) gets the
 FP8 weight outputs (fp8.h's Fp8WeightRef: the amax of the value the cast reads, the master if
 given, else the bf16 weight, and the delayed cast's codes) of every element, a skipped
 block's unchanged values included.
@@ -381,7 +381,7 @@ static inline void adamw8_update_bf16_ref(uint16_t* params, float* master, const
             size_t i = start + k;
             if (updated) {
                 if (master != NULL) { master[i] = block_params[k]; }
-                params[i] = float_to_bf16_bits_stochastic(block_params[k], random_u32(seed, first_index + (uint32_t)i));
+                params[i] = float_to_bf16_bits_stochastic(block_params[k], rounding_bits(seed, first_index + (uint32_t)i));
             }
             fp8_weight_ref_add(fp8, i, master != NULL, master != NULL ? master[i] : 0.0f, params[i]);
         }
@@ -399,7 +399,7 @@ static inline void adamw_update_bf16_ref(uint16_t* params, float* master, const 
         float param = master != NULL ? master[i] : bf16_bits_to_float(params[i]);
         float new_param = adamw_element_update(param, bf16_bits_to_float(grads[i]) * grad_scale, &m[i], &v[i], hp);
         if (master != NULL) { master[i] = new_param; }
-        params[i] = float_to_bf16_bits_stochastic(new_param, random_u32(seed, first_index + (uint32_t)i));
+        params[i] = float_to_bf16_bits_stochastic(new_param, rounding_bits(seed, first_index + (uint32_t)i));
         fp8_weight_ref_add(fp8, i, master != NULL, new_param, params[i]);
     }
 }

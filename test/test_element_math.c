@@ -7,11 +7,13 @@ Each function is checked against a reference computed a different way:
   (the edge cases 0, 1, 0x7fff, 0x8000, 0x8001, 0xffff and random ones), against a rounding
   decided in double arithmetic: the two bf16 neighbours of x, the nearer wins, a tie goes
   to the even mantissa, and the neighbour beyond the largest finite value is inf (2^128).
-- stochastic rounding: the result is always one of the two neighbours; the mean of many
-  draws is x within 5 standard deviations of the Bernoulli mean; it never rounds a finite
+- stochastic rounding (with rounding_bits over consecutive elements): the result is always one
+  of the two neighbours; the mean of many draws is x within 5 standard deviations of the Bernoulli mean; it never rounds a finite
   value to inf; inf and NaN pass through.
 - random_u32: chi-square of the top and bottom bytes over 256 buckets, each bit's balance,
-  and independence of two seeds.
+  and independence of two seeds. rounding_bits: the two halves of random_u32(seed, j) for
+  elements 2j and 2j+1, each byte stochastic rounding uses uniform over consecutive elements,
+  and the two elements of a pair independent (chi-square of their joint top nibbles).
 - adamw_element_update: against the AdamW formula in double, one step on random inputs
   and a 2000-step trajectory.
 - GELU: against the tanh formula in double; its derivative against a central finite
@@ -108,7 +110,7 @@ static void test_stochastic_rounding(void) {
         double sum = 0.0;
         int outside = 0;
         for (int i = 0; i < draws; i++) {
-            float r = bf16_bits_to_float(float_to_bf16_bits_stochastic(x, random_u32(seed, (uint32_t)i)));
+            float r = bf16_bits_to_float(float_to_bf16_bits_stochastic(x, rounding_bits(seed, (uint32_t)i)));
             if ((double)r != lo && (double)r != hi) { outside++; }
             sum += r;
         }
@@ -177,6 +179,35 @@ static void test_random_u32(void) {
     double expected_equal = n / 256.0, sd = sqrt(n * (1.0 / 256.0) * (255.0 / 256.0));
     CHECK(fabs(equal_bytes - expected_equal) < 6.0 * sd, "random_u32 seeds 1 and 2 agree on %ld low bytes (expected %.0f)",
           equal_bytes, expected_equal);
+}
+
+// rounding_bits: element 2j's low 16 bits are random_u32(seed, j)'s low half, element 2j+1's its
+// high half; over consecutive elements each of the two bytes stochastic rounding uses is uniform,
+// and an even element's bits are independent of the odd one's after it (the joint top nibbles
+// of the pair, 256 buckets)
+static void test_rounding_bits(void) {
+    const long pairs = 1L << 19;
+    const double chi2_limit = 255.0 + 6.0 * sqrt(510.0);
+    const uint32_t seed = 0x5eedu;
+    long low_byte[256] = {0}, high_byte[256] = {0}, joint[256] = {0};
+    long mismatched = 0;
+    for (long j = 0; j < pairs; j++) {
+        uint32_t whole = random_u32(seed, (uint32_t)j);
+        uint32_t even = rounding_bits(seed, (uint32_t)(2 * j)) & 0xffffu, odd = rounding_bits(seed, (uint32_t)(2 * j + 1)) & 0xffffu;
+        mismatched += even != (whole & 0xffffu) || odd != (whole >> 16);
+        low_byte[even & 0xffu]++;
+        low_byte[odd & 0xffu]++;
+        high_byte[even >> 8]++;
+        high_byte[odd >> 8]++;
+        joint[((even >> 12) << 4) | (odd >> 12)]++;
+    }
+    CHECK(mismatched == 0, "rounding_bits: %ld of %ld pairs are not the two halves of random_u32(seed, j)", mismatched, pairs);
+    double chi2_low = chi_square_256(low_byte, 2 * pairs), chi2_high = chi_square_256(high_byte, 2 * pairs);
+    double chi2_joint = chi_square_256(joint, pairs);
+    CHECK(chi2_low < chi2_limit, "rounding_bits: chi-square of bits 0..7 %.1f >= %.1f", chi2_low, chi2_limit);
+    CHECK(chi2_high < chi2_limit, "rounding_bits: chi-square of bits 8..15 %.1f >= %.1f", chi2_high, chi2_limit);
+    CHECK(chi2_joint < chi2_limit, "rounding_bits: chi-square of a pair's joint top nibbles %.1f >= %.1f", chi2_joint,
+          chi2_limit);
 }
 
 typedef struct { double param, m, v; } AdamWDoubleState;
@@ -328,6 +359,7 @@ int main(void) {
     test_bf16_round_to_nearest_even();
     test_stochastic_rounding();
     test_random_u32();
+    test_rounding_bits();
     test_adamw_element_update();
     test_gelu();
     return test_summary("test_element_math");
