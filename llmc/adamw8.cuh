@@ -11,10 +11,10 @@ At 16 bytes an element the pass has about 110 instructions an element to spend b
 being bound by memory on an H100/H200 (4.8 TB/s against 132 SMs issuing 4 warp instructions a
 cycle), and the first version spent about 400: on an H200 it took 1.9 ms at d12 against plain
 AdamW's 1.1 ms (doc/adamw8.md). So the instructions are what this file economizes:
-- the encode reads a bucket table, not a binary search (quant8.h: about 22 instructions and
-  4 shared-memory reads a value instead of 90 and 10);
-- the maps and buckets (6.7 KB) are copied into shared memory once per thread block of a grid
-  the GPU holds at once, whose warps stride over the blocks;
+- the encode reads a bucket and a decision point, not a binary search (quant8.h: about 12
+  instructions and 2 shared-memory reads a value instead of 90 and 10);
+- the maps, thresholds and buckets (10.3 KB) are copied into shared memory once per thread
+  block of a grid the GPU holds at once, whose warps stride over the blocks;
 - all blocks but a tensor's partial last one run the instantiation with no bounds tests
   (kWholeLanes);
 - AdamW's bias corrections are multiplies (element_math.h), and the requantization divides by

@@ -19,7 +19,8 @@ Why it is shaped this way:
 - Codes are stored so that a zeroed buffer means "all moments 0": an m code is an int8 whose
   value orders the map (map index = code + 128, zero at code 0), a v code is a uint8 (zero at
   code 0). Encoding finds the nearest map value, ties to the lower value, through a table of
-  buckets keyed by the float's bits (quant8_nearest_index): no search.
+  buckets keyed by the float's bits and the decision points between neighbouring map values
+  (quant8_nearest_index): no search.
 - Blocks of 256 elements with one fp32 absmax per block per state; x is normalized by x/absmax
   (through the block's reciprocal and one correction, quant8_normalize: the same quotient).
   Every operation on the path is a single IEEE-rounded + - * / fma or a comparison, so the host
@@ -57,31 +58,39 @@ Host code here is C that also compiles as C++; the element functions are __host_
 #define ADAMW8_MIN_8BIT_ELEMENTS 4096       // per-layer tensors smaller than this keep 32-bit states
 
 /*
-The encode finds a value's nearest map entry without a search: a table of buckets keyed by the
-value's float bits (sign, exponent and the top QUANT8_BUCKET_BITS mantissa bits) holds for
-each bucket the map index at or below the bucket's smallest value. The keys are fine enough
-that at most one map value lies inside a bucket (quant8_maps_init checks it), so the index at
-or below x is that start or the next one, and the nearest entry is that or the one after: one
-bucket read, then three map reads that do not wait for one another (quant8_nearest_index).
+The encode finds a value's nearest map entry without a search. The nearest entry, ties to the
+lower one (quant8_nearest_by_search defines it), steps from entry i to i + 1 at one float, the
+decision point between them: the thresholds table holds it for each i (the smallest float whose
+nearest entry is above i; NaN after the last entry, which no x passes). A table of buckets keyed by the value's float bits
+(sign, exponent and the top mantissa bits) holds for each bucket the nearest entry of its
+smallest value. The keys are fine enough that no bucket holds two decision points
+(quant8_maps_init checks it), so the nearest entry of x is its bucket's entry, or the next one
+from x's threshold on: a bucket read, a threshold read and a compare (quant8_nearest_index).
 Magnitudes below 2^-25 share the first bucket (the smallest nonzero map values are 1e-7 and
-1e-6: their midpoints with 0 are at least 5e-8 > 2^-25), and 1 and above the last. 6 mantissa
-bits are the fewest for which no bucket of either map holds two values (5 puts two signed ones
-in a bucket). The signed map's keys have a second half for negative values. The binary search
-this replaced spent about 90 instructions and a chain of 9 dependent shared-memory reads on
-each value (doc/adamw8.md).
+1e-6: their midpoints with 0 are at least 5e-8 > 2^-25), and 1 and above the last. The keys
+have the fewest mantissa bits for which no bucket holds two decision points: 6 for the signed
+map (its top decade has 64 points, 0.014 apart, and a bucket of [0.5, 1) is 2^-7 wide), 7 for
+the unsigned one (128 points, 0.007 apart). The signed map's keys have a second half for
+negative values. The binary search this replaced spent about
+90 instructions and a chain of 9 dependent shared-memory reads on each value, the bucket encode
+before this one (the entry at or below the bucket's start, then three map reads and two
+distances) about 20 (doc/adamw8.md).
 */
 #define QUANT8_BUCKET_MIN_EXPONENT (-25)  // magnitudes below 2^-25 share the first bucket
-#define QUANT8_BUCKET_BITS 6              // mantissa bits in a bucket's key
+// mantissa bits in a bucket's key, for the signed map (m) and the unsigned one (v)
+#define QUANT8_BUCKET_BITS(is_signed) ((is_signed) ? 6 : 7)
 // the buckets of one sign: 2^bits per binade from 2^-25 to 2^-1, then one for [1, inf]
 #define QUANT8_BUCKETS_PER_SIGN(bits) ((-QUANT8_BUCKET_MIN_EXPONENT << (bits)) + 1)
-#define QUANT8_SIGNED_BUCKETS (2 * QUANT8_BUCKETS_PER_SIGN(QUANT8_BUCKET_BITS))  // 3202
-#define QUANT8_UNSIGNED_BUCKETS QUANT8_BUCKETS_PER_SIGN(QUANT8_BUCKET_BITS)     // 1601
+#define QUANT8_SIGNED_BUCKETS (2 * QUANT8_BUCKETS_PER_SIGN(QUANT8_BUCKET_BITS(1)))  // 3202
+#define QUANT8_UNSIGNED_BUCKETS QUANT8_BUCKETS_PER_SIGN(QUANT8_BUCKET_BITS(0))     // 3201
 
 // the two dynamic maps, each ascending (signed_values[code + 128], unsigned_values[code]), and
-// their encode buckets (each entry a map index, at most 254)
+// their encode tables: the decision points after each entry, and the buckets (map indices)
 typedef struct {
-    float signed_values[QUANT8_CODES + 1];  // [QUANT8_CODES]: +inf, the encode's entry after the last
-    float unsigned_values[QUANT8_CODES + 1];
+    float signed_values[QUANT8_CODES];
+    float unsigned_values[QUANT8_CODES];
+    float signed_thresholds[QUANT8_CODES];
+    float unsigned_thresholds[QUANT8_CODES];
     uint8_t signed_buckets[QUANT8_SIGNED_BUCKETS];
     uint8_t unsigned_buckets[QUANT8_UNSIGNED_BUCKETS];
 } Quant8Maps;
@@ -108,20 +117,53 @@ static inline int quant8_tree_magnitudes(double* out, int tree_bits) {
     return count;
 }
 
-// the index of the last table entry <= x (0 if none): a binary search, for building the buckets
-static inline int quant8_last_at_or_below(const float* table, float x) {
+/*
+The encode's definition: the entry of the ascending table nearest to x, ties to the lower one,
+with the distances as floats compute them (x not NaN). A binary search for the last entry <= x
+(0 if none), then a look at the entry after it. Host only: it builds the encode's tables.
+*/
+static inline int quant8_nearest_by_search(const float* table, float x) {
     int below = 0;
     for (int step = QUANT8_CODES / 2; step > 0; step >>= 1) {
         if (table[below + step] <= x) { below += step; }
     }
+    if (below < QUANT8_CODES - 1 && table[below + 1] - x < x - table[below]) { below++; }
     return below;
 }
 
+// floats in ascending order as ascending unsigned integers (-0 just below +0), and back
+static inline uint32_t quant8_float_order(float x) {
+    uint32_t u = float_as_bits(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+static inline float quant8_float_from_order(uint32_t order) {
+    return bits_as_float((order & 0x80000000u) ? (order & 0x7fffffffu) : ~order);
+}
+
 /*
-Each bucket's start, with keys of bucket_bits mantissa bits (the encode's: QUANT8_BUCKET_BITS):
-the last entry at or below the bucket's smallest value, at most 254 so that start + 1 is an
-entry. Dies if a bucket holds more than one map value, which QUANT8_BUCKET_BITS rules out for
-these maps; a change to the generator that broke it would stop here.
+thresholds[i]: the smallest float whose nearest entry (quant8_nearest_by_search) is above i, found
+by a binary search over the floats from table[i] to table[i + 1] (the nearest entry only grows
+with x, and table[i + 1] is its own nearest entry); after the last entry NaN, which x >= never
+passes (not +inf: x = +inf would pass it).
+*/
+static inline void quant8_thresholds_init(const float* table, float* thresholds) {
+    for (int i = 0; i + 1 < QUANT8_CODES; i++) {
+        uint32_t below = quant8_float_order(table[i]), above = quant8_float_order(table[i + 1]);
+        while (above - below > 1) {
+            uint32_t middle = below + (above - below) / 2;
+            if (quant8_nearest_by_search(table, quant8_float_from_order(middle)) > i) { above = middle; } else { below = middle; }
+        }
+        thresholds[i] = quant8_float_from_order(above);
+    }
+    thresholds[QUANT8_CODES - 1] = NAN;
+}
+
+/*
+Each bucket's entry, with keys of bucket_bits mantissa bits (the encode's: QUANT8_BUCKET_BITS):
+the nearest entry of the bucket's smallest value. Dies if the nearest entry changes twice inside
+a bucket (two decision points), which QUANT8_BUCKET_BITS rules out for these maps; a change to
+the generator that broke it would stop here.
 */
 static inline void quant8_buckets_init(const float* table, int bucket_bits, int is_signed, uint8_t* buckets) {
     const int per_sign = QUANT8_BUCKETS_PER_SIGN(bucket_bits), shift = 23 - bucket_bits;
@@ -131,13 +173,13 @@ static inline void quant8_buckets_init(const float* table, int bucket_bits, int 
             // the bucket's magnitudes: from 0 in the first, to infinity in the last
             float small = bits_as_float(key == 0 ? 0u : (first_key + key) << shift);
             float large = bits_as_float(key == per_sign - 1 ? 0x7f800000u : ((first_key + key + 1) << shift) - 1);
-            int start = quant8_last_at_or_below(table, negative ? -large : small);
-            int end = quant8_last_at_or_below(table, negative ? -small : large);
-            if (end - start > 1) {
-                llm8_die("quant8_buckets_init: bucket %d of the %s map holds %d map values; at most one fits the encode",
-                         negative * per_sign + key, is_signed ? "signed" : "unsigned", end - start);
+            int first = quant8_nearest_by_search(table, negative ? -large : small);
+            int last = quant8_nearest_by_search(table, negative ? -small : large);
+            if (last - first > 1) {
+                llm8_die("quant8_buckets_init: bucket %d of the %s map holds %d decision points; at most one fits the "
+                         "encode", negative * per_sign + key, is_signed ? "signed" : "unsigned", last - first);
             }
-            buckets[negative * per_sign + key] = (uint8_t)(start < QUANT8_CODES - 2 ? start : QUANT8_CODES - 2);
+            buckets[negative * per_sign + key] = (uint8_t)first;
         }
     }
 }
@@ -151,16 +193,16 @@ static inline void quant8_maps_init(Quant8Maps* maps) {
         maps->signed_values[QUANT8_SIGNED_ZERO_INDEX + 1 + i] = (float)magnitudes[i];
         maps->signed_values[QUANT8_SIGNED_ZERO_INDEX - 2 - i] = (float)-magnitudes[i];
     }
-    maps->signed_values[QUANT8_CODES] = INFINITY;
-    maps->unsigned_values[QUANT8_CODES] = INFINITY;
     maps->signed_values[QUANT8_SIGNED_ZERO_INDEX - 1] = -1e-7f;
     maps->signed_values[QUANT8_SIGNED_ZERO_INDEX] = 0.0f;
     // unsigned: 8 tree bits give 255 magnitudes (1e-7 ... 1), and 0
     int unsigned_count = quant8_tree_magnitudes(magnitudes, 8);
     maps->unsigned_values[0] = 0.0f;
     for (int i = 0; i < unsigned_count; i++) { maps->unsigned_values[1 + i] = (float)magnitudes[i]; }
-    quant8_buckets_init(maps->signed_values, QUANT8_BUCKET_BITS, 1, maps->signed_buckets);
-    quant8_buckets_init(maps->unsigned_values, QUANT8_BUCKET_BITS, 0, maps->unsigned_buckets);
+    quant8_thresholds_init(maps->signed_values, maps->signed_thresholds);
+    quant8_thresholds_init(maps->unsigned_values, maps->unsigned_thresholds);
+    quant8_buckets_init(maps->signed_values, QUANT8_BUCKET_BITS(1), 1, maps->signed_buckets);
+    quant8_buckets_init(maps->unsigned_values, QUANT8_BUCKET_BITS(0), 0, maps->unsigned_buckets);
 }
 
 // ----------------------------------------------------------------------------
@@ -173,29 +215,23 @@ also the nearest entry to every negative value) with the unsigned one.
 */
 LLMC_HD int quant8_bucket(float x, int is_signed) {
     uint32_t bits = float_as_bits(x);
-    const int per_sign = QUANT8_BUCKETS_PER_SIGN(QUANT8_BUCKET_BITS);
-    int key = (int)((bits & 0x7fffffffu) >> (23 - QUANT8_BUCKET_BITS)) - ((127 + QUANT8_BUCKET_MIN_EXPONENT) << QUANT8_BUCKET_BITS);
+    const int key_bits = QUANT8_BUCKET_BITS(is_signed), per_sign = QUANT8_BUCKETS_PER_SIGN(key_bits);
+    int key = (int)((bits & 0x7fffffffu) >> (23 - key_bits)) - ((127 + QUANT8_BUCKET_MIN_EXPONENT) << key_bits);
     key = key < 0 ? 0 : (key > per_sign - 1 ? per_sign - 1 : key);
     if (bits >> 31) { key = is_signed ? key + per_sign : 0; }
     return key;
 }
 
 /*
-The index of the table entry nearest to x, ties to the lower one, for any x but NaN (the encode
-never sees one: a block with a non-finite value is skipped before it): the answer of a binary
-search for the last entry <= x (index 0 if none) followed by a look at the entry after it, which
-past the last entry is the maps' +inf (no index test, no clamp: 6 instructions an element fewer
-in adamw8's pass) (test_adamw8 compares the two on every map value and midpoint, their float neighbours, and
-every bucket's ends).
+The index of the map entry nearest to x, ties to the lower one (quant8_nearest_by_search's
+answer), for any x but NaN (the encode never sees one: a block with a non-finite value is
+skipped before it): x's bucket's entry, or the next one from that entry's decision point on
+(test_adamw8 compares the two on every map value, midpoint and decision point, their float
+neighbours, and every bucket's ends).
 */
-LLMC_HD int quant8_nearest_index(const float* table, const uint8_t* buckets, int is_signed, float x) {
-    int start = buckets[quant8_bucket(x, is_signed)];
-    float at_start = table[start], next = table[start + 1];
-    float after_next = table[start + 2];  // at most the +inf after the last entry
-    int up = next <= x;  // the last entry <= x: start, or the one map value inside the bucket
-    int below = start + up;
-    float lower = up ? next : at_start, upper = up ? after_next : next;
-    return below + (upper - x < x - lower);
+LLMC_HD int quant8_nearest_index(const float* thresholds, const uint8_t* buckets, int is_signed, float x) {
+    int entry = buckets[quant8_bucket(x, is_signed)];
+    return entry + (x >= thresholds[entry]);
 }
 
 /*
@@ -256,12 +292,12 @@ LLMC_HD float quant8_normalize(float x, Quant8Divisor d) {
 
 // the code of x in a block whose absmax is d's: normalized, then the nearest map entry
 LLMC_HD int8_t quant8_encode_signed(float x, Quant8Divisor d, const Quant8Maps* maps) {
-    int index = quant8_nearest_index(maps->signed_values, maps->signed_buckets, 1, quant8_normalize(x, d));
+    int index = quant8_nearest_index(maps->signed_thresholds, maps->signed_buckets, 1, quant8_normalize(x, d));
     return (int8_t)(index - QUANT8_SIGNED_ZERO_INDEX);
 }
 
 LLMC_HD uint8_t quant8_encode_unsigned(float x, Quant8Divisor d, const Quant8Maps* maps) {
-    return (uint8_t)quant8_nearest_index(maps->unsigned_values, maps->unsigned_buckets, 0, quant8_normalize(x, d));
+    return (uint8_t)quant8_nearest_index(maps->unsigned_thresholds, maps->unsigned_buckets, 0, quant8_normalize(x, d));
 }
 
 LLMC_HD float quant8_decode_signed(int8_t code, float absmax, const float* signed_map) {

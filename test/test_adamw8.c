@@ -118,18 +118,13 @@ static float test_value(int distribution, uint32_t k, uint32_t i, int is_signed)
     return is_signed ? x : fabsf(x);
 }
 
-// the sorted binary search the encode's buckets replaced: the last index whose value is <= x
-// (0 if none), then the nearer of it and the next, ties to the lower
-static int nearest_index_sorted(const float* table, float x) {
-    int lo = quant8_last_at_or_below(table, x);
-    if (lo < QUANT8_CODES - 1 && table[lo + 1] - x < x - table[lo]) { lo++; }
-    return lo;
-}
+// the encode's definition: the sorted binary search it replaced
+static int nearest_index_sorted(const float* table, float x) { return quant8_nearest_by_search(table, x); }
 
 // the encode's index of x in one map
 static int bucket_nearest_index(int is_signed, float x) {
-    return is_signed ? quant8_nearest_index(g_maps.signed_values, g_maps.signed_buckets, 1, x)
-                     : quant8_nearest_index(g_maps.unsigned_values, g_maps.unsigned_buckets, 0, x);
+    return is_signed ? quant8_nearest_index(g_maps.signed_thresholds, g_maps.signed_buckets, 1, x)
+                     : quant8_nearest_index(g_maps.unsigned_thresholds, g_maps.unsigned_buckets, 0, x);
 }
 
 // x, its two float neighbours, and the same three negated: how many the encode puts at another
@@ -146,31 +141,35 @@ static long long differs_around(int is_signed, float x, long long* checked) {
 
 /*
 The bucket encode (quant8_nearest_index) gives the sorted search's index for every map value,
-every midpoint between neighbours (the ties), every bucket's first and last magnitude, each of
-them with its float neighbours and negated; for random values across the decades, every 61st
-float of [0, 1] (17 million, both signs), and +-0, +-1.5, +-Inf, a subnormal. Between those
-points the search's answer cannot change, so this covers every float but NaN. And the bucket
-tables are what quant8_buckets_init must give: starts at most 254, and the generator refuses a
-map whose values are too close together for the keys.
+every midpoint between neighbours (the ties), every decision point (the thresholds), every
+bucket's first and last magnitude, each of them with its float neighbours and negated; for
+random values across the decades, every 61st float of [0, 1] (17 million, both signs), and
++-0, +-1.5, +-Inf, a subnormal. Between those points the search's answer cannot change, so this
+covers every float but NaN. Each threshold is the first float of its new entry: the float before
+it still has the old one. And the generator refuses keys too coarse for the map's decision points.
 */
 static void test_bucket_encode(void) {
     for (int is_signed = 0; is_signed <= 1; is_signed++) {
         const float* table = is_signed ? g_maps.signed_values : g_maps.unsigned_values;
-        const int bits = QUANT8_BUCKET_BITS;
+        const int bits = QUANT8_BUCKET_BITS(is_signed);
         const int per_sign = QUANT8_BUCKETS_PER_SIGN(bits);
-        const uint8_t* buckets = is_signed ? g_maps.signed_buckets : g_maps.unsigned_buckets;
         long long checked = 0, differ = 0;
+        const float* thresholds = is_signed ? g_maps.signed_thresholds : g_maps.unsigned_thresholds;
+        int thresholds_exact = isnan(thresholds[QUANT8_CODES - 1]);
         for (int i = 0; i < QUANT8_CODES; i++) {
             differ += differs_around(is_signed, table[i], &checked);
-            if (i + 1 < QUANT8_CODES) { differ += differs_around(is_signed, table[i] + (table[i + 1] - table[i]) / 2.0f, &checked); }
+            if (i + 1 < QUANT8_CODES) {
+                differ += differs_around(is_signed, table[i] + (table[i + 1] - table[i]) / 2.0f, &checked);
+                differ += differs_around(is_signed, thresholds[i], &checked);
+                thresholds_exact = thresholds_exact && nearest_index_sorted(table, thresholds[i]) == i + 1 &&
+                                   nearest_index_sorted(table, nextafterf(thresholds[i], -INFINITY)) == i;
+            }
         }
         const uint32_t first_key = (uint32_t)(127 + QUANT8_BUCKET_MIN_EXPONENT) << bits;
-        int starts_ok = 1;
         for (int key = 0; key < per_sign; key++) {
             differ += differs_around(is_signed, bits_as_float((first_key + key) << (23 - bits)), &checked);
             differ += differs_around(is_signed, bits_as_float(((first_key + key + 1) << (23 - bits)) - 1), &checked);
         }
-        for (int key = 0; key < (is_signed ? 2 : 1) * per_sign; key++) { starts_ok = starts_ok && buckets[key] <= QUANT8_CODES - 2; }
         for (uint32_t i = 0; i < 200000; i++) {
             float x = powf(10.0f, -9.0f * uniform01(400, i)) * (uniform01(401, i) < 0.5f ? -1.0f : 1.0f);
             differ += bucket_nearest_index(is_signed, x) != nearest_index_sorted(table, x);
@@ -189,12 +188,13 @@ static void test_bucket_encode(void) {
         }
         CHECK(differ == 0, "%s map: the bucket encode differs from the sorted search on %lld of %lld values",
               is_signed ? "signed" : "unsigned", differ, checked);
-        CHECK(starts_ok, "%s map: a bucket starts past index 254", is_signed ? "signed" : "unsigned");
+        CHECK(thresholds_exact, "%s map: a threshold is not the first float of the next entry (or the last is not "
+              "NaN)", is_signed ? "signed" : "unsigned");
     }
-    // one key bit fewer puts two signed map values in a bucket
+    // one key bit fewer puts two of the signed map's decision points in a bucket
     uint8_t too_coarse[QUANT8_SIGNED_BUCKETS];
-    CHECK_DIES("buckets too coarse for the map", "holds 2 map values",
-               quant8_buckets_init(g_maps.signed_values, QUANT8_BUCKET_BITS - 1, 1, too_coarse));
+    CHECK_DIES("buckets too coarse for the map", "holds 2 decision points",
+               quant8_buckets_init(g_maps.signed_values, QUANT8_BUCKET_BITS(1) - 1, 1, too_coarse));
 }
 
 /*
