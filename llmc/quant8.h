@@ -61,20 +61,20 @@ Host code here is C that also compiles as C++; the element functions are __host_
 The encode finds a value's nearest map entry without a search. The nearest entry, ties to the
 lower one (quant8_nearest_by_search defines it), steps from entry i to i + 1 at one float, the
 decision point between them: the thresholds table holds it for each i (the smallest float whose
-nearest entry is above i; NaN after the last entry, which no x passes). A table of buckets keyed by the value's float bits
-(sign, exponent and the top mantissa bits) holds for each bucket the nearest entry of its
-smallest value. The keys are fine enough that no bucket holds two decision points
-(quant8_maps_init checks it), so the nearest entry of x is its bucket's entry, or the next one
-from x's threshold on: a bucket read, a threshold read and a compare (quant8_nearest_index).
+nearest entry is above i; NaN after the last entry, which no x passes). A table of buckets
+keyed by the value's float bits (sign, exponent and the top mantissa bits) holds for each
+bucket the nearest entry of its smallest value. The keys are fine enough that no bucket holds
+two decision points (quant8_maps_init checks it), so the nearest entry of x is its bucket's
+entry, or the next one from that entry's threshold on: a bucket read, a threshold read and a
+compare (quant8_nearest_index).
 Magnitudes below 2^-25 share the first bucket (the smallest nonzero map values are 1e-7 and
 1e-6: their midpoints with 0 are at least 5e-8 > 2^-25), and 1 and above the last. The keys
 have the fewest mantissa bits for which no bucket holds two decision points: 6 for the signed
 map (its top decade has 64 points, 0.014 apart, and a bucket of [0.5, 1) is 2^-7 wide), 7 for
 the unsigned one (128 points, 0.007 apart). The signed map's keys have a second half for
-negative values. The binary search this replaced spent about
-90 instructions and a chain of 9 dependent shared-memory reads on each value, the bucket encode
-before this one (the entry at or below the bucket's start, then three map reads and two
-distances) about 20 (doc/adamw8.md).
+negative values. The binary search this replaced spent about 90 instructions and a chain of 9
+dependent shared-memory reads on each value, the bucket encode before this one (the entry at or
+below the bucket's start, then three map reads and two distances) about 20 (doc/adamw8.md).
 */
 #define QUANT8_BUCKET_MIN_EXPONENT (-25)  // magnitudes below 2^-25 share the first bucket
 // mantissa bits in a bucket's key, for the signed map (m) and the unsigned one (v)
