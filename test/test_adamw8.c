@@ -118,9 +118,6 @@ static float test_value(int distribution, uint32_t k, uint32_t i, int is_signed)
     return is_signed ? x : fabsf(x);
 }
 
-// the encode's definition: the sorted binary search it replaced
-static int nearest_index_sorted(const float* table, float x) { return quant8_nearest_by_search(table, x); }
-
 // the encode's index of x in one map
 static int bucket_nearest_index(int is_signed, float x) {
     return is_signed ? quant8_nearest_index(g_maps.signed_thresholds, g_maps.signed_buckets, 1, x)
@@ -134,7 +131,7 @@ static long long differs_around(int is_signed, float x, long long* checked) {
                                  -nextafterf(x, INFINITY)};
     const float* table = is_signed ? g_maps.signed_values : g_maps.unsigned_values;
     long long differ = 0;
-    for (int p = 0; p < 6; p++) { differ += bucket_nearest_index(is_signed, probes[p]) != nearest_index_sorted(table, probes[p]); }
+    for (int p = 0; p < 6; p++) { differ += bucket_nearest_index(is_signed, probes[p]) != quant8_nearest_by_search(table, probes[p]); }
     *checked += 6;
     return differ;
 }
@@ -161,8 +158,8 @@ static void test_bucket_encode(void) {
             if (i + 1 < QUANT8_CODES) {
                 differ += differs_around(is_signed, table[i] + (table[i + 1] - table[i]) / 2.0f, &checked);
                 differ += differs_around(is_signed, thresholds[i], &checked);
-                thresholds_exact = thresholds_exact && nearest_index_sorted(table, thresholds[i]) == i + 1 &&
-                                   nearest_index_sorted(table, nextafterf(thresholds[i], -INFINITY)) == i;
+                thresholds_exact = thresholds_exact && quant8_nearest_by_search(table, thresholds[i]) == i + 1 &&
+                                   quant8_nearest_by_search(table, nextafterf(thresholds[i], -INFINITY)) == i;
             }
         }
         const uint32_t first_key = (uint32_t)(127 + QUANT8_BUCKET_MIN_EXPONENT) << bits;
@@ -172,18 +169,18 @@ static void test_bucket_encode(void) {
         }
         for (uint32_t i = 0; i < 200000; i++) {
             float x = powf(10.0f, -9.0f * uniform01(400, i)) * (uniform01(401, i) < 0.5f ? -1.0f : 1.0f);
-            differ += bucket_nearest_index(is_signed, x) != nearest_index_sorted(table, x);
+            differ += bucket_nearest_index(is_signed, x) != quant8_nearest_by_search(table, x);
             checked++;
         }
         for (uint32_t x_bits = 0; x_bits <= 0x3f800000u; x_bits += 61) {
             float x = bits_as_float(x_bits);
-            differ += bucket_nearest_index(is_signed, x) != nearest_index_sorted(table, x);
-            differ += bucket_nearest_index(is_signed, -x) != nearest_index_sorted(table, -x);
+            differ += bucket_nearest_index(is_signed, x) != quant8_nearest_by_search(table, x);
+            differ += bucket_nearest_index(is_signed, -x) != quant8_nearest_by_search(table, -x);
             checked += 2;
         }
         const float special[8] = {0.0f, -0.0f, 1.5f, -1.5f, INFINITY, -INFINITY, 1e-30f, 1e-40f};
         for (int p = 0; p < 8; p++) {
-            differ += bucket_nearest_index(is_signed, special[p]) != nearest_index_sorted(table, special[p]);
+            differ += bucket_nearest_index(is_signed, special[p]) != quant8_nearest_by_search(table, special[p]);
             checked++;
         }
         CHECK(differ == 0, "%s map: the bucket encode differs from the sorted search on %lld of %lld values",

@@ -406,12 +406,15 @@ static thread_local std::vector<int> schedule_order;    // every thread but the 
 static thread_local std::vector<int> lagging_order;     // the lagging warp's threads (empty: none lags)
 static thread_local uint64_t schedule_seed;
 
-static uint64_t next_schedule_random() {  // xorshift64
-    schedule_seed ^= schedule_seed << 13;
-    schedule_seed ^= schedule_seed >> 7;
-    schedule_seed ^= schedule_seed << 17;
-    return schedule_seed;
+// the next number of a xorshift64 stream (the threads', the blocks' and the streams' orders)
+static uint64_t xorshift64(uint64_t* state) {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
 }
+
+static uint64_t next_schedule_random() { return xorshift64(&schedule_seed); }
 
 static void choose_schedule_order(int thread_count) {
     std::vector<int> order(thread_count);
@@ -619,11 +622,8 @@ static std::vector<long> block_order(long blocks, uint64_t launch_number) {
     for (long b = 0; b < blocks; b++) { order[(size_t)b] = b; }
     if (shuffled_schedule()) {
         uint64_t state = launch_number * 0xd1342543de82ef95ull + 0x2545f4914f6cdd1dull;
-        for (long i = blocks - 1; i > 0; i--) {  // Fisher-Yates, xorshift64
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            std::swap(order[(size_t)i], order[(size_t)(state % (uint64_t)(i + 1))]);
+        for (long i = blocks - 1; i > 0; i--) {  // Fisher-Yates
+            std::swap(order[(size_t)i], order[(size_t)(xorshift64(&state) % (uint64_t)(i + 1))]);
         }
     }
     return order;
@@ -795,12 +795,7 @@ static StreamOrder stream_order() {
     return order;
 }
 static uint64_t stream_order_state = 0x2545f4914f6cdd1dull;
-static uint64_t next_stream_choice() {
-    stream_order_state ^= stream_order_state << 13;
-    stream_order_state ^= stream_order_state >> 7;
-    stream_order_state ^= stream_order_state << 17;
-    return stream_order_state;
-}
+static uint64_t next_stream_choice() { return xorshift64(&stream_order_state); }
 
 // runs queued work until `satisfied`; false if work that cannot finish yet (a collective
 // waiting for peers) is still unfinished at `deadline`
