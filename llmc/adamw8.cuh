@@ -13,8 +13,8 @@ cycle), and the first version spent about 400: on an H200 it took 1.9 ms at d12 
 AdamW's 1.1 ms (doc/adamw8.md). So the instructions are what this file economizes:
 - the encode reads a bucket and a decision point, not a binary search (quant8.h: about 12
   instructions and 2 shared-memory reads a value instead of 90 and 10);
-- the maps, thresholds and buckets (10.3 KB) are copied into shared memory once per thread
-  block of a grid the GPU holds at once, whose warps stride over the blocks;
+- the maps, thresholds and buckets (10.3 KB) are copied into shared memory, 16 bytes a load,
+  once per thread block of a grid the GPU holds at once, whose warps stride over the blocks;
 - all blocks but a tensor's partial last one run the instantiation with no bounds tests
   (kWholeLanes);
 - AdamW's bias corrections are multiplies (element_math.h), and the requantization divides by
@@ -186,6 +186,39 @@ __device__ __forceinline__ void adamw8_update_block(size_t block, floatX* params
 }
 
 /*
+The block's copy of the maps (10.3 KB) into shared memory (`words`, 16-byte aligned as a uint4
+array is; the maps copy is what the kernel reads), from global memory (cudaMalloc's, 256-byte
+aligned), by the block's ADAMW8_WARPS_PER_BLOCK warps (adamw8_update launches no other size):
+16 bytes a load, every load of a thread issued before its first store, so the block waits out
+one global-memory latency at the launch's start, not one per 4-byte word (11 of them).
+*/
+#define ADAMW8_MAPS_WORDS ((sizeof(Quant8Maps) + sizeof(uint4) - 1) / sizeof(uint4))
+__device__ __forceinline__ const Quant8Maps* adamw8_copy_maps(uint4* words, const Quant8Maps* maps) {
+    static_assert(sizeof(Quant8Maps) % sizeof(uint32_t) == 0, "the maps' tail is copied in 4-byte words");
+    constexpr int vectors = (int)(sizeof(Quant8Maps) / sizeof(uint4));  // whole ones; a 4-byte-word tail follows
+    constexpr int threads = ADAMW8_WARPS_PER_BLOCK * WARP_SIZE;
+    constexpr int per_thread = (vectors + threads - 1) / threads;
+    uint4 loaded[per_thread];
+    #pragma unroll
+    for (int k = 0; k < per_thread; k++) {
+        int i = threadIdx.x + k * threads;
+        if (i < vectors) { loaded[k] = reinterpret_cast<const uint4*>(maps)[i]; }
+    }
+    #pragma unroll
+    for (int k = 0; k < per_thread; k++) {
+        int i = threadIdx.x + k * threads;
+        if (i < vectors) { words[i] = loaded[k]; }
+    }
+    constexpr int tail_words = (int)((sizeof(Quant8Maps) % sizeof(uint4)) / sizeof(uint32_t));
+    if ((int)threadIdx.x < tail_words) {
+        const int word = vectors * (int)(sizeof(uint4) / sizeof(uint32_t)) + (int)threadIdx.x;
+        reinterpret_cast<uint32_t*>(words)[word] = reinterpret_cast<const uint32_t*>(maps)[word];
+    }
+    __syncthreads();
+    return reinterpret_cast<const Quant8Maps*>(words);
+}
+
+/*
 Quantization blocks [first_block, end_block) of the tensor, each by one warp, the warps of the
 grid striding over them: the grid is what the GPU holds at once, so each thread block copies
 the maps into shared memory once per launch, not once per 8 blocks. Each warp commits its FP8
@@ -198,18 +231,14 @@ __device__ __forceinline__ void adamw8_update_blocks(floatX* params, float* mast
                                                      size_t end_block, const Quant8Maps* maps, AdamWElementParams hp,
                                                      float grad_scale, uint32_t seed, uint32_t first_index,
                                                      Fp8WeightUpdate fp8) {
-    __shared__ Quant8Maps shared_maps;
-    static_assert(sizeof(Quant8Maps) % sizeof(uint32_t) == 0, "the maps are copied in 4-byte words");
-    for (int i = threadIdx.x; i < (int)(sizeof(Quant8Maps) / sizeof(uint32_t)); i += blockDim.x) {
-        reinterpret_cast<uint32_t*>(&shared_maps)[i] = reinterpret_cast<const uint32_t*>(maps)[i];
-    }
-    __syncthreads();
+    __shared__ uint4 maps_words[ADAMW8_MAPS_WORDS];
+    const Quant8Maps* shared_maps = adamw8_copy_maps(maps_words, maps);
     const float fp8_scale = fp8_weight_update_scale(fp8);
     Fp8Tally tally = fp8_tally_zero();
     const size_t warps = (size_t)gridDim.x * (blockDim.x / WARP_SIZE);
     for (size_t block = first_block + (size_t)blockIdx.x * (blockDim.x / WARP_SIZE) + threadIdx.x / WARP_SIZE;
          block < end_block; block += warps) {  // the same for a warp's lanes: no warp-wide op below misses one
-        adamw8_update_block<kWholeLanes>(block, params, master, grads, st, n, &shared_maps, hp, grad_scale, seed,
+        adamw8_update_block<kWholeLanes>(block, params, master, grads, st, n, shared_maps, hp, grad_scale, seed,
                                          first_index, fp8, fp8_scale, &tally);
     }
     if (fp8.record != NULL) { fp8_tally_commit_warp(tally, fp8.record, true); }
