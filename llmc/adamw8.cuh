@@ -370,7 +370,12 @@ static void adamw8_update_range(const Adamw8Layout* layout, const Adamw8States* 
         llm8_die("adamw8_update_range: elements %zu..%zu of %s, whose part has %zu", offset, offset + n,
                  PARAM_TENSOR_NAMES[tensor], layout->sizes[tensor]);
     }
-    uint32_t first_index = (uint32_t)(layout->part_begins[tensor] + offset);
+    const size_t first = layout->part_begins[tensor] + offset;  // the range's first element within its tensor
+    if (first > (size_t)UINT32_MAX || n > (size_t)UINT32_MAX - first) {
+        llm8_die("adamw8_update_range: elements %zu..%zu of %s; the rounding index is 32-bit", first, first + n,
+                 PARAM_TENSOR_NAMES[tensor]);
+    }
+    const uint32_t first_index = (uint32_t)first;
     if (layout->bits[tensor] == 8) {
         Quant8TensorStates st = adamw8_tensor_states(layout, states, tensor);
         st.m_codes += offset;

@@ -384,7 +384,7 @@ static void test_no_write_past_n(size_t n, int with_master, const Quant8Maps* ma
 }
 
 // what adamw8_update and adamw8_update_range refuse, each with one line before any launch: a part
-// off the 256-element block grid, a part whose rounding index would pass 2^32, state codes off
+// off the 256-element block grid, a part whose rounding index would pass 2^32 (or start past it), state codes off
 // 16-byte alignment (the kernel's uint2 and 128-bit accesses), and a range past the tensor's part
 static void test_refusals(const Quant8Maps* d_maps) {
     floatX* params = (floatX*)(uintptr_t)4096;  // never dereferenced: each call dies first
@@ -410,6 +410,10 @@ static void test_refusals(const Quant8Maps* d_maps) {
     CHECK_DIES("adamw8_update_range past the tensor", "whose part has",
                adamw8_update_range(&layout, &states, d_maps, PARAM_FCW, 256, layout.sizes[PARAM_FCW], params, NULL, grads, hp,
                                    1.0f, 1u, none, 0));
+    // a part starting past 2^32 within its tensor: refused before the index would wrap to a small one
+    layout.part_begins[PARAM_FCW] = (size_t)1 << 32;
+    CHECK_DIES("adamw8_update_range from past the 32-bit rounding index", "the rounding index is 32-bit",
+               adamw8_update_range(&layout, &states, d_maps, PARAM_FCW, 0, 256, params, NULL, grads, hp, 1.0f, 1u, none, 0));
 }
 
 int main(void) {
