@@ -119,9 +119,16 @@ else ifneq ($(wildcard $(OPENMPI_DIR)/include/mpi.h),)
 endif
 
 .PHONY: all test test-build test-binaries test-sim test-python compile-cuda cuda-objects test-sanitizers simcheck gpucheck gpu-tests gpucheck-tests gpucheck-ranks bench env \
-        clean check-cuda check-cudnn check-nccl
+        clean check-cuda check-cudnn check-nccl train_gpt2cu train_gpt2fp32cu train_gpt2fp8 train_gpt2
 
 all: train_gpt2_fp8 train_gpt2cpu
+
+# llm.c's trainer targets (and the FP8 name they suggest), which its users type: one line naming
+# llm8's, not make's "No rule to make target"
+train_gpt2cu train_gpt2fp32cu train_gpt2fp8:
+	@echo "error: make $@: llm8's GPU trainer is train_gpt2_fp8 (make train_gpt2_fp8; -p bf16 trains as llm.c's train_gpt2cu)" >&2; exit 2
+train_gpt2:
+	@echo "error: make $@: llm8's CPU trainer is train_gpt2cpu (make train_gpt2cpu)" >&2; exit 2
 
 # CUDA 13 is what llm8 is built and tested with: cuBLASLt's 128-block FP8 scale modes (the block
 # recipe) and CUDA 13's runtime API; an older nvcc would fail deep inside a header instead

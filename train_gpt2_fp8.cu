@@ -1330,7 +1330,7 @@ int main(int argc, char** argv) {
         resume_step = checkpoint_resume_step(out_dir);
         if (resume_step >= 0) { checkpoint_model_path(model_path, sizeof(model_path), out_dir, resume_step); }
     }
-    if (model_path[0] == '\0' && strstr(tc.model, ".bin") != NULL) { snprintf(model_path, sizeof(model_path), "%s", tc.model); }
+    if (model_path[0] == '\0') { train_config_model_file(&tc, model_path, sizeof(model_path)); }
     int model_version = 0;
     if (model_path[0] != '\0') { model_file_read_header(model_path, &model_config, &model_version); }
     else { model_config = gpt2_config_from_descriptor(tc.model); }
@@ -1388,7 +1388,7 @@ int main(int argc, char** argv) {
     EvalLoader eval_loader;
     const char* hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";
     if (tc.hellaswag && !file_exists(hellaswag_path)) {
-        llm8_die("flag -h 1: no %s (make it with python dev/data/hellaswag.py, which downloads HellaSwag's val split; "
+        llm8_die("flag -h 1: no %s (make it with python3 dev/data/hellaswag.py, which downloads HellaSwag's val split; "
                  "or run with -h 0)", hellaswag_path);
     }
     if (tc.hellaswag) { evalloader_init(&eval_loader, hellaswag_path, tc.B, tc.T, rank, num_ranks,
@@ -1399,6 +1399,7 @@ int main(int argc, char** argv) {
     if (tc.sample_every > 0) { tokenizer_init(&tokenizer, tokenizer_path); } else { memset(&tokenizer, 0, sizeof(tokenizer)); }
     LearningRateScheduler lr_scheduler;
     lr_scheduler_init(&lr_scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, train_num_batches, tc.final_lr_frac);
+    train_config_note_schedule(&tc);
 
     // the GPU, the communicator, and the ranks' agreement on what they run
     multi_gpu_device_init(&multi_gpu, &multi_gpu_options, 0);

@@ -5,10 +5,14 @@
 set -u
 PY=${PYTHON:-python3}  # the build's Python (dev/gpu_session.sh: the machine's torch venv)
 section() { printf '\n## %s\n' "$1"; }
-section "Machine (kernel 4.4.0 is gVisor: no compute-sanitizer, no ncu counters there)"
+section "Machine (a kernel that reports 4.4.0 is gVisor's: no compute-sanitizer, no ncu counters there)"
 uname -r
 section "GPU and driver"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | head -5
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 | head -5
+else
+    echo "nvidia-smi: not on PATH (no NVIDIA driver on this machine)"
+fi
 section "NVML (-lg)"
 ldconfig -p 2>/dev/null | grep -m1 'libnvidia-ml.so.1' || echo "libnvidia-ml.so.1: not in the loader's cache"
 section "nvcc"

@@ -85,6 +85,8 @@ typedef struct {
     int nccl_timeout_s;           // -pt
     int replica_check_every;      // -pc
     int log_gpu_every;            // -lg: the GPU's clock, power and temperature every N steps (0 or -1: off; gpu_monitor.h)
+    const char* flags_without_effect;  // not a flag: the program's list (space-separated) of the flags it accepts and
+                                       // ignores, marked in its --help (train_gpt2cpu's GPU-only ones; NULL: none)
 } TrainConfig;
 
 typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_CHOICE } FlagKind;
@@ -107,7 +109,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-e", FLAG_STRING, TC_OFF(model), 0, 0, NULL, "model: tiny|d6|d12|d24|d36|d48 (or llm.c's gpt2:d6 ... gpt2:d48), or a model_*.bin checkpoint"},
     {"-o", FLAG_STRING, TC_OFF(output_log_dir), 0, 0, NULL, "output dir for main.log, main.jsonl and checkpoints (\"\" = none)"},
     {"-tk", FLAG_STRING, TC_OFF(tokenizer_path), 0, 0, NULL, "decode tokenizer file, for text samples (\"\" = the gpt2_tokenizer.bin beside the -i shards, else ./gpt2_tokenizer.bin as in llm.c, else token ids)"},
-    {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16 fp8", "matmul precision (the -f flags below apply to fp8)"},
+    {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16 fp8", "matmul precision (the -f flags below apply to fp8; train_gpt2cpu: bf16 trains its fp32 model, fp8 emulates the FP8 casts in it)"},
     {"-fr", FLAG_CHOICE, TC_OFF(fp8_recipe), 0, 0, "delayed current block",
      "fp8 scaling: delayed (activations from an amax history; gradients as -fg says, weights as -fw says), current, or block (1x128/128x128 tiles, all E4M3)"},
     {"-fh", FLAG_INT, TC_OFF(fp8_history), 1, FP8_AMAX_HISTORY_MAX, NULL, "fp8: amax history length of the delayed recipe's activations and of -fg delayed's gradients, in uses (one per forward: a micro-step)"},
@@ -248,7 +250,21 @@ static inline void flag_value_to_text(const FlagSpec* f, const TrainConfig* c, c
     }
 }
 
-// defaults: the program's (the CPU trainer's model differs)
+// whether word is one of the words of a space-separated list
+static inline int list_has_word(const char* list, const char* word) {
+    size_t len = strlen(word);
+    const char* p = list;
+    while (*p) {
+        const char* end = strchr(p, ' ');
+        size_t length = end ? (size_t)(end - p) : strlen(p);
+        if (length == len && strncmp(p, word, len) == 0) { return 1; }
+        if (!end) { break; }
+        p = end + 1;
+    }
+    return 0;
+}
+
+// defaults: the program's (the CPU trainer's model differs; its flags_without_effect are marked)
 static inline void train_config_print_usage(FILE* out, const char* program, const TrainConfig* defaults) {
     const TrainConfig d = *defaults;
     fprintf(out, "Usage: %s [flags]   (flags take one value each, as in llm.c)\n", program);
@@ -256,7 +272,12 @@ static inline void train_config_print_usage(FILE* out, const char* program, cons
         const FlagSpec* f = &TRAIN_FLAGS[i];
         char value[512];
         flag_value_to_text(f, &d, value, sizeof(value));
-        fprintf(out, "  %-4s %s (default %s", f->name, f->help, value);
+        fprintf(out, "  %-4s %s", f->name, f->help);
+        if (d.flags_without_effect != NULL && list_has_word(d.flags_without_effect, f->name)) {
+            const char* name = strrchr(program, '/');
+            fprintf(out, " [no effect in %s]", name != NULL ? name + 1 : program);
+        }
+        fprintf(out, " (default %s", value);
         if (f->kind == FLAG_CHOICE) { fprintf(out, "; one of: %s", f->choices); }
         if (f->kind == FLAG_INT && f->hi == INT_MAX_FLAG) { fprintf(out, "; >= %.0f", f->lo); }
         else if (f->kind == FLAG_INT) { fprintf(out, "; range %.0f..%.0f", f->lo, f->hi); }
@@ -266,18 +287,6 @@ static inline void train_config_print_usage(FILE* out, const char* program, cons
     fprintf(out, "  --help  print this and exit\n");
 }
 
-static inline int choice_is_valid(const char* choices, const char* value) {
-    size_t len = strlen(value);
-    const char* p = choices;
-    while (*p) {
-        const char* end = strchr(p, ' ');
-        size_t word = end ? (size_t)(end - p) : strlen(p);
-        if (word == len && strncmp(p, value, len) == 0) { return 1; }
-        if (!end) { break; }
-        p = end + 1;
-    }
-    return 0;
-}
 
 /*
 -fe 1 (fc's forward GEMM writes fcproj's x codes, fp8_model_fc_forward_codes) where it can act:
@@ -404,7 +413,7 @@ static inline void train_config_parse(TrainConfig* c, int argc, char** argv) {
             case FLAG_INT: *(int*)(base + f->offset) = (int)parse_long_flag(name, text, (long)f->lo, (long)f->hi); break;
             case FLAG_FLOAT: *(float*)(base + f->offset) = parse_float_flag(name, text, f->lo, f->hi); break;
             case FLAG_CHOICE:
-                if (!choice_is_valid(f->choices, text)) {
+                if (!list_has_word(f->choices, text)) {
                     llm8_die("flag %s: '%s' is not one of: %s", name, text, f->choices);
                 }
                 *(const char**)(base + f->offset) = text;
@@ -460,6 +469,27 @@ static inline void train_config_note_resumed_model(const TrainConfig* c, const G
                resumed->num_layers, resumed->num_heads, resumed->channels, c->model, named.num_layers, named.num_heads,
                named.channels);
     }
+}
+
+// -q 1 (llm.c's default) leaves nothing for a decaying schedule to decay to: llm.c's run scripts
+// pass -q 0.0, and a run without it trains at -l after its warmup, whatever -k says
+static inline void train_config_note_schedule(const TrainConfig* c) {
+    if (c->final_lr_frac == 1.0f && strcmp(c->lr_schedule, "constant") != 0) {
+        printf("note: -q 1 (the default, as in llm.c): -k %s decays to the peak rate -l itself, so the rate stays at %g after "
+               "the warmup; llm.c's scripts pass -q 0.0\n", c->lr_schedule, c->learning_rate);
+    }
+}
+
+// The model file -e names (a path with ".bin": an llm.c model_*.bin) into path (path_size bytes),
+// else "" (a descriptor: a random init). One named must exist.
+static inline void train_config_model_file(const TrainConfig* c, char* path, size_t path_size) {
+    path[0] = '\0';
+    if (strstr(c->model, ".bin") == NULL) { return; }
+    if (!file_exists(c->model)) {
+        llm8_die("flag -e %s: no such model file (expected an llm.c model_*.bin, or a descriptor: tiny, d6, d12, d24, "
+                 "d36, d48)", c->model);
+    }
+    snprintf(path, path_size, "%s", c->model);
 }
 
 /*

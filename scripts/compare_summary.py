@@ -3,7 +3,7 @@ The table scripts/compare_bf16_fp8.sh writes ($OUT/summary.md) and prints: each 
 and median throughput, each against the baseline (bf16 with fp32 AdamW where it ran, else the
 first run), and each adamw8 run's val loss against its precision's fp32 AdamW run.
 
-    python scripts/compare_summary.py OUT RUN [RUN...] [--batch 16] [--seq 1024] [--total-batch D] [--write PATH]
+    python3 scripts/compare_summary.py OUT RUN [RUN...] [--batch 16] [--seq 1024] [--total-batch D] [--write PATH]
 
 Each RUN is a directory under OUT holding the trainer's main.jsonl (README.md: one JSON object a
 line, {"step":..,"type":"train","loss":..,"tok_per_s":..,...} per step and

@@ -2,7 +2,7 @@
 Plots train and val loss curves of several runs on one PNG and prints a table of
 final val losses with the relative gap to the first run (the baseline).
 
-    python scripts/plot.py log_bf16 log_fp8 [--labels bf16 fp8] [--ema 0.9] [--out loss.png]
+    python3 scripts/plot.py log_bf16 log_fp8 [--labels bf16 fp8] [--ema 0.9] [--out loss.png]
 
 Each argument is a run's output directory (or a log file in it). Its main.log is
 read in llm.c's line format: "s:STEP trl:LOSS ..." (train), "s:STEP tel:LOSS"

@@ -2,7 +2,7 @@
 Draws an FP8 run's numerics log (numerics.jsonl, written by train_gpt2_fp8 -p fp8 every -fn
 steps) as one PNG, so the tensor in trouble stands out, and prints the worst tensors.
 
-    python scripts/plot_numerics.py RUN_DIR [--out numerics.png] [--top 5]
+    python3 scripts/plot_numerics.py RUN_DIR [--out numerics.png] [--top 5]
 
 Each line of numerics.jsonl is one FP8 tensor at one logged step: "tensor" (e.g. L3.fc.x:
 layer 3, the fc linear, its input x; operands x, dy, w; lm_head.* for the lm_head), "amax",

@@ -3,8 +3,9 @@
 # corpus: no network needed), then trains.
 #   - with an NVIDIA GPU: builds train_gpt2_fp8 and trains GPT-2 d12 (124M) in bf16;
 #   - without one: says so, builds train_gpt2cpu and trains a tiny model on the CPU.
-# Extra arguments go to the trainer (e.g. -x 100 to stop after 100 steps). Run again, the GPU
-# run resumes from its newest checkpoint in log_d12_bf16 (-y 1).
+# Extra arguments go to the trainer (e.g. -x 100 to stop after 100 steps). Run again, either
+# run resumes from its newest checkpoint (-y 1) in log_d12_bf16 or log_tiny_cpu, its main.log
+# continued.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_python.sh
@@ -17,5 +18,5 @@ if nvidia-smi -L >/dev/null 2>&1; then
 else
     echo "no NVIDIA GPU found (nvidia-smi lists none): training a tiny model on the CPU with train_gpt2cpu instead"
     make train_gpt2cpu
-    exec ./train_gpt2cpu "${data[@]}" -e tiny -b 4 -t 64 -l 0.001 -x 200 -v 50 -m 4 -o log_tiny_cpu "$@"
+    exec ./train_gpt2cpu "${data[@]}" -e tiny -b 4 -t 64 -l 0.001 -q 0.0 -x 200 -v 50 -m 4 -n 100 -o log_tiny_cpu -y 1 "$@"
 fi

@@ -65,7 +65,7 @@ check_inputs() {
     fi
     if [[ "$hellaswag" == 1 && ! -f dev/data/hellaswag/hellaswag_val.bin ]]; then
         echo "error: $(basename "$0"): -h 1 needs dev/data/hellaswag/hellaswag_val.bin; make it first:" \
-             "python dev/data/hellaswag.py (or pass -h 0)" >&2
+             "python3 dev/data/hellaswag.py (or pass -h 0)" >&2
         return 1
     fi
     return 0

@@ -8,8 +8,8 @@
 #   -v 250 -s 20000 -g 144 -h 1 -n 5000 -y 1 -e d12 on fineweb10B; llm.c sets no -x there and
 #   runs one epoch of the 10B sample, which is the 18,865 steps of its DONE_00018865 marker.
 #
-# Data: python dev/data/fineweb.py --version 10B   (writes dev/data/fineweb10B/)
-#       python dev/data/hellaswag.py                  (for -h 1)
+# Data: python3 dev/data/fineweb.py --version 10B   (writes dev/data/fineweb10B/)
+#       python3 dev/data/hellaswag.py                  (for -h 1)
 # GPUs: NUM_GPUS=8 bash scripts/run_gpt2_124M_bf16.sh runs it on 8 GPUs (scripts/launch_one_node.sh: mpirun, else -pi fs); the total batch
 #       (-d) stays the same: gradient accumulation adapts to the number of GPUs, and where -b x -t x GPUs
 #       would not divide -d (above 8 GPUs) -b shrinks to fit (scripts/run_common.sh).

@@ -8,8 +8,8 @@
 #   -z 1 -r 0 -v 250 -s 300000 -g 384 -h 1 -n 2000 -x 32000 -y 1 -e d48 on edu_fineweb100B
 #   (llm.c's -ge 1, GELU fused into the matmul epilogue, is llm8's default).
 #
-# Data: python dev/data/fineweb.py --type edu --version 100B   (writes dev/data/edu_fineweb100B/)
-#       python dev/data/hellaswag.py                  (for -h 1)
+# Data: python3 dev/data/fineweb.py --type edu --version 100B   (writes dev/data/edu_fineweb100B/)
+#       python3 dev/data/hellaswag.py                  (for -h 1)
 # GPUs: NUM_GPUS=8 bash scripts/run_gpt2_1558M_bf16.sh runs it on 8 GPUs (scripts/launch_one_node.sh: mpirun, else -pi fs); the total batch
 #       (-d) stays the same: gradient accumulation adapts to the number of GPUs, and where -b x -t x GPUs
 #       would not divide -d (above 8 GPUs) -b shrinks to fit (scripts/run_common.sh).

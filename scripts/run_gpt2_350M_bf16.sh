@@ -7,8 +7,8 @@
 #   llm.c scripts/run_gpt2_350M.sh: -b 64 -t 1024 -d 524288 -l 0.0003 -q 0.0 -u 700 -c 0.1 -z 1 -r 0
 #   -v 250 -s 100000 -g 144 -h 1 -n 2000 -x 60000 -y 1 -e d24 on fineweb100B.
 #
-# Data: python dev/data/fineweb.py --version 100B   (writes dev/data/fineweb100B/)
-#       python dev/data/hellaswag.py                  (for -h 1)
+# Data: python3 dev/data/fineweb.py --version 100B   (writes dev/data/fineweb100B/)
+#       python3 dev/data/hellaswag.py                  (for -h 1)
 # GPUs: NUM_GPUS=8 bash scripts/run_gpt2_350M_bf16.sh runs it on 8 GPUs (scripts/launch_one_node.sh: mpirun, else -pi fs); the total batch
 #       (-d) stays the same: gradient accumulation adapts to the number of GPUs, and where -b x -t x GPUs
 #       would not divide -d (above 8 GPUs) -b shrinks to fit (scripts/run_common.sh).

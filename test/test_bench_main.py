@@ -431,7 +431,7 @@ def test_only_one_model_per_device_call(tmp_path_factory):
     assert {r["model"] for r in records if r["benchmark"] == "train"} == {"d48"}
     assert {r["benchmark"] for r in records} == {"train", "repeat", "gemm"}  # the multi-GPU runs are d12's
     assert code == 1  # the stub's d48 block run fails
-    assert "`python dev/bench/bench.py --quick --only d48`" in open(md_path).read()
+    assert "`python3 dev/bench/bench.py --quick --only d48`" in open(md_path).read()
 
 
 def test_a_missing_bench_gemm_still_measures_the_train_runs(tmp_path_factory):
@@ -481,7 +481,7 @@ def test_a_time_limit_stops_the_run_going_and_counts_what_did_not_run(tmp_path_f
     not_run = quick_runs(bench, "d12") - 3 + 2 + 1 + 6
     markdown = open(md_path).read()
     assert f"**Incomplete**: --time-limit 8 s was reached: 3 records, {not_run} programs not run." in markdown
-    assert "`python dev/bench/bench.py --quick --only d12 --time-limit 8`" in markdown
+    assert "`python3 dev/bench/bench.py --quick --only d12 --time-limit 8`" in markdown
 
 
 @pytest.mark.parametrize("only", ["d13", "d12,d12", "d12,"])

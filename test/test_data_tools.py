@@ -822,3 +822,14 @@ def test_setup_python_refuses_a_system_python_that_refuses_pip(tmp_path):
     script = open(os.path.join(REPO, "scripts", "setup_python.sh")).read()
     check = script.split("-c '", 1)[1].split("'", 1)[0]
     assert subprocess.run([sys.executable, "-c", check]).returncode == 1
+
+
+def test_prepare_default_help_prints_usage_and_prepares_nothing(tmp_path):
+    """--help prints the script's usage and exits 0 before looking at (or making) any data"""
+    script = os.path.join(REPO, "dev", "data", "prepare_default.sh")
+    env = dict(os.environ, PYTHON=str(tmp_path / "no-python"))  # a data build would fail on it
+    for flag in ("--help", "-h"):
+        run = subprocess.run(["bash", script, flag], capture_output=True, text=True, env=env)
+        assert run.returncode == 0, run.stderr
+        assert "bash dev/data/prepare_default.sh --tinyshakespeare" in run.stdout
+        assert "train with" not in run.stdout and run.stderr == ""

@@ -57,6 +57,18 @@ def test_make_env_prints_every_section_without_a_gpu():
     assert "run this through make env to see it" not in output, output[-3000:]
 
 
+@pytest.mark.parametrize("target,trainer", [("train_gpt2cu", "GPU trainer is train_gpt2_fp8"),
+                                            ("train_gpt2fp32cu", "GPU trainer is train_gpt2_fp8"),
+                                            ("train_gpt2fp8", "GPU trainer is train_gpt2_fp8"),
+                                            ("train_gpt2", "CPU trainer is train_gpt2cpu")])
+def test_llmc_trainer_targets_name_llm8s(target, trainer):
+    """llm.c's users type its target names: each gets one line naming llm8's trainer, and a non-zero exit"""
+    result = make(target)
+    assert result.returncode != 0
+    lines = error_lines(result)
+    assert len(lines) == 1 and lines[0].startswith(f"error: make {target}: llm8's {trainer} "), result.stderr
+
+
 def test_missing_nvcc(tmp_path):
     nvcc = tmp_path / "nowhere" / "nvcc"
     result = make("check-cuda", "NVCC=%s" % nvcc)

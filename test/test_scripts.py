@@ -57,9 +57,9 @@ def test_run_script_flags_parse_and_train(script, data, tmp_path):
 
 
 @pytest.mark.parametrize("script, hint", [
-    ("run_gpt2_124M_fp8.sh", "python dev/data/fineweb.py --version 10B"),
-    ("run_gpt2_350M_bf16.sh", "python dev/data/fineweb.py --version 100B"),
-    ("run_gpt2_1558M_bf16.sh", "python dev/data/fineweb.py --type edu --version 100B"),
+    ("run_gpt2_124M_fp8.sh", "python3 dev/data/fineweb.py --version 10B"),
+    ("run_gpt2_350M_bf16.sh", "python3 dev/data/fineweb.py --version 100B"),
+    ("run_gpt2_1558M_bf16.sh", "python3 dev/data/fineweb.py --type edu --version 100B"),
 ])
 def test_run_script_without_its_data_says_how_to_make_it_before_building(script, hint, data, tmp_path):
     """a run script whose shards (or HellaSwag file, -h 1) are not there stops with one line naming the command that
@@ -78,7 +78,7 @@ def test_run_script_without_its_data_says_how_to_make_it_before_building(script,
                                 timeout=60, cwd=ROOT, env=env)
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode == 1 and len(errors) == 1 and named in errors[0], result.stderr
-        assert (hint if not args else "python dev/data/hellaswag.py") in errors[0], errors
+        assert (hint if not args else "python3 dev/data/hellaswag.py") in errors[0], errors
         assert not (tmp_path / "make.log").exists()
         assert not (tmp_path / "run").exists()
 
@@ -234,6 +234,19 @@ def test_compare_refuses_fg_delayed_with_fg_pow2(item, tmp_path):
     before any run (the block recipe's refusal of either comes after)"""
     assert compare_refusal(item, tmp_path) == [
         f"error: RECIPES: '{item}': +fg_delayed and +fg_pow2 both set -fg (one -fg per run): give one of them"]
+
+
+@pytest.mark.parametrize("script", ["run_gpt2_124M_bf16.sh", "compare_bf16_fp8.sh"])
+def test_a_trainer_that_is_not_there_is_one_line(script, tmp_path):
+    """LLM8_TRAINER, a relative path taken from where the script starts, names no executable: one line naming it,
+    before anything is built or run, not bash's "No such file" from deep in the script"""
+    env = dict(os.environ, LLM8_TRAINER="./train_gpt2cpu")  # none in tmp_path
+    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", script)], capture_output=True, text=True,
+                            timeout=60, cwd=tmp_path, env=env)
+    assert result.returncode == 1 and result.stdout == "", (result.stdout, result.stderr)
+    assert result.stderr.splitlines() == [f"error: {script}: LLM8_TRAINER={tmp_path}/./train_gpt2cpu is not an executable "
+                                          "file (build it first; a relative path is taken from the directory the script "
+                                          "starts in)"], result.stderr
 
 
 def test_every_shell_script_is_executable():
@@ -522,6 +535,21 @@ def test_quickstart_without_a_gpu_trains_the_tiny_model_on_the_cpu(tmp_path):
     assert "no NVIDIA GPU found (nvidia-smi lists none): training a tiny model on the CPU" in result.stdout
     assert re.findall(r"^step\s+(\d+)/2 ", result.stdout, re.M) == ["1", "2"], result.stdout[-2000:]
     assert (checkout / "log_tiny_cpu" / "main.log").read_text().startswith("s:"), "no main.log in log_tiny_cpu/"
+
+
+def test_quickstart_without_a_gpu_resumes_when_run_again(tmp_path):
+    """a second quickstart on the CPU resumes the first one's run from its newest checkpoint (-y 1), its main.log
+    continued, not replaced"""
+    checkout = linked_checkout(tmp_path / "checkout")
+    first = run_quickstart(checkout, ["-x", 2, "-n", 1], gpu=False)
+    assert first.returncode == 0, (first.stdout[-2000:], first.stderr[-2000:])
+    log_first = (checkout / "log_tiny_cpu" / "main.log").read_text()
+    second = run_quickstart(checkout, ["-x", 3, "-n", 1], gpu=False)
+    assert second.returncode == 0, (second.stdout[-2000:], second.stderr[-2000:])
+    assert "resumed from log_tiny_cpu/model_00000002.bin at step 2" in second.stdout, second.stdout[-2000:]
+    assert re.findall(r"^step\s+(\d+)/3 ", second.stdout, re.M) == ["3"], second.stdout[-2000:]
+    log_second = (checkout / "log_tiny_cpu" / "main.log").read_text()
+    assert log_second.startswith(log_first) and "s:3 " in log_second[len(log_first):], log_second
 
 
 def test_quickstart_with_a_gpu_runs_its_d12_command_line(tmp_path):

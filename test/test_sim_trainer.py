@@ -221,6 +221,18 @@ def test_gc_0_trains_unclipped(workdir):
     assert runs[0] == runs[1e6] and runs[0][2] != runs[1][2], runs
 
 
+def test_a_schedule_with_nothing_to_decay_to_is_noted(workdir):
+    """-q 1, llm.c's default, makes every decaying schedule constant after the warmup: the GPU trainer says so once
+    (the CPU trainer's note is test_trainer_cli's), and not where -q leaves room or the schedule is constant"""
+    note = "note: -q 1 (the default, as in llm.c): -k cosine decays to the peak rate -l itself"
+    base = ["-x", 1, "-v", 0, "-s", 0, "-j", ""]
+    r = train(workdir, base)
+    assert r.returncode == 0 and r.stdout.count(note) == 1, (r.stdout[:2000], r.stderr[-2000:])
+    for flags in (["-q", 0.1], ["-k", "constant"]):
+        r = train(workdir, base + flags)
+        assert r.returncode == 0 and "note: -q" not in r.stdout, (flags, r.stdout[:2000], r.stderr[-2000:])
+
+
 @pytest.mark.parametrize("flags", [["-p", "bf16"], ["-p", "fp8", "-opt", "adamw8", "-fw", "delayed", "-fg", "delayed"],
                                    ["-p", "fp8", "-f8", "all", "-fw", "delayed", "-w", "0"]],
                          ids=["bf16", "fp8-delayed-weights-gradients-adamw8", "fp8-lm_head-delayed-weights-no-master"])

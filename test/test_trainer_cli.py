@@ -184,9 +184,7 @@ class TestBadInput:
         assert_one_line_error(run(binary, base_args(data, ["-e", data / "model_dir.bin"])), "model_dir.bin",
                               "a directory, not a regular file")
 
-    def test_missing_tokenizer_given_with_tk(self, binary, data):
-        if binary == CPU:
-            pytest.skip("the CPU trainer prints no samples: -tk has no effect there")
+    def test_missing_tokenizer_given_with_tk(self, binary, data):  # the CPU trainer too: its command lines run on a GPU
         assert_one_line_error(run(binary, base_args(data, ["-tk", data / "no_tokenizer.bin"])), "-tk", "no_tokenizer.bin")
 
     def test_data_glob_matching_a_directory(self, binary, data):
@@ -194,7 +192,7 @@ class TestBadInput:
         assert_one_line_error(run(binary, base_args(data)), "d_train_000002.bin", "a directory, not a regular file")
 
     def test_missing_model_file(self, binary, data):
-        assert_one_line_error(run(binary, base_args(data, ["-e", data / "missing_model.bin"])), "missing_model.bin")
+        assert_one_line_error(run(binary, base_args(data, ["-e", data / "missing_model.bin"])), "-e", "missing_model.bin", "no such model file")
 
     def test_wrong_model_magic(self, binary, data):
         header = np.zeros(256, dtype=np.int32)
@@ -559,6 +557,16 @@ def test_cpu_trainer_help_shows_its_own_default_model():
     assert len(line) == 1 and '(default "d12")' in line[0], line
 
 
+def test_cpu_trainer_help_marks_the_flags_it_ignores():
+    """train_gpt2cpu accepts the GPU trainer's whole flag table; its --help marks the flags that do nothing there (its
+    CPU_FLAGS_WITHOUT_EFFECT) and no other, and the GPU trainer's --help marks none"""
+    marked = {l.split()[0] for l in run(CPU, ["--help"]).stdout.splitlines()
+              if l.startswith("  -") and "[no effect in train_gpt2cpu]" in l}
+    assert marked == {"-at", "-ad", "-r", "-ge", "-kt", "-lg", "-z", "-fn", "-fe", "-w", "-pr", "-pg", "-pi", "-pf",
+                      "-ps", "-pa", "-pt", "-pc", "-tk", "-s", "-g", "-h"}, marked
+    assert "[no effect" not in run(GPU, ["--help"]).stdout
+
+
 def test_nondeterministic_attention_backward_needs_cudnn(data):
     """-ad 0 asks for cuDNN's backward with float atomics: with -at fallback it stops at startup,
     naming both flags; -ad takes only 0 or 1"""
@@ -644,6 +652,19 @@ def test_cpu_trainer_notes_that_it_runs_no_hellaswag(data):
     assert result.returncode == 0, result.stderr
     assert "note: -h 1 has no effect in train_gpt2cpu: HellaSwag runs in train_gpt2_fp8" in result.stdout
     assert "note: -h" not in run(CPU, base_args(data)).stdout
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "wsd"])
+def test_cpu_trainer_notes_a_schedule_with_nothing_to_decay_to(schedule, data):
+    """-q 1 (llm.c's default) leaves a decaying schedule at the peak rate: one note naming -k, none with -q below 1 or
+    -k constant; the startup line shows the warmup and the final fraction"""
+    result = run(CPU, base_args(data, ["-k", schedule, "-l", 0.002]))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(f"note: -q 1 (the default, as in llm.c): -k {schedule} decays to the peak rate -l itself, "
+                               "so the rate stays at 0.002 after the warmup; llm.c's scripts pass -q 0.0") == 1, result.stdout
+    assert f"lr 0.002 ({schedule}, warmup 0, final frac 1)" in result.stdout, result.stdout[:2000]
+    for flags in (["-k", schedule, "-q", 0.0], ["-k", "constant"]):
+        assert "note: -q" not in run(CPU, base_args(data, flags)).stdout
 
 
 def test_cpu_trainer_notes_that_fc_codes_are_the_gpus(data):

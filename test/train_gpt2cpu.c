@@ -9,12 +9,13 @@ versions of them: -p fp8 through its FP8 emulation (quantize-dequantize at the p
 GPU casts, with the -fr -fh -fm -fw -fg -f8 -f8p settings; the scaling states go into the state
 file, and evaluation puts them back, as on the GPU), and -opt adamw8 through the 8-bit
 AdamW host reference (llmc/quant8.h) with the GPU trainer's state-file sections and
-conversions. Flags that only mean something on a GPU (-at, -ad, -r, -ge, -kt, -lg, -z,
--fn, -w) or with several processes (-pr, -pg, -pi, -pf, -ps, -pa, -pt, -pc; -pn above 1 is
-refused) or with a tokenizer and text (-tk, -s, -g, -h) are accepted, with any value the
-flag table allows (-z 2 and -ad 0 included, which the GPU trainer refuses), and have no effect
-here (-h 1 with a note: a run could be taken for one that measured HellaSwag); -n, -nk and
--nm write and prune checkpoints as on the GPU. Weights are fp32 and checkpoints are llm.c's
+conversions. Flags that only mean something on a GPU, with several processes (-pn above 1 is
+refused) or with a tokenizer and text are accepted, with any value the flag table allows (-z 2
+and -ad 0 included, which the GPU trainer refuses), and have no effect here:
+CPU_FLAGS_WITHOUT_EFFECT lists them, and --help marks them (-h 1 and -fe 1 also with a note at
+startup: a run could be taken for one that measured HellaSwag, or fc's GEMM codes). A -tk
+given must still exist, as for the GPU trainer, so that a command line checked here runs
+there; -n, -nk and -nm write and prune checkpoints as on the GPU. Weights are fp32 and checkpoints are llm.c's
 fp32 model files (version 3).
 */
 #include <stdio.h>
@@ -206,11 +207,20 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
     return step;
 }
 
+// the flags this trainer accepts and ignores (the header comment says why), marked in its --help
+static const char CPU_FLAGS_WITHOUT_EFFECT[] =
+    "-at -ad -r -ge -kt -lg -z -fn -fe -w "   // GPU kernels, timing and memory
+    "-pr -pg -pi -pf -ps -pa -pt -pc "        // several processes
+    "-tk -s -g -h";                           // a tokenizer and text
+
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // each progress line reaches a pipe or file (tee, nohup) as it is printed
     TrainConfig tc = train_config_defaults();
     tc.model = "tiny";
+    tc.flags_without_effect = CPU_FLAGS_WITHOUT_EFFECT;
     train_config_parse(&tc, argc, argv);
+    char tokenizer_path[CHECKPOINT_PATH_MAX];
+    train_config_tokenizer_path(&tc, tokenizer_path, sizeof(tokenizer_path));  // a -tk given must exist (unused here)
     if (tc.num_processes > 1) { llm8_die("flag -pn %d: the CPU trainer runs one process (several GPUs: train_gpt2_fp8)", tc.num_processes); }
     const char* out_dir = tc.output_log_dir[0] ? tc.output_log_dir : NULL;
     checkpoint_claim_dir(out_dir, 0, tc.resume, tc.checkpoint_every);
@@ -218,7 +228,7 @@ int main(int argc, char** argv) {
     char model_path[CHECKPOINT_PATH_MAX] = "";
     int resume_step = tc.resume ? checkpoint_resume_step(out_dir) : -1;
     if (resume_step >= 0) { checkpoint_model_path(model_path, sizeof(model_path), out_dir, resume_step); }
-    else if (strstr(tc.model, ".bin") != NULL) { snprintf(model_path, sizeof(model_path), "%s", tc.model); }
+    else { train_config_model_file(&tc, model_path, sizeof(model_path)); }
     GPT2Config cfg;
     int model_version = 0;
     if (model_path[0]) { model_file_read_header(model_path, &cfg, &model_version); }
@@ -244,6 +254,7 @@ int main(int argc, char** argv) {
     int num_steps = tc.max_steps == -1 ? dataloader_epoch_steps(&train_loader, grad_accum_steps) : tc.max_steps;
     LearningRateScheduler scheduler;
     lr_scheduler_init(&scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, num_steps, tc.final_lr_frac);
+    train_config_note_schedule(&tc);
 
     size_t n = gpt2_num_parameters(&cfg);
     float* params = (float*)mallocCheck(n * sizeof(float));
@@ -276,9 +287,9 @@ int main(int argc, char** argv) {
     Logger logger;
     logger_init(&logger, out_dir, 0, resume_step >= 0);
 
-    printf("train_gpt2cpu | L=%d NH=%d C=%d V=%d | %zu parameters | B=%d T=%d, %d micro-steps | %d steps | lr %g (%s)\n",
-           cfg.num_layers, cfg.num_heads, cfg.channels, cfg.vocab_size, n, tc.B, tc.T, grad_accum_steps, num_steps,
-           tc.learning_rate, tc.lr_schedule);
+    printf("train_gpt2cpu | L=%d NH=%d C=%d V=%d | %zu parameters | B=%d T=%d, %d micro-steps | %d steps | lr %g (%s, "
+           "warmup %d, final frac %g)\n", cfg.num_layers, cfg.num_heads, cfg.channels, cfg.vocab_size, n, tc.B, tc.T,
+           grad_accum_steps, num_steps, tc.learning_rate, tc.lr_schedule, tc.warmup_iterations, tc.final_lr_frac);
     int eight_bit_tensors = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) { eight_bit_tensors += optimizer.layout.bits[i] == 8; }
     char fp8_passes[256] = "";

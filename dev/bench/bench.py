@@ -45,7 +45,7 @@ tok/s and MFU are medians over the timed steps; the first steps (cuDNN/cuBLAS pl
 building, allocator warm-up) are dropped. `make bench` runs the full set, `make gpucheck`
 the --quick one.
 
-Usage: python dev/bench/bench.py [--quick] [--steps N] [--only d12,d48] [--out doc/benchmarks] [--time-limit S]
+Usage: python3 dev/bench/bench.py [--quick] [--steps N] [--only d12,d48] [--out doc/benchmarks] [--time-limit S]
 (--only: those models' runs, into files named after them; a device call fits one model's --quick set;
 --time-limit: the wall seconds it may take, the programs it did not reach counted in the report)
 """
@@ -551,7 +551,7 @@ def floor_markdown(records, device):
     out = ["## Floor: measured vs the model's floor", "",
            f"The floor is dev/bench/floor_model.py's (a model, not a measurement): per kernel the larger of its matrix "
            f"FLOPs at the datasheet rate and its fewest bytes at the datasheet bandwidth, on the {ceilings.name}. "
-           f"`python dev/bench/floor_model.py --bench FILE.json` prints the region tables of every run.", "",
+           f"`python3 dev/bench/floor_model.py --bench FILE.json` prints the region tables of every run.", "",
            "| model | precision | B | measured ms/step | floor ms/step | measured / floor |", "|---|---|---|---|---|---|"]
     for r in runs:
         out.append(f"| {r['model']} | {r['precision']} | {r['B']} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | "
@@ -987,7 +987,7 @@ def write_report(base, records, gemm_section, run_info, complete):
     os.replace(base + ".json.tmp", base + ".json")
     with open(base + ".md.tmp", "w") as f:
         f.write(f"# Benchmark {run_info['date']} on {run_info['device']}\n\ncommit `{run_info['commit']}`, command "
-                f"`python dev/bench/bench.py{' --quick' if run_info['quick'] else ''}"
+                f"`python3 dev/bench/bench.py{' --quick' if run_info['quick'] else ''}"
                 f"{' --only ' + run_info['only'] if run_info.get('only') else ''}"
                 f"{' --time-limit %d' % run_info['time_limit'] if run_info.get('time_limit') else ''}`, synthetic tokens, T={run_info['T']}, "
                 f"{run_info['steps']} steps per run, medians over steps > {WARMUP_STEPS}. MFU against the bf16 dense peak, with llm.c's 6 N + 6 L C T FLOPs per token.\n\n")

@@ -36,9 +36,9 @@ Why it is shaped so:
   most one recast per dy cast, where dy's amax crossed a power of two: not modeled, a floor
   assumes the prediction holds), multi-GPU regions.
 
-Usage: python dev/bench/floor_model.py --model d12 -b 64 --precision bf16 fp8 [--kernels 10]
-       python dev/bench/floor_model.py --model d48 -b 16 -r 1 --precision fp8 --recipe block --device h200
-       python dev/bench/floor_model.py --bench doc/benchmarks/DATE-GPU.json
+Usage: python3 dev/bench/floor_model.py --model d12 -b 64 --precision bf16 fp8 [--kernels 10]
+       python3 dev/bench/floor_model.py --model d48 -b 16 -r 1 --precision fp8 --recipe block --device h200
+       python3 dev/bench/floor_model.py --bench doc/benchmarks/DATE-GPU.json
 """
 import dataclasses
 import json

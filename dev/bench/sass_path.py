@@ -19,7 +19,7 @@ what it counts is an estimate of the common path, good for comparing versions of
 
     nvcc -O3 -std=c++17 -arch=sm_90a -I. --expt-relaxed-constexpr -cubin \
         -o build/adamw8_sass_probe.cubin dev/bench/adamw8_sass_probe.cu
-    python dev/bench/sass_path.py build/adamw8_sass_probe.cubin adamw8_sass_probe --per 8
+    python3 dev/bench/sass_path.py build/adamw8_sass_probe.cubin adamw8_sass_probe --per 8
 """
 import argparse
 import glob

@@ -40,9 +40,9 @@ Why it is shaped so:
   dev/bench/bench.py JSON (--bench), or figures given on the command line (--compute).
   Bad arguments end the program with one line naming the argument and what was expected.
 
-Usage: python dev/bench/scaling_model.py --targets --models d12 d48 --gpus 1 8 64
-       python dev/bench/scaling_model.py --bench doc/benchmarks/DATE-GPU.json --gpus 8 64
-       python dev/bench/scaling_model.py --compute d12:bf16:65536:139.4 --gpus 8
+Usage: python3 dev/bench/scaling_model.py --targets --models d12 d48 --gpus 1 8 64
+       python3 dev/bench/scaling_model.py --bench doc/benchmarks/DATE-GPU.json --gpus 8 64
+       python3 dev/bench/scaling_model.py --compute d12:bf16:65536:139.4 --gpus 8
 """
 import argparse
 import collections

@@ -24,7 +24,7 @@ less in both, of which dP is 1536 MiB. The estimate adds dP and the other 415 Mi
 The runs take seconds to minutes of CPU each (cudasim runs the kernels on the CPU); the
 largest shape of d48 holds about 3.6 GB of host memory.
 
-Usage: python dev/bench/sim_memory.py --model d48 -b 16 -- -p fp8 -r 1
+Usage: python3 dev/bench/sim_memory.py --model d48 -b 16 -- -p fp8 -r 1
        (flags after -- go to the trainer: precision, recipe, optimizer, -r, -w, ...; not -b, -t, -e)
 """
 import argparse

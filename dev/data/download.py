@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 TIMEOUT_SECONDS = 30
-OFFLINE_HINT = "without internet, build the offline corpus: python dev/data/offline_corpus.py"
+OFFLINE_HINT = "without internet, build the offline corpus: python3 dev/data/offline_corpus.py"
 
 
 def die_unreachable(url, reason, offline_hint=OFFLINE_HINT):

@@ -18,8 +18,8 @@ has no internet). --split document holds val out by document instead (a hash of
 the FineWeb document id picks about 1% of the 10B sample, 0.1% of the 100B one,
 capped at one shard), so no document is in both splits.
 
-Usage: python dev/data/fineweb.py --version 10B [--type edu] [--shard-size N] [--split document]
-(llm.c's spellings work too: python dev/data/fineweb.py -t edu -v 100B -s N)
+Usage: python3 dev/data/fineweb.py --version 10B [--type edu] [--shard-size N] [--split document]
+(llm.c's spellings work too: python3 dev/data/fineweb.py -t edu -v 100B -s N)
 """
 
 import argparse

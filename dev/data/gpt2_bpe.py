@@ -24,7 +24,7 @@ same tokens. This module also writes the decode tokenizer file that the
 trainer reads to print samples (llm.c's gpt2_tokenizer.bin format).
 
 Run it directly to see which rank file is used:
-  python dev/data/gpt2_bpe.py [--bpe-file PATH] [--write-tokenizer PATH]
+  python3 dev/data/gpt2_bpe.py [--bpe-file PATH] [--write-tokenizer PATH]
 """
 
 import argparse

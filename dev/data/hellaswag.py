@@ -15,7 +15,7 @@ a continuation; the context is encoded alone, as llm.c's hellaswag.py does.
 
 Writes dev/data/hellaswag/hellaswag_val.bin.
 
-Usage: python dev/data/hellaswag.py [--url URL]
+Usage: python3 dev/data/hellaswag.py [--url URL]
 """
 
 import argparse

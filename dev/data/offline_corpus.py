@@ -25,7 +25,7 @@ Debian-like systems add /usr/share/doc (READMEs, changelogs, copyright texts).
   model; use FineWeb (dev/data/fineweb.py) for that.
 
 Usage:
-  python dev/data/offline_corpus.py [--max-train-tokens N] [--max-val-tokens N] [--source DIR ...]
+  python3 dev/data/offline_corpus.py [--max-train-tokens N] [--max-val-tokens N] [--source DIR ...]
 """
 
 import argparse

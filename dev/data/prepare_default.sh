@@ -14,6 +14,10 @@ cd "$(dirname "$0")/../.."
 PYTHON="${PYTHON:-python3}"
 
 dataset="offline"
+if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
+    sed -n '2,10s/^# \{0,1\}//p' "$0"  # the comment above
+    exit 0
+fi
 if [[ "${1:-}" == "--tinyshakespeare" ]]; then
     dataset="tinyshakespeare"
     shift

@@ -3,7 +3,7 @@ Downloads llm.c's starter pack (GPT-2 124M's weights, its tokenizer, TinyShakesp
 and the HellaSwag eval file) into the places llm.c's dev/download_starter_pack.sh puts them, so
 llm.c's quick start runs as it is:
 
-    python dev/data/starter_pack.py
+    python3 dev/data/starter_pack.py
     ./train_gpt2_fp8 -e gpt2_124M_bf16.bin -i dev/data/tinyshakespeare/tiny_shakespeare_train.bin \\
         -j dev/data/tinyshakespeare/tiny_shakespeare_val.bin
 

@@ -11,7 +11,7 @@ Writes dev/data/tinyshakespeare/tiny_shakespeare_val.bin, tiny_shakespeare_train
 (llm.c's names; a split of several shards, with a small --shard-size, gets numbered
 ones) and gpt2_tokenizer.bin.
 
-Usage: python dev/data/tinyshakespeare.py [--url URL]
+Usage: python3 dev/data/tinyshakespeare.py [--url URL]
 """
 
 import argparse

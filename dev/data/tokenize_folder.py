@@ -31,7 +31,7 @@ train/val shards", so that stream lives here once, in tokenize_documents().
   identical bytes whatever --workers is.
 
 Usage:
-  python dev/data/tokenize_folder.py INPUT [INPUT...] --out-dir DIR --prefix NAME
+  python3 dev/data/tokenize_folder.py INPUT [INPUT...] --out-dir DIR --prefix NAME
 """
 
 import argparse

@@ -4,7 +4,7 @@ export_hf.py: an llm8 (or llm.c) model file as a Hugging Face GPT-2 model direct
 Why: a GPT-2 reproduction is judged beyond its val loss with Hugging Face tools:
 lm-evaluation-harness (HellaSwag, ARC, MMLU, ...) and transformers' generate. llm.c has
 dev/eval/export_hf.py for that; llm8's model files are llm.c's (versions 3 and 5), so its
-habit carries over: `python dev/eval/export_hf.py -i log124M/model_00019560.bin -o OUT`.
+habit carries over: `python3 dev/eval/export_hf.py -i log124M/model_00019560.bin -o OUT`.
 This one works offline. It needs only numpy: no torch, no transformers, no network. It
 writes the safetensors file itself, and the GPT-2 tokenizer files from the local rank file
 that dev/data/gpt2_bpe.py finds, instead of downloading them.
@@ -24,7 +24,7 @@ The weights are written as bfloat16 (the default, as llm.c's exporter) or float3
 bfloat16 from a float32 file rounds to nearest even, as torch's .to(torch.bfloat16) does;
 from a bfloat16 (version 5) file it is a copy. A file holding a non-finite weight is refused.
 
-usage: python dev/eval/export_hf.py -i MODEL.bin -o OUT_DIR [-d bfloat16|float32]
+usage: python3 dev/eval/export_hf.py -i MODEL.bin -o OUT_DIR [-d bfloat16|float32]
            [--no-tokenizer] [--bpe-file gpt2.tiktoken]
 """
 import argparse

@@ -19,7 +19,7 @@ The file is version 3 (float32, as llm.c's gpt2_124M.bin; the default) or 5 (bfl
 rounded to nearest even: -d bfloat16). It is written to a temporary name and renamed, and an
 existing file is refused.
 
-usage: python dev/eval/import_hf.py -i HF_FOLDER -o MODEL.bin [-d float32|bfloat16]
+usage: python3 dev/eval/import_hf.py -i HF_FOLDER -o MODEL.bin [-d float32|bfloat16]
 """
 import argparse
 import json

@@ -35,7 +35,7 @@ little-endian:
   f32[S]      version 3 only: the mean loss before each of S AdamW steps on the same batch
               (entry 0 equals the loss above)
 
-usage: python dev/reference/gpt2_torch.py --model test/fixtures/gpt2_tiny_model.bin \
+usage: python3 dev/reference/gpt2_torch.py --model test/fixtures/gpt2_tiny_model.bin \
            --out test/fixtures/gpt2_tiny_debug_state.bin [--batch 4 --seq 16 --device cpu]
 Runs on the CPU (the fixture's source of truth) or on a GPU with TF32 disabled.
 """
