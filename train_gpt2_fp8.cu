@@ -1173,17 +1173,34 @@ static MultiGpuOptions multi_gpu_options_from_flags(const TrainConfig* tc) {
     return opts;
 }
 
-// dies on every rank when the ranks were launched with different flags, models or checkpoints
-static void check_same_config_on_all_ranks(const MultiGpuConfig* multi_gpu, uint32_t fingerprint, cudaStream_t stream) {
+// dies on every rank when the ranks were launched with different flags, models or checkpoints, naming the first item
+// that differs (train_config_fingerprints) and this rank's value of it
+static void check_same_config_on_all_ranks(const MultiGpuConfig* multi_gpu, const TrainConfig* tc, const GPT2Config* model,
+                                           int resume_step, cudaStream_t stream) {
     if (multi_gpu->num_processes == 1) { return; }
-    float halves[2] = {(float)(fingerprint >> 16), (float)(fingerprint & 0xffffu)};  // exact in a float
-    for (int h = 0; h < 2; h++) {
-        float lo = multi_gpu_all_reduce_float(multi_gpu, halves[h], ncclMin, stream, "startup config check");
-        float hi = multi_gpu_all_reduce_float(multi_gpu, halves[h], ncclMax, stream, "startup config check");
-        if (lo != hi) {
-            llm8_die("rank %d of %d: the ranks were started with different flags, models or checkpoints "
-                     "(launch every rank with the same command line and -o)", multi_gpu->process_rank, multi_gpu->num_processes);
+    uint32_t fingerprints[NUM_CONFIG_ITEMS];
+    train_config_fingerprints(tc, model, resume_step, fingerprints);
+    float lowest[2 * NUM_CONFIG_ITEMS], highest[2 * NUM_CONFIG_ITEMS];  // 16-bit halves: exact in a float
+    for (int i = 0; i < NUM_CONFIG_ITEMS; i++) {
+        lowest[2 * i] = highest[2 * i] = (float)(fingerprints[i] >> 16);
+        lowest[2 * i + 1] = highest[2 * i + 1] = (float)(fingerprints[i] & 0xffffu);
+    }
+    multi_gpu_all_reduce_floats(multi_gpu, lowest, 2 * NUM_CONFIG_ITEMS, ncclMin, stream, "startup config check");
+    multi_gpu_all_reduce_floats(multi_gpu, highest, 2 * NUM_CONFIG_ITEMS, ncclMax, stream, "startup config check");
+    int first = -1, differing = 0;
+    for (int i = 0; i < NUM_CONFIG_ITEMS; i++) {
+        if (lowest[2 * i] != highest[2 * i] || lowest[2 * i + 1] != highest[2 * i + 1]) {
+            if (first < 0) { first = i; }
+            differing++;
         }
+    }
+    if (first >= 0) {
+        char what[64], value[4200];
+        train_config_item_text(first, tc, model, resume_step, what, sizeof(what), value, sizeof(value));
+        char more[64] = "";
+        if (differing > 1) { snprintf(more, sizeof(more), ", and %d more item%s", differing - 1, differing > 2 ? "s" : ""); }
+        llm8_die("rank %d of %d: the ranks were started with different %s (this rank's: %s%s): launch every rank with the "
+                 "same command line and -o", multi_gpu->process_rank, multi_gpu->num_processes, what, value, more);
     }
 }
 
@@ -1234,10 +1251,13 @@ static void print_multi_gpu_summary(const GPT2* model, const TrainConfig* tc, Mu
         float most_saved_mib = gpt2_all_reduce(model, saved_mib, ncclMax, stream, "zero3 memory line");
         printf("zero3 | block linears' weights sharded on rank %d: bf16 parameters %.1f MiB mapped of %.1f MiB, FP8 weights %.1f MiB "
                "owned + %.1f MiB in %d layer slots (whole W and W^T: %.1f MiB), bf16 layer slots %.1f MiB | saves %.1f MiB "
-               "per GPU at least, %.1f at most | weights gathered per micro-step (forward and backward): %.1f MB as FP8 + %.1f MB as bf16\n",
+               "per GPU at least, %.1f at most%s | weights gathered per micro-step (forward and backward): %.1f MB as FP8 + %.1f MB as bf16\n",
                rank, model->params_buffer.mapped_bytes / 1048576.0, whole_params / 1048576.0, model->fp8.owned_code_bytes / 1048576.0,
                fp8_slots / 1048576.0, FP8_LAYER_SLOTS, 2.0 * fp8_weights / 1048576.0, bf16_slots / 1048576.0,
-               least_saved_mib, most_saved_mib, 2.0 * fp8_weights / 1e6, 2.0 * sizeof(floatX) * bf16_weights / 1e6);
+               least_saved_mib, most_saved_mib,
+               least_saved_mib < 0 ? " (below 0: at this model's size the layer slots and whole mapping granules cost more than the sharded "
+                                     "weights)" : "",
+               2.0 * fp8_weights / 1e6, 2.0 * sizeof(floatX) * bf16_weights / 1e6);
     }
 }
 
@@ -1406,7 +1426,7 @@ int main(int argc, char** argv) {
     DeviceInfo device = device_info_query();
     cudaStream_t stream;
     cudaCheck(cudaStreamCreate(&stream));
-    check_same_config_on_all_ranks(&multi_gpu, train_config_fingerprint(&tc, &model_config, resume_step), stream);
+    check_same_config_on_all_ranks(&multi_gpu, &tc, &model_config, resume_step, stream);
     matmul_setup();
     attention_setup(attention, tc.attention_deterministic != 0);
     profiler_init(tc.kernel_timing);

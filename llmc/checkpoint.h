@@ -590,7 +590,8 @@ typedef enum { SECTION_ONLY_IN_FILE, SECTION_ONLY_IN_RUN, SECTION_OTHER_SIZE } S
 // which flag a state section's tag belongs to, for the errors of a resume with other flags
 static inline const char* state_section_flag_hint_(const char* tag, StateSectionMismatch mismatch) {
     if (strncmp(tag, "fp8", 3) == 0) {
-        return mismatch == SECTION_ONLY_IN_FILE ? "written by a -p fp8 run? resume with the same -p and FP8 flags"
+        return mismatch == SECTION_ONLY_IN_FILE ? "written by a -p fp8 run? resume with the same -p and FP8 flags, on the "
+                                                  "trainer that wrote it: its FP8 scaling state is that trainer's"
              : mismatch == SECTION_ONLY_IN_RUN ? "written by a -p bf16 run? resume with -p bf16"
              : "written with other FP8 linears or passes? resume with the same -f8 and -f8p";
     }

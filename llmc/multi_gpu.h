@@ -311,17 +311,25 @@ static inline void multi_gpu_wait(const MultiGpuConfig* cfg, cudaStream_t stream
     cudaCheck(cudaEventDestroy(done));
 }
 
-// all-reduces one float across the ranks (the loss, a norm) and returns it; `what` names it in errors
-static inline float multi_gpu_all_reduce_float(const MultiGpuConfig* cfg, float value, ncclRedOp_t op,
+// values[0..count) reduced (op) over the ranks, in place (on one process they stay); `what` names it in errors
+static inline void multi_gpu_all_reduce_floats(const MultiGpuConfig* cfg, float* values, int count, ncclRedOp_t op,
                                                cudaStream_t stream, const char* what) {
-    if (cfg->nccl_comm == NULL) { return value; }
-    cudaCheck(cudaMemcpyAsync(cfg->scalar_device, &value, sizeof(float), cudaMemcpyHostToDevice, stream));
-    multi_gpu_nccl_settle(cfg, ncclAllReduce(cfg->scalar_device, cfg->scalar_device, 1, ncclFloat, op,
-                                             cfg->nccl_comm, stream), what);
+    if (cfg->nccl_comm == NULL) { return; }
+    float* device = cfg->scalar_device;  // one value: the config's own; more (at startup): a buffer of their own
+    if (count > 1) { cudaCheck(cudaMalloc((void**)&device, (size_t)count * sizeof(float))); }
+    cudaCheck(cudaMemcpyAsync(device, values, (size_t)count * sizeof(float), cudaMemcpyHostToDevice, stream));
+    multi_gpu_nccl_settle(cfg, ncclAllReduce(device, device, (size_t)count, ncclFloat, op, cfg->nccl_comm, stream), what);
     // the watchdog's wait first: a copy into pageable memory returns only once it completed,
     // so queued before the wait it would block on a dead or hung peer with no deadline
     multi_gpu_wait(cfg, stream, what);
-    cudaCheck(cudaMemcpyAsync(&value, cfg->scalar_device, sizeof(float), cudaMemcpyDeviceToHost, stream));
+    cudaCheck(cudaMemcpyAsync(values, device, (size_t)count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (count > 1) { cudaCheck(cudaFree(device)); }
+}
+
+// one float (the loss, a norm) all-reduced across the ranks
+static inline float multi_gpu_all_reduce_float(const MultiGpuConfig* cfg, float value, ncclRedOp_t op,
+                                               cudaStream_t stream, const char* what) {
+    multi_gpu_all_reduce_floats(cfg, &value, 1, op, stream, what);
     return value;
 }
 
@@ -382,7 +390,16 @@ static inline int multi_gpu_id_file_read(const char* path, int num_processes, nc
 
 // fs: rank 0 writes the id atomically (a temporary file renamed); the others poll for it
 static inline void multi_gpu_id_exchange_fs(ncclUniqueId* id, const MultiGpuOptions* opts) {
-    if (opts->fs_path == NULL) { llm8_die("flag -pi fs needs -pf <directory shared by all ranks>"); }
+    if (opts->fs_path == NULL) {
+        llm8_die("flag -pi fs (what -pi auto takes without mpirun) needs -pf <directory shared by all ranks>, or give "
+                 "-pi tcp -ps <rank 0's IPv4 address>");
+    }
+    struct stat dir_stat;  // checked by every rank: a missing one is not -pt of polling
+    const int dir_exists = stat(opts->fs_path, &dir_stat) == 0;
+    if (!dir_exists || !S_ISDIR(dir_stat.st_mode)) {
+        llm8_die("rank %d: flag -pf %s: %s (expected a directory shared by all ranks)", opts->process_rank, opts->fs_path,
+                 dir_exists ? "not a directory" : strerror(errno));
+    }
     char path[4096], temp_path[4200];
     multi_gpu_id_file_path(opts, path, sizeof(path));
     if (opts->process_rank == 0) {

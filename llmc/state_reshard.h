@@ -381,11 +381,14 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
     // the per-rank state: old rank r % N's
     const ReshardSource* own = &sources[rank % file_ranks];
     FILE* fp = fopenCheck(own->path, "rb");
+    char extra_tags[STATE_FILE_MAX_SECTIONS * (STATE_SECTION_TAG_BYTES + 2)] = "";  // the ones read, for the line below
     for (int i = 0; i < num_extra; i++) {
         const StateSectionPlace* place = state_file_find_section(&own->index, extra[i].tag);
         if (place == NULL) { continue; }  // optional, and not in this file: left as the caller set it
         fseekCheck(fp, place->offset, SEEK_SET);
         freadCheck(extra[i].data, 1, extra[i].bytes, fp);
+        snprintf(extra_tags + strlen(extra_tags), sizeof(extra_tags) - strlen(extra_tags), "%s%s",
+                 extra_tags[0] != '\0' ? ", " : "", extra[i].tag);
     }
     fcloseCheck(fp);
     snprintf(extra_path, CHECKPOINT_PATH_MAX, "%s", own->path);
@@ -393,11 +396,11 @@ static inline int train_state_read_resharded(const char* dir, int step, int file
     size_t batches = (size_t)step * batches_per_step;
     dataloader_seek_batches(loader, batches);
     const char* cut_names[] = {"", " (llm.c's -z 1 cut)", " (llm.c's -z 0: each holds all)"};
-    printf("%s: rank %d of %d resumed a checkpoint of %d ranks%s: optimizer state and master assembled from %d of its "
-           "state files, per-rank state (FP8 scaling) from rank %d's; data loader replayed %zu batches to shard %zu "
-           "sample %zu, where a %d-rank run is at step %d\n", sources[0].path, rank, loader->num_processes, file_ranks,
-           cut_names[cut], files_read, rank % file_ranks, batches, loader->current_shard_idx, loader->current_sample_idx,
-           loader->num_processes, step);
+    printf("%s: rank %d of %d resumed a checkpoint of %d rank%s%s: optimizer state and master assembled from %d of its "
+           "state files, per-rank sections (%s) from rank %d's; data loader replayed %zu batches to shard %zu sample %zu, "
+           "where a %d-rank run is at step %d\n", sources[0].path, rank, loader->num_processes, file_ranks,
+           file_ranks == 1 ? "" : "s", cut_names[cut], files_read, extra_tags[0] != '\0' ? extra_tags : "none",
+           rank % file_ranks, batches, loader->current_shard_idx, loader->current_sample_idx, loader->num_processes, step);
     char source[CHECKPOINT_PATH_MAX + 64];
     snprintf(source, sizeof(source), "checkpoint %d in '%s' (its state files)", step, dir);
     train_state_check_values_(&form, &layout, master, source);

@@ -528,31 +528,59 @@ static inline uint32_t fingerprint_add(uint32_t hash, const void* data, size_t b
 }
 
 /*
-What every rank of a multi-GPU run must agree on, as one number: every flag but the rank's
-own (-pr), the model's shape and the step it resumes from. The ranks compare it at startup,
-so mismatched launches (another -b, -p, model or checkpoint) fail at once, not in a hang.
+What every rank of a multi-GPU run must agree on, one number an item: each flag but the rank's
+own (-pr, whose item stays 0), then the model's shape, then the step it resumes from. The ranks
+compare them at startup, so mismatched launches (another -b, -p, model or checkpoint) fail at
+once, not in a hang, with a line naming the first item that differs.
 A float flag counts by its bits, not its text: %g's 6 digits left -l 0.0006 and 0.0006000001
 (two floats) alike, and ranks with another learning rate or -sl would train their shards
 differently, or skip different steps and leave the weight gather's collectives unpaired.
 */
-static inline uint32_t train_config_fingerprint(const TrainConfig* c, const GPT2Config* model, int resume_step) {
-    uint32_t hash = 2166136261u;
+#define CONFIG_ITEM_MODEL NUM_TRAIN_FLAGS
+#define CONFIG_ITEM_RESUME (NUM_TRAIN_FLAGS + 1)
+#define NUM_CONFIG_ITEMS (NUM_TRAIN_FLAGS + 2)
+static inline void train_config_fingerprints(const TrainConfig* c, const GPT2Config* model, int resume_step,
+                                             uint32_t fingerprints[NUM_CONFIG_ITEMS]) {
+    const uint32_t empty = 2166136261u;
     for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
         const FlagSpec* f = &TRAIN_FLAGS[i];
+        fingerprints[i] = 0;
         if (strcmp(f->name, "-pr") == 0) { continue; }
-        hash = fingerprint_add(hash, f->name, strlen(f->name) + 1);
         if (f->kind == FLAG_FLOAT) {
-            hash = fingerprint_add(hash, (const char*)c + f->offset, sizeof(float));
+            fingerprints[i] = fingerprint_add(empty, (const char*)c + f->offset, sizeof(float));
             continue;
         }
         char value[4200];
         flag_value_to_text(f, c, value, sizeof(value));
-        hash = fingerprint_add(hash, value, strlen(value) + 1);
+        fingerprints[i] = fingerprint_add(empty, value, strlen(value) + 1);
     }
     int shape[6] = {model->max_seq_len, model->vocab_size, model->padded_vocab_size, model->num_layers, model->num_heads,
                     model->channels};
-    hash = fingerprint_add(hash, shape, sizeof(shape));
-    return fingerprint_add(hash, &resume_step, sizeof(resume_step));
+    fingerprints[CONFIG_ITEM_MODEL] = fingerprint_add(empty, shape, sizeof(shape));
+    fingerprints[CONFIG_ITEM_RESUME] = fingerprint_add(empty, &resume_step, sizeof(resume_step));
+}
+
+// item i of train_config_fingerprints and this process's value of it, as the startup check names them
+static inline void train_config_item_text(int item, const TrainConfig* c, const GPT2Config* model, int resume_step,
+                                          char* what, size_t what_size, char* value, size_t value_size) {
+    if (item == CONFIG_ITEM_MODEL) {
+        snprintf(what, what_size, "models");
+        snprintf(value, value_size, "L=%d NH=%d C=%d maxT=%d V=%d Vp=%d", model->num_layers, model->num_heads,
+                 model->channels, model->max_seq_len, model->vocab_size, model->padded_vocab_size);
+    } else if (item == CONFIG_ITEM_RESUME) {
+        snprintf(what, what_size, "checkpoints to resume (-y 1 in -o)");
+        if (resume_step >= 0) { snprintf(value, value_size, "step %d", resume_step); }
+        else { snprintf(value, value_size, "none: a fresh start"); }
+    } else {
+        snprintf(what, what_size, "%s", TRAIN_FLAGS[item].name);
+        if (TRAIN_FLAGS[item].kind == FLAG_FLOAT) {  // %g, or enough digits to tell it from the floats beside it
+            float x = *(const float*)((const char*)c + TRAIN_FLAGS[item].offset);
+            snprintf(value, value_size, "%g", x);
+            if (strtof(value, NULL) != x) { snprintf(value, value_size, "%.9g", x); }
+        } else {
+            flag_value_to_text(&TRAIN_FLAGS[item], c, value, value_size);
+        }
+    }
 }
 
 #endif // LLMC_TRAIN_CONFIG_H

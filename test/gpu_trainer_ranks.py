@@ -285,7 +285,8 @@ def reshard(setup):
         codes, resumed = run(second, reshard_args + ["-b", 8 // second, "-y", 1], tmp)
         a, b = losses(straight), losses(resumed)
         check(codes == [0] * second and sorted(b) == [5, 6, 7, 8], f"{name}: the resumed run continues at step 5")
-        check(f"resumed a checkpoint of {first} ranks" in resumed, f"{name}: the resumed run says it resharded")
+        check(f"resumed a checkpoint of {first} rank{'s' if first > 1 else ''}" in resumed,
+              f"{name}: the resumed run says it resharded")
         if sorted(b) == [5, 6, 7, 8] and all(step in a for step in b):
             worst = max(abs(a[step] - b[step]) / abs(a[step]) for step in b)
             check(worst < tolerance, f"{name}: steps 5..8 within {tolerance:g} of the uninterrupted run (worst {worst:.2e})")

@@ -576,10 +576,20 @@ static void check_lone_rank_dies(const char* what, int rank, const char* must_co
 static void test_lone_ranks(void) {
     check_lone_rank_dies("rank 1 without rank 0", 1, "rank 1: no NCCL id from rank 0 in");
     check_lone_rank_dies("rank 0 without rank 1", 0, "did not complete within 1 s (still being launched");
-    CHECK_DIES("-pi fs without -pf", "flag -pi fs needs -pf", {
+    CHECK_DIES("-pi fs without -pf", "flag -pi fs (what -pi auto takes without mpirun) needs -pf", {
         MultiGpuOptions opts = fs_options(2, 0, NULL, 1);
         multi_gpu_config_init(&opts, 0);
     });
+    for (int rank = 0; rank < 2; rank++) {  // at once, not after -pt: rank 0 would fail to write there, rank 1 poll on
+        CHECK_DIES("-pf that does not exist", "flag -pf /nonexistent/llm8: No such file or directory (expected a directory", {
+            MultiGpuOptions opts = fs_options(2, rank, "/nonexistent/llm8", 60);
+            multi_gpu_config_init(&opts, 0);
+        });
+        CHECK_DIES("-pf that is a file", "flag -pf /dev/null: not a directory", {
+            MultiGpuOptions opts = fs_options(2, rank, "/dev/null", 60);
+            multi_gpu_config_init(&opts, 0);
+        });
+    }
     CHECK_DIES("-pg past the visible GPUs", "of this node wanted (-pg", {
         int visible = cuda_device_count_or_die();
         MultiGpuOptions opts = fs_options(visible + 1, visible, "/nonexistent", 1);

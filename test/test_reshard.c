@@ -264,8 +264,9 @@ static void check_rank(const OneRank* s, RankResume* got, int rank, int file_ran
     CHECK(got->step == TEST_STEP, "%s rank %d: step %d", what, rank, got->step);
     char line[160] = "resumed a checkpoint";
     if (file_ranks != num_ranks) {
-        snprintf(line, sizeof(line), "resumed a checkpoint of %d ranks: optimizer state and master assembled from %d of "
-                 "its state files,", file_ranks, overlapping_windows(&s->cfg, rank, num_ranks, file_ranks));
+        snprintf(line, sizeof(line), "resumed a checkpoint of %d rank%s: optimizer state and master assembled from %d of "
+                 "its state files,", file_ranks, file_ranks == 1 ? "" : "s", overlapping_windows(&s->cfg, rank, num_ranks,
+                 file_ranks));
     }
     CHECK((strstr(got->printed, line) != NULL) == (file_ranks != num_ranks), "%s rank %d printed [%s], expected %s'%s'",
           what, rank, got->printed, file_ranks != num_ranks ? "" : "no ", line);
@@ -614,8 +615,8 @@ static void test_llmc_rank_checkpoints(void) {
                                                                       runs[d].master ? got + 2 * count : NULL, NULL, 0,
                                                                       extra_path));
                 // every rank reads all -z 1 files (each holds a part of every slice: of lnfw's 16 too), one -z 0 file
-                snprintf(line, sizeof(line), "resumed a checkpoint of %d ranks%s: optimizer state and master assembled from "
-                         "%d of its state files", runs[d].file_ranks,
+                snprintf(line, sizeof(line), "resumed a checkpoint of %d rank%s%s: optimizer state and master assembled "
+                         "from %d of its state files", runs[d].file_ranks, runs[d].file_ranks == 1 ? "" : "s",
                          runs[d].zero_stage == 1 ? " (llm.c's -z 1 cut)" : " (llm.c's -z 0: each holds all)",
                          runs[d].zero_stage == 1 ? runs[d].file_ranks : 1);
                 CHECK(strstr(printed, line) != NULL, "%s: rank %d of %d printed [%s], expected '%s'", runs[d].dir, rank,

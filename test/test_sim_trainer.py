@@ -221,6 +221,22 @@ def test_gc_0_trains_unclipped(workdir):
     assert runs[0] == runs[1e6] and runs[0][2] != runs[1][2], runs
 
 
+def test_cpu_trainer_resuming_a_gpu_fp8_checkpoint_says_which_trainer_resumes_it(workdir, tmp_path):
+    """an FP8 checkpoint holds its trainer's scaling state (the GPU's fp8_ sections, the CPU's fp8emu_ ones): the CPU
+    trainer given the GPU's, with the same -p fp8, stops in one line that says to resume it on the trainer that wrote
+    it, not that -p differs"""
+    out = tmp_path / "gpu_fp8"
+    r = train(workdir, ["-p", "fp8", "-x", 1, "-n", 1, "-o", out, "-v", 0, "-s", 0, "-j", ""])
+    assert r.returncode == 0, r.stderr[-2000:]
+    cpu = subprocess.run([os.path.join(ROOT, "train_gpt2cpu"), "-p", "fp8", "-e", "model.bin", "-i", "s_train_*.bin",
+                          "-j", "", "-t", "64", "-b", "4", "-x", "2", "-n", "1", "-o", str(out), "-y", "1", "-v", "0"],
+                         capture_output=True, text=True, timeout=300, cwd=workdir)
+    lines = [l for l in cpu.stderr.splitlines() if l.strip()]
+    assert cpu.returncode != 0 and len(lines) == 1, cpu.stderr[-2000:]
+    assert "has a section 'fp8_settings' this run does not keep" in lines[0], lines[0]
+    assert "on the trainer that wrote it" in lines[0], lines[0]
+
+
 def test_a_schedule_with_nothing_to_decay_to_is_noted(workdir):
     """-q 1, llm.c's default, makes every decaying schedule constant after the warmup: the GPU trainer says so once
     (the CPU trainer's note is test_trainer_cli's), and not where -q leaves room or the schedule is constant"""
@@ -1027,10 +1043,11 @@ def test_ranks_started_with_different_flags_stop_at_startup(workdir):
     fingerprint of their flags and model at startup, and every rank stops with one line saying so, before training"""
     codes, rank0_out, rank1_err = train_ranks(workdir, 2, ["-x", 1, "-v", 0, "-s", 0, "-l", "1e-3"], name="mismatch",
                                               rank1_args=["-l", "2e-3"])
-    for rank, out in enumerate((rank0_out, rank1_err)):
+    for rank, (out, value) in enumerate(((rank0_out, "0.001"), (rank1_err, "0.002"))):
         errors = [line for line in out.splitlines() if line.startswith("error:")]
         assert codes[rank] != 0 and len(errors) == 1, (rank, out[-2000:])
-        assert f"rank {rank} of 2: the ranks were started with different flags, models or checkpoints" in errors[0], errors
+        assert errors[0] == (f"error: rank {rank} of 2: the ranks were started with different -l (this rank's: {value}): "
+                             "launch every rank with the same command line and -o"), errors
         assert not re.search(r"^step ", out, re.M), out[-2000:]
 
 
@@ -1062,10 +1079,14 @@ def test_ranks_that_find_other_files_under_the_same_names_stop_at_startup(workdi
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder, env=env)
              for rank, folder in enumerate(folders)]
     outputs = [p.communicate(timeout=300) for p in procs]
+    values = ({"model": "L=2 NH=2 C=128", "checkpoint": "step 2"}[differs],
+              {"model": "L=1 NH=3 C=192", "checkpoint": "step 1"}[differs])
+    what = {"model": "models", "checkpoint": "checkpoints to resume (-y 1 in -o)"}[differs]
     for rank, (p, (out, err)) in enumerate(zip(procs, outputs)):
         errors = [line for line in err.splitlines() if line.startswith("error:")]
         assert p.returncode != 0 and len(errors) == 1, (rank, (out + err)[-2000:])
-        assert f"rank {rank} of 2: the ranks were started with different flags, models or checkpoints" in errors[0], errors
+        assert f"rank {rank} of 2: the ranks were started with different {what} (this rank's: {values[rank]}" in errors[0], \
+            errors
         assert not re.search(r"^step ", out, re.M), out[-2000:]
 
 
@@ -1378,8 +1399,10 @@ def test_zero3_memory_line_is_what_zero3_saves(workdir, flags):
         assert codes == [0, 0], out[-2000:]
         peaks[zero] = [int(re.search(r"cudasim: at most (\d+) bytes of device memory allocated at once", err).group(1))
                        for err in (out, rank1_err)]
-        line = line or re.search(r"^zero3 \|.* \| saves (\S+) MiB per GPU at least, (\S+) at most \|", out, re.M)
+        line = line or re.search(r"^zero3 \|.* \| saves (\S+) MiB per GPU at least, (\S+) at most( \(below 0: [^)]*\))? \|",
+                                 out, re.M)
     assert line, out[:3000]
+    assert (line.group(3) is not None) == (float(line.group(1)) < 0), line.group(0)  # a saving below 0 says why
     saved = sorted((peaks[1][rank] - peaks[3][rank]) / 1048576.0 for rank in range(2))
     printed = [float(line.group(1)), float(line.group(2))]
     assert all(abs(m - p) <= 0.06 for m, p in zip(saved, printed)), (saved, line.group(0))
@@ -1486,7 +1509,7 @@ def test_twin_batches_resume_on_another_rank_count_bit_for_bit(workdir, first, s
     codes, resumed, _ = train_ranks(workdir, second, common + ["-d", second * 4 * 64, "-y", 1], name=name + "_b",
                                     data=twin_shard(workdir))
     assert codes == [0] * second, resumed[-2000:]
-    assert f"resumed a checkpoint of {first} ranks" in resumed, resumed[-2000:]
+    assert f"resumed a checkpoint of {first} rank{'s' if first > 1 else ''}" in resumed, resumed[-2000:]
     a, b = losses(straight), losses(resumed)
     assert sorted(b) == [4, 5, 6] and all(a[s] == b[s] for s in b), (a, b)
     assert (out_dir / "model_00000006.bin").read_bytes() == straight_model, "the resumed run's model file differs"
@@ -1507,7 +1530,7 @@ def test_resume_on_another_rank_count_replays_the_steps_batches(workdir):
     os.remove(out_dir / "DONE_00000005")
     codes, resumed, _ = train_ranks(workdir, 2, common + ["-y", 1], name="reshard_replay_2")
     assert codes == [0, 0], resumed[-2000:]
-    assert "resumed a checkpoint of 1 ranks" in resumed, resumed[-2000:]
+    assert "resumed a checkpoint of 1 rank:" in resumed, resumed[-2000:]
     a, b = losses(straight), losses(resumed)
     assert sorted(b) == [4, 5] and all(abs(a[s] - b[s]) <= 5e-4 * a[s] for s in b), (a, b)
     # the resumed run's first step is its first: the `comm |` line counts that one's collectives

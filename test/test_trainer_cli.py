@@ -981,6 +981,23 @@ def test_cpu_resumes_a_checkpoint_with_master_weights(data, tmp_path):
     assert train_losses(tmp_path / "halved")[3:] != train_losses(tmp_path / "plain")[3:]
 
 
+def test_cpu_resume_of_a_several_ranks_checkpoint_says_what_resumes_it(data, tmp_path):
+    """train_gpt2_fp8 reshards a checkpoint of N ranks; the CPU trainer does not, and says so in one line naming
+    train_gpt2_fp8 and the model file to start from (the file here: a CPU checkpoint whose header says rank 0 of 2)"""
+    out = tmp_path / "ranks"
+    r = run_straight(data, out, [], steps=2)
+    assert r.returncode == 0, r.stderr
+    state = out / "state_00000002_00000.bin"
+    header = np.fromfile(state, dtype=np.int32, count=256)
+    header[2] = 2  # processes
+    with open(state, "r+b") as f:
+        f.write(header.tobytes())
+    r = run(CPU, base_args(data, ["-l", 1e-3, "-k", "constant", "-v", 0, "-o", out, "-x", 4, "-n", 2, "-y", 1],
+                           small_vocab_model(data)))
+    assert_one_line_error(r, "state_00000002_00000.bin' is one of 2 ranks'", "resume it with train_gpt2_fp8",
+                          f"-e {out}/model_00000002.bin")
+
+
 def test_cpu_resume_of_an_fp8_run_in_bf16_names_the_flag(data, tmp_path):
     """a checkpoint whose state sections this run does not keep (an FP8 run's scaling resumed in bf16): the error
     says which flag wrote them"""

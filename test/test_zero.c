@@ -399,23 +399,27 @@ static void test_sharded_update(const GPT2Config* cfg, Adamw8Selection selection
     free(grads); free(m); free(v);
 }
 
-// the multi-GPU startup check: what must agree across ranks changes the fingerprint, the rank does not
-static void test_config_fingerprint(void) {
+// the multi-GPU startup check: what must agree across ranks changes its own item's fingerprint and no other one, the
+// rank changes none; train_config_item_text names each item
+static int fingerprints_differing(const uint32_t* a, const uint32_t* b, int* first) {
+    int count = 0;
+    *first = -1;
+    for (int i = 0; i < NUM_CONFIG_ITEMS; i++) {
+        if (a[i] != b[i]) {
+            if (*first < 0) { *first = i; }
+            count++;
+        }
+    }
+    return count;
+}
+
+static void test_config_fingerprints(void) {
     GPT2Config d12 = gpt2_config_from_descriptor("d12"), d24 = gpt2_config_from_descriptor("d24");
     TrainConfig base = train_config_defaults();
-    uint32_t reference = train_config_fingerprint(&base, &d12, -1);
-    TrainConfig other_rank = base;
-    other_rank.process_rank = 3;
-    CHECK(train_config_fingerprint(&other_rank, &d12, -1) == reference, "the rank (-pr) changed the fingerprint");
-    TrainConfig other_batch = base;
-    other_batch.B = base.B + 1;
-    CHECK(train_config_fingerprint(&other_batch, &d12, -1) != reference, "-b did not change the fingerprint");
-    TrainConfig other_precision = base;
-    other_precision.precision = "fp8";
-    CHECK(train_config_fingerprint(&other_precision, &d12, -1) != reference, "-p did not change the fingerprint");
-    CHECK(train_config_fingerprint(&base, &d24, -1) != reference, "the model did not change the fingerprint");
-    CHECK(train_config_fingerprint(&base, &d12, 100) != reference, "the resume step did not change the fingerprint");
-    // every flag but -pr changed alone (a number to another in its range, a text to another), and every shape field
+    uint32_t reference[NUM_CONFIG_ITEMS], other_items[NUM_CONFIG_ITEMS];
+    train_config_fingerprints(&base, &d12, -1, reference);
+    int first;
+    // every flag changed alone (a number to another in its range, a text to another): its item alone, but -pr's
     for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
         const FlagSpec* f = &TRAIN_FLAGS[i];
         TrainConfig other = base;
@@ -423,9 +427,10 @@ static void test_config_fingerprint(void) {
         if (f->kind == FLAG_INT) { *(int*)field = *(int*)field == (int)f->lo ? (int)f->lo + 1 : (int)f->lo; }
         else if (f->kind == FLAG_FLOAT) { *(float*)field = *(float*)field == (float)f->lo ? (float)f->hi : (float)f->lo; }
         else { *(const char**)field = "another"; }
-        int is_rank = strcmp(f->name, "-pr") == 0;
-        CHECK((train_config_fingerprint(&other, &d12, -1) == reference) == is_rank, "%s changed alone: the fingerprint %s",
-              f->name, is_rank ? "changed" : "did not change");
+        train_config_fingerprints(&other, &d12, -1, other_items);
+        int count = fingerprints_differing(reference, other_items, &first);
+        if (strcmp(f->name, "-pr") == 0) { CHECK(count == 0, "the rank (-pr) changed %d fingerprints", count); }
+        else { CHECK(count == 1 && first == i, "%s changed alone: %d fingerprints changed, the first item %d", f->name, count, first); }
     }
     // a float flag one ulp away (%g's 6 digits print both alike): -l, -c, -gc, -q, -sl, -sg
     int floats = 0;
@@ -437,19 +442,52 @@ static void test_config_fingerprint(void) {
         *field = nextafterf(*field == 0.0f ? 3.0f : *field, INFINITY);
         TrainConfig same_text = other;
         *(float*)((char*)&same_text + f->offset) = nextafterf(*field, INFINITY);
-        CHECK(train_config_fingerprint(&other, &d12, -1) != train_config_fingerprint(&same_text, &d12, -1),
-              "%s one ulp apart (%.9g, %.9g): the fingerprint did not change", f->name, *field,
+        train_config_fingerprints(&other, &d12, -1, reference);
+        train_config_fingerprints(&same_text, &d12, -1, other_items);
+        CHECK(fingerprints_differing(reference, other_items, &first) == 1 && first == i,
+              "%s one ulp apart (%.9g, %.9g): its fingerprint did not change alone", f->name, *field,
               *(float*)((char*)&same_text + f->offset));
+        char what[64], value[64];
+        train_config_item_text(i, &same_text, &d12, -1, what, sizeof(what), value, sizeof(value));
+        CHECK(strcmp(what, f->name) == 0 && strtof(value, NULL) == *(float*)((char*)&same_text + f->offset),
+              "%s's item reads '%s' '%s': the value does not round-trip", f->name, what, value);
         floats++;
     }
     CHECK(floats >= 6, "%d float flags: expected -l, -c, -gc, -q, -sl and -sg", floats);
-    for (int k = 0; k < 6; k++) {
+    train_config_fingerprints(&base, &d12, -1, reference);
+    for (int k = 0; k < 6; k++) {  // every shape field: the model's item alone
         GPT2Config other = d12;
         int* shape[6] = {&other.max_seq_len, &other.vocab_size, &other.padded_vocab_size, &other.num_layers,
                          &other.num_heads, &other.channels};
         (*shape[k])++;
-        CHECK(train_config_fingerprint(&base, &other, -1) != reference, "shape field %d changed alone: the fingerprint "
-              "did not change", k);
+        train_config_fingerprints(&base, &other, -1, other_items);
+        CHECK(fingerprints_differing(reference, other_items, &first) == 1 && first == CONFIG_ITEM_MODEL,
+              "shape field %d changed alone: not the model's item alone", k);
+    }
+    train_config_fingerprints(&base, &d24, -1, other_items);
+    CHECK(fingerprints_differing(reference, other_items, &first) == 1 && first == CONFIG_ITEM_MODEL, "d24: not the model's item");
+    train_config_fingerprints(&base, &d12, 100, other_items);
+    CHECK(fingerprints_differing(reference, other_items, &first) == 1 && first == CONFIG_ITEM_RESUME,
+          "the resume step: not its item alone");
+    // the names and values the startup line gives
+    const struct { int item; int resume_step; const char* what; const char* value; } named[] = {
+        {CONFIG_ITEM_MODEL, -1, "models", "L=12 NH=12 C=768 maxT=1024 V=50257 Vp=50304"},
+        {CONFIG_ITEM_RESUME, -1, "checkpoints to resume (-y 1 in -o)", "none: a fresh start"},
+        {CONFIG_ITEM_RESUME, 40, "checkpoints to resume (-y 1 in -o)", "step 40"},
+    };
+    for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++) {
+        char what[64], value[128];
+        train_config_item_text(named[i].item, &base, &d12, named[i].resume_step, what, sizeof(what), value, sizeof(value));
+        CHECK(strcmp(what, named[i].what) == 0 && strcmp(value, named[i].value) == 0, "item %d: '%s' '%s', expected '%s' '%s'",
+              named[i].item, what, value, named[i].what, named[i].value);
+    }
+    for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
+        if (strcmp(TRAIN_FLAGS[i].name, "-b") != 0) { continue; }
+        char what[64], value[64];
+        train_config_item_text(i, &base, &d12, -1, what, sizeof(what), value, sizeof(value));
+        char expected[64];
+        snprintf(expected, sizeof(expected), "%d", base.B);
+        CHECK(strcmp(what, "-b") == 0 && strcmp(value, expected) == 0, "-b's item reads '%s' '%s'", what, value);
     }
 }
 
@@ -864,7 +902,7 @@ int main(void) {
     zero_layout_init(&d12_8, &d12, 8);
     CHECK(d12_8.shard_size == 15559680 && d12_8.padded_total == 124477440,
           "d12 N=8: shard %zu, padded %zu", d12_8.shard_size, d12_8.padded_total);
-    test_config_fingerprint();
+    test_config_fingerprints();
     // tiny with a small vocabulary, so the rank boundaries cut matmul weight slices (tiny's wte
     // alone would hold every boundary but the last)
     GPT2Config tiny_vocab = tiny;

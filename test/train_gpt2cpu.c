@@ -177,8 +177,9 @@ static void cpu_fp8_settings_text(char* out, size_t size, const Fp8Emulation* e)
 // file has them); returns the step. A file with fp32 master weights (a GPU run's, -w 1; the CPU
 // trainer has no bf16 weights, so no -w) gives the weights: the model file holds them rounded
 // to bf16
+// path: the state file of the checkpoint whose model file is model_path (named in the errors)
 static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader, OutlierSkip* outliers, const char* path,
-                          int step, size_t batches_per_step) {
+                          const char* model_path, int step, size_t batches_per_step) {
     StateSection sections[CPU_FP8_SECTIONS + OUTLIER_SKIP_SECTIONS];
     Fp8Emulation fp8_config;
     memset(&fp8_config, 0, sizeof(fp8_config));
@@ -186,6 +187,11 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
     int num_sections = fp8_sections + outlier_skip_state_sections(outliers, 1, sections + fp8_sections);  // optional
     StateFileIndex header;
     state_file_read_header(path, &header);
+    if (header.num_processes > 1) {  // train_gpt2_fp8 reshards those (state_reshard.h); this trainer reads its own only
+        llm8_die("state file '%s' is one of %d ranks' (train_gpt2_fp8's): train_gpt2cpu resumes one-process checkpoints; "
+                 "resume it with train_gpt2_fp8 (on any number of GPUs), or start from its weights with -e %s", path,
+                 header.num_processes, model_path);
+    }
     float* master = header.has_master ? (float*)mallocCheck(model->num_parameters * sizeof(float)) : NULL;
     step = train_state_read(path, step, batches_per_step, loader, &model->config, opt->use_adamw8, opt->selection, 0,
                             model->num_parameters, model->adam_m, model->adam_v, &opt->states, master, sections,
@@ -275,7 +281,7 @@ int main(int argc, char** argv) {
     if (resume_step >= 0) {
         char state_path[CHECKPOINT_PATH_MAX];
         checkpoint_state_path(state_path, sizeof(state_path), out_dir, resume_step, 0);
-        start_step = cpu_load_state(&model, &optimizer, &train_loader, &outliers, state_path, resume_step,
+        start_step = cpu_load_state(&model, &optimizer, &train_loader, &outliers, state_path, model_path, resume_step,
                                     tc.overfit_single_batch ? 0 : (size_t)grad_accum_steps);  // -a 1 reads no batches
         printf("resumed from %s at step %d\n", model_path, start_step);
         outlier_skip_note_resume(&outliers, resume_step);
