@@ -1709,7 +1709,8 @@ static void test_config_usage(void) {
         "Usage: prog [flags]   (flags take one value each, as in llm.c)\n",
         "\n  -i   train data shard glob (default \"dev/data/offline/offline_train_*.bin\")\n",
         "model_*.bin checkpoint (default \"tiny\")\n",
-        "\n  -p   matmul precision (the -f flags below apply to fp8) (default \"bf16\"; one of: bf16 fp8)\n",
+        "\n  -p   matmul precision (the -f flags below apply to fp8; train_gpt2cpu: bf16 trains its fp32 model, fp8 emulates "
+        "the FP8 casts in it) (default \"bf16\"; one of: bf16 fp8)\n",
         "\n  -b   micro-batch size per GPU (sequences) (default 4; range 1..65536)\n",
         "\n  -l   peak learning rate (default 0.0003; range 0..10)\n",
         "(default -1; >= -1)\n  -v   ",
@@ -1718,6 +1719,17 @@ static void test_config_usage(void) {
     for (int i = 0; i < (int)(sizeof(lines) / sizeof(lines[0])); i++) {
         CHECK(strstr(text, lines[i]) != NULL, "--help lacks [%s]", lines[i]);
     }
+    CHECK(strstr(text, "[no effect") == NULL, "--help marks a flag without effect where the program names none");
+    // a program's flags_without_effect: marked with its name (the path's last part), and no other flag
+    TrainConfig marking = defaults;
+    marking.flags_without_effect = "-at -b";
+    char marked[32768];
+    STDOUT_OF(marked, train_config_print_usage(stdout, "./dir/prog", &marking));
+    CHECK(strstr(marked, "\n  -b   micro-batch size per GPU (sequences) [no effect in prog] (default 4; range 1..65536)\n")
+          != NULL, "--help does not mark -b [%.300s]", strstr(marked, "\n  -b ") ? strstr(marked, "\n  -b ") : "");
+    int marks = 0;
+    for (const char* m = strstr(marked, "[no effect in prog]"); m != NULL; m = strstr(m + 1, "[no effect in prog]")) { marks++; }
+    CHECK(marks == 2, "--help marks %d flags, expected -at and -b", marks);
     const char* at = text;
     for (int i = 0; i < NUM_TRAIN_FLAGS && at != NULL; i++) {
         char start[16];
