@@ -1420,6 +1420,7 @@ int main(int argc, char** argv) {
     LearningRateScheduler lr_scheduler;
     lr_scheduler_init(&lr_scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, train_num_batches, tc.final_lr_frac);
     train_config_note_schedule(&tc);
+    train_config_note_unused_fp8_flags(&tc);
 
     // the GPU, the communicator, and the ranks' agreement on what they run
     multi_gpu_device_init(&multi_gpu, &multi_gpu_options, 0);

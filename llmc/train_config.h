@@ -471,6 +471,26 @@ static inline void train_config_note_resumed_model(const TrainConfig* c, const G
     }
 }
 
+// FP8 flags (-fr, -fh, ...) given a value other than their default in a run without -p fp8 change nothing: one note
+// names them (an FP8-against-bf16 comparison whose -p went missing would otherwise train bf16 silently)
+static inline void train_config_note_unused_fp8_flags(const TrainConfig* c) {
+    if (strcmp(c->precision, "fp8") == 0) { return; }
+    const TrainConfig defaults = train_config_defaults();
+    char given[1024] = "";  // at most 9 flags of at most 70 characters
+    for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
+        const FlagSpec* f = &TRAIN_FLAGS[i];
+        if (strncmp(f->name, "-f", 2) != 0 || strcmp(f->name, "-f") == 0) { continue; }  // -f: llm.c's TF32 switch
+        char value[4200], default_value[4200];
+        flag_value_to_text(f, c, value, sizeof(value));
+        flag_value_to_text(f, &defaults, default_value, sizeof(default_value));
+        if (strcmp(value, default_value) != 0) {
+            snprintf(given + strlen(given), sizeof(given) - strlen(given), "%s%s %.60s", given[0] != '\0' ? ", " : "",
+                     f->name, value);
+        }
+    }
+    if (given[0] != '\0') { printf("note: %s: FP8 flags, and this run has -p %s: they change nothing\n", given, c->precision); }
+}
+
 // -q 1 (llm.c's default) leaves nothing for a decaying schedule to decay to: llm.c's run scripts
 // pass -q 0.0, and a run without it trains at -l after its warmup, whatever -k says
 static inline void train_config_note_schedule(const TrainConfig* c) {

@@ -138,6 +138,13 @@ for ((i = 0; i < ${#args[@]}; i += 2)); do
         -b) batch="$value"; continue ;;
         -t) seq="$value"; continue ;;
         -d) total_batch="$value"; continue ;;
+        -v)
+            if [[ "$value" == 0 ]]; then  # refused before any run trains, not after every run has
+                echo "error: scripts/compare_bf16_fp8.sh: extra argument '-v 0': the table compares the runs' val losses," \
+                     "and -v 0 evaluates none; give -v N > 0 (the script's default: -v 100)" >&2
+                exit 2
+            fi
+            continue ;;
         *) continue ;;
     esac
     echo "error: scripts/compare_bf16_fp8.sh: extra argument '$flag${value:+ $value}': the script sets $flag $scope, and a flag after its own would override it silently: $instead (its variables: MODEL STEPS WARMUP OUT RECIPES OPTIMIZERS)" >&2

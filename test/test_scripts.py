@@ -383,6 +383,16 @@ def test_compare_refuses_extra_arguments_it_sets_itself(flag, value, use, tmp_pa
     assert lines[0].endswith(" (its variables: MODEL STEPS WARMUP OUT RECIPES OPTIMIZERS)"), lines
 
 
+def test_compare_refuses_no_val_losses_before_training(tmp_path):
+    """-v 0 leaves the table nothing to compare: refused in one line before any run trains (no OUT made)"""
+    out = tmp_path / "cmp"
+    result = run_script("compare_bf16_fp8.sh", ["-v", 0], {"OUT": str(out)})
+    assert result.returncode == 2 and not out.exists(), (result.stdout[-2000:], result.stderr)
+    assert result.stderr.splitlines() == ["error: scripts/compare_bf16_fp8.sh: extra argument '-v 0': the table compares the "
+                                          "runs' val losses, and -v 0 evaluates none; give -v N > 0 (the script's default: "
+                                          "-v 100)"], result.stderr
+
+
 def test_compare_writes_the_table_first_at_the_last_shared_val_step(tmp_path):
     """fp8_delayed cut off at step 4 of 8 (val every 2): the table compares both runs at step 4 and names it, with the
     B, T and -d of the tok/s; without matplotlib the table is still written and the missing PNG is one warning line;

@@ -237,6 +237,13 @@ def test_cpu_trainer_resuming_a_gpu_fp8_checkpoint_says_which_trainer_resumes_it
     assert "on the trainer that wrote it" in lines[0], lines[0]
 
 
+def test_fp8_flags_in_a_bf16_run_are_noted(workdir):
+    """the GPU trainer notes FP8 flags that a run without -p fp8 ignores, as the CPU trainer does"""
+    r = train(workdir, ["-x", 1, "-v", 0, "-s", 0, "-j", "", "-fg", "delayed"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 'note: -fg "delayed": FP8 flags, and this run has -p bf16: they change nothing' in r.stdout, r.stdout[:2000]
+
+
 def test_a_schedule_with_nothing_to_decay_to_is_noted(workdir):
     """-q 1, llm.c's default, makes every decaying schedule constant after the warmup: the GPU trainer says so once
     (the CPU trainer's note is test_trainer_cli's), and not where -q leaves room or the schedule is constant"""

@@ -667,6 +667,17 @@ def test_cpu_trainer_notes_a_schedule_with_nothing_to_decay_to(schedule, data):
         assert "note: -q" not in run(CPU, base_args(data, flags)).stdout
 
 
+def test_fp8_flags_without_fp8_are_noted(data):
+    """FP8 flags set away from their defaults in a run without -p fp8 change nothing: one note names them with their
+    values; none under -p fp8, and none where no FP8 flag was moved (the GPU trainer's is test_sim_trainer's)"""
+    result = run(CPU, base_args(data, ["-fr", "current", "-fh", 4, "-x", 1]))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count('note: -fr "current", -fh 4: FP8 flags, and this run has -p bf16: they change nothing') == 1, \
+        result.stdout[:2000]
+    for flags in (["-p", "fp8", "-fr", "current", "-fh", 4, "-x", 1], ["-x", 1]):
+        assert "FP8 flags" not in run(CPU, base_args(data, flags)).stdout
+
+
 def test_cpu_trainer_notes_that_fc_codes_are_the_gpus(data):
     """-fe 1 is a cuBLASLt epilogue of the GPU trainer: the CPU trainer accepts it (one flag table), says it changes
     nothing there, and trains as -fe 0"""

@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
     LearningRateScheduler scheduler;
     lr_scheduler_init(&scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, num_steps, tc.final_lr_frac);
     train_config_note_schedule(&tc);
+    train_config_note_unused_fp8_flags(&tc);
 
     size_t n = gpt2_num_parameters(&cfg);
     float* params = (float*)mallocCheck(n * sizeof(float));
@@ -305,6 +306,8 @@ int main(int argc, char** argv) {
                  block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[fp8_settings.weight_scaling],
                  block ? "1x128 tiles" : FP8_SCALING_CHOICE_NAMES[fp8_settings.grad_scaling]);
         fp8_passes_text(fp8_passes + strlen(fp8_passes), sizeof(fp8_passes) - strlen(fp8_passes), fp8_settings.passes);
+        snprintf(fp8_passes + strlen(fp8_passes), sizeof(fp8_passes) - strlen(fp8_passes), ", history %d, margin %d",
+                 fp8_settings.history_len, fp8_settings.margin);  // -fh, -fm
     }
     printf("precision %s%s%s | optimizer %s", fp8_settings.enabled ? "fp8 emulated, recipe " : "fp32",
            fp8_settings.enabled ? FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe] : "", fp8_passes, tc.optimizer);

@@ -7,7 +7,7 @@ of each run (-kt 1). FP8 runs are made with both weight scalings (-fw current: a
 after the optimizer step; -fw delayed: the optimizer step writes the codes): a "FP8 weight
 cast" section sets their tok/s and their optimizer + weight-cast time (the -kt 1 rows
 "adamw"/"adamw8" and "fp8 weight casts") side by side, the figures that pick -fw's default
-(DESIGN.md section 3). The default FP8 run, and its FP8-lm_head twin, are also made with delayed
+(DESIGN.md section 3; the design document lies outside this repository). The default FP8 run, and its FP8-lm_head twin, are also made with delayed
 output-gradient scaling (-fg delayed), and the default FP8 run with power-of-two current scaling
 (-fg pow2: dy cast in one pass with the last use's scale, again where dy's amax crossed a power
 of two): an "FP8 output-gradient scaling" section sets their tok/s and the four block linears'

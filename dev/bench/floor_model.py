@@ -552,8 +552,9 @@ def build_parser():
                    help="-ge: 0 bf16 GELU as a kernel of its own, 1 in bf16 fc's forward epilogue, 2 also DGELU in fcproj's dgrad")
     p.add_argument("--fc-writes-codes", type=int, choices=(0, 1), default=0,
                    help="-fe: 1 fc's FP8 forward GEMM writes fcproj's x codes, a byte transpose makes x^T (FP8 delayed, -r 0)")
-    p.add_argument("--fp8-block-linears", default=FP8_BLOCK_LINEARS[0], choices=FP8_BLOCK_LINEARS,
-                   help="-f8 without lm_head: the block linears in FP8 (all four, or all but attproj)")
+    p.add_argument("--fp8-block-linears", default=FP8_BLOCK_LINEARS[0], choices=FP8_BLOCK_LINEARS, metavar="LINEARS",
+                   help="-f8 without lm_head: the block linears in FP8, one of: " + " or ".join(FP8_BLOCK_LINEARS)
+                   + " (all four, or all but attproj)")
     p.add_argument("--device", default="h100", help="datasheet ceilings: " + ", ".join(DEVICES))
     p.add_argument("--bf16-tflops", type=positive_float, help="override the bf16 matrix rate (TFLOP/s)")
     p.add_argument("--fp8-tflops", type=positive_float, help="override the FP8 matrix rate (TFLOP/s)")
