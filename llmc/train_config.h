@@ -242,7 +242,12 @@ static inline void flag_value_to_text(const FlagSpec* f, const TrainConfig* c, c
     const char* base = (const char*)c;
     switch (f->kind) {
         case FLAG_INT: snprintf(buf, n, "%d", *(const int*)(base + f->offset)); break;
-        case FLAG_FLOAT: snprintf(buf, n, "%g", *(const float*)(base + f->offset)); break;
+        case FLAG_FLOAT: {  // %g, or enough digits to tell it from the floats beside it
+            float x = *(const float*)(base + f->offset);
+            snprintf(buf, n, "%g", x);
+            if (strtof(buf, NULL) != x) { snprintf(buf, n, "%.9g", x); }
+            break;
+        }
         default: {
             const char* s = *(const char* const*)(base + f->offset);
             snprintf(buf, n, "\"%s\"", s ? s : "");
@@ -453,6 +458,9 @@ static inline int train_config_check_batch(TrainConfig* c, const GPT2Config* mod
     return c->total_batch_size / tokens_per_micro_step;
 }
 
+// -e names a model file (an llm.c model_*.bin), not a descriptor (d12, ...)
+static inline int train_config_names_model_file(const TrainConfig* c) { return strstr(c->model, ".bin") != NULL; }
+
 /*
 -y 1 takes the model from the checkpoint it resumes, whatever -e says (as llm.c); an -e naming a
 model of another shape (a descriptor, or a model file that exists) is not used, and a note says so
@@ -461,7 +469,7 @@ instead of nothing.
 static inline void train_config_note_resumed_model(const TrainConfig* c, const GPT2Config* resumed, const char* checkpoint) {
     GPT2Config named;
     int version;
-    if (strstr(c->model, ".bin") == NULL) { named = gpt2_config_from_descriptor(c->model); }
+    if (!train_config_names_model_file(c)) { named = gpt2_config_from_descriptor(c->model); }
     else if (file_exists(c->model)) { model_file_read_header(c->model, &named, &version); }
     else { return; }
     if (memcmp(&named, resumed, sizeof(named)) != 0) {
@@ -504,7 +512,7 @@ static inline void train_config_note_schedule(const TrainConfig* c) {
 // else "" (a descriptor: a random init). One named must exist.
 static inline void train_config_model_file(const TrainConfig* c, char* path, size_t path_size) {
     path[0] = '\0';
-    if (strstr(c->model, ".bin") == NULL) { return; }
+    if (!train_config_names_model_file(c)) { return; }
     if (!file_exists(c->model)) {
         llm8_die("flag -e %s: no such model file (expected an llm.c model_*.bin, or a descriptor: tiny, d6, d12, d24, "
                  "d36, d48)", c->model);
@@ -593,13 +601,7 @@ static inline void train_config_item_text(int item, const TrainConfig* c, const 
         else { snprintf(value, value_size, "none: a fresh start"); }
     } else {
         snprintf(what, what_size, "%s", TRAIN_FLAGS[item].name);
-        if (TRAIN_FLAGS[item].kind == FLAG_FLOAT) {  // %g, or enough digits to tell it from the floats beside it
-            float x = *(const float*)((const char*)c + TRAIN_FLAGS[item].offset);
-            snprintf(value, value_size, "%g", x);
-            if (strtof(value, NULL) != x) { snprintf(value, value_size, "%.9g", x); }
-        } else {
-            flag_value_to_text(&TRAIN_FLAGS[item], c, value, value_size);
-        }
+        flag_value_to_text(&TRAIN_FLAGS[item], c, value, value_size);
     }
 }
 
