@@ -1040,7 +1040,7 @@ once all are written rank 0 writes DONE. Every rank calls this. With several ran
 must be shared by all.
 */
 static void save_checkpoint(GPT2* model, const DataLoader* loader, OutlierSkip* outliers, const char* dir, int step,
-                            cudaStream_t stream) {
+                            int total_batch_size, cudaStream_t stream) {
     char path[CHECKPOINT_PATH_MAX];
     if (model->rank == 0) { checkpoint_remove(dir, step); }  // a step written before (a resumed run's), leftovers
     gpt2_all_reduce(model, 0.0f, ncclSum, stream, "checkpoint barrier (before writing)");  // before any rank writes
@@ -1062,7 +1062,7 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, OutlierSkip* 
     adamw8_states_alloc_host(&opt, &model->opt_layout);
     adamw8_states_copy(&opt, &model->opt_states, &model->opt_layout, cudaMemcpyDeviceToHost);
     checkpoint_state_path(path, sizeof(path), dir, step, model->rank);
-    train_state_write(path, step, loader, &model->opt_layout, model->use_adamw8, opt.m32, opt.v32, &opt, master, sections,
+    train_state_write(path, step, total_batch_size, loader, &model->opt_layout, model->use_adamw8, opt.m32, opt.v32, &opt, master, sections,
                       num_sections);
     adamw8_states_free_host(&opt);
     fp8_host_state_free(&fp8);
@@ -1081,11 +1081,14 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, OutlierSkip* 
 Restores this rank's optimizer state, master weights, FP8 scaling, data position and -sl /
 -sg windows (when the file has them) from its state file; returns the step to continue
 from. A state file of the other optimizer is converted (train_state_read): plain AdamW's
-(or llm.c's) fp32 moments resume an adamw8 run, and adamw8's states a plain one. A checkpoint written with another number of ranks is
-resharded (state_reshard.h): the rank's window assembled from the old files, the FP8 scaling
-of old rank r % N, the loader replayed by step * grad_accum_steps batches. Under -fw delayed
-the FP8 weight codes are then rebuilt with the scale the optimizer pass wrote them with (the
-start cast here used the current one; fp8_model_restore_weight_codes).
+(or llm.c's) fp32 moments resume an adamw8 run, and adamw8's states a plain one. A
+checkpoint written with another number of ranks is resharded (state_reshard.h): the rank's
+window assembled from the old files, the FP8 scaling of old rank r % N, the loader replayed
+by step * grad_accum_steps batches. A file without master weights resumed with -w 1 keeps
+the master gpt2_build made of the model file's weights (one with them resumed with -w 0 is
+refused: state_file_check_master). Under -fw delayed the FP8 weight codes are then rebuilt
+with the scale the optimizer pass wrote them with (the start cast here used the current one;
+fp8_model_restore_weight_codes).
 */
 static int load_state(GPT2* model, DataLoader* loader, OutlierSkip* outliers, const char* dir, int step, int grad_accum_steps,
                       cudaStream_t stream) {
@@ -1093,7 +1096,17 @@ static int load_state(GPT2* model, DataLoader* loader, OutlierSkip* outliers, co
     size_t n = model->owned.end - model->owned.begin;
     Adamw8States opt;
     adamw8_states_alloc_host(&opt, &model->opt_layout);
-    float* master = model->master ? (float*)mallocCheck(n * sizeof(float)) : NULL;
+    // a file without master weights (a -w 0 run's, train_gpt2cpu's) resumed with -w 1: the master
+    // starts from the weights that run trained, the model file's, as gpt2_build uploaded them
+    checkpoint_state_path(path, sizeof(path), dir, step, 0);
+    StateFileIndex rank0;
+    state_file_read_header(path, &rank0);
+    int master_from_model_file = model->master != NULL && !rank0.has_master;
+    if (master_from_model_file) {
+        printf("%s has no fp32 master weights (a -w 0 run's, or train_gpt2cpu's): the master weights (-w 1) start from "
+               "its model file's weights\n", path);
+    }
+    float* master = model->master != NULL && !master_from_model_file ? (float*)mallocCheck(n * sizeof(float)) : NULL;
     Fp8HostState fp8;
     StateSection sections[FP8_STATE_SECTIONS + OUTLIER_SKIP_SECTIONS];
     int num_sections = fp8_model_state_sections(&model->fp8, &fp8, sections);
@@ -1421,6 +1434,7 @@ int main(int argc, char** argv) {
     lr_scheduler_init(&lr_scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, train_num_batches, tc.final_lr_frac);
     train_config_note_schedule(&tc);
     train_config_note_unused_fp8_flags(&tc);
+    train_config_note_idle_fp8_tuning(&tc);
 
     // the GPU, the communicator, and the ranks' agreement on what they run
     multi_gpu_device_init(&multi_gpu, &multi_gpu_options, 0);
@@ -1450,6 +1464,9 @@ int main(int argc, char** argv) {
         // -a 1 reads no batches from the loader: a resume replays none
         start_step = load_state(&model, &train_loader, &outliers, out_dir, resume_step,
                                 tc.overfit_single_batch ? 0 : grad_accum_steps, stream);
+        char rank0_state[CHECKPOINT_PATH_MAX];
+        checkpoint_state_path(rank0_state, sizeof(rank0_state), out_dir, resume_step, 0);
+        train_state_note_total_batch(rank0_state, tc.total_batch_size, grad_accum_steps);
         outlier_skip_note_resume(&outliers, resume_step);
         if (start_step >= train_num_batches) {
             printf("note: -y 1 resumed at step %d, and the run has %d steps (-x): nothing left to train\n", start_step,
@@ -1527,7 +1544,7 @@ int main(int argc, char** argv) {
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
             multi_gpu_watchdog_disarm(&multi_gpu);  // writing files takes as long as the disk does; the barriers are bounded
-            save_checkpoint(&model, &train_loader, &outliers, out_dir, step, stream);
+            save_checkpoint(&model, &train_loader, &outliers, out_dir, step, tc.total_batch_size, stream);
             if (rank == 0) { checkpoint_keep_newest(out_dir, tc.checkpoints_keep, tc.checkpoints_major_every); }
         }
         if (last_step) { break; }

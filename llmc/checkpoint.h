@@ -78,6 +78,7 @@ Why it is shaped this way:
 #define STATE_SLOT_SEQ_LEN 8
 #define STATE_SLOT_LAYOUT 9        // llm8's: 1 in its files; llm.c's leave it 0 (state_reshard.h)
 #define STATE_LAYOUT_LLM8_WINDOWS 1
+#define STATE_SLOT_TOTAL_BATCH 11  // llm8's: the writer's tokens per optimizer step (-d); 0: not recorded
 #define STATE_SLOT_NUM_SECTIONS 40
 #define STATE_SLOT_SHARD_PARAMETERS 42  // llm8's: uint64 in slots 42-43, the parameters each body array holds (0: not recorded)
 #define STATE_SECTION_TAG_BYTES 16
@@ -499,6 +500,7 @@ typedef struct {
     int step;
     uint64_t rng_state;             // the trainer's stochastic-rounding seed state
     uint64_t rng_state_last_update;
+    int total_batch_size;           // tokens per optimizer step (-d resolved); read: 0 when the file does not record it
     int data_reshaped;              // read: the file's B or T is not the loader's, which was left at its start
 } TrainState;
 
@@ -555,6 +557,7 @@ static inline void state_file_write(const char* path, const TrainState* state, c
     header[STATE_SLOT_SEQ_LEN] = (int32_t)loader->T;
     header[STATE_SLOT_LAYOUT] = STATE_LAYOUT_LLM8_WINDOWS;
     header[10] = state->step;
+    header[STATE_SLOT_TOTAL_BATCH] = state->total_batch_size;
     uint64_t u64_fields[4] = { state->rng_state, state->rng_state_last_update,
                                (uint64_t)loader->current_shard_idx, (uint64_t)loader->current_sample_idx };
     memcpy(&header[20], &u64_fields[0], 2 * sizeof(uint64_t));
@@ -678,6 +681,7 @@ typedef struct {
     size_t current_shard_idx;
     size_t current_sample_idx;
     int micro_batch, seq_len;           // the writer's B and T (0: not recorded)
+    int total_batch_size;               // the writer's tokens per step (0: not recorded)
     int llm8_windows;                   // header [9]: rank r holds the flat window [r S, (r + 1) S) (else llm.c's cut)
     int num_sections;
     uint64_t shard_num_parameters;      // header [42-43]: the writer's parameters per body array (0: not recorded)
@@ -710,12 +714,20 @@ static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEA
     index->step = header[10];
     index->micro_batch = header[STATE_SLOT_MICRO_BATCH];
     index->seq_len = header[STATE_SLOT_SEQ_LEN];
+    index->total_batch_size = header[STATE_SLOT_TOTAL_BATCH];
     // llm8's mark, or what llm.c never writes (older llm8 files): version 2, or B and T
     index->llm8_windows = header[STATE_SLOT_LAYOUT] == STATE_LAYOUT_LLM8_WINDOWS ||
                           index->version == STATE_VERSION_SECTIONS || index->micro_batch != 0;
     if (index->micro_batch < 0 || index->seq_len < 0 || (index->micro_batch == 0) != (index->seq_len == 0)) {
         llm8_die("state file '%s' has B=%d, T=%d in header slots %d and %d, expected both positive or both 0", path,
                  index->micro_batch, index->seq_len, STATE_SLOT_MICRO_BATCH, STATE_SLOT_SEQ_LEN);
+    }
+    long long micro_step_tokens = (long long)index->micro_batch * index->seq_len * index->num_processes;
+    if (index->total_batch_size < 0 ||
+        (index->total_batch_size > 0 && (micro_step_tokens <= 0 || index->total_batch_size % micro_step_tokens != 0))) {
+        llm8_die("state file '%s' has %d in header slot %d, expected its total batch in tokens, a multiple of B*T*processes "
+                 "= %d*%d*%d (or 0: not recorded)", path, index->total_batch_size, STATE_SLOT_TOTAL_BATCH,
+                 index->micro_batch, index->seq_len, index->num_processes);
     }
     uint64_t position[2];
     memcpy(position, &header[30], sizeof(position));
@@ -863,6 +875,7 @@ static inline void state_file_read(const char* path, TrainState* state, const St
                  (unsigned long long)u64_fields[2], loader->num_shards);
     }
     state->step = header[10];
+    state->total_batch_size = header[STATE_SLOT_TOTAL_BATCH];
     state->rng_state = u64_fields[0];
     state->rng_state_last_update = u64_fields[1];
     if (fp32_moments) {

@@ -964,8 +964,10 @@ static const char* fp8_model_scaling_flag_value(int32_t recipe) {
 static void fp8_model_check_saved_scaling(const char* path, const char* flag, const Fp8TensorScaling* saved,
                                           Fp8Recipe want) {
     if (saved->recipe != (int32_t)want) {
-        llm8_die("state file '%s' was written with %s %s; this run has %s %s: resume with the same %s", path, flag,
-                 fp8_model_scaling_flag_value(saved->recipe), flag, fp8_model_scaling_flag_value(want), flag);
+        Fp8SettingsDifference difference = {"", ""};
+        fp8_append_difference(&difference, flag, flag, fp8_model_scaling_flag_value(saved->recipe),
+                              fp8_model_scaling_flag_value(want));
+        fp8_refuse_resume(path, &difference);
     }
 }
 
@@ -1011,15 +1013,17 @@ void fp8_model_upload(Fp8Model* fp8, const Fp8HostState* host, const char* path,
     Fp8SavedSettings want = fp8_model_saved_settings(fp8);
     const Fp8SavedSettings* got = &host->settings;
     if (memcmp(got, &want, sizeof(want)) != 0) {
-        int got_passes[NUM_LINEAR_KINDS], want_passes[NUM_LINEAR_KINDS];
-        for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { got_passes[kind] = got->passes[kind]; want_passes[kind] = want.passes[kind]; }
-        char got_text[256], want_text[256];
-        fp8_passes_text(got_text, sizeof(got_text), got_passes);
-        fp8_passes_text(want_text, sizeof(want_text), want_passes);
-        llm8_die("state file '%s' was written with -fr %s, FP8 passes %s, -fh %d, -fm %d (%d FP8 linears); this run "
-                 "has -fr %s, %s, -fh %d, -fm %d (%d): resume with the same -fr -f8 -f8p -fh -fm", path,
-                 fp8_model_recipe_name(got->recipe), got_text, got->history_len, got->margin, got->num_linears,
-                 fp8_model_recipe_name(want.recipe), want_text, want.history_len, want.margin, want.num_linears);
+        Fp8Settings saved = fp8->settings;  // -fw and -fg are in the states, checked below
+        saved.recipe = got->recipe;
+        for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) { saved.passes[kind] = got->passes[kind]; }
+        saved.history_len = got->history_len;
+        saved.margin = got->margin;
+        Fp8SettingsDifference difference = fp8_settings_difference(&saved, &fp8->settings);
+        if (difference.text[0] != '\0') {
+            fp8_refuse_resume(path, &difference);
+        }
+        llm8_die("state file '%s' holds the FP8 state of %d linears, this run has %d with the same FP8 settings: "
+                 "a corrupt file?", path, got->num_linears, want.num_linears);
     }
     if (fp8->settings.recipe != FP8_MODEL_BLOCK) {  // -fw and -fg are in the states: the recipe they were made with
         fp8_model_check_saved_scaling(path, "-fw", &host->states[2 * fp8->num_linears],

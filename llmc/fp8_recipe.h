@@ -104,7 +104,11 @@ static inline void fp8_passes_text(char* out, size_t n, const int passes[NUM_LIN
     for (int kind = 0; kind < NUM_LINEAR_KINDS; kind++) {
         if (passes[kind] == 0) { continue; }
         char names[64];
-        fp8_names_from_bits(names, sizeof(names), passes[kind], FP8_PASS_NAMES, NUM_FP8_PASSES);
+        if (passes[kind] & ~FP8_ALL_PASSES) {  // a corrupt state file's
+            snprintf(names, sizeof(names), "invalid (%d)", passes[kind]);
+        } else {
+            fp8_names_from_bits(names, sizeof(names), passes[kind], FP8_PASS_NAMES, NUM_FP8_PASSES);
+        }
         snprintf(out + strlen(out), n - strlen(out), "%s%s=%s", out[0] != '\0' ? " " : "", LINEAR_KIND_NAMES[kind], names);
     }
     if (out[0] == '\0') { snprintf(out, n, "none"); }
@@ -243,6 +247,69 @@ static inline int fp8_scaling_choice_from_name(const char* flag, const char* nam
     }
     llm8_die("flag %s: '%s' is not one of current, delayed%s", flag, name, choices > 2 ? ", pow2" : "");
     return -1;
+}
+
+// a setting as its flag writes it: name from the flag's table, "invalid" (a corrupt state file's
+// number) shown with the number
+static inline const char* fp8_flag_value_text(char* out, size_t n, const char* name, int value) {
+    if (strcmp(name, "invalid") != 0) { snprintf(out, n, "%s", name); } else { snprintf(out, n, "invalid (%d)", value); }
+    return out;
+}
+
+// where a state file's FP8 settings and this run's differ (fp8_settings_difference)
+typedef struct {
+    char text[1024];  // "-fh 16 (this run: 32), -fm 0 (this run: 1)"
+    char flags[64];   // "-fh -fm"
+} Fp8SettingsDifference;
+
+// one setting: appends "label saved (this run: run)" and the flags that set it when the values differ
+static inline void fp8_append_difference(Fp8SettingsDifference* d, const char* flags, const char* label,
+                                         const char* saved, const char* run) {
+    if (strcmp(saved, run) == 0) { return; }
+    size_t used = strlen(d->text);
+    snprintf(d->text + used, sizeof(d->text) - used, "%s%s %s (this run: %s)", used > 0 ? ", " : "", label, saved, run);
+    used = strlen(d->flags);
+    snprintf(d->flags + used, sizeof(d->flags) - used, "%s%s", used > 0 ? " " : "", flags);
+}
+
+static inline void fp8_append_int_difference(Fp8SettingsDifference* d, const char* flag, int saved, int run) {
+    char a[16], b[16];
+    snprintf(a, sizeof(a), "%d", saved);
+    snprintf(b, sizeof(b), "%d", run);
+    fp8_append_difference(d, flag, flag, a, b);
+}
+
+/*
+Where a state file's FP8 settings and this run's differ, for the resume refusal: it names the
+flag to change instead of printing two lists to compare. The passes (which -f8 and -f8p set
+together) show as each FP8 linear's. Empty when the two agree on the recipe, the passes, -fh,
+-fm, -fw and -fg (numerics_every and fc_writes_codes change no state).
+*/
+static inline Fp8SettingsDifference fp8_settings_difference(const Fp8Settings* saved, const Fp8Settings* run) {
+    Fp8SettingsDifference d;
+    char a[256], b[256];
+    d.text[0] = '\0';
+    d.flags[0] = '\0';
+    fp8_append_difference(&d, "-fr", "-fr",
+                          fp8_flag_value_text(a, sizeof(a), fp8_model_recipe_name(saved->recipe), saved->recipe),
+                          fp8_flag_value_text(b, sizeof(b), fp8_model_recipe_name(run->recipe), run->recipe));
+    fp8_passes_text(a, sizeof(a), saved->passes);
+    fp8_passes_text(b, sizeof(b), run->passes);
+    fp8_append_difference(&d, "-f8 -f8p", "FP8 passes", a, b);
+    fp8_append_int_difference(&d, "-fh", saved->history_len, run->history_len);
+    fp8_append_int_difference(&d, "-fm", saved->margin, run->margin);
+    fp8_append_difference(&d, "-fw", "-fw",
+        fp8_flag_value_text(a, sizeof(a), fp8_scaling_choice_name(saved->weight_scaling, FP8_WEIGHT_SCALING_CHOICES), saved->weight_scaling),
+        fp8_flag_value_text(b, sizeof(b), fp8_scaling_choice_name(run->weight_scaling, FP8_WEIGHT_SCALING_CHOICES), run->weight_scaling));
+    fp8_append_difference(&d, "-fg", "-fg",
+        fp8_flag_value_text(a, sizeof(a), fp8_scaling_choice_name(saved->grad_scaling, FP8_GRAD_SCALING_CHOICES), saved->grad_scaling),
+        fp8_flag_value_text(b, sizeof(b), fp8_scaling_choice_name(run->grad_scaling, FP8_GRAD_SCALING_CHOICES), run->grad_scaling));
+    return d;
+}
+
+// the resume refusal, one line naming the state file and the flags that differ
+static inline void fp8_refuse_resume(const char* path, const Fp8SettingsDifference* d) {
+    llm8_die("state file '%s' was written with other FP8 settings: %s: resume with the same %s", path, d->text, d->flags);
 }
 
 /*

@@ -499,6 +499,27 @@ static inline void train_config_note_unused_fp8_flags(const TrainConfig* c) {
     if (given[0] != '\0') { printf("note: %s: FP8 flags, and this run has -p %s: they change nothing\n", given, c->precision); }
 }
 
+/*
+Within an FP8 run, the tuning flags the chosen recipe does not read: -fh is the length of the
+amax history that -fr delayed keeps for the activations and -fg delayed for the gradients, and
+-fm divides per-tensor scales, which -fr block has none of. Moved off their defaults there,
+they would change nothing without a word: one note each. (The state file still records them,
+so a resume takes the same values.)
+*/
+static inline void train_config_note_idle_fp8_tuning(const TrainConfig* c) {
+    if (strcmp(c->precision, "fp8") != 0) { return; }  // train_config_note_unused_fp8_flags's case
+    const TrainConfig defaults = train_config_defaults();
+    int history_used = strcmp(c->fp8_recipe, "delayed") == 0 || strcmp(c->fp8_grad_scaling, "delayed") == 0;
+    if (!history_used && c->fp8_history != defaults.fp8_history) {
+        printf("note: -fh %d: no tensor of this run keeps an amax history (-fr %s -fg %s; -fr delayed or -fg delayed "
+               "would): it changes nothing\n", c->fp8_history, c->fp8_recipe, c->fp8_grad_scaling);
+    }
+    if (strcmp(c->fp8_recipe, "block") == 0 && c->fp8_margin != defaults.fp8_margin) {
+        printf("note: -fm %d: the margin divides per-tensor scales, and -fr block scales each tile and block by its own "
+               "amax: it changes nothing\n", c->fp8_margin);
+    }
+}
+
 // -q 1 (llm.c's default) leaves nothing for a decaying schedule to decay to: llm.c's run scripts
 // pass -q 0.0, and a run without it trains at -l after its warmup, whatever -k says
 static inline void train_config_note_schedule(const TrainConfig* c) {

@@ -90,11 +90,13 @@ static inline int state_file_find_adamw8_bits(const char* path, const DataLoader
 Writes state file `path` for step `step` as the trainers do: the optimizer state of `layout`
 (the whole model, or a ZeRO rank's window) as adamw8's sections after the caller's extra ones
 (use_adamw8: states8), or as llm.c's fp32 m and v in the body (else: m and v, layout's
-num_parameters each); the fp32 master (NULL: none) and the loader's position and shuffle state.
+num_parameters each); the fp32 master (NULL: none), the loader's position and shuffle state, and
+the run's tokens per step (total_batch_size, -d resolved: a resume with another is noted,
+train_state_note_total_batch).
 */
-static inline void train_state_write(const char* path, int step, const DataLoader* loader, const Adamw8Layout* layout,
-                                     int use_adamw8, float* m, float* v, Adamw8States* states8, float* master,
-                                     const StateSection* extra, int num_extra) {
+static inline void train_state_write(const char* path, int step, int total_batch_size, const DataLoader* loader,
+                                     const Adamw8Layout* layout, int use_adamw8, float* m, float* v,
+                                     Adamw8States* states8, float* master, const StateSection* extra, int num_extra) {
     StateSection sections[TRAIN_STATE_MAX_EXTRA_SECTIONS + ADAMW8_NUM_SECTIONS];
     train_state_copy_extra_sections(sections, extra, num_extra, "train_state_write");
     int32_t bits[NUM_PARAMETER_TENSORS];
@@ -104,7 +106,7 @@ static inline void train_state_write(const char* path, int step, const DataLoade
     // checkpoint would round every step alike: a nonzero state, llm.c's starting one advanced by the step
     uint64_t llmc_rng_state = 13371337ull + (uint64_t)loader->process_rank + (uint64_t)step * 0x9E3779B97F4A7C15ull;
     if (llmc_rng_state == 0) { llmc_rng_state = 13371337ull; }
-    TrainState state = {step, llmc_rng_state, llmc_rng_state, 0};
+    TrainState state = {step, llmc_rng_state, llmc_rng_state, total_batch_size, 0};
     StateBuffers buffers = {layout->num_parameters, use_adamw8 ? NULL : m, use_adamw8 ? NULL : v, master, sections,
                             num_sections};
     state_file_write(path, &state, &buffers, loader);
@@ -268,6 +270,29 @@ static inline int train_state_read(const char* path, int step, size_t batches_pe
     train_state_check_values_(&form, &layout, master, source);
     train_state_file_form_finish_(&form, path, &layout, selection, use_adamw8, m, v, states8);
     return state.step;
+}
+
+/*
+A note when a resumed run's tokens per step (total_batch_size, -d resolved) are not those its
+checkpoint was written with (`path`: rank 0's state file). -d's default, B*T times the
+processes, moves with the number of GPUs and with -b and -t, so a checkpoint of 8 GPUs
+continued on 4 without -d would take steps of half the tokens under the schedule and learning
+rate of the original. A changed batch can be meant (a batch-size ramp): a note, with the -d
+that keeps the checkpoint's, not an error. Files that do not record it (llm.c's, and llm8's
+before slot 11) give none.
+*/
+static inline void train_state_note_total_batch(const char* path, int total_batch_size, int grad_accum_steps) {
+    StateFileIndex file;
+    state_file_read_header(path, &file);
+    if (file.total_batch_size == 0 || file.total_batch_size == total_batch_size) { return; }
+    int tokens_per_micro_step = total_batch_size / grad_accum_steps;
+    printf("note: %s was written by a run of %d tokens per step (-d); this run's are %d: ", path, file.total_batch_size,
+           total_batch_size);
+    if (file.total_batch_size % tokens_per_micro_step == 0) {
+        printf("-d %d trains on with the checkpoint's\n", file.total_batch_size);
+    } else {
+        printf("the checkpoint's are not a multiple of this run's B*T*processes, %d\n", tokens_per_micro_step);
+    }
 }
 
 #endif // LLMC_TRAIN_STATE_H

@@ -561,6 +561,23 @@ static inline Fp8Emulation fp8_emulation_from_settings(const Fp8Settings* s) {
     return e;
 }
 
+// the trainer's FP8 flags an emulation stands for (the inverse of fp8_emulation_from_settings;
+// a recipe outside the enum, a corrupt state file's, keeps its number, which fp8_recipe.h's
+// names show as invalid)
+static inline Fp8Settings fp8_settings_from_emulation(const Fp8Emulation* e) {
+    Fp8Settings s;
+    memset(&s, 0, sizeof(s));
+    s.enabled = 1;
+    s.recipe = e->recipe == FP8_EMULATE_DELAYED ? FP8_MODEL_DELAYED : e->recipe == FP8_EMULATE_CURRENT ? FP8_MODEL_CURRENT
+             : e->recipe == FP8_EMULATE_BLOCK ? FP8_MODEL_BLOCK : e->recipe;
+    for (int kind = 0; kind < FP8_NUM_LINEAR_KINDS; kind++) { s.passes[kind] = e->passes[kind]; }
+    s.history_len = e->history_len;
+    s.margin = e->margin;
+    s.weight_scaling = e->weight_scaling;
+    s.grad_scaling = e->grad_scaling;
+    return s;
+}
+
 static inline void fp8_emulation_validate(const Fp8Emulation* e) {
     if (e->recipe < FP8_EMULATE_DELAYED || e->recipe > FP8_EMULATE_BLOCK) {
         llm8_die("fp8 emulation: recipe %d is unknown (expected delayed, current or block)", e->recipe);

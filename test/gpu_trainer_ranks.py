@@ -287,6 +287,7 @@ def reshard(setup):
         check(codes == [0] * second and sorted(b) == [5, 6, 7, 8], f"{name}: the resumed run continues at step 5")
         check(f"resumed a checkpoint of {first} rank{'s' if first > 1 else ''}" in resumed,
               f"{name}: the resumed run says it resharded")
+        check("tokens per step (-d)" not in resumed, f"{name}: the same -d, no note of another batch")
         if sorted(b) == [5, 6, 7, 8] and all(step in a for step in b):
             worst = max(abs(a[step] - b[step]) / abs(a[step]) for step in b)
             check(worst < tolerance, f"{name}: steps 5..8 within {tolerance:g} of the uninterrupted run (worst {worst:.2e})")
@@ -344,6 +345,11 @@ def twins(setup):
         check(codes == [0] * second and sorted(b) == [5, 6, 7, 8] and all(a.get(s) == b[s] for s in b)
               and open(model_file, "rb").read() == straight_model,
               f"{name}: steps 5..8 and the step-8 model bit for bit those of the uninterrupted run")
+        note = (f"note: {out_dir}/state_00000004_00000.bin was written by a run of {first * 4 * SEQ_LEN} tokens per step "
+                f"(-d); this run's are {second * 4 * SEQ_LEN}: " +
+                (f"-d {first * 4 * SEQ_LEN} trains on with the checkpoint's" if first > second else
+                 f"the checkpoint's are not a multiple of this run's B*T*processes, {second * 4 * SEQ_LEN}"))
+        check(note in resumed, f"{name}: -d moved with the ranks: the resumed run notes the checkpoint's batch")
 
 
 def mpirun_launch(setup):

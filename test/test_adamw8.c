@@ -816,7 +816,7 @@ static void test_state_files(void) {
     StateSection sections[ADAMW8_NUM_SECTIONS], into[ADAMW8_NUM_SECTIONS];
     int32_t bits[NUM_PARAMETER_TENSORS], bits_back[NUM_PARAMETER_TENSORS];
     int num = adamw8_state_sections(sections, &layout, &states, bits);
-    TrainState state = {42, 0, 0, 0};
+    TrainState state = {42, 0, 0, 0, 0};
     StateBuffers buffers = {n, NULL, NULL, master, sections, num};
     state_file_write(path8, &state, &buffers, &loader);
     float* master_back = (float*)mallocCheck(n * sizeof(float));

@@ -395,6 +395,25 @@ static void test_state_from_llmc(void) {
     py_loader_init(&loader, 1);
     CHECK_DIES("state: B without T", "header slots 7 and 8", state_file_read(half_shape, &state, &shuffled, &loader));
     dataloader_free(&loader);
+
+    // slot 11, llm8's: the writer's tokens per step, a multiple of its B*T*processes (0 in llm.c's files: not recorded)
+    const int32_t batches[3] = {3 * PY_STATE_B * PY_STATE_T, -PY_STATE_B * PY_STATE_T, PY_STATE_B * PY_STATE_T + 1};
+    for (int k = 0; k < 3; k++) {
+        const char* with_batch = write_variant(in_dir(g_dir, "ours_state_shuffle.bin"), "state_total_batch.bin",
+                                               file_length(in_dir(g_dir, "ours_state_shuffle.bin")),
+                                               STATE_SLOT_TOTAL_BATCH, batches[k]);
+        py_loader_init(&loader, 1);
+        memset(&state, 0, sizeof(state));
+        if (k == 0) {
+            state_file_read(with_batch, &state, &shuffled, &loader);
+            CHECK(state.total_batch_size == batches[0], "slot 11: total batch %d read as %d", batches[0],
+                  state.total_batch_size);
+        } else {
+            CHECK_DIES("state: slot 11 not a multiple of B*T", "in header slot 11, expected its total batch in tokens, a "
+                       "multiple of B*T*processes = 2*8*1", state_file_read(with_batch, &state, &shuffled, &loader));
+        }
+        dataloader_free(&loader);
+    }
 }
 
 static void test_state_round_trip(void) {
@@ -406,7 +425,7 @@ static void test_state_round_trip(void) {
     mt19937_state rng;
     manual_seed(&rng, 5);
     normal_(m, 3 * n, 0.0f, 1.0f, &rng);
-    TrainState state = {4567, 0xdeadbeefcafef00dull, 4566, 0};
+    TrainState state = {4567, 0xdeadbeefcafef00dull, 4566, 5 * PY_STATE_B * PY_STATE_T, 0};
     StateBuffers with_master = {n, m, v, master, NULL, 0};
     StateBuffers without_master = {n, m, v, NULL, NULL, 0};
     StateBuffers into_with = {n, back, back + n, back + 2 * n, NULL, 0};
@@ -425,7 +444,8 @@ static void test_state_round_trip(void) {
             memcpy(u64, &raw[20], 16);
             memcpy(u64 + 2, &raw[30], 16);
             CHECK(raw[0] == 20240527 && raw[1] == 1 && raw[2] == 1 && raw[3] == 0 && raw[4] == use_master &&
-                  raw[5] == shuffle && raw[10] == 4567, "state header slots (shuffle %d master %d)", shuffle, use_master);
+                  raw[5] == shuffle && raw[10] == 4567 && raw[STATE_SLOT_TOTAL_BATCH] == state.total_batch_size,
+                  "state header slots (shuffle %d master %d)", shuffle, use_master);
             CHECK(u64[0] == state.rng_state && u64[1] == 4566 && u64[2] == loader.current_shard_idx &&
                   u64[3] == loader.current_sample_idx, "state header uint64 slots");
             size_t trailer = shuffle ? 8 + 2 * 4 + 8 + loader.num_intra_shard_indices * 4 + 2520 : 0;
@@ -439,7 +459,8 @@ static void test_state_round_trip(void) {
             memset(back, 0, 3 * n * sizeof(float));
             state_file_read(path, &got, use_master ? &into_with : &into_without, &resumed);
             CHECK(got.step == state.step && got.rng_state == state.rng_state &&
-                  got.rng_state_last_update == state.rng_state_last_update, "state fields round trip");
+                  got.rng_state_last_update == state.rng_state_last_update &&
+                  got.total_batch_size == state.total_batch_size, "state fields round trip");
             CHECK(memcmp(back, m, (2 + use_master) * n * sizeof(float)) == 0, "state arrays not bit-exact");
             int same = 1;
             for (int i = 0; i < 150; i++) {  // past the end of the epoch
@@ -468,7 +489,7 @@ static void test_state_sections(void) {
                                 {"adamw8_m", quantized, sizeof(quantized), 0}};
     DataLoader loader;
     py_loader_init(&loader, 1);
-    TrainState state = {9, 1, 2, 0};
+    TrainState state = {9, 1, 2, 0, 0};
     StateBuffers buffers = {n, m, v, master, sections, 2};
     const char* path = in_dir(g_dir, "sections.bin");
     state_file_write(path, &state, &buffers, &loader);
@@ -1140,7 +1161,7 @@ static void test_checkpoint_edges(void) {
     size_t n = PY_STATE_NUM_PARAMS;
     float m[PY_STATE_NUM_PARAMS], v[PY_STATE_NUM_PARAMS], master[PY_STATE_NUM_PARAMS];
     fill_arrays(m, v, master, n);
-    TrainState state = {7, 1, 2, 0}, got;
+    TrainState state = {7, 1, 2, 0, 0}, got;
     StateBuffers buffers = {n, m, v, master, NULL, 0};
     StateBuffers no_master = {n, m, v, NULL, NULL, 0};
     DataLoader loader;
@@ -1844,7 +1865,7 @@ static void test_train_state_write_fields(void) {
         loader.num_processes = 2;
         loader.process_rank = ranks[k];
         const char* path = in_dir(g_dir, "rng_state.bin");
-        train_state_write(path, steps[k], &loader, &layout, 0, moments, moments + layout.num_parameters, NULL, NULL, NULL, 0);
+        train_state_write(path, steps[k], 0, &loader, &layout, 0, moments, moments + layout.num_parameters, NULL, NULL, NULL, 0);
         size_t length;
         int32_t* raw = (int32_t*)read_all(path, &length);
         memcpy(seen[k], &raw[20], sizeof(seen[k]));
@@ -1922,7 +1943,7 @@ static void adamw8_state_write_read(const GPT2Config* cfg, Adamw8Selection writt
     DataLoader loader;
     py_loader_init(&loader, with_master);
     const char* path = in_dir(g_dir, "adamw8_state.bin");
-    train_state_write(path, 3, &loader, &layout, 1, NULL, NULL, &states, master, NULL, 0);
+    train_state_write(path, 3, 0, &loader, &layout, 1, NULL, NULL, &states, master, NULL, 0);
     if (widened >= 0 || cut_after_bits) {
         StateFileIndex index;
         state_file_index(path, n, &index);
@@ -2163,7 +2184,7 @@ static void test_section_tag_length(void) {
     uint8_t extra[8] = {1, 2, 3, 4, 5, 6, 7, 8}, back[8] = {0};
     DataLoader loader;
     py_loader_init(&loader, 0);
-    TrainState state = {3, 1, 2, 0}, got;
+    TrainState state = {3, 1, 2, 0, 0}, got;
     StateSection longest = {"abcdefghijklmno", extra, sizeof(extra), 0};
     StateSection longest_back = {"abcdefghijklmno", back, sizeof(back), 0};
     StateBuffers buffers = {n, m, v, NULL, &longest, 1}, into = {n, m, v, NULL, &longest_back, 1};
@@ -2194,7 +2215,7 @@ static void test_most_sections(void) {
     }
     DataLoader loader;
     py_loader_init(&loader, 0);
-    TrainState state = {3, 1, 2, 0}, got;
+    TrainState state = {3, 1, 2, 0, 0}, got;
     StateBuffers writer = {n, m, v, NULL, written, STATE_FILE_MAX_SECTIONS};
     StateBuffers reader = {n, m, v, NULL, read, STATE_FILE_MAX_SECTIONS};
     state_file_write(in_dir(g_dir, "state_max_sections.bin"), &state, &writer, &loader);
@@ -2211,7 +2232,7 @@ static void test_section_mismatch_hints(void) {
     uint8_t a[8] = {0}, b[8] = {0}, c[8] = {0};
     DataLoader loader;
     py_loader_init(&loader, 0);
-    TrainState state = {3, 1, 2, 0}, got;
+    TrainState state = {3, 1, 2, 0, 0}, got;
     StateSection written[2] = {{"fp8_amax", a, 8, 0}, {"adamw8_m", b, 8, 0}};
     StateBuffers writer = {n, m, v, NULL, written, 2};
     const char* path = in_dir(g_dir, "state_hints.bin");

@@ -716,7 +716,7 @@ static RunRecord train_run(int steps, int recompute, int gelu_fusion, const char
         if (step == eval_at) { printf("eval at step %d: val loss %f\n", step, evaluate_val_loss(&model, &val_loader, 2, stream)); }
         rec.losses[step] = gpt2_train_step(&model, &loader, 1, 0, &opt, &no_checks, TRAINING_LR, step, stream).loss;
         if (!resume && checkpoint_dir != NULL && step + 1 == checkpoint_step) {
-            save_checkpoint(&model, &loader, &no_checks, checkpoint_dir, step + 1, stream);
+            save_checkpoint(&model, &loader, &no_checks, checkpoint_dir, step + 1, B * T, stream);
         }
     }
     cudaCheck(cudaStreamSynchronize(stream));

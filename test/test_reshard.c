@@ -166,7 +166,7 @@ static void write_checkpoint_sections(const OneRank* s, const char* dir, int ste
         StateSection extra = {"test.per_rank", extra_bytes, EXTRA_BYTES, 0};
         char path[CHECKPOINT_PATH_MAX];
         checkpoint_state_path(path, sizeof(path), dir, step, q);
-        train_state_write(path, step, &loader, &window, s->eight_bit, s->m + range.begin, s->v + range.begin, &states,
+        train_state_write(path, step, 0, &loader, &window, s->eight_bit, s->m + range.begin, s->v + range.begin, &states,
                           with_master && range.end > range.begin ? s->master + range.begin : NULL, &extra, num_extra);
         dataloader_free(&loader);
     }
@@ -736,7 +736,7 @@ static void test_rank_files_are_marked(void) {
         DataLoader loader;
         loader_init(&loader, 0, num_ranks, 0);
         const char* path = in_dir(g_dir, "marked_state.bin");
-        train_state_write(path, 3, &loader, &window, 0, zeros, zeros, NULL, NULL, NULL, 0);
+        train_state_write(path, 3, 0, &loader, &window, 0, zeros, zeros, NULL, NULL, NULL, 0);
         int32_t header[CHECKPOINT_HEADER_INTS];
         FILE* fp = fopenCheck(path, "rb");
         freadCheck(header, sizeof(int32_t), CHECKPOINT_HEADER_INTS, fp);
@@ -792,7 +792,7 @@ static void test_older_llm8_rank_files(void) {
             fill_extra(extra_bytes, q);
             char path[CHECKPOINT_PATH_MAX];
             checkpoint_state_path(path, sizeof(path), g_dir, TEST_STEP, q);
-            train_state_write(path, TEST_STEP, &loader, &window, 0, m + range.begin, v + range.begin, NULL, NULL, &extra,
+            train_state_write(path, TEST_STEP, 0, &loader, &window, 0, m + range.begin, v + range.begin, NULL, NULL, &extra,
                               with_section);
             patch_header_slot(path, STATE_SLOT_LAYOUT, 0);  // as 8fb4f48 wrote them
             if (!with_section) { patch_header_slot(path, 1, STATE_VERSION_LLMC); }

@@ -244,6 +244,16 @@ def test_fp8_flags_in_a_bf16_run_are_noted(workdir):
     assert 'note: -fg "delayed": FP8 flags, and this run has -p bf16: they change nothing' in r.stdout, r.stdout[:2000]
 
 
+def test_fp8_tuning_the_recipe_does_not_read_is_noted(workdir):
+    """the GPU trainer notes -fh and -fm where the FP8 recipe reads neither, as the CPU trainer does (its cases are
+    test_trainer_cli's)"""
+    r = train(workdir, ["-p", "fp8", "-fr", "block", "-fm", 3, "-x", 1, "-v", 0, "-s", 0, "-j", ""])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "note: -fm 3: the margin divides per-tensor scales, and -fr block scales each tile and block by its own " \
+           "amax: it changes nothing" in r.stdout, r.stdout[:2000]
+    assert "note: -fh" not in r.stdout, r.stdout[:2000]
+
+
 def test_a_schedule_with_nothing_to_decay_to_is_noted(workdir):
     """-q 1, llm.c's default, makes every decaying schedule constant after the warmup: the GPU trainer says so once
     (the CPU trainer's note is test_trainer_cli's), and not where -q leaves room or the schedule is constant"""
@@ -287,17 +297,22 @@ def test_resume_is_bitwise(workdir, flags):
 
 
 @pytest.mark.parametrize("changed,expected", [
-    (["-fr", "current"], ["written with -fr delayed, FP8 passes", "this run has -fr current", "resume with the same -fr"]),
-    (["-f8p", "fwd"], ["FP8 passes qkv=fwd,dgrad,wgrad", "qkv=fwd attproj=fwd", "resume with the same -fr -f8 -f8p"]),
-    (["-fw", "delayed"], ["written with -fw current; this run has -fw delayed: resume with the same -fw"]),
-    (["-fg", "delayed"], ["written with -fg current; this run has -fg delayed: resume with the same -fg"]),
-    (["-fg", "pow2"], ["written with -fg current; this run has -fg pow2: resume with the same -fg"]),
-    (["-f8", "all"], ["section 'fp8_scaling' is", "other FP8 linears or passes? resume with the same -f8 and -f8p"]),
-    (["-p", "bf16"], ["has a section 'fp8_settings' this run does not keep", "written by a -p fp8 run?"]),
-], ids=["-fr", "-f8p", "-fw", "-fg", "-fg-pow2", "-f8", "-p"])
+    (["-fr", "current"], ["other FP8 settings: -fr delayed \\(this run: current\\): resume with the same -fr$"]),
+    (["-f8p", "fwd"], ["other FP8 settings: FP8 passes qkv=fwd,dgrad,wgrad attproj=fwd,dgrad,wgrad fc=fwd,dgrad,wgrad "
+                       "fcproj=fwd,dgrad,wgrad \\(this run: qkv=fwd attproj=fwd fc=fwd fcproj=fwd\\): resume with the same "
+                       "-f8 -f8p$"]),
+    (["-fh", "8", "-fm", "1"], ["other FP8 settings: -fh 16 \\(this run: 8\\), -fm 0 \\(this run: 1\\): resume with the "
+                                "same -fh -fm$"]),
+    (["-fw", "delayed"], ["other FP8 settings: -fw current \\(this run: delayed\\): resume with the same -fw$"]),
+    (["-fg", "delayed"], ["other FP8 settings: -fg current \\(this run: delayed\\): resume with the same -fg$"]),
+    (["-fg", "pow2"], ["other FP8 settings: -fg current \\(this run: pow2\\): resume with the same -fg$"]),
+    (["-f8", "all"], ["section 'fp8_scaling' is", "other FP8 linears or passes\\? resume with the same -f8 and -f8p"]),
+    (["-p", "bf16"], ["has a section 'fp8_settings' this run does not keep", "written by a -p fp8 run\\?"]),
+], ids=["-fr", "-f8p", "-fh-fm", "-fw", "-fg", "-fg-pow2", "-f8", "-p"])
 def test_resume_with_other_fp8_settings_is_refused(workdir, changed, expected):
-    """a checkpoint of the default FP8 run resumed with another recipe, other FP8 passes, or the weights' or
-    gradients' scaling changed: one error line naming what the state file holds and what this run asks for"""
+    """a checkpoint of the default FP8 run resumed with another recipe, other FP8 passes, another history or
+    margin, or the weights' or gradients' scaling changed: one error line naming only the flags that differ, each
+    with the state file's value and this run's (expected: regular expressions)"""
     out = workdir / "fp8_settings_checkpoint"
     if not (out / "DONE_00000001").exists():
         r = train(workdir, ["-p", "fp8", "-x", 1, "-v", 0, "-s", 0, "-n", 1, "-o", out])
@@ -305,7 +320,7 @@ def test_resume_with_other_fp8_settings_is_refused(workdir, changed, expected):
     r = train(workdir, ["-p", "fp8", "-x", 2, "-v", 0, "-s", 0, "-n", 1, "-o", out, "-y", 1] + changed)
     assert r.returncode != 0
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and all(e in errors[0] for e in expected), r.stderr[-2000:]
+    assert len(errors) == 1 and all(re.search(e, errors[0]) for e in expected), r.stderr[-2000:]
     assert not (out / "DONE_00000002").exists()
 
 
@@ -734,6 +749,32 @@ def test_a_descriptor_starts_from_the_cpu_trainers_random_init(workdir):
     nearest = ((cpu_bits + 0x7FFF + ((cpu_bits >> 16) & 1)) >> 16).astype(np.uint16)  # no NaN or Inf in an init
     assert np.array_equal(gpu_bits, nearest)
     assert losses(r.stdout)[1] == pytest.approx(losses(c.stdout)[1], rel=1e-4)
+
+
+def test_a_checkpoint_without_master_weights_resumes_with_them(workdir):
+    """train_gpt2cpu's checkpoint (fp32 weights in the model file, no master in the state) resumed by the GPU trainer
+    with -w 1 (the default): a note, and the master weights start from the model file's fp32 weights, exactly. With
+    -l 0 the step leaves them as they started, so the state file the GPU run writes holds the CPU trainer's weights
+    bit for bit as its master (a master taken from the bf16 weights would differ in the low bits)"""
+    cpu_trainer = os.path.join(ROOT, "train_gpt2cpu")
+    assert os.path.exists(cpu_trainer), f"{cpu_trainer} is not built (make train_gpt2cpu)"
+    out = workdir / "cpu_then_gpu"
+    common = ["-e", "model.bin", "-i", "s_train_*.bin", "-j", "", "-t", 64, "-b", 4, "-v", 0, "-s", 0, "-n", 1, "-o", out]
+    c = subprocess.run([str(a) for a in [cpu_trainer] + common + ["-x", 1]], capture_output=True, text=True, timeout=300,
+                       cwd=workdir)
+    assert c.returncode == 0, c.stderr[-2000:]
+    r = train(workdir, ["-v", 0, "-s", 0, "-n", 1, "-o", out, "-x", 2, "-y", 1, "-l", 0])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"{out}/state_00000001_00000.bin has no fp32 master weights (a -w 0 run's, or train_gpt2cpu's): the master " \
+           "weights (-w 1) start from its model file's weights" in r.stdout, r.stdout[-2000:]
+    cpu_weights = np.fromfile(out / "model_00000001.bin", dtype=np.uint32, offset=1024)
+    state = out / "state_00000002_00000.bin"
+    header = np.fromfile(state, dtype=np.int32, count=256)
+    assert header[4] == 1, "the GPU run's state has master weights"
+    n = cpu_weights.size
+    master = np.fromfile(state, dtype=np.uint32, offset=1024 + 2 * 4 * n, count=n)  # after llm.c's fp32 m and v
+    assert np.array_equal(master, cpu_weights)
+    assert not np.array_equal(cpu_weights & 0xFFFF, np.zeros_like(cpu_weights)), "the CPU weights are not bf16 values"
 
 
 def test_bf16_takes_a_token_count_not_a_multiple_of_8(workdir):

@@ -678,6 +678,23 @@ def test_fp8_flags_without_fp8_are_noted(data):
         assert "FP8 flags" not in run(CPU, base_args(data, flags)).stdout
 
 
+@pytest.mark.parametrize("flags,notes", [
+    (["-fr", "current", "-fh", 4], ["note: -fh 4: no tensor of this run keeps an amax history (-fr current -fg current; "
+                                    "-fr delayed or -fg delayed would): it changes nothing"]),
+    (["-fr", "block", "-fh", 4, "-fm", 2], ["note: -fh 4: no tensor of this run keeps an amax history (-fr block -fg "
+                                            "current; -fr delayed or -fg delayed would): it changes nothing",
+                                            "note: -fm 2: the margin divides per-tensor scales, and -fr block scales "
+                                            "each tile and block by its own amax: it changes nothing"]),
+    (["-fr", "current", "-fg", "delayed", "-fh", 4, "-fm", 2], []),
+    (["-fh", 4, "-fm", 2], [])], ids=["current", "block", "-fg-delayed", "delayed"])
+def test_fp8_tuning_the_recipe_does_not_read_is_noted(data, flags, notes):
+    """-fh (the amax history of -fr delayed's activations and -fg delayed's gradients) and -fm (a margin for per-tensor
+    scales) moved off their defaults in an FP8 run whose recipe reads neither: one note each, none where it is read"""
+    result = run(CPU, base_args(data, ["-p", "fp8", "-x", 1] + flags))
+    assert result.returncode == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if "it changes nothing" in line] == notes, result.stdout[:2000]
+
+
 def test_cpu_trainer_notes_that_fc_codes_are_the_gpus(data):
     """-fe 1 is a cuBLASLt epilogue of the GPU trainer: the CPU trainer accepts it (one flag table), says it changes
     nothing there, and trains as -fe 0"""
@@ -936,14 +953,17 @@ def test_cpu_fp8_delayed_gradients_are_honoured(data, tmp_path):
     assert final_model(tmp_path / "delayed") != final_model(tmp_path / "current"), "-fg delayed trained like -fg current"
 
 
-@pytest.mark.parametrize("second,flag", [(["-p", "fp8", "-fr", "current"], "-fr"), (["-p", "fp8", "-fw", "delayed"], "-fw"),
-                                         (["-p", "fp8", "-fg", "delayed"], "-fg")])
-def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path, second, flag):
-    """the error shows the file's settings and the run's as the flags that set them, not as enum numbers"""
-    r = run_split(data, tmp_path / "split", ["-p", "fp8"], second)
-    default = {"-fr": "delayed", "-fw": "current", "-fg": "current"}[flag]
-    assert_one_line_error(r, "state_00000003_00000.bin", "written with -fr delayed,", f"{flag} {default}",
-                          f"this run has -fr {second[3] if flag == '-fr' else 'delayed'}", f"{flag} {second[3]}")
+@pytest.mark.parametrize("second,difference", [
+    (["-fr", "current"], "-fr delayed (this run: current): resume with the same -fr"),
+    (["-fw", "delayed"], "-fw current (this run: delayed): resume with the same -fw"),
+    (["-fg", "delayed"], "-fg current (this run: delayed): resume with the same -fg"),
+    (["-fh", 8, "-fm", 2], "-fh 16 (this run: 8), -fm 0 (this run: 2): resume with the same -fh -fm")])
+def test_cpu_fp8_resume_with_other_recipe_refused(data, tmp_path, second, difference):
+    """the error names only the flags whose value differs, the file's value and the run's as the flags write them
+    (not as enum numbers)"""
+    r = run_split(data, tmp_path / "split", ["-p", "fp8"], ["-p", "fp8"] + second)
+    assert_one_line_error(r, "state_00000003_00000.bin' was written with other FP8 settings: " + difference)
+    assert r.stderr.strip().endswith(difference), r.stderr
 
 
 def test_cpu_resume_notes_an_unused_model_flag(data, tmp_path):
@@ -955,6 +975,26 @@ def test_cpu_resume_notes_an_unused_model_flag(data, tmp_path):
     assert r.returncode == 0, r.stderr
     assert re.search(r"^note: -y 1 resumes \S+model_00000003.bin \(L=2 NH=2 C=128\); -e d6 \(L=6 NH=6 C=384\) is not used$",
                      r.stdout, re.M), r.stdout[-2000:]
+
+
+@pytest.mark.parametrize("second,tokens,note", [
+    (["-b", 1], 32, "-d 64 trains on with the checkpoint's"),
+    (["-b", 4], 128, "the checkpoint's are not a multiple of this run's B*T*processes, 128"),
+    (["-b", 1, "-d", 64], 64, None),
+    ([], 64, None)], ids=["halved", "doubled", "kept-by-d", "same"])
+def test_cpu_resume_notes_another_total_batch(data, tmp_path, second, tokens, note):
+    """the state file records the run's tokens per step (header slot 11); a resume whose -b, -t or rank count moves
+    -d's default, B*T*processes, gets a note naming the -d that keeps the checkpoint's (B=2 T=32: 64)"""
+    out = tmp_path / "split"
+    r = run_split(data, out, [], second)
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stdout.splitlines() if "tokens per step" in line]
+    expected = [] if note is None else [f"note: {out}/state_00000003_00000.bin was written by a run of 64 tokens per "
+                                        f"step (-d); this run's are {tokens}: {note}"]
+    assert notes == expected, r.stdout[-2000:]
+    for step, written in ((3, 64), (6, tokens)):
+        header = np.fromfile(out / f"state_{step:08d}_00000.bin", dtype=np.int32, count=12)
+        assert header[11] == written, (step, header)
 
 
 def add_master_weights(out, step, scale):
@@ -1001,6 +1041,7 @@ def test_cpu_resume_of_a_several_ranks_checkpoint_says_what_resumes_it(data, tmp
     state = out / "state_00000002_00000.bin"
     header = np.fromfile(state, dtype=np.int32, count=256)
     header[2] = 2  # processes
+    header[11] *= 2  # the tokens per step of 2 ranks at the same B and T
     with open(state, "r+b") as f:
         f.write(header.tobytes())
     r = run(CPU, base_args(data, ["-l", 1e-3, "-k", "constant", "-v", 0, "-o", out, "-x", 4, "-n", 2, "-y", 1],
@@ -1019,7 +1060,8 @@ def test_cpu_resume_of_an_fp8_run_in_bf16_names_the_flag(data, tmp_path):
 def test_cpu_fp8_resume_with_other_passes_refused(data, tmp_path):
     """the state file records each linear's passes: a resume that moves one pass of one linear is refused"""
     r = run_split(data, tmp_path / "split", ["-p", "fp8", "-f8p", "fwd,fc.dgrad,fc.wgrad"], ["-p", "fp8", "-f8p", "fwd,fc.dgrad"])
-    assert_one_line_error(r, "state_00000003_00000.bin", "passes qkv=fwd attproj=fwd fc=fwd,dgrad,wgrad fcproj=fwd", "-f8p")
+    assert_one_line_error(r, "state_00000003_00000.bin", "FP8 passes qkv=fwd attproj=fwd fc=fwd,dgrad,wgrad fcproj=fwd "
+                          "(this run: qkv=fwd attproj=fwd fc=fwd,dgrad fcproj=fwd): resume with the same -f8 -f8p")
 
 
 def patch_int32(offset, value):
@@ -1177,22 +1219,25 @@ def test_cpu_resume_from_corrupt_fp8_scaling_state_refused(data, tmp_path, corru
     assert_one_line_error(r2, "state_00000001_00000.bin", "FP8 scaling state of x of linear 0", message)
 
 
-@pytest.mark.parametrize("field", ["weight_scaling", "grad_scaling"])
-def test_cpu_resume_from_corrupt_fp8_config_refused(data, tmp_path, field):
+@pytest.mark.parametrize("offset,shown", [(0, "-fr invalid (1073741824) (this run: delayed)"),
+                                          (4, "FP8 passes qkv=invalid (1073741824) attproj=fwd,dgrad,wgrad"),
+                                          (32, "-fw invalid (1073741824) (this run: current)"),
+                                          (36, "-fg invalid (1073741824) (this run: current)")],
+                         ids=["recipe", "qkv-passes", "weight_scaling", "grad_scaling"])
+def test_cpu_resume_from_corrupt_fp8_config_refused(data, tmp_path, offset, shown):
     """the emulation's settings section (Fp8Emulation, gpt2_ref.h: recipe, passes[5], history, margin,
-    weight_scaling, grad_scaling) holding a -fw or -fg value no flag gives: one line naming the state file,
-    not a crash while the error names the value"""
+    weight_scaling, grad_scaling) holding a value no flag gives: one line naming the state file and the value,
+    not a crash while the error names it"""
     common = ["-p", "fp8", "-n", 1, "-o", tmp_path / "out"]
     r1 = run(CPU, base_args(data, common + ["-x", 1]))
     assert r1.returncode == 0, r1.stderr
     state = tmp_path / "out" / "state_00000001_00000.bin"
     blob = state.read_bytes()
     at = blob.index(b"fp8emu_config\0")
-    size = struct.unpack_from("<Q", blob, at + 16)[0]
-    field_at = at + 24 + size - (8 if field == "weight_scaling" else 4)
-    state.write_bytes(patch_int32(field_at, 1 << 30)(blob))
+    assert struct.unpack_from("<Q", blob, at + 16)[0] == 40, "Fp8Emulation is 10 int32s"
+    state.write_bytes(patch_int32(at + 24 + offset, 1 << 30)(blob))
     r2 = run(CPU, base_args(data, common + ["-x", 3, "-y", 1]))
-    assert_one_line_error(r2, "state_00000001_00000.bin", "invalid (1073741824)")
+    assert_one_line_error(r2, "state_00000001_00000.bin' was written with other FP8 settings: " + shown)
 
 
 @pytest.mark.parametrize("passes,shown", [("fwd,fc.dgrad,fc.wgrad", "passes qkv=fwd attproj=fwd fc=fwd,dgrad,wgrad fcproj=fwd"),

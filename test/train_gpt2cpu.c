@@ -138,7 +138,7 @@ static void cpu_optimizer_step(CpuOptimizer* opt, GPT2Ref* model, float lr, floa
 // checkpoints: the GPU trainer's state-file sections for the optimizer, and the emulation's
 
 static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoader* loader, OutlierSkip* outliers,
-                                const char* dir, int step) {
+                                const char* dir, int step, int total_batch_size) {
     char path[CHECKPOINT_PATH_MAX];
     checkpoint_remove(dir, step);  // a step written before (a resumed run's), leftovers
     checkpoint_model_path(path, sizeof(path), dir, step);
@@ -149,27 +149,9 @@ static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoa
     num_sections += outlier_skip_state_sections(outliers, 0, sections + num_sections);
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
     // 8-bit states in sections, no fp32 m and v (doc/adamw8.md); plain AdamW: llm.c's m and v
-    train_state_write(path, step, loader, &opt->layout, opt->use_adamw8, model->adam_m, model->adam_v, &opt->states, NULL,
+    train_state_write(path, step, total_batch_size, loader, &opt->layout, opt->use_adamw8, model->adam_m, model->adam_v, &opt->states, NULL,
                       sections, num_sections);
     checkpoint_write_done(dir, step);
-}
-
-// a setting's flag value (name: fp8_recipe.h's, "invalid" for a number no flag gives, a corrupt file's),
-// the number beside an invalid one
-static const char* cpu_fp8_value_text(char* out, size_t size, const char* name, int value) {
-    if (strcmp(name, "invalid") != 0) { snprintf(out, size, "%s", name); } else { snprintf(out, size, "invalid (%d)", value); }
-    return out;
-}
-
-// the FP8 flags an emulation's settings stand for, as the resume error shows them
-static void cpu_fp8_settings_text(char* out, size_t size, const Fp8Emulation* e) {
-    char passes[256], recipe[32], weights[32], grads[32];
-    fp8_passes_text(passes, sizeof(passes), e->passes);
-    snprintf(out, size, "-fr %s, passes %s, -fh %d, -fm %d, -fw %s, -fg %s",
-             cpu_fp8_value_text(recipe, sizeof(recipe), fp8_model_recipe_name(e->recipe), e->recipe), passes,
-             e->history_len, e->margin,
-             cpu_fp8_value_text(weights, sizeof(weights), fp8_scaling_choice_name(e->weight_scaling, FP8_WEIGHT_SCALING_CHOICES), e->weight_scaling),
-             cpu_fp8_value_text(grads, sizeof(grads), fp8_scaling_choice_name(e->grad_scaling, FP8_GRAD_SCALING_CHOICES), e->grad_scaling));
 }
 
 // restores the optimizer (converting a file of the other optimizer), the FP8 scaling, the
@@ -202,12 +184,12 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
         printf("%s: the weights are its fp32 master weights\n", path);
     }
     outlier_skip_check_loaded(outliers, path);
-    if (fp8_sections > 0 && memcmp(&fp8_config, &model->fp8_config, sizeof(fp8_config)) != 0) {
-        char file_settings[512], run_settings[512];
-        cpu_fp8_settings_text(file_settings, sizeof(file_settings), &fp8_config);
-        cpu_fp8_settings_text(run_settings, sizeof(run_settings), &model->fp8_config);
-        llm8_die("state file '%s' was written with %s; this run has %s: resume with the same -fr -f8 -f8p -fh -fm -fw -fg",
-                 path, file_settings, run_settings);
+    if (fp8_sections > 0) {
+        Fp8Settings saved = fp8_settings_from_emulation(&fp8_config), run = fp8_settings_from_emulation(&model->fp8_config);
+        Fp8SettingsDifference difference = fp8_settings_difference(&saved, &run);
+        if (difference.text[0] != '\0') {
+            fp8_refuse_resume(path, &difference);
+        }
     }
     gpt2ref_check_loaded_fp8(model, path);
     return step;
@@ -262,6 +244,7 @@ int main(int argc, char** argv) {
     lr_scheduler_init(&scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, num_steps, tc.final_lr_frac);
     train_config_note_schedule(&tc);
     train_config_note_unused_fp8_flags(&tc);
+    train_config_note_idle_fp8_tuning(&tc);
 
     size_t n = gpt2_num_parameters(&cfg);
     float* params = (float*)mallocCheck(n * sizeof(float));
@@ -285,6 +268,7 @@ int main(int argc, char** argv) {
         start_step = cpu_load_state(&model, &optimizer, &train_loader, &outliers, state_path, model_path, resume_step,
                                     tc.overfit_single_batch ? 0 : (size_t)grad_accum_steps);  // -a 1 reads no batches
         printf("resumed from %s at step %d\n", model_path, start_step);
+        train_state_note_total_batch(state_path, tc.total_batch_size, grad_accum_steps);
         outlier_skip_note_resume(&outliers, resume_step);
         if (start_step >= num_steps) {
             printf("note: -y 1 resumed at step %d, and the run has %d steps (-x): nothing left to train\n", start_step,
@@ -328,7 +312,7 @@ int main(int argc, char** argv) {
             logger_log_val(&logger, step, val_loss);
         }
         if (out_dir != NULL && tc.checkpoint_every > 0 && step > start_step && (step % tc.checkpoint_every == 0 || last_step)) {
-            cpu_save_checkpoint(&model, &optimizer, &train_loader, &outliers, out_dir, step);
+            cpu_save_checkpoint(&model, &optimizer, &train_loader, &outliers, out_dir, step, tc.total_batch_size);
             checkpoint_keep_newest(out_dir, tc.checkpoints_keep, tc.checkpoints_major_every);
         }
         if (last_step) { break; }
