@@ -1408,9 +1408,10 @@ int main(int argc, char** argv) {
 
     // data: validated before the GPU is touched
     DataLoader train_loader, val_loader;
+    int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
+    train_config_check_shard_globs(&tc, run_val);
     dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, rank, num_ranks, tc.shuffle, model_config.vocab_size);
     dataloader_note_short_shards(&train_loader, "-i");
-    int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
     int val_batches = 0;
     if (run_val) {
         dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, rank, num_ranks, 0, model_config.vocab_size);
@@ -1420,9 +1421,11 @@ int main(int argc, char** argv) {
     int train_num_batches = tc.max_steps == -1 ? dataloader_epoch_steps(&train_loader, grad_accum_steps) : tc.max_steps;
     EvalLoader eval_loader;
     const char* hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";
-    if (tc.hellaswag && !file_exists(hellaswag_path)) {
-        llm8_die("flag -h 1: no %s (make it with python3 dev/data/hellaswag.py, which downloads HellaSwag's val split; "
-                 "or run with -h 0)", hellaswag_path);
+    if (tc.hellaswag && !file_exists(hellaswag_path)) {  // llm.c's path, from the working directory
+        char cwd[4096];
+        llm8_die("flag -h 1: no %s in the working directory %s (run from the checkout, where python3 "
+                 "dev/data/hellaswag.py makes it: it downloads HellaSwag's val split; or run with -h 0)", hellaswag_path,
+                 getcwd(cwd, sizeof(cwd)) != NULL ? cwd : "(unknown)");
     }
     if (tc.hellaswag) { evalloader_init(&eval_loader, hellaswag_path, tc.B, tc.T, rank, num_ranks,
                                     model_config.vocab_size); }

@@ -16,6 +16,7 @@ whose 8-bit states were kept for other tensors) is in train_state.h.
 #ifndef LLMC_TRAIN_CONFIG_H
 #define LLMC_TRAIN_CONFIG_H
 
+#include <glob.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -479,6 +480,25 @@ static inline void train_config_note_resumed_model(const TrainConfig* c, const G
     }
 }
 
+// the flags a program accepts and ignores (its flags_without_effect), given a value other than its default
+// (`defaults`, the program's): one note each, naming the program (an llm.c user's -s on the CPU trainer would
+// otherwise print no sample without a word)
+static inline void train_config_note_flags_without_effect(const TrainConfig* c, const TrainConfig* defaults,
+                                                          const char* program) {
+    if (c->flags_without_effect == NULL) { return; }
+    for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
+        const FlagSpec* f = &TRAIN_FLAGS[i];
+        if (!list_has_word(c->flags_without_effect, f->name)) { continue; }
+        char value[4200], default_value[4200];
+        flag_value_to_text(f, c, value, sizeof(value));
+        flag_value_to_text(f, defaults, default_value, sizeof(default_value));
+        if (strcmp(value, default_value) != 0) {
+            printf("note: %s %.60s has no effect in %s (train_gpt2_fp8 has it; --help marks the flags %s ignores)\n",
+                   f->name, value, program, program);
+        }
+    }
+}
+
 // FP8 flags (-fr, -fh, ...) given a value other than their default in a run without -p fp8 change nothing: one note
 // names them (an FP8-against-bf16 comparison whose -p went missing would otherwise train bf16 silently)
 static inline void train_config_note_unused_fp8_flags(const TrainConfig* c) {
@@ -517,6 +537,30 @@ static inline void train_config_note_idle_fp8_tuning(const TrainConfig* c) {
     if (strcmp(c->fp8_recipe, "block") == 0 && c->fp8_margin != defaults.fp8_margin) {
         printf("note: -fm %d: the margin divides per-tensor scales, and -fr block scales each tile and block by its own "
                "amax: it changes nothing\n", c->fp8_margin);
+    }
+}
+
+// whether the shard glob `pattern` matches a file
+static inline int train_config_glob_matches(const char* pattern) {
+    glob_t found;
+    int status = glob(pattern, 0, NULL, &found);
+    int matches = status == 0 && found.gl_pathc > 0;
+    globfree(&found);
+    return matches;
+}
+
+/*
+-i, and -j where val runs (run_val), match shard files: one line naming the flag, where the
+loader's own error could only name the pattern. A tokenized folder too small for a val split
+has no val shards, so -j's says how to train without val.
+*/
+static inline void train_config_check_shard_globs(const TrainConfig* c, int run_val) {
+    if (!train_config_glob_matches(c->train_data_pattern)) {
+        llm8_die("flag -i '%s': no token shards match it (check the path; dev/data/ makes shards)", c->train_data_pattern);
+    }
+    if (run_val && !train_config_glob_matches(c->val_data_pattern)) {
+        llm8_die("flag -j '%s': no token shards match it (check the path; dev/data/ makes shards; -j \"\" trains "
+                 "without val)", c->val_data_pattern);
     }
 }
 

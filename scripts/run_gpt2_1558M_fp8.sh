@@ -5,4 +5,4 @@
 # overrides). Extra arguments go to the trainer after these flags (later flags win), e.g. -fr current.
 set -euo pipefail
 source "$(dirname "$0")/enter_checkout.sh"
-OUT_DIR="${OUT_DIR:-log_gpt2_1558M_fp8}" exec bash scripts/run_gpt2_1558M_bf16.sh -p fp8 "$@"
+LLM8_RUN_SCRIPT="scripts/$(basename "$0")" OUT_DIR="${OUT_DIR:-log_gpt2_1558M_fp8}" exec bash scripts/run_gpt2_1558M_bf16.sh -p fp8 "$@"

@@ -49,6 +49,17 @@ def error_lines(result):
     return [line for line in result.stderr.splitlines() if line.strip()]
 
 
+def help_text(script, cwd=REPO):
+    """a script's --help with all whitespace taken out: argparse wraps lines, at spaces and hyphens"""
+    result = run_script([script, "--help"], cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return "".join(result.stdout.split())
+
+
+def unwrapped(text):
+    return "".join(text.split())
+
+
 def make_documents(folder, count):
     """count small text files with distinct contents; returns {relative path: text}."""
     texts = {}
@@ -174,6 +185,17 @@ def test_missing_rank_file_is_one_clear_line(tmp_path):
     assert result.returncode == 1
     assert error_lines(result) == [f"error: --bpe-file={tmp_path / 'nope.tiktoken'}: no such file "
                                    "(expected GPT-2's gpt2.tiktoken rank file)"]
+
+
+def test_bpe_file_help_states_the_search_order():
+    """--bpe-file's help names the sources in find_rank_source's order (test_rank_file_search_order): tiktoken's
+    cache first, then the file given (or $LLM8_GPT2_BPE), then openai-whisper's"""
+    for script in ("dev/data/gpt2_bpe.py", "dev/data/tokenize_folder.py", "dev/data/hellaswag.py",
+                   "dev/data/fineweb.py"):
+        text = help_text(script)
+        bpe_help = text[text.index("--bpe-fileBPE_FILE"):]
+        order = [bpe_help.find(unwrapped(name)) for name in ("tiktoken's cache", "$LLM8_GPT2_BPE", "openai-whisper")]
+        assert -1 not in order and order == sorted(order), (script, bpe_help)
 
 
 # --- formats ------------------------------------------------------------------------------
@@ -304,6 +326,12 @@ def test_hellaswag_from_a_local_jsonl(encoding, tmp_path):
     header, read_back = read_eval_file(str(tmp_path / "hellaswag_val.bin"))
     assert header[2] == 2 and [(index, label) for index, label, _, _ in read_back] == [(0, 2), (1, 0)]
     assert read_back[1][2] == encoding.encode("Cooking: boil water")
+
+
+def test_hellaswag_out_dir_help_says_where_the_trainer_looks():
+    text = help_text("dev/data/hellaswag.py")
+    assert unwrapped(f"(default {hellaswag.DATA_DIR})") in text, text
+    assert unwrapped("the trainer's -h 1 reads only dev/data/hellaswag/hellaswag_val.bin") in text, text
 
 
 # --- tokenize_folder ----------------------------------------------------------------------
@@ -461,6 +489,107 @@ def test_tokenize_folder_bad_inputs(tmp_path):
     assert result.returncode == 2 and "invalid choice: 'halves'" in result.stderr
 
 
+def test_tokenize_folder_out_dir_that_cannot_be_created(encoding, tmp_path):
+    """an --out-dir through a file, or where no folder can be made, is one error line naming --out-dir"""
+    make_documents(tmp_path / "in", 3)
+    (tmp_path / "afile").write_text("a file, not a folder")
+    for out_dir in [str(tmp_path / "afile"), str(tmp_path / "afile" / "below")] + (
+            ["/proc/nope"] if os.path.isdir("/proc/self") else []):
+        result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--out-dir", out_dir])
+        assert result.returncode == 1, (out_dir, result.stderr)
+        lines = error_lines(result)
+        assert len(lines) == 1 and lines[0].startswith(f"error: --out-dir {out_dir}: cannot create the folder ("), lines
+        assert lines[0].endswith("expected a folder that exists or can be created"), lines
+    assert (tmp_path / "afile").read_text() == "a file, not a folder"
+
+
+def names_by_hash(count, keep):
+    """count file names doc_NNN.txt that pass keep(name), sorted by the hash that splits by document (the first 8
+    bytes of the sha256 of the document id, here the name)"""
+    names = (f"doc_{i:03d}.txt" for i in range(10_000))
+    chosen = [name for name in names if keep(name)][:count]
+    assert len(chosen) == count
+    return sorted(chosen, key=lambda name: hashlib.sha256(name.encode()).digest()[:8])
+
+
+def test_tokenize_folder_few_documents_still_get_a_val_split(encoding, tmp_path):
+    """the hash alone often puts none of a few documents into val (and the trainer's -j would match nothing): the
+    document with text whose hash is lowest is then val, the others keep the hash's split; a lone document is train,
+    with a warning saying how to train without val"""
+    def run(folder, *flags):
+        result = run_script(["dev/data/tokenize_folder.py", str(folder), "--prefix", "t", "--out-dir",
+                             str(tmp_path / "out" / folder.name), *flags])
+        assert result.returncode == 0, result.stderr
+        out = str(tmp_path / "out" / folder.name)
+        return (result, documents_of(encoding, split_shards(out, "t", "val")) if split_shards(out, "t", "val") else [],
+                documents_of(encoding, split_shards(out, "t", "train")))
+
+    # two documents, neither val by its hash at the default fraction: the lower hash is val
+    two = tmp_path / "two"
+    two.mkdir()
+    lower, higher = names_by_hash(2, lambda name: not tokenize_folder.is_val_document(name, 0.05))
+    for name in (lower, higher):
+        (two / name).write_text(f"the text of {name}\n")
+    result, val, train = run(two)
+    assert (val, train) == ([f"the text of {lower}\n"], [f"the text of {higher}\n"])
+    assert error_lines(result) == [], result.stderr
+
+    # the lowest hash is a binary file: the lowest with text is val, the other two stay train
+    four = tmp_path / "four"
+    four.mkdir()
+    binary, *texts = names_by_hash(4, lambda name: not tokenize_folder.is_val_document(name, 0.05))
+    (four / binary).write_bytes(b"\x00binary")
+    for name in texts:
+        (four / name).write_text(f"the text of {name}\n")
+    result, val, train = run(four)
+    assert val == [f"the text of {texts[0]}\n"]
+    assert train == [f"the text of {name}\n" for name in sorted(texts[1:])]
+
+    # two documents both val by their hash: the higher hash is train
+    both = tmp_path / "both"
+    both.mkdir()
+    lower, higher = names_by_hash(2, lambda name: tokenize_folder.is_val_document(name, 0.5))
+    for name in (lower, higher):
+        (both / name).write_text(f"the text of {name}\n")
+    result, val, train = run(both, "--val-fraction", "0.5")
+    assert (val, train) == ([f"the text of {lower}\n"], [f"the text of {higher}\n"])
+
+    # one document (here one that its hash would put in val) is train; the warning says how to train without val
+    one = tmp_path / "one"
+    one.mkdir()
+    (name,) = names_by_hash(1, lambda name: tokenize_folder.is_val_document(name, 0.5))
+    (one / name).write_text("the only text\n")
+    (one / "image.bin").write_bytes(b"\x00binary")
+    result, val, train = run(one, "--val-fraction", "0.5")
+    assert (val, train) == ([], ["the only text\n"])
+    assert error_lines(result) == ['warning: only one document has text: it went to train and no val shard was '
+                                   'written; add documents for a val split, or train without val: pass -j "" to the '
+                                   'trainer'], result.stderr
+
+
+def test_tokenize_folder_default_out_dir_is_in_the_checkout(tmp_path):
+    """as offline_corpus.py's and tinyshakespeare.py's: dev/data/tokenized of the checkout, wherever it is run from"""
+    assert unwrapped(f"(default {os.path.join(DATA_DIR, 'tokenized')})") in help_text(
+        os.path.join(DATA_DIR, "tokenize_folder.py"), cwd=tmp_path)
+
+
+def test_tokenize_folder_no_text_and_skipped_names(encoding, tmp_path):
+    """a folder of binaries is the no-text error alone (no val-split warning before it); the summary names the first
+    five skipped documents"""
+    (tmp_path / "in").mkdir()
+    for i in range(7):
+        (tmp_path / "in" / f"blob{i}.bin").write_bytes(b"\x00\x01binary")
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out")])
+    assert result.returncode == 1
+    assert error_lines(result) == [f"error: no text found in {tmp_path / 'in'} (every file was binary, not UTF-8, "
+                                   "or empty)"]
+    make_documents(tmp_path / "in", 20)
+    result = run_script(["dev/data/tokenize_folder.py", str(tmp_path / "in"), "--out-dir", str(tmp_path / "out")])
+    assert result.returncode == 0, result.stderr
+    assert ("skipped 7 documents (binary, not UTF-8, empty or duplicate): blob0.bin, blob1.bin, blob2.bin, "
+            "blob3.bin, blob4.bin and 2 more") in result.stdout.splitlines()
+
+
 def test_offline_corpus_on_a_small_folder(encoding, tmp_path):
     source = tmp_path / "docs"
     texts = make_documents(source, 40)
@@ -543,10 +672,13 @@ def test_tinyshakespeare_from_a_local_url(encoding, tmp_path):
 
 def test_unreachable_network_is_one_clear_line(encoding, tmp_path):
     closed = "http://127.0.0.1:9"  # nothing listens on the discard port
+    fake = tmp_path / "fake_packages"  # fineweb.py checks for the `datasets` package before the network
+    fake.mkdir()
+    (fake / "datasets.py").write_text("")
     checks = [
         (["dev/data/hellaswag.py", "--url", closed + "/hellaswag_val.jsonl", "--out-dir", str(tmp_path / "hs")], {}),
         (["dev/data/tinyshakespeare.py", "--url", closed + "/input.txt", "--out-dir", str(tmp_path / "ts")], {}),
-        (["dev/data/fineweb.py", "--out-dir", str(tmp_path / "fw")], {"HF_ENDPOINT": closed}),
+        (["dev/data/fineweb.py", "--out-dir", str(tmp_path / "fw")], {"HF_ENDPOINT": closed, "PYTHONPATH": str(fake)}),
     ]
     for args, env in checks:
         result = run_script(args, env=env)
@@ -557,6 +689,20 @@ def test_unreachable_network_is_one_clear_line(encoding, tmp_path):
         assert ("-h 0" in lines[0]) if "hellaswag" in args[0] else ("offline_corpus.py" in lines[0]), lines[0]
     assert not (tmp_path / "hs" / "hellaswag_val.jsonl").exists()
     assert not (tmp_path / "hs" / "hellaswag_val.jsonl.part").exists()
+
+
+def test_fineweb_help_and_missing_datasets_package(tmp_path):
+    """--help shows the defaults of -t and -v; without the `datasets` package (here one that fails to import) and
+    without the network, the missing package is the one line, as it is the first thing to fix"""
+    text = help_text("dev/data/fineweb.py")
+    assert "FineWeb-Edu(defaultclassic)" in text and "sizeintokens(default10B)" in text, text
+    fake = tmp_path / "fake_packages"
+    fake.mkdir()
+    (fake / "datasets.py").write_text("raise ImportError('datasets is not installed')\n")
+    result = run_script(["dev/data/fineweb.py", "--out-dir", str(tmp_path / "fw")],
+                        env={"HF_ENDPOINT": "http://127.0.0.1:9", "PYTHONPATH": str(fake)})
+    assert result.returncode == 1
+    assert error_lines(result) == ["error: fineweb.py needs the `datasets` package: pip install datasets"]
 
 
 def test_fineweb_streams_documents_into_shards(encoding, tmp_path):

@@ -119,7 +119,18 @@ class TestBadInput:
         assert_one_line_error(run(binary, base_args(data, ["-e", "d13"])), "d13")
 
     def test_missing_train_data(self, binary, data):
-        assert_one_line_error(run(binary, base_args(data, ["-i", data / "nothing_train_*.bin"])), "nothing_train_")
+        pattern = data / "nothing_train_*.bin"
+        assert_one_line_error(run(binary, base_args(data, ["-i", pattern])),
+                              f"flag -i '{pattern}': no token shards match it (check the path; dev/data/ makes shards)")
+
+    def test_missing_val_data(self, binary, data):
+        """-j matching nothing (a folder too small for a val split has no val shard): the line says how to train
+        without val; with -v 0 the val glob is not read"""
+        pattern = data / "nothing_val_*.bin"
+        assert_one_line_error(run(binary, base_args(data, ["-j", pattern, "-v", 1])),
+                              f"flag -j '{pattern}': no token shards match it", '-j "" trains without val')
+        if binary == CPU:
+            assert run(binary, base_args(data, ["-j", pattern, "-v", 0])).returncode == 0
 
     def test_wrong_shard_magic(self, binary, data):
         write_shard(data / "bad_train_000001.bin", random_tokens(20000), magic=12345)
@@ -542,11 +553,13 @@ def test_gpu_trainer_without_a_gpu_says_so(data):
 
 
 def test_gpu_trainer_hellaswag_without_its_file(data):
-    """-h 1 without dev/data/hellaswag/hellaswag_val.bin: one line naming the flag and the script that makes the file,
-    at startup (the run scripts pass -h 1); the trainer runs from a directory that has no such file"""
+    """-h 1 without dev/data/hellaswag/hellaswag_val.bin: one line naming the flag, the working directory the path is
+    read from, and the script that makes the file, at startup (the run scripts pass -h 1); the trainer runs from a
+    directory that has no such file"""
     r = subprocess.run([GPU] + [str(a) for a in base_args(data, ["-h", 1])], capture_output=True, text=True, timeout=120,
                        cwd=data)
-    assert_one_line_error(r, "flag -h 1", "hellaswag_val.bin", "dev/data/hellaswag.py")
+    assert_one_line_error(r, f"flag -h 1: no dev/data/hellaswag/hellaswag_val.bin in the working directory {data} (run "
+                          "from the checkout", "dev/data/hellaswag.py")
 
 
 def test_cpu_trainer_help_shows_its_own_default_model():
@@ -645,13 +658,19 @@ def test_cpu_x_0_evaluates_only(data, tmp_path):
     assert "note: -u" not in result.stdout
 
 
-def test_cpu_trainer_notes_that_it_runs_no_hellaswag(data):
-    """-h 1 is accepted by the CPU trainer (one flag table) and does nothing there: it says so rather than train as if
-    HellaSwag were measured"""
-    result = run(CPU, base_args(data, ["-h", 1]))
+@pytest.mark.parametrize("flags,noted", [(["-h", 1], ["-h 1"]), (["-s", 5, "-g", 32], ["-s 5", "-g 32"]),
+                                         (["-z", 2, "-r", 0, "-pa", "fp32"], ["-r 0", "-z 2", "-pa \"fp32\""]),
+                                         (["-s", 0, "-r", 1], [])],
+                         ids=["hellaswag", "samples", "gpu-and-ranks", "defaults"])
+def test_cpu_trainer_notes_the_flags_it_ignores(data, flags, noted):
+    """the flags the CPU trainer accepts (one flag table) and ignores (CPU_FLAGS_WITHOUT_EFFECT), given a value other than
+    their default, get one note each, in the flag table's order, rather than a run taken for one that measured HellaSwag
+    or printed samples; a flag given its default value gets none"""
+    result = run(CPU, base_args(data, flags))
     assert result.returncode == 0, result.stderr
-    assert "note: -h 1 has no effect in train_gpt2cpu: HellaSwag runs in train_gpt2_fp8" in result.stdout
-    assert "note: -h" not in run(CPU, base_args(data)).stdout
+    notes = [line for line in result.stdout.splitlines() if "has no effect in train_gpt2cpu" in line]
+    assert notes == [f"note: {flag} has no effect in train_gpt2cpu (train_gpt2_fp8 has it; --help marks the flags "
+                     "train_gpt2cpu ignores)" for flag in noted], result.stdout[:2000]
 
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "wsd"])
@@ -702,6 +721,7 @@ def test_cpu_trainer_notes_that_fc_codes_are_the_gpus(data):
     assert result.returncode == 0, result.stderr
     assert "note: -fe 1 has no effect in train_gpt2cpu" in result.stdout, result.stdout[:2000]
     assert "note: -fe" not in run(CPU, base_args(data, ["-p", "fp8", "-r", 0, "-x", 1])).stdout
+    assert "note: -r 0 has no effect in train_gpt2cpu" in result.stdout, result.stdout[:2000]
 
 
 @pytest.mark.parametrize("trainer", ["cpu", "gpu"])
@@ -1258,7 +1278,8 @@ def test_cpu_fp8_per_linear_passes_train(data, tmp_path, passes, shown):
 
 def test_readme_flag_table_matches_help():
     """every flag in --help has a row in the README's flag table, and the table has no extra rows; each row's
-    default (its first `...`) is the one --help prints, but -e's (train_gpt2cpu trains tiny unless told)"""
+    default (its first `...`) is the one --help prints, but -e's (train_gpt2cpu trains tiny unless told) and -s's
+    (train_gpt2cpu has no sampler: 0)"""
     help_defaults = {}
     for line in run(CPU, ["--help"]).stdout.splitlines():
         if line.startswith("  -") and not line.strip().startswith("--help"):
@@ -1273,6 +1294,8 @@ def test_readme_flag_table_matches_help():
         shown = help_defaults[flag]
         if flag == "-e":
             assert (default, shown) == ("d12", "tiny"), (default, shown)
+        elif flag == "-s":
+            assert (default, shown) == ("20", "0"), (default, shown)
         elif default == '""' or not re.fullmatch(r"-?[0-9.e+-]+", default):
             assert shown == default.strip('"'), (flag, default, shown)
         else:

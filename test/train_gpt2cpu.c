@@ -12,11 +12,11 @@ AdamW host reference (llmc/quant8.h) with the GPU trainer's state-file sections 
 conversions. Flags that only mean something on a GPU, with several processes (-pn above 1 is
 refused) or with a tokenizer and text are accepted, with any value the flag table allows (-z 2
 and -ad 0 included, which the GPU trainer refuses), and have no effect here:
-CPU_FLAGS_WITHOUT_EFFECT lists them, and --help marks them (-h 1 and -fe 1 also with a note at
-startup: a run could be taken for one that measured HellaSwag, or fc's GEMM codes). A -tk
-given must still exist, as for the GPU trainer, so that a command line checked here runs
-there; -n, -nk and -nm write and prune checkpoints as on the GPU. Weights are fp32 and checkpoints are llm.c's
-fp32 model files (version 3).
+CPU_FLAGS_WITHOUT_EFFECT lists them, --help marks them, and one moved off its default gets a
+note at startup (a run could be taken for one that measured HellaSwag, or an llm.c user wait
+for -s's samples). A -tk given must still exist, as for the GPU trainer, so that a command
+line checked here runs there; -n, -nk and -nm write and prune checkpoints as on the GPU.
+Weights are fp32 and checkpoints are llm.c's fp32 model files (version 3).
 */
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,7 +205,9 @@ int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // each progress line reaches a pipe or file (tee, nohup) as it is printed
     TrainConfig tc = train_config_defaults();
     tc.model = "tiny";
+    tc.sample_every = 0;  // no sampler here
     tc.flags_without_effect = CPU_FLAGS_WITHOUT_EFFECT;
+    const TrainConfig cpu_defaults = tc;
     train_config_parse(&tc, argc, argv);
     char tokenizer_path[CHECKPOINT_PATH_MAX];
     train_config_tokenizer_path(&tc, tokenizer_path, sizeof(tokenizer_path));  // a -tk given must exist (unused here)
@@ -222,17 +224,15 @@ int main(int argc, char** argv) {
     if (model_path[0]) { model_file_read_header(model_path, &cfg, &model_version); }
     else { cfg = gpt2_config_from_descriptor(tc.model); }
     if (resume_step >= 0) { train_config_note_resumed_model(&tc, &cfg, model_path); }
-    if (tc.hellaswag) { printf("note: -h 1 has no effect in train_gpt2cpu: HellaSwag runs in train_gpt2_fp8\n"); }
+    train_config_note_flags_without_effect(&tc, &cpu_defaults, "train_gpt2cpu");
     int grad_accum_steps = train_config_check_batch(&tc, &cfg, 1);
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
-    if (fp8_settings.enabled && fp8_settings.fc_writes_codes) {
-        printf("note: -fe 1 has no effect in train_gpt2cpu: its FP8 emulation casts GELU's bf16 output, as -fe 0 does\n");
-    }
 
     DataLoader train_loader, val_loader;
+    int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
+    train_config_check_shard_globs(&tc, run_val);
     dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, 0, 1, tc.shuffle, cfg.vocab_size);
     dataloader_note_short_shards(&train_loader, "-i");
-    int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
     int val_batches = 0;
     if (run_val) {
         dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, 0, 1, 0, cfg.vocab_size);

@@ -44,8 +44,10 @@ def fineweb_documents(rows):
 
 def main():
     parser = argparse.ArgumentParser(description="Download and tokenize a FineWeb sample (needs the internet)")
-    parser.add_argument("-t", "--type", choices=sorted(HUB_REPOS), default="classic", help="classic FineWeb or FineWeb-Edu")
-    parser.add_argument("-v", "--version", choices=sorted(SAMPLE_NAMES), default="10B", help="sample size in tokens")
+    parser.add_argument("-t", "--type", choices=sorted(HUB_REPOS), default="classic",
+                        help="classic FineWeb or FineWeb-Edu (default %(default)s)")
+    parser.add_argument("-v", "--version", choices=sorted(SAMPLE_NAMES), default="10B",
+                        help="sample size in tokens (default %(default)s)")
     add_tokenize_arguments(parser, default_prefix=None, default_out_dir=None, split="stream",
                            val_fraction=None, max_val_tokens=None)
     args = parser.parse_args()
@@ -54,12 +56,14 @@ def main():
     args.split_defaults.update(val_fraction=VAL_FRACTIONS[args.version], max_val_tokens=args.shard_size)
     check_tokenize_arguments(args)
 
-    check_reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    # The package first: offline, a missing package is the first thing to fix, and the network error
+    # alone would hide that it is missing.
     try:
         import datasets
     except ImportError:
         print("error: fineweb.py needs the `datasets` package: pip install datasets", file=sys.stderr)
         sys.exit(1)
+    check_reachable(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     rows = datasets.load_dataset(HUB_REPOS[args.type], name=SAMPLE_NAMES[args.version], split="train", streaming=True)
     run_tokenize(args, fineweb_documents(rows), f"the FineWeb sample {SAMPLE_NAMES[args.version]} gave no text")
 

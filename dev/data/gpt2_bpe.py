@@ -184,7 +184,9 @@ def load_gpt2_encoding(bpe_file=None):
 
 def add_bpe_argument(parser):
     parser.add_argument("--bpe-file", default=None,
-                        help=f"GPT-2 rank file gpt2.tiktoken (else ${BPE_ENV_VAR}, tiktoken's cache, openai-whisper)")
+                        help=f"GPT-2 rank file gpt2.tiktoken; looked for in this order: tiktoken's cache, this file "
+                             f"(else ${BPE_ENV_VAR}), openai-whisper (installed, or dev/data/cache/gpt2.tiktoken); "
+                             "all are checked to be the same file")
 
 
 def encoding_or_exit(bpe_file=None):

@@ -106,7 +106,10 @@ def write_eval_file(path, examples):
 def main():
     parser = argparse.ArgumentParser(description="Download HellaSwag val and write llm.c's eval file (needs the internet)")
     parser.add_argument("--url", default=DEFAULT_URL, help="where to download hellaswag_val.jsonl from")
-    parser.add_argument("--out-dir", default=DATA_DIR)
+    parser.add_argument("--out-dir", default=DATA_DIR,
+                        help="where hellaswag_val.jsonl is downloaded and hellaswag_val.bin written (default "
+                             "%(default)s); the trainer's -h 1 reads only dev/data/hellaswag/hellaswag_val.bin, "
+                             "relative to the directory it runs in, so a file written elsewhere must be copied there")
     add_bpe_argument(parser)
     args = parser.parse_args()
     encoding = encoding_or_exit(args.bpe_file)

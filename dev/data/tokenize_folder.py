@@ -13,7 +13,8 @@ train/val shards", so that stream lives here once, in tokenize_documents().
   - document (the default here): the val split is held out BY DOCUMENT: sha256 of
     the document id (the path relative to the input folder) decides, so no
     document is in both splits, and the split does not depend on where the folder
-    lives or on the file order;
+    lives or on the file order (tokenize_folder.py moves one document where the
+    hash would leave a split empty: split_overrides());
   - stream (llm.c's way, the default of fineweb.py and tinyshakespeare.py): the
     first --val-tokens tokens of the whole stream are val and every token after
     them is train, the document at the boundary cut in two. With --val-tokens equal
@@ -56,6 +57,10 @@ DEFAULT_SHARD_SIZE = 100_000_000
 DEFAULT_VAL_FRACTION = 0.05
 SPLITS = ("document", "stream")
 TOKENIZER_FILENAME = "gpt2_tokenizer.bin"
+# Absolute, as offline_corpus.py's and tinyshakespeare.py's defaults are: the same folder whatever
+# directory the script is run from.
+DEFAULT_OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenized")
+SKIPPED_SHOWN = 5  # the summary names this many skipped documents, so the user can look at them
 
 
 def die(message):
@@ -95,10 +100,47 @@ def shard_path(out_dir, prefix, split, index):
     return os.path.join(out_dir, f"{prefix}_{split}_{index:06d}.bin")
 
 
-def is_val_document(doc_id, val_fraction):
-    """Deterministic by-document split: the first 8 bytes of sha256(doc_id) as a fraction of 2^64."""
+def document_hash(doc_id):
+    """The first 8 bytes of sha256(doc_id) as an integer in [0, 2^64)."""
     digest = hashlib.sha256(doc_id.encode("utf-8", "surrogateescape")).digest()
-    return int.from_bytes(digest[:8], "big") < val_fraction * 2.0**64
+    return int.from_bytes(digest[:8], "big")
+
+
+def is_val_document(doc_id, val_fraction):
+    """Deterministic by-document split: document_hash as a fraction of 2^64, below val_fraction."""
+    return document_hash(doc_id) < val_fraction * 2.0**64
+
+
+def split_overrides(documents, val_fraction):
+    """
+    For the by-document split of a list of documents: {doc_id: split} for the one document that
+    must move so that neither split is empty, or None when no document has any text.
+    Each document is val with probability val_fraction, so a folder of a few documents often has
+    none in val, and the trainer's -j 'OUT/data_val_*.bin' would then match nothing. When no
+    document with text would be val, the one with the lowest hash (the nearest to val) is val;
+    when every one would be val, the one with the highest hash is train; a lone document is train
+    (run_tokenize warns that there is no val). Every other document keeps its hash's split.
+    Only the texts at both ends of the hash order are read, until one with text is found at each
+    end: usually two reads; get_text must keep no state (offline_corpus.py's de-duplicates).
+    val_fraction 0 asks for no val, and gets none.
+    """
+    by_hash = sorted(documents, key=lambda document: document_hash(document[0]))
+
+    def first_with_text(indices):
+        return next((i for i in indices if by_hash[i][1]()), None)
+
+    low = first_with_text(range(len(by_hash)))
+    if low is None:
+        return None
+    high = first_with_text(range(len(by_hash) - 1, low - 1, -1))  # finds low itself at the latest
+    lowest, highest = by_hash[low][0], by_hash[high][0]
+    if high == low:  # one document with text
+        return {lowest: "train"}
+    if val_fraction > 0 and not is_val_document(lowest, val_fraction):
+        return {lowest: "val"}
+    if is_val_document(highest, val_fraction):
+        return {highest: "train"}
+    return {}
 
 
 def read_text_file(path):
@@ -224,20 +266,23 @@ def publish_shards(result, out_dir, prefix, one_file_names=False):
 
 def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_SHARD_SIZE,
                        val_fraction=DEFAULT_VAL_FRACTION, max_train_tokens=None, max_val_tokens=None,
-                       workers=1, val_tokens=None):
+                       workers=1, val_tokens=None, overrides=None):
     """
     documents: iterable of (doc_id, get_text) in a fixed order; get_text() returns the
     document's text, or None to skip it (binary, not UTF-8). An empty text is skipped too in
     the by-document split; in the stream split it is a document of one EOT, as llm.c writes it.
     val_tokens None: the by-document split (val_fraction of the documents, capped at
     max_val_tokens); a count: the stream split, the first val_tokens tokens are val
-    (val_fraction and max_val_tokens unused).
+    (val_fraction and max_val_tokens unused). overrides: {doc_id: split} that the by-document split
+    takes over the hash's (split_overrides()).
     Writes <prefix>_val_000000.bin, ... and <prefix>_train_000001.bin, ... into out_dir (run_tokenize
     gives a staging folder) and returns {"val": ShardWriter, "train": ShardWriter, "skipped":
-    number of skipped documents, "texts": number of documents with any text}.
+    number of skipped documents, "skipped_ids": the first SKIPPED_SHOWN of them, "texts": number of
+    documents with any text}.
     """
     os.makedirs(out_dir, exist_ok=True)
     by_stream = val_tokens is not None
+    overrides = overrides or {}
     writers = {
         "val": ShardWriter(out_dir, prefix, "val", 0, shard_size, val_tokens if by_stream else max_val_tokens),
         "train": ShardWriter(out_dir, prefix, "train", 1, shard_size, max_train_tokens),
@@ -246,6 +291,8 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
     def split_of(doc_id):
         if by_stream:  # decided when the tokens are added: val until it is full
             return "train" if writers["val"].is_full() else "val"
+        if doc_id in overrides:
+            return overrides[doc_id]
         return "val" if is_val_document(doc_id, val_fraction) else "train"
 
     def encode_text(text):
@@ -256,6 +303,7 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
     # Texts are read in this thread, in order (get_text may keep state, e.g. de-duplication);
     # only the encoding runs in the pool. One batch at a time bounds memory for streamed datasets.
     skipped = 0
+    skipped_ids = []
     texts = 0  # documents with any text (the stream split keeps empty ones as a lone EOT)
     document_iterator = iter(documents)
     with ThreadPool(workers) as pool:
@@ -274,6 +322,8 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
                     texts += bool(text)
                 else:
                     skipped += 1
+                    if len(skipped_ids) < SKIPPED_SHOWN:
+                        skipped_ids.append(doc_id)
             for (split, _), tokens in zip(batch, pool.map(encode_text, [text for _, text in batch])):
                 if by_stream:  # val until it is full; the boundary document's rest, and all after it, train
                     if not writers["val"].is_full():
@@ -283,17 +333,21 @@ def tokenize_documents(documents, encoding, out_dir, prefix, shard_size=DEFAULT_
                     writers[split].add(tokens)
     for writer in writers.values():
         writer.flush()
-    if not by_stream and writers["val"].num_tokens == 0:
-        print(f"warning: no document fell into the val split (val fraction {val_fraction}); "
-              f"raise --val-fraction or add documents", file=sys.stderr)
-    return {"val": writers["val"], "train": writers["train"], "skipped": skipped, "texts": texts}
+    return {"val": writers["val"], "train": writers["train"], "skipped": skipped, "skipped_ids": skipped_ids,
+            "texts": texts}
 
 
 def print_summary(result):
     for split in ("train", "val"):
         writer = result[split]
         print(f"{split}: {writer.num_tokens:,} tokens from {writer.num_documents:,} documents in {len(writer.paths)} shard(s)")
-    print(f"skipped {result['skipped']:,} documents (binary, not UTF-8, empty or duplicate)")
+    line = f"skipped {result['skipped']:,} documents (binary, not UTF-8, empty or duplicate)"
+    shown = result["skipped_ids"]
+    if shown:  # the first few by name, so a file skipped by mistake can be found
+        line += ": " + ", ".join(shown)
+        if result["skipped"] > len(shown):
+            line += f" and {result['skipped'] - len(shown):,} more"
+    print(line)
 
 
 def add_tokenize_arguments(parser, default_prefix, default_out_dir, split="document",
@@ -359,17 +413,23 @@ def check_tokenize_arguments(args):
         die(f"--prefix '{args.prefix}': expected a non-empty name without '{os.sep}'")
 
 
-def run_tokenize(args, documents, empty_error, require_val=False, one_file_names=False):
+def run_tokenize(args, documents, empty_error, require_val=False, one_file_names=False, overrides=None):
     """The shared tail of the dataset scripts: encoding, shards, tokenizer file, summary. The new shards
     are written into a staging folder and replace the old ones only once complete, with a train split
     (and a val split, require_val): otherwise the old dataset stays and the run stops with one line,
-    empty_error where there was no text at all. one_file_names: publish_shards'."""
+    empty_error where there was no text at all. one_file_names: publish_shards'; overrides:
+    tokenize_documents'."""
     encoding = encoding_or_exit(args.bpe_file)
     staging = staging_dir(args.out_dir, args.prefix)
     shutil.rmtree(staging, ignore_errors=True)  # a run cut off before
+    try:  # creates --out-dir too; a path through a file, or where no folder can be made, is the user's to fix
+        os.makedirs(staging, exist_ok=True)
+    except OSError as e:
+        die(f"--out-dir {args.out_dir}: cannot create the folder ({e.strerror}); expected a folder that exists "
+            "or can be created")
     result = tokenize_documents(documents, encoding, staging, args.prefix, args.shard_size, args.val_fraction,
                                 args.max_train_tokens or None, args.max_val_tokens or None, args.workers,
-                                args.val_tokens if args.split == "stream" else None)
+                                args.val_tokens if args.split == "stream" else None, overrides)
     problem = None
     if result["texts"] == 0:
         problem = empty_error
@@ -381,6 +441,14 @@ def run_tokenize(args, documents, empty_error, require_val=False, one_file_names
     if problem is not None:
         shutil.rmtree(staging, ignore_errors=True)
         die(problem + (f" (the shards in {args.out_dir} are as they were)" if old_shards(args.out_dir, args.prefix) else ""))
+    # Warned only here, after the errors: an input with no text at all gets the error alone.
+    if args.split == "document" and result["val"].num_tokens == 0:
+        if result["texts"] == 1:
+            print("warning: only one document has text: it went to train and no val shard was written; add documents "
+                  "for a val split, or train without val: pass -j \"\" to the trainer", file=sys.stderr)
+        else:
+            print(f"warning: no document fell into the val split (val fraction {args.val_fraction}); raise "
+                  "--val-fraction or add documents, or train without val: pass -j \"\" to the trainer", file=sys.stderr)
     publish_shards(result, args.out_dir, args.prefix, one_file_names)
     write_tokenizer_file(encoding, os.path.join(args.out_dir, TOKENIZER_FILENAME))
     print(f"wrote {os.path.join(args.out_dir, TOKENIZER_FILENAME)}")
@@ -391,14 +459,20 @@ def run_tokenize(args, documents, empty_error, require_val=False, one_file_names
 def main():
     parser = argparse.ArgumentParser(description="Tokenize folders/files of text into llm.c GPT-2 token shards")
     parser.add_argument("inputs", nargs="+", help="folders (walked recursively) and/or text files; one file = one document")
-    add_tokenize_arguments(parser, default_prefix="data", default_out_dir="dev/data/tokenized")
+    add_tokenize_arguments(parser, default_prefix="data", default_out_dir=DEFAULT_OUT_DIR)
     args = parser.parse_args()
     check_tokenize_arguments(args)
     files = list_text_files(args.inputs)
     if not files:
         die(f"no files found under {' '.join(args.inputs)}")
     documents = [(doc_id, lambda path=path: read_text_file(path)) for doc_id, path in files]
-    run_tokenize(args, documents, f"no text found in {' '.join(args.inputs)} (every file was binary, not UTF-8, or empty)")
+    empty_error = f"no text found in {' '.join(args.inputs)} (every file was binary, not UTF-8, or empty)"
+    # Before any tokenizing: a folder with no text at all stops here, and a folder of a few documents
+    # still gets a val split (the trainer's -j needs one); the stream split uses only the first.
+    overrides = split_overrides(documents, args.val_fraction if args.split == "document" else 0.0)
+    if overrides is None:
+        die(empty_error)
+    run_tokenize(args, documents, empty_error, overrides=overrides if args.split == "document" else None)
 
 
 if __name__ == "__main__":

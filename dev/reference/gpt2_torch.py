@@ -35,9 +35,12 @@ little-endian:
   f32[S]      version 3 only: the mean loss before each of S AdamW steps on the same batch
               (entry 0 equals the loss above)
 
-usage: python3 dev/reference/gpt2_torch.py --model test/fixtures/gpt2_tiny_model.bin \
-           --out test/fixtures/gpt2_tiny_debug_state.bin [--batch 4 --seq 16 --device cpu]
-Runs on the CPU (the fixture's source of truth) or on a GPU with TF32 disabled.
+usage: python3 dev/reference/gpt2_torch.py --model build/reference/gpt2_tiny_model.bin \
+           --out build/reference/gpt2_tiny_debug_state.bin [--batch 4 --seq 16 --device cpu]
+(dev/reference/README.md's "Regenerating": the new pair is checked in build/reference/ before it
+replaces test/fixtures/'s). Runs on the CPU (the fixture's source of truth) or on a GPU with
+TF32 disabled. Needs PyTorch and NumPy (pip install torch numpy; without them it says so in one
+line, --help aside); make test does not: it checks the committed fixture.
 """
 import argparse
 import math
@@ -45,13 +48,10 @@ import os
 import struct
 import sys
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "eval"))
-import model_file  # noqa: E402
-from model_file import HEADER_INTS, PARAM_NAMES  # noqa: E402
+
+# imported by import_libraries(), after the arguments are parsed: --help, and a bad flag's message, need no PyTorch
+np = torch = F = model_file = HEADER_INTS = PARAM_NAMES = None
 
 DEBUG_STATE_MAGIC = 20240327
 DEBUG_STATE_VERSION = 3
@@ -62,6 +62,21 @@ LAYERNORM_EPS = 1e-5
 def die(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(1)
+
+
+def import_libraries():
+    """PyTorch and NumPy (and dev/eval/model_file.py, which needs NumPy), or one line saying what to install:
+    only regenerating the fixture needs them (make test checks the committed one without PyTorch)"""
+    global np, torch, F, model_file, HEADER_INTS, PARAM_NAMES
+    try:
+        import numpy as np
+        import torch
+        import torch.nn.functional as F
+        import model_file
+    except ImportError as e:
+        die(f"gpt2_torch.py needs PyTorch and NumPy ({e}): pip install torch numpy (CPU is enough). "
+            f"make test does not need them: it checks the committed fixture in test/fixtures/")
+    HEADER_INTS, PARAM_NAMES = model_file.HEADER_INTS, model_file.PARAM_NAMES
 
 
 def read_model(path):
@@ -107,8 +122,13 @@ def clip_like_llmc(params, grad_clip):
             t.grad.mul_(grad_clip / norm.float())
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+class ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one line, as die's, instead of argparse's usage and message
+        die(f"{message} (see --help)")
+
+
+def parse_args(argv=None):
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="llm.c model file (version 3, float32; a version 5 file is widened from bfloat16)")
     ap.add_argument("--out", required=True, help="debug state to write")
     ap.add_argument("--batch", type=int, default=4)
@@ -119,7 +139,12 @@ def main():
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1337, help="seed of the random batch")
     ap.add_argument("--device", default="cpu")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main():
+    args = parse_args()
+    import_libraries()
     beta1, beta2, eps = 0.9, 0.95, 1e-8
 
     cfg, arrays = read_model(args.model)
@@ -162,7 +187,8 @@ def main():
     header[0], header[1], header[2], header[3], header[4] = DEBUG_STATE_MAGIC, DEBUG_STATE_VERSION, B, T, args.steps
     hyper = struct.pack("<6f", args.lr, beta1, beta2, eps, args.weight_decay, args.grad_clip)
     header[5:11] = np.frombuffer(hyper, dtype="<i4")
-    with open(args.out, "wb") as f:
+    tmp = args.out + ".tmp"  # renamed over --out once whole: a failed write leaves the old file as it was
+    with open(tmp, "wb") as f:
         f.write(header.tobytes())
         f.write(x.cpu().numpy().astype("<i4").tobytes())
         f.write(y.cpu().numpy().astype("<i4").tobytes())
@@ -170,6 +196,7 @@ def main():
         f.write(np.array([first_loss], dtype="<f4").tobytes())
         f.write(first_grads.tobytes())
         f.write(np.array(losses, dtype="<f4").tobytes())
+    os.replace(tmp, args.out)
     print(f"wrote {args.out}: B={B} T={T}, loss {first_loss:.6f}, {first_grads.size} gradients, {args.steps} steps")
 
 
