@@ -45,7 +45,10 @@
 # directory, its settings and the new ones: give a new OUT or remove it. OUT defaults to
 # log_compare_$MODEL. WARMUP sets -u (200 steps, or a tenth of STEPS when that is less).
 # LLM8_TRAINER names another trainer binary, built already (e.g. ./train_gpt2cpu, which shares
-# the flags: the tests run this script with it).
+# the flags: the tests run this script with it). NUM_GPUS=N (default 1) runs every run on N GPUs
+# through LLM8_LAUNCHER (default scripts/launch_one_node.sh), as the run scripts do: -b is per GPU,
+# so without a -d each step is N times the tokens; the run directories record N with their
+# settings, so a rerun with another N is refused.
 set -euo pipefail
 source "$(dirname "$0")/enter_checkout.sh"
 MODEL="${MODEL:-d12}"
@@ -56,6 +59,15 @@ RECIPES="${RECIPES:-delayed}"
 OPTIMIZERS="${OPTIMIZERS:-adamw}"
 TRAINER="${LLM8_TRAINER:-./train_gpt2_fp8}"
 PYTHON="${PYTHON:-python3}"
+NUM_GPUS="${NUM_GPUS:-1}"
+if [[ ! "$NUM_GPUS" =~ ^[1-9][0-9]*$ ]]; then
+    echo "error: scripts/compare_bf16_fp8.sh: NUM_GPUS='$NUM_GPUS': expected a number of GPUs, 1 or more" >&2
+    exit 2
+fi
+launch=()  # several GPUs: every rank started by the one-node launcher (the trainer itself, even a wrapper .sh)
+if (( NUM_GPUS > 1 )); then
+    launch=(env LLM8_LAUNCH_COMMAND=trainer bash "${LLM8_LAUNCHER:-scripts/launch_one_node.sh}" -n "$NUM_GPUS" --)
+fi
 
 # each precision: its run name (directory and plot label) and its flags
 names=(bf16)
@@ -183,6 +195,7 @@ for i in "${!runs[@]}"; do
     set_run_args "$i"
     settings[$i]="$(printf '%q ' "${run_args[@]}" "${defining_extras[@]}")"
     settings[$i]="${settings[$i]% }"
+    (( NUM_GPUS == 1 )) || settings[$i]+=" NUM_GPUS=$NUM_GPUS"  # one GPU: as the settings read before NUM_GPUS
     dir="$OUT/${runs[$i]}"
     [[ -e "$dir/main.log" || -e "$dir/main.jsonl" ]] || compgen -G "$dir/DONE_*" >/dev/null || continue
     if [[ ! -f "$dir/$SETTINGS_FILE" ]]; then
@@ -207,7 +220,7 @@ for i in "${!runs[@]}"; do
     printf '%s\n' "${settings[$i]}" > "$dir/$SETTINGS_FILE"
     # -n 500 -nk 1: a checkpoint every 500 steps and at the last, only the newest kept (about 1.7 GB at d12), so a
     # rerun resumes a run cut off or finished; the extra arguments last (they may set -n or -nk)
-    "$TRAINER" "${run_args[@]}" -n 500 -nk 1 -o "$dir" -y 1 "$@"
+    "${launch[@]}" "$TRAINER" "${run_args[@]}" -n 500 -nk 1 -o "$dir" -y 1 "$@"
 done
 
 dirs=()
@@ -218,7 +231,7 @@ for run in "${runs[@]}"; do dirs+=("$OUT/$run"); done
 # the script exits 1
 rm -f "$OUT/summary.md" "$OUT/loss.png"
 summary_status=0
-"$PYTHON" scripts/compare_summary.py "$OUT" "${runs[@]}" --batch "$batch" --seq "$seq" \
+"$PYTHON" scripts/compare_summary.py "$OUT" "${runs[@]}" --batch "$batch" --seq "$seq" --gpus "$NUM_GPUS" \
     ${total_batch:+--total-batch "$total_batch"} --write "$OUT/summary.md" || summary_status=$?
 [[ -f "$OUT/summary.md" ]] || exit "$summary_status"
 plot_status=0

@@ -3,7 +3,7 @@ The table scripts/compare_bf16_fp8.sh writes ($OUT/summary.md) and prints: each 
 and median throughput, each against the baseline (bf16 with fp32 AdamW where it ran, else the
 first run), and each adamw8 run's val loss against its precision's fp32 AdamW run.
 
-    python3 scripts/compare_summary.py OUT RUN [RUN...] [--batch 16] [--seq 1024] [--total-batch D] [--write PATH]
+    python3 scripts/compare_summary.py OUT RUN [RUN...] [--batch 16] [--seq 1024] [--total-batch D] [--gpus N] [--write PATH]
 
 Each RUN is a directory under OUT holding the trainer's main.jsonl (README.md: one JSON object a
 line, {"step":..,"type":"train","loss":..,"tok_per_s":..,...} per step and
@@ -15,7 +15,8 @@ A non-finite val loss (main.jsonl's null) is a value, NaN, not a missing one: a 
 is compared at its steps like any other, its row says nan, and after the table one error line
 names it and the exit status is 1 (a diverged run never passes as at parity).
 Throughput is the median tok/s of the train steps from step 10 on (the first 10 include startup
-and warmup); the header says the B and T (and -d) it was measured at, and a run with no step that
+and warmup); the header says the B and T (and -d, and the GPUs when more than one) it was measured
+at, and a run with no step that
 late gets '-' with a footnote saying why. --write PATH also writes the table there.
 """
 
@@ -78,12 +79,12 @@ def gap(loss, reference):
     return f"{100 * (loss / reference - 1):+.2f}%" if finite(loss) and finite(reference) and reference else "-"
 
 
-def summarize(out, runs, batch=16, seq=1024, total_batch=None):
+def summarize(out, runs, batch=16, seq=1024, total_batch=None, gpus=1):
     """the table of compare()"""
-    return compare(out, runs, batch, seq, total_batch)[0]
+    return compare(out, runs, batch, seq, total_batch, gpus)[0]
 
 
-def compare(out, runs, batch=16, seq=1024, total_batch=None):
+def compare(out, runs, batch=16, seq=1024, total_batch=None, gpus=1):
     """(the table: markdown, a string ending in a newline, for the runs under out; the runs whose val loss at the
     compared step is not finite, which diverged: their rows say nan); SummaryError when they cannot be compared"""
     if not runs:
@@ -98,7 +99,8 @@ def compare(out, runs, batch=16, seq=1024, total_batch=None):
     tok = {run: median_tok_per_s(logs[run][1]) for run in runs}
     base = "bf16" if "bf16" in runs else runs[0]
 
-    measured = f"B={batch} T={seq}" + (f" -d {total_batch}" if total_batch is not None else "")
+    measured = f"B={batch} T={seq}" + (f" -d {total_batch}" if total_batch is not None else "") + \
+        (f" on {gpus} GPUs (tok/s: all of them)" if gpus > 1 else "")
     lines = [f"val loss at step {step}, the last val step all {len(runs)} runs share; "
              f"tok/s: the median over train steps {FIRST_TIMED_STEP} and later, at {measured}", "",
              f"| run | step | val loss | vs {base} | vs fp32 AdamW | median tok/s | vs {base} |",
@@ -130,10 +132,11 @@ def main():
     parser.add_argument("--batch", type=int, default=16, help="the runs' -b, for the header")
     parser.add_argument("--seq", type=int, default=1024, help="the runs' -t, for the header")
     parser.add_argument("--total-batch", type=int, default=None, help="the runs' -d, when given")
+    parser.add_argument("--gpus", type=int, default=1, help="the GPUs each run trained on (NUM_GPUS), for the header")
     parser.add_argument("--write", default=None, metavar="PATH", help="also write the table there")
     args = parser.parse_args()
     try:
-        table, diverged = compare(args.out, args.runs, args.batch, args.seq, args.total_batch)
+        table, diverged = compare(args.out, args.runs, args.batch, args.seq, args.total_batch, args.gpus)
     except SummaryError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

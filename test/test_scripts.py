@@ -323,6 +323,36 @@ def no_matplotlib(tmp_path):
     return str(path)
 
 
+def test_compare_on_several_gpus(tmp_path):
+    """NUM_GPUS=2: every run is started through LLM8_LAUNCHER (here a stand-in that logs its arguments and runs the
+    trainer once) with -n 2, the table's header says the GPUs, each run directory records NUM_GPUS with its settings
+    (a rerun on 1 GPU is refused: -b is per GPU, so the steps would change size), and a NUM_GPUS that is not a count
+    is refused before anything runs"""
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text("#!/bin/bash\n"
+                        "echo \"$LLM8_LAUNCH_COMMAND $*\" >> \"$(dirname \"$0\")/launches.log\"\n"
+                        "while [[ \"$1\" != -- ]]; do shift; done; shift\n"
+                        "exec \"$@\"\n")
+    launcher.chmod(0o755)
+    env = {"PYTHONPATH": no_matplotlib(tmp_path), "NUM_GPUS": "2", "LLM8_LAUNCHER": str(launcher)}
+    result = fake_compare(tmp_path, ["-v", 2], env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    launches = (tmp_path / "launches.log").read_text().splitlines()
+    assert len(launches) == 2 and all(re.match(r"trainer -n 2 -- \S+fake_trainer.py -e tiny -p ", line) for line in launches), \
+        launches
+    out = tmp_path / "cmp"
+    assert "at B=16 T=1024 on 2 GPUs (tok/s: all of them)" in (out / "summary.md").read_text()
+    assert (out / "bf16" / "compare_settings.txt").read_text().endswith(" -v 2 NUM_GPUS=2\n")
+    again = fake_compare(tmp_path, ["-v", 2], {"PYTHONPATH": no_matplotlib(tmp_path)})
+    assert again.returncode == 2 and "holds a run with other settings" in again.stderr and "NUM_GPUS=2' there" in \
+        again.stderr, again.stderr
+    for value in ("0", "two", "-1"):
+        bad = fake_compare(tmp_path, [], {"NUM_GPUS": value, "OUT": str(tmp_path / "bad")})
+        assert bad.returncode == 2 and bad.stderr.splitlines() == [
+            f"error: scripts/compare_bf16_fp8.sh: NUM_GPUS='{value}': expected a number of GPUs, 1 or more"], bad.stderr
+        assert not (tmp_path / "bad").exists()
+
+
 def test_compare_refuses_a_run_made_with_other_settings(tmp_path):
     """a second compare into the same OUT with another STEPS, WARMUP or extra argument would resume the old runs
     (-y 1) with the new settings: each run directory records its settings, and a mismatch is refused in one line
