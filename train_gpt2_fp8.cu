@@ -1062,8 +1062,8 @@ static void save_checkpoint(GPT2* model, const DataLoader* loader, OutlierSkip* 
     adamw8_states_alloc_host(&opt, &model->opt_layout);
     adamw8_states_copy(&opt, &model->opt_states, &model->opt_layout, cudaMemcpyDeviceToHost);
     checkpoint_state_path(path, sizeof(path), dir, step, model->rank);
-    train_state_write(path, step, total_batch_size, loader, &model->opt_layout, model->use_adamw8, opt.m32, opt.v32, &opt, master, sections,
-                      num_sections);
+    train_state_write(path, step, total_batch_size, loader, &model->opt_layout, model->use_adamw8, opt.m32, opt.v32, &opt,
+                      master, sections, num_sections);
     adamw8_states_free_host(&opt);
     fp8_host_state_free(&fp8);
     free(master);

@@ -523,8 +523,8 @@ static inline void train_config_note_unused_fp8_flags(const TrainConfig* c) {
 Within an FP8 run, the tuning flags the chosen recipe does not read: -fh is the length of the
 amax history that -fr delayed keeps for the activations and -fg delayed for the gradients, and
 -fm divides per-tensor scales, which -fr block has none of. Moved off their defaults there,
-they would change nothing without a word: one note each. (The state file still records them,
-so a resume takes the same values.)
+they would change nothing without a word: one note each. (The state file still records them:
+a resume of such a run still needs the same values, fp8_settings_difference.)
 */
 static inline void train_config_note_idle_fp8_tuning(const TrainConfig* c) {
     if (strcmp(c->precision, "fp8") != 0) { return; }  // train_config_note_unused_fp8_flags's case

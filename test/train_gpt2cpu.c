@@ -149,8 +149,8 @@ static void cpu_save_checkpoint(GPT2Ref* model, CpuOptimizer* opt, const DataLoa
     num_sections += outlier_skip_state_sections(outliers, 0, sections + num_sections);
     checkpoint_state_path(path, sizeof(path), dir, step, 0);
     // 8-bit states in sections, no fp32 m and v (doc/adamw8.md); plain AdamW: llm.c's m and v
-    train_state_write(path, step, total_batch_size, loader, &opt->layout, opt->use_adamw8, model->adam_m, model->adam_v, &opt->states, NULL,
-                      sections, num_sections);
+    train_state_write(path, step, total_batch_size, loader, &opt->layout, opt->use_adamw8, model->adam_m, model->adam_v,
+                      &opt->states, NULL, sections, num_sections);
     checkpoint_write_done(dir, step);
 }
 
