@@ -33,6 +33,7 @@ Why it is shaped so:
 #ifndef LLMC_MULTI_GPU_H
 #define LLMC_MULTI_GPU_H
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -681,6 +682,28 @@ static inline void multi_gpu_options_check(const MultiGpuOptions* opts) {
 }
 
 /*
+The task's node-local id under srun (SLURM_LOCALID), which makes its GPU index as MPI's
+node-local rank does under mpirun: rank % -pg holds only for srun's default block
+distribution (-m cyclic puts ranks 0, 8, 16, ... on one node), the local id for any, and with
+-pg 0 also for a task bound to a GPU of its own (--gpus-per-task=1: it sees one). Only in an srun
+step (SLURM_STEP_NUM_TASKS) whose SLURM_PROCID is this process's rank: a process that a task
+started itself (launch_one_node.sh inside an allocation) inherits its starter's variables and
+does not take them. Else -1.
+*/
+static inline int multi_gpu_srun_local_id(int process_rank) {
+    const char* step = getenv("SLURM_STEP_NUM_TASKS");
+    const char* task = getenv("SLURM_PROCID");
+    const char* local = getenv("SLURM_LOCALID");
+    if (step == NULL || task == NULL || local == NULL) { return -1; }
+    char* end;
+    long task_rank = strtol(task, &end, 10);
+    if (end == task || *end != '\0' || task_rank != process_rank) { return -1; }
+    long local_id = strtol(local, &end, 10);
+    if (end == local || *end != '\0' || local_id < 0 || local_id > INT_MAX) { return -1; }
+    return (int)local_id;
+}
+
+/*
 A launcher that started N copies of the program while each copy sees a world of 1 (no rank
 flags, an MPI other than the one built in, or none built in) would have N processes each train
 the whole model alone, on GPU 0, into the same -o. The variable each launcher sets in every copy
@@ -737,6 +760,7 @@ static inline MultiGpuConfig multi_gpu_process_init(MultiGpuOptions* opts) {
 #endif
     multi_gpu_options_check(opts);
     multi_gpu_check_launcher_world(opts);
+    if (cfg.local_device_idx < 0) { cfg.local_device_idx = multi_gpu_srun_local_id(opts->process_rank); }
     if (opts->init_method == MULTI_GPU_INIT_FS && opts->num_processes > 1 && opts->process_rank == 0 &&
         opts->fs_path != NULL) {
         // an id left in -pf by an earlier run that failed before its ranks joined (rank 0 removes
@@ -752,18 +776,27 @@ static inline MultiGpuConfig multi_gpu_process_init(MultiGpuOptions* opts) {
 }
 
 /*
-Step 2: the GPU (MPI's node-local rank, else rank % GPUs per node) and the communicator.
-One process: no NCCL. `force_communicator` makes a one-rank communicator anyway (the tests
-use it).
+The GPU a process takes: its node-local id (local_id: MPI's shared-memory rank under mpirun,
+SLURM_LOCALID under srun; -1 when there is none, and then its rank stands in) modulo the GPUs
+per node (-pg; 0: all it sees), which must be one it sees. Host-only: the tests check it.
+*/
+static inline int multi_gpu_device_index(int local_id, int process_rank, int gpus_per_node_flag, int device_count) {
+    int gpus_per_node = gpus_per_node_flag > 0 ? gpus_per_node_flag : device_count;
+    int device = (local_id >= 0 ? local_id : process_rank) % gpus_per_node;
+    if (device >= device_count) {
+        llm8_die("rank %d: GPU %d of this node wanted (-pg %d) but only %d are visible%s", process_rank, device,
+                 gpus_per_node, device_count, gpus_per_node_flag > 0 ? " (-pg 0 takes the GPUs this rank sees)" : "");
+    }
+    return device;
+}
+
+/*
+Step 2: the GPU (multi_gpu_device_index) and the communicator. One process: no NCCL.
+`force_communicator` makes a one-rank communicator anyway (the tests use it).
 */
 static inline void multi_gpu_device_init(MultiGpuConfig* cfg, const MultiGpuOptions* opts, int force_communicator) {
-    int device_count = cuda_device_count_or_die();
-    int gpus_per_node = opts->gpus_per_node > 0 ? opts->gpus_per_node : device_count;
-    cfg->local_device_idx = (cfg->local_device_idx >= 0 ? cfg->local_device_idx : cfg->process_rank) % gpus_per_node;
-    if (cfg->local_device_idx >= device_count) {
-        llm8_die("rank %d: GPU %d of this node wanted (-pg %d) but only %d are visible", cfg->process_rank,
-                 cfg->local_device_idx, gpus_per_node, device_count);
-    }
+    cfg->local_device_idx = multi_gpu_device_index(cfg->local_device_idx, cfg->process_rank, opts->gpus_per_node,
+                                                   cuda_device_count_or_die());
     cudaCheck(cudaSetDevice(cfg->local_device_idx));
     cudaCheck(cudaStreamCreateWithFlags(&cfg->nccl_stream, cudaStreamNonBlocking));
     if (cfg->num_processes == 1 && !force_communicator) { return; }

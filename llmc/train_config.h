@@ -163,7 +163,7 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-kt", FLAG_INT, TC_OFF(kernel_timing), 0, 1, NULL, "print a per-kernel time breakdown at the end (CUDA events)"},
     {"-pn", FLAG_INT, TC_OFF(num_processes), 1, 4096, NULL, "number of processes, one per GPU (under mpirun: from MPI)"},
     {"-pr", FLAG_INT, TC_OFF(process_rank), 0, 4095, NULL, "this process's rank, 0..-pn minus 1 (under mpirun: from MPI)"},
-    {"-pg", FLAG_INT, TC_OFF(gpus_per_node), 0, 1024, NULL, "GPUs per node: rank r uses GPU r % -pg (0 = all visible GPUs)"},
+    {"-pg", FLAG_INT, TC_OFF(gpus_per_node), 0, 1024, NULL, "GPUs per node: rank r uses GPU r % -pg (0 = all visible GPUs); under mpirun and srun the node-local rank stands in for r"},
     {"-pi", FLAG_CHOICE, TC_OFF(nccl_init), 0, 0, "auto mpi fs tcp",
      "how ranks share the NCCL id: mpi, fs (a file in -pf), tcp (rank 0 at -ps); auto = mpi under mpirun, else fs"},
     {"-pf", FLAG_STRING, TC_OFF(nccl_fs_path), 0, 0, NULL, "-pi fs: a directory every rank sees"},

@@ -235,8 +235,12 @@ static inline void ensure_writable_dir(const char* dir) {
     if (access(dir, R_OK | X_OK) != 0) {
         llm8_die("output dir '%s' cannot be listed (it needs read and search permission): %s", dir, strerror(errno));
     }
-    char probe[4096];
-    path_in_dir(probe, sizeof(probe), dir, ".llm8_write_probe");
+    // a probe file of this process's own: the ranks of a run (64 of them over 8 nodes, on a shared
+    // filesystem) probe the same -o at once, and one's remove must not race another's create
+    char host[256] = "", name[320], probe[4096];
+    if (gethostname(host, sizeof(host) - 1) != 0) { host[0] = '\0'; }
+    snprintf(name, sizeof(name), ".llm8_write_probe.%s.%ld", host, (long)getpid());
+    path_in_dir(probe, sizeof(probe), dir, name);
     FILE* fp = fopen(probe, "wb");
     if (fp == NULL) {
         llm8_die("output dir '%s' is not writable: %s", dir, strerror(errno));

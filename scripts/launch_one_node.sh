@@ -12,7 +12,9 @@
 #   -m mpi|fs  how ranks start: mpi is `mpirun -np N --bind-to none CMD` (the trainer, built with
 #              OpenMPI, takes rank, size and its GPU from MPI); fs starts the N ranks here with
 #              `-pi fs -pf DIR -pn N -pr R -pg G`. Default: $LLM8_LAUNCH_METHOD, else mpi when
-#              mpirun is on PATH, else fs. As root (GPU containers often are) it sets
+#              mpirun is on PATH, else fs; fs too, with a note, when the command is a program
+#              linked without MPI (no libmpi in its ldd: a trainer built where the Makefile found no
+#              OpenMPI, beside another MPI's mpirun, as in NGC containers). As root (GPU containers often are) it sets
 #              OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, without which OpenMPI's
 #              mpirun refuses to start (other MPIs ignore them); values already set are kept.
 #
@@ -53,8 +55,25 @@ while (( $# > 0 )); do
     esac
 done
 (( $# > 0 )) || die "no command given (usage: $me [-n NGPUS] [-m mpi|fs] -- ./train_gpt2_fp8 FLAGS...)"
+# whether COMMAND is a program linked without MPI: an ELF executable whose libraries (ldd) hold no libmpi. A script
+# (a wrapper, the tests' stand-ins) or a machine without ldd cannot say: not taken as one
+built_without_mpi() {
+    local path
+    path="$(command -v "$1" 2>/dev/null)" || return 1
+    [[ -f "$path" && "$(head -c 4 "$path" | od -An -c | tr -d ' ')" == 177ELF ]] || return 1
+    command -v ldd > /dev/null || return 1
+    ! ldd "$path" 2>/dev/null | grep -q libmpi
+}
 if [[ -z "$method" ]]; then
-    if command -v mpirun > /dev/null; then method=mpi; else method=fs; fi
+    method=fs
+    if command -v mpirun > /dev/null; then
+        if built_without_mpi "$1"; then
+            echo "$me: note: mpirun is on PATH, but $1 was built without MPI (it would see a world of 1 under" \
+                 "mpirun): starting its ranks with -m fs" >&2
+        else
+            method=mpi
+        fi
+    fi
 fi
 [[ "$method" == mpi || "$method" == fs ]] || die "-m '$method' (or LLM8_LAUNCH_METHOD) is not mpi or fs"
 

@@ -2,7 +2,7 @@
 #   run_gpt2 DEFAULT_OUT_DIR TRAINER_FLAGS... -- EXTRA_USER_FLAGS...
 # - OUT_DIR overrides the output dir; NUM_GPUS > 1 starts that many ranks with ZeRO-1 (-z 1,
 #   as llm.c; on one GPU -z 0, which is the same thing) through $LLM8_LAUNCHER -n NUM_GPUS --
-#   (default scripts/launch_one_node.sh: mpirun where it exists, else -pi fs; Slurm jobs set it
+#   (default scripts/launch_one_node.sh: mpirun where it exists and the trainer links MPI, else -pi fs; Slurm jobs set it
 #   to scripts/slurm_gpt2.sbatch);
 # - checks that the data is there (-i's shards, and HellaSwag's file with -h 1: check_inputs) and builds
 #   train_gpt2_fp8, then runs it (LLM8_TRAINER names another trainer binary, built
@@ -119,7 +119,7 @@ print_usage() {
     echo "  NUM_GPUS=N          ranks, one per GPU (default 1); N > 1 runs ZeRO-1 (-z 1) through LLM8_LAUNCHER, and"
     echo "                      -b shrinks where -b x -t x N does not divide -d"
     echo "  LLM8_LAUNCHER=PATH  what starts the ranks for NUM_GPUS > 1 (default scripts/launch_one_node.sh: mpirun"
-    echo "                      where it exists, else -pi fs; LLM8_LAUNCH_METHOD=mpi|fs chooses)"
+    echo "                      where it exists and the trainer links MPI, else -pi fs; LLM8_LAUNCH_METHOD=mpi|fs chooses)"
     echo "  LLM8_TRAINER=PATH   a trainer binary built already, run instead of building ./train_gpt2_fp8 (e.g."
     echo "                      ./train_gpt2cpu, the CPU trainer with the same flags); the trainer then checks the data"
     echo "  DRY_RUN=1           check the data (-i's shards; HellaSwag's file with -h 1), print the trainer's command"

@@ -13,7 +13,7 @@ machine changes nothing).
   LLM8_LAUNCHER, and a run script (run_common.sh) calls the launcher back for the ranks; -m mpi
   (and the default, when mpirun is on PATH) hands the command to mpirun.
 - slurm_gpt2.sbatch run with bash: the run script runs once; each attempt is one srun step of
-  SLURM_NTASKS tasks whose trainer gets its rank from SLURM_PROCID, -pn, -pg SLURM_GPUS_ON_NODE,
+  SLURM_NTASKS tasks whose trainer gets its rank from SLURM_PROCID, -pn, -pg 0 (each its SLURM_LOCALID modulo the GPUs it sees),
   and -pi fs -pf (a fresh directory under llm8_nccl/<job id>/ in the checkout, removed after) or
   -pi tcp -ps <first node's IPv4>:<port>; its refusals are one line each.
 - End to end: build/sim/train_gpt2_fp8 (cudasim) trains 2 steps as 2 ranks on one "GPU" through
@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -35,7 +36,7 @@ LAUNCH = os.path.join(ROOT, "scripts", "launch_one_node.sh")
 SBATCH = os.path.join(ROOT, "scripts", "slurm_gpt2.sbatch")
 SIM_TRAINER = os.path.join(ROOT, "build", "sim", "train_gpt2_fp8")
 TOOLS = ("bash", "sh", "env", "basename", "dirname", "mktemp", "rm", "rmdir", "mkdir", "mv", "tr", "grep", "sleep",
-         "cat", "head", "awk", "stat")
+         "cat", "head", "awk", "stat", "od", "ldd")
 HANG_S = 30  # a hanging stand-in rank sleeps this long; every wait below is far shorter
 
 # a trainer rank: records itself, then does what STUB_RANK_<its -pr> (else STUB_EVERY_RANK) says:
@@ -507,6 +508,23 @@ def test_launch_method(env, method_args, extra, mpirun, expect):
         assert env.records("mpirun") == [] and sorted(env.ranks()) == [0, 1]
 
 
+def test_launch_default_is_fs_for_a_program_built_without_mpi(env, tmp_path):
+    """mpirun on PATH, but the command an ELF program that links no libmpi (a trainer built where the Makefile found no
+    OpenMPI, in a container whose mpirun is another MPI's): under mpirun each copy would see a world of 1, so the
+    default is fs, with a note; here the program is Python, which records the flags each rank got"""
+    env.stub("mpirun", MPIRUN_STUB)
+    ranks = tmp_path / "python_ranks"
+    ranks.mkdir()
+    code = ("import os, sys; a = sys.argv[1:]; "
+            f"open(os.path.join({str(ranks)!r}, a[a.index('-pr') + 1]), 'w').write(' '.join(a))")
+    rc, out, err = env.launch(["-n", "2", "--", sys.executable, "-c", code], cvd="0,1")
+    assert rc == 0, err
+    assert env.records("mpirun") == []
+    assert sorted(os.listdir(ranks)) == ["0", "1"]
+    assert all(re.fullmatch(r"-pi fs -pf \S+ -pn 2 -pr \d -pg 2", (ranks / r).read_text()) for r in ("0", "1"))
+    assert f"note: mpirun is on PATH, but {sys.executable} was built without MPI" in err, err
+
+
 @pytest.mark.parametrize("preset", [None, "0"], ids=["unset", "user-set"])
 def test_mpirun_as_root_is_allowed_unless_the_user_said(env, preset):
     """OpenMPI's mpirun refuses root unless both variables are 1 (GPU containers often run as root): the launcher sets
@@ -566,7 +584,7 @@ def test_slurm_fs_runs_the_script_once_and_one_srun_step(slurm):
     assert os.path.dirname(pf) == str(checkout / "llm8_nccl" / "4242") and os.path.basename(pf).startswith("launch.")
     for r, rec in got.items():
         assert rec["args"] == ["-e", "model.bin", "-o", job["OUT_DIR"], "-y", "1", "-z", "1", "-x", "5",
-                               "-pi", "fs", "-pf", pf, "-pn", "4", "-pr", str(r), "-pg", "2"], rec
+                               "-pi", "fs", "-pf", pf, "-pn", "4", "-pr", str(r), "-pg", "0"], rec
         assert rec["SLURM_PROCID"] == str(r) and rec["pf_state"] == "dir 0" and rec["cwd"] == str(checkout)
     assert not (checkout / "llm8_nccl").exists(), "the id directories outlived the job"
 
@@ -585,7 +603,7 @@ def test_slurm_tcp_serves_the_id_at_the_first_nodes_address(slurm, port, loopbac
     assert sorted(got) == [0, 1, 2, 3]
     for r, rec in got.items():
         assert rec["args"][-10:] == ["-pi", "tcp", "-ps", f"10.20.30.40:{port or 12345}", "-pn", "4", "-pr", str(r),
-                                     "-pg", "2"], rec
+                                     "-pg", "0"], rec
     assert not (checkout / "llm8_nccl").exists()
 
 
@@ -599,7 +617,7 @@ def test_slurm_the_default_run_script(slurm):
     got = env.ranks()
     assert sorted(got) == [0, 1, 2, 3]
     for r, rec in got.items():
-        assert rec["args"][:4] == ["-p", "bf16", "-e", "d12"] and rec["args"][-4:] == ["-pr", str(r), "-pg", "2"], rec
+        assert rec["args"][:4] == ["-p", "bf16", "-e", "d12"] and rec["args"][-4:] == ["-pr", str(r), "-pg", "0"], rec
 
 
 def test_slurm_a_failed_step_is_retried_as_new_steps_not_new_batch_runs(slurm):

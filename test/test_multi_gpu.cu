@@ -713,6 +713,33 @@ static int run_one_rank(const char* dir) {
     return g_tests_failed > 0 ? 1 : 0;
 }
 
+// a process's GPU: the node-local id under mpirun or srun (any task layout), else the rank, modulo -pg (0: the GPUs it
+// sees); srun's SLURM_LOCALID only in an srun step whose SLURM_PROCID is this process's rank
+static void test_device_choice(void) {
+    CHECK(multi_gpu_device_index(-1, 11, 8, 8) == 3, "no local id: rank 11 %% -pg 8");
+    CHECK(multi_gpu_device_index(5, 40, 8, 8) == 5, "srun -m cyclic: rank 40, local id 5 (not 40 %% 8 = 0)");
+    CHECK(multi_gpu_device_index(3, 11, 0, 1) == 0, "--gpus-per-task=1 with -pg 0: the one GPU the task sees");
+    CHECK(multi_gpu_device_index(-1, 3, 0, 4) == 3, "-pg 0: all four visible");
+    CHECK_DIES("-pg 8 where a task sees one GPU", "rank 11: GPU 3 of this node wanted (-pg 8) but only 1 are visible "
+               "(-pg 0 takes the GPUs this rank sees)", { multi_gpu_device_index(3, 11, 8, 1); });
+    const char* names[3] = {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID"};
+    char* saved[3];
+    for (int i = 0; i < 3; i++) { saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL; }
+    setenv("SLURM_STEP_NUM_TASKS", "64", 1);
+    setenv("SLURM_PROCID", "40", 1);
+    setenv("SLURM_LOCALID", "5", 1);
+    CHECK(multi_gpu_srun_local_id(40) == 5, "srun task 40: SLURM_LOCALID 5");
+    CHECK(multi_gpu_srun_local_id(41) == -1, "a process of rank 41 started by task 40: not its local id");
+    setenv("SLURM_LOCALID", "5x", 1);
+    CHECK(multi_gpu_srun_local_id(40) == -1, "SLURM_LOCALID not a number: none");
+    setenv("SLURM_LOCALID", "5", 1);
+    unsetenv("SLURM_STEP_NUM_TASKS");  // a batch script's own shell, not an srun step
+    CHECK(multi_gpu_srun_local_id(40) == -1, "outside an srun step: none");
+    for (int i = 0; i < 3; i++) {
+        if (saved[i] != NULL) { setenv(names[i], saved[i], 1); free(saved[i]); } else { unsetenv(names[i]); }
+    }
+}
+
 int main(void) {
     // the checks that fork a child which must exit with one line come first, before this process
     // touches NCCL (run_one_rank's comment)
@@ -722,6 +749,7 @@ int main(void) {
     test_remove_dir(watchdog_dir);
     test_lone_ranks();
     test_id_file_of_another_run_not_taken();
+    test_device_choice();
     CHECK_DIES("bad rank", "-pr", { MultiGpuOptions o = fs_options(2, 2, "/tmp", 5); multi_gpu_options_check(&o); });
     CHECK_DIES("bad method", "-pi", { multi_gpu_init_method_from_name("slurm"); });
     CHECK_DIES("bad server", "-ps", { multi_gpu_parse_server("not-an-ip"); });
