@@ -14,9 +14,10 @@
 #              `-pi fs -pf DIR -pn N -pr R -pg G`. Default: $LLM8_LAUNCH_METHOD, else mpi when
 #              mpirun is on PATH, else fs; fs too, with a note, when the command is a program
 #              linked without MPI (no libmpi in its ldd: a trainer built where the Makefile found no
-#              OpenMPI, beside another MPI's mpirun, as in NGC containers). As root (GPU containers often are) it sets
-#              OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, without which OpenMPI's
-#              mpirun refuses to start (other MPIs ignore them); values already set are kept.
+#              OpenMPI, beside another MPI's mpirun, as in NGC containers). As root (GPU
+#              containers often are) it sets OMPI_ALLOW_RUN_AS_ROOT=1 and
+#              OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, without which OpenMPI's mpirun refuses to start
+#              (other MPIs ignore them); values already set are kept.
 #
 # Why it is shaped so:
 # - mpirun is the launcher llm.c users know; --bind-to none keeps each rank's threads off a single
