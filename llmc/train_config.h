@@ -480,6 +480,15 @@ static inline void train_config_note_resumed_model(const TrainConfig* c, const G
     }
 }
 
+// whether flag f has in c a value other than in defaults; its value in c, as --help writes it, into value
+static inline int flag_moved_from_default(const FlagSpec* f, const TrainConfig* c, const TrainConfig* defaults,
+                                          char* value, size_t size) {
+    char default_value[4200];
+    flag_value_to_text(f, c, value, size);
+    flag_value_to_text(f, defaults, default_value, sizeof(default_value));
+    return strcmp(value, default_value) != 0;
+}
+
 // the flags a program accepts and ignores (its flags_without_effect), given a value other than its default
 // (`defaults`, the program's): one note each, naming the program (an llm.c user's -s on the CPU trainer would
 // otherwise print no sample without a word)
@@ -489,10 +498,8 @@ static inline void train_config_note_flags_without_effect(const TrainConfig* c, 
     for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
         const FlagSpec* f = &TRAIN_FLAGS[i];
         if (!list_has_word(c->flags_without_effect, f->name)) { continue; }
-        char value[4200], default_value[4200];
-        flag_value_to_text(f, c, value, sizeof(value));
-        flag_value_to_text(f, defaults, default_value, sizeof(default_value));
-        if (strcmp(value, default_value) != 0) {
+        char value[4200];
+        if (flag_moved_from_default(f, c, defaults, value, sizeof(value))) {
             printf("note: %s %.60s has no effect in %s (train_gpt2_fp8 has it; --help marks the flags %s ignores)\n",
                    f->name, value, program, program);
         }
@@ -508,10 +515,8 @@ static inline void train_config_note_unused_fp8_flags(const TrainConfig* c) {
     for (int i = 0; i < NUM_TRAIN_FLAGS; i++) {
         const FlagSpec* f = &TRAIN_FLAGS[i];
         if (strncmp(f->name, "-f", 2) != 0 || strcmp(f->name, "-f") == 0) { continue; }  // -f: llm.c's TF32 switch
-        char value[4200], default_value[4200];
-        flag_value_to_text(f, c, value, sizeof(value));
-        flag_value_to_text(f, &defaults, default_value, sizeof(default_value));
-        if (strcmp(value, default_value) != 0) {
+        char value[4200];
+        if (flag_moved_from_default(f, c, &defaults, value, sizeof(value))) {
             snprintf(given + strlen(given), sizeof(given) - strlen(given), "%s%s %.60s", given[0] != '\0' ? ", " : "",
                      f->name, value);
         }
