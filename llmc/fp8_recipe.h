@@ -88,6 +88,16 @@ typedef struct {
     int fc_writes_codes;          // -fe 1: fc's forward GEMM writes fcproj's x codes (fp8_model_fc_forward_codes)
 } Fp8Settings;
 
+// whether any tensor keeps an amax history of -fh uses: the delayed recipe's activations, -fg
+// delayed's gradients (a delayed weight's history is its last step's amax alone)
+static inline int fp8_settings_read_history(const Fp8Settings* s) {
+    return s->recipe == FP8_MODEL_DELAYED || s->grad_scaling == FP8_GRADS_DELAYED;
+}
+
+// whether any scale is per tensor, which -fm divides: the block recipe scales each tile and block
+// by its own amax
+static inline int fp8_settings_read_margin(const Fp8Settings* s) { return s->recipe != FP8_MODEL_BLOCK; }
+
 // "qkv,attproj,fc,fcproj" from bits (for the startup line and the errors)
 static inline void fp8_names_from_bits(char* out, size_t n, int bits, const char* const* names, int count) {
     out[0] = '\0';

@@ -359,6 +359,11 @@ static inline Fp8Settings train_config_fp8_settings(const TrainConfig* c) {
         llm8_die("flag -fw delayed: -f8 %s has no FP8 block linear, and lm_head's weight is cast from the bf16 wte after "
                  "the update, current-scaled; use -fw current", c->fp8_linears);
     }
+    // a tuning value the recipe does not read (train_config_note_idle_fp8_tuning) is held at its
+    // default: the state file then records none, and a resume may give another
+    const TrainConfig defaults = train_config_defaults();
+    if (!fp8_settings_read_history(&s)) { s.history_len = defaults.fp8_history; }
+    if (!fp8_settings_read_margin(&s)) { s.margin = defaults.fp8_margin; }
     return s;
 }
 
@@ -528,18 +533,18 @@ static inline void train_config_note_unused_fp8_flags(const TrainConfig* c) {
 Within an FP8 run, the tuning flags the chosen recipe does not read: -fh is the length of the
 amax history that -fr delayed keeps for the activations and -fg delayed for the gradients, and
 -fm divides per-tensor scales, which -fr block has none of. Moved off their defaults there,
-they would change nothing without a word: one note each. (The state file still records them:
-a resume of such a run still needs the same values, fp8_settings_difference.)
+they would change nothing without a word: one note each. (The run's settings hold such a value
+at its default, train_config_fp8_settings, so a resume of the run may give any.)
 */
 static inline void train_config_note_idle_fp8_tuning(const TrainConfig* c) {
     if (strcmp(c->precision, "fp8") != 0) { return; }  // train_config_note_unused_fp8_flags's case
     const TrainConfig defaults = train_config_defaults();
-    int history_used = strcmp(c->fp8_recipe, "delayed") == 0 || strcmp(c->fp8_grad_scaling, "delayed") == 0;
-    if (!history_used && c->fp8_history != defaults.fp8_history) {
+    const Fp8Settings settings = train_config_fp8_settings(c);
+    if (!fp8_settings_read_history(&settings) && c->fp8_history != defaults.fp8_history) {
         printf("note: -fh %d: no tensor of this run keeps an amax history (-fr %s -fg %s; -fr delayed or -fg delayed "
                "would): it changes nothing\n", c->fp8_history, c->fp8_recipe, c->fp8_grad_scaling);
     }
-    if (strcmp(c->fp8_recipe, "block") == 0 && c->fp8_margin != defaults.fp8_margin) {
+    if (!fp8_settings_read_margin(&settings) && c->fp8_margin != defaults.fp8_margin) {
         printf("note: -fm %d: the margin divides per-tensor scales, and -fr block scales each tile and block by its own "
                "amax: it changes nothing\n", c->fp8_margin);
     }

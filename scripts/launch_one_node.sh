@@ -17,7 +17,11 @@
 #              OpenMPI, beside another MPI's mpirun, as in NGC containers). As root (GPU
 #              containers often are) it sets OMPI_ALLOW_RUN_AS_ROOT=1 and
 #              OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, without which OpenMPI's mpirun refuses to start
-#              (other MPIs ignore them); values already set are kept.
+#              (other MPIs ignore them); values already set are kept. It also lets OpenMPI start
+#              more ranks than it counts slots (OMPI_MCA_rmaps_base_oversubscribe=1 for OpenMPI 4,
+#              PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe for 5; values already set are
+#              kept): inside a Slurm allocation of fewer tasks than GPUs (salloc --gpus=8 has one)
+#              it counts the tasks, elsewhere the cores, and would refuse with "not enough slots".
 #
 # Why it is shaped so:
 # - mpirun is the launcher llm.c users know; --bind-to none keeps each rank's threads off a single
@@ -120,6 +124,8 @@ if [[ "$method" == mpi ]]; then
         export OMPI_ALLOW_RUN_AS_ROOT="${OMPI_ALLOW_RUN_AS_ROOT:-1}"
         export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}"
     fi
+    export OMPI_MCA_rmaps_base_oversubscribe="${OMPI_MCA_rmaps_base_oversubscribe:-1}"
+    export PRTE_MCA_rmaps_default_mapping_policy="${PRTE_MCA_rmaps_default_mapping_policy:-:oversubscribe}"
     exec mpirun -np "$num_ranks" --bind-to none "$@"
 fi
 

@@ -1766,14 +1766,25 @@ static void test_config_usage(void) {
     }
 }
 
-// the FP8 settings take -fh, -fm and -fn as given and are on under -p fp8 alone; -fw delayed, refused, names the
-// first block linear left a bf16 GEMM
+// the FP8 settings take -fh, -fm and -fn as given (-fh and -fm at their defaults where the recipe reads neither) and
+// are on under -p fp8 alone; -fw delayed, refused, names the first block linear left a bf16 GEMM
 static void test_config_fp8_settings(void) {
     TrainConfig c = PARSE("-p", "fp8", "-fh", "7", "-fm", "3", "-fn", "9");
     Fp8Settings s = train_config_fp8_settings(&c);
     CHECK(s.enabled && s.history_len == 7 && s.margin == 3 && s.numerics_every == 9,
           "-p fp8 -fh 7 -fm 3 -fn 9: enabled %d, history %d, margin %d, numerics every %d", s.enabled, s.history_len,
           s.margin, s.numerics_every);
+    c = PARSE("-p", "fp8", "-fr", "block", "-fh", "7", "-fm", "3");
+    s = train_config_fp8_settings(&c);
+    CHECK(s.history_len == FP8_AMAX_HISTORY_DEFAULT && s.margin == 0,
+          "-fr block -fh 7 -fm 3 (neither read): history %d, margin %d, not the defaults", s.history_len, s.margin);
+    c = PARSE("-p", "fp8", "-fr", "current", "-fh", "7", "-fm", "3");
+    s = train_config_fp8_settings(&c);
+    CHECK(s.history_len == FP8_AMAX_HISTORY_DEFAULT && s.margin == 3,
+          "-fr current -fh 7 -fm 3 (-fh not read): history %d, margin %d", s.history_len, s.margin);
+    c = PARSE("-p", "fp8", "-fr", "current", "-fg", "delayed", "-fh", "7");
+    s = train_config_fp8_settings(&c);
+    CHECK(s.history_len == 7, "-fr current -fg delayed -fh 7 (the gradients' history): history %d", s.history_len);
     c = PARSE("-p", "bf16");
     CHECK(!train_config_fp8_settings(&c).enabled, "-p bf16: FP8 enabled");
     CHECK_DIES("-fw delayed with qkv's wgrad in bf16", "leaves qkv a bf16 GEMM",

@@ -84,6 +84,8 @@ MPIRUN_STUB = r"""#!/usr/bin/env bash
 {
     echo "OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT-unset}"
     echo "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM-unset}"
+    echo "OMPI_MCA_rmaps_base_oversubscribe=${OMPI_MCA_rmaps_base_oversubscribe-unset}"
+    echo "PRTE_MCA_rmaps_default_mapping_policy=${PRTE_MCA_rmaps_default_mapping_policy-unset}"
     printf 'arg=%s\n' "$@"
 } > "$STUB_LOG/.mpirun.$$" && mv "$STUB_LOG/.mpirun.$$" "$STUB_LOG/mpirun.$$"
 """
@@ -190,7 +192,7 @@ class Env:
         self.rank = write_exe(tmp_path / "rank_stub", RANK_STUB)
         self.run_script = write_exe(tmp_path / "run_stub.sh", RUN_SCRIPT_STUB)
         self.env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("SLURM_", "LLM8_", "STUB_", "OMPI_"))
+                    if not k.startswith(("SLURM_", "LLM8_", "STUB_", "OMPI_", "PRTE_"))
                     and k not in ("CUDA_VISIBLE_DEVICES", "NCCL_MULTI_RANK_GPU_ENABLE", "NUM_GPUS", "OUT_DIR", "MODEL",
                                   "PRECISION", "RUN_SCRIPT")}
         self.env.update(PATH=f"{self.stubs}:{tools}", TMPDIR=str(self.tmpdir), STUB_LOG=str(self.log))
@@ -536,6 +538,42 @@ def test_mpirun_as_root_is_allowed_unless_the_user_said(env, preset):
     expected = (preset or "1") if os.geteuid() == 0 else (preset or "unset")
     assert rec["OMPI_ALLOW_RUN_AS_ROOT"] == expected, rec
     assert rec["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == ("1" if os.geteuid() == 0 else "unset"), rec
+
+
+@pytest.mark.parametrize("preset", [None, "package"], ids=["unset", "user-set"])
+def test_mpirun_may_start_more_ranks_than_slots(env, preset):
+    """OpenMPI counts slots (a Slurm allocation's tasks, else the cores) and refuses more ranks: the launcher allows
+    oversubscription for OpenMPI 4 and 5 alike, keeping a mapping policy the user set"""
+    env.stub("mpirun", MPIRUN_STUB)
+    rc, out, err = env.launch(["-n", "2", "-m", "mpi", "--", env.rank], cvd="0,1",
+                              PRTE_MCA_rmaps_default_mapping_policy=preset)
+    assert rc == 0, err
+    (rec,) = env.records("mpirun")
+    assert rec["OMPI_MCA_rmaps_base_oversubscribe"] == "1", rec
+    assert rec["PRTE_MCA_rmaps_default_mapping_policy"] == (preset or ":oversubscribe"), rec
+
+
+def test_real_mpirun_starts_a_rank_per_gpu_in_a_one_task_slurm_allocation(env):
+    """OpenMPI's own mpirun (not a stand-in) inside `salloc --gpus=3` (one task, so one slot): every rank starts,
+    where plain `mpirun -np 3` stops at "not enough slots" (LLM8_REQUIRE_MPI=1 fails the test without OpenMPI)"""
+    real = shutil.which("mpirun")
+    ompi = real is not None and "Open MPI" in subprocess.run([real, "--version"], capture_output=True, text=True).stdout
+    if not ompi:
+        if os.environ.get("LLM8_REQUIRE_MPI") == "1":
+            pytest.fail("LLM8_REQUIRE_MPI=1 but OpenMPI's mpirun is missing (apt-get install openmpi-bin)")
+        pytest.skip("OpenMPI's mpirun is not installed")
+    host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    allocation = dict(PATH=env.env["PATH"] + ":" + os.environ["PATH"],  # what mpirun starts (ssh, orted) as well
+                      SLURM_JOB_ID=77, SLURM_JOBID=77, SLURM_NODELIST=host, SLURM_JOB_NODELIST=host, SLURM_NNODES=1,
+                      SLURM_JOB_NUM_NODES=1, SLURM_NTASKS=1, SLURM_TASKS_PER_NODE=1, SLURM_JOB_CPUS_PER_NODE=1,
+                      OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
+    plain = env.run([real, "-np", 3, "--bind-to", "none", env.rank], allocation, timeout=60)
+    assert plain[0] != 0 and "not enough slots" in plain[1] + plain[2], plain  # the case this guards
+    shutil.rmtree(env.log)
+    env.log.mkdir()
+    rc, out, err = env.launch(["-n", "3", "-m", "mpi", "--", env.rank], cvd="0,1,2", timeout=60, **allocation)
+    assert rc == 0, err[-2000:]
+    assert len(env.records("rank")) == 3, (out[-2000:], err[-2000:])
 
 
 # ---- slurm_gpt2.sbatch ----------------------------------------------------------------------

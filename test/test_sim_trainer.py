@@ -13,7 +13,8 @@ make test): the paths the kernel and model tests (test/test_*.cu) do not reach, 
   accumulation averages its micro-steps; checkpoints at every -n steps and at the last step;
 - each FP8 weight cast with its own layer's amax after the update (the state file's records);
 - -y 1 resumes bitwise: the resumed steps print the losses of the uninterrupted run; also with each linear's
-  own FP8 passes, resumed with val, HellaSwag, samples and -r 2, which change nothing;
+  own FP8 passes, resumed with val, HellaSwag, samples and -r 2, which change nothing, and a block run's
+  checkpoint resumed without the -fh and -fm it was given (the recipe reads neither);
 - -fr delayed and -fg delayed take the current path in the first step only (its model is -fr current's);
 - -ge 2 (GELU's derivative in fcproj's dgrad epilogue), bf16 and FP8: trains, tracking -ge 1;
 - -fe 1 (fc's GEMM writes fcproj's x codes): step 1 is -fe 0's, then it tracks -fe 0, logs fcproj's x, resumes bitwise;
@@ -294,6 +295,20 @@ def test_resume_is_bitwise(workdir, flags):
     assert re.search(r"^note: -y 1 resumes \S+model_00000006\.bin \(L=2 NH=2 C=128\); -e model_c192\.bin \(L=1 NH=3 "
                      r"C=192\) is not used$", again.stdout, re.M), again.stdout[:2000]
     assert "is not used" not in resumed.stdout, resumed.stdout[:2000]  # -e the checkpoint's shape: no note
+
+
+def test_block_resume_takes_other_idle_tuning(workdir):
+    """-fh and -fm, which -fr block reads neither of (a note says so), are held at their defaults: a checkpoint of
+    a block run given them resumes without them, its steps the straight run's bit for bit"""
+    out = workdir / "block_idle_tuning"
+    common = ["-p", "fp8", "-fr", "block", "-x", 4, "-l", 3e-3, "-v", 0, "-s", 0, "-n", 2, "-o", out]
+    straight = train(workdir, common + ["-fh", 4, "-fm", 2])
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    os.remove(out / "DONE_00000004")
+    resumed = train(workdir, common + ["-y", 1])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a, b = losses(straight.stdout), losses(resumed.stdout)
+    assert sorted(b) == [3, 4] and all(a[s] == b[s] for s in (3, 4)), (a, b)
 
 
 @pytest.mark.parametrize("changed,expected", [

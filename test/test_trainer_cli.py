@@ -954,6 +954,19 @@ def test_cpu_fp8_resume_is_bitwise_identical(data, tmp_path, fp8_flags):
     assert final_model(tmp_path / "straight") == final_model(tmp_path / "split")
 
 
+@pytest.mark.parametrize("recipe,idle", [(["-fr", "block"], ["-fh", 4, "-fm", 2]), (["-fr", "current"], ["-fh", 4])],
+                         ids=["block", "current"])
+def test_cpu_fp8_resume_takes_other_idle_tuning(data, tmp_path, recipe, idle):
+    """-fh and -fm where the recipe reads neither (the notes say they change nothing) are held at their defaults: a
+    checkpoint written with them resumes without them, and one written without them resumes with them, bitwise"""
+    flags = ["-p", "fp8", "-f8", "all"] + recipe
+    run_straight(data, tmp_path / "straight", flags)
+    for name, first, second in (("given", flags + idle, flags), ("added", flags, flags + idle)):
+        r = run_split(data, tmp_path / name, first, second)
+        assert r.returncode == 0, r.stderr
+        assert final_model(tmp_path / name) == final_model(tmp_path / "straight"), name
+
+
 def test_cpu_fp8_delayed_weights_are_honoured(data, tmp_path):
     """-fw delayed trains through the emulation's delayed weight cast: the same first step, then other bits"""
     current = run_straight(data, tmp_path / "current", ["-p", "fp8"])
