@@ -62,7 +62,7 @@ Why it is shaped so:
 #define MULTI_GPU_DEFAULT_TIMEOUT_S 300
 #define MULTI_GPU_DEFAULT_PORT 12345
 #define MULTI_GPU_ID_POLL_US 100000  // the id exchange polls its file or server every 0.1 s
-#define MULTI_GPU_ID_FILE "llm8_nccl_id.bin"
+#define MULTI_GPU_ID_FILE "llm8_nccl_id.bin"  // -pi fs's file outside a Slurm job (multi_gpu_id_file_path)
 
 typedef enum { MULTI_GPU_INIT_MPI, MULTI_GPU_INIT_FS, MULTI_GPU_INIT_TCP } MultiGpuInitMethod;
 
@@ -337,9 +337,23 @@ static inline float multi_gpu_all_reduce_float(const MultiGpuConfig* cfg, float 
 // ----------------------------------------------------------------------------
 // getting rank 0's ncclUniqueId to every rank
 
-// -pi fs: the file in -pf through which rank 0 hands out the NCCL id
+/*
+-pi fs: the file in -pf through which rank 0 hands out the NCCL id. Within a Slurm job its name
+holds the job id, llm8_nccl_id.job<SLURM_JOB_ID>.bin: every rank of a job sees the same one
+(srun's tasks, and ranks a launcher starts inside the allocation, inherit it), so jobs that
+share a -pf never read or remove each other's id, nor one an earlier job left. Elsewhere, and
+for a SLURM_JOB_ID that is not a number, it is llm8_nccl_id.bin.
+*/
 static inline void multi_gpu_id_file_path(const MultiGpuOptions* opts, char* path, size_t size) {
-    path_in_dir(path, size, opts->fs_path, MULTI_GPU_ID_FILE);
+    const char* job = getenv("SLURM_JOB_ID");
+    size_t digits = job != NULL ? strspn(job, "0123456789") : 0;
+    char name[64];
+    if (digits > 0 && digits <= 20 && job[digits] == '\0') {
+        snprintf(name, sizeof(name), "llm8_nccl_id.job%s.bin", job);
+    } else {
+        snprintf(name, sizeof(name), "%s", MULTI_GPU_ID_FILE);
+    }
+    path_in_dir(path, size, opts->fs_path, name);
 }
 
 static inline void multi_gpu_id_file_remove(const MultiGpuOptions* opts) {
@@ -353,7 +367,8 @@ static inline void multi_gpu_id_file_remove(const MultiGpuOptions* opts) {
 from one another run left or is writing in the same -pf (a run of another size, or an older
 llm8's bare id). A file that is not this run's is not used: the rank goes on polling, as its
 own rank 0 may yet replace it, and its timeout message says what it found instead. Two runs
-of the same size sharing -pf still cannot be told apart: give each launch its own directory.
+of the same size sharing -pf outside Slurm (inside, the file's name holds the job id) still
+cannot be told apart: give each launch its own directory.
 */
 #define MULTI_GPU_ID_FILE_MAGIC 0x4649384cu  // "L8IF"
 
@@ -824,7 +839,7 @@ static inline void multi_gpu_device_init(MultiGpuConfig* cfg, const MultiGpuOpti
     ncclResult_t result = ncclCommInitRankConfig(&cfg->nccl_comm, cfg->num_processes, id, cfg->process_rank, &config);
     multi_gpu_nccl_settle(cfg, result, opts->init_method == MULTI_GPU_INIT_FS
         ? "communicator creation (ncclCommInitRankConfig; if rank 0 started after the others, they may have read an "
-          "earlier run's " MULTI_GPU_ID_FILE " in -pf: remove it and start again)"
+          "earlier run's NCCL id file in -pf, llm8_nccl_id*.bin: remove it and start again)"
         : "communicator creation (ncclCommInitRankConfig)");
     if (opts->init_method == MULTI_GPU_INIT_FS && cfg->process_rank == 0) {
         // every rank has joined, so none still needs the file; a stale one would mislead the next run

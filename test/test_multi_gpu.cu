@@ -394,8 +394,9 @@ static void test_two_ranks(void) {
         CHECK(status == 0, "two ranks: rank %d exited with %d (failures above; -1: crash or hang)", rank, status);
     }
     char id_path[4096];  // once every rank has joined, rank 0 removes the id: a stale one would mislead the next run
-    path_in_dir(id_path, sizeof(id_path), dir, MULTI_GPU_ID_FILE);
-    CHECK(access(id_path, F_OK) != 0, "two ranks: %s left in -pf after the communicator formed", MULTI_GPU_ID_FILE);
+    MultiGpuOptions rank_0 = fs_options(2, 0, dir, RANK_TIMEOUT_S);
+    multi_gpu_id_file_path(&rank_0, id_path, sizeof(id_path));
+    CHECK(access(id_path, F_OK) != 0, "two ranks: %s left in -pf after the communicator formed", id_path);
     test_remove_dir(dir);
 
     // rank 1 dies after joining (a crash): rank 0's next collective, or its finalize, ends it with
@@ -623,7 +624,8 @@ it may already be this run's own. No GPU is touched.
 static void test_stale_id_file_removed_by_rank_0_only(void) {
     char dir[256], path[4096];
     test_make_temp_dir(dir, sizeof(dir));
-    path_in_dir(path, sizeof(path), dir, MULTI_GPU_ID_FILE);
+    MultiGpuOptions any_rank = fs_options(2, 0, dir, 1);
+    multi_gpu_id_file_path(&any_rank, path, sizeof(path));
     for (int rank = 1; rank >= 0; rank--) {
         FILE* fp = fopenCheck(path, "wb");
         fcloseCheck(fp);
@@ -661,7 +663,8 @@ static void check_id_file_read(const char* path, int num_processes, int expect_t
 static void test_id_file_of_another_run_not_taken(void) {
     char dir[256], path[4096];
     test_make_temp_dir(dir, sizeof(dir));
-    path_in_dir(path, sizeof(path), dir, MULTI_GPU_ID_FILE);
+    MultiGpuOptions any_rank = fs_options(2, 0, dir, 1);
+    multi_gpu_id_file_path(&any_rank, path, sizeof(path));
     check_id_file_read(path, 2, 0, "");
     MultiGpuIdFile file;
     memset(&file, 0, sizeof(file));
@@ -690,6 +693,56 @@ static void test_id_file_of_another_run_not_taken(void) {
         MultiGpuOptions opts = fs_options(2, 1, dir, 1);
         multi_gpu_config_init(&opts, 0);
     });
+    test_remove_dir(dir);
+}
+
+/*
+-pi fs within a Slurm job: the id file's name holds SLURM_JOB_ID (a number; anything else, or
+none, gives the plain name), so two jobs sharing -pf keep apart: rank 0 removes at its start
+only its own job's file, and a rank polls past another job's (of the same -pn) until -pt. No GPU
+is touched.
+*/
+static void check_id_file_name(const char* job, const char* dir, const char* expect_name) {
+    if (job != NULL) { setenv("SLURM_JOB_ID", job, 1); } else { unsetenv("SLURM_JOB_ID"); }
+    char path[4096], expected[4096];
+    MultiGpuOptions opts = fs_options(2, 0, dir, 1);
+    multi_gpu_id_file_path(&opts, path, sizeof(path));
+    path_in_dir(expected, sizeof(expected), dir, expect_name);
+    CHECK(strcmp(path, expected) == 0, "SLURM_JOB_ID %s: id file %s (expected %s)", job != NULL ? job : "unset", path,
+          expected);
+}
+
+static void test_id_file_named_by_slurm_job(void) {
+    const char* saved = getenv("SLURM_JOB_ID");
+    char saved_job[64];
+    snprintf(saved_job, sizeof(saved_job), "%s", saved != NULL ? saved : "");
+    char dir[256], other_job[4096], own_job[4096];
+    test_make_temp_dir(dir, sizeof(dir));
+    check_id_file_name(NULL, dir, "llm8_nccl_id.bin");
+    check_id_file_name("", dir, "llm8_nccl_id.bin");
+    check_id_file_name("42x", dir, "llm8_nccl_id.bin");
+    check_id_file_name("../42", dir, "llm8_nccl_id.bin");
+    check_id_file_name("123456789012345678901", dir, "llm8_nccl_id.bin");
+    check_id_file_name("4242", dir, "llm8_nccl_id.job4242.bin");
+    path_in_dir(other_job, sizeof(other_job), dir, "llm8_nccl_id.job4242.bin");
+    path_in_dir(own_job, sizeof(own_job), dir, "llm8_nccl_id.job4243.bin");
+    MultiGpuIdFile file;  // a valid id of a 2-rank run of job 4242
+    memset(&file, 0, sizeof(file));
+    file.magic = MULTI_GPU_ID_FILE_MAGIC;
+    file.num_processes = 2;
+    write_id_file(other_job, &file, sizeof(file));
+    write_id_file(own_job, &file, sizeof(file));
+    setenv("SLURM_JOB_ID", "4243", 1);
+    MultiGpuOptions rank_0 = fs_options(2, 0, dir, 1);
+    multi_gpu_process_init(&rank_0);
+    CHECK(access(own_job, F_OK) != 0 && access(other_job, F_OK) == 0, "rank 0 of job 4243 at its start: its own id "
+          "file %s, job 4242's %s", access(own_job, F_OK) == 0 ? "left" : "removed",
+          access(other_job, F_OK) == 0 ? "left" : "removed");
+    CHECK_DIES("rank 1 of job 4243 with only job 4242's id in -pf", "llm8_nccl_id.job4243.bin' after 1 s", {
+        MultiGpuOptions opts = fs_options(2, 1, dir, 1);
+        multi_gpu_config_init(&opts, 0);
+    });
+    if (saved != NULL) { setenv("SLURM_JOB_ID", saved_job, 1); } else { unsetenv("SLURM_JOB_ID"); }
     test_remove_dir(dir);
 }
 
@@ -749,6 +802,7 @@ int main(void) {
     test_remove_dir(watchdog_dir);
     test_lone_ranks();
     test_id_file_of_another_run_not_taken();
+    test_id_file_named_by_slurm_job();
     test_device_choice();
     CHECK_DIES("bad rank", "-pr", { MultiGpuOptions o = fs_options(2, 2, "/tmp", 5); multi_gpu_options_check(&o); });
     CHECK_DIES("bad method", "-pi", { multi_gpu_init_method_from_name("slurm"); });
