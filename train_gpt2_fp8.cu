@@ -1290,10 +1290,12 @@ static void print_fp8_summary(const GPT2* model) {
     bool bounded = fp8_model_dlogits_bounded(fp8);
     bool only_lm_head = bounded && !fp8_block_linears_cast_dy(s->passes);
     const char* gradients = block ? "1x128 tiles" : only_lm_head ? "lm_head's" : FP8_SCALING_CHOICE_NAMES[s->grad_scaling];
-    printf("fp8 | recipe %s (history %d, margin %d, weights %s%s, gradients %s%s) | passes %s (the rest bf16)%s | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
-           FP8_MODEL_RECIPE_NAMES[s->recipe], s->history_len, s->margin,
+    char tuning[64];  // -fh, -fm where the recipe reads them
+    fp8_tuning_text(tuning, sizeof(tuning), s);
+    printf("fp8 | recipe %s (weights %s%s, gradients %s%s%s) | passes %s (the rest bf16)%s | %d FP8 linears | FP8 buffers %.1f MiB | numerics log %s\n",
+           FP8_MODEL_RECIPE_NAMES[s->recipe],
            block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[s->weight_scaling], after_update,
-           gradients, only_lm_head ? " from its bound" : bounded ? ", lm_head's from its bound" : "", passes,
+           gradients, only_lm_head ? " from its bound" : bounded ? ", lm_head's from its bound" : "", tuning, passes,
            s->fc_writes_codes ? " | fcproj's x codes from fc's GEMM (-fe 1)" : "",
            fp8->num_linears, fp8->bytes / 1048576.0, fp8->numerics_file != NULL ? "numerics.jsonl" : "off (needs -o and -fn > 0)");
 }

@@ -124,6 +124,14 @@ static inline void fp8_passes_text(char* out, size_t n, const int passes[NUM_LIN
     if (out[0] == '\0') { snprintf(out, n, "none"); }
 }
 
+// ", history 16, margin 0": the -fh and -fm this recipe reads (fp8_settings_read_*), empty where
+// it reads neither (for the startup lines; the values held at their defaults would mislead there)
+static inline void fp8_tuning_text(char* out, size_t n, const Fp8Settings* s) {
+    out[0] = '\0';
+    if (fp8_settings_read_history(s)) { snprintf(out, n, ", history %d", s->history_len); }
+    if (fp8_settings_read_margin(s)) { snprintf(out + strlen(out), n - strlen(out), ", margin %d", s->margin); }
+}
+
 // the index of the name text[0..length) in names[0..count), or -1
 static inline int fp8_find_name(const char* text, size_t length, const char* const* names, int count) {
     for (int i = 0; i < count; i++) {

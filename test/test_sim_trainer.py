@@ -299,11 +299,15 @@ def test_resume_is_bitwise(workdir, flags):
 
 def test_block_resume_takes_other_idle_tuning(workdir):
     """-fh and -fm, which -fr block reads neither of (a note says so), are held at their defaults: a checkpoint of
-    a block run given them resumes without them, its steps the straight run's bit for bit"""
+    a block run given them resumes without them, its steps the straight run's bit for bit, and the startup line
+    shows neither"""
     out = workdir / "block_idle_tuning"
     common = ["-p", "fp8", "-fr", "block", "-x", 4, "-l", 3e-3, "-v", 0, "-s", 0, "-n", 2, "-o", out]
     straight = train(workdir, common + ["-fh", 4, "-fm", 2])
     assert straight.returncode == 0, straight.stderr[-2000:]
+    # the startup line shows neither held value (fp8_tuning_text)
+    assert re.search(r"^fp8 \| recipe block \(weights 128x128 blocks, gradients 1x128 tiles\) \| passes ", straight.stdout,
+                     re.M), straight.stdout[:3000]
     os.remove(out / "DONE_00000004")
     resumed = train(workdir, common + ["-y", 1])
     assert resumed.returncode == 0, resumed.stderr[-2000:]

@@ -967,6 +967,21 @@ def test_cpu_fp8_resume_takes_other_idle_tuning(data, tmp_path, recipe, idle):
         assert final_model(tmp_path / name) == final_model(tmp_path / "straight"), name
 
 
+@pytest.mark.parametrize("recipe,tuning", [
+    ([], ", history 8, margin 2"),
+    (["-fr", "current"], ", margin 2"),
+    (["-fr", "current", "-fg", "delayed"], ", history 8, margin 2"),
+    (["-fr", "block"], "")], ids=["delayed", "current", "current-fg-delayed", "block"])
+def test_cpu_fp8_startup_line_shows_the_tuning_read(data, tmp_path, recipe, tuning):
+    """the startup line shows -fh and -fm only where the recipe reads them: elsewhere they are held at their
+    defaults (fp8_settings_read_history/_margin), and a value printed there would claim otherwise"""
+    r = run_straight(data, tmp_path / "run", ["-p", "fp8", "-f8", "all", "-fh", 8, "-fm", 2] + recipe)
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.startswith("precision fp8 emulated"))
+    assert re.search(r", passes [^|]*" + re.escape(tuning) + r" \| optimizer", line), line
+    assert ("history" in line) == ("history" in tuning) and ("margin" in line) == ("margin" in tuning), line
+
+
 def test_cpu_fp8_delayed_weights_are_honoured(data, tmp_path):
     """-fw delayed trains through the emulation's delayed weight cast: the same first step, then other bits"""
     current = run_straight(data, tmp_path / "current", ["-p", "fp8"])

@@ -290,8 +290,7 @@ int main(int argc, char** argv) {
                  block ? "128x128 blocks" : FP8_SCALING_CHOICE_NAMES[fp8_settings.weight_scaling],
                  block ? "1x128 tiles" : FP8_SCALING_CHOICE_NAMES[fp8_settings.grad_scaling]);
         fp8_passes_text(fp8_passes + strlen(fp8_passes), sizeof(fp8_passes) - strlen(fp8_passes), fp8_settings.passes);
-        snprintf(fp8_passes + strlen(fp8_passes), sizeof(fp8_passes) - strlen(fp8_passes), ", history %d, margin %d",
-                 fp8_settings.history_len, fp8_settings.margin);  // -fh, -fm
+        fp8_tuning_text(fp8_passes + strlen(fp8_passes), sizeof(fp8_passes) - strlen(fp8_passes), &fp8_settings);
     }
     printf("precision %s%s%s | optimizer %s", fp8_settings.enabled ? "fp8 emulated, recipe " : "fp32",
            fp8_settings.enabled ? FP8_MODEL_RECIPE_NAMES[fp8_settings.recipe] : "", fp8_passes, tc.optimizer);
