@@ -1360,7 +1360,7 @@ int main(int argc, char** argv) {
     GPT2Config model_config;
     int resume_step = -1;
     char model_path[4096] = "";
-    checkpoint_claim_dir(out_dir, rank, tc.resume, tc.checkpoint_every);
+    checkpoint_claim_dir(out_dir, rank, tc.resume);
     if (tc.resume) {
         resume_step = checkpoint_resume_step(out_dir);
         if (resume_step >= 0) { checkpoint_model_path(model_path, sizeof(model_path), out_dir, resume_step); }
@@ -1410,16 +1410,9 @@ int main(int argc, char** argv) {
 
     // data: validated before the GPU is touched
     DataLoader train_loader, val_loader;
-    int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
-    train_config_check_shard_globs(&tc, run_val);
-    dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, rank, num_ranks, tc.shuffle, model_config.vocab_size);
-    dataloader_note_short_shards(&train_loader, "-i");
-    int val_batches = 0;
-    if (run_val) {
-        dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, rank, num_ranks, 0, model_config.vocab_size);
-        dataloader_note_short_shards(&val_loader, "-j");
-        val_batches = dataloader_eval_batches(&val_loader, tc.val_max_steps);
-    }
+    int val_batches;
+    int run_val = train_config_open_data(&tc, model_config.vocab_size, rank, num_ranks, &train_loader, &val_loader,
+                                         &val_batches);
     int train_num_batches = tc.max_steps == -1 ? dataloader_epoch_steps(&train_loader, grad_accum_steps) : tc.max_steps;
     EvalLoader eval_loader;
     const char* hellaswag_path = "dev/data/hellaswag/hellaswag_val.bin";

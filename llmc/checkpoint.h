@@ -280,13 +280,15 @@ static inline void checkpoint_remove(const char* dir, int step) {
 }
 
 /*
-A run that starts over (-y 0) and writes checkpoints (-n > 0) into a dir that already holds
-complete ones would mix two runs there: -nk would count the old run's later steps as the
-newest and remove the new run's checkpoints as they are written, and a later -y 1 would
-resume the old run. Refused with one line naming the newest (dir NULL: no -o).
+A run that starts over (-y 0) in a dir that already holds complete checkpoints would mix two
+runs there: its main.log would replace the old run's while the old checkpoints stay (a later
+-y 1 would resume the old run onto the new log), and with -n, -nk would count the old run's
+later steps as the newest and remove the new run's checkpoints as they are written. Refused
+with one line naming the newest, -n or not (an evaluation, -x 0, of a checkpoint writes its log
+to another -o) (dir NULL: no -o).
 */
-static inline void checkpoint_check_fresh_dir(const char* dir, int resume, int checkpoint_every) {
-    if (dir == NULL || resume || checkpoint_every <= 0) { return; }
+static inline void checkpoint_check_fresh_dir(const char* dir, int resume) {
+    if (dir == NULL || resume) { return; }
     int latest = checkpoint_find_latest(dir);
     if (latest >= 0) {
         llm8_die("-o %s already holds the checkpoints of a run (the newest: step %d): -y 1 resumes it; to start over, "
@@ -305,7 +307,7 @@ static inline void checkpoint_check_fresh_dir(const char* dir, int resume, int c
 - a fresh run does not mix its checkpoints with another's (checkpoint_check_fresh_dir).
 */
 #define CHECKPOINT_LOCK_NAME ".llm8.lock"
-static inline void checkpoint_claim_dir(const char* dir, int process_rank, int resume, int checkpoint_every) {
+static inline void checkpoint_claim_dir(const char* dir, int process_rank, int resume) {
     if (dir == NULL) { return; }
     const char* longest_name = "/state_00000000_00000.bin.tmp";
     if (strlen(dir) + strlen(longest_name) >= CHECKPOINT_PATH_MAX) {
@@ -328,7 +330,7 @@ static inline void checkpoint_claim_dir(const char* dir, int process_rank, int r
             close(fd);
         }
     }
-    checkpoint_check_fresh_dir(dir, resume, checkpoint_every);
+    checkpoint_check_fresh_dir(dir, resume);
 }
 
 /*
@@ -678,8 +680,6 @@ typedef struct {
     int should_shuffle;
     int fp32_moments;                   // the body holds fp32 m and v (version 1, or header [6] = 0)
     int step;
-    size_t current_shard_idx;
-    size_t current_sample_idx;
     int micro_batch, seq_len;           // the writer's B and T (0: not recorded)
     int total_batch_size;               // the writer's tokens per step (0: not recorded)
     int llm8_windows;                   // header [9]: rank r holds the flat window [r S, (r + 1) S) (else llm.c's cut)
@@ -729,10 +729,6 @@ static inline void state_file_decode_header_(const int32_t header[CHECKPOINT_HEA
                  "= %d*%d*%d (or 0: not recorded)", path, index->total_batch_size, STATE_SLOT_TOTAL_BATCH,
                  index->micro_batch, index->seq_len, index->num_processes);
     }
-    uint64_t position[2];
-    memcpy(position, &header[30], sizeof(position));
-    index->current_shard_idx = (size_t)position[0];
-    index->current_sample_idx = (size_t)position[1];
     index->num_sections = index->version == STATE_VERSION_LLMC ? 0 : header[STATE_SLOT_NUM_SECTIONS];
     memcpy(&index->shard_num_parameters, &header[STATE_SLOT_SHARD_PARAMETERS], sizeof(index->shard_num_parameters));
     if (index->num_sections < 0 || index->num_sections > STATE_FILE_MAX_SECTIONS) {

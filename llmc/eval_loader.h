@@ -35,8 +35,6 @@ Why it is shaped this way:
 #define EVAL_NUM_COMPLETIONS 4
 
 typedef struct {
-    int process_rank;
-    int num_processes;
     size_t B;
     size_t T;
     int vocab_size;           // every token id in the file is below it
@@ -138,8 +136,6 @@ static inline void evalloader_init(EvalLoader* loader, const char* path, size_t 
     if (vocab_size <= 0) { llm8_die("eval file '%s': vocab size %d must be positive", path, vocab_size); }
     memset(loader, 0, sizeof(*loader));
     loader->vocab_size = vocab_size;
-    loader->process_rank = process_rank;
-    loader->num_processes = num_processes;
     loader->B = B;
     loader->T = T;
 

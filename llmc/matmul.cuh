@@ -31,7 +31,7 @@ Numerics and determinism:
   -ge 2, llm.c's flag) is cuBLASLt's DGELU epilogue: the fp32 dgrad times gelu'(pre_gelu),
   rounded once. It reads pre_gelu inside the GEMM instead of a kernel's extra pass over the
   bf16 dgrad (read dinp and pre_gelu, write dinp). Its derivative is cuBLASLt's formula, not
-  gelu.cuh's gelu_backward_element, which the reference and the unfused path (-ge 0 and 1:
+  element_math.h's gelu_backward_element, which the reference and the unfused path (-ge 0 and 1:
   gelu_backward_inplace, or the FP8 dout pass) use; tests bound the difference.
 Checks: every dimension must be a multiple of 16 bytes' worth of elements (8 for bf16, 16 for
 fp8) and every pointer 16-byte aligned; a violation is one clear line naming the GEMM.

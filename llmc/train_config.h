@@ -26,6 +26,7 @@ whose 8-bit states were kept for other tensors) is in train_state.h.
 #include "gpt2_config.h"
 #include "fp8_recipe.h"
 #include "quant8.h"
+#include "dataloader.h"
 
 typedef struct {
     const char* train_data_pattern;
@@ -146,14 +147,14 @@ static const FlagSpec TRAIN_FLAGS[] = {
     {"-gc", FLAG_FLOAT, TC_OFF(grad_clip), 0.0, 1e6, NULL, "clip the global gradient norm to this (0 = no clipping)"},
     {"-sl", FLAG_FLOAT, TC_OFF(skip_loss_z), 0.0, 1e6, NULL, "skip an update whose loss lies more than this many standard deviations above the previous 128 steps' mean (0 = off)"},
     {"-sg", FLAG_FLOAT, TC_OFF(skip_norm_z), 0.0, 1e6, NULL, "skip an update whose gradient norm lies more than this many standard deviations above the previous 128 steps' mean (0 = off)"},
-    {"-x", FLAG_INT, TC_OFF(max_steps), -1, INT_MAX_FLAG, NULL, "number of optimizer steps (-1 = one epoch of the train data, 0 = evaluate only: val loss, HellaSwag and a sample of the model, as llm.c)"},
+    {"-x", FLAG_INT, TC_OFF(max_steps), -1, INT_MAX_FLAG, NULL, "number of optimizer steps (-1 = one epoch of the train data, 0 = evaluate only, as llm.c: val loss, and HellaSwag and a sample where -h and -s ask)"},
     {"-v", FLAG_INT, TC_OFF(val_every), 0, INT_MAX_FLAG, NULL, "val loss every N steps (0 = never)"},
     {"-m", FLAG_INT, TC_OFF(val_max_steps), -1, INT_MAX_FLAG, NULL, "val batches per evaluation (-1 = the whole val split; more than it has: all of them, once)"},
     {"-s", FLAG_INT, TC_OFF(sample_every), 0, INT_MAX_FLAG, NULL, "text sample every N steps (0 = never)"},
     {"-g", FLAG_INT, TC_OFF(gen_tokens), 1, INT_MAX_FLAG, NULL, "tokens per text sample, its <|endoftext|> prompt included (llm.c's genT; at most -t)"},
     {"-h", FLAG_INT, TC_OFF(hellaswag), 0, 1, NULL, "HellaSwag accuracy at the val steps after step 0 and at the end (-v 0: at the end)"},
     {"-a", FLAG_INT, TC_OFF(overfit_single_batch), 0, 1, NULL, "overfit a single batch (debugging)"},
-    {"-f", FLAG_INT, TC_OFF(llmc_tf32), 0, 1, NULL, "llm.c's TF32 switch, accepted so that llm.c's command lines run: every matmul here is bf16 or FP8, none fp32, so TF32 never applies and 0 and 1 train alike"},
+    {"-f", FLAG_INT, TC_OFF(llmc_tf32), 0, 1, NULL, "llm.c's TF32 switch, accepted so that llm.c's command lines run: train_gpt2_fp8's matmuls are bf16 or FP8, none fp32, so TF32 never applies and 0 and 1 train alike"},
     {"-w", FLAG_INT, TC_OFF(use_master_weights), 0, 1, NULL, "keep fp32 master weights"},
     {"-r", FLAG_INT, TC_OFF(recompute), 0, 2, NULL, "recompute in backward: 0 none, 1 GELU, 2 GELU+LayerNorm (FP8: the wgrads' x^T of those)"},
     {"-ge", FLAG_INT, TC_OFF(gelu_fusion), 0, 2, NULL, "GELU in the cuBLASLt epilogues (as llm.c's -ge): 0 none, 1 forward (bf16 fc), 2 also backward (fcproj's dgrad times GELU's derivative)"},
@@ -574,10 +575,32 @@ static inline void train_config_check_shard_globs(const TrainConfig* c, int run_
     }
 }
 
+/*
+The data the flags name, for both trainers: -i's loader (shuffled under -sh 1) and, where val
+runs (-j not empty, -v > 0), -j's unshuffled one with val_batches, the batches an evaluation
+reads (-m, at most the split's). Each notes shards too short for a batch, naming its flag.
+Returns whether val runs (val is then open; dataloader_free it as train).
+*/
+static inline int train_config_open_data(const TrainConfig* c, int vocab_size, int rank, int num_ranks,
+                                         DataLoader* train, DataLoader* val, int* val_batches) {
+    int run_val = c->val_data_pattern[0] != '\0' && c->val_every > 0;
+    train_config_check_shard_globs(c, run_val);
+    dataloader_init(train, c->train_data_pattern, c->B, c->T, rank, num_ranks, c->shuffle, vocab_size);
+    dataloader_note_short_shards(train, "-i");
+    *val_batches = 0;
+    if (run_val) {
+        dataloader_init(val, c->val_data_pattern, c->B, c->T, rank, num_ranks, 0, vocab_size);
+        dataloader_note_short_shards(val, "-j");
+        *val_batches = dataloader_eval_batches(val, c->val_max_steps);
+    }
+    return run_val;
+}
+
 // -q 1 (llm.c's default) leaves nothing for a decaying schedule to decay to: llm.c's run scripts
-// pass -q 0.0, and a run without it trains at -l after its warmup, whatever -k says
+// pass -q 0.0, and a run without it trains at -l after its warmup, whatever -k says (-x 0 trains
+// nothing: no note)
 static inline void train_config_note_schedule(const TrainConfig* c) {
-    if (c->final_lr_frac == 1.0f && strcmp(c->lr_schedule, "constant") != 0) {
+    if (c->final_lr_frac == 1.0f && strcmp(c->lr_schedule, "constant") != 0 && c->max_steps != 0) {
         printf("note: -q 1 (the default, as in llm.c): -k %s decays to the peak rate -l itself, so the rate stays at %g after "
                "the warmup; llm.c's scripts pass -q 0.0\n", c->lr_schedule, c->learning_rate);
     }

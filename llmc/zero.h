@@ -1,6 +1,8 @@
 /*
 zero.h: who owns which parameters under ZeRO sharding (DESIGN.md section 5), as host-only
-arithmetic: the trainer, the CPU tests and the docs' byte counts all use these functions.
+arithmetic: the trainer, the CPU tests and the docs' byte counts use these functions; the
+simulated gathers and the ZeRO-3 byte counts near the end are the tests' (they check the
+trainer's kernels and its memory line against them).
 
 Why it is shaped so:
 - Rank r of N owns ONE contiguous range of the flat parameter vector (llm.c order, the

@@ -48,9 +48,19 @@
 # the flags: the tests run this script with it). NUM_GPUS=N (default 1) runs every run on N GPUs
 # through LLM8_LAUNCHER (default scripts/launch_one_node.sh), as the run scripts do: -b is per GPU,
 # so without a -d each step is N times the tokens; the run directories record N with their
-# settings, so a rerun with another N is refused.
+# settings, so a rerun with another N is refused. -h or --help among the arguments (-h without
+# the 0|1 of the trainer's HellaSwag flag) prints this comment and runs nothing.
 set -euo pipefail
 source "$(dirname "$0")/enter_checkout.sh"
+source scripts/script_help.sh
+if without_help trainer_flags "$@"; then
+    echo "usage: [MODEL=d12] [STEPS=2000] [RECIPES=delayed] [OPTIMIZERS=adamw] [OUT=DIR] [WARMUP=N] [NUM_GPUS=N]"
+    echo "       [LLM8_TRAINER=PATH] bash scripts/compare_bf16_fp8.sh [TRAINER FLAGS...]"
+    echo "       bash scripts/compare_bf16_fp8.sh -h|--help     (this usage; nothing is run)"
+    echo
+    print_header_comment scripts/compare_bf16_fp8.sh
+    exit 0
+fi
 MODEL="${MODEL:-d12}"
 STEPS="${STEPS:-2000}"
 WARMUP="${WARMUP:-$(( STEPS / 10 < 200 ? STEPS / 10 : 200 ))}"  # 200 steps, or a tenth of a shorter run

@@ -25,6 +25,7 @@
 #   checkout's root, whose comment --help prints.
 # needs bash 4.4+ (a nameref, and "${launch[@]}" of an empty array under set -u, an error before 4.4)
 
+source "$(dirname "${BASH_SOURCE[0]}")/script_help.sh"  # without_help, print_header_comment
 LLM8_RUN_SCRIPT="${LLM8_RUN_SCRIPT:-scripts/$(basename "$0")}"
 export -n LLM8_RUN_SCRIPT  # the wrapper's, for this script only: not the trainer's nor a nested run's
 run_script_name="$(basename "$LLM8_RUN_SCRIPT")"
@@ -83,30 +84,13 @@ check_inputs() {
     return 0
 }
 
-# without_help ARRAY_NAME USER_FLAGS...: the flags less -h/--help into the named array; 0 when there was one.
-# -h followed by a value (not a flag) is the trainer's HellaSwag flag (-h 0|1) and stays.
-without_help() {
-    local -n kept="$1"
-    shift
-    local args=("$@") i found=1
-    kept=()
-    for (( i = 0; i < ${#args[@]}; i++ )); do
-        if [[ "${args[i]}" == --help || ( "${args[i]}" == -h && ( $(( i + 1 )) -eq ${#args[@]} || "${args[i + 1]}" == -* ) ) ]]; then
-            found=0
-        else
-            kept+=("${args[i]}")
-        fi
-    done
-    return "$found"
-}
-
 # print_usage COMMAND...: the run script's usage, on stdout: its own comment, the trainer command
 # line it runs (COMMAND, quoted), the environment variables it reads
 print_usage() {
     echo "usage: [OUT_DIR=DIR] [NUM_GPUS=N] [LLM8_TRAINER=PATH] [DRY_RUN=1] bash $LLM8_RUN_SCRIPT [TRAINER FLAGS...]"
     echo "       bash $LLM8_RUN_SCRIPT -h|--help     (this usage; nothing is built or run)"
     echo
-    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$LLM8_RUN_SCRIPT" 2>/dev/null || true
+    print_header_comment "$LLM8_RUN_SCRIPT"
     echo
     echo "It builds ./train_gpt2_fp8 (make -j2 train_gpt2_fp8; not with LLM8_TRAINER), then runs, from the checkout's root:"
     echo "  $(quote_command "$@")"

@@ -443,12 +443,6 @@ static inline void ref_residual_forward(float* out, const float* a, const float*
     for (int i = 0; i < N; i++) { out[i] = a[i] + b[i]; }
 }
 
-// da += dout, db += dout
-static inline void ref_residual_backward(float* da, float* db, const float* dout, int N) {
-    REF_PARALLEL_FOR
-    for (int i = 0; i < N; i++) { da[i] += dout[i]; db[i] += dout[i]; }
-}
-
 /*
 Softmax cross-entropy over the first V columns of each Vp-wide logits row (the padded
 columns V..Vp-1 are ignored). losses[i] = -log p[targets[i]]. If dlogits is not NULL it is

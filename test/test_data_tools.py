@@ -687,8 +687,13 @@ def test_unreachable_network_is_one_clear_line(encoding, tmp_path):
         assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach {closed}"), (args, result.stderr)
         # what to do instead: HellaSwag has no offline stand-in, the training corpora have the offline one
         assert ("-h 0" in lines[0]) if "hellaswag" in args[0] else ("offline_corpus.py" in lines[0]), lines[0]
-    assert not (tmp_path / "hs" / "hellaswag_val.jsonl").exists()
-    assert not (tmp_path / "hs" / "hellaswag_val.jsonl.part").exists()
+    # nothing left behind: no part file, and no output folder the script made for it
+    assert not (tmp_path / "hs").exists() and not (tmp_path / "ts").exists() and not (tmp_path / "fw").exists()
+    kept = tmp_path / "kept"  # a folder that was there before stays
+    kept.mkdir()
+    result = run_script(["dev/data/tinyshakespeare.py", "--url", closed + "/input.txt", "--out-dir", str(kept / "a" / "b")])
+    assert result.returncode == 1 and os.listdir(kept) == [], (result.stderr, os.listdir(kept))
+    assert kept.is_dir()
 
 
 def test_fineweb_help_and_missing_datasets_package(tmp_path):

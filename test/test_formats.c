@@ -904,15 +904,14 @@ static void test_checkpoint_paths_and_latest(void) {
     rmdir(marker);
     remove(in_dir(dir, "model_00000050.bin"));
 
-    // one dir, one run: starting over (-y 0) with checkpoints to write is refused where complete
-    // ones are; resuming, writing none (-n 0) or no -o is not
-    CHECK_DIES("checkpoint: -y 0 into a dir with checkpoints", "the newest: step 20", checkpoint_check_fresh_dir(dir, 0, 5));
+    // one dir, one run: starting over (-y 0) is refused where complete checkpoints are, whether
+    // or not it writes more (its main.log would replace theirs); resuming or no -o is not
+    CHECK_DIES("checkpoint: -y 0 into a dir with checkpoints", "the newest: step 20", checkpoint_check_fresh_dir(dir, 0));
     CHECK_DIES("checkpoint: -y 0 into a dir with checkpoints (what to do)", "-y 1 resumes it",
-               checkpoint_check_fresh_dir(dir, 0, 5));
-    checkpoint_check_fresh_dir(dir, 1, 5);
-    checkpoint_check_fresh_dir(dir, 0, 0);
-    checkpoint_check_fresh_dir(NULL, 0, 5);
-    checkpoint_check_fresh_dir(in_dir(dir, "missing_subdir"), 0, 5);
+               checkpoint_check_fresh_dir(dir, 0));
+    checkpoint_check_fresh_dir(dir, 1);
+    checkpoint_check_fresh_dir(NULL, 0);
+    checkpoint_check_fresh_dir(in_dir(dir, "missing_subdir"), 0);
 
     // a writer killed half way leaves the previous complete file readable
     checkpoint_model_path(path, sizeof(path), dir, 20);
@@ -939,22 +938,22 @@ static void test_checkpoint_claim_dir(void) {
     memset(long_dir, 'a', sizeof(long_dir) - 1);
     long_dir[0] = '/';
     long_dir[CHECKPOINT_PATH_MAX - 29] = '\0';  // 4067 characters, and the state file's .tmp name: 4096
-    checkpoint_claim_dir(NULL, 0, 0, 5);
+    checkpoint_claim_dir(NULL, 0, 0);
     CHECK_DIES("-o too long for its checkpoint files", "too long for its checkpoint files (at most 4066)",
-               checkpoint_claim_dir(long_dir, 0, 0, 5));
+               checkpoint_claim_dir(long_dir, 0, 0));
 
     char run_dir[512];
     snprintf(run_dir, sizeof(run_dir), "%s/run", dir);
-    checkpoint_claim_dir(run_dir, 0, 0, 5);  // creates it, and holds its lock until this process ends
+    checkpoint_claim_dir(run_dir, 0, 0);  // creates it, and holds its lock until this process ends
     CHECK(file_exists(in_dir(run_dir, CHECKPOINT_LOCK_NAME)), "no lock file in -o");
-    CHECK_DIES("a second run in the same -o", "is in use by another run", checkpoint_claim_dir(run_dir, 0, 1, 5));
-    CHECK_DIES("a second run in the same -o (named)", CHECKPOINT_LOCK_NAME "' is locked", checkpoint_claim_dir(run_dir, 0, 0, 0));
-    checkpoint_claim_dir(run_dir, 1, 1, 5);  // rank 1 of the same run takes no lock
+    CHECK_DIES("a second run in the same -o", "is in use by another run", checkpoint_claim_dir(run_dir, 0, 1));
+    CHECK_DIES("a second run in the same -o (named)", CHECKPOINT_LOCK_NAME "' is locked", checkpoint_claim_dir(run_dir, 0, 0));
+    checkpoint_claim_dir(run_dir, 1, 1);  // rank 1 of the same run takes no lock
     // a lock file that cannot be opened (a directory of that name): one line, not a run without a lock
     char lock_dir[512];
     snprintf(lock_dir, sizeof(lock_dir), "%s/lockdir", dir);
     ensure_writable_dir(in_dir(lock_dir, CHECKPOINT_LOCK_NAME));
-    CHECK_DIES("-o whose lock file cannot be opened", "cannot open '", checkpoint_claim_dir(lock_dir, 0, 0, 5));
+    CHECK_DIES("-o whose lock file cannot be opened", "cannot open '", checkpoint_claim_dir(lock_dir, 0, 0));
 
     // a dir that cannot be listed is not an empty one: -y 1 would start over in it (root reads
     // any dir, so the check drops to nobody, where it can)
@@ -967,7 +966,7 @@ static void test_checkpoint_claim_dir(void) {
     CHECK_DIES("removing a step of a dir that cannot be listed", "cannot list checkpoint dir",
                AS_NOBODY(checkpoint_remove(closed_dir, 3)));
     CHECK_DIES("-o that cannot be listed", "cannot be listed (it needs read and search permission)",
-               AS_NOBODY(checkpoint_claim_dir(closed_dir, 0, 1, 5)));
+               AS_NOBODY(checkpoint_claim_dir(closed_dir, 0, 1)));
     CHECK(chmod(closed_dir, 0755) == 0 && chmod(dir, 0700) == 0, "chmod back");
     test_remove_dir(closed_dir);
     test_remove_dir(run_dir);

@@ -316,29 +316,6 @@ static void test_gelu(void) {
     free(g.inp); free(g.out); free(g.r); free(dinp); free(dinp0);
 }
 
-typedef struct { int N; float* a; float* b; float* out; float* r; } ResidualCase;
-static double residual_loss(void* ctx) {
-    ResidualCase* c = (ResidualCase*)ctx;
-    ref_residual_forward(c->out, c->a, c->b, c->N);
-    return weighted_sum(c->out, c->r, (size_t)c->N);
-}
-static void test_residual(void) {
-    ResidualCase c;
-    c.N = 10;
-    c.a = alloc_normal((size_t)c.N, 0.0f, 1.0f);
-    c.b = alloc_normal((size_t)c.N, 0.0f, 1.0f);
-    c.out = (float*)mallocCheck((size_t)c.N * sizeof(float));
-    c.r = alloc_normal((size_t)c.N, 0.0f, 1.0f);
-    float* da = alloc_normal((size_t)c.N, 0.0f, 1.0f);
-    float* db = alloc_normal((size_t)c.N, 0.0f, 1.0f);
-    float* da0 = alloc_copy(da, (size_t)c.N);
-    float* db0 = alloc_copy(db, (size_t)c.N);
-    ref_residual_backward(da, db, c.r, c.N);
-    check_op_gradient("residual da", c.a, (size_t)c.N, da0, da, residual_loss, &c);
-    check_op_gradient("residual db", c.b, (size_t)c.N, db0, db, residual_loss, &c);
-    free(c.a); free(c.b); free(c.out); free(c.r); free(da); free(db); free(da0); free(db0);
-}
-
 typedef struct { int N, V, Vp; float dloss; float* logits; int* targets; float* losses; } CrossentropyCase;
 static double crossentropy_loss(void* ctx) {
     CrossentropyCase* c = (CrossentropyCase*)ctx;
@@ -555,7 +532,6 @@ int main(void) {
     test_matmul_blocks_and_clones();
     test_attention();
     test_gelu();
-    test_residual();
     test_crossentropy();
     test_model_gradients();
     test_gradient_accumulation();

@@ -584,7 +584,7 @@ def slurm(env, tmp_path):
     checkout = tmp_path / "llm8"
     (checkout / "scripts").mkdir(parents=True)
     (checkout / "train_gpt2_fp8.cu").write_text("")
-    for name in ("slurm_gpt2.sbatch", "run_common.sh", "enter_checkout.sh", "run_gpt2_124M_bf16.sh"):
+    for name in ("slurm_gpt2.sbatch", "run_common.sh", "script_help.sh", "enter_checkout.sh", "run_gpt2_124M_bf16.sh"):
         os.symlink(os.path.join(ROOT, "scripts", name), checkout / "scripts" / name)
     write_exe(checkout / "scripts" / "counting_run.sh", COUNTING_RUN_SCRIPT)
     for name, text in (("srun", SRUN_STUB), ("scontrol", SCONTROL_STUB), ("getent", GETENT_STUB)):

@@ -236,6 +236,19 @@ def test_compare_refuses_fg_delayed_with_fg_pow2(item, tmp_path):
         f"error: RECIPES: '{item}': +fg_delayed and +fg_pow2 both set -fg (one -fg per run): give one of them"]
 
 
+@pytest.mark.parametrize("args", [["--help"], ["-b", 2, "-h"], ["-h", 1, "--help"]], ids=["--help", "-h", "hellaswag"])
+def test_compare_help_prints_its_usage_and_runs_nothing(args, tmp_path):
+    """-h/--help among the arguments (not the trainer's -h 1) prints the usage and the script's comment and exits 0,
+    running nothing and making no OUT; before, --help went to every run's trainer, which failed after its own usage"""
+    out = tmp_path / "cmp"
+    result = run_script("compare_bf16_fp8.sh", args, {"OUT": str(out), "MODEL": "tiny", "STEPS": "2"})
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("usage: [MODEL=d12] [STEPS=2000] [RECIPES=delayed]"), lines[:3]
+    assert "Trains the same model in bf16 and in FP8 (once per FP8 scaling recipe asked for), on the" in lines
+    assert not out.exists() and "train_gpt2cpu |" not in result.stdout
+
+
 @pytest.mark.parametrize("script", ["run_gpt2_124M_bf16.sh", "compare_bf16_fp8.sh"])
 def test_a_trainer_that_is_not_there_is_one_line(script, tmp_path):
     """LLM8_TRAINER, a relative path taken from where the script starts, names no executable: one line naming it,

@@ -418,7 +418,7 @@ def test_gradient_scalings_are_honoured(workdir):
         out = workdir / f"grads_{grads}"
         r = train(workdir, ["-p", "fp8", "-fg", grads, "-x", 3, "-v", 0, "-s", 0, "-n", 3, "-o", out])
         assert r.returncode == 0, r.stderr[-2000:]
-        assert f"gradients {grads})" in r.stdout, r.stdout[:2000]
+        assert f"gradients {grads}, history 16, margin 0)" in r.stdout, r.stdout[:2000]
         runs[grads] = (losses(r.stdout), open(out / "model_00000003.bin", "rb").read(), r.stdout)
     assert runs["current"][0][1] == runs["delayed"][0][1] == runs["pow2"][0][1]
     assert runs["current"][1] != runs["delayed"][1], "-fg delayed trained like -fg current"

@@ -575,7 +575,7 @@ def test_cpu_trainer_help_marks_the_flags_it_ignores():
     CPU_FLAGS_WITHOUT_EFFECT) and no other, and the GPU trainer's --help marks none"""
     marked = {l.split()[0] for l in run(CPU, ["--help"]).stdout.splitlines()
               if l.startswith("  -") and "[no effect in train_gpt2cpu]" in l}
-    assert marked == {"-at", "-ad", "-r", "-ge", "-kt", "-lg", "-z", "-fn", "-fe", "-w", "-pr", "-pg", "-pi", "-pf",
+    assert marked == {"-at", "-ad", "-r", "-ge", "-kt", "-lg", "-z", "-fn", "-fe", "-w", "-f", "-pr", "-pg", "-pi", "-pf",
                       "-ps", "-pa", "-pt", "-pc", "-tk", "-s", "-g", "-h"}, marked
     assert "[no effect" not in run(GPU, ["--help"]).stdout
 
@@ -647,7 +647,8 @@ def test_cpu_resume_is_bitwise_identical(data, tmp_path):
 
 def test_cpu_x_0_evaluates_only(data, tmp_path):
     """-x 0, as in llm.c: step 0 is the last step, so the run evaluates the model as it starts (val loss) and trains
-    nothing: no step, no checkpoint (even with -n), no note about a warmup longer than the run"""
+    nothing: no step, no checkpoint (even with -n), no note about a warmup longer than the run, nor about -q 1's
+    schedule"""
     out = tmp_path / "eval_only"
     result = run(CPU, base_args(data, ["-x", 0, "-v", 5, "-m", 2, "-u", 10, "-n", 1, "-o", out]), timeout=600)
     assert result.returncode == 0, result.stderr
@@ -655,11 +656,11 @@ def test_cpu_x_0_evaluates_only(data, tmp_path):
     assert len(read_log(out / "main.log")) == 1
     assert result.stdout.count("val loss") == 1 and not re.search(r"^step +\d+/", result.stdout, re.M), result.stdout[-1500:]
     assert not any(name.startswith(("model_", "state_", "DONE_")) for name in os.listdir(out))
-    assert "note: -u" not in result.stdout
+    assert "note: -u" not in result.stdout and "note: -q 1" not in result.stdout, result.stdout[:2000]
 
 
 @pytest.mark.parametrize("flags,noted", [(["-h", 1], ["-h 1"]), (["-s", 5, "-g", 32], ["-s 5", "-g 32"]),
-                                         (["-z", 2, "-r", 0, "-pa", "fp32"], ["-r 0", "-z 2", "-pa \"fp32\""]),
+                                         (["-z", 2, "-r", 0, "-pa", "fp32", "-f", 0], ["-f 0", "-r 0", "-z 2", "-pa \"fp32\""]),
                                          (["-s", 0, "-r", 1], [])],
                          ids=["hellaswag", "samples", "gpu-and-ranks", "defaults"])
 def test_cpu_trainer_notes_the_flags_it_ignores(data, flags, noted):
@@ -844,6 +845,21 @@ def run_straight(data, out, flags, steps=6):
                                 small_vocab_model(data)), timeout=600)
     assert result.returncode == 0, result.stderr
     return result
+
+
+@pytest.mark.parametrize("binary", TRAINERS, ids=["cpu", "gpu"])
+@pytest.mark.parametrize("flags", [[], ["-n", 2]], ids=["no-checkpoints", "checkpoints"])
+def test_fresh_run_into_a_dir_with_checkpoints_is_refused(data, tmp_path, binary, flags):
+    """one -o, one run: a fresh run (-y 0) where complete checkpoints are is refused before it writes anything,
+    whether or not it would write checkpoints of its own (its main.log would replace the old run's, and a later
+    -y 1 resume the old run onto it); the GPU trainer refuses it before it looks for a GPU"""
+    out = tmp_path / "run"
+    run_straight(data, out, [])
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".llm8.lock"}
+    r = run(binary, base_args(data, ["-o", out, "-x", 2] + flags, small_vocab_model(data)))
+    assert_one_line_error(r, f"-o {out} already holds the checkpoints of a run (the newest: step 6): -y 1 resumes it")
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".llm8.lock"}
+    assert after == before, sorted(set(after) ^ set(before))
 
 
 def final_model(out, step=6):

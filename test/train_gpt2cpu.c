@@ -197,9 +197,9 @@ static int cpu_load_state(GPT2Ref* model, CpuOptimizer* opt, DataLoader* loader,
 
 // the flags this trainer accepts and ignores (the header comment says why), marked in its --help
 static const char CPU_FLAGS_WITHOUT_EFFECT[] =
-    "-at -ad -r -ge -kt -lg -z -fn -fe -w "   // GPU kernels, timing and memory
-    "-pr -pg -pi -pf -ps -pa -pt -pc "        // several processes
-    "-tk -s -g -h";                           // a tokenizer and text
+    "-at -ad -r -ge -kt -lg -z -fn -fe -w -f "  // GPU kernels (-f: TF32), timing and memory
+    "-pr -pg -pi -pf -ps -pa -pt -pc "          // several processes
+    "-tk -s -g -h";                             // a tokenizer and text
 
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);  // each progress line reaches a pipe or file (tee, nohup) as it is printed
@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
     train_config_tokenizer_path(&tc, tokenizer_path, sizeof(tokenizer_path));  // a -tk given must exist (unused here)
     if (tc.num_processes > 1) { llm8_die("flag -pn %d: the CPU trainer runs one process (several GPUs: train_gpt2_fp8)", tc.num_processes); }
     const char* out_dir = tc.output_log_dir[0] ? tc.output_log_dir : NULL;
-    checkpoint_claim_dir(out_dir, 0, tc.resume, tc.checkpoint_every);
+    checkpoint_claim_dir(out_dir, 0, tc.resume);
 
     char model_path[CHECKPOINT_PATH_MAX] = "";
     int resume_step = tc.resume ? checkpoint_resume_step(out_dir) : -1;
@@ -229,16 +229,8 @@ int main(int argc, char** argv) {
     Fp8Settings fp8_settings = train_config_fp8_settings(&tc);
 
     DataLoader train_loader, val_loader;
-    int run_val = tc.val_data_pattern[0] != '\0' && tc.val_every > 0;
-    train_config_check_shard_globs(&tc, run_val);
-    dataloader_init(&train_loader, tc.train_data_pattern, tc.B, tc.T, 0, 1, tc.shuffle, cfg.vocab_size);
-    dataloader_note_short_shards(&train_loader, "-i");
-    int val_batches = 0;
-    if (run_val) {
-        dataloader_init(&val_loader, tc.val_data_pattern, tc.B, tc.T, 0, 1, 0, cfg.vocab_size);
-        dataloader_note_short_shards(&val_loader, "-j");
-        val_batches = dataloader_eval_batches(&val_loader, tc.val_max_steps);
-    }
+    int val_batches;
+    int run_val = train_config_open_data(&tc, cfg.vocab_size, 0, 1, &train_loader, &val_loader, &val_batches);
     int num_steps = tc.max_steps == -1 ? dataloader_epoch_steps(&train_loader, grad_accum_steps) : tc.max_steps;
     LearningRateScheduler scheduler;
     lr_scheduler_init(&scheduler, tc.lr_schedule, tc.learning_rate, tc.warmup_iterations, num_steps, tc.final_lr_frac);
