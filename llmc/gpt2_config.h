@@ -118,23 +118,32 @@ static inline GPT2Config gpt2_config_make(int L, int NH, int C, int maxT, int V)
     return cfg;
 }
 
-// "d12" / "d24" / "d36" / "d48" (GPT-2 124M/350M/774M/1558M), "d6" and "tiny" for quick runs;
-// llm.c's explicit form "gpt2:dN" names the same models (its "gpt3:cN" models are not built here)
+/*
+The models -e names, llm.c's descriptors: "d12" / "d24" / "d36" / "d48" (GPT-2 124M/350M/774M/
+1558M), "d6" and "tiny" for quick runs, llm.c's unofficial d60 / d72 / d84 (2.7B/7.3B/12.2B),
+each also as "gpt2:dN"; and llm.c's "gpt3:cN" (GPT-3's depth and head size for N channels,
+maxT 2048; dense attention, as llm.c). llm.c's gpt3:c5140 is not one: 5140 channels are no
+whole number of its 128-wide heads (llm.c stops at an assert).
+*/
 static inline GPT2Config gpt2_config_from_descriptor(const char* desc) {
-    static const struct { const char* name; int L, NH, C; } presets[] = {
-        {"tiny", 2, 2, 128}, {"d6", 6, 6, 384}, {"d12", 12, 12, 768},
-        {"d24", 24, 16, 1024}, {"d36", 36, 20, 1280}, {"d48", 48, 25, 1600},
+    static const struct { const char* name; int L, NH, C, maxT; } presets[] = {
+        {"tiny", 2, 2, 128, 1024}, {"d6", 6, 6, 384, 1024}, {"d12", 12, 12, 768, 1024},
+        {"d24", 24, 16, 1024, 1024}, {"d36", 36, 20, 1280, 1024}, {"d48", 48, 25, 1600, 1024},
+        {"d60", 60, 30, 1920, 1024}, {"d72", 72, 30, 2880, 1024}, {"d84", 84, 36, 3456, 1024},
+        {"gpt3:c384", 6, 6, 384, 2048}, {"gpt3:c768", 12, 12, 768, 2048}, {"gpt3:c1024", 24, 16, 1024, 2048},
+        {"gpt3:c1536", 24, 16, 1536, 2048}, {"gpt3:c2048", 24, 16, 2048, 2048}, {"gpt3:c2560", 32, 32, 2560, 2048},
+        {"gpt3:c4096", 32, 32, 4096, 2048}, {"gpt3:c12288", 96, 96, 12288, 2048},
     };
     const char* gpt2_prefix = "gpt2:";
     const char* name = strncmp(desc, gpt2_prefix, strlen(gpt2_prefix)) == 0 && desc[strlen(gpt2_prefix)] == 'd'
                            ? desc + strlen(gpt2_prefix) : desc;
     for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++) {
         if (strcmp(name, presets[i].name) == 0) {
-            return gpt2_config_make(presets[i].L, presets[i].NH, presets[i].C, GPT2_DEFAULT_MAXT, GPT2_DEFAULT_VOCAB);
+            return gpt2_config_make(presets[i].L, presets[i].NH, presets[i].C, presets[i].maxT, GPT2_DEFAULT_VOCAB);
         }
     }
-    llm8_die("model descriptor '%s' is unknown (expected tiny, d6, d12, d24, d36, d48, llm.c's gpt2:dN for those dN, "
-             "or a .bin checkpoint)", desc);
+    llm8_die("model descriptor '%s' is unknown (expected tiny, d6, d12, d24, d36, d48, d60, d72, d84, llm.c's gpt2:dN "
+             "for those dN, llm.c's gpt3:cN for N in 384 768 1024 1536 2048 2560 4096 12288, or a .bin checkpoint)", desc);
     return gpt2_config_make(0, 0, 0, 0, 0); // unreachable
 }
 

@@ -17,8 +17,9 @@ Why it is shaped so:
 - A peer that dies in the middle of a collective leaves this rank's NCCL kernel waiting on
   the GPU forever, which no error code reports. multi_gpu_wait is where the host waits for
   a stream that ran collectives: it polls an event and the async error with the deadline
-  (-pt, default 300 s), and on an error or the deadline calls ncclCommAbort (which stops
-  the kernels) and dies with one line naming the rank and the collective.
+  (-pt, default 300 s), and on an error or the deadline dies with one line naming the rank and
+  the collective, then calls ncclCommAbort (which stops the kernels), itself bounded by an
+  alarm (multi_gpu_abort_and_die).
 - The host can also block where no deadline reaches it: inside a kernel launch once the
   stream's queue is full (about a thousand launches pending: d48's forward and backward queue
   more than that between two waits, all behind a collective that waits for a dead peer), or
@@ -43,6 +44,7 @@ Why it is shaped so:
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <netdb.h>
 #include <arpa/inet.h>
@@ -226,9 +228,31 @@ static inline void multi_gpu_watchdog_wait(const MultiGpuConfig* cfg, int begin)
 // ----------------------------------------------------------------------------
 // failure handling
 
-static inline void multi_gpu_abort_and_die(const MultiGpuConfig* cfg, const char* what, const char* reason) {
-    if (cfg->nccl_comm != NULL) { ncclCommAbort(cfg->nccl_comm); }
-    llm8_die("rank %d of %d: NCCL %s: %s", cfg->process_rank, cfg->num_processes, what, reason);
+/*
+The death of a failed or overdue collective: one line naming the rank and the collective, then
+ncclCommAbort, which stops this rank's NCCL kernels so the exit frees the GPU. The abort itself
+can block where a peer misbehaves (NCCL's proxy thread; NVIDIA/nccl issues 863 and 992), and
+nothing else bounds it: the wait that called it keeps the watchdog off (a bounded wait, whose own
+deadline has passed). So the line goes out first, and SIGALRM ends the process (_exit, nothing
+more printed) if the abort and the exit take longer than MULTI_GPU_ABORT_GRACE_S, or -pt when
+that is shorter.
+*/
+#define MULTI_GPU_ABORT_GRACE_S 30
+
+static void multi_gpu_abort_overdue(int signal_number) {
+    (void)signal_number;
+    _exit(EXIT_FAILURE);
+}
+
+__attribute__((noreturn)) static inline void multi_gpu_abort_and_die(const MultiGpuConfig* cfg, const char* what,
+                                                                     const char* reason) {
+    llm8_print_error("rank %d of %d: NCCL %s: %s", cfg->process_rank, cfg->num_processes, what, reason);
+    if (cfg->nccl_comm != NULL) {
+        signal(SIGALRM, multi_gpu_abort_overdue);
+        alarm(cfg->timeout_s < MULTI_GPU_ABORT_GRACE_S ? (unsigned)cfg->timeout_s : MULTI_GPU_ABORT_GRACE_S);
+        ncclCommAbort(cfg->nccl_comm);
+    }
+    exit(EXIT_FAILURE);
 }
 
 /*

@@ -69,7 +69,10 @@ static inline float get_learning_rate(const LearningRateScheduler* scheduler, in
     float max_lr = scheduler->learning_rate;
     float min_lr = max_lr * scheduler->final_learning_rate_frac;
     int warmup = scheduler->warmup_iterations;
-    if (step < warmup) { return max_lr * (float)(step + 1) / (float)warmup; }
+    if (step < warmup) {  // llm.c's wsd takes the ratio first, its other schedules the product: each one's bits
+        if (scheduler->schedule == LR_WSD) { return max_lr * ((float)(step + 1) / (float)warmup); }
+        return max_lr * (float)(step + 1) / (float)warmup;
+    }
     switch (scheduler->schedule) {
         case LR_COSINE: {
             // M_PI times the float progress in double, then rounded, as llm.c: the same bits at every step

@@ -108,7 +108,7 @@ typedef struct {
 static const FlagSpec TRAIN_FLAGS[] = {
     {"-i", FLAG_STRING, TC_OFF(train_data_pattern), 0, 0, NULL, "train data shard glob"},
     {"-j", FLAG_STRING, TC_OFF(val_data_pattern), 0, 0, NULL, "val data shard glob (\"\" disables val)"},
-    {"-e", FLAG_STRING, TC_OFF(model), 0, 0, NULL, "model: tiny|d6|d12|d24|d36|d48 (or llm.c's gpt2:d6 ... gpt2:d48), or a model_*.bin checkpoint"},
+    {"-e", FLAG_STRING, TC_OFF(model), 0, 0, NULL, "model: tiny|d6|d12|d24|d36|d48|d60|d72|d84 (or llm.c's gpt2:dN), llm.c's gpt3:cN (N channels, T 2048), or a model_*.bin checkpoint"},
     {"-o", FLAG_STRING, TC_OFF(output_log_dir), 0, 0, NULL, "output dir for main.log, main.jsonl and checkpoints (\"\" = none)"},
     {"-tk", FLAG_STRING, TC_OFF(tokenizer_path), 0, 0, NULL, "decode tokenizer file, for text samples (\"\" = the gpt2_tokenizer.bin beside the -i shards, else ./gpt2_tokenizer.bin as in llm.c, else token ids)"},
     {"-p", FLAG_CHOICE, TC_OFF(precision), 0, 0, "bf16 fp8", "matmul precision (the -f flags below apply to fp8; train_gpt2cpu: bf16 trains its fp32 model, fp8 emulates the FP8 casts in it)"},

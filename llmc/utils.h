@@ -19,20 +19,33 @@ has to remember. Plain C that also compiles as C++ (nvcc, g++), host only.
 #include <sys/types.h>
 #include <unistd.h>
 
-// print "error: <message>" as one line to stderr and exit(1). The line goes out in one write:
-// ranks that die together share mpirun's (or a terminal's) stderr, and stderr is unbuffered, so
-// three writes a line (prefix, message, newline) came out interleaved as "error: error: ..."
-__attribute__((noreturn, format(printf, 1, 2))) static inline void llm8_die(const char* fmt, ...) {
+// print "error: <message>" as one line to stderr (llm8_die, and a death that must say why before
+// a call that may block: multi_gpu.h's abort). The line goes out in one write: ranks that die
+// together share mpirun's (or a terminal's) stderr, and stderr is unbuffered, so three writes a
+// line (prefix, message, newline) came out interleaved as "error: error: ..."
+static inline void llm8_print_error_v(const char* fmt, va_list args) {
     char line[8192];
     int prefix = snprintf(line, sizeof(line), "error: ");
-    va_list args;
-    va_start(args, fmt);
     vsnprintf(line + prefix, sizeof(line) - prefix - 1, fmt, args);  // one byte kept for the newline
-    va_end(args);
     size_t length = strlen(line);
     line[length] = '\n';
     fflush(stdout);
     fwrite(line, 1, length + 1, stderr);
+}
+
+__attribute__((format(printf, 1, 2))) static inline void llm8_print_error(const char* fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    llm8_print_error_v(fmt, args);
+    va_end(args);
+}
+
+// the error line, then exit(1)
+__attribute__((noreturn, format(printf, 1, 2))) static inline void llm8_die(const char* fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    llm8_print_error_v(fmt, args);
+    va_end(args);
     exit(EXIT_FAILURE);
 }
 

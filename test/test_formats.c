@@ -201,8 +201,8 @@ static void test_model_round_trip(void) {
 
 // the descriptors -e takes: llm8's names and llm.c's explicit gpt2:dN form of the same models
 static void test_model_descriptors(void) {
-    const char* names[] = {"d6", "d12", "d24", "d36", "d48"};
-    for (int i = 0; i < 5; i++) {
+    const char* names[] = {"d6", "d12", "d24", "d36", "d48", "d60", "d72", "d84"};
+    for (int i = 0; i < 8; i++) {
         char explicit_name[16];
         snprintf(explicit_name, sizeof(explicit_name), "gpt2:%s", names[i]);
         GPT2Config plain = gpt2_config_from_descriptor(names[i]), llmc = gpt2_config_from_descriptor(explicit_name);
@@ -214,7 +214,25 @@ static void test_model_descriptors(void) {
           d48.channels, d48.num_heads, d48.padded_vocab_size);
     CHECK_DIES("descriptor: a depth llm8 does not build", "'gpt2:d13'", gpt2_config_from_descriptor("gpt2:d13"));
     CHECK_DIES("descriptor: gpt2: before a non-depth", "'gpt2:tiny'", gpt2_config_from_descriptor("gpt2:tiny"));
-    CHECK_DIES("descriptor: llm.c's GPT-3 form", "'gpt3:c768'", gpt2_config_from_descriptor("gpt3:c768"));
+    // llm.c's GPT-3 descriptors: its depth and head size for N channels, T 2048 (train_gpt2.cu's table)
+    const struct { const char* name; int L, C, head_size; } gpt3[] = {
+        {"gpt3:c384", 6, 384, 64}, {"gpt3:c768", 12, 768, 64}, {"gpt3:c1024", 24, 1024, 64}, {"gpt3:c1536", 24, 1536, 96},
+        {"gpt3:c2048", 24, 2048, 128}, {"gpt3:c2560", 32, 2560, 80}, {"gpt3:c4096", 32, 4096, 128},
+        {"gpt3:c12288", 96, 12288, 128}};
+    for (int i = 0; i < 8; i++) {
+        GPT2Config c = gpt2_config_from_descriptor(gpt3[i].name);
+        CHECK(c.num_layers == gpt3[i].L && c.channels == gpt3[i].C && c.num_heads * gpt3[i].head_size == c.channels &&
+              c.max_seq_len == 2048 && c.vocab_size == 50257 && c.padded_vocab_size == 50304,
+              "%s: L %d NH %d C %d maxT %d V %d Vp %d", gpt3[i].name, c.num_layers, c.num_heads, c.channels, c.max_seq_len,
+              c.vocab_size, c.padded_vocab_size);
+    }
+    GPT2Config gpt3_small = gpt2_config_from_descriptor("gpt3:c768");  // llm.c's run_gpt3_125M.sh model
+    CHECK(gpt2_num_parameters(&gpt3_small) == 124475904 + (size_t)1024 * 768, "gpt3:c768 has %zu parameters, d12's and "
+          "1024 more wpe rows", gpt2_num_parameters(&gpt3_small));
+    CHECK_DIES("descriptor: llm.c's gpt3:c5140 (no whole number of 128-wide heads)", "'gpt3:c5140'",
+               gpt2_config_from_descriptor("gpt3:c5140"));
+    CHECK_DIES("descriptor: a GPT-3 width llm.c does not build", "'gpt3:c1000'", gpt2_config_from_descriptor("gpt3:c1000"));
+    CHECK_DIES("descriptor: gpt3: with a depth", "'gpt3:d12'", gpt2_config_from_descriptor("gpt3:d12"));
 }
 
 static void test_model_bad_inputs(void) {
@@ -1562,8 +1580,8 @@ static void test_flag_parsers(void) {
 static void test_model_config_edges(void) {
     const struct { const char* name; int L, NH, C; } shapes[] = {
         {"tiny", 2, 2, 128}, {"d6", 6, 6, 384}, {"d12", 12, 12, 768}, {"d24", 24, 16, 1024}, {"d36", 36, 20, 1280},
-        {"d48", 48, 25, 1600}};
-    for (int i = 0; i < 6; i++) {
+        {"d48", 48, 25, 1600}, {"d60", 60, 30, 1920}, {"d72", 72, 30, 2880}, {"d84", 84, 36, 3456}};
+    for (int i = 0; i < 9; i++) {
         GPT2Config c = gpt2_config_from_descriptor(shapes[i].name);
         CHECK(c.num_layers == shapes[i].L && c.num_heads == shapes[i].NH && c.channels == shapes[i].C &&
               c.max_seq_len == 1024 && c.vocab_size == 50257 && c.padded_vocab_size == 50304,

@@ -412,6 +412,15 @@ static void test_two_ranks(void) {
     check_rank_0_outlives_its_peer("dead peer", 0, all_reduce_the_loss, "rank 0 of 2: NCCL loss all-reduce: ");
 #endif
     check_rank_0_outlives_its_peer("hung peer", 1, all_reduce_the_loss, "rank 0 of 2: NCCL loss all-reduce: did not complete");
+#ifdef CUDASIM
+    // the same with an ncclCommAbort that never returns, as a real one can: the line comes before
+    // the abort, and the process still ends in bounded time (multi_gpu_abort_and_die's alarm; the
+    // child's own 60 s alarm, a signal, would fail the check)
+    setenv("CUDASIM_NCCL_ABORT_HANGS", "1", 1);
+    check_rank_0_outlives_its_peer("hung peer, abort hangs", 1, all_reduce_the_loss,
+                                   "rank 0 of 2: NCCL loss all-reduce: did not complete");
+    unsetenv("CUDASIM_NCCL_ABORT_HANGS");
+#endif
 
     // rank 1 waits in ncclCommFinalize; rank 0 comes late, finalizes, destroys and exits at once
     // (the trainer's rank 0 writing the last checkpoint): both must exit 0. Under cudasim rank 1

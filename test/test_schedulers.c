@@ -127,7 +127,10 @@ static float llmc_cosine(float lr, int warmup, int steps, float final_frac, int 
 
 static float llmc_wsd(float lr, int warmup, int steps, float final_frac, int step) {
     int decay_point = (int)(0.8f * steps);
-    if (step < warmup) { return lr * ((float)(step + 1)) / warmup; }
+    if (step < warmup) {  // the ratio first, where cosine multiplies first
+        float warmup_ratio = ((float)(step + 1)) / warmup;
+        return lr * warmup_ratio;
+    }
     if (step < decay_point) { return lr; }
     float decay_ratio = ((float)(step - decay_point)) / (steps - decay_point);
     float min_lr = lr * final_frac;
@@ -161,11 +164,13 @@ static void test_cosine_bits_are_llmcs(void) {
 // wsd where the warmup ends before the decay (llm8 starts a later decay after the warmup instead), with
 // 0.8 * steps not a whole number (101: decay from step 80, not 81), a fraction whose min_lr + (lr - min_lr)
 // rounds below lr (0.023 of 1e-3: the decay's first step is not lr), and 12345678 steps, where 0.8f * steps in
-// float is 9876543 and 0.8 * steps in double 9876542 (the steps around it)
+// float is 9876543 and 0.8 * steps in double 9876542 (the steps around it); -u 5 at 6e-4, whose warmup step 2
+// is 3.60000035e-4 with llm.c's ratio first and 3.60000005e-4 with the product first
 static void test_wsd_bits_are_llmcs(void) {
     const LlmcRun runs[] = {{6e-4f, 700, 18865, 0.0f, 0, 18865}, {6e-4f, 10, 101, 0.1f, 0, 101},
-                            {1e-3f, 10, 101, 0.023f, 0, 101}, {6e-4f, 700, 12345678, 0.0f, 9876540, 9876546}};
-    check_bits_are_llmcs("wsd", llmc_wsd, runs, 4);
+                            {1e-3f, 10, 101, 0.023f, 0, 101}, {6e-4f, 700, 12345678, 0.0f, 9876540, 9876546},
+                            {6e-4f, 5, 7, 0.0f, 0, 7}};
+    check_bits_are_llmcs("wsd", llmc_wsd, runs, 5);
 }
 
 // the edges of each argument's range are accepted, a step count of -1 is for the caller to resolve (one epoch),

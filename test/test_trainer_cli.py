@@ -645,6 +645,17 @@ def test_cpu_resume_is_bitwise_identical(data, tmp_path):
     assert r4.returncode == 0 and "resumed at step 6, and the run has 6 steps (-x): nothing left to train" in r4.stdout, r4.stdout
 
 
+@pytest.mark.parametrize("descriptor,shape", [("gpt3:c384", (2048, 6, 6, 384)), ("gpt2:d6", (1024, 6, 6, 384))])
+def test_cpu_trains_llmcs_descriptors(data, tmp_path, descriptor, shape):
+    """llm.c's descriptors, gpt3:cN included (its run_gpt3_125M.sh passes -e "gpt3:c768"): a step trains, and the model
+    file's header holds the shape (maxT, L, NH, C)"""
+    out = tmp_path / "run"
+    r = run(CPU, base_args(data, ["-e", descriptor, "-x", 1, "-b", 1, "-n", 1, "-o", out]), timeout=600)
+    assert r.returncode == 0, r.stderr
+    header = np.fromfile(out / "model_00000001.bin", dtype=np.int32, count=8)
+    assert (header[2], header[4], header[5], header[6]) == shape, header
+
+
 def test_cpu_x_0_evaluates_only(data, tmp_path):
     """-x 0, as in llm.c: step 0 is the last step, so the run evaluates the model as it starts (val loss) and trains
     nothing: no step, no checkpoint (even with -n), no note about a warmup longer than the run, nor about -q 1's

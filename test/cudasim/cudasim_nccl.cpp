@@ -617,7 +617,9 @@ unfinished with the error in the communicator (ncclCommGetAsyncError reports it,
 stays blocked) until ncclCommAbort drops it; a host blocking on such a stream would hang on
 a GPU, so that stops the program. One communicator's collectives run in the order they were
 issued, whatever streams they are on: NCCL matches them across ranks by that order (it does
-not document how it orders one communicator's kernels on different streams; llm8 uses one).
+not document how it orders one communicator's kernels on different streams, but runs them in
+issue order; llm8 issues on two: the loss, norm and checkpoint-barrier all-reduces on the
+compute stream, the gradient reduces and weight gathers on its NCCL stream).
 */
 void enqueue_collectives(ncclComm* comm, cudaStream_t stream, std::deque<Operation> operations) {
     std::shared_ptr<bool> released = comm->released;
@@ -841,8 +843,12 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     return ncclSuccess;
 }
 
+// CUDASIM_NCCL_ABORT_HANGS=1 (tests): ncclCommAbort never returns, as a real one can where a
+// peer misbehaves (its proxy thread), so a test sees what bounds the exit
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
     if (comm == nullptr) { return ncclInvalidArgument; }
+    const char* hangs = getenv("CUDASIM_NCCL_ABORT_HANGS");
+    while (hangs != nullptr && strcmp(hangs, "1") == 0) { pause(); }
     release_communicator(comm);
     return ncclSuccess;
 }
